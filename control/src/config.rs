@@ -1,0 +1,314 @@
+//! Every environment variable leasehold reads, with its default, in one place.
+//!
+//! Parsing follows linkerd2-proxy's `env.rs`: read everything, collect every
+//! problem, then fail once with all of them (the binary exits with status 2).
+//! Command-line flags mirror these variables and take precedence; the binary
+//! passes them in through the `lookup` function.
+
+use std::time::Duration;
+
+use crate::keeper::KeeperConfig;
+
+/// One documented environment variable.
+#[derive(Debug, Clone, Copy)]
+pub struct EnvVar {
+    /// Variable name, also the flag name in kebab case.
+    pub name: &'static str,
+    /// Default, as documented (`""` when there is none or it is derived).
+    pub default: &'static str,
+    /// What it configures.
+    pub doc: &'static str,
+}
+
+/// DynamoDB table holding the leases.
+pub const LEASE_TABLE: EnvVar = EnvVar {
+    name: "LEASE_TABLE",
+    default: "websocket-leases",
+    doc: "DynamoDB table holding the leases (string partition key `stream_id`).",
+};
+/// Lease duration.
+pub const LEASE_SECONDS: EnvVar = EnvVar {
+    name: "LEASE_SECONDS",
+    default: "30",
+    doc: "Lease duration in seconds; a crashed holder's streams are taken over after about this long.",
+};
+/// Renew period.
+pub const LEASE_RENEW_INTERVAL_MS: EnvVar = EnvVar {
+    name: "LEASE_RENEW_INTERVAL_MS",
+    default: "LEASE_SECONDS/3",
+    doc: "How often each held lease is renewed, in ms.",
+};
+/// Holder-side safety margin.
+pub const LEASE_SAFETY_MARGIN_MS: EnvVar = EnvVar {
+    name: "LEASE_SAFETY_MARGIN_MS",
+    default: "LEASE_SECONDS/10",
+    doc: "The holder stops side effects this long before its lease could expire \
+          (deadline = renew sent + lease - margin), in ms.",
+};
+/// Taker-side clock-skew margin.
+pub const LEASE_SKEW_MARGIN_MS: EnvVar = EnvVar {
+    name: "LEASE_SKEW_MARGIN_MS",
+    default: "1000",
+    doc: "A taker waits this long past `lease_expires_at` before taking over, \
+          to absorb clock skew between hosts, in ms.",
+};
+/// Identity of this process in the lease table.
+pub const OWNER_ID: EnvVar = EnvVar {
+    name: "OWNER_ID",
+    default: "hostname",
+    doc: "This worker's identity in `owner_id` (default: the host name, which on ECS is unique per task).",
+};
+/// Region for the AWS SDK (read by the SDK itself).
+pub const AWS_REGION: EnvVar = EnvVar {
+    name: "AWS_REGION",
+    default: "",
+    doc: "AWS region (read by the AWS SDK; profiles and the ECS task environment also work).",
+};
+/// Endpoint override for every AWS service (read by the AWS SDK itself).
+pub const AWS_ENDPOINT_URL: EnvVar = EnvVar {
+    name: "AWS_ENDPOINT_URL",
+    default: "",
+    doc: "Endpoint for all AWS APIs, e.g. a local DynamoDB-compatible server (read by the AWS SDK).",
+};
+/// Endpoint override for DynamoDB only (read by the AWS SDK itself).
+pub const AWS_ENDPOINT_URL_DYNAMODB: EnvVar = EnvVar {
+    name: "AWS_ENDPOINT_URL_DYNAMODB",
+    default: "",
+    doc: "Endpoint for DynamoDB only (read by the AWS SDK).",
+};
+
+/// Every variable, in documentation order.
+pub const ALL: &[EnvVar] = &[
+    LEASE_TABLE,
+    LEASE_SECONDS,
+    LEASE_RENEW_INTERVAL_MS,
+    LEASE_SAFETY_MARGIN_MS,
+    LEASE_SKEW_MARGIN_MS,
+    OWNER_ID,
+    AWS_REGION,
+    AWS_ENDPOINT_URL,
+    AWS_ENDPOINT_URL_DYNAMODB,
+];
+
+/// All configuration problems found, reported together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration:\n  - {}", .problems.join("\n  - "))]
+pub struct ConfigError {
+    /// One line per bad value, naming the variable.
+    pub problems: Vec<String>,
+}
+
+/// Collects problems while parsing.
+#[derive(Default)]
+pub struct Problems(Vec<String>);
+
+impl Problems {
+    /// Records a problem with a variable.
+    pub fn add(&mut self, var: &EnvVar, problem: impl std::fmt::Display) {
+        self.0.push(format!("{}: {problem}", var.name));
+    }
+
+    /// Fails if anything was recorded.
+    pub fn finish<T>(self, value: T) -> Result<T, ConfigError> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(ConfigError { problems: self.0 })
+        }
+    }
+
+    /// Parses an optional value with `parse`, recording a problem on failure.
+    pub fn parse<T, E: std::fmt::Display>(
+        &mut self,
+        var: &EnvVar,
+        raw: Option<String>,
+        parse: impl FnOnce(&str) -> Result<T, E>,
+    ) -> Option<T> {
+        let raw = raw?;
+        match parse(raw.trim()) {
+            Ok(value) => Some(value),
+            Err(err) => {
+                self.add(var, format_args!("{err} (got {raw:?})"));
+                None
+            }
+        }
+    }
+}
+
+/// Where the lease table is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSettings {
+    /// Table name.
+    pub table: String,
+}
+
+/// Everything a lease holder needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Table name.
+    pub table: TableSettings,
+    /// Keeper timings and identity.
+    pub keeper: KeeperConfig,
+}
+
+fn positive_ms(raw: &str) -> Result<u64, String> {
+    match raw.parse::<u64>() {
+        Ok(0) => Err("must be greater than 0".into()),
+        Ok(value) => Ok(value),
+        Err(_) => Err("must be a whole number".into()),
+    }
+}
+
+/// Parses the table name alone (operator commands need nothing more).
+pub fn table_settings(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Problems,
+) -> TableSettings {
+    let table = lookup(LEASE_TABLE.name).unwrap_or_else(|| LEASE_TABLE.default.to_owned());
+    let valid_chars = table
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !(3..=255).contains(&table.len()) || !valid_chars {
+        problems.add(
+            &LEASE_TABLE,
+            format_args!("{table:?} is not a DynamoDB table name (3-255 of a-z A-Z 0-9 _ - .)"),
+        );
+    }
+    TableSettings { table }
+}
+
+/// Parses the lease settings, reporting every problem at once.
+pub fn lease_settings(
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<LeaseSettings, ConfigError> {
+    let mut problems = Problems::default();
+    let table = table_settings(lookup, &mut problems);
+    let lease_secs = problems
+        .parse(&LEASE_SECONDS, lookup(LEASE_SECONDS.name), positive_ms)
+        .unwrap_or(30);
+    let lease_ms = lease_secs.saturating_mul(1000);
+    let renew_ms = problems
+        .parse(
+            &LEASE_RENEW_INTERVAL_MS,
+            lookup(LEASE_RENEW_INTERVAL_MS.name),
+            positive_ms,
+        )
+        .unwrap_or(lease_ms / 3);
+    let safety_ms = problems
+        .parse(
+            &LEASE_SAFETY_MARGIN_MS,
+            lookup(LEASE_SAFETY_MARGIN_MS.name),
+            |raw| raw.parse::<u64>().map_err(|_| "must be a whole number"),
+        )
+        .unwrap_or(lease_ms / 10);
+    let skew_ms = problems
+        .parse(
+            &LEASE_SKEW_MARGIN_MS,
+            lookup(LEASE_SKEW_MARGIN_MS.name),
+            |raw| raw.parse::<u64>().map_err(|_| "must be a whole number"),
+        )
+        .unwrap_or(1000);
+    if safety_ms >= lease_ms {
+        problems.add(
+            &LEASE_SAFETY_MARGIN_MS,
+            format_args!("{safety_ms} ms must be shorter than the lease ({lease_ms} ms)"),
+        );
+    } else if renew_ms >= lease_ms - safety_ms {
+        problems.add(
+            &LEASE_RENEW_INTERVAL_MS,
+            format_args!(
+                "{renew_ms} ms leaves no time to renew before the holder's deadline \
+                 (lease {lease_ms} ms - safety margin {safety_ms} ms)"
+            ),
+        );
+    }
+    let owner_id = lookup(OWNER_ID.name).unwrap_or_else(default_owner_id);
+    if owner_id.trim().is_empty() || owner_id.len() > 256 {
+        problems.add(&OWNER_ID, "must be 1 to 256 characters");
+    }
+    problems.finish(LeaseSettings {
+        table,
+        keeper: KeeperConfig {
+            owner_id,
+            lease: Duration::from_millis(lease_ms),
+            renew_interval: Duration::from_millis(renew_ms),
+            safety_margin: Duration::from_millis(safety_ms),
+            skew_margin: Duration::from_millis(skew_ms),
+            ..KeeperConfig::default()
+        },
+    })
+}
+
+/// The host name, which on ECS/Fargate is unique per task.
+pub fn default_owner_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("leasehold-{}", std::process::id()))
+}
+
+/// Reads variables from the process environment; empty values count as unset.
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn defaults_follow_the_seed() {
+        let settings = lease_settings(&lookup(&[("OWNER_ID", "w1")])).unwrap();
+        assert_eq!(settings.table.table, "websocket-leases");
+        assert_eq!(settings.keeper.lease, Duration::from_secs(30));
+        assert_eq!(settings.keeper.renew_interval, Duration::from_secs(10));
+        assert_eq!(settings.keeper.safety_margin, Duration::from_secs(3));
+        assert_eq!(settings.keeper.skew_margin, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let err = lease_settings(&lookup(&[
+            ("LEASE_TABLE", "x"),
+            ("LEASE_SECONDS", "ten"),
+            ("LEASE_SKEW_MARGIN_MS", "-1"),
+            ("OWNER_ID", " "),
+        ]))
+        .unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.problems.len(), 4, "{text}");
+        for name in [
+            "LEASE_TABLE",
+            "LEASE_SECONDS",
+            "LEASE_SKEW_MARGIN_MS",
+            "OWNER_ID",
+        ] {
+            assert!(text.contains(name), "{name} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn renew_interval_must_fit_before_the_deadline() {
+        let err = lease_settings(&lookup(&[
+            ("LEASE_SECONDS", "3"),
+            ("LEASE_RENEW_INTERVAL_MS", "2800"),
+            ("OWNER_ID", "w"),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.problems[0].starts_with("LEASE_RENEW_INTERVAL_MS"),
+            "{err}"
+        );
+    }
+}

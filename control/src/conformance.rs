@@ -1,0 +1,596 @@
+//! The lease store conformance suite: one set of checks, run against every backend.
+//!
+//! Each check is an async function taking a [`ConformanceTarget`]; the
+//! [`conformance_suite!`](crate::conformance_suite) macro turns the whole list into
+//! one `#[tokio::test]` per check for a given target. Times are chosen by the
+//! checks (stores compare the caller's time), so no check sleeps.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::Barrier;
+
+use crate::lease::LeaseState;
+use crate::schema::{self, AttrValue, RawItem};
+use crate::store::memory::MemoryLeaseStore;
+use crate::store::{
+    AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
+    list_all,
+};
+
+/// A store under test, plus raw access to its records.
+#[async_trait]
+pub trait ConformanceTarget: Send + Sync {
+    /// The store under test.
+    fn store(&self) -> Arc<dyn LeaseStore>;
+    /// Writes an item exactly as given, bypassing the store's conditions.
+    async fn put_raw(&self, item: RawItem);
+    /// Reads an item exactly as stored.
+    async fn get_raw(&self, stream_id: &str) -> Option<RawItem>;
+}
+
+/// The in-memory store as a target.
+#[derive(Default)]
+pub struct MemoryTarget {
+    store: Arc<MemoryLeaseStore>,
+}
+
+#[async_trait]
+impl ConformanceTarget for MemoryTarget {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        self.store.clone()
+    }
+
+    async fn put_raw(&self, item: RawItem) {
+        self.store.put_raw(item);
+    }
+
+    async fn get_raw(&self, stream_id: &str) -> Option<RawItem> {
+        self.store.get_raw(stream_id)
+    }
+}
+
+const T0: i64 = 1_700_000_000_000;
+const LEASE: i64 = 30_000;
+const SKEW: i64 = 1_000;
+
+fn acquire(stream: &str, owner: &str, now_ms: i64) -> AcquireRequest {
+    AcquireRequest {
+        stream_id: stream.into(),
+        owner_id: owner.into(),
+        now_ms,
+        lease_ms: LEASE,
+        skew_margin_ms: SKEW,
+    }
+}
+
+fn renew(stream: &str, owner: &str, token: u64, now_ms: i64) -> RenewRequest {
+    RenewRequest {
+        stream_id: stream.into(),
+        owner_id: owner.into(),
+        fence_token: token,
+        now_ms,
+        lease_ms: LEASE,
+        checkpoint: None,
+    }
+}
+
+fn checkpoint(stream: &str, owner: &str, token: u64, seq: u64, now_ms: i64) -> CheckpointRequest {
+    CheckpointRequest {
+        stream_id: stream.into(),
+        owner_id: owner.into(),
+        fence_token: token,
+        checkpoint: seq,
+        now_ms,
+    }
+}
+
+fn release(stream: &str, owner: &str, token: u64, now_ms: i64) -> ReleaseRequest {
+    ReleaseRequest {
+        stream_id: stream.into(),
+        owner_id: owner.into(),
+        fence_token: token,
+        now_ms,
+    }
+}
+
+#[track_caller]
+fn assert_conflict<T: std::fmt::Debug>(
+    result: Result<T, LeaseError>,
+    holder: Option<&str>,
+    token: u64,
+) {
+    match result {
+        Err(LeaseError::Conflict { current, .. }) => {
+            assert_eq!(
+                current.owner_id.as_deref(),
+                holder,
+                "conflict should name the current holder"
+            );
+            assert_eq!(
+                current.fence_token, token,
+                "conflict should carry the current token"
+            );
+        }
+        other => panic!("expected a conflict held by {holder:?}/{token}, got {other:?}"),
+    }
+}
+
+/// Acquiring a stream nobody has seen creates it with token 1 and the seed's expiry.
+pub async fn acquire_creates_the_record(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let lease = store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    assert_eq!(lease.owner_id.as_deref(), Some("a"));
+    assert_eq!(lease.fence_token, 1);
+    assert_eq!(lease.lease_expires_at, T0 + LEASE);
+    assert_eq!(lease.updated_at, Some(T0));
+    assert_eq!(lease.previous_owner, None);
+    assert_eq!(store.get("s").await.unwrap(), lease);
+}
+
+/// 16 contenders × 100 rounds racing for a fresh stream: exactly one winner each round.
+pub async fn exactly_one_winner_per_round(target: &dyn ConformanceTarget) {
+    const CONTENDERS: usize = 16;
+    const ROUNDS: usize = 100;
+    let store = target.store();
+    let barrier = Arc::new(Barrier::new(CONTENDERS));
+    let tasks: Vec<_> = (0..CONTENDERS)
+        .map(|contender| {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                let owner = format!("owner-{contender}");
+                let mut outcomes = Vec::with_capacity(ROUNDS);
+                for round in 0..ROUNDS {
+                    barrier.wait().await;
+                    let stream = format!("race-{round}");
+                    outcomes.push(store.acquire(&acquire(&stream, &owner, T0)).await);
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let mut per_round: Vec<Vec<Result<_, _>>> = (0..ROUNDS).map(|_| Vec::new()).collect();
+    for task in tasks {
+        for (round, outcome) in task.await.unwrap().into_iter().enumerate() {
+            per_round[round].push(outcome);
+        }
+    }
+    for (round, outcomes) in per_round.into_iter().enumerate() {
+        let winners: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+        let winner = winners[0];
+        assert_eq!(winner.fence_token, 1, "round {round}");
+        for outcome in &outcomes {
+            match outcome {
+                Ok(_) => {}
+                Err(LeaseError::Conflict { current, .. }) => {
+                    assert_eq!(current.owner_id, winner.owner_id, "round {round}")
+                }
+                Err(other) => panic!("round {round}: unexpected error {other}"),
+            }
+        }
+    }
+}
+
+/// The token strictly increases across acquire → expiry → takeover and release → re-acquire.
+pub async fn fence_token_strictly_increases(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let first = store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let expired_at = first.lease_expires_at;
+    assert_conflict(
+        store.acquire(&acquire("s", "b", T0 + 1_000)).await,
+        Some("a"),
+        1,
+    );
+    let taken = store
+        .acquire(&acquire("s", "b", expired_at + SKEW + 1))
+        .await
+        .unwrap();
+    assert_eq!(taken.fence_token, 2);
+    assert_eq!(taken.owner_id.as_deref(), Some("b"));
+    assert_eq!(taken.previous_owner.as_deref(), Some("a"));
+    assert_eq!(taken.takeover_gap_ms(), Some(SKEW + 1));
+    let now = expired_at + SKEW + 10;
+    let released = store.release(&release("s", "b", 2, now)).await.unwrap();
+    assert_eq!(released.owner_id, None);
+    assert_eq!(released.lease_expires_at, 0);
+    assert_eq!(released.fence_token, 2);
+    assert_eq!(released.state(now), LeaseState::Unowned);
+    let again = store.acquire(&acquire("s", "a", now + 5)).await.unwrap();
+    assert_eq!(again.fence_token, 3);
+    assert_eq!(again.previous_owner.as_deref(), Some("b"));
+    assert_eq!(again.takeover_gap_ms(), Some(5));
+}
+
+/// The holder itself may acquire again while valid (seed semantics): a new token.
+pub async fn owner_reacquire_bumps_the_token(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let again = store.acquire(&acquire("s", "a", T0 + 100)).await.unwrap();
+    assert_eq!(again.fence_token, 2);
+    assert_eq!(again.lease_expires_at, T0 + 100 + LEASE);
+    assert_conflict(
+        store.renew(&renew("s", "a", 1, T0 + 200)).await,
+        Some("a"),
+        2,
+    );
+}
+
+/// Takeover happens only once `lease_expires_at + skew margin` has passed.
+pub async fn takeover_waits_for_expiry_plus_skew(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let held = store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let expiry = held.lease_expires_at;
+    for now in [expiry - 1, expiry, expiry + 1, expiry + SKEW] {
+        assert_conflict(store.acquire(&acquire("s", "b", now)).await, Some("a"), 1);
+    }
+    let taken = store
+        .acquire(&acquire("s", "b", expiry + SKEW + 1))
+        .await
+        .unwrap();
+    assert_eq!(taken.fence_token, 2);
+}
+
+/// Renew extends only the holder's valid lease; stale tokens and expired leases are refused.
+pub async fn renew_requires_owner_token_and_validity(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let held = store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let renewed = store.renew(&renew("s", "a", 1, T0 + 10_000)).await.unwrap();
+    assert_eq!(renewed.lease_expires_at, T0 + 10_000 + LEASE);
+    assert_eq!(renewed.fence_token, 1);
+    assert_conflict(
+        store.renew(&renew("s", "b", 1, T0 + 10_001)).await,
+        Some("a"),
+        1,
+    );
+    assert_conflict(
+        store.renew(&renew("s", "a", 2, T0 + 10_001)).await,
+        Some("a"),
+        1,
+    );
+    let expired = renewed.lease_expires_at + 1;
+    assert_conflict(
+        store.renew(&renew("s", "a", 1, expired)).await,
+        Some("a"),
+        1,
+    );
+    // After a takeover the old holder's token is refused everywhere.
+    store
+        .acquire(&acquire("s", "b", expired + SKEW))
+        .await
+        .unwrap();
+    let now = expired + SKEW + 1;
+    assert_conflict(
+        store.renew(&renew("s", "a", held.fence_token, now)).await,
+        Some("b"),
+        2,
+    );
+    assert_conflict(
+        store.checkpoint(&checkpoint("s", "a", 1, 5, now)).await,
+        Some("b"),
+        2,
+    );
+    assert_conflict(
+        store.release(&release("s", "a", 1, now)).await,
+        Some("b"),
+        2,
+    );
+}
+
+/// Checkpoints need owner and token, and never move backwards.
+pub async fn checkpoint_is_fenced_and_monotonic(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let stored = store
+        .checkpoint(&checkpoint("s", "a", 1, 10, T0 + 1))
+        .await
+        .unwrap();
+    assert_eq!(stored.checkpoint, Some(10));
+    assert_eq!(stored.checkpoint_at, Some(T0 + 1));
+    match store.checkpoint(&checkpoint("s", "a", 1, 9, T0 + 2)).await {
+        Err(LeaseError::CheckpointBehind {
+            requested: 9,
+            stored: 10,
+            ..
+        }) => {}
+        other => panic!("expected CheckpointBehind, got {other:?}"),
+    }
+    store
+        .checkpoint(&checkpoint("s", "a", 1, 10, T0 + 3))
+        .await
+        .unwrap();
+    assert_conflict(
+        store.checkpoint(&checkpoint("s", "a", 2, 11, T0 + 4)).await,
+        Some("a"),
+        1,
+    );
+    assert_eq!(store.get("s").await.unwrap().checkpoint, Some(10));
+}
+
+/// A renew can carry the checkpoint on the same write, under the same rules.
+pub async fn renew_carries_a_checkpoint(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let mut request = renew("s", "a", 1, T0 + 5);
+    request.checkpoint = Some(42);
+    let renewed = store.renew(&request).await.unwrap();
+    assert_eq!(renewed.checkpoint, Some(42));
+    assert_eq!(renewed.lease_expires_at, T0 + 5 + LEASE);
+    request.checkpoint = Some(41);
+    request.now_ms = T0 + 6;
+    match store.renew(&request).await {
+        Err(LeaseError::CheckpointBehind {
+            requested: 41,
+            stored: 42,
+            ..
+        }) => {}
+        other => panic!("expected CheckpointBehind, got {other:?}"),
+    }
+    assert_eq!(
+        store.get("s").await.unwrap().lease_expires_at,
+        T0 + 5 + LEASE
+    );
+}
+
+/// Release needs owner and token, and keeps token and checkpoint for the next holder.
+pub async fn release_keeps_token_and_checkpoint(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    store
+        .checkpoint(&checkpoint("s", "a", 1, 7, T0 + 1))
+        .await
+        .unwrap();
+    assert_conflict(
+        store.release(&release("s", "b", 1, T0 + 2)).await,
+        Some("a"),
+        1,
+    );
+    assert_conflict(
+        store.release(&release("s", "a", 9, T0 + 2)).await,
+        Some("a"),
+        1,
+    );
+    let released = store.release(&release("s", "a", 1, T0 + 2)).await.unwrap();
+    assert_eq!(
+        (
+            released.owner_id.as_deref(),
+            released.fence_token,
+            released.checkpoint
+        ),
+        (None, 1, Some(7))
+    );
+    assert_eq!(released.released_at, Some(T0 + 2));
+    assert_conflict(store.renew(&renew("s", "a", 1, T0 + 3)).await, None, 1);
+    // A released lease is free at once: no skew wait.
+    let next = store.acquire(&acquire("s", "b", T0 + 3)).await.unwrap();
+    assert_eq!((next.fence_token, next.checkpoint), (2, Some(7)));
+}
+
+/// An operator's forced release frees a held lease; the holder's renew then fails.
+pub async fn force_release_frees_a_held_lease(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let released = store.force_release("s", T0 + 1).await.unwrap();
+    assert_eq!((released.owner_id, released.fence_token), (None, 1));
+    assert_conflict(store.renew(&renew("s", "a", 1, T0 + 2)).await, None, 1);
+    assert_eq!(
+        store
+            .acquire(&acquire("s", "b", T0 + 2))
+            .await
+            .unwrap()
+            .fence_token,
+        2
+    );
+    assert!(matches!(
+        store.force_release("missing", T0).await,
+        Err(LeaseError::NotFound { .. })
+    ));
+    assert!(
+        store.get("missing").await.is_err(),
+        "force_release must not create records"
+    );
+}
+
+/// Register creates an unowned record once and never touches an existing one.
+pub async fn register_is_idempotent(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    assert!(store.register("s", T0).await.unwrap());
+    let registered = store.get("s").await.unwrap();
+    assert_eq!(registered.state(T0), LeaseState::Unowned);
+    assert_eq!(
+        (registered.fence_token, registered.checkpoint),
+        (0, Some(0))
+    );
+    store.acquire(&acquire("s", "a", T0 + 1)).await.unwrap();
+    assert!(!store.register("s", T0 + 2).await.unwrap());
+    let after = store.get("s").await.unwrap();
+    assert_eq!(
+        (after.owner_id.as_deref(), after.fence_token),
+        (Some("a"), 1)
+    );
+}
+
+/// Operations on a stream that does not exist say so (and do not create it).
+pub async fn missing_streams_are_not_found(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let not_found = |r: Result<_, LeaseError>| matches!(r, Err(LeaseError::NotFound { .. }));
+    assert!(not_found(store.get("nope").await));
+    assert!(not_found(store.renew(&renew("nope", "a", 1, T0)).await));
+    assert!(not_found(
+        store.checkpoint(&checkpoint("nope", "a", 1, 1, T0)).await
+    ));
+    assert!(not_found(store.release(&release("nope", "a", 1, T0)).await));
+    assert!(not_found(store.get("nope").await));
+}
+
+fn seed_demo_item(stream: &str, owner: &str, expires_at: i64, token: u64) -> RawItem {
+    // Exactly what lease_demo.py's acquire writes: no checkpoint, no extras.
+    RawItem::from([
+        (schema::STREAM_ID.into(), AttrValue::s(stream)),
+        (schema::OWNER_ID.into(), AttrValue::s(owner)),
+        (schema::LEASE_EXPIRES_AT.into(), AttrValue::n(expires_at)),
+        (schema::FENCE_TOKEN.into(), AttrValue::n(token)),
+        (schema::UPDATED_AT.into(), AttrValue::n(expires_at - LEASE)),
+    ])
+}
+
+/// Records written by the seed's Python demo are read correctly and can be taken
+/// over; what leasehold writes keeps the seed's attribute names and types.
+pub async fn seed_records_interoperate(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    target
+        .put_raw(seed_demo_item("orders-us-east", "worker-a", T0 + LEASE, 4))
+        .await;
+    let read = store.get("orders-us-east").await.unwrap();
+    assert_eq!(read.owner_id.as_deref(), Some("worker-a"));
+    assert_eq!(
+        (read.fence_token, read.lease_expires_at, read.checkpoint),
+        (4, T0 + LEASE, None)
+    );
+    assert_conflict(
+        store
+            .acquire(&acquire("orders-us-east", "lh", T0 + 1))
+            .await,
+        Some("worker-a"),
+        4,
+    );
+    let taken = store
+        .acquire(&acquire("orders-us-east", "lh", T0 + LEASE + SKEW + 1))
+        .await
+        .unwrap();
+    assert_eq!(taken.fence_token, 5);
+    store
+        .checkpoint(&checkpoint(
+            "orders-us-east",
+            "lh",
+            5,
+            3,
+            T0 + LEASE + SKEW + 2,
+        ))
+        .await
+        .unwrap();
+    let raw = target.get_raw("orders-us-east").await.unwrap();
+    for (name, is_number) in [
+        (schema::STREAM_ID, false),
+        (schema::OWNER_ID, false),
+        (schema::LEASE_EXPIRES_AT, true),
+        (schema::FENCE_TOKEN, true),
+        (schema::CHECKPOINT, true),
+        (schema::UPDATED_AT, true),
+    ] {
+        match (raw.get(name), is_number) {
+            (Some(AttrValue::N(_)), true) | (Some(AttrValue::S(_)), false) => {}
+            other => panic!("attribute {name} stored as {other:?}"),
+        }
+    }
+    // The seed's own renew (owner, token, expiry) still works on leasehold's record.
+    store
+        .renew(&renew("orders-us-east", "lh", 5, T0 + LEASE + SKEW + 3))
+        .await
+        .unwrap();
+}
+
+/// A malformed record is reported naming the attribute; listing still returns the rest.
+pub async fn malformed_records_are_isolated(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    for stream in ["m-1", "m-2", "m-4", "m-5"] {
+        store.register(stream, T0).await.unwrap();
+    }
+    let mut bad = seed_demo_item("m-3", "w", T0, 1);
+    bad.insert(schema::FENCE_TOKEN.into(), AttrValue::s("1"));
+    target.put_raw(bad).await;
+    match store.get("m-3").await {
+        Err(LeaseError::Malformed(err)) => {
+            assert_eq!(err.stream_id, "m-3");
+            assert_eq!(err.attribute, schema::FENCE_TOKEN);
+        }
+        other => panic!("expected a malformed error, got {other:?}"),
+    }
+    let listed = list_all(store.as_ref(), 2).await.unwrap();
+    let good: BTreeSet<_> = listed
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|l| l.stream_id.clone())
+        .collect();
+    let bad: Vec<_> = listed.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(
+        good,
+        BTreeSet::from(["m-1", "m-2", "m-4", "m-5"].map(String::from))
+    );
+    assert_eq!(bad.len(), 1);
+    assert_eq!(
+        (bad[0].stream_id.as_str(), bad[0].attribute.as_str()),
+        ("m-3", schema::FENCE_TOKEN)
+    );
+}
+
+/// Paginated listing returns every record exactly once.
+pub async fn listing_pages_cover_everything_once(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let expected: BTreeSet<String> = (0..25).map(|i| format!("p-{i:02}")).collect();
+    for stream in &expected {
+        store.register(stream, T0).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = store.list(cursor.as_deref(), 7).await.unwrap();
+        assert!(
+            page.leases.len() <= 7,
+            "a page holds at most `limit` records"
+        );
+        pages += 1;
+        seen.extend(page.leases.into_iter().map(|r| r.unwrap().stream_id));
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+        assert!(pages < 50, "listing does not terminate");
+    }
+    assert_eq!(seen.len(), expected.len(), "no record twice");
+    assert_eq!(seen.into_iter().collect::<BTreeSet<_>>(), expected);
+    assert!(
+        pages >= 4,
+        "25 records in pages of 7 need at least 4 pages, got {pages}"
+    );
+}
+
+/// Generates one `#[tokio::test]` per conformance check for a target.
+///
+/// `$make` is an async expression yielding `Option<impl ConformanceTarget>`
+/// (`None` skips, e.g. when no test server is configured).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        $crate::conformance_suite!(@cases $make;
+            acquire_creates_the_record,
+            exactly_one_winner_per_round,
+            fence_token_strictly_increases,
+            owner_reacquire_bumps_the_token,
+            takeover_waits_for_expiry_plus_skew,
+            renew_requires_owner_token_and_validity,
+            checkpoint_is_fenced_and_monotonic,
+            renew_carries_a_checkpoint,
+            release_keeps_token_and_checkpoint,
+            force_release_frees_a_held_lease,
+            register_is_idempotent,
+            missing_streams_are_not_found,
+            seed_records_interoperate,
+            malformed_records_are_isolated,
+            listing_pages_cover_everything_once,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                if let Some(target) = $make.await {
+                    $crate::conformance::$case(&target).await;
+                }
+            }
+        )*
+    };
+}

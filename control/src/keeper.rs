@@ -1,0 +1,855 @@
+//! The lease keeper: holds leases, renews each on its schedule, and tells the data
+//! path when a lease can no longer be trusted.
+//!
+//! Modelled on etcd-client's lease keeper: a cloneable handle plus per-lease
+//! state. The essential rule (design §3.1) is the holder's own deadline:
+//! `monotonic time the renew was *sent* + lease - safety margin`. The store's
+//! `lease_expires_at` was computed from a wall-clock time taken no earlier than
+//! that send, so the holder's deadline always falls before any taker may act
+//! (a taker also waits the skew margin). Past its deadline without a confirmed
+//! renew, the holder stops, whatever the network says later.
+//!
+//! Each held lease has one renew task. The data path gets a [`HeldLease`]:
+//! [`HeldLease::is_valid`] checks the deadline against the clock directly (exact
+//! even if the renew task is starved), and [`HeldLease::cancelled`] resolves when
+//! the lease is lost or released, so side effects can be stopped in a `select!`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::clock::Clock;
+use crate::lease::Lease;
+use crate::store::{
+    AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
+};
+use crate::telemetry::{LossReason, TelemetryEvent, TelemetrySink};
+
+/// Identity and timings of a keeper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeeperConfig {
+    /// Written to `owner_id`.
+    pub owner_id: String,
+    /// Lease duration.
+    pub lease: Duration,
+    /// Time between renews (anchored on when the previous renew was sent).
+    pub renew_interval: Duration,
+    /// The holder's deadline is this much before the lease could expire.
+    pub safety_margin: Duration,
+    /// Takers wait this long past expiry (absorbs clock skew between hosts).
+    pub skew_margin: Duration,
+    /// Retry schedule for throttled or failed renews; never beyond the deadline.
+    pub retry: Backoff,
+}
+
+impl Default for KeeperConfig {
+    fn default() -> Self {
+        KeeperConfig {
+            owner_id: crate::config::default_owner_id(),
+            lease: Duration::from_secs(30),
+            renew_interval: Duration::from_secs(10),
+            safety_margin: Duration::from_secs(3),
+            skew_margin: Duration::from_secs(1),
+            retry: Backoff::default(),
+        }
+    }
+}
+
+fn ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// State shared between a lease's renew task and the data path's handles.
+#[derive(Debug)]
+struct LeaseSignal {
+    deadline: Mutex<Instant>,
+    /// Fires when the lease must no longer be used (lost or released).
+    ended: CancellationToken,
+    loss: Mutex<Option<LossReason>>,
+    /// Highest sink-confirmed sequence not yet written to the store.
+    staged_checkpoint: Mutex<Option<u64>>,
+}
+
+impl LeaseSignal {
+    fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn extend(&self, deadline: Instant) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    }
+
+    /// Marks the lease lost; returns false if it had already ended.
+    fn lose(&self, reason: LossReason) -> bool {
+        let mut loss = self.loss.lock().unwrap_or_else(|p| p.into_inner());
+        if self.ended.is_cancelled() {
+            return false;
+        }
+        *loss = Some(reason);
+        self.ended.cancel();
+        true
+    }
+}
+
+/// A lease this process holds. Cheap to clone; every clone sees the same state.
+#[derive(Debug, Clone)]
+pub struct HeldLease {
+    /// Stream held.
+    pub stream_id: String,
+    /// Token to attach to every side effect.
+    pub fence_token: u64,
+    /// The record as returned by the acquire (checkpoint to resume from, previous owner).
+    pub acquired: Lease,
+    signal: Arc<LeaseSignal>,
+}
+
+impl HeldLease {
+    /// Whether side effects may still be produced under this lease: not lost, not
+    /// released, and the holder's deadline not passed. Checks the clock itself.
+    pub fn is_valid(&self) -> bool {
+        !self.signal.ended.is_cancelled() && Instant::now() < self.signal.deadline()
+    }
+
+    /// The holder's current deadline (moves forward with each confirmed renew).
+    pub fn deadline(&self) -> Instant {
+        self.signal.deadline()
+    }
+
+    /// Resolves when the lease must no longer be used: lost or released.
+    pub async fn cancelled(&self) {
+        self.signal.ended.cancelled().await
+    }
+
+    /// A token cancelled together with the lease, to hand to code that takes one.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.signal.ended.child_token()
+    }
+
+    /// Why the lease was lost; `None` while held or after a deliberate release.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        *self.signal.loss.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that the sink confirmed everything up to `seq`; the next renew
+    /// writes it as the checkpoint (one write instead of two).
+    pub fn stage_checkpoint(&self, seq: u64) {
+        let mut staged = self
+            .signal
+            .staged_checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if staged.is_none_or(|current| current < seq) {
+            *staged = Some(seq);
+        }
+    }
+}
+
+struct Entry {
+    lease: HeldLease,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+struct Inner {
+    store: Arc<dyn LeaseStore>,
+    clock: Arc<dyn Clock>,
+    telemetry: Arc<dyn TelemetrySink>,
+    config: KeeperConfig,
+    held: Mutex<HashMap<String, Entry>>,
+}
+
+impl Inner {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets a lease if the entry is still the one with this token.
+    fn forget(&self, stream_id: &str, fence_token: u64) -> Option<Entry> {
+        let mut held = self.held();
+        if held
+            .get(stream_id)
+            .is_some_and(|e| e.lease.fence_token == fence_token)
+        {
+            held.remove(stream_id)
+        } else {
+            None
+        }
+    }
+
+    fn lose(&self, lease: &HeldLease, reason: LossReason) {
+        if lease.signal.lose(reason) {
+            self.telemetry.emit(TelemetryEvent::LeaseLost {
+                stream_id: lease.stream_id.clone(),
+                fence_token: lease.fence_token,
+                reason,
+            });
+        }
+    }
+}
+
+/// Acquires, renews and releases leases for one owner. Cheap to clone.
+#[derive(Clone)]
+pub struct LeaseKeeper {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LeaseKeeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseKeeper")
+            .field("config", &self.inner.config)
+            .field("held", &self.inner.held().len())
+            .finish()
+    }
+}
+
+impl LeaseKeeper {
+    /// A keeper holding nothing yet.
+    pub fn new(
+        store: Arc<dyn LeaseStore>,
+        clock: Arc<dyn Clock>,
+        telemetry: Arc<dyn TelemetrySink>,
+        config: KeeperConfig,
+    ) -> Self {
+        LeaseKeeper {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                telemetry,
+                config,
+                held: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The keeper's configuration.
+    pub fn config(&self) -> &KeeperConfig {
+        &self.inner.config
+    }
+
+    /// The store the keeper writes to.
+    pub fn store(&self) -> &Arc<dyn LeaseStore> {
+        &self.inner.store
+    }
+
+    /// Tries once to acquire `stream_id`. On success the lease is renewed in the
+    /// background until released or lost. If this keeper already holds the stream,
+    /// returns the lease it holds (no second acquire, no new token).
+    pub async fn acquire(&self, stream_id: &str) -> Result<HeldLease, LeaseError> {
+        if let Some(entry) = self.inner.held().get(stream_id)
+            && entry.lease.is_valid()
+        {
+            return Ok(entry.lease.clone());
+        }
+        let config = &self.inner.config;
+        let request = AcquireRequest {
+            stream_id: stream_id.to_owned(),
+            owner_id: config.owner_id.clone(),
+            now_ms: self.inner.clock.now_ms(),
+            lease_ms: ms(config.lease),
+            skew_margin_ms: ms(config.skew_margin),
+        };
+        let sent = Instant::now();
+        let result = self.inner.store.acquire(&request).await;
+        let duration = sent.elapsed();
+        let record = match result {
+            Ok(record) => record,
+            Err(err) => {
+                self.inner.telemetry.emit(match &err {
+                    LeaseError::Conflict { current, .. } => TelemetryEvent::LeaseAcquireConflict {
+                        stream_id: stream_id.to_owned(),
+                        holder: current.owner_id.clone(),
+                        holder_token: current.fence_token,
+                        duration,
+                    },
+                    other => TelemetryEvent::LeaseAcquireFailed {
+                        stream_id: stream_id.to_owned(),
+                        error: other.to_string(),
+                    },
+                });
+                return Err(err);
+            }
+        };
+        let lease = HeldLease {
+            stream_id: stream_id.to_owned(),
+            fence_token: record.fence_token,
+            signal: Arc::new(LeaseSignal {
+                deadline: Mutex::new(sent + config.lease.saturating_sub(config.safety_margin)),
+                ended: CancellationToken::new(),
+                loss: Mutex::new(None),
+                staged_checkpoint: Mutex::new(None),
+            }),
+            acquired: record,
+        };
+        self.inner.telemetry.emit(TelemetryEvent::LeaseAcquired {
+            stream_id: stream_id.to_owned(),
+            fence_token: lease.fence_token,
+            duration,
+            takeover_gap: lease
+                .acquired
+                .takeover_gap_ms()
+                .map(|gap| Duration::from_millis(gap.unsigned_abs())),
+            previous_owner: lease.acquired.previous_owner.clone(),
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(renew_loop(
+            self.inner.clone(),
+            lease.clone(),
+            sent,
+            stop.clone(),
+        ));
+        let replaced = self.inner.held().insert(
+            stream_id.to_owned(),
+            Entry {
+                lease: lease.clone(),
+                stop,
+                task,
+            },
+        );
+        if let Some(old) = replaced {
+            // Only reachable when the old lease had already ended; make sure its task is gone.
+            old.stop.cancel();
+        }
+        Ok(lease)
+    }
+
+    /// Leases currently held (and not yet known to be lost).
+    pub fn held(&self) -> Vec<HeldLease> {
+        self.inner
+            .held()
+            .values()
+            .map(|e| e.lease.clone())
+            .collect()
+    }
+
+    /// Writes a sink-confirmed checkpoint now (conditional on owner and token). A
+    /// refusal means ownership is gone: the lease is marked lost.
+    pub async fn commit_checkpoint(
+        &self,
+        lease: &HeldLease,
+        seq: u64,
+    ) -> Result<Lease, LeaseError> {
+        let request = CheckpointRequest {
+            stream_id: lease.stream_id.clone(),
+            owner_id: self.inner.config.owner_id.clone(),
+            fence_token: lease.fence_token,
+            checkpoint: seq,
+            now_ms: self.inner.clock.now_ms(),
+        };
+        let result = self.inner.store.checkpoint(&request).await;
+        if let Err(err) = &result
+            && err.is_ownership_lost()
+        {
+            self.stop_tracking(lease, LossReason::RenewRejected);
+        }
+        result
+    }
+
+    /// The data path learned from a sink that a newer token exists: stop now.
+    pub fn report_fenced(&self, lease: &HeldLease) {
+        self.stop_tracking(lease, LossReason::Fenced);
+    }
+
+    fn stop_tracking(&self, lease: &HeldLease, reason: LossReason) {
+        self.inner.lose(lease, reason);
+        if let Some(entry) = self.inner.forget(&lease.stream_id, lease.fence_token) {
+            entry.stop.cancel();
+        }
+    }
+
+    /// Stops renewing and releases the lease in the store (token and checkpoint
+    /// kept). The handle's `cancelled()` fires first, so nothing races the release.
+    pub async fn release(&self, lease: &HeldLease) -> Result<Lease, LeaseError> {
+        if let Some(entry) = self.inner.forget(&lease.stream_id, lease.fence_token) {
+            entry.stop.cancel();
+            // Wait for an in-flight renew to finish so it cannot land after the release.
+            let _ = entry.task.await;
+        }
+        lease.signal.ended.cancel();
+        let request = ReleaseRequest {
+            stream_id: lease.stream_id.clone(),
+            owner_id: self.inner.config.owner_id.clone(),
+            fence_token: lease.fence_token,
+            now_ms: self.inner.clock.now_ms(),
+        };
+        let record = self.inner.store.release(&request).await?;
+        self.inner.telemetry.emit(TelemetryEvent::LeaseReleased {
+            stream_id: lease.stream_id.clone(),
+            fence_token: lease.fence_token,
+        });
+        Ok(record)
+    }
+
+    /// Releases every held lease; returns the errors of those that failed.
+    pub async fn release_all(&self) -> Vec<(String, LeaseError)> {
+        let mut failures = Vec::new();
+        for lease in self.held() {
+            if let Err(err) = self.release(&lease).await {
+                failures.push((lease.stream_id.clone(), err));
+            }
+        }
+        failures
+    }
+}
+
+/// What ended a renew attempt.
+enum Attempt {
+    Renewed,
+    Lost(LossReason),
+    Stopped,
+}
+
+async fn renew_loop(
+    inner: Arc<Inner>,
+    lease: HeldLease,
+    acquire_sent: Instant,
+    stop: CancellationToken,
+) {
+    let config = &inner.config;
+    let mut scheduled = acquire_sent + config.renew_interval;
+    loop {
+        let deadline = lease.signal.deadline();
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = sleep_until(deadline) => {
+                inner.lose(&lease, LossReason::DeadlinePassed);
+                break;
+            }
+            _ = sleep_until(scheduled) => {}
+        }
+        let lateness = Instant::now().saturating_duration_since(scheduled);
+        match renew_with_retries(&inner, &lease, &stop, lateness).await {
+            (Attempt::Renewed, sent) => scheduled = sent + config.renew_interval,
+            (Attempt::Lost(reason), _) => {
+                inner.lose(&lease, reason);
+                break;
+            }
+            (Attempt::Stopped, _) => return,
+        }
+    }
+    inner.forget(&lease.stream_id, lease.fence_token);
+}
+
+/// Renews until confirmed, refused, stopped, or the deadline passes. Returns
+/// the outcome and when the successful request was sent.
+async fn renew_with_retries(
+    inner: &Inner,
+    lease: &HeldLease,
+    stop: &CancellationToken,
+    lateness: Duration,
+) -> (Attempt, Instant) {
+    let config = &inner.config;
+    let mut attempt = 0u32;
+    let mut carry_checkpoint = true;
+    loop {
+        let deadline = lease.signal.deadline();
+        let staged = *lease
+            .signal
+            .staged_checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let request = RenewRequest {
+            stream_id: lease.stream_id.clone(),
+            owner_id: config.owner_id.clone(),
+            fence_token: lease.fence_token,
+            now_ms: inner.clock.now_ms(),
+            lease_ms: ms(config.lease),
+            checkpoint: staged.filter(|_| carry_checkpoint),
+        };
+        let sent = Instant::now();
+        let result = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return (Attempt::Stopped, sent),
+            _ = sleep_until(deadline) => return (Attempt::Lost(LossReason::DeadlinePassed), sent),
+            result = inner.store.renew(&request) => result,
+        };
+        let error = match result {
+            Ok(record) => {
+                lease
+                    .signal
+                    .extend(sent + config.lease.saturating_sub(config.safety_margin));
+                if let (Some(written), Some(staged)) = (record.checkpoint, staged) {
+                    let mut current = lease
+                        .signal
+                        .staged_checkpoint
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if *current == Some(staged) && written >= staged {
+                        *current = None;
+                    }
+                }
+                inner.telemetry.emit(TelemetryEvent::LeaseRenewed {
+                    stream_id: lease.stream_id.clone(),
+                    fence_token: lease.fence_token,
+                    duration: sent.elapsed(),
+                    lateness,
+                });
+                return (Attempt::Renewed, sent);
+            }
+            Err(err) if err.is_ownership_lost() => {
+                return (Attempt::Lost(LossReason::RenewRejected), sent);
+            }
+            Err(LeaseError::CheckpointBehind { .. }) => {
+                // A staged checkpoint behind the stored one is a caller bug; the
+                // lease matters more than the checkpoint, so renew without it.
+                carry_checkpoint = false;
+                continue;
+            }
+            Err(err) => err,
+        };
+        inner.telemetry.emit(TelemetryEvent::LeaseRenewFailed {
+            stream_id: lease.stream_id.clone(),
+            fence_token: lease.fence_token,
+            error: error.to_string(),
+        });
+        let retry_at = Instant::now() + config.retry.delay(attempt);
+        attempt = attempt.saturating_add(1);
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return (Attempt::Stopped, sent),
+            _ = sleep_until(deadline) => return (Attempt::Lost(LossReason::DeadlinePassed), sent),
+            _ = sleep_until(retry_at) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::PausedClock;
+    use crate::store::memory::MemoryLeaseStore;
+    use crate::store::{LeasePage, list_all};
+    use crate::telemetry::RecordingSink;
+    use async_trait::async_trait;
+    use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+    const HEALTHY: u8 = 0;
+    const FAILING: u8 = 1;
+    const HANGING: u8 = 2;
+
+    /// The in-memory store, with renews that can be made to fail or hang.
+    #[derive(Default)]
+    struct FaultyStore {
+        inner: MemoryLeaseStore,
+        mode: AtomicU8,
+        renews: AtomicUsize,
+    }
+
+    impl FaultyStore {
+        fn set(&self, mode: u8) {
+            self.mode.store(mode, Ordering::SeqCst);
+        }
+    }
+
+    #[async_trait]
+    impl LeaseStore for FaultyStore {
+        async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+            self.inner.acquire(r).await
+        }
+        async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
+            self.renews.fetch_add(1, Ordering::SeqCst);
+            match self.mode.load(Ordering::SeqCst) {
+                FAILING => Err(LeaseError::Throttled {
+                    message: "slow down".into(),
+                }),
+                HANGING => std::future::pending().await,
+                _ => self.inner.renew(r).await,
+            }
+        }
+        async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
+            self.inner.checkpoint(r).await
+        }
+        async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
+            self.inner.release(r).await
+        }
+        async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
+            self.inner.force_release(stream_id, now_ms).await
+        }
+        async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
+            self.inner.register(stream_id, now_ms).await
+        }
+        async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+            self.inner.get(stream_id).await
+        }
+        async fn list(
+            &self,
+            start_after: Option<&str>,
+            limit: usize,
+        ) -> Result<LeasePage, LeaseError> {
+            self.inner.list(start_after, limit).await
+        }
+    }
+
+    struct Fixture {
+        store: Arc<FaultyStore>,
+        clock: PausedClock,
+        events: RecordingSink,
+        keeper: LeaseKeeper,
+    }
+
+    fn fixture() -> Fixture {
+        let store = Arc::new(FaultyStore::default());
+        let clock = PausedClock::starting_at(1_700_000_000_000);
+        let events = RecordingSink::new();
+        let keeper = LeaseKeeper::new(
+            store.clone(),
+            Arc::new(clock),
+            Arc::new(events.clone()),
+            KeeperConfig {
+                owner_id: "me".into(),
+                ..KeeperConfig::default()
+            },
+        );
+        Fixture {
+            store,
+            clock,
+            events,
+            keeper,
+        }
+    }
+
+    fn count(events: &[TelemetryEvent], pred: impl Fn(&TelemetryEvent) -> bool) -> usize {
+        events.iter().filter(|e| pred(e)).count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_interval_and_moves_the_deadline() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        let first_deadline = lease.deadline();
+        assert_eq!(first_deadline, Instant::now() + Duration::from_secs(27));
+        tokio::time::sleep(Duration::from_secs(95)).await;
+        assert!(lease.is_valid());
+        let events = f.events.take();
+        let renewals: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                TelemetryEvent::LeaseRenewed { lateness, .. } => Some(*lateness),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(renewals.len(), 9, "one renew per 10 s over 95 s");
+        assert!(
+            renewals.iter().all(|l| *l < Duration::from_millis(5)),
+            "{renewals:?}"
+        );
+        assert_eq!(lease.deadline(), first_deadline + Duration::from_secs(90));
+        let record = f.store.get("s").await.unwrap();
+        assert_eq!(record.lease_expires_at, f.clock.now_ms() - 5_000 + 30_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_store_ends_the_lease_at_the_deadline_before_expiry() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(11)).await; // one renew confirmed at t=10
+        f.store.set(HANGING);
+        let deadline = lease.deadline();
+        assert_eq!(deadline, Instant::now() + Duration::from_secs(26));
+        let expires_at = f.store.get("s").await.unwrap().lease_expires_at;
+        tokio::time::timeout(Duration::from_secs(60), lease.cancelled())
+            .await
+            .expect("lease must end");
+        assert_eq!(
+            Instant::now(),
+            deadline,
+            "fires exactly at the holder's deadline"
+        );
+        assert!(!lease.is_valid());
+        assert_eq!(lease.loss_reason(), Some(LossReason::DeadlinePassed));
+        assert!(
+            f.clock.now_ms() < expires_at,
+            "the holder stops before the lease can expire"
+        );
+        assert!(f.keeper.held().is_empty());
+        let events = f.events.take();
+        assert_eq!(
+            count(&events, |e| matches!(
+                e,
+                TelemetryEvent::LeaseLost {
+                    reason: LossReason::DeadlinePassed,
+                    ..
+                }
+            )),
+            1
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn is_valid_checks_the_clock_even_before_the_task_runs() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        f.store.set(HANGING);
+        // Jump past the deadline without yielding to the renew task.
+        let deadline = lease.deadline();
+        tokio::time::advance(Duration::from_secs(27)).await;
+        assert!(Instant::now() >= deadline);
+        assert!(!lease.is_valid());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttled_renews_retry_with_backoff_and_recover() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        f.store.set(FAILING);
+        tokio::time::sleep(Duration::from_secs(13)).await;
+        f.store.set(HEALTHY);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(lease.is_valid());
+        let events = f.events.take();
+        let failures = count(&events, |e| {
+            matches!(e, TelemetryEvent::LeaseRenewFailed { .. })
+        });
+        // Full jitter with a 2 s cap over ~3 s of failures: several attempts, not a hot loop.
+        assert!((2..200).contains(&failures), "{failures} failed attempts");
+        assert_eq!(
+            count(&events, |e| matches!(
+                e,
+                TelemetryEvent::LeaseRenewed { .. }
+            )),
+            1
+        );
+        assert_eq!(
+            count(&events, |e| matches!(e, TelemetryEvent::LeaseLost { .. })),
+            0
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_never_run_past_the_deadline() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        let deadline_after_acquire = lease.deadline();
+        f.store.set(FAILING);
+        lease.cancelled().await;
+        assert_eq!(Instant::now(), deadline_after_acquire);
+        let attempts = f.store.renews.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            f.store.renews.load(Ordering::SeqCst),
+            attempts,
+            "no renew after the lease ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_is_noticed_on_the_next_renew() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        // An operator release followed by another owner's acquire.
+        f.store.force_release("s", f.clock.now_ms()).await.unwrap();
+        let other = AcquireRequest {
+            stream_id: "s".into(),
+            owner_id: "other".into(),
+            now_ms: f.clock.now_ms(),
+            lease_ms: 30_000,
+            skew_margin_ms: 1_000,
+        };
+        assert_eq!(f.store.acquire(&other).await.unwrap().fence_token, 2);
+        lease.cancelled().await;
+        assert_eq!(lease.loss_reason(), Some(LossReason::RenewRejected));
+        assert_eq!(
+            Instant::now().duration_since(deadline_origin(&lease)),
+            Duration::from_secs(10)
+        );
+    }
+
+    fn deadline_origin(lease: &HeldLease) -> Instant {
+        lease.deadline() - Duration::from_secs(27)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_keeps_the_token_and_ends_the_handle() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        let record = f.keeper.release(&lease).await.unwrap();
+        assert_eq!((record.owner_id, record.fence_token), (None, 1));
+        assert!(!lease.is_valid());
+        assert_eq!(lease.loss_reason(), None);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(
+            f.store.renews.load(Ordering::SeqCst),
+            0,
+            "no renew after release"
+        );
+        let events = f.events.take();
+        assert_eq!(
+            count(&events, |e| matches!(
+                e,
+                TelemetryEvent::LeaseReleased { .. }
+            )),
+            1
+        );
+        assert_eq!(
+            count(&events, |e| matches!(e, TelemetryEvent::LeaseLost { .. })),
+            0
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fenced_reports_stop_renewing() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        f.keeper.report_fenced(&lease);
+        assert!(!lease.is_valid());
+        assert_eq!(lease.loss_reason(), Some(LossReason::Fenced));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(f.store.renews.load(Ordering::SeqCst), 0);
+        assert!(f.keeper.held().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn staged_checkpoints_ride_on_the_renew() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        lease.stage_checkpoint(40);
+        lease.stage_checkpoint(42);
+        lease.stage_checkpoint(41);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let record = f.store.get("s").await.unwrap();
+        assert_eq!(record.checkpoint, Some(42));
+        assert_eq!(
+            f.store.renews.load(Ordering::SeqCst),
+            1,
+            "no separate checkpoint write"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquiring_a_held_stream_returns_the_same_lease() {
+        let f = fixture();
+        let first = f.keeper.acquire("s").await.unwrap();
+        let second = f.keeper.acquire("s").await.unwrap();
+        assert_eq!(first.fence_token, second.fence_token);
+        assert_eq!(f.keeper.held().len(), 1);
+        let records = list_all(f.store.as_ref(), 10).await.unwrap();
+        assert_eq!(records.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_conflict_is_reported_with_the_holder() {
+        let f = fixture();
+        let other = AcquireRequest {
+            stream_id: "s".into(),
+            owner_id: "other".into(),
+            now_ms: f.clock.now_ms(),
+            lease_ms: 30_000,
+            skew_margin_ms: 1_000,
+        };
+        f.store.acquire(&other).await.unwrap();
+        assert!(matches!(
+            f.keeper.acquire("s").await,
+            Err(LeaseError::Conflict { .. })
+        ));
+        let events = f.events.take();
+        assert!(matches!(
+            &events[..],
+            [TelemetryEvent::LeaseAcquireConflict { holder: Some(h), holder_token: 1, .. }] if h == "other"
+        ));
+    }
+}

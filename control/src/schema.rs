@@ -1,0 +1,238 @@
+//! The lease table schema: attribute names, raw items, and decoding.
+//!
+//! The table must stay readable by, and safely shared with, the seed's
+//! `lease_demo.py`, so the six seed attributes keep their names and DynamoDB types
+//! exactly. Extra attributes leasehold writes are optional for every reader.
+//! Both stores keep raw items in this representation and decode them here, so the
+//! in-memory store fails on a malformed record exactly where DynamoDB would.
+
+use std::collections::BTreeMap;
+
+use crate::lease::Lease;
+
+/// Partition key (S): the logical stream or user.
+pub const STREAM_ID: &str = "stream_id";
+/// Current holder (S); absent when released or never acquired.
+pub const OWNER_ID: &str = "owner_id";
+/// Expiry (N, unix ms); the only takeover criterion (never DynamoDB TTL).
+pub const LEASE_EXPIRES_AT: &str = "lease_expires_at";
+/// Fence token (N), incremented on every acquire.
+pub const FENCE_TOKEN: &str = "fence_token";
+/// Last sequence confirmed by the sink (N).
+pub const CHECKPOINT: &str = "checkpoint";
+/// Last write (N, unix ms).
+pub const UPDATED_AT: &str = "updated_at";
+
+/// Extra (N, unix ms): when the current holder acquired.
+pub const ACQUIRED_AT: &str = "acquired_at";
+/// Extra (S): the most recent holder; unlike `owner_id`, kept across a release.
+pub const LAST_OWNER: &str = "last_owner";
+/// Extra (S): the holder before the current one ("" when there was none).
+pub const PREVIOUS_OWNER: &str = "previous_owner";
+/// Extra (N, unix ms): the previous holder's `lease_expires_at` at the moment of
+/// this acquire (0 after a release); used to measure the takeover gap.
+pub const PREVIOUS_EXPIRES_AT: &str = "previous_expires_at";
+/// Extra (N, unix ms): when the lease was last released.
+pub const RELEASED_AT: &str = "released_at";
+/// Extra (N, unix ms): when the checkpoint last moved.
+pub const CHECKPOINT_AT: &str = "checkpoint_at";
+
+/// Prefix of records that are not streams (observer lease, presence records);
+/// stream views and counts leave them out.
+pub const RESERVED_PREFIX: &str = "leasehold#";
+
+/// One attribute value, in the two DynamoDB types the schema uses.
+///
+/// Numbers stay strings, as on the wire, so a value that does not parse is
+/// reported as malformed instead of being silently coerced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttrValue {
+    /// DynamoDB `S`.
+    S(String),
+    /// DynamoDB `N`, in its decimal string form.
+    N(String),
+    /// Any other DynamoDB type (B, BOOL, L, M, NULL, sets); never valid in this schema.
+    Other(&'static str),
+}
+
+impl AttrValue {
+    /// A number attribute from an integer.
+    pub fn n(value: impl ToString) -> Self {
+        AttrValue::N(value.to_string())
+    }
+
+    /// A string attribute.
+    pub fn s(value: impl Into<String>) -> Self {
+        AttrValue::S(value.into())
+    }
+
+    fn type_name(&self) -> &'static str {
+        match self {
+            AttrValue::S(_) => "S",
+            AttrValue::N(_) => "N",
+            AttrValue::Other(name) => name,
+        }
+    }
+}
+
+/// A record as stored: attribute name to value.
+pub type RawItem = BTreeMap<String, AttrValue>;
+
+/// A record that cannot be read as a lease, naming the stream and the attribute.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed lease record {stream_id:?}: attribute `{attribute}` {problem}")]
+pub struct MalformedItem {
+    /// The record's key, or `"?"` when the key itself is the problem.
+    pub stream_id: String,
+    /// The attribute that could not be read.
+    pub attribute: String,
+    /// What is wrong with it (type or value), never the value of a secret.
+    pub problem: String,
+}
+
+/// Decodes a raw item into a [`Lease`].
+pub fn decode(item: &RawItem) -> Result<Lease, MalformedItem> {
+    let stream_id = match item.get(STREAM_ID) {
+        Some(AttrValue::S(s)) => s.clone(),
+        other => {
+            return Err(MalformedItem {
+                stream_id: "?".into(),
+                attribute: STREAM_ID.into(),
+                problem: describe_wrong_type(other, "S"),
+            });
+        }
+    };
+    let reader = Reader {
+        item,
+        stream_id: &stream_id,
+    };
+    Ok(Lease {
+        owner_id: reader.string(OWNER_ID)?,
+        lease_expires_at: reader.int(LEASE_EXPIRES_AT)?.unwrap_or(0),
+        fence_token: reader.uint(FENCE_TOKEN)?.unwrap_or(0),
+        checkpoint: reader.uint(CHECKPOINT)?,
+        updated_at: reader.int(UPDATED_AT)?,
+        acquired_at: reader.int(ACQUIRED_AT)?,
+        last_owner: reader.string(LAST_OWNER)?,
+        previous_owner: reader.string(PREVIOUS_OWNER)?.filter(|s| !s.is_empty()),
+        previous_expires_at: reader.int(PREVIOUS_EXPIRES_AT)?,
+        released_at: reader.int(RELEASED_AT)?,
+        checkpoint_at: reader.int(CHECKPOINT_AT)?,
+        stream_id,
+    })
+}
+
+/// The key a raw item would have, even when the rest of it is malformed.
+pub fn item_key(item: &RawItem) -> Option<&str> {
+    match item.get(STREAM_ID) {
+        Some(AttrValue::S(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn describe_wrong_type(found: Option<&AttrValue>, expected: &str) -> String {
+    match found {
+        None => "is missing".into(),
+        Some(v) => format!("has type {} (expected {expected})", v.type_name()),
+    }
+}
+
+struct Reader<'a> {
+    item: &'a RawItem,
+    stream_id: &'a str,
+}
+
+impl Reader<'_> {
+    fn malformed(&self, attribute: &str, problem: String) -> MalformedItem {
+        MalformedItem {
+            stream_id: self.stream_id.to_owned(),
+            attribute: attribute.to_owned(),
+            problem,
+        }
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, MalformedItem> {
+        match self.item.get(name) {
+            None => Ok(None),
+            Some(AttrValue::S(s)) => Ok(Some(s.clone())),
+            other => Err(self.malformed(name, describe_wrong_type(other, "S"))),
+        }
+    }
+
+    fn number<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, MalformedItem> {
+        match self.item.get(name) {
+            None => Ok(None),
+            Some(AttrValue::N(n)) => n
+                .parse::<T>()
+                .map(Some)
+                .map_err(|_| self.malformed(name, format!("is not an integer in range ({n:?})"))),
+            other => Err(self.malformed(name, describe_wrong_type(other, "N"))),
+        }
+    }
+
+    fn int(&self, name: &str) -> Result<Option<i64>, MalformedItem> {
+        self.number(name)
+    }
+
+    fn uint(&self, name: &str) -> Result<Option<u64>, MalformedItem> {
+        self.number(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed_item() -> RawItem {
+        RawItem::from([
+            (STREAM_ID.into(), AttrValue::s("orders-us-east")),
+            (OWNER_ID.into(), AttrValue::s("worker-a")),
+            (LEASE_EXPIRES_AT.into(), AttrValue::n(1_700_000_030_000_i64)),
+            (FENCE_TOKEN.into(), AttrValue::n(3)),
+            (UPDATED_AT.into(), AttrValue::n(1_700_000_000_000_i64)),
+        ])
+    }
+
+    #[test]
+    fn decodes_the_seed_demo_record() {
+        let lease = decode(&seed_item()).unwrap();
+        assert_eq!(lease.stream_id, "orders-us-east");
+        assert_eq!(lease.owner_id.as_deref(), Some("worker-a"));
+        assert_eq!(lease.fence_token, 3);
+        assert_eq!(lease.checkpoint, None);
+        assert_eq!(lease.lease_expires_at, 1_700_000_030_000);
+    }
+
+    #[test]
+    fn a_string_fence_token_names_the_attribute() {
+        let mut item = seed_item();
+        item.insert(FENCE_TOKEN.into(), AttrValue::s("3"));
+        let err = decode(&item).unwrap_err();
+        assert_eq!(err.attribute, FENCE_TOKEN);
+        assert_eq!(err.stream_id, "orders-us-east");
+        assert!(err.to_string().contains("expected N"), "{err}");
+    }
+
+    #[test]
+    fn a_fractional_number_is_malformed_not_truncated() {
+        let mut item = seed_item();
+        item.insert(CHECKPOINT.into(), AttrValue::n("1.5"));
+        assert_eq!(decode(&item).unwrap_err().attribute, CHECKPOINT);
+    }
+
+    #[test]
+    fn a_missing_key_is_malformed() {
+        let mut item = seed_item();
+        item.remove(STREAM_ID);
+        let err = decode(&item).unwrap_err();
+        assert_eq!(err.attribute, STREAM_ID);
+        assert_eq!(err.problem, "is missing");
+    }
+
+    #[test]
+    fn an_empty_previous_owner_means_none() {
+        let mut item = seed_item();
+        item.insert(PREVIOUS_OWNER.into(), AttrValue::s(""));
+        assert_eq!(decode(&item).unwrap().previous_owner, None);
+    }
+}

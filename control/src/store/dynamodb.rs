@@ -1,0 +1,538 @@
+//! DynamoDB lease store: the seed's conditional expressions, plus design §3.1's
+//! additions (skew margin on takeover, release that keeps token and checkpoint).
+//!
+//! Endpoint, region and credentials come from the AWS SDK's own configuration
+//! (`AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_DYNAMODB`, profiles, the ECS
+//! task role), so a local DynamoDB-compatible server needs no code path of its own.
+//! The SDK's retries are disabled: the keeper owns retry policy (full-jitter backoff
+//! bounded by the holder's deadline), and a second hidden retry layer would let a
+//! renew outlive it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
+};
+
+use super::{
+    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
+    RenewRequest, refusal,
+};
+use crate::lease::Lease;
+use crate::schema::{self, AttrValue, RawItem};
+
+/// The seed's acquire condition, verbatim.
+pub const ACQUIRE_CONDITION: &str =
+    "attribute_not_exists(owner_id) OR lease_expires_at < :now OR owner_id = :owner";
+/// The seed's acquire update, plus extras evaluated against the record as it was
+/// before this write (previous holder and expiry, for the takeover gap).
+pub const ACQUIRE_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner, :none), \
+     previous_expires_at = if_not_exists(lease_expires_at, :zero), \
+     owner_id = :owner, last_owner = :owner, lease_expires_at = :expires, \
+     fence_token = if_not_exists(fence_token, :zero) + :one, \
+     acquired_at = :updated, updated_at = :updated";
+/// The seed's renew condition, verbatim.
+pub const RENEW_CONDITION: &str =
+    "owner_id = :owner AND fence_token = :token AND lease_expires_at >= :now";
+/// Added to the renew condition when the renew carries a checkpoint.
+pub const CHECKPOINT_NOT_BEHIND: &str =
+    "(attribute_not_exists(checkpoint) OR checkpoint <= :checkpoint)";
+/// The seed's renew update.
+pub const RENEW_UPDATE: &str = "SET lease_expires_at = :expires, updated_at = :now";
+/// Added to the renew update when the renew carries a checkpoint.
+pub const RENEW_CHECKPOINT_UPDATE: &str = ", checkpoint = :checkpoint, checkpoint_at = :now";
+/// Checkpoint and release are conditional on owner and token.
+pub const HOLDER_CONDITION: &str = "owner_id = :owner AND fence_token = :token";
+/// Checkpoint update.
+pub const CHECKPOINT_UPDATE: &str =
+    "SET checkpoint = :checkpoint, checkpoint_at = :now, updated_at = :now";
+/// Release update: no owner, expiry 0, token and checkpoint kept.
+pub const RELEASE_UPDATE: &str =
+    "REMOVE owner_id SET lease_expires_at = :zero, released_at = :now, updated_at = :now";
+/// Force release and renew-free updates only apply to records that exist.
+pub const RECORD_EXISTS: &str = "attribute_exists(stream_id)";
+/// Register only creates.
+pub const RECORD_ABSENT: &str = "attribute_not_exists(stream_id)";
+
+/// Loads the AWS SDK's standard configuration chain (environment, profiles, ECS
+/// task role) with short per-attempt timeouts (a renew that hangs is worth less
+/// than one that fails) and the SDK's own retries off.
+pub async fn load_sdk_config() -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .operation_attempt_timeout(Duration::from_secs(5))
+                .build(),
+        )
+        .retry_config(aws_config::retry::RetryConfig::disabled())
+        .load()
+        .await
+}
+
+/// Leases in a DynamoDB table with a string `stream_id` partition key.
+#[derive(Debug, Clone)]
+pub struct DynamoLeaseStore {
+    client: Client,
+    table: String,
+}
+
+/// Outcome of [`DynamoLeaseStore::create_table`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableCreation {
+    /// The table was created and is active.
+    Created,
+    /// A table with that name already existed; left as it was.
+    AlreadyExisted,
+}
+
+impl DynamoLeaseStore {
+    /// Uses an existing client.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        DynamoLeaseStore {
+            client,
+            table: table.into(),
+        }
+    }
+
+    /// Uses the AWS SDK's configuration (see [`load_sdk_config`]).
+    pub fn from_sdk_config(config: &aws_config::SdkConfig, table: impl Into<String>) -> Self {
+        Self::new(Client::new(config), table)
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Creates the lease table (PAY_PER_REQUEST, `stream_id` string hash key) and
+    /// waits until it is active. Idempotent.
+    pub async fn create_table(&self) -> Result<TableCreation, LeaseError> {
+        let key = schema::STREAM_ID;
+        let result = self
+            .client
+            .create_table()
+            .table_name(&self.table)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(key)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .map_err(rejected)?,
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(key)
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .map_err(rejected)?,
+            )
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await;
+        let creation = match result {
+            Ok(_) => TableCreation::Created,
+            Err(err) if err.code() == Some("ResourceInUseException") => {
+                TableCreation::AlreadyExisted
+            }
+            Err(err) => return Err(self.sdk_error(err)),
+        };
+        self.wait_active().await?;
+        Ok(creation)
+    }
+
+    /// Fails with [`LeaseError::TableMissing`] when the table does not exist.
+    pub async fn check_table(&self) -> Result<(), LeaseError> {
+        self.client
+            .describe_table()
+            .table_name(&self.table)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|err| self.sdk_error(err))
+    }
+
+    async fn wait_active(&self) -> Result<(), LeaseError> {
+        // A new on-demand table is usually active within seconds; give up after a minute.
+        for attempt in 0..60 {
+            let described = self
+                .client
+                .describe_table()
+                .table_name(&self.table)
+                .send()
+                .await
+                .map_err(|err| self.sdk_error(err))?;
+            let status = described.table().and_then(|t| t.table_status());
+            if status == Some(&TableStatus::Active) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(if attempt < 5 { 200 } else { 1000 })).await;
+        }
+        Err(LeaseError::Transient {
+            message: format!(
+                "table {:?} did not become active within a minute",
+                self.table
+            ),
+        })
+    }
+
+    fn sdk_error<E, R>(&self, err: SdkError<E, R>) -> LeaseError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug,
+    {
+        classify_sdk_error(&self.table, err)
+    }
+
+    /// Runs an UpdateItem whose condition failure is explained by `holder`.
+    async fn update(
+        &self,
+        stream_id: &str,
+        condition: &str,
+        update: &str,
+        values: Vec<(&str, AttributeValue)>,
+        holder: Holder<'_>,
+    ) -> Result<Lease, LeaseError> {
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(schema::STREAM_ID, AttributeValue::S(stream_id.to_owned()))
+            .condition_expression(condition)
+            .update_expression(update)
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        for (name, value) in values {
+            request = request.expression_attribute_values(name, value);
+        }
+        match request.send().await {
+            Ok(output) => {
+                let item = output.attributes.ok_or_else(|| LeaseError::Rejected {
+                    message: "UpdateItem returned no attributes".into(),
+                })?;
+                Ok(schema::decode(&to_raw(item))?)
+            }
+            Err(err) => {
+                let current = err
+                    .as_service_error()
+                    .and_then(|e| match e {
+                        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(ccf) => {
+                            Some(ccf.item().cloned())
+                        }
+                        _ => None,
+                    });
+                match current {
+                    Some(Some(item)) => Err(refusal(schema::decode(&to_raw(item))?, holder)),
+                    Some(None) => Err(LeaseError::NotFound {
+                        stream_id: stream_id.to_owned(),
+                    }),
+                    None => Err(self.sdk_error(err)),
+                }
+            }
+        }
+    }
+}
+
+/// Maps an SDK error onto the store's error kinds. Messages carry the service's
+/// error code and text, which never include credentials.
+pub fn classify_sdk_error<E, R>(table: &str, err: SdkError<E, R>) -> LeaseError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    let message = DisplayErrorContext(&err).to_string();
+    match &err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            LeaseError::Transient { message }
+        }
+        SdkError::ServiceError(service) => match service.err().code() {
+            Some("ResourceNotFoundException") => LeaseError::TableMissing {
+                table: table.to_owned(),
+            },
+            Some(
+                "ProvisionedThroughputExceededException"
+                | "ThrottlingException"
+                | "RequestLimitExceeded"
+                | "LimitExceededException",
+            ) => LeaseError::Throttled { message },
+            Some("InternalServerError" | "ServiceUnavailable" | "InternalFailure") => {
+                LeaseError::Transient { message }
+            }
+            _ => LeaseError::Rejected { message },
+        },
+        _ => LeaseError::Rejected { message },
+    }
+}
+
+fn rejected(err: impl std::fmt::Display) -> LeaseError {
+    LeaseError::Rejected {
+        message: err.to_string(),
+    }
+}
+
+fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_owned())
+}
+
+/// Converts an SDK item into the schema's raw representation.
+pub fn to_raw(item: HashMap<String, AttributeValue>) -> RawItem {
+    item.into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                AttributeValue::S(v) => AttrValue::S(v),
+                AttributeValue::N(v) => AttrValue::N(v),
+                AttributeValue::B(_) => AttrValue::Other("B"),
+                AttributeValue::Bool(_) => AttrValue::Other("BOOL"),
+                AttributeValue::L(_) => AttrValue::Other("L"),
+                AttributeValue::M(_) => AttrValue::Other("M"),
+                AttributeValue::Null(_) => AttrValue::Other("NULL"),
+                AttributeValue::Ss(_) => AttrValue::Other("SS"),
+                AttributeValue::Ns(_) => AttrValue::Other("NS"),
+                AttributeValue::Bs(_) => AttrValue::Other("BS"),
+                _ => AttrValue::Other("unknown"),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// Converts a raw item into an SDK item (raw writes in tests and tools).
+pub fn from_raw(item: &RawItem) -> HashMap<String, AttributeValue> {
+    item.iter()
+        .filter_map(|(name, value)| {
+            let value = match value {
+                AttrValue::S(v) => AttributeValue::S(v.clone()),
+                AttrValue::N(v) => AttributeValue::N(v.clone()),
+                AttrValue::Other(_) => return None,
+            };
+            Some((name.clone(), value))
+        })
+        .collect()
+}
+
+#[async_trait]
+impl LeaseStore for DynamoLeaseStore {
+    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+        let values = vec![
+            (":owner", s(&r.owner_id)),
+            (":expires", n(r.now_ms + r.lease_ms)),
+            (":now", n(r.now_ms - r.skew_margin_ms)),
+            (":updated", n(r.now_ms)),
+            (":zero", n(0)),
+            (":one", n(1)),
+            (":none", s("")),
+        ];
+        self.update(
+            &r.stream_id,
+            ACQUIRE_CONDITION,
+            ACQUIRE_UPDATE,
+            values,
+            Holder::none(),
+        )
+        .await
+    }
+
+    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
+        let mut values = vec![
+            (":owner", s(&r.owner_id)),
+            (":token", n(r.fence_token)),
+            (":expires", n(r.now_ms + r.lease_ms)),
+            (":now", n(r.now_ms)),
+        ];
+        let (condition, update) = match r.checkpoint {
+            Some(checkpoint) => {
+                values.push((":checkpoint", n(checkpoint)));
+                (
+                    format!("{RENEW_CONDITION} AND {CHECKPOINT_NOT_BEHIND}"),
+                    format!("{RENEW_UPDATE}{RENEW_CHECKPOINT_UPDATE}"),
+                )
+            }
+            None => (RENEW_CONDITION.to_owned(), RENEW_UPDATE.to_owned()),
+        };
+        let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint);
+        self.update(&r.stream_id, &condition, &update, values, holder)
+            .await
+    }
+
+    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
+        let values = vec![
+            (":owner", s(&r.owner_id)),
+            (":token", n(r.fence_token)),
+            (":checkpoint", n(r.checkpoint)),
+            (":now", n(r.now_ms)),
+        ];
+        let condition = format!("{HOLDER_CONDITION} AND {CHECKPOINT_NOT_BEHIND}");
+        let holder = Holder::new(&r.owner_id, r.fence_token, Some(r.checkpoint));
+        self.update(&r.stream_id, &condition, CHECKPOINT_UPDATE, values, holder)
+            .await
+    }
+
+    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
+        let values = vec![
+            (":owner", s(&r.owner_id)),
+            (":token", n(r.fence_token)),
+            (":zero", n(0)),
+            (":now", n(r.now_ms)),
+        ];
+        let holder = Holder::new(&r.owner_id, r.fence_token, None);
+        self.update(
+            &r.stream_id,
+            HOLDER_CONDITION,
+            RELEASE_UPDATE,
+            values,
+            holder,
+        )
+        .await
+    }
+
+    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
+        let values = vec![(":zero", n(0)), (":now", n(now_ms))];
+        self.update(
+            stream_id,
+            RECORD_EXISTS,
+            RELEASE_UPDATE,
+            values,
+            Holder::none(),
+        )
+        .await
+    }
+
+    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
+        let item = super::registration_item(stream_id, now_ms);
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(from_raw(&item)))
+            .condition_expression(RECORD_ABSENT)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(err) if err.code() == Some("ConditionalCheckFailedException") => Ok(false),
+            Err(err) => Err(self.sdk_error(err)),
+        }
+    }
+
+    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(schema::STREAM_ID, s(stream_id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|err| self.sdk_error(err))?;
+        match output.item {
+            Some(item) => Ok(schema::decode(&to_raw(item))?),
+            None => Err(LeaseError::NotFound {
+                stream_id: stream_id.to_owned(),
+            }),
+        }
+    }
+
+    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+        let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
+        let output = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .limit(limit)
+            .consistent_read(true)
+            .set_exclusive_start_key(
+                start_after.map(|key| HashMap::from([(schema::STREAM_ID.to_owned(), s(key))])),
+            )
+            .send()
+            .await
+            .map_err(|err| self.sdk_error(err))?;
+        let leases = output
+            .items
+            .unwrap_or_default()
+            .into_iter()
+            .map(|item| schema::decode(&to_raw(item)))
+            .collect();
+        let next = output
+            .last_evaluated_key
+            .and_then(|key| match key.get(schema::STREAM_ID) {
+                Some(AttributeValue::S(id)) => Some(id.clone()),
+                _ => None,
+            });
+        Ok(LeasePage { leases, next })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every attribute an expression names must be a schema constant, so the
+    /// expressions cannot drift from the one definition of the record.
+    #[test]
+    fn expressions_only_name_schema_attributes() {
+        let known = [
+            schema::STREAM_ID,
+            schema::OWNER_ID,
+            schema::LEASE_EXPIRES_AT,
+            schema::FENCE_TOKEN,
+            schema::CHECKPOINT,
+            schema::UPDATED_AT,
+            schema::ACQUIRED_AT,
+            schema::LAST_OWNER,
+            schema::PREVIOUS_OWNER,
+            schema::PREVIOUS_EXPIRES_AT,
+            schema::RELEASED_AT,
+            schema::CHECKPOINT_AT,
+        ];
+        let keywords = [
+            "SET",
+            "REMOVE",
+            "AND",
+            "OR",
+            "attribute_not_exists",
+            "attribute_exists",
+            "if_not_exists",
+        ];
+        for expression in [
+            ACQUIRE_CONDITION,
+            ACQUIRE_UPDATE,
+            RENEW_CONDITION,
+            CHECKPOINT_NOT_BEHIND,
+            RENEW_UPDATE,
+            RENEW_CHECKPOINT_UPDATE,
+            HOLDER_CONDITION,
+            CHECKPOINT_UPDATE,
+            RELEASE_UPDATE,
+            RECORD_EXISTS,
+            RECORD_ABSENT,
+        ] {
+            for word in expression.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+                if word.is_empty() || word.starts_with(':') || keywords.contains(&word) {
+                    continue;
+                }
+                assert!(
+                    known.contains(&word),
+                    "{word:?} in {expression:?} is not a schema attribute"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn raw_round_trip_keeps_types() {
+        let item = RawItem::from([
+            (schema::STREAM_ID.to_owned(), AttrValue::s("a")),
+            (schema::FENCE_TOKEN.to_owned(), AttrValue::s("7")),
+        ]);
+        assert_eq!(to_raw(from_raw(&item)), item);
+    }
+}

@@ -1,0 +1,235 @@
+//! In-memory lease store for `leasehold dev` and fast tests.
+//!
+//! It keeps raw items, not typed leases, and evaluates the same conditions the
+//! DynamoDB store sends as expressions, so the conformance suite can hold both to
+//! one behaviour (including what happens with records written by other tools).
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{
+    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
+    RenewRequest, refusal, registration_item,
+};
+use crate::lease::Lease;
+use crate::schema::{self, AttrValue, RawItem};
+
+/// A lease table in process memory. Cheap to share behind an `Arc`.
+#[derive(Debug, Default)]
+pub struct MemoryLeaseStore {
+    items: Mutex<BTreeMap<String, RawItem>>,
+}
+
+impl MemoryLeaseStore {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes a raw item as-is, as another tool (the seed's Python demo, a careless
+    /// operator) could. Used to seed `dev` and by the conformance suite.
+    pub fn put_raw(&self, item: RawItem) {
+        let key = schema::item_key(&item)
+            .expect("put_raw needs a string stream_id")
+            .to_owned();
+        self.lock().insert(key, item);
+    }
+
+    /// Reads an item exactly as stored.
+    pub fn get_raw(&self, stream_id: &str) -> Option<RawItem> {
+        self.lock().get(stream_id).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, RawItem>> {
+        // A panic while holding the lock cannot leave an item half-written (every
+        // mutation below is computed first and applied at once), so poison is moot.
+        self.items.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn set(item: &mut RawItem, name: &str, value: AttrValue) {
+    item.insert(name.to_owned(), value);
+}
+
+/// Applies the release update (shared by release and force_release).
+fn apply_release(item: &mut RawItem, now_ms: i64) {
+    item.remove(schema::OWNER_ID);
+    set(item, schema::LEASE_EXPIRES_AT, AttrValue::n(0));
+    set(item, schema::RELEASED_AT, AttrValue::n(now_ms));
+    set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
+}
+
+#[async_trait]
+impl LeaseStore for MemoryLeaseStore {
+    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+        let mut items = self.lock();
+        let mut item = match items.get(&r.stream_id) {
+            Some(item) => item.clone(),
+            None => RawItem::from([(schema::STREAM_ID.to_owned(), AttrValue::s(&r.stream_id))]),
+        };
+        let current = schema::decode(&item)?;
+        let cutoff = r.now_ms - r.skew_margin_ms;
+        // DynamoDB: attribute_not_exists(owner_id) OR lease_expires_at < :now OR owner_id = :owner.
+        // A missing lease_expires_at compares as false, hence the explicit presence check.
+        let expired =
+            item.contains_key(schema::LEASE_EXPIRES_AT) && current.lease_expires_at < cutoff;
+        let allowed = match &current.owner_id {
+            None => true,
+            Some(owner) => expired || owner == &r.owner_id,
+        };
+        if !allowed {
+            return Err(refusal(current, Holder::none()));
+        }
+        set(
+            &mut item,
+            schema::PREVIOUS_OWNER,
+            AttrValue::s(current.last_owner.clone().unwrap_or_default()),
+        );
+        set(
+            &mut item,
+            schema::PREVIOUS_EXPIRES_AT,
+            AttrValue::n(current.lease_expires_at),
+        );
+        set(&mut item, schema::OWNER_ID, AttrValue::s(&r.owner_id));
+        set(&mut item, schema::LAST_OWNER, AttrValue::s(&r.owner_id));
+        set(
+            &mut item,
+            schema::LEASE_EXPIRES_AT,
+            AttrValue::n(r.now_ms + r.lease_ms),
+        );
+        set(
+            &mut item,
+            schema::FENCE_TOKEN,
+            AttrValue::n(current.fence_token + 1),
+        );
+        set(&mut item, schema::ACQUIRED_AT, AttrValue::n(r.now_ms));
+        set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        let lease = schema::decode(&item)?;
+        items.insert(r.stream_id.clone(), item);
+        Ok(lease)
+    }
+
+    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
+        let mut items = self.lock();
+        let Some(item) = items.get(&r.stream_id) else {
+            return Err(LeaseError::NotFound {
+                stream_id: r.stream_id.clone(),
+            });
+        };
+        let mut item = item.clone();
+        let current = schema::decode(&item)?;
+        let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint);
+        if !holder.holds(&current)
+            || current.lease_expires_at < r.now_ms
+            || holder.is_behind(&current)
+        {
+            return Err(refusal(current, holder));
+        }
+        set(
+            &mut item,
+            schema::LEASE_EXPIRES_AT,
+            AttrValue::n(r.now_ms + r.lease_ms),
+        );
+        set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        if let Some(checkpoint) = r.checkpoint {
+            set(&mut item, schema::CHECKPOINT, AttrValue::n(checkpoint));
+            set(&mut item, schema::CHECKPOINT_AT, AttrValue::n(r.now_ms));
+        }
+        let lease = schema::decode(&item)?;
+        items.insert(r.stream_id.clone(), item);
+        Ok(lease)
+    }
+
+    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
+        let mut items = self.lock();
+        let Some(item) = items.get(&r.stream_id) else {
+            return Err(LeaseError::NotFound {
+                stream_id: r.stream_id.clone(),
+            });
+        };
+        let mut item = item.clone();
+        let current = schema::decode(&item)?;
+        let holder = Holder::new(&r.owner_id, r.fence_token, Some(r.checkpoint));
+        if !holder.holds(&current) || holder.is_behind(&current) {
+            return Err(refusal(current, holder));
+        }
+        set(&mut item, schema::CHECKPOINT, AttrValue::n(r.checkpoint));
+        set(&mut item, schema::CHECKPOINT_AT, AttrValue::n(r.now_ms));
+        set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        let lease = schema::decode(&item)?;
+        items.insert(r.stream_id.clone(), item);
+        Ok(lease)
+    }
+
+    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
+        let mut items = self.lock();
+        let Some(item) = items.get(&r.stream_id) else {
+            return Err(LeaseError::NotFound {
+                stream_id: r.stream_id.clone(),
+            });
+        };
+        let mut item = item.clone();
+        let current = schema::decode(&item)?;
+        let holder = Holder::new(&r.owner_id, r.fence_token, None);
+        if !holder.holds(&current) {
+            return Err(refusal(current, holder));
+        }
+        apply_release(&mut item, r.now_ms);
+        let lease = schema::decode(&item)?;
+        items.insert(r.stream_id.clone(), item);
+        Ok(lease)
+    }
+
+    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
+        let mut items = self.lock();
+        let Some(item) = items.get_mut(stream_id) else {
+            return Err(LeaseError::NotFound {
+                stream_id: stream_id.to_owned(),
+            });
+        };
+        apply_release(item, now_ms);
+        Ok(schema::decode(item)?)
+    }
+
+    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
+        let mut items = self.lock();
+        if items.contains_key(stream_id) {
+            return Ok(false);
+        }
+        items.insert(stream_id.to_owned(), registration_item(stream_id, now_ms));
+        Ok(true)
+    }
+
+    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+        match self.lock().get(stream_id) {
+            Some(item) => Ok(schema::decode(item)?),
+            None => Err(LeaseError::NotFound {
+                stream_id: stream_id.to_owned(),
+            }),
+        }
+    }
+
+    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+        let limit = limit.max(1);
+        let items = self.lock();
+        let lower = match start_after {
+            Some(key) => Bound::Excluded(key.to_owned()),
+            None => Bound::Unbounded,
+        };
+        // One extra entry tells whether another page follows.
+        let window: Vec<_> = items
+            .range((lower, Bound::Unbounded))
+            .take(limit + 1)
+            .collect();
+        let next = (window.len() > limit).then(|| window[limit - 1].0.clone());
+        let leases = window
+            .iter()
+            .take(limit)
+            .map(|(_, item)| schema::decode(item))
+            .collect();
+        Ok(LeasePage { leases, next })
+    }
+}

@@ -1,0 +1,286 @@
+//! The lease store: one trait, one error enum, two backends with one behaviour.
+//!
+//! Every operation is a single conditional write (or read) whose condition is
+//! evaluated by the store, never by the caller: ownership changes only here.
+//! Callers pass their wall-clock time in; the store compares, so the in-memory and
+//! DynamoDB backends decide identically and tests can choose any instant.
+
+pub mod dynamodb;
+pub mod memory;
+
+use async_trait::async_trait;
+
+use crate::lease::Lease;
+use crate::schema::{self, AttrValue, MalformedItem, RawItem};
+
+/// Ask to become (or stay) the holder of a stream.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// Stream to acquire; created if absent.
+    pub stream_id: String,
+    /// Who asks.
+    pub owner_id: String,
+    /// Caller's wall-clock time, unix ms.
+    pub now_ms: i64,
+    /// Lease duration; the record expires at `now_ms + lease_ms`.
+    pub lease_ms: i64,
+    /// Takeover only when `lease_expires_at < now_ms - skew_margin_ms`, so a taker
+    /// whose clock runs ahead cannot take a lease its holder still believes valid.
+    pub skew_margin_ms: i64,
+}
+
+/// Extend a held lease, optionally carrying a checkpoint on the same write.
+#[derive(Debug, Clone)]
+pub struct RenewRequest {
+    /// Stream held.
+    pub stream_id: String,
+    /// The holder.
+    pub owner_id: String,
+    /// Token received on acquire.
+    pub fence_token: u64,
+    /// Caller's wall-clock time, unix ms.
+    pub now_ms: i64,
+    /// New expiry is `now_ms + lease_ms`.
+    pub lease_ms: i64,
+    /// A sink-confirmed checkpoint to store on the same write (saves a write per
+    /// renew interval); it must not be behind the stored one.
+    pub checkpoint: Option<u64>,
+}
+
+/// Record a sink-confirmed checkpoint.
+#[derive(Debug, Clone)]
+pub struct CheckpointRequest {
+    /// Stream held.
+    pub stream_id: String,
+    /// The holder.
+    pub owner_id: String,
+    /// Token received on acquire.
+    pub fence_token: u64,
+    /// Last sequence the sink confirmed.
+    pub checkpoint: u64,
+    /// Caller's wall-clock time, unix ms.
+    pub now_ms: i64,
+}
+
+/// Give a held lease back (drain): keeps `fence_token` and `checkpoint`.
+#[derive(Debug, Clone)]
+pub struct ReleaseRequest {
+    /// Stream held.
+    pub stream_id: String,
+    /// The holder.
+    pub owner_id: String,
+    /// Token received on acquire.
+    pub fence_token: u64,
+    /// Caller's wall-clock time, unix ms.
+    pub now_ms: i64,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default)]
+pub struct LeasePage {
+    /// Records of this page; a malformed record is an entry of its own so the rest
+    /// of the listing is still usable.
+    pub leases: Vec<Result<Lease, MalformedItem>>,
+    /// Pass back as `start_after` for the next page; `None` at the end.
+    pub next: Option<String>,
+}
+
+/// Why a store operation did not happen.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LeaseError {
+    /// The condition did not hold: somebody else holds the stream, or the caller's
+    /// token or ownership is stale. Carries the record as it is now.
+    #[error("stream {stream_id:?} is held by {} with fence token {} (expires at {})",
+        .current.owner_id.as_deref().unwrap_or("nobody"), .current.fence_token, .current.lease_expires_at)]
+    Conflict {
+        /// Stream asked for.
+        stream_id: String,
+        /// The record that made the condition fail.
+        current: Box<Lease>,
+    },
+    /// The checkpoint asked for is behind the stored one; checkpoints never move backwards.
+    #[error(
+        "checkpoint {requested} for stream {stream_id:?} is behind the stored checkpoint {stored}"
+    )]
+    CheckpointBehind {
+        /// Stream asked for.
+        stream_id: String,
+        /// What the caller tried to write.
+        requested: u64,
+        /// What the record holds.
+        stored: u64,
+    },
+    /// No record for this stream.
+    #[error("stream {stream_id:?} is not in the lease table")]
+    NotFound {
+        /// Stream asked for.
+        stream_id: String,
+    },
+    /// The lease table itself does not exist.
+    #[error(
+        "lease table {table:?} does not exist; create it with `leasehold table create` (LEASE_TABLE={table})"
+    )]
+    TableMissing {
+        /// Configured table name.
+        table: String,
+    },
+    /// The store asked us to slow down; retry with backoff.
+    #[error("lease store throttled the request: {message}")]
+    Throttled {
+        /// The store's error code and message.
+        message: String,
+    },
+    /// A network, timeout or server-side failure; the outcome is unknown, retry with backoff.
+    #[error("lease store unavailable: {message}")]
+    Transient {
+        /// What failed.
+        message: String,
+    },
+    /// The record exists but cannot be read as a lease.
+    #[error(transparent)]
+    Malformed(#[from] MalformedItem),
+    /// Any other failure the store reported (validation, permissions).
+    #[error("lease store rejected the request: {message}")]
+    Rejected {
+        /// The store's error code and message.
+        message: String,
+    },
+}
+
+impl LeaseError {
+    /// Whether retrying the same request may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            LeaseError::Throttled { .. } | LeaseError::Transient { .. }
+        )
+    }
+
+    /// Whether the store definitively refused because ownership is not the caller's.
+    pub fn is_ownership_lost(&self) -> bool {
+        matches!(
+            self,
+            LeaseError::Conflict { .. } | LeaseError::NotFound { .. }
+        )
+    }
+}
+
+/// Where leases live. Both backends pass the same conformance suite.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Conditional acquire: succeeds when the stream has no owner, its lease expired
+    /// more than the skew margin ago, or the caller already owns it. Increments the
+    /// fence token and returns the new record.
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Lease, LeaseError>;
+
+    /// Extends the caller's lease; fails unless owner and token match and the lease
+    /// has not expired.
+    async fn renew(&self, request: &RenewRequest) -> Result<Lease, LeaseError>;
+
+    /// Stores a checkpoint; fails unless owner and token match, and never moves it backwards.
+    async fn checkpoint(&self, request: &CheckpointRequest) -> Result<Lease, LeaseError>;
+
+    /// Releases the caller's lease: removes the owner and sets the expiry to 0,
+    /// keeping fence token and checkpoint so the next holder continues from both.
+    async fn release(&self, request: &ReleaseRequest) -> Result<Lease, LeaseError>;
+
+    /// Operator release whatever the holder: same effect as [`LeaseStore::release`].
+    /// The holder notices on its next renew; the next acquire's higher token fences
+    /// anything it still writes.
+    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError>;
+
+    /// Registers a stream so discovery finds it. Returns `false` if it already existed
+    /// (the record is left untouched).
+    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError>;
+
+    /// Reads one record (strongly consistent).
+    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError>;
+
+    /// One page of records. Pages may be shorter than `limit` before the end; only
+    /// `next == None` means the listing is complete.
+    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError>;
+}
+
+/// What a conditional write claimed about the caller, used to explain a refusal
+/// the same way whichever backend evaluated the condition.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Holder<'a> {
+    owner_id: Option<&'a str>,
+    fence_token: u64,
+    checkpoint: Option<u64>,
+}
+
+impl<'a> Holder<'a> {
+    /// A caller that claims to hold the lease with this token.
+    pub(crate) fn new(owner_id: &'a str, fence_token: u64, checkpoint: Option<u64>) -> Self {
+        Holder {
+            owner_id: Some(owner_id),
+            fence_token,
+            checkpoint,
+        }
+    }
+
+    /// A caller that claims nothing (acquire).
+    pub(crate) fn none() -> Self {
+        Holder {
+            owner_id: None,
+            fence_token: 0,
+            checkpoint: None,
+        }
+    }
+
+    /// Owner and token match the record.
+    pub(crate) fn holds(&self, lease: &Lease) -> bool {
+        self.owner_id.is_some()
+            && lease.owner_id.as_deref() == self.owner_id
+            && lease.fence_token == self.fence_token
+    }
+
+    /// The checkpoint to write is behind the stored one.
+    pub(crate) fn is_behind(&self, lease: &Lease) -> bool {
+        matches!((self.checkpoint, lease.checkpoint), (Some(new), Some(stored)) if new < stored)
+    }
+}
+
+/// The error for a failed condition, given the record as it is now.
+pub(crate) fn refusal(current: Lease, holder: Holder<'_>) -> LeaseError {
+    if holder.holds(&current) && holder.is_behind(&current) {
+        return LeaseError::CheckpointBehind {
+            stream_id: current.stream_id.clone(),
+            requested: holder.checkpoint.unwrap_or_default(),
+            stored: current.checkpoint.unwrap_or_default(),
+        };
+    }
+    LeaseError::Conflict {
+        stream_id: current.stream_id.clone(),
+        current: Box::new(current),
+    }
+}
+
+/// The record `register` writes: the seed's attributes with nothing held yet.
+pub(crate) fn registration_item(stream_id: &str, now_ms: i64) -> RawItem {
+    RawItem::from([
+        (schema::STREAM_ID.to_owned(), AttrValue::s(stream_id)),
+        (schema::LEASE_EXPIRES_AT.to_owned(), AttrValue::n(0)),
+        (schema::FENCE_TOKEN.to_owned(), AttrValue::n(0)),
+        (schema::CHECKPOINT.to_owned(), AttrValue::n(0)),
+        (schema::UPDATED_AT.to_owned(), AttrValue::n(now_ms)),
+    ])
+}
+
+/// Reads every page of a listing.
+pub async fn list_all(
+    store: &dyn LeaseStore,
+    page_size: usize,
+) -> Result<Vec<Result<Lease, MalformedItem>>, LeaseError> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store.list(cursor.as_deref(), page_size).await?;
+        all.extend(page.leases);
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(all),
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Typed telemetry events: what components report about themselves.
+//!
+//! Components never touch a metric registry: they emit one of these events, which
+//! writes one log line here and reaches the sidecar, where one module maps each
+//! event to its metric updates (design §4). Emitting must never block or fail the
+//! data path, so [`TelemetrySink::emit`] is synchronous and infallible.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Why a holder stopped trusting a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossReason {
+    /// The store refused a renew: someone else holds it, or the token is stale.
+    RenewRejected,
+    /// No renew was confirmed before the holder's own deadline.
+    DeadlinePassed,
+    /// A sink rejected a write because a newer fence token exists.
+    Fenced,
+}
+
+impl LossReason {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::RenewRejected => "renew_rejected",
+            LossReason::DeadlinePassed => "deadline_passed",
+            LossReason::Fenced => "fenced",
+        }
+    }
+}
+
+/// Something a component did that operators want counted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TelemetryEvent {
+    /// A conditional acquire succeeded.
+    LeaseAcquired {
+        /// Stream acquired.
+        stream_id: String,
+        /// New fence token.
+        fence_token: u64,
+        /// Round trip of the acquire write.
+        duration: Duration,
+        /// How long the stream had no valid owner before this acquire, if known.
+        takeover_gap: Option<Duration>,
+        /// Who held it before, if anyone.
+        previous_owner: Option<String>,
+    },
+    /// An acquire was refused because the stream is validly held by someone else.
+    LeaseAcquireConflict {
+        /// Stream asked for.
+        stream_id: String,
+        /// Current holder.
+        holder: Option<String>,
+        /// Current holder's token.
+        holder_token: u64,
+        /// Round trip of the acquire write.
+        duration: Duration,
+    },
+    /// An acquire failed for another reason (throttling, outage, malformed record).
+    LeaseAcquireFailed {
+        /// Stream asked for.
+        stream_id: String,
+        /// What failed.
+        error: String,
+    },
+    /// A renew was confirmed.
+    LeaseRenewed {
+        /// Stream held.
+        stream_id: String,
+        /// Token held.
+        fence_token: u64,
+        /// Round trip of the renew write.
+        duration: Duration,
+        /// How late the renew started versus its schedule.
+        lateness: Duration,
+    },
+    /// A renew attempt failed with a retryable error; the lease is still trusted
+    /// until the holder's deadline.
+    LeaseRenewFailed {
+        /// Stream held.
+        stream_id: String,
+        /// Token held.
+        fence_token: u64,
+        /// What failed.
+        error: String,
+    },
+    /// The holder stopped trusting a lease and stopped its side effects.
+    LeaseLost {
+        /// Stream lost.
+        stream_id: String,
+        /// Token that is no longer valid.
+        fence_token: u64,
+        /// Why.
+        reason: LossReason,
+    },
+    /// A lease was given back on purpose (drain, rebalance).
+    LeaseReleased {
+        /// Stream released.
+        stream_id: String,
+        /// Token released.
+        fence_token: u64,
+    },
+}
+
+impl TelemetryEvent {
+    /// Writes this event's one log line.
+    pub fn log(&self) {
+        use TelemetryEvent::*;
+        match self {
+            LeaseAcquired {
+                stream_id,
+                fence_token,
+                duration,
+                takeover_gap,
+                previous_owner,
+            } => tracing::info!(
+                stream_id,
+                fence_token,
+                duration_ms = millis(*duration),
+                takeover_gap_ms = takeover_gap.map(millis),
+                previous_owner = previous_owner.as_deref(),
+                "lease acquired"
+            ),
+            LeaseAcquireConflict {
+                stream_id,
+                holder,
+                holder_token,
+                ..
+            } => tracing::debug!(
+                stream_id,
+                holder = holder.as_deref(),
+                holder_token,
+                "lease held by another owner"
+            ),
+            LeaseAcquireFailed { stream_id, error } => {
+                tracing::warn!(stream_id, error, "lease acquire failed")
+            }
+            LeaseRenewed {
+                stream_id,
+                fence_token,
+                duration,
+                lateness,
+            } => tracing::trace!(
+                stream_id,
+                fence_token,
+                duration_ms = millis(*duration),
+                lateness_ms = millis(*lateness),
+                "lease renewed"
+            ),
+            LeaseRenewFailed {
+                stream_id,
+                fence_token,
+                error,
+            } => {
+                tracing::warn!(
+                    stream_id,
+                    fence_token,
+                    error,
+                    "lease renew failed, retrying"
+                )
+            }
+            LeaseLost {
+                stream_id,
+                fence_token,
+                reason,
+            } => tracing::warn!(
+                stream_id,
+                fence_token,
+                reason = reason.as_str(),
+                "lease lost; side effects stopped"
+            ),
+            LeaseReleased {
+                stream_id,
+                fence_token,
+            } => {
+                tracing::info!(stream_id, fence_token, "lease released")
+            }
+        }
+    }
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+/// Where events go. Implementations must return quickly and never block.
+pub trait TelemetrySink: Send + Sync + 'static {
+    /// Hands one event over.
+    fn emit(&self, event: TelemetryEvent);
+}
+
+/// Logs every event and nothing else (until a sidecar transport is attached).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogSink;
+
+impl TelemetrySink for LogSink {
+    fn emit(&self, event: TelemetryEvent) {
+        event.log();
+    }
+}
+
+/// Keeps every event in memory; for tests and benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct RecordingSink {
+    events: Arc<Mutex<Vec<TelemetryEvent>>>,
+}
+
+impl RecordingSink {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes the events recorded so far.
+    pub fn take(&self) -> Vec<TelemetryEvent> {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A copy of the events recorded so far.
+    pub fn snapshot(&self) -> Vec<TelemetryEvent> {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl TelemetrySink for RecordingSink {
+    fn emit(&self, event: TelemetryEvent) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
+    }
+}

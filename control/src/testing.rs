@@ -1,0 +1,129 @@
+//! Helpers for tests that need the real servers the test command starts.
+//!
+//! The test command (`scripts/test.sh`) starts a DynamoDB-compatible server and
+//! exports its address as [`DYNAMODB_ENDPOINT_VAR`]; tests never fall back to the
+//! AWS SDK's default endpoints, so no test can touch a real AWS account. With
+//! [`REQUIRE_SERVICES_VAR`] set (the test command sets it), a missing server is a
+//! test failure rather than a skip.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::conformance::ConformanceTarget;
+use crate::schema::{self, RawItem};
+use crate::store::LeaseStore;
+use crate::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
+
+/// Address of the local DynamoDB-compatible server (e.g. `http://127.0.0.1:4566`).
+pub const DYNAMODB_ENDPOINT_VAR: &str = "LEASEHOLD_TEST_DYNAMODB_ENDPOINT";
+/// When set to `1`, tests fail instead of skipping when a server is not configured.
+pub const REQUIRE_SERVICES_VAR: &str = "LEASEHOLD_REQUIRE_SERVICES";
+
+/// The endpoint of the test DynamoDB server, or `None` to skip (panics when the
+/// test command said services are required).
+pub fn dynamodb_endpoint() -> Option<String> {
+    match std::env::var(DYNAMODB_ENDPOINT_VAR)
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        Some(endpoint) => Some(endpoint),
+        None if std::env::var(REQUIRE_SERVICES_VAR).as_deref() == Ok("1") => {
+            panic!("{DYNAMODB_ENDPOINT_VAR} is not set but {REQUIRE_SERVICES_VAR}=1")
+        }
+        None => {
+            eprintln!("skipping: {DYNAMODB_ENDPOINT_VAR} is not set (run the test command)");
+            None
+        }
+    }
+}
+
+/// A DynamoDB client for the test server, with dummy credentials.
+pub fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "leasehold-tests",
+        ))
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+/// A table name no other test in this run uses.
+pub fn unique_table_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        crate::clock::unix_ms(std::time::SystemTime::now()),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh lease table on the test server, as a conformance target.
+pub struct DynamoTarget {
+    store: Arc<DynamoLeaseStore>,
+    client: aws_sdk_dynamodb::Client,
+}
+
+impl DynamoTarget {
+    /// Creates a new table on the test server; `None` when no server is configured.
+    pub async fn create() -> Option<Self> {
+        let endpoint = dynamodb_endpoint()?;
+        let client = dynamodb_client(&endpoint);
+        let store = DynamoLeaseStore::new(client.clone(), unique_table_name("conformance"));
+        store.create_table().await.expect("create test table");
+        Some(DynamoTarget {
+            store: Arc::new(store),
+            client,
+        })
+    }
+
+    /// The store under test.
+    pub fn dynamo_store(&self) -> &DynamoLeaseStore {
+        &self.store
+    }
+}
+
+#[async_trait]
+impl ConformanceTarget for DynamoTarget {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        self.store.clone()
+    }
+
+    async fn put_raw(&self, item: RawItem) {
+        self.client
+            .put_item()
+            .table_name(self.store.table())
+            .set_item(Some(from_raw(&item)))
+            .send()
+            .await
+            .expect("raw put");
+    }
+
+    async fn get_raw(&self, stream_id: &str) -> Option<RawItem> {
+        self.client
+            .get_item()
+            .table_name(self.store.table())
+            .set_key(Some(HashMap::from([(
+                schema::STREAM_ID.to_owned(),
+                AttributeValue::S(stream_id.to_owned()),
+            )])))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("raw get")
+            .item
+            .map(to_raw)
+    }
+}

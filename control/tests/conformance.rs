@@ -1,0 +1,11 @@
+//! One conformance suite, run against both lease stores (design §5, invariant 7).
+
+mod memory {
+    leasehold_control::conformance_suite!(async {
+        Some(leasehold_control::conformance::MemoryTarget::default())
+    });
+}
+
+mod dynamodb {
+    leasehold_control::conformance_suite!(leasehold_control::testing::DynamoTarget::create());
+}

@@ -1,0 +1,89 @@
+//! `leasehold`: one binary, every component as a subcommand (design §2).
+//!
+//! This file is the binary's edge: argument parsing, logging setup, and the
+//! mapping of outcomes to exit codes (0 ok, 1 failure, 2 invalid configuration).
+//! The work itself lives in the library crates; subcommands appear here only
+//! once they work.
+
+mod operator;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use leasehold_control::config::ConfigError;
+
+/// Lease-driven workers for long-lived upstream connections on ECS/Fargate.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Manage the lease table itself.
+    #[command(subcommand)]
+    Table(operator::TableCommand),
+    /// Operator view of the lease table: register, list, show, release.
+    #[command(subcommand)]
+    Leases(operator::LeasesCommand),
+}
+
+/// Why a command failed, deciding the exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// Invalid configuration: every problem is listed, exit 2.
+    Config(ConfigError),
+    /// The command ran and failed: one line, exit 1.
+    Runtime(anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(err: ConfigError) -> Self {
+        Failure::Config(err)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Self {
+        Failure::Runtime(err)
+    }
+}
+
+impl From<leasehold_control::LeaseError> for Failure {
+    fn from(err: leasehold_control::LeaseError) -> Self {
+        Failure::Runtime(err.into())
+    }
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_env("LEASEHOLD_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let outcome = match cli.command {
+        Command::Table(command) => operator::table(command).await,
+        Command::Leases(command) => operator::leases(command).await,
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(err)) => {
+            eprintln!("leasehold: {err}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(err)) => {
+            eprintln!("leasehold: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
