@@ -77,6 +77,13 @@ pub const AWS_ENDPOINT_URL_DYNAMODB: EnvVar = EnvVar {
     doc: "Endpoint for DynamoDB only (read by the AWS SDK).",
 };
 
+/// Log filter for every subcommand.
+pub const LEASEHOLD_LOG: EnvVar = EnvVar {
+    name: "LEASEHOLD_LOG",
+    default: "warn",
+    doc: "Log filter (`tracing` EnvFilter syntax, e.g. `info,leasehold_control=debug`).",
+};
+
 /// Every variable, in documentation order.
 pub const ALL: &[EnvVar] = &[
     LEASE_TABLE,
@@ -88,6 +95,7 @@ pub const ALL: &[EnvVar] = &[
     AWS_REGION,
     AWS_ENDPOINT_URL,
     AWS_ENDPOINT_URL_DYNAMODB,
+    LEASEHOLD_LOG,
 ];
 
 /// All configuration problems found, reported together.

@@ -59,8 +59,8 @@ impl From<leasehold_control::LeaseError> for Failure {
 
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_env("LEASEHOLD_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_env(leasehold_control::config::LEASEHOLD_LOG.name)
+        .unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
