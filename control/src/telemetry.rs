@@ -33,6 +33,32 @@ impl LossReason {
     }
 }
 
+/// Why an upstream frame was skipped instead of processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// Larger than the configured frame limit.
+    TooLarge,
+    /// Not valid JSON (or a binary frame).
+    NotJson,
+    /// JSON without a usable sequence number or event id at the configured pointers.
+    MissingField,
+    /// A sequence number already delivered (the upstream replayed it).
+    Duplicate,
+}
+
+impl SkipReason {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::TooLarge => "too_large",
+            SkipReason::NotJson => "not_json",
+            SkipReason::MissingField => "missing_field",
+            SkipReason::Duplicate => "duplicate",
+        }
+    }
+}
+
 /// Something a component did that operators want counted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -105,6 +131,111 @@ pub enum TelemetryEvent {
         /// Token released.
         fence_token: u64,
     },
+    /// An upstream WebSocket subscription was established.
+    UpstreamConnected {
+        /// Stream subscribed.
+        stream_id: String,
+        /// First sequence asked for.
+        from_seq: u64,
+    },
+    /// An upstream connection ended (any reason, including a deliberate close).
+    UpstreamDisconnected {
+        /// Stream whose connection closed.
+        stream_id: String,
+    },
+    /// The worker is reconnecting an upstream.
+    UpstreamReconnect {
+        /// Stream reconnecting.
+        stream_id: String,
+        /// `gap`, `closed`, `connect`, `protocol`, `retention_exceeded`, `sink`, …
+        reason: String,
+    },
+    /// An upstream frame was skipped (never a crash).
+    UpstreamFrameSkipped {
+        /// Stream the frame came on.
+        stream_id: String,
+        /// Why.
+        reason: SkipReason,
+    },
+    /// Events the upstream can no longer deliver (older than its retention): a
+    /// real, unrecoverable gap in the data.
+    StreamGap {
+        /// Stream with the gap.
+        stream_id: String,
+        /// First missing sequence.
+        from_seq: u64,
+        /// Last missing sequence.
+        to_seq: u64,
+    },
+    /// A batch reached the sink.
+    SinkWrite {
+        /// Stream written.
+        stream_id: String,
+        /// Token the batch carried.
+        fence_token: u64,
+        /// Events appended.
+        accepted: u64,
+        /// Events dropped as already written (by event id).
+        duplicate: u64,
+        /// Events rejected because a newer token exists.
+        fenced: u64,
+        /// Round trip of the write.
+        duration: Duration,
+    },
+    /// A batch could not be written (the sink was unreachable or failed).
+    SinkWriteFailed {
+        /// Stream written.
+        stream_id: String,
+        /// What failed.
+        error: String,
+    },
+    /// A checkpoint write was attempted (alone or riding on a renew).
+    CheckpointCommit {
+        /// Stream.
+        stream_id: String,
+        /// Sequence written.
+        checkpoint: u64,
+        /// `committed`, `fenced` or `error`.
+        result: CommitResult,
+    },
+    /// How far a held stream's confirmed checkpoint is behind what the upstream delivered.
+    StreamLag {
+        /// Stream.
+        stream_id: String,
+        /// Last sequence received minus last sequence confirmed.
+        lag_events: u64,
+        /// Age of the oldest received but unconfirmed event (0 when caught up).
+        lag_seconds: f64,
+    },
+    /// The worker stopped working on a stream (released, lost, or drained);
+    /// per-stream series may be dropped after this.
+    StreamStopped {
+        /// Stream.
+        stream_id: String,
+    },
+}
+
+/// Outcome of a checkpoint write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommitResult {
+    /// Stored.
+    Committed,
+    /// Refused: the lease is no longer ours.
+    Fenced,
+    /// The store failed; retried later.
+    Error,
+}
+
+impl CommitResult {
+    /// The `result` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommitResult::Committed => "committed",
+            CommitResult::Fenced => "fenced",
+            CommitResult::Error => "error",
+        }
+    }
 }
 
 impl TelemetryEvent {
@@ -180,6 +311,70 @@ impl TelemetryEvent {
             } => {
                 tracing::info!(stream_id, fence_token, "lease released")
             }
+            UpstreamConnected {
+                stream_id,
+                from_seq,
+            } => {
+                tracing::info!(stream_id, from_seq, "upstream subscribed")
+            }
+            UpstreamDisconnected { stream_id } => tracing::debug!(stream_id, "upstream closed"),
+            UpstreamReconnect { stream_id, reason } => {
+                tracing::warn!(stream_id, reason, "upstream reconnecting")
+            }
+            UpstreamFrameSkipped { stream_id, reason } => {
+                tracing::warn!(
+                    stream_id,
+                    reason = reason.as_str(),
+                    "upstream frame skipped"
+                )
+            }
+            StreamGap {
+                stream_id,
+                from_seq,
+                to_seq,
+            } => tracing::error!(
+                stream_id,
+                from_seq,
+                to_seq,
+                "upstream no longer has these events (retention exceeded): data gap"
+            ),
+            SinkWrite {
+                stream_id,
+                fence_token,
+                accepted,
+                duplicate,
+                fenced,
+                duration,
+            } => tracing::trace!(
+                stream_id,
+                fence_token,
+                accepted,
+                duplicate,
+                fenced,
+                duration_ms = millis(*duration),
+                "sink write"
+            ),
+            SinkWriteFailed { stream_id, error } => {
+                tracing::warn!(stream_id, error, "sink write failed")
+            }
+            CheckpointCommit {
+                stream_id,
+                checkpoint,
+                result,
+            } => tracing::debug!(
+                stream_id,
+                checkpoint,
+                result = result.as_str(),
+                "checkpoint commit"
+            ),
+            StreamLag {
+                stream_id,
+                lag_events,
+                lag_seconds,
+            } => {
+                tracing::trace!(stream_id, lag_events, lag_seconds, "stream lag")
+            }
+            StreamStopped { stream_id } => tracing::info!(stream_id, "stream stopped"),
         }
     }
 }
