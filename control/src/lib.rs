@@ -13,6 +13,7 @@
 //! - [`keeper`]: [`LeaseKeeper`], which holds leases, renews them on schedule and
 //!   tells the data path, before the holder's deadline, when a lease can no longer
 //!   be trusted.
+//! - [`keys`]: Redis key names (sink layout, pool protocol), spelled once.
 //! - [`backoff`]: exponential backoff with full jitter, for every retry loop.
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency.
 //! - [`telemetry`]: typed events that components emit; the sidecar turns them into
@@ -25,6 +26,7 @@ pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod keeper;
+pub mod keys;
 pub mod lease;
 pub mod schema;
 pub mod store;

@@ -21,6 +21,8 @@ use crate::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
 
 /// Address of the local DynamoDB-compatible server (e.g. `http://127.0.0.1:4566`).
 pub const DYNAMODB_ENDPOINT_VAR: &str = "LEASEHOLD_TEST_DYNAMODB_ENDPOINT";
+/// URL of the test Redis server (e.g. `redis://127.0.0.1:6390`).
+pub const REDIS_URL_VAR: &str = "LEASEHOLD_TEST_REDIS_URL";
 /// When set to `1`, tests fail instead of skipping when a server is not configured.
 pub const REQUIRE_SERVICES_VAR: &str = "LEASEHOLD_REQUIRE_SERVICES";
 
@@ -37,6 +39,25 @@ pub fn dynamodb_endpoint() -> Option<String> {
         }
         None => {
             eprintln!("skipping: {DYNAMODB_ENDPOINT_VAR} is not set (run the test command)");
+            None
+        }
+    }
+}
+
+/// The URL of the test Redis server, or `None` to skip (panics when the test
+/// command said services are required).
+pub fn redis_url() -> Option<String> {
+    required_var(REDIS_URL_VAR)
+}
+
+fn required_var(name: &str) -> Option<String> {
+    match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+        Some(value) => Some(value),
+        None if std::env::var(REQUIRE_SERVICES_VAR).as_deref() == Ok("1") => {
+            panic!("{name} is not set but {REQUIRE_SERVICES_VAR}=1")
+        }
+        None => {
+            eprintln!("skipping: {name} is not set (run the test command)");
             None
         }
     }
@@ -59,8 +80,9 @@ pub fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::from_conf(config)
 }
 
-/// A table name no other test in this run uses.
-pub fn unique_table_name(prefix: &str) -> String {
+/// A name no other test in this run (or an earlier run against the same
+/// servers) uses: tables, stream ids, Redis keys.
+pub fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     format!(
         "{prefix}-{}-{}-{}",
@@ -81,7 +103,7 @@ impl DynamoTarget {
     pub async fn create() -> Option<Self> {
         let endpoint = dynamodb_endpoint()?;
         let client = dynamodb_client(&endpoint);
-        let store = DynamoLeaseStore::new(client.clone(), unique_table_name("conformance"));
+        let store = DynamoLeaseStore::new(client.clone(), unique_name("conformance"));
         store.create_table().await.expect("create test table");
         Some(DynamoTarget {
             store: Arc::new(store),

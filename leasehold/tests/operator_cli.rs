@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-use leasehold_control::testing::{dynamodb_endpoint, unique_table_name};
+use leasehold_control::testing::{dynamodb_endpoint, unique_name};
 
 struct Cli {
     endpoint: String,
@@ -14,7 +14,7 @@ impl Cli {
     fn new() -> Option<Self> {
         Some(Cli {
             endpoint: dynamodb_endpoint()?,
-            table: unique_table_name("cli"),
+            table: unique_name("cli"),
         })
     }
 

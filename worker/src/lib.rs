@@ -1,5 +1,9 @@
 //! The lease-driven stream worker and the per-user broker worker.
 //!
-//! Not built yet: the stream worker (WebSocket upstream, fenced sinks,
-//! checkpoints, drain) and the broker worker pool are tracked by their own
-//! issues. The crate exists so the workspace has its final shape.
+//! Module map:
+//! - [`sink`]: fenced sinks (Redis Streams, in-memory) behind one trait.
+//!
+//! Being built: the feed simulator, the upstream adapter and the stream worker
+//! itself; the broker worker pool follows in its own issue.
+
+pub mod sink;
