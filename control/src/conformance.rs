@@ -558,6 +558,32 @@ pub async fn listing_pages_cover_everything_once(target: &dyn ConformanceTarget)
     );
 }
 
+/// The doorbell counter counts every concurrent bump once, and only on reserved records.
+pub async fn bump_counts_every_ring(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    store.bump("leasehold#doorbell", T0).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(store.bump("leasehold#doorbell", T0 + 1).await.unwrap(), 41);
+    assert!(!store.get("leasehold#doorbell").await.unwrap().is_stream());
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    assert!(matches!(
+        store.bump("s", T0).await,
+        Err(LeaseError::Rejected { .. })
+    ));
+    assert_eq!(store.get("s").await.unwrap().fence_token, 1);
+}
+
 /// Generates one `#[tokio::test]` per conformance check for a target.
 ///
 /// `$make` is an async expression yielding `Option<impl ConformanceTarget>`
@@ -581,6 +607,7 @@ macro_rules! conformance_suite {
             seed_records_interoperate,
             malformed_records_are_isolated,
             listing_pages_cover_everything_once,
+            bump_counts_every_ring,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -28,7 +28,7 @@ use crate::lease::Lease;
 use crate::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
 };
-use crate::telemetry::{LossReason, TelemetryEvent, TelemetrySink};
+use crate::telemetry::{CommitResult, LossReason, TelemetryEvent, TelemetrySink};
 
 /// Identity and timings of a keeper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,6 +333,16 @@ impl LeaseKeeper {
         lease: &HeldLease,
         seq: u64,
     ) -> Result<Lease, LeaseError> {
+        let result = self.write_checkpoint(lease, seq).await;
+        if let Err(err) = &result
+            && err.is_ownership_lost()
+        {
+            self.stop_tracking(lease, LossReason::RenewRejected);
+        }
+        result
+    }
+
+    async fn write_checkpoint(&self, lease: &HeldLease, seq: u64) -> Result<Lease, LeaseError> {
         let request = CheckpointRequest {
             stream_id: lease.stream_id.clone(),
             owner_id: self.inner.config.owner_id.clone(),
@@ -341,11 +351,17 @@ impl LeaseKeeper {
             now_ms: self.inner.clock.now_ms(),
         };
         let result = self.inner.store.checkpoint(&request).await;
-        if let Err(err) = &result
-            && err.is_ownership_lost()
-        {
-            self.stop_tracking(lease, LossReason::RenewRejected);
-        }
+        let outcome = match &result {
+            Ok(_) => CommitResult::Committed,
+            Err(err) if err.is_ownership_lost() => CommitResult::Fenced,
+            Err(LeaseError::CheckpointBehind { .. }) => return result,
+            Err(_) => CommitResult::Error,
+        };
+        self.inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
+            stream_id: lease.stream_id.clone(),
+            checkpoint: seq,
+            result: outcome,
+        });
         result
     }
 
@@ -370,6 +386,19 @@ impl LeaseKeeper {
             let _ = entry.task.await;
         }
         lease.signal.ended.cancel();
+        // A drain must not lose progress: write what the sink confirmed since the
+        // last renew before giving the lease away.
+        let staged = *lease
+            .signal
+            .staged_checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(seq) = staged {
+            match self.write_checkpoint(lease, seq).await {
+                Ok(_) | Err(LeaseError::CheckpointBehind { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
         let request = ReleaseRequest {
             stream_id: lease.stream_id.clone(),
             owner_id: self.inner.config.owner_id.clone(),
@@ -473,6 +502,13 @@ async fn renew_with_retries(
                 lease
                     .signal
                     .extend(sent + config.lease.saturating_sub(config.safety_margin));
+                if let Some(seq) = request.checkpoint {
+                    inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
+                        stream_id: lease.stream_id.clone(),
+                        checkpoint: seq,
+                        result: CommitResult::Committed,
+                    });
+                }
                 if let (Some(written), Some(staged)) = (record.checkpoint, staged) {
                     let mut current = lease
                         .signal
@@ -572,6 +608,9 @@ mod tests {
         }
         async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
             self.inner.register(stream_id, now_ms).await
+        }
+        async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
+            self.inner.bump(record_id, now_ms).await
         }
         async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
             self.inner.get(stream_id).await
@@ -789,6 +828,15 @@ mod tests {
             count(&events, |e| matches!(e, TelemetryEvent::LeaseLost { .. })),
             0
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_writes_the_staged_checkpoint_first() {
+        let f = fixture();
+        let lease = f.keeper.acquire("s").await.unwrap();
+        lease.stage_checkpoint(77);
+        let record = f.keeper.release(&lease).await.unwrap();
+        assert_eq!((record.owner_id, record.checkpoint), (None, Some(77)));
     }
 
     #[tokio::test(start_paused = true)]

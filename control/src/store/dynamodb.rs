@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::{
     AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
-    RenewRequest, refusal,
+    RenewRequest, check_reserved, refusal,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -56,6 +56,9 @@ pub const RELEASE_UPDATE: &str =
     "REMOVE owner_id SET lease_expires_at = :zero, released_at = :now, updated_at = :now";
 /// Force release and renew-free updates only apply to records that exist.
 pub const RECORD_EXISTS: &str = "attribute_exists(stream_id)";
+/// Doorbell update: a counter on a reserved record.
+pub const BUMP_UPDATE: &str =
+    "SET fence_token = if_not_exists(fence_token, :zero) + :one, updated_at = :now";
 /// Register only creates.
 pub const RECORD_ABSENT: &str = "attribute_not_exists(stream_id)";
 
@@ -423,6 +426,27 @@ impl LeaseStore for DynamoLeaseStore {
         }
     }
 
+    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
+        check_reserved(record_id)?;
+        let output = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(schema::STREAM_ID, s(record_id))
+            .update_expression(BUMP_UPDATE)
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":now", n(now_ms))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await
+            .map_err(|err| self.sdk_error(err))?;
+        let item = output.attributes.ok_or_else(|| LeaseError::Rejected {
+            message: "UpdateItem returned no attributes".into(),
+        })?;
+        Ok(schema::decode(&to_raw(item))?.fence_token)
+    }
+
     async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
         let output = self
             .client
@@ -514,6 +538,7 @@ mod tests {
             RELEASE_UPDATE,
             RECORD_EXISTS,
             RECORD_ABSENT,
+            BUMP_UPDATE,
         ] {
             for word in expression.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
                 if word.is_empty() || word.starts_with(':') || keywords.contains(&word) {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use super::{
     AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
-    RenewRequest, refusal, registration_item,
+    RenewRequest, check_reserved, refusal, registration_item,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -201,6 +201,18 @@ impl LeaseStore for MemoryLeaseStore {
         }
         items.insert(stream_id.to_owned(), registration_item(stream_id, now_ms));
         Ok(true)
+    }
+
+    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
+        check_reserved(record_id)?;
+        let mut items = self.lock();
+        let item = items.entry(record_id.to_owned()).or_insert_with(|| {
+            RawItem::from([(schema::STREAM_ID.to_owned(), AttrValue::s(record_id))])
+        });
+        let next = schema::decode(item)?.fence_token + 1;
+        set(item, schema::FENCE_TOKEN, AttrValue::n(next));
+        set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
+        Ok(next)
     }
 
     async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {

@@ -193,6 +193,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// (the record is left untouched).
     async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError>;
 
+    /// Increments the counter (`fence_token`) of a reserved `leasehold#…` record,
+    /// creating it if needed, and returns the new value. Used as a doorbell
+    /// ("something was released: look now"); refuses stream records, whose
+    /// tokens only acquire may move.
+    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError>;
+
     /// Reads one record (strongly consistent).
     async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError>;
 
@@ -266,6 +272,20 @@ pub(crate) fn registration_item(stream_id: &str, now_ms: i64) -> RawItem {
         (schema::CHECKPOINT.to_owned(), AttrValue::n(0)),
         (schema::UPDATED_AT.to_owned(), AttrValue::n(now_ms)),
     ])
+}
+
+/// Refuses `bump` on anything but a reserved record.
+pub(crate) fn check_reserved(record_id: &str) -> Result<(), LeaseError> {
+    if record_id.starts_with(schema::RESERVED_PREFIX) {
+        Ok(())
+    } else {
+        Err(LeaseError::Rejected {
+            message: format!(
+                "only reserved {}… records can be bumped, not {record_id:?}",
+                schema::RESERVED_PREFIX
+            ),
+        })
+    }
 }
 
 /// Reads every page of a listing.
