@@ -1,9 +1,12 @@
 //! The lease-driven stream worker and the per-user broker worker.
 //!
 //! Module map:
+//! - [`feed`]: the upstream feed simulator (sequenced events, replay, retention),
+//!   used by tests, benchmarks and `leasehold dev`.
+//! - [`upstream`]: "connect to stream X from sequence N": a trait plus a generic
+//!   WebSocket JSON adapter (URL and subscribe templates, JSON pointers).
 //! - [`sink`]: fenced sinks (Redis Streams, in-memory) behind one trait.
-//!
-//! Being built: the feed simulator, the upstream adapter and the stream worker
-//! itself; the broker worker pool follows in its own issue.
 
+pub mod feed;
 pub mod sink;
+pub mod upstream;
