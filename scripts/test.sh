@@ -72,6 +72,7 @@ wait_for_port redis "$redis_port"
 export LEASEHOLD_TEST_DYNAMODB_ENDPOINT="http://127.0.0.1:$moto_port"
 export LEASEHOLD_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
 export LEASEHOLD_REQUIRE_SERVICES=1
+export LEASEHOLD_TEST_PYTHON="$python"
 export LEASEHOLD_PROMTOOL="$(command -v promtool)"
 # Nothing in the tests may reach a real AWS account.
 unset AWS_PROFILE AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN

@@ -77,6 +77,99 @@ pub const AWS_ENDPOINT_URL_DYNAMODB: EnvVar = EnvVar {
     doc: "Endpoint for DynamoDB only (read by the AWS SDK).",
 };
 
+/// Upstream WebSocket URL template.
+pub const UPSTREAM_URL: EnvVar = EnvVar {
+    name: "UPSTREAM_URL",
+    default: "",
+    doc: "Upstream WebSocket URL (required by `stream-worker`); `{stream_id}` is substituted if present.",
+};
+/// Subscribe message template.
+pub const UPSTREAM_SUBSCRIBE: EnvVar = EnvVar {
+    name: "UPSTREAM_SUBSCRIBE",
+    default: r#"{"subscribe": "{stream_id}", "from_seq": {from_seq}}"#,
+    doc: "Text sent after connecting; `{stream_id}` and `{from_seq}` are substituted (empty: send nothing).",
+};
+/// Where the sequence number is in a frame.
+pub const UPSTREAM_SEQ_POINTER: EnvVar = EnvVar {
+    name: "UPSTREAM_SEQ_POINTER",
+    default: "/seq",
+    doc: "JSON pointer to the event's sequence number.",
+};
+/// Where the event id is in a frame.
+pub const UPSTREAM_ID_POINTER: EnvVar = EnvVar {
+    name: "UPSTREAM_ID_POINTER",
+    default: "/event_id",
+    doc: "JSON pointer to the event's id (string or number), the sink's de-duplication key.",
+};
+/// Frame size limit.
+pub const UPSTREAM_MAX_FRAME_BYTES: EnvVar = EnvVar {
+    name: "UPSTREAM_MAX_FRAME_BYTES",
+    default: "1048576",
+    doc: "Frames larger than this are counted and skipped.",
+};
+/// Where events go.
+pub const SINK_URL: EnvVar = EnvVar {
+    name: "SINK_URL",
+    default: "",
+    doc: "`redis://…` (Redis Streams sink) or `memory:` (in-process); required by `stream-worker`.",
+};
+/// De-duplication window.
+pub const SINK_DEDUP_WINDOW: EnvVar = EnvVar {
+    name: "SINK_DEDUP_WINDOW",
+    default: "10000",
+    doc: "Event ids remembered per stream; must cover the replay after a takeover \
+          (events/s per stream × (renew interval + lease)).",
+};
+/// Stored events cap.
+pub const SINK_MAX_LEN: EnvVar = EnvVar {
+    name: "SINK_MAX_LEN",
+    default: "0",
+    doc: "Approximate cap on events kept per sink stream (`XADD MAXLEN ~`); 0 keeps everything.",
+};
+/// Streams to register at start.
+pub const STREAM_IDS: EnvVar = EnvVar {
+    name: "STREAM_IDS",
+    default: "",
+    doc: "Comma-separated stream ids the worker registers at start (idempotent); others come from `leases add`.",
+};
+/// Per-worker cap.
+pub const MAX_STREAMS: EnvVar = EnvVar {
+    name: "MAX_STREAMS",
+    default: "100",
+    doc: "Most streams one worker holds, whatever its fair share.",
+};
+/// Full discovery scan period.
+pub const DISCOVERY_INTERVAL_MS: EnvVar = EnvVar {
+    name: "DISCOVERY_INTERVAL_MS",
+    default: "5000",
+    doc: "How often a worker scans the lease table for streams to take or hand back (±20 % jitter).",
+};
+/// Doorbell poll period.
+pub const HANDOFF_POLL_MS: EnvVar = EnvVar {
+    name: "HANDOFF_POLL_MS",
+    default: "250",
+    doc: "How often a worker reads the hand-off doorbell that draining workers ring (one GetItem).",
+};
+/// Drain budget on SIGTERM.
+pub const DRAIN_TIMEOUT_MS: EnvVar = EnvVar {
+    name: "DRAIN_TIMEOUT_MS",
+    default: "20000",
+    doc: "On SIGTERM, time to finish in-flight batches before leases are released anyway \
+          (keep it below the task's `stopTimeout`).",
+};
+/// Batch size cap.
+pub const BATCH_MAX_EVENTS: EnvVar = EnvVar {
+    name: "BATCH_MAX_EVENTS",
+    default: "500",
+    doc: "Most events per sink write.",
+};
+/// Batch latency cap.
+pub const BATCH_MAX_DELAY_MS: EnvVar = EnvVar {
+    name: "BATCH_MAX_DELAY_MS",
+    default: "20",
+    doc: "Longest an event waits for its batch to fill before it is written.",
+};
+
 /// Log filter for every subcommand.
 pub const LEASEHOLD_LOG: EnvVar = EnvVar {
     name: "LEASEHOLD_LOG",
@@ -95,6 +188,21 @@ pub const ALL: &[EnvVar] = &[
     AWS_REGION,
     AWS_ENDPOINT_URL,
     AWS_ENDPOINT_URL_DYNAMODB,
+    UPSTREAM_URL,
+    UPSTREAM_SUBSCRIBE,
+    UPSTREAM_SEQ_POINTER,
+    UPSTREAM_ID_POINTER,
+    UPSTREAM_MAX_FRAME_BYTES,
+    SINK_URL,
+    SINK_DEDUP_WINDOW,
+    SINK_MAX_LEN,
+    STREAM_IDS,
+    MAX_STREAMS,
+    DISCOVERY_INTERVAL_MS,
+    HANDOFF_POLL_MS,
+    DRAIN_TIMEOUT_MS,
+    BATCH_MAX_EVENTS,
+    BATCH_MAX_DELAY_MS,
     LEASEHOLD_LOG,
 ];
 
@@ -114,6 +222,11 @@ impl Problems {
     /// Records a problem with a variable.
     pub fn add(&mut self, var: &EnvVar, problem: impl std::fmt::Display) {
         self.0.push(format!("{}: {problem}", var.name));
+    }
+
+    /// Records a problem already phrased with its variable name.
+    pub fn add_raw(&mut self, problem: impl Into<String>) {
+        self.0.push(problem.into());
     }
 
     /// Fails if anything was recorded.
@@ -159,7 +272,8 @@ pub struct LeaseSettings {
     pub keeper: KeeperConfig,
 }
 
-fn positive_ms(raw: &str) -> Result<u64, String> {
+/// Parses a whole number greater than zero.
+pub fn positive_number(raw: &str) -> Result<u64, String> {
     match raw.parse::<u64>() {
         Ok(0) => Err("must be greater than 0".into()),
         Ok(value) => Ok(value),
@@ -192,14 +306,14 @@ pub fn lease_settings(
     let mut problems = Problems::default();
     let table = table_settings(lookup, &mut problems);
     let lease_secs = problems
-        .parse(&LEASE_SECONDS, lookup(LEASE_SECONDS.name), positive_ms)
+        .parse(&LEASE_SECONDS, lookup(LEASE_SECONDS.name), positive_number)
         .unwrap_or(30);
     let lease_ms = lease_secs.saturating_mul(1000);
     let renew_ms = problems
         .parse(
             &LEASE_RENEW_INTERVAL_MS,
             lookup(LEASE_RENEW_INTERVAL_MS.name),
-            positive_ms,
+            positive_number,
         )
         .unwrap_or(lease_ms / 3);
     let safety_ms = problems

@@ -73,11 +73,23 @@ struct LeaseSignal {
     loss: Mutex<Option<LossReason>>,
     /// Highest sink-confirmed sequence not yet written to the store.
     staged_checkpoint: Mutex<Option<u64>>,
+    /// The checkpoint as last confirmed by the store.
+    persisted_checkpoint: Mutex<Option<u64>>,
 }
 
 impl LeaseSignal {
     fn deadline(&self) -> Instant {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn persisted(&self, checkpoint: Option<u64>) {
+        let mut persisted = self
+            .persisted_checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if checkpoint > *persisted {
+            *persisted = checkpoint;
+        }
     }
 
     fn extend(&self, deadline: Instant) {
@@ -133,6 +145,15 @@ impl HeldLease {
     /// Why the lease was lost; `None` while held or after a deliberate release.
     pub fn loss_reason(&self) -> Option<LossReason> {
         *self.signal.loss.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The checkpoint the store holds for this lease, as far as this process knows.
+    pub fn persisted_checkpoint(&self) -> Option<u64> {
+        *self
+            .signal
+            .persisted_checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records that the sink confirmed everything up to `seq`; the next renew
@@ -282,6 +303,7 @@ impl LeaseKeeper {
                 ended: CancellationToken::new(),
                 loss: Mutex::new(None),
                 staged_checkpoint: Mutex::new(None),
+                persisted_checkpoint: Mutex::new(record.checkpoint),
             }),
             acquired: record,
         };
@@ -352,7 +374,10 @@ impl LeaseKeeper {
         };
         let result = self.inner.store.checkpoint(&request).await;
         let outcome = match &result {
-            Ok(_) => CommitResult::Committed,
+            Ok(record) => {
+                lease.signal.persisted(record.checkpoint);
+                CommitResult::Committed
+            }
             Err(err) if err.is_ownership_lost() => CommitResult::Fenced,
             Err(LeaseError::CheckpointBehind { .. }) => return result,
             Err(_) => CommitResult::Error,
@@ -502,6 +527,7 @@ async fn renew_with_retries(
                 lease
                     .signal
                     .extend(sent + config.lease.saturating_sub(config.safety_margin));
+                lease.signal.persisted(record.checkpoint);
                 if let Some(seq) = request.checkpoint {
                     inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
                         stream_id: lease.stream_id.clone(),
@@ -861,6 +887,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(11)).await;
         let record = f.store.get("s").await.unwrap();
         assert_eq!(record.checkpoint, Some(42));
+        assert_eq!(lease.persisted_checkpoint(), Some(42));
         assert_eq!(
             f.store.renews.load(Ordering::SeqCst),
             1,

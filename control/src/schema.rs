@@ -40,6 +40,17 @@ pub const CHECKPOINT_AT: &str = "checkpoint_at";
 /// Prefix of records that are not streams (observer lease, presence records);
 /// stream views and counts leave them out.
 pub const RESERVED_PREFIX: &str = "leasehold#";
+/// Prefix of stream workers' presence leases (`leasehold#worker#{owner_id}`): a
+/// worker holds one while it runs, so peers can count live workers even when
+/// they hold no stream yet.
+pub const WORKER_PRESENCE_PREFIX: &str = "leasehold#worker#";
+/// The hand-off doorbell: draining workers bump its counter so peers rescan now.
+pub const HANDOFF_DOORBELL: &str = "leasehold#handoff";
+
+/// The presence record of a worker.
+pub fn worker_presence(owner_id: &str) -> String {
+    format!("{WORKER_PRESENCE_PREFIX}{owner_id}")
+}
 
 /// One attribute value, in the two DynamoDB types the schema uses.
 ///

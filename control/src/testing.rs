@@ -23,6 +23,8 @@ use crate::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
 pub const DYNAMODB_ENDPOINT_VAR: &str = "LEASEHOLD_TEST_DYNAMODB_ENDPOINT";
 /// URL of the test Redis server (e.g. `redis://127.0.0.1:6390`).
 pub const REDIS_URL_VAR: &str = "LEASEHOLD_TEST_REDIS_URL";
+/// Python interpreter that can import moto (for tests that run a private server).
+pub const PYTHON_VAR: &str = "LEASEHOLD_TEST_PYTHON";
 /// When set to `1`, tests fail instead of skipping when a server is not configured.
 pub const REQUIRE_SERVICES_VAR: &str = "LEASEHOLD_REQUIRE_SERVICES";
 

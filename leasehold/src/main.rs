@@ -6,6 +6,7 @@
 //! once they work.
 
 mod operator;
+mod stream;
 
 use std::process::ExitCode;
 
@@ -28,6 +29,10 @@ enum Command {
     /// Operator view of the lease table: register, list, show, release.
     #[command(subcommand)]
     Leases(operator::LeasesCommand),
+    /// Upstream WebSocket feed simulator: sequenced events with replay.
+    Feed(stream::FeedArgs),
+    /// Lease-driven stream worker: owns streams, consumes them, writes fenced.
+    StreamWorker(stream::StreamWorkerArgs),
 }
 
 /// Why a command failed, deciding the exit code.
@@ -74,6 +79,8 @@ async fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Table(command) => operator::table(command).await,
         Command::Leases(command) => operator::leases(command).await,
+        Command::Feed(args) => stream::feed(args).await,
+        Command::StreamWorker(args) => stream::stream_worker(args).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

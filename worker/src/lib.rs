@@ -6,7 +6,10 @@
 //! - [`upstream`]: "connect to stream X from sequence N": a trait plus a generic
 //!   WebSocket JSON adapter (URL and subscribe templates, JSON pointers).
 //! - [`sink`]: fenced sinks (Redis Streams, in-memory) behind one trait.
+//! - [`stream`]: the stream worker: runners per held stream, discovery, fair
+//!   share, hand-back, drain.
 
 pub mod feed;
 pub mod sink;
+pub mod stream;
 pub mod upstream;

@@ -1,0 +1,189 @@
+//! `leasehold feed` and `leasehold stream-worker`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use leasehold_control::clock::SystemClock;
+use leasehold_control::config::{self, AWS_REGION};
+use leasehold_control::keeper::LeaseKeeper;
+use leasehold_control::store::dynamodb::{DynamoLeaseStore, load_sdk_config};
+use leasehold_control::telemetry::LogSink;
+use leasehold_worker::feed::{FeedConfig, FeedServer};
+use leasehold_worker::sink;
+use leasehold_worker::stream::settings;
+use leasehold_worker::stream::{RunnerContext, StreamWorker};
+use leasehold_worker::upstream::WebSocketUpstream;
+use tokio_util::sync::CancellationToken;
+
+use crate::Failure;
+
+/// `leasehold feed`: the upstream simulator.
+#[derive(Debug, Args)]
+pub struct FeedArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
+    /// Events per second per stream.
+    #[arg(long, default_value_t = 10.0)]
+    rate: f64,
+    /// Events kept per stream; older subscriptions get `retention_exceeded`.
+    #[arg(long, default_value_t = 100_000)]
+    retention: u64,
+    /// Events already available per stream at start (throughput benchmarks).
+    #[arg(long, default_value_t = 0)]
+    backlog: u64,
+}
+
+/// Cancels the token on SIGTERM or Ctrl-C.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutdown requested");
+        trigger.cancel();
+    });
+    token
+}
+
+/// Runs the feed simulator until SIGTERM or Ctrl-C.
+pub async fn feed(args: FeedArgs) -> Result<(), Failure> {
+    if !(args.rate > 0.0 && args.rate.is_finite()) {
+        return Err(Failure::Config(config::ConfigError {
+            problems: vec!["--rate: must be a positive number of events per second".into()],
+        }));
+    }
+    let shutdown = shutdown_on_signal();
+    let config = FeedConfig {
+        rate: args.rate,
+        retention: args.retention,
+        backlog: args.backlog,
+    };
+    let server = FeedServer::start(args.listen, config, shutdown)
+        .await
+        .with_context(|| format!("cannot serve the feed on {}", args.listen))?;
+    println!("feed listening on {}", server.url());
+    server.finished().await;
+    Ok(())
+}
+
+/// `leasehold stream-worker`: flags mirror the environment variables.
+#[derive(Debug, Args)]
+pub struct StreamWorkerArgs {
+    /// Upstream WebSocket URL [env: UPSTREAM_URL]
+    #[arg(long)]
+    upstream_url: Option<String>,
+    /// `redis://…` or `memory:` [env: SINK_URL]
+    #[arg(long)]
+    sink_url: Option<String>,
+    /// DynamoDB table [env: LEASE_TABLE]
+    #[arg(long)]
+    lease_table: Option<String>,
+    /// Lease duration in seconds [env: LEASE_SECONDS]
+    #[arg(long)]
+    lease_seconds: Option<String>,
+    /// This worker's identity [env: OWNER_ID]
+    #[arg(long)]
+    owner_id: Option<String>,
+    /// Streams to register at start, comma-separated [env: STREAM_IDS]
+    #[arg(long)]
+    stream_ids: Option<String>,
+    /// Most streams held [env: MAX_STREAMS]
+    #[arg(long)]
+    max_streams: Option<String>,
+}
+
+impl StreamWorkerArgs {
+    fn flag(&self, name: &str) -> Option<String> {
+        match name {
+            "UPSTREAM_URL" => self.upstream_url.clone(),
+            "SINK_URL" => self.sink_url.clone(),
+            "LEASE_TABLE" => self.lease_table.clone(),
+            "LEASE_SECONDS" => self.lease_seconds.clone(),
+            "OWNER_ID" => self.owner_id.clone(),
+            "STREAM_IDS" => self.stream_ids.clone(),
+            "MAX_STREAMS" => self.max_streams.clone(),
+            _ => None,
+        }
+    }
+}
+
+/// Runs a stream worker until SIGTERM, then drains and exits 0.
+pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
+    let lookup = |name: &str| args.flag(name).or_else(|| config::process_env(name));
+    let parsed = settings::parse(&lookup);
+    let sdk = load_sdk_config().await;
+    let settings = match parsed {
+        Ok(settings) if sdk.region().is_some() => settings,
+        Ok(_) => {
+            return Err(Failure::Config(config::ConfigError {
+                problems: vec![format!(
+                    "{}: not set, and no region in the AWS profile",
+                    AWS_REGION.name
+                )],
+            }));
+        }
+        Err(mut err) => {
+            if sdk.region().is_none() {
+                err.problems.push(format!(
+                    "{}: not set, and no region in the AWS profile",
+                    AWS_REGION.name
+                ));
+            }
+            return Err(Failure::Config(err));
+        }
+    };
+    let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
+    store.check_table().await?;
+    let sink = sink::open(&settings.sink_url, settings.sink)
+        .await
+        .context("cannot open the sink")?;
+    let telemetry = Arc::new(LogSink);
+    let clock = Arc::new(SystemClock);
+    let keeper = LeaseKeeper::new(
+        Arc::new(store),
+        clock.clone(),
+        telemetry.clone(),
+        settings.lease.keeper.clone(),
+    );
+    let context = Arc::new(RunnerContext {
+        keeper,
+        upstream: Arc::new(WebSocketUpstream::new(
+            settings.upstream.clone(),
+            telemetry.clone(),
+        )),
+        sink,
+        telemetry,
+        config: settings.runner.clone(),
+    });
+    let shutdown = shutdown_on_signal();
+    tracing::info!(
+        owner_id = settings.lease.keeper.owner_id,
+        "stream worker started"
+    );
+    let report = StreamWorker::new(context, clock, settings.worker.clone())
+        .run(shutdown)
+        .await?;
+    tracing::info!(
+        released = report.released.len(),
+        failed = report.failed.len(),
+        "stream worker drained"
+    );
+    for (stream, error) in &report.failed {
+        tracing::warn!(stream_id = stream, error, "not released cleanly");
+    }
+    Ok(())
+}

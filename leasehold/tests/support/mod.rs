@@ -1,0 +1,369 @@
+//! Real-process test harness for the `leasehold` binary: a feed, stream workers
+//! and (when a test needs its own) a DynamoDB-compatible server, all on loopback,
+//! all killed when the test ends. Server addresses come from
+//! `leasehold_control::testing`, which the test command fills.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use leasehold_control::lease::{Lease, LeaseState};
+use leasehold_control::store::dynamodb::DynamoLeaseStore;
+use leasehold_control::store::list_all;
+use leasehold_control::testing::{dynamodb_client, dynamodb_endpoint, redis_url, unique_name};
+use leasehold_worker::sink::SinkOptions;
+use leasehold_worker::sink::memory::StoredEvent;
+use leasehold_worker::sink::redis::RedisSink;
+
+/// Process-heavy tests run one at a time: the machine has two cores, and lease
+/// timing under heavy contention is not what these tests measure.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// A child process that is killed (SIGKILL) when dropped.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut command: Command) -> Proc {
+        command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        Proc {
+            name: name.into(),
+            child,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name (`TERM`, `KILL`, `STOP`, `CONT`).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {}", self.name);
+    }
+
+    /// Waits for the process to exit; panics after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}\n{}",
+                self.name,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Everything the process printed so far.
+    pub fn output(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Waits for a printed line containing `needle` and returns it.
+    pub fn wait_line(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
+                return line.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never printed {needle:?}\n{}",
+                self.name,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A private DynamoDB-compatible server, for tests that stop it.
+pub fn private_moto() -> (Proc, String) {
+    let python =
+        std::env::var(leasehold_control::testing::PYTHON_VAR).unwrap_or_else(|_| "python3".into());
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/moto_serialized.py");
+    let mut command = Command::new(python);
+    command.arg(script).arg(port.to_string());
+    let proc = Proc::spawn("moto", command);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "private moto did not start\n{}",
+            proc.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (proc, format!("http://127.0.0.1:{port}"))
+}
+
+/// Lease timings used by every process test: short, so scenarios take seconds.
+pub const LEASE_SECONDS: u64 = 3;
+pub const SKEW_MS: u64 = 500;
+pub const DISCOVERY_MS: u64 = 1000;
+
+/// A feed, a lease table, a Redis sink and any number of stream workers.
+pub struct Cluster {
+    pub endpoint: String,
+    pub table: String,
+    pub redis: String,
+    pub feed: Proc,
+    pub feed_url: String,
+    pub streams: Vec<String>,
+    pub workers: BTreeMap<String, Proc>,
+    pub store: DynamoLeaseStore,
+    sink: RedisSink,
+}
+
+impl Cluster {
+    /// `None` when the test servers are not configured (skip).
+    pub async fn start(streams: usize, rate: u32) -> Option<Cluster> {
+        let endpoint = dynamodb_endpoint()?;
+        Self::start_with(endpoint, streams, rate).await
+    }
+
+    /// Against a given DynamoDB endpoint (a private server).
+    pub async fn start_with(endpoint: String, streams: usize, rate: u32) -> Option<Cluster> {
+        let redis = redis_url()?;
+        let table = unique_name("e2e");
+        let store = DynamoLeaseStore::new(dynamodb_client(&endpoint), table.clone());
+        store.create_table().await.unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        command.args([
+            "feed",
+            "--listen",
+            "127.0.0.1:0",
+            "--rate",
+            &rate.to_string(),
+        ]);
+        let feed = Proc::spawn("feed", command);
+        let line = feed.wait_line("feed listening on ", Duration::from_secs(10));
+        let feed_url = line.rsplit(' ').next().unwrap().to_owned();
+        let prefix = unique_name("s");
+        let streams = (0..streams).map(|i| format!("{prefix}-{i}")).collect();
+        let sink = RedisSink::connect(&redis, SinkOptions::default())
+            .await
+            .unwrap();
+        Some(Cluster {
+            endpoint,
+            table,
+            redis,
+            feed,
+            feed_url,
+            streams,
+            workers: BTreeMap::new(),
+            store,
+            sink,
+        })
+    }
+
+    /// Starts `leasehold stream-worker` with this owner id.
+    pub fn start_worker(&mut self, owner: &str) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        command
+            .arg("stream-worker")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("AWS_ENDPOINT_URL", &self.endpoint)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("LEASE_TABLE", &self.table)
+            .env("LEASE_SECONDS", LEASE_SECONDS.to_string())
+            .env("LEASE_SKEW_MARGIN_MS", SKEW_MS.to_string())
+            .env("DISCOVERY_INTERVAL_MS", DISCOVERY_MS.to_string())
+            .env("HANDOFF_POLL_MS", "100")
+            .env("DRAIN_TIMEOUT_MS", "2000")
+            .env("OWNER_ID", owner)
+            .env("UPSTREAM_URL", &self.feed_url)
+            .env("SINK_URL", &self.redis)
+            .env("STREAM_IDS", self.streams.join(","))
+            .env("LEASEHOLD_LOG", "info");
+        self.workers
+            .insert(owner.to_owned(), Proc::spawn(owner, command));
+    }
+
+    /// The stream records (reserved records left out).
+    pub async fn leases(&self) -> Vec<Lease> {
+        list_all(&self.store, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap())
+            .filter(|l| l.is_stream() && self.streams.contains(&l.stream_id))
+            .collect()
+    }
+
+    /// Owner of each stream that is validly owned right now.
+    pub async fn owners(&self) -> BTreeMap<String, String> {
+        let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
+        self.leases()
+            .await
+            .into_iter()
+            .filter(|l| l.state(now) == LeaseState::Owned)
+            .map(|l| (l.stream_id, l.owner_id.unwrap()))
+            .collect()
+    }
+
+    /// Polls until `condition` holds for the owner map; returns the time it took.
+    pub async fn wait_owners(
+        &self,
+        timeout: Duration,
+        condition: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> Duration {
+        let start = Instant::now();
+        loop {
+            let owners = self.owners().await;
+            if condition(&owners) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "ownership condition not reached in {timeout:?}: {owners:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Every stream owned by some live worker.
+    pub async fn wait_all_owned(&self, timeout: Duration) -> Duration {
+        let count = self.streams.len();
+        self.wait_owners(timeout, |owners| owners.len() == count)
+            .await
+    }
+
+    /// What the sink holds for a stream.
+    pub async fn sink_entries(&self, stream: &str) -> Vec<StoredEvent> {
+        self.sink.stored(stream).await.unwrap()
+    }
+
+    /// Checks a stream's sink: sequences 1..=n without gap or duplicate, and
+    /// tokens never decreasing (a decrease would be an accepted stale write).
+    /// Returns n.
+    pub async fn verify_sink(&self, stream: &str) -> u64 {
+        let entries = self.sink_entries(stream).await;
+        assert!(!entries.is_empty(), "{stream}: nothing written");
+        for (i, entry) in entries.iter().enumerate() {
+            assert_eq!(
+                entry.seq,
+                i as u64 + 1,
+                "{stream}: gap or duplicate at entry {i}"
+            );
+        }
+        for pair in entries.windows(2) {
+            assert!(
+                pair[0].fence_token <= pair[1].fence_token,
+                "{stream}: seq {} written with token {} after token {}",
+                pair[1].seq,
+                pair[1].fence_token,
+                pair[0].fence_token
+            );
+        }
+        entries.len() as u64
+    }
+
+    /// SIGTERM every worker and wait for clean exits.
+    pub fn stop_workers(&mut self) {
+        for worker in self.workers.values() {
+            worker.signal("TERM");
+        }
+        for worker in self.workers.values_mut() {
+            let status = worker.wait_exit(Duration::from_secs(15));
+            assert!(
+                status.success(),
+                "{} exited with {status}\n{}",
+                worker.name,
+                worker.output()
+            );
+        }
+    }
+
+    /// The workers' output, for failure messages.
+    pub fn logs(&self) -> String {
+        self.workers
+            .values()
+            .map(|w| {
+                format!(
+                    "--- {}\n{}",
+                    w.name,
+                    w.output()
+                        .lines()
+                        .rev()
+                        .take(15)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Percentile of a list of durations.
+pub fn percentile(values: &mut [Duration], p: f64) -> Duration {
+    values.sort();
+    let rank = ((p / 100.0) * (values.len().saturating_sub(1)) as f64).round() as usize;
+    values[rank.min(values.len() - 1)]
+}
