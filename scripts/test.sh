@@ -1,82 +1,12 @@
 #!/usr/bin/env bash
 # The whole leasehold test suite, on a fresh machine or a warm one:
-#   1. installs what is missing (Debian: redis-server, prometheus for promtool;
-#      Python: moto[server] in a venv under ~/.cache/leasehold when not importable),
-#   2. starts a DynamoDB-compatible server (moto) and redis-server on free loopback ports,
-#   3. runs cargo fmt --check, cargo clippy -D warnings and every test in the workspace,
-#   4. stops the servers, whatever happened.
+#   1-2. scripts/services.sh installs what is missing and starts moto and
+#        redis-server on free loopback ports (stopped on exit, whatever happens),
+#   3.   cargo fmt --check, cargo clippy -D warnings and every test in the workspace.
 # `.ci/run` calls exactly this. Build output goes to $CARGO_TARGET_DIR
 # (default ~/.cache/leasehold/target) so repeated runs reuse it.
 set -euo pipefail
-
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$repo"
-cache="${LEASEHOLD_CACHE:-$HOME/.cache/leasehold}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
-mkdir -p "$cache" "$repo/test-output"
-
-log() { printf '\n== %s\n' "$*" >&2; }
-
-# --- 1. dependencies ---------------------------------------------------------
-apt_missing=()
-command -v redis-server >/dev/null || apt_missing+=(redis-server)
-command -v promtool >/dev/null || apt_missing+=(prometheus)
-if ((${#apt_missing[@]})); then
-    log "installing Debian packages: ${apt_missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
-fi
-
-python=python3
-if ! "$python" -c 'import moto.server, flask, werkzeug' 2>/dev/null; then
-    venv="$cache/venv"
-    if ! "$venv/bin/python" -c 'import moto.server, flask, werkzeug' 2>/dev/null; then
-        log "installing moto[server] into $venv"
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install -q "moto[server]"
-    fi
-    python="$venv/bin/python"
-fi
-
-# --- 2. servers ----------------------------------------------------------------
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
-
-free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-wait_for_port() { # name port
-    for _ in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "error: $1 did not start on port $2; its log:" >&2
-    cat "$repo/test-output/$1.log" >&2 || true
-    return 1
-}
-
-moto_port=$(free_port)
-"$python" scripts/moto_serialized.py "$moto_port" >"$repo/test-output/moto.log" 2>&1 &
-pids+=($!)
-redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
-    >"$repo/test-output/redis.log" 2>&1 &
-pids+=($!)
-wait_for_port moto "$moto_port"
-wait_for_port redis "$redis_port"
-
-export LEASEHOLD_TEST_DYNAMODB_ENDPOINT="http://127.0.0.1:$moto_port"
-export LEASEHOLD_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
-export LEASEHOLD_REQUIRE_SERVICES=1
-export LEASEHOLD_TEST_PYTHON="$python"
-export LEASEHOLD_PROMTOOL="$(command -v promtool)"
-# Nothing in the tests may reach a real AWS account.
-unset AWS_PROFILE AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
-log "moto on :$moto_port, redis on :$redis_port"
+source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
 
 # --- 3. checks -------------------------------------------------------------------
 log "cargo fmt --check"

@@ -1,0 +1,131 @@
+//! Hand-off and takeover times with real processes (moto, Redis, feed, workers).
+//!
+//! ```text
+//! scripts/bench.sh            # starts the servers, runs every benchmark
+//! ```
+//! Graceful hand-off: SIGTERM to a worker → each of its streams owned by another
+//! worker. Crash takeover: SIGKILL → each of its streams owned by another worker,
+//! as a ratio to the lease duration (3 s here; the protocol scales with it).
+//! Every round ends with the sink checked for gaps, duplicates and stale tokens.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::{Cluster, LEASE_SECONDS, percentile};
+
+const ROUNDS: usize = 6;
+
+fn held_by(owners: &BTreeMap<String, String>, worker: &str) -> Vec<String> {
+    owners
+        .iter()
+        .filter(|(_, o)| o.as_str() == worker)
+        .map(|(s, _)| s.clone())
+        .collect()
+}
+
+/// Signals `worker` and records, per stream it held, the time until another owner has it.
+async fn measure(cluster: &mut Cluster, worker: &str, signal: &str) -> Vec<Duration> {
+    let held = held_by(&cluster.owners().await, worker);
+    let sent = Instant::now();
+    cluster.workers[worker].signal(signal);
+    let mut times = Vec::new();
+    let mut pending = held;
+    while !pending.is_empty() {
+        let owners = cluster.owners().await;
+        pending.retain(|stream| match owners.get(stream) {
+            Some(owner) if owner != worker => {
+                times.push(sent.elapsed());
+                false
+            }
+            _ => true,
+        });
+        assert!(
+            sent.elapsed() < Duration::from_secs(30),
+            "{pending:?} never taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut gone = cluster.workers.remove(worker).expect("worker");
+    gone.wait_exit(Duration::from_secs(15));
+    times
+}
+
+async fn balanced(cluster: &Cluster, workers: usize) {
+    let streams = cluster.streams.len();
+    cluster
+        .wait_owners(Duration::from_secs(60), |owners| {
+            let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+            for owner in owners.values() {
+                *counts.entry(owner.as_str()).or_default() += 1;
+            }
+            owners.len() == streams
+                && counts.len() == workers
+                && counts.values().all(|c| *c >= streams / workers)
+        })
+        .await;
+}
+
+fn report(name: &str, times: &mut [Duration], lease: Option<Duration>) {
+    let p50 = percentile(times, 50.0);
+    let p99 = percentile(times, 99.0);
+    match lease {
+        Some(lease) => println!(
+            "  {name:<22} n={:<3} p50 {p50:>8.3?} ({:.2} × lease)  p99 {p99:>8.3?} ({:.2} × lease)",
+            times.len(),
+            p50.as_secs_f64() / lease.as_secs_f64(),
+            p99.as_secs_f64() / lease.as_secs_f64()
+        ),
+        None => println!(
+            "  {name:<22} n={:<3} p50 {p50:>8.3?}  p99 {p99:>8.3?}",
+            times.len()
+        ),
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let Some(mut cluster) = Cluster::start(8, 100).await else {
+            eprintln!("servers not configured; run scripts/bench.sh");
+            std::process::exit(2);
+        };
+        let mut next = 0;
+        let mut spawn = |cluster: &mut Cluster| {
+            next += 1;
+            let name = format!("w{next}");
+            cluster.start_worker(&name);
+            name
+        };
+        let mut workers: Vec<String> = (0..4).map(|_| spawn(&mut cluster)).collect();
+        balanced(&cluster, 4).await;
+        let mut handoffs = Vec::new();
+        let mut takeovers = Vec::new();
+        for round in 0..ROUNDS {
+            // A rolling deploy step: a new worker joins, then the oldest drains.
+            workers.push(spawn(&mut cluster));
+            balanced(&cluster, 5).await;
+            let oldest = workers.remove(0);
+            handoffs.extend(measure(&mut cluster, &oldest, "TERM").await);
+            balanced(&cluster, 4).await;
+            // A crash: one worker dies without a word; a replacement starts afterwards.
+            let victim = workers.remove(round % workers.len());
+            takeovers.extend(measure(&mut cluster, &victim, "KILL").await);
+            workers.push(spawn(&mut cluster));
+            balanced(&cluster, 4).await;
+        }
+        cluster.stop_workers();
+        for stream in &cluster.streams {
+            cluster.verify_sink(stream).await;
+        }
+        println!("fail-over, 8 streams over 4 workers, lease {LEASE_SECONDS} s, {ROUNDS} rounds (sinks verified: no gap, no duplicate, no stale token):");
+        report("graceful hand-off", &mut handoffs, None);
+        report("crash takeover", &mut takeovers, Some(Duration::from_secs(LEASE_SECONDS)));
+    });
+}

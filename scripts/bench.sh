@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Every benchmark, with the servers they need (see scripts/services.sh).
+# Figures are printed; BENCHMARKS.md records them with these commands.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
+export LEASEHOLD_BENCH_REDIS_URL="$LEASEHOLD_TEST_REDIS_URL"
+
+log "keeper: 10,000 leases on the in-memory store"
+cargo bench -p leasehold-control --bench keeper
+log "stream throughput and control-plane writes"
+cargo bench -p leasehold --bench stream_throughput
+log "fail-over: graceful hand-off and crash takeover"
+cargo bench -p leasehold --bench failover
