@@ -69,6 +69,7 @@ export LEASEHOLD_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
 export LEASEHOLD_REQUIRE_SERVICES=1
 export LEASEHOLD_TEST_PYTHON="$python"
 export LEASEHOLD_PROMTOOL="$(command -v promtool)"
+export LEASEHOLD_PROMETHEUS="$(command -v prometheus)"
 # Nothing in the tests may reach a real AWS account.
 unset AWS_PROFILE AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
 log "moto on :$moto_port, redis on :$redis_port"

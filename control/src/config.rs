@@ -170,6 +170,44 @@ pub const BATCH_MAX_DELAY_MS: EnvVar = EnvVar {
     doc: "Longest an event waits for its batch to fill before it is written.",
 };
 
+/// Sidecar HTTP listener.
+pub const SIDECAR_LISTEN: EnvVar = EnvVar {
+    name: "SIDECAR_LISTEN",
+    default: "0.0.0.0:9464",
+    doc: "The sidecar's HTTP address: `/metrics`, `/healthz`, `/status`.",
+};
+/// Worker → sidecar transport address.
+pub const TELEMETRY_ADDR: EnvVar = EnvVar {
+    name: "TELEMETRY_ADDR",
+    default: "127.0.0.1:9465",
+    doc: "Where workers ship telemetry events and the sidecar listens for them (loopback).",
+};
+/// Telemetry buffer size in the worker.
+pub const TELEMETRY_BUFFER: EnvVar = EnvVar {
+    name: "TELEMETRY_BUFFER",
+    default: "65536",
+    doc: "Events a worker keeps while its sidecar is slow or away; the oldest are dropped and counted beyond it.",
+};
+/// When the sidecar calls a worker down.
+pub const WORKER_SILENCE_MS: EnvVar = EnvVar {
+    name: "WORKER_SILENCE_MS",
+    default: "5000",
+    doc: "The sidecar reports `leasehold_worker_up 0` when no event (heartbeats included) arrived for this long.",
+};
+/// Idle timeout of per-stream series.
+pub const STREAM_SERIES_IDLE_SECONDS: EnvVar = EnvVar {
+    name: "STREAM_SERIES_IDLE_SECONDS",
+    default: "120",
+    doc: "Per-stream gauges (`stream_id` label) disappear this long after their last update.",
+};
+
+/// Whether the sidecar competes for the observer lease.
+pub const SIDECAR_OBSERVER: EnvVar = EnvVar {
+    name: "SIDECAR_OBSERVER",
+    default: "true",
+    doc: "`true`: this sidecar competes for the observer lease and, while it holds it, publishes the cluster gauges.",
+};
+
 /// Log filter for every subcommand.
 pub const LEASEHOLD_LOG: EnvVar = EnvVar {
     name: "LEASEHOLD_LOG",
@@ -203,6 +241,12 @@ pub const ALL: &[EnvVar] = &[
     DRAIN_TIMEOUT_MS,
     BATCH_MAX_EVENTS,
     BATCH_MAX_DELAY_MS,
+    SIDECAR_LISTEN,
+    TELEMETRY_ADDR,
+    TELEMETRY_BUFFER,
+    WORKER_SILENCE_MS,
+    STREAM_SERIES_IDLE_SECONDS,
+    SIDECAR_OBSERVER,
     LEASEHOLD_LOG,
 ];
 

@@ -310,6 +310,7 @@ impl LeaseKeeper {
         self.inner.telemetry.emit(TelemetryEvent::LeaseAcquired {
             stream_id: stream_id.to_owned(),
             fence_token: lease.fence_token,
+            expires_at_ms: lease.acquired.lease_expires_at,
             duration,
             takeover_gap: lease
                 .acquired
@@ -548,6 +549,7 @@ async fn renew_with_retries(
                 inner.telemetry.emit(TelemetryEvent::LeaseRenewed {
                     stream_id: lease.stream_id.clone(),
                     fence_token: lease.fence_token,
+                    expires_at_ms: record.lease_expires_at,
                     duration: sent.elapsed(),
                     lateness,
                 });

@@ -18,6 +18,8 @@
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency.
 //! - [`telemetry`]: typed events that components emit; the sidecar turns them into
 //!   metrics.
+//! - [`transport`]: the worker → sidecar wire format and the non-blocking
+//!   buffered shipper workers emit through.
 //! - [`config`]: every environment variable with its default, parsed all at once.
 //! - `conformance` / `testing` (feature `testing`): the store conformance suite and
 //!   the helpers test crates use to reach the real servers started by the test command.
@@ -31,6 +33,7 @@ pub mod lease;
 pub mod schema;
 pub mod store;
 pub mod telemetry;
+pub mod transport;
 
 #[cfg(feature = "testing")]
 pub mod conformance;

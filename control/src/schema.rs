@@ -44,6 +44,8 @@ pub const RESERVED_PREFIX: &str = "leasehold#";
 /// worker holds one while it runs, so peers can count live workers even when
 /// they hold no stream yet.
 pub const WORKER_PRESENCE_PREFIX: &str = "leasehold#worker#";
+/// The observer lease: the one sidecar holding it publishes the cluster gauges.
+pub const OBSERVER_LEASE: &str = "leasehold#observer";
 /// The hand-off doorbell: draining workers bump its counter so peers rescan now.
 pub const HANDOFF_DOORBELL: &str = "leasehold#handoff";
 

@@ -69,6 +69,8 @@ pub enum TelemetryEvent {
         stream_id: String,
         /// New fence token.
         fence_token: u64,
+        /// The record's expiry, unix ms.
+        expires_at_ms: i64,
         /// Round trip of the acquire write.
         duration: Duration,
         /// How long the stream had no valid owner before this acquire, if known.
@@ -100,6 +102,8 @@ pub enum TelemetryEvent {
         stream_id: String,
         /// Token held.
         fence_token: u64,
+        /// The record's new expiry, unix ms.
+        expires_at_ms: i64,
         /// Round trip of the renew write.
         duration: Duration,
         /// How late the renew started versus its schedule.
@@ -207,6 +211,20 @@ pub enum TelemetryEvent {
         /// Age of the oldest received but unconfirmed event (0 when caught up).
         lag_seconds: f64,
     },
+    /// Sent by a worker's telemetry shipper every second, so the sidecar can tell
+    /// a silent worker from an idle one.
+    WorkerHeartbeat {
+        /// `stream-worker`, `broker-worker`, …
+        component: String,
+        /// The worker's `OWNER_ID` / worker id.
+        owner_id: String,
+    },
+    /// The worker's telemetry buffer overflowed: this many events were dropped
+    /// (oldest first) since the last report.
+    EventsDropped {
+        /// Events dropped.
+        count: u64,
+    },
     /// The worker stopped working on a stream (released, lost, or drained);
     /// per-stream series may be dropped after this.
     StreamStopped {
@@ -249,6 +267,7 @@ impl TelemetryEvent {
                 duration,
                 takeover_gap,
                 previous_owner,
+                ..
             } => tracing::info!(
                 stream_id,
                 fence_token,
@@ -276,6 +295,7 @@ impl TelemetryEvent {
                 fence_token,
                 duration,
                 lateness,
+                ..
             } => tracing::trace!(
                 stream_id,
                 fence_token,
@@ -375,6 +395,10 @@ impl TelemetryEvent {
                 tracing::trace!(stream_id, lag_events, lag_seconds, "stream lag")
             }
             StreamStopped { stream_id } => tracing::info!(stream_id, "stream stopped"),
+            WorkerHeartbeat { .. } => {}
+            EventsDropped { count } => {
+                tracing::warn!(count, "telemetry buffer full: oldest events dropped")
+            }
         }
     }
 }

@@ -82,6 +82,38 @@ pub fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::from_conf(config)
 }
 
+/// A minimal HTTP/1.0 GET for tests (no client dependency): returns the status
+/// code, the raw header block and the body.
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    Ok((status, head.to_owned(), body.to_owned()))
+}
+
+/// The `promtool` binary the test command found (`LEASEHOLD_PROMTOOL`).
+pub fn promtool() -> Option<String> {
+    required_var("LEASEHOLD_PROMTOOL")
+}
+
+/// The `prometheus` server binary the test command found (`LEASEHOLD_PROMETHEUS`).
+pub fn prometheus() -> Option<String> {
+    required_var("LEASEHOLD_PROMETHEUS")
+}
+
 /// A name no other test in this run (or an earlier run against the same
 /// servers) uses: tables, stream ids, Redis keys.
 pub fn unique_name(prefix: &str) -> String {

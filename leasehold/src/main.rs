@@ -6,6 +6,7 @@
 //! once they work.
 
 mod operator;
+mod sidecar;
 mod stream;
 
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Command {
     Feed(stream::FeedArgs),
     /// Lease-driven stream worker: owns streams, consumes them, writes fenced.
     StreamWorker(stream::StreamWorkerArgs),
+    /// Per-task telemetry sidecar: /metrics, /healthz, /status, cluster observer.
+    Sidecar(sidecar::SidecarArgs),
 }
 
 /// Why a command failed, deciding the exit code.
@@ -81,6 +84,7 @@ async fn main() -> ExitCode {
         Command::Leases(command) => operator::leases(command).await,
         Command::Feed(args) => stream::feed(args).await,
         Command::StreamWorker(args) => stream::stream_worker(args).await,
+        Command::Sidecar(args) => sidecar::sidecar(args).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

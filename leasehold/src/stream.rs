@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -9,7 +10,7 @@ use leasehold_control::clock::SystemClock;
 use leasehold_control::config::{self, AWS_REGION};
 use leasehold_control::keeper::LeaseKeeper;
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, load_sdk_config};
-use leasehold_control::telemetry::LogSink;
+use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_worker::feed::{FeedConfig, FeedServer};
 use leasehold_worker::sink;
 use leasehold_worker::stream::settings;
@@ -151,7 +152,18 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     let sink = sink::open(&settings.sink_url, settings.sink)
         .await
         .context("cannot open the sink")?;
-    let telemetry = Arc::new(LogSink);
+    // Telemetry outlives the drain so the final releases reach the sidecar.
+    let telemetry_stop = CancellationToken::new();
+    let telemetry = Arc::new(BufferedShipper::start(
+        ShipperConfig {
+            addr: settings.telemetry_addr.clone(),
+            capacity: settings.telemetry_buffer,
+            component: "stream-worker".into(),
+            owner_id: settings.lease.keeper.owner_id.clone(),
+            heartbeat: Duration::from_secs(1),
+        },
+        telemetry_stop.clone(),
+    ));
     let clock = Arc::new(SystemClock);
     let keeper = LeaseKeeper::new(
         Arc::new(store),
@@ -166,7 +178,7 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
             telemetry.clone(),
         )),
         sink,
-        telemetry,
+        telemetry: telemetry.clone(),
         config: settings.runner.clone(),
     });
     let shutdown = shutdown_on_signal();
@@ -185,5 +197,16 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     for (stream, error) in &report.failed {
         tracing::warn!(stream_id = stream, error, "not released cleanly");
     }
+    flush_telemetry(&telemetry).await;
+    telemetry_stop.cancel();
     Ok(())
+}
+
+/// Gives the shipper a moment to deliver the last events (bounded: the sidecar
+/// may be gone already).
+async fn flush_telemetry(shipper: &BufferedShipper) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    while shipper.buffered() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -1,4 +1,243 @@
-//! The per-task telemetry sidecar: worker events to Prometheus, CloudWatch and OTLP.
+//! The per-task telemetry sidecar: the one place that turns what a worker does
+//! into metrics, and the outside view of the worker and the cluster.
 //!
-//! Not built yet; tracked by its own issue. The event types it will consume are
-//! `leasehold_control::telemetry::TelemetryEvent`.
+//! Module map:
+//! - [`metrics`]: the metric contract (design §4) and the event → metric mapping.
+//! - [`view`]: the worker as the sidecar sees it (alive, leases, lag) → `/status`.
+//! - [`ingest`]: worker connections on `TELEMETRY_ADDR` (versioned framing).
+//! - [`http`]: `/metrics`, `/healthz`, `/status`.
+//! - [`observer`]: the single cluster observer (observer lease → cluster gauges).
+
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod observer;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use leasehold_control::telemetry::TelemetryEvent;
+use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::view::WorkerView;
+
+/// How a sidecar runs.
+pub struct SidecarConfig {
+    /// HTTP address (`SIDECAR_LISTEN`).
+    pub listen: SocketAddr,
+    /// Telemetry address (`TELEMETRY_ADDR`).
+    pub telemetry: SocketAddr,
+    /// Worker called down after this long without events.
+    pub worker_silence: Duration,
+    /// Per-stream series disappear this long after their last update.
+    pub stream_series_idle: Duration,
+    /// The cluster observer, if this sidecar competes for it.
+    pub observer: Option<observer::ObserverConfig>,
+}
+
+/// Why the sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// State shared by the ingest, HTTP and observer tasks.
+pub struct SidecarState {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    view: Mutex<WorkerView>,
+    cluster: Mutex<Option<PrometheusRecorder>>,
+}
+
+impl SidecarState {
+    fn new(config: &SidecarConfig) -> Self {
+        let recorder = metrics::recorder(config.stream_series_idle);
+        let handle = recorder.handle();
+        ::metrics::with_local_recorder(&recorder, metrics::describe);
+        SidecarState {
+            recorder,
+            handle,
+            view: Mutex::new(WorkerView::new(config.worker_silence)),
+            cluster: Mutex::new(None),
+        }
+    }
+
+    /// The worker view (short critical sections only).
+    pub fn view(&self) -> MutexGuard<'_, WorkerView> {
+        self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One event: into the view and the metrics.
+    pub fn ingest(&self, event: &TelemetryEvent) {
+        self.view().apply(event);
+        ::metrics::with_local_recorder(&self.recorder, || metrics::record(event));
+    }
+
+    fn record_transport_error(&self, reason: &'static str) {
+        ::metrics::with_local_recorder(&self.recorder, || metrics::transport_error(reason));
+    }
+
+    /// Re-sets the sidecar-owned gauges and runs the exporter's upkeep.
+    pub fn upkeep(&self) {
+        let (up, held, connections, component) = {
+            let view = self.view();
+            (
+                view.worker_up(),
+                view.stream_leases_held(),
+                view.websocket_connections(),
+                view.component().map(str::to_owned),
+            )
+        };
+        ::metrics::with_local_recorder(&self.recorder, || {
+            metrics::set_worker_gauges(up, held, connections, "sidecar");
+            if let Some(component) = &component {
+                ::metrics::gauge!(metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "component" => component.clone()).set(1.0);
+            }
+        });
+        self.handle.run_upkeep();
+    }
+
+    /// The `/metrics` body: the worker's series, plus the cluster gauges while
+    /// this sidecar is the observer.
+    pub fn render(&self) -> String {
+        let mut text = self.handle.render();
+        if let Some(cluster) = self
+            .cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            text.push_str(&cluster.handle().render());
+        }
+        text
+    }
+
+    fn become_observer(&self) {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        ::metrics::with_local_recorder(&recorder, metrics::describe_cluster);
+        *self.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(recorder);
+    }
+
+    fn stop_observing(&self) {
+        *self.cluster.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn with_cluster_recorder(&self, update: impl FnOnce()) {
+        if let Some(recorder) = self
+            .cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            ::metrics::with_local_recorder(recorder, update);
+        }
+    }
+
+    /// This sidecar publishes the cluster gauges.
+    pub fn is_observer(&self) -> bool {
+        self.cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+}
+
+/// A running sidecar.
+pub struct Sidecar {
+    /// Bound HTTP address.
+    pub http_addr: SocketAddr,
+    /// Bound telemetry address.
+    pub telemetry_addr: SocketAddr,
+    /// Shared state (tests and `dev` read it directly).
+    pub state: Arc<SidecarState>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Sidecar {
+    /// Binds both listeners and starts serving until `shutdown`.
+    pub async fn start(
+        config: SidecarConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Sidecar, SidecarError> {
+        let state = Arc::new(SidecarState::new(&config));
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| SidecarError::Bind { addr, source })
+        };
+        let telemetry = bind(config.telemetry).await?;
+        let http = bind(config.listen).await?;
+        let telemetry_addr = telemetry
+            .local_addr()
+            .map_err(|source| SidecarError::Bind {
+                addr: config.telemetry,
+                source,
+            })?;
+        let http_addr = http.local_addr().map_err(|source| SidecarError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let mut tasks = vec![tokio::spawn(ingest::serve(
+            telemetry,
+            state.clone(),
+            shutdown.clone(),
+        ))];
+        tasks.push(tokio::spawn({
+            let router = http::app(state.clone());
+            let shutdown = shutdown.clone();
+            async move {
+                let served = axum::serve(http, router)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await;
+                if let Err(err) = served {
+                    tracing::error!(error = %err, "sidecar HTTP server failed");
+                }
+            }
+        }));
+        tasks.push(tokio::spawn({
+            let state = state.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tick.tick() => state.upkeep(),
+                    }
+                }
+            }
+        }));
+        if let Some(observer) = config.observer {
+            tasks.push(tokio::spawn(observer::run(
+                state.clone(),
+                observer,
+                shutdown.clone(),
+            )));
+        }
+        state.upkeep();
+        Ok(Sidecar {
+            http_addr,
+            telemetry_addr,
+            state,
+            tasks,
+        })
+    }
+
+    /// Waits for every task to end (after shutdown).
+    pub async fn finished(self) {
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}

@@ -6,8 +6,9 @@ use std::time::Duration;
 use leasehold_control::config::{
     self, BATCH_MAX_DELAY_MS, BATCH_MAX_EVENTS, ConfigError, DISCOVERY_INTERVAL_MS,
     DRAIN_TIMEOUT_MS, EnvVar, HANDOFF_POLL_MS, LeaseSettings, MAX_STREAMS, Problems,
-    SINK_DEDUP_WINDOW, SINK_MAX_LEN, SINK_URL, STREAM_IDS, UPSTREAM_ID_POINTER,
-    UPSTREAM_MAX_FRAME_BYTES, UPSTREAM_SEQ_POINTER, UPSTREAM_SUBSCRIBE, UPSTREAM_URL,
+    SINK_DEDUP_WINDOW, SINK_MAX_LEN, SINK_URL, STREAM_IDS, TELEMETRY_ADDR, TELEMETRY_BUFFER,
+    UPSTREAM_ID_POINTER, UPSTREAM_MAX_FRAME_BYTES, UPSTREAM_SEQ_POINTER, UPSTREAM_SUBSCRIBE,
+    UPSTREAM_URL,
 };
 
 use super::runner::RunnerConfig;
@@ -30,6 +31,10 @@ pub struct StreamWorkerSettings {
     pub worker: StreamWorkerConfig,
     /// Batching.
     pub runner: RunnerConfig,
+    /// Where telemetry goes (`TELEMETRY_ADDR`).
+    pub telemetry_addr: String,
+    /// Events buffered while the sidecar is away (`TELEMETRY_BUFFER`).
+    pub telemetry_buffer: usize,
 }
 
 fn number(
@@ -163,6 +168,16 @@ pub fn parse(lookup: &dyn Fn(&str) -> Option<String>) -> Result<StreamWorkerSett
         )),
         ..RunnerConfig::default()
     };
+    let telemetry_addr =
+        lookup(TELEMETRY_ADDR.name).unwrap_or_else(|| TELEMETRY_ADDR.default.to_owned());
+    let telemetry_buffer = usize::try_from(number(
+        &mut problems,
+        lookup,
+        &TELEMETRY_BUFFER,
+        65_536,
+        false,
+    ))
+    .unwrap_or(usize::MAX);
     let lease = problems.finish(lease)?;
     Ok(StreamWorkerSettings {
         lease: lease.expect("lease settings parsed without problems"),
@@ -171,6 +186,8 @@ pub fn parse(lookup: &dyn Fn(&str) -> Option<String>) -> Result<StreamWorkerSett
         sink,
         worker,
         runner,
+        telemetry_addr,
+        telemetry_buffer,
     })
 }
 

@@ -1,0 +1,252 @@
+//! The metric contract (design §4) and the one mapping from telemetry events to
+//! metric updates, in the spirit of vector's `internal_events`: every event's
+//! metric names and labels are spelled here and nowhere else.
+
+use std::time::Duration;
+
+use leasehold_control::telemetry::{LossReason, TelemetryEvent};
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+use metrics_util::MetricKindMask;
+
+/// `result` = acquired, conflict, error.
+pub const LEASE_ACQUISITIONS: &str = "leasehold_lease_acquisitions_total";
+/// Acquire round trip.
+pub const LEASE_ACQUIRE_DURATION: &str = "leasehold_lease_acquire_duration_seconds";
+/// `result` = renewed, lost, error.
+pub const LEASE_RENEWALS: &str = "leasehold_lease_renewals_total";
+/// Renew round trip.
+pub const LEASE_RENEW_DURATION: &str = "leasehold_lease_renew_duration_seconds";
+/// `reason` = renew_rejected, deadline_passed, fenced.
+pub const LEASE_LOSSES: &str = "leasehold_lease_losses_total";
+/// Deliberate releases.
+pub const LEASE_RELEASES: &str = "leasehold_lease_releases_total";
+/// Stream leases held by this worker.
+pub const LEASES_HELD: &str = "leasehold_leases_held";
+/// Time a stream had no owner before an acquire.
+pub const TAKEOVER_GAP: &str = "leasehold_lease_takeover_gap_seconds";
+/// `stream_id`: received minus persisted checkpoint.
+pub const CHECKPOINT_LAG_EVENTS: &str = "leasehold_checkpoint_lag_events";
+/// `stream_id`: age of the oldest unpersisted event.
+pub const CHECKPOINT_LAG_SECONDS: &str = "leasehold_checkpoint_lag_seconds";
+/// `result` = committed, fenced, error.
+pub const CHECKPOINT_COMMITS: &str = "leasehold_checkpoint_commits_total";
+/// Open upstream connections.
+pub const WEBSOCKET_CONNECTIONS: &str = "leasehold_websocket_connections";
+/// `reason` = gap, closed, connect, retention_exceeded, rejected, config.
+pub const WEBSOCKET_RECONNECTS: &str = "leasehold_websocket_reconnects_total";
+/// `result` = accepted, duplicate, fenced (events), error (failed batches).
+pub const SINK_WRITES: &str = "leasehold_sink_writes_total";
+/// `leasehold_worker_up`: 1 while the worker reports, 0 when silent or gone.
+pub const WORKER_UP: &str = "leasehold_worker_up";
+/// Events the worker dropped because its buffer was full.
+pub const TELEMETRY_EVENTS_DROPPED: &str = "leasehold_telemetry_events_dropped_total";
+/// `version`, `component`.
+pub const BUILD_INFO: &str = "leasehold_build_info";
+/// Extension: `reason` = too_large, not_json, missing_field, duplicate.
+pub const UPSTREAM_FRAMES_SKIPPED: &str = "leasehold_upstream_frames_skipped_total";
+/// Extension: events the upstream could no longer deliver (retention exceeded).
+pub const STREAM_GAP_EVENTS: &str = "leasehold_stream_gap_events_total";
+/// Extension: sink write round trip.
+pub const SINK_WRITE_DURATION: &str = "leasehold_sink_write_duration_seconds";
+/// Extension: `reason` = preamble, frame, decode: connections the sidecar closed.
+pub const TRANSPORT_ERRORS: &str = "leasehold_sidecar_transport_errors_total";
+/// Cluster gauge (observer only): `state` = owned, expired, unowned.
+pub const STREAMS: &str = "leasehold_streams";
+
+/// Round trips to DynamoDB or Redis: milliseconds to seconds.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Takeover gaps: a drain hands over in under a second, a crash takes about a lease.
+const GAP_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
+];
+
+/// Builds the recorder for one sidecar, with the contract's buckets and the
+/// idle timeout that makes per-stream series disappear after a release.
+pub fn recorder(stream_series_idle: Duration) -> PrometheusRecorder {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(TAKEOVER_GAP.into()), GAP_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Suffix("_duration_seconds".into()), LATENCY_BUCKETS)
+        })
+        .expect("bucket lists are non-empty")
+        // Only gauges idle out; the sidecar re-sets its own gauges on every upkeep,
+        // so only per-stream lag series (no longer updated) disappear.
+        .idle_timeout(MetricKindMask::GAUGE, Some(stream_series_idle))
+        .build_recorder()
+}
+
+/// Registers HELP text so the exposition is self-describing (`promtool check metrics`).
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(LEASE_ACQUISITIONS, "Lease acquire attempts by result.");
+    describe_histogram!(
+        LEASE_ACQUIRE_DURATION,
+        Unit::Seconds,
+        "Round trip of lease acquire writes."
+    );
+    describe_counter!(LEASE_RENEWALS, "Lease renew outcomes by result.");
+    describe_histogram!(
+        LEASE_RENEW_DURATION,
+        Unit::Seconds,
+        "Round trip of lease renew writes."
+    );
+    describe_counter!(
+        LEASE_LOSSES,
+        "Leases the worker stopped trusting, by reason."
+    );
+    describe_counter!(
+        LEASE_RELEASES,
+        "Leases released on purpose (drain, rebalance)."
+    );
+    describe_gauge!(LEASES_HELD, "Stream leases held by this worker.");
+    describe_histogram!(
+        TAKEOVER_GAP,
+        Unit::Seconds,
+        "Time a stream had no valid owner before this acquire."
+    );
+    describe_gauge!(
+        CHECKPOINT_LAG_EVENTS,
+        "Events received but not yet persisted as the checkpoint."
+    );
+    describe_gauge!(
+        CHECKPOINT_LAG_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest event not yet persisted as the checkpoint."
+    );
+    describe_counter!(CHECKPOINT_COMMITS, "Checkpoint writes by result.");
+    describe_gauge!(
+        WEBSOCKET_CONNECTIONS,
+        "Open upstream WebSocket connections."
+    );
+    describe_counter!(WEBSOCKET_RECONNECTS, "Upstream reconnects by reason.");
+    describe_counter!(
+        SINK_WRITES,
+        "Sink outcomes: events accepted, duplicate or fenced; failed batches as error."
+    );
+    describe_gauge!(
+        WORKER_UP,
+        "1 while the worker reports to its sidecar, 0 when silent or disconnected."
+    );
+    describe_counter!(
+        TELEMETRY_EVENTS_DROPPED,
+        "Telemetry events the worker dropped because its buffer was full."
+    );
+    describe_gauge!(BUILD_INFO, "Build information; always 1.");
+    describe_counter!(
+        UPSTREAM_FRAMES_SKIPPED,
+        "Upstream frames skipped, by reason."
+    );
+    describe_counter!(
+        STREAM_GAP_EVENTS,
+        "Events the upstream could no longer deliver (retention exceeded)."
+    );
+    describe_histogram!(
+        SINK_WRITE_DURATION,
+        Unit::Seconds,
+        "Round trip of sink batch writes."
+    );
+    describe_counter!(
+        TRANSPORT_ERRORS,
+        "Worker connections the sidecar closed, by reason."
+    );
+}
+
+/// Registers the cluster gauges' HELP text (observer recorder).
+pub fn describe_cluster() {
+    metrics::describe_gauge!(
+        STREAMS,
+        "Streams in the lease table by state (published by the observer sidecar only)."
+    );
+}
+
+/// Applies one event's metric updates (to the recorder in scope).
+pub fn record(event: &TelemetryEvent) {
+    use TelemetryEvent::*;
+    match event {
+        LeaseAcquired {
+            duration,
+            takeover_gap,
+            ..
+        } => {
+            counter!(LEASE_ACQUISITIONS, "result" => "acquired").increment(1);
+            histogram!(LEASE_ACQUIRE_DURATION).record(duration.as_secs_f64());
+            if let Some(gap) = takeover_gap {
+                histogram!(TAKEOVER_GAP).record(gap.as_secs_f64());
+            }
+        }
+        LeaseAcquireConflict { duration, .. } => {
+            counter!(LEASE_ACQUISITIONS, "result" => "conflict").increment(1);
+            histogram!(LEASE_ACQUIRE_DURATION).record(duration.as_secs_f64());
+        }
+        LeaseAcquireFailed { .. } => counter!(LEASE_ACQUISITIONS, "result" => "error").increment(1),
+        LeaseRenewed { duration, .. } => {
+            counter!(LEASE_RENEWALS, "result" => "renewed").increment(1);
+            histogram!(LEASE_RENEW_DURATION).record(duration.as_secs_f64());
+        }
+        LeaseRenewFailed { .. } => counter!(LEASE_RENEWALS, "result" => "error").increment(1),
+        LeaseLost { reason, .. } => {
+            if *reason == LossReason::RenewRejected {
+                counter!(LEASE_RENEWALS, "result" => "lost").increment(1);
+            }
+            counter!(LEASE_LOSSES, "reason" => reason.as_str()).increment(1);
+        }
+        LeaseReleased { .. } => counter!(LEASE_RELEASES).increment(1),
+        CheckpointCommit { result, .. } => {
+            counter!(CHECKPOINT_COMMITS, "result" => result.as_str()).increment(1)
+        }
+        StreamLag {
+            stream_id,
+            lag_events,
+            lag_seconds,
+        } => {
+            gauge!(CHECKPOINT_LAG_EVENTS, "stream_id" => stream_id.clone()).set(*lag_events as f64);
+            gauge!(CHECKPOINT_LAG_SECONDS, "stream_id" => stream_id.clone()).set(*lag_seconds);
+        }
+        UpstreamReconnect { reason, .. } => {
+            counter!(WEBSOCKET_RECONNECTS, "reason" => reason.clone()).increment(1)
+        }
+        UpstreamFrameSkipped { reason, .. } => {
+            counter!(UPSTREAM_FRAMES_SKIPPED, "reason" => reason.as_str()).increment(1)
+        }
+        StreamGap {
+            from_seq, to_seq, ..
+        } => counter!(STREAM_GAP_EVENTS).increment(to_seq.saturating_sub(*from_seq) + 1),
+        SinkWrite {
+            accepted,
+            duplicate,
+            fenced,
+            duration,
+            ..
+        } => {
+            counter!(SINK_WRITES, "result" => "accepted").increment(*accepted);
+            counter!(SINK_WRITES, "result" => "duplicate").increment(*duplicate);
+            counter!(SINK_WRITES, "result" => "fenced").increment(*fenced);
+            histogram!(SINK_WRITE_DURATION).record(duration.as_secs_f64());
+        }
+        SinkWriteFailed { .. } => counter!(SINK_WRITES, "result" => "error").increment(1),
+        EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
+        // State-only events: the view turns them into gauges (connections, leases
+        // held, worker up) on every upkeep.
+        UpstreamConnected { .. }
+        | UpstreamDisconnected { .. }
+        | WorkerHeartbeat { .. }
+        | StreamStopped { .. } => {}
+    }
+}
+
+/// Counts a connection the sidecar closed.
+pub fn transport_error(reason: &'static str) {
+    counter!(TRANSPORT_ERRORS, "reason" => reason).increment(1);
+}
+
+/// Sets the gauges the sidecar owns (re-set on every upkeep so they never idle out).
+pub fn set_worker_gauges(up: bool, leases_held: usize, connections: usize, component: &str) {
+    gauge!(WORKER_UP).set(if up { 1.0 } else { 0.0 });
+    gauge!(LEASES_HELD).set(leases_held as f64);
+    gauge!(WEBSOCKET_CONNECTIONS).set(connections as f64);
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "component" => component.to_owned())
+        .set(1.0);
+}

@@ -1,0 +1,98 @@
+//! The cluster observer: exactly one sidecar at a time holds the `observer`
+//! lease (dogfooding the lease core) and publishes the cluster-wide gauges, so
+//! no series is duplicated across sidecars. If it dies, another takes over
+//! within a lease period; a sidecar that loses the lease stops publishing at
+//! once (its cluster series vanish from `/metrics`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_control::clock::Clock;
+use leasehold_control::keeper::LeaseKeeper;
+use leasehold_control::lease::LeaseState;
+use leasehold_control::schema::OBSERVER_LEASE;
+use leasehold_control::store::list_all;
+use tokio_util::sync::CancellationToken;
+
+use crate::SidecarState;
+use crate::metrics;
+
+/// How the observer runs.
+pub struct ObserverConfig {
+    /// Keeper for the observer lease (owner id = this sidecar).
+    pub keeper: LeaseKeeper,
+    /// Wall clock for lease states.
+    pub clock: Arc<dyn Clock>,
+    /// How often the cluster gauges are refreshed.
+    pub interval: Duration,
+}
+
+/// Competes for the observer lease and publishes while holding it.
+pub async fn run(state: Arc<SidecarState>, config: ObserverConfig, shutdown: CancellationToken) {
+    let retry = config.keeper.config().renew_interval;
+    loop {
+        let lease = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            result = config.keeper.acquire(OBSERVER_LEASE) => result,
+        };
+        let lease = match lease {
+            Ok(lease) => lease,
+            Err(_) => {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(retry) => continue,
+                }
+            }
+        };
+        tracing::info!(
+            fence_token = lease.fence_token,
+            "this sidecar is the cluster observer"
+        );
+        state.become_observer();
+        loop {
+            if let Err(err) = publish(&state, &config).await {
+                tracing::warn!(error = %err, "cluster scan failed");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    state.stop_observing();
+                    let _ = config.keeper.release(&lease).await;
+                    return;
+                }
+                _ = lease.cancelled() => break,
+                _ = tokio::time::sleep(config.interval) => {}
+            }
+            if !lease.is_valid() {
+                break;
+            }
+        }
+        tracing::warn!("observer lease lost; no longer publishing cluster gauges");
+        state.stop_observing();
+    }
+}
+
+async fn publish(
+    state: &SidecarState,
+    config: &ObserverConfig,
+) -> Result<(), leasehold_control::LeaseError> {
+    let records = list_all(config.keeper.store().as_ref(), 1000).await?;
+    let now = config.clock.now_ms();
+    let (mut owned, mut expired, mut unowned) = (0u64, 0u64, 0u64);
+    for lease in records
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .filter(|l| l.is_stream())
+    {
+        match lease.state(now) {
+            LeaseState::Owned => owned += 1,
+            LeaseState::Expired => expired += 1,
+            LeaseState::Unowned => unowned += 1,
+        }
+    }
+    state.with_cluster_recorder(|| {
+        for (label, count) in [("owned", owned), ("expired", expired), ("unowned", unowned)] {
+            ::metrics::gauge!(metrics::STREAMS, "state" => label).set(count as f64);
+        }
+    });
+    Ok(())
+}

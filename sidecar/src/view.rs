@@ -1,0 +1,284 @@
+//! The sidecar's picture of its worker, built from the events it receives: who
+//! it is, whether it is alive, which leases it holds. Served as `/status` and
+//! turned into the worker gauges.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use leasehold_control::schema::RESERVED_PREFIX;
+use leasehold_control::telemetry::TelemetryEvent;
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// A lease the worker holds, as last reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeldLease {
+    /// Stream (or reserved record) held.
+    pub stream_id: String,
+    /// Fence token.
+    pub fence_token: u64,
+    /// Record expiry, unix ms, from the last acquire or renew.
+    pub expires_at_ms: i64,
+}
+
+/// Lag of one stream, as last reported.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StreamLag {
+    /// Received minus persisted.
+    pub lag_events: u64,
+    /// Age of the oldest unpersisted event.
+    pub lag_seconds: f64,
+}
+
+/// Everything the sidecar knows about its worker.
+#[derive(Debug)]
+pub struct WorkerView {
+    silence: Duration,
+    component: Option<String>,
+    owner_id: Option<String>,
+    connections: usize,
+    last_event: Option<Instant>,
+    events: u64,
+    dropped: u64,
+    leases: BTreeMap<String, HeldLease>,
+    lag: BTreeMap<String, StreamLag>,
+    upstreams: BTreeMap<String, usize>,
+}
+
+/// `/status` body.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// `stream-worker`, `broker-worker`, or null before the first heartbeat.
+    pub component: Option<String>,
+    /// The worker's identity.
+    pub owner_id: Option<String>,
+    /// A worker is connected to the telemetry socket.
+    pub worker_connected: bool,
+    /// Milliseconds since the last event (heartbeats included); null if none yet.
+    pub last_event_age_ms: Option<u64>,
+    /// Connected and not silent beyond the threshold (what `leasehold_worker_up` says).
+    pub worker_up: bool,
+    /// Events received since start.
+    pub events_received: u64,
+    /// Events the worker reported dropping.
+    pub events_dropped: u64,
+    /// Leases held: streams and reserved records (presence).
+    pub leases: Vec<HeldLease>,
+    /// Per-stream lag.
+    pub lag: BTreeMap<String, StreamLag>,
+    /// Open upstream connections.
+    pub websocket_connections: usize,
+}
+
+impl WorkerView {
+    /// A view that calls the worker down after `silence` without events.
+    pub fn new(silence: Duration) -> Self {
+        WorkerView {
+            silence,
+            component: None,
+            owner_id: None,
+            connections: 0,
+            last_event: None,
+            events: 0,
+            dropped: 0,
+            leases: BTreeMap::new(),
+            lag: BTreeMap::new(),
+            upstreams: BTreeMap::new(),
+        }
+    }
+
+    /// A worker connection opened or closed.
+    pub fn connection(&mut self, opened: bool) {
+        if opened {
+            self.connections += 1;
+        } else {
+            self.connections = self.connections.saturating_sub(1);
+        }
+    }
+
+    /// Folds one event into the view.
+    pub fn apply(&mut self, event: &TelemetryEvent) {
+        use TelemetryEvent::*;
+        self.last_event = Some(Instant::now());
+        self.events += 1;
+        match event {
+            WorkerHeartbeat {
+                component,
+                owner_id,
+            } => {
+                self.component = Some(component.clone());
+                self.owner_id = Some(owner_id.clone());
+            }
+            LeaseAcquired {
+                stream_id,
+                fence_token,
+                expires_at_ms,
+                ..
+            }
+            | LeaseRenewed {
+                stream_id,
+                fence_token,
+                expires_at_ms,
+                ..
+            } => {
+                self.leases.insert(
+                    stream_id.clone(),
+                    HeldLease {
+                        stream_id: stream_id.clone(),
+                        fence_token: *fence_token,
+                        expires_at_ms: *expires_at_ms,
+                    },
+                );
+            }
+            LeaseLost {
+                stream_id,
+                fence_token,
+                ..
+            }
+            | LeaseReleased {
+                stream_id,
+                fence_token,
+            } if self
+                .leases
+                .get(stream_id)
+                .is_some_and(|l| l.fence_token == *fence_token) =>
+            {
+                self.leases.remove(stream_id);
+            }
+            StreamLag {
+                stream_id,
+                lag_events,
+                lag_seconds,
+            } => {
+                self.lag.insert(
+                    stream_id.clone(),
+                    self::StreamLag {
+                        lag_events: *lag_events,
+                        lag_seconds: *lag_seconds,
+                    },
+                );
+            }
+            StreamStopped { stream_id } => {
+                self.lag.remove(stream_id);
+            }
+            UpstreamConnected { stream_id, .. } => {
+                *self.upstreams.entry(stream_id.clone()).or_default() += 1
+            }
+            UpstreamDisconnected { stream_id } => {
+                if let Some(open) = self.upstreams.get_mut(stream_id) {
+                    *open = open.saturating_sub(1);
+                    if *open == 0 {
+                        self.upstreams.remove(stream_id);
+                    }
+                }
+            }
+            EventsDropped { count } => self.dropped += count,
+            _ => {}
+        }
+    }
+
+    /// Connected and heard from within the silence threshold.
+    pub fn worker_up(&self) -> bool {
+        self.connections > 0
+            && self
+                .last_event
+                .is_some_and(|at| at.elapsed() < self.silence)
+    }
+
+    /// Stream leases held (reserved records left out).
+    pub fn stream_leases_held(&self) -> usize {
+        self.leases
+            .keys()
+            .filter(|id| !id.starts_with(RESERVED_PREFIX))
+            .count()
+    }
+
+    /// Open upstream connections.
+    pub fn websocket_connections(&self) -> usize {
+        self.upstreams.values().sum()
+    }
+
+    /// The component name for `leasehold_build_info`.
+    pub fn component(&self) -> Option<&str> {
+        self.component.as_deref()
+    }
+
+    /// The `/status` body.
+    pub fn status(&self) -> Status {
+        Status {
+            component: self.component.clone(),
+            owner_id: self.owner_id.clone(),
+            worker_connected: self.connections > 0,
+            last_event_age_ms: self.last_event.map(|at| at.elapsed().as_millis() as u64),
+            worker_up: self.worker_up(),
+            events_received: self.events,
+            events_dropped: self.dropped,
+            leases: self.leases.values().cloned().collect(),
+            lag: self.lag.clone(),
+            websocket_connections: self.websocket_connections(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acquired(stream: &str, token: u64) -> TelemetryEvent {
+        TelemetryEvent::LeaseAcquired {
+            stream_id: stream.into(),
+            fence_token: token,
+            expires_at_ms: 1_000,
+            duration: Duration::from_millis(3),
+            takeover_gap: None,
+            previous_owner: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_beyond_the_threshold_means_down() {
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        assert!(!view.worker_up(), "nothing connected yet");
+        view.connection(true);
+        view.apply(&TelemetryEvent::WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+        });
+        assert!(view.worker_up());
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(!view.worker_up(), "a frozen worker still connected is down");
+        view.apply(&TelemetryEvent::EventsDropped { count: 1 });
+        assert!(view.worker_up());
+        view.connection(false);
+        assert!(!view.worker_up(), "a disconnected worker is down");
+    }
+
+    #[test]
+    fn leases_follow_acquire_loss_and_release() {
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        view.apply(&acquired("a", 1));
+        view.apply(&acquired("b", 4));
+        view.apply(&acquired("leasehold#worker#w1", 1));
+        assert_eq!(view.stream_leases_held(), 2);
+        // A loss report for an older token must not remove the newer lease.
+        view.apply(&TelemetryEvent::LeaseLost {
+            stream_id: "b".into(),
+            fence_token: 3,
+            reason: leasehold_control::telemetry::LossReason::Fenced,
+        });
+        assert_eq!(view.stream_leases_held(), 2);
+        view.apply(&TelemetryEvent::LeaseReleased {
+            stream_id: "b".into(),
+            fence_token: 4,
+        });
+        let status = view.status();
+        assert_eq!(
+            status
+                .leases
+                .iter()
+                .map(|l| l.stream_id.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "leasehold#worker#w1"]
+        );
+    }
+}

@@ -1,0 +1,473 @@
+//! A running sidecar fed by a real worker-side shipper over loopback.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_control::clock::SystemClock;
+use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
+use leasehold_control::lease::Lease;
+use leasehold_control::store::memory::MemoryLeaseStore;
+use leasehold_control::store::{
+    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
+    RenewRequest,
+};
+use leasehold_control::telemetry::{
+    CommitResult, LogSink, LossReason, SkipReason, TelemetryEvent, TelemetrySink,
+};
+use leasehold_control::testing::{http_get, promtool};
+use leasehold_control::transport::{BufferedShipper, PREAMBLE, ShipperConfig};
+use leasehold_sidecar::observer::ObserverConfig;
+use leasehold_sidecar::{Sidecar, SidecarConfig};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+fn config(observer: Option<ObserverConfig>) -> SidecarConfig {
+    SidecarConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        telemetry: "127.0.0.1:0".parse().unwrap(),
+        worker_silence: Duration::from_millis(800),
+        stream_series_idle: Duration::from_secs(120),
+        observer,
+    }
+}
+
+fn shipper(sidecar: &Sidecar, shutdown: CancellationToken) -> BufferedShipper {
+    BufferedShipper::start(
+        ShipperConfig {
+            addr: sidecar.telemetry_addr.to_string(),
+            capacity: 1000,
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+            heartbeat: Duration::from_millis(200),
+        },
+        shutdown,
+    )
+}
+
+/// One event of every kind a stream worker emits.
+fn every_event() -> Vec<TelemetryEvent> {
+    use TelemetryEvent::*;
+    let ms = Duration::from_millis;
+    let s = || "btc-usd".to_owned();
+    vec![
+        LeaseAcquired {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 1,
+            duration: ms(4),
+            takeover_gap: Some(ms(2500)),
+            previous_owner: Some("w0".into()),
+        },
+        LeaseAcquireConflict {
+            stream_id: "eth".into(),
+            holder: Some("w2".into()),
+            holder_token: 1,
+            duration: ms(3),
+        },
+        LeaseAcquireFailed {
+            stream_id: "eth".into(),
+            error: "throttled".into(),
+        },
+        LeaseRenewed {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 2,
+            duration: ms(5),
+            lateness: ms(1),
+        },
+        LeaseRenewFailed {
+            stream_id: s(),
+            fence_token: 3,
+            error: "timeout".into(),
+        },
+        LeaseLost {
+            stream_id: "old".into(),
+            fence_token: 1,
+            reason: LossReason::Fenced,
+        },
+        LeaseReleased {
+            stream_id: "old2".into(),
+            fence_token: 1,
+        },
+        UpstreamConnected {
+            stream_id: s(),
+            from_seq: 1,
+        },
+        UpstreamReconnect {
+            stream_id: s(),
+            reason: "gap".into(),
+        },
+        UpstreamFrameSkipped {
+            stream_id: s(),
+            reason: SkipReason::NotJson,
+        },
+        StreamGap {
+            stream_id: s(),
+            from_seq: 5,
+            to_seq: 9,
+        },
+        SinkWrite {
+            stream_id: s(),
+            fence_token: 3,
+            accepted: 10,
+            duplicate: 2,
+            fenced: 0,
+            duration: ms(2),
+        },
+        SinkWriteFailed {
+            stream_id: s(),
+            error: "down".into(),
+        },
+        CheckpointCommit {
+            stream_id: s(),
+            checkpoint: 10,
+            result: CommitResult::Committed,
+        },
+        StreamLag {
+            stream_id: s(),
+            lag_events: 7,
+            lag_seconds: 1.5,
+        },
+    ]
+}
+
+async fn metrics_text(sidecar: &Sidecar) -> String {
+    let (status, head, body) = http_get(&sidecar.http_addr.to_string(), "/metrics")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        head.to_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    body
+}
+
+async fn status(sidecar: &Sidecar) -> serde_json::Value {
+    let (code, _, body) = http_get(&sidecar.http_addr.to_string(), "/status")
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+async fn wait_for<F: Future<Output = bool>>(mut check: impl FnMut() -> F) {
+    for _ in 0..500 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached in 10 s");
+}
+
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|line| line.starts_with(series) && line[series.len()..].starts_with(' '))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn events_become_the_contract_metrics_and_status() {
+    let shutdown = CancellationToken::new();
+    let sidecar = Sidecar::start(config(None), shutdown.clone())
+        .await
+        .unwrap();
+    let worker_stop = CancellationToken::new();
+    let shipper = shipper(&sidecar, worker_stop.clone());
+    let events = every_event();
+    for event in &events {
+        shipper.emit(event.clone());
+    }
+    wait_for(|| async {
+        status(&sidecar).await["events_received"]
+            .as_u64()
+            .unwrap_or(0)
+            > events.len() as u64
+    })
+    .await;
+    let text = metrics_text(&sidecar).await;
+    for (series, value) in [
+        (
+            r#"leasehold_lease_acquisitions_total{result="acquired"}"#,
+            1.0,
+        ),
+        (
+            r#"leasehold_lease_acquisitions_total{result="conflict"}"#,
+            1.0,
+        ),
+        (r#"leasehold_lease_acquisitions_total{result="error"}"#, 1.0),
+        (r#"leasehold_lease_renewals_total{result="renewed"}"#, 1.0),
+        (r#"leasehold_lease_renewals_total{result="error"}"#, 1.0),
+        (r#"leasehold_lease_losses_total{reason="fenced"}"#, 1.0),
+        ("leasehold_lease_releases_total", 1.0),
+        (r#"leasehold_websocket_reconnects_total{reason="gap"}"#, 1.0),
+        (r#"leasehold_sink_writes_total{result="accepted"}"#, 10.0),
+        (r#"leasehold_sink_writes_total{result="duplicate"}"#, 2.0),
+        (r#"leasehold_sink_writes_total{result="error"}"#, 1.0),
+        (
+            r#"leasehold_checkpoint_commits_total{result="committed"}"#,
+            1.0,
+        ),
+        (
+            r#"leasehold_checkpoint_lag_events{stream_id="btc-usd"}"#,
+            7.0,
+        ),
+        (
+            r#"leasehold_checkpoint_lag_seconds{stream_id="btc-usd"}"#,
+            1.5,
+        ),
+        ("leasehold_stream_gap_events_total", 5.0),
+        (
+            r#"leasehold_upstream_frames_skipped_total{reason="not_json"}"#,
+            1.0,
+        ),
+        ("leasehold_lease_takeover_gap_seconds_count", 1.0),
+        ("leasehold_lease_renew_duration_seconds_count", 1.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+    // Gauges the sidecar derives: one stream lease held, one upstream open, worker up.
+    wait_for(|| async {
+        let text = metrics_text(&sidecar).await;
+        sample(&text, "leasehold_worker_up") == Some(1.0)
+            && text.contains(r#"component="stream-worker""#)
+    })
+    .await;
+    let text = metrics_text(&sidecar).await;
+    assert_eq!(sample(&text, "leasehold_leases_held"), Some(1.0));
+    assert_eq!(sample(&text, "leasehold_websocket_connections"), Some(1.0));
+    assert!(
+        text.contains(r#"leasehold_build_info{version=""#)
+            && text.contains(r#"component="stream-worker""#),
+        "{text}"
+    );
+    assert!(
+        text.contains("le=\"0.005\"") && text.contains("le=\"30\""),
+        "explicit buckets: {text}"
+    );
+    let status = status(&sidecar).await;
+    assert_eq!(status["component"], "stream-worker");
+    assert_eq!(status["worker_up"], true);
+    assert_eq!(status["leases"][0]["stream_id"], "btc-usd");
+    assert_eq!(status["leases"][0]["fence_token"], 3);
+
+    if let Some(promtool) = promtool() {
+        let mut child = std::process::Command::new(promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "promtool check metrics:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    // The worker goes away: worker_up drops to 0 by itself.
+    worker_stop.cancel();
+    wait_for(|| async {
+        sample(&metrics_text(&sidecar).await, "leasehold_worker_up") == Some(0.0)
+    })
+    .await;
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn garbage_on_the_socket_is_counted_and_the_sidecar_keeps_serving() {
+    let shutdown = CancellationToken::new();
+    let sidecar = Sidecar::start(config(None), shutdown.clone())
+        .await
+        .unwrap();
+    let addr = sidecar.telemetry_addr;
+    // Wrong protocol entirely.
+    let mut http = tokio::net::TcpStream::connect(addr).await.unwrap();
+    http.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    // Right preamble, then a frame that is not an event.
+    let mut garbage = tokio::net::TcpStream::connect(addr).await.unwrap();
+    garbage.write_all(&PREAMBLE).await.unwrap();
+    garbage.write_all(&[0, 0, 0, 5]).await.unwrap();
+    garbage.write_all(b"{nope").await.unwrap();
+    // Right preamble, then a frame claiming to be larger than the limit.
+    let mut huge = tokio::net::TcpStream::connect(addr).await.unwrap();
+    huge.write_all(&PREAMBLE).await.unwrap();
+    huge.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    wait_for(|| async {
+        let text = metrics_text(&sidecar).await;
+        ["preamble", "decode", "frame"].iter().all(|reason| {
+            sample(
+                &text,
+                &format!(r#"leasehold_sidecar_transport_errors_total{{reason="{reason}"}}"#),
+            ) == Some(1.0)
+        })
+    })
+    .await;
+    // A real worker still gets through.
+    let shipper = shipper(&sidecar, shutdown.clone());
+    shipper.emit(TelemetryEvent::LeaseReleased {
+        stream_id: "s".into(),
+        fence_token: 1,
+    });
+    wait_for(|| async {
+        sample(
+            &metrics_text(&sidecar).await,
+            "leasehold_lease_releases_total",
+        ) == Some(1.0)
+    })
+    .await;
+    shutdown.cancel();
+}
+
+/// The in-memory store with a switch that makes every call fail (a partition).
+struct Partitionable {
+    inner: Arc<MemoryLeaseStore>,
+    down: AtomicBool,
+}
+
+impl Partitionable {
+    fn check(&self) -> Result<(), LeaseError> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(LeaseError::Transient {
+                message: "partitioned".into(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Partitionable {
+    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+        self.check()?;
+        self.inner.acquire(r).await
+    }
+    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
+        self.check()?;
+        self.inner.renew(r).await
+    }
+    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
+        self.check()?;
+        self.inner.checkpoint(r).await
+    }
+    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
+        self.check()?;
+        self.inner.release(r).await
+    }
+    async fn force_release(&self, id: &str, now: i64) -> Result<Lease, LeaseError> {
+        self.check()?;
+        self.inner.force_release(id, now).await
+    }
+    async fn register(&self, id: &str, now: i64) -> Result<bool, LeaseError> {
+        self.check()?;
+        self.inner.register(id, now).await
+    }
+    async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
+        self.check()?;
+        self.inner.bump(id, now).await
+    }
+    async fn get(&self, id: &str) -> Result<Lease, LeaseError> {
+        self.check()?;
+        self.inner.get(id).await
+    }
+    async fn list(&self, after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+        self.check()?;
+        self.inner.list(after, limit).await
+    }
+}
+
+fn observer(store: Arc<dyn LeaseStore>, owner: &str) -> ObserverConfig {
+    let keeper = LeaseKeeper::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(LogSink),
+        KeeperConfig {
+            owner_id: owner.into(),
+            lease: Duration::from_millis(1500),
+            renew_interval: Duration::from_millis(500),
+            safety_margin: Duration::from_millis(150),
+            skew_margin: Duration::from_millis(100),
+            ..KeeperConfig::default()
+        },
+    );
+    ObserverConfig {
+        keeper,
+        clock: Arc::new(SystemClock),
+        interval: Duration::from_millis(200),
+    }
+}
+
+#[tokio::test]
+async fn exactly_one_observer_publishes_and_another_takes_over() {
+    let table = Arc::new(MemoryLeaseStore::new());
+    for stream in ["a", "b", "c"] {
+        table.register(stream, 0).await.unwrap();
+    }
+    let a_store = Arc::new(Partitionable {
+        inner: table.clone(),
+        down: AtomicBool::new(false),
+    });
+    let shutdown = CancellationToken::new();
+    let a = Sidecar::start(
+        config(Some(observer(a_store.clone(), "sidecar-a"))),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    wait_for(|| async {
+        sample(
+            &metrics_text(&a).await,
+            r#"leasehold_streams{state="unowned"}"#,
+        ) == Some(3.0)
+    })
+    .await;
+    let b = Sidecar::start(
+        config(Some(observer(table.clone(), "sidecar-b"))),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    for _ in 0..10 {
+        assert!(
+            !metrics_text(&b).await.contains("leasehold_streams"),
+            "two observers publish at once"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A is cut off from the table: it must stop publishing, and B must take over
+    // within about a lease period.
+    a_store.down.store(true, Ordering::SeqCst);
+    let cut = std::time::Instant::now();
+    wait_for(|| async { !metrics_text(&a).await.contains("leasehold_streams") }).await;
+    wait_for(|| async {
+        sample(
+            &metrics_text(&b).await,
+            r#"leasehold_streams{state="unowned"}"#,
+        ) == Some(3.0)
+    })
+    .await;
+    assert!(
+        cut.elapsed() < Duration::from_secs(5),
+        "takeover took {:?}",
+        cut.elapsed()
+    );
+    assert_eq!(status(&b).await["observer"], true);
+    assert_eq!(status(&a).await["observer"], false);
+    shutdown.cancel();
+}
