@@ -208,6 +208,25 @@ pub const SIDECAR_OBSERVER: EnvVar = EnvVar {
     doc: "`true`: this sidecar competes for the observer lease and, while it holds it, publishes the cluster gauges.",
 };
 
+/// CloudWatch export mode.
+pub const CLOUDWATCH_MODE: EnvVar = EnvVar {
+    name: "CLOUDWATCH_MODE",
+    default: "off",
+    doc: "`off`, `emf` (Embedded Metric Format lines on stdout for the awslogs driver) or `api` (PutMetricData).",
+};
+/// CloudWatch namespace.
+pub const CLOUDWATCH_NAMESPACE: EnvVar = EnvVar {
+    name: "CLOUDWATCH_NAMESPACE",
+    default: "Leasehold",
+    doc: "CloudWatch namespace for every metric.",
+};
+/// CloudWatch export period.
+pub const CLOUDWATCH_INTERVAL_SECONDS: EnvVar = EnvVar {
+    name: "CLOUDWATCH_INTERVAL_SECONDS",
+    default: "60",
+    doc: "How often the sidecar publishes to CloudWatch.",
+};
+
 /// Log filter for every subcommand.
 pub const LEASEHOLD_LOG: EnvVar = EnvVar {
     name: "LEASEHOLD_LOG",
@@ -247,6 +266,9 @@ pub const ALL: &[EnvVar] = &[
     WORKER_SILENCE_MS,
     STREAM_SERIES_IDLE_SECONDS,
     SIDECAR_OBSERVER,
+    CLOUDWATCH_MODE,
+    CLOUDWATCH_NAMESPACE,
+    CLOUDWATCH_INTERVAL_SECONDS,
     LEASEHOLD_LOG,
 ];
 

@@ -114,6 +114,94 @@ pub fn prometheus() -> Option<String> {
     required_var("LEASEHOLD_PROMETHEUS")
 }
 
+/// One event of every kind a stream worker emits (sidecar and alert tests).
+pub fn every_event() -> Vec<crate::telemetry::TelemetryEvent> {
+    use crate::telemetry::TelemetryEvent::*;
+    use crate::telemetry::{CommitResult, LossReason, SkipReason};
+    let ms = std::time::Duration::from_millis;
+    let s = || "btc-usd".to_owned();
+    vec![
+        LeaseAcquired {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 1,
+            duration: ms(4),
+            takeover_gap: Some(ms(2500)),
+            previous_owner: Some("w0".into()),
+        },
+        LeaseAcquireConflict {
+            stream_id: "eth".into(),
+            holder: Some("w2".into()),
+            holder_token: 1,
+            duration: ms(3),
+        },
+        LeaseAcquireFailed {
+            stream_id: "eth".into(),
+            error: "throttled".into(),
+        },
+        LeaseRenewed {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 2,
+            duration: ms(5),
+            lateness: ms(1),
+        },
+        LeaseRenewFailed {
+            stream_id: s(),
+            fence_token: 3,
+            error: "timeout".into(),
+        },
+        LeaseLost {
+            stream_id: "old".into(),
+            fence_token: 1,
+            reason: LossReason::Fenced,
+        },
+        LeaseReleased {
+            stream_id: "old2".into(),
+            fence_token: 1,
+        },
+        UpstreamConnected {
+            stream_id: s(),
+            from_seq: 1,
+        },
+        UpstreamReconnect {
+            stream_id: s(),
+            reason: "gap".into(),
+        },
+        UpstreamFrameSkipped {
+            stream_id: s(),
+            reason: SkipReason::NotJson,
+        },
+        StreamGap {
+            stream_id: s(),
+            from_seq: 5,
+            to_seq: 9,
+        },
+        SinkWrite {
+            stream_id: s(),
+            fence_token: 3,
+            accepted: 10,
+            duplicate: 2,
+            fenced: 0,
+            duration: ms(2),
+        },
+        SinkWriteFailed {
+            stream_id: s(),
+            error: "down".into(),
+        },
+        CheckpointCommit {
+            stream_id: s(),
+            checkpoint: 10,
+            result: CommitResult::Committed,
+        },
+        StreamLag {
+            stream_id: s(),
+            lag_events: 7,
+            lag_seconds: 1.5,
+        },
+    ]
+}
+
 /// A name no other test in this run (or an earlier run against the same
 /// servers) uses: tables, stream ids, Redis keys.
 pub fn unique_name(prefix: &str) -> String {

@@ -7,12 +7,14 @@ use std::time::Duration;
 use clap::Args;
 use leasehold_control::clock::SystemClock;
 use leasehold_control::config::{
-    self, ConfigError, EnvVar, Problems, SIDECAR_LISTEN, SIDECAR_OBSERVER,
-    STREAM_SERIES_IDLE_SECONDS, TELEMETRY_ADDR, WORKER_SILENCE_MS,
+    self, CLOUDWATCH_INTERVAL_SECONDS, CLOUDWATCH_MODE, CLOUDWATCH_NAMESPACE, ConfigError, EnvVar,
+    Problems, SIDECAR_LISTEN, SIDECAR_OBSERVER, STREAM_SERIES_IDLE_SECONDS, TELEMETRY_ADDR,
+    WORKER_SILENCE_MS,
 };
 use leasehold_control::keeper::LeaseKeeper;
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, load_sdk_config};
 use leasehold_control::telemetry::LogSink;
+use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 
@@ -98,7 +100,26 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
     } else {
         None
     };
-    let sdk = if observe {
+    let mode = problems
+        .parse(
+            &CLOUDWATCH_MODE,
+            lookup(CLOUDWATCH_MODE.name),
+            |raw| match raw {
+                "off" => Ok(Mode::Off),
+                "emf" => Ok(Mode::Emf),
+                "api" => Ok(Mode::Api),
+                _ => Err("must be off, emf or api"),
+            },
+        )
+        .unwrap_or(Mode::Off);
+    let cloudwatch = CloudWatchConfig {
+        mode,
+        namespace: lookup(CLOUDWATCH_NAMESPACE.name)
+            .unwrap_or_else(|| CLOUDWATCH_NAMESPACE.default.to_owned()),
+        interval: millis(&mut problems, &lookup, &CLOUDWATCH_INTERVAL_SECONDS, 60) * 1000,
+    };
+    let needs_aws = observe || mode == Mode::Api;
+    let sdk = if needs_aws {
         Some(load_sdk_config().await)
     } else {
         None
@@ -112,6 +133,18 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
     problems
         .finish(())
         .map_err(|err: ConfigError| Failure::Config(err))?;
+    let cloudwatch_client = match (&sdk, mode) {
+        (Some(sdk), Mode::Api) => {
+            // PutMetricData is worth retrying (unlike lease writes, which the keeper retries itself).
+            let config = aws_sdk_cloudwatch::config::Builder::from(sdk)
+                .retry_config(
+                    aws_sdk_cloudwatch::config::retry::RetryConfig::standard().with_max_attempts(3),
+                )
+                .build();
+            Some(aws_sdk_cloudwatch::Client::from_conf(config))
+        }
+        _ => None,
+    };
     let observer = match (lease, sdk) {
         (Some(lease), Some(sdk)) => {
             let store = DynamoLeaseStore::from_sdk_config(&sdk, lease.table.table.clone());
@@ -138,6 +171,7 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
             worker_silence,
             stream_series_idle: idle,
             observer,
+            cloudwatch: Some((cloudwatch, cloudwatch_client)),
         },
         shutdown,
     )

@@ -7,17 +7,22 @@
 //! - [`ingest`]: worker connections on `TELEMETRY_ADDR` (versioned framing).
 //! - [`http`]: `/metrics`, `/healthz`, `/status`.
 //! - [`observer`]: the single cluster observer (observer lease → cluster gauges).
+//! - [`snapshot`]: raw values beside Prometheus's, for the push exporters.
+//! - [`cloudwatch`]: EMF lines or PutMetricData from those snapshots.
 
+pub mod cloudwatch;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod observer;
+pub mod snapshot;
 pub mod view;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::snapshot::{SnapshotRecorder, Tee};
 use leasehold_control::telemetry::TelemetryEvent;
 use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use tokio::net::TcpListener;
@@ -37,6 +42,11 @@ pub struct SidecarConfig {
     pub stream_series_idle: Duration,
     /// The cluster observer, if this sidecar competes for it.
     pub observer: Option<observer::ObserverConfig>,
+    /// CloudWatch export (EMF or API), if any; the client is needed for the API mode.
+    pub cloudwatch: Option<(
+        cloudwatch::CloudWatchConfig,
+        Option<aws_sdk_cloudwatch::Client>,
+    )>,
 }
 
 /// Why the sidecar could not start.
@@ -54,20 +64,28 @@ pub enum SidecarError {
 
 /// State shared by the ingest, HTTP and observer tasks.
 pub struct SidecarState {
-    recorder: PrometheusRecorder,
+    /// Prometheus and the snapshot recorder, fed together.
+    recorder: Tee,
     handle: PrometheusHandle,
+    snapshot: SnapshotRecorder,
     view: Mutex<WorkerView>,
     cluster: Mutex<Option<PrometheusRecorder>>,
 }
 
 impl SidecarState {
     fn new(config: &SidecarConfig) -> Self {
-        let recorder = metrics::recorder(config.stream_series_idle);
-        let handle = recorder.handle();
+        let prometheus = metrics::recorder(config.stream_series_idle);
+        let handle = prometheus.handle();
+        let snapshot = SnapshotRecorder::default();
+        let recorder = Tee {
+            prometheus,
+            snapshot: snapshot.clone(),
+        };
         ::metrics::with_local_recorder(&recorder, metrics::describe);
         SidecarState {
             recorder,
             handle,
+            snapshot,
             view: Mutex::new(WorkerView::new(config.worker_silence)),
             cluster: Mutex::new(None),
         }
@@ -144,6 +162,12 @@ impl SidecarState {
         }
     }
 
+    /// A reader of the push-export snapshots (tests and benchmarks; the
+    /// CloudWatch exporter holds its own).
+    pub fn snapshot_reader(&self) -> snapshot::SnapshotReader {
+        snapshot::SnapshotReader::new(&self.snapshot)
+    }
+
     /// This sidecar publishes the cluster gauges.
     pub fn is_observer(&self) -> bool {
         self.cluster
@@ -218,6 +242,16 @@ impl Sidecar {
                 }
             }
         }));
+        if let Some((cloudwatch, client)) = config.cloudwatch
+            && cloudwatch.mode != cloudwatch::Mode::Off
+        {
+            tasks.push(tokio::spawn(cloudwatch::run(
+                state.clone(),
+                cloudwatch,
+                client,
+                shutdown.clone(),
+            )));
+        }
         if let Some(observer) = config.observer {
             tasks.push(tokio::spawn(observer::run(
                 state.clone(),

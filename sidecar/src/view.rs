@@ -198,6 +198,11 @@ impl WorkerView {
         self.upstreams.values().sum()
     }
 
+    /// Streams with a lag report (held, not stopped).
+    pub fn lag_streams(&self) -> Vec<String> {
+        self.lag.keys().cloned().collect()
+    }
+
     /// The component name for `leasehold_build_info`.
     pub fn component(&self) -> Option<&str> {
         self.component.as_deref()

@@ -13,10 +13,8 @@ use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
     RenewRequest,
 };
-use leasehold_control::telemetry::{
-    CommitResult, LogSink, LossReason, SkipReason, TelemetryEvent, TelemetrySink,
-};
-use leasehold_control::testing::{http_get, promtool};
+use leasehold_control::telemetry::{LogSink, TelemetryEvent, TelemetrySink};
+use leasehold_control::testing::{every_event, http_get, promtool};
 use leasehold_control::transport::{BufferedShipper, PREAMBLE, ShipperConfig};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
@@ -30,6 +28,7 @@ fn config(observer: Option<ObserverConfig>) -> SidecarConfig {
         worker_silence: Duration::from_millis(800),
         stream_series_idle: Duration::from_secs(120),
         observer,
+        cloudwatch: None,
     }
 }
 
@@ -44,93 +43,6 @@ fn shipper(sidecar: &Sidecar, shutdown: CancellationToken) -> BufferedShipper {
         },
         shutdown,
     )
-}
-
-/// One event of every kind a stream worker emits.
-fn every_event() -> Vec<TelemetryEvent> {
-    use TelemetryEvent::*;
-    let ms = Duration::from_millis;
-    let s = || "btc-usd".to_owned();
-    vec![
-        LeaseAcquired {
-            stream_id: s(),
-            fence_token: 3,
-            expires_at_ms: 1,
-            duration: ms(4),
-            takeover_gap: Some(ms(2500)),
-            previous_owner: Some("w0".into()),
-        },
-        LeaseAcquireConflict {
-            stream_id: "eth".into(),
-            holder: Some("w2".into()),
-            holder_token: 1,
-            duration: ms(3),
-        },
-        LeaseAcquireFailed {
-            stream_id: "eth".into(),
-            error: "throttled".into(),
-        },
-        LeaseRenewed {
-            stream_id: s(),
-            fence_token: 3,
-            expires_at_ms: 2,
-            duration: ms(5),
-            lateness: ms(1),
-        },
-        LeaseRenewFailed {
-            stream_id: s(),
-            fence_token: 3,
-            error: "timeout".into(),
-        },
-        LeaseLost {
-            stream_id: "old".into(),
-            fence_token: 1,
-            reason: LossReason::Fenced,
-        },
-        LeaseReleased {
-            stream_id: "old2".into(),
-            fence_token: 1,
-        },
-        UpstreamConnected {
-            stream_id: s(),
-            from_seq: 1,
-        },
-        UpstreamReconnect {
-            stream_id: s(),
-            reason: "gap".into(),
-        },
-        UpstreamFrameSkipped {
-            stream_id: s(),
-            reason: SkipReason::NotJson,
-        },
-        StreamGap {
-            stream_id: s(),
-            from_seq: 5,
-            to_seq: 9,
-        },
-        SinkWrite {
-            stream_id: s(),
-            fence_token: 3,
-            accepted: 10,
-            duplicate: 2,
-            fenced: 0,
-            duration: ms(2),
-        },
-        SinkWriteFailed {
-            stream_id: s(),
-            error: "down".into(),
-        },
-        CheckpointCommit {
-            stream_id: s(),
-            checkpoint: 10,
-            result: CommitResult::Committed,
-        },
-        StreamLag {
-            stream_id: s(),
-            lag_events: 7,
-            lag_seconds: 1.5,
-        },
-    ]
 }
 
 async fn metrics_text(sidecar: &Sidecar) -> String {

@@ -1,0 +1,419 @@
+//! CloudWatch export, two modes (design §4): Embedded Metric Format lines on
+//! stdout (for the `awslogs` driver) or `PutMetricData` through the AWS SDK.
+//!
+//! Names are the Prometheus names. Dimensions are the metric's contract labels
+//! only: never a task id (task identity belongs to the log stream or the
+//! target), and never `stream_id` (unbounded): per-stream gauges are published as
+//! the maximum over streams. Counters are per-interval deltas (alarm on `Sum`),
+//! histograms are distributions (percentiles available), gauges are values.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
+use serde_json::{Map, Value as Json, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::SidecarState;
+use crate::snapshot::{Sample, SnapshotReader, Value};
+
+/// Which CloudWatch path, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No CloudWatch export.
+    Off,
+    /// Embedded Metric Format JSON lines on stdout.
+    Emf,
+    /// `PutMetricData` API calls.
+    Api,
+}
+
+/// CloudWatch export settings.
+#[derive(Debug, Clone)]
+pub struct CloudWatchConfig {
+    /// Which path.
+    pub mode: Mode,
+    /// Metric namespace.
+    pub namespace: String,
+    /// Export period.
+    pub interval: Duration,
+}
+
+/// EMF: at most this many metrics per document and values per metric.
+pub const EMF_MAX_METRICS: usize = 100;
+/// EMF: at most this many values in one metric's array.
+pub const EMF_MAX_VALUES: usize = 100;
+/// PutMetricData: at most this many datums per call (and 1 MB, see [`API_MAX_BYTES`]).
+pub const API_MAX_DATUMS: usize = 1000;
+/// PutMetricData: request size budget, below the 1 MB limit for headroom.
+pub const API_MAX_BYTES: usize = 900 * 1024;
+/// PutMetricData: at most this many distinct values per datum.
+pub const API_MAX_VALUES: usize = 150;
+
+/// One CloudWatch metric value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Datum {
+    /// Metric name.
+    pub name: String,
+    /// `Seconds`, `Count` or `None`.
+    pub unit: &'static str,
+    /// Contract labels as dimensions, sorted.
+    pub dimensions: Vec<(String, String)>,
+    /// One value, or a distribution of (value, count).
+    pub values: Vec<(f64, f64)>,
+}
+
+fn unit_of(name: &str) -> &'static str {
+    if name.ends_with("_seconds") {
+        "Seconds"
+    } else if name.ends_with("_total") {
+        "Count"
+    } else {
+        "None"
+    }
+}
+
+/// Turns a snapshot into datums: drops `stream_id` (max over streams) and build info.
+pub fn datums(samples: Vec<Sample>) -> Vec<Datum> {
+    let mut gauges: BTreeMap<(String, Vec<(String, String)>), f64> = BTreeMap::new();
+    let mut out = Vec::new();
+    for sample in samples {
+        if sample.name == crate::metrics::BUILD_INFO {
+            continue;
+        }
+        let per_stream = sample.labels.iter().any(|(k, _)| k == "stream_id");
+        let dimensions: Vec<(String, String)> = sample
+            .labels
+            .into_iter()
+            .filter(|(k, _)| k != "stream_id")
+            .collect();
+        match sample.value {
+            Value::Gauge(value) if per_stream => {
+                let slot = gauges.entry((sample.name, dimensions)).or_insert(f64::MIN);
+                *slot = slot.max(value);
+            }
+            Value::Gauge(value) => out.push(Datum {
+                unit: unit_of(&sample.name),
+                name: sample.name,
+                dimensions,
+                values: vec![(value, 1.0)],
+            }),
+            Value::Delta(delta) => out.push(Datum {
+                unit: unit_of(&sample.name),
+                name: sample.name,
+                dimensions,
+                values: vec![(delta as f64, 1.0)],
+            }),
+            Value::Samples(values) if values.is_empty() => {}
+            Value::Samples(values) => out.push(Datum {
+                unit: unit_of(&sample.name),
+                name: sample.name,
+                dimensions,
+                values: distribution(values),
+            }),
+        }
+    }
+    for ((name, dimensions), value) in gauges {
+        out.push(Datum {
+            unit: unit_of(&name),
+            name,
+            dimensions,
+            values: vec![(value, 1.0)],
+        });
+    }
+    out
+}
+
+/// Samples as (value, count), values rounded to 4 significant digits so a busy
+/// interval collapses into few distinct values.
+fn distribution(values: Vec<f64>) -> Vec<(f64, f64)> {
+    let mut counts: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for value in values {
+        let rounded = round_significant(value, 4);
+        let entry = counts.entry(rounded.to_bits()).or_insert((rounded, 0.0));
+        entry.1 += 1.0;
+    }
+    counts.into_values().collect()
+}
+
+fn round_significant(value: f64, digits: i32) -> f64 {
+    if value == 0.0 || !value.is_finite() {
+        return value;
+    }
+    let magnitude = value.abs().log10().floor() as i32;
+    let factor = 10f64.powi(digits - 1 - magnitude);
+    (value * factor).round() / factor
+}
+
+/// EMF documents (one JSON object each) for one interval.
+pub fn emf_documents(namespace: &str, datums: &[Datum], timestamp_ms: i64) -> Vec<Json> {
+    // Dimension values live at the document root, so one document per dimension set.
+    let mut groups: BTreeMap<&[(String, String)], Vec<&Datum>> = BTreeMap::new();
+    for datum in datums {
+        groups.entry(&datum.dimensions).or_default().push(datum);
+    }
+    let mut documents = Vec::new();
+    for (dimensions, group) in groups {
+        // Expand distributions into value arrays of at most EMF_MAX_VALUES.
+        let mut entries: Vec<(&Datum, Json)> = Vec::new();
+        for datum in group {
+            let expanded: Vec<f64> = datum
+                .values
+                .iter()
+                .flat_map(|(value, count)| std::iter::repeat_n(*value, *count as usize))
+                .collect();
+            if expanded.len() == 1 {
+                entries.push((datum, json!(expanded[0])));
+            } else {
+                for chunk in expanded.chunks(EMF_MAX_VALUES) {
+                    entries.push((datum, json!(chunk)));
+                }
+            }
+        }
+        // A metric name may appear once per document: spread repeated chunks.
+        let mut pending = entries;
+        while !pending.is_empty() {
+            let mut document = Map::new();
+            let mut metrics = Vec::new();
+            let mut rest = Vec::new();
+            for (datum, value) in pending {
+                if metrics.len() < EMF_MAX_METRICS && !document.contains_key(&datum.name) {
+                    metrics.push(json!({"Name": datum.name, "Unit": datum.unit}));
+                    document.insert(datum.name.clone(), value);
+                } else {
+                    rest.push((datum, value));
+                }
+            }
+            for (key, value) in dimensions {
+                document.insert(key.clone(), json!(value));
+            }
+            let keys: Vec<&String> = dimensions.iter().map(|(k, _)| k).collect();
+            document.insert(
+                "_aws".into(),
+                json!({
+                    "Timestamp": timestamp_ms,
+                    "CloudWatchMetrics": [{
+                        "Namespace": namespace,
+                        "Dimensions": [keys],
+                        "Metrics": metrics,
+                    }]
+                }),
+            );
+            documents.push(Json::Object(document));
+            pending = rest;
+        }
+    }
+    documents
+}
+
+/// `MetricDatum`s for PutMetricData (distributions split at 150 values).
+pub fn api_datums(
+    datums: &[Datum],
+    timestamp: aws_sdk_cloudwatch::primitives::DateTime,
+) -> Vec<MetricDatum> {
+    let mut out = Vec::new();
+    for datum in datums {
+        let dimensions: Vec<Dimension> = datum
+            .dimensions
+            .iter()
+            .map(|(k, v)| Dimension::builder().name(k).value(v).build())
+            .collect();
+        for chunk in datum.values.chunks(API_MAX_VALUES) {
+            out.push(
+                MetricDatum::builder()
+                    .metric_name(&datum.name)
+                    .unit(StandardUnit::from(datum.unit))
+                    .timestamp(timestamp)
+                    .set_dimensions(Some(dimensions.clone()))
+                    .set_values(Some(chunk.iter().map(|(v, _)| *v).collect()))
+                    .set_counts(Some(chunk.iter().map(|(_, c)| *c).collect()))
+                    .build(),
+            );
+        }
+    }
+    out
+}
+
+/// A generous upper bound of a datum's encoded size, for the 1 MB limit.
+fn estimated_bytes(datum: &MetricDatum) -> usize {
+    let dimensions: usize = datum
+        .dimensions()
+        .iter()
+        .map(|d| 16 + d.name().map_or(0, str::len) + d.value().map_or(0, str::len))
+        .sum();
+    64 + datum.metric_name().map_or(0, str::len)
+        + dimensions
+        + 18 * (datum.values().len() + datum.counts().len())
+}
+
+/// Splits datums into PutMetricData calls within the API limits.
+pub fn batches(datums: Vec<MetricDatum>) -> Vec<Vec<MetricDatum>> {
+    let mut batches = Vec::new();
+    let mut current = Vec::new();
+    let mut bytes = 0;
+    for datum in datums {
+        let size = estimated_bytes(&datum);
+        if !current.is_empty() && (current.len() == API_MAX_DATUMS || bytes + size > API_MAX_BYTES)
+        {
+            batches.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+        bytes += size;
+        current.push(datum);
+    }
+    if !current.is_empty() {
+        batches.push(current);
+    }
+    batches
+}
+
+/// Exports every interval until `shutdown` (one last export on the way out).
+pub async fn run(
+    state: Arc<SidecarState>,
+    config: CloudWatchConfig,
+    client: Option<aws_sdk_cloudwatch::Client>,
+    shutdown: CancellationToken,
+) {
+    let mut reader = SnapshotReader::new(&state.snapshot);
+    let mut tick = tokio::time::interval(config.interval);
+    tick.tick().await;
+    loop {
+        let last = tokio::select! {
+            _ = shutdown.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        let held: Vec<String> = state.view().lag_streams();
+        reader.retain_gauges("stream_id", |stream| held.iter().any(|h| h == stream));
+        let datums = datums(reader.take());
+        let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
+        match (config.mode, &client) {
+            (Mode::Emf, _) => {
+                for document in emf_documents(&config.namespace, &datums, now) {
+                    println!("{document}");
+                }
+            }
+            (Mode::Api, Some(client)) => {
+                let timestamp = aws_sdk_cloudwatch::primitives::DateTime::from_millis(now);
+                for batch in batches(api_datums(&datums, timestamp)) {
+                    let sent = client
+                        .put_metric_data()
+                        .namespace(&config.namespace)
+                        .set_metric_data(Some(batch))
+                        .send()
+                        .await;
+                    if let Err(err) = sent {
+                        tracing::warn!(error = %aws_sdk_cloudwatch::error::DisplayErrorContext(&err), "PutMetricData failed; this interval is lost");
+                    }
+                }
+            }
+            _ => {}
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(name: &str, labels: &[(&str, &str)], value: Value) -> Sample {
+        Sample {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value,
+        }
+    }
+
+    #[test]
+    fn stream_ids_are_aggregated_away_and_build_info_dropped() {
+        let out = datums(vec![
+            sample(
+                "leasehold_checkpoint_lag_seconds",
+                &[("stream_id", "a")],
+                Value::Gauge(2.0),
+            ),
+            sample(
+                "leasehold_checkpoint_lag_seconds",
+                &[("stream_id", "b")],
+                Value::Gauge(7.0),
+            ),
+            sample(
+                "leasehold_build_info",
+                &[("component", "sidecar")],
+                Value::Gauge(1.0),
+            ),
+            sample(
+                "leasehold_lease_acquisitions_total",
+                &[("result", "acquired")],
+                Value::Delta(3),
+            ),
+        ]);
+        assert_eq!(out.len(), 2);
+        let lag = out
+            .iter()
+            .find(|d| d.name == "leasehold_checkpoint_lag_seconds")
+            .unwrap();
+        assert_eq!(
+            (lag.values.clone(), lag.unit, lag.dimensions.len()),
+            (vec![(7.0, 1.0)], "Seconds", 0)
+        );
+        let acquired = out.iter().find(|d| d.name.ends_with("_total")).unwrap();
+        assert_eq!(
+            (acquired.unit, acquired.dimensions[0].1.as_str()),
+            ("Count", "acquired")
+        );
+    }
+
+    #[test]
+    fn distributions_collapse_to_distinct_values() {
+        let values = distribution(vec![0.0012341, 0.0012344, 0.5, 0.5]);
+        assert_eq!(values, [(0.001234, 2.0), (0.5, 2.0)]);
+    }
+
+    #[test]
+    fn api_batches_respect_the_datum_limit() {
+        let many: Vec<Datum> = (0..2500)
+            .map(|i| Datum {
+                name: format!("m{i}"),
+                unit: "Count",
+                dimensions: vec![],
+                values: vec![(1.0, 1.0)],
+            })
+            .collect();
+        let batches = batches(api_datums(
+            &many,
+            aws_sdk_cloudwatch::primitives::DateTime::from_millis(0),
+        ));
+        assert_eq!(
+            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            [1000, 1000, 500]
+        );
+    }
+
+    #[test]
+    fn api_batches_respect_the_size_limit() {
+        let wide: Vec<Datum> = (0..100)
+            .map(|i| Datum {
+                name: format!("m{i}"),
+                unit: "Seconds",
+                dimensions: vec![],
+                values: (0..1000).map(|v| (v as f64, 1.0)).collect(),
+            })
+            .collect();
+        let datums = api_datums(
+            &wide,
+            aws_sdk_cloudwatch::primitives::DateTime::from_millis(0),
+        );
+        assert!(datums.iter().all(|d| d.values().len() <= API_MAX_VALUES));
+        for batch in batches(datums) {
+            let bytes: usize = batch.iter().map(estimated_bytes).sum();
+            assert!(bytes <= API_MAX_BYTES);
+        }
+    }
+}
