@@ -20,6 +20,7 @@
 //!   metrics.
 //! - [`transport`]: the worker → sidecar wire format and the non-blocking
 //!   buffered shipper workers emit through.
+//! - [`ecs`]: ECS task metadata (endpoint v4) when running on ECS.
 //! - [`config`]: every environment variable with its default, parsed all at once.
 //! - `conformance` / `testing` (feature `testing`): the store conformance suite and
 //!   the helpers test crates use to reach the real servers started by the test command.
@@ -27,6 +28,7 @@
 pub mod backoff;
 pub mod clock;
 pub mod config;
+pub mod ecs;
 pub mod keeper;
 pub mod keys;
 pub mod lease;

@@ -163,6 +163,15 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
         }
         _ => None,
     };
+    let metadata = leasehold_control::ecs::task_metadata()
+        .await
+        .unwrap_or_default();
+    let instance = metadata
+        .task_id()
+        .map(str::to_owned)
+        .unwrap_or_else(config::default_owner_id);
+    let mut otlp_resource = vec![("service.instance.id".to_owned(), instance)];
+    otlp_resource.extend(metadata.resource_attributes());
     let shutdown = shutdown_on_signal();
     let sidecar = Sidecar::start(
         SidecarConfig {
@@ -171,6 +180,12 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
             worker_silence,
             stream_series_idle: idle,
             observer,
+            otlp: leasehold_sidecar::otlp::enabled_by_env().then(|| {
+                leasehold_sidecar::otlp::OtlpConfig {
+                    resource: otlp_resource.clone(),
+                    ..Default::default()
+                }
+            }),
             cloudwatch: Some((cloudwatch, cloudwatch_client)),
         },
         shutdown,

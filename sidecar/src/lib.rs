@@ -9,12 +9,14 @@
 //! - [`observer`]: the single cluster observer (observer lease → cluster gauges).
 //! - [`snapshot`]: raw values beside Prometheus's, for the push exporters.
 //! - [`cloudwatch`]: EMF lines or PutMetricData from those snapshots.
+//! - [`otlp`]: OpenTelemetry instruments fed by the same updates, exported over OTLP.
 
 pub mod cloudwatch;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod observer;
+pub mod otlp;
 pub mod snapshot;
 pub mod view;
 
@@ -42,6 +44,8 @@ pub struct SidecarConfig {
     pub stream_series_idle: Duration,
     /// The cluster observer, if this sidecar competes for it.
     pub observer: Option<observer::ObserverConfig>,
+    /// OTLP export, if any.
+    pub otlp: Option<otlp::OtlpConfig>,
     /// CloudWatch export (EMF or API), if any; the client is needed for the API mode.
     pub cloudwatch: Option<(
         cloudwatch::CloudWatchConfig,
@@ -60,6 +64,9 @@ pub enum SidecarError {
         /// Why.
         source: std::io::Error,
     },
+    /// OTLP export could not be set up.
+    #[error(transparent)]
+    Otlp(#[from] otlp::OtlpError),
 }
 
 /// State shared by the ingest, HTTP and observer tasks.
@@ -70,25 +77,29 @@ pub struct SidecarState {
     snapshot: SnapshotRecorder,
     view: Mutex<WorkerView>,
     cluster: Mutex<Option<PrometheusRecorder>>,
+    meter_provider: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
 }
 
 impl SidecarState {
-    fn new(config: &SidecarConfig) -> Self {
+    fn new(config: &SidecarConfig) -> Result<Self, SidecarError> {
         let prometheus = metrics::recorder(config.stream_series_idle);
         let handle = prometheus.handle();
         let snapshot = SnapshotRecorder::default();
+        let meter_provider = config.otlp.as_ref().map(otlp::meter_provider).transpose()?;
         let recorder = Tee {
             prometheus,
             snapshot: snapshot.clone(),
+            otlp: meter_provider.as_ref().map(otlp::OtelRecorder::new),
         };
         ::metrics::with_local_recorder(&recorder, metrics::describe);
-        SidecarState {
+        Ok(SidecarState {
             recorder,
             handle,
             snapshot,
             view: Mutex::new(WorkerView::new(config.worker_silence)),
             cluster: Mutex::new(None),
-        }
+            meter_provider,
+        })
     }
 
     /// The worker view (short critical sections only).
@@ -194,7 +205,7 @@ impl Sidecar {
         config: SidecarConfig,
         shutdown: CancellationToken,
     ) -> Result<Sidecar, SidecarError> {
-        let state = Arc::new(SidecarState::new(&config));
+        let state = Arc::new(SidecarState::new(&config)?);
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -268,10 +279,15 @@ impl Sidecar {
         })
     }
 
-    /// Waits for every task to end (after shutdown).
+    /// Waits for every task to end (after shutdown), then flushes OTLP.
     pub async fn finished(self) {
         for task in self.tasks {
             let _ = task.await;
+        }
+        if let Some(provider) = &self.state.meter_provider
+            && let Err(err) = provider.shutdown()
+        {
+            tracing::warn!(error = %err, "OTLP flush on shutdown failed");
         }
     }
 }

@@ -63,6 +63,15 @@ const GAP_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
 ];
 
+/// The bucket boundaries of a histogram (shared with the OTLP exporter).
+pub fn buckets_for(name: &str) -> &'static [f64] {
+    if name == TAKEOVER_GAP {
+        GAP_BUCKETS
+    } else {
+        LATENCY_BUCKETS
+    }
+}
+
 /// Builds the recorder for one sidecar, with the contract's buckets and the
 /// idle timeout that makes per-stream series disappear after a release.
 pub fn recorder(stream_series_idle: Duration) -> PrometheusRecorder {

@@ -49,44 +49,40 @@ impl Recorder for SnapshotRecorder {
 pub struct Tee {
     /// Renders `/metrics`.
     pub prometheus: metrics_exporter_prometheus::PrometheusRecorder,
-    /// Feeds the push exporters.
+    /// Feeds the CloudWatch exporter.
     pub snapshot: SnapshotRecorder,
+    /// Feeds OpenTelemetry instruments, when OTLP export is on.
+    pub otlp: Option<crate::otlp::OtelRecorder>,
 }
 
-struct TeeCounter(Counter, Counter);
-struct TeeGauge(Gauge, Gauge);
-struct TeeHistogram(Histogram, Histogram);
+struct TeeCounter(Vec<Counter>);
+struct TeeGauge(Vec<Gauge>);
+struct TeeHistogram(Vec<Histogram>);
 
 impl metrics::CounterFn for TeeCounter {
     fn increment(&self, value: u64) {
-        self.0.increment(value);
-        self.1.increment(value);
+        self.0.iter().for_each(|c| c.increment(value));
     }
     fn absolute(&self, value: u64) {
-        self.0.absolute(value);
-        self.1.absolute(value);
+        self.0.iter().for_each(|c| c.absolute(value));
     }
 }
 
 impl metrics::GaugeFn for TeeGauge {
     fn increment(&self, value: f64) {
-        self.0.increment(value);
-        self.1.increment(value);
+        self.0.iter().for_each(|g| g.increment(value));
     }
     fn decrement(&self, value: f64) {
-        self.0.decrement(value);
-        self.1.decrement(value);
+        self.0.iter().for_each(|g| g.decrement(value));
     }
     fn set(&self, value: f64) {
-        self.0.set(value);
-        self.1.set(value);
+        self.0.iter().for_each(|g| g.set(value));
     }
 }
 
 impl metrics::HistogramFn for TeeHistogram {
     fn record(&self, value: f64) {
-        self.0.record(value);
-        self.1.record(value);
+        self.0.iter().for_each(|h| h.record(value));
     }
 }
 
@@ -101,22 +97,36 @@ impl Recorder for Tee {
         self.prometheus.describe_histogram(key, unit, description);
     }
     fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
-        Counter::from_arc(Arc::new(TeeCounter(
+        let mut all = vec![
             self.prometheus.register_counter(key, metadata),
             self.snapshot.register_counter(key, metadata),
-        )))
+        ];
+        all.extend(
+            self.otlp
+                .as_ref()
+                .map(|o| o.register_counter(key, metadata)),
+        );
+        Counter::from_arc(Arc::new(TeeCounter(all)))
     }
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(Arc::new(TeeGauge(
+        let mut all = vec![
             self.prometheus.register_gauge(key, metadata),
             self.snapshot.register_gauge(key, metadata),
-        )))
+        ];
+        all.extend(self.otlp.as_ref().map(|o| o.register_gauge(key, metadata)));
+        Gauge::from_arc(Arc::new(TeeGauge(all)))
     }
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(Arc::new(TeeHistogram(
+        let mut all = vec![
             self.prometheus.register_histogram(key, metadata),
             self.snapshot.register_histogram(key, metadata),
-        )))
+        ];
+        all.extend(
+            self.otlp
+                .as_ref()
+                .map(|o| o.register_histogram(key, metadata)),
+        );
+        Histogram::from_arc(Arc::new(TeeHistogram(all)))
     }
 }
 

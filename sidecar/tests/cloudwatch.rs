@@ -25,6 +25,7 @@ fn config(
         worker_silence: Duration::from_secs(5),
         stream_series_idle: Duration::from_secs(120),
         observer: None,
+        otlp: None,
         cloudwatch,
     }
 }

@@ -51,6 +51,7 @@ async fn prometheus_scrapes_the_contract_series() {
             worker_silence: Duration::from_secs(5),
             stream_series_idle: Duration::from_secs(120),
             observer: None,
+            otlp: None,
             cloudwatch: None,
         },
         shutdown.clone(),

@@ -28,6 +28,7 @@ fn config(observer: Option<ObserverConfig>) -> SidecarConfig {
         worker_silence: Duration::from_millis(800),
         stream_series_idle: Duration::from_secs(120),
         observer,
+        otlp: None,
         cloudwatch: None,
     }
 }
