@@ -31,7 +31,8 @@ use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
     RenewRequest,
 };
-use leasehold_control::telemetry::LogSink;
+use leasehold_control::telemetry::{LogSink, TelemetrySink};
+use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_worker::sink::memory::MemorySink;
 use leasehold_worker::sink::redis::RedisSink;
 use leasehold_worker::sink::{FencedSink, SinkOptions};
@@ -150,6 +151,7 @@ async fn pipeline(
     stream: &str,
     events: u64,
     sink: Arc<dyn FencedSink>,
+    telemetry: Arc<dyn TelemetrySink>,
     stored: impl AsyncFn() -> u64,
 ) -> (f64, f64) {
     let context = Arc::new(RunnerContext {
@@ -163,7 +165,7 @@ async fn pipeline(
             Arc::new(LogSink),
         )),
         sink,
-        telemetry: Arc::new(LogSink),
+        telemetry,
         config: RunnerConfig::default(),
     });
     let lease = context.keeper.acquire(stream).await.expect("acquire");
@@ -201,13 +203,51 @@ async fn into_redis(url: &str, redis: &str, stream: &str, events: u64) -> (f64, 
             .await
             .expect("xlen")
     };
-    pipeline(url, stream, events, sink, stored).await
+    pipeline(url, stream, events, sink, Arc::new(LogSink), stored).await
+}
+
+/// The same pipeline with its telemetry shipped to a running sidecar.
+async fn into_memory_with_sidecar(url: &str, stream: &str, events: u64) -> f64 {
+    let shutdown = CancellationToken::new();
+    let sidecar = leasehold_sidecar::Sidecar::start(
+        leasehold_sidecar::SidecarConfig {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            telemetry: "127.0.0.1:0".parse().expect("addr"),
+            worker_silence: Duration::from_secs(5),
+            stream_series_idle: Duration::from_secs(120),
+            observer: None,
+            otlp: None,
+            cloudwatch: None,
+        },
+        shutdown.clone(),
+    )
+    .await
+    .expect("sidecar");
+    let shipper = Arc::new(BufferedShipper::start(
+        ShipperConfig {
+            addr: sidecar.telemetry_addr.to_string(),
+            capacity: 65_536,
+            component: "stream-worker".into(),
+            owner_id: "bench".into(),
+            heartbeat: Duration::from_secs(1),
+        },
+        shutdown.clone(),
+    ));
+    let sink = Arc::new(MemorySink::new(SinkOptions::default()));
+    let stored = async || sink.appended(stream);
+    let rate = pipeline(url, stream, events, sink.clone(), shipper, stored)
+        .await
+        .0;
+    shutdown.cancel();
+    rate
 }
 
 async fn into_memory(url: &str, stream: &str, events: u64) -> f64 {
     let sink = Arc::new(MemorySink::new(SinkOptions::default()));
     let stored = async || sink.appended(stream);
-    pipeline(url, stream, events, sink.clone(), stored).await.0
+    pipeline(url, stream, events, sink.clone(), Arc::new(LogSink), stored)
+        .await
+        .0
 }
 
 /// Counts store calls by kind.
@@ -341,6 +381,7 @@ fn main() {
         let raw = raw_throughput(&feed.url, &format!("raw-{run}"), events).await;
         let (e2e, per_core) = into_redis(&feed.url, &redis, &format!("e2e-{run}"), events).await;
         let memory = into_memory(&feed.url, &format!("mem-{run}"), events).await;
+        let with_sidecar = into_memory_with_sidecar(&feed.url, &format!("side-{run}"), events).await;
         println!(
             "stream throughput, {events} events replayed from the feed's backlog over loopback:"
         );
@@ -353,6 +394,10 @@ fn main() {
         println!(
             "  worker pipeline into memory sink {memory:>10.0} events/s  (ratio {:.2})",
             memory / raw
+        );
+        println!(
+            "  same pipeline, telemetry to a sidecar {with_sidecar:>6.0} events/s  (ratio to without: {:.2}; target ≥ 0.97)",
+            with_sidecar / memory
         );
         control_plane_cost(&feed.url).await;
     });
