@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared by scripts/test.sh and scripts/bench.sh (sourced, not run):
 #   1. installs what is missing (Debian: redis-server, prometheus for promtool;
-#      Python: moto[server] in a venv under ~/.cache/leasehold when not importable),
+#      Python: moto[server] and cfn-lint in a venv under ~/.cache/leasehold when
+#      not importable),
 #   2. starts a DynamoDB-compatible server (moto, serialised) and redis-server on
 #      free loopback ports, exports their addresses, and stops them on exit.
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +33,20 @@ if ! "$python" -c 'import moto.server, flask, werkzeug' 2>/dev/null; then
         "$venv/bin/pip" install -q "moto[server]"
     fi
     python="$venv/bin/python"
+fi
+
+# --- alerts ---
+# cfn-lint (PyPI) lints the CloudWatch alarm template in alerts/cloudwatch/; same
+# venv logic as moto: the machine's own when importable, else the cached venv.
+cfn_lint=cfn-lint
+if ! python3 -c 'import cfnlint' 2>/dev/null || ! command -v cfn-lint >/dev/null; then
+    venv="$cache/venv"
+    if ! "$venv/bin/python" -c 'import cfnlint' 2>/dev/null; then
+        log "installing cfn-lint into $venv"
+        [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+        "$venv/bin/pip" install -q cfn-lint
+    fi
+    cfn_lint="$venv/bin/cfn-lint"
 fi
 
 # --- 2. servers ----------------------------------------------------------------

@@ -2,11 +2,23 @@
 # The whole leasehold test suite, on a fresh machine or a warm one:
 #   1-2. scripts/services.sh installs what is missing and starts moto and
 #        redis-server on free loopback ports (stopped on exit, whatever happens),
+#   -    alerts: promtool check/test rules, cfn-lint, the Grafana JSON,
 #   3.   cargo fmt --check, cargo clippy -D warnings and every test in the workspace.
 # `.ci/run` calls exactly this. Build output goes to $CARGO_TARGET_DIR
 # (default ~/.cache/leasehold/target) so repeated runs reuse it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
+
+# --- alerts ---------------------------------------------------------------------
+# Rule syntax and promtool unit tests, the CloudFormation alarms, the dashboard's
+# JSON (the cross-check against a real sidecar runs with cargo test below).
+log "promtool check rules / test rules"
+promtool check rules alerts/prometheus/leasehold.rules.yml
+promtool test rules alerts/prometheus/tests/*.yml
+log "cfn-lint alerts/cloudwatch"
+"$cfn_lint" alerts/cloudwatch/*.yaml
+log "grafana dashboard JSON"
+python3 -m json.tool alerts/grafana/leasehold.json >/dev/null
 
 # --- 3. checks -------------------------------------------------------------------
 log "cargo fmt --check"

@@ -1,0 +1,753 @@
+//! The alert artefacts under `alerts/` point at metrics that exist.
+//!
+//! A real sidecar (also the cluster observer) is fed one event of every
+//! `TelemetryEvent` variant through a worker-side `BufferedShipper`; its `/metrics`
+//! render is the truth. Every metric name referenced by the Prometheus rules
+//! (alert and recording-rule expressions), the CloudWatch alarms (`MetricName`)
+//! and the Grafana dashboard (`expr` fields and variable queries) must be in it,
+//! so an alert can never silently point at nothing. The rule files are read with
+//! a YAML parser and the names are taken out of PromQL with a small lexer (below),
+//! which keeps every identifier that selects series: a misspelt name fails the
+//! test whether or not it starts with `leasehold_`.
+//!
+//! The same files are checked for completeness: every alert has a severity,
+//! summary, description and a `runbook_url` of the documented form whose file
+//! exists, and at least one promtool case where it fires and one where it stays
+//! silent.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_control::clock::SystemClock;
+use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
+use leasehold_control::store::LeaseStore;
+use leasehold_control::store::memory::MemoryLeaseStore;
+use leasehold_control::telemetry::{
+    CommitResult, LogSink, LossReason, SkipReason, TelemetryEvent, TelemetrySink,
+};
+use leasehold_control::testing::http_get;
+use leasehold_control::transport::{BufferedShipper, ShipperConfig};
+use leasehold_sidecar::observer::ObserverConfig;
+use leasehold_sidecar::{Sidecar, SidecarConfig};
+use serde_yaml_ng::Value;
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+/// Names of the broker pool, maintenance and observer pool gauges that the alert
+/// artefacts already use but that the sidecar exports only once the broker-pool
+/// work is merged. They may be missing from `/metrics` until then; delete this
+/// constant and `pending()` at that merge.
+/// `leasehold_pool_claims_pending` is not in design §4: it is the name these
+/// artefacts assume for the observer's `LLEN pool:claims` gauge.
+const PENDING_BROKER_METRICS: &[&str] = &[
+    "leasehold_pool_claims_total",
+    "leasehold_pool_claim_duration_seconds",
+    "leasehold_broker_requests_total",
+    "leasehold_broker_request_duration_seconds",
+    "leasehold_broker_reconnects_total",
+    "leasehold_orphans",
+    "leasehold_orphans_resolved_total",
+    "leasehold_pool_workers",
+    "leasehold_pool_claims_pending",
+];
+
+/// Series Prometheus makes itself; rules may reference them.
+const PROMETHEUS_OWN: &[&str] = &["up", "ALERTS", "ALERTS_FOR_STATE"];
+
+/// Marker of the one line in `alerts/README.md` that holds the runbook base URL.
+const RUNBOOK_BASE_MARKER: &str = "RUNBOOK_BASE_URL=";
+
+fn alerts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../alerts")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn yaml(path: &Path) -> Value {
+    serde_yaml_ng::from_str(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+// --- PromQL names ------------------------------------------------------------------
+
+/// Metric names a PromQL expression selects. Not a parser: a lexer that skips
+/// strings, label matchers `{…}`, ranges and subqueries `[…]`, comments, numbers
+/// and durations (also after `offset`), Grafana `$variables`, the label lists of
+/// `by`/`without`/`on`/`ignoring`/`group_left`/`group_right`, identifiers followed
+/// by `(` (functions, aggregations) and the operators spelt as words. What is left
+/// are metric names.
+fn promql_metric_names(expr: &str) -> Vec<String> {
+    const WORD_OPERATORS: &[&str] = &["and", "or", "unless", "bool", "inf", "nan"];
+    const GROUPING: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let chars: Vec<char> = expr.chars().collect();
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut names = Vec::new();
+    let mut label_list_follows = false;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '"' | '\'' | '`' => i = skip_string(&chars, i),
+            '{' => i = skip_to(&chars, i, '}'),
+            '[' => i = skip_to(&chars, i, ']'),
+            '(' if label_list_follows => {
+                label_list_follows = false;
+                i = skip_to(&chars, i, ')');
+            }
+            '#' => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '$' => {
+                i += 1;
+                while i < chars.len() && ident(chars[i]) {
+                    i += 1;
+                }
+            }
+            c if c.is_ascii_digit() || c == '.' => {
+                while i < chars.len() && (ident(chars[i]) || chars[i] == '.') {
+                    i += 1;
+                }
+            }
+            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let start = i;
+                while i < chars.len() && ident(chars[i]) {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                let lower = word.to_ascii_lowercase();
+                let mut next = i;
+                while next < chars.len() && chars[next].is_whitespace() {
+                    next += 1;
+                }
+                let followed_by_paren = chars.get(next) == Some(&'(');
+                // `sum by (…) (…)`: an aggregation whose modifier comes first.
+                let rest: String = chars[next..].iter().take(8).collect();
+                let modifier_follows = ["by", "without"].iter().any(|m| {
+                    rest.strip_prefix(m)
+                        .is_some_and(|after| after.starts_with(|c: char| !ident(c)))
+                });
+                if GROUPING.contains(&lower.as_str()) {
+                    label_list_follows = followed_by_paren;
+                } else if lower == "offset" {
+                    // The duration (possibly negative) is not a name.
+                    i = next;
+                    if chars.get(i) == Some(&'-') {
+                        i += 1;
+                    }
+                    while i < chars.len() && ident(chars[i]) {
+                        i += 1;
+                    }
+                } else if !followed_by_paren
+                    && !modifier_follows
+                    && !WORD_OPERATORS.contains(&lower.as_str())
+                {
+                    names.push(word);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+/// Index just past the string literal starting at `start` (escapes honoured).
+fn skip_string(chars: &[char], start: usize) -> usize {
+    let quote = chars[start];
+    let mut i = start + 1;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' if quote != '`' => i += 2,
+            c if c == quote => return i + 1,
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+/// Index just past the first `close` after `start`, skipping string literals.
+fn skip_to(chars: &[char], start: usize, close: char) -> usize {
+    let mut i = start + 1;
+    while i < chars.len() {
+        match chars[i] {
+            '"' | '\'' | '`' => i = skip_string(chars, i),
+            c if c == close => return i + 1,
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+#[test]
+fn the_lexer_keeps_metric_names_only() {
+    let expr = r#"
+        # comment with not_a_metric
+        histogram_quantile(0.99, sum by (cluster, le) (rate(a_bucket{job=~"x.*", le!="}"}[5m])))
+        / on (job) group_left (team) clamp_min(sum without (instance) (b_total offset -5m), 1e-3)
+        > bool 2 and c:recorded:max unless ignoring (x) d @ start()
+        or label_replace(e, "dst", "$1", "src", "(.*)") or f[$__rate_interval] * $factor
+    "#;
+    assert_eq!(
+        promql_metric_names(expr),
+        ["a_bucket", "b_total", "c:recorded:max", "d", "e", "f"]
+    );
+    assert_eq!(
+        promql_metric_names("leasehold_worker_up == 0"),
+        ["leasehold_worker_up"]
+    );
+}
+
+// --- what the artefacts reference -----------------------------------------------------
+
+struct Rules {
+    /// Metric names read by expressions (alerts and recording rules).
+    referenced: BTreeSet<String>,
+    /// Names recording rules define.
+    recorded: BTreeSet<String>,
+    /// Alert name → its rule.
+    alerts: BTreeMap<String, Value>,
+}
+
+fn rules() -> Rules {
+    let file = yaml(&alerts_dir().join("prometheus/leasehold.rules.yml"));
+    let mut rules = Rules {
+        referenced: BTreeSet::new(),
+        recorded: BTreeSet::new(),
+        alerts: BTreeMap::new(),
+    };
+    let groups = file["groups"].as_sequence().expect("groups");
+    for rule in groups
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+    {
+        let expr = rule["expr"].as_str().expect("every rule has an expr");
+        rules.referenced.extend(promql_metric_names(expr));
+        if let Some(record) = rule["record"].as_str() {
+            rules.recorded.insert(record.to_owned());
+        }
+        if let Some(alert) = rule["alert"].as_str() {
+            assert!(
+                rules
+                    .alerts
+                    .insert(alert.to_owned(), rule.clone())
+                    .is_none(),
+                "alert {alert} defined twice"
+            );
+        }
+    }
+    assert!(!rules.alerts.is_empty() && !rules.recorded.is_empty());
+    rules
+}
+
+/// Every value under a `key` anywhere in the document (CloudFormation tags such
+/// as `!Sub` are walked through).
+fn values_of_key(value: &Value, key: &str, out: &mut Vec<String>) {
+    match value {
+        Value::Mapping(map) => {
+            for (k, v) in map {
+                if k.as_str() == Some(key)
+                    && let Some(s) = v.as_str()
+                {
+                    out.push(s.to_owned());
+                }
+                values_of_key(v, key, out);
+            }
+        }
+        Value::Sequence(items) => items.iter().for_each(|v| values_of_key(v, key, out)),
+        Value::Tagged(tagged) => values_of_key(&tagged.value, key, out),
+        _ => {}
+    }
+}
+
+fn cloudwatch_metric_names() -> BTreeSet<String> {
+    let template = yaml(&alerts_dir().join("cloudwatch/alarms.yaml"));
+    let mut names = Vec::new();
+    values_of_key(&template, "MetricName", &mut names);
+    assert!(names.len() > 10, "MetricName values found: {names:?}");
+    names.into_iter().collect()
+}
+
+fn grafana_metric_names() -> BTreeSet<String> {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read(&alerts_dir().join("grafana/leasehold.json")))
+            .expect("the Grafana dashboard is JSON");
+    fn walk(value: &serde_json::Value, exprs: &mut Vec<String>, queries: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    match (k.as_str(), v.as_str()) {
+                        ("expr", Some(expr)) => exprs.push(expr.to_owned()),
+                        ("query" | "definition", Some(q)) if q.starts_with("label_values(") => {
+                            queries.push(q.to_owned())
+                        }
+                        _ => {}
+                    }
+                    walk(v, exprs, queries);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, exprs, queries)),
+            _ => {}
+        }
+    }
+    let (mut exprs, mut queries) = (Vec::new(), Vec::new());
+    walk(&dashboard, &mut exprs, &mut queries);
+    assert!(exprs.len() > 20, "expr fields found: {}", exprs.len());
+    assert!(!queries.is_empty(), "no label_values() variable queries");
+    // `label_values(SELECTOR, label)`: the selector is PromQL, the label is not.
+    for query in queries {
+        let inner = &query["label_values(".len()..query.rfind(',').expect("label_values(m, l)")];
+        exprs.push(inner.to_owned());
+    }
+    exprs.iter().flat_map(|e| promql_metric_names(e)).collect()
+}
+
+// --- what the sidecar exports ---------------------------------------------------------
+
+/// Metric families (`# TYPE` lines, with their type) and sample names of a render.
+fn exported(text: &str) -> (BTreeMap<String, String>, BTreeSet<String>) {
+    let mut families = BTreeMap::new();
+    let mut samples = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                families.insert(name.to_owned(), kind.to_owned());
+            }
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            samples.insert(line[..end].to_owned());
+        }
+    }
+    (families, samples)
+}
+
+/// A referenced name is exported if it is a family or a sample name; a
+/// histogram's `_bucket`/`_sum`/`_count` map to the histogram's base name.
+fn is_exported(
+    name: &str,
+    families: &BTreeMap<String, String>,
+    samples: &BTreeSet<String>,
+) -> bool {
+    let base = ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .filter(|base| families.get(*base).map(String::as_str) == Some("histogram"));
+    families.contains_key(base.unwrap_or(name)) || samples.contains(name)
+}
+
+/// Whether `name` (or the histogram it is a `_bucket`/`_sum`/`_count` of) is
+/// allowed to be missing for now.
+fn pending(name: &str) -> bool {
+    PENDING_BROKER_METRICS.iter().any(|p| {
+        name == *p
+            || ["_bucket", "_sum", "_count"]
+                .iter()
+                .any(|suffix| name.strip_suffix(suffix) == Some(p))
+    })
+}
+
+/// An exhaustive match: adding a `TelemetryEvent` variant breaks this test's
+/// build until the new variant is fed below too.
+fn variant(event: &TelemetryEvent) -> &'static str {
+    use TelemetryEvent::*;
+    match event {
+        LeaseAcquired { .. } => "LeaseAcquired",
+        LeaseAcquireConflict { .. } => "LeaseAcquireConflict",
+        LeaseAcquireFailed { .. } => "LeaseAcquireFailed",
+        LeaseRenewed { .. } => "LeaseRenewed",
+        LeaseRenewFailed { .. } => "LeaseRenewFailed",
+        LeaseLost { .. } => "LeaseLost",
+        LeaseReleased { .. } => "LeaseReleased",
+        UpstreamConnected { .. } => "UpstreamConnected",
+        UpstreamDisconnected { .. } => "UpstreamDisconnected",
+        UpstreamReconnect { .. } => "UpstreamReconnect",
+        UpstreamFrameSkipped { .. } => "UpstreamFrameSkipped",
+        StreamGap { .. } => "StreamGap",
+        SinkWrite { .. } => "SinkWrite",
+        SinkWriteFailed { .. } => "SinkWriteFailed",
+        CheckpointCommit { .. } => "CheckpointCommit",
+        StreamLag { .. } => "StreamLag",
+        WorkerHeartbeat { .. } => "WorkerHeartbeat",
+        EventsDropped { .. } => "EventsDropped",
+        StreamStopped { .. } => "StreamStopped",
+    }
+}
+const VARIANTS: usize = 19;
+
+fn every_variant() -> Vec<TelemetryEvent> {
+    use TelemetryEvent::*;
+    let ms = Duration::from_millis;
+    let s = || "btc-usd".to_owned();
+    vec![
+        LeaseAcquired {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 1,
+            duration: ms(4),
+            takeover_gap: Some(ms(2500)),
+            previous_owner: Some("w0".into()),
+        },
+        LeaseAcquireConflict {
+            stream_id: "eth".into(),
+            holder: Some("w2".into()),
+            holder_token: 1,
+            duration: ms(3),
+        },
+        LeaseAcquireFailed {
+            stream_id: "eth".into(),
+            error: "throttled".into(),
+        },
+        LeaseRenewed {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 2,
+            duration: ms(5),
+            lateness: ms(1),
+        },
+        LeaseRenewFailed {
+            stream_id: s(),
+            fence_token: 3,
+            error: "timeout".into(),
+        },
+        LeaseLost {
+            stream_id: "old".into(),
+            fence_token: 1,
+            reason: LossReason::RenewRejected,
+        },
+        LeaseReleased {
+            stream_id: "old2".into(),
+            fence_token: 1,
+        },
+        UpstreamConnected {
+            stream_id: s(),
+            from_seq: 1,
+        },
+        UpstreamDisconnected {
+            stream_id: "old2".into(),
+        },
+        UpstreamReconnect {
+            stream_id: s(),
+            reason: "closed".into(),
+        },
+        UpstreamFrameSkipped {
+            stream_id: s(),
+            reason: SkipReason::TooLarge,
+        },
+        StreamGap {
+            stream_id: s(),
+            from_seq: 5,
+            to_seq: 9,
+        },
+        SinkWrite {
+            stream_id: s(),
+            fence_token: 3,
+            accepted: 10,
+            duplicate: 2,
+            fenced: 1,
+            duration: ms(2),
+        },
+        SinkWriteFailed {
+            stream_id: s(),
+            error: "down".into(),
+        },
+        CheckpointCommit {
+            stream_id: s(),
+            checkpoint: 10,
+            result: CommitResult::Fenced,
+        },
+        StreamLag {
+            stream_id: s(),
+            lag_events: 7,
+            lag_seconds: 1.5,
+        },
+        WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+        },
+        EventsDropped { count: 3 },
+        StreamStopped {
+            stream_id: "old2".into(),
+        },
+    ]
+}
+
+async fn metrics_text(sidecar: &Sidecar) -> String {
+    let (code, _, body) = http_get(&sidecar.http_addr.to_string(), "/metrics")
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    body
+}
+
+async fn events_received(sidecar: &Sidecar) -> u64 {
+    let (_, _, body) = http_get(&sidecar.http_addr.to_string(), "/status")
+        .await
+        .unwrap();
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["events_received"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Waits until `/metrics` satisfies `ready` (10 s at most), returning the render.
+async fn render_when(sidecar: &Sidecar, ready: impl Fn(&str) -> bool) -> String {
+    for _ in 0..500 {
+        let text = metrics_text(sidecar).await;
+        if ready(&text) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the sidecar did not export what was fed in 10 s");
+}
+
+fn observer(store: Arc<dyn LeaseStore>) -> ObserverConfig {
+    let keeper = LeaseKeeper::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(LogSink),
+        KeeperConfig {
+            owner_id: "sidecar-a".into(),
+            lease: Duration::from_millis(1500),
+            renew_interval: Duration::from_millis(500),
+            safety_margin: Duration::from_millis(150),
+            skew_margin: Duration::from_millis(100),
+            ..KeeperConfig::default()
+        },
+    );
+    ObserverConfig {
+        keeper,
+        clock: Arc::new(SystemClock),
+        interval: Duration::from_millis(200),
+    }
+}
+
+#[tokio::test]
+async fn every_metric_the_alerts_use_is_exported() {
+    // What the artefacts reference.
+    let rules = rules();
+    let mut referenced: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for name in &rules.referenced {
+        referenced
+            .entry(name.clone())
+            .or_default()
+            .push("prometheus/leasehold.rules.yml");
+    }
+    for name in cloudwatch_metric_names() {
+        referenced
+            .entry(name)
+            .or_default()
+            .push("cloudwatch/alarms.yaml");
+    }
+    for name in grafana_metric_names() {
+        referenced
+            .entry(name)
+            .or_default()
+            .push("grafana/leasehold.json");
+    }
+    referenced.retain(|name, _| {
+        !rules.recorded.contains(name) && !PROMETHEUS_OWN.contains(&name.as_str())
+    });
+
+    // A real sidecar, observer of a lease table with one stream, fed every event.
+    let table = Arc::new(MemoryLeaseStore::new());
+    table.register("btc-usd", 0).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let sidecar = Sidecar::start(
+        SidecarConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            telemetry: "127.0.0.1:0".parse().unwrap(),
+            worker_silence: Duration::from_secs(5),
+            stream_series_idle: Duration::from_secs(120),
+            observer: Some(observer(table)),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let shipper = BufferedShipper::start(
+        ShipperConfig {
+            addr: sidecar.telemetry_addr.to_string(),
+            capacity: 1000,
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+            heartbeat: Duration::from_millis(200),
+        },
+        shutdown.clone(),
+    );
+    let events = every_variant();
+    let variants: BTreeSet<_> = events.iter().map(variant).collect();
+    assert_eq!(variants.len(), VARIANTS, "one event of every variant");
+    for event in &events {
+        shipper.emit(event.clone());
+    }
+    // A connection that is not a worker: the sidecar counts a transport error.
+    let mut stranger = tokio::net::TcpStream::connect(sidecar.telemetry_addr)
+        .await
+        .unwrap();
+    stranger.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    for _ in 0..500 {
+        if events_received(&sidecar).await >= events.len() as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = render_when(&sidecar, |text| {
+        text.contains("leasehold_streams{")
+            && text.contains("leasehold_sidecar_transport_errors_total{")
+            && text.contains("leasehold_worker_up 1")
+            && text.contains("leasehold_telemetry_events_dropped_total")
+    })
+    .await;
+    shutdown.cancel();
+    let (families, samples) = exported(&text);
+
+    let mut missing = Vec::new();
+    let mut pending_missing = Vec::new();
+    for (name, files) in &referenced {
+        if is_exported(name, &families, &samples) {
+            if pending(name) {
+                eprintln!("note: {name} is exported now; remove it from PENDING_BROKER_METRICS");
+            }
+        } else if pending(name) {
+            pending_missing.push(name.as_str());
+        } else {
+            missing.push(format!("{name} (used in {})", files.join(", ")));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "referenced by alerts/ but not exported by the sidecar:\n  {}\n\n/metrics:\n{text}",
+        missing.join("\n  ")
+    );
+    eprintln!(
+        "{} referenced metric names checked; allowed missing until the broker pool is merged: {pending_missing:?}",
+        referenced.len()
+    );
+    // Sanity: the check did see the sidecar's own names from all three files.
+    for name in [
+        "leasehold_streams",
+        "leasehold_worker_up",
+        "leasehold_lease_renew_duration_seconds_bucket",
+        "leasehold_checkpoint_lag_seconds",
+    ] {
+        assert!(referenced.contains_key(name), "{name} not referenced?");
+    }
+}
+
+// --- completeness of the alert artefacts -----------------------------------------------
+
+fn runbook_base_url() -> String {
+    let readme = read(&alerts_dir().join("README.md"));
+    let mut bases = readme
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix(RUNBOOK_BASE_MARKER));
+    let base = bases
+        .next()
+        .expect("alerts/README.md has a RUNBOOK_BASE_URL= line");
+    assert!(bases.next().is_none(), "one runbook base URL only");
+    assert!(base.ends_with('/'), "{base}");
+    base.to_owned()
+}
+
+#[test]
+fn every_alert_has_labels_annotations_a_runbook_and_promtool_cases() {
+    let rules = rules();
+    let base = runbook_base_url();
+    for (name, rule) in &rules.alerts {
+        assert!(name.starts_with("Leasehold"), "{name}: component prefix");
+        let severity = rule["labels"]["severity"].as_str();
+        assert!(
+            matches!(severity, Some("critical" | "warning")),
+            "{name}: severity {severity:?}"
+        );
+        for annotation in ["summary", "description"] {
+            assert!(
+                rule["annotations"][annotation]
+                    .as_str()
+                    .is_some_and(|s| !s.trim().is_empty()),
+                "{name}: {annotation}"
+            );
+        }
+        assert_eq!(
+            rule["annotations"]["runbook_url"].as_str(),
+            Some(format!("{base}{name}.md").as_str()),
+            "{name}: runbook_url"
+        );
+        let runbook = alerts_dir().join(format!("runbooks/{name}.md"));
+        assert!(
+            read(&runbook).starts_with(&format!("# {name}\n")),
+            "{}",
+            runbook.display()
+        );
+    }
+
+    // promtool cases: alert name → (fires somewhere, silent somewhere).
+    let mut cases: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+    let tests_dir = alerts_dir().join("prometheus/tests");
+    for entry in std::fs::read_dir(&tests_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yml") {
+            continue;
+        }
+        let file = yaml(&path);
+        for test in file["tests"].as_sequence().expect("tests") {
+            for case in test["alert_rule_test"].as_sequence().into_iter().flatten() {
+                let alert = case["alertname"].as_str().expect("alertname").to_owned();
+                let fires = case["exp_alerts"]
+                    .as_sequence()
+                    .is_some_and(|alerts| !alerts.is_empty());
+                let entry = cases.entry(alert).or_default();
+                if fires {
+                    entry.0 = true;
+                } else {
+                    entry.1 = true;
+                }
+            }
+        }
+    }
+    for name in rules.alerts.keys() {
+        assert_eq!(
+            cases.get(name),
+            Some(&(true, true)),
+            "{name}: needs a promtool case where it fires and one where it stays silent"
+        );
+    }
+    for name in cases.keys() {
+        assert!(
+            rules.alerts.contains_key(name),
+            "tests name unknown alert {name}"
+        );
+    }
+
+    // CloudWatch alarms: the same runbooks, the same documented base.
+    let template = yaml(&alerts_dir().join("cloudwatch/alarms.yaml"));
+    assert_eq!(
+        template["Parameters"]["RunbookBaseUrl"]["Default"].as_str(),
+        Some(base.as_str())
+    );
+    let mut descriptions = Vec::new();
+    values_of_key(&template, "AlarmDescription", &mut descriptions);
+    assert!(!descriptions.is_empty());
+    for description in descriptions {
+        let runbook = description
+            .rsplit("${RunbookBaseUrl}")
+            .next()
+            .and_then(|rest| rest.strip_suffix(".md"))
+            .unwrap_or_else(|| panic!("alarm without a runbook link: {description}"));
+        assert!(
+            rules.alerts.contains_key(runbook),
+            "alarm links unknown runbook {runbook}"
+        );
+    }
+}
