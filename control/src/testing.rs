@@ -114,7 +114,8 @@ pub fn prometheus() -> Option<String> {
     required_var("LEASEHOLD_PROMETHEUS")
 }
 
-/// One event of every kind a stream worker emits (sidecar and alert tests).
+/// One event of every `TelemetryEvent` variant (sidecar, export and alert tests;
+/// `sidecar/tests/alert_metrics.rs` checks the list stays exhaustive).
 pub fn every_event() -> Vec<crate::telemetry::TelemetryEvent> {
     use crate::telemetry::TelemetryEvent::*;
     use crate::telemetry::{CommitResult, LossReason, SkipReason};
@@ -198,6 +199,17 @@ pub fn every_event() -> Vec<crate::telemetry::TelemetryEvent> {
             stream_id: s(),
             lag_events: 7,
             lag_seconds: 1.5,
+        },
+        UpstreamDisconnected {
+            stream_id: "old2".into(),
+        },
+        WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+        },
+        EventsDropped { count: 3 },
+        StreamStopped {
+            stream_id: "old2".into(),
         },
     ]
 }

@@ -24,9 +24,7 @@ use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::telemetry::{
-    CommitResult, LogSink, LossReason, SkipReason, TelemetryEvent, TelemetrySink,
-};
+use leasehold_control::telemetry::{LogSink, TelemetryEvent, TelemetrySink};
 use leasehold_control::testing::http_get;
 use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_sidecar::observer::ObserverConfig;
@@ -386,100 +384,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
 const VARIANTS: usize = 19;
 
 fn every_variant() -> Vec<TelemetryEvent> {
-    use TelemetryEvent::*;
-    let ms = Duration::from_millis;
-    let s = || "btc-usd".to_owned();
-    vec![
-        LeaseAcquired {
-            stream_id: s(),
-            fence_token: 3,
-            expires_at_ms: 1,
-            duration: ms(4),
-            takeover_gap: Some(ms(2500)),
-            previous_owner: Some("w0".into()),
-        },
-        LeaseAcquireConflict {
-            stream_id: "eth".into(),
-            holder: Some("w2".into()),
-            holder_token: 1,
-            duration: ms(3),
-        },
-        LeaseAcquireFailed {
-            stream_id: "eth".into(),
-            error: "throttled".into(),
-        },
-        LeaseRenewed {
-            stream_id: s(),
-            fence_token: 3,
-            expires_at_ms: 2,
-            duration: ms(5),
-            lateness: ms(1),
-        },
-        LeaseRenewFailed {
-            stream_id: s(),
-            fence_token: 3,
-            error: "timeout".into(),
-        },
-        LeaseLost {
-            stream_id: "old".into(),
-            fence_token: 1,
-            reason: LossReason::RenewRejected,
-        },
-        LeaseReleased {
-            stream_id: "old2".into(),
-            fence_token: 1,
-        },
-        UpstreamConnected {
-            stream_id: s(),
-            from_seq: 1,
-        },
-        UpstreamDisconnected {
-            stream_id: "old2".into(),
-        },
-        UpstreamReconnect {
-            stream_id: s(),
-            reason: "closed".into(),
-        },
-        UpstreamFrameSkipped {
-            stream_id: s(),
-            reason: SkipReason::TooLarge,
-        },
-        StreamGap {
-            stream_id: s(),
-            from_seq: 5,
-            to_seq: 9,
-        },
-        SinkWrite {
-            stream_id: s(),
-            fence_token: 3,
-            accepted: 10,
-            duplicate: 2,
-            fenced: 1,
-            duration: ms(2),
-        },
-        SinkWriteFailed {
-            stream_id: s(),
-            error: "down".into(),
-        },
-        CheckpointCommit {
-            stream_id: s(),
-            checkpoint: 10,
-            result: CommitResult::Fenced,
-        },
-        StreamLag {
-            stream_id: s(),
-            lag_events: 7,
-            lag_seconds: 1.5,
-        },
-        WorkerHeartbeat {
-            component: "stream-worker".into(),
-            owner_id: "w1".into(),
-        },
-        EventsDropped { count: 3 },
-        StreamStopped {
-            stream_id: "old2".into(),
-        },
-    ]
+    leasehold_control::testing::every_event()
 }
 
 async fn metrics_text(sidecar: &Sidecar) -> String {
@@ -570,6 +475,8 @@ async fn every_metric_the_alerts_use_is_exported() {
             worker_silence: Duration::from_secs(5),
             stream_series_idle: Duration::from_secs(120),
             observer: Some(observer(table)),
+            otlp: None,
+            cloudwatch: None,
         },
         shutdown.clone(),
     )
