@@ -437,6 +437,16 @@ pub fn default_owner_id() -> String {
         .unwrap_or_else(|| format!("leasehold-{}", std::process::id()))
 }
 
+/// A lookup over fixed values: tests, and embedders that configure components
+/// in code (`dev`).
+pub fn fixed_lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
 /// Reads variables from the process environment; empty values count as unset.
 pub fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|value| !value.is_empty())
@@ -445,14 +455,9 @@ pub fn process_env(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
-    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |name| map.get(name).cloned()
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        fixed_lookup(pairs)
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub mod transport;
 #[cfg(feature = "testing")]
 pub mod conformance;
 #[cfg(feature = "testing")]
+pub mod measure;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use clock::{Clock, SystemClock};

@@ -228,6 +228,26 @@ mod tests {
         }
     }
 
+    /// Reads `count` events off the wire, skipping heartbeats.
+    async fn read_events(
+        mut frames: FramedRead<tokio::net::TcpStream, LengthDelimitedCodec>,
+        count: usize,
+    ) -> Vec<TelemetryEvent> {
+        let mut events = Vec::new();
+        while events.len() < count {
+            let frame = tokio::time::timeout(Duration::from_secs(5), frames.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let event: TelemetryEvent = serde_json::from_slice(&frame).unwrap();
+            if !matches!(event, TelemetryEvent::WorkerHeartbeat { .. }) {
+                events.push(event);
+            }
+        }
+        events
+    }
+
     fn released(i: u64) -> TelemetryEvent {
         TelemetryEvent::LeaseReleased {
             stream_id: format!("s{i}"),
@@ -247,19 +267,7 @@ mod tests {
         let mut preamble = [0u8; 4];
         socket.read_exact(&mut preamble).await.unwrap();
         assert_eq!(preamble, PREAMBLE);
-        let mut frames = FramedRead::new(socket, codec());
-        let mut received = Vec::new();
-        while received.len() < 2 {
-            let frame = tokio::time::timeout(Duration::from_secs(5), frames.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
-            let event: TelemetryEvent = serde_json::from_slice(&frame).unwrap();
-            if !matches!(event, TelemetryEvent::WorkerHeartbeat { .. }) {
-                received.push(event);
-            }
-        }
+        let received = read_events(FramedRead::new(socket, codec()), 2).await;
         assert_eq!(received, [released(1), released(2)]);
         shutdown.cancel();
     }
@@ -297,19 +305,7 @@ mod tests {
         let (mut socket, _) = listener.accept().await.unwrap();
         let mut preamble = [0u8; 4];
         socket.read_exact(&mut preamble).await.unwrap();
-        let mut frames = FramedRead::new(socket, codec());
-        let mut events = Vec::new();
-        while events.len() < 4 {
-            let frame = tokio::time::timeout(Duration::from_secs(5), frames.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
-            let event: TelemetryEvent = serde_json::from_slice(&frame).unwrap();
-            if !matches!(event, TelemetryEvent::WorkerHeartbeat { .. }) {
-                events.push(event);
-            }
-        }
+        let events = read_events(FramedRead::new(socket, codec()), 4).await;
         assert_eq!(events[0], TelemetryEvent::EventsDropped { count: 2 });
         assert_eq!(&events[1..], [released(2), released(3), released(4)]);
         shutdown.cancel();

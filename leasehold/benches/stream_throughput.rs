@@ -26,6 +26,7 @@ use futures_util::{SinkExt, StreamExt};
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
+use leasehold_control::measure::{arg, process_cpu_seconds};
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
@@ -42,32 +43,6 @@ use leasehold_worker::stream::{
 use leasehold_worker::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn process_cpu_seconds() -> f64 {
-    let mut nanos: u64 = 0;
-    for task in std::fs::read_dir("/proc/self/task")
-        .expect("procfs")
-        .flatten()
-    {
-        if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
-            nanos += stat
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    nanos as f64 / 1e9
-}
 
 struct Feed {
     child: std::process::Child,
@@ -210,15 +185,7 @@ async fn into_redis(url: &str, redis: &str, stream: &str, events: u64) -> (f64, 
 async fn into_memory_with_sidecar(url: &str, stream: &str, events: u64) -> f64 {
     let shutdown = CancellationToken::new();
     let sidecar = leasehold_sidecar::Sidecar::start(
-        leasehold_sidecar::SidecarConfig {
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            telemetry: "127.0.0.1:0".parse().expect("addr"),
-            worker_silence: Duration::from_secs(5),
-            stream_series_idle: Duration::from_secs(120),
-            observer: None,
-            otlp: None,
-            cloudwatch: None,
-        },
+        leasehold_sidecar::SidecarConfig::loopback(),
         shutdown.clone(),
     )
     .await

@@ -9,52 +9,17 @@
 
 use std::time::{Duration, Instant};
 
+use leasehold_control::measure::{arg, thread_cpu_seconds};
 use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
 use leasehold_control::testing::every_event;
 use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use tokio_util::sync::CancellationToken;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// CPU seconds of this process's threads whose name starts with `prefix`.
-fn thread_cpu_seconds(prefix: &str) -> f64 {
-    let mut nanos = 0u64;
-    for task in std::fs::read_dir("/proc/self/task")
-        .expect("procfs")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with(prefix) {
-            continue;
-        }
-        if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
-            nanos += stat
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    nanos as f64 / 1e9
-}
-
 fn config() -> SidecarConfig {
     SidecarConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        telemetry: "127.0.0.1:0".parse().unwrap(),
-        worker_silence: Duration::from_secs(5),
         stream_series_idle: Duration::from_secs(600),
-        observer: None,
-        otlp: None,
-        cloudwatch: None,
+        ..SidecarConfig::loopback()
     }
 }
 

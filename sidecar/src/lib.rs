@@ -53,6 +53,22 @@ pub struct SidecarConfig {
     )>,
 }
 
+impl SidecarConfig {
+    /// Both listeners on ephemeral loopback ports, Prometheus only, default
+    /// thresholds: the starting point for tests, benchmarks and `dev`.
+    pub fn loopback() -> Self {
+        SidecarConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            telemetry: SocketAddr::from(([127, 0, 0, 1], 0)),
+            worker_silence: Duration::from_secs(5),
+            stream_series_idle: Duration::from_secs(120),
+            observer: None,
+            otlp: None,
+            cloudwatch: None,
+        }
+    }
+}
+
 /// Why the sidecar could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SidecarError {

@@ -470,13 +470,8 @@ async fn every_metric_the_alerts_use_is_exported() {
     let shutdown = CancellationToken::new();
     let sidecar = Sidecar::start(
         SidecarConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            telemetry: "127.0.0.1:0".parse().unwrap(),
-            worker_silence: Duration::from_secs(5),
-            stream_series_idle: Duration::from_secs(120),
             observer: Some(observer(table)),
-            otlp: None,
-            cloudwatch: None,
+            ..SidecarConfig::loopback()
         },
         shutdown.clone(),
     )

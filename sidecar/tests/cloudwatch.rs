@@ -20,13 +20,8 @@ fn config(
     cloudwatch: Option<(CloudWatchConfig, Option<aws_sdk_cloudwatch::Client>)>,
 ) -> SidecarConfig {
     SidecarConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        telemetry: "127.0.0.1:0".parse().unwrap(),
-        worker_silence: Duration::from_secs(5),
-        stream_series_idle: Duration::from_secs(120),
-        observer: None,
-        otlp: None,
         cloudwatch,
+        ..SidecarConfig::loopback()
     }
 }
 

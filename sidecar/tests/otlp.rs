@@ -81,11 +81,6 @@ async fn export_through(
     let shutdown = CancellationToken::new();
     let sidecar = Sidecar::start(
         SidecarConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            telemetry: "127.0.0.1:0".parse().unwrap(),
-            worker_silence: Duration::from_secs(5),
-            stream_series_idle: Duration::from_secs(120),
-            observer: None,
             otlp: Some(OtlpConfig {
                 protocol: Some(protocol.into()),
                 endpoint: Some(endpoint),
@@ -95,7 +90,7 @@ async fn export_through(
                     ("aws.ecs.task.family".into(), "stream-worker".into()),
                 ],
             }),
-            cloudwatch: None,
+            ..SidecarConfig::loopback()
         },
         shutdown.clone(),
     )

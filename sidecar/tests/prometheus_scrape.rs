@@ -46,13 +46,7 @@ async fn prometheus_scrapes_the_contract_series() {
     let shutdown = CancellationToken::new();
     let sidecar = Sidecar::start(
         SidecarConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            telemetry: "127.0.0.1:0".parse().unwrap(),
-            worker_silence: Duration::from_secs(5),
-            stream_series_idle: Duration::from_secs(120),
-            observer: None,
-            otlp: None,
-            cloudwatch: None,
+            ..SidecarConfig::loopback()
         },
         shutdown.clone(),
     )

@@ -23,13 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 fn config(observer: Option<ObserverConfig>) -> SidecarConfig {
     SidecarConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        telemetry: "127.0.0.1:0".parse().unwrap(),
         worker_silence: Duration::from_millis(800),
-        stream_series_idle: Duration::from_secs(120),
         observer,
-        otlp: None,
-        cloudwatch: None,
+        ..SidecarConfig::loopback()
     }
 }
 

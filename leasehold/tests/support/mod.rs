@@ -361,9 +361,4 @@ impl Cluster {
     }
 }
 
-/// Percentile of a list of durations.
-pub fn percentile(values: &mut [Duration], p: f64) -> Duration {
-    values.sort();
-    let rank = ((p / 100.0) * (values.len().saturating_sub(1)) as f64).round() as usize;
-    values[rank.min(values.len() - 1)]
-}
+pub use leasehold_control::measure::percentile;

@@ -194,15 +194,7 @@ pub fn parse(lookup: &dyn Fn(&str) -> Option<String>) -> Result<StreamWorkerSett
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |name| map.get(name).cloned()
-    }
+    use leasehold_control::config::fixed_lookup as lookup;
 
     #[test]
     fn minimal_configuration_uses_the_defaults() {
