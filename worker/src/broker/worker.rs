@@ -286,6 +286,23 @@ pub struct BrokerWorker {
     telemetry: Arc<dyn TelemetrySink>,
 }
 
+/// Aborts a background task when the worker's future is dropped, so a worker
+/// that is dropped mid-run (or whose runtime stops) heartbeats no more.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    async fn stop(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A claimed user and the state that goes with it.
 struct Claimed {
     user_id: String,
@@ -367,17 +384,17 @@ impl BrokerWorker {
         };
         let user_id = claimed.user_id.clone();
         let lost = CancellationToken::new();
-        let heartbeat = self.spawn_user_heartbeat(&user_id, lost.clone());
+        let heartbeat = AbortOnDrop(self.spawn_user_heartbeat(&user_id, lost.clone()));
         let stop = CancellationToken::new();
         let forward = {
             let (stop, shutdown, lost) = (stop.clone(), shutdown.clone(), lost.clone());
-            tokio::spawn(async move {
+            AbortOnDrop(tokio::spawn(async move {
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = lost.cancelled() => {}
                 }
                 stop.cancel();
-            })
+            }))
         };
         let mut cache = ConnectionCache::new(
             &user_id,
@@ -388,9 +405,8 @@ impl BrokerWorker {
         let outcome = self
             .serve(claimed, &mut cache, &stop, &shutdown, &lost)
             .await;
-        forward.abort();
-        heartbeat.abort();
-        let _ = heartbeat.await;
+        forward.stop().await;
+        heartbeat.stop().await;
         cache.close_all("shutdown").await;
         let released: redis::RedisResult<i64> = redis::Script::new(RELEASE)
             .key(keys::worker_active(&user_id))
@@ -412,12 +428,11 @@ impl BrokerWorker {
     ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
         let pool_mark = keys::pool_worker_active(&self.config.worker_id);
         self.state(PoolWorkerStateKind::Idle, None);
-        let mut heartbeat = self.spawn_pool_heartbeat();
+        let mut heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
         let claims = [keys::POOL_CLAIMS.to_owned()];
         loop {
             if shutdown.is_cancelled() {
-                heartbeat.abort();
-                let _ = heartbeat.await;
+                heartbeat.stop().await;
                 let _: redis::RedisResult<i64> = redis::cmd("DEL")
                     .arg(&pool_mark)
                     .query_async(&mut self.commands)
@@ -450,8 +465,7 @@ impl BrokerWorker {
             let Some((claim, credentials)) = self.check_claim(&body).await else {
                 continue;
             };
-            heartbeat.abort();
-            let _ = heartbeat.await;
+            heartbeat.stop().await;
             match self.claim(&claim.user_id).await {
                 Ok(true) => {
                     self.telemetry.emit(TelemetryEvent::PoolClaim {
@@ -486,7 +500,7 @@ impl BrokerWorker {
                         .await;
                 }
             }
-            heartbeat = self.spawn_pool_heartbeat();
+            heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
         }
     }
 
