@@ -310,6 +310,12 @@ pub const PAPER_FAILURE_RATE: EnvVar = EnvVar {
     default: "0",
     doc: "Fraction (0-1) of paper broker orders that fail, to exercise error paths.",
 };
+/// Where local workers write their output.
+pub const LOCAL_WORKER_LOG_DIR: EnvVar = EnvVar {
+    name: "LOCAL_WORKER_LOG_DIR",
+    default: "",
+    doc: "`local` launcher: each worker's output goes to `{dir}/{task_id}.log` (empty: inherits this process's stderr).",
+};
 /// Orphan-task grace.
 pub const SWEEP_GRACE_SECONDS: EnvVar = EnvVar {
     name: "SWEEP_GRACE_SECONDS",
@@ -375,6 +381,7 @@ pub const ALL: &[EnvVar] = &[
     PAPER_FAILURE_RATE,
     SWEEP_GRACE_SECONDS,
     SWEEP_CONCURRENCY,
+    LOCAL_WORKER_LOG_DIR,
 ];
 
 /// All configuration problems found, reported together.

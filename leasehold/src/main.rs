@@ -7,6 +7,8 @@
 
 mod operator;
 mod stream;
+// --- broker pool ---
+mod broker;
 
 use std::process::ExitCode;
 
@@ -33,6 +35,18 @@ enum Command {
     Feed(stream::FeedArgs),
     /// Lease-driven stream worker: owns streams, consumes them, writes fenced.
     StreamWorker(stream::StreamWorkerArgs),
+    // --- broker pool ---
+    /// Per-user broker worker; starts in the warm pool (`USER_ID=-1`).
+    BrokerWorker(broker::BrokerWorkerArgs),
+    /// Encrypted broker credentials in Redis.
+    #[command(subcommand)]
+    Credentials(broker::CredentialsCommand),
+    /// Makes sure a user has a worker: active, pool claim, or cold start.
+    Claim(broker::ClaimArgs),
+    /// Keeps the warm pool at its target size (one pass, or `--every 5m`).
+    PoolManager(broker::PoolManagerArgs),
+    /// Orphan / stale / duplicate sweep (one pass, or `--every 60s`).
+    Maintenance(broker::MaintenanceArgs),
 }
 
 /// Why a command failed, deciding the exit code.
@@ -81,6 +95,12 @@ async fn main() -> ExitCode {
         Command::Leases(command) => operator::leases(command).await,
         Command::Feed(args) => stream::feed(args).await,
         Command::StreamWorker(args) => stream::stream_worker(args).await,
+        // --- broker pool ---
+        Command::BrokerWorker(args) => broker::broker_worker(args).await,
+        Command::Credentials(command) => broker::credentials(command).await,
+        Command::Claim(args) => broker::claim(args).await,
+        Command::PoolManager(args) => broker::pool_manager(args).await,
+        Command::Maintenance(args) => broker::maintenance(args).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,6 +19,10 @@
 
 pub mod connections;
 pub mod credentials;
+pub mod launcher;
+pub mod maintenance;
 pub mod paper;
+pub mod pool;
 pub mod protocol;
+pub mod settings;
 pub mod worker;
