@@ -234,6 +234,158 @@ pub const LEASEHOLD_LOG: EnvVar = EnvVar {
     doc: "Log filter (`tracing` EnvFilter syntax, e.g. `info,leasehold_control=debug`).",
 };
 
+// --- broker pool ---
+/// Redis holding the pool protocol (design §3.2).
+pub const REDIS_URL: EnvVar = EnvVar {
+    name: "REDIS_URL",
+    default: "redis://127.0.0.1:6379",
+    doc: "Redis/Valkey with the broker pool's keys (may hold a password: never printed).",
+};
+/// The user a broker worker serves.
+pub const USER_ID: EnvVar = EnvVar {
+    name: "USER_ID",
+    default: "-1",
+    doc: "User a broker worker serves; `-1` starts it in the warm pool waiting for a claim.",
+};
+/// AES-256-GCM key for the credentials blobs.
+pub const CREDENTIALS_KEY: EnvVar = EnvVar {
+    name: "CREDENTIALS_KEY",
+    default: "",
+    doc: "Standard base64 of 32 random bytes: the AES-256-GCM key of the credentials blobs (never printed).",
+};
+/// Identity of a broker worker in its pool mark.
+pub const WORKER_ID: EnvVar = EnvVar {
+    name: "WORKER_ID",
+    default: "task id",
+    doc: "Broker worker identity in `worker:active:-1:{worker_id}` (default: the ECS task id, else `local-{pid}`).",
+};
+/// Warm pool size.
+pub const POOL_TARGET_SIZE: EnvVar = EnvVar {
+    name: "POOL_TARGET_SIZE",
+    default: "2",
+    doc: "Idle pool workers `pool-manager` keeps running.",
+};
+/// Which launcher starts and stops workers.
+pub const TASK_LAUNCHER: EnvVar = EnvVar {
+    name: "TASK_LAUNCHER",
+    default: "local",
+    doc: "`local` (child processes of this binary) or `ecs` (RunTask/StopTask).",
+};
+/// Tag on every worker a launcher starts.
+pub const POOL_GROUP: EnvVar = EnvVar {
+    name: "POOL_GROUP",
+    default: "leasehold-broker-pool",
+    doc: "Marks the workers a launcher owns (ECS `startedBy`; local: an environment variable of the process).",
+};
+/// ECS cluster.
+pub const ECS_CLUSTER: EnvVar = EnvVar {
+    name: "ECS_CLUSTER",
+    default: "default",
+    doc: "ECS cluster the `ecs` launcher runs broker workers in.",
+};
+/// ECS task definition.
+pub const ECS_TASK_DEFINITION: EnvVar = EnvVar {
+    name: "ECS_TASK_DEFINITION",
+    default: "",
+    doc: "Task definition (family, family:revision or ARN) of the broker worker; required by the `ecs` launcher.",
+};
+/// Container that gets `USER_ID` on a cold start.
+pub const ECS_CONTAINER_NAME: EnvVar = EnvVar {
+    name: "ECS_CONTAINER_NAME",
+    default: "broker-worker",
+    doc: "Container in the task definition that runs `leasehold broker-worker` (receives `USER_ID` on a cold start).",
+};
+/// Subnets for awsvpc networking.
+pub const ECS_SUBNETS: EnvVar = EnvVar {
+    name: "ECS_SUBNETS",
+    default: "",
+    doc: "Comma-separated subnet ids for `awsvpc` tasks (empty: no network configuration is sent).",
+};
+/// Security groups for awsvpc networking.
+pub const ECS_SECURITY_GROUPS: EnvVar = EnvVar {
+    name: "ECS_SECURITY_GROUPS",
+    default: "",
+    doc: "Comma-separated security group ids for `awsvpc` tasks.",
+};
+/// ECS launch type.
+pub const ECS_LAUNCH_TYPE: EnvVar = EnvVar {
+    name: "ECS_LAUNCH_TYPE",
+    default: "FARGATE",
+    doc: "`FARGATE`, `EC2` or `EXTERNAL`.",
+};
+/// ECS task metadata endpoint (set by the ECS agent).
+pub const ECS_CONTAINER_METADATA_URI_V4: EnvVar = EnvVar {
+    name: "ECS_CONTAINER_METADATA_URI_V4",
+    default: "",
+    doc: "Task metadata endpoint v4, set by ECS; gives `task_arn` for `worker:metadata:{user_id}`.",
+};
+/// Heartbeat period.
+pub const WORKER_HEARTBEAT_MS: EnvVar = EnvVar {
+    name: "WORKER_HEARTBEAT_MS",
+    default: "5000",
+    doc: "How often a broker worker refreshes its `worker:active:…` mark.",
+};
+/// Mark lifetime.
+pub const WORKER_MARK_TTL_SECONDS: EnvVar = EnvVar {
+    name: "WORKER_MARK_TTL_SECONDS",
+    default: "30",
+    doc: "TTL of `worker:active:…` and `worker:metadata:…`; a dead worker's mark disappears after this.",
+};
+/// BLPOP timeout.
+pub const WORKER_BLOCK_SECONDS: EnvVar = EnvVar {
+    name: "WORKER_BLOCK_SECONDS",
+    default: "30",
+    doc: "BLPOP timeout on `pool:claims` and on a user's request list.",
+};
+/// Idle exit.
+pub const WORKER_IDLE_TIMEOUT_SECONDS: EnvVar = EnvVar {
+    name: "WORKER_IDLE_TIMEOUT_SECONDS",
+    default: "1800",
+    doc: "A claimed worker without requests or control messages for this long closes its connections and exits 0.",
+};
+/// Broker connection health check.
+pub const BROKER_HEALTH_CHECK_SECONDS: EnvVar = EnvVar {
+    name: "BROKER_HEALTH_CHECK_SECONDS",
+    default: "60",
+    doc: "While idle, every open broker connection is pinged this often.",
+};
+/// Broker connect attempts.
+pub const BROKER_CONNECT_ATTEMPTS: EnvVar = EnvVar {
+    name: "BROKER_CONNECT_ATTEMPTS",
+    default: "3",
+    doc: "Connect attempts (with backoff) before a worker reports failure and exits non-zero.",
+};
+/// Paper broker latency.
+pub const PAPER_LATENCY_MS: EnvVar = EnvVar {
+    name: "PAPER_LATENCY_MS",
+    default: "0",
+    doc: "Simulated latency of every paper broker call.",
+};
+/// Paper broker failure injection.
+pub const PAPER_FAILURE_RATE: EnvVar = EnvVar {
+    name: "PAPER_FAILURE_RATE",
+    default: "0",
+    doc: "Fraction (0-1) of paper broker orders that fail, to exercise error paths.",
+};
+/// Where local workers write their output.
+pub const LOCAL_WORKER_LOG_DIR: EnvVar = EnvVar {
+    name: "LOCAL_WORKER_LOG_DIR",
+    default: "",
+    doc: "`local` launcher: each worker's output goes to `{dir}/{task_id}.log` (empty: inherits this process's stderr).",
+};
+/// Orphan-task grace.
+pub const SWEEP_GRACE_SECONDS: EnvVar = EnvVar {
+    name: "SWEEP_GRACE_SECONDS",
+    default: "60",
+    doc: "`maintenance` leaves tasks younger than this alone (they may not have written their first mark).",
+};
+/// Sweep parallelism.
+pub const SWEEP_CONCURRENCY: EnvVar = EnvVar {
+    name: "SWEEP_CONCURRENCY",
+    default: "8",
+    doc: "Batches of 100 findings `maintenance` resolves at once.",
+};
+
 /// Every variable, in documentation order.
 pub const ALL: &[EnvVar] = &[
     LEASE_TABLE,
@@ -270,6 +422,32 @@ pub const ALL: &[EnvVar] = &[
     CLOUDWATCH_NAMESPACE,
     CLOUDWATCH_INTERVAL_SECONDS,
     LEASEHOLD_LOG,
+    // --- broker pool ---
+    REDIS_URL,
+    USER_ID,
+    CREDENTIALS_KEY,
+    WORKER_ID,
+    POOL_TARGET_SIZE,
+    TASK_LAUNCHER,
+    POOL_GROUP,
+    ECS_CLUSTER,
+    ECS_TASK_DEFINITION,
+    ECS_CONTAINER_NAME,
+    ECS_SUBNETS,
+    ECS_SECURITY_GROUPS,
+    ECS_LAUNCH_TYPE,
+    ECS_CONTAINER_METADATA_URI_V4,
+    WORKER_HEARTBEAT_MS,
+    WORKER_MARK_TTL_SECONDS,
+    WORKER_BLOCK_SECONDS,
+    WORKER_IDLE_TIMEOUT_SECONDS,
+    BROKER_HEALTH_CHECK_SECONDS,
+    BROKER_CONNECT_ATTEMPTS,
+    PAPER_LATENCY_MS,
+    PAPER_FAILURE_RATE,
+    SWEEP_GRACE_SECONDS,
+    SWEEP_CONCURRENCY,
+    LOCAL_WORKER_LOG_DIR,
 ];
 
 /// All configuration problems found, reported together.

@@ -231,6 +231,76 @@ pub enum TelemetryEvent {
         /// Stream.
         stream_id: String,
     },
+    // --- broker pool ---
+    /// A pool worker handled a claim message (design §4 `leasehold_pool_claims_total`).
+    PoolClaim {
+        /// Worker that took the message.
+        worker_id: String,
+        /// User claimed, when readable.
+        user_id: Option<String>,
+        /// `claimed`, `invalid` or `error`.
+        result: ClaimResult,
+        /// From the claim's `enqueued_at` to the worker being active (wall clock).
+        duration: Duration,
+        /// Why it was not claimed (never a secret).
+        reason: Option<String>,
+    },
+    /// A broker worker handled one request (`leasehold_broker_requests_total`).
+    BrokerRequest {
+        /// User served.
+        user_id: String,
+        /// Request id, when readable.
+        request_id: Option<String>,
+        /// `ok`, `error`, `invalid` or `duplicate`.
+        result: RequestResult,
+        /// From BLPOP returning to the response being written.
+        duration: Duration,
+    },
+    /// A broker connection was (re)opened after being invalidated or health-checked out.
+    BrokerReconnect {
+        /// User served.
+        user_id: String,
+        /// `broker_name/broker_type/simulation/account_id` of the connection.
+        connection: String,
+        /// `invalidated`, `health_check`, `reload_credentials`.
+        reason: String,
+    },
+    /// A message could not be used and was moved to a `…:dead` list.
+    MessageDeadLettered {
+        /// List it came from.
+        queue: String,
+        /// Why (never a secret).
+        reason: String,
+    },
+    /// A broker worker changed state (`leasehold_pool_workers{state}`).
+    PoolWorkerState {
+        /// Worker.
+        worker_id: String,
+        /// New state.
+        state: PoolWorkerStateKind,
+        /// User served, once claimed.
+        user_id: Option<String>,
+    },
+    /// One reconcile pass of the pool manager.
+    PoolReconciled {
+        /// Idle pool workers counted.
+        idle: u64,
+        /// Target size.
+        target: u64,
+        /// Workers started.
+        started: u64,
+        /// Workers stopped.
+        stopped: u64,
+    },
+    /// One maintenance sweep (`leasehold_orphans{kind}`, `leasehold_orphans_resolved_total{kind}`).
+    OrphanSweep {
+        /// Anomalies found, by kind.
+        found: Vec<(OrphanKind, u64)>,
+        /// Anomalies resolved, by kind (0 on a dry run).
+        resolved: Vec<(OrphanKind, u64)>,
+        /// Whether the sweep only reported.
+        dry_run: bool,
+    },
 }
 
 /// Outcome of a checkpoint write.
@@ -254,6 +324,121 @@ impl CommitResult {
             CommitResult::Error => "error",
         }
     }
+}
+
+// --- broker pool ---
+/// Outcome of a claim message (design §4 `result` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimResult {
+    /// The worker became the user's worker.
+    Claimed,
+    /// The message was malformed or its credentials did not decrypt.
+    Invalid,
+    /// The claim could not be completed (user already served, Redis failed).
+    Error,
+}
+
+impl ClaimResult {
+    /// The `result` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimResult::Claimed => "claimed",
+            ClaimResult::Invalid => "invalid",
+            ClaimResult::Error => "error",
+        }
+    }
+}
+
+/// Outcome of a broker request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestResult {
+    /// Answered with `status: ok`.
+    Ok,
+    /// The broker failed; answered with `status: error`.
+    Error,
+    /// Malformed; dead-lettered (and answered when its id was readable).
+    Invalid,
+    /// Already taken once; not executed again.
+    Duplicate,
+}
+
+impl RequestResult {
+    /// The `result` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestResult::Ok => "ok",
+            RequestResult::Error => "error",
+            RequestResult::Invalid => "invalid",
+            RequestResult::Duplicate => "duplicate",
+        }
+    }
+}
+
+/// States of a broker worker (`leasehold_pool_workers{state}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolWorkerStateKind {
+    /// In the warm pool, waiting for a claim.
+    Idle,
+    /// Serving one user.
+    Claimed,
+    /// Exited (its marks are deleted).
+    Stopped,
+}
+
+impl PoolWorkerStateKind {
+    /// The `state` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolWorkerStateKind::Idle => "idle",
+            PoolWorkerStateKind::Claimed => "claimed",
+            PoolWorkerStateKind::Stopped => "stopped",
+        }
+    }
+}
+
+/// Anomalies the maintenance sweep finds (seed 002).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrphanKind {
+    /// A mark without a running task.
+    OrphanMark,
+    /// A running task without a mark.
+    OrphanTask,
+    /// A mark that outlived its heartbeat (no TTL, or a heartbeat older than the TTL).
+    StaleMark,
+    /// Two tasks for one user.
+    DuplicateWorker,
+}
+
+impl OrphanKind {
+    /// Every kind, in label order.
+    pub const ALL: [OrphanKind; 4] = [
+        OrphanKind::OrphanMark,
+        OrphanKind::OrphanTask,
+        OrphanKind::StaleMark,
+        OrphanKind::DuplicateWorker,
+    ];
+
+    /// The `kind` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrphanKind::OrphanMark => "orphan_mark",
+            OrphanKind::OrphanTask => "orphan_task",
+            OrphanKind::StaleMark => "stale_mark",
+            OrphanKind::DuplicateWorker => "duplicate_worker",
+        }
+    }
+}
+
+fn kind_counts(counts: &[(OrphanKind, u64)]) -> String {
+    counts
+        .iter()
+        .map(|(kind, count)| format!("{}={count}", kind.as_str()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl TelemetryEvent {
@@ -399,6 +584,78 @@ impl TelemetryEvent {
             EventsDropped { count } => {
                 tracing::warn!(count, "telemetry buffer full: oldest events dropped")
             }
+            // --- broker pool ---
+            PoolClaim {
+                worker_id,
+                user_id,
+                result,
+                duration,
+                reason,
+            } => match result {
+                ClaimResult::Claimed => tracing::info!(
+                    worker_id,
+                    user_id = user_id.as_deref(),
+                    duration_ms = millis(*duration),
+                    "pool worker claimed"
+                ),
+                _ => tracing::error!(
+                    worker_id,
+                    user_id = user_id.as_deref(),
+                    result = result.as_str(),
+                    reason = reason.as_deref(),
+                    "claim not taken"
+                ),
+            },
+            BrokerRequest {
+                user_id,
+                request_id,
+                result,
+                duration,
+            } => tracing::debug!(
+                user_id,
+                request_id = request_id.as_deref(),
+                result = result.as_str(),
+                duration_ms = millis(*duration),
+                "broker request handled"
+            ),
+            BrokerReconnect {
+                user_id,
+                connection,
+                reason,
+            } => tracing::warn!(user_id, connection, reason, "broker connection reopened"),
+            MessageDeadLettered { queue, reason } => {
+                tracing::error!(
+                    queue,
+                    reason,
+                    "invalid message moved to the dead-letter list"
+                )
+            }
+            PoolWorkerState {
+                worker_id,
+                state,
+                user_id,
+            } => tracing::info!(
+                worker_id,
+                state = state.as_str(),
+                user_id = user_id.as_deref(),
+                "broker worker state"
+            ),
+            PoolReconciled {
+                idle,
+                target,
+                started,
+                stopped,
+            } => tracing::info!(idle, target, started, stopped, "pool reconciled"),
+            OrphanSweep {
+                found,
+                resolved,
+                dry_run,
+            } => tracing::info!(
+                found = kind_counts(found),
+                resolved = kind_counts(resolved),
+                dry_run,
+                "maintenance sweep"
+            ),
         }
     }
 }

@@ -118,7 +118,10 @@ pub fn prometheus() -> Option<String> {
 /// `sidecar/tests/alert_metrics.rs` checks the list stays exhaustive).
 pub fn every_event() -> Vec<crate::telemetry::TelemetryEvent> {
     use crate::telemetry::TelemetryEvent::*;
-    use crate::telemetry::{CommitResult, LossReason, SkipReason};
+    use crate::telemetry::{
+        ClaimResult, CommitResult, LossReason, OrphanKind, PoolWorkerStateKind, RequestResult,
+        SkipReason,
+    };
     let ms = std::time::Duration::from_millis;
     let s = || "btc-usd".to_owned();
     vec![
@@ -210,6 +213,44 @@ pub fn every_event() -> Vec<crate::telemetry::TelemetryEvent> {
         EventsDropped { count: 3 },
         StreamStopped {
             stream_id: "old2".into(),
+        },
+        PoolClaim {
+            worker_id: "pw-1".into(),
+            user_id: Some("u1".into()),
+            result: ClaimResult::Claimed,
+            duration: ms(2),
+            reason: None,
+        },
+        BrokerRequest {
+            user_id: "u1".into(),
+            request_id: Some("r1".into()),
+            result: RequestResult::Ok,
+            duration: ms(1),
+        },
+        BrokerReconnect {
+            user_id: "u1".into(),
+            connection: "paper/stock/sim/A1".into(),
+            reason: "health check failed".into(),
+        },
+        MessageDeadLettered {
+            queue: "trading:user:u1:requests:dead".into(),
+            reason: "not JSON".into(),
+        },
+        PoolWorkerState {
+            worker_id: "pw-1".into(),
+            state: PoolWorkerStateKind::Claimed,
+            user_id: Some("u1".into()),
+        },
+        PoolReconciled {
+            idle: 2,
+            target: 3,
+            started: 1,
+            stopped: 0,
+        },
+        OrphanSweep {
+            found: vec![(OrphanKind::OrphanMark, 1)],
+            resolved: vec![(OrphanKind::OrphanMark, 1)],
+            dry_run: false,
         },
     ]
 }

@@ -14,7 +14,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use support::{Cluster, LEASE_SECONDS, percentile};
+use leasehold_control::measure::percentile;
+use support::{Cluster, LEASE_SECONDS};
 
 const ROUNDS: usize = 6;
 

@@ -8,6 +8,8 @@
 mod operator;
 mod sidecar;
 mod stream;
+// --- broker pool ---
+mod broker;
 
 use std::process::ExitCode;
 
@@ -36,6 +38,18 @@ enum Command {
     StreamWorker(stream::StreamWorkerArgs),
     /// Per-task telemetry sidecar: /metrics, /healthz, /status, cluster observer.
     Sidecar(sidecar::SidecarArgs),
+    // --- broker pool ---
+    /// Per-user broker worker; starts in the warm pool (`USER_ID=-1`).
+    BrokerWorker(broker::BrokerWorkerArgs),
+    /// Encrypted broker credentials in Redis.
+    #[command(subcommand)]
+    Credentials(broker::CredentialsCommand),
+    /// Makes sure a user has a worker: active, pool claim, or cold start.
+    Claim(broker::ClaimArgs),
+    /// Keeps the warm pool at its target size (one pass, or `--every 5m`).
+    PoolManager(broker::PoolManagerArgs),
+    /// Orphan / stale / duplicate sweep (one pass, or `--every 60s`).
+    Maintenance(broker::MaintenanceArgs),
 }
 
 /// Why a command failed, deciding the exit code.
@@ -85,6 +99,12 @@ async fn main() -> ExitCode {
         Command::Feed(args) => stream::feed(args).await,
         Command::StreamWorker(args) => stream::stream_worker(args).await,
         Command::Sidecar(args) => sidecar::sidecar(args).await,
+        // --- broker pool ---
+        Command::BrokerWorker(args) => broker::broker_worker(args).await,
+        Command::Credentials(command) => broker::credentials(command).await,
+        Command::Claim(args) => broker::claim(args).await,
+        Command::PoolManager(args) => broker::pool_manager(args).await,
+        Command::Maintenance(args) => broker::maintenance(args).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

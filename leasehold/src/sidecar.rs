@@ -155,10 +155,31 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
                 Arc::new(LogSink),
                 lease.keeper,
             );
+            // The pool and orphan gauges need the pool's Redis; without it the
+            // observer publishes the stream gauges only.
+            let redis = match lookup(config::REDIS_URL.name) {
+                Some(url) => {
+                    let client = redis::Client::open(url.as_str()).map_err(|err| {
+                        anyhow::anyhow!("REDIS_URL is not a Redis URL ({:?})", err.kind())
+                    })?;
+                    Some(
+                        redis::aio::ConnectionManager::new(client)
+                            .await
+                            .map_err(|err| {
+                                anyhow::anyhow!(
+                                    "cannot reach Redis for the pool gauges ({:?})",
+                                    err.kind()
+                                )
+                            })?,
+                    )
+                }
+                None => None,
+            };
             Some(ObserverConfig {
                 keeper,
                 clock,
                 interval: Duration::from_secs(15),
+                redis,
             })
         }
         _ => None,

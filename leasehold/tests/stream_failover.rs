@@ -7,7 +7,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Cluster, DISCOVERY_MS, LEASE_SECONDS, SKEW_MS, percentile, private_moto, serial};
+use leasehold_control::measure::percentile;
+use support::{Cluster, DISCOVERY_MS, LEASE_SECONDS, SKEW_MS, private_moto, serial};
 
 fn owned_by(owners: &std::collections::BTreeMap<String, String>, owner: &str) -> usize {
     owners.values().filter(|o| o.as_str() == owner).count()

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold_control::telemetry::{LossReason, TelemetryEvent};
+use leasehold_control::telemetry::{ClaimResult, LossReason, TelemetryEvent};
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 use metrics_util::MetricKindMask;
@@ -53,6 +53,26 @@ pub const SINK_WRITE_DURATION: &str = "leasehold_sink_write_duration_seconds";
 pub const TRANSPORT_ERRORS: &str = "leasehold_sidecar_transport_errors_total";
 /// Cluster gauge (observer only): `state` = owned, expired, unowned.
 pub const STREAMS: &str = "leasehold_streams";
+/// `result` = claimed, invalid, error.
+pub const POOL_CLAIMS: &str = "leasehold_pool_claims_total";
+/// Claim message to active worker.
+pub const POOL_CLAIM_DURATION: &str = "leasehold_pool_claim_duration_seconds";
+/// `result` = ok, error, invalid, duplicate.
+pub const BROKER_REQUESTS: &str = "leasehold_broker_requests_total";
+/// Request handling inside the worker.
+pub const BROKER_REQUEST_DURATION: &str = "leasehold_broker_request_duration_seconds";
+/// Broker connections reopened.
+pub const BROKER_RECONNECTS: &str = "leasehold_broker_reconnects_total";
+/// Extension: `queue` = claims, requests, control: invalid messages dead-lettered.
+pub const MESSAGES_DEAD_LETTERED: &str = "leasehold_messages_dead_lettered_total";
+/// Cluster gauge (observer only): `kind` = orphan_mark, orphan_task, stale_mark, duplicate_worker.
+pub const ORPHANS: &str = "leasehold_orphans";
+/// `kind`: anomalies the maintenance sweep resolved.
+pub const ORPHANS_RESOLVED: &str = "leasehold_orphans_resolved_total";
+/// Cluster gauge (observer only): `state` = idle, claimed.
+pub const POOL_WORKERS: &str = "leasehold_pool_workers";
+/// Extension, cluster gauge (observer only): claim messages waiting in `pool:claims`.
+pub const POOL_CLAIMS_PENDING: &str = "leasehold_pool_claims_pending";
 
 /// Round trips to DynamoDB or Redis: milliseconds to seconds.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -161,6 +181,27 @@ pub fn describe() {
         TRANSPORT_ERRORS,
         "Worker connections the sidecar closed, by reason."
     );
+    describe_counter!(POOL_CLAIMS, "Pool claims handled by result.");
+    describe_histogram!(
+        POOL_CLAIM_DURATION,
+        Unit::Seconds,
+        "Claim message enqueued to worker active."
+    );
+    describe_counter!(BROKER_REQUESTS, "Broker requests by result.");
+    describe_histogram!(
+        BROKER_REQUEST_DURATION,
+        Unit::Seconds,
+        "Broker request handling inside the worker."
+    );
+    describe_counter!(BROKER_RECONNECTS, "Broker connections reopened.");
+    describe_counter!(
+        MESSAGES_DEAD_LETTERED,
+        "Invalid messages moved to a dead-letter list, by queue."
+    );
+    describe_counter!(
+        ORPHANS_RESOLVED,
+        "Anomalies the maintenance sweep resolved, by kind."
+    );
 }
 
 /// Registers the cluster gauges' HELP text (observer recorder).
@@ -169,6 +210,31 @@ pub fn describe_cluster() {
         STREAMS,
         "Streams in the lease table by state (published by the observer sidecar only)."
     );
+    metrics::describe_gauge!(
+        ORPHANS,
+        "Anomalies in the latest maintenance report, by kind (observer only)."
+    );
+    metrics::describe_gauge!(
+        POOL_WORKERS,
+        "Broker workers by state, from Redis heartbeat marks (observer only)."
+    );
+    metrics::describe_gauge!(
+        POOL_CLAIMS_PENDING,
+        "Claim messages waiting in pool:claims (observer only)."
+    );
+}
+
+/// The bounded `queue` label for a dead-letter list key (keys hold user ids).
+fn queue_kind(queue: &str) -> &'static str {
+    if queue.starts_with(leasehold_control::keys::POOL_CLAIMS) {
+        "claims"
+    } else if queue.contains(":requests") {
+        "requests"
+    } else if queue.contains(":messages") {
+        "control"
+    } else {
+        "other"
+    }
 }
 
 /// Applies one event's metric updates (to the recorder in scope).
@@ -237,6 +303,36 @@ pub fn record(event: &TelemetryEvent) {
         }
         SinkWriteFailed { .. } => counter!(SINK_WRITES, "result" => "error").increment(1),
         EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
+        PoolClaim {
+            result, duration, ..
+        } => {
+            counter!(POOL_CLAIMS, "result" => result.as_str()).increment(1);
+            if *result == ClaimResult::Claimed {
+                histogram!(POOL_CLAIM_DURATION).record(duration.as_secs_f64());
+            }
+        }
+        BrokerRequest {
+            result, duration, ..
+        } => {
+            counter!(BROKER_REQUESTS, "result" => result.as_str()).increment(1);
+            histogram!(BROKER_REQUEST_DURATION).record(duration.as_secs_f64());
+        }
+        BrokerReconnect { .. } => counter!(BROKER_RECONNECTS).increment(1),
+        MessageDeadLettered { queue, .. } => {
+            counter!(MESSAGES_DEAD_LETTERED, "queue" => queue_kind(queue)).increment(1)
+        }
+        OrphanSweep {
+            resolved, dry_run, ..
+        } => {
+            if !dry_run {
+                for (kind, count) in resolved {
+                    counter!(ORPHANS_RESOLVED, "kind" => kind.as_str()).increment(*count);
+                }
+            }
+        }
+        // The cluster-wide pool and orphan gauges come from the observer (Redis),
+        // so every sidecar reports the same numbers and only one publishes them.
+        PoolWorkerState { .. } | PoolReconciled { .. } => {}
         // State-only events: the view turns them into gauges (connections, leases
         // held, worker up) on every upkeep.
         UpstreamConnected { .. }

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use leasehold_control::clock::Clock;
 use leasehold_control::keeper::LeaseKeeper;
+use leasehold_control::keys;
 use leasehold_control::lease::LeaseState;
 use leasehold_control::schema::OBSERVER_LEASE;
 use leasehold_control::store::list_all;
+use leasehold_control::telemetry::OrphanKind;
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
@@ -25,6 +27,8 @@ pub struct ObserverConfig {
     pub clock: Arc<dyn Clock>,
     /// How often the cluster gauges are refreshed.
     pub interval: Duration,
+    /// The pool's Redis, for the pool and orphan gauges (none: streams only).
+    pub redis: Option<redis::aio::ConnectionManager>,
 }
 
 /// Competes for the observer lease and publishes while holding it.
@@ -89,10 +93,85 @@ async fn publish(
             LeaseState::Unowned => unowned += 1,
         }
     }
+    let pool = match config.redis.clone() {
+        Some(redis) => match pool_view(redis).await {
+            Ok(pool) => Some(pool),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the pool state from Redis");
+                None
+            }
+        },
+        None => None,
+    };
     state.with_cluster_recorder(|| {
         for (label, count) in [("owned", owned), ("expired", expired), ("unowned", unowned)] {
             ::metrics::gauge!(metrics::STREAMS, "state" => label).set(count as f64);
         }
+        if let Some(pool) = &pool {
+            ::metrics::gauge!(metrics::POOL_WORKERS, "state" => "idle").set(pool.idle as f64);
+            ::metrics::gauge!(metrics::POOL_WORKERS, "state" => "claimed").set(pool.claimed as f64);
+            ::metrics::gauge!(metrics::POOL_CLAIMS_PENDING).set(pool.pending as f64);
+            for kind in OrphanKind::ALL {
+                let found = pool.orphans.get(kind.as_str()).copied().unwrap_or(0);
+                ::metrics::gauge!(metrics::ORPHANS, "kind" => kind.as_str()).set(found as f64);
+            }
+        }
     });
     Ok(())
+}
+
+/// The pool as Redis shows it.
+struct PoolView {
+    idle: u64,
+    claimed: u64,
+    pending: u64,
+    orphans: std::collections::BTreeMap<String, u64>,
+}
+
+/// Counts keys matching `pattern` with SCAN (never KEYS: the pool's Redis is shared).
+async fn count_keys(
+    redis: &mut redis::aio::ConnectionManager,
+    pattern: &str,
+) -> redis::RedisResult<u64> {
+    let mut cursor: u64 = 0;
+    let mut count = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(500)
+            .query_async(redis)
+            .await?;
+        count += keys.len() as u64;
+        if next == 0 {
+            return Ok(count);
+        }
+        cursor = next;
+    }
+}
+
+async fn pool_view(mut redis: redis::aio::ConnectionManager) -> redis::RedisResult<PoolView> {
+    let idle = count_keys(&mut redis, keys::POOL_WORKER_ACTIVE_PATTERN).await?;
+    let all = count_keys(&mut redis, keys::WORKER_ACTIVE_PATTERN).await?;
+    let pending: u64 = redis::cmd("LLEN")
+        .arg(keys::POOL_CLAIMS)
+        .query_async(&mut redis)
+        .await?;
+    let report: Option<String> = redis::cmd("GET")
+        .arg(keys::MAINTENANCE_LAST_REPORT)
+        .query_async(&mut redis)
+        .await?;
+    // The report is the maintenance sweep's JSON; only its `found` counts matter here.
+    let orphans = report
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|report| serde_json::from_value(report["found"].clone()).ok())
+        .unwrap_or_default();
+    Ok(PoolView {
+        idle,
+        claimed: all.saturating_sub(idle),
+        pending,
+        orphans,
+    })
 }

@@ -43,6 +43,18 @@ pub struct WorkerView {
     leases: BTreeMap<String, HeldLease>,
     lag: BTreeMap<String, StreamLag>,
     upstreams: BTreeMap<String, usize>,
+    pool: Option<PoolState>,
+}
+
+/// A broker worker's place in the pool, as last reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PoolState {
+    /// The worker's id.
+    pub worker_id: String,
+    /// `idle`, `claimed` or `stopped`.
+    pub state: String,
+    /// The user it serves once claimed.
+    pub user_id: Option<String>,
 }
 
 /// `/status` body.
@@ -68,6 +80,8 @@ pub struct Status {
     pub lag: BTreeMap<String, StreamLag>,
     /// Open upstream connections.
     pub websocket_connections: usize,
+    /// Pool/user state of a broker worker (null for stream workers).
+    pub pool: Option<PoolState>,
 }
 
 impl WorkerView {
@@ -84,6 +98,7 @@ impl WorkerView {
             leases: BTreeMap::new(),
             lag: BTreeMap::new(),
             upstreams: BTreeMap::new(),
+            pool: None,
         }
     }
 
@@ -173,6 +188,17 @@ impl WorkerView {
                 }
             }
             EventsDropped { count } => self.dropped += count,
+            PoolWorkerState {
+                worker_id,
+                state,
+                user_id,
+            } => {
+                self.pool = Some(PoolState {
+                    worker_id: worker_id.clone(),
+                    state: state.as_str().to_owned(),
+                    user_id: user_id.clone(),
+                });
+            }
             _ => {}
         }
     }
@@ -221,6 +247,7 @@ impl WorkerView {
             leases: self.leases.values().cloned().collect(),
             lag: self.lag.clone(),
             websocket_connections: self.websocket_connections(),
+            pool: self.pool.clone(),
         }
     }
 }

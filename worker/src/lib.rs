@@ -8,8 +8,12 @@
 //! - [`sink`]: fenced sinks (Redis Streams, in-memory) behind one trait.
 //! - [`stream`]: the stream worker: runners per held stream, discovery, fair
 //!   share, hand-back, drain.
+//! - [`broker`]: the per-user broker worker pool: protocol, credentials, paper
+//!   broker, connection cache, worker lifecycle, launchers, pool manager, sweep.
 
 pub mod feed;
 pub mod sink;
 pub mod stream;
 pub mod upstream;
+// --- broker pool ---
+pub mod broker;

@@ -361,4 +361,51 @@ impl Cluster {
     }
 }
 
-pub use leasehold_control::measure::percentile;
+// --- broker pool ---
+
+/// Runs `leasehold ARGS` to completion with exactly `envs` (plus PATH) and
+/// optional stdin; returns the exit status and everything it printed.
+pub fn run_leasehold(
+    args: &[&str],
+    envs: &[(String, String)],
+    stdin: Option<&str>,
+) -> (std::process::ExitStatus, String) {
+    use std::io::Write;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("spawn leasehold");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let output = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status, text)
+}
+
+/// Starts `leasehold ARGS` in the background with exactly `envs` (plus PATH).
+pub fn spawn_leasehold(name: &str, args: &[&str], envs: &[(String, String)]) -> Proc {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    Proc::spawn(name, command)
+}

@@ -1,0 +1,216 @@
+//! Broker pool figures (issue 4 targets): claim latency from LPUSH of the claim
+//! to `worker:active:{user_id}` being set; worker-side request handling with a
+//! zero-latency paper broker; resident memory of an idle pool worker process.
+//!
+//! Needs `LEASEHOLD_TEST_REDIS_URL` (scripts/bench.sh sets it).
+//! Run: `cargo bench -p leasehold --bench broker_pool`
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasehold_control::keys;
+use leasehold_control::telemetry::{RecordingSink, TelemetryEvent};
+use leasehold_worker::broker::connections::ConnectPolicy;
+use leasehold_worker::broker::credentials::{AesGcmCipher, CredentialsCipher};
+use leasehold_worker::broker::paper::{Broker, PaperBroker, PaperConfig};
+use leasehold_worker::broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerMetadata};
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+fn percentile(values: &mut [Duration], p: f64) -> Duration {
+    values.sort();
+    let rank = ((p / 100.0) * (values.len().saturating_sub(1)) as f64).round() as usize;
+    values[rank.min(values.len() - 1)]
+}
+
+fn config(worker_id: String, user_id: Option<String>) -> BrokerWorkerConfig {
+    BrokerWorkerConfig {
+        task_id: worker_id.clone(),
+        worker_id,
+        user_id,
+        heartbeat: Duration::from_secs(5),
+        mark_ttl: Duration::from_secs(30),
+        block: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(1800),
+        health_check: Duration::from_secs(60),
+        connect: ConnectPolicy::default(),
+        metadata: WorkerMetadata {
+            task_arn: "bench".into(),
+            instance_id: "bench".into(),
+            launched_at: 0,
+        },
+    }
+}
+
+async fn start(
+    url: &str,
+    key: &str,
+    worker_id: String,
+    user_id: Option<String>,
+    telemetry: RecordingSink,
+) -> CancellationToken {
+    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
+        "paper".to_owned(),
+        Arc::new(PaperBroker::new(PaperConfig::default())) as Arc<dyn Broker>,
+    )]);
+    let worker = BrokerWorker::connect(
+        config(worker_id, user_id),
+        url,
+        Arc::new(AesGcmCipher::from_base64_key(key).unwrap()),
+        brokers,
+        Arc::new(telemetry),
+    )
+    .await
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move { worker.run(token).await });
+    shutdown
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let Ok(base) = std::env::var("LEASEHOLD_TEST_REDIS_URL") else {
+        eprintln!("LEASEHOLD_TEST_REDIS_URL is not set (run scripts/bench.sh)");
+        return;
+    };
+    let url = format!("{}/15", base.trim_end_matches('/'));
+    let mut redis = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("FLUSHDB").query_async(&mut redis).await.unwrap();
+    let key = AesGcmCipher::generate_key();
+    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
+
+    // 1. Claim latency: LPUSH claim → worker:active:{user} exists (polled every 0.2 ms).
+    let mut claims = Vec::new();
+    let mut stops = Vec::new();
+    for round in 0..10 {
+        for i in 0..10 {
+            stops.push(
+                start(
+                    &url,
+                    &key,
+                    format!("bench-{round}-{i}"),
+                    None,
+                    RecordingSink::new(),
+                )
+                .await,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for i in 0..10 {
+            let user = format!("bench-user-{round}-{i}");
+            let blob = cipher
+                .encrypt(&user, br#"{"api_key": "k", "account_id": "A1"}"#)
+                .unwrap();
+            let claim = serde_json::json!({"user_id": user, "encrypted_credentials": blob, "claim_id": user, "enqueued_at": 0});
+            let started = Instant::now();
+            let _: () = redis
+                .lpush(keys::POOL_CLAIMS, claim.to_string())
+                .await
+                .unwrap();
+            loop {
+                let exists: bool = redis.exists(keys::worker_active(&user)).await.unwrap();
+                if exists {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            claims.push(started.elapsed());
+        }
+    }
+    for stop in stops.drain(..) {
+        stop.cancel();
+    }
+    println!(
+        "claim latency (LPUSH -> worker:active set, {} claims): p50 {:?} p99 {:?}",
+        claims.len(),
+        percentile(&mut claims, 50.0),
+        percentile(&mut claims, 99.0)
+    );
+
+    // 2. Worker-side request handling (BLPOP returned → response written), zero-latency paper broker.
+    let user = "bench-requests".to_owned();
+    let blob = cipher
+        .encrypt(&user, br#"{"api_key": "k", "account_id": "A1"}"#)
+        .unwrap();
+    let _: () = redis.set(keys::credentials(&user), blob).await.unwrap();
+    let telemetry = RecordingSink::new();
+    let stop = start(
+        &url,
+        &key,
+        "bench-req".into(),
+        Some(user.clone()),
+        telemetry.clone(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let total = 2000;
+    let started = Instant::now();
+    for n in 0..total {
+        let request_id = format!("bench-r-{n}");
+        let body = serde_json::json!({"request_id": request_id, "action": "place_order",
+            "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+            "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}});
+        let _: () = redis
+            .lpush(keys::user_requests(&user), body.to_string())
+            .await
+            .unwrap();
+        loop {
+            let exists: bool = redis.exists(keys::response(&request_id)).await.unwrap();
+            if exists {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    let mut handling: Vec<Duration> = telemetry
+        .snapshot()
+        .into_iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::BrokerRequest { duration, .. } => Some(duration),
+            _ => None,
+        })
+        .collect();
+    println!(
+        "request handling worker-side ({} requests, {:.0} req/s end to end): p50 {:?} p99 {:?}",
+        handling.len(),
+        total as f64 / elapsed.as_secs_f64(),
+        percentile(&mut handling, 50.0),
+        percentile(&mut handling, 99.0)
+    );
+
+    // 3. Idle pool worker RSS: the real binary, after it settled.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .arg("broker-worker")
+        .env("REDIS_URL", &url)
+        .env("CREDENTIALS_KEY", &key)
+        .env("LEASEHOLD_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or("VmRSS: ?")
+        .to_owned();
+    let _ = child.kill();
+    let _ = child.wait();
+    println!(
+        "idle pool worker ({}): {rss}",
+        if cfg!(debug_assertions) {
+            "debug build"
+        } else {
+            "release build"
+        }
+    );
+}

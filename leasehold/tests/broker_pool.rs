@@ -1,0 +1,310 @@
+//! The broker pool with real processes and the real `redis-server`: the
+//! `credentials put` → `pool-manager` → `claim` → request → `kill -9` →
+//! `maintenance` → refill cycle, duplicate workers, and a planted canary secret
+//! that must never appear in any process output. Each test has its own Redis
+//! database and pool group.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use leasehold_control::keys;
+use leasehold_control::testing::{redis_url, unique_name};
+use leasehold_worker::broker::credentials::AesGcmCipher;
+use leasehold_worker::broker::launcher::{LocalLauncher, TaskLauncher};
+use leasehold_worker::broker::protocol::MarkValue;
+use redis::AsyncCommands;
+use serde_json::Value;
+use support::{run_leasehold, serial, spawn_leasehold};
+
+const CANARY: &str = "CANARY-91c3-never-print-me";
+
+struct Pool {
+    envs: Vec<(String, String)>,
+    redis: redis::aio::MultiplexedConnection,
+    launcher: LocalLauncher,
+    output: Vec<String>,
+    log_dir: std::path::PathBuf,
+}
+
+impl Pool {
+    async fn new(db: u8) -> Option<Pool> {
+        let base = redis_url()?;
+        let url = format!("{}/{db}", base.trim_end_matches('/'));
+        let mut redis = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("FLUSHDB").query_async(&mut redis).await.unwrap();
+        let group = unique_name("g").chars().rev().take(30).collect::<String>();
+        let log_dir = std::env::temp_dir().join(unique_name("broker-logs"));
+        std::fs::create_dir_all(&log_dir).unwrap();
+        let envs = [
+            ("REDIS_URL", url.as_str()),
+            ("CREDENTIALS_KEY", &AesGcmCipher::generate_key()),
+            ("POOL_GROUP", &group),
+            ("POOL_TARGET_SIZE", "1"),
+            ("WORKER_HEARTBEAT_MS", "300"),
+            ("WORKER_MARK_TTL_SECONDS", "5"),
+            ("SWEEP_GRACE_SECONDS", "30"),
+            ("LEASEHOLD_LOG", "debug"),
+            ("LOCAL_WORKER_LOG_DIR", log_dir.to_str().unwrap()),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Some(Pool {
+            envs,
+            redis,
+            launcher: LocalLauncher {
+                program: env!("CARGO_BIN_EXE_leasehold").into(),
+                group,
+                log_dir: Some(log_dir.clone()),
+            },
+            output: Vec::new(),
+            log_dir,
+        })
+    }
+
+    fn run(&mut self, args: &[&str], stdin: Option<&str>) -> String {
+        let (status, output) = run_leasehold(args, &self.envs, stdin);
+        assert!(
+            status.success(),
+            "leasehold {args:?} failed: {status}\n{output}"
+        );
+        self.output.push(output.clone());
+        output
+    }
+
+    async fn wait_mark(&mut self, key: &str) -> MarkValue {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let value: Option<String> = self.redis.get(key).await.unwrap();
+            if let Some(mark) = value.and_then(|v| MarkValue::parse(&v)) {
+                return mark;
+            }
+            assert!(Instant::now() < deadline, "{key} never appeared");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn idle_marks(&mut self) -> Vec<String> {
+        leasehold_worker::broker::pool::scan_keys(&mut self.redis, keys::POOL_WORKER_ACTIVE_PATTERN)
+            .await
+            .unwrap()
+    }
+
+    async fn wait_idle(&mut self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.idle_marks().await.len() != count {
+            assert!(
+                Instant::now() < deadline,
+                "pool never reached {count} idle workers"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn round_trip(&mut self, user: &str) -> Value {
+        let request_id = unique_name("r");
+        let body = serde_json::json!({
+            "request_id": request_id, "action": "place_order",
+            "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+            "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+        });
+        let _: () = self
+            .redis
+            .lpush(keys::user_requests(user), body.to_string())
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let value: Option<String> = self.redis.get(keys::response(&request_id)).await.unwrap();
+            if let Some(value) = value {
+                return serde_json::from_str(&value).unwrap();
+            }
+            assert!(Instant::now() < deadline, "no response to {request_id}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Every worker's log.
+    fn worker_logs(&self) -> String {
+        std::fs::read_dir(&self.log_dir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    async fn stop_all(&self) {
+        self.kill_workers();
+    }
+
+    fn kill_workers(&self) {
+        use futures_util::FutureExt;
+        // The local launcher's list does no real waiting: it completes at once.
+        let tasks = self.launcher.list().now_or_never().and_then(Result::ok);
+        for task in tasks.unwrap_or_default() {
+            if let Some(pid) = task.task_id.strip_prefix("local-") {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", pid])
+                    .status();
+            }
+        }
+    }
+}
+
+impl Drop for Pool {
+    /// Also on a failed assertion: no worker outlives its test.
+    fn drop(&mut self) {
+        self.kill_workers();
+    }
+}
+
+/// The JSON report line `maintenance` prints on stdout (logs go to stderr).
+fn sweep_report(output: &str) -> Value {
+    let line = output
+        .lines()
+        .find(|l| l.starts_with(r#"{"at""#))
+        .unwrap_or_else(|| panic!("no report in:\n{output}"));
+    serde_json::from_str(line).unwrap()
+}
+
+fn pid_of(mark: &MarkValue) -> &str {
+    mark.task_id.strip_prefix("local-").expect("local task id")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_serve_crash_sweep_refill_without_leaking_the_secret() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(8).await else {
+        return;
+    };
+    let user = unique_name("u");
+    let credentials = format!(r#"{{"api_key": "{CANARY}", "account_id": "A1"}}"#);
+    let manager = spawn_leasehold(
+        "pool-manager",
+        &["pool-manager", "--every", "1h"],
+        &pool.envs,
+    );
+    async {
+        assert!(
+            pool.run(&["credentials", "put", &user], Some(&credentials))
+                .contains("stored")
+        );
+        pool.wait_idle(1).await;
+
+        assert!(pool.run(&["claim", &user], None).contains(": pool-claim"));
+        let claimed = pool.wait_mark(&keys::worker_active(&user)).await;
+        assert!(pool.run(&["claim", &user], None).contains(": active"));
+        let response = pool.round_trip(&user).await;
+        assert_eq!(response["status"], "ok", "{response}");
+
+        // The pool is empty now; one pass refills it.
+        assert!(pool.run(&["pool-manager"], None).contains("started 1"));
+        pool.wait_idle(1).await;
+
+        // kill -9 the claimed worker: its marks stay until the sweep (or the TTL).
+        std::process::Command::new("kill")
+            .args(["-KILL", pid_of(&claimed)])
+            .status()
+            .unwrap();
+        let report: Value = sweep_report(&pool.run(&["maintenance"], None));
+        assert_eq!(report["found"]["orphan_mark"], 1, "{report}");
+        assert_eq!(report["resolved"]["orphan_mark"], 1, "{report}");
+        let exists: bool = pool.redis.exists(keys::worker_active(&user)).await.unwrap();
+        assert!(!exists, "the orphan mark was not deleted");
+        let stored: String = pool.redis.get(keys::MAINTENANCE_LAST_REPORT).await.unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&stored).unwrap()["found"],
+            report["found"]
+        );
+
+        // The user gets a worker again from the refilled pool.
+        assert!(pool.run(&["claim", &user], None).contains(": pool-claim"));
+        let again = pool.wait_mark(&keys::worker_active(&user)).await;
+        assert_ne!(again.task_id, claimed.task_id);
+        assert_eq!(pool.round_trip(&user).await["status"], "ok");
+
+        // A dry run reports without acting.
+        let dry: Value = sweep_report(&pool.run(&["maintenance", "--dry-run"], None));
+        assert_eq!(dry["dry_run"], true);
+    }
+    .await;
+    pool.stop_all().await;
+    let mut everything = pool.output.join("\n");
+    everything.push_str(&manager.output());
+    everything.push_str(&pool.worker_logs());
+    assert!(
+        everything.contains("broker worker"),
+        "worker output was not captured:\n{everything}"
+    );
+    assert!(
+        !everything.contains(CANARY),
+        "the canary secret leaked:\n{everything}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_then_duplicate_worker_the_older_is_stopped() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(9).await else {
+        return;
+    };
+    pool.envs.retain(|(k, _)| k != "POOL_TARGET_SIZE");
+    pool.envs.push(("POOL_TARGET_SIZE".into(), "0".into()));
+    let user = unique_name("u");
+    pool.run(
+        &["credentials", "put", &user],
+        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+    );
+    // No pool worker: the claim cold-starts one for the user.
+    let out = pool.run(&["claim", &user], None);
+    assert!(out.contains(": cold-start local-"), "{out}");
+    let older = pool.wait_mark(&keys::worker_active(&user)).await;
+    // Force a second worker onto the same user.
+    let mut envs = pool.envs.clone();
+    envs.push(("USER_ID".into(), user.clone()));
+    envs.push((
+        leasehold_worker::broker::launcher::LOCAL_GROUP_VAR.into(),
+        pool.launcher.group.clone(),
+    ));
+    let newer_proc = spawn_leasehold("newer", &["broker-worker"], &envs);
+    let newer = format!("local-{}", newer_proc.pid());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report: Value = sweep_report(&pool.run(&["maintenance"], None));
+    assert_eq!(report["found"]["duplicate_worker"], 1, "{report}");
+    assert_eq!(
+        report["findings"][0]["stop_task"],
+        older.task_id.as_str(),
+        "{report}"
+    );
+    // The older exits on SIGTERM and deletes its mark; the newer takes the user.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mark = pool.wait_mark(&keys::worker_active(&user)).await;
+        if mark.task_id == newer {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the newer worker never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let running: Vec<String> = pool
+        .launcher
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.task_id)
+        .collect();
+    assert_eq!(running, vec![newer.clone()]);
+    assert_eq!(pool.round_trip(&user).await["status"], "ok");
+    pool.stop_all().await;
+    drop(newer_proc);
+}
