@@ -23,8 +23,6 @@ fn ecs_client(endpoint: &str) -> aws_sdk_ecs::Client {
 }
 
 #[tokio::test]
-#[ignore = "moto answers RunTask/DescribeTasks with a container `cpu` number where the ECS model \
-            has a string, which aws-sdk-ecs refuses (TypeMismatch); run against a fixed server"]
 async fn ecs_launcher_starts_lists_and_stops_tasks() {
     // moto serves the ECS API on the same endpoint as DynamoDB.
     let Some(endpoint) = dynamodb_endpoint() else {
@@ -48,8 +46,6 @@ async fn ecs_launcher_starts_lists_and_stops_tasks() {
             ContainerDefinition::builder()
                 .name("broker-worker")
                 .image("leasehold:latest")
-                // moto echoes container cpu/memory as numbers where the ECS model has
-                // strings (the SDK refuses them), so only a reservation is given.
                 .memory_reservation(512)
                 .command("broker-worker")
                 .build(),
