@@ -1,7 +1,8 @@
 //! One broker worker process: pool worker → claimed worker → exit (seed 002's
 //! lifecycle).
 //!
-//! - **Pool**: heartbeats `worker:active:-1:{worker_id}`, BLPOPs `pool:claims`.
+//! - **Pool**: heartbeats `worker:active:-1:{worker_id}`, BRPOPs `pool:claims`
+//!   (producers LPUSH, so claims are served oldest first).
 //! - **Claim**: decrypts the credentials for the claimed user, then one Lua script
 //!   sets `worker:active:{user_id}` only if no one holds it (exclusive), drops the
 //!   pool mark and writes the metadata hash, atomically.
@@ -244,17 +245,19 @@ impl Blocking {
         Ok((connection, id))
     }
 
-    /// BLPOP over `keys` (first non-empty wins); `stop` unblocks it early.
+    /// A blocking pop (`BLPOP` or `BRPOP`) over `keys` (first non-empty wins);
+    /// `stop` unblocks it early.
     async fn pop(
         &mut self,
         commands: &mut ConnectionManager,
+        pop_command: &'static str,
         keys: &[String],
         timeout: Duration,
         stop: &CancellationToken,
     ) -> redis::RedisResult<Option<(String, String)>> {
         let (mut connection, id) = self.connection().await?;
         let seconds = format!("{:.3}", timeout.as_secs_f64().max(0.01));
-        let mut command = redis::cmd("BLPOP");
+        let mut command = redis::cmd(pop_command);
         command.arg(keys).arg(seconds);
         let pop = command.query_async::<Option<(String, String)>>(&mut connection);
         tokio::pin!(pop);
@@ -440,9 +443,17 @@ impl BrokerWorker {
                 self.state(PoolWorkerStateKind::Stopped, None);
                 return Ok(Err(WorkerExit::Signal));
             }
+            // Producers LPUSH claims; BRPOP takes the oldest first, so claims are
+            // served in arrival order (the seed's SQS queue was FIFO-like).
             let popped = self
                 .blocking
-                .pop(&mut self.commands, &claims, self.config.block, shutdown)
+                .pop(
+                    &mut self.commands,
+                    "BRPOP",
+                    &claims,
+                    self.config.block,
+                    shutdown,
+                )
                 .await;
             let body = match popped {
                 Ok(Some((_, body))) => body,
@@ -454,8 +465,8 @@ impl BrokerWorker {
                 }
             };
             if shutdown.is_cancelled() {
-                // Popped while stopping: give it back to the next pool worker.
-                let _: redis::RedisResult<i64> = redis::cmd("LPUSH")
+                // Popped while stopping: give it back, first in line for the next pool worker.
+                let _: redis::RedisResult<i64> = redis::cmd("RPUSH")
                     .arg(keys::POOL_CLAIMS)
                     .arg(&body)
                     .query_async(&mut self.commands)
@@ -744,7 +755,7 @@ impl BrokerWorker {
             };
             let popped = self
                 .blocking
-                .pop(&mut self.commands, &lists, wait, stop)
+                .pop(&mut self.commands, "BLPOP", &lists, wait, stop)
                 .await;
             let (list, body) = match popped {
                 Ok(Some(popped)) => popped,
