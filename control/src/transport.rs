@@ -49,6 +49,7 @@ struct Shared {
     buffer: Mutex<Buffer>,
     capacity: usize,
     wake: Notify,
+    connected: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -85,11 +86,13 @@ impl BufferedShipper {
     pub fn start(config: ShipperConfig, shutdown: CancellationToken) -> Self {
         let shared = Arc::new(Shared {
             buffer: Mutex::new(Buffer {
-                events: VecDeque::with_capacity(config.capacity.min(65_536)),
+                // Grows on demand: an idle worker should not carry a full buffer.
+                events: VecDeque::new(),
                 dropped: 0,
             }),
             capacity: config.capacity.max(1),
             wake: Notify::new(),
+            connected: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(ship(shared.clone(), config, shutdown));
         BufferedShipper { shared }
@@ -98,6 +101,13 @@ impl BufferedShipper {
     /// Events dropped so far and not yet reported.
     pub fn pending_dropped(&self) -> u64 {
         self.shared.lock().dropped
+    }
+
+    /// A sidecar is connected right now (a flush is worth waiting for).
+    pub fn is_connected(&self) -> bool {
+        self.shared
+            .connected
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Events waiting to be shipped.
@@ -135,7 +145,14 @@ async fn ship(shared: Arc<Shared>, config: ShipperConfig, shutdown: Cancellation
             Ok(stream) => {
                 attempt = 0;
                 let mut frames = FramedWrite::new(stream, codec());
-                if let Err(err) = pump(&shared, &config, &mut frames, &shutdown).await {
+                shared
+                    .connected
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                let pumped = pump(&shared, &config, &mut frames, &shutdown).await;
+                shared
+                    .connected
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                if let Err(err) = pumped {
                     tracing::debug!(error = %err, "telemetry connection lost; reconnecting");
                 }
             }

@@ -11,6 +11,7 @@ use clap::{Args, Subcommand};
 use leasehold_control::config::{self, Problems};
 use leasehold_control::keys;
 use leasehold_control::telemetry::LogSink;
+use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_worker::broker::credentials::{Credentials, CredentialsCipher};
 use leasehold_worker::broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
 use leasehold_worker::broker::paper::{Broker, PaperBroker};
@@ -82,12 +83,26 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     )]);
     let shutdown = shutdown_on_signal();
     let worker_id = settings.worker.worker_id.clone();
+    // Telemetry goes to the task's sidecar; it outlives the worker loop so the
+    // last events (stopped, released) can still be shipped.
+    let telemetry_stop = tokio_util::sync::CancellationToken::new();
+    let telemetry = Arc::new(BufferedShipper::start(
+        ShipperConfig {
+            addr: lookup(config::TELEMETRY_ADDR.name)
+                .unwrap_or_else(|| config::TELEMETRY_ADDR.default.to_owned()),
+            capacity: 4096,
+            component: "broker-worker".into(),
+            owner_id: worker_id.clone(),
+            heartbeat: std::time::Duration::from_secs(1),
+        },
+        telemetry_stop.clone(),
+    ));
     let worker = BrokerWorker::connect(
         settings.worker,
         &settings.redis_url,
         Arc::new(settings.cipher),
         brokers,
-        Arc::new(LogSink),
+        telemetry.clone(),
     )
     .await
     .context("cannot start the broker worker")?;
@@ -102,6 +117,8 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
         WorkerExit::AlreadyServed => "user already served",
     };
     println!("broker worker {worker_id} stopped: {reason}");
+    crate::stream::flush_telemetry(&telemetry).await;
+    telemetry_stop.cancel();
     Ok(())
 }
 

@@ -204,9 +204,10 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
 
 /// Gives the shipper a moment to deliver the last events (bounded: the sidecar
 /// may be gone already).
-async fn flush_telemetry(shipper: &BufferedShipper) {
+pub(crate) async fn flush_telemetry(shipper: &BufferedShipper) {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
-    while shipper.buffered() > 0 && tokio::time::Instant::now() < deadline {
+    while shipper.is_connected() && shipper.buffered() > 0 && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
