@@ -158,9 +158,13 @@ impl Pool {
 }
 
 impl Drop for Pool {
-    /// Also on a failed assertion: no worker outlives its test.
+    /// Also on a failed assertion: no worker outlives its test. The worker logs
+    /// are kept only when the test failed (they explain it).
     fn drop(&mut self) {
         self.kill_workers();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.log_dir);
+        }
     }
 }
 
