@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_control::keys;
+use leasehold_control::measure::percentile;
 use leasehold_control::telemetry::{RecordingSink, TelemetryEvent};
 use leasehold_worker::broker::connections::ConnectPolicy;
 use leasehold_worker::broker::credentials::{AesGcmCipher, CredentialsCipher};
@@ -17,12 +18,6 @@ use leasehold_worker::broker::paper::{Broker, PaperBroker, PaperConfig};
 use leasehold_worker::broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerMetadata};
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
-
-fn percentile(values: &mut [Duration], p: f64) -> Duration {
-    values.sort();
-    let rank = ((p / 100.0) * (values.len().saturating_sub(1)) as f64).round() as usize;
-    values[rank.min(values.len() - 1)]
-}
 
 fn config(worker_id: String, user_id: Option<String>) -> BrokerWorkerConfig {
     BrokerWorkerConfig {

@@ -14,6 +14,7 @@ use leasehold_control::lease::LeaseState;
 use leasehold_control::schema::OBSERVER_LEASE;
 use leasehold_control::store::list_all;
 use leasehold_control::telemetry::OrphanKind;
+use leasehold_worker::broker::pool::scan_keys;
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
@@ -128,28 +129,12 @@ struct PoolView {
     orphans: std::collections::BTreeMap<String, u64>,
 }
 
-/// Counts keys matching `pattern` with SCAN (never KEYS: the pool's Redis is shared).
+/// Counts keys matching `pattern` (SCAN, never KEYS: the pool's Redis is shared).
 async fn count_keys(
     redis: &mut redis::aio::ConnectionManager,
     pattern: &str,
 ) -> redis::RedisResult<u64> {
-    let mut cursor: u64 = 0;
-    let mut count = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(500)
-            .query_async(redis)
-            .await?;
-        count += keys.len() as u64;
-        if next == 0 {
-            return Ok(count);
-        }
-        cursor = next;
-    }
+    Ok(scan_keys(redis, pattern).await?.len() as u64)
 }
 
 async fn pool_view(mut redis: redis::aio::ConnectionManager) -> redis::RedisResult<PoolView> {
