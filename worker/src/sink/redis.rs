@@ -25,7 +25,8 @@ local max_len = tonumber(ARGV[3])
 local accepted, duplicate = 0, 0
 for i = 4, #ARGV, 3 do
   local seq, id, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if redis.call('ZSCORE', KEYS[2], id) then
+  -- ZADD NX both checks and records the id: one command per event, not two.
+  if redis.call('ZADD', KEYS[2], 'NX', seq, id) == 0 then
     duplicate = duplicate + 1
   else
     if max_len > 0 then
@@ -35,7 +36,6 @@ for i = 4, #ARGV, 3 do
       redis.call('XADD', KEYS[3], '*',
         'seq', seq, 'event_id', id, 'fence_token', ARGV[1], 'payload', payload)
     end
-    redis.call('ZADD', KEYS[2], seq, id)
     accepted = accepted + 1
   end
 end
