@@ -255,6 +255,18 @@ pub fn every_event() -> Vec<crate::telemetry::TelemetryEvent> {
     ]
 }
 
+/// The repository root, read at run time: cargo sets `CARGO_MANIFEST_DIR` for
+/// the test or bench it runs. (Compile-time `env!` would bake in the path of
+/// whichever checkout built the binary, and checkouts share the target dir.)
+pub fn repo_root() -> std::path::PathBuf {
+    let manifest =
+        std::env::var("CARGO_MANIFEST_DIR").expect("run through cargo test or cargo bench");
+    std::path::Path::new(&manifest)
+        .parent()
+        .expect("every crate sits at the repository's top level")
+        .to_path_buf()
+}
+
 /// A name no other test in this run (or an earlier run against the same
 /// servers) uses: tables, stream ids, Redis keys.
 pub fn unique_name(prefix: &str) -> String {

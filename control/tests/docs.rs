@@ -6,7 +6,7 @@ use leasehold_control::config;
 #[test]
 fn readme_documents_every_environment_variable() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        std::fs::read_to_string(leasehold_control::testing::repo_root().join("README.md")).unwrap();
     let table_rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `")).collect();
     for var in config::ALL {
         let row = table_rows

@@ -40,7 +40,7 @@ const PROMETHEUS_OWN: &[&str] = &["up", "ALERTS", "ALERTS_FOR_STATE"];
 const RUNBOOK_BASE_MARKER: &str = "RUNBOOK_BASE_URL=";
 
 fn alerts_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../alerts")
+    leasehold_control::testing::repo_root().join("alerts")
 }
 
 fn read(path: &Path) -> String {

@@ -139,7 +139,7 @@ pub fn private_moto() -> (Proc, String) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/moto_serialized.py");
+    let script = leasehold_control::testing::repo_root().join("scripts/moto_serialized.py");
     let mut command = Command::new(python);
     command.arg(script).arg(port.to_string());
     let proc = Proc::spawn("moto", command);
