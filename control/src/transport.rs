@@ -80,6 +80,20 @@ pub struct ShipperConfig {
     pub heartbeat: Duration,
 }
 
+impl ShipperConfig {
+    /// Defaults for a worker: `TELEMETRY_BUFFER`'s default capacity and a heartbeat
+    /// every second (well inside `WORKER_SILENCE_MS`).
+    pub fn new(addr: impl Into<String>, component: &str, owner_id: &str) -> Self {
+        ShipperConfig {
+            addr: addr.into(),
+            capacity: 65_536,
+            component: component.to_owned(),
+            owner_id: owner_id.to_owned(),
+            heartbeat: Duration::from_secs(1),
+        }
+    }
+}
+
 impl BufferedShipper {
     /// Starts the background shipping task; it stops when `shutdown` is cancelled
     /// (after a best-effort flush).
@@ -237,11 +251,8 @@ mod tests {
 
     fn config(addr: String, capacity: usize) -> ShipperConfig {
         ShipperConfig {
-            addr,
             capacity,
-            component: "test".into(),
-            owner_id: "w1".into(),
-            heartbeat: Duration::from_secs(1),
+            ..ShipperConfig::new(addr, "test", "w1")
         }
     }
 

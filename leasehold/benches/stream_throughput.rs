@@ -191,13 +191,7 @@ async fn into_memory_with_sidecar(url: &str, stream: &str, events: u64) -> f64 {
     .await
     .expect("sidecar");
     let shipper = Arc::new(BufferedShipper::start(
-        ShipperConfig {
-            addr: sidecar.telemetry_addr.to_string(),
-            capacity: 65_536,
-            component: "stream-worker".into(),
-            owner_id: "bench".into(),
-            heartbeat: Duration::from_secs(1),
-        },
+        ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "bench"),
         shutdown.clone(),
     ));
     let sink = Arc::new(MemorySink::new(SinkOptions::default()));

@@ -88,12 +88,16 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let telemetry_stop = tokio_util::sync::CancellationToken::new();
     let telemetry = Arc::new(BufferedShipper::start(
         ShipperConfig {
-            addr: lookup(config::TELEMETRY_ADDR.name)
-                .unwrap_or_else(|| config::TELEMETRY_ADDR.default.to_owned()),
-            capacity: 4096,
-            component: "broker-worker".into(),
-            owner_id: worker_id.clone(),
-            heartbeat: std::time::Duration::from_secs(1),
+            capacity: lookup(config::TELEMETRY_BUFFER.name)
+                .and_then(|raw| raw.parse().ok())
+                .filter(|capacity: &usize| *capacity > 0)
+                .unwrap_or(65_536),
+            ..ShipperConfig::new(
+                lookup(config::TELEMETRY_ADDR.name)
+                    .unwrap_or_else(|| config::TELEMETRY_ADDR.default.to_owned()),
+                "broker-worker",
+                &worker_id,
+            )
         },
         telemetry_stop.clone(),
     ));

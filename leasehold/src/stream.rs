@@ -156,11 +156,12 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     let telemetry_stop = CancellationToken::new();
     let telemetry = Arc::new(BufferedShipper::start(
         ShipperConfig {
-            addr: settings.telemetry_addr.clone(),
             capacity: settings.telemetry_buffer,
-            component: "stream-worker".into(),
-            owner_id: settings.lease.keeper.owner_id.clone(),
-            heartbeat: Duration::from_secs(1),
+            ..ShipperConfig::new(
+                settings.telemetry_addr.clone(),
+                "stream-worker",
+                &settings.lease.keeper.owner_id,
+            )
         },
         telemetry_stop.clone(),
     ));

@@ -48,13 +48,7 @@ fn main() {
     let mix = every_event();
     let (cpu, sent) = source_runtime.block_on(async {
         let shipper = BufferedShipper::start(
-            ShipperConfig {
-                addr: telemetry_addr,
-                capacity: 1 << 16,
-                component: "bench".into(),
-                owner_id: "bench".into(),
-                heartbeat: Duration::from_secs(1),
-            },
+            ShipperConfig::new(telemetry_addr, "bench", "bench"),
             shutdown.clone(),
         );
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -467,11 +467,8 @@ async fn every_metric_the_alerts_use_is_exported() {
     .unwrap();
     let shipper = BufferedShipper::start(
         ShipperConfig {
-            addr: sidecar.telemetry_addr.to_string(),
-            capacity: 1000,
-            component: "stream-worker".into(),
-            owner_id: "w1".into(),
             heartbeat: Duration::from_millis(200),
+            ..ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "w1")
         },
         shutdown.clone(),
     );

@@ -54,11 +54,8 @@ async fn prometheus_scrapes_the_contract_series() {
     .unwrap();
     let shipper = BufferedShipper::start(
         ShipperConfig {
-            addr: sidecar.telemetry_addr.to_string(),
-            capacity: 100,
-            component: "stream-worker".into(),
-            owner_id: "w1".into(),
             heartbeat: Duration::from_millis(200),
+            ..ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "w1")
         },
         shutdown.clone(),
     );

@@ -32,11 +32,8 @@ fn config(observer: Option<ObserverConfig>) -> SidecarConfig {
 fn shipper(sidecar: &Sidecar, shutdown: CancellationToken) -> BufferedShipper {
     BufferedShipper::start(
         ShipperConfig {
-            addr: sidecar.telemetry_addr.to_string(),
-            capacity: 1000,
-            component: "stream-worker".into(),
-            owner_id: "w1".into(),
             heartbeat: Duration::from_millis(200),
+            ..ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "w1")
         },
         shutdown,
     )
