@@ -55,10 +55,10 @@ end
 return 0
 "#;
 
-/// KEYS: user mark, metadata. ARGV: worker id, mark value, ttl, task_arn,
-/// instance_id, launched_at. 1 = refreshed, 0 = another worker holds the user.
-/// A mark that expired (Redis was unreachable for a while) is taken back.
-const HEARTBEAT: &str = r#"
+/// Lua prefix shared by the scripts that touch a user's mark: returns 0 unless
+/// the mark at KEYS[1] is absent or belongs to worker ARGV[1]. One definition
+/// of "this worker holds the user", so refresh and release cannot disagree.
+const UNLESS_MARK_IS_MINE: &str = r#"
 local current = redis.call('GET', KEYS[1])
 if current then
   local ok, mark = pcall(cjson.decode, current)
@@ -66,6 +66,12 @@ if current then
     return 0
   end
 end
+"#;
+
+/// KEYS: user mark, metadata. ARGV: worker id, mark value, ttl, task_arn,
+/// instance_id, launched_at. 1 = refreshed, 0 = another worker holds the user.
+/// A mark that expired (Redis was unreachable for a while) is taken back.
+const HEARTBEAT: &str = r#"
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 redis.call('HSET', KEYS[2], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
@@ -75,16 +81,14 @@ return 1
 /// KEYS: user mark, metadata. ARGV: worker id. Deletes both unless another
 /// worker holds the user.
 const RELEASE: &str = r#"
-local current = redis.call('GET', KEYS[1])
-if current then
-  local ok, mark = pcall(cjson.decode, current)
-  if not ok or type(mark) ~= 'table' or mark['worker_id'] ~= ARGV[1] then
-    return 0
-  end
-end
 redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;
+
+/// A mark script behind the ownership guard.
+fn guarded(body: &str) -> String {
+    format!("{UNLESS_MARK_IS_MINE}{body}")
+}
 
 /// Where the worker runs, for `worker:metadata:{user_id}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -411,7 +415,7 @@ impl BrokerWorker {
         forward.stop().await;
         heartbeat.stop().await;
         cache.close_all("shutdown").await;
-        let released: redis::RedisResult<i64> = redis::Script::new(RELEASE)
+        let released: redis::RedisResult<i64> = redis::Script::new(&guarded(RELEASE))
             .key(keys::worker_active(&user_id))
             .key(keys::worker_metadata(&user_id))
             .arg(&self.config.worker_id)
@@ -682,7 +686,7 @@ impl BrokerWorker {
         let ttl = self.config.mark_ttl.as_secs().max(1);
         let template = self.mark(&user_id);
         let metadata = self.config.metadata.clone();
-        let script = redis::Script::new(HEARTBEAT);
+        let script = redis::Script::new(&guarded(HEARTBEAT));
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await; // the claim just wrote the mark
