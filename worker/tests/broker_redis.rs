@@ -59,6 +59,12 @@ impl Env {
         self.cipher.encrypt(user, plaintext.as_bytes()).unwrap()
     }
 
+    /// Stores credentials for `user` (API key `api_key`), the cold-start way.
+    async fn put_credentials(&mut self, user: &str, api_key: &str) {
+        let blob = self.blob(user, api_key);
+        let _: () = self.redis.set(keys::credentials(user), blob).await.unwrap();
+    }
+
     async fn start(&self, user_id: Option<&str>) -> Running {
         let worker_id = unique_name("w");
         let telemetry = RecordingSink::new();
@@ -372,11 +378,7 @@ async fn invalid_messages_are_dead_lettered_answered_and_never_fatal() {
 async fn reload_credentials_reconnects_and_shutdown_exits() {
     let Some(mut env) = env(3).await else { return };
     let user = unique_name("u");
-    let _: () = env
-        .redis
-        .set(keys::credentials(&user), env.blob(&user, "key-one"))
-        .await
-        .unwrap();
+    env.put_credentials(&user, "key-one").await;
     let worker = env.start(Some(&user)).await;
     env.wait_key(&keys::worker_active(&user)).await;
     assert_eq!(
@@ -387,11 +389,7 @@ async fn reload_credentials_reconnects_and_shutdown_exits() {
         env.request(&user, &unique_name("r")).await["result"]["connection"],
         1
     );
-    let _: () = env
-        .redis
-        .set(keys::credentials(&user), env.blob(&user, "key-two"))
-        .await
-        .unwrap();
+    env.put_credentials(&user, "key-two").await;
     let _: () = env
         .redis
         .lpush(
@@ -425,11 +423,7 @@ async fn reload_credentials_reconnects_and_shutdown_exits() {
 async fn heartbeat_keeps_the_mark_and_a_dead_worker_expires_with_the_ttl() {
     let Some(mut env) = env(4).await else { return };
     let user = unique_name("u");
-    let _: () = env
-        .redis
-        .set(keys::credentials(&user), env.blob(&user, "k"))
-        .await
-        .unwrap();
+    env.put_credentials(&user, "k").await;
     let worker = env.start(Some(&user)).await;
     env.wait_key(&keys::worker_active(&user)).await;
     // Three TTLs later the mark is still there, always with a TTL of at most 2 s.
@@ -464,11 +458,7 @@ async fn heartbeat_keeps_the_mark_and_a_dead_worker_expires_with_the_ttl() {
 async fn a_user_with_a_worker_is_never_claimed_twice_and_a_displaced_worker_stops() {
     let Some(mut env) = env(5).await else { return };
     let user = unique_name("u");
-    let _: () = env
-        .redis
-        .set(keys::credentials(&user), env.blob(&user, "k"))
-        .await
-        .unwrap();
+    env.put_credentials(&user, "k").await;
     let first = env.start(Some(&user)).await;
     let mark = env.wait_key(&keys::worker_active(&user)).await;
     let pool = env.start(None).await;
