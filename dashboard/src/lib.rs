@@ -1,3 +1,122 @@
-//! The cluster dashboard (axum + askama): ownership, fence tokens, lag, pool state.
+//! The cluster dashboard (axum + askama): who owns which stream with which
+//! fence token, what is behind, what the warm pool looks like and what the
+//! sweeper found, as server-rendered pages and a JSON API.
 //!
-//! Not built yet; tracked by its own issue.
+//! Module map:
+//! - [`cluster`]: the collector that reads every source into one snapshot.
+//! - [`streams`]: lease → row, state badges, the Burrow-style verdict.
+//! - [`changes`]: the ownership-change timeline from consecutive scans.
+//! - [`pool`]: the warm pool and the sweeper's report from the pool's keys.
+//! - [`sidecars`]: sidecar discovery (DNS) and `/status` polling.
+//! - [`table`]: columns and cells shared by the pages and the refresh script.
+//! - [`pages`]: queries, views and templates.
+//! - [`http`]: the router, bearer-token check and security headers.
+//! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
+
+pub mod changes;
+pub mod cluster;
+pub mod http;
+pub mod pages;
+pub mod pool;
+pub mod sidecars;
+pub mod streams;
+pub mod table;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use crate::cluster::{Collector, CollectorSettings, Sources};
+pub use crate::http::{DashboardState, app};
+
+/// How the dashboard runs.
+pub struct DashboardConfig {
+    /// Listen address (`DASHBOARD_LISTEN`; loopback unless told otherwise).
+    pub listen: SocketAddr,
+    /// Bearer token (`DASHBOARD_TOKEN`), if the dashboard is protected.
+    pub token: Option<String>,
+    /// Where the data comes from.
+    pub sources: Sources,
+    /// Refresh period and thresholds.
+    pub settings: CollectorSettings,
+    /// Wall clock.
+    pub clock: Arc<dyn leasehold_control::clock::Clock>,
+}
+
+/// Why the dashboard could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DashboardError {
+    /// The listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A running dashboard.
+pub struct Dashboard {
+    /// Bound address.
+    pub addr: SocketAddr,
+    /// The collector (tests and `dev` may refresh it directly).
+    pub collector: Arc<Collector>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Dashboard {
+    /// Binds, takes a first snapshot, and serves until `shutdown`.
+    pub async fn start(
+        config: DashboardConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Dashboard, DashboardError> {
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| DashboardError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| DashboardError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let collector = Arc::new(Collector::new(
+            config.sources,
+            config.settings,
+            config.clock,
+        ));
+        let router = app(Arc::new(DashboardState {
+            collector: collector.clone(),
+            token: config.token,
+        }));
+        let mut tasks = vec![tokio::spawn(collector.clone().run(shutdown.clone()))];
+        tasks.push(tokio::spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await;
+            if let Err(err) = served {
+                tracing::error!(error = %err, "dashboard HTTP server failed");
+            }
+        }));
+        Ok(Dashboard {
+            addr,
+            collector,
+            tasks,
+        })
+    }
+
+    /// Waits for the server and the collector to stop (after shutdown).
+    pub async fn finished(self) {
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}

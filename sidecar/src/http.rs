@@ -43,8 +43,8 @@ async fn status(State(state): State<Arc<SidecarState>>) -> Json<SidecarStatus> {
     })
 }
 
-/// `/status` body.
-#[derive(Debug, serde::Serialize)]
+/// `/status` body; the dashboard deserializes it with this same type.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SidecarStatus {
     /// What the sidecar knows about its worker.
     #[serde(flatten)]

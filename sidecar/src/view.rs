@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use leasehold_control::schema::RESERVED_PREFIX;
 use leasehold_control::telemetry::TelemetryEvent;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 /// A lease the worker holds, as last reported.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldLease {
     /// Stream (or reserved record) held.
     pub stream_id: String,
@@ -22,7 +22,7 @@ pub struct HeldLease {
 }
 
 /// Lag of one stream, as last reported.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StreamLag {
     /// Received minus persisted.
     pub lag_events: u64,
@@ -47,7 +47,7 @@ pub struct WorkerView {
 }
 
 /// A broker worker's place in the pool, as last reported.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolState {
     /// The worker's id.
     pub worker_id: String,
@@ -57,8 +57,8 @@ pub struct PoolState {
     pub user_id: Option<String>,
 }
 
-/// `/status` body.
-#[derive(Debug, Clone, Serialize)]
+/// `/status` body (the dashboard reads it back with the same type).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
     /// `stream-worker`, `broker-worker`, or null before the first heartbeat.
     pub component: Option<String>,

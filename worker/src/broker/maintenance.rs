@@ -20,7 +20,7 @@ use leasehold_control::clock::unix_ms;
 use leasehold_control::keys;
 use leasehold_control::telemetry::{OrphanKind, TelemetryEvent, TelemetrySink};
 use redis::aio::ConnectionManager;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::launcher::{RunningTask, TaskLauncher};
 use super::pool::{PoolError, scan_keys};
@@ -40,7 +40,7 @@ pub struct Mark {
 }
 
 /// What to do about one anomaly.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
     /// Which anomaly.
     pub kind: OrphanKind,
@@ -163,8 +163,8 @@ pub fn classify(
     findings
 }
 
-/// The JSON written to `maintenance:last_report`.
-#[derive(Debug, Clone, Serialize)]
+/// The JSON written to `maintenance:last_report` (read back by the dashboard).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SweepReport {
     /// Sweep time, unix ms.
     pub at: u64,
@@ -174,10 +174,10 @@ pub struct SweepReport {
     pub marks: usize,
     /// Tasks listed.
     pub tasks: usize,
-    /// Anomalies found, by kind.
-    pub found: BTreeMap<&'static str, u64>,
+    /// Anomalies found, by kind (every kind present, zero included).
+    pub found: BTreeMap<OrphanKind, u64>,
     /// Anomalies resolved, by kind.
-    pub resolved: BTreeMap<&'static str, u64>,
+    pub resolved: BTreeMap<OrphanKind, u64>,
     /// Every finding.
     pub findings: Vec<Finding>,
     /// Resolution failures (no secrets: Redis and launcher errors only).
@@ -248,14 +248,10 @@ pub async fn sweep(
     let marks = read_marks(redis).await?;
     let now = u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0);
     let findings = classify(&marks, &tasks, now, config);
-    let mut found: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut resolved: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for kind in OrphanKind::ALL {
-        found.insert(kind.as_str(), 0);
-        resolved.insert(kind.as_str(), 0);
-    }
+    let mut found: BTreeMap<OrphanKind, u64> = OrphanKind::ALL.iter().map(|k| (*k, 0)).collect();
+    let mut resolved = found.clone();
     for finding in &findings {
-        *found.entry(finding.kind.as_str()).or_default() += 1;
+        *found.entry(finding.kind).or_default() += 1;
     }
     let mut errors = Vec::new();
     if !config.dry_run {
@@ -275,17 +271,12 @@ pub async fn sweep(
             .await;
         for (kind, result) in results.into_iter().flatten() {
             match result {
-                Ok(()) => *resolved.entry(kind.as_str()).or_default() += 1,
+                Ok(()) => *resolved.entry(kind).or_default() += 1,
                 Err(err) => errors.push(err),
             }
         }
     }
-    let counts = |map: &BTreeMap<&'static str, u64>| {
-        OrphanKind::ALL
-            .iter()
-            .map(|kind| (*kind, map.get(kind.as_str()).copied().unwrap_or(0)))
-            .collect::<Vec<_>>()
-    };
+    let counts = |map: &BTreeMap<OrphanKind, u64>| map.iter().map(|(k, n)| (*k, *n)).collect();
     telemetry.emit(TelemetryEvent::OrphanSweep {
         found: counts(&found),
         resolved: counts(&resolved),

@@ -1,0 +1,236 @@
+//! The ownership-change timeline, kept by the dashboard from what it observes.
+//!
+//! The lease table only holds the present (plus one step of history in
+//! `previous_owner` / `previous_expires_at`), so the dashboard compares each
+//! scan with the previous one and records what changed. A change that happened
+//! and was undone between two scans shows as one step with `missed` > 0: the
+//! fence token says how many acquisitions there were.
+
+use std::collections::{HashMap, VecDeque};
+
+use leasehold_control::lease::Lease;
+use serde::Serialize;
+
+/// What kind of ownership change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// A stream nobody had held got its first owner.
+    Acquired,
+    /// An expired lease was taken over (a crash or a frozen owner).
+    Takeover,
+    /// A released lease was acquired again (a graceful hand-off).
+    Handoff,
+    /// The owner gave the lease back (drain).
+    Released,
+}
+
+impl ChangeKind {
+    /// The label in JSON and CSS classes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Acquired => "acquired",
+            ChangeKind::Takeover => "takeover",
+            ChangeKind::Handoff => "handoff",
+            ChangeKind::Released => "released",
+        }
+    }
+}
+
+/// One entry of the timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Change {
+    /// When it happened (from the record when it says, else when observed), unix ms.
+    pub at_ms: i64,
+    /// Stream concerned.
+    pub stream_id: String,
+    /// What happened.
+    pub kind: ChangeKind,
+    /// Holder before.
+    pub old_owner: Option<String>,
+    /// Holder after (none for a release).
+    pub new_owner: Option<String>,
+    /// Fence token after the change.
+    pub fence_token: u64,
+    /// Time the stream had no valid owner before this acquire, seconds.
+    pub gap_seconds: Option<f64>,
+    /// Acquisitions between two scans that were not seen one by one.
+    pub missed: u64,
+}
+
+/// The timeline and the last observation it compares against.
+#[derive(Debug)]
+pub struct ChangeLog {
+    capacity: usize,
+    entries: VecDeque<Change>,
+    seen: HashMap<String, (Option<String>, u64)>,
+    primed: bool,
+}
+
+impl ChangeLog {
+    /// A timeline keeping the newest `capacity` changes.
+    pub fn new(capacity: usize) -> Self {
+        ChangeLog {
+            capacity: capacity.max(1),
+            entries: VecDeque::new(),
+            seen: HashMap::new(),
+            primed: false,
+        }
+    }
+
+    /// Compares one full scan with the previous one. The first scan is only a
+    /// baseline: the dashboard did not see those changes happen.
+    pub fn observe<'a>(&mut self, leases: impl IntoIterator<Item = &'a Lease>, now_ms: i64) {
+        let mut next = HashMap::with_capacity(self.seen.len());
+        for lease in leases {
+            let current = (lease.owner_id.clone(), lease.fence_token);
+            if self.primed {
+                let before = self.seen.get(&lease.stream_id);
+                if let Some(change) = compare(lease, before, now_ms) {
+                    self.push(change);
+                }
+            }
+            next.insert(lease.stream_id.clone(), current);
+        }
+        self.seen = next;
+        self.primed = true;
+    }
+
+    fn push(&mut self, change: Change) {
+        if self.entries.len() == self.capacity {
+            self.entries.pop_back();
+        }
+        self.entries.push_front(change);
+    }
+
+    /// Newest first, at most `limit`.
+    pub fn recent(&self, limit: usize) -> Vec<Change> {
+        self.entries.iter().take(limit).cloned().collect()
+    }
+}
+
+fn compare(lease: &Lease, before: Option<&(Option<String>, u64)>, now_ms: i64) -> Option<Change> {
+    let (old_owner, old_token) = match before {
+        Some((owner, token)) => (owner.clone(), *token),
+        None => (None, 0),
+    };
+    if lease.fence_token > old_token && lease.owner_id.is_some() {
+        // The stores write "" for "no previous owner".
+        let previous = lease
+            .previous_owner
+            .clone()
+            .filter(|owner| !owner.is_empty())
+            .or(old_owner);
+        let kind = match (lease.previous_expires_at, &previous) {
+            (_, None) => ChangeKind::Acquired,
+            (_, Some(owner)) if Some(owner) == lease.owner_id.as_ref() => ChangeKind::Acquired,
+            (Some(0), Some(_)) => ChangeKind::Handoff,
+            (_, Some(_)) => ChangeKind::Takeover,
+        };
+        return Some(Change {
+            at_ms: lease.acquired_at.unwrap_or(now_ms),
+            stream_id: lease.stream_id.clone(),
+            kind,
+            old_owner: previous,
+            new_owner: lease.owner_id.clone(),
+            fence_token: lease.fence_token,
+            gap_seconds: lease.takeover_gap_ms().map(|ms| ms as f64 / 1000.0),
+            missed: lease.fence_token - old_token - 1,
+        });
+    }
+    if lease.owner_id.is_none() && old_owner.is_some() {
+        return Some(Change {
+            at_ms: lease.released_at.unwrap_or(now_ms),
+            stream_id: lease.stream_id.clone(),
+            kind: ChangeKind::Released,
+            old_owner,
+            new_owner: None,
+            fence_token: lease.fence_token,
+            gap_seconds: None,
+            missed: lease.fence_token.saturating_sub(old_token),
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(stream: &str, owner: &str, token: u64) -> Lease {
+        let mut lease = Lease::unowned(stream);
+        lease.owner_id = Some(owner.into());
+        lease.fence_token = token;
+        lease.acquired_at = Some(10_000 + token as i64);
+        lease
+    }
+
+    #[test]
+    fn the_first_scan_is_a_baseline() {
+        let mut log = ChangeLog::new(10);
+        log.observe(&[held("a", "w1", 4)], 1);
+        assert!(log.recent(10).is_empty());
+    }
+
+    #[test]
+    fn takeover_release_and_handoff_are_told_apart() {
+        let mut log = ChangeLog::new(10);
+        log.observe(&[held("a", "w1", 1), held("b", "w1", 1)], 1);
+
+        let mut taken = held("a", "w2", 2);
+        taken.previous_owner = Some("w1".into());
+        taken.previous_expires_at = Some(9_000);
+        let mut released = Lease::unowned("b");
+        released.fence_token = 1;
+        released.released_at = Some(11_000);
+        log.observe(&[taken.clone(), released], 2);
+
+        let mut handed = held("b", "w3", 2);
+        handed.previous_owner = Some("w1".into());
+        handed.previous_expires_at = Some(0);
+        handed.released_at = Some(11_000);
+        log.observe(&[taken, handed], 3);
+
+        let recent = log.recent(10);
+        let kinds: Vec<_> = recent
+            .iter()
+            .map(|c| (c.stream_id.as_str(), c.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("b", ChangeKind::Handoff),
+                ("b", ChangeKind::Released),
+                ("a", ChangeKind::Takeover)
+            ]
+        );
+        let takeover = &recent[2];
+        assert_eq!(takeover.old_owner.as_deref(), Some("w1"));
+        assert_eq!(takeover.new_owner.as_deref(), Some("w2"));
+        assert_eq!(takeover.gap_seconds, Some((10_002.0 - 9_000.0) / 1000.0));
+        assert_eq!(recent[1].at_ms, 11_000);
+    }
+
+    #[test]
+    fn skipped_acquisitions_are_counted_and_capacity_holds() {
+        let mut log = ChangeLog::new(2);
+        log.observe(&[held("a", "w1", 1)], 1);
+        log.observe(&[held("a", "w2", 5)], 2);
+        assert_eq!(log.recent(1)[0].missed, 3);
+        log.observe(&[held("a", "w1", 6)], 3);
+        log.observe(&[held("a", "w2", 7)], 4);
+        let recent = log.recent(10);
+        assert_eq!(recent.len(), 2);
+        assert_eq!(recent[0].fence_token, 7);
+    }
+
+    #[test]
+    fn renewals_are_not_changes() {
+        let mut log = ChangeLog::new(10);
+        log.observe(&[held("a", "w1", 1)], 1);
+        let mut renewed = held("a", "w1", 1);
+        renewed.lease_expires_at = 99_999;
+        log.observe(&[renewed], 2);
+        assert!(log.recent(10).is_empty());
+    }
+}

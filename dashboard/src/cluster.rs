@@ -1,0 +1,429 @@
+//! The cluster picture: one immutable snapshot per refresh, built from the
+//! three sources (lease table, pool key space, sidecars) by one collector task.
+//!
+//! Pages and the JSON API only read the latest snapshot, so a slow or dead
+//! source never slows a page down, and a page with 10,000 streams costs one
+//! render, not one table scan. A source that fails keeps its last good data,
+//! marked with the error and its age, while the others keep updating.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use leasehold_control::clock::Clock;
+use leasehold_control::lease::{Lease, LeaseState};
+use leasehold_control::schema::{RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
+use leasehold_control::store::{LeaseStore, list_all};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::changes::{Change, ChangeLog};
+use crate::pool::{AnomalyView, PoolReader, PoolView, read_anomalies, read_pool};
+use crate::sidecars::{SidecarReport, SidecarTarget, poll};
+use crate::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
+
+/// Health of one data source.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceHealth {
+    /// `lease table`, `pool` or `sidecars`.
+    pub name: &'static str,
+    /// Configured at all (a dashboard without Redis has no pool source).
+    pub configured: bool,
+    /// The last read worked.
+    pub ok: bool,
+    /// Why the last read failed (no secrets).
+    pub error: Option<String>,
+    /// Last successful read, unix ms.
+    pub last_ok_ms: Option<i64>,
+}
+
+/// One row of the workers view: a stream owner with what its sidecar says.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerRow {
+    /// Owner id (untrusted text).
+    pub owner_id: String,
+    /// Streams whose record names this owner (owned or expired).
+    pub streams_held: usize,
+    /// Of those, expired.
+    pub streams_expired: usize,
+    /// `stream:token` for the first streams held (the JSON API lists them all).
+    pub tokens: Vec<(String, u64)>,
+    /// The worker's presence lease (`leasehold#worker#{owner}`) state, if any.
+    pub presence: Option<LeaseState>,
+    /// The sidecar reporting this owner, if found.
+    pub sidecar_url: Option<String>,
+    /// `worker_up` as that sidecar says.
+    pub worker_up: Option<bool>,
+    /// Milliseconds since the sidecar's last event from this worker.
+    pub last_event_age_ms: Option<u64>,
+    /// `stream-worker` or `broker-worker`.
+    pub component: Option<String>,
+    /// That sidecar publishes the cluster gauges.
+    pub observer: bool,
+}
+
+/// Everything a page shows, at one instant.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    /// When the snapshot was assembled, unix ms.
+    pub taken_at_ms: i64,
+    /// Every stream record, sorted by stream id.
+    pub streams: Vec<StreamRow>,
+    /// Stream owners and sidecar-only workers, sorted by owner id.
+    pub workers: Vec<WorkerRow>,
+    /// Sidecars that answered or failed.
+    pub sidecars: Vec<SidecarReport>,
+    /// The pool, when a pool source is configured and was read at least once.
+    pub pool: Option<PoolView>,
+    /// The sweeper's report, likewise.
+    pub anomalies: Option<AnomalyView>,
+    /// Source health, in a fixed order.
+    pub sources: Vec<SourceHealth>,
+}
+
+impl Snapshot {
+    /// A snapshot before the first refresh.
+    pub fn empty(now_ms: i64) -> Self {
+        Snapshot {
+            taken_at_ms: now_ms,
+            streams: Vec::new(),
+            workers: Vec::new(),
+            sidecars: Vec::new(),
+            pool: None,
+            anomalies: None,
+            sources: Vec::new(),
+        }
+    }
+
+    /// Counts per stream state, for the header.
+    pub fn state_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for row in &self.streams {
+            *counts.entry(row.state.as_str()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// Where the collector reads from.
+pub struct Sources {
+    /// The lease table.
+    pub leases: Arc<dyn LeaseStore>,
+    /// The pool's key space, if the dashboard is given one.
+    pub pool: Option<Arc<dyn PoolReader>>,
+    /// Sidecars to poll.
+    pub sidecars: Vec<SidecarTarget>,
+}
+
+/// Collector settings.
+#[derive(Debug, Clone, Copy)]
+pub struct CollectorSettings {
+    /// Time between refreshes.
+    pub refresh: Duration,
+    /// Per-sidecar `/status` timeout.
+    pub sidecar_timeout: Duration,
+    /// Classification thresholds.
+    pub thresholds: Thresholds,
+    /// Ownership changes kept.
+    pub changes_kept: usize,
+    /// Scan page size for the lease table.
+    pub page_size: usize,
+}
+
+impl Default for CollectorSettings {
+    fn default() -> Self {
+        CollectorSettings {
+            refresh: Duration::from_secs(2),
+            sidecar_timeout: Duration::from_millis(1_500),
+            thresholds: Thresholds::default(),
+            changes_kept: 500,
+            page_size: 1_000,
+        }
+    }
+}
+
+#[derive(Default)]
+struct History {
+    lag: LagHistory,
+    leases: Option<Vec<Result<Lease, leasehold_control::schema::MalformedItem>>>,
+    pool: Option<PoolView>,
+    anomalies: Option<AnomalyView>,
+    health: HashMap<&'static str, SourceHealth>,
+}
+
+/// Builds snapshots and keeps the latest for readers.
+pub struct Collector {
+    sources: Sources,
+    settings: CollectorSettings,
+    clock: Arc<dyn Clock>,
+    latest: RwLock<Arc<Snapshot>>,
+    changes: Mutex<ChangeLog>,
+    history: tokio::sync::Mutex<History>,
+}
+
+const LEASE_SOURCE: &str = "lease table";
+const POOL_SOURCE: &str = "pool";
+const SIDECAR_SOURCE: &str = "sidecars";
+
+impl Collector {
+    /// A collector that has not refreshed yet.
+    pub fn new(sources: Sources, settings: CollectorSettings, clock: Arc<dyn Clock>) -> Self {
+        let now = clock.now_ms();
+        Collector {
+            changes: Mutex::new(ChangeLog::new(settings.changes_kept)),
+            sources,
+            settings,
+            clock,
+            latest: RwLock::new(Arc::new(Snapshot::empty(now))),
+            history: tokio::sync::Mutex::new(History::default()),
+        }
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &CollectorSettings {
+        &self.settings
+    }
+
+    /// The latest snapshot.
+    pub fn latest(&self) -> Arc<Snapshot> {
+        self.latest
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Newest ownership changes first.
+    pub fn changes(&self, limit: usize) -> Vec<Change> {
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .recent(limit)
+    }
+
+    /// Reads every source once and publishes a new snapshot.
+    pub async fn refresh(&self) -> Arc<Snapshot> {
+        let mut history = self.history.lock().await;
+        let leases = list_all(self.sources.leases.as_ref(), self.settings.page_size);
+        let pool = async {
+            match &self.sources.pool {
+                Some(reader) => Some((
+                    read_pool(reader.as_ref()).await,
+                    read_anomalies(reader.as_ref()).await,
+                )),
+                None => None,
+            }
+        };
+        let sidecars = poll(&self.sources.sidecars, self.settings.sidecar_timeout);
+        let (leases, pool, sidecars) = tokio::join!(leases, pool, sidecars);
+        let now = self.clock.now_ms();
+
+        match leases {
+            Ok(records) => {
+                self.mark(&mut history, LEASE_SOURCE, true, None, now);
+                history.leases = Some(records);
+            }
+            Err(err) => self.mark(&mut history, LEASE_SOURCE, true, Some(err.to_string()), now),
+        }
+        match pool {
+            Some((Ok(view), Ok(anomalies))) => {
+                self.mark(&mut history, POOL_SOURCE, true, None, now);
+                history.pool = Some(view);
+                history.anomalies = Some(anomalies);
+            }
+            Some((Err(err), _)) | Some((_, Err(err))) => {
+                self.mark(&mut history, POOL_SOURCE, true, Some(err.to_string()), now)
+            }
+            None => self.mark(&mut history, POOL_SOURCE, false, None, now),
+        }
+        let answered = sidecars.iter().filter(|s| s.status.is_some()).count();
+        let sidecar_error = (answered < sidecars.len()).then(|| {
+            format!(
+                "{} of {} sidecars did not answer",
+                sidecars.len() - answered,
+                sidecars.len()
+            )
+        });
+        self.mark(
+            &mut history,
+            SIDECAR_SOURCE,
+            !self.sources.sidecars.is_empty(),
+            sidecar_error,
+            now,
+        );
+
+        let snapshot = Arc::new(self.assemble(&mut history, sidecars, now));
+        *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
+        snapshot
+    }
+
+    fn mark(
+        &self,
+        history: &mut History,
+        name: &'static str,
+        configured: bool,
+        error: Option<String>,
+        now: i64,
+    ) {
+        let entry = history.health.entry(name).or_insert(SourceHealth {
+            name,
+            configured,
+            ok: false,
+            error: None,
+            last_ok_ms: None,
+        });
+        entry.configured = configured;
+        entry.ok = configured && error.is_none();
+        if entry.ok {
+            entry.last_ok_ms = Some(now);
+        }
+        entry.error = error;
+    }
+
+    fn assemble(&self, history: &mut History, sidecars: Vec<SidecarReport>, now: i64) -> Snapshot {
+        let thresholds = self.settings.thresholds;
+        // Lag as the owner's sidecar reports it; any sidecar's report if the owner's is missing.
+        let mut lag_by_owner: HashMap<(&str, &str), Lag> = HashMap::new();
+        let mut lag_any: HashMap<&str, Lag> = HashMap::new();
+        for report in &sidecars {
+            let Some(status) = &report.status else {
+                continue;
+            };
+            for (stream, lag) in &status.worker.lag {
+                let lag = Lag {
+                    events: lag.lag_events,
+                    seconds: lag.lag_seconds,
+                };
+                if let Some(owner) = &status.worker.owner_id {
+                    lag_by_owner.insert((owner.as_str(), stream.as_str()), lag);
+                }
+                lag_any.insert(stream.as_str(), lag);
+            }
+        }
+        let records = history.leases.take().unwrap_or_default();
+        let mut streams = Vec::with_capacity(records.len());
+        let mut presence: HashMap<&str, LeaseState> = HashMap::new();
+        for record in &records {
+            match record {
+                Ok(lease) if lease.is_stream() => {
+                    let lag = lease
+                        .owner_id
+                        .as_deref()
+                        .and_then(|owner| lag_by_owner.get(&(owner, lease.stream_id.as_str())))
+                        .or_else(|| lag_any.get(lease.stream_id.as_str()))
+                        .copied();
+                    streams.push(history.lag.row(lease, lag, now, &thresholds));
+                }
+                Ok(lease) => {
+                    if let Some(owner) = lease.stream_id.strip_prefix(WORKER_PRESENCE_PREFIX) {
+                        presence.insert(owner, lease.state(now));
+                    }
+                }
+                Err(item) if item.stream_id.starts_with(RESERVED_PREFIX) => {}
+                Err(item) => streams.push(malformed_row(item)),
+            }
+        }
+        streams.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
+        history.lag.retain(|stream| {
+            streams
+                .binary_search_by(|r| r.stream_id.as_str().cmp(stream))
+                .is_ok()
+        });
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(
+                records
+                    .iter()
+                    .filter_map(|r| r.as_ref().ok())
+                    .filter(|l| l.is_stream()),
+                now,
+            );
+        let workers = workers(&streams, &presence, &sidecars);
+        history.leases = Some(records);
+        let mut sources: Vec<SourceHealth> = [LEASE_SOURCE, POOL_SOURCE, SIDECAR_SOURCE]
+            .iter()
+            .filter_map(|name| history.health.get(name).cloned())
+            .collect();
+        sources.retain(|s| s.configured);
+        Snapshot {
+            taken_at_ms: now,
+            streams,
+            workers,
+            sidecars,
+            pool: history.pool.clone(),
+            anomalies: history.anomalies.clone(),
+            sources,
+        }
+    }
+
+    /// Refreshes every `settings.refresh` until `shutdown`.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings.refresh);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => { self.refresh().await; }
+            }
+        }
+    }
+}
+
+/// How many `stream:token` pairs a worker row carries.
+const TOKENS_PER_WORKER: usize = 50;
+
+fn workers(
+    streams: &[StreamRow],
+    presence: &HashMap<&str, LeaseState>,
+    sidecars: &[SidecarReport],
+) -> Vec<WorkerRow> {
+    let mut rows: BTreeMap<String, WorkerRow> = BTreeMap::new();
+    let blank = |owner: &str| WorkerRow {
+        owner_id: owner.to_owned(),
+        streams_held: 0,
+        streams_expired: 0,
+        tokens: Vec::new(),
+        presence: None,
+        sidecar_url: None,
+        worker_up: None,
+        last_event_age_ms: None,
+        component: None,
+        observer: false,
+    };
+    for stream in streams {
+        let Some(owner) = &stream.owner_id else {
+            continue;
+        };
+        let row = rows.entry(owner.clone()).or_insert_with(|| blank(owner));
+        row.streams_held += 1;
+        if stream.state == crate::streams::StreamState::Expired {
+            row.streams_expired += 1;
+        }
+        if row.tokens.len() < TOKENS_PER_WORKER {
+            row.tokens
+                .push((stream.stream_id.clone(), stream.fence_token));
+        }
+    }
+    for (owner, state) in presence {
+        rows.entry((*owner).to_owned())
+            .or_insert_with(|| blank(owner))
+            .presence = Some(*state);
+    }
+    for report in sidecars {
+        let Some(status) = &report.status else {
+            continue;
+        };
+        let owner = status
+            .worker
+            .owner_id
+            .clone()
+            .unwrap_or_else(|| format!("(unknown worker at {})", report.url));
+        let row = rows.entry(owner.clone()).or_insert_with(|| blank(&owner));
+        row.sidecar_url = Some(report.url.clone());
+        row.worker_up = Some(status.worker.worker_up);
+        row.last_event_age_ms = status.worker.last_event_age_ms;
+        row.component = status.worker.component.clone();
+        row.observer = status.observer;
+    }
+    rows.into_values().collect()
+}

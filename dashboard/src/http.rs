@@ -1,0 +1,279 @@
+//! The dashboard's HTTP face: five views, their JSON API, static assets,
+//! `/healthz`, and the token form. Read-only: every route is GET except the
+//! token form's POST, which only sets a cookie in the caller's browser.
+//!
+//! Every response carries a restrictive Content-Security-Policy (scripts and
+//! styles from this origin only, no inline code, no framing), so even a value
+//! that escaped escaping could not run.
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::Router;
+use axum::extract::{Form, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Json, Redirect, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+use tower_http::set_header::SetResponseHeaderLayer;
+
+use crate::cluster::Collector;
+use crate::pages::{
+    AnomaliesBody, CHANGES_SHOWN, ChangesBody, LoginPage, PoolBody, StreamQuery, StreamsPage,
+    TablesPage, WorkersBody, stream_page,
+};
+
+/// The policy: nothing but this origin's script, style and fetches.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Cookie set by the token form.
+pub const TOKEN_COOKIE: &str = "leasehold_dashboard_token";
+
+/// What the handlers share.
+pub struct DashboardState {
+    /// The snapshot source.
+    pub collector: Arc<Collector>,
+    /// Bearer token required for everything but `/healthz`, `/login` and assets.
+    pub token: Option<String>,
+}
+
+type Shared = Arc<DashboardState>;
+
+/// The router, apart from any listener so tests can drive it with `oneshot`.
+pub fn app(state: Shared) -> Router {
+    let security_headers = [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        ),
+        (
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ),
+        (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+        (
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        ),
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+    ];
+    let mut router = Router::new()
+        .route("/", get(|| async { Redirect::to("/streams") }))
+        .route("/streams", get(streams_view))
+        .route("/workers", get(workers_view))
+        .route("/pool", get(pool_view))
+        .route("/anomalies", get(anomalies_view))
+        .route("/changes", get(changes_view))
+        .route("/api/streams", get(streams_api))
+        .route("/api/workers", get(workers_api))
+        .route("/api/pool", get(pool_api))
+        .route("/api/anomalies", get(anomalies_api))
+        .route("/api/changes", get(changes_api))
+        .route("/static/dashboard.js", get(script))
+        .route("/static/dashboard.css", get(stylesheet))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/login", get(login_form).post(login))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state);
+    for (name, value) in security_headers {
+        router = router.layer(SetResponseHeaderLayer::overriding(name, value));
+    }
+    router
+}
+
+fn refresh_ms(state: &DashboardState) -> u64 {
+    state.collector.settings().refresh.as_millis() as u64
+}
+
+fn html(page: impl Template) -> Response {
+    match page.render() {
+        Ok(body) => Html(body).into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "dashboard template failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "template error\n").into_response()
+        }
+    }
+}
+
+async fn streams_view(State(state): State<Shared>, Query(query): Query<StreamQuery>) -> Response {
+    let snapshot = state.collector.latest();
+    html(StreamsPage::new(&snapshot, query, refresh_ms(&state)))
+}
+
+async fn workers_view(State(state): State<Shared>) -> Response {
+    html(TablesPage::workers(
+        &state.collector.latest(),
+        refresh_ms(&state),
+    ))
+}
+
+async fn pool_view(State(state): State<Shared>) -> Response {
+    html(TablesPage::pool(
+        &state.collector.latest(),
+        refresh_ms(&state),
+    ))
+}
+
+async fn anomalies_view(State(state): State<Shared>) -> Response {
+    html(TablesPage::anomalies(
+        &state.collector.latest(),
+        refresh_ms(&state),
+    ))
+}
+
+async fn changes_view(State(state): State<Shared>) -> Response {
+    let changes = state.collector.changes(CHANGES_SHOWN);
+    html(TablesPage::changes(
+        &state.collector.latest(),
+        &changes,
+        refresh_ms(&state),
+    ))
+}
+
+async fn streams_api(State(state): State<Shared>, Query(query): Query<StreamQuery>) -> Response {
+    let snapshot = state.collector.latest();
+    Json(stream_page(&snapshot, &query)).into_response()
+}
+
+async fn workers_api(State(state): State<Shared>) -> Response {
+    let snapshot = state.collector.latest();
+    Json(WorkersBody {
+        taken_at_ms: snapshot.taken_at_ms,
+        workers: &snapshot.workers,
+        sidecars: &snapshot.sidecars,
+        sources: &snapshot.sources,
+    })
+    .into_response()
+}
+
+async fn pool_api(State(state): State<Shared>) -> Response {
+    let snapshot = state.collector.latest();
+    let pool = snapshot.pool.as_ref();
+    Json(PoolBody {
+        taken_at_ms: snapshot.taken_at_ms,
+        pool,
+        idle: pool.map(|p| p.idle.as_slice()).unwrap_or_default(),
+        claimed: pool.map(|p| p.claimed.as_slice()).unwrap_or_default(),
+        sources: &snapshot.sources,
+    })
+    .into_response()
+}
+
+async fn anomalies_api(State(state): State<Shared>) -> Response {
+    let snapshot = state.collector.latest();
+    let anomalies = snapshot.anomalies.as_ref();
+    Json(AnomaliesBody {
+        taken_at_ms: snapshot.taken_at_ms,
+        anomalies,
+        findings: anomalies
+            .and_then(|a| a.report.as_ref())
+            .map(|r| r.findings.as_slice())
+            .unwrap_or_default(),
+        sources: &snapshot.sources,
+    })
+    .into_response()
+}
+
+async fn changes_api(State(state): State<Shared>) -> Response {
+    let snapshot = state.collector.latest();
+    let changes = state.collector.changes(CHANGES_SHOWN);
+    Json(ChangesBody {
+        taken_at_ms: snapshot.taken_at_ms,
+        changes: &changes,
+    })
+    .into_response()
+}
+
+async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../static/dashboard.js"),
+    )
+        .into_response()
+}
+
+async fn stylesheet() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("../static/dashboard.css"),
+    )
+        .into_response()
+}
+
+async fn login_form() -> Response {
+    html(LoginPage { failed: false })
+}
+
+#[derive(Deserialize)]
+struct TokenForm {
+    token: String,
+}
+
+async fn login(State(state): State<Shared>, Form(form): Form<TokenForm>) -> Response {
+    match &state.token {
+        Some(expected) if token_matches(expected, &form.token) => {
+            let cookie = format!(
+                "{TOKEN_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
+                form.token
+            );
+            match HeaderValue::from_str(&cookie) {
+                Ok(cookie) => {
+                    ([(header::SET_COOKIE, cookie)], Redirect::to("/streams")).into_response()
+                }
+                Err(_) => (StatusCode::BAD_REQUEST, "token is not cookie-safe\n").into_response(),
+            }
+        }
+        Some(_) => (StatusCode::UNAUTHORIZED, html(LoginPage { failed: true })).into_response(),
+        None => Redirect::to("/streams").into_response(),
+    }
+}
+
+fn token_matches(expected: &str, given: &str) -> bool {
+    expected.as_bytes().ct_eq(given.as_bytes()).into()
+}
+
+fn presented_token(request: &Request) -> Option<&str> {
+    let headers = request.headers();
+    if let Some(bearer) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return Some(bearer.trim());
+    }
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == TOKEN_COOKIE)
+        .map(|(_, value)| value)
+}
+
+async fn authorize(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let Some(expected) = &state.token else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    let open = path == "/healthz" || path == "/login" || path.starts_with("/static/");
+    if open || presented_token(&request).is_some_and(|t| token_matches(expected, t)) {
+        return next.run(request).await;
+    }
+    let wants_html = request
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"));
+    if wants_html && !path.starts_with("/api/") {
+        return Redirect::to("/login").into_response();
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "a bearer token is required\n",
+    )
+        .into_response()
+}

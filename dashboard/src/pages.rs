@@ -1,0 +1,587 @@
+//! What each view and its JSON API show: filtering, sorting, paging, columns,
+//! and the askama templates that render them.
+//!
+//! Every value reaches the HTML through askama's escaping (stream ids and
+//! owners come from a table anyone with write access can fill); no template
+//! uses `|safe`.
+
+use askama::Template;
+use serde::{Deserialize, Serialize};
+
+use crate::changes::Change;
+use crate::cluster::{Snapshot, SourceHealth, WorkerRow};
+use crate::pool::{AnomalyView, PoolView};
+use crate::streams::{StreamRow, StreamState};
+use crate::table::{Column, Kind, Table, col};
+
+/// Streams per page unless asked otherwise.
+pub const DEFAULT_PER_PAGE: usize = 100;
+/// Largest page (a whole 10,000-stream cluster on one page).
+pub const MAX_PER_PAGE: usize = 10_000;
+/// Ownership changes shown.
+pub const CHANGES_SHOWN: usize = 200;
+
+/// Query of the streams view and `/api/streams`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct StreamQuery {
+    /// Only this owner (exact match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Only this state (`owned`, `expiring`, `expired`, `unowned`, `malformed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `stream` (default), `lag`, `token` or `expires`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sort: Option<String>,
+    /// 1-based page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<usize>,
+    /// Rows per page (at most 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_page: Option<usize>,
+}
+
+/// One page of streams.
+#[derive(Debug, Serialize)]
+pub struct StreamPage<'a> {
+    /// Snapshot time, unix ms.
+    pub taken_at_ms: i64,
+    /// Streams matching the filter.
+    pub total: usize,
+    /// This page, 1-based.
+    pub page: usize,
+    /// Pages in all (at least 1).
+    pub pages: usize,
+    /// Rows per page.
+    pub per_page: usize,
+    /// The rows.
+    pub streams: Vec<&'a StreamRow>,
+    /// Streams by state over the whole table (the header's counts).
+    pub counts: std::collections::BTreeMap<&'static str, usize>,
+    /// Source health.
+    pub sources: &'a [SourceHealth],
+}
+
+/// Applies the query to a snapshot.
+pub fn stream_page<'a>(snapshot: &'a Snapshot, query: &StreamQuery) -> StreamPage<'a> {
+    let state = query.state.as_deref().and_then(StreamState::parse);
+    let owner = query.owner.as_deref().filter(|o| !o.is_empty());
+    let mut rows: Vec<&StreamRow> = snapshot
+        .streams
+        .iter()
+        .filter(|row| state.is_none_or(|s| row.state == s))
+        .filter(|row| owner.is_none_or(|o| row.owner_id.as_deref() == Some(o)))
+        .collect();
+    match query.sort.as_deref() {
+        Some("lag") => rows.sort_by(|a, b| {
+            b.lag_events.cmp(&a.lag_events).then_with(|| {
+                b.lag_seconds
+                    .unwrap_or(0.0)
+                    .total_cmp(&a.lag_seconds.unwrap_or(0.0))
+            })
+        }),
+        Some("token") => rows.sort_by_key(|row| std::cmp::Reverse(row.fence_token)),
+        Some("expires") => rows.sort_by_key(|row| match row.lease_expires_at_ms {
+            0 => i64::MAX,
+            at => at,
+        }),
+        _ => {} // the snapshot is sorted by stream id
+    }
+    let per_page = query
+        .per_page
+        .unwrap_or(DEFAULT_PER_PAGE)
+        .clamp(1, MAX_PER_PAGE);
+    let total = rows.len();
+    let pages = total.div_ceil(per_page).max(1);
+    let page = query.page.unwrap_or(1).clamp(1, pages);
+    let streams = rows
+        .into_iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .collect();
+    StreamPage {
+        taken_at_ms: snapshot.taken_at_ms,
+        total,
+        page,
+        pages,
+        per_page,
+        streams,
+        counts: snapshot.state_counts(),
+        sources: &snapshot.sources,
+    }
+}
+
+/// `/api/workers` body.
+#[derive(Debug, Serialize)]
+pub struct WorkersBody<'a> {
+    /// Snapshot time, unix ms.
+    pub taken_at_ms: i64,
+    /// Owners and sidecar-only workers.
+    pub workers: &'a [WorkerRow],
+    /// Every sidecar polled, with errors.
+    pub sidecars: &'a [crate::sidecars::SidecarReport],
+    /// Source health.
+    pub sources: &'a [SourceHealth],
+}
+
+/// `/api/pool` body.
+#[derive(Debug, Serialize)]
+pub struct PoolBody<'a> {
+    /// Snapshot time, unix ms.
+    pub taken_at_ms: i64,
+    /// The pool; null when no pool source is configured or it was never read.
+    pub pool: Option<&'a PoolView>,
+    /// Idle workers (also inside `pool`; flat for the refresh script).
+    pub idle: &'a [crate::pool::IdleWorker],
+    /// Claimed users, likewise.
+    pub claimed: &'a [crate::pool::ClaimedUser],
+    /// Source health.
+    pub sources: &'a [SourceHealth],
+}
+
+/// `/api/anomalies` body.
+#[derive(Debug, Serialize)]
+pub struct AnomaliesBody<'a> {
+    /// Snapshot time, unix ms.
+    pub taken_at_ms: i64,
+    /// The latest report.
+    pub anomalies: Option<&'a AnomalyView>,
+    /// Its findings, flat for the refresh script.
+    pub findings: &'a [leasehold_worker::broker::maintenance::Finding],
+    /// Source health.
+    pub sources: &'a [SourceHealth],
+}
+
+/// `/api/changes` body.
+#[derive(Debug, Serialize)]
+pub struct ChangesBody<'a> {
+    /// Snapshot time, unix ms.
+    pub taken_at_ms: i64,
+    /// Newest first.
+    pub changes: &'a [Change],
+}
+
+/// Columns of the streams table.
+pub const STREAM_COLUMNS: &[Column] = &[
+    col("Stream", "stream_id", Kind::Text),
+    col("State", "state", Kind::Badge),
+    col("Owner", "owner_id", Kind::Text),
+    col("Fence token", "fence_token", Kind::Number),
+    col("Lease expires", "lease_expires_at_ms", Kind::Countdown),
+    col("Checkpoint", "checkpoint", Kind::Number),
+    col("Lag (events)", "lag_events", Kind::Number),
+    col("Lag", "lag_seconds", Kind::Seconds),
+    col("Last checkpoint", "checkpoint_at_ms", Kind::Ago),
+    col("Last ownership change", "last_change_at_ms", Kind::Ago),
+    col("Verdict", "verdict", Kind::Badge),
+    col("Problem", "problem", Kind::Text),
+];
+
+/// Columns of the workers table.
+pub const WORKER_COLUMNS: &[Column] = &[
+    col("Owner", "owner_id", Kind::Text),
+    col("Streams held", "streams_held", Kind::Number),
+    col("Of them expired", "streams_expired", Kind::Number),
+    col("Fence tokens", "tokens", Kind::Tokens),
+    col("Presence", "presence", Kind::Badge),
+    col("Worker up", "worker_up", Kind::Badge),
+    col("Last event", "last_event_age_ms", Kind::AgeMs),
+    col("Component", "component", Kind::Text),
+    col("Sidecar", "sidecar_url", Kind::StatusLink),
+];
+
+/// Columns of the idle pool table.
+pub const IDLE_COLUMNS: &[Column] = &[
+    col("Worker", "worker_id", Kind::Text),
+    col("Task", "task_id", Kind::Text),
+    col("Heartbeat", "heartbeat_at_ms", Kind::Ago),
+];
+
+/// Columns of the claimed users table.
+pub const CLAIMED_COLUMNS: &[Column] = &[
+    col("User", "user_id", Kind::Text),
+    col("Worker", "worker_id", Kind::Text),
+    col("Task ARN", "task_arn", Kind::Text),
+    col("Instance", "instance_id", Kind::Text),
+    col("Launched", "launched_at_ms", Kind::Ago),
+    col("Heartbeat", "heartbeat_at_ms", Kind::Ago),
+    col("Requests queued", "requests_queued", Kind::Number),
+    col("Control queued", "control_queued", Kind::Number),
+    col("Dead letters", "dead_letters", Kind::Number),
+];
+
+/// Columns of the findings table.
+pub const FINDING_COLUMNS: &[Column] = &[
+    col("Kind", "kind", Kind::Badge),
+    col("User", "user_id", Kind::Text),
+    col("Mark deleted", "delete_key", Kind::Text),
+    col("Task stopped", "stop_task", Kind::Text),
+];
+
+/// Columns of the ownership-change timeline.
+pub const CHANGE_COLUMNS: &[Column] = &[
+    col("When", "at_ms", Kind::Ago),
+    col("Stream", "stream_id", Kind::Text),
+    col("Change", "kind", Kind::Badge),
+    col("Old owner", "old_owner", Kind::Text),
+    col("New owner", "new_owner", Kind::Text),
+    col("Fence token", "fence_token", Kind::Number),
+    col("Gap", "gap_seconds", Kind::Seconds),
+    col("Missed steps", "missed", Kind::Number),
+];
+
+fn json_rows<T: Serialize>(rows: impl IntoIterator<Item = T>) -> Vec<serde_json::Value> {
+    rows.into_iter()
+        .map(|row| serde_json::to_value(row).unwrap_or(serde_json::Value::Null))
+        .collect()
+}
+
+/// The navigation and status line every page shares.
+#[derive(Debug, Clone)]
+pub struct Header {
+    /// Which view is shown.
+    pub active: &'static str,
+    /// Snapshot time, unix ms (the script's clock offset comes from it).
+    pub now_ms: i64,
+    /// Refresh period for the script.
+    pub refresh_ms: u64,
+    /// Streams by state.
+    pub counts: Vec<(&'static str, usize)>,
+    /// Sources that are down, with the age of their last good read.
+    pub down: Vec<(String, String)>,
+}
+
+impl Header {
+    /// The header for `active` at `snapshot`.
+    pub fn new(active: &'static str, snapshot: &Snapshot, refresh_ms: u64) -> Header {
+        let counts = snapshot.state_counts();
+        Header {
+            active,
+            now_ms: snapshot.taken_at_ms,
+            refresh_ms,
+            counts: StreamState::ALL
+                .iter()
+                .map(|s| (s.as_str(), counts.get(s.as_str()).copied().unwrap_or(0)))
+                .collect(),
+            down: snapshot
+                .sources
+                .iter()
+                .filter(|s| !s.ok)
+                .map(|s| {
+                    let since = match s.last_ok_ms {
+                        Some(at) => format!(
+                            "showing data from {} ago",
+                            crate::table::duration_ms(snapshot.taken_at_ms - at)
+                        ),
+                        None => "no data yet".to_owned(),
+                    };
+                    (
+                        s.name.to_owned(),
+                        format!("{} — {since}", s.error.as_deref().unwrap_or("unavailable")),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// The navigation entries: (path, title).
+    pub fn nav(&self) -> &'static [(&'static str, &'static str)] {
+        &[
+            ("/streams", "Streams"),
+            ("/workers", "Workers"),
+            ("/pool", "Pool"),
+            ("/anomalies", "Anomalies"),
+            ("/changes", "Ownership changes"),
+        ]
+    }
+}
+
+/// The streams view.
+#[derive(Template)]
+#[template(path = "streams.html")]
+pub struct StreamsPage {
+    /// Shared header.
+    pub header: Header,
+    /// The table.
+    pub table: Table,
+    /// Query as given (for the form and page links).
+    pub query: StreamQuery,
+    /// Owners for the filter.
+    pub owners: Vec<String>,
+    /// States for the filter.
+    pub states: Vec<&'static str>,
+    /// Page numbers.
+    pub page: usize,
+    /// Pages in all.
+    pub pages: usize,
+    /// Rows matching.
+    pub total: usize,
+    /// Link to the previous page, if any.
+    pub prev_link: Option<String>,
+    /// Link to the next page, if any.
+    pub next_link: Option<String>,
+}
+
+impl StreamsPage {
+    /// Builds the view of one page.
+    pub fn new(snapshot: &Snapshot, query: StreamQuery, refresh_ms: u64) -> StreamsPage {
+        let page = stream_page(snapshot, &query);
+        let mut owners: Vec<String> = snapshot
+            .streams
+            .iter()
+            .filter_map(|r| r.owner_id.clone())
+            .collect();
+        owners.sort();
+        owners.dedup();
+        let link = |to: usize| {
+            let mut q = query.clone();
+            q.page = Some(to);
+            format!("/streams?{}", encode(&q))
+        };
+        StreamsPage {
+            header: Header::new("/streams", snapshot, refresh_ms),
+            table: Table::build(
+                "streams",
+                "/api/streams",
+                "streams",
+                STREAM_COLUMNS,
+                json_rows(&page.streams),
+                snapshot.taken_at_ms,
+                "No streams match.",
+            ),
+            owners,
+            states: StreamState::ALL.iter().map(|s| s.as_str()).collect(),
+            prev_link: (page.page > 1).then(|| link(page.page - 1)),
+            next_link: (page.page < page.pages).then(|| link(page.page + 1)),
+            page: page.page,
+            pages: page.pages,
+            total: page.total,
+            query,
+        }
+    }
+
+    /// Whether `value` is the selected owner.
+    pub fn owner_selected(&self, value: &str) -> bool {
+        self.query.owner.as_deref() == Some(value)
+    }
+
+    /// Whether `value` is the selected state.
+    pub fn state_selected(&self, value: &str) -> bool {
+        self.query.state.as_deref() == Some(value)
+    }
+
+    /// Whether `value` is the selected sort.
+    pub fn sort_selected(&self, value: &str) -> bool {
+        self.query.sort.as_deref().unwrap_or("stream") == value
+    }
+
+    /// Rows per page in effect.
+    pub fn per_page(&self) -> usize {
+        self.query
+            .per_page
+            .unwrap_or(DEFAULT_PER_PAGE)
+            .clamp(1, MAX_PER_PAGE)
+    }
+}
+
+/// URL-encodes a query (values are untrusted text).
+pub fn encode(query: &StreamQuery) -> String {
+    serde_urlencoded::to_string(query).unwrap_or_default()
+}
+
+/// A view with one or more plain tables.
+#[derive(Template)]
+#[template(path = "tables.html")]
+pub struct TablesPage {
+    /// Shared header.
+    pub header: Header,
+    /// Page heading.
+    pub heading: &'static str,
+    /// Summary lines under the heading.
+    pub summary: Vec<String>,
+    /// Tables with their captions.
+    pub tables: Vec<(&'static str, Table)>,
+}
+
+impl TablesPage {
+    /// The workers view.
+    pub fn workers(snapshot: &Snapshot, refresh_ms: u64) -> TablesPage {
+        let answered = snapshot
+            .sidecars
+            .iter()
+            .filter(|s| s.status.is_some())
+            .count();
+        TablesPage {
+            header: Header::new("/workers", snapshot, refresh_ms),
+            heading: "Workers",
+            summary: vec![format!(
+                "{} owners; {answered} of {} sidecars answered.",
+                snapshot.workers.len(),
+                snapshot.sidecars.len()
+            )],
+            tables: vec![(
+                "Leases held per owner, with what its sidecar says",
+                Table::build(
+                    "workers",
+                    "/api/workers",
+                    "workers",
+                    WORKER_COLUMNS,
+                    json_rows(&snapshot.workers),
+                    snapshot.taken_at_ms,
+                    "No worker holds a lease and no sidecar answered.",
+                ),
+            )],
+        }
+    }
+
+    /// The pool view.
+    pub fn pool(snapshot: &Snapshot, refresh_ms: u64) -> TablesPage {
+        let empty = PoolView::default();
+        let pool = snapshot.pool.as_ref().unwrap_or(&empty);
+        let summary = match &snapshot.pool {
+            None => vec!["No pool source (start the dashboard with REDIS_URL).".to_owned()],
+            Some(pool) => vec![format!(
+                "{} idle, {} claimed, {} claims pending, {} invalid claims dead-lettered.",
+                pool.idle.len(),
+                pool.claimed.len(),
+                pool.claims_pending,
+                pool.claims_dead
+            )],
+        };
+        TablesPage {
+            header: Header::new("/pool", snapshot, refresh_ms),
+            heading: "Warm pool",
+            summary,
+            tables: vec![
+                (
+                    "Idle pool workers",
+                    Table::build(
+                        "idle",
+                        "/api/pool",
+                        "idle",
+                        IDLE_COLUMNS,
+                        json_rows(&pool.idle),
+                        snapshot.taken_at_ms,
+                        "No idle pool worker.",
+                    ),
+                ),
+                (
+                    "Claimed users",
+                    Table::build(
+                        "claimed",
+                        "/api/pool",
+                        "claimed",
+                        CLAIMED_COLUMNS,
+                        json_rows(&pool.claimed),
+                        snapshot.taken_at_ms,
+                        "No claimed user.",
+                    ),
+                ),
+            ],
+        }
+    }
+
+    /// The anomalies view.
+    pub fn anomalies(snapshot: &Snapshot, refresh_ms: u64) -> TablesPage {
+        let report = snapshot.anomalies.as_ref().and_then(|a| a.report.as_ref());
+        let mut summary = Vec::new();
+        match (&snapshot.anomalies, report) {
+            (None, _) => {
+                summary.push("No pool source (start the dashboard with REDIS_URL).".into())
+            }
+            (Some(view), None) => summary.push(
+                view.unreadable
+                    .clone()
+                    .unwrap_or_else(|| "No maintenance sweep has reported yet.".into()),
+            ),
+            (Some(_), Some(report)) => {
+                summary.push(format!(
+                    "Last sweep {} ago{}: {} marks, {} tasks.",
+                    crate::table::duration_ms(snapshot.taken_at_ms - report.at as i64),
+                    if report.dry_run { " (dry run)" } else { "" },
+                    report.marks,
+                    report.tasks
+                ));
+                let counts = |map: &std::collections::BTreeMap<_, u64>| {
+                    map.iter()
+                        .map(
+                            |(k, n): (&leasehold_control::telemetry::OrphanKind, &u64)| {
+                                format!("{} {n}", k.as_str())
+                            },
+                        )
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                summary.push(format!("Found: {}.", counts(&report.found)));
+                summary.push(format!("Resolved: {}.", counts(&report.resolved)));
+                for error in &report.errors {
+                    summary.push(format!("Error: {error}"));
+                }
+            }
+        }
+        TablesPage {
+            header: Header::new("/anomalies", snapshot, refresh_ms),
+            heading: "Anomalies (latest maintenance sweep)",
+            summary,
+            tables: vec![(
+                "Findings",
+                Table::build(
+                    "findings",
+                    "/api/anomalies",
+                    "findings",
+                    FINDING_COLUMNS,
+                    json_rows(report.map(|r| r.findings.as_slice()).unwrap_or_default()),
+                    snapshot.taken_at_ms,
+                    "Nothing found.",
+                ),
+            )],
+        }
+    }
+
+    /// The ownership-change timeline.
+    pub fn changes(snapshot: &Snapshot, changes: &[Change], refresh_ms: u64) -> TablesPage {
+        TablesPage {
+            header: Header::new("/changes", snapshot, refresh_ms),
+            heading: "Ownership changes",
+            summary: vec![
+                "Takeovers, hand-offs and releases the dashboard observed since it started, newest first."
+                    .into(),
+            ],
+            tables: vec![(
+                "Timeline",
+                Table::build(
+                    "changes",
+                    "/api/changes",
+                    "changes",
+                    CHANGE_COLUMNS,
+                    json_rows(changes),
+                    snapshot.taken_at_ms,
+                    "No ownership change observed yet.",
+                ),
+            )],
+        }
+    }
+}
+
+/// The token form shown when a bearer token is required.
+#[derive(Template)]
+#[template(path = "login.html")]
+pub struct LoginPage {
+    /// A wrong token was given.
+    pub failed: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_percent_encoded() {
+        let query = StreamQuery {
+            owner: Some("a&b=<c>".into()),
+            page: Some(2),
+            ..StreamQuery::default()
+        };
+        assert_eq!(encode(&query), "owner=a%26b%3D%3Cc%3E&page=2");
+    }
+}

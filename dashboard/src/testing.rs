@@ -1,0 +1,321 @@
+//! One seeded cluster state for the router tests, the browser test and the
+//! render benchmark: leases in every state, a pool with idle and claimed
+//! workers, queues, dead letters and a maintenance report.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use leasehold_control::conformance::ConformanceTarget;
+use leasehold_control::keys;
+use leasehold_control::schema::{self, AttrValue, RawItem};
+use leasehold_control::store::{AcquireRequest, CheckpointRequest, ReleaseRequest};
+use leasehold_control::telemetry::OrphanKind;
+use leasehold_worker::broker::maintenance::{Finding, SweepReport};
+use leasehold_worker::broker::protocol::MarkValue;
+
+use crate::pool::{PoolReadError, PoolReader};
+
+/// A stream id made of markup: must render as inert text.
+pub const MARKUP_STREAM: &str = "<img src=x onerror=alert(1)><script>alert(2)</script>";
+/// A value planted in the credentials key: must never appear anywhere.
+pub const SECRET_CANARY: &str = "CANARY-credentials-blob-7f3a";
+/// Lease length used for seeding.
+pub const LEASE_MS: i64 = 30_000;
+
+fn acquire(stream: &str, owner: &str, at: i64) -> AcquireRequest {
+    AcquireRequest {
+        stream_id: stream.into(),
+        owner_id: owner.into(),
+        now_ms: at,
+        lease_ms: LEASE_MS,
+        skew_margin_ms: 1_000,
+    }
+}
+
+/// Writes the seeded leases as of `now_ms`: `btc-usd` owned (checkpoint 42),
+/// `eth-usd` expiring, `sol-usd` expired, `ada-usd` released, `xrp-usd` taken
+/// over from `worker-c`, [`MARKUP_STREAM`] owned, `broken` malformed, and
+/// `worker-a`'s presence record.
+pub async fn seed_leases(target: &dyn ConformanceTarget, now_ms: i64) {
+    let store = target.store();
+    let held = store
+        .acquire(&acquire("btc-usd", "worker-a", now_ms - 5_000))
+        .await
+        .expect("seed btc-usd");
+    store
+        .checkpoint(&CheckpointRequest {
+            stream_id: "btc-usd".into(),
+            owner_id: "worker-a".into(),
+            fence_token: held.fence_token,
+            checkpoint: 42,
+            now_ms: now_ms - 4_000,
+        })
+        .await
+        .expect("seed checkpoint");
+    store
+        .acquire(&acquire("eth-usd", "worker-b", now_ms - 25_000))
+        .await
+        .expect("seed eth-usd");
+    store
+        .acquire(&acquire("sol-usd", "worker-c", now_ms - 60_000))
+        .await
+        .expect("seed sol-usd");
+    let released = store
+        .acquire(&acquire("ada-usd", "worker-a", now_ms - 40_000))
+        .await
+        .expect("seed ada-usd");
+    store
+        .release(&ReleaseRequest {
+            stream_id: "ada-usd".into(),
+            owner_id: "worker-a".into(),
+            fence_token: released.fence_token,
+            now_ms: now_ms - 35_000,
+        })
+        .await
+        .expect("seed release");
+    store
+        .acquire(&acquire("xrp-usd", "worker-c", now_ms - 100_000))
+        .await
+        .expect("seed xrp-usd");
+    store
+        .acquire(&acquire("xrp-usd", "worker-a", now_ms - 2_000))
+        .await
+        .expect("seed takeover");
+    store
+        .acquire(&acquire(MARKUP_STREAM, "worker-a", now_ms - 1_000))
+        .await
+        .expect("seed markup stream");
+    store
+        .acquire(&acquire(
+            &schema::worker_presence("worker-a"),
+            "worker-a",
+            now_ms - 1_000,
+        ))
+        .await
+        .expect("seed presence");
+    target
+        .put_raw(RawItem::from([
+            (schema::STREAM_ID.into(), AttrValue::s("broken")),
+            (schema::OWNER_ID.into(), AttrValue::s("worker-b")),
+            (schema::FENCE_TOKEN.into(), AttrValue::s("not-a-number")),
+        ]))
+        .await;
+}
+
+/// Writes `count` owned streams `stream-00000…` spread over 20 owners.
+pub async fn seed_many(target: &dyn ConformanceTarget, count: usize, now_ms: i64) {
+    let store = target.store();
+    for i in 0..count {
+        store
+            .acquire(&acquire(
+                &format!("stream-{i:05}"),
+                &format!("worker-{:02}", i % 20),
+                now_ms - 1_000,
+            ))
+            .await
+            .expect("seed stream");
+    }
+}
+
+/// One key of the seeded pool.
+#[derive(Debug, Clone)]
+pub enum PoolEntry {
+    /// A string key.
+    Str(String, String),
+    /// A hash key.
+    Hash(String, Vec<(String, String)>),
+    /// A list key.
+    List(String, Vec<String>),
+}
+
+/// The seeded pool: idle `pool-7`, user `u42` claimed by `pool-3` with queued
+/// requests, a control message and dead letters, a pending claim, a
+/// maintenance report, and a credentials blob that must never be shown.
+pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
+    let now = now_ms as u64;
+    let idle = MarkValue {
+        worker_id: "pool-7".into(),
+        task_id: "local-4242".into(),
+        user_id: keys::POOL_USER_ID.into(),
+        heartbeat_at: now - 3_000,
+        started_at: now - 600_000,
+    };
+    let claimed = MarkValue {
+        worker_id: "pool-3".into(),
+        task_id: "arn:aws:ecs:us-east-1:1:task/prod/abc123".into(),
+        user_id: "u42".into(),
+        heartbeat_at: now - 2_000,
+        started_at: now - 900_000,
+    };
+    let mut found: BTreeMap<OrphanKind, u64> = OrphanKind::ALL.iter().map(|k| (*k, 0)).collect();
+    found.insert(OrphanKind::OrphanMark, 1);
+    found.insert(OrphanKind::DuplicateWorker, 1);
+    let report = SweepReport {
+        at: now - 20_000,
+        dry_run: false,
+        marks: 3,
+        tasks: 3,
+        resolved: found.clone(),
+        found,
+        findings: vec![
+            Finding {
+                kind: OrphanKind::OrphanMark,
+                user_id: Some("u77".into()),
+                delete_key: Some(keys::worker_active("u77")),
+                stop_task: None,
+            },
+            Finding {
+                kind: OrphanKind::DuplicateWorker,
+                user_id: Some("u42".into()),
+                delete_key: None,
+                stop_task: Some("arn:aws:ecs:us-east-1:1:task/prod/old999".into()),
+            },
+        ],
+        errors: Vec::new(),
+    };
+    let requests = keys::user_requests("u42");
+    let control = keys::worker_control("u42");
+    vec![
+        PoolEntry::Str(keys::pool_worker_active("pool-7"), idle.to_json()),
+        PoolEntry::Str(keys::worker_active("u42"), claimed.to_json()),
+        PoolEntry::Hash(
+            keys::worker_metadata("u42"),
+            vec![
+                ("task_arn".into(), claimed.task_id.clone()),
+                ("instance_id".into(), "i-0abc123".into()),
+                ("launched_at".into(), (now - 900_000).to_string()),
+            ],
+        ),
+        PoolEntry::List(requests.clone(), vec!["{}".into(), "{}".into()]),
+        PoolEntry::List(keys::dead_letter(&requests), vec!["{}".into()]),
+        PoolEntry::List(control, vec![r#"{"type":"reload_credentials"}"#.into()]),
+        PoolEntry::List(keys::POOL_CLAIMS.into(), vec!["{}".into()]),
+        PoolEntry::Str(
+            keys::MAINTENANCE_LAST_REPORT.into(),
+            serde_json::to_string(&report).expect("report serializes"),
+        ),
+        PoolEntry::Str(keys::credentials("u42"), SECRET_CANARY.into()),
+    ]
+}
+
+/// An in-memory [`PoolReader`] over seeded entries (prefix-`*` patterns only).
+#[derive(Default)]
+pub struct StaticPool {
+    entries: Mutex<Vec<PoolEntry>>,
+    /// When set, every read fails with this message (a source that is down).
+    pub down: Mutex<Option<String>>,
+}
+
+impl StaticPool {
+    /// A pool holding `entries`.
+    pub fn new(entries: Vec<PoolEntry>) -> Self {
+        StaticPool {
+            entries: Mutex::new(entries),
+            down: Mutex::new(None),
+        }
+    }
+
+    fn check(&self) -> Result<(), PoolReadError> {
+        match self.down.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            Some(message) => Err(PoolReadError(message)),
+            None => Ok(()),
+        }
+    }
+
+    fn find<T>(&self, key: &str, pick: impl Fn(&PoolEntry) -> Option<T>) -> Option<T> {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find_map(|entry| {
+                let name = match entry {
+                    PoolEntry::Str(k, _) | PoolEntry::Hash(k, _) | PoolEntry::List(k, _) => k,
+                };
+                (name == key).then(|| pick(entry)).flatten()
+            })
+    }
+}
+
+#[async_trait]
+impl PoolReader for StaticPool {
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, PoolReadError> {
+        self.check()?;
+        let prefix = pattern.trim_end_matches('*');
+        let mut keys: Vec<String> = self
+            .entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|entry| match entry {
+                PoolEntry::Str(k, _) | PoolEntry::Hash(k, _) | PoolEntry::List(k, _) => k.clone(),
+            })
+            .filter(|k| k.starts_with(prefix))
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>, PoolReadError> {
+        self.check()?;
+        Ok(self.find(key, |e| match e {
+            PoolEntry::Str(_, v) => Some(v.clone()),
+            _ => None,
+        }))
+    }
+
+    async fn hash(&self, key: &str) -> Result<BTreeMap<String, String>, PoolReadError> {
+        self.check()?;
+        Ok(self
+            .find(key, |e| match e {
+                PoolEntry::Hash(_, fields) => Some(fields.iter().cloned().collect()),
+                _ => None,
+            })
+            .unwrap_or_default())
+    }
+
+    async fn list_len(&self, key: &str) -> Result<u64, PoolReadError> {
+        self.check()?;
+        Ok(self
+            .find(key, |e| match e {
+                PoolEntry::List(_, items) => Some(items.len() as u64),
+                _ => None,
+            })
+            .unwrap_or(0))
+    }
+}
+
+/// Writes the entries to a real Redis.
+pub async fn write_pool(
+    redis: &mut redis::aio::ConnectionManager,
+    entries: &[PoolEntry],
+) -> redis::RedisResult<()> {
+    for entry in entries {
+        match entry {
+            PoolEntry::Str(key, value) => {
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(value)
+                    .query_async::<()>(redis)
+                    .await?
+            }
+            PoolEntry::Hash(key, fields) => {
+                let mut cmd = redis::cmd("HSET");
+                cmd.arg(key);
+                for (field, value) in fields {
+                    cmd.arg(field).arg(value);
+                }
+                cmd.query_async::<()>(redis).await?
+            }
+            PoolEntry::List(key, items) => {
+                redis::cmd("DEL").arg(key).query_async::<()>(redis).await?;
+                redis::cmd("RPUSH")
+                    .arg(key)
+                    .arg(items)
+                    .query_async::<()>(redis)
+                    .await?
+            }
+        }
+    }
+    Ok(())
+}

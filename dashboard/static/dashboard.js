@@ -1,0 +1,196 @@
+// leasehold dashboard: refreshes every table from its JSON API without a full
+// reload, and ticks countdowns and ages between refreshes.
+//
+// Cells are built with textContent and createElement only: stream ids and
+// owners are untrusted text and must never become markup. The formatting here
+// mirrors dashboard/src/table.rs (the server's first render).
+(function () {
+  'use strict';
+  var body = document.body;
+  var refreshMs = Number(body.dataset.refreshMs) || 2000;
+  var serverNow = Number(body.dataset.serverNow) || Date.now();
+  var offset = serverNow - Date.now();
+  var NONE = '\u2014';
+
+  function now() { return Date.now() + offset; }
+
+  function duration(ms) {
+    ms = Math.max(0, Math.round(ms));
+    if (ms < 1000) return ms + ' ms';
+    var secs = Math.floor(ms / 1000);
+    if (secs < 60) return (ms / 1000).toFixed(1) + ' s';
+    if (secs < 3600) return Math.floor(secs / 60) + ' m ' + (secs % 60) + ' s';
+    if (secs < 86400) return Math.floor(secs / 3600) + ' h ' + Math.floor((secs % 3600) / 60) + ' m';
+    return Math.floor(secs / 86400) + ' d ' + Math.floor((secs % 86400) / 3600) + ' h';
+  }
+
+  function countdown(left) {
+    return left >= 0 ? 'in ' + duration(left) : duration(-left) + ' ago';
+  }
+
+  function field(row, path) {
+    return path.split('.').reduce(function (value, key) {
+      return value === null || value === undefined ? null : value[key];
+    }, row);
+  }
+
+  function safeClass(text) { return String(text).replace(/[^a-z0-9_-]/gi, ''); }
+
+  function cell(kind, value, at) {
+    var td = document.createElement('td');
+    if (value === null || value === undefined) { td.textContent = NONE; return td; }
+    switch (kind) {
+      case 'badge': {
+        var span = document.createElement('span');
+        var label = typeof value === 'boolean' ? (value ? 'yes' : 'no') : String(value);
+        var cls = typeof value === 'boolean' ? (value ? 'up' : 'down') : label;
+        span.className = 'badge badge-' + safeClass(cls);
+        span.textContent = label;
+        td.appendChild(span);
+        return td;
+      }
+      case 'seconds': td.textContent = Number(value).toFixed(1) + ' s'; return td;
+      case 'countdown':
+        if (!value) { td.textContent = NONE; return td; }
+        td.dataset.at = value;
+        td.textContent = countdown(value - at);
+        return td;
+      case 'ago':
+        if (!(value > 0)) { td.textContent = NONE; return td; }
+        td.dataset.at = value;
+        td.textContent = duration(at - value) + ' ago';
+        return td;
+      case 'age_ms': td.textContent = duration(value); return td;
+      case 'status_link': {
+        var url = String(value) + '/status';
+        var a = document.createElement('a');
+        if (/^https?:\/\//.test(url)) a.href = url;
+        a.textContent = url;
+        td.appendChild(a);
+        return td;
+      }
+      case 'tokens':
+        td.textContent = value.map(function (p) { return p[0] + ':' + p[1]; }).join(', ');
+        return td;
+      default:
+        td.textContent = String(value);
+        return td;
+    }
+  }
+
+  function columns(table) {
+    return Array.prototype.map.call(table.querySelectorAll('thead th'), function (th) {
+      return { field: th.dataset.field, kind: th.dataset.kind };
+    });
+  }
+
+  function fill(table, rows, at) {
+    var cols = columns(table);
+    var tbody = document.createElement('tbody');
+    rows.forEach(function (row) {
+      var tr = document.createElement('tr');
+      cols.forEach(function (c) { tr.appendChild(cell(c.kind, field(row, c.field), at)); });
+      tbody.appendChild(tr);
+    });
+    if (rows.length === 0) {
+      var tr = document.createElement('tr');
+      tr.className = 'empty';
+      var td = document.createElement('td');
+      td.colSpan = cols.length;
+      td.textContent = table.dataset.empty || '';
+      tr.appendChild(td);
+      tbody.appendChild(tr);
+    }
+    table.replaceChild(tbody, table.tBodies[0]);
+  }
+
+  function showSources(sources, failure) {
+    var box = document.getElementById('sources');
+    if (!box) return;
+    while (box.firstChild) box.removeChild(box.firstChild);
+    (sources || []).forEach(function (s) {
+      if (s.ok) return;
+      var p = document.createElement('p');
+      p.className = 'source-down';
+      p.dataset.source = s.name;
+      var b = document.createElement('b');
+      b.textContent = s.name + ' unavailable:';
+      p.appendChild(b);
+      var since = s.last_ok_ms ? 'showing data from ' + duration(now() - s.last_ok_ms) + ' ago' : 'no data yet';
+      p.appendChild(document.createTextNode(' ' + (s.error || 'unavailable') + ' \u2014 ' + since));
+      box.appendChild(p);
+    });
+    if (failure) {
+      var p = document.createElement('p');
+      p.className = 'source-down';
+      p.textContent = 'Refresh failed: ' + failure + ' (showing the last data received).';
+      box.appendChild(p);
+    }
+  }
+
+  function showCounts(counts) {
+    if (!counts) return;
+    document.querySelectorAll('#counts [data-state]').forEach(function (a) {
+      var b = a.querySelector('b');
+      if (b) b.textContent = String(counts[a.dataset.state] || 0);
+    });
+  }
+
+  function getJson(url) {
+    return fetch(url, { credentials: 'same-origin', headers: { Accept: 'application/json' } })
+      .then(function (response) {
+        if (!response.ok) throw new Error('HTTP ' + response.status);
+        return response.json();
+      });
+  }
+
+  function refresh() {
+    var tables = Array.prototype.slice.call(document.querySelectorAll('table[data-api]'));
+    var apis = {};
+    tables.forEach(function (t) { apis[t.dataset.api] = true; });
+    if (!apis['/api/streams']) apis['/api/streams?per_page=1'] = true;
+    var query = location.search;
+    Promise.all(Object.keys(apis).map(function (api) {
+      var url = api === '/api/streams' ? api + query : api;
+      return getJson(url).then(function (json) { return [api, json]; });
+    })).then(function (results) {
+      var sources = null;
+      results.forEach(function (result) {
+        var api = result[0], json = result[1];
+        if (json.taken_at_ms) {
+          serverNow = json.taken_at_ms;
+          offset = serverNow - Date.now();
+        }
+        if (json.sources) sources = json.sources;
+        if (json.counts) showCounts(json.counts);
+        tables.filter(function (t) { return t.dataset.api === api; }).forEach(function (t) {
+          fill(t, json[t.dataset.rows] || [], serverNow);
+        });
+        if (api === '/api/streams') {
+          var summary = document.getElementById('streams-summary');
+          if (summary) summary.textContent = json.total + ' streams match; page ' + json.page + ' of ' + json.pages + '.';
+        }
+      });
+      showSources(sources, null);
+      body.dataset.refreshed = String(Date.now());
+    }).catch(function (err) {
+      showSources([], err.message);
+    });
+  }
+
+  function tick() {
+    var t = now();
+    document.querySelectorAll('td[data-at]').forEach(function (td) {
+      var table = td.closest('table');
+      var th = table && table.querySelectorAll('thead th')[td.cellIndex];
+      var at = Number(td.dataset.at);
+      if (th && th.dataset.kind === 'countdown') td.textContent = countdown(at - t);
+      else td.textContent = duration(t - at) + ' ago';
+    });
+    var age = document.getElementById('snapshot-age');
+    if (age) age.textContent = duration(Date.now() + offset - serverNow) + ' old';
+  }
+
+  setInterval(refresh, refreshMs);
+  setInterval(tick, 1000);
+})();

@@ -1,0 +1,441 @@
+//! Router tests with `oneshot`: every view and API over a seeded cluster on the
+//! in-memory store and pool, security headers, the token check, read-only-ness.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use leasehold_control::clock::PausedClock;
+use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
+use leasehold_control::store::AcquireRequest;
+use leasehold_dashboard::cluster::{Collector, CollectorSettings, Sources};
+use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
+use leasehold_dashboard::testing::{
+    MARKUP_STREAM, SECRET_CANARY, StaticPool, pool_entries, seed_leases, seed_many,
+};
+use serde_json::Value;
+use tower::ServiceExt;
+
+const NOW: i64 = 1_800_000_000_000;
+
+const ROUTES: &[&str] = &[
+    "/streams",
+    "/workers",
+    "/pool",
+    "/anomalies",
+    "/changes",
+    "/api/streams",
+    "/api/workers",
+    "/api/pool",
+    "/api/anomalies",
+    "/api/changes",
+];
+
+struct Seeded {
+    target: Arc<MemoryTarget>,
+    pool: Arc<StaticPool>,
+    collector: Arc<Collector>,
+}
+
+async fn seeded() -> Seeded {
+    let target = Arc::new(MemoryTarget::default());
+    seed_leases(target.as_ref(), NOW).await;
+    let pool = Arc::new(StaticPool::new(pool_entries(NOW)));
+    let collector = Arc::new(Collector::new(
+        Sources {
+            leases: target.store(),
+            pool: Some(pool.clone()),
+            sidecars: Vec::new(),
+        },
+        CollectorSettings::default(),
+        Arc::new(PausedClock::starting_at(NOW)),
+    ));
+    collector.refresh().await;
+    Seeded {
+        target,
+        pool,
+        collector,
+    }
+}
+
+fn router(collector: &Arc<Collector>, token: Option<&str>) -> axum::Router {
+    app(Arc::new(DashboardState {
+        collector: collector.clone(),
+        token: token.map(str::to_owned),
+    }))
+}
+
+async fn send(
+    router: &axum::Router,
+    request: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, String) {
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn get(router: &axum::Router, path: &str) -> (StatusCode, axum::http::HeaderMap, String) {
+    send(router, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+async fn json(router: &axum::Router, path: &str) -> Value {
+    let (status, _, body) = get(router, path).await;
+    assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_streams_view_shows_owners_tokens_badges_and_escapes_markup() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    let (status, headers, body) = get(&router, "/streams").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers[header::CONTENT_SECURITY_POLICY],
+        CONTENT_SECURITY_POLICY
+    );
+    for needle in [
+        "btc-usd",
+        "worker-a",
+        "worker-b",
+        "worker-c",
+        "badge badge-owned",
+        "badge badge-expiring",
+        "badge badge-expired",
+        "badge badge-unowned",
+        "badge badge-malformed",
+        "fence_token: ", // the malformed record says which attribute is wrong
+    ] {
+        assert!(body.contains(needle), "missing {needle:?}");
+    }
+    assert!(
+        !body.contains("<img src=x"),
+        "markup must not reach the page unescaped"
+    );
+    assert!(
+        !body.contains("<script>alert"),
+        "markup must not reach the page unescaped"
+    );
+    assert!(
+        body.contains("&#60;img src=x") || body.contains("&lt;img src=x"),
+        "the id is shown as text"
+    );
+    assert!(
+        !body.contains("onerror=alert(1)>"),
+        "no attribute can be closed by the id"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_streams_api_filters_sorts_and_pages() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    let all = json(&router, "/api/streams").await;
+    assert_eq!(all["total"], 7, "{all}");
+    assert_eq!(all["counts"]["owned"], 3, "{all}");
+    let btc = all["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stream_id"] == "btc-usd")
+        .unwrap();
+    assert_eq!(btc["owner_id"], "worker-a");
+    assert_eq!(btc["checkpoint"], 42);
+    assert_eq!(btc["state"], "owned");
+    let xrp = all["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stream_id"] == "xrp-usd")
+        .unwrap();
+    assert_eq!(
+        (xrp["fence_token"].as_u64(), xrp["previous_owner"].as_str()),
+        (Some(2), Some("worker-c"))
+    );
+
+    assert!(
+        all["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["stream_id"] == MARKUP_STREAM),
+        "the API returns ids as data (served as application/json, never as HTML)"
+    );
+
+    let expired = json(&router, "/api/streams?state=expired").await;
+    let ids: Vec<_> = expired["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stream_id"].clone())
+        .collect();
+    assert_eq!(ids, ["sol-usd"]);
+
+    let mine = json(&router, "/api/streams?owner=worker-a&sort=token").await;
+    let streams = mine["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 3);
+    assert!(streams.iter().all(|s| s["owner_id"] == "worker-a"));
+    assert_eq!(streams[0]["stream_id"], "xrp-usd", "highest token first");
+
+    let page = json(&router, "/api/streams?per_page=2&page=2").await;
+    assert_eq!(
+        (page["page"].as_u64(), page["pages"].as_u64()),
+        (Some(2), Some(4))
+    );
+    assert_eq!(page["streams"].as_array().unwrap().len(), 2);
+    let html = get(&router, "/streams?per_page=2&page=2").await.2;
+    assert!(html.contains("rel=\"prev\"") && html.contains("rel=\"next\""));
+}
+
+#[tokio::test(start_paused = true)]
+async fn workers_pool_and_anomalies_come_from_their_sources() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    let workers = json(&router, "/api/workers").await;
+    let a = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["owner_id"] == "worker-a")
+        .unwrap();
+    assert_eq!(a["streams_held"], 3, "{a}");
+    assert_eq!(a["presence"], "owned");
+    assert!(
+        a["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t[0] == "btc-usd" && t[1] == 1)
+    );
+
+    let pool = json(&router, "/api/pool").await;
+    assert_eq!(pool["idle"][0]["worker_id"], "pool-7", "{pool}");
+    let u42 = &pool["claimed"][0];
+    assert_eq!(
+        (u42["user_id"].as_str(), u42["worker_id"].as_str()),
+        (Some("u42"), Some("pool-3"))
+    );
+    assert_eq!(
+        (
+            u42["requests_queued"].as_u64(),
+            u42["control_queued"].as_u64(),
+            u42["dead_letters"].as_u64()
+        ),
+        (Some(2), Some(1), Some(1))
+    );
+    assert_eq!(u42["instance_id"], "i-0abc123");
+    assert_eq!(pool["pool"]["claims_pending"], 1);
+
+    let anomalies = json(&router, "/api/anomalies").await;
+    assert_eq!(
+        anomalies["anomalies"]["report"]["found"]["orphan_mark"], 1,
+        "{anomalies}"
+    );
+    assert_eq!(anomalies["findings"].as_array().unwrap().len(), 2);
+    let page = get(&router, "/anomalies").await.2;
+    assert!(page.contains("Last sweep 20.0 s ago"), "{page}");
+    assert!(page.contains("badge badge-duplicate_worker"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_secret_reaches_any_page_or_api() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    for route in ROUTES {
+        let (_, _, body) = get(&router, route).await;
+        assert!(
+            !body.contains(SECRET_CANARY),
+            "{route} shows the credentials blob"
+        );
+        assert!(
+            !body.contains("credentials:"),
+            "{route} names a credentials key"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn takeovers_appear_in_the_timeline() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    assert_eq!(
+        json(&router, "/api/changes").await["changes"],
+        Value::Array(vec![])
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    seeded
+        .target
+        .store()
+        .acquire(&AcquireRequest {
+            stream_id: "sol-usd".into(),
+            owner_id: "worker-b".into(),
+            now_ms: NOW + 2_000,
+            lease_ms: 30_000,
+            skew_margin_ms: 1_000,
+        })
+        .await
+        .unwrap();
+    seeded.collector.refresh().await;
+    let changes = json(&router, "/api/changes").await;
+    let change = &changes["changes"][0];
+    assert_eq!(change["kind"], "takeover", "{changes}");
+    assert_eq!(
+        (change["old_owner"].as_str(), change["new_owner"].as_str()),
+        (Some("worker-c"), Some("worker-b"))
+    );
+    assert_eq!(change["fence_token"], 2);
+    // sol-usd expired at NOW - 30 s and was taken at NOW + 2 s.
+    assert_eq!(change["gap_seconds"], 32.0);
+    assert!(
+        get(&router, "/changes")
+            .await
+            .2
+            .contains("badge badge-takeover")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_that_is_down_is_shown_and_the_rest_keeps_working() {
+    let seeded = seeded().await;
+    *seeded.pool.down.lock().unwrap() = Some("redis: connection refused".into());
+    tokio::time::advance(Duration::from_secs(3)).await;
+    seeded.collector.refresh().await;
+    let router = router(&seeded.collector, None);
+    let page = get(&router, "/pool").await.2;
+    assert!(page.contains("pool unavailable:"), "{page}");
+    assert!(page.contains("redis: connection refused"));
+    assert!(page.contains("showing data from 3.0 s ago"), "{page}");
+    assert!(page.contains("pool-7"), "last good pool data is kept");
+    let streams = json(&router, "/api/streams").await;
+    assert_eq!(streams["total"], 7);
+    let pool_source = streams["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "pool")
+        .unwrap();
+    assert_eq!(pool_source["ok"], false);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_protects_everything_but_health_login_and_assets() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, Some("s3cret-token"));
+    for route in ROUTES {
+        let (status, headers, body) = get(&router, route).await;
+        assert!(
+            status == StatusCode::UNAUTHORIZED || status == StatusCode::SEE_OTHER,
+            "{route}: {status}"
+        );
+        assert!(!body.contains("btc-usd"));
+        assert_eq!(
+            headers[header::CONTENT_SECURITY_POLICY],
+            CONTENT_SECURITY_POLICY
+        );
+    }
+    let html = Request::get("/streams")
+        .header(header::ACCEPT, "text/html")
+        .body(Body::empty())
+        .unwrap();
+    let (status, headers, _) = send(&router, html).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers[header::LOCATION], "/login");
+    for open in [
+        "/healthz",
+        "/login",
+        "/static/dashboard.js",
+        "/static/dashboard.css",
+    ] {
+        assert_eq!(get(&router, open).await.0, StatusCode::OK, "{open}");
+    }
+    let bearer = Request::get("/api/streams")
+        .header(header::AUTHORIZATION, "Bearer s3cret-token")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, bearer).await.0, StatusCode::OK);
+    let wrong = Request::get("/api/streams")
+        .header(header::AUTHORIZATION, "Bearer s3cret-tokem")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, wrong).await.0, StatusCode::UNAUTHORIZED);
+
+    let login = |token: &str| {
+        Request::post("/login")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(format!("token={token}")))
+            .unwrap()
+    };
+    assert_eq!(
+        send(&router, login("nope")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, headers, _) = send(&router, login("s3cret-token")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let cookie = headers[header::SET_COOKIE].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let with_cookie = Request::get("/streams")
+        .header(
+            header::COOKIE,
+            format!("other=1; {TOKEN_COOKIE}=s3cret-token"),
+        )
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, body) = send(&router, with_cookie).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("btc-usd"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_changes_anything() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    for route in ROUTES {
+        for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH] {
+            let request = Request::builder()
+                .method(method.clone())
+                .uri(*route)
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(
+                send(&router, request).await.0,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {route}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_thousand_streams_render_on_one_page() {
+    let target = Arc::new(MemoryTarget::default());
+    seed_many(target.as_ref(), 10_000, NOW).await;
+    let collector = Arc::new(Collector::new(
+        Sources {
+            leases: target.store(),
+            pool: None,
+            sidecars: Vec::new(),
+        },
+        CollectorSettings::default(),
+        Arc::new(PausedClock::starting_at(NOW)),
+    ));
+    collector.refresh().await;
+    let router = router(&collector, None);
+    let (status, _, body) = get(&router, "/streams?per_page=10000").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.matches("<tr><td>stream-").count(), 10_000);
+    assert!(body.contains("stream-09999"));
+    let first = get(&router, "/streams").await.2;
+    assert_eq!(
+        first.matches("<tr><td>stream-").count(),
+        100,
+        "default page size"
+    );
+    assert!(first.contains("10000 streams match; page 1 of 100."));
+}
