@@ -17,6 +17,7 @@ log() { printf '\n== %s\n' "$*" >&2; }
 apt_missing=()
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
 command -v promtool >/dev/null || apt_missing+=(prometheus)
+command -v chromium >/dev/null || apt_missing+=(chromium)
 if ((${#apt_missing[@]})); then
     log "installing Debian packages: ${apt_missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -84,6 +85,7 @@ export LEASEHOLD_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
 export LEASEHOLD_REQUIRE_SERVICES=1
 export LEASEHOLD_TEST_PYTHON="$python"
 export LEASEHOLD_PROMTOOL="$(command -v promtool)"
+export LEASEHOLD_CHROMIUM="$(command -v chromium)"
 export LEASEHOLD_PROMETHEUS="$(command -v prometheus)"
 # Nothing in the tests may reach a real AWS account.
 unset AWS_PROFILE AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN

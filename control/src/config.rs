@@ -234,6 +234,43 @@ pub const LEASEHOLD_LOG: EnvVar = EnvVar {
     doc: "Log filter (`tracing` EnvFilter syntax, e.g. `info,leasehold_control=debug`).",
 };
 
+/// Dashboard listener.
+pub const DASHBOARD_LISTEN: EnvVar = EnvVar {
+    name: "DASHBOARD_LISTEN",
+    default: "127.0.0.1:8080",
+    doc: "The dashboard's HTTP address. Loopback by default; any other address needs `DASHBOARD_TOKEN` (or `DASHBOARD_ALLOW_ANONYMOUS=true`).",
+};
+/// Dashboard bearer token.
+pub const DASHBOARD_TOKEN: EnvVar = EnvVar {
+    name: "DASHBOARD_TOKEN",
+    default: "",
+    doc: "When set, every page and API call needs `Authorization: Bearer …` or the token form's cookie (never printed).",
+};
+/// Serving the dashboard beyond loopback without a token.
+pub const DASHBOARD_ALLOW_ANONYMOUS: EnvVar = EnvVar {
+    name: "DASHBOARD_ALLOW_ANONYMOUS",
+    default: "false",
+    doc: "`true` lets the dashboard listen on a non-loopback address without a token (e.g. behind an authenticating proxy).",
+};
+/// Where the dashboard finds sidecars.
+pub const DASHBOARD_SIDECARS: EnvVar = EnvVar {
+    name: "DASHBOARD_SIDECARS",
+    default: "",
+    doc: "Comma-separated sidecar base URLs (`http://HOST:PORT`); every address a host name resolves to is polled (Cloud Map / DNS service discovery).",
+};
+/// Dashboard refresh period.
+pub const DASHBOARD_REFRESH_MS: EnvVar = EnvVar {
+    name: "DASHBOARD_REFRESH_MS",
+    default: "2000",
+    doc: "How often the dashboard re-reads its sources and the page refreshes itself.",
+};
+/// Verdict: when a stream counts as stopped.
+pub const DASHBOARD_STOPPED_AFTER_SECONDS: EnvVar = EnvVar {
+    name: "DASHBOARD_STOPPED_AFTER_SECONDS",
+    default: "300",
+    doc: "A stream whose checkpoint has not moved for this long, while behind or with unknown lag, is judged `stopped`.",
+};
+
 // --- broker pool ---
 /// Redis holding the pool protocol (design §3.2).
 pub const REDIS_URL: EnvVar = EnvVar {
@@ -422,6 +459,12 @@ pub const ALL: &[EnvVar] = &[
     CLOUDWATCH_NAMESPACE,
     CLOUDWATCH_INTERVAL_SECONDS,
     LEASEHOLD_LOG,
+    DASHBOARD_LISTEN,
+    DASHBOARD_TOKEN,
+    DASHBOARD_ALLOW_ANONYMOUS,
+    DASHBOARD_SIDECARS,
+    DASHBOARD_REFRESH_MS,
+    DASHBOARD_STOPPED_AFTER_SECONDS,
     // --- broker pool ---
     REDIS_URL,
     USER_ID,

@@ -114,6 +114,46 @@ pub fn prometheus() -> Option<String> {
     required_var("LEASEHOLD_PROMETHEUS")
 }
 
+/// Debian's `chromium` the test command installed (`LEASEHOLD_CHROMIUM`).
+pub fn chromium() -> Option<String> {
+    required_var("LEASEHOLD_CHROMIUM")
+}
+
+/// Loads `url` in headless Chromium with the flags this machine needs (no
+/// sandbox as root, no background networking towards Google) and a fresh
+/// profile; `extra` adds e.g. `--dump-dom` or `--screenshot=PATH`. Returns
+/// stdout (the DOM for `--dump-dom`). Virtual time lets the page's scripts run
+/// for `budget_ms` without the test waiting that long in real time.
+pub fn headless_chromium(chromium: &str, url: &str, budget_ms: u64, extra: &[&str]) -> String {
+    let profile = std::env::temp_dir().join(unique_name("chromium-profile"));
+    let output = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-quic",
+            "--no-first-run",
+            "--hide-scrollbars",
+            &format!("--user-data-dir={}", profile.display()),
+            &format!("--virtual-time-budget={budget_ms}"),
+        ])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("start chromium");
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(
+        output.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// One event of every `TelemetryEvent` variant (sidecar, export and alert tests;
 /// `sidecar/tests/alert_metrics.rs` checks the list stays exhaustive).
 pub fn every_event() -> Vec<crate::telemetry::TelemetryEvent> {

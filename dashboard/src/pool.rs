@@ -32,16 +32,40 @@ pub trait PoolReader: Send + Sync {
     async fn list_len(&self, key: &str) -> Result<u64, PoolReadError>;
 }
 
-/// [`PoolReader`] over Redis.
-#[derive(Clone)]
+/// [`PoolReader`] over Redis. Connects lazily and again after a failure, so
+/// a Redis that is down when the dashboard starts shows as down, not as a
+/// dashboard that would not start.
 pub struct RedisPoolReader {
-    redis: redis::aio::ConnectionManager,
+    client: redis::Client,
+    connection: tokio::sync::Mutex<Option<redis::aio::ConnectionManager>>,
 }
 
+/// How long a (re)connection attempt may take before the read fails.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl RedisPoolReader {
-    /// Reads through an existing connection manager.
-    pub fn new(redis: redis::aio::ConnectionManager) -> Self {
-        RedisPoolReader { redis }
+    /// A reader for `client`; nothing is connected yet.
+    pub fn new(client: redis::Client) -> Self {
+        RedisPoolReader {
+            client,
+            connection: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn connection(&self) -> Result<redis::aio::ConnectionManager, PoolReadError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        let connection = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            redis::aio::ConnectionManager::new(self.client.clone()),
+        )
+        .await
+        .map_err(|_| PoolReadError("redis: no connection within 2 s".into()))?
+        .map_err(redis_error)?;
+        *slot = Some(connection.clone());
+        Ok(connection)
     }
 }
 
@@ -57,14 +81,14 @@ fn redis_error(err: redis::RedisError) -> PoolReadError {
 #[async_trait]
 impl PoolReader for RedisPoolReader {
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, PoolReadError> {
-        let mut redis = self.redis.clone();
+        let mut redis = self.connection().await?;
         leasehold_worker::broker::pool::scan_keys(&mut redis, pattern)
             .await
             .map_err(redis_error)
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>, PoolReadError> {
-        let mut redis = self.redis.clone();
+        let mut redis = self.connection().await?;
         redis::cmd("GET")
             .arg(key)
             .query_async(&mut redis)
@@ -73,7 +97,7 @@ impl PoolReader for RedisPoolReader {
     }
 
     async fn hash(&self, key: &str) -> Result<BTreeMap<String, String>, PoolReadError> {
-        let mut redis = self.redis.clone();
+        let mut redis = self.connection().await?;
         redis::cmd("HGETALL")
             .arg(key)
             .query_async(&mut redis)
@@ -82,7 +106,7 @@ impl PoolReader for RedisPoolReader {
     }
 
     async fn list_len(&self, key: &str) -> Result<u64, PoolReadError> {
-        let mut redis = self.redis.clone();
+        let mut redis = self.connection().await?;
         redis::cmd("LLEN")
             .arg(key)
             .query_async(&mut redis)

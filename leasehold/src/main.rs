@@ -5,6 +5,7 @@
 //! The work itself lives in the library crates; subcommands appear here only
 //! once they work.
 
+mod dashboard;
 mod operator;
 mod sidecar;
 mod stream;
@@ -38,6 +39,8 @@ enum Command {
     StreamWorker(stream::StreamWorkerArgs),
     /// Per-task telemetry sidecar: /metrics, /healthz, /status, cluster observer.
     Sidecar(sidecar::SidecarArgs),
+    /// Cluster web UI and JSON API: ownership, fence tokens, lag, pool, anomalies.
+    Dashboard(dashboard::DashboardArgs),
     // --- broker pool ---
     /// Per-user broker worker; starts in the warm pool (`USER_ID=-1`).
     BrokerWorker(broker::BrokerWorkerArgs),
@@ -99,6 +102,7 @@ async fn main() -> ExitCode {
         Command::Feed(args) => stream::feed(args).await,
         Command::StreamWorker(args) => stream::stream_worker(args).await,
         Command::Sidecar(args) => sidecar::sidecar(args).await,
+        Command::Dashboard(args) => dashboard::dashboard(args).await,
         // --- broker pool ---
         Command::BrokerWorker(args) => broker::broker_worker(args).await,
         Command::Credentials(command) => broker::credentials(command).await,

@@ -1,0 +1,146 @@
+//! The dashboard end to end: a seeded cluster (leases in every state on the
+//! DynamoDB-compatible server, pool keys and a maintenance report in Redis, a
+//! sidecar with a live worker), `leasehold dashboard` as a real process, and
+//! Debian's Chromium loading it headless: the rendered DOM is checked (after
+//! the refresh script ran) and a screenshot is saved under `test-output/`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_control::clock::unix_ms;
+use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
+use leasehold_control::testing::{
+    DynamoTarget, chromium, headless_chromium, redis_url, repo_root,
+};
+use leasehold_control::transport::{BufferedShipper, ShipperConfig};
+use leasehold_dashboard::testing::{MARKUP_STREAM, SECRET_CANARY, pool_entries, seed_leases, write_pool};
+use leasehold_sidecar::{Sidecar, SidecarConfig};
+use support::{serial, spawn_leasehold};
+use tokio_util::sync::CancellationToken;
+
+/// The dashboard's Redis database, apart from the broker tests' keys.
+const DASHBOARD_DB: u32 = 7;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_cluster_renders_in_headless_chromium() {
+    let (Some(target), Some(redis), Some(chromium)) =
+        (DynamoTarget::create().await, redis_url(), chromium())
+    else {
+        return;
+    };
+    let _serial = serial().await;
+    // Seeded a few seconds ahead so `eth-usd` is still "expiring" (not yet
+    // expired) while the browser loads the page.
+    let now = unix_ms(std::time::SystemTime::now()) + 4_000;
+    seed_leases(&target, now).await;
+    let redis_db = format!("{}/{DASHBOARD_DB}", redis.trim_end_matches('/'));
+    let mut connection = redis::aio::ConnectionManager::new(redis::Client::open(redis_db.as_str()).unwrap())
+        .await
+        .unwrap();
+    redis::cmd("FLUSHDB").query_async::<()>(&mut connection).await.unwrap();
+    write_pool(&mut connection, &pool_entries(now)).await.unwrap();
+
+    // A sidecar with a live worker reporting lag for one of its streams.
+    let shutdown = CancellationToken::new();
+    let sidecar = Sidecar::start(SidecarConfig::loopback(), shutdown.clone()).await.unwrap();
+    let shipper = Arc::new(BufferedShipper::start(
+        ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "worker-a"),
+        shutdown.clone(),
+    ));
+    shipper.emit(TelemetryEvent::StreamLag {
+        stream_id: "btc-usd".into(),
+        lag_events: 17,
+        lag_seconds: 0.8,
+    });
+
+    let endpoint = leasehold_control::testing::dynamodb_endpoint().unwrap();
+    let dashboard = spawn_leasehold(
+        "dashboard",
+        &["dashboard", "--listen", "127.0.0.1:0"],
+        &[
+            ("LEASE_TABLE".into(), target.dynamo_store().table().to_owned()),
+            ("AWS_ENDPOINT_URL".into(), endpoint),
+            ("AWS_REGION".into(), "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID".into(), "test".into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
+            ("REDIS_URL".into(), redis_db.clone()),
+            ("DASHBOARD_SIDECARS".into(), format!("http://{}", sidecar.http_addr)),
+            ("DASHBOARD_REFRESH_MS".into(), "500".into()),
+        ],
+    );
+    let line = dashboard.wait_line("dashboard: http://", Duration::from_secs(20));
+    let base = line.split_whitespace().last().unwrap().trim_end_matches('/').to_owned();
+    // Two refreshes: the lag sample and the sidecar status are in.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let chromium_run = {
+        let chromium = chromium.clone();
+        let base = base.clone();
+        move |path: &str, extra: Vec<String>| {
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            headless_chromium(&chromium, &format!("{base}{path}"), 3_000, &extra)
+        }
+    };
+    let dom = tokio::task::spawn_blocking({
+        let run = chromium_run.clone();
+        move || run("/streams", vec!["--dump-dom".into()])
+    })
+    .await
+    .unwrap();
+    assert!(
+        dom.contains("data-refreshed="),
+        "the refresh script ran against the JSON API\n{dom}"
+    );
+    for needle in [
+        "btc-usd", "worker-a", "worker-b", "worker-c",
+        "badge badge-owned", "badge badge-expiring", "badge badge-expired",
+        "badge badge-unowned", "badge badge-malformed",
+        ">17<", // btc-usd's lag from worker-a's sidecar
+    ] {
+        assert!(dom.contains(needle), "rendered DOM lacks {needle:?}\n{dom}");
+    }
+    // Markup in a stream id stays text through both the server render and the script.
+    assert!(dom.contains("&lt;img src=x onerror=alert(1)&gt;&lt;script&gt;"), "{dom}");
+    assert!(!dom.contains("<img"), "a stream id became an element\n{dom}");
+    assert!(!dom.contains(SECRET_CANARY));
+    assert!(MARKUP_STREAM.contains("<img"));
+
+    for (path, needles) in [
+        ("/workers", &["worker-a", "stream-worker", "/status"][..]),
+        ("/pool", &["pool-7", "u42", "pool-3", "i-0abc123"][..]),
+        ("/anomalies", &["badge badge-orphan_mark", "badge badge-duplicate_worker", "old999"][..]),
+    ] {
+        let dom = tokio::task::spawn_blocking({
+            let run = chromium_run.clone();
+            move || run(path, vec!["--dump-dom".into()])
+        })
+        .await
+        .unwrap();
+        for needle in needles {
+            assert!(dom.contains(needle), "{path} lacks {needle:?}\n{dom}");
+        }
+        assert!(!dom.contains(SECRET_CANARY), "{path} shows a secret");
+    }
+
+    let shots = repo_root().join("test-output/dashboard");
+    std::fs::create_dir_all(&shots).unwrap();
+    for (path, file) in [("/streams", "streams.png"), ("/pool", "pool.png"), ("/workers", "workers.png")] {
+        let png = shots.join(file);
+        let _ = std::fs::remove_file(&png);
+        let arg = format!("--screenshot={}", png.display());
+        tokio::task::spawn_blocking({
+            let run = chromium_run.clone();
+            move || run(path, vec![arg, "--window-size=1600,900".into()])
+        })
+        .await
+        .unwrap();
+        let bytes = std::fs::read(&png).unwrap_or_else(|_| panic!("no screenshot at {}", png.display()));
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{file} is not a PNG");
+        assert!(bytes.len() > 20_000, "{file} is suspiciously small: {} bytes", bytes.len());
+    }
+    drop(dashboard);
+    shutdown.cancel();
+    sidecar.finished().await;
+}
