@@ -284,6 +284,11 @@ impl Header {
         }
     }
 
+    /// The refresh period as text.
+    pub fn refresh_text(&self) -> String {
+        crate::table::duration_ms(self.refresh_ms as i64)
+    }
+
     /// The navigation entries: (path, title).
     pub fn nav(&self) -> &'static [(&'static str, &'static str)] {
         &[

@@ -1,15 +1,19 @@
 //! The warm pool and the sweeper's findings, read from the pool's key space
 //! (design §3.2) through a small read-only interface.
 //!
-//! Only the keys of `leasehold_control::keys` are read, by SCAN (never KEYS:
-//! the pool's Redis is shared with the API) and GET/HGETALL/LLEN. Credentials
+//! Only the keys of `leasehold_control::keys` are read, through the pool bus's
+//! generic reads (SCAN, never KEYS: the pool's Redis is shared with the API;
+//! GET, HGETALL, LLEN). Credentials
 //! keys are never read, so no secret can reach a page.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::{StreamExt, TryStreamExt};
 use leasehold_control::keys;
+use leasehold_worker::broker::bus::redis::RedisPoolBus;
+use leasehold_worker::broker::bus::{BusError, PoolBus};
 use leasehold_worker::broker::maintenance::SweepReport;
 use leasehold_worker::broker::protocol::MarkValue;
 use serde::Serialize;
@@ -32,86 +36,78 @@ pub trait PoolReader: Send + Sync {
     async fn list_len(&self, key: &str) -> Result<u64, PoolReadError>;
 }
 
-/// [`PoolReader`] over Redis. Connects lazily and again after a failure, so
-/// a Redis that is down when the dashboard starts shows as down, not as a
-/// dashboard that would not start.
-pub struct RedisPoolReader {
-    client: redis::Client,
-    connection: tokio::sync::Mutex<Option<redis::aio::ConnectionManager>>,
+/// [`PoolReader`] over the pool bus (Redis in production, memory in `dev`).
+/// A Redis bus is connected lazily and again after a failed connect, so a
+/// Redis that is down when the dashboard starts shows as down instead of
+/// stopping the dashboard.
+pub struct BusReader {
+    bus: tokio::sync::Mutex<Option<Arc<dyn PoolBus>>>,
+    redis_url: Option<String>,
 }
 
-/// How long a (re)connection attempt may take before the read fails.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl RedisPoolReader {
-    /// A reader for `client`; nothing is connected yet.
-    pub fn new(client: redis::Client) -> Self {
-        RedisPoolReader {
-            client,
-            connection: tokio::sync::Mutex::new(None),
+impl BusReader {
+    /// Reads through an existing bus.
+    pub fn new(bus: Arc<dyn PoolBus>) -> Self {
+        BusReader {
+            bus: tokio::sync::Mutex::new(Some(bus)),
+            redis_url: None,
         }
     }
 
-    async fn connection(&self) -> Result<redis::aio::ConnectionManager, PoolReadError> {
-        let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
+    /// Reads a Redis bus, connecting on first use (the URL is never shown).
+    pub fn redis(url: String) -> Self {
+        BusReader {
+            bus: tokio::sync::Mutex::new(None),
+            redis_url: Some(url),
         }
-        let connection = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            redis::aio::ConnectionManager::new(self.client.clone()),
-        )
-        .await
-        .map_err(|_| PoolReadError("redis: no connection within 2 s".into()))?
-        .map_err(redis_error)?;
-        *slot = Some(connection.clone());
-        Ok(connection)
+    }
+
+    async fn bus(&self) -> Result<Arc<dyn PoolBus>, PoolReadError> {
+        let mut slot = self.bus.lock().await;
+        if let Some(bus) = slot.as_ref() {
+            return Ok(bus.clone());
+        }
+        let url = self
+            .redis_url
+            .as_deref()
+            .ok_or_else(|| PoolReadError("no pool bus".into()))?;
+        let bus: Arc<dyn PoolBus> = Arc::new(RedisPoolBus::connect(url).await.map_err(bus_error)?);
+        *slot = Some(bus.clone());
+        Ok(bus)
     }
 }
 
-fn redis_error(err: redis::RedisError) -> PoolReadError {
-    // The error kind and detail, never the connection URL (it may carry a password).
-    PoolReadError(format!(
-        "redis: {:?}: {}",
-        err.kind(),
-        err.detail().unwrap_or("unavailable")
-    ))
+fn bus_error(err: BusError) -> PoolReadError {
+    // BusError never carries the URL or a message body.
+    PoolReadError(err.to_string())
 }
 
 #[async_trait]
-impl PoolReader for RedisPoolReader {
+impl PoolReader for BusReader {
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, PoolReadError> {
-        let mut redis = self.connection().await?;
-        leasehold_worker::broker::pool::scan_keys(&mut redis, pattern)
+        self.bus()
+            .await?
+            .scan_keys(pattern)
             .await
-            .map_err(redis_error)
+            .map_err(bus_error)
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>, PoolReadError> {
-        let mut redis = self.connection().await?;
-        redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut redis)
-            .await
-            .map_err(redis_error)
+        self.bus().await?.get(key).await.map_err(bus_error)
     }
 
     async fn hash(&self, key: &str) -> Result<BTreeMap<String, String>, PoolReadError> {
-        let mut redis = self.connection().await?;
-        redis::cmd("HGETALL")
-            .arg(key)
-            .query_async(&mut redis)
+        let fields = self
+            .bus()
+            .await?
+            .hash_get_all(key)
             .await
-            .map_err(redis_error)
+            .map_err(bus_error)?;
+        Ok(fields.into_iter().collect())
     }
 
     async fn list_len(&self, key: &str) -> Result<u64, PoolReadError> {
-        let mut redis = self.connection().await?;
-        redis::cmd("LLEN")
-            .arg(key)
-            .query_async(&mut redis)
-            .await
-            .map_err(redis_error)
+        self.bus().await?.list_len(key).await.map_err(bus_error)
     }
 }
 

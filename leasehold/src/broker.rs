@@ -12,13 +12,14 @@ use leasehold_control::config::{self, Problems};
 use leasehold_control::keys;
 use leasehold_control::telemetry::LogSink;
 use leasehold_control::transport::{BufferedShipper, ShipperConfig};
+use leasehold_worker::broker::bus::PoolBus;
+use leasehold_worker::broker::bus::redis::RedisPoolBus;
 use leasehold_worker::broker::credentials::{Credentials, CredentialsCipher};
 use leasehold_worker::broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
 use leasehold_worker::broker::paper::{Broker, PaperBroker};
 use leasehold_worker::broker::settings::{self, LauncherSettings};
 use leasehold_worker::broker::worker::{BrokerWorker, WorkerExit};
 use leasehold_worker::broker::{maintenance, pool};
-use redis::aio::ConnectionManager;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Failure;
@@ -101,15 +102,16 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
         },
         telemetry_stop.clone(),
     ));
-    let worker = BrokerWorker::connect(
+    let bus = pool_bus(&settings.redis_url)
+        .await
+        .context("cannot start the broker worker")?;
+    let worker = BrokerWorker::new(
         settings.worker,
-        &settings.redis_url,
+        bus,
         Arc::new(settings.cipher),
         brokers,
         telemetry.clone(),
-    )
-    .await
-    .context("cannot start the broker worker")?;
+    );
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");
     let exit = worker.run(shutdown).await.context("broker worker failed")?;
@@ -126,13 +128,13 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn redis_connection(url: &str) -> anyhow::Result<ConnectionManager> {
-    // The URL may hold a password: report only the kind of problem.
-    let client = redis::Client::open(url)
-        .map_err(|err| anyhow::anyhow!("invalid Redis URL ({:?})", err.kind()))?;
-    ConnectionManager::new(client)
+/// The pool bus `REDIS_URL` names (the URL, which may hold a password, is
+/// never part of an error).
+async fn pool_bus(url: &str) -> anyhow::Result<Arc<dyn PoolBus>> {
+    let bus = RedisPoolBus::connect(url)
         .await
-        .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))
+        .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
+    Ok(Arc::new(bus))
 }
 
 async fn launcher(settings: LauncherSettings) -> anyhow::Result<Box<dyn TaskLauncher>> {
@@ -177,11 +179,9 @@ pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
     let blob = cipher
         .encrypt(&user_id, &plaintext)
         .map_err(anyhow::Error::from)?;
-    let mut redis = redis_connection(&url).await?;
-    let _: () = redis::cmd("SET")
-        .arg(keys::credentials(&user_id))
-        .arg(blob)
-        .query_async(&mut redis)
+    pool_bus(&url)
+        .await?
+        .put_credentials(&user_id, &blob)
         .await
         .context("cannot store the credentials")?;
     println!("stored {}", keys::credentials(&user_id));
@@ -201,9 +201,9 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
     let url = settings::redis_url(&mut problems, &lookup);
     let launcher_settings = settings::launcher_settings(&mut problems, &lookup);
     problems.finish(())?;
-    let mut redis = redis_connection(&url).await?;
+    let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
-    let path = pool::claim_user(&mut redis, launcher.as_ref(), &args.user_id)
+    let path = pool::claim_user(bus.as_ref(), launcher.as_ref(), &args.user_id)
         .await
         .map_err(anyhow::Error::from)?;
     tracing::info!(user_id = args.user_id, path = %path, "claim path");
@@ -226,11 +226,11 @@ pub async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
     let launcher_settings = settings::launcher_settings(&mut problems, &lookup);
     let target = settings::pool_target(&mut problems, &lookup);
     problems.finish(())?;
-    let mut redis = redis_connection(&url).await?;
+    let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
     let shutdown = shutdown_on_signal();
     loop {
-        let outcome = pool::reconcile(&mut redis, launcher.as_ref(), target, &LogSink)
+        let outcome = pool::reconcile(bus.as_ref(), launcher.as_ref(), target, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
         println!(
@@ -267,11 +267,11 @@ pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
     let launcher_settings = settings::launcher_settings(&mut problems, &lookup);
     let sweep = settings::sweep_config(&mut problems, &lookup, args.dry_run);
     problems.finish(())?;
-    let mut redis = redis_connection(&url).await?;
+    let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
     let shutdown = shutdown_on_signal();
     loop {
-        let report = maintenance::sweep(&mut redis, launcher.as_ref(), &sweep, &LogSink)
+        let report = maintenance::sweep(bus.as_ref(), launcher.as_ref(), &sweep, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
         println!("{}", serde_json::to_string(&report).unwrap_or_default());

@@ -11,7 +11,7 @@ use leasehold_control::config::{
     DASHBOARD_SIDECARS, DASHBOARD_STOPPED_AFTER_SECONDS, DASHBOARD_TOKEN, Problems,
 };
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, load_sdk_config};
-use leasehold_dashboard::pool::{PoolReader, RedisPoolReader};
+use leasehold_dashboard::pool::{BusReader, PoolReader};
 use leasehold_dashboard::sidecars::SidecarTarget;
 use leasehold_dashboard::streams::Thresholds;
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
@@ -131,23 +131,18 @@ pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     let mut problems = Problems::default();
     let table = config::table_settings(&lookup, &mut problems);
     let settings = dashboard_settings(&lookup, &mut problems);
-    let pool: Option<Arc<dyn PoolReader>> = match lookup(config::REDIS_URL.name) {
-        Some(url) => match redis::Client::open(url.as_str()) {
-            Ok(client) => Some(Arc::new(RedisPoolReader::new(client))),
-            Err(err) => {
-                // The URL may hold a password: name only the kind of problem.
-                problems.add(
-                    &config::REDIS_URL,
-                    format_args!("not a Redis URL ({:?})", err.kind()),
-                );
-                None
-            }
-        },
-        None => None,
-    };
+    // Without REDIS_URL the dashboard shows streams only; with it, the form is
+    // checked now and the connection is made (and remade) by the reader.
+    let pool: Option<Arc<dyn PoolReader>> = lookup(config::REDIS_URL.name).map(|_| {
+        let url = leasehold_worker::broker::settings::redis_url(&mut problems, &lookup);
+        Arc::new(BusReader::redis(url)) as Arc<dyn PoolReader>
+    });
     let sdk = load_sdk_config().await;
     if sdk.region().is_none() {
-        problems.add(&config::AWS_REGION, "not set, and no region in the AWS profile");
+        problems.add(
+            &config::AWS_REGION,
+            "not set, and no region in the AWS profile",
+        );
     }
     problems
         .finish(())

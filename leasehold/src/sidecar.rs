@@ -17,6 +17,8 @@ use leasehold_control::telemetry::LogSink;
 use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_worker::broker::bus::redis::RedisPoolBus;
+use leasehold_worker::broker::bus::{BusError, PoolBus};
 
 use crate::Failure;
 use crate::stream::shutdown_on_signal;
@@ -155,23 +157,18 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
                 Arc::new(LogSink),
                 lease.keeper,
             );
-            // The pool and orphan gauges need the pool's Redis; without it the
+            // The pool and orphan gauges need the pool bus; without it the
             // observer publishes the stream gauges only.
-            let redis = match lookup(config::REDIS_URL.name) {
+            let pool = match lookup(config::REDIS_URL.name) {
                 Some(url) => {
-                    let client = redis::Client::open(url.as_str()).map_err(|err| {
-                        anyhow::anyhow!("REDIS_URL is not a Redis URL ({:?})", err.kind())
+                    // BusError never holds the URL (it may hold a password).
+                    let bus = RedisPoolBus::connect(&url).await.map_err(|err| match err {
+                        BusError::Config(_) => {
+                            anyhow::anyhow!("REDIS_URL is not a Redis URL ({err})")
+                        }
+                        _ => anyhow::anyhow!("cannot reach Redis for the pool gauges ({err})"),
                     })?;
-                    Some(
-                        redis::aio::ConnectionManager::new(client)
-                            .await
-                            .map_err(|err| {
-                                anyhow::anyhow!(
-                                    "cannot reach Redis for the pool gauges ({:?})",
-                                    err.kind()
-                                )
-                            })?,
-                    )
+                    Some(Arc::new(bus) as Arc<dyn PoolBus>)
                 }
                 None => None,
             };
@@ -179,7 +176,7 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
                 keeper,
                 clock,
                 interval: Duration::from_secs(15),
-                redis,
+                pool,
             })
         }
         _ => None,

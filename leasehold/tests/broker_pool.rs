@@ -90,9 +90,12 @@ impl Pool {
     }
 
     async fn idle_marks(&mut self) -> Vec<String> {
-        leasehold_worker::broker::pool::scan_keys(&mut self.redis, keys::POOL_WORKER_ACTIVE_PATTERN)
-            .await
-            .unwrap()
+        leasehold_worker::broker::bus::redis::scan_keys(
+            &mut self.redis,
+            keys::POOL_WORKER_ACTIVE_PATTERN,
+        )
+        .await
+        .unwrap()
     }
 
     async fn wait_idle(&mut self, count: usize) {

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use leasehold_control::clock::unix_ms;
 use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
-use leasehold_control::testing::{
-    DynamoTarget, chromium, headless_chromium, redis_url, repo_root,
-};
+use leasehold_control::testing::{DynamoTarget, chromium, headless_chromium, redis_url, repo_root};
 use leasehold_control::transport::{BufferedShipper, ShipperConfig};
-use leasehold_dashboard::testing::{MARKUP_STREAM, SECRET_CANARY, pool_entries, seed_leases, write_pool};
+use leasehold_dashboard::testing::{
+    MARKUP_STREAM, SECRET_CANARY, pool_entries, seed_leases, write_pool,
+};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use support::{serial, spawn_leasehold};
 use tokio_util::sync::CancellationToken;
@@ -36,17 +36,29 @@ async fn seeded_cluster_renders_in_headless_chromium() {
     let now = unix_ms(std::time::SystemTime::now()) + 4_000;
     seed_leases(&target, now).await;
     let redis_db = format!("{}/{DASHBOARD_DB}", redis.trim_end_matches('/'));
-    let mut connection = redis::aio::ConnectionManager::new(redis::Client::open(redis_db.as_str()).unwrap())
+    let mut connection =
+        redis::aio::ConnectionManager::new(redis::Client::open(redis_db.as_str()).unwrap())
+            .await
+            .unwrap();
+    redis::cmd("FLUSHDB")
+        .query_async::<()>(&mut connection)
         .await
         .unwrap();
-    redis::cmd("FLUSHDB").query_async::<()>(&mut connection).await.unwrap();
-    write_pool(&mut connection, &pool_entries(now)).await.unwrap();
+    write_pool(&mut connection, &pool_entries(now))
+        .await
+        .unwrap();
 
     // A sidecar with a live worker reporting lag for one of its streams.
     let shutdown = CancellationToken::new();
-    let sidecar = Sidecar::start(SidecarConfig::loopback(), shutdown.clone()).await.unwrap();
+    let sidecar = Sidecar::start(SidecarConfig::loopback(), shutdown.clone())
+        .await
+        .unwrap();
     let shipper = Arc::new(BufferedShipper::start(
-        ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "worker-a"),
+        ShipperConfig::new(
+            sidecar.telemetry_addr.to_string(),
+            "stream-worker",
+            "worker-a",
+        ),
         shutdown.clone(),
     ));
     shipper.emit(TelemetryEvent::StreamLag {
@@ -60,18 +72,29 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         "dashboard",
         &["dashboard", "--listen", "127.0.0.1:0"],
         &[
-            ("LEASE_TABLE".into(), target.dynamo_store().table().to_owned()),
+            (
+                "LEASE_TABLE".into(),
+                target.dynamo_store().table().to_owned(),
+            ),
             ("AWS_ENDPOINT_URL".into(), endpoint),
             ("AWS_REGION".into(), "us-east-1".into()),
             ("AWS_ACCESS_KEY_ID".into(), "test".into()),
             ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
             ("REDIS_URL".into(), redis_db.clone()),
-            ("DASHBOARD_SIDECARS".into(), format!("http://{}", sidecar.http_addr)),
+            (
+                "DASHBOARD_SIDECARS".into(),
+                format!("http://{}", sidecar.http_addr),
+            ),
             ("DASHBOARD_REFRESH_MS".into(), "500".into()),
         ],
     );
     let line = dashboard.wait_line("dashboard: http://", Duration::from_secs(20));
-    let base = line.split_whitespace().last().unwrap().trim_end_matches('/').to_owned();
+    let base = line
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
     // Two refreshes: the lag sample and the sidecar status are in.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
@@ -94,23 +117,42 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         "the refresh script ran against the JSON API\n{dom}"
     );
     for needle in [
-        "btc-usd", "worker-a", "worker-b", "worker-c",
-        "badge badge-owned", "badge badge-expiring", "badge badge-expired",
-        "badge badge-unowned", "badge badge-malformed",
+        "btc-usd",
+        "worker-a",
+        "worker-b",
+        "worker-c",
+        "badge badge-owned",
+        "badge badge-expiring",
+        "badge badge-expired",
+        "badge badge-unowned",
+        "badge badge-malformed",
         ">17<", // btc-usd's lag from worker-a's sidecar
     ] {
         assert!(dom.contains(needle), "rendered DOM lacks {needle:?}\n{dom}");
     }
     // Markup in a stream id stays text through both the server render and the script.
-    assert!(dom.contains("&lt;img src=x onerror=alert(1)&gt;&lt;script&gt;"), "{dom}");
-    assert!(!dom.contains("<img"), "a stream id became an element\n{dom}");
+    assert!(
+        dom.contains("&lt;img src=x onerror=alert(1)&gt;&lt;script&gt;"),
+        "{dom}"
+    );
+    assert!(
+        !dom.contains("<img"),
+        "a stream id became an element\n{dom}"
+    );
     assert!(!dom.contains(SECRET_CANARY));
     assert!(MARKUP_STREAM.contains("<img"));
 
     for (path, needles) in [
         ("/workers", &["worker-a", "stream-worker", "/status"][..]),
         ("/pool", &["pool-7", "u42", "pool-3", "i-0abc123"][..]),
-        ("/anomalies", &["badge badge-orphan_mark", "badge badge-duplicate_worker", "old999"][..]),
+        (
+            "/anomalies",
+            &[
+                "badge badge-orphan_mark",
+                "badge badge-duplicate_worker",
+                "old999",
+            ][..],
+        ),
     ] {
         let dom = tokio::task::spawn_blocking({
             let run = chromium_run.clone();
@@ -126,7 +168,11 @@ async fn seeded_cluster_renders_in_headless_chromium() {
 
     let shots = repo_root().join("test-output/dashboard");
     std::fs::create_dir_all(&shots).unwrap();
-    for (path, file) in [("/streams", "streams.png"), ("/pool", "pool.png"), ("/workers", "workers.png")] {
+    for (path, file) in [
+        ("/streams", "streams.png"),
+        ("/pool", "pool.png"),
+        ("/workers", "workers.png"),
+    ] {
         let png = shots.join(file);
         let _ = std::fs::remove_file(&png);
         let arg = format!("--screenshot={}", png.display());
@@ -136,9 +182,17 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         })
         .await
         .unwrap();
-        let bytes = std::fs::read(&png).unwrap_or_else(|_| panic!("no screenshot at {}", png.display()));
-        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{file} is not a PNG");
-        assert!(bytes.len() > 20_000, "{file} is suspiciously small: {} bytes", bytes.len());
+        let bytes =
+            std::fs::read(&png).unwrap_or_else(|_| panic!("no screenshot at {}", png.display()));
+        assert!(
+            bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+            "{file} is not a PNG"
+        );
+        assert!(
+            bytes.len() > 20_000,
+            "{file} is suspiciously small: {} bytes",
+            bytes.len()
+        );
     }
     drop(dashboard);
     shutdown.cancel();

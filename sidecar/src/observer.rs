@@ -14,7 +14,7 @@ use leasehold_control::lease::LeaseState;
 use leasehold_control::schema::OBSERVER_LEASE;
 use leasehold_control::store::list_all;
 use leasehold_control::telemetry::OrphanKind;
-use leasehold_worker::broker::pool::scan_keys;
+use leasehold_worker::broker::bus::{BusError, PoolBus};
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
@@ -28,8 +28,8 @@ pub struct ObserverConfig {
     pub clock: Arc<dyn Clock>,
     /// How often the cluster gauges are refreshed.
     pub interval: Duration,
-    /// The pool's Redis, for the pool and orphan gauges (none: streams only).
-    pub redis: Option<redis::aio::ConnectionManager>,
+    /// The pool bus, for the pool and orphan gauges (none: streams only).
+    pub pool: Option<Arc<dyn PoolBus>>,
 }
 
 /// Competes for the observer lease and publishes while holding it.
@@ -94,11 +94,11 @@ async fn publish(
             LeaseState::Unowned => unowned += 1,
         }
     }
-    let pool = match config.redis.clone() {
-        Some(redis) => match pool_view(redis).await {
+    let pool = match &config.pool {
+        Some(bus) => match pool_view(bus.as_ref()).await {
             Ok(pool) => Some(pool),
             Err(err) => {
-                tracing::warn!(error = %err, "cannot read the pool state from Redis");
+                tracing::warn!(error = %err, "cannot read the pool state from the pool bus");
                 None
             }
         },
@@ -121,7 +121,7 @@ async fn publish(
     Ok(())
 }
 
-/// The pool as Redis shows it.
+/// The pool as the pool bus shows it.
 struct PoolView {
     idle: u64,
     claimed: u64,
@@ -130,24 +130,15 @@ struct PoolView {
 }
 
 /// Counts keys matching `pattern` (SCAN, never KEYS: the pool's Redis is shared).
-async fn count_keys(
-    redis: &mut redis::aio::ConnectionManager,
-    pattern: &str,
-) -> redis::RedisResult<u64> {
-    Ok(scan_keys(redis, pattern).await?.len() as u64)
+async fn count_keys(bus: &dyn PoolBus, pattern: &str) -> Result<u64, BusError> {
+    Ok(bus.scan_keys(pattern).await?.len() as u64)
 }
 
-async fn pool_view(mut redis: redis::aio::ConnectionManager) -> redis::RedisResult<PoolView> {
-    let idle = count_keys(&mut redis, keys::POOL_WORKER_ACTIVE_PATTERN).await?;
-    let all = count_keys(&mut redis, keys::WORKER_ACTIVE_PATTERN).await?;
-    let pending: u64 = redis::cmd("LLEN")
-        .arg(keys::POOL_CLAIMS)
-        .query_async(&mut redis)
-        .await?;
-    let report: Option<String> = redis::cmd("GET")
-        .arg(keys::MAINTENANCE_LAST_REPORT)
-        .query_async(&mut redis)
-        .await?;
+async fn pool_view(bus: &dyn PoolBus) -> Result<PoolView, BusError> {
+    let idle = count_keys(bus, keys::POOL_WORKER_ACTIVE_PATTERN).await?;
+    let all = count_keys(bus, keys::WORKER_ACTIVE_PATTERN).await?;
+    let pending = bus.list_len(keys::POOL_CLAIMS).await?;
+    let report = bus.maintenance_report().await?;
     // The report is the maintenance sweep's JSON; only its `found` counts matter here.
     let orphans = report
         .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())

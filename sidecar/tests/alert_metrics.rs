@@ -29,6 +29,8 @@ use leasehold_control::testing::http_get;
 use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_worker::broker::bus::PoolBus;
+use leasehold_worker::broker::bus::redis::RedisPoolBus;
 use serde_yaml_ng::Value;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
@@ -408,20 +410,16 @@ async fn observer(store: Arc<dyn LeaseStore>) -> ObserverConfig {
             ..KeeperConfig::default()
         },
     );
-    // The pool and orphan gauges come from the pool's Redis.
-    let redis = match leasehold_control::testing::redis_url() {
-        Some(url) => Some(
-            redis::aio::ConnectionManager::new(redis::Client::open(url).unwrap())
-                .await
-                .unwrap(),
-        ),
+    // The pool and orphan gauges come from the pool bus on the test Redis.
+    let pool = match leasehold_control::testing::redis_url() {
+        Some(url) => Some(Arc::new(RedisPoolBus::connect(&url).await.unwrap()) as Arc<dyn PoolBus>),
         None => None,
     };
     ObserverConfig {
         keeper,
         clock: Arc::new(SystemClock),
         interval: Duration::from_millis(200),
-        redis,
+        pool,
     }
 }
 

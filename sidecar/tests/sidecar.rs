@@ -316,7 +316,7 @@ fn observer(store: Arc<dyn LeaseStore>, owner: &str) -> ObserverConfig {
         keeper,
         clock: Arc::new(SystemClock),
         interval: Duration::from_millis(200),
-        redis: None,
+        pool: None,
     }
 }
 

@@ -1,5 +1,5 @@
-//! The maintenance sweep (seed 002 "orphan detection"): Redis marks compared
-//! with the launcher's running tasks.
+//! The maintenance sweep (seed 002 "orphan detection"): the liveness marks on
+//! the pool bus compared with the launcher's running tasks.
 //!
 //! | kind | found when | resolved by |
 //! |---|---|---|
@@ -19,11 +19,11 @@ use futures_util::StreamExt;
 use leasehold_control::clock::unix_ms;
 use leasehold_control::keys;
 use leasehold_control::telemetry::{OrphanKind, TelemetryEvent, TelemetrySink};
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
+use super::bus::{BusError, PoolBus};
 use super::launcher::{RunningTask, TaskLauncher};
-use super::pool::{PoolError, scan_keys};
+use super::pool::PoolError;
 use super::protocol::MarkValue;
 
 /// One `worker:active:…` key as the sweep reads it.
@@ -180,34 +180,26 @@ pub struct SweepReport {
     pub resolved: BTreeMap<OrphanKind, u64>,
     /// Every finding.
     pub findings: Vec<Finding>,
-    /// Resolution failures (no secrets: Redis and launcher errors only).
+    /// Resolution failures (no secrets: pool bus and launcher errors only).
     pub errors: Vec<String>,
 }
 
-async fn read_marks(redis: &mut ConnectionManager) -> Result<Vec<Mark>, redis::RedisError> {
-    let mut marks = Vec::new();
-    for key in scan_keys(redis, keys::WORKER_ACTIVE_PATTERN).await? {
-        let (value, ttl): (Option<String>, i64) = redis::pipe()
-            .cmd("GET")
-            .arg(&key)
-            .cmd("PTTL")
-            .arg(&key)
-            .query_async(redis)
-            .await?;
-        let Some(value) = value else { continue };
-        marks.push(Mark {
-            user_id: user_of(&key),
-            value: MarkValue::parse(&value),
-            ttl_ms: u64::try_from(ttl).ok(),
-            key,
-        });
-    }
-    Ok(marks)
+async fn read_marks(bus: &dyn PoolBus) -> Result<Vec<Mark>, BusError> {
+    let marks = bus.marks(keys::WORKER_ACTIVE_PATTERN).await?;
+    Ok(marks
+        .into_iter()
+        .map(|mark| Mark {
+            user_id: user_of(&mark.key),
+            value: MarkValue::parse(&mark.value),
+            ttl_ms: mark.ttl_ms,
+            key: mark.key,
+        })
+        .collect())
 }
 
 async fn resolve(
     finding: &Finding,
-    redis: &mut ConnectionManager,
+    bus: &dyn PoolBus,
     launcher: &dyn TaskLauncher,
 ) -> Result<(), String> {
     if let Some(key) = &finding.delete_key {
@@ -219,9 +211,7 @@ async fn resolve(
         {
             delete.push(keys::worker_metadata(user));
         }
-        let _: i64 = redis::cmd("DEL")
-            .arg(&delete)
-            .query_async(redis)
+        bus.delete_keys(&delete)
             .await
             .map_err(|err| format!("DEL {key}: {err}"))?;
     }
@@ -236,7 +226,7 @@ async fn resolve(
 
 /// One sweep: read, classify, resolve (unless dry run), report.
 pub async fn sweep(
-    redis: &mut ConnectionManager,
+    bus: &dyn PoolBus,
     launcher: &dyn TaskLauncher,
     config: &SweepConfig,
     telemetry: &dyn TelemetrySink,
@@ -245,7 +235,7 @@ pub async fn sweep(
     // is not listed, which at worst looks like an orphan mark for one sweep only
     // if it also died; listing marks first could stop a healthy new task.
     let tasks = launcher.list().await?;
-    let marks = read_marks(redis).await?;
+    let marks = read_marks(bus).await?;
     let now = u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0);
     let findings = classify(&marks, &tasks, now, config);
     let mut found: BTreeMap<OrphanKind, u64> = OrphanKind::ALL.iter().map(|k| (*k, 0)).collect();
@@ -256,15 +246,12 @@ pub async fn sweep(
     let mut errors = Vec::new();
     if !config.dry_run {
         let results: Vec<Vec<(OrphanKind, Result<(), String>)>> =
-            futures_util::stream::iter(findings.chunks(100).map(|batch| {
-                let mut redis = redis.clone();
-                async move {
-                    let mut out = Vec::with_capacity(batch.len());
-                    for finding in batch {
-                        out.push((finding.kind, resolve(finding, &mut redis, launcher).await));
-                    }
-                    out
+            futures_util::stream::iter(findings.chunks(100).map(|batch| async move {
+                let mut out = Vec::with_capacity(batch.len());
+                for finding in batch {
+                    out.push((finding.kind, resolve(finding, bus, launcher).await));
                 }
+                out
             }))
             .buffer_unordered(config.concurrency.max(1))
             .collect()
@@ -292,10 +279,7 @@ pub async fn sweep(
         findings,
         errors,
     };
-    let _: () = redis::cmd("SET")
-        .arg(keys::MAINTENANCE_LAST_REPORT)
-        .arg(serde_json::to_string(&report).unwrap_or_default())
-        .query_async(redis)
+    bus.put_maintenance_report(&serde_json::to_string(&report).unwrap_or_default())
         .await?;
     Ok(report)
 }

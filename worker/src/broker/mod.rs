@@ -1,6 +1,8 @@
 //! The per-user broker worker pool (seed 002, design §3.2).
 //!
 //! Module map:
+//! - [`bus`]: the [`bus::PoolBus`] seam over the pool's shared state: Redis in
+//!   production, in memory for one-process runs; one conformance suite.
 //! - [`protocol`]: every message body (claim, request, response, control,
 //!   liveness mark, dead letter), parsed strictly with errors that name fields,
 //!   never values.
@@ -17,6 +19,7 @@
 //! - [`maintenance`]: the orphan / stale / duplicate sweep.
 //! - [`settings`]: the variables of `leasehold_control::config` parsed for these.
 
+pub mod bus;
 pub mod connections;
 pub mod credentials;
 pub mod launcher;

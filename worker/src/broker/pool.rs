@@ -1,25 +1,25 @@
 //! The pool manager's reconcile pass and the claim path (seed 002: "active →
 //! nothing; idle pool worker → claim; none → cold start").
 //!
-//! Both count idle pool workers with SCAN over `worker:active:-1:*` (never KEYS:
-//! it would block Redis on a large keyspace).
+//! Both count idle pool workers with a scan of `worker:active:-1:*` on the pool
+//! bus (SCAN, never KEYS: it would block Redis on a large keyspace).
 
 use std::time::SystemTime;
 
 use leasehold_control::clock::unix_ms;
 use leasehold_control::keys;
 use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
-use redis::aio::ConnectionLike;
 
+use super::bus::{BusError, PoolBus};
 use super::launcher::{LaunchError, TaskLauncher};
 use super::protocol::{ClaimMessage, MarkValue};
 
 /// Pool manager and claim failures.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
-    /// Redis failed (no URL in the message).
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    /// The pool bus failed (no URL in the message).
+    #[error(transparent)]
+    Bus(#[from] BusError),
     /// The launcher failed.
     #[error(transparent)]
     Launch(#[from] LaunchError),
@@ -28,45 +28,18 @@ pub enum PoolError {
     NoCredentials(String),
 }
 
-/// Keys matching `pattern`, by SCAN.
-pub async fn scan_keys<C: ConnectionLike + Send>(
-    redis: &mut C,
-    pattern: &str,
-) -> Result<Vec<String>, redis::RedisError> {
-    let mut cursor: u64 = 0;
-    let mut found = Vec::new();
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(500)
-            .query_async(redis)
-            .await?;
-        found.extend(batch);
-        if next == 0 {
-            found.sort();
-            found.dedup();
-            return Ok(found);
-        }
-        cursor = next;
-    }
-}
-
 /// Idle pool workers: their mark keys and, where readable, their marks.
-pub async fn idle_pool_workers<C: ConnectionLike + Send>(
-    redis: &mut C,
-) -> Result<Vec<(String, Option<MarkValue>)>, redis::RedisError> {
-    let keys = scan_keys(redis, keys::POOL_WORKER_ACTIVE_PATTERN).await?;
-    let mut idle = Vec::with_capacity(keys.len());
-    for key in keys {
-        let value: Option<String> = redis::cmd("GET").arg(&key).query_async(redis).await?;
-        if let Some(value) = value {
-            idle.push((key, MarkValue::parse(&value)));
-        }
-    }
-    Ok(idle)
+pub async fn idle_pool_workers(
+    bus: &dyn PoolBus,
+) -> Result<Vec<(String, Option<MarkValue>)>, BusError> {
+    let marks = bus.marks(keys::POOL_WORKER_ACTIVE_PATTERN).await?;
+    Ok(marks
+        .into_iter()
+        .map(|mark| {
+            let value = MarkValue::parse(&mark.value);
+            (mark.key, value)
+        })
+        .collect())
 }
 
 /// Which path a claim took.
@@ -98,26 +71,18 @@ impl std::fmt::Display for ClaimPath {
 
 /// Makes sure `user_id` gets a worker. The credentials blob is forwarded as
 /// stored: the claimer never needs the key.
-pub async fn claim_user<C: ConnectionLike + Send>(
-    redis: &mut C,
+pub async fn claim_user(
+    bus: &dyn PoolBus,
     launcher: &dyn TaskLauncher,
     user_id: &str,
 ) -> Result<ClaimPath, PoolError> {
-    let active: bool = redis::cmd("EXISTS")
-        .arg(keys::worker_active(user_id))
-        .query_async(redis)
-        .await?;
-    if active {
+    if bus.user_is_active(user_id).await? {
         return Ok(ClaimPath::AlreadyActive);
     }
-    let blob: Option<String> = redis::cmd("GET")
-        .arg(keys::credentials(user_id))
-        .query_async(redis)
-        .await?;
-    let Some(blob) = blob else {
+    let Some(blob) = bus.credentials(user_id).await? else {
         return Err(PoolError::NoCredentials(keys::credentials(user_id)));
     };
-    if idle_pool_workers(redis).await?.is_empty() {
+    if idle_pool_workers(bus).await?.is_empty() {
         let task_id = launcher.start(Some(user_id)).await?;
         return Ok(ClaimPath::ColdStart { task_id });
     }
@@ -128,11 +93,7 @@ pub async fn claim_user<C: ConnectionLike + Send>(
         claim_id: format!("claim-{user_id}-{now}"),
         enqueued_at: u64::try_from(now).unwrap_or(0),
     };
-    let _: i64 = redis::cmd("LPUSH")
-        .arg(keys::POOL_CLAIMS)
-        .arg(claim.to_json())
-        .query_async(redis)
-        .await?;
+    bus.push_claim(&claim.to_json()).await?;
     Ok(ClaimPath::PoolClaim {
         claim_id: claim.claim_id,
     })
@@ -150,13 +111,13 @@ pub struct Reconciled {
 }
 
 /// One pool-manager pass: start or stop pool workers to reach `target`.
-pub async fn reconcile<C: ConnectionLike + Send>(
-    redis: &mut C,
+pub async fn reconcile(
+    bus: &dyn PoolBus,
     launcher: &dyn TaskLauncher,
     target: usize,
     telemetry: &dyn TelemetrySink,
 ) -> Result<Reconciled, PoolError> {
-    let idle = idle_pool_workers(redis).await?;
+    let idle = idle_pool_workers(bus).await?;
     let mut outcome = Reconciled {
         idle: idle.len(),
         ..Reconciled::default()

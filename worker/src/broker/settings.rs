@@ -247,6 +247,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tls_redis_urls_are_accepted() {
+        // ElastiCache Serverless only speaks TLS: `rediss://` must work.
+        for url in ["rediss://cache.example:6379", "redis://127.0.0.1:6379/7"] {
+            let mut problems = Problems::default();
+            redis_url(&mut problems, &|_| Some(url.to_owned()));
+            assert!(problems.finish(()).is_ok(), "{url} refused");
+        }
+        let mut problems = Problems::default();
+        redis_url(&mut problems, &|_| Some("http://nope".to_owned()));
+        assert!(problems.finish(()).is_err());
+    }
+
+    #[test]
     fn bad_values_are_all_reported_and_the_key_is_never_echoed() {
         let lookup = |name: &str| match name {
             "CREDENTIALS_KEY" => Some("CANARY-not-a-key".to_owned()),

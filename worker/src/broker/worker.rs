@@ -14,8 +14,10 @@
 //! - **Exit**: SIGTERM, `shutdown`, idle timeout or a lost mark: the request in
 //!   flight is answered, connections closed, own marks deleted.
 //!
-//! A BLPOP interrupted by shutdown is ended with `CLIENT UNBLOCK` rather than by
-//! dropping the future, so a message Redis already popped is never lost.
+//! Every step goes through the [`PoolBus`]: Redis in production, in memory in
+//! one process. A blocking pop interrupted by shutdown is ended through the
+//! bus's interrupt rather than by dropping the future, so a message the bus
+//! already handed out is never lost.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,80 +28,16 @@ use leasehold_control::keys;
 use leasehold_control::telemetry::{
     ClaimResult, PoolWorkerStateKind, RequestResult, TelemetryEvent, TelemetrySink,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use super::bus::WorkerMetadata;
+use super::bus::redis::RedisPoolBus;
+use super::bus::{BusError, MarkWrite, PoolBus, UserMessage};
 use super::connections::{ConnectError, ConnectPolicy, ConnectionCache};
 use super::credentials::{CipherError, Credentials, CredentialsCipher};
 use super::paper::{Broker, BrokerError};
-use super::protocol::{
-    self, Action, ClaimMessage, ControlMessage, MarkValue, Response, dead_letter,
-};
-
-/// Answers stay readable this long (design §3.2).
-const RESPONSE_TTL_SECS: u64 = 60;
-/// A taken request id is remembered this long (redeliveries come much sooner).
-const REQUEST_TAKEN_TTL_SECS: u64 = 86_400;
-
-/// KEYS: user mark, pool mark, metadata. ARGV: mark value, ttl, task_arn,
-/// instance_id, launched_at. 1 = claimed, 0 = the user already has a worker.
-const CLAIM: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  redis.call('DEL', KEYS[2])
-  redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], 'task_arn', ARGV[3], 'instance_id', ARGV[4], 'launched_at', ARGV[5])
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
-  return 1
-end
-return 0
-"#;
-
-/// Lua prefix shared by the scripts that touch a user's mark: returns 0 unless
-/// the mark at KEYS[1] is absent or belongs to worker ARGV[1]. One definition
-/// of "this worker holds the user", so refresh and release cannot disagree.
-const UNLESS_MARK_IS_MINE: &str = r#"
-local current = redis.call('GET', KEYS[1])
-if current then
-  local ok, mark = pcall(cjson.decode, current)
-  if not ok or type(mark) ~= 'table' or mark['worker_id'] ~= ARGV[1] then
-    return 0
-  end
-end
-"#;
-
-/// KEYS: user mark, metadata. ARGV: worker id, mark value, ttl, task_arn,
-/// instance_id, launched_at. 1 = refreshed, 0 = another worker holds the user.
-/// A mark that expired (Redis was unreachable for a while) is taken back.
-const HEARTBEAT: &str = r#"
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-redis.call('HSET', KEYS[2], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-return 1
-"#;
-
-/// KEYS: user mark, metadata. ARGV: worker id. Deletes both unless another
-/// worker holds the user.
-const RELEASE: &str = r#"
-redis.call('DEL', KEYS[1], KEYS[2])
-return 1
-"#;
-
-/// A mark script behind the ownership guard.
-fn guarded(body: &str) -> String {
-    format!("{UNLESS_MARK_IS_MINE}{body}")
-}
-
-/// Where the worker runs, for `worker:metadata:{user_id}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerMetadata {
-    /// ECS task ARN, or the local task id.
-    pub task_arn: String,
-    /// Host (EC2 instance id or host name).
-    pub instance_id: String,
-    /// Process start, unix ms.
-    pub launched_at: u64,
-}
+use super::protocol::{self, Action, ClaimMessage, ControlMessage, MarkValue, Response};
 
 /// A broker worker's settings.
 #[derive(Debug, Clone)]
@@ -144,9 +82,9 @@ pub enum WorkerExit {
 /// Failures that end a worker with a non-zero exit (the orchestrator replaces it).
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    /// Redis is unusable (message without the URL).
-    #[error("redis: {0}")]
-    Redis(String),
+    /// The pool bus is unusable (message without its URL).
+    #[error(transparent)]
+    Bus(#[from] BusError),
     /// Broker connection attempts exhausted.
     #[error("broker: {0}")]
     Connect(#[from] ConnectError),
@@ -158,11 +96,6 @@ pub enum WorkerError {
         /// What failed (never the secret).
         problem: String,
     },
-}
-
-fn redis_error(err: redis::RedisError) -> WorkerError {
-    // RedisError's text never includes the URL; it may name the command.
-    WorkerError::Redis(err.to_string())
 }
 
 /// Ticks of the claimed loop: idle timeout, and the health check of connections
@@ -222,72 +155,10 @@ impl Schedule {
     }
 }
 
-/// The blocking connection: BLPOP only, interruptible with `CLIENT UNBLOCK`.
-struct Blocking {
-    client: redis::Client,
-    response_timeout: Duration,
-    connection: Option<(MultiplexedConnection, i64)>,
-}
-
-impl Blocking {
-    async fn connection(&mut self) -> redis::RedisResult<(MultiplexedConnection, i64)> {
-        if let Some(connection) = &self.connection {
-            return Ok(connection.clone());
-        }
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(Duration::from_secs(2)));
-        let mut connection = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let id: i64 = redis::cmd("CLIENT")
-            .arg("ID")
-            .query_async(&mut connection)
-            .await?;
-        self.connection = Some((connection.clone(), id));
-        Ok((connection, id))
-    }
-
-    /// A blocking pop (`BLPOP` or `BRPOP`) over `keys` (first non-empty wins);
-    /// `stop` unblocks it early.
-    async fn pop(
-        &mut self,
-        commands: &mut ConnectionManager,
-        pop_command: &'static str,
-        keys: &[String],
-        timeout: Duration,
-        stop: &CancellationToken,
-    ) -> redis::RedisResult<Option<(String, String)>> {
-        let (mut connection, id) = self.connection().await?;
-        let seconds = format!("{:.3}", timeout.as_secs_f64().max(0.01));
-        let mut command = redis::cmd(pop_command);
-        command.arg(keys).arg(seconds);
-        let pop = command.query_async::<Option<(String, String)>>(&mut connection);
-        tokio::pin!(pop);
-        let result = tokio::select! {
-            result = &mut pop => result,
-            _ = stop.cancelled() => {
-                let unblocked: redis::RedisResult<i64> =
-                    redis::cmd("CLIENT").arg("UNBLOCK").arg(id).query_async(commands).await;
-                if let Err(err) = unblocked {
-                    tracing::warn!(error = %err, "cannot unblock BLPOP; waiting for its timeout");
-                }
-                pop.await
-            }
-        };
-        if result.is_err() {
-            self.connection = None;
-        }
-        result
-    }
-}
-
-/// A broker worker, connected to Redis.
+/// A broker worker on a pool bus.
 pub struct BrokerWorker {
     config: BrokerWorkerConfig,
-    commands: ConnectionManager,
-    blocking: Blocking,
+    bus: Arc<dyn PoolBus>,
     cipher: Arc<dyn CredentialsCipher>,
     brokers: HashMap<String, Arc<dyn Broker>>,
     telemetry: Arc<dyn TelemetrySink>,
@@ -326,7 +197,24 @@ fn now_ms() -> u64 {
 }
 
 impl BrokerWorker {
-    /// Connects to Redis (the URL is never part of an error).
+    /// A worker on `bus` (shared with other workers in one process, or its own).
+    pub fn new(
+        config: BrokerWorkerConfig,
+        bus: Arc<dyn PoolBus>,
+        cipher: Arc<dyn CredentialsCipher>,
+        brokers: HashMap<String, Arc<dyn Broker>>,
+        telemetry: Arc<dyn TelemetrySink>,
+    ) -> Self {
+        BrokerWorker {
+            config,
+            bus,
+            cipher,
+            brokers,
+            telemetry,
+        }
+    }
+
+    /// A worker on its own Redis bus (the URL is never part of an error).
     pub async fn connect(
         config: BrokerWorkerConfig,
         redis_url: &str,
@@ -334,29 +222,19 @@ impl BrokerWorker {
         brokers: HashMap<String, Arc<dyn Broker>>,
         telemetry: Arc<dyn TelemetrySink>,
     ) -> Result<Self, WorkerError> {
-        let client = redis::Client::open(redis_url)
-            .map_err(|err| WorkerError::Redis(format!("invalid Redis URL ({:?})", err.kind())))?;
-        let commands = ConnectionManager::new_with_config(
-            client.clone(),
-            ConnectionManagerConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(5)))
-                .set_connection_timeout(Some(Duration::from_secs(2))),
-        )
-        .await
-        .map_err(redis_error)?;
-        let blocking = Blocking {
-            client,
-            response_timeout: config.block + Duration::from_secs(10),
-            connection: None,
-        };
-        Ok(BrokerWorker {
-            config,
-            commands,
-            blocking,
-            cipher,
-            brokers,
-            telemetry,
-        })
+        let bus = Arc::new(RedisPoolBus::connect(redis_url).await?);
+        Ok(BrokerWorker::new(config, bus, cipher, brokers, telemetry))
+    }
+
+    /// What this worker writes into a user's mark and metadata.
+    fn mark_write<'a>(&'a self, user_id: &'a str, value: &'a str) -> MarkWrite<'a> {
+        MarkWrite {
+            user_id,
+            worker_id: &self.config.worker_id,
+            value,
+            ttl: self.config.mark_ttl,
+            metadata: &self.config.metadata,
+        }
     }
 
     fn mark(&self, user_id: &str) -> MarkValue {
@@ -415,11 +293,9 @@ impl BrokerWorker {
         forward.stop().await;
         heartbeat.stop().await;
         cache.close_all("shutdown").await;
-        let released: redis::RedisResult<i64> = redis::Script::new(&guarded(RELEASE))
-            .key(keys::worker_active(&user_id))
-            .key(keys::worker_metadata(&user_id))
-            .arg(&self.config.worker_id)
-            .invoke_async(&mut self.commands)
+        let released = self
+            .bus
+            .release_user_mark(&user_id, &self.config.worker_id)
             .await;
         if let Err(err) = released {
             tracing::warn!(user_id, error = %err, "cannot delete own marks; they expire with their TTL");
@@ -433,48 +309,33 @@ impl BrokerWorker {
         &mut self,
         shutdown: &CancellationToken,
     ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
-        let pool_mark = keys::pool_worker_active(&self.config.worker_id);
         self.state(PoolWorkerStateKind::Idle, None);
         let mut heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
-        let claims = [keys::POOL_CLAIMS.to_owned()];
         loop {
             if shutdown.is_cancelled() {
                 heartbeat.stop().await;
-                let _: redis::RedisResult<i64> = redis::cmd("DEL")
-                    .arg(&pool_mark)
-                    .query_async(&mut self.commands)
-                    .await;
+                if let Err(err) = self.bus.delete_pool_mark(&self.config.worker_id).await {
+                    tracing::warn!(error = %err, "cannot delete the pool mark; it expires with its TTL");
+                }
                 self.state(PoolWorkerStateKind::Stopped, None);
                 return Ok(Err(WorkerExit::Signal));
             }
-            // Producers LPUSH claims; BRPOP takes the oldest first, so claims are
-            // served in arrival order (the seed's SQS queue was FIFO-like).
-            let popped = self
-                .blocking
-                .pop(
-                    &mut self.commands,
-                    "BRPOP",
-                    &claims,
-                    self.config.block,
-                    shutdown,
-                )
-                .await;
+            // Claims are served in arrival order (the seed's SQS queue was FIFO-like).
+            let popped = self.bus.pop_claim(self.config.block, shutdown).await;
             let body = match popped {
-                Ok(Some((_, body))) => body,
+                Ok(Some(body)) => body,
                 Ok(None) => continue,
                 Err(err) => {
-                    tracing::warn!(error = %err, "BLPOP on pool:claims failed; retrying");
+                    tracing::warn!(error = %err, "pop on pool:claims failed; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
             };
             if shutdown.is_cancelled() {
                 // Popped while stopping: give it back, first in line for the next pool worker.
-                let _: redis::RedisResult<i64> = redis::cmd("RPUSH")
-                    .arg(keys::POOL_CLAIMS)
-                    .arg(&body)
-                    .query_async(&mut self.commands)
-                    .await;
+                if let Err(err) = self.bus.return_claim(&body).await {
+                    tracing::error!(error = %err, "cannot give a claim back; it is lost");
+                }
                 continue;
             }
             let Some((claim, credentials)) = self.check_claim(&body).await else {
@@ -507,12 +368,10 @@ impl BrokerWorker {
                 }
                 Err(err) => {
                     // Give the claim back: another pool worker may succeed.
-                    tracing::warn!(error = %err, "claim failed on Redis; message requeued");
-                    let _: redis::RedisResult<i64> = redis::cmd("LPUSH")
-                        .arg(keys::POOL_CLAIMS)
-                        .arg(&body)
-                        .query_async(&mut self.commands)
-                        .await;
+                    tracing::warn!(error = %err, "claim failed on the pool bus; message requeued");
+                    if let Err(err) = self.bus.push_claim(&body).await {
+                        tracing::error!(error = %err, "cannot requeue a claim; it is lost");
+                    }
                 }
             }
             heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
@@ -570,36 +429,21 @@ impl BrokerWorker {
     }
 
     async fn dead_letter(&mut self, list: &str, reason: &str, body: &str) {
-        let dead = keys::dead_letter(list);
         self.telemetry.emit(TelemetryEvent::MessageDeadLettered {
             queue: list.to_owned(),
             reason: reason.to_owned(),
         });
-        let pushed: redis::RedisResult<i64> = redis::cmd("RPUSH")
-            .arg(&dead)
-            .arg(dead_letter(reason, body, now_ms()))
-            .query_async(&mut self.commands)
-            .await;
+        let pushed = self.bus.dead_letter(list, reason, body, now_ms()).await;
         if let Err(err) = pushed {
+            let dead = keys::dead_letter(list);
             tracing::error!(queue = dead, error = %err, "cannot dead-letter a message; it is dropped");
         }
     }
 
     /// The exclusive claim script: true when this worker now holds the user.
-    async fn claim(&mut self, user_id: &str) -> redis::RedisResult<bool> {
-        let metadata = &self.config.metadata;
-        let claimed: i64 = redis::Script::new(CLAIM)
-            .key(keys::worker_active(user_id))
-            .key(keys::pool_worker_active(&self.config.worker_id))
-            .key(keys::worker_metadata(user_id))
-            .arg(self.mark(user_id).to_json())
-            .arg(self.config.mark_ttl.as_secs().max(1))
-            .arg(&metadata.task_arn)
-            .arg(&metadata.instance_id)
-            .arg(metadata.launched_at)
-            .invoke_async(&mut self.commands)
-            .await?;
-        Ok(claimed == 1)
+    async fn claim(&mut self, user_id: &str) -> Result<bool, BusError> {
+        let value = self.mark(user_id).to_json();
+        self.bus.claim_user(&self.mark_write(user_id, &value)).await
     }
 
     async fn load_credentials(&mut self, user_id: &str) -> Result<Credentials, WorkerError> {
@@ -607,11 +451,7 @@ impl BrokerWorker {
             user_id: user_id.to_owned(),
             problem,
         };
-        let blob: Option<String> = redis::cmd("GET")
-            .arg(keys::credentials(user_id))
-            .query_async(&mut self.commands)
-            .await
-            .map_err(redis_error)?;
+        let blob = self.bus.credentials(user_id).await?;
         let blob =
             blob.ok_or_else(|| problem(format!("{} is not set", keys::credentials(user_id))))?;
         self.cipher
@@ -629,7 +469,7 @@ impl BrokerWorker {
         let credentials = self.load_credentials(user_id).await?;
         let give_up = Instant::now() + self.config.mark_ttl + self.config.heartbeat;
         loop {
-            if self.claim(user_id).await.map_err(redis_error)? {
+            if self.claim(user_id).await? {
                 self.state(PoolWorkerStateKind::Claimed, Some(user_id));
                 return Ok(Ok(Claimed {
                     user_id: user_id.to_owned(),
@@ -648,10 +488,9 @@ impl BrokerWorker {
     }
 
     fn spawn_pool_heartbeat(&self) -> tokio::task::JoinHandle<()> {
-        let mut commands = self.commands.clone();
-        let key = keys::pool_worker_active(&self.config.worker_id);
+        let bus = self.bus.clone();
         let every = self.config.heartbeat;
-        let ttl = self.config.mark_ttl.as_secs().max(1);
+        let ttl = self.config.mark_ttl;
         let template = self.mark(keys::POOL_USER_ID);
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
@@ -661,12 +500,8 @@ impl BrokerWorker {
                     heartbeat_at: now_ms(),
                     ..template.clone()
                 };
-                let set: redis::RedisResult<()> = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(mark.to_json())
-                    .arg("EX")
-                    .arg(ttl)
-                    .query_async(&mut commands)
+                let set = bus
+                    .set_pool_mark(&template.worker_id, &mark.to_json(), ttl)
                     .await;
                 if let Err(err) = set {
                     tracing::warn!(error = %err, "pool heartbeat failed");
@@ -680,13 +515,12 @@ impl BrokerWorker {
         user_id: &str,
         lost: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        let mut commands = self.commands.clone();
+        let bus = self.bus.clone();
         let user_id = user_id.to_owned();
         let every = self.config.heartbeat;
-        let ttl = self.config.mark_ttl.as_secs().max(1);
+        let ttl = self.config.mark_ttl;
         let template = self.mark(&user_id);
         let metadata = self.config.metadata.clone();
-        let script = redis::Script::new(&guarded(HEARTBEAT));
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await; // the claim just wrote the mark
@@ -696,20 +530,19 @@ impl BrokerWorker {
                     heartbeat_at: now_ms(),
                     ..template.clone()
                 };
-                let refreshed: redis::RedisResult<i64> = script
-                    .key(keys::worker_active(&user_id))
-                    .key(keys::worker_metadata(&user_id))
-                    .arg(&template.worker_id)
-                    .arg(mark.to_json())
-                    .arg(ttl)
-                    .arg(&metadata.task_arn)
-                    .arg(&metadata.instance_id)
-                    .arg(metadata.launched_at)
-                    .invoke_async(&mut commands)
+                let value = mark.to_json();
+                let refreshed = bus
+                    .refresh_user_mark(&MarkWrite {
+                        user_id: &user_id,
+                        worker_id: &template.worker_id,
+                        value: &value,
+                        ttl,
+                        metadata: &metadata,
+                    })
                     .await;
                 match refreshed {
-                    Ok(1) => {}
-                    Ok(_) => {
+                    Ok(true) => {}
+                    Ok(false) => {
                         tracing::warn!(user_id, "another worker holds this user's mark; stopping");
                         lost.cancel();
                         return;
@@ -730,9 +563,6 @@ impl BrokerWorker {
         lost: &CancellationToken,
     ) -> Result<WorkerExit, WorkerError> {
         let user_id = claimed.user_id.clone();
-        let control_key = keys::worker_control(&user_id);
-        let requests_key = keys::user_requests(&user_id);
-        let lists = [control_key.clone(), requests_key.clone()];
         let mut schedule = Schedule::new(
             Instant::now(),
             self.config.idle_timeout,
@@ -757,24 +587,20 @@ impl BrokerWorker {
                 }
                 Due::Wait(wait) => wait.min(self.config.block),
             };
-            let popped = self
-                .blocking
-                .pop(&mut self.commands, "BLPOP", &lists, wait, stop)
-                .await;
-            let (list, body) = match popped {
-                Ok(Some(popped)) => popped,
+            let popped = self.bus.pop_user_message(&user_id, wait, stop).await;
+            let message = match popped {
+                Ok(Some(message)) => message,
                 Ok(None) => continue,
                 Err(err) => {
-                    tracing::warn!(user_id, error = %err, "BLPOP failed; retrying");
+                    tracing::warn!(user_id, error = %err, "pop of requests and control messages failed; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
             };
             schedule.activity(Instant::now());
-            let handled = if list == control_key {
-                self.control(&mut claimed, cache, &body).await
-            } else {
-                self.request(&claimed, cache, &body).await?
+            let handled = match message {
+                UserMessage::Control(body) => self.control(&mut claimed, cache, &body).await,
+                UserMessage::Request(body) => self.request(&claimed, cache, &body).await?,
             };
             if let Handled::Exit(exit) = handled {
                 return Ok(exit);
@@ -828,12 +654,9 @@ impl BrokerWorker {
     }
 
     async fn respond(&mut self, response: &Response) {
-        let written: redis::RedisResult<()> = redis::cmd("SET")
-            .arg(keys::response(&response.request_id))
-            .arg(response.to_json())
-            .arg("EX")
-            .arg(RESPONSE_TTL_SECS)
-            .query_async(&mut self.commands)
+        let written = self
+            .bus
+            .put_response(&response.request_id, &response.to_json())
             .await;
         if let Err(err) = written {
             tracing::error!(request_id = response.request_id, error = %err, "cannot write the response");
@@ -875,16 +698,11 @@ impl BrokerWorker {
                 return Ok(Handled::Continue);
             }
         };
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(keys::request_taken(&request.request_id))
-            .arg(&self.config.worker_id)
-            .arg("NX")
-            .arg("EX")
-            .arg(REQUEST_TAKEN_TTL_SECS)
-            .query_async(&mut self.commands)
-            .await
-            .map_err(redis_error)?;
-        if taken.is_none() {
+        let taken = self
+            .bus
+            .take_request(&request.request_id, &self.config.worker_id)
+            .await?;
+        if !taken {
             tracing::warn!(
                 user_id,
                 request_id = request.request_id,
