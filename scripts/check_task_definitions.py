@@ -11,8 +11,16 @@ from the code at run time, never copied here:
   and ECS API calls the code makes; a policy may grant no other action of those
   services.
 
-    python3 scripts/check_task_definitions.py              # check deploy/
-    python3 scripts/check_task_definitions.py --self-test  # each rule must catch a broken copy
+The task definitions are also validated against the ECS API model in botocore
+(the client-side validation `aws ecs register-task-definition --cli-input-json`
+does), so a misspelt or mistyped field fails here, not at deploy time. botocore
+comes with cfn-lint's dependencies; scripts/check_deploy.sh picks a Python that
+has it.
+
+    python3 scripts/check_task_definitions.py                # check deploy/
+    python3 scripts/check_task_definitions.py --self-test    # each rule must catch a broken copy
+    python3 scripts/check_task_definitions.py --iam-template # every policy in one CloudFormation
+                                                             # template, for cfn-lint's IAM rules
 
 Exit status 0 when everything holds, 1 with one line per problem otherwise.
 """
@@ -51,6 +59,18 @@ PLACEHOLDERS = {
     "SUBNETS", "SECURITY_GROUPS", "UPSTREAM_WS_URL",
     "CREDENTIALS_KEY_SECRET_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
     "DASHBOARD_TOKEN_SECRET_ARN",
+}
+
+# Stand-ins for the placeholders where a concrete value is needed (cfn-lint).
+SAMPLES = {
+    "ACCOUNT_ID": "123456789012", "REGION": "us-east-1",
+    "IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/leasehold:0.1.0",
+    "TABLE": "websocket-leases", "CLUSTER": "leasehold", "BROKER_CLUSTER": "leasehold-broker",
+    "SUBNETS": "subnet-0a1b2c3d", "SECURITY_GROUPS": "sg-0a1b2c3d",
+    "UPSTREAM_WS_URL": "wss://feed.example.com/{stream_id}",
+    **{name: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:leasehold/{name.lower()}-AbCdEf"
+       for name in ("CREDENTIALS_KEY_SECRET_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
+                    "DASHBOARD_TOKEN_SECRET_ARN")},
 }
 
 # Which policies each task role carries, and what its code calls (so a policy
@@ -326,6 +346,24 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
                 err(f"container {c.get('name')!r} depends on unknown container {d.get('containerName')!r}")
 
 
+def check_ecs_api_shape(path: str, td: dict, errors: list[str]):
+    """What `aws ecs register-task-definition --cli-input-json` validates before sending."""
+    try:
+        import botocore.session
+        from botocore.validate import ParamValidator
+    except ImportError:
+        errors.append("botocore is not importable: run through scripts/check_deploy.sh, which uses "
+                      "the Python that has cfn-lint (botocore is one of its dependencies)")
+        return
+    operation = (botocore.session.get_session().get_service_model("ecs")
+                 .operation_model("RegisterTaskDefinition"))
+    report = ParamValidator().validate(td, operation.input_shape)
+    if report.has_errors():
+        for line in report.generate_report().splitlines():
+            if line.strip() and not line.startswith("Parameter validation failed"):
+                errors.append(f"{path}: ECS API: {line.strip()}")
+
+
 def statements(policy: dict) -> list[dict]:
     return as_list(policy.get("Statement", []))
 
@@ -431,6 +469,7 @@ def check_all(task_defs: dict[str, dict], policies: dict[str, dict], lease_table
         errors.append("deploy/task-definitions: no task definitions found")
     for path, td in task_defs.items():
         check_task_definition(path, td, code, errors, notes)
+        check_ecs_api_shape(path, td, errors)
     for path, policy in policies.items():
         check_policy(path, policy, code, errors)
     check_roles({Path(p).name: d for p, d in policies.items()}, errors)
@@ -507,6 +546,10 @@ def self_test(code: Code) -> int:
         ("unconditioned wildcard resource", lambda t, p: p["deploy/iam/maintenance-task-policy.json"]["Statement"][0]
          .pop("Condition"), "needs a Condition"),
         ("unknown placeholder", lambda t, p: t[stream].update(family="${FAMILY}"), "unknown placeholder"),
+        ("misspelt ECS field", lambda t, p: container(t, broker, "broker-worker").update(stopTimeOut=30),
+         'Unknown parameter in containerDefinitions[0]: "stopTimeOut"'),
+        ("mistyped ECS field", lambda t, p: container(t, stream, "sidecar")["healthCheck"].update(interval="5"),
+         "Invalid type for parameter containerDefinitions[1].healthCheck.interval"),
     ]
     failed = 0
     for title, breaks, expected in cases:
@@ -529,7 +572,31 @@ def self_test(code: Code) -> int:
     return 1 if failed else 0
 
 
+def render(text: str) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: SAMPLES.get(m.group(1), m.group(0)), text)
+
+
+def iam_template() -> str:
+    """Every deploy/iam policy as a resource of one template, placeholders filled in."""
+    resources = {}
+    for path in sorted(IAM.glob("*.json")):
+        document = json.loads(render(path.read_text()))
+        logical = "".join(part.capitalize() for part in re.split(r"[^a-zA-Z0-9]", path.stem))
+        if any("Principal" in st for st in statements(document)):
+            resources[logical] = {"Type": "AWS::IAM::Role",
+                                  "Properties": {"AssumeRolePolicyDocument": document}}
+        else:
+            resources[logical] = {"Type": "AWS::IAM::ManagedPolicy",
+                                  "Properties": {"PolicyDocument": document}}
+    return json.dumps({"AWSTemplateFormatVersion": "2010-09-09",
+                       "Description": "deploy/iam/*.json wrapped for cfn-lint (generated; not for deployment)",
+                       "Resources": resources}, indent=2)
+
+
 def main(argv: list[str]) -> int:
+    if "--iam-template" in argv:
+        print(iam_template())
+        return 0
     code = Code()
     if "--self-test" in argv:
         return self_test(code)
