@@ -364,6 +364,40 @@ def check_ecs_api_shape(path: str, td: dict, errors: list[str]):
                 errors.append(f"{path}: ECS API: {line.strip()}")
 
 
+def check_launchers(task_defs: dict[str, dict], code: Code, errors: list[str]):
+    """The pool manager and maintenance must point at the broker worker's task
+    definition and container, and agree with it and each other on the pool's names."""
+    families = {td.get("family"): td for td in task_defs.values()}
+    groups, ttls = {}, {}
+    for path, td in task_defs.items():
+        for c in td.get("containerDefinitions", []):
+            env = {e.get("name"): e.get("value", "") for e in c.get("environment", [])}
+            sub = (c.get("command") or [None])[0]
+            if sub == "broker-worker" or "WORKER_MARK_TTL_SECONDS" in env:
+                ttls[f"{path} ({c.get('name')})"] = env.get("WORKER_MARK_TTL_SECONDS") or code.default(
+                    "WORKER_MARK_TTL_SECONDS")
+            if env.get("TASK_LAUNCHER") != "ecs":
+                continue
+            groups[path] = env.get("POOL_GROUP") or code.default("POOL_GROUP")
+            family = (env.get("ECS_TASK_DEFINITION") or "").rpartition("/")[2].partition(":")[0]
+            container = env.get("ECS_CONTAINER_NAME") or code.default("ECS_CONTAINER_NAME")
+            target = families.get(family)
+            if target is None:
+                errors.append(f"{path}: ECS_TASK_DEFINITION {family!r} is no task definition in deploy/")
+                continue
+            names = {t.get("name"): (t.get("command") or [None])[0] for t in target["containerDefinitions"]}
+            if names.get(container) != "broker-worker":
+                errors.append(f"{path}: ECS_CONTAINER_NAME {container!r} is not the container running "
+                              f"broker-worker in {family} (USER_ID overrides would go nowhere)")
+    if len(set(groups.values())) > 1:
+        errors.append(f"POOL_GROUP differs between launchers: {groups} (maintenance would not see the pool)")
+    for path, group in groups.items():
+        if not 1 <= len(group) <= 36:
+            errors.append(f"{path}: POOL_GROUP must be 1-36 characters (ECS startedBy)")
+    if len(set(ttls.values())) > 1:
+        errors.append(f"WORKER_MARK_TTL_SECONDS differs between the broker worker and maintenance: {ttls}")
+
+
 def statements(policy: dict) -> list[dict]:
     return as_list(policy.get("Statement", []))
 
@@ -470,6 +504,7 @@ def check_all(task_defs: dict[str, dict], policies: dict[str, dict], lease_table
     for path, td in task_defs.items():
         check_task_definition(path, td, code, errors, notes)
         check_ecs_api_shape(path, td, errors)
+    check_launchers(task_defs, code, errors)
     for path, policy in policies.items():
         check_policy(path, policy, code, errors)
     check_roles({Path(p).name: d for p, d in policies.items()}, errors)
@@ -546,6 +581,14 @@ def self_test(code: Code) -> int:
         ("unconditioned wildcard resource", lambda t, p: p["deploy/iam/maintenance-task-policy.json"]["Statement"][0]
          .pop("Condition"), "needs a Condition"),
         ("unknown placeholder", lambda t, p: t[stream].update(family="${FAMILY}"), "unknown placeholder"),
+        ("launcher overrides the wrong container", lambda t, p: env(
+            container(t, "deploy/task-definitions/pool-manager.json", "pool-manager"), "ECS_CONTAINER_NAME", "worker"),
+         "is not the container running broker-worker"),
+        ("maintenance watches another pool", lambda t, p: env(
+            container(t, "deploy/task-definitions/maintenance.json", "maintenance"), "POOL_GROUP", "other-pool"),
+         "POOL_GROUP differs between launchers"),
+        ("mark TTL disagrees", lambda t, p: env(container(t, broker, "broker-worker"), "WORKER_MARK_TTL_SECONDS", "60"),
+         "WORKER_MARK_TTL_SECONDS differs"),
         ("misspelt ECS field", lambda t, p: container(t, broker, "broker-worker").update(stopTimeOut=30),
          'Unknown parameter in containerDefinitions[0]: "stopTimeOut"'),
         ("mistyped ECS field", lambda t, p: container(t, stream, "sidecar")["healthCheck"].update(interval="5"),
