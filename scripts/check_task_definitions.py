@@ -1,0 +1,662 @@
+#!/usr/bin/env python3
+"""Checks the ECS task definitions and IAM policies in deploy/ against the code.
+
+Runs offline with the standard library only. What the binary accepts is read
+from the code at run time, never copied here:
+
+- control/src/config.rs: every `EnvVar` (name, default, doc). A variable whose
+  doc says "never printed" is a secret: ECS must inject it from `secrets`.
+- leasehold/src/main.rs: the subcommands (`enum Command`), for `command[0]`.
+- control/src/store/dynamodb.rs and worker/src/broker/launcher.rs: the DynamoDB
+  and ECS API calls the code makes; a policy may grant no other action of those
+  services.
+
+The task definitions are also validated against the ECS API model in botocore
+(the client-side validation `aws ecs register-task-definition --cli-input-json`
+does), so a misspelt or mistyped field fails here, not at deploy time. botocore
+comes with cfn-lint's dependencies; scripts/check_deploy.sh picks a Python that
+has it.
+
+    python3 scripts/check_task_definitions.py                # check deploy/
+    python3 scripts/check_task_definitions.py --self-test    # each rule must catch a broken copy
+    python3 scripts/check_task_definitions.py --iam-template # every policy in one CloudFormation
+                                                             # template, for cfn-lint's IAM rules
+
+Exit status 0 when everything holds, 1 with one line per problem otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+TASK_DEFINITIONS = DEPLOY / "task-definitions"
+IAM = DEPLOY / "iam"
+
+# Seconds a stream worker needs past DRAIN_TIMEOUT_MS before ECS may SIGKILL it:
+# releasing up to MAX_STREAMS leases (one UpdateItem each) and flushing telemetry.
+STOP_MARGIN_S = 5
+FARGATE_MAX_STOP_TIMEOUT_S = 120
+
+# Names the design fixes (design section 3.3) for components that are not in the
+# binary yet. Accepted only while config.rs lacks them; a note says when to drop them.
+PENDING_ENV = {
+    "DASHBOARD_LISTEN": "design 3.3; arrives with `leasehold dashboard` (issue 6)",
+    "DASHBOARD_TOKEN": "bearer token of the dashboard; arrives with issue 6",
+}
+PENDING_SECRETS = {"DASHBOARD_TOKEN"}
+PENDING_SUBCOMMANDS = {"dashboard": "issue 6"}
+
+# Placeholders the deploy files may use; deploy/README.md must explain each.
+PLACEHOLDERS = {
+    "ACCOUNT_ID", "REGION", "IMAGE", "TABLE", "CLUSTER", "BROKER_CLUSTER",
+    "SUBNETS", "SECURITY_GROUPS", "UPSTREAM_WS_URL",
+    "CREDENTIALS_KEY_SECRET_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
+    "DASHBOARD_TOKEN_SECRET_ARN",
+}
+
+# Stand-ins for the placeholders where a concrete value is needed (cfn-lint).
+SAMPLES = {
+    "ACCOUNT_ID": "123456789012", "REGION": "us-east-1",
+    "IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/leasehold:0.1.0",
+    "TABLE": "websocket-leases", "CLUSTER": "leasehold", "BROKER_CLUSTER": "leasehold-broker",
+    "SUBNETS": "subnet-0a1b2c3d", "SECURITY_GROUPS": "sg-0a1b2c3d",
+    "UPSTREAM_WS_URL": "wss://feed.example.com/{stream_id}",
+    **{name: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:leasehold/{name.lower()}-AbCdEf"
+       for name in ("CREDENTIALS_KEY_SECRET_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
+                    "DASHBOARD_TOKEN_SECRET_ARN")},
+}
+
+# Which policies each task role carries, and what its code calls (so a policy
+# cannot silently lose a permission the component needs).
+ROLES = {
+    "leasehold-stream-worker-task": (
+        ["stream-worker-task-policy.json", "sidecar-observer-policy.json"],
+        {"dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem",
+         "dynamodb:Scan", "dynamodb:UpdateItem"},
+    ),
+    # The broker worker talks to Redis only; its sidecar runs without the
+    # observer and with CLOUDWATCH_MODE=emf, so the role has no policy.
+    "leasehold-broker-worker-task": ([], set()),
+    "leasehold-dashboard-task": (
+        ["dashboard-task-policy.json"], {"dynamodb:GetItem", "dynamodb:Scan"}),
+    "leasehold-pool-manager-task": (
+        ["pool-manager-task-policy.json"], {"ecs:RunTask", "ecs:StopTask", "iam:PassRole"}),
+    "leasehold-maintenance-task": (
+        ["maintenance-task-policy.json"], {"ecs:ListTasks", "ecs:DescribeTasks", "ecs:StopTask"}),
+}
+EXECUTION_ROLE = "leasehold-task-execution"
+OTHER_POLICIES = {
+    "task-execution-policy.json",  # EXECUTION_ROLE
+    "ecs-tasks-trust-policy.json",  # trust policy of every role above
+    "sidecar-cloudwatch-api-policy.json",  # added only with CLOUDWATCH_MODE=api
+}
+# Actions that accept no resource but "*" and have no condition worth adding.
+STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken"}
+# Container-level secret-looking names and values (besides config.rs's "never printed").
+SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET", re.I)
+URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]+@")
+AWS_ACCESS_KEY = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
+FARGATE_SIZES = {  # cpu units -> allowed task memory (MiB)
+    256: {512, 1024, 2048},
+    512: set(range(1024, 4097, 1024)),
+    1024: set(range(2048, 8193, 1024)),
+    2048: set(range(4096, 16385, 1024)),
+    4096: set(range(8192, 30721, 1024)),
+}
+
+
+# --- what the code says ---------------------------------------------------------
+
+def rust_string(text: str, field: str) -> str | None:
+    """The value of `field: "..."` or `field: r#"..."#` in a Rust struct literal."""
+    m = re.search(field + r':\s*(?:r#"(.*?)"#|"((?:[^"\\]|\\.)*)")', text, re.S)
+    if not m:
+        return None
+    if m.group(1) is not None:
+        return m.group(1)
+    # Ordinary string: join `\`-continued lines, unescape quotes.
+    return re.sub(r"\\\n\s*", "", m.group(2)).replace('\\"', '"')
+
+
+def env_vars(config_rs: str) -> dict[str, dict]:
+    """name -> {default, doc} for every `pub const X: EnvVar = EnvVar { ... };`."""
+    found = {}
+    for block in re.findall(r"pub const \w+: EnvVar = EnvVar \{(.*?)\n\};", config_rs, re.S):
+        name = rust_string(block, "name")
+        if name:
+            found[name] = {"default": rust_string(block, "default") or "",
+                           "doc": rust_string(block, "doc") or ""}
+    return found
+
+
+def subcommands(main_rs: str) -> set[str]:
+    """`enum Command { StreamWorker(..), ... }` -> {"stream-worker", ...}."""
+    m = re.search(r"enum Command \{(.*?)\n\}", main_rs, re.S)
+    if not m:
+        return set()
+    names = re.findall(r"^\s+([A-Z]\w*)\s*[(,{]", m.group(1), re.M)
+    return {re.sub(r"(?<!^)([A-Z])", r"-\1", n).lower() for n in names}
+
+
+def client_calls(rust: str, service: str) -> set[str]:
+    """`.client ... .update_item()` -> {"dynamodb:UpdateItem"}."""
+    calls = re.findall(r"\.client\s*\.(\w+)\(\)", rust)
+    return {f"{service}:" + "".join(w.capitalize() for w in c.split("_")) for c in calls}
+
+
+class Code:
+    """Everything read from the repository's code."""
+
+    def __init__(self, repo: Path = REPO):
+        self.env = env_vars((repo / "control/src/config.rs").read_text())
+        self.subcommands = subcommands((repo / "leasehold/src/main.rs").read_text())
+        self.calls = client_calls(
+            (repo / "control/src/store/dynamodb.rs").read_text(), "dynamodb"
+        ) | client_calls((repo / "worker/src/broker/launcher.rs").read_text(), "ecs")
+        self.secrets = {n for n, v in self.env.items() if "never printed" in v["doc"]}
+        # If the extraction breaks, fail loudly instead of checking against nothing.
+        problems = []
+        for name in ("LEASE_TABLE", "DRAIN_TIMEOUT_MS", "SIDECAR_LISTEN", "TELEMETRY_ADDR",
+                     "REDIS_URL", "CREDENTIALS_KEY"):
+            if name not in self.env:
+                problems.append(f"control/src/config.rs: EnvVar {name} not found (did the format change?)")
+        if len(self.env) < 40:
+            problems.append(f"control/src/config.rs: only {len(self.env)} EnvVar definitions found")
+        for name in ("stream-worker", "sidecar", "broker-worker", "pool-manager", "maintenance"):
+            if name not in self.subcommands:
+                problems.append(f"leasehold/src/main.rs: subcommand {name} not found in enum Command")
+        for action in ("dynamodb:UpdateItem", "dynamodb:Scan", "ecs:RunTask", "ecs:StopTask"):
+            if action not in self.calls:
+                problems.append(f"no {action} call found in dynamodb.rs / launcher.rs")
+        if "CREDENTIALS_KEY" not in self.secrets:
+            problems.append("control/src/config.rs: CREDENTIALS_KEY's doc no longer says 'never printed'")
+        if problems:
+            raise SystemExit("\n".join(problems))
+
+    def default(self, name: str) -> str:
+        return self.env.get(name, {}).get("default", "")
+
+
+# --- checks -----------------------------------------------------------------------
+
+def listen_port(addr: str) -> tuple[str, int | None]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port) if port.isdigit() else None
+
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def check_task_definition(path: str, td: dict, code: Code, errors: list[str], notes: set[str]):
+    def err(msg: str):
+        errors.append(f"{path}: {msg}")
+
+    for field in ("family", "taskRoleArn", "executionRoleArn", "containerDefinitions"):
+        if not td.get(field):
+            err(f"missing {field}")
+    if td.get("networkMode") != "awsvpc":
+        err(f"networkMode is {td.get('networkMode')!r}, Fargate needs 'awsvpc'")
+    if "FARGATE" not in td.get("requiresCompatibilities", []):
+        err("requiresCompatibilities must include FARGATE")
+    cpu, memory = td.get("cpu"), td.get("memory")
+    if not (isinstance(cpu, str) and cpu.isdigit() and isinstance(memory, str) and memory.isdigit()):
+        err(f"cpu and memory must be strings of digits (got {cpu!r}, {memory!r})")
+    elif int(memory) not in FARGATE_SIZES.get(int(cpu), set()):
+        err(f"cpu {cpu} / memory {memory} is not a Fargate task size")
+    role = str(td.get("taskRoleArn", "")).rpartition("/")[2]
+    if role and role not in ROLES:
+        err(f"taskRoleArn names role {role!r}, which scripts/check_task_definitions.py ROLES does not describe")
+    if str(td.get("executionRoleArn", "")).rpartition("/")[2] != EXECUTION_ROLE:
+        err(f"executionRoleArn must be the {EXECUTION_ROLE} role")
+
+    containers = td.get("containerDefinitions") or []
+    by_name = {c.get("name"): c for c in containers}
+    sidecars = [c for c in containers if (c.get("command") or [None])[0] == "sidecar"]
+    total_memory = 0
+    for c in containers:
+        name = c.get("name", "?")
+
+        def cerr(msg: str, name=name):
+            err(f"container {name!r}: {msg}")
+
+        for field in ("name", "image", "command", "logConfiguration"):
+            if not c.get(field):
+                cerr(f"missing {field}")
+        if not isinstance(c.get("essential"), bool):
+            cerr("essential must be set explicitly (true or false)")
+        command = c.get("command") or []
+        sub = command[0] if command else None
+        if sub and sub not in code.subcommands:
+            if sub in PENDING_SUBCOMMANDS:
+                notes.add(f"subcommand {sub!r} is not in the binary yet ({PENDING_SUBCOMMANDS[sub]})")
+            else:
+                cerr(f"command {sub!r} is not a leasehold subcommand ({', '.join(sorted(code.subcommands))})")
+        log = c.get("logConfiguration") or {}
+        options = log.get("options") or {}
+        if log.get("logDriver") != "awslogs":
+            cerr("logConfiguration.logDriver must be awslogs (EMF lines and logs go to CloudWatch Logs)")
+        for option in ("awslogs-group", "awslogs-region", "awslogs-stream-prefix"):
+            if not options.get(option):
+                cerr(f"logConfiguration.options lacks {option}")
+        total_memory += int(c.get("memory") or c.get("memoryReservation") or 0)
+
+        # Environment: known names only, secrets never in plain text.
+        env = {e.get("name"): e.get("value", "") for e in c.get("environment", [])}
+        secrets = {s.get("name"): s.get("valueFrom", "") for s in c.get("secrets", [])}
+        listed = [e.get("name") for e in c.get("environment", [])] + [s.get("name") for s in c.get("secrets", [])]
+        for dup in sorted({n for n in listed if listed.count(n) > 1}):
+            cerr(f"{dup} is set more than once")
+        for var in listed:
+            if var in code.env:
+                continue
+            if var in PENDING_ENV:
+                notes.add(f"{var} is not in control/src/config.rs yet ({PENDING_ENV[var]})")
+            else:
+                cerr(f"{var} is not a variable the binary reads (control/src/config.rs)")
+        for var, value in env.items():
+            if var in code.secrets or var in PENDING_SECRETS:
+                cerr(f"{var} is a secret (its doc says 'never printed'): move it to `secrets`")
+            elif SECRET_NAME.search(var or ""):
+                cerr(f"{var} looks like a secret: move it to `secrets`")
+            if URL_WITH_PASSWORD.search(value) or AWS_ACCESS_KEY.search(value):
+                cerr(f"{var}'s value holds a credential: move it to `secrets`")
+        for var, value_from in secrets.items():
+            if not re.fullmatch(r"\$\{\w+_SECRET_ARN\}|arn:aws[\w-]*:(secretsmanager|ssm):.+", value_from):
+                cerr(f"secret {var}: valueFrom must be a Secrets Manager / SSM ARN (got {value_from!r})")
+
+        def effective(var: str, env=env) -> str:
+            return env.get(var) or code.default(var)
+
+        # Workers: start after the sidecar, get their drain before SIGKILL.
+        if sub in ("stream-worker", "broker-worker"):
+            if c.get("essential") is not True:
+                cerr("a worker must be essential: the task exists to run it")
+            if not sidecars:
+                cerr("a worker needs a sidecar container (command ['sidecar']) in its task")
+            deps = {d.get("containerName"): d.get("condition") for d in c.get("dependsOn", [])}
+            for s in sidecars:
+                if deps.get(s.get("name")) not in ("HEALTHY", "START"):
+                    cerr(f"dependsOn must name {s.get('name')!r} with condition HEALTHY or START "
+                         "(the worker starts after its sidecar and, reversed, stops before it)")
+            stop = c.get("stopTimeout")
+            if not isinstance(stop, int):
+                cerr("stopTimeout must be set: it is the worker's drain budget after SIGTERM")
+            else:
+                if stop > FARGATE_MAX_STOP_TIMEOUT_S:
+                    cerr(f"stopTimeout {stop} s exceeds Fargate's maximum of {FARGATE_MAX_STOP_TIMEOUT_S} s")
+                if sub == "stream-worker":
+                    drain_ms = effective("DRAIN_TIMEOUT_MS")
+                    need = math.ceil(int(drain_ms) / 1000) + STOP_MARGIN_S if drain_ms.isdigit() else None
+                    if need is None:
+                        cerr(f"DRAIN_TIMEOUT_MS {drain_ms!r} is not a number")
+                    elif stop < need:
+                        cerr(f"stopTimeout {stop} s < DRAIN_TIMEOUT_MS {drain_ms} ms + {STOP_MARGIN_S} s "
+                             "margin: ECS would SIGKILL the worker mid-drain")
+            telemetry = effective("TELEMETRY_ADDR")
+            for s in sidecars:
+                s_env = {e.get("name"): e.get("value", "") for e in s.get("environment", [])}
+                s_telemetry = s_env.get("TELEMETRY_ADDR") or code.default("TELEMETRY_ADDR")
+                if s_telemetry != telemetry:
+                    cerr(f"TELEMETRY_ADDR {telemetry} differs from its sidecar's {s_telemetry}")
+            if not listen_port(telemetry)[0].startswith("127."):
+                cerr(f"TELEMETRY_ADDR {telemetry} must stay on loopback")
+
+        # Sidecar: health check on its own /healthz, metrics port published.
+        if sub == "sidecar":
+            host, port = listen_port(effective("SIDECAR_LISTEN"))
+            if host.startswith("127.") or host == "localhost":
+                cerr("SIDECAR_LISTEN is loopback: Prometheus could not scrape /metrics")
+            check = " ".join(str(p) for p in (c.get("healthCheck") or {}).get("command", []))
+            if not check:
+                cerr("missing healthCheck (the worker's dependsOn and ECS rely on it)")
+            elif "/healthz" not in check or str(port) not in check:
+                cerr(f"healthCheck must request /healthz on the SIDECAR_LISTEN port {port}")
+            ports = {p.get("containerPort") for p in c.get("portMappings", [])}
+            if port not in ports:
+                cerr(f"portMappings lacks containerPort {port} (SIDECAR_LISTEN, the /metrics port)")
+            if listen_port(effective("TELEMETRY_ADDR"))[1] in ports:
+                cerr("TELEMETRY_ADDR's port must not be published")
+
+        if sub == "dashboard":
+            listen = env.get("DASHBOARD_LISTEN")
+            if not listen:
+                cerr("DASHBOARD_LISTEN must be set explicitly (the design's default is loopback)")
+            else:
+                host, port = listen_port(listen)
+                if host.startswith("127.") or host == "localhost":
+                    cerr("DASHBOARD_LISTEN is loopback: the load balancer could not reach it")
+                if port not in {p.get("containerPort") for p in c.get("portMappings", [])}:
+                    cerr(f"portMappings lacks containerPort {port} (DASHBOARD_LISTEN)")
+            if "DASHBOARD_TOKEN" not in secrets:
+                cerr("DASHBOARD_TOKEN must come from `secrets`")
+
+    if memory and memory.isdigit() and total_memory > int(memory):
+        err(f"containers' memory ({total_memory} MiB) exceeds the task's {memory} MiB")
+    for c in containers:
+        for d in c.get("dependsOn", []):
+            if d.get("containerName") not in by_name:
+                err(f"container {c.get('name')!r} depends on unknown container {d.get('containerName')!r}")
+
+
+def check_ecs_api_shape(path: str, td: dict, errors: list[str]):
+    """What `aws ecs register-task-definition --cli-input-json` validates before sending."""
+    try:
+        import botocore.session
+        from botocore.validate import ParamValidator
+    except ImportError:
+        errors.append("botocore is not importable: run through scripts/check_deploy.sh, which uses "
+                      "the Python that has cfn-lint (botocore is one of its dependencies)")
+        return
+    operation = (botocore.session.get_session().get_service_model("ecs")
+                 .operation_model("RegisterTaskDefinition"))
+    report = ParamValidator().validate(td, operation.input_shape)
+    if report.has_errors():
+        for line in report.generate_report().splitlines():
+            if line.strip() and not line.startswith("Parameter validation failed"):
+                errors.append(f"{path}: ECS API: {line.strip()}")
+
+
+def check_launchers(task_defs: dict[str, dict], code: Code, errors: list[str]):
+    """The pool manager and maintenance must point at the broker worker's task
+    definition and container, and agree with it and each other on the pool's names."""
+    families = {td.get("family"): td for td in task_defs.values()}
+    groups, ttls = {}, {}
+    for path, td in task_defs.items():
+        for c in td.get("containerDefinitions", []):
+            env = {e.get("name"): e.get("value", "") for e in c.get("environment", [])}
+            sub = (c.get("command") or [None])[0]
+            if sub == "broker-worker" or "WORKER_MARK_TTL_SECONDS" in env:
+                ttls[f"{path} ({c.get('name')})"] = env.get("WORKER_MARK_TTL_SECONDS") or code.default(
+                    "WORKER_MARK_TTL_SECONDS")
+            if env.get("TASK_LAUNCHER") != "ecs":
+                continue
+            groups[path] = env.get("POOL_GROUP") or code.default("POOL_GROUP")
+            family = (env.get("ECS_TASK_DEFINITION") or "").rpartition("/")[2].partition(":")[0]
+            container = env.get("ECS_CONTAINER_NAME") or code.default("ECS_CONTAINER_NAME")
+            target = families.get(family)
+            if target is None:
+                errors.append(f"{path}: ECS_TASK_DEFINITION {family!r} is no task definition in deploy/")
+                continue
+            names = {t.get("name"): (t.get("command") or [None])[0] for t in target["containerDefinitions"]}
+            if names.get(container) != "broker-worker":
+                errors.append(f"{path}: ECS_CONTAINER_NAME {container!r} is not the container running "
+                              f"broker-worker in {family} (USER_ID overrides would go nowhere)")
+    if len(set(groups.values())) > 1:
+        errors.append(f"POOL_GROUP differs between launchers: {groups} (maintenance would not see the pool)")
+    for path, group in groups.items():
+        if not 1 <= len(group) <= 36:
+            errors.append(f"{path}: POOL_GROUP must be 1-36 characters (ECS startedBy)")
+    if len(set(ttls.values())) > 1:
+        errors.append(f"WORKER_MARK_TTL_SECONDS differs between the broker worker and maintenance: {ttls}")
+
+
+def statements(policy: dict) -> list[dict]:
+    return as_list(policy.get("Statement", []))
+
+
+def check_policy(path: str, policy: dict, code: Code, errors: list[str]):
+    def err(msg: str):
+        errors.append(f"{path}: {msg}")
+
+    if policy.get("Version") != "2012-10-17":
+        err("Version must be 2012-10-17")
+    if not statements(policy):
+        err("no Statement")
+    for i, st in enumerate(statements(policy)):
+        where = f"statement {st.get('Sid') or i}"
+        actions = [a for a in as_list(st.get("Action", [])) if a]
+        if st.get("Effect") not in ("Allow", "Deny") or not actions:
+            err(f"{where}: needs Effect and Action")
+            continue
+        if "Principal" in st:  # a trust policy
+            continue
+        resources = as_list(st.get("Resource", []))
+        if not resources:
+            err(f"{where}: needs Resource")
+        if st["Effect"] != "Allow":
+            continue
+        for action in actions:
+            if "*" in action:
+                err(f"{where}: wildcard action {action!r}")
+            service = action.partition(":")[0].lower()
+            if service in ("dynamodb", "ecs") and action not in code.calls:
+                err(f"{where}: {action} is granted but the code never calls it")
+            if action == "dynamodb:CreateTable":
+                err(f"{where}: CreateTable is for the operator (`leasehold table create` or "
+                    "deploy/lease-table.yaml), never a task role")
+        if any(a.lower().startswith("dynamodb:") for a in actions):
+            for r in resources:
+                if not re.fullmatch(r"arn:aws[\w-]*:dynamodb:[^:*]+:[^:*]+:table/[^/*]+", str(r)):
+                    err(f"{where}: DynamoDB resource {r!r} must be the lease table's ARN, no wildcard")
+        if "*" in resources and not st.get("Condition") and not set(actions) <= STAR_ONLY_ACTIONS:
+            err(f"{where}: Resource '*' needs a Condition that narrows it")
+        if "iam:PassRole" in actions and "iam:PassedToService" not in json.dumps(st.get("Condition", {})):
+            err(f"{where}: iam:PassRole needs an iam:PassedToService condition")
+
+
+def check_roles(policies: dict[str, dict], errors: list[str]):
+    used = set(OTHER_POLICIES)
+    for role, (files, needed) in ROLES.items():
+        granted = set()
+        for f in files:
+            used.add(f)
+            if f not in policies:
+                errors.append(f"deploy/iam/{f}: missing (role {role} carries it)")
+                continue
+            for st in statements(policies[f]):
+                if st.get("Effect") == "Allow":
+                    granted |= set(as_list(st.get("Action", [])))
+        for action in sorted(needed - granted):
+            errors.append(f"role {role}: its code calls {action} but no policy of the role allows it")
+    for f in sorted(set(policies) - used):
+        errors.append(f"deploy/iam/{f}: no role carries this policy (scripts/check_task_definitions.py ROLES)")
+
+
+def check_placeholders(texts: dict[str, str], readme: str | None, errors: list[str]):
+    for path, text in texts.items():
+        for name in sorted(set(re.findall(r"\$\{(\w+)\}", text))):
+            if name not in PLACEHOLDERS:
+                errors.append(f"{path}: unknown placeholder ${{{name}}} (known: {', '.join(sorted(PLACEHOLDERS))})")
+    if readme is not None:
+        for name in sorted(PLACEHOLDERS):
+            if f"${{{name}}}" not in readme:
+                errors.append(f"deploy/README.md: placeholder ${{{name}}} is not explained")
+
+
+def check_lease_table(text: str, errors: list[str]):
+    code_lines = [line.split("#", 1)[0] for line in text.splitlines()]
+    if any("TimeToLiveSpecification" in line for line in code_lines):
+        errors.append("deploy/lease-table.yaml: TTL must not be enabled (expiry is lease_expires_at in the "
+                      "conditional write, never TTL; design 3.1)")
+    for needed in ("PointInTimeRecoveryEnabled: true", "DeletionProtectionEnabled: true", "PAY_PER_REQUEST",
+                   "AttributeName: stream_id"):
+        if not any(needed in line for line in code_lines):
+            errors.append(f"deploy/lease-table.yaml: expected {needed!r}")
+
+
+# --- driver -----------------------------------------------------------------------
+
+def load(directory: Path, errors: list[str]) -> dict[str, dict]:
+    docs = {}
+    for path in sorted(directory.glob("*.json")):
+        rel = str(path.relative_to(REPO))
+        try:
+            docs[rel] = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            errors.append(f"{rel}: not valid JSON: {e}")
+    return docs
+
+
+def check_all(task_defs: dict[str, dict], policies: dict[str, dict], lease_table: str,
+              readme: str | None, code: Code) -> tuple[list[str], set[str]]:
+    errors: list[str] = []
+    notes: set[str] = set()
+    if not task_defs:
+        errors.append("deploy/task-definitions: no task definitions found")
+    for path, td in task_defs.items():
+        check_task_definition(path, td, code, errors, notes)
+        check_ecs_api_shape(path, td, errors)
+    check_launchers(task_defs, code, errors)
+    for path, policy in policies.items():
+        check_policy(path, policy, code, errors)
+    check_roles({Path(p).name: d for p, d in policies.items()}, errors)
+    texts = {p: json.dumps(d) for p, d in {**task_defs, **policies}.items()}
+    check_placeholders(texts, readme, errors)
+    check_lease_table(lease_table, errors)
+    return errors, notes
+
+
+def inputs():
+    errors: list[str] = []
+    task_defs = load(TASK_DEFINITIONS, errors)
+    policies = load(IAM, errors)
+    lease_table = (DEPLOY / "lease-table.yaml").read_text()
+    readme_path = DEPLOY / "README.md"
+    readme = readme_path.read_text() if readme_path.exists() else None
+    return errors, task_defs, policies, lease_table, readme
+
+
+def self_test(code: Code) -> int:
+    """Breaks one thing at a time in a copy of the real files; each must be caught."""
+    load_errors, task_defs, policies, lease_table, readme = inputs()
+    if load_errors:
+        print("\n".join(load_errors))
+        return 1
+    stream = "deploy/task-definitions/stream-worker.json"
+    broker = "deploy/task-definitions/broker-worker.json"
+    observer = "deploy/iam/sidecar-observer-policy.json"
+
+    def container(docs, path, name):
+        return next(c for c in docs[path]["containerDefinitions"] if c["name"] == name)
+
+    def env(c, name, value):
+        c["environment"] = [e for e in c["environment"] if e["name"] != name] + [{"name": name, "value": value}]
+
+    cases = [
+        ("stopTimeout below the drain", lambda t, p: container(t, stream, "stream-worker").update(stopTimeout=20),
+         "would SIGKILL the worker mid-drain"),
+        ("drain longer than stopTimeout", lambda t, p: env(container(t, stream, "stream-worker"),
+                                                           "DRAIN_TIMEOUT_MS", "60000"),
+         "would SIGKILL the worker mid-drain"),
+        ("stopTimeout over Fargate's maximum", lambda t, p: container(t, broker, "broker-worker").update(stopTimeout=300),
+         "exceeds Fargate's maximum"),
+        ("no dependsOn", lambda t, p: container(t, stream, "stream-worker").pop("dependsOn"),
+         "dependsOn must name 'sidecar'"),
+        ("no sidecar health check", lambda t, p: container(t, broker, "sidecar").pop("healthCheck"),
+         "missing healthCheck"),
+        ("metrics port not published", lambda t, p: container(t, stream, "sidecar").update(portMappings=[]),
+         "portMappings lacks containerPort 9464"),
+        ("unknown variable", lambda t, p: env(container(t, stream, "stream-worker"), "LEASE_TABEL", "x"),
+         "LEASE_TABEL is not a variable the binary reads"),
+        ("secret in plain environment", lambda t, p: env(container(t, broker, "broker-worker"),
+                                                         "CREDENTIALS_KEY", "AAAA"),
+         "CREDENTIALS_KEY is a secret"),
+        ("password in a URL", lambda t, p: env(container(t, stream, "stream-worker"),
+                                               "UPSTREAM_URL", "wss://u:hunter2@feed/x"),
+         "holds a credential"),
+        ("essential not explicit", lambda t, p: container(t, stream, "sidecar").pop("essential"),
+         "essential must be set explicitly"),
+        ("unknown subcommand", lambda t, p: container(t, stream, "stream-worker").update(command=["stream-wroker"]),
+         "is not a leasehold subcommand"),
+        ("no log configuration", lambda t, p: container(t, broker, "broker-worker").pop("logConfiguration"),
+         "missing logConfiguration"),
+        ("telemetry address mismatch", lambda t, p: env(container(t, stream, "sidecar"),
+                                                        "TELEMETRY_ADDR", "127.0.0.1:9999"),
+         "differs from its sidecar's"),
+        ("not a Fargate size", lambda t, p: t[stream].update(memory="3000"), "is not a Fargate task size"),
+        ("DynamoDB on every table", lambda t, p: p[observer]["Statement"][1].update(Resource="*"),
+         "must be the lease table's ARN"),
+        ("DynamoDB action the code never calls", lambda t, p: p[observer]["Statement"][1].update(
+            Action=["dynamodb:Scan", "dynamodb:DeleteItem"]), "never calls it"),
+        ("role loses a needed permission", lambda t, p: p["deploy/iam/stream-worker-task-policy.json"]["Statement"][0]
+         .update(Action=["dynamodb:GetItem", "dynamodb:Scan", "dynamodb:UpdateItem"]), "no policy of the role allows it"),
+        ("unconditioned wildcard resource", lambda t, p: p["deploy/iam/maintenance-task-policy.json"]["Statement"][0]
+         .pop("Condition"), "needs a Condition"),
+        ("unknown placeholder", lambda t, p: t[stream].update(family="${FAMILY}"), "unknown placeholder"),
+        ("launcher overrides the wrong container", lambda t, p: env(
+            container(t, "deploy/task-definitions/pool-manager.json", "pool-manager"), "ECS_CONTAINER_NAME", "worker"),
+         "is not the container running broker-worker"),
+        ("maintenance watches another pool", lambda t, p: env(
+            container(t, "deploy/task-definitions/maintenance.json", "maintenance"), "POOL_GROUP", "other-pool"),
+         "POOL_GROUP differs between launchers"),
+        ("mark TTL disagrees", lambda t, p: env(container(t, broker, "broker-worker"), "WORKER_MARK_TTL_SECONDS", "60"),
+         "WORKER_MARK_TTL_SECONDS differs"),
+        ("misspelt ECS field", lambda t, p: container(t, broker, "broker-worker").update(stopTimeOut=30),
+         'Unknown parameter in containerDefinitions[0]: "stopTimeOut"'),
+        ("mistyped ECS field", lambda t, p: container(t, stream, "sidecar")["healthCheck"].update(interval="5"),
+         "Invalid type for parameter containerDefinitions[1].healthCheck.interval"),
+    ]
+    failed = 0
+    for title, breaks, expected in cases:
+        t, p = copy.deepcopy(task_defs), copy.deepcopy(policies)
+        breaks(t, p)
+        errors, _ = check_all(t, p, lease_table, readme, code)
+        if not any(expected in e for e in errors):
+            failed += 1
+            print(f"self-test FAILED: {title}: no error containing {expected!r}; got {errors}")
+    errors, _ = check_all(task_defs, policies, lease_table.replace("Tags:", "TimeToLiveSpecification:\n        Enabled: true\n      Tags:"), readme, code)
+    if not any("TTL must not be enabled" in e for e in errors):
+        failed += 1
+        print("self-test FAILED: TTL on the lease table was not caught")
+    errors, _ = check_all(task_defs, policies, lease_table, readme, code)
+    if errors:
+        failed += 1
+        print("self-test FAILED: the unbroken files do not pass:\n  " + "\n  ".join(errors))
+    print(f"self-test: {len(cases) + 1 - failed} of {len(cases) + 1} broken copies caught" +
+          ("" if not failed else f", {failed} FAILED"))
+    return 1 if failed else 0
+
+
+def render(text: str) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: SAMPLES.get(m.group(1), m.group(0)), text)
+
+
+def iam_template() -> str:
+    """Every deploy/iam policy as a resource of one template, placeholders filled in."""
+    resources = {}
+    for path in sorted(IAM.glob("*.json")):
+        document = json.loads(render(path.read_text()))
+        logical = "".join(part.capitalize() for part in re.split(r"[^a-zA-Z0-9]", path.stem))
+        if any("Principal" in st for st in statements(document)):
+            resources[logical] = {"Type": "AWS::IAM::Role",
+                                  "Properties": {"AssumeRolePolicyDocument": document}}
+        else:
+            resources[logical] = {"Type": "AWS::IAM::ManagedPolicy",
+                                  "Properties": {"PolicyDocument": document}}
+    return json.dumps({"AWSTemplateFormatVersion": "2010-09-09",
+                       "Description": "deploy/iam/*.json wrapped for cfn-lint (generated; not for deployment)",
+                       "Resources": resources}, indent=2)
+
+
+def main(argv: list[str]) -> int:
+    if "--iam-template" in argv:
+        print(iam_template())
+        return 0
+    code = Code()
+    if "--self-test" in argv:
+        return self_test(code)
+    load_errors, task_defs, policies, lease_table, readme = inputs()
+    errors, notes = check_all(task_defs, policies, lease_table, readme, code)
+    errors = load_errors + errors
+    for note in sorted(notes):
+        print(f"note: {note}")
+    if errors:
+        print("\n".join(f"error: {e}" for e in errors))
+        print(f"{len(errors)} problem(s) in deploy/")
+        return 1
+    print(f"ok: {len(task_defs)} task definitions and {len(policies)} IAM policies match "
+          f"the code ({len(code.env)} variables, {len(code.subcommands)} subcommands, "
+          f"{len(code.calls)} AWS calls)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
