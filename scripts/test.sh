@@ -20,6 +20,10 @@ log "cfn-lint alerts/cloudwatch"
 log "grafana dashboard JSON"
 python3 -m json.tool alerts/grafana/leasehold.json >/dev/null
 
+# --- deploy ----------------------------------------------------------------------
+log "deploy/: cfn-lint, JSON, task definitions and IAM policies against the code"
+bash scripts/check_deploy.sh
+
 # --- 3. checks -------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all --check
