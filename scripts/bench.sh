@@ -15,3 +15,5 @@ log "sidecar: CPU per 10,000 events/s, /metrics render with 1,000 streams"
 cargo bench -p leasehold-sidecar --bench sidecar
 log "broker pool: claim latency, request handling, idle worker memory"
 cargo bench -p leasehold --bench broker_pool
+log "dashboard: render with 10,000 streams"
+cargo bench -p leasehold-dashboard --bench render

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_control::keys;
-use leasehold_control::telemetry::{LogSink, RecordingSink};
+use leasehold_control::telemetry::{LogSink, OrphanKind, RecordingSink};
 use leasehold_worker::broker::bus::PoolBus;
 use leasehold_worker::broker::bus::memory::MemoryPoolBus;
 use leasehold_worker::broker::connections::ConnectPolicy;
@@ -159,8 +159,8 @@ async fn the_sweep_deletes_orphan_marks_on_the_memory_bus() {
     let report = maintenance::sweep(&bus, &launcher, &sweep, &LogSink)
         .await
         .unwrap();
-    assert_eq!(report.found["orphan_mark"], 1);
-    assert_eq!(report.resolved["orphan_mark"], 1);
+    assert_eq!(report.found[&OrphanKind::OrphanMark], 1);
+    assert_eq!(report.resolved[&OrphanKind::OrphanMark], 1);
     assert_eq!(
         bus.get(&keys::pool_worker_active("gone")).await.unwrap(),
         None
