@@ -6,6 +6,7 @@
 //! once they work.
 
 mod dashboard;
+mod dev;
 mod operator;
 mod sidecar;
 mod stream;
@@ -41,6 +42,8 @@ enum Command {
     Sidecar(sidecar::SidecarArgs),
     /// Cluster web UI and JSON API: ownership, fence tokens, lag, pool, anomalies.
     Dashboard(dashboard::DashboardArgs),
+    /// Everything in one process on embedded backends (no AWS, no Redis).
+    Dev(dev::DevArgs),
     // --- broker pool ---
     /// Per-user broker worker; starts in the warm pool (`USER_ID=-1`).
     BrokerWorker(broker::BrokerWorkerArgs),
@@ -103,6 +106,7 @@ async fn main() -> ExitCode {
         Command::StreamWorker(args) => stream::stream_worker(args).await,
         Command::Sidecar(args) => sidecar::sidecar(args).await,
         Command::Dashboard(args) => dashboard::dashboard(args).await,
+        Command::Dev(args) => dev::dev(args).await,
         // --- broker pool ---
         Command::BrokerWorker(args) => broker::broker_worker(args).await,
         Command::Credentials(command) => broker::credentials(command).await,
