@@ -55,8 +55,8 @@ pub const LEASE_SKEW_MARGIN_MS: EnvVar = EnvVar {
 /// Identity of this process in the lease table.
 pub const OWNER_ID: EnvVar = EnvVar {
     name: "OWNER_ID",
-    default: "hostname",
-    doc: "This worker's identity in `owner_id` (default: the host name, which on ECS is unique per task).",
+    default: "ECS task id, else hostname",
+    doc: "This worker's identity in `owner_id` (default: the ECS task id from the task metadata endpoint, else the host name).",
 };
 /// Region for the AWS SDK (read by the SDK itself).
 pub const AWS_REGION: EnvVar = EnvVar {

@@ -58,6 +58,10 @@ pub struct WorkerRow {
     pub last_event_age_ms: Option<u64>,
     /// `stream-worker` or `broker-worker`.
     pub component: Option<String>,
+    /// Events the sink refused from this worker because a newer token existed.
+    pub sink_events_fenced: Option<u64>,
+    /// Leases this worker lost.
+    pub leases_lost: Option<u64>,
     /// That sidecar publishes the cluster gauges.
     pub observer: bool,
 }
@@ -388,6 +392,8 @@ fn workers(
         worker_up: None,
         last_event_age_ms: None,
         component: None,
+        sink_events_fenced: None,
+        leases_lost: None,
         observer: false,
     };
     for stream in streams {
@@ -423,6 +429,8 @@ fn workers(
         row.worker_up = Some(status.worker.worker_up);
         row.last_event_age_ms = status.worker.last_event_age_ms;
         row.component = status.worker.component.clone();
+        row.sink_events_fenced = Some(status.worker.sink_events_fenced);
+        row.leases_lost = Some(status.worker.leases_lost);
         row.observer = status.observer;
     }
     rows.into_values().collect()

@@ -186,6 +186,8 @@ pub const WORKER_COLUMNS: &[Column] = &[
     col("Presence", "presence", Kind::Badge),
     col("Worker up", "worker_up", Kind::Badge),
     col("Last event", "last_event_age_ms", Kind::AgeMs),
+    col("Leases lost", "leases_lost", Kind::Number),
+    col("Fenced writes", "sink_events_fenced", Kind::Number),
     col("Component", "component", Kind::Text),
     col("Sidecar", "sidecar_url", Kind::StatusLink),
 ];

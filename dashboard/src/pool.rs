@@ -12,8 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures_util::{StreamExt, TryStreamExt};
 use leasehold_control::keys;
-use leasehold_worker::broker::bus::redis::RedisPoolBus;
-use leasehold_worker::broker::bus::{BusError, PoolBus};
+use leasehold_worker::broker::bus::{BusConnector, BusError, PoolBus};
 use leasehold_worker::broker::maintenance::SweepReport;
 use leasehold_worker::broker::protocol::MarkValue;
 use serde::Serialize;
@@ -36,44 +35,21 @@ pub trait PoolReader: Send + Sync {
     async fn list_len(&self, key: &str) -> Result<u64, PoolReadError>;
 }
 
-/// [`PoolReader`] over the pool bus (Redis in production, memory in `dev`).
-/// A Redis bus is connected lazily and again after a failed connect, so a
-/// Redis that is down when the dashboard starts shows as down instead of
-/// stopping the dashboard.
+/// [`PoolReader`] over the pool bus (Redis in production, memory in `dev`),
+/// through a [`BusConnector`]: a Redis that is down when the dashboard starts
+/// shows as down instead of stopping the dashboard.
 pub struct BusReader {
-    bus: tokio::sync::Mutex<Option<Arc<dyn PoolBus>>>,
-    redis_url: Option<String>,
+    connector: BusConnector,
 }
 
 impl BusReader {
-    /// Reads through an existing bus.
-    pub fn new(bus: Arc<dyn PoolBus>) -> Self {
-        BusReader {
-            bus: tokio::sync::Mutex::new(Some(bus)),
-            redis_url: None,
-        }
-    }
-
-    /// Reads a Redis bus, connecting on first use (the URL is never shown).
-    pub fn redis(url: String) -> Self {
-        BusReader {
-            bus: tokio::sync::Mutex::new(None),
-            redis_url: Some(url),
-        }
+    /// Reads through `connector`.
+    pub fn new(connector: BusConnector) -> Self {
+        BusReader { connector }
     }
 
     async fn bus(&self) -> Result<Arc<dyn PoolBus>, PoolReadError> {
-        let mut slot = self.bus.lock().await;
-        if let Some(bus) = slot.as_ref() {
-            return Ok(bus.clone());
-        }
-        let url = self
-            .redis_url
-            .as_deref()
-            .ok_or_else(|| PoolReadError("no pool bus".into()))?;
-        let bus: Arc<dyn PoolBus> = Arc::new(RedisPoolBus::connect(url).await.map_err(bus_error)?);
-        *slot = Some(bus.clone());
-        Ok(bus)
+        self.connector.get().await.map_err(bus_error)
     }
 }
 

@@ -15,6 +15,7 @@ use leasehold_dashboard::pool::{BusReader, PoolReader};
 use leasehold_dashboard::sidecars::SidecarTarget;
 use leasehold_dashboard::streams::Thresholds;
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
+use leasehold_worker::broker::bus::BusConnector;
 
 use crate::Failure;
 use crate::stream::shutdown_on_signal;
@@ -133,10 +134,16 @@ pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     let settings = dashboard_settings(&lookup, &mut problems);
     // Without REDIS_URL the dashboard shows streams only; with it, the form is
     // checked now and the connection is made (and remade) by the reader.
-    let pool: Option<Arc<dyn PoolReader>> = lookup(config::REDIS_URL.name).map(|_| {
-        let url = leasehold_worker::broker::settings::redis_url(&mut problems, &lookup);
-        Arc::new(BusReader::redis(url)) as Arc<dyn PoolReader>
-    });
+    let pool: Option<Arc<dyn PoolReader>> = match lookup(config::REDIS_URL.name) {
+        Some(url) => match BusConnector::redis(url) {
+            Ok(connector) => Some(Arc::new(BusReader::new(connector))),
+            Err(err) => {
+                problems.add(&config::REDIS_URL, err);
+                None
+            }
+        },
+        None => None,
+    };
     let sdk = load_sdk_config().await;
     if sdk.region().is_none() {
         problems.add(

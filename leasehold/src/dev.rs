@@ -32,9 +32,9 @@ use leasehold_dashboard::sidecars::SidecarTarget;
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
-use leasehold_worker::broker::bus::PoolBus;
 use leasehold_worker::broker::bus::memory::MemoryPoolBus;
 use leasehold_worker::broker::bus::redis::RedisPoolBus;
+use leasehold_worker::broker::bus::{BusConnector, PoolBus};
 use leasehold_worker::feed::{FeedConfig, FeedServer};
 use leasehold_worker::sink::memory::MemorySink;
 use leasehold_worker::sink::redis::RedisSink;
@@ -275,7 +275,7 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
                 ),
                 clock: Arc::new(SystemClock),
                 interval: Duration::from_secs(2),
-                pool: Some(bus.clone()),
+                pool: Some(Arc::new(BusConnector::ready(bus.clone()))),
             });
         }
         let sidecar = Sidecar::start(config, background.clone())
@@ -316,7 +316,7 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
             token: None,
             sources: Sources {
                 leases: store.clone(),
-                pool: Some(Arc::new(BusReader::new(bus.clone()))),
+                pool: Some(Arc::new(BusReader::new(BusConnector::ready(bus.clone())))),
                 sidecars: targets,
             },
             settings: CollectorSettings {

@@ -17,8 +17,7 @@ use leasehold_control::telemetry::LogSink;
 use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
-use leasehold_worker::broker::bus::redis::RedisPoolBus;
-use leasehold_worker::broker::bus::{BusError, PoolBus};
+use leasehold_worker::broker::bus::BusConnector;
 
 use crate::Failure;
 use crate::stream::shutdown_on_signal;
@@ -159,16 +158,14 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
             );
             // The pool and orphan gauges need the pool bus; without it the
             // observer publishes the stream gauges only.
+            // The pool gauges need the pool's Redis. It is connected lazily (and
+            // again after a failure): a Redis that is down at task start must not
+            // stop the sidecar, which ECS would then not restart.
             let pool = match lookup(config::REDIS_URL.name) {
                 Some(url) => {
-                    // BusError never holds the URL (it may hold a password).
-                    let bus = RedisPoolBus::connect(&url).await.map_err(|err| match err {
-                        BusError::Config(_) => {
-                            anyhow::anyhow!("REDIS_URL is not a Redis URL ({err})")
-                        }
-                        _ => anyhow::anyhow!("cannot reach Redis for the pool gauges ({err})"),
-                    })?;
-                    Some(Arc::new(bus) as Arc<dyn PoolBus>)
+                    Some(Arc::new(BusConnector::redis(url).map_err(|err| {
+                        anyhow::anyhow!("REDIS_URL is not a Redis URL ({err})")
+                    })?))
                 }
                 None => None,
             };

@@ -124,7 +124,22 @@ impl StreamWorkerArgs {
 
 /// Runs a stream worker until SIGTERM, then drains and exits 0.
 pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
-    let lookup = |name: &str| args.flag(name).or_else(|| config::process_env(name));
+    // Design §3.3: OWNER_ID defaults to the ECS task id (what the console, the
+    // dashboard and StopTask name), else the host name.
+    let ecs_task_id = match args
+        .flag("OWNER_ID")
+        .or_else(|| config::process_env("OWNER_ID"))
+    {
+        Some(_) => None,
+        None => leasehold_control::ecs::task_metadata()
+            .await
+            .and_then(|metadata| metadata.task_id().map(str::to_owned)),
+    };
+    let lookup = |name: &str| {
+        args.flag(name)
+            .or_else(|| config::process_env(name))
+            .or_else(|| (name == "OWNER_ID").then(|| ecs_task_id.clone()).flatten())
+    };
     let parsed = settings::parse(&lookup);
     let sdk = load_sdk_config().await;
     let settings = match parsed {

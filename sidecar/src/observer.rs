@@ -14,7 +14,7 @@ use leasehold_control::lease::LeaseState;
 use leasehold_control::schema::OBSERVER_LEASE;
 use leasehold_control::store::list_all;
 use leasehold_control::telemetry::OrphanKind;
-use leasehold_worker::broker::bus::{BusError, PoolBus};
+use leasehold_worker::broker::bus::{BusConnector, BusError, PoolBus};
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
@@ -29,7 +29,7 @@ pub struct ObserverConfig {
     /// How often the cluster gauges are refreshed.
     pub interval: Duration,
     /// The pool bus, for the pool and orphan gauges (none: streams only).
-    pub pool: Option<Arc<dyn PoolBus>>,
+    pub pool: Option<Arc<BusConnector>>,
 }
 
 /// Competes for the observer lease and publishes while holding it.
@@ -95,7 +95,7 @@ async fn publish(
         }
     }
     let pool = match &config.pool {
-        Some(bus) => match pool_view(bus.as_ref()).await {
+        Some(connector) => match async { pool_view(connector.get().await?.as_ref()).await }.await {
             Ok(pool) => Some(pool),
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the pool state from the pool bus");

@@ -40,6 +40,8 @@ pub struct WorkerView {
     last_event: Option<Instant>,
     events: u64,
     dropped: u64,
+    fenced: u64,
+    lost: u64,
     leases: BTreeMap<String, HeldLease>,
     lag: BTreeMap<String, StreamLag>,
     upstreams: BTreeMap<String, usize>,
@@ -74,6 +76,12 @@ pub struct Status {
     pub events_received: u64,
     /// Events the worker reported dropping.
     pub events_dropped: u64,
+    /// Events the sink refused because a newer fence token exists (zombie writes).
+    #[serde(default)]
+    pub sink_events_fenced: u64,
+    /// Leases this worker lost (renew refused, deadline passed, fenced).
+    #[serde(default)]
+    pub leases_lost: u64,
     /// Leases held: streams and reserved records (presence).
     pub leases: Vec<HeldLease>,
     /// Per-stream lag.
@@ -95,6 +103,8 @@ impl WorkerView {
             last_event: None,
             events: 0,
             dropped: 0,
+            fenced: 0,
+            lost: 0,
             leases: BTreeMap::new(),
             lag: BTreeMap::new(),
             upstreams: BTreeMap::new(),
@@ -116,6 +126,14 @@ impl WorkerView {
         use TelemetryEvent::*;
         self.last_event = Some(Instant::now());
         self.events += 1;
+        // Counted apart from the state changes below: a loss for an older token
+        // changes no state but is still a loss, and fenced writes are the zombie
+        // writes the sink refused (what on-call wants to see after a pause).
+        match event {
+            SinkWrite { fenced, .. } => self.fenced += fenced,
+            LeaseLost { .. } => self.lost += 1,
+            _ => {}
+        }
         match event {
             WorkerHeartbeat {
                 component,
@@ -244,6 +262,8 @@ impl WorkerView {
             worker_up: self.worker_up(),
             events_received: self.events,
             events_dropped: self.dropped,
+            sink_events_fenced: self.fenced,
+            leases_lost: self.lost,
             leases: self.leases.values().cloned().collect(),
             lag: self.lag.clone(),
             websocket_connections: self.websocket_connections(),
@@ -299,6 +319,20 @@ mod tests {
             reason: leasehold_control::telemetry::LossReason::Fenced,
         });
         assert_eq!(view.stream_leases_held(), 2);
+        assert_eq!(
+            view.status().leases_lost,
+            1,
+            "a stale loss still counts as a loss"
+        );
+        view.apply(&TelemetryEvent::SinkWrite {
+            stream_id: "a".into(),
+            fence_token: 1,
+            accepted: 0,
+            duplicate: 0,
+            fenced: 7,
+            duration: Duration::from_millis(1),
+        });
+        assert_eq!(view.status().sink_events_fenced, 7);
         view.apply(&TelemetryEvent::LeaseReleased {
             stream_id: "b".into(),
             fence_token: 4,

@@ -29,7 +29,7 @@ use leasehold_control::testing::http_get;
 use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
-use leasehold_worker::broker::bus::PoolBus;
+use leasehold_worker::broker::bus::{BusConnector, PoolBus};
 use leasehold_worker::broker::bus::redis::RedisPoolBus;
 use serde_yaml_ng::Value;
 use tokio::io::AsyncWriteExt;
@@ -412,7 +412,9 @@ async fn observer(store: Arc<dyn LeaseStore>) -> ObserverConfig {
     );
     // The pool and orphan gauges come from the pool bus on the test Redis.
     let pool = match leasehold_control::testing::redis_url() {
-        Some(url) => Some(Arc::new(RedisPoolBus::connect(&url).await.unwrap()) as Arc<dyn PoolBus>),
+        Some(url) => Some(Arc::new(BusConnector::ready(Arc::new(
+            RedisPoolBus::connect(&url).await.unwrap(),
+        ) as Arc<dyn PoolBus>))),
         None => None,
     };
     ObserverConfig {

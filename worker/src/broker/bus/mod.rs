@@ -230,3 +230,73 @@ pub trait PoolBus: Send + Sync {
 pub(crate) fn whole_seconds(ttl: Duration) -> u64 {
     ttl.as_secs().max(1)
 }
+
+/// A pool bus that may not be connected yet: readers that must keep running
+/// while Redis is down (the sidecar's observer, the dashboard) connect on first
+/// use and again after a failed connect, instead of failing at start.
+pub struct BusConnector {
+    bus: tokio::sync::Mutex<Option<std::sync::Arc<dyn PoolBus>>>,
+    redis_url: Option<String>,
+}
+
+impl std::fmt::Debug for BusConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a password.
+        f.debug_struct("BusConnector").finish_non_exhaustive()
+    }
+}
+
+impl BusConnector {
+    /// A connector over a bus that already exists (memory bus, tests).
+    pub fn ready(bus: std::sync::Arc<dyn PoolBus>) -> Self {
+        BusConnector {
+            bus: tokio::sync::Mutex::new(Some(bus)),
+            redis_url: None,
+        }
+    }
+
+    /// A connector to Redis at `url`; nothing is connected yet. The URL's form
+    /// is checked now, so a typo is a configuration error at start.
+    pub fn redis(url: String) -> Result<Self, BusError> {
+        ::redis::Client::open(url.as_str())
+            .map_err(|err| BusError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
+        Ok(BusConnector {
+            bus: tokio::sync::Mutex::new(None),
+            redis_url: Some(url),
+        })
+    }
+
+    /// The bus, connecting first if needed.
+    pub async fn get(&self) -> Result<std::sync::Arc<dyn PoolBus>, BusError> {
+        let mut slot = self.bus.lock().await;
+        if let Some(bus) = slot.as_ref() {
+            return Ok(bus.clone());
+        }
+        let url = self
+            .redis_url
+            .as_deref()
+            .ok_or_else(|| BusError::Config("no pool bus".into()))?;
+        let bus: std::sync::Arc<dyn PoolBus> =
+            std::sync::Arc::new(redis::RedisPoolBus::connect(url).await?);
+        *slot = Some(bus.clone());
+        Ok(bus)
+    }
+}
+
+#[cfg(test)]
+mod connector_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_redis_that_is_down_is_an_error_per_use_not_at_creation() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let connector = BusConnector::redis(format!("redis://127.0.0.1:{port}")).unwrap();
+        let err = connector.get().await.err().expect("nothing listens there");
+        assert!(matches!(err, BusError::Unavailable(_)), "{err:?}");
+        assert!(BusConnector::redis("http://nope".into()).is_err());
+        let ready = BusConnector::ready(std::sync::Arc::new(memory::MemoryPoolBus::new()));
+        assert!(ready.get().await.is_ok());
+    }
+}
