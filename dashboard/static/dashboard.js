@@ -178,14 +178,25 @@
     });
   }
 
+  // Column kinds are read once per table, not once per cell: a 10,000-row page
+  // ticks 20,000 cells every second.
   function tick() {
     var t = now();
-    document.querySelectorAll('td[data-at]').forEach(function (td) {
-      var table = td.closest('table');
-      var th = table && table.querySelectorAll('thead th')[td.cellIndex];
-      var at = Number(td.dataset.at);
-      if (th && th.dataset.kind === 'countdown') td.textContent = countdown(at - t);
-      else td.textContent = duration(t - at) + ' ago';
+    document.querySelectorAll('table[data-api]').forEach(function (table) {
+      var ticking = [];
+      table.querySelectorAll('thead th').forEach(function (th, i) {
+        if (th.dataset.kind === 'countdown' || th.dataset.kind === 'ago') ticking.push([i, th.dataset.kind]);
+      });
+      if (ticking.length === 0 || !table.tBodies[0]) return;
+      var rows = table.tBodies[0].rows;
+      for (var r = 0; r < rows.length; r++) {
+        for (var c = 0; c < ticking.length; c++) {
+          var td = rows[r].cells[ticking[c][0]];
+          if (!td || !td.dataset.at) continue;
+          var at = Number(td.dataset.at);
+          td.textContent = ticking[c][1] === 'countdown' ? countdown(at - t) : duration(t - at) + ' ago';
+        }
+      }
     });
     var age = document.getElementById('snapshot-age');
     if (age) age.textContent = duration(Date.now() + offset - serverNow) + ' old';

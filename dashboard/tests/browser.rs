@@ -1,0 +1,51 @@
+//! The 10,000-stream page in a real browser: the dashboard served in-process
+//! over the in-memory store, loaded in headless Chromium with the refresh
+//! script running; every row must be in the rendered DOM.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use leasehold_control::clock::SystemClock;
+use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
+use leasehold_control::testing::{chromium, headless_chromium};
+use leasehold_dashboard::testing::seed_many;
+use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_streams_render_in_chromium() {
+    let Some(chromium) = chromium() else { return };
+    let target = MemoryTarget::default();
+    let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
+    seed_many(&target, 10_000, now).await;
+    let shutdown = CancellationToken::new();
+    let dashboard = Dashboard::start(
+        DashboardConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token: None,
+            sources: Sources {
+                leases: target.store(),
+                pool: None,
+                sidecars: Vec::new(),
+            },
+            settings: CollectorSettings::default(),
+            clock: Arc::new(SystemClock),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    dashboard.collector.refresh().await;
+    let url = format!("http://{}/streams?per_page=10000", dashboard.addr);
+    let dom = tokio::task::spawn_blocking(move || {
+        headless_chromium(&chromium, &url, 2_500, &["--dump-dom"])
+    })
+    .await
+    .unwrap();
+    assert!(dom.contains("data-refreshed="), "the refresh script rebuilt the table");
+    assert_eq!(dom.matches("<tr><td>stream-").count(), 10_000);
+    assert!(dom.contains(">stream-09999<") && dom.contains(">worker-19<"));
+    assert!(dom.contains("10000 streams match; page 1 of 1."));
+    shutdown.cancel();
+    dashboard.finished().await;
+}
