@@ -121,14 +121,20 @@ fn compare(lease: &Lease, before: Option<&(Option<String>, u64)>, now_ms: i64) -
             .clone()
             .filter(|owner| !owner.is_empty())
             .or(old_owner);
+        // The previous expiry tells how the lease became free: 0 = released
+        // (a hand-off), in the past = it expired (a takeover, even by the same
+        // owner restarted under the same id), still running = the holder
+        // re-acquired its own live lease.
+        let acquired_at = lease.acquired_at.unwrap_or(now_ms);
         let kind = match (lease.previous_expires_at, &previous) {
             (_, None) => ChangeKind::Acquired,
-            (_, Some(owner)) if Some(owner) == lease.owner_id.as_ref() => ChangeKind::Acquired,
             (Some(0), Some(_)) => ChangeKind::Handoff,
-            (_, Some(_)) => ChangeKind::Takeover,
+            (Some(expired), Some(_)) if expired < acquired_at => ChangeKind::Takeover,
+            (None, Some(_)) => ChangeKind::Takeover,
+            (Some(_), Some(_)) => ChangeKind::Acquired,
         };
         return Some(Change {
-            at_ms: lease.acquired_at.unwrap_or(now_ms),
+            at_ms: acquired_at,
             stream_id: lease.stream_id.clone(),
             kind,
             old_owner: previous,
@@ -222,6 +228,17 @@ mod tests {
         let recent = log.recent(10);
         assert_eq!(recent.len(), 2);
         assert_eq!(recent[0].fence_token, 7);
+    }
+
+    #[test]
+    fn a_restarted_owner_taking_its_own_expired_lease_is_a_takeover() {
+        let mut log = ChangeLog::new(10);
+        log.observe(&[held("a", "w1", 1)], 1);
+        let mut again = held("a", "w1", 2);
+        again.previous_owner = Some("w1".into());
+        again.previous_expires_at = Some(5_000);
+        log.observe(&[again], 2);
+        assert_eq!(log.recent(1)[0].kind, ChangeKind::Takeover);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use leasehold_control::clock::Clock;
 use leasehold_control::lease::{Lease, LeaseState};
-use leasehold_control::schema::{RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
+use leasehold_control::schema::{MalformedItem, RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
 use leasehold_control::store::{LeaseStore, list_all};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +46,7 @@ pub struct WorkerRow {
     pub streams_held: usize,
     /// Of those, expired.
     pub streams_expired: usize,
-    /// `stream:token` for the first streams held (the JSON API lists them all).
+    /// `stream:token` for the first 50 streams held (`streams_held` counts them all).
     pub tokens: Vec<(String, u64)>,
     /// The worker's presence lease (`leasehold#worker#{owner}`) state, if any.
     pub presence: Option<LeaseState>,
@@ -134,6 +134,13 @@ pub struct CollectorSettings {
     pub page_size: usize,
 }
 
+impl CollectorSettings {
+    /// How long one source may take before the refresh goes on without it.
+    pub fn source_timeout(&self) -> Duration {
+        (self.refresh * 5).max(Duration::from_secs(5))
+    }
+}
+
 impl Default for CollectorSettings {
     fn default() -> Self {
         CollectorSettings {
@@ -149,7 +156,11 @@ impl Default for CollectorSettings {
 #[derive(Default)]
 struct History {
     lag: LagHistory,
-    leases: Option<Vec<Result<Lease, leasehold_control::schema::MalformedItem>>>,
+    /// Rows and presence from the last lease read that worked: shown (marked
+    /// stale) while the table cannot be read, never re-judged against a newer
+    /// clock, which would turn healthy streams "expired".
+    streams: Vec<StreamRow>,
+    presence: HashMap<String, LeaseState>,
     pool: Option<PoolView>,
     anomalies: Option<AnomalyView>,
     health: HashMap<&'static str, SourceHealth>,
@@ -207,36 +218,58 @@ impl Collector {
     /// Reads every source once and publishes a new snapshot.
     pub async fn refresh(&self) -> Arc<Snapshot> {
         let mut history = self.history.lock().await;
-        let leases = list_all(self.sources.leases.as_ref(), self.settings.page_size);
-        let pool = async {
-            match &self.sources.pool {
-                Some(reader) => Some((
-                    read_pool(reader.as_ref()).await,
-                    read_anomalies(reader.as_ref()).await,
-                )),
-                None => None,
+        // Each source gets a deadline, so one that hangs cannot hold back the
+        // others' updates.
+        let deadline = self.settings.source_timeout();
+        let late = || format!("no answer within {} s", deadline.as_secs());
+        let leases = async {
+            match tokio::time::timeout(
+                deadline,
+                list_all(self.sources.leases.as_ref(), self.settings.page_size),
+            )
+            .await
+            {
+                Ok(read) => read.map_err(|err| err.to_string()),
+                Err(_) => Err(late()),
             }
+        };
+        let pool = async {
+            let reader = self.sources.pool.as_ref()?;
+            let read = async {
+                let pool = read_pool(reader.as_ref())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let anomalies = read_anomalies(reader.as_ref())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>((pool, anomalies))
+            };
+            Some(match tokio::time::timeout(deadline, read).await {
+                Ok(read) => read,
+                Err(_) => Err(late()),
+            })
         };
         let sidecars = poll(&self.sources.sidecars, self.settings.sidecar_timeout);
         let (leases, pool, sidecars) = tokio::join!(leases, pool, sidecars);
         let now = self.clock.now_ms();
 
-        match leases {
+        let records = match leases {
             Ok(records) => {
                 self.mark(&mut history, LEASE_SOURCE, true, None, now);
-                history.leases = Some(records);
+                Some(records)
             }
-            Err(err) => self.mark(&mut history, LEASE_SOURCE, true, Some(err.to_string()), now),
-        }
+            Err(err) => {
+                self.mark(&mut history, LEASE_SOURCE, true, Some(err), now);
+                None
+            }
+        };
         match pool {
-            Some((Ok(view), Ok(anomalies))) => {
+            Some(Ok((view, anomalies))) => {
                 self.mark(&mut history, POOL_SOURCE, true, None, now);
                 history.pool = Some(view);
                 history.anomalies = Some(anomalies);
             }
-            Some((Err(err), _)) | Some((_, Err(err))) => {
-                self.mark(&mut history, POOL_SOURCE, true, Some(err.to_string()), now)
-            }
+            Some(Err(err)) => self.mark(&mut history, POOL_SOURCE, true, Some(err), now),
             None => self.mark(&mut history, POOL_SOURCE, false, None, now),
         }
         let answered = sidecars.iter().filter(|s| s.status.is_some()).count();
@@ -255,7 +288,7 @@ impl Collector {
             now,
         );
 
-        let snapshot = Arc::new(self.assemble(&mut history, sidecars, now));
+        let snapshot = Arc::new(self.assemble(&mut history, records, sidecars, now));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
         snapshot
     }
@@ -283,43 +316,80 @@ impl Collector {
         entry.error = error;
     }
 
-    fn assemble(&self, history: &mut History, sidecars: Vec<SidecarReport>, now: i64) -> Snapshot {
+    fn assemble(
+        &self,
+        history: &mut History,
+        records: Option<Vec<Result<Lease, MalformedItem>>>,
+        sidecars: Vec<SidecarReport>,
+        now: i64,
+    ) -> Snapshot {
+        if let Some(records) = records {
+            self.judge(history, &records, &sidecars, now);
+        }
+        let streams = history.streams.clone();
+        let presence = &history.presence;
+        let workers = workers(&streams, presence, &sidecars);
+        let mut sources: Vec<SourceHealth> = [LEASE_SOURCE, POOL_SOURCE, SIDECAR_SOURCE]
+            .iter()
+            .filter_map(|name| history.health.get(name).cloned())
+            .collect();
+        sources.retain(|s| s.configured);
+        Snapshot {
+            taken_at_ms: now,
+            streams,
+            workers,
+            sidecars,
+            pool: history.pool.clone(),
+            anomalies: history.anomalies.clone(),
+            sources,
+        }
+    }
+
+    /// Turns one successful lease read into rows, presence, lag samples and
+    /// ownership changes.
+    fn judge(
+        &self,
+        history: &mut History,
+        records: &[Result<Lease, MalformedItem>],
+        sidecars: &[SidecarReport],
+        now: i64,
+    ) {
         let thresholds = self.settings.thresholds;
-        // Lag as the owner's sidecar reports it; any sidecar's report if the owner's is missing.
+        // Lag only as the owner's own sidecar reports it: another sidecar's
+        // figure for the stream is a previous owner's, and stale.
         let mut lag_by_owner: HashMap<(&str, &str), Lag> = HashMap::new();
-        let mut lag_any: HashMap<&str, Lag> = HashMap::new();
-        for report in &sidecars {
+        for report in sidecars {
             let Some(status) = &report.status else {
                 continue;
             };
+            let Some(owner) = &status.worker.owner_id else {
+                continue;
+            };
             for (stream, lag) in &status.worker.lag {
-                let lag = Lag {
-                    events: lag.lag_events,
-                    seconds: lag.lag_seconds,
-                };
-                if let Some(owner) = &status.worker.owner_id {
-                    lag_by_owner.insert((owner.as_str(), stream.as_str()), lag);
-                }
-                lag_any.insert(stream.as_str(), lag);
+                lag_by_owner.insert(
+                    (owner.as_str(), stream.as_str()),
+                    Lag {
+                        events: lag.lag_events,
+                        seconds: lag.lag_seconds,
+                    },
+                );
             }
         }
-        let records = history.leases.take().unwrap_or_default();
         let mut streams = Vec::with_capacity(records.len());
-        let mut presence: HashMap<&str, LeaseState> = HashMap::new();
-        for record in &records {
+        let mut presence = HashMap::new();
+        for record in records {
             match record {
                 Ok(lease) if lease.is_stream() => {
                     let lag = lease
                         .owner_id
                         .as_deref()
                         .and_then(|owner| lag_by_owner.get(&(owner, lease.stream_id.as_str())))
-                        .or_else(|| lag_any.get(lease.stream_id.as_str()))
                         .copied();
                     streams.push(history.lag.row(lease, lag, now, &thresholds));
                 }
                 Ok(lease) => {
                     if let Some(owner) = lease.stream_id.strip_prefix(WORKER_PRESENCE_PREFIX) {
-                        presence.insert(owner, lease.state(now));
+                        presence.insert(owner.to_owned(), lease.state(now));
                     }
                 }
                 Err(item) if item.stream_id.starts_with(RESERVED_PREFIX) => {}
@@ -342,22 +412,8 @@ impl Collector {
                     .filter(|l| l.is_stream()),
                 now,
             );
-        let workers = workers(&streams, &presence, &sidecars);
-        history.leases = Some(records);
-        let mut sources: Vec<SourceHealth> = [LEASE_SOURCE, POOL_SOURCE, SIDECAR_SOURCE]
-            .iter()
-            .filter_map(|name| history.health.get(name).cloned())
-            .collect();
-        sources.retain(|s| s.configured);
-        Snapshot {
-            taken_at_ms: now,
-            streams,
-            workers,
-            sidecars,
-            pool: history.pool.clone(),
-            anomalies: history.anomalies.clone(),
-            sources,
-        }
+        history.streams = streams;
+        history.presence = presence;
     }
 
     /// Refreshes every `settings.refresh` until `shutdown`.
@@ -378,7 +434,7 @@ const TOKENS_PER_WORKER: usize = 50;
 
 fn workers(
     streams: &[StreamRow],
-    presence: &HashMap<&str, LeaseState>,
+    presence: &HashMap<String, LeaseState>,
     sidecars: &[SidecarReport],
 ) -> Vec<WorkerRow> {
     let mut rows: BTreeMap<String, WorkerRow> = BTreeMap::new();
@@ -411,7 +467,7 @@ fn workers(
         }
     }
     for (owner, state) in presence {
-        rows.entry((*owner).to_owned())
+        rows.entry(owner.clone())
             .or_insert_with(|| blank(owner))
             .presence = Some(*state);
     }

@@ -16,6 +16,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Json, Redirect, Response};
 use axum::routing::get;
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tower_http::set_header::SetResponseHeaderLayer;
 
@@ -230,8 +231,23 @@ async fn login(State(state): State<Shared>, Form(form): Form<TokenForm>) -> Resp
     }
 }
 
+/// Compares digests in constant time: comparing the tokens themselves would
+/// return early on a length mismatch and tell an attacker the token's length.
 fn token_matches(expected: &str, given: &str) -> bool {
-    expected.as_bytes().ct_eq(given.as_bytes()).into()
+    let digest = |text: &str| Sha256::digest(text.as_bytes());
+    digest(expected)
+        .as_slice()
+        .ct_eq(digest(given).as_slice())
+        .into()
+}
+
+/// Whether a token can travel in a cookie and a header unchanged (visible
+/// ASCII without the cookie separators).
+pub fn token_is_header_safe(token: &str) -> bool {
+    !token.is_empty()
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b';' | b',' | b'"' | b'\\'))
 }
 
 fn presented_token(request: &Request) -> Option<&str> {

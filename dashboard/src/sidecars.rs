@@ -70,14 +70,24 @@ pub async fn poll(targets: &[SidecarTarget], timeout: Duration) -> Vec<SidecarRe
     let mut addresses: Vec<SocketAddr> = Vec::new();
     let mut reports = Vec::new();
     for target in targets {
-        match tokio::net::lookup_host((target.host.as_str(), target.port)).await {
-            Ok(found) => addresses.extend(found),
-            Err(err) => reports.push(SidecarReport {
-                url: format!("http://{}:{}", target.host, target.port),
-                status: None,
-                error: Some(format!("cannot resolve {}: {err}", target.host)),
-            }),
-        }
+        let lookup = tokio::net::lookup_host((target.host.as_str(), target.port));
+        let problem = match tokio::time::timeout(timeout, lookup).await {
+            Ok(Ok(found)) => {
+                addresses.extend(found);
+                continue;
+            }
+            Ok(Err(err)) => format!("cannot resolve {}: {err}", target.host),
+            Err(_) => format!(
+                "{} did not resolve within {} ms",
+                target.host,
+                timeout.as_millis()
+            ),
+        };
+        reports.push(SidecarReport {
+            url: format!("http://{}:{}", target.host, target.port),
+            status: None,
+            error: Some(problem),
+        });
     }
     addresses.sort();
     addresses.dedup();

@@ -18,6 +18,10 @@ use crate::pool::{PoolReadError, PoolReader};
 
 /// A stream id made of markup: must render as inert text.
 pub const MARKUP_STREAM: &str = "<img src=x onerror=alert(1)><script>alert(2)</script>";
+/// An owner id made of markup (owners are as untrusted as stream ids).
+pub const MARKUP_OWNER: &str = "<b onmouseover=alert(3)>evil-owner</b>";
+/// A user id made of markup, in a sweep finding.
+pub const MARKUP_USER: &str = "<svg onload=alert(4)>";
 /// A value planted in the credentials key: must never appear anywhere.
 pub const SECRET_CANARY: &str = "CANARY-credentials-blob-7f3a";
 /// Lease length used for seeding.
@@ -35,7 +39,7 @@ fn acquire(stream: &str, owner: &str, at: i64) -> AcquireRequest {
 
 /// Writes the seeded leases as of `now_ms`: `btc-usd` owned (checkpoint 42),
 /// `eth-usd` expiring, `sol-usd` expired, `ada-usd` released, `xrp-usd` taken
-/// over from `worker-c`, [`MARKUP_STREAM`] owned, `broken` malformed, and
+/// over from `worker-c`, [`MARKUP_STREAM`] owned by [`MARKUP_OWNER`], `broken` malformed, and
 /// `worker-a`'s presence record.
 pub async fn seed_leases(target: &dyn ConformanceTarget, now_ms: i64) {
     let store = target.store();
@@ -83,7 +87,7 @@ pub async fn seed_leases(target: &dyn ConformanceTarget, now_ms: i64) {
         .await
         .expect("seed takeover");
     store
-        .acquire(&acquire(MARKUP_STREAM, "worker-a", now_ms - 1_000))
+        .acquire(&acquire(MARKUP_STREAM, MARKUP_OWNER, now_ms - 1_000))
         .await
         .expect("seed markup stream");
     store
@@ -161,8 +165,8 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         findings: vec![
             Finding {
                 kind: OrphanKind::OrphanMark,
-                user_id: Some("u77".into()),
-                delete_key: Some(keys::worker_active("u77")),
+                user_id: Some(MARKUP_USER.into()),
+                delete_key: Some(keys::worker_active(MARKUP_USER)),
                 stop_task: None,
             },
             Finding {
@@ -188,9 +192,21 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
             ],
         ),
         PoolEntry::List(requests.clone(), vec!["{}".into(), "{}".into()]),
-        PoolEntry::List(keys::dead_letter(&requests), vec!["{}".into()]),
+        // Queue bodies can carry secrets (a claim's encrypted credentials):
+        // the dashboard counts them and must never show them.
+        PoolEntry::List(
+            keys::dead_letter(&requests),
+            vec![format!(
+                r#"{{"reason":"invalid","body":"{SECRET_CANARY}"}}"#
+            )],
+        ),
         PoolEntry::List(control, vec![r#"{"type":"reload_credentials"}"#.into()]),
-        PoolEntry::List(keys::POOL_CLAIMS.into(), vec!["{}".into()]),
+        PoolEntry::List(
+            keys::POOL_CLAIMS.into(),
+            vec![format!(
+                r#"{{"user_id":"u9","encrypted_credentials":"{SECRET_CANARY}"}}"#
+            )],
+        ),
         PoolEntry::Str(
             keys::MAINTENANCE_LAST_REPORT.into(),
             serde_json::to_string(&report).expect("report serializes"),

@@ -42,7 +42,10 @@ async fn ten_thousand_streams_render_in_chromium() {
     })
     .await
     .unwrap();
-    assert!(dom.contains("data-refreshed="), "the refresh script rebuilt the table");
+    assert!(
+        dom.contains("data-refreshed="),
+        "the refresh script rebuilt the table"
+    );
     assert_eq!(dom.matches("<tr><td>stream-").count(), 10_000);
     assert!(dom.contains(">stream-09999<") && dom.contains(">worker-19<"));
     assert!(dom.contains("10000 streams match; page 1 of 1."));

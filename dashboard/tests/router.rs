@@ -9,11 +9,18 @@ use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use leasehold_control::clock::PausedClock;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_control::store::AcquireRequest;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use leasehold_control::LeaseError;
+use leasehold_control::lease::Lease;
+use leasehold_control::store::{
+    AcquireRequest, CheckpointRequest, LeasePage, LeaseStore, ReleaseRequest, RenewRequest,
+};
 use leasehold_dashboard::cluster::{Collector, CollectorSettings, Sources};
 use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
 use leasehold_dashboard::testing::{
-    MARKUP_STREAM, SECRET_CANARY, StaticPool, pool_entries, seed_leases, seed_many,
+    MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, StaticPool, pool_entries, seed_leases,
+    seed_many,
 };
 use serde_json::Value;
 use tower::ServiceExt;
@@ -177,7 +184,7 @@ async fn the_streams_api_filters_sorts_and_pages() {
 
     let mine = json(&router, "/api/streams?owner=worker-a&sort=token").await;
     let streams = mine["streams"].as_array().unwrap();
-    assert_eq!(streams.len(), 3);
+    assert_eq!(streams.len(), 2);
     assert!(streams.iter().all(|s| s["owner_id"] == "worker-a"));
     assert_eq!(streams[0]["stream_id"], "xrp-usd", "highest token first");
 
@@ -202,7 +209,7 @@ async fn workers_pool_and_anomalies_come_from_their_sources() {
         .iter()
         .find(|w| w["owner_id"] == "worker-a")
         .unwrap();
-    assert_eq!(a["streams_held"], 3, "{a}");
+    assert_eq!(a["streams_held"], 2, "{a}");
     assert_eq!(a["presence"], "owned");
     assert!(
         a["tokens"]
@@ -239,6 +246,152 @@ async fn workers_pool_and_anomalies_come_from_their_sources() {
     let page = get(&router, "/anomalies").await.2;
     assert!(page.contains("Last sweep 20.0 s ago"), "{page}");
     assert!(page.contains("badge badge-duplicate_worker"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn untrusted_ids_stay_text_on_every_view() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    for route in ["/streams", "/workers", "/anomalies", "/changes", "/pool"] {
+        let (_, _, body) = get(&router, route).await;
+        for markup in [MARKUP_STREAM, MARKUP_OWNER, MARKUP_USER] {
+            assert!(!body.contains(markup), "{route} shows {markup:?} as markup");
+        }
+    }
+    // Each appears escaped where it is shown (owner also in the filter's <option>).
+    let streams = get(&router, "/streams").await.2;
+    assert!(
+        streams.matches("evil-owner&#60;/b&#62;").count()
+            + streams.matches("evil-owner&lt;/b&gt;").count()
+            >= 2,
+        "{streams}"
+    );
+    let anomalies = get(&router, "/anomalies").await.2;
+    assert!(
+        anomalies.contains("&#60;svg onload=alert(4)&#62;")
+            || anomalies.contains("&lt;svg onload=alert(4)&gt;"),
+        "{anomalies}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_and_redirects_carry_the_security_headers_too() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, Some("a-token-of-sixteen-chars"));
+    let html = Request::get("/streams")
+        .header(header::ACCEPT, "text/html")
+        .body(Body::empty())
+        .unwrap();
+    let requests = [
+        Request::get("/nope").body(Body::empty()).unwrap(),
+        Request::post("/healthz").body(Body::empty()).unwrap(),
+        html,
+    ];
+    for request in requests {
+        let path = request.uri().to_string();
+        let (status, headers, _) = send(&router, request).await;
+        assert!(!status.is_success(), "{path}: {status}");
+        assert_eq!(
+            headers[header::CONTENT_SECURITY_POLICY],
+            CONTENT_SECURITY_POLICY,
+            "{path}"
+        );
+        assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY", "{path}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_table_that_cannot_be_read_keeps_the_last_view_and_invents_no_changes() {
+    let target = MemoryTarget::default();
+    seed_leases(&target, NOW).await;
+    let store = Arc::new(SwitchableStore {
+        inner: target.store(),
+        down: AtomicBool::new(true),
+    });
+    let collector = Arc::new(Collector::new(
+        Sources {
+            leases: store.clone(),
+            pool: None,
+            sidecars: Vec::new(),
+        },
+        CollectorSettings::default(),
+        Arc::new(PausedClock::starting_at(NOW)),
+    ));
+    let router = router(&collector, None);
+    // Down from the start: shown as such, nothing invented.
+    collector.refresh().await;
+    let page = get(&router, "/streams").await.2;
+    assert!(page.contains("lease table unavailable:"), "{page}");
+    assert!(page.contains("no data yet"), "{page}");
+    // Back: the first good read is the baseline, not a burst of "takeovers".
+    store.down.store(false, Ordering::Relaxed);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    collector.refresh().await;
+    assert_eq!(json(&router, "/api/streams").await["total"], 7);
+    assert_eq!(
+        json(&router, "/api/changes").await["changes"],
+        Value::Array(vec![])
+    );
+    // Down again for two minutes: the last good rows stay as they were read,
+    // rather than being re-judged "expired" against a clock the table never saw.
+    store.down.store(true, Ordering::Relaxed);
+    tokio::time::advance(Duration::from_secs(120)).await;
+    collector.refresh().await;
+    let streams = json(&router, "/api/streams?state=owned").await;
+    assert_eq!(streams["total"], 3, "{streams}");
+    let source = &streams["sources"][0];
+    assert_eq!(
+        (source["name"].as_str(), source["ok"].as_bool()),
+        (Some("lease table"), Some(false))
+    );
+    assert!(
+        get(&router, "/streams")
+            .await
+            .2
+            .contains("showing data from 2 m 0 s ago")
+    );
+}
+
+/// A lease store whose listing can be switched off (an unreachable table).
+struct SwitchableStore {
+    inner: Arc<dyn LeaseStore>,
+    down: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for SwitchableStore {
+    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+        self.inner.acquire(r).await
+    }
+    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
+        self.inner.renew(r).await
+    }
+    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
+        self.inner.checkpoint(r).await
+    }
+    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
+        self.inner.release(r).await
+    }
+    async fn force_release(&self, id: &str, now: i64) -> Result<Lease, LeaseError> {
+        self.inner.force_release(id, now).await
+    }
+    async fn register(&self, id: &str, now: i64) -> Result<bool, LeaseError> {
+        self.inner.register(id, now).await
+    }
+    async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
+        self.inner.bump(id, now).await
+    }
+    async fn get(&self, id: &str) -> Result<Lease, LeaseError> {
+        self.inner.get(id).await
+    }
+    async fn list(&self, after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(LeaseError::Transient {
+                message: "connection refused".into(),
+            });
+        }
+        self.inner.list(after, limit).await
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -55,9 +55,21 @@ pub fn dashboard_settings(
                 .map_err(|_| "must be HOST:PORT with an IP address")
         })
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-    let token = lookup(DASHBOARD_TOKEN.name).filter(|t| !t.is_empty());
-    if token.as_ref().is_some_and(|t| t.len() < 16) {
-        problems.add(&DASHBOARD_TOKEN, "must be at least 16 characters");
+    // Secrets Manager values often end in a newline: trimmed, not refused.
+    let token = lookup(DASHBOARD_TOKEN.name)
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty());
+    if let Some(token) = &token {
+        // The problem is described, never the value.
+        if token.len() < 16 {
+            problems.add(&DASHBOARD_TOKEN, "must be at least 16 characters");
+        }
+        if !leasehold_dashboard::http::token_is_header_safe(token) {
+            problems.add(
+                &DASHBOARD_TOKEN,
+                "may only hold visible ASCII without ; , \" or \\ (it travels in a header and a cookie)",
+            );
+        }
     }
     let anonymous = problems
         .parse(
@@ -175,4 +187,62 @@ pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     println!("dashboard: http://{}/", dashboard.addr);
     dashboard.finished().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<DashboardSettings, ConfigError> {
+        let lookup = config::fixed_lookup(pairs);
+        let mut problems = Problems::default();
+        let settings = dashboard_settings(&lookup, &mut problems);
+        problems.finish(settings)
+    }
+
+    #[test]
+    fn loopback_by_default_and_elsewhere_only_with_a_token() {
+        let settings = parse(&[]).unwrap();
+        assert!(settings.listen.ip().is_loopback());
+        assert!(settings.token.is_none());
+        let err = parse(&[("DASHBOARD_LISTEN", "0.0.0.0:8080")])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("DASHBOARD_TOKEN"), "{err}");
+        assert!(
+            parse(&[
+                ("DASHBOARD_LISTEN", "0.0.0.0:8080"),
+                ("DASHBOARD_ALLOW_ANONYMOUS", "true")
+            ])
+            .is_ok()
+        );
+        let open = parse(&[
+            ("DASHBOARD_LISTEN", "0.0.0.0:8080"),
+            ("DASHBOARD_TOKEN", "abcdefghijklmnop\n"),
+        ])
+        .unwrap();
+        assert_eq!(
+            open.token.as_deref(),
+            Some("abcdefghijklmnop"),
+            "a trailing newline is trimmed"
+        );
+    }
+
+    #[test]
+    fn bad_tokens_are_refused_without_echoing_them() {
+        for bad in [
+            "short-CANARY",
+            "CANARY;with-a-semicolon-x",
+            "CANARY with spaces inside",
+        ] {
+            let err = parse(&[("DASHBOARD_TOKEN", bad)])
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(!err.to_string().contains("CANARY"), "{err}");
+        }
+        let err = parse(&[("DASHBOARD_SIDECARS", "http://h:1/path,nope")])
+            .err()
+            .unwrap();
+        assert_eq!(err.problems.len(), 2, "{err}");
+    }
 }

@@ -204,9 +204,11 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
             Arc::new(store)
         }
     };
+    // Bounded, so a dev left running for days does not grow without end; the
+    // audit checks that what is kept is contiguous.
     let sink_options = SinkOptions {
         dedup_window: 100_000,
-        max_len: 0,
+        max_len: 20_000,
     };
     let memory_sink = Arc::new(MemorySink::new(sink_options));
     let (sink, bus): (Arc<dyn FencedSink>, Arc<dyn PoolBus>) = match &args.redis_url {
@@ -395,14 +397,30 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
         chaos.abort();
     }
     pool_runtime.stop().await;
+    // A second Ctrl-C while draining means "now".
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("leasehold dev: second interrupt, exiting without draining");
+            std::process::exit(130);
+        }
+    });
+    // Every worker drains at once: one after another, the last would inherit
+    // and drain everything the others released.
     let mut slots = slots.lock().await;
-    for slot in slots.iter_mut() {
-        if let Some(running) = slot.running.take() {
+    let draining: Vec<_> = slots
+        .iter_mut()
+        .filter_map(|slot| slot.running.take())
+        .map(|running| {
             running.gate.open();
             running.shutdown.cancel();
-            let _ = tokio::time::timeout(Duration::from_secs(10), running.task).await;
-        }
-    }
+            running.task
+        })
+        .collect();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::future::join_all(draining),
+    )
+    .await;
     let report = match &args.redis_url {
         None => Some(chaos::audit(&memory_sink, &stream_ids)),
         Some(_) => None,

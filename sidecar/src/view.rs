@@ -139,6 +139,20 @@ impl WorkerView {
                 component,
                 owner_id,
             } => {
+                // A new worker behind this sidecar (a restarted container, a new
+                // `dev` generation): the old one's leases, lag and counts are not its.
+                if self
+                    .owner_id
+                    .as_ref()
+                    .is_some_and(|known| known != owner_id)
+                {
+                    self.leases.clear();
+                    self.lag.clear();
+                    self.upstreams.clear();
+                    self.fenced = 0;
+                    self.lost = 0;
+                    self.pool = None;
+                }
                 self.component = Some(component.clone());
                 self.owner_id = Some(owner_id.clone());
             }
@@ -333,6 +347,15 @@ mod tests {
             duration: Duration::from_millis(1),
         });
         assert_eq!(view.status().sink_events_fenced, 7);
+        view.apply(&TelemetryEvent::WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+        });
+        assert_eq!(
+            view.status().sink_events_fenced,
+            7,
+            "same worker, same counts"
+        );
         view.apply(&TelemetryEvent::LeaseReleased {
             stream_id: "b".into(),
             fence_token: 4,
@@ -346,5 +369,12 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["a", "leasehold#worker#w1"]
         );
+        view.apply(&TelemetryEvent::WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: "w2".into(),
+        });
+        let status = view.status();
+        assert!(status.leases.is_empty(), "w1's leases are not w2's");
+        assert_eq!((status.sink_events_fenced, status.leases_lost), (0, 0));
     }
 }

@@ -26,7 +26,8 @@ use super::{Slot, StreamShared};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GateState {
     Open,
-    Blocked,
+    /// Held by the pause with this number.
+    Blocked(u64),
     Failing,
 }
 
@@ -34,12 +35,14 @@ enum GateState {
 #[derive(Clone)]
 pub(crate) struct Gate {
     state: Arc<watch::Sender<GateState>>,
+    pauses: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Gate {
     fn default() -> Self {
         Gate {
             state: Arc::new(watch::Sender::new(GateState::Open)),
+            pauses: Arc::default(),
         }
     }
 }
@@ -48,9 +51,30 @@ impl Gate {
     pub(crate) fn open(&self) {
         self.state.send_replace(GateState::Open);
     }
-    fn block(&self) {
-        self.state.send_replace(GateState::Blocked);
+
+    /// Holds every call; returns the pause's number for [`Gate::end_pause`].
+    fn block(&self) -> u64 {
+        let pause = self
+            .pauses
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        self.state.send_replace(GateState::Blocked(pause));
+        pause
     }
+
+    /// Opens the gate only if it is still held by this pause: a crash or a
+    /// later pause of the same worker must not be undone by an old timer.
+    fn end_pause(&self, pause: u64) {
+        self.state.send_if_modified(|state| {
+            if *state == GateState::Blocked(pause) {
+                *state = GateState::Open;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
     fn fail(&self) {
         self.state.send_replace(GateState::Failing);
     }
@@ -63,7 +87,7 @@ impl Gate {
             match current {
                 GateState::Open => return true,
                 GateState::Failing => return false,
-                GateState::Blocked => {
+                GateState::Blocked(_) => {
                     if state.changed().await.is_err() {
                         return false;
                     }
@@ -234,18 +258,21 @@ pub(crate) async fn run(
                 }
             }
             1 => {
-                let pause = lease + Duration::from_secs(2);
+                // Past the lease, the skew margin and a discovery round, so a
+                // peer has taken the streams over (with a higher token) by the
+                // time the held writes go through.
+                let pause = lease + Duration::from_secs(4);
                 println!(
-                    "chaos #{round}: pause {} for {} s (a zombie: its next write is fenced)",
+                    "chaos #{round}: pause {} for {} s (a zombie: its held writes meet a newer token)",
                     running.owner_id,
                     pause.as_secs()
                 );
-                running.gate.block();
+                let number = running.gate.block();
                 let gate = running.gate.clone();
                 slot.running = Some(running);
                 tokio::spawn(async move {
                     tokio::time::sleep(pause).await;
-                    gate.open();
+                    gate.end_pause(number);
                 });
             }
             _ => {
@@ -284,6 +311,21 @@ mod tests {
         assert!(waiting.await.unwrap());
         gate.fail();
         assert!(!gate.pass().await);
+        // An old pause's timer must not reopen a crashed worker's gate.
+        let first = gate.block();
+        gate.fail();
+        gate.end_pause(first);
+        assert!(!gate.pass().await, "the crash stands");
+        let second = gate.block();
+        gate.end_pause(first);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), gate.pass())
+                .await
+                .is_err(),
+            "a later pause is not cut short by the first one's timer"
+        );
+        gate.end_pause(second);
+        assert!(gate.pass().await);
     }
 
     #[tokio::test]

@@ -30,6 +30,21 @@ struct Task {
     handle: tokio::task::AbortHandle,
 }
 
+/// Removes a task's entry when its future ends or is aborted.
+struct Deregister {
+    tasks: Arc<Mutex<HashMap<String, Task>>>,
+    task_id: String,
+}
+
+impl Drop for Deregister {
+    fn drop(&mut self) {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.task_id);
+    }
+}
+
 /// Broker workers as tasks of this process.
 pub(crate) struct InProcessLauncher {
     bus: Arc<dyn PoolBus>,
@@ -88,23 +103,26 @@ impl TaskLauncher for InProcessLauncher {
             self.telemetry.clone(),
         );
         let stop = CancellationToken::new();
-        let tasks = self.tasks.clone();
+        // Registered before the task runs, and removed by a guard when it ends
+        // however it ends: a worker that fails at once must not leave a ghost.
+        let mut tasks = self.tasks();
         let handle = tokio::spawn({
             let stop = stop.clone();
             let task_id = task_id.clone();
+            let guard = Deregister {
+                tasks: self.tasks.clone(),
+                task_id: task_id.clone(),
+            };
             async move {
+                let _guard = guard;
                 match worker.run(stop).await {
                     Ok(exit) => tracing::info!(task_id, ?exit, "broker worker stopped"),
                     Err(err) => tracing::warn!(task_id, error = %err, "broker worker failed"),
                 }
-                tasks
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&task_id);
             }
         })
         .abort_handle();
-        self.tasks().insert(
+        tasks.insert(
             task_id.clone(),
             Task {
                 info: RunningTask {
@@ -116,6 +134,7 @@ impl TaskLauncher for InProcessLauncher {
                 handle,
             },
         );
+        drop(tasks);
         Ok(task_id)
     }
 
