@@ -489,5 +489,14 @@ fn workers(
         row.leases_lost = Some(status.worker.leases_lost);
         row.observer = status.observer;
     }
-    rows.into_values().collect()
+    // A worker that left (presence released or expired, nothing held, no
+    // sidecar answering for it) is history, not part of the cluster: without
+    // this, every restart would add a row forever.
+    rows.into_values()
+        .filter(|row| {
+            row.streams_held > 0
+                || row.sidecar_url.is_some()
+                || row.presence == Some(LeaseState::Owned)
+        })
+        .collect()
 }

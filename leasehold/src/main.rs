@@ -85,10 +85,10 @@ impl From<leasehold_control::LeaseError> for Failure {
     }
 }
 
-fn init_logging() {
+fn init_logging(default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env(leasehold_control::config::LEASEHOLD_LOG.name)
-        .unwrap_or_else(|_| EnvFilter::new("warn"));
+        .unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -98,7 +98,12 @@ fn init_logging() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // `dev --chaos` breaks workers on purpose; their warnings would bury the
+    // chaos log and the URLs. LEASEHOLD_LOG=warn brings them back.
+    init_logging(match cli.command {
+        Command::Dev(_) => "error",
+        _ => "warn",
+    });
     let outcome = match cli.command {
         Command::Table(command) => operator::table(command).await,
         Command::Leases(command) => operator::leases(command).await,
