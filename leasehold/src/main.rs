@@ -131,3 +131,45 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    fn long_flags(command: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        for arg in command.get_arguments() {
+            if let Some(long) = arg.get_long()
+                && long != "help"
+                && long != "version"
+            {
+                out.push((path.to_owned(), format!("--{long}")));
+            }
+        }
+        for sub in command.get_subcommands() {
+            long_flags(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_flag_is_in_the_readme() {
+        let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("run through cargo test");
+        let readme = std::fs::read_to_string(std::path::Path::new(&manifest).join("../README.md"))
+            .expect("README.md");
+        let section = readme
+            .split("## Command-line flags")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .expect("README has a Command-line flags section");
+        let mut flags = Vec::new();
+        long_flags(&super::Cli::command(), "leasehold", &mut flags);
+        assert!(flags.len() > 20, "{flags:?}");
+        let missing: Vec<_> = flags
+            .iter()
+            .filter(|(_, flag)| !section.contains(&format!("`{flag}")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "flags missing from the README: {missing:?}"
+        );
+    }
+}
