@@ -17,7 +17,8 @@ log() { printf '\n== %s\n' "$*" >&2; }
 apt_missing=()
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
 command -v promtool >/dev/null || apt_missing+=(prometheus)
-command -v chromium >/dev/null || apt_missing+=(chromium)
+# Chromium does not depend on any font; without one the screenshots are boxes.
+command -v chromium >/dev/null || apt_missing+=(chromium fonts-dejavu-core)
 if ((${#apt_missing[@]})); then
     log "installing Debian packages: ${apt_missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
