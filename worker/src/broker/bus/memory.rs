@@ -426,16 +426,9 @@ impl PoolBus for MemoryPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let control = keys::worker_control(user_id);
-        let lists = [control.clone(), keys::user_requests(user_id)];
+        let lists = UserMessage::lists(user_id);
         let popped = self.pop(&lists, End::Head, timeout, interrupt).await?;
-        Ok(popped.map(|(list, body)| {
-            if list == control {
-                UserMessage::Control(body)
-            } else {
-                UserMessage::Request(body)
-            }
-        }))
+        Ok(popped.map(|(list, body)| UserMessage::from_list(user_id, &list, body)))
     }
 
     async fn dead_letter(

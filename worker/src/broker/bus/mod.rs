@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_control::keys;
 use tokio_util::sync::CancellationToken;
 
 /// Responses stay readable this long (design §3.2).
@@ -80,6 +81,22 @@ pub enum UserMessage {
     Control(String),
     /// From `trading:user:{user_id}:requests`.
     Request(String),
+}
+
+impl UserMessage {
+    /// The lists a user's worker pops, in priority order: control first.
+    pub(crate) fn lists(user_id: &str) -> [String; 2] {
+        [keys::worker_control(user_id), keys::user_requests(user_id)]
+    }
+
+    /// Names what came from which of [`UserMessage::lists`].
+    pub(crate) fn from_list(user_id: &str, list: &str, body: String) -> UserMessage {
+        if list == keys::worker_control(user_id) {
+            UserMessage::Control(body)
+        } else {
+            UserMessage::Request(body)
+        }
+    }
 }
 
 /// One liveness mark as read by the pool manager and the sweep.

@@ -269,33 +269,26 @@ impl RedisPoolBus {
         }
     }
 
-    async fn lpush(&self, list: &str, body: &str) -> Result<(), BusError> {
-        let _: i64 = redis::cmd("LPUSH")
-            .arg(list)
-            .arg(body)
+    /// One command on the shared connection, its failure classified.
+    async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, BusError> {
+        command
             .query_async(&mut self.commands())
             .await
-            .map_err(classify)?;
+            .map_err(classify)
+    }
+
+    async fn lpush(&self, list: &str, body: &str) -> Result<(), BusError> {
+        let _: i64 = self.query(redis::cmd("LPUSH").arg(list).arg(body)).await?;
         Ok(())
     }
 
     async fn rpush(&self, list: &str, body: &str) -> Result<(), BusError> {
-        let _: i64 = redis::cmd("RPUSH")
-            .arg(list)
-            .arg(body)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let _: i64 = self.query(redis::cmd("RPUSH").arg(list).arg(body)).await?;
         Ok(())
     }
 
     async fn set(&self, key: &str, value: &str) -> Result<(), BusError> {
-        let _: () = redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let _: () = self.query(redis::cmd("SET").arg(key).arg(value)).await?;
         Ok(())
     }
 
@@ -358,11 +351,8 @@ impl PoolBus for RedisPoolBus {
     }
 
     async fn user_is_active(&self, user_id: &str) -> Result<bool, BusError> {
-        redis::cmd("EXISTS")
-            .arg(keys::worker_active(user_id))
-            .query_async(&mut self.commands())
+        self.query(redis::cmd("EXISTS").arg(keys::worker_active(user_id)))
             .await
-            .map_err(classify)
     }
 
     async fn set_pool_mark(
@@ -371,14 +361,15 @@ impl PoolBus for RedisPoolBus {
         value: &str,
         ttl: Duration,
     ) -> Result<(), BusError> {
-        let _: () = redis::cmd("SET")
-            .arg(keys::pool_worker_active(worker_id))
-            .arg(value)
-            .arg("EX")
-            .arg(whole_seconds(ttl))
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let _: () = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::pool_worker_active(worker_id))
+                    .arg(value)
+                    .arg("EX")
+                    .arg(whole_seconds(ttl)),
+            )
+            .await?;
         Ok(())
     }
 
@@ -445,16 +436,9 @@ impl PoolBus for RedisPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let control = keys::worker_control(user_id);
-        let lists = [control.clone(), keys::user_requests(user_id)];
+        let lists = UserMessage::lists(user_id);
         let popped = self.pop("BLPOP", &lists, timeout, interrupt).await?;
-        Ok(popped.map(|(list, body)| {
-            if list == control {
-                UserMessage::Control(body)
-            } else {
-                UserMessage::Request(body)
-            }
-        }))
+        Ok(popped.map(|(list, body)| UserMessage::from_list(user_id, &list, body)))
     }
 
     async fn dead_letter(
@@ -472,27 +456,29 @@ impl PoolBus for RedisPoolBus {
     }
 
     async fn take_request(&self, request_id: &str, worker_id: &str) -> Result<bool, BusError> {
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(keys::request_taken(request_id))
-            .arg(worker_id)
-            .arg("NX")
-            .arg("EX")
-            .arg(REQUEST_TAKEN_TTL.as_secs())
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let taken: Option<String> = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::request_taken(request_id))
+                    .arg(worker_id)
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(REQUEST_TAKEN_TTL.as_secs()),
+            )
+            .await?;
         Ok(taken.is_some())
     }
 
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
-        let _: () = redis::cmd("SET")
-            .arg(keys::response(request_id))
-            .arg(body)
-            .arg("EX")
-            .arg(RESPONSE_TTL.as_secs())
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let _: () = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::response(request_id))
+                    .arg(body)
+                    .arg("EX")
+                    .arg(RESPONSE_TTL.as_secs()),
+            )
+            .await?;
         Ok(())
     }
 
@@ -516,11 +502,7 @@ impl PoolBus for RedisPoolBus {
         if keys.is_empty() {
             return Ok(0);
         }
-        redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)
+        self.query(redis::cmd("DEL").arg(keys)).await
     }
 
     async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, BusError> {
@@ -530,46 +512,25 @@ impl PoolBus for RedisPoolBus {
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>, BusError> {
-        redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)
+        self.query(redis::cmd("GET").arg(key)).await
     }
 
     async fn ttl_ms(&self, key: &str) -> Result<Option<i64>, BusError> {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let ttl: i64 = self.query(redis::cmd("PTTL").arg(key)).await?;
         // -2: no such key; -1: no expiry.
         Ok((ttl != -2).then_some(ttl))
     }
 
     async fn list_len(&self, key: &str) -> Result<u64, BusError> {
-        redis::cmd("LLEN")
-            .arg(key)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)
+        self.query(redis::cmd("LLEN").arg(key)).await
     }
 
     async fn list_items(&self, key: &str) -> Result<Vec<String>, BusError> {
-        redis::cmd("LRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.commands())
+        self.query(redis::cmd("LRANGE").arg(key).arg(0).arg(-1))
             .await
-            .map_err(classify)
     }
 
     async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError> {
-        redis::cmd("HGETALL")
-            .arg(key)
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)
+        self.query(redis::cmd("HGETALL").arg(key)).await
     }
 }
