@@ -194,7 +194,7 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
     let store: Arc<dyn LeaseStore> = match &args.dynamodb_endpoint {
         None => Arc::new(MemoryLeaseStore::new()),
         Some(endpoint) => {
-            let config = aws_sdk_dynamodb_config(endpoint).await;
+            let config = local_sdk_config(endpoint).await;
             let store = DynamoLeaseStore::from_sdk_config(&config, "leasehold-dev".to_owned());
             let created: TableCreation = store
                 .create_table()
@@ -447,24 +447,25 @@ fn sidecar_target(addr: SocketAddr) -> SidecarTarget {
     }
 }
 
-async fn aws_sdk_dynamodb_config(endpoint: &str) -> aws_config::SdkConfig {
-    // Local servers accept any credentials; real ones come from the usual chain.
-    let loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).endpoint_url(endpoint);
-    let loader = if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
-        loader.credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+/// The lease store's usual SDK configuration (its timeouts and retry policy),
+/// pointed at `endpoint`; a local server accepts any credentials and region,
+/// so placeholders fill in what the environment does not give.
+async fn local_sdk_config(endpoint: &str) -> aws_config::SdkConfig {
+    use aws_sdk_dynamodb::config::{Credentials, Region, SharedCredentialsProvider};
+    let base = leasehold_control::store::dynamodb::load_sdk_config().await;
+    let mut builder = base.to_builder().endpoint_url(endpoint);
+    // The default chain is always present, credentials or not: ask the environment.
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+        builder = builder.credentials_provider(SharedCredentialsProvider::new(Credentials::new(
             "dev",
             "dev",
             None,
             None,
             "leasehold-dev",
-        ))
-    } else {
-        loader
-    };
-    let loader = if std::env::var("AWS_REGION").is_err() {
-        loader.region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
-    } else {
-        loader
-    };
-    loader.load().await
+        )));
+    }
+    if base.region().is_none() {
+        builder = builder.region(Region::new("us-east-1"));
+    }
+    builder.build()
 }
