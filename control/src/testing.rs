@@ -65,21 +65,22 @@ fn required_var(name: &str) -> Option<String> {
     }
 }
 
-/// A DynamoDB client for the test server, with dummy credentials.
-pub fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
-    let config = aws_sdk_dynamodb::Config::builder()
+/// SDK configuration for the test server (DynamoDB and ECS both): its
+/// endpoint, a fixed region and dummy credentials.
+pub fn local_sdk_config(endpoint: &str) -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
-            "test",
-            "test",
-            None,
-            None,
-            "leasehold-tests",
+        .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
+            Credentials::new("test", "test", None, None, "leasehold-tests"),
         ))
-        .build();
-    aws_sdk_dynamodb::Client::from_conf(config)
+        .build()
+}
+
+/// A DynamoDB client for the test server, with dummy credentials.
+pub fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(&local_sdk_config(endpoint))
 }
 
 /// A minimal HTTP/1.0 GET for tests (no client dependency): returns the status

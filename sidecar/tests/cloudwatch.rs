@@ -6,11 +6,10 @@ use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_cloudwatch::config::{BehaviorVersion, Credentials, Region};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Uri};
 use leasehold_control::telemetry::TelemetryEvent;
-use leasehold_control::testing::every_event;
+use leasehold_control::testing::{every_event, local_sdk_config};
 use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode, datums, emf_documents};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use serde_json::Value as Json;
@@ -216,14 +215,7 @@ fn decode(headers: &HeaderMap, body: &[u8]) -> ciborium::Value {
 #[tokio::test]
 async fn put_metric_data_sends_the_contract_in_cbor() {
     let (endpoint, captured) = fake_cloudwatch().await;
-    let client = aws_sdk_cloudwatch::Client::from_conf(
-        aws_sdk_cloudwatch::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .endpoint_url(&endpoint)
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
-            .build(),
-    );
+    let client = aws_sdk_cloudwatch::Client::new(&local_sdk_config(&endpoint));
     let shutdown = CancellationToken::new();
     let cloudwatch = CloudWatchConfig {
         mode: Mode::Api,

@@ -1,25 +1,12 @@
 //! The ECS launcher against the local server's ECS API (moto): RunTask with the
 //! pool group and a cold-start `USER_ID`, ListTasks/DescribeTasks, StopTask.
 
-use aws_sdk_ecs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_ecs::types::{ContainerDefinition, LaunchType};
-use leasehold_control::testing::{dynamodb_endpoint, unique_name};
+use leasehold_control::testing::{dynamodb_endpoint, local_sdk_config, unique_name};
 use leasehold_worker::broker::launcher::{EcsLauncher, EcsSettings, TaskLauncher};
 
 fn ecs_client(endpoint: &str) -> aws_sdk_ecs::Client {
-    let config = aws_sdk_ecs::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
-            "test",
-            "test",
-            None,
-            None,
-            "leasehold-tests",
-        ))
-        .build();
-    aws_sdk_ecs::Client::from_conf(config)
+    aws_sdk_ecs::Client::new(&local_sdk_config(endpoint))
 }
 
 #[tokio::test]
