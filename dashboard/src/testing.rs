@@ -24,6 +24,19 @@ pub const MARKUP_OWNER: &str = "<b onmouseover=alert(3)>evil-owner</b>";
 pub const MARKUP_USER: &str = "<svg onload=alert(4)>";
 /// A value planted in the credentials key: must never appear anywhere.
 pub const SECRET_CANARY: &str = "CANARY-credentials-blob-7f3a";
+/// What the streams view of the seeded cluster must show, however it was
+/// rendered (server or refresh script): the owners and every state badge.
+pub const SEEDED_STREAMS_VIEW: &[&str] = &[
+    "btc-usd",
+    "worker-a",
+    "worker-b",
+    "worker-c",
+    "badge badge-owned",
+    "badge badge-expiring",
+    "badge badge-expired",
+    "badge badge-unowned",
+    "badge badge-malformed",
+];
 /// Lease length used for seeding.
 pub const LEASE_MS: i64 = 30_000;
 
