@@ -44,14 +44,9 @@ fn value(response: &serde_json::Value) -> Option<String> {
 async fn prometheus_scrapes_the_contract_series() {
     let Some(binary) = prometheus() else { return };
     let shutdown = CancellationToken::new();
-    let sidecar = Sidecar::start(
-        SidecarConfig {
-            ..SidecarConfig::loopback()
-        },
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let sidecar = Sidecar::start(SidecarConfig::loopback(), shutdown.clone())
+        .await
+        .unwrap();
     let shipper = BufferedShipper::start(
         ShipperConfig {
             heartbeat: Duration::from_millis(200),

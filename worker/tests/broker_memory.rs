@@ -12,15 +12,12 @@ use leasehold_control::keys;
 use leasehold_control::telemetry::{LogSink, OrphanKind, RecordingSink};
 use leasehold_worker::broker::bus::PoolBus;
 use leasehold_worker::broker::bus::memory::MemoryPoolBus;
-use leasehold_worker::broker::connections::ConnectPolicy;
 use leasehold_worker::broker::credentials::{AesGcmCipher, CredentialsCipher};
 use leasehold_worker::broker::launcher::{LaunchError, RunningTask, TaskLauncher};
 use leasehold_worker::broker::maintenance::{self, SweepConfig};
 use leasehold_worker::broker::paper::{Broker, PaperBroker, PaperConfig};
 use leasehold_worker::broker::pool::{self, ClaimPath};
-use leasehold_worker::broker::worker::{
-    BrokerWorker, BrokerWorkerConfig, WorkerExit, WorkerMetadata,
-};
+use leasehold_worker::broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerExit};
 use tokio_util::sync::CancellationToken;
 
 /// A launcher whose tasks are whatever the test says runs.
@@ -45,22 +42,7 @@ impl TaskLauncher for FakeLauncher {
 }
 
 fn config(worker_id: &str) -> BrokerWorkerConfig {
-    BrokerWorkerConfig {
-        worker_id: worker_id.to_owned(),
-        task_id: format!("task-{worker_id}"),
-        user_id: None,
-        heartbeat: Duration::from_millis(100),
-        mark_ttl: Duration::from_secs(2),
-        block: Duration::from_secs(30),
-        idle_timeout: Duration::from_secs(600),
-        health_check: Duration::from_secs(60),
-        connect: ConnectPolicy::default(),
-        metadata: WorkerMetadata {
-            task_arn: format!("task-{worker_id}"),
-            instance_id: "test-host".into(),
-            launched_at: 1,
-        },
-    }
+    BrokerWorkerConfig::for_tests(worker_id, None, Duration::from_millis(100))
 }
 
 async fn wait_for(bus: &dyn PoolBus, key: &str) -> String {

@@ -10,12 +10,9 @@ use std::time::{Duration, Instant};
 use leasehold_control::keys;
 use leasehold_control::telemetry::{RecordingSink, RequestResult, TelemetryEvent};
 use leasehold_control::testing::{redis_url, unique_name};
-use leasehold_worker::broker::connections::ConnectPolicy;
 use leasehold_worker::broker::credentials::{AesGcmCipher, CredentialsCipher};
 use leasehold_worker::broker::paper::{Broker, PaperBroker, PaperConfig};
-use leasehold_worker::broker::worker::{
-    BrokerWorker, BrokerWorkerConfig, WorkerExit, WorkerMetadata,
-};
+use leasehold_worker::broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerExit};
 use redis::AsyncCommands;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -73,22 +70,7 @@ impl Env {
             "paper".to_owned(),
             Arc::new(broker.clone()) as Arc<dyn Broker>,
         )]);
-        let config = BrokerWorkerConfig {
-            worker_id: worker_id.clone(),
-            task_id: format!("task-{worker_id}"),
-            user_id: user_id.map(str::to_owned),
-            heartbeat: Duration::from_millis(200),
-            mark_ttl: Duration::from_secs(2),
-            block: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(600),
-            health_check: Duration::from_secs(60),
-            connect: ConnectPolicy::default(),
-            metadata: WorkerMetadata {
-                task_arn: format!("task-{worker_id}"),
-                instance_id: "test-host".into(),
-                launched_at: 1,
-            },
-        };
+        let config = BrokerWorkerConfig::for_tests(&worker_id, user_id, Duration::from_millis(200));
         let cipher = Arc::new(AesGcmCipher::from_base64_key(&self.key).unwrap());
         let worker = BrokerWorker::connect(
             config,

@@ -64,6 +64,30 @@ pub struct BrokerWorkerConfig {
     pub metadata: WorkerMetadata,
 }
 
+#[cfg(feature = "testing")]
+impl BrokerWorkerConfig {
+    /// Test settings: a 2 s mark TTL, the given heartbeat, the seed's 30 s
+    /// blocking pop, and metadata naming `task-{worker_id}` on `test-host`.
+    pub fn for_tests(worker_id: &str, user_id: Option<&str>, heartbeat: Duration) -> Self {
+        BrokerWorkerConfig {
+            worker_id: worker_id.to_owned(),
+            task_id: format!("task-{worker_id}"),
+            user_id: user_id.map(str::to_owned),
+            heartbeat,
+            mark_ttl: Duration::from_secs(2),
+            block: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(600),
+            health_check: Duration::from_secs(60),
+            connect: ConnectPolicy::default(),
+            metadata: WorkerMetadata {
+                task_arn: format!("task-{worker_id}"),
+                instance_id: "test-host".into(),
+                launched_at: 1,
+            },
+        }
+    }
+}
+
 /// Why a worker stopped (all clean exits).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerExit {
