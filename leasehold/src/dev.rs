@@ -26,7 +26,7 @@ use leasehold_control::store::LeaseStore;
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, TableCreation};
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::telemetry::LogSink;
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
+use leasehold_control::transport::BufferedShipper;
 use leasehold_dashboard::pool::BusReader;
 use leasehold_dashboard::sidecars::SidecarTarget;
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
@@ -39,10 +39,8 @@ use leasehold_worker::feed::{FeedConfig, FeedServer};
 use leasehold_worker::sink::memory::MemorySink;
 use leasehold_worker::sink::redis::RedisSink;
 use leasehold_worker::sink::{FencedSink, SinkOptions};
-use leasehold_worker::stream::runner::RunnerContext;
 use leasehold_worker::stream::settings;
 use leasehold_worker::stream::worker::StreamWorker;
-use leasehold_worker::upstream::WebSocketUpstream;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
@@ -129,27 +127,16 @@ impl StreamShared {
         let shutdown = CancellationToken::new();
         let telemetry_stop = CancellationToken::new();
         let telemetry = Arc::new(BufferedShipper::start(
-            ShipperConfig::new(telemetry_addr.clone(), "stream-worker", &owner_id),
+            settings.shipper(),
             telemetry_stop.clone(),
         ));
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let keeper = LeaseKeeper::new(
+        let worker = StreamWorker::from_settings(
+            &settings,
             Arc::new(GatedStore::new(self.store.clone(), gate.clone())),
-            clock.clone(),
+            Arc::new(GatedSink::new(self.sink.clone(), gate.clone())),
             telemetry.clone(),
-            settings.lease.keeper.clone(),
+            Arc::new(SystemClock),
         );
-        let context = Arc::new(RunnerContext {
-            keeper,
-            upstream: Arc::new(WebSocketUpstream::new(
-                settings.upstream.clone(),
-                telemetry.clone(),
-            )),
-            sink: Arc::new(GatedSink::new(self.sink.clone(), gate.clone())),
-            telemetry: telemetry.clone(),
-            config: settings.runner.clone(),
-        });
-        let worker = StreamWorker::new(context, clock, settings.worker.clone());
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
             let owner_id = owner_id.clone();

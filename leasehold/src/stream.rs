@@ -8,14 +8,12 @@ use anyhow::Context;
 use clap::Args;
 use leasehold_control::clock::SystemClock;
 use leasehold_control::config::{self, AWS_REGION};
-use leasehold_control::keeper::LeaseKeeper;
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, load_sdk_config};
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
+use leasehold_control::transport::BufferedShipper;
 use leasehold_worker::feed::{FeedConfig, FeedServer};
 use leasehold_worker::sink;
+use leasehold_worker::stream::StreamWorker;
 use leasehold_worker::stream::settings;
-use leasehold_worker::stream::{RunnerContext, StreamWorker};
-use leasehold_worker::upstream::WebSocketUpstream;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
@@ -170,41 +168,22 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     // Telemetry outlives the drain so the final releases reach the sidecar.
     let telemetry_stop = CancellationToken::new();
     let telemetry = Arc::new(BufferedShipper::start(
-        ShipperConfig {
-            capacity: settings.telemetry_buffer,
-            ..ShipperConfig::new(
-                settings.telemetry_addr.clone(),
-                "stream-worker",
-                &settings.lease.keeper.owner_id,
-            )
-        },
+        settings.shipper(),
         telemetry_stop.clone(),
     ));
-    let clock = Arc::new(SystemClock);
-    let keeper = LeaseKeeper::new(
+    let worker = StreamWorker::from_settings(
+        &settings,
         Arc::new(store),
-        clock.clone(),
-        telemetry.clone(),
-        settings.lease.keeper.clone(),
-    );
-    let context = Arc::new(RunnerContext {
-        keeper,
-        upstream: Arc::new(WebSocketUpstream::new(
-            settings.upstream.clone(),
-            telemetry.clone(),
-        )),
         sink,
-        telemetry: telemetry.clone(),
-        config: settings.runner.clone(),
-    });
+        telemetry.clone(),
+        Arc::new(SystemClock),
+    );
     let shutdown = shutdown_on_signal();
     tracing::info!(
         owner_id = settings.lease.keeper.owner_id,
         "stream worker started"
     );
-    let report = StreamWorker::new(context, clock, settings.worker.clone())
-        .run(shutdown)
-        .await?;
+    let report = worker.run(shutdown).await?;
     tracing::info!(
         released = report.released.len(),
         failed = report.failed.len(),

@@ -11,6 +11,8 @@ use leasehold_control::config::{
     UPSTREAM_URL,
 };
 
+use leasehold_control::transport::ShipperConfig;
+
 use super::runner::RunnerConfig;
 use super::worker::StreamWorkerConfig;
 use crate::sink::SinkOptions;
@@ -52,6 +54,21 @@ fn number(
     problems
         .parse(var, lookup(var.name), parse)
         .unwrap_or(default)
+}
+
+impl StreamWorkerSettings {
+    /// Where and how this worker ships its telemetry (`TELEMETRY_ADDR`,
+    /// `TELEMETRY_BUFFER`, its owner id).
+    pub fn shipper(&self) -> ShipperConfig {
+        ShipperConfig {
+            capacity: self.telemetry_buffer,
+            ..ShipperConfig::new(
+                self.telemetry_addr.clone(),
+                "stream-worker",
+                &self.lease.keeper.owner_id,
+            )
+        }
+    }
 }
 
 /// Parses the stream worker's settings; `lookup` gives flags precedence over the environment.

@@ -27,7 +27,13 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use leasehold_control::keeper::LeaseKeeper;
+use leasehold_control::telemetry::TelemetrySink;
+
 use super::runner::{RunnerContext, StreamExit, run_stream};
+use super::settings::StreamWorkerSettings;
+use crate::sink::FencedSink;
+use crate::upstream::WebSocketUpstream;
 
 /// How a stream worker discovers, balances and drains.
 #[derive(Debug, Clone)]
@@ -108,6 +114,34 @@ impl StreamWorker {
             exits_tx,
             exits_rx,
         }
+    }
+
+    /// A worker wired from its settings: a keeper on `store`, the WebSocket
+    /// upstream, `sink`, and `telemetry` for every event.
+    pub fn from_settings(
+        settings: &StreamWorkerSettings,
+        store: Arc<dyn LeaseStore>,
+        sink: Arc<dyn FencedSink>,
+        telemetry: Arc<dyn TelemetrySink>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let keeper = LeaseKeeper::new(
+            store,
+            clock.clone(),
+            telemetry.clone(),
+            settings.lease.keeper.clone(),
+        );
+        let context = Arc::new(RunnerContext {
+            keeper,
+            upstream: Arc::new(WebSocketUpstream::new(
+                settings.upstream.clone(),
+                telemetry.clone(),
+            )),
+            sink,
+            telemetry,
+            config: settings.runner.clone(),
+        });
+        StreamWorker::new(context, clock, settings.worker.clone())
     }
 
     fn store(&self) -> Arc<dyn LeaseStore> {
