@@ -11,12 +11,10 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
-use leasehold_control::clock::PausedClock;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
 use leasehold_control::measure::{arg, percentile};
-use leasehold_dashboard::cluster::{Collector, CollectorSettings, Sources};
 use leasehold_dashboard::http::{DashboardState, app};
-use leasehold_dashboard::testing::seed_many;
+use leasehold_dashboard::testing::{collector_at, seed_many};
 use tower::ServiceExt;
 
 const NOW: i64 = 1_800_000_000_000;
@@ -64,15 +62,7 @@ async fn main() {
     let rounds = arg("--rounds", 30) as usize;
     let target = MemoryTarget::default();
     seed_many(&target, streams, NOW).await;
-    let collector = Arc::new(Collector::new(
-        Sources {
-            leases: target.store(),
-            pool: None,
-            sidecars: Vec::new(),
-        },
-        CollectorSettings::default(),
-        Arc::new(PausedClock::starting_at(NOW)),
-    ));
+    let collector = collector_at(target.store(), None, NOW);
     let mut refreshes = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let started = Instant::now();

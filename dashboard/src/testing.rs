@@ -135,6 +135,24 @@ pub async fn seed_many(target: &dyn ConformanceTarget, count: usize, now_ms: i64
     }
 }
 
+/// A collector over `leases` (and `pool`), no sidecars, default settings,
+/// on a clock that starts at `now_ms` and follows tokio's (paused) time.
+pub fn collector_at(
+    leases: std::sync::Arc<dyn leasehold_control::store::LeaseStore>,
+    pool: Option<std::sync::Arc<dyn PoolReader>>,
+    now_ms: i64,
+) -> std::sync::Arc<crate::Collector> {
+    std::sync::Arc::new(crate::Collector::new(
+        crate::Sources {
+            leases,
+            pool,
+            sidecars: Vec::new(),
+        },
+        crate::CollectorSettings::default(),
+        std::sync::Arc::new(leasehold_control::clock::PausedClock::starting_at(now_ms)),
+    ))
+}
+
 /// One key of the seeded pool.
 #[derive(Debug, Clone)]
 pub enum PoolEntry {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
-use leasehold_control::clock::PausedClock;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -16,11 +15,12 @@ use leasehold_control::lease::Lease;
 use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, LeasePage, LeaseStore, ReleaseRequest, RenewRequest,
 };
-use leasehold_dashboard::cluster::{Collector, CollectorSettings, Sources};
+use leasehold_dashboard::cluster::Collector;
 use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
+use leasehold_dashboard::pool::PoolReader;
 use leasehold_dashboard::testing::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
-    pool_entries, seed_leases, seed_many,
+    collector_at, pool_entries, seed_leases, seed_many,
 };
 use serde_json::Value;
 use tower::ServiceExt;
@@ -50,15 +50,11 @@ async fn seeded() -> Seeded {
     let target = Arc::new(MemoryTarget::default());
     seed_leases(target.as_ref(), NOW).await;
     let pool = Arc::new(StaticPool::new(pool_entries(NOW)));
-    let collector = Arc::new(Collector::new(
-        Sources {
-            leases: target.store(),
-            pool: Some(pool.clone()),
-            sidecars: Vec::new(),
-        },
-        CollectorSettings::default(),
-        Arc::new(PausedClock::starting_at(NOW)),
-    ));
+    let collector = collector_at(
+        target.store(),
+        Some(pool.clone() as Arc<dyn PoolReader>),
+        NOW,
+    );
     collector.refresh().await;
     Seeded {
         target,
@@ -298,15 +294,7 @@ async fn a_lease_table_that_cannot_be_read_keeps_the_last_view_and_invents_no_ch
         inner: target.store(),
         down: AtomicBool::new(true),
     });
-    let collector = Arc::new(Collector::new(
-        Sources {
-            leases: store.clone(),
-            pool: None,
-            sidecars: Vec::new(),
-        },
-        CollectorSettings::default(),
-        Arc::new(PausedClock::starting_at(NOW)),
-    ));
+    let collector = collector_at(store.clone(), None, NOW);
     let router = router(&collector, None);
     // Down from the start: shown as such, nothing invented.
     collector.refresh().await;
@@ -559,15 +547,7 @@ async fn nothing_changes_anything() {
 async fn ten_thousand_streams_render_on_one_page() {
     let target = Arc::new(MemoryTarget::default());
     seed_many(target.as_ref(), 10_000, NOW).await;
-    let collector = Arc::new(Collector::new(
-        Sources {
-            leases: target.store(),
-            pool: None,
-            sidecars: Vec::new(),
-        },
-        CollectorSettings::default(),
-        Arc::new(PausedClock::starting_at(NOW)),
-    ));
+    let collector = collector_at(target.store(), None, NOW);
     collector.refresh().await;
     let router = router(&collector, None);
     let (status, _, body) = get(&router, "/streams?per_page=10000").await;
