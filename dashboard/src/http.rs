@@ -151,12 +151,9 @@ async fn workers_api(State(state): State<Shared>) -> Response {
 
 async fn pool_api(State(state): State<Shared>) -> Response {
     let snapshot = state.collector.latest();
-    let pool = snapshot.pool.as_ref();
     Json(PoolBody {
         taken_at_ms: snapshot.taken_at_ms,
-        pool,
-        idle: pool.map(|p| p.idle.as_slice()).unwrap_or_default(),
-        claimed: pool.map(|p| p.claimed.as_slice()).unwrap_or_default(),
+        pool: snapshot.pool.as_ref(),
         sources: &snapshot.sources,
     })
     .into_response()
@@ -164,14 +161,9 @@ async fn pool_api(State(state): State<Shared>) -> Response {
 
 async fn anomalies_api(State(state): State<Shared>) -> Response {
     let snapshot = state.collector.latest();
-    let anomalies = snapshot.anomalies.as_ref();
     Json(AnomaliesBody {
         taken_at_ms: snapshot.taken_at_ms,
-        anomalies,
-        findings: anomalies
-            .and_then(|a| a.report.as_ref())
-            .map(|r| r.findings.as_slice())
-            .unwrap_or_default(),
+        anomalies: snapshot.anomalies.as_ref(),
         sources: &snapshot.sources,
     })
     .into_response()

@@ -131,10 +131,6 @@ pub struct PoolBody<'a> {
     pub taken_at_ms: i64,
     /// The pool; null when no pool source is configured or it was never read.
     pub pool: Option<&'a PoolView>,
-    /// Idle workers (also inside `pool`; flat for the refresh script).
-    pub idle: &'a [crate::pool::IdleWorker],
-    /// Claimed users, likewise.
-    pub claimed: &'a [crate::pool::ClaimedUser],
     /// Source health.
     pub sources: &'a [SourceHealth],
 }
@@ -146,8 +142,6 @@ pub struct AnomaliesBody<'a> {
     pub taken_at_ms: i64,
     /// The latest report.
     pub anomalies: Option<&'a AnomalyView>,
-    /// Its findings, flat for the refresh script.
-    pub findings: &'a [leasehold_worker::broker::maintenance::Finding],
     /// Source health.
     pub sources: &'a [SourceHealth],
 }
@@ -465,7 +459,7 @@ impl TablesPage {
                     Table::build(
                         "idle",
                         "/api/pool",
-                        "idle",
+                        "pool.idle",
                         IDLE_COLUMNS,
                         json_rows(&pool.idle),
                         snapshot.taken_at_ms,
@@ -477,7 +471,7 @@ impl TablesPage {
                     Table::build(
                         "claimed",
                         "/api/pool",
-                        "claimed",
+                        "pool.claimed",
                         CLAIMED_COLUMNS,
                         json_rows(&pool.claimed),
                         snapshot.taken_at_ms,
@@ -535,7 +529,7 @@ impl TablesPage {
                 Table::build(
                     "findings",
                     "/api/anomalies",
-                    "findings",
+                    "anomalies.report.findings",
                     FINDING_COLUMNS,
                     json_rows(report.map(|r| r.findings.as_slice()).unwrap_or_default()),
                     snapshot.taken_at_ms,

@@ -81,7 +81,7 @@ pub struct Table {
     pub id: &'static str,
     /// JSON API the script refreshes from (with the page's query string).
     pub api: &'static str,
-    /// Key of the rows array in that JSON.
+    /// Path (dots for nesting) of the rows array in that JSON.
     pub rows_key: &'static str,
     /// Columns.
     pub columns: &'static [Column],

@@ -164,7 +164,7 @@
         if (json.sources) sources = json.sources;
         if (json.counts) showCounts(json.counts);
         tables.filter(function (t) { return t.dataset.api === api; }).forEach(function (t) {
-          fill(t, json[t.dataset.rows] || [], serverNow);
+          fill(t, field(json, t.dataset.rows) || [], serverNow);
         });
         if (api === '/api/streams') {
           var summary = document.getElementById('streams-summary');

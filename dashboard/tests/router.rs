@@ -206,8 +206,8 @@ async fn workers_pool_and_anomalies_come_from_their_sources() {
     );
 
     let pool = json(&router, "/api/pool").await;
-    assert_eq!(pool["idle"][0]["worker_id"], "pool-7", "{pool}");
-    let u42 = &pool["claimed"][0];
+    assert_eq!(pool["pool"]["idle"][0]["worker_id"], "pool-7", "{pool}");
+    let u42 = &pool["pool"]["claimed"][0];
     assert_eq!(
         (u42["user_id"].as_str(), u42["worker_id"].as_str()),
         (Some("u42"), Some("pool-3"))
@@ -228,7 +228,13 @@ async fn workers_pool_and_anomalies_come_from_their_sources() {
         anomalies["anomalies"]["report"]["found"]["orphan_mark"], 1,
         "{anomalies}"
     );
-    assert_eq!(anomalies["findings"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        anomalies["anomalies"]["report"]["findings"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     let page = get(&router, "/anomalies").await.2;
     assert!(page.contains("Last sweep 20.0 s ago"), "{page}");
     assert!(page.contains("badge badge-duplicate_worker"));

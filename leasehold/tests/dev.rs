@@ -65,8 +65,8 @@ async fn dev_runs_the_cluster_and_heals_under_chaos() {
         Duration::from_secs(20),
         async || {
             let pool = api(&addr, "/api/pool").await;
-            !pool["idle"].as_array().unwrap().is_empty()
-                && !pool["claimed"].as_array().unwrap().is_empty()
+            !pool["pool"]["idle"].as_array().unwrap().is_empty()
+                && !pool["pool"]["claimed"].as_array().unwrap().is_empty()
         },
     )
     .await;
