@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
-use leasehold_control::measure::{arg, percentile, process_cpu_seconds, rss_kib};
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
+use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
+use leasehold_testkit::measure::{arg, percentile, process_cpu_seconds, rss_kib};
 use tokio::time::Instant;
 
 /// Keeps renew lateness, drops everything else (as cheap as a real buffer push).

@@ -5,14 +5,17 @@
 //! one `#[tokio::test]` per check for a given target. Times are chosen by the
 //! checks (stores compare the caller's time), so no check sleeps.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::types::AttributeValue;
+use leasehold_testkit::{dynamodb_client, dynamodb_endpoint, unique_name};
 use tokio::sync::Barrier;
 
 use crate::lease::LeaseState;
 use crate::schema::{self, AttrValue, RawItem};
+use crate::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
 use crate::store::memory::MemoryLeaseStore;
 use crate::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
@@ -620,4 +623,62 @@ macro_rules! conformance_suite {
             }
         )*
     };
+}
+
+/// A fresh lease table on the test server, as a conformance target.
+pub struct DynamoTarget {
+    store: Arc<DynamoLeaseStore>,
+    client: aws_sdk_dynamodb::Client,
+}
+
+impl DynamoTarget {
+    /// Creates a new table on the test server; `None` when no server is configured.
+    pub async fn create() -> Option<Self> {
+        let endpoint = dynamodb_endpoint()?;
+        let client = dynamodb_client(&endpoint);
+        let store = DynamoLeaseStore::new(client.clone(), unique_name("conformance"));
+        store.create_table().await.expect("create test table");
+        Some(DynamoTarget {
+            store: Arc::new(store),
+            client,
+        })
+    }
+
+    /// The store under test.
+    pub fn dynamo_store(&self) -> &DynamoLeaseStore {
+        &self.store
+    }
+}
+
+#[async_trait]
+impl ConformanceTarget for DynamoTarget {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        self.store.clone()
+    }
+
+    async fn put_raw(&self, item: RawItem) {
+        self.client
+            .put_item()
+            .table_name(self.store.table())
+            .set_item(Some(from_raw(&item)))
+            .send()
+            .await
+            .expect("raw put");
+    }
+
+    async fn get_raw(&self, stream_id: &str) -> Option<RawItem> {
+        self.client
+            .get_item()
+            .table_name(self.store.table())
+            .set_key(Some(HashMap::from([(
+                schema::STREAM_ID.to_owned(),
+                AttributeValue::S(stream_id.to_owned()),
+            )])))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("raw get")
+            .item
+            .map(to_raw)
+    }
 }

@@ -22,13 +22,13 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
 use crate::clock::Clock;
 use crate::lease::Lease;
 use crate::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
 };
-use crate::telemetry::{CommitResult, LossReason, TelemetryEvent, TelemetrySink};
+use leasehold_platform::backoff::Backoff;
+use leasehold_telemetry::{CommitResult, LossReason, TelemetryEvent, TelemetrySink};
 
 /// Identity and timings of a keeper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct KeeperConfig {
 impl Default for KeeperConfig {
     fn default() -> Self {
         KeeperConfig {
-            owner_id: crate::config::default_owner_id(),
+            owner_id: crate::settings::default_owner_id(),
             lease: Duration::from_secs(30),
             renew_interval: Duration::from_secs(10),
             safety_margin: Duration::from_secs(3),
@@ -587,9 +587,9 @@ mod tests {
     use super::*;
     use crate::clock::PausedClock;
     use crate::store::memory::MemoryLeaseStore;
-    use crate::store::{LeasePage, list_all};
-    use crate::telemetry::RecordingSink;
+    use crate::store::{LeasePage, LeaseReader, list_all};
     use async_trait::async_trait;
+    use leasehold_telemetry::RecordingSink;
     use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
     const HEALTHY: u8 = 0;
@@ -640,6 +640,10 @@ mod tests {
         async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
             self.inner.bump(record_id, now_ms).await
         }
+    }
+
+    #[async_trait]
+    impl LeaseReader for FaultyStore {
         async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
             self.inner.get(stream_id).await
         }

@@ -7,5 +7,5 @@ mod memory {
 }
 
 mod dynamodb {
-    leasehold_control::conformance_suite!(leasehold_control::testing::DynamoTarget::create());
+    leasehold_control::conformance_suite!(leasehold_control::conformance::DynamoTarget::create());
 }

@@ -12,9 +12,9 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_control::measure::{arg, percentile};
 use leasehold_dashboard::http::{DashboardState, app};
 use leasehold_dashboard::testing::{collector_at, seed_many};
+use leasehold_testkit::measure::{arg, percentile};
 use tower::ServiceExt;
 
 const NOW: i64 = 1_800_000_000_000;

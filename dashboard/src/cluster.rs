@@ -13,14 +13,14 @@ use std::time::Duration;
 use leasehold_control::clock::Clock;
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::{MalformedItem, RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
-use leasehold_control::store::{LeaseStore, list_all};
+use leasehold_control::store::{LeaseReader, list_all};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::changes::{Change, ChangeLog};
-use crate::pool::{AnomalyView, PoolReader, PoolView, read_anomalies, read_pool};
 use crate::sidecars::{SidecarReport, SidecarTarget, poll};
 use crate::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
+use leasehold_pool::read::{AnomalyView, PoolReader, PoolView};
 
 /// Health of one data source.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -112,7 +112,7 @@ impl Snapshot {
 /// Where the collector reads from.
 pub struct Sources {
     /// The lease table.
-    pub leases: Arc<dyn LeaseStore>,
+    pub leases: Arc<dyn LeaseReader>,
     /// The pool's key space, if the dashboard is given one.
     pub pool: Option<Arc<dyn PoolReader>>,
     /// Sidecars to poll.
@@ -236,12 +236,8 @@ impl Collector {
         let pool = async {
             let reader = self.sources.pool.as_ref()?;
             let read = async {
-                let pool = read_pool(reader.as_ref())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let anomalies = read_anomalies(reader.as_ref())
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let pool = reader.pool().await.map_err(|e| e.to_string())?;
+                let anomalies = reader.anomalies().await.map_err(|e| e.to_string())?;
                 Ok::<_, String>((pool, anomalies))
             };
             Some(match tokio::time::timeout(deadline, read).await {

@@ -6,7 +6,9 @@
 //! - [`cluster`]: the collector that reads every source into one snapshot.
 //! - [`streams`]: lease → row, state badges, the Burrow-style verdict.
 //! - [`changes`]: the ownership-change timeline from consecutive scans.
-//! - [`pool`]: the warm pool and the sweeper's report from the pool's keys.
+//! - The warm pool and the sweeper's report come from the pool's one read model
+//!   (`leasehold_pool::read`); sidecar `/status` documents from `leasehold_telemetry::status`.
+//! - [`settings`]: the `DASHBOARD_*` variables, read once.
 //! - [`sidecars`]: sidecar discovery (DNS) and `/status` polling.
 //! - [`table`]: columns and cells shared by the pages and the refresh script.
 //! - [`pages`]: queries, views and templates.
@@ -17,7 +19,7 @@ pub mod changes;
 pub mod cluster;
 pub mod http;
 pub mod pages;
-pub mod pool;
+pub mod settings;
 pub mod sidecars;
 pub mod streams;
 pub mod table;

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::changes::Change;
 use crate::cluster::{Snapshot, SourceHealth, WorkerRow};
-use crate::pool::{AnomalyView, PoolView};
 use crate::streams::{StreamRow, StreamState};
 use crate::table::{Column, Kind, Table, col};
+use leasehold_pool::read::{AnomalyView, PoolView};
 
 /// Streams per page unless asked otherwise.
 pub const DEFAULT_PER_PAGE: usize = 100;
@@ -505,11 +505,9 @@ impl TablesPage {
                 ));
                 let counts = |map: &std::collections::BTreeMap<_, u64>| {
                     map.iter()
-                        .map(
-                            |(k, n): (&leasehold_control::telemetry::OrphanKind, &u64)| {
-                                format!("{} {n}", k.as_str())
-                            },
-                        )
+                        .map(|(k, n): (&leasehold_telemetry::OrphanKind, &u64)| {
+                            format!("{} {n}", k.as_str())
+                        })
                         .collect::<Vec<_>>()
                         .join(", ")
                 };

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use leasehold_sidecar::http::SidecarStatus;
+use leasehold_telemetry::status::SidecarStatus;
 use serde::Serialize;
 
 /// Largest `/status` body read (a worker with thousands of leases is far below).

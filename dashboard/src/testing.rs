@@ -2,19 +2,18 @@
 //! render benchmark: leases in every state, a pool with idle and claimed
 //! workers, queues, dead letters and a maintenance report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use leasehold_control::conformance::ConformanceTarget;
-use leasehold_control::keys;
 use leasehold_control::schema::{self, AttrValue, RawItem};
 use leasehold_control::store::{AcquireRequest, CheckpointRequest, ReleaseRequest};
-use leasehold_control::telemetry::OrphanKind;
-use leasehold_worker::broker::maintenance::{Finding, SweepReport};
-use leasehold_worker::broker::protocol::MarkValue;
-
-use crate::pool::{PoolReadError, PoolReader};
+use leasehold_pool::bus::{BusError, Inspect, StoredMark};
+use leasehold_pool::keys;
+use leasehold_pool::protocol::MarkValue;
+use leasehold_pool::read::{Finding, PoolReader, SweepReport};
+use leasehold_telemetry::OrphanKind;
 
 /// A stream id made of markup: must render as inert text.
 pub const MARKUP_STREAM: &str = "<img src=x onerror=alert(1)><script>alert(2)</script>";
@@ -138,7 +137,7 @@ pub async fn seed_many(target: &dyn ConformanceTarget, count: usize, now_ms: i64
 /// A collector over `leases` (and `pool`), no sidecars, default settings,
 /// on a clock that starts at `now_ms` and follows tokio's (paused) time.
 pub fn collector_at(
-    leases: std::sync::Arc<dyn leasehold_control::store::LeaseStore>,
+    leases: std::sync::Arc<dyn leasehold_control::store::LeaseReader>,
     pool: Option<std::sync::Arc<dyn PoolReader>>,
     now_ms: i64,
 ) -> std::sync::Arc<crate::Collector> {
@@ -246,7 +245,8 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
     ]
 }
 
-/// An in-memory [`PoolReader`] over seeded entries (prefix-`*` patterns only).
+/// A pool keyspace in memory over seeded entries (prefix-`*` patterns only),
+/// read through the pool's own read model like Redis would be.
 #[derive(Default)]
 pub struct StaticPool {
     entries: Mutex<Vec<PoolEntry>>,
@@ -263,9 +263,9 @@ impl StaticPool {
         }
     }
 
-    fn check(&self) -> Result<(), PoolReadError> {
+    fn check(&self) -> Result<(), BusError> {
         match self.down.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            Some(message) => Err(PoolReadError(message)),
+            Some(message) => Err(BusError::Unavailable(message)),
             None => Ok(()),
         }
     }
@@ -275,18 +275,43 @@ impl StaticPool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .find_map(|entry| {
-                let name = match entry {
-                    PoolEntry::Str(k, _) | PoolEntry::Hash(k, _) | PoolEntry::List(k, _) => k,
-                };
-                (name == key).then(|| pick(entry)).flatten()
-            })
+            .find_map(|entry| (entry.key() == key).then(|| pick(entry)).flatten())
+    }
+
+    fn list(&self, key: &str) -> Vec<String> {
+        self.find(key, |e| match e {
+            PoolEntry::List(_, items) => Some(items.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl PoolEntry {
+    fn key(&self) -> &str {
+        match self {
+            PoolEntry::Str(k, _) | PoolEntry::Hash(k, _) | PoolEntry::List(k, _) => k,
+        }
     }
 }
 
 #[async_trait]
-impl PoolReader for StaticPool {
-    async fn scan(&self, pattern: &str) -> Result<Vec<String>, PoolReadError> {
+impl Inspect for StaticPool {
+    async fn marks(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
+        let mut marks = Vec::new();
+        for key in self.scan_keys(pattern).await? {
+            if let Some(value) = self.get(&key).await? {
+                marks.push(StoredMark {
+                    key,
+                    value,
+                    ttl_ms: None,
+                });
+            }
+        }
+        Ok(marks)
+    }
+
+    async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, BusError> {
         self.check()?;
         let prefix = pattern.trim_end_matches('*');
         let mut keys: Vec<String> = self
@@ -294,16 +319,14 @@ impl PoolReader for StaticPool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|entry| match entry {
-                PoolEntry::Str(k, _) | PoolEntry::Hash(k, _) | PoolEntry::List(k, _) => k.clone(),
-            })
+            .map(|entry| entry.key().to_owned())
             .filter(|k| k.starts_with(prefix))
             .collect();
         keys.sort();
         Ok(keys)
     }
 
-    async fn get(&self, key: &str) -> Result<Option<String>, PoolReadError> {
+    async fn get(&self, key: &str) -> Result<Option<String>, BusError> {
         self.check()?;
         Ok(self.find(key, |e| match e {
             PoolEntry::Str(_, v) => Some(v.clone()),
@@ -311,7 +334,22 @@ impl PoolReader for StaticPool {
         }))
     }
 
-    async fn hash(&self, key: &str) -> Result<BTreeMap<String, String>, PoolReadError> {
+    async fn ttl_ms(&self, key: &str) -> Result<Option<i64>, BusError> {
+        self.check()?;
+        Ok(self.find(key, |_| Some(-1)))
+    }
+
+    async fn list_len(&self, key: &str) -> Result<u64, BusError> {
+        self.check()?;
+        Ok(self.list(key).len() as u64)
+    }
+
+    async fn list_items(&self, key: &str) -> Result<Vec<String>, BusError> {
+        self.check()?;
+        Ok(self.list(key))
+    }
+
+    async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError> {
         self.check()?;
         Ok(self
             .find(key, |e| match e {
@@ -319,16 +357,6 @@ impl PoolReader for StaticPool {
                 _ => None,
             })
             .unwrap_or_default())
-    }
-
-    async fn list_len(&self, key: &str) -> Result<u64, PoolReadError> {
-        self.check()?;
-        Ok(self
-            .find(key, |e| match e {
-                PoolEntry::List(_, items) => Some(items.len() as u64),
-                _ => None,
-            })
-            .unwrap_or(0))
     }
 }
 

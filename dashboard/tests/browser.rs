@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use leasehold_control::clock::SystemClock;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_control::testing::{chromium, headless_chromium};
 use leasehold_dashboard::testing::seed_many;
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
+use leasehold_testkit::{chromium, headless_chromium};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

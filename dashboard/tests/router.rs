@@ -13,15 +13,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use leasehold_control::LeaseError;
 use leasehold_control::lease::Lease;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeasePage, LeaseStore, ReleaseRequest, RenewRequest,
+    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, ReleaseRequest,
+    RenewRequest,
 };
 use leasehold_dashboard::cluster::Collector;
 use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
-use leasehold_dashboard::pool::PoolReader;
 use leasehold_dashboard::testing::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
     collector_at, pool_entries, seed_leases, seed_many,
 };
+use leasehold_pool::read::PoolReader;
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -365,6 +366,10 @@ impl LeaseStore for SwitchableStore {
     async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
         self.inner.bump(id, now).await
     }
+}
+
+#[async_trait::async_trait]
+impl LeaseReader for SwitchableStore {
     async fn get(&self, id: &str) -> Result<Lease, LeaseError> {
         self.inner.get(id).await
     }

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold_control::keys;
-use leasehold_control::measure::percentile;
-use leasehold_control::telemetry::{RecordingSink, TelemetryEvent};
-use leasehold_worker::broker::connections::ConnectPolicy;
-use leasehold_worker::broker::credentials::{AesGcmCipher, CredentialsCipher};
-use leasehold_worker::broker::paper::{Broker, PaperBroker, PaperConfig};
-use leasehold_worker::broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerMetadata};
+use leasehold_broker::connections::ConnectPolicy;
+use leasehold_broker::credentials::{AesGcmCipher, CredentialsCipher};
+use leasehold_broker::paper::{Broker, PaperBroker, PaperConfig};
+use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerMetadata};
+use leasehold_pool::keys;
+use leasehold_telemetry::{RecordingSink, TelemetryEvent};
+use leasehold_testkit::measure::percentile;
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 

@@ -14,7 +14,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use leasehold_control::measure::percentile;
+use leasehold_testkit::measure::percentile;
 use support::{Cluster, LEASE_SECONDS};
 
 const ROUNDS: usize = 6;

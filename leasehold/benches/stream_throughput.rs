@@ -26,21 +26,19 @@ use futures_util::{SinkExt, StreamExt};
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
-use leasehold_control::measure::{arg, process_cpu_seconds};
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
-    RenewRequest,
+    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    ReleaseRequest, RenewRequest,
 };
-use leasehold_control::telemetry::{LogSink, TelemetrySink};
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
-use leasehold_worker::sink::memory::MemorySink;
-use leasehold_worker::sink::redis::RedisSink;
-use leasehold_worker::sink::{FencedSink, SinkOptions};
-use leasehold_worker::stream::{
-    RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig, run_stream,
-};
-use leasehold_worker::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
+use leasehold_stream::sink::memory::MemorySink;
+use leasehold_stream::sink::redis::RedisSink;
+use leasehold_stream::sink::{FencedSink, SinkOptions};
+use leasehold_stream::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
+use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig, run_stream};
+use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
+use leasehold_telemetry::{LogSink, TelemetrySink};
+use leasehold_testkit::measure::{arg, process_cpu_seconds};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -169,7 +167,7 @@ async fn into_redis(url: &str, redis: &str, stream: &str, events: u64) -> (f64, 
         .get_multiplexed_async_connection()
         .await
         .expect("redis");
-    let key = leasehold_control::keys::sink_stream(stream);
+    let key = leasehold_stream::sink::keys::sink_stream(stream);
     let stored = async || {
         let mut connection = connection.clone();
         redis::cmd("XLEN")
@@ -256,6 +254,10 @@ impl LeaseStore for CountingStore {
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.inner.bump(record_id, now_ms).await
     }
+}
+
+#[async_trait]
+impl LeaseReader for CountingStore {
     async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.inner.get(stream_id).await

@@ -1,5 +1,5 @@
 //! `leasehold broker-worker`, `credentials put`, `claim`, `pool-manager` and
-//! `maintenance`: the broker worker pool's commands (seed 002).
+//! `maintenance`: the broker worker pool's commands.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -8,52 +8,33 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use leasehold_control::config::{self, Problems};
-use leasehold_control::keys;
-use leasehold_control::telemetry::LogSink;
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
-use leasehold_worker::broker::bus::PoolBus;
-use leasehold_worker::broker::bus::redis::RedisPoolBus;
-use leasehold_worker::broker::credentials::{Credentials, CredentialsCipher};
-use leasehold_worker::broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
-use leasehold_worker::broker::paper::{Broker, PaperBroker};
-use leasehold_worker::broker::settings::{self, LauncherSettings};
-use leasehold_worker::broker::worker::{BrokerWorker, WorkerExit};
-use leasehold_worker::broker::{maintenance, pool};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use leasehold_broker::credentials::{Credentials, CredentialsCipher};
+use leasehold_broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
+use leasehold_broker::paper::{Broker, PaperBroker};
+use leasehold_broker::settings::{self, LauncherSettings};
+use leasehold_broker::worker::{BrokerWorker, WorkerExit};
+use leasehold_broker::{maintenance, manager};
+use leasehold_platform::aws::{RetryPolicy, sdk_config};
+use leasehold_platform::periodic::try_once_or_every;
+use leasehold_platform::settings::{ConfigError, Env, process_env};
+use leasehold_pool::bus::PoolBus;
+use leasehold_pool::bus::redis::RedisPoolBus;
+use leasehold_pool::keys;
+use leasehold_pool::settings::REDIS_URL;
+use leasehold_telemetry::LogSink;
+use leasehold_telemetry::transport::BufferedShipper;
 
-use crate::Failure;
-use crate::stream::shutdown_on_signal;
+use crate::{Failure, shutdown_on_signal};
 
 fn lookup(name: &str) -> Option<String> {
-    config::process_env(name)
+    process_env(name)
 }
 
-/// Reads `TaskARN` from the ECS task metadata endpoint v4 (plain HTTP on a
-/// link-local address, so a minimal HTTP/1.0 GET is enough).
-async fn ecs_task_arn(uri: &str) -> Option<String> {
-    let rest = uri.strip_prefix("http://")?;
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let address = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:80")
-    };
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(&address).await.ok()?;
-        let request = format!("GET /{path}/task HTTP/1.0\r\nHost: {host}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut body = Vec::new();
-        stream.read_to_end(&mut body).await.ok()?;
-        let text = String::from_utf8_lossy(&body);
-        let json = text.split_once("\r\n\r\n")?.1;
-        let value: serde_json::Value = serde_json::from_str(json).ok()?;
-        value["TaskARN"].as_str().map(str::to_owned)
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
+/// Reads settings from the environment with every problem at once.
+fn read<T>(read: impl FnOnce(&mut Env) -> T) -> Result<T, ConfigError> {
+    let mut env = Env::new(&lookup);
+    let value = read(&mut env);
+    env.finish(value)
 }
 
 /// `leasehold broker-worker` (configured by environment variables only).
@@ -63,12 +44,13 @@ pub struct BrokerWorkerArgs {}
 /// Runs one broker worker until it exits; non-zero when broker connects are exhausted.
 pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let mut settings = settings::worker_settings(&lookup)?;
-    if let Some(uri) = &settings.ecs_metadata_uri
-        && let Some(arn) = ecs_task_arn(uri).await
+    if let Some(arn) = leasehold_platform::ecs::task_metadata()
+        .await
+        .and_then(|metadata| metadata.task_arn)
     {
         settings.worker.task_id = arn.clone();
         settings.worker.metadata.task_arn = arn;
-        if lookup(config::WORKER_ID.name).is_none() {
+        if lookup(settings::WORKER_ID.name).is_none() {
             settings.worker.worker_id = settings
                 .worker
                 .task_id
@@ -87,21 +69,9 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     // Telemetry goes to the task's sidecar; it outlives the worker loop so the
     // last events (stopped, released) can still be shipped.
     let telemetry_stop = tokio_util::sync::CancellationToken::new();
-    let telemetry = Arc::new(BufferedShipper::start(
-        ShipperConfig {
-            capacity: lookup(config::TELEMETRY_BUFFER.name)
-                .and_then(|raw| raw.parse().ok())
-                .filter(|capacity: &usize| *capacity > 0)
-                .unwrap_or(65_536),
-            ..ShipperConfig::new(
-                lookup(config::TELEMETRY_ADDR.name)
-                    .unwrap_or_else(|| config::TELEMETRY_ADDR.default.to_owned()),
-                "broker-worker",
-                &worker_id,
-            )
-        },
-        telemetry_stop.clone(),
-    ));
+    let shipper =
+        read(|env| leasehold_telemetry::settings::shipper(env, "broker-worker", &worker_id))?;
+    let telemetry = Arc::new(BufferedShipper::start(shipper, telemetry_stop.clone()));
     let bus = pool_bus(&settings.redis_url)
         .await
         .context("cannot start the broker worker")?;
@@ -123,7 +93,7 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
         WorkerExit::AlreadyServed => "user already served",
     };
     println!("broker worker {worker_id} stopped: {reason}");
-    crate::stream::flush_telemetry(&telemetry).await;
+    telemetry.flush(Duration::from_millis(500)).await;
     telemetry_stop.cancel();
     Ok(())
 }
@@ -145,7 +115,9 @@ async fn launcher(settings: LauncherSettings) -> anyhow::Result<Box<dyn TaskLaun
             log_dir,
         }),
         LauncherSettings::Ecs(ecs) => {
-            let sdk = leasehold_control::store::dynamodb::load_sdk_config().await;
+            // RunTask and StopTask have no lease deadline: the SDK's standard
+            // retries ride out throttling instead of failing a user's cold start.
+            let sdk = sdk_config(RetryPolicy::Standard).await;
             Box::new(EcsLauncher::new(aws_sdk_ecs::Client::new(&sdk), ecs))
         }
     })
@@ -164,12 +136,8 @@ pub enum CredentialsCommand {
 /// Runs a `credentials` command.
 pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
     let CredentialsCommand::Put { user_id } = command;
-    let mut problems = Problems::default();
-    let url = settings::redis_url(&mut problems, &lookup);
-    let cipher = settings::cipher(&mut problems, &lookup);
-    let Some(cipher) = problems.finish(cipher)? else {
-        return Err(Failure::Config(config::ConfigError { problems: vec![] }));
-    };
+    let (url, cipher) = read(|env| (env.get(&REDIS_URL), settings::cipher(env)))?;
+    let cipher = cipher.expect("a missing cipher is a recorded problem");
     let mut plaintext = zeroize::Zeroizing::new(Vec::new());
     std::io::stdin()
         .read_to_end(&mut plaintext)
@@ -197,13 +165,11 @@ pub struct ClaimArgs {
 
 /// Active → nothing; idle pool worker → claim; none → cold start. Prints the path.
 pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
-    let mut problems = Problems::default();
-    let url = settings::redis_url(&mut problems, &lookup);
-    let launcher_settings = settings::launcher_settings(&mut problems, &lookup);
-    problems.finish(())?;
+    let (url, launcher_settings) =
+        read(|env| (env.get(&REDIS_URL), settings::launcher_settings(env)))?;
     let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
-    let path = pool::claim_user(bus.as_ref(), launcher.as_ref(), &args.user_id)
+    let path = manager::claim_user(bus.as_ref(), launcher.as_ref(), &args.user_id)
         .await
         .map_err(anyhow::Error::from)?;
     tracing::info!(user_id = args.user_id, path = %path, "claim path");
@@ -221,16 +187,18 @@ pub struct PoolManagerArgs {
 
 /// Keeps the warm pool at `POOL_TARGET_SIZE`.
 pub async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
-    let mut problems = Problems::default();
-    let url = settings::redis_url(&mut problems, &lookup);
-    let launcher_settings = settings::launcher_settings(&mut problems, &lookup);
-    let target = settings::pool_target(&mut problems, &lookup);
-    problems.finish(())?;
+    let (url, launcher_settings, target) = read(|env| {
+        (
+            env.get(&REDIS_URL),
+            settings::launcher_settings(env),
+            settings::pool_target(env),
+        )
+    })?;
     let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
-    let shutdown = shutdown_on_signal();
-    loop {
-        let outcome = pool::reconcile(bus.as_ref(), launcher.as_ref(), target, &LogSink)
+    let every = args.every.map(Into::into);
+    try_once_or_every(every, shutdown_on_signal(), || async {
+        let outcome = manager::reconcile(bus.as_ref(), launcher.as_ref(), target, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
         println!(
@@ -239,14 +207,9 @@ pub async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
             outcome.started.len(),
             outcome.stopped.len()
         );
-        let Some(every) = args.every else {
-            return Ok(());
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(every.into()) => {}
-        }
-    }
+        Ok(())
+    })
+    .await
 }
 
 /// `leasehold maintenance`.
@@ -262,25 +225,22 @@ pub struct MaintenanceArgs {
 
 /// The orphan / stale / duplicate sweep.
 pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
-    let mut problems = Problems::default();
-    let url = settings::redis_url(&mut problems, &lookup);
-    let launcher_settings = settings::launcher_settings(&mut problems, &lookup);
-    let sweep = settings::sweep_config(&mut problems, &lookup, args.dry_run);
-    problems.finish(())?;
+    let (url, launcher_settings, sweep) = read(|env| {
+        (
+            env.get(&REDIS_URL),
+            settings::launcher_settings(env),
+            settings::sweep_config(env, args.dry_run),
+        )
+    })?;
     let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
-    let shutdown = shutdown_on_signal();
-    loop {
+    let every = args.every.map(Into::into);
+    try_once_or_every(every, shutdown_on_signal(), || async {
         let report = maintenance::sweep(bus.as_ref(), launcher.as_ref(), &sweep, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
-        let Some(every) = args.every else {
-            return Ok(());
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(every.into()) => {}
-        }
-    }
+        Ok(())
+    })
+    .await
 }

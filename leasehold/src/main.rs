@@ -1,22 +1,22 @@
-//! `leasehold`: one binary, every component as a subcommand (design §2).
+//! `leasehold`: one binary, every component as a subcommand.
 //!
 //! This file is the binary's edge: argument parsing, logging setup, and the
 //! mapping of outcomes to exit codes (0 ok, 1 failure, 2 invalid configuration).
 //! The work itself lives in the library crates; subcommands appear here only
 //! once they work.
 
+mod broker;
 mod dashboard;
 mod dev;
 mod operator;
 mod sidecar;
 mod stream;
-// --- broker pool ---
-mod broker;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use leasehold_control::config::ConfigError;
+use leasehold_platform::settings::ConfigError;
+use tokio_util::sync::CancellationToken;
 
 /// Lease-driven workers for long-lived upstream connections on ECS/Fargate.
 #[derive(Debug, Parser)]
@@ -44,7 +44,6 @@ enum Command {
     Dashboard(dashboard::DashboardArgs),
     /// Everything in one process on embedded backends (no AWS, no Redis).
     Dev(dev::DevArgs),
-    // --- broker pool ---
     /// Per-user broker worker; starts in the warm pool (`USER_ID=-1`).
     BrokerWorker(broker::BrokerWorkerArgs),
     /// Encrypted broker credentials in Redis.
@@ -85,14 +84,28 @@ impl From<leasehold_control::LeaseError> for Failure {
     }
 }
 
-fn init_logging(default: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env(leasehold_control::config::LEASEHOLD_LOG.name)
-        .unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+/// Cancels the token on SIGTERM or Ctrl-C: every long-running subcommand
+/// drains on it.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutdown requested");
+        trigger.cancel();
+    });
+    token
 }
 
 #[tokio::main]
@@ -100,7 +113,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // `dev --chaos` breaks workers on purpose; their warnings would bury the
     // chaos log and the URLs. LEASEHOLD_LOG=warn brings them back.
-    init_logging(match cli.command {
+    leasehold_platform::logging::init(match cli.command {
         Command::Dev(_) => "error",
         _ => "warn",
     });
@@ -112,7 +125,6 @@ async fn main() -> ExitCode {
         Command::Sidecar(args) => sidecar::sidecar(args).await,
         Command::Dashboard(args) => dashboard::dashboard(args).await,
         Command::Dev(args) => dev::dev(args).await,
-        // --- broker pool ---
         Command::BrokerWorker(args) => broker::broker_worker(args).await,
         Command::Credentials(command) => broker::credentials(command).await,
         Command::Claim(args) => broker::claim(args).await,

@@ -6,11 +6,13 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 use leasehold_control::clock::{Clock, SystemClock};
-use leasehold_control::config::{self, AWS_REGION, LEASE_TABLE, Problems};
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::MalformedItem;
-use leasehold_control::store::dynamodb::{DynamoLeaseStore, TableCreation, load_sdk_config};
-use leasehold_control::store::{LeaseError, LeaseStore, list_all};
+use leasehold_control::settings::{LEASE_TABLE, table_settings};
+use leasehold_control::store::dynamodb::{DynamoLeaseStore, TableCreation};
+use leasehold_control::store::{LeaseError, LeaseReader, LeaseStore, list_all};
+use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
+use leasehold_platform::settings::{Env, process_env};
 use serde_json::json;
 
 use crate::Failure;
@@ -30,15 +32,14 @@ impl TableArgs {
             let flag = (name == LEASE_TABLE.name)
                 .then(|| self.lease_table.clone())
                 .flatten();
-            flag.or_else(|| config::process_env(name))
+            flag.or_else(|| process_env(name))
         };
-        let mut problems = Problems::default();
-        let table = config::table_settings(&lookup, &mut problems);
-        let sdk = load_sdk_config().await;
-        if sdk.region().is_none() {
-            problems.add(&AWS_REGION, "not set, and no region in the AWS profile");
-        }
-        problems.finish(())?;
+        let mut env = Env::new(&lookup);
+        let table = table_settings(&mut env);
+        // An operator waits for an answer rather than racing a lease deadline:
+        // the SDK's standard retries ride out throttling.
+        let sdk = sdk_config(RetryPolicy::Standard).await;
+        let table = require_region(&sdk, env.finish(table))?;
         Ok(DynamoLeaseStore::from_sdk_config(&sdk, table.table))
     }
 }

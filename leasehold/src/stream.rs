@@ -7,16 +7,15 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use leasehold_control::clock::SystemClock;
-use leasehold_control::config::{self, AWS_REGION};
-use leasehold_control::store::dynamodb::{DynamoLeaseStore, load_sdk_config};
-use leasehold_control::transport::BufferedShipper;
-use leasehold_worker::feed::{FeedConfig, FeedServer};
-use leasehold_worker::sink;
-use leasehold_worker::stream::StreamWorker;
-use leasehold_worker::stream::settings;
+use leasehold_control::store::dynamodb::DynamoLeaseStore;
+use leasehold_feed::{FeedConfig, FeedServer};
+use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
+use leasehold_platform::settings::{ConfigError, process_env};
+use leasehold_stream::{StreamWorker, settings, sink};
+use leasehold_telemetry::transport::BufferedShipper;
 use tokio_util::sync::CancellationToken;
 
-use crate::Failure;
+use crate::{Failure, shutdown_on_signal};
 
 /// `leasehold feed`: the upstream simulator.
 #[derive(Debug, Args)]
@@ -35,33 +34,10 @@ pub struct FeedArgs {
     backlog: u64,
 }
 
-/// Cancels the token on SIGTERM or Ctrl-C.
-pub fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let trigger = token.clone();
-    tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(err) => {
-                    tracing::error!(error = %err, "cannot listen for SIGTERM");
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        tracing::info!("shutdown requested");
-        trigger.cancel();
-    });
-    token
-}
-
 /// Runs the feed simulator until SIGTERM or Ctrl-C.
 pub async fn feed(args: FeedArgs) -> Result<(), Failure> {
     if !(args.rate > 0.0 && args.rate.is_finite()) {
-        return Err(Failure::Config(config::ConfigError {
+        return Err(Failure::Config(ConfigError {
             problems: vec!["--rate: must be a positive number of events per second".into()],
         }));
     }
@@ -122,44 +98,21 @@ impl StreamWorkerArgs {
 
 /// Runs a stream worker until SIGTERM, then drains and exits 0.
 pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
-    // Design §3.3: OWNER_ID defaults to the ECS task id (what the console, the
-    // dashboard and StopTask name), else the host name.
-    let ecs_task_id = match args
-        .flag("OWNER_ID")
-        .or_else(|| config::process_env("OWNER_ID"))
-    {
+    // OWNER_ID defaults to the ECS task id (what the console, the dashboard and
+    // StopTask name), else the host name.
+    let ecs_task_id = match args.flag("OWNER_ID").or_else(|| process_env("OWNER_ID")) {
         Some(_) => None,
-        None => leasehold_control::ecs::task_metadata()
+        None => leasehold_platform::ecs::task_metadata()
             .await
             .and_then(|metadata| metadata.task_id().map(str::to_owned)),
     };
     let lookup = |name: &str| {
         args.flag(name)
-            .or_else(|| config::process_env(name))
+            .or_else(|| process_env(name))
             .or_else(|| (name == "OWNER_ID").then(|| ecs_task_id.clone()).flatten())
     };
-    let parsed = settings::parse(&lookup);
-    let sdk = load_sdk_config().await;
-    let settings = match parsed {
-        Ok(settings) if sdk.region().is_some() => settings,
-        Ok(_) => {
-            return Err(Failure::Config(config::ConfigError {
-                problems: vec![format!(
-                    "{}: not set, and no region in the AWS profile",
-                    AWS_REGION.name
-                )],
-            }));
-        }
-        Err(mut err) => {
-            if sdk.region().is_none() {
-                err.problems.push(format!(
-                    "{}: not set, and no region in the AWS profile",
-                    AWS_REGION.name
-                ));
-            }
-            return Err(Failure::Config(err));
-        }
-    };
+    let sdk = sdk_config(RetryPolicy::CallerRetries).await;
+    let settings = require_region(&sdk, settings::parse(&lookup))?;
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
     store.check_table().await?;
     let sink = sink::open(&settings.sink_url, settings.sink)
@@ -168,7 +121,7 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     // Telemetry outlives the drain so the final releases reach the sidecar.
     let telemetry_stop = CancellationToken::new();
     let telemetry = Arc::new(BufferedShipper::start(
-        settings.shipper(),
+        settings.shipper.clone(),
         telemetry_stop.clone(),
     ));
     let worker = StreamWorker::from_settings(
@@ -192,17 +145,7 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     for (stream, error) in &report.failed {
         tracing::warn!(stream_id = stream, error, "not released cleanly");
     }
-    flush_telemetry(&telemetry).await;
+    telemetry.flush(Duration::from_millis(500)).await;
     telemetry_stop.cancel();
     Ok(())
-}
-
-/// Gives the shipper a moment to deliver the last events (bounded: the sidecar
-/// may be gone already).
-pub(crate) async fn flush_telemetry(shipper: &BufferedShipper) {
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
-    while shipper.is_connected() && shipper.buffered() > 0 && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }

@@ -8,11 +8,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use leasehold_control::keys;
-use leasehold_control::testing::{redis_url, unique_name};
-use leasehold_worker::broker::credentials::AesGcmCipher;
-use leasehold_worker::broker::launcher::{LocalLauncher, TaskLauncher};
-use leasehold_worker::broker::protocol::MarkValue;
+use leasehold_broker::credentials::AesGcmCipher;
+use leasehold_broker::launcher::{LocalLauncher, TaskLauncher};
+use leasehold_pool::keys;
+use leasehold_pool::protocol::MarkValue;
+use leasehold_testkit::{redis_url, unique_name};
 use redis::AsyncCommands;
 use serde_json::Value;
 use support::{run_leasehold, serial, spawn_leasehold};
@@ -90,12 +90,9 @@ impl Pool {
     }
 
     async fn idle_marks(&mut self) -> Vec<String> {
-        leasehold_worker::broker::bus::redis::scan_keys(
-            &mut self.redis,
-            keys::POOL_WORKER_ACTIVE_PATTERN,
-        )
-        .await
-        .unwrap()
+        leasehold_pool::bus::redis::scan_keys(&mut self.redis, keys::POOL_WORKER_ACTIVE_PATTERN)
+            .await
+            .unwrap()
     }
 
     async fn wait_idle(&mut self, count: usize) {
@@ -276,7 +273,7 @@ async fn cold_start_then_duplicate_worker_the_older_is_stopped() {
     let mut envs = pool.envs.clone();
     envs.push(("USER_ID".into(), user.clone()));
     envs.push((
-        leasehold_worker::broker::launcher::LOCAL_GROUP_VAR.into(),
+        leasehold_broker::launcher::LOCAL_GROUP_VAR.into(),
         pool.launcher.group.clone(),
     ));
     let newer_proc = spawn_leasehold("newer", &["broker-worker"], &envs);

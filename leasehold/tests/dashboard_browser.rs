@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_control::clock::unix_ms;
-use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
-use leasehold_control::testing::{DynamoTarget, chromium, headless_chromium, redis_url, repo_root};
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
+use leasehold_control::conformance::DynamoTarget;
 use leasehold_dashboard::testing::{
     MARKUP_STREAM, SECRET_CANARY, SEEDED_STREAMS_VIEW, pool_entries, seed_leases, write_pool,
 };
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
+use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
+use leasehold_testkit::{chromium, headless_chromium, redis_url, repo_root};
 use support::{serial, spawn_leasehold};
 use tokio_util::sync::CancellationToken;
 
@@ -67,7 +68,7 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         lag_seconds: 0.8,
     });
 
-    let endpoint = leasehold_control::testing::dynamodb_endpoint().unwrap();
+    let endpoint = leasehold_testkit::dynamodb_endpoint().unwrap();
     let dashboard = spawn_leasehold(
         "dashboard",
         &["dashboard", "--listen", "127.0.0.1:0"],

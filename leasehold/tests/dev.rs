@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use leasehold_control::testing::http_get;
+use leasehold_testkit::http_get;
 use serde_json::Value;
 use support::{serial, spawn_leasehold};
 

@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-use leasehold_control::testing::{dynamodb_endpoint, unique_name};
+use leasehold_testkit::{dynamodb_endpoint, unique_name};
 
 struct Cli {
     endpoint: String,

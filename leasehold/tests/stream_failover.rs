@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use leasehold_control::measure::percentile;
+use leasehold_testkit::measure::percentile;
 use support::{Cluster, DISCOVERY_MS, LEASE_SECONDS, SKEW_MS, private_moto, serial};
 
 fn owned_by(owners: &std::collections::BTreeMap<String, String>, owner: &str) -> usize {
@@ -167,7 +167,7 @@ async fn rolling_deploy_hands_over_fast_and_without_gaps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_stops_side_effects_before_the_deadline() {
     let _serial = serial().await;
-    if leasehold_control::testing::dynamodb_endpoint().is_none() {
+    if leasehold_testkit::dynamodb_endpoint().is_none() {
         return;
     }
     let (moto, endpoint) = private_moto();
@@ -193,7 +193,7 @@ async fn a_store_outage_stops_side_effects_before_the_deadline() {
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     for stream in &cluster.streams {
         let late: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(leasehold_control::keys::sink_stream(stream))
+            .arg(leasehold_stream::sink::keys::sink_stream(stream))
             .arg(format!("{quiet_from}-0"))
             .arg(format!("{outage_end}-0"))
             .query_async(&mut connection)

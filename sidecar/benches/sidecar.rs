@@ -9,11 +9,11 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold_control::measure::{arg, thread_cpu_seconds};
-use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
-use leasehold_control::testing::every_event;
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_telemetry::testing::every_event;
+use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
+use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
+use leasehold_testkit::measure::{arg, thread_cpu_seconds};
 use tokio_util::sync::CancellationToken;
 
 fn config() -> SidecarConfig {

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 
 use crate::SidecarState;
-use crate::view::Status;
+use leasehold_telemetry::status::SidecarStatus;
 
 /// Prometheus text exposition format, version 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -41,14 +41,4 @@ async fn status(State(state): State<Arc<SidecarState>>) -> Json<SidecarStatus> {
         worker: state.view().status(),
         observer: state.is_observer(),
     })
-}
-
-/// `/status` body; the dashboard deserializes it with this same type.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct SidecarStatus {
-    /// What the sidecar knows about its worker.
-    #[serde(flatten)]
-    pub worker: Status,
-    /// This sidecar currently publishes the cluster gauges.
-    pub observer: bool,
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold_control::telemetry::TelemetryEvent;
-use leasehold_control::transport::{PREAMBLE, codec};
+use leasehold_telemetry::TelemetryEvent;
+use leasehold_telemetry::transport::{PREAMBLE, codec};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::FramedRead;

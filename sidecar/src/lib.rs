@@ -17,6 +17,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod observer;
 pub mod otlp;
+pub mod settings;
 pub mod snapshot;
 pub mod view;
 
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::snapshot::{SnapshotRecorder, Tee};
-use leasehold_control::telemetry::TelemetryEvent;
+use leasehold_telemetry::TelemetryEvent;
 use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

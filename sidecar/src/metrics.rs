@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold_control::telemetry::{ClaimResult, LossReason, TelemetryEvent};
+use leasehold_telemetry::{ClaimResult, LossReason, TelemetryEvent};
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 use metrics_util::MetricKindMask;
@@ -226,7 +226,7 @@ pub fn describe_cluster() {
 
 /// The bounded `queue` label for a dead-letter list key (keys hold user ids).
 fn queue_kind(queue: &str) -> &'static str {
-    if queue.starts_with(leasehold_control::keys::POOL_CLAIMS) {
+    if queue.starts_with(leasehold_pool::keys::POOL_CLAIMS) {
         "claims"
     } else if queue.contains(":requests") {
         "requests"

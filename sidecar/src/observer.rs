@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use leasehold_control::clock::Clock;
 use leasehold_control::keeper::LeaseKeeper;
-use leasehold_control::keys;
 use leasehold_control::lease::LeaseState;
 use leasehold_control::schema::OBSERVER_LEASE;
 use leasehold_control::store::list_all;
-use leasehold_control::telemetry::OrphanKind;
-use leasehold_worker::broker::bus::{BusConnector, BusError, PoolBus};
+use leasehold_pool::bus::BusError;
+use leasehold_pool::read::{PoolCounts, PoolReader};
+use leasehold_telemetry::OrphanKind;
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
@@ -28,8 +28,8 @@ pub struct ObserverConfig {
     pub clock: Arc<dyn Clock>,
     /// How often the cluster gauges are refreshed.
     pub interval: Duration,
-    /// The pool bus, for the pool and orphan gauges (none: streams only).
-    pub pool: Option<Arc<BusConnector>>,
+    /// The pool's read model, for the pool and orphan gauges (none: streams only).
+    pub pool: Option<Arc<dyn PoolReader>>,
 }
 
 /// Competes for the observer lease and publishes while holding it.
@@ -95,7 +95,7 @@ async fn publish(
         }
     }
     let pool = match &config.pool {
-        Some(connector) => match async { pool_view(connector.get().await?.as_ref()).await }.await {
+        Some(reader) => match pool_view(reader.as_ref()).await {
             Ok(pool) => Some(pool),
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the pool state from the pool bus");
@@ -109,11 +109,13 @@ async fn publish(
             ::metrics::gauge!(metrics::STREAMS, "state" => label).set(count as f64);
         }
         if let Some(pool) = &pool {
-            ::metrics::gauge!(metrics::POOL_WORKERS, "state" => "idle").set(pool.idle as f64);
-            ::metrics::gauge!(metrics::POOL_WORKERS, "state" => "claimed").set(pool.claimed as f64);
-            ::metrics::gauge!(metrics::POOL_CLAIMS_PENDING).set(pool.pending as f64);
+            let counts = pool.counts;
+            ::metrics::gauge!(metrics::POOL_WORKERS, "state" => "idle").set(counts.idle as f64);
+            ::metrics::gauge!(metrics::POOL_WORKERS, "state" => "claimed")
+                .set(counts.claimed as f64);
+            ::metrics::gauge!(metrics::POOL_CLAIMS_PENDING).set(counts.claims_pending as f64);
             for kind in OrphanKind::ALL {
-                let found = pool.orphans.get(kind.as_str()).copied().unwrap_or(0);
+                let found = pool.orphans.get(&kind).copied().unwrap_or(0);
                 ::metrics::gauge!(metrics::ORPHANS, "kind" => kind.as_str()).set(found as f64);
             }
         }
@@ -121,33 +123,19 @@ async fn publish(
     Ok(())
 }
 
-/// The pool as the pool bus shows it.
+/// The pool as its read model shows it.
 struct PoolView {
-    idle: u64,
-    claimed: u64,
-    pending: u64,
-    orphans: std::collections::BTreeMap<String, u64>,
+    counts: PoolCounts,
+    orphans: std::collections::BTreeMap<OrphanKind, u64>,
 }
 
-/// Counts keys matching `pattern` (SCAN, never KEYS: the pool's Redis is shared).
-async fn count_keys(bus: &dyn PoolBus, pattern: &str) -> Result<u64, BusError> {
-    Ok(bus.scan_keys(pattern).await?.len() as u64)
-}
-
-async fn pool_view(bus: &dyn PoolBus) -> Result<PoolView, BusError> {
-    let idle = count_keys(bus, keys::POOL_WORKER_ACTIVE_PATTERN).await?;
-    let all = count_keys(bus, keys::WORKER_ACTIVE_PATTERN).await?;
-    let pending = bus.list_len(keys::POOL_CLAIMS).await?;
-    let report = bus.maintenance_report().await?;
-    // The report is the maintenance sweep's JSON; only its `found` counts matter here.
-    let orphans = report
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        .and_then(|report| serde_json::from_value(report["found"].clone()).ok())
+async fn pool_view(reader: &dyn PoolReader) -> Result<PoolView, BusError> {
+    let counts = reader.counts().await?;
+    let orphans = reader
+        .anomalies()
+        .await?
+        .report
+        .map(|report| report.found)
         .unwrap_or_default();
-    Ok(PoolView {
-        idle,
-        claimed: all.saturating_sub(idle),
-        pending,
-        orphans,
-    })
+    Ok(PoolView { counts, orphans })
 }

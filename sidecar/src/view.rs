@@ -6,29 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use leasehold_control::schema::RESERVED_PREFIX;
-use leasehold_control::telemetry::TelemetryEvent;
-use serde::{Deserialize, Serialize};
+use leasehold_telemetry::TelemetryEvent;
+use leasehold_telemetry::status::{HeldLease, PoolState, Status, StreamLag};
 use tokio::time::Instant;
-
-/// A lease the worker holds, as last reported.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeldLease {
-    /// Stream (or reserved record) held.
-    pub stream_id: String,
-    /// Fence token.
-    pub fence_token: u64,
-    /// Record expiry, unix ms, from the last acquire or renew.
-    pub expires_at_ms: i64,
-}
-
-/// Lag of one stream, as last reported.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StreamLag {
-    /// Received minus persisted.
-    pub lag_events: u64,
-    /// Age of the oldest unpersisted event.
-    pub lag_seconds: f64,
-}
 
 /// Everything the sidecar knows about its worker.
 #[derive(Debug)]
@@ -46,50 +26,6 @@ pub struct WorkerView {
     lag: BTreeMap<String, StreamLag>,
     upstreams: BTreeMap<String, usize>,
     pool: Option<PoolState>,
-}
-
-/// A broker worker's place in the pool, as last reported.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PoolState {
-    /// The worker's id.
-    pub worker_id: String,
-    /// `idle`, `claimed` or `stopped`.
-    pub state: String,
-    /// The user it serves once claimed.
-    pub user_id: Option<String>,
-}
-
-/// `/status` body (the dashboard reads it back with the same type).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Status {
-    /// `stream-worker`, `broker-worker`, or null before the first heartbeat.
-    pub component: Option<String>,
-    /// The worker's identity.
-    pub owner_id: Option<String>,
-    /// A worker is connected to the telemetry socket.
-    pub worker_connected: bool,
-    /// Milliseconds since the last event (heartbeats included); null if none yet.
-    pub last_event_age_ms: Option<u64>,
-    /// Connected and not silent beyond the threshold (what `leasehold_worker_up` says).
-    pub worker_up: bool,
-    /// Events received since start.
-    pub events_received: u64,
-    /// Events the worker reported dropping.
-    pub events_dropped: u64,
-    /// Events the sink refused because a newer fence token exists (zombie writes).
-    #[serde(default)]
-    pub sink_events_fenced: u64,
-    /// Leases this worker lost (renew refused, deadline passed, fenced).
-    #[serde(default)]
-    pub leases_lost: u64,
-    /// Leases held: streams and reserved records (presence).
-    pub leases: Vec<HeldLease>,
-    /// Per-stream lag.
-    pub lag: BTreeMap<String, StreamLag>,
-    /// Open upstream connections.
-    pub websocket_connections: usize,
-    /// Pool/user state of a broker worker (null for stream workers).
-    pub pool: Option<PoolState>,
 }
 
 impl WorkerView {
@@ -330,7 +266,7 @@ mod tests {
         view.apply(&TelemetryEvent::LeaseLost {
             stream_id: "b".into(),
             fence_token: 3,
-            reason: leasehold_control::telemetry::LossReason::Fenced,
+            reason: leasehold_telemetry::LossReason::Fenced,
         });
         assert_eq!(view.stream_leases_held(), 2);
         assert_eq!(

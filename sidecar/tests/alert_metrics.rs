@@ -24,13 +24,14 @@ use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::telemetry::{LogSink, TelemetryEvent, TelemetrySink};
-use leasehold_control::testing::http_get;
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
+use leasehold_pool::bus::redis::RedisPoolBus;
+use leasehold_pool::bus::{BusConnector, PoolBus};
+use leasehold_pool::read::PoolReader;
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
-use leasehold_worker::broker::bus::redis::RedisPoolBus;
-use leasehold_worker::broker::bus::{BusConnector, PoolBus};
+use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
+use leasehold_telemetry::{LogSink, TelemetryEvent, TelemetrySink};
+use leasehold_testkit::http_get;
 use serde_yaml_ng::Value;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
@@ -42,7 +43,7 @@ const PROMETHEUS_OWN: &[&str] = &["up", "ALERTS", "ALERTS_FOR_STATE"];
 const RUNBOOK_BASE_MARKER: &str = "RUNBOOK_BASE_URL=";
 
 fn alerts_dir() -> PathBuf {
-    leasehold_control::testing::repo_root().join("alerts")
+    leasehold_testkit::repo_root().join("alerts")
 }
 
 fn read(path: &Path) -> String {
@@ -364,7 +365,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
 const VARIANTS: usize = 26;
 
 fn every_variant() -> Vec<TelemetryEvent> {
-    leasehold_control::testing::every_event()
+    leasehold_telemetry::testing::every_event()
 }
 
 async fn metrics_text(sidecar: &Sidecar) -> String {
@@ -411,10 +412,10 @@ async fn observer(store: Arc<dyn LeaseStore>) -> ObserverConfig {
         },
     );
     // The pool and orphan gauges come from the pool bus on the test Redis.
-    let pool = match leasehold_control::testing::redis_url() {
+    let pool = match leasehold_testkit::redis_url() {
         Some(url) => Some(Arc::new(BusConnector::ready(Arc::new(
             RedisPoolBus::connect(&url).await.unwrap(),
-        ) as Arc<dyn PoolBus>))),
+        ) as Arc<dyn PoolBus>)) as Arc<dyn PoolReader>),
         None => None,
     };
     ObserverConfig {
@@ -491,7 +492,7 @@ async fn every_metric_the_alerts_use_is_exported() {
     }
     let text = render_when(&sidecar, |text| {
         text.contains("leasehold_streams{")
-            && (leasehold_control::testing::redis_url().is_none()
+            && (leasehold_testkit::redis_url().is_none()
                 || text.contains("leasehold_pool_workers{"))
             && text.contains("leasehold_sidecar_transport_errors_total{")
             && text.contains("leasehold_worker_up 1")

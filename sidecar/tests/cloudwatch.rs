@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Uri};
-use leasehold_control::telemetry::TelemetryEvent;
-use leasehold_control::testing::{every_event, local_sdk_config};
 use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode, datums, emf_documents};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_telemetry::TelemetryEvent;
+use leasehold_telemetry::testing::every_event;
+use leasehold_testkit::local_sdk_config;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 

@@ -5,9 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_control::testing::every_event;
 use leasehold_sidecar::otlp::OtlpConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_telemetry::testing::every_event;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };

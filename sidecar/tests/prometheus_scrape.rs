@@ -4,10 +4,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use leasehold_control::telemetry::{TelemetryEvent, TelemetrySink};
-use leasehold_control::testing::{http_get, prometheus};
-use leasehold_control::transport::{BufferedShipper, ShipperConfig};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
+use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
+use leasehold_testkit::{http_get, prometheus};
 use tokio_util::sync::CancellationToken;
 
 struct Killed(std::process::Child);
@@ -63,7 +63,7 @@ async fn prometheus_scrapes_the_contract_series() {
         previous_owner: None,
     });
 
-    let dir = std::env::temp_dir().join(leasehold_control::testing::unique_name("prometheus"));
+    let dir = std::env::temp_dir().join(leasehold_testkit::unique_name("prometheus"));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("prometheus.yml");
     std::fs::write(

@@ -10,14 +10,15 @@ use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
-    RenewRequest,
+    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    ReleaseRequest, RenewRequest,
 };
-use leasehold_control::telemetry::{LogSink, TelemetryEvent, TelemetrySink};
-use leasehold_control::testing::{every_event, http_get, promtool};
-use leasehold_control::transport::{BufferedShipper, PREAMBLE, ShipperConfig};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_telemetry::testing::every_event;
+use leasehold_telemetry::transport::{BufferedShipper, PREAMBLE, ShipperConfig};
+use leasehold_telemetry::{LogSink, TelemetryEvent, TelemetrySink};
+use leasehold_testkit::{http_get, promtool};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
@@ -288,6 +289,10 @@ impl LeaseStore for Partitionable {
         self.check()?;
         self.inner.bump(id, now).await
     }
+}
+
+#[async_trait]
+impl LeaseReader for Partitionable {
     async fn get(&self, id: &str) -> Result<Lease, LeaseError> {
         self.check()?;
         self.inner.get(id).await

@@ -20,8 +20,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::{
-    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
-    RenewRequest, check_reserved, refusal,
+    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    ReleaseRequest, RenewRequest, check_reserved, refusal,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -62,22 +62,6 @@ pub const BUMP_UPDATE: &str =
 /// Register only creates.
 pub const RECORD_ABSENT: &str = "attribute_not_exists(stream_id)";
 
-/// Loads the AWS SDK's standard configuration chain (environment, profiles, ECS
-/// task role) with short per-attempt timeouts (a renew that hangs is worth less
-/// than one that fails) and the SDK's own retries off.
-pub async fn load_sdk_config() -> aws_config::SdkConfig {
-    aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .timeout_config(
-            aws_config::timeout::TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .operation_attempt_timeout(Duration::from_secs(5))
-                .build(),
-        )
-        .retry_config(aws_config::retry::RetryConfig::disabled())
-        .load()
-        .await
-}
-
 /// Leases in a DynamoDB table with a string `stream_id` partition key.
 #[derive(Debug, Clone)]
 pub struct DynamoLeaseStore {
@@ -103,7 +87,8 @@ impl DynamoLeaseStore {
         }
     }
 
-    /// Uses the AWS SDK's configuration (see [`load_sdk_config`]).
+    /// Uses the AWS SDK's configuration; build it with
+    /// `leasehold_platform::aws::sdk_config(RetryPolicy::CallerRetries)`: the keeper owns retries.
     pub fn from_sdk_config(config: &aws_config::SdkConfig, table: impl Into<String>) -> Self {
         Self::new(Client::new(config), table)
     }
@@ -446,7 +431,10 @@ impl LeaseStore for DynamoLeaseStore {
         })?;
         Ok(schema::decode(&to_raw(item))?.fence_token)
     }
+}
 
+#[async_trait]
+impl LeaseReader for DynamoLeaseStore {
     async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
         let output = self
             .client

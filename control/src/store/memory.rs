@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseStore, ReleaseRequest,
-    RenewRequest, check_reserved, refusal, registration_item,
+    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    ReleaseRequest, RenewRequest, check_reserved, refusal, registration_item,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -214,7 +214,10 @@ impl LeaseStore for MemoryLeaseStore {
         set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
         Ok(next)
     }
+}
 
+#[async_trait]
+impl LeaseReader for MemoryLeaseStore {
     async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
         match self.lock().get(stream_id) {
             Some(item) => Ok(schema::decode(item)?),

@@ -165,9 +165,22 @@ impl LeaseError {
     }
 }
 
-/// Where leases live. Both backends pass the same conformance suite.
+/// The read side of a lease store: what the dashboard, the observer and the
+/// operator's `leases list / show` hold, so none of them can write through it.
 #[async_trait]
-pub trait LeaseStore: Send + Sync + 'static {
+pub trait LeaseReader: Send + Sync + 'static {
+    /// Reads one record (strongly consistent).
+    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError>;
+
+    /// One page of records. Pages may be shorter than `limit` before the end; only
+    /// `next == None` means the listing is complete.
+    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError>;
+}
+
+/// Where leases live: every conditional write. Both backends pass the same
+/// conformance suite.
+#[async_trait]
+pub trait LeaseStore: LeaseReader {
     /// Conditional acquire: succeeds when the stream has no owner, its lease expired
     /// more than the skew margin ago, or the caller already owns it. Increments the
     /// fence token and returns the new record.
@@ -198,13 +211,6 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// ("something was released: look now"); refuses stream records, whose
     /// tokens only acquire may move.
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError>;
-
-    /// Reads one record (strongly consistent).
-    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError>;
-
-    /// One page of records. Pages may be shorter than `limit` before the end; only
-    /// `next == None` means the listing is complete.
-    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError>;
 }
 
 /// What a conditional write claimed about the caller, used to explain a refusal
@@ -290,7 +296,7 @@ pub(crate) fn check_reserved(record_id: &str) -> Result<(), LeaseError> {
 
 /// Reads every page of a listing.
 pub async fn list_all(
-    store: &dyn LeaseStore,
+    store: &dyn LeaseReader,
     page_size: usize,
 ) -> Result<Vec<Result<Lease, MalformedItem>>, LeaseError> {
     let mut all = Vec::new();

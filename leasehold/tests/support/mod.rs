@@ -1,7 +1,7 @@
 //! Real-process test harness for the `leasehold` binary: a feed, stream workers
 //! and (when a test needs its own) a DynamoDB-compatible server, all on loopback,
 //! all killed when the test ends. Server addresses come from
-//! `leasehold_control::testing`, which the test command fills.
+//! `leasehold_testkit`, which the test command fills.
 
 #![allow(dead_code)]
 
@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_control::store::list_all;
-use leasehold_control::testing::{dynamodb_client, dynamodb_endpoint, redis_url, unique_name};
-use leasehold_worker::sink::SinkOptions;
-use leasehold_worker::sink::memory::StoredEvent;
-use leasehold_worker::sink::redis::RedisSink;
+use leasehold_stream::sink::SinkOptions;
+use leasehold_stream::sink::memory::StoredEvent;
+use leasehold_stream::sink::redis::RedisSink;
+use leasehold_testkit::{dynamodb_client, dynamodb_endpoint, redis_url, unique_name};
 
 /// Process-heavy tests run one at a time: the machine has two cores, and lease
 /// timing under heavy contention is not what these tests measure.
@@ -133,13 +133,12 @@ impl Drop for Proc {
 
 /// A private DynamoDB-compatible server, for tests that stop it.
 pub fn private_moto() -> (Proc, String) {
-    let python =
-        std::env::var(leasehold_control::testing::PYTHON_VAR).unwrap_or_else(|_| "python3".into());
+    let python = std::env::var(leasehold_testkit::PYTHON_VAR).unwrap_or_else(|_| "python3".into());
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let script = leasehold_control::testing::repo_root().join("scripts/moto_serialized.py");
+    let script = leasehold_testkit::repo_root().join("scripts/moto_serialized.py");
     let mut command = Command::new(python);
     command.arg(script).arg(port.to_string());
     let proc = Proc::spawn("moto", command);

@@ -1,0 +1,223 @@
+//! The lease settings every lease holder reads: table, timings, identity.
+
+use std::time::Duration;
+
+use leasehold_platform::settings::{Documented, Env, Fallback, Parser, Setting, parse};
+
+use crate::keeper::KeeperConfig;
+
+/// A DynamoDB table name (3-255 of a-z A-Z 0-9 _ - .).
+const TABLE_NAME: Parser<String> = Parser {
+    parse: |raw| {
+        let valid = raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if (3..=255).contains(&raw.len()) && valid {
+            Ok(raw.to_owned())
+        } else {
+            Err("is not a DynamoDB table name (3-255 of a-z A-Z 0-9 _ - .)".into())
+        }
+    },
+    show: Clone::clone,
+};
+
+/// An identity written into records: 1 to 256 characters.
+const IDENTITY: Parser<String> = Parser {
+    parse: |raw| {
+        if raw.is_empty() || raw.len() > 256 {
+            Err("must be 1 to 256 characters".into())
+        } else {
+            Ok(raw.to_owned())
+        }
+    },
+    show: Clone::clone,
+};
+
+/// The `LEASE_TABLE` variable.
+pub const LEASE_TABLE: Setting<String> = Setting::new(
+    "LEASE_TABLE",
+    TABLE_NAME,
+    Fallback::Value(|| "websocket-leases".to_owned()),
+    "DynamoDB table holding the leases (string partition key `stream_id`).",
+);
+/// The `LEASE_SECONDS` variable.
+pub const LEASE_SECONDS: Setting<Duration> = Setting::new(
+    "LEASE_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(30)),
+    "Lease duration in seconds; a crashed holder's streams are taken over after about this long.",
+);
+/// The `LEASE_RENEW_INTERVAL_MS` variable.
+pub const LEASE_RENEW_INTERVAL_MS: Setting<Duration> = Setting::new(
+    "LEASE_RENEW_INTERVAL_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Derived("LEASE_SECONDS/3"),
+    "How often each held lease is renewed, in ms.",
+);
+/// The `LEASE_SAFETY_MARGIN_MS` variable.
+pub const LEASE_SAFETY_MARGIN_MS: Setting<Duration> = Setting::new(
+    "LEASE_SAFETY_MARGIN_MS",
+    parse::MILLIS,
+    Fallback::Derived("LEASE_SECONDS/10"),
+    "The holder stops side effects this long before its lease could expire \
+          (deadline = renew sent + lease - margin), in ms.",
+);
+/// The `LEASE_SKEW_MARGIN_MS` variable.
+pub const LEASE_SKEW_MARGIN_MS: Setting<Duration> = Setting::new(
+    "LEASE_SKEW_MARGIN_MS",
+    parse::MILLIS,
+    Fallback::Value(|| Duration::from_millis(1000)),
+    "A taker waits this long past `lease_expires_at` before taking over, \
+          to absorb clock skew between hosts, in ms.",
+);
+/// The `OWNER_ID` variable.
+pub const OWNER_ID: Setting<String> = Setting::new(
+    "OWNER_ID",
+    IDENTITY,
+    Fallback::Derived("ECS task id, else hostname"),
+    "This worker's identity in `owner_id` (default: the ECS task id from the task metadata endpoint, else the host name).",
+);
+
+/// Every variable of this part, in documentation order.
+pub const ALL: &[&dyn Documented] = &[
+    &LEASE_TABLE,
+    &LEASE_SECONDS,
+    &LEASE_RENEW_INTERVAL_MS,
+    &LEASE_SAFETY_MARGIN_MS,
+    &LEASE_SKEW_MARGIN_MS,
+    &OWNER_ID,
+];
+
+/// Where the lease table is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSettings {
+    /// Table name.
+    pub table: String,
+}
+
+/// Everything a lease holder needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Table name.
+    pub table: TableSettings,
+    /// Keeper timings and identity.
+    pub keeper: KeeperConfig,
+}
+
+/// Reads the table name alone (operator commands need nothing more).
+pub fn table_settings(env: &mut Env) -> TableSettings {
+    TableSettings {
+        table: env.get(&LEASE_TABLE),
+    }
+}
+
+/// Reads the lease settings; problems go to `env`, reported with the caller's.
+pub fn lease_settings(env: &mut Env) -> LeaseSettings {
+    let table = table_settings(env);
+    let lease = env.get(&LEASE_SECONDS);
+    let renew = env.or(&LEASE_RENEW_INTERVAL_MS, lease / 3);
+    let safety = env.or(&LEASE_SAFETY_MARGIN_MS, lease / 10);
+    let skew = env.get(&LEASE_SKEW_MARGIN_MS);
+    if safety >= lease {
+        env.problem(
+            LEASE_SAFETY_MARGIN_MS.name,
+            format_args!(
+                "{} ms must be shorter than the lease ({} ms)",
+                safety.as_millis(),
+                lease.as_millis()
+            ),
+        );
+    } else if renew >= lease - safety {
+        env.problem(
+            LEASE_RENEW_INTERVAL_MS.name,
+            format_args!(
+                "{} ms leaves no time to renew before the holder's deadline \
+                 (lease {} ms - safety margin {} ms)",
+                renew.as_millis(),
+                lease.as_millis(),
+                safety.as_millis()
+            ),
+        );
+    }
+    let owner_id = env.optional(&OWNER_ID).unwrap_or_else(default_owner_id);
+    LeaseSettings {
+        table,
+        keeper: KeeperConfig {
+            owner_id,
+            lease,
+            renew_interval: renew,
+            safety_margin: safety,
+            skew_margin: skew,
+            ..KeeperConfig::default()
+        },
+    }
+}
+
+/// The host name, which on ECS/Fargate is unique per task.
+pub fn default_owner_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("leasehold-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_platform::settings::{ConfigError, fixed_lookup};
+
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<LeaseSettings, ConfigError> {
+        let lookup = fixed_lookup(pairs);
+        let mut env = Env::new(&lookup);
+        let settings = lease_settings(&mut env);
+        env.finish(settings)
+    }
+
+    #[test]
+    fn defaults_follow_the_seed() {
+        let settings = parse(&[("OWNER_ID", "w1")]).unwrap();
+        assert_eq!(settings.table.table, "websocket-leases");
+        assert_eq!(settings.keeper.lease, Duration::from_secs(30));
+        assert_eq!(settings.keeper.renew_interval, Duration::from_secs(10));
+        assert_eq!(settings.keeper.safety_margin, Duration::from_secs(3));
+        assert_eq!(settings.keeper.skew_margin, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let err = parse(&[
+            ("LEASE_TABLE", "x"),
+            ("LEASE_SECONDS", "ten"),
+            ("LEASE_SKEW_MARGIN_MS", "-1"),
+            ("OWNER_ID", &"w".repeat(300)),
+        ])
+        .unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.problems.len(), 4, "{text}");
+        for name in [
+            "LEASE_TABLE",
+            "LEASE_SECONDS",
+            "LEASE_SKEW_MARGIN_MS",
+            "OWNER_ID",
+        ] {
+            assert!(text.contains(name), "{name} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn renew_interval_must_fit_before_the_deadline() {
+        let err = parse(&[
+            ("LEASE_SECONDS", "3"),
+            ("LEASE_RENEW_INTERVAL_MS", "2800"),
+            ("OWNER_ID", "w"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.problems[0].starts_with("LEASE_RENEW_INTERVAL_MS"),
+            "{err}"
+        );
+    }
+}

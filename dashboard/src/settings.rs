@@ -1,0 +1,206 @@
+//! The dashboard's variables, read once with every problem reported at once.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use leasehold_control::settings::{TableSettings, table_settings};
+use leasehold_platform::settings::{
+    ConfigError, Documented, Env, Fallback, Lookup, Parser, Setting, parse,
+};
+use leasehold_pool::settings::REDIS_URL;
+
+use crate::cluster::CollectorSettings;
+use crate::sidecars::SidecarTarget;
+use crate::streams::Thresholds;
+
+/// A bearer token: at least 16 characters that can travel in a header and a
+/// cookie. Secrets Manager values often end in a newline: trimmed, not refused.
+/// The problem is described, never the value.
+const TOKEN: Parser<String> = Parser {
+    parse: |raw| {
+        if raw.len() < 16 {
+            Err("must be at least 16 characters".into())
+        } else if !crate::http::token_is_header_safe(raw) {
+            Err(
+                "may only hold visible ASCII without ; , \" or \\ (it travels in a header and a cookie)"
+                    .into(),
+            )
+        } else {
+            Ok(raw.to_owned())
+        }
+    },
+    show: |_| "[redacted]".to_owned(),
+};
+
+/// The `DASHBOARD_LISTEN` variable.
+pub const DASHBOARD_LISTEN: Setting<SocketAddr> = Setting::new(
+    "DASHBOARD_LISTEN",
+    parse::SOCKET_ADDR,
+    Fallback::Value(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
+    "The dashboard's HTTP address. Loopback by default; any other address needs `DASHBOARD_TOKEN` (or `DASHBOARD_ALLOW_ANONYMOUS=true`).",
+);
+/// The `DASHBOARD_TOKEN` variable.
+pub const DASHBOARD_TOKEN: Setting<String> = Setting::secret(
+    "DASHBOARD_TOKEN",
+    TOKEN,
+    Fallback::Unset,
+    "When set, every page and API call needs `Authorization: Bearer …` or the token form's cookie (never printed).",
+);
+/// The `DASHBOARD_ALLOW_ANONYMOUS` variable.
+pub const DASHBOARD_ALLOW_ANONYMOUS: Setting<bool> = Setting::new(
+    "DASHBOARD_ALLOW_ANONYMOUS",
+    parse::BOOL,
+    Fallback::Value(|| false),
+    "`true` lets the dashboard listen on a non-loopback address without a token (e.g. behind an authenticating proxy).",
+);
+/// The `DASHBOARD_SIDECARS` variable.
+pub const DASHBOARD_SIDECARS: Setting<Vec<String>> = Setting::new(
+    "DASHBOARD_SIDECARS",
+    parse::LIST,
+    Fallback::Unset,
+    "Comma-separated sidecar base URLs (`http://HOST:PORT`); every address a host name resolves to is polled (Cloud Map / DNS service discovery).",
+);
+/// The `DASHBOARD_REFRESH_MS` variable.
+pub const DASHBOARD_REFRESH_MS: Setting<Duration> = Setting::new(
+    "DASHBOARD_REFRESH_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(2_000)),
+    "How often the dashboard re-reads its sources and the page refreshes itself.",
+);
+/// The `DASHBOARD_STOPPED_AFTER_SECONDS` variable.
+pub const DASHBOARD_STOPPED_AFTER_SECONDS: Setting<Duration> = Setting::new(
+    "DASHBOARD_STOPPED_AFTER_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(300)),
+    "A stream whose checkpoint has not moved for this long, while behind or with unknown lag, is judged `stopped`.",
+);
+
+/// Every variable of this part, in documentation order.
+pub const ALL: &[&dyn Documented] = &[
+    &DASHBOARD_LISTEN,
+    &DASHBOARD_TOKEN,
+    &DASHBOARD_ALLOW_ANONYMOUS,
+    &DASHBOARD_SIDECARS,
+    &DASHBOARD_REFRESH_MS,
+    &DASHBOARD_STOPPED_AFTER_SECONDS,
+];
+
+/// Everything `leasehold dashboard` reads from the environment, validated at once.
+#[derive(Debug)]
+pub struct DashboardSettings {
+    /// The lease table.
+    pub table: TableSettings,
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Bearer token, if any.
+    pub token: Option<String>,
+    /// Sidecar sources.
+    pub sidecars: Vec<SidecarTarget>,
+    /// The pool's Redis, if the pool is shown (may hold a password: never print).
+    pub redis_url: Option<String>,
+    /// Collector timings and thresholds.
+    pub collector: CollectorSettings,
+}
+
+/// Reads the dashboard's settings; `lookup` gives flags precedence over the environment.
+pub fn parse(lookup: Lookup) -> Result<DashboardSettings, ConfigError> {
+    let mut env = Env::new(lookup);
+    let table = table_settings(&mut env);
+    let listen = env.get(&DASHBOARD_LISTEN);
+    // A token that is set but invalid is reported as such, not as a missing one.
+    let token_given = env.raw(DASHBOARD_TOKEN.name).is_some();
+    let token = env.optional(&DASHBOARD_TOKEN);
+    let anonymous = env.get(&DASHBOARD_ALLOW_ANONYMOUS);
+    if !listen.ip().is_loopback() && !token_given && !anonymous {
+        env.problem(
+            DASHBOARD_LISTEN.name,
+            format_args!(
+                "{listen} is reachable from other hosts: set {} (or {}=true behind an authenticating proxy)",
+                DASHBOARD_TOKEN.name, DASHBOARD_ALLOW_ANONYMOUS.name
+            ),
+        );
+    }
+    let mut sidecars = Vec::new();
+    for raw in env.optional(&DASHBOARD_SIDECARS).unwrap_or_default() {
+        match SidecarTarget::parse(&raw) {
+            Ok(target) => sidecars.push(target),
+            Err(problem) => env.problem(DASHBOARD_SIDECARS.name, problem),
+        }
+    }
+    let refresh = env.get(&DASHBOARD_REFRESH_MS);
+    let stopped_after = env.get(&DASHBOARD_STOPPED_AFTER_SECONDS);
+    let redis_url = env.optional(&REDIS_URL);
+    env.finish(DashboardSettings {
+        table,
+        listen,
+        token,
+        sidecars,
+        redis_url,
+        collector: CollectorSettings {
+            refresh,
+            thresholds: Thresholds {
+                stopped_after_ms: i64::try_from(stopped_after.as_millis()).unwrap_or(i64::MAX),
+                ..Thresholds::default()
+            },
+            ..CollectorSettings::default()
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_platform::settings::fixed_lookup;
+
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<DashboardSettings, ConfigError> {
+        parse(&fixed_lookup(pairs))
+    }
+
+    #[test]
+    fn loopback_by_default_and_elsewhere_only_with_a_token() {
+        let defaults = settings(&[]).unwrap();
+        assert!(defaults.listen.ip().is_loopback());
+        assert!(defaults.token.is_none());
+        assert_eq!(defaults.collector.refresh, Duration::from_secs(2));
+        let err = settings(&[("DASHBOARD_LISTEN", "0.0.0.0:8080")])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("DASHBOARD_TOKEN"), "{err}");
+        assert!(
+            settings(&[
+                ("DASHBOARD_LISTEN", "0.0.0.0:8080"),
+                ("DASHBOARD_ALLOW_ANONYMOUS", "true")
+            ])
+            .is_ok()
+        );
+        let open = settings(&[
+            ("DASHBOARD_LISTEN", "0.0.0.0:8080"),
+            ("DASHBOARD_TOKEN", "abcdefghijklmnop\n"),
+        ])
+        .unwrap();
+        assert_eq!(
+            open.token.as_deref(),
+            Some("abcdefghijklmnop"),
+            "a trailing newline is trimmed"
+        );
+    }
+
+    #[test]
+    fn bad_tokens_are_refused_without_echoing_them() {
+        for bad in [
+            "short-CANARY",
+            "CANARY;with-a-semicolon-x",
+            "CANARY with spaces inside",
+        ] {
+            let err = settings(&[("DASHBOARD_TOKEN", bad)])
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(!err.to_string().contains("CANARY"), "{err}");
+        }
+        let err = settings(&[("DASHBOARD_SIDECARS", "http://h:1/path,nope")])
+            .err()
+            .unwrap();
+        assert_eq!(err.problems.len(), 2, "{err}");
+    }
+}

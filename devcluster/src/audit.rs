@@ -1,0 +1,80 @@
+//! The sink audit `dev` prints when it stops: every stream's events must be
+//! consecutive sequences with non-decreasing fence tokens.
+
+use leasehold_stream::sink::memory::MemorySink;
+
+/// What the sink holds, checked.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Audit {
+    /// Streams with events.
+    pub streams: usize,
+    /// Events checked.
+    pub events: usize,
+    /// Places where a sequence was skipped.
+    pub gaps: usize,
+    /// Places where a sequence repeated or went back.
+    pub duplicates: usize,
+    /// Places where the fence token went down.
+    pub token_regressions: usize,
+}
+
+/// Every stream's events must be consecutive sequences with non-decreasing tokens.
+pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
+    let mut audit = Audit::default();
+    for stream in streams {
+        let events = sink.events(stream);
+        if events.is_empty() {
+            continue;
+        }
+        audit.streams += 1;
+        audit.events += events.len();
+        for pair in events.windows(2) {
+            match pair[1].seq.cmp(&(pair[0].seq + 1)) {
+                std::cmp::Ordering::Equal => {}
+                std::cmp::Ordering::Greater => audit.gaps += 1,
+                std::cmp::Ordering::Less => audit.duplicates += 1,
+            }
+            if pair[1].fence_token < pair[0].fence_token {
+                audit.token_regressions += 1;
+            }
+        }
+    }
+    audit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_stream::sink::{FencedSink, SinkBatch, SinkEvent, SinkOptions};
+
+    #[tokio::test]
+    async fn the_audit_finds_gaps_duplicates_and_token_regressions() {
+        let sink = MemorySink::new(SinkOptions {
+            dedup_window: 10,
+            max_len: 0,
+        });
+        let write = |token: u64, seqs: &[u64]| {
+            let events: Vec<SinkEvent> = seqs
+                .iter()
+                .map(|seq| SinkEvent {
+                    seq: *seq,
+                    event_id: format!("s:{seq}"),
+                    payload: "{}".into(),
+                })
+                .collect();
+            (token, events)
+        };
+        for (token, events) in [write(1, &[1, 2]), write(2, &[3, 5])] {
+            sink.write(SinkBatch {
+                stream_id: "s",
+                fence_token: token,
+                events: &events,
+            })
+            .await
+            .unwrap();
+        }
+        let audit = audit(&sink, &["s".to_owned(), "empty".to_owned()]);
+        assert_eq!((audit.streams, audit.events, audit.gaps), (1, 4, 1));
+        assert_eq!((audit.duplicates, audit.token_regressions), (0, 0));
+    }
+}

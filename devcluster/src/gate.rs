@@ -1,0 +1,219 @@
+//! Fault gates: a worker's lease store and sink wrapped in a [`Gate`] that lets
+//! calls through, holds them (a pause: the worker comes back as a zombie whose
+//! held writes meet a newer token) or fails them (a crash: nothing is released,
+//! the leases must expire and be taken over).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold_control::LeaseError;
+use leasehold_control::lease::Lease;
+use leasehold_control::store::{
+    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, ReleaseRequest,
+    RenewRequest,
+};
+use leasehold_stream::sink::{FencedSink, SinkBatch, SinkError, WriteOutcome};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GateState {
+    Open,
+    /// Held by the pause with this number.
+    Blocked(u64),
+    Failing,
+}
+
+/// Lets a worker's I/O through, holds it (pause) or fails it (crash).
+#[derive(Clone)]
+pub(crate) struct Gate {
+    state: Arc<watch::Sender<GateState>>,
+    pauses: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            state: Arc::new(watch::Sender::new(GateState::Open)),
+            pauses: Arc::default(),
+        }
+    }
+}
+
+impl Gate {
+    pub(crate) fn open(&self) {
+        self.state.send_replace(GateState::Open);
+    }
+
+    /// Holds every call; returns the pause's number for [`Gate::end_pause`].
+    pub(crate) fn block(&self) -> u64 {
+        let pause = self
+            .pauses
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        self.state.send_replace(GateState::Blocked(pause));
+        pause
+    }
+
+    /// Opens the gate only if it is still held by this pause: a crash or a
+    /// later pause of the same worker must not be undone by an old timer.
+    pub(crate) fn end_pause(&self, pause: u64) {
+        self.state.send_if_modified(|state| {
+            if *state == GateState::Blocked(pause) {
+                *state = GateState::Open;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub(crate) fn fail(&self) {
+        self.state.send_replace(GateState::Failing);
+    }
+
+    /// Waits while blocked; `false` when failing.
+    async fn pass(&self) -> bool {
+        let mut state = self.state.subscribe();
+        loop {
+            let current = *state.borrow_and_update();
+            match current {
+                GateState::Open => return true,
+                GateState::Failing => return false,
+                GateState::Blocked(_) => {
+                    if state.changed().await.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A lease store behind a gate.
+pub(crate) struct GatedStore {
+    inner: Arc<dyn LeaseStore>,
+    gate: Gate,
+}
+
+impl GatedStore {
+    pub(crate) fn new(inner: Arc<dyn LeaseStore>, gate: Gate) -> Self {
+        GatedStore { inner, gate }
+    }
+
+    async fn pass(&self) -> Result<(), LeaseError> {
+        if self.gate.pass().await {
+            Ok(())
+        } else {
+            Err(LeaseError::Transient {
+                message: "dev chaos: this worker crashed".into(),
+            })
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for GatedStore {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Lease, LeaseError> {
+        self.pass().await?;
+        self.inner.acquire(request).await
+    }
+    async fn renew(&self, request: &RenewRequest) -> Result<Lease, LeaseError> {
+        self.pass().await?;
+        self.inner.renew(request).await
+    }
+    async fn checkpoint(&self, request: &CheckpointRequest) -> Result<Lease, LeaseError> {
+        self.pass().await?;
+        self.inner.checkpoint(request).await
+    }
+    async fn release(&self, request: &ReleaseRequest) -> Result<Lease, LeaseError> {
+        self.pass().await?;
+        self.inner.release(request).await
+    }
+    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
+        self.pass().await?;
+        self.inner.force_release(stream_id, now_ms).await
+    }
+    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
+        self.pass().await?;
+        self.inner.register(stream_id, now_ms).await
+    }
+    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
+        self.pass().await?;
+        self.inner.bump(record_id, now_ms).await
+    }
+}
+
+#[async_trait]
+impl LeaseReader for GatedStore {
+    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+        self.pass().await?;
+        self.inner.get(stream_id).await
+    }
+    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+        self.pass().await?;
+        self.inner.list(start_after, limit).await
+    }
+}
+
+/// A sink behind a gate.
+pub(crate) struct GatedSink {
+    inner: Arc<dyn FencedSink>,
+    gate: Gate,
+}
+
+impl GatedSink {
+    pub(crate) fn new(inner: Arc<dyn FencedSink>, gate: Gate) -> Self {
+        GatedSink { inner, gate }
+    }
+}
+
+#[async_trait]
+impl FencedSink for GatedSink {
+    async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
+        if !self.gate.pass().await {
+            return Err(SinkError::Unavailable(
+                "dev chaos: this worker crashed".into(),
+            ));
+        }
+        self.inner.write(batch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_blocked_gate_holds_calls_until_opened_and_a_failing_gate_refuses() {
+        let gate = Gate::default();
+        assert!(gate.pass().await);
+        gate.block();
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.pass().await }
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!waiting.is_finished(), "a paused worker's call must hang");
+        gate.open();
+        assert!(waiting.await.unwrap());
+        gate.fail();
+        assert!(!gate.pass().await);
+        // An old pause's timer must not reopen a crashed worker's gate.
+        let first = gate.block();
+        gate.fail();
+        gate.end_pause(first);
+        assert!(!gate.pass().await, "the crash stands");
+        let second = gate.block();
+        gate.end_pause(first);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), gate.pass())
+                .await
+                .is_err(),
+            "a later pause is not cut short by the first one's timer"
+        );
+        gate.end_pause(second);
+        assert!(gate.pass().await);
+    }
+}

@@ -1,0 +1,22 @@
+//! How a leasehold process meets its environment.
+//!
+//! Nothing here knows about leases, streams or the pool; every component uses it.
+//!
+//! Module map:
+//! - [`settings`]: typed environment variables ([`settings::Setting`]), shared
+//!   parsers, and [`settings::Env`], which reports every bad value at once.
+//! - [`aws`]: AWS SDK configuration with the retry policy that fits the caller.
+//! - [`ecs`]: the ECS task metadata endpoint (v4): task identity on ECS.
+//! - [`logging`]: log output and `LEASEHOLD_LOG`; the AWS variables users set.
+//! - [`backoff`]: exponential backoff with full jitter, for every retry loop.
+//! - [`periodic`]: "every period until cancelled", the one periodic loop.
+
+pub mod aws;
+pub mod backoff;
+pub mod ecs;
+pub mod logging;
+pub mod periodic;
+pub mod settings;
+
+pub use backoff::Backoff;
+pub use settings::{ConfigError, Env, Setting};

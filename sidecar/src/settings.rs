@@ -1,0 +1,160 @@
+//! The sidecar's variables, read once with every problem reported at once.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use leasehold_control::settings::{LeaseSettings, lease_settings};
+use leasehold_platform::settings::{
+    ConfigError, Documented, Env, Fallback, Lookup, Parser, Setting, parse,
+};
+use leasehold_pool::settings::REDIS_URL;
+use leasehold_telemetry::settings::TELEMETRY_ADDR;
+
+use crate::cloudwatch::{CloudWatchConfig, Mode};
+
+/// `off`, `emf` or `api`.
+const MODE: Parser<Mode> = Parser {
+    parse: |raw| match raw {
+        "off" => Ok(Mode::Off),
+        "emf" => Ok(Mode::Emf),
+        "api" => Ok(Mode::Api),
+        _ => Err("must be off, emf or api".into()),
+    },
+    show: |mode| {
+        match mode {
+            Mode::Off => "off",
+            Mode::Emf => "emf",
+            Mode::Api => "api",
+        }
+        .to_owned()
+    },
+};
+
+/// The `SIDECAR_LISTEN` variable.
+pub const SIDECAR_LISTEN: Setting<SocketAddr> = Setting::new(
+    "SIDECAR_LISTEN",
+    parse::SOCKET_ADDR,
+    Fallback::Value(|| SocketAddr::from(([0, 0, 0, 0], 9464))),
+    "The sidecar's HTTP address: `/metrics`, `/healthz`, `/status`.",
+);
+/// The `WORKER_SILENCE_MS` variable.
+pub const WORKER_SILENCE_MS: Setting<Duration> = Setting::new(
+    "WORKER_SILENCE_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(5_000)),
+    "The sidecar reports `leasehold_worker_up 0` when no event (heartbeats included) arrived for this long.",
+);
+/// The `STREAM_SERIES_IDLE_SECONDS` variable.
+pub const STREAM_SERIES_IDLE_SECONDS: Setting<Duration> = Setting::new(
+    "STREAM_SERIES_IDLE_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(120)),
+    "Per-stream gauges (`stream_id` label) disappear this long after their last update.",
+);
+/// The `SIDECAR_OBSERVER` variable.
+pub const SIDECAR_OBSERVER: Setting<bool> = Setting::new(
+    "SIDECAR_OBSERVER",
+    parse::BOOL,
+    Fallback::Value(|| true),
+    "`true`: this sidecar competes for the observer lease and, while it holds it, publishes the cluster gauges.",
+);
+/// The `CLOUDWATCH_MODE` variable.
+pub const CLOUDWATCH_MODE: Setting<Mode> = Setting::new(
+    "CLOUDWATCH_MODE",
+    MODE,
+    Fallback::Value(|| Mode::Off),
+    "`off`, `emf` (Embedded Metric Format lines on stdout for the awslogs driver) or `api` (PutMetricData).",
+);
+/// The `CLOUDWATCH_NAMESPACE` variable.
+pub const CLOUDWATCH_NAMESPACE: Setting<String> = Setting::new(
+    "CLOUDWATCH_NAMESPACE",
+    parse::TEXT,
+    Fallback::Value(|| "Leasehold".to_owned()),
+    "CloudWatch namespace for every metric.",
+);
+/// The `CLOUDWATCH_INTERVAL_SECONDS` variable.
+pub const CLOUDWATCH_INTERVAL_SECONDS: Setting<Duration> = Setting::new(
+    "CLOUDWATCH_INTERVAL_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(60)),
+    "How often the sidecar publishes to CloudWatch.",
+);
+
+/// Every variable of this part, in documentation order.
+pub const ALL: &[&dyn Documented] = &[
+    &SIDECAR_LISTEN,
+    &WORKER_SILENCE_MS,
+    &STREAM_SERIES_IDLE_SECONDS,
+    &SIDECAR_OBSERVER,
+    &CLOUDWATCH_MODE,
+    &CLOUDWATCH_NAMESPACE,
+    &CLOUDWATCH_INTERVAL_SECONDS,
+];
+
+/// Everything `leasehold sidecar` needs apart from AWS clients.
+#[derive(Debug, Clone)]
+pub struct SidecarSettings {
+    /// HTTP address.
+    pub listen: SocketAddr,
+    /// Telemetry address.
+    pub telemetry: SocketAddr,
+    /// Worker called down after this long without events.
+    pub worker_silence: Duration,
+    /// Per-stream series disappear this long after their last update.
+    pub stream_series_idle: Duration,
+    /// The observer lease settings, when this sidecar competes for it.
+    pub observer: Option<LeaseSettings>,
+    /// The pool's Redis for the pool gauges (may hold a password: never print).
+    pub redis_url: Option<String>,
+    /// CloudWatch export.
+    pub cloudwatch: CloudWatchConfig,
+}
+
+/// Reads the sidecar's settings; `lookup` gives flags precedence over the environment.
+pub fn parse(lookup: Lookup) -> Result<SidecarSettings, ConfigError> {
+    let mut env = Env::new(lookup);
+    let listen = env.get(&SIDECAR_LISTEN);
+    let telemetry = env.get(&TELEMETRY_ADDR);
+    let worker_silence = env.get(&WORKER_SILENCE_MS);
+    let stream_series_idle = env.get(&STREAM_SERIES_IDLE_SECONDS);
+    let observer = env.get(&SIDECAR_OBSERVER).then(|| lease_settings(&mut env));
+    let redis_url = env.optional(&REDIS_URL);
+    let cloudwatch = CloudWatchConfig {
+        mode: env.get(&CLOUDWATCH_MODE),
+        namespace: env.get(&CLOUDWATCH_NAMESPACE),
+        interval: env.get(&CLOUDWATCH_INTERVAL_SECONDS),
+    };
+    env.finish(SidecarSettings {
+        listen,
+        telemetry,
+        worker_silence,
+        stream_series_idle,
+        observer,
+        redis_url,
+        cloudwatch,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_platform::settings::fixed_lookup;
+
+    use super::*;
+
+    #[test]
+    fn defaults_and_every_problem_at_once() {
+        let settings = parse(&fixed_lookup(&[("OWNER_ID", "sidecar-1")])).unwrap();
+        assert_eq!(settings.listen, SocketAddr::from(([0, 0, 0, 0], 9464)));
+        assert_eq!(settings.telemetry, SocketAddr::from(([127, 0, 0, 1], 9465)));
+        assert_eq!(settings.cloudwatch.mode, Mode::Off);
+        assert_eq!(settings.stream_series_idle, Duration::from_secs(120));
+        assert!(settings.observer.is_some());
+        let err = parse(&fixed_lookup(&[
+            ("SIDECAR_LISTEN", "everywhere"),
+            ("CLOUDWATCH_MODE", "loud"),
+            ("SIDECAR_OBSERVER", "maybe"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 3, "{err}");
+    }
+}

@@ -1,0 +1,26 @@
+//! What workers report and how it reaches the sidecar.
+//!
+//! Components never touch a metric registry: they emit a [`TelemetryEvent`],
+//! which writes one log line and travels to the task's sidecar, where one module
+//! maps it to metric updates. Emitting never blocks or fails the data path.
+//!
+//! Module map:
+//! - [`event`]: the typed events and [`TelemetrySink`] (`emit`, synchronous and
+//!   infallible).
+//! - [`transport`]: the worker → sidecar wire format and [`BufferedShipper`], the
+//!   bounded drop-oldest buffer workers emit through.
+//! - [`status`]: the sidecar's `/status` document, served by the sidecar and read
+//!   by the dashboard.
+//! - [`settings`]: where telemetry goes (`TELEMETRY_ADDR`, `TELEMETRY_BUFFER`).
+//! - `testing` (feature `testing`): one event of every variant.
+
+pub mod event;
+pub mod settings;
+pub mod status;
+pub mod transport;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use event::*;
+pub use transport::{BufferedShipper, ShipperConfig};

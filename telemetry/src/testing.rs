@@ -1,0 +1,142 @@
+//! One event of every variant, for the sidecar's export and alert tests.
+
+/// One event of every `TelemetryEvent` variant (sidecar, export and alert tests;
+/// `sidecar/tests/alert_metrics.rs` checks the list stays exhaustive).
+pub fn every_event() -> Vec<crate::TelemetryEvent> {
+    use crate::TelemetryEvent::*;
+    use crate::{
+        ClaimResult, CommitResult, LossReason, OrphanKind, PoolWorkerStateKind, RequestResult,
+        SkipReason,
+    };
+    let ms = std::time::Duration::from_millis;
+    let s = || "btc-usd".to_owned();
+    vec![
+        LeaseAcquired {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 1,
+            duration: ms(4),
+            takeover_gap: Some(ms(2500)),
+            previous_owner: Some("w0".into()),
+        },
+        LeaseAcquireConflict {
+            stream_id: "eth".into(),
+            holder: Some("w2".into()),
+            holder_token: 1,
+            duration: ms(3),
+        },
+        LeaseAcquireFailed {
+            stream_id: "eth".into(),
+            error: "throttled".into(),
+        },
+        LeaseRenewed {
+            stream_id: s(),
+            fence_token: 3,
+            expires_at_ms: 2,
+            duration: ms(5),
+            lateness: ms(1),
+        },
+        LeaseRenewFailed {
+            stream_id: s(),
+            fence_token: 3,
+            error: "timeout".into(),
+        },
+        LeaseLost {
+            stream_id: "old".into(),
+            fence_token: 1,
+            reason: LossReason::Fenced,
+        },
+        LeaseReleased {
+            stream_id: "old2".into(),
+            fence_token: 1,
+        },
+        UpstreamConnected {
+            stream_id: s(),
+            from_seq: 1,
+        },
+        UpstreamReconnect {
+            stream_id: s(),
+            reason: "gap".into(),
+        },
+        UpstreamFrameSkipped {
+            stream_id: s(),
+            reason: SkipReason::NotJson,
+        },
+        StreamGap {
+            stream_id: s(),
+            from_seq: 5,
+            to_seq: 9,
+        },
+        SinkWrite {
+            stream_id: s(),
+            fence_token: 3,
+            accepted: 10,
+            duplicate: 2,
+            fenced: 0,
+            duration: ms(2),
+        },
+        SinkWriteFailed {
+            stream_id: s(),
+            error: "down".into(),
+        },
+        CheckpointCommit {
+            stream_id: s(),
+            checkpoint: 10,
+            result: CommitResult::Committed,
+        },
+        StreamLag {
+            stream_id: s(),
+            lag_events: 7,
+            lag_seconds: 1.5,
+        },
+        UpstreamDisconnected {
+            stream_id: "old2".into(),
+        },
+        WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+        },
+        EventsDropped { count: 3 },
+        StreamStopped {
+            stream_id: "old2".into(),
+        },
+        PoolClaim {
+            worker_id: "pw-1".into(),
+            user_id: Some("u1".into()),
+            result: ClaimResult::Claimed,
+            duration: ms(2),
+            reason: None,
+        },
+        BrokerRequest {
+            user_id: "u1".into(),
+            request_id: Some("r1".into()),
+            result: RequestResult::Ok,
+            duration: ms(1),
+        },
+        BrokerReconnect {
+            user_id: "u1".into(),
+            connection: "paper/stock/sim/A1".into(),
+            reason: "health check failed".into(),
+        },
+        MessageDeadLettered {
+            queue: "trading:user:u1:requests:dead".into(),
+            reason: "not JSON".into(),
+        },
+        PoolWorkerState {
+            worker_id: "pw-1".into(),
+            state: PoolWorkerStateKind::Claimed,
+            user_id: Some("u1".into()),
+        },
+        PoolReconciled {
+            idle: 2,
+            target: 3,
+            started: 1,
+            stopped: 0,
+        },
+        OrphanSweep {
+            found: vec![(OrphanKind::OrphanMark, 1)],
+            resolved: vec![(OrphanKind::OrphanMark, 1)],
+            dry_run: false,
+        },
+    ]
+}

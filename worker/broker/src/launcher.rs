@@ -1,0 +1,372 @@
+//! Starting, stopping and listing broker workers: the [`TaskLauncher`] seam with
+//! two implementations, local processes (the embedded default) and ECS
+//! (RunTask / StopTask / ListTasks / DescribeTasks).
+//!
+//! A task's identity is what the worker writes as `task_id` in its mark, so the
+//! sweeper can compare marks with tasks: `local-{pid}` or the ECS task ARN.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use aws_sdk_ecs::types::{
+    AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
+    LaunchType, NetworkConfiguration, TaskOverride,
+};
+
+/// Environment variable that tags local workers with their pool group.
+pub const LOCAL_GROUP_VAR: &str = "LEASEHOLD_TASK_GROUP";
+
+/// A running worker as the launcher sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningTask {
+    /// `local-{pid}` or the ECS task ARN.
+    pub task_id: String,
+    /// Start time, unix ms.
+    pub started_at: u64,
+    /// `USER_ID` it was launched with (a cold start); `None` for pool workers.
+    pub user_id: Option<String>,
+}
+
+/// Launcher failures (AWS errors carry the service's code and message only).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Could not start a worker.
+    #[error("cannot start a worker: {0}")]
+    Start(String),
+    /// Could not stop a worker.
+    #[error("cannot stop task {task_id}: {problem}")]
+    Stop {
+        /// Task.
+        task_id: String,
+        /// What failed.
+        problem: String,
+    },
+    /// Could not list workers.
+    #[error("cannot list workers: {0}")]
+    List(String),
+}
+
+/// Starts, stops and lists broker workers.
+#[async_trait]
+pub trait TaskLauncher: Send + Sync {
+    /// Starts one worker: in the pool (`None`) or cold for a user. Returns its task id.
+    async fn start(&self, user_id: Option<&str>) -> Result<String, LaunchError>;
+    /// Stops a worker (graceful: SIGTERM locally, StopTask on ECS).
+    async fn stop(&self, task_id: &str, reason: &str) -> Result<(), LaunchError>;
+    /// Every running worker of this launcher's group.
+    async fn list(&self) -> Result<Vec<RunningTask>, LaunchError>;
+}
+
+/// Workers as child processes of this binary (`leasehold broker-worker`).
+#[derive(Debug, Clone)]
+pub struct LocalLauncher {
+    /// The `leasehold` executable.
+    pub program: PathBuf,
+    /// Tag that marks this launcher's processes.
+    pub group: String,
+    /// Each worker's output goes to `{dir}/{task_id}.log`; `None` inherits stderr
+    /// (a caller that waits for this process's output to end would then also
+    /// wait for every worker it started).
+    pub log_dir: Option<PathBuf>,
+}
+
+fn clock_ticks_to_unix_ms(start_ticks: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot_secs: u64 = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // USER_HZ is 100 on every Linux ABI in use.
+    Some(boot_secs * 1000 + start_ticks * 10)
+}
+
+fn local_task(pid: u32, group: &str) -> Option<RunningTask> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+    let tag = format!("{LOCAL_GROUP_VAR}={group}");
+    if !vars.contains(&tag.as_bytes()) {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name: state is 3rd, starttime 22nd.
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
+        return None;
+    }
+    let start_ticks: u64 = fields.get(19)?.parse().ok()?;
+    let user_id = vars
+        .iter()
+        .find_map(|v| v.strip_prefix(b"USER_ID="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .filter(|u| u != leasehold_pool::keys::POOL_USER_ID);
+    Some(RunningTask {
+        task_id: format!("local-{pid}"),
+        started_at: clock_ticks_to_unix_ms(start_ticks)?,
+        user_id,
+    })
+}
+
+#[async_trait]
+impl TaskLauncher for LocalLauncher {
+    async fn start(&self, user_id: Option<&str>) -> Result<String, LaunchError> {
+        use std::os::unix::process::CommandExt;
+        let mut command = std::process::Command::new(&self.program);
+        command
+            .arg("broker-worker")
+            .env(LOCAL_GROUP_VAR, &self.group)
+            .env(
+                crate::settings::USER_ID.name,
+                user_id.unwrap_or(leasehold_pool::keys::POOL_USER_ID),
+            )
+            .env_remove(crate::settings::WORKER_ID.name)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            // Its own process group: a Ctrl-C meant for the manager does not stop workers.
+            .process_group(0);
+        let log = match &self.log_dir {
+            Some(dir) => {
+                let path = dir.join(format!("worker-{}.log", rand::random::<u64>()));
+                let file = std::fs::File::create(&path)
+                    .map_err(|err| LaunchError::Start(format!("{}: {err}", path.display())))?;
+                Some((path, file))
+            }
+            None => None,
+        };
+        if let Some((_, file)) = &log {
+            let stderr = file
+                .try_clone()
+                .map_err(|err| LaunchError::Start(err.to_string()))?;
+            command.stderr(stderr);
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|err| LaunchError::Start(err.to_string()))?;
+        let pid = child.id();
+        if let (Some((path, _)), Some(dir)) = (&log, &self.log_dir) {
+            // Named after the task once the pid is known.
+            let _ = std::fs::rename(path, dir.join(format!("local-{pid}.log")));
+        }
+        // Reap it when it exits, as long as this process lives.
+        std::thread::spawn(move || child.wait());
+        Ok(format!("local-{pid}"))
+    }
+
+    async fn stop(&self, task_id: &str, _reason: &str) -> Result<(), LaunchError> {
+        let stop_error = |problem: String| LaunchError::Stop {
+            task_id: task_id.to_owned(),
+            problem,
+        };
+        let pid: u32 = task_id
+            .strip_prefix("local-")
+            .and_then(|pid| pid.parse().ok())
+            .ok_or_else(|| stop_error("not a local task id".into()))?;
+        // Only ever signal our own workers, never a recycled pid.
+        if local_task(pid, &self.group).is_none() {
+            return Ok(());
+        }
+        let status = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status()
+            .map_err(|err| stop_error(err.to_string()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(stop_error(format!("kill exited with {status}")))
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<RunningTask>, LaunchError> {
+        let entries =
+            std::fs::read_dir("/proc").map_err(|err| LaunchError::List(err.to_string()))?;
+        let mut tasks: Vec<RunningTask> = entries
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| local_task(pid, &self.group))
+            .collect();
+        tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        Ok(tasks)
+    }
+}
+
+/// What the ECS launcher needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EcsSettings {
+    /// Cluster.
+    pub cluster: String,
+    /// Task definition of the broker worker.
+    pub task_definition: String,
+    /// Container that runs `leasehold broker-worker`.
+    pub container: String,
+    /// `awsvpc` subnets (empty: no network configuration).
+    pub subnets: Vec<String>,
+    /// `awsvpc` security groups.
+    pub security_groups: Vec<String>,
+    /// `FARGATE`, `EC2` or `EXTERNAL`.
+    pub launch_type: String,
+    /// `startedBy` of every task (at most 36 characters).
+    pub group: String,
+}
+
+/// Workers as ECS tasks.
+#[derive(Debug, Clone)]
+pub struct EcsLauncher {
+    client: aws_sdk_ecs::Client,
+    settings: EcsSettings,
+}
+
+fn aws_message<E: aws_sdk_ecs::error::ProvideErrorMetadata>(err: &E) -> String {
+    format!(
+        "{}: {}",
+        err.code().unwrap_or("error"),
+        err.message().unwrap_or("no message")
+    )
+}
+
+fn sdk_error<E, R>(err: aws_sdk_ecs::error::SdkError<E, R>) -> String
+where
+    E: aws_sdk_ecs::error::ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match err.as_service_error() {
+        Some(service) => aws_message(service),
+        None => format!("{}", aws_sdk_ecs::error::DisplayErrorContext(&err)),
+    }
+}
+
+impl EcsLauncher {
+    /// A launcher on an ECS client.
+    pub fn new(client: aws_sdk_ecs::Client, settings: EcsSettings) -> Self {
+        EcsLauncher { client, settings }
+    }
+}
+
+#[async_trait]
+impl TaskLauncher for EcsLauncher {
+    async fn start(&self, user_id: Option<&str>) -> Result<String, LaunchError> {
+        let settings = &self.settings;
+        let overrides = TaskOverride::builder()
+            .container_overrides(
+                ContainerOverride::builder()
+                    .name(&settings.container)
+                    .environment(
+                        KeyValuePair::builder()
+                            .name(crate::settings::USER_ID.name)
+                            .value(user_id.unwrap_or(leasehold_pool::keys::POOL_USER_ID))
+                            .build(),
+                    )
+                    .build(),
+            )
+            .build();
+        let mut request = self
+            .client
+            .run_task()
+            .cluster(&settings.cluster)
+            .task_definition(&settings.task_definition)
+            .launch_type(LaunchType::from(settings.launch_type.as_str()))
+            .started_by(&settings.group)
+            .count(1)
+            .overrides(overrides);
+        if !settings.subnets.is_empty() {
+            let vpc = AwsVpcConfiguration::builder()
+                .set_subnets(Some(settings.subnets.clone()))
+                .set_security_groups(Some(settings.security_groups.clone()))
+                .assign_public_ip(AssignPublicIp::Disabled)
+                .build()
+                .map_err(|err| LaunchError::Start(err.to_string()))?;
+            request = request.network_configuration(
+                NetworkConfiguration::builder()
+                    .awsvpc_configuration(vpc)
+                    .build(),
+            );
+        }
+        let output = request
+            .send()
+            .await
+            .map_err(|err| LaunchError::Start(sdk_error(err)))?;
+        if let Some(failure) = output.failures().first() {
+            return Err(LaunchError::Start(format!(
+                "{}: {}",
+                failure.reason().unwrap_or("failure"),
+                failure.detail().unwrap_or("")
+            )));
+        }
+        output
+            .tasks()
+            .first()
+            .and_then(|task| task.task_arn())
+            .map(str::to_owned)
+            .ok_or_else(|| LaunchError::Start("RunTask returned no task".into()))
+    }
+
+    async fn stop(&self, task_id: &str, reason: &str) -> Result<(), LaunchError> {
+        self.client
+            .stop_task()
+            .cluster(&self.settings.cluster)
+            .task(task_id)
+            .reason(reason)
+            .send()
+            .await
+            .map_err(|err| LaunchError::Stop {
+                task_id: task_id.to_owned(),
+                problem: sdk_error(err),
+            })?;
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<RunningTask>, LaunchError> {
+        let mut arns = Vec::new();
+        let mut pages = self
+            .client
+            .list_tasks()
+            .cluster(&self.settings.cluster)
+            .started_by(&self.settings.group)
+            .desired_status(DesiredStatus::Running)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|err| LaunchError::List(sdk_error(err)))?;
+            arns.extend(page.task_arns().iter().cloned());
+        }
+        let mut tasks = Vec::new();
+        // DescribeTasks takes at most 100 tasks per call.
+        for chunk in arns.chunks(100) {
+            let described = self
+                .client
+                .describe_tasks()
+                .cluster(&self.settings.cluster)
+                .set_tasks(Some(chunk.to_vec()))
+                .send()
+                .await
+                .map_err(|err| LaunchError::List(sdk_error(err)))?;
+            for task in described.tasks() {
+                let Some(arn) = task.task_arn() else { continue };
+                if task.last_status() == Some("STOPPED") {
+                    continue;
+                }
+                let started = task.started_at().or(task.created_at());
+                let user_id = task
+                    .overrides()
+                    .map(|o| o.container_overrides())
+                    .unwrap_or_default()
+                    .iter()
+                    .flat_map(|c| c.environment())
+                    .find(|kv| kv.name() == Some(crate::settings::USER_ID.name))
+                    .and_then(|kv| kv.value())
+                    .filter(|u| *u != leasehold_pool::keys::POOL_USER_ID)
+                    .map(str::to_owned);
+                tasks.push(RunningTask {
+                    task_id: arn.to_owned(),
+                    started_at: started
+                        .and_then(|t| u64::try_from(t.to_millis().ok()?).ok())
+                        .unwrap_or(0),
+                    user_id,
+                });
+            }
+        }
+        Ok(tasks)
+    }
+}

@@ -1,0 +1,433 @@
+//! The broker pool's variables, read with every problem reported at once.
+//! `CREDENTIALS_KEY` and `REDIS_URL` values are never echoed: problems name the
+//! variable only.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use leasehold_control::clock::unix_ms;
+use leasehold_platform::backoff::Backoff;
+use leasehold_platform::settings::{
+    ConfigError, Documented, Env, Fallback, Lookup, Parser, Setting, parse,
+};
+use leasehold_pool::keys;
+use leasehold_pool::settings::REDIS_URL;
+
+use crate::connections::ConnectPolicy;
+use crate::credentials::AesGcmCipher;
+use crate::launcher::EcsSettings;
+use crate::maintenance::SweepConfig;
+use crate::paper::PaperConfig;
+use crate::worker::{BrokerWorkerConfig, WorkerMetadata};
+
+/// A whole number of pool workers, 0 allowed.
+const COUNT_SIZE: Parser<usize> = Parser {
+    parse: |raw| {
+        (parse::COUNT.parse)(raw)
+            .and_then(|v| usize::try_from(v).map_err(|_| "is too large".into()))
+    },
+    show: |v| v.to_string(),
+};
+
+/// Connect attempts: a whole number greater than 0.
+const ATTEMPTS: Parser<u32> = Parser {
+    parse: |raw| {
+        (parse::POSITIVE.parse)(raw)
+            .and_then(|v| u32::try_from(v).map_err(|_| "is too large".into()))
+    },
+    show: |v| v.to_string(),
+};
+
+/// One of the ECS launch types.
+const LAUNCH_TYPE: Parser<String> = Parser {
+    parse: |raw| match raw {
+        "FARGATE" | "EC2" | "EXTERNAL" => Ok(raw.to_owned()),
+        _ => Err("must be FARGATE, EC2 or EXTERNAL".into()),
+    },
+    show: Clone::clone,
+};
+
+/// A directory path.
+const PATH: Parser<PathBuf> = Parser {
+    parse: |raw| Ok(PathBuf::from(raw)),
+    show: |v| v.display().to_string(),
+};
+
+/// The `USER_ID` variable.
+pub const USER_ID: Setting<String> = Setting::new(
+    "USER_ID",
+    parse::TEXT,
+    Fallback::Derived("-1 (the pool)"),
+    "User a broker worker serves; `-1` starts it in the warm pool waiting for a claim.",
+);
+/// The `CREDENTIALS_KEY` variable.
+pub const CREDENTIALS_KEY: Setting<String> = Setting::secret(
+    "CREDENTIALS_KEY",
+    parse::TEXT,
+    Fallback::Unset,
+    "Standard base64 of 32 random bytes: the AES-256-GCM key of the credentials blobs (never printed).",
+);
+/// The `WORKER_ID` variable.
+pub const WORKER_ID: Setting<String> = Setting::new(
+    "WORKER_ID",
+    parse::TEXT,
+    Fallback::Derived("task id"),
+    "Broker worker identity in `worker:active:-1:{worker_id}` (default: the ECS task id, else `local-{pid}`).",
+);
+/// The `POOL_TARGET_SIZE` variable.
+pub const POOL_TARGET_SIZE: Setting<usize> = Setting::new(
+    "POOL_TARGET_SIZE",
+    COUNT_SIZE,
+    Fallback::Value(|| 2),
+    "Idle pool workers `pool-manager` keeps running.",
+);
+/// The `TASK_LAUNCHER` variable.
+pub const TASK_LAUNCHER: Setting<String> = Setting::new(
+    "TASK_LAUNCHER",
+    parse::TEXT,
+    Fallback::Value(|| "local".to_owned()),
+    "`local` (child processes of this binary) or `ecs` (RunTask/StopTask).",
+);
+/// The `POOL_GROUP` variable.
+pub const POOL_GROUP: Setting<String> = Setting::new(
+    "POOL_GROUP",
+    parse::TEXT,
+    Fallback::Value(|| "leasehold-broker-pool".to_owned()),
+    "Marks the workers a launcher owns (ECS `startedBy`; local: an environment variable of the process).",
+);
+/// The `ECS_CLUSTER` variable.
+pub const ECS_CLUSTER: Setting<String> = Setting::new(
+    "ECS_CLUSTER",
+    parse::TEXT,
+    Fallback::Value(|| "default".to_owned()),
+    "ECS cluster the `ecs` launcher runs broker workers in.",
+);
+/// The `ECS_TASK_DEFINITION` variable.
+pub const ECS_TASK_DEFINITION: Setting<String> = Setting::new(
+    "ECS_TASK_DEFINITION",
+    parse::TEXT,
+    Fallback::Unset,
+    "Task definition (family, family:revision or ARN) of the broker worker; required by the `ecs` launcher.",
+);
+/// The `ECS_CONTAINER_NAME` variable.
+pub const ECS_CONTAINER_NAME: Setting<String> = Setting::new(
+    "ECS_CONTAINER_NAME",
+    parse::TEXT,
+    Fallback::Value(|| "broker-worker".to_owned()),
+    "Container in the task definition that runs `leasehold broker-worker` (receives `USER_ID` on a cold start).",
+);
+/// The `ECS_SUBNETS` variable.
+pub const ECS_SUBNETS: Setting<Vec<String>> = Setting::new(
+    "ECS_SUBNETS",
+    parse::LIST,
+    Fallback::Unset,
+    "Comma-separated subnet ids for `awsvpc` tasks (empty: no network configuration is sent).",
+);
+/// The `ECS_SECURITY_GROUPS` variable.
+pub const ECS_SECURITY_GROUPS: Setting<Vec<String>> = Setting::new(
+    "ECS_SECURITY_GROUPS",
+    parse::LIST,
+    Fallback::Unset,
+    "Comma-separated security group ids for `awsvpc` tasks.",
+);
+/// The `ECS_LAUNCH_TYPE` variable.
+pub const ECS_LAUNCH_TYPE: Setting<String> = Setting::new(
+    "ECS_LAUNCH_TYPE",
+    LAUNCH_TYPE,
+    Fallback::Value(|| "FARGATE".to_owned()),
+    "`FARGATE`, `EC2` or `EXTERNAL`.",
+);
+/// The `WORKER_HEARTBEAT_MS` variable.
+pub const WORKER_HEARTBEAT_MS: Setting<Duration> = Setting::new(
+    "WORKER_HEARTBEAT_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(5_000)),
+    "How often a broker worker refreshes its `worker:active:…` mark.",
+);
+/// The `WORKER_MARK_TTL_SECONDS` variable.
+pub const WORKER_MARK_TTL_SECONDS: Setting<Duration> = Setting::new(
+    "WORKER_MARK_TTL_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(30)),
+    "TTL of `worker:active:…` and `worker:metadata:…`; a dead worker's mark disappears after this.",
+);
+/// The `WORKER_BLOCK_SECONDS` variable.
+pub const WORKER_BLOCK_SECONDS: Setting<Duration> = Setting::new(
+    "WORKER_BLOCK_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(30)),
+    "BLPOP timeout on `pool:claims` and on a user's request list.",
+);
+/// The `WORKER_IDLE_TIMEOUT_SECONDS` variable.
+pub const WORKER_IDLE_TIMEOUT_SECONDS: Setting<Duration> = Setting::new(
+    "WORKER_IDLE_TIMEOUT_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(1_800)),
+    "A claimed worker without requests or control messages for this long closes its connections and exits 0.",
+);
+/// The `BROKER_HEALTH_CHECK_SECONDS` variable.
+pub const BROKER_HEALTH_CHECK_SECONDS: Setting<Duration> = Setting::new(
+    "BROKER_HEALTH_CHECK_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(60)),
+    "While idle, every open broker connection is pinged this often.",
+);
+/// The `BROKER_CONNECT_ATTEMPTS` variable.
+pub const BROKER_CONNECT_ATTEMPTS: Setting<u32> = Setting::new(
+    "BROKER_CONNECT_ATTEMPTS",
+    ATTEMPTS,
+    Fallback::Value(|| 3),
+    "Connect attempts (with backoff) before a worker reports failure and exits non-zero.",
+);
+/// The `PAPER_LATENCY_MS` variable.
+pub const PAPER_LATENCY_MS: Setting<Duration> = Setting::new(
+    "PAPER_LATENCY_MS",
+    parse::MILLIS,
+    Fallback::Value(|| Duration::ZERO),
+    "Simulated latency of every paper broker call.",
+);
+/// The `PAPER_FAILURE_RATE` variable.
+pub const PAPER_FAILURE_RATE: Setting<f64> = Setting::new(
+    "PAPER_FAILURE_RATE",
+    parse::FRACTION,
+    Fallback::Value(|| 0.0),
+    "Fraction (0-1) of paper broker orders that fail, to exercise error paths.",
+);
+/// The `LOCAL_WORKER_LOG_DIR` variable.
+pub const LOCAL_WORKER_LOG_DIR: Setting<PathBuf> = Setting::new(
+    "LOCAL_WORKER_LOG_DIR",
+    PATH,
+    Fallback::Unset,
+    "`local` launcher: each worker's output goes to `{dir}/{task_id}.log` (empty: inherits this process's stderr).",
+);
+/// The `SWEEP_GRACE_SECONDS` variable.
+pub const SWEEP_GRACE_SECONDS: Setting<Duration> = Setting::new(
+    "SWEEP_GRACE_SECONDS",
+    parse::SECONDS,
+    Fallback::Value(|| Duration::from_secs(60)),
+    "`maintenance` leaves tasks younger than this alone (they may not have written their first mark).",
+);
+/// The `SWEEP_CONCURRENCY` variable.
+pub const SWEEP_CONCURRENCY: Setting<usize> = Setting::new(
+    "SWEEP_CONCURRENCY",
+    parse::SIZE,
+    Fallback::Value(|| 8),
+    "Batches of 100 findings `maintenance` resolves at once.",
+);
+
+/// Every variable of this part, in documentation order.
+pub const ALL: &[&dyn Documented] = &[
+    &USER_ID,
+    &CREDENTIALS_KEY,
+    &WORKER_ID,
+    &POOL_TARGET_SIZE,
+    &TASK_LAUNCHER,
+    &POOL_GROUP,
+    &ECS_CLUSTER,
+    &ECS_TASK_DEFINITION,
+    &ECS_CONTAINER_NAME,
+    &ECS_SUBNETS,
+    &ECS_SECURITY_GROUPS,
+    &ECS_LAUNCH_TYPE,
+    &WORKER_HEARTBEAT_MS,
+    &WORKER_MARK_TTL_SECONDS,
+    &WORKER_BLOCK_SECONDS,
+    &WORKER_IDLE_TIMEOUT_SECONDS,
+    &BROKER_HEALTH_CHECK_SECONDS,
+    &BROKER_CONNECT_ATTEMPTS,
+    &PAPER_LATENCY_MS,
+    &PAPER_FAILURE_RATE,
+    &LOCAL_WORKER_LOG_DIR,
+    &SWEEP_GRACE_SECONDS,
+    &SWEEP_CONCURRENCY,
+];
+
+/// The cipher from `CREDENTIALS_KEY` (required).
+pub fn cipher(env: &mut Env) -> Option<AesGcmCipher> {
+    let key = env.required(&CREDENTIALS_KEY, "(standard base64 of 32 random bytes)")?;
+    match AesGcmCipher::from_base64_key(&key) {
+        Ok(cipher) => Some(cipher),
+        Err(_) => {
+            env.problem(CREDENTIALS_KEY.name, "must be standard base64 of 32 bytes");
+            None
+        }
+    }
+}
+
+/// Everything `leasehold broker-worker` needs.
+#[derive(Debug)]
+pub struct BrokerWorkerSettings {
+    /// Redis (may hold a password: never print).
+    pub redis_url: String,
+    /// Worker timings and identity.
+    pub worker: BrokerWorkerConfig,
+    /// The key.
+    pub cipher: AesGcmCipher,
+    /// Paper broker behaviour.
+    pub paper: PaperConfig,
+}
+
+/// Reads the broker worker's settings.
+pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigError> {
+    let mut env = Env::new(lookup);
+    let redis_url = env.get(&REDIS_URL);
+    let cipher = cipher(&mut env);
+    let user_id = env.optional(&USER_ID).filter(|u| u != keys::POOL_USER_ID);
+    if let Some(user) = &user_id
+        && (user.len() > 200 || user.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        env.problem(USER_ID.name, "must be 1-200 characters without spaces");
+    }
+    let heartbeat = env.get(&WORKER_HEARTBEAT_MS);
+    let mark_ttl = env.get(&WORKER_MARK_TTL_SECONDS);
+    if heartbeat >= mark_ttl {
+        env.problem(
+            WORKER_HEARTBEAT_MS.name,
+            "must be shorter than WORKER_MARK_TTL_SECONDS",
+        );
+    }
+    let task_id = format!("local-{}", std::process::id());
+    let worker = BrokerWorkerConfig {
+        worker_id: env.optional(&WORKER_ID).unwrap_or_else(|| task_id.clone()),
+        task_id: task_id.clone(),
+        user_id,
+        heartbeat,
+        mark_ttl,
+        block: env.get(&WORKER_BLOCK_SECONDS),
+        idle_timeout: env.get(&WORKER_IDLE_TIMEOUT_SECONDS),
+        health_check: env.get(&BROKER_HEALTH_CHECK_SECONDS),
+        connect: ConnectPolicy {
+            attempts: env.get(&BROKER_CONNECT_ATTEMPTS),
+            backoff: Backoff {
+                base: Duration::from_millis(200),
+                cap: Duration::from_secs(2),
+            },
+        },
+        metadata: WorkerMetadata {
+            task_arn: task_id,
+            instance_id: leasehold_control::settings::default_owner_id(),
+            launched_at: u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0),
+        },
+    };
+    let paper = PaperConfig {
+        latency: env.get(&PAPER_LATENCY_MS),
+        failure_rate: env.get(&PAPER_FAILURE_RATE),
+    };
+    match cipher {
+        Some(cipher) => env.finish(BrokerWorkerSettings {
+            redis_url,
+            worker,
+            cipher,
+            paper,
+        }),
+        None => Err(env
+            .finish(())
+            .expect_err("a missing cipher is a recorded problem")),
+    }
+}
+
+/// Which launcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LauncherSettings {
+    /// Local processes, tagged with the group.
+    Local {
+        /// Group tag.
+        group: String,
+        /// `LOCAL_WORKER_LOG_DIR`.
+        log_dir: Option<PathBuf>,
+    },
+    /// ECS tasks.
+    Ecs(EcsSettings),
+}
+
+/// Reads `TASK_LAUNCHER` and what the chosen launcher needs.
+pub fn launcher_settings(env: &mut Env) -> LauncherSettings {
+    let group = env.get(&POOL_GROUP);
+    if group.is_empty() || group.len() > 36 {
+        env.problem(POOL_GROUP.name, "must be 1-36 characters (ECS startedBy)");
+    }
+    match env.get(&TASK_LAUNCHER).as_str() {
+        "local" => LauncherSettings::Local {
+            group,
+            log_dir: env.optional(&LOCAL_WORKER_LOG_DIR),
+        },
+        "ecs" => {
+            let task_definition = env
+                .required(&ECS_TASK_DEFINITION, "with TASK_LAUNCHER=ecs")
+                .unwrap_or_default();
+            LauncherSettings::Ecs(EcsSettings {
+                cluster: env.get(&ECS_CLUSTER),
+                task_definition,
+                container: env.get(&ECS_CONTAINER_NAME),
+                subnets: env.optional(&ECS_SUBNETS).unwrap_or_default(),
+                security_groups: env.optional(&ECS_SECURITY_GROUPS).unwrap_or_default(),
+                launch_type: env.get(&ECS_LAUNCH_TYPE),
+                group,
+            })
+        }
+        _ => {
+            env.problem(TASK_LAUNCHER.name, "must be `local` or `ecs`");
+            LauncherSettings::Local {
+                group,
+                log_dir: None,
+            }
+        }
+    }
+}
+
+/// `POOL_TARGET_SIZE`.
+pub fn pool_target(env: &mut Env) -> usize {
+    env.get(&POOL_TARGET_SIZE)
+}
+
+/// The sweep's settings.
+pub fn sweep_config(env: &mut Env, dry_run: bool) -> SweepConfig {
+    SweepConfig {
+        mark_ttl: env.get(&WORKER_MARK_TTL_SECONDS),
+        grace: env.get(&SWEEP_GRACE_SECONDS),
+        concurrency: env.get(&SWEEP_CONCURRENCY),
+        dry_run,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_values_are_all_reported_and_the_key_is_never_echoed() {
+        let lookup = |name: &str| match name {
+            "CREDENTIALS_KEY" => Some("CANARY-not-a-key".to_owned()),
+            "WORKER_HEARTBEAT_MS" => Some("soon".to_owned()),
+            "PAPER_FAILURE_RATE" => Some("2".to_owned()),
+            _ => None,
+        };
+        let err = worker_settings(&lookup).unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.problems.len(), 3, "{text}");
+        assert!(!text.contains("CANARY"), "{text}");
+    }
+
+    #[test]
+    fn defaults_follow_the_seed() {
+        let key = AesGcmCipher::generate_key();
+        let lookup = move |name: &str| (name == "CREDENTIALS_KEY").then(|| key.clone());
+        let settings = worker_settings(&lookup).unwrap();
+        assert_eq!(settings.worker.user_id, None);
+        assert_eq!(settings.worker.heartbeat, Duration::from_secs(5));
+        assert_eq!(settings.worker.mark_ttl, Duration::from_secs(30));
+        assert_eq!(settings.worker.block, Duration::from_secs(30));
+        assert_eq!(settings.worker.idle_timeout, Duration::from_secs(1800));
+        assert_eq!(settings.worker.health_check, Duration::from_secs(60));
+        assert_eq!(settings.worker.connect.attempts, 3);
+    }
+
+    #[test]
+    fn the_ecs_launcher_needs_a_task_definition() {
+        let lookup = |name: &str| (name == "TASK_LAUNCHER").then(|| "ecs".to_owned());
+        let mut env = Env::new(&lookup);
+        launcher_settings(&mut env);
+        let err = env.finish(()).unwrap_err();
+        assert!(err.problems[0].starts_with("ECS_TASK_DEFINITION"), "{err}");
+    }
+}

@@ -1,0 +1,831 @@
+//! One broker worker process: pool worker → claimed worker → exit (seed 002's
+//! lifecycle).
+//!
+//! - **Pool**: heartbeats `worker:active:-1:{worker_id}`, BRPOPs `pool:claims`
+//!   (producers LPUSH, so claims are served oldest first).
+//! - **Claim**: decrypts the credentials for the claimed user, then one Lua script
+//!   sets `worker:active:{user_id}` only if no one holds it (exclusive), drops the
+//!   pool mark and writes the metadata hash, atomically.
+//! - **Claimed**: heartbeats with a script that refreshes the mark only while it
+//!   is still this worker's (another holder means this worker lost the user and
+//!   exits); BLPOPs the control list and the request list together, control
+//!   first, so control messages are handled between requests within
+//!   milliseconds; every request id is taken once (`SET NX`) before it runs.
+//! - **Exit**: SIGTERM, `shutdown`, idle timeout or a lost mark: the request in
+//!   flight is answered, connections closed, own marks deleted.
+//!
+//! Every step goes through the [`PoolBus`]: Redis in production, in memory in
+//! one process. A blocking pop interrupted by shutdown is ended through the
+//! bus's interrupt rather than by dropping the future, so a message the bus
+//! already handed out is never lost.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use leasehold_control::clock::unix_ms;
+use leasehold_pool::keys;
+use leasehold_telemetry::{
+    ClaimResult, PoolWorkerStateKind, RequestResult, TelemetryEvent, TelemetrySink,
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::connections::{ConnectError, ConnectPolicy, ConnectionCache};
+use crate::credentials::{CipherError, Credentials, CredentialsCipher};
+use crate::paper::{Broker, BrokerError};
+pub use leasehold_pool::bus::WorkerMetadata;
+use leasehold_pool::bus::redis::RedisPoolBus;
+use leasehold_pool::bus::{BusError, MarkWrite, PoolBus, UserMessage};
+use leasehold_pool::protocol::{self, Action, ClaimMessage, ControlMessage, MarkValue, Response};
+
+/// A broker worker's settings.
+#[derive(Debug, Clone)]
+pub struct BrokerWorkerConfig {
+    /// Identity in the pool mark.
+    pub worker_id: String,
+    /// What launchers list this process as (`local-{pid}` or the task ARN).
+    pub task_id: String,
+    /// `None`: start in the pool. `Some`: cold start for this user.
+    pub user_id: Option<String>,
+    /// Heartbeat period (seed: 5 s).
+    pub heartbeat: Duration,
+    /// Mark TTL (seed: 30 s), whole seconds.
+    pub mark_ttl: Duration,
+    /// BLPOP timeout (seed: 30 s).
+    pub block: Duration,
+    /// Exit after this long without requests or control messages (seed: 30 min).
+    pub idle_timeout: Duration,
+    /// Health-check period for idle connections (seed: 60 s).
+    pub health_check: Duration,
+    /// Connect attempts and backoff.
+    pub connect: ConnectPolicy,
+    /// For the metadata hash.
+    pub metadata: WorkerMetadata,
+}
+
+#[cfg(feature = "testing")]
+impl BrokerWorkerConfig {
+    /// Test settings: a 2 s mark TTL, the given heartbeat, the seed's 30 s
+    /// blocking pop, and metadata naming `task-{worker_id}` on `test-host`.
+    pub fn for_tests(worker_id: &str, user_id: Option<&str>, heartbeat: Duration) -> Self {
+        BrokerWorkerConfig {
+            worker_id: worker_id.to_owned(),
+            task_id: format!("task-{worker_id}"),
+            user_id: user_id.map(str::to_owned),
+            heartbeat,
+            mark_ttl: Duration::from_secs(2),
+            block: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(600),
+            health_check: Duration::from_secs(60),
+            connect: ConnectPolicy::default(),
+            metadata: WorkerMetadata {
+                task_arn: format!("task-{worker_id}"),
+                instance_id: "test-host".into(),
+                launched_at: 1,
+            },
+        }
+    }
+}
+
+/// Why a worker stopped (all clean exits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerExit {
+    /// SIGTERM / Ctrl-C.
+    Signal,
+    /// A `shutdown` control message.
+    ControlShutdown,
+    /// No activity for the idle timeout.
+    IdleTimeout,
+    /// Another worker holds this user's mark: this one is the duplicate.
+    Lost,
+    /// Cold start for a user who already had a worker for longer than a mark TTL.
+    AlreadyServed,
+}
+
+/// Failures that end a worker with a non-zero exit (the orchestrator replaces it).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The pool bus is unusable (message without its URL).
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// Broker connection attempts exhausted.
+    #[error("broker: {0}")]
+    Connect(#[from] ConnectError),
+    /// A cold start could not load the user's credentials.
+    #[error("credentials for user {user_id}: {problem}")]
+    Credentials {
+        /// User.
+        user_id: String,
+        /// What failed (never the secret).
+        problem: String,
+    },
+}
+
+/// Ticks of the claimed loop: idle timeout, and the health check of connections
+/// that have been idle for a period. Pure, so it is tested on tokio's paused clock.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    last_activity: Instant,
+    last_health_check: Instant,
+    idle_timeout: Duration,
+    health_every: Duration,
+}
+
+/// What a [`Schedule`] says is due now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// Nothing; wait for at most the given time.
+    Wait(Duration),
+    /// Ping idle connections.
+    HealthCheck,
+    /// Idle for too long: exit.
+    IdleTimeout,
+}
+
+impl Schedule {
+    /// Starting now.
+    pub fn new(now: Instant, idle_timeout: Duration, health_every: Duration) -> Self {
+        Schedule {
+            last_activity: now,
+            last_health_check: now,
+            idle_timeout,
+            health_every,
+        }
+    }
+
+    /// A request or control message arrived.
+    pub fn activity(&mut self, now: Instant) {
+        self.last_activity = now;
+    }
+
+    /// A health check ran.
+    pub fn health_checked(&mut self, now: Instant) {
+        self.last_health_check = now;
+    }
+
+    /// What is due at `now`.
+    pub fn due(&self, now: Instant) -> Due {
+        let idle_deadline = self.last_activity + self.idle_timeout;
+        if now >= idle_deadline {
+            return Due::IdleTimeout;
+        }
+        // Only connections idle for a whole period are pinged: traffic proves health.
+        let health_at = self.last_activity.max(self.last_health_check) + self.health_every;
+        if now >= health_at {
+            return Due::HealthCheck;
+        }
+        Due::Wait(idle_deadline.min(health_at) - now)
+    }
+}
+
+/// A broker worker on a pool bus.
+pub struct BrokerWorker {
+    config: BrokerWorkerConfig,
+    bus: Arc<dyn PoolBus>,
+    cipher: Arc<dyn CredentialsCipher>,
+    brokers: HashMap<String, Arc<dyn Broker>>,
+    telemetry: Arc<dyn TelemetrySink>,
+}
+
+/// Aborts a background task when the worker's future is dropped, so a worker
+/// that is dropped mid-run (or whose runtime stops) heartbeats no more.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    async fn stop(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A claimed user and the state that goes with it.
+struct Claimed {
+    user_id: String,
+    credentials: Credentials,
+}
+
+enum Handled {
+    Continue,
+    Exit(WorkerExit),
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0)
+}
+
+impl BrokerWorker {
+    /// A worker on `bus` (shared with other workers in one process, or its own).
+    pub fn new(
+        config: BrokerWorkerConfig,
+        bus: Arc<dyn PoolBus>,
+        cipher: Arc<dyn CredentialsCipher>,
+        brokers: HashMap<String, Arc<dyn Broker>>,
+        telemetry: Arc<dyn TelemetrySink>,
+    ) -> Self {
+        BrokerWorker {
+            config,
+            bus,
+            cipher,
+            brokers,
+            telemetry,
+        }
+    }
+
+    /// A worker on its own Redis bus (the URL is never part of an error).
+    pub async fn connect(
+        config: BrokerWorkerConfig,
+        redis_url: &str,
+        cipher: Arc<dyn CredentialsCipher>,
+        brokers: HashMap<String, Arc<dyn Broker>>,
+        telemetry: Arc<dyn TelemetrySink>,
+    ) -> Result<Self, WorkerError> {
+        let bus = Arc::new(RedisPoolBus::connect(redis_url).await?);
+        Ok(BrokerWorker::new(config, bus, cipher, brokers, telemetry))
+    }
+
+    /// What this worker writes into a user's mark and metadata.
+    fn mark_write<'a>(&'a self, user_id: &'a str, value: &'a str) -> MarkWrite<'a> {
+        MarkWrite {
+            user_id,
+            worker_id: &self.config.worker_id,
+            value,
+            ttl: self.config.mark_ttl,
+            metadata: &self.config.metadata,
+        }
+    }
+
+    fn mark(&self, user_id: &str) -> MarkValue {
+        MarkValue {
+            worker_id: self.config.worker_id.clone(),
+            task_id: self.config.task_id.clone(),
+            user_id: user_id.to_owned(),
+            heartbeat_at: now_ms(),
+            started_at: self.config.metadata.launched_at,
+        }
+    }
+
+    fn state(&self, state: PoolWorkerStateKind, user_id: Option<&str>) {
+        self.telemetry.emit(TelemetryEvent::PoolWorkerState {
+            worker_id: self.config.worker_id.clone(),
+            state,
+            user_id: user_id.map(str::to_owned),
+        });
+    }
+
+    /// Runs until a clean exit or a fatal error; marks are deleted either way.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<WorkerExit, WorkerError> {
+        let claimed = match self.config.user_id.clone() {
+            None => match self.pool(&shutdown).await? {
+                Ok(claimed) => claimed,
+                Err(exit) => return Ok(exit),
+            },
+            Some(user_id) => match self.cold_start(&user_id, &shutdown).await? {
+                Ok(claimed) => claimed,
+                Err(exit) => return Ok(exit),
+            },
+        };
+        let user_id = claimed.user_id.clone();
+        let lost = CancellationToken::new();
+        let heartbeat = AbortOnDrop(self.spawn_user_heartbeat(&user_id, lost.clone()));
+        let stop = CancellationToken::new();
+        let forward = {
+            let (stop, shutdown, lost) = (stop.clone(), shutdown.clone(), lost.clone());
+            AbortOnDrop(tokio::spawn(async move {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = lost.cancelled() => {}
+                }
+                stop.cancel();
+            }))
+        };
+        let mut cache = ConnectionCache::new(
+            &user_id,
+            self.brokers.clone(),
+            self.config.connect,
+            self.telemetry.clone(),
+        );
+        let outcome = self
+            .serve(claimed, &mut cache, &stop, &shutdown, &lost)
+            .await;
+        forward.stop().await;
+        heartbeat.stop().await;
+        cache.close_all("shutdown").await;
+        let released = self
+            .bus
+            .release_user_mark(&user_id, &self.config.worker_id)
+            .await;
+        if let Err(err) = released {
+            tracing::warn!(user_id, error = %err, "cannot delete own marks; they expire with their TTL");
+        }
+        self.state(PoolWorkerStateKind::Stopped, Some(&user_id));
+        outcome
+    }
+
+    /// Pool phase: until a valid claim (Ok(Ok)) or shutdown (Ok(Err(exit))).
+    async fn pool(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
+        self.state(PoolWorkerStateKind::Idle, None);
+        let mut heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
+        loop {
+            if shutdown.is_cancelled() {
+                heartbeat.stop().await;
+                if let Err(err) = self.bus.delete_pool_mark(&self.config.worker_id).await {
+                    tracing::warn!(error = %err, "cannot delete the pool mark; it expires with its TTL");
+                }
+                self.state(PoolWorkerStateKind::Stopped, None);
+                return Ok(Err(WorkerExit::Signal));
+            }
+            // Claims are served in arrival order (the seed's SQS queue was FIFO-like).
+            let popped = self.bus.pop_claim(self.config.block, shutdown).await;
+            let body = match popped {
+                Ok(Some(body)) => body,
+                Ok(None) => continue,
+                Err(err) => {
+                    tracing::warn!(error = %err, "pop on pool:claims failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            if shutdown.is_cancelled() {
+                // Popped while stopping: give it back, first in line for the next pool worker.
+                if let Err(err) = self.bus.return_claim(&body).await {
+                    tracing::error!(error = %err, "cannot give a claim back; it is lost");
+                }
+                continue;
+            }
+            let Some((claim, credentials)) = self.check_claim(&body).await else {
+                continue;
+            };
+            heartbeat.stop().await;
+            match self.claim(&claim.user_id).await {
+                Ok(true) => {
+                    self.telemetry.emit(TelemetryEvent::PoolClaim {
+                        worker_id: self.config.worker_id.clone(),
+                        user_id: Some(claim.user_id.clone()),
+                        result: ClaimResult::Claimed,
+                        duration: Duration::from_millis(now_ms().saturating_sub(claim.enqueued_at)),
+                        reason: None,
+                    });
+                    self.state(PoolWorkerStateKind::Claimed, Some(&claim.user_id));
+                    return Ok(Ok(Claimed {
+                        user_id: claim.user_id,
+                        credentials,
+                    }));
+                }
+                Ok(false) => {
+                    self.reject_claim(
+                        &body,
+                        Some(&claim.user_id),
+                        ClaimResult::Error,
+                        "user already has an active worker",
+                    )
+                    .await;
+                }
+                Err(err) => {
+                    // Give the claim back: another pool worker may succeed.
+                    tracing::warn!(error = %err, "claim failed on the pool bus; message requeued");
+                    if let Err(err) = self.bus.push_claim(&body).await {
+                        tracing::error!(error = %err, "cannot requeue a claim; it is lost");
+                    }
+                }
+            }
+            heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
+        }
+    }
+
+    /// Parses and decrypts a claim; a bad one is dead-lettered and `None` returned.
+    async fn check_claim(&mut self, body: &str) -> Option<(ClaimMessage, Credentials)> {
+        let claim = match protocol::parse_claim(body) {
+            Ok(claim) => claim,
+            Err(err) => {
+                self.reject_claim(
+                    body,
+                    None,
+                    ClaimResult::Invalid,
+                    &format!("invalid claim: {err}"),
+                )
+                .await;
+                return None;
+            }
+        };
+        match self
+            .cipher
+            .decrypt(&claim.user_id, &claim.encrypted_credentials)
+        {
+            Ok(credentials) => Some((claim, credentials)),
+            Err(err) => {
+                self.reject_claim(
+                    body,
+                    Some(&claim.user_id),
+                    ClaimResult::Invalid,
+                    &err.to_string(),
+                )
+                .await;
+                None
+            }
+        }
+    }
+
+    async fn reject_claim(
+        &mut self,
+        body: &str,
+        user_id: Option<&str>,
+        result: ClaimResult,
+        reason: &str,
+    ) {
+        self.telemetry.emit(TelemetryEvent::PoolClaim {
+            worker_id: self.config.worker_id.clone(),
+            user_id: user_id.map(str::to_owned),
+            result,
+            duration: Duration::ZERO,
+            reason: Some(reason.to_owned()),
+        });
+        self.dead_letter(keys::POOL_CLAIMS, reason, body).await;
+    }
+
+    async fn dead_letter(&mut self, list: &str, reason: &str, body: &str) {
+        self.telemetry.emit(TelemetryEvent::MessageDeadLettered {
+            queue: list.to_owned(),
+            reason: reason.to_owned(),
+        });
+        let pushed = self.bus.dead_letter(list, reason, body, now_ms()).await;
+        if let Err(err) = pushed {
+            let dead = keys::dead_letter(list);
+            tracing::error!(queue = dead, error = %err, "cannot dead-letter a message; it is dropped");
+        }
+    }
+
+    /// The exclusive claim script: true when this worker now holds the user.
+    async fn claim(&mut self, user_id: &str) -> Result<bool, BusError> {
+        let value = self.mark(user_id).to_json();
+        self.bus.claim_user(&self.mark_write(user_id, &value)).await
+    }
+
+    async fn load_credentials(&mut self, user_id: &str) -> Result<Credentials, WorkerError> {
+        let problem = |problem: String| WorkerError::Credentials {
+            user_id: user_id.to_owned(),
+            problem,
+        };
+        let blob = self.bus.credentials(user_id).await?;
+        let blob =
+            blob.ok_or_else(|| problem(format!("{} is not set", keys::credentials(user_id))))?;
+        self.cipher
+            .decrypt(user_id, &blob)
+            .map_err(|err: CipherError| problem(err.to_string()))
+    }
+
+    /// Cold start (`USER_ID` set): read the credentials, then claim; while another
+    /// worker holds the user, retry for one mark TTL (it may be dying).
+    async fn cold_start(
+        &mut self,
+        user_id: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
+        let credentials = self.load_credentials(user_id).await?;
+        let give_up = Instant::now() + self.config.mark_ttl + self.config.heartbeat;
+        loop {
+            if self.claim(user_id).await? {
+                self.state(PoolWorkerStateKind::Claimed, Some(user_id));
+                return Ok(Ok(Claimed {
+                    user_id: user_id.to_owned(),
+                    credentials,
+                }));
+            }
+            if Instant::now() >= give_up {
+                tracing::warn!(user_id, "user already has an active worker; exiting");
+                return Ok(Err(WorkerExit::AlreadyServed));
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(Err(WorkerExit::Signal)),
+                _ = tokio::time::sleep(self.config.heartbeat) => {}
+            }
+        }
+    }
+
+    fn spawn_pool_heartbeat(&self) -> tokio::task::JoinHandle<()> {
+        let bus = self.bus.clone();
+        let every = self.config.heartbeat;
+        let ttl = self.config.mark_ttl;
+        let template = self.mark(keys::POOL_USER_ID);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                ticks.tick().await;
+                let mark = MarkValue {
+                    heartbeat_at: now_ms(),
+                    ..template.clone()
+                };
+                let set = bus
+                    .set_pool_mark(&template.worker_id, &mark.to_json(), ttl)
+                    .await;
+                if let Err(err) = set {
+                    tracing::warn!(error = %err, "pool heartbeat failed");
+                }
+            }
+        })
+    }
+
+    fn spawn_user_heartbeat(
+        &self,
+        user_id: &str,
+        lost: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let bus = self.bus.clone();
+        let user_id = user_id.to_owned();
+        let every = self.config.heartbeat;
+        let ttl = self.config.mark_ttl;
+        let template = self.mark(&user_id);
+        let metadata = self.config.metadata.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.tick().await; // the claim just wrote the mark
+            loop {
+                ticks.tick().await;
+                let mark = MarkValue {
+                    heartbeat_at: now_ms(),
+                    ..template.clone()
+                };
+                let value = mark.to_json();
+                let refreshed = bus
+                    .refresh_user_mark(&MarkWrite {
+                        user_id: &user_id,
+                        worker_id: &template.worker_id,
+                        value: &value,
+                        ttl,
+                        metadata: &metadata,
+                    })
+                    .await;
+                match refreshed {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(user_id, "another worker holds this user's mark; stopping");
+                        lost.cancel();
+                        return;
+                    }
+                    Err(err) => tracing::warn!(user_id, error = %err, "heartbeat failed"),
+                }
+            }
+        })
+    }
+
+    /// The claimed loop.
+    async fn serve(
+        &mut self,
+        mut claimed: Claimed,
+        cache: &mut ConnectionCache,
+        stop: &CancellationToken,
+        shutdown: &CancellationToken,
+        lost: &CancellationToken,
+    ) -> Result<WorkerExit, WorkerError> {
+        let user_id = claimed.user_id.clone();
+        let mut schedule = Schedule::new(
+            Instant::now(),
+            self.config.idle_timeout,
+            self.config.health_check,
+        );
+        loop {
+            if lost.is_cancelled() {
+                return Ok(WorkerExit::Lost);
+            }
+            if shutdown.is_cancelled() {
+                return Ok(WorkerExit::Signal);
+            }
+            let wait = match schedule.due(Instant::now()) {
+                Due::IdleTimeout => {
+                    tracing::info!(user_id, "idle timeout; closing connections");
+                    return Ok(WorkerExit::IdleTimeout);
+                }
+                Due::HealthCheck => {
+                    cache.health_check().await;
+                    schedule.health_checked(Instant::now());
+                    continue;
+                }
+                Due::Wait(wait) => wait.min(self.config.block),
+            };
+            let popped = self.bus.pop_user_message(&user_id, wait, stop).await;
+            let message = match popped {
+                Ok(Some(message)) => message,
+                Ok(None) => continue,
+                Err(err) => {
+                    tracing::warn!(user_id, error = %err, "pop of requests and control messages failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            schedule.activity(Instant::now());
+            let handled = match message {
+                UserMessage::Control(body) => self.control(&mut claimed, cache, &body).await,
+                UserMessage::Request(body) => self.request(&claimed, cache, &body).await?,
+            };
+            if let Handled::Exit(exit) = handled {
+                return Ok(exit);
+            }
+        }
+    }
+
+    async fn control(
+        &mut self,
+        claimed: &mut Claimed,
+        cache: &mut ConnectionCache,
+        body: &str,
+    ) -> Handled {
+        let control_key = keys::worker_control(&claimed.user_id);
+        match protocol::parse_control(body) {
+            Ok(ControlMessage::Shutdown) => {
+                tracing::info!(
+                    user_id = claimed.user_id,
+                    "shutdown requested by control message"
+                );
+                Handled::Exit(WorkerExit::ControlShutdown)
+            }
+            Ok(ControlMessage::ReloadCredentials) => {
+                match self.load_credentials(&claimed.user_id.clone()).await {
+                    Ok(credentials) => {
+                        claimed.credentials = credentials;
+                        cache.close_all("reload_credentials").await;
+                        tracing::info!(
+                            user_id = claimed.user_id,
+                            "credentials reloaded; connections reopen on next use"
+                        );
+                    }
+                    Err(err) => {
+                        // Keep serving with the credentials that work.
+                        self.dead_letter(&control_key, &format!("reload failed: {err}"), body)
+                            .await;
+                    }
+                }
+                Handled::Continue
+            }
+            Err(err) => {
+                self.dead_letter(
+                    &control_key,
+                    &format!("invalid control message: {err}"),
+                    body,
+                )
+                .await;
+                Handled::Continue
+            }
+        }
+    }
+
+    async fn respond(&mut self, response: &Response) {
+        let written = self
+            .bus
+            .put_response(&response.request_id, &response.to_json())
+            .await;
+        if let Err(err) = written {
+            tracing::error!(request_id = response.request_id, error = %err, "cannot write the response");
+        }
+    }
+
+    /// Handles one request; only exhausted broker connects are fatal (after the
+    /// request is answered).
+    async fn request(
+        &mut self,
+        claimed: &Claimed,
+        cache: &mut ConnectionCache,
+        body: &str,
+    ) -> Result<Handled, WorkerError> {
+        let started = Instant::now();
+        let user_id = claimed.user_id.clone();
+        let report = |telemetry: &Arc<dyn TelemetrySink>, request_id: Option<&str>, result| {
+            telemetry.emit(TelemetryEvent::BrokerRequest {
+                user_id: user_id.clone(),
+                request_id: request_id.map(str::to_owned),
+                result,
+                duration: started.elapsed(),
+            });
+        };
+        let request = match protocol::parse_request(body) {
+            Ok(request) => request,
+            Err(invalid) => {
+                let reason = format!("invalid request: {}", invalid.error);
+                self.dead_letter(&keys::user_requests(&user_id), &reason, body)
+                    .await;
+                if let Some(request_id) = &invalid.request_id {
+                    self.respond(&Response::error(request_id, &reason)).await;
+                }
+                report(
+                    &self.telemetry,
+                    invalid.request_id.as_deref(),
+                    RequestResult::Invalid,
+                );
+                return Ok(Handled::Continue);
+            }
+        };
+        let taken = self
+            .bus
+            .take_request(&request.request_id, &self.config.worker_id)
+            .await?;
+        if !taken {
+            tracing::warn!(
+                user_id,
+                request_id = request.request_id,
+                "request id already taken; not executed again"
+            );
+            report(
+                &self.telemetry,
+                Some(&request.request_id),
+                RequestResult::Duplicate,
+            );
+            return Ok(Handled::Continue);
+        }
+        let Action::PlaceOrder(order) = &request.action;
+        let outcome = match cache.get(&request.account, &claimed.credentials).await {
+            Ok(connection) => connection.place_order(order).await.map_err(Some),
+            Err(ConnectError::UnknownBroker(name)) => {
+                self.respond(&Response::error(
+                    &request.request_id,
+                    format!("unknown broker {name:?}"),
+                ))
+                .await;
+                report(
+                    &self.telemetry,
+                    Some(&request.request_id),
+                    RequestResult::Error,
+                );
+                return Ok(Handled::Continue);
+            }
+            Err(err) => {
+                self.respond(&Response::error(&request.request_id, err.to_string()))
+                    .await;
+                report(
+                    &self.telemetry,
+                    Some(&request.request_id),
+                    RequestResult::Error,
+                );
+                return Err(err.into());
+            }
+        };
+        match outcome {
+            Ok(result) => {
+                self.respond(&Response::ok(&request.request_id, result))
+                    .await;
+                report(
+                    &self.telemetry,
+                    Some(&request.request_id),
+                    RequestResult::Ok,
+                );
+            }
+            Err(err) => {
+                if matches!(err, Some(BrokerError::Connection(_))) {
+                    cache.invalidate(&request.account).await;
+                }
+                let message = err.map(|e| e.to_string()).unwrap_or_default();
+                self.respond(&Response::error(&request.request_id, message))
+                    .await;
+                report(
+                    &self.telemetry,
+                    Some(&request.request_id),
+                    RequestResult::Error,
+                );
+            }
+        }
+        Ok(Handled::Continue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn schedule_health_checks_only_idle_connections_and_times_out() {
+        let start = Instant::now();
+        let mut schedule = Schedule::new(start, Duration::from_secs(1800), Duration::from_secs(60));
+        assert_eq!(schedule.due(start), Due::Wait(Duration::from_secs(60)));
+        tokio::time::advance(Duration::from_secs(50)).await;
+        schedule.activity(Instant::now());
+        tokio::time::advance(Duration::from_secs(20)).await;
+        // 70 s since start, but only 20 s since the last request: not due.
+        assert_eq!(
+            schedule.due(Instant::now()),
+            Due::Wait(Duration::from_secs(40))
+        );
+        tokio::time::advance(Duration::from_secs(40)).await;
+        assert_eq!(schedule.due(Instant::now()), Due::HealthCheck);
+        schedule.health_checked(Instant::now());
+        assert_eq!(
+            schedule.due(Instant::now()),
+            Due::Wait(Duration::from_secs(60))
+        );
+        tokio::time::advance(Duration::from_secs(1800)).await;
+        assert_eq!(schedule.due(Instant::now()), Due::IdleTimeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_deadline_bounds_the_wait() {
+        let start = Instant::now();
+        let schedule = Schedule::new(start, Duration::from_secs(10), Duration::from_secs(60));
+        assert_eq!(schedule.due(start), Due::Wait(Duration::from_secs(10)));
+    }
+}

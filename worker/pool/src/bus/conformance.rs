@@ -1,0 +1,798 @@
+//! The pool bus conformance suite: one set of checks, run against both buses
+//! (`worker/tests/bus_conformance.rs`). Every check uses keys of its own except
+//! the two global ones (`pool:claims`, `maintenance:last_report`), each touched
+//! by one check only, so the checks can run in parallel on one Redis database.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::keys;
+use async_trait::async_trait;
+use leasehold_testkit::{redis_url, unique_name};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::memory::MemoryPoolBus;
+use super::redis::RedisPoolBus;
+use super::{BusError, MarkWrite, PoolBus, UserMessage, WorkerMetadata};
+use crate::protocol::MarkValue;
+
+/// A bus under test.
+#[async_trait]
+pub trait BusTarget: Send + Sync {
+    /// The bus under test.
+    fn bus(&self) -> Arc<dyn PoolBus>;
+}
+
+/// A fresh in-memory bus as a target.
+#[derive(Debug, Default)]
+pub struct MemoryTarget(Arc<MemoryPoolBus>);
+
+impl MemoryTarget {
+    /// An empty bus.
+    pub fn new() -> Self {
+        MemoryTarget::default()
+    }
+}
+
+#[async_trait]
+impl BusTarget for MemoryTarget {
+    fn bus(&self) -> Arc<dyn PoolBus> {
+        self.0.clone()
+    }
+}
+
+/// The Redis database the suite uses on the test server (other test binaries
+/// use 0-9 for their own `pool:claims`).
+pub const REDIS_DATABASE: u8 = 12;
+
+/// The Redis bus on the test server as a target.
+#[derive(Debug)]
+pub struct RedisTarget(Arc<RedisPoolBus>);
+
+impl RedisTarget {
+    /// Connects to the test Redis; `None` when no server is configured.
+    pub async fn connect() -> Option<Self> {
+        let base = redis_url()?;
+        let url = format!("{}/{REDIS_DATABASE}", base.trim_end_matches('/'));
+        Some(RedisTarget(Arc::new(
+            RedisPoolBus::connect(&url).await.expect("connect"),
+        )))
+    }
+}
+
+#[async_trait]
+impl BusTarget for RedisTarget {
+    fn bus(&self) -> Arc<dyn PoolBus> {
+        self.0.clone()
+    }
+}
+
+/// How long a blocked pop may take to notice a push or an interrupt.
+const PROMPT: Duration = Duration::from_secs(2);
+
+fn metadata(worker_id: &str) -> WorkerMetadata {
+    WorkerMetadata {
+        task_arn: format!("task-{worker_id}"),
+        instance_id: "conformance-host".into(),
+        launched_at: 7,
+    }
+}
+
+fn mark_value(user_id: &str, worker_id: &str, heartbeat_at: u64) -> String {
+    MarkValue {
+        worker_id: worker_id.to_owned(),
+        task_id: format!("task-{worker_id}"),
+        user_id: user_id.to_owned(),
+        heartbeat_at,
+        started_at: 7,
+    }
+    .to_json()
+}
+
+/// What a worker writes for a user: its mark and metadata.
+struct Writer {
+    user_id: String,
+    worker_id: String,
+    value: String,
+    metadata: WorkerMetadata,
+    ttl: Duration,
+}
+
+impl Writer {
+    fn new(user_id: &str, worker_id: &str) -> Self {
+        Writer {
+            user_id: user_id.to_owned(),
+            worker_id: worker_id.to_owned(),
+            value: mark_value(user_id, worker_id, 1),
+            metadata: metadata(worker_id),
+            ttl: Duration::from_secs(30),
+        }
+    }
+
+    fn mark(&self) -> MarkWrite<'_> {
+        MarkWrite {
+            user_id: &self.user_id,
+            worker_id: &self.worker_id,
+            value: &self.value,
+            ttl: self.ttl,
+            metadata: &self.metadata,
+        }
+    }
+}
+
+async fn claim(bus: &dyn PoolBus, writer: &Writer) -> bool {
+    bus.claim_user(&writer.mark()).await.expect("claim")
+}
+
+async fn refresh(bus: &dyn PoolBus, writer: &Writer) -> bool {
+    bus.refresh_user_mark(&writer.mark())
+        .await
+        .expect("heartbeat")
+}
+
+async fn stored_mark(bus: &dyn PoolBus, user_id: &str) -> Option<String> {
+    bus.get(&keys::worker_active(user_id)).await.expect("get")
+}
+
+async fn task_arn(bus: &dyn PoolBus, user_id: &str) -> Option<String> {
+    bus.hash_get_all(&keys::worker_metadata(user_id))
+        .await
+        .expect("hgetall")
+        .remove("task_arn")
+}
+
+/// Many pool workers claim one user at once: exactly one wins, its mark and
+/// metadata are stored and its pool mark is gone; the losers' stay.
+pub async fn claims_are_exclusive(target: &dyn BusTarget) {
+    let bus = target.bus();
+    for _round in 0..10 {
+        let user = unique_name("u");
+        let workers: Vec<String> = (0..16).map(|i| unique_name(&format!("w{i}"))).collect();
+        for worker in &workers {
+            bus.set_pool_mark(worker, "{}", Duration::from_secs(30))
+                .await
+                .expect("pool mark");
+        }
+        let claims = workers.iter().map(|worker| {
+            let (bus, writer) = (bus.clone(), Writer::new(&user, worker));
+            tokio::spawn(async move { (claim(bus.as_ref(), &writer).await, writer) })
+        });
+        let mut winners = Vec::new();
+        for claim in claims {
+            let (won, writer) = claim.await.expect("claimer");
+            if won {
+                winners.push(writer);
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one claimer wins");
+        let winner = &winners[0];
+        assert_eq!(
+            stored_mark(bus.as_ref(), &user).await,
+            Some(winner.value.clone())
+        );
+        let metadata = bus
+            .hash_get_all(&keys::worker_metadata(&user))
+            .await
+            .expect("hgetall");
+        assert_eq!(metadata.get("task_arn"), Some(&winner.metadata.task_arn));
+        assert_eq!(
+            metadata.get("instance_id").map(String::as_str),
+            Some("conformance-host")
+        );
+        assert_eq!(metadata.get("launched_at").map(String::as_str), Some("7"));
+        for worker in &workers {
+            let pool_mark = bus
+                .get(&keys::pool_worker_active(worker))
+                .await
+                .expect("get");
+            assert_eq!(
+                pool_mark.is_none(),
+                *worker == winner.worker_id,
+                "only the winner's pool mark is dropped"
+            );
+        }
+        assert!(bus.user_is_active(&user).await.expect("exists"));
+    }
+}
+
+/// A heartbeat refreshes the holder's mark; once another worker holds the
+/// user it is refused and writes nothing; an absent mark is taken back.
+pub async fn heartbeat_is_refused_once_displaced(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let mut first = Writer::new(&user, &unique_name("w1"));
+    let second = Writer::new(&user, &unique_name("w2"));
+    assert!(claim(bus.as_ref(), &first).await);
+    first.value = mark_value(&user, &first.worker_id, 2);
+    assert!(refresh(bus.as_ref(), &first).await, "the holder refreshes");
+    assert_eq!(
+        stored_mark(bus.as_ref(), &user).await,
+        Some(first.value.clone())
+    );
+    assert!(
+        !claim(bus.as_ref(), &second).await,
+        "a held user is not claimed"
+    );
+    assert_eq!(
+        stored_mark(bus.as_ref(), &user).await,
+        Some(first.value.clone())
+    );
+
+    assert!(
+        bus.release_user_mark(&user, &first.worker_id)
+            .await
+            .expect("release")
+    );
+    assert!(claim(bus.as_ref(), &second).await);
+    first.value = mark_value(&user, &first.worker_id, 3);
+    assert!(
+        !refresh(bus.as_ref(), &first).await,
+        "the displaced worker is refused"
+    );
+    assert_eq!(
+        stored_mark(bus.as_ref(), &user).await,
+        Some(second.value.clone())
+    );
+    assert_eq!(
+        task_arn(bus.as_ref(), &user).await,
+        Some(second.metadata.task_arn.clone())
+    );
+
+    assert!(
+        bus.release_user_mark(&user, &second.worker_id)
+            .await
+            .expect("release")
+    );
+    assert!(
+        refresh(bus.as_ref(), &first).await,
+        "an absent mark is taken back"
+    );
+    assert_eq!(
+        stored_mark(bus.as_ref(), &user).await,
+        Some(first.value.clone())
+    );
+    assert_eq!(
+        task_arn(bus.as_ref(), &user).await,
+        Some(first.metadata.task_arn.clone())
+    );
+}
+
+/// Only the holder's release deletes the mark and the metadata.
+pub async fn release_is_only_by_the_owner(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let owner = Writer::new(&user, &unique_name("w-owner"));
+    assert!(claim(bus.as_ref(), &owner).await);
+    let other = unique_name("w-other");
+    assert!(!bus.release_user_mark(&user, &other).await.expect("release"));
+    assert_eq!(
+        stored_mark(bus.as_ref(), &user).await,
+        Some(owner.value.clone())
+    );
+    assert!(task_arn(bus.as_ref(), &user).await.is_some());
+    assert!(
+        bus.release_user_mark(&user, &owner.worker_id)
+            .await
+            .expect("release")
+    );
+    assert_eq!(stored_mark(bus.as_ref(), &user).await, None);
+    assert_eq!(task_arn(bus.as_ref(), &user).await, None);
+    assert!(!bus.user_is_active(&user).await.expect("exists"));
+    assert!(
+        bus.release_user_mark(&user, &other).await.expect("release"),
+        "nothing to guard: an absent mark is released by anyone"
+    );
+}
+
+/// Marks and metadata vanish after their TTL; a heartbeat extends it.
+pub async fn marks_expire_with_their_ttl(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let pool_worker = unique_name("w-pool");
+    let pool_key = keys::pool_worker_active(&pool_worker);
+    bus.set_pool_mark(&pool_worker, "{}", Duration::from_secs(1))
+        .await
+        .expect("pool mark");
+    let ttl = bus.ttl_ms(&pool_key).await.expect("pttl");
+    assert!(matches!(ttl, Some(1..=1000)), "pool mark TTL {ttl:?}");
+
+    let user = unique_name("u");
+    let mut writer = Writer::new(&user, &unique_name("w"));
+    writer.ttl = Duration::from_secs(1);
+    assert!(claim(bus.as_ref(), &writer).await);
+    let metadata_ttl = bus
+        .ttl_ms(&keys::worker_metadata(&user))
+        .await
+        .expect("pttl");
+    assert!(
+        matches!(metadata_ttl, Some(1..=1000)),
+        "metadata TTL {metadata_ttl:?}"
+    );
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(refresh(bus.as_ref(), &writer).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        bus.get(&pool_key).await.expect("get"),
+        None,
+        "pool mark expired"
+    );
+    assert_eq!(bus.ttl_ms(&pool_key).await.expect("pttl"), None);
+    assert!(
+        bus.user_is_active(&user).await.expect("exists"),
+        "the heartbeat extended the mark"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!bus.user_is_active(&user).await.expect("exists"));
+    assert_eq!(
+        task_arn(bus.as_ref(), &user).await,
+        None,
+        "metadata expired"
+    );
+    assert!(
+        !bus.scan_keys(keys::WORKER_ACTIVE_PATTERN)
+            .await
+            .expect("scan")
+            .iter()
+            .any(|key| *key == pool_key || *key == keys::worker_active(&user)),
+        "expired marks are not scanned"
+    );
+}
+
+async fn pop_user(bus: &dyn PoolBus, user: &str) -> Option<UserMessage> {
+    bus.pop_user_message(user, Duration::from_secs(1), &CancellationToken::new())
+        .await
+        .expect("pop")
+}
+
+/// Requests and control messages are served newest first (LPUSH + BLPOP, as
+/// the seed's protocol does), control before requests.
+pub async fn requests_are_served_newest_first_after_control(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    for request in ["r1", "r2", "r3"] {
+        bus.push_request(&user, request).await.expect("push");
+    }
+    assert_eq!(
+        bus.list_items(&keys::user_requests(&user))
+            .await
+            .expect("lrange"),
+        ["r3", "r2", "r1"],
+        "pushed at the head"
+    );
+    for expected in ["r3", "r2", "r1"] {
+        assert_eq!(
+            pop_user(bus.as_ref(), &user).await,
+            Some(UserMessage::Request(expected.into()))
+        );
+    }
+    bus.push_request(&user, "r4").await.expect("push");
+    bus.push_control(&user, "k1").await.expect("push");
+    bus.push_control(&user, "k2").await.expect("push");
+    assert_eq!(
+        bus.list_len(&keys::worker_control(&user))
+            .await
+            .expect("llen"),
+        2
+    );
+    assert_eq!(
+        pop_user(bus.as_ref(), &user).await,
+        Some(UserMessage::Control("k2".into()))
+    );
+    assert_eq!(
+        pop_user(bus.as_ref(), &user).await,
+        Some(UserMessage::Control("k1".into()))
+    );
+    assert_eq!(
+        pop_user(bus.as_ref(), &user).await,
+        Some(UserMessage::Request("r4".into()))
+    );
+}
+
+/// Claims are served oldest first (LPUSH + BRPOP); a returned claim is next in
+/// line; an interrupted claim pop takes nothing.
+pub async fn claims_are_served_oldest_first(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let never = CancellationToken::new();
+    // `pool:claims` is global: start from an empty queue.
+    while bus
+        .pop_claim(Duration::from_millis(10), &never)
+        .await
+        .expect("drain")
+        .is_some()
+    {}
+    for claim in ["c1", "c2", "c3"] {
+        bus.push_claim(claim).await.expect("push");
+    }
+    bus.return_claim("c0").await.expect("return");
+    assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.expect("llen"), 4);
+    assert_eq!(
+        bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
+        ["c3", "c2", "c1", "c0"]
+    );
+    for expected in ["c0", "c1", "c2", "c3"] {
+        assert_eq!(
+            bus.pop_claim(Duration::from_secs(1), &never)
+                .await
+                .expect("pop")
+                .as_deref(),
+            Some(expected)
+        );
+    }
+    let interrupt = CancellationToken::new();
+    let pop = {
+        let (bus, interrupt) = (bus.clone(), interrupt.clone());
+        tokio::spawn(async move { bus.pop_claim(Duration::from_secs(30), &interrupt).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let interrupted = Instant::now();
+    interrupt.cancel();
+    let popped = tokio::time::timeout(PROMPT, pop)
+        .await
+        .expect("the interrupt ends the claim pop")
+        .expect("pop task");
+    assert_eq!(popped, Ok(None));
+    assert!(interrupted.elapsed() < PROMPT);
+    bus.push_claim("c5").await.expect("push");
+    assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.expect("llen"), 1);
+    assert_eq!(
+        bus.pop_claim(Duration::from_secs(1), &never)
+            .await
+            .expect("pop")
+            .as_deref(),
+        Some("c5")
+    );
+}
+
+/// A pop on empty lists returns `None` after its timeout, not before.
+pub async fn blocking_pop_times_out(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let started = Instant::now();
+    let popped = bus
+        .pop_user_message(&user, Duration::from_millis(300), &CancellationToken::new())
+        .await
+        .expect("pop");
+    let waited = started.elapsed();
+    assert_eq!(popped, None);
+    assert!(
+        waited >= Duration::from_millis(250),
+        "returned after {waited:?}"
+    );
+    assert!(waited < PROMPT, "returned after {waited:?}");
+}
+
+/// A blocked pop returns as soon as a message is pushed.
+pub async fn blocking_pop_wakes_on_push(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let pop = {
+        let (bus, user) = (bus.clone(), user.clone());
+        tokio::spawn(async move {
+            let popped = bus
+                .pop_user_message(&user, Duration::from_secs(20), &CancellationToken::new())
+                .await;
+            (popped, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pushed = Instant::now();
+    bus.push_request(&user, "r1").await.expect("push");
+    let (popped, at) = tokio::time::timeout(PROMPT, pop)
+        .await
+        .expect("the push wakes the pop")
+        .expect("pop task");
+    assert_eq!(popped, Ok(Some(UserMessage::Request("r1".into()))));
+    assert!(at.duration_since(pushed) < PROMPT);
+    assert_eq!(
+        bus.list_len(&keys::user_requests(&user))
+            .await
+            .expect("llen"),
+        0
+    );
+}
+
+/// An interrupt ends a blocked pop at once and takes nothing; an interrupt
+/// that is already set still returns a queued message but never waits.
+pub async fn interrupt_ends_a_blocked_pop(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let interrupt = CancellationToken::new();
+    let pop = {
+        let (bus, user, interrupt) = (bus.clone(), user.clone(), interrupt.clone());
+        tokio::spawn(async move {
+            bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    interrupt.cancel();
+    let popped = tokio::time::timeout(PROMPT, pop)
+        .await
+        .expect("the interrupt ends the pop")
+        .expect("pop task");
+    assert_eq!(popped, Ok(None));
+    bus.push_request(&user, "r1").await.expect("push");
+    assert_eq!(
+        bus.list_len(&keys::user_requests(&user))
+            .await
+            .expect("llen"),
+        1,
+        "the interrupted pop took nothing"
+    );
+
+    let started = Instant::now();
+    assert_eq!(
+        bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
+            .await
+            .expect("pop"),
+        Some(UserMessage::Request("r1".into())),
+        "a queued message is still handed out"
+    );
+    assert_eq!(
+        bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
+            .await
+            .expect("pop"),
+        None
+    );
+    assert!(started.elapsed() < PROMPT, "an interrupted pop never waits");
+}
+
+/// A request id is taken once, by the first worker, for a day.
+pub async fn request_ids_are_taken_once(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let request = unique_name("r");
+    assert!(bus.take_request(&request, "w1").await.expect("take"));
+    assert!(!bus.take_request(&request, "w2").await.expect("take"));
+    assert!(!bus.take_request(&request, "w1").await.expect("take"));
+    let key = keys::request_taken(&request);
+    assert_eq!(bus.get(&key).await.expect("get").as_deref(), Some("w1"));
+    let ttl = bus.ttl_ms(&key).await.expect("pttl");
+    assert!(
+        matches!(ttl, Some(86_300_000..=86_400_000)),
+        "taken TTL {ttl:?}"
+    );
+    assert!(
+        bus.take_request(&unique_name("r"), "w2")
+            .await
+            .expect("take")
+    );
+}
+
+/// Responses are readable for 60 s; a new one replaces the old.
+pub async fn responses_expire_after_a_minute(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let request = unique_name("r");
+    let key = keys::response(&request);
+    bus.put_response(&request, r#"{"status":"error"}"#)
+        .await
+        .expect("set");
+    bus.put_response(&request, r#"{"status":"ok"}"#)
+        .await
+        .expect("set");
+    assert_eq!(
+        bus.get(&key).await.expect("get").as_deref(),
+        Some(r#"{"status":"ok"}"#)
+    );
+    let ttl = bus.ttl_ms(&key).await.expect("pttl");
+    assert!(matches!(ttl, Some(59_000..=60_000)), "response TTL {ttl:?}");
+}
+
+/// Dead letters keep the reason, the original text and the time, oldest first.
+pub async fn dead_letters_keep_the_reason(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let list = keys::user_requests(&unique_name("u"));
+    bus.dead_letter(&list, "invalid request: not valid JSON", "{nope", 11)
+        .await
+        .expect("dead letter");
+    bus.dead_letter(&list, "second", "][", 12)
+        .await
+        .expect("dead letter");
+    let dead: Vec<serde_json::Value> = bus
+        .list_items(&keys::dead_letter(&list))
+        .await
+        .expect("lrange")
+        .iter()
+        .map(|entry| serde_json::from_str(entry).expect("dead letters are JSON"))
+        .collect();
+    assert_eq!(
+        dead,
+        [
+            serde_json::json!({"reason": "invalid request: not valid JSON", "message": "{nope", "at": 11}),
+            serde_json::json!({"reason": "second", "message": "][", "at": 12}),
+        ]
+    );
+    assert_eq!(
+        bus.list_len(&list).await.expect("llen"),
+        0,
+        "only the dead list is written"
+    );
+}
+
+/// SCAN-style matching: every matching key (across many SCAN pages), no other.
+pub async fn scan_matches_patterns(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let prefix = unique_name("scan");
+    for i in 0..600 {
+        bus.put_credentials(&format!("{prefix}-{i}"), "blob")
+            .await
+            .expect("set");
+    }
+    let all = bus
+        .scan_keys(&keys::credentials(&format!("{prefix}-*")))
+        .await
+        .expect("scan");
+    let mut expected: Vec<String> = (0..600)
+        .map(|i| keys::credentials(&format!("{prefix}-{i}")))
+        .collect();
+    expected.sort();
+    assert_eq!(all, expected);
+    let teens = bus
+        .scan_keys(&keys::credentials(&format!("{prefix}-1?")))
+        .await
+        .expect("scan");
+    assert_eq!(teens.len(), 10, "{teens:?}");
+
+    let pool_worker = unique_name("w-scan");
+    let pool_key = keys::pool_worker_active(&pool_worker);
+    bus.set_pool_mark(&pool_worker, "pool-mark", Duration::from_secs(30))
+        .await
+        .expect("pool mark");
+    let writer = Writer::new(&unique_name("u-scan"), &unique_name("w"));
+    assert!(claim(bus.as_ref(), &writer).await);
+    let user_key = keys::worker_active(&writer.user_id);
+    let pool = bus
+        .scan_keys(keys::POOL_WORKER_ACTIVE_PATTERN)
+        .await
+        .expect("scan");
+    assert!(pool.contains(&pool_key) && !pool.contains(&user_key));
+    let every = bus
+        .scan_keys(keys::WORKER_ACTIVE_PATTERN)
+        .await
+        .expect("scan");
+    assert!(every.contains(&pool_key) && every.contains(&user_key));
+    assert!(
+        every
+            .iter()
+            .all(|key| key.starts_with(keys::WORKER_ACTIVE_PREFIX))
+    );
+
+    let marks = bus.marks(keys::WORKER_ACTIVE_PATTERN).await.expect("marks");
+    let pool_mark = marks
+        .iter()
+        .find(|mark| mark.key == pool_key)
+        .expect("pool mark listed");
+    assert_eq!(pool_mark.value, "pool-mark");
+    assert!(matches!(pool_mark.ttl_ms, Some(1..=30_000)));
+    let user_mark = marks
+        .iter()
+        .find(|mark| mark.key == user_key)
+        .expect("user mark listed");
+    assert_eq!(user_mark.value, writer.value);
+    assert!(
+        marks
+            .iter()
+            .all(|mark| mark.key.starts_with(keys::WORKER_ACTIVE_PREFIX)),
+        "metadata hashes are not marks"
+    );
+}
+
+/// LLEN counts queued messages; an absent list is empty; another type is refused.
+pub async fn list_len_counts_queued_messages(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let requests = keys::user_requests(&user);
+    assert_eq!(bus.list_len(&requests).await.expect("llen"), 0);
+    for request in ["r1", "r2", "r3"] {
+        bus.push_request(&user, request).await.expect("push");
+    }
+    assert_eq!(bus.list_len(&requests).await.expect("llen"), 3);
+    pop_user(bus.as_ref(), &user).await;
+    assert_eq!(bus.list_len(&requests).await.expect("llen"), 2);
+    bus.put_credentials(&user, "blob").await.expect("set");
+    assert!(matches!(
+        bus.list_len(&keys::credentials(&user)).await,
+        Err(BusError::Rejected(_))
+    ));
+    assert!(matches!(
+        bus.get(&requests).await,
+        Err(BusError::Rejected(_))
+    ));
+}
+
+/// Credentials and the maintenance report are stored without TTL and replaced.
+pub async fn credentials_and_report_round_trip(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    assert_eq!(bus.credentials(&user).await.expect("get"), None);
+    bus.put_credentials(&user, "blob-1").await.expect("set");
+    bus.put_credentials(&user, "blob-2").await.expect("set");
+    assert_eq!(
+        bus.credentials(&user).await.expect("get").as_deref(),
+        Some("blob-2")
+    );
+    assert_eq!(
+        bus.ttl_ms(&keys::credentials(&user)).await.expect("pttl"),
+        Some(-1)
+    );
+    let report = format!(r#"{{"at": 1, "run": "{user}"}}"#);
+    bus.put_maintenance_report(&report).await.expect("set");
+    assert_eq!(
+        bus.maintenance_report().await.expect("get"),
+        Some(report.clone())
+    );
+    assert_eq!(
+        bus.get(keys::MAINTENANCE_LAST_REPORT).await.expect("get"),
+        Some(report)
+    );
+}
+
+/// Deletes count the keys that existed.
+pub async fn delete_keys_counts_existing_keys(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let (a, b) = (unique_name("u-a"), unique_name("u-b"));
+    bus.put_credentials(&a, "x").await.expect("set");
+    bus.push_request(&b, "r").await.expect("push");
+    let deleted = bus
+        .delete_keys(&[
+            keys::credentials(&a),
+            keys::user_requests(&b),
+            keys::credentials(&unique_name("absent")),
+        ])
+        .await
+        .expect("del");
+    assert_eq!(deleted, 2);
+    assert_eq!(bus.credentials(&a).await.expect("get"), None);
+    assert_eq!(
+        bus.list_len(&keys::user_requests(&b)).await.expect("llen"),
+        0
+    );
+    assert_eq!(bus.delete_keys(&[]).await.expect("del"), 0);
+    let worker = unique_name("w");
+    bus.set_pool_mark(&worker, "{}", Duration::from_secs(30))
+        .await
+        .expect("pool mark");
+    bus.delete_pool_mark(&worker).await.expect("delete");
+    assert_eq!(
+        bus.get(&keys::pool_worker_active(&worker))
+            .await
+            .expect("get"),
+        None
+    );
+}
+
+/// Generates one `#[tokio::test]` per pool bus check for a target.
+#[macro_export]
+macro_rules! pool_bus_conformance_suite {
+    ($make:expr) => {
+        $crate::pool_bus_conformance_suite!(@cases $make;
+            claims_are_exclusive,
+            heartbeat_is_refused_once_displaced,
+            release_is_only_by_the_owner,
+            marks_expire_with_their_ttl,
+            requests_are_served_newest_first_after_control,
+            claims_are_served_oldest_first,
+            blocking_pop_times_out,
+            blocking_pop_wakes_on_push,
+            interrupt_ends_a_blocked_pop,
+            request_ids_are_taken_once,
+            responses_expire_after_a_minute,
+            dead_letters_keep_the_reason,
+            scan_matches_patterns,
+            list_len_counts_queued_messages,
+            credentials_and_report_round_trip,
+            delete_keys_counts_existing_keys,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            // Several worker threads, so concurrent claims really race.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                if let Some(target) = $make.await {
+                    $crate::bus::conformance::$case(&target).await;
+                }
+            }
+        )*
+    };
+}

@@ -1,0 +1,808 @@
+//! The pool bus in one process, with the Redis bus's semantics: one keyspace
+//! of strings, lists and hashes with TTLs on `tokio::time::Instant` (so tests
+//! can pause the clock), each operation one mutex section (as each Lua script
+//! is one atomic step in Redis), blocking pops woken by pushes, and glob
+//! matching as Redis's `SCAN MATCH` does it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::keys;
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    BusError, Inspect, MarkWrite, PoolBus, REQUEST_TAKEN_TTL, RESPONSE_TTL, StoredMark,
+    UserMessage, whole_seconds,
+};
+use crate::protocol;
+
+/// Redis's text for an operation on a key of another type.
+const WRONG_TYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// Every this many operations, expired keys nobody reads again (responses,
+/// taken request ids) are dropped, so a long `leasehold dev` does not grow.
+const PURGE_EVERY: u64 = 1024;
+
+#[derive(Debug, Clone)]
+enum Value {
+    String(String),
+    List(VecDeque<String>),
+    Hash(BTreeMap<String, String>),
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    value: Value,
+    expires_at: Option<Instant>,
+}
+
+/// Which end of a list a pop takes from.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    /// `LPOP` / `BLPOP`: the end producers push to (newest first).
+    Head,
+    /// `RPOP` / `BRPOP`: the other end (oldest first).
+    Tail,
+}
+
+#[derive(Debug, Default)]
+struct Keyspace {
+    entries: HashMap<String, Entry>,
+    operations: u64,
+}
+
+impl Keyspace {
+    /// The live entry at `key`; an expired one is removed, as Redis does lazily.
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+        let expired = self
+            .entries
+            .get(key)
+            .is_some_and(|entry| entry.expires_at.is_some_and(|at| at <= now));
+        if expired {
+            self.entries.remove(key);
+        }
+        self.entries.get_mut(key)
+    }
+
+    fn exists(&mut self, key: &str, now: Instant) -> bool {
+        self.live(key, now).is_some()
+    }
+
+    fn get(&mut self, key: &str, now: Instant) -> Result<Option<String>, BusError> {
+        match self.live(key, now).map(|entry| &entry.value) {
+            None => Ok(None),
+            Some(Value::String(value)) => Ok(Some(value.clone())),
+            Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
+        }
+    }
+
+    /// `SET key value [EX ttl]`: replaces a value of any type and its TTL.
+    fn set(&mut self, key: &str, value: &str, ttl: Option<Duration>, now: Instant) {
+        self.entries.insert(
+            key.to_owned(),
+            Entry {
+                value: Value::String(value.to_owned()),
+                expires_at: ttl.map(|ttl| now + ttl),
+            },
+        );
+    }
+
+    fn delete(&mut self, key: &str, now: Instant) -> bool {
+        self.live(key, now).is_some() && self.entries.remove(key).is_some()
+    }
+
+    fn list(&mut self, key: &str, now: Instant) -> Result<Option<&mut VecDeque<String>>, BusError> {
+        match self.live(key, now).map(|entry| &mut entry.value) {
+            None => Ok(None),
+            Some(Value::List(list)) => Ok(Some(list)),
+            Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
+        }
+    }
+
+    fn push(&mut self, key: &str, body: &str, end: End, now: Instant) -> Result<(), BusError> {
+        let list = match self.list(key, now)? {
+            Some(list) => list,
+            None => {
+                let entry = self.entries.entry(key.to_owned()).or_insert(Entry {
+                    value: Value::List(VecDeque::new()),
+                    expires_at: None,
+                });
+                match &mut entry.value {
+                    Value::List(list) => list,
+                    _ => return Err(BusError::Rejected(WRONG_TYPE.into())),
+                }
+            }
+        };
+        match end {
+            End::Head => list.push_front(body.to_owned()),
+            End::Tail => list.push_back(body.to_owned()),
+        }
+        Ok(())
+    }
+
+    /// Pops from the first non-empty list among `lists`; an emptied list is
+    /// deleted, as in Redis.
+    fn pop_first(
+        &mut self,
+        lists: &[String],
+        end: End,
+        now: Instant,
+    ) -> Result<Option<(String, String)>, BusError> {
+        for key in lists {
+            let Some(list) = self.list(key, now)? else {
+                continue;
+            };
+            let popped = match end {
+                End::Head => list.pop_front(),
+                End::Tail => list.pop_back(),
+            };
+            let emptied = list.is_empty();
+            if emptied {
+                self.entries.remove(key);
+            }
+            if let Some(body) = popped {
+                return Ok(Some((key.clone(), body)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// `HSET` of some fields: other fields stay, the TTL is unchanged.
+    fn hash_set(
+        &mut self,
+        key: &str,
+        fields: &[(&str, String)],
+        now: Instant,
+    ) -> Result<(), BusError> {
+        if self.live(key, now).is_none() {
+            self.entries.insert(
+                key.to_owned(),
+                Entry {
+                    value: Value::Hash(BTreeMap::new()),
+                    expires_at: None,
+                },
+            );
+        }
+        match self.entries.get_mut(key).map(|entry| &mut entry.value) {
+            Some(Value::Hash(hash)) => {
+                for (field, value) in fields {
+                    hash.insert((*field).to_owned(), value.clone());
+                }
+                Ok(())
+            }
+            _ => Err(BusError::Rejected(WRONG_TYPE.into())),
+        }
+    }
+
+    fn expire(&mut self, key: &str, ttl: Duration, now: Instant) {
+        if let Some(entry) = self.live(key, now) {
+            entry.expires_at = Some(now + ttl);
+        }
+    }
+
+    /// Fails like Redis before anything is written when `key` holds a non-hash.
+    fn check_hash(&mut self, key: &str, now: Instant) -> Result<(), BusError> {
+        match self.live(key, now).map(|entry| &entry.value) {
+            None | Some(Value::Hash(_)) => Ok(()),
+            Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
+        }
+    }
+
+    fn write_metadata(
+        &mut self,
+        mark: &MarkWrite<'_>,
+        ttl: Duration,
+        now: Instant,
+    ) -> Result<(), BusError> {
+        let key = keys::worker_metadata(mark.user_id);
+        let metadata = mark.metadata;
+        self.hash_set(
+            &key,
+            &[
+                ("task_arn", metadata.task_arn.clone()),
+                ("instance_id", metadata.instance_id.clone()),
+                ("launched_at", metadata.launched_at.to_string()),
+            ],
+            now,
+        )?;
+        self.expire(&key, ttl, now);
+        Ok(())
+    }
+
+    /// The Lua guard: the mark is absent or names `worker_id`.
+    fn mark_is_mine_or_absent(
+        &mut self,
+        user_id: &str,
+        worker_id: &str,
+        now: Instant,
+    ) -> Result<bool, BusError> {
+        let Some(current) = self.get(&keys::worker_active(user_id), now)? else {
+            return Ok(true);
+        };
+        // As `cjson.decode` + `mark['worker_id'] == ARGV[1]`: anything that is
+        // not an object with that string field belongs to someone else.
+        let mark: Option<serde_json::Value> = serde_json::from_str(&current).ok();
+        Ok(mark
+            .as_ref()
+            .and_then(|mark| mark.get("worker_id"))
+            .and_then(serde_json::Value::as_str)
+            == Some(worker_id))
+    }
+
+    fn purge_expired(&mut self, now: Instant) {
+        self.entries
+            .retain(|_, entry| entry.expires_at.is_none_or(|at| at > now));
+    }
+}
+
+/// The pool bus in memory. Share it as `Arc<MemoryPoolBus>` (or
+/// `Arc<dyn PoolBus>`) between every component of one process.
+#[derive(Debug, Default)]
+pub struct MemoryPoolBus {
+    keyspace: Mutex<Keyspace>,
+    /// Woken on every push, so blocked pops look again.
+    pushed: Notify,
+}
+
+impl MemoryPoolBus {
+    /// An empty bus.
+    pub fn new() -> Self {
+        MemoryPoolBus::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Keyspace> {
+        let mut keyspace = self.keyspace.lock().unwrap_or_else(|p| p.into_inner());
+        keyspace.operations += 1;
+        if keyspace.operations.is_multiple_of(PURGE_EVERY) {
+            keyspace.purge_expired(Instant::now());
+        }
+        keyspace
+    }
+
+    fn push(&self, key: &str, body: &str, end: End) -> Result<(), BusError> {
+        self.lock().push(key, body, end, Instant::now())?;
+        self.pushed.notify_waiters();
+        Ok(())
+    }
+
+    async fn pop(
+        &self,
+        lists: &[String],
+        end: End,
+        timeout: Duration,
+        interrupt: &CancellationToken,
+    ) -> Result<Option<(String, String)>, BusError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Registered before looking, so a push between the look and the
+            // wait still wakes this pop.
+            let pushed = self.pushed.notified();
+            tokio::pin!(pushed);
+            pushed.as_mut().enable();
+            if let Some(popped) = self.lock().pop_first(lists, end, Instant::now())? {
+                return Ok(Some(popped));
+            }
+            if interrupt.is_cancelled() {
+                return Ok(None);
+            }
+            tokio::select! {
+                _ = &mut pushed => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+                _ = interrupt.cancelled() => return Ok(None),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl PoolBus for MemoryPoolBus {
+    async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(whole_seconds(mark.ttl));
+        let mut keyspace = self.lock();
+        let user_mark = keys::worker_active(mark.user_id);
+        if keyspace.exists(&user_mark, now) {
+            return Ok(false);
+        }
+        keyspace.set(&user_mark, mark.value, Some(ttl), now);
+        keyspace.delete(&keys::pool_worker_active(mark.worker_id), now);
+        keyspace.delete(&keys::worker_metadata(mark.user_id), now);
+        keyspace.write_metadata(mark, ttl, now)?;
+        Ok(true)
+    }
+
+    async fn refresh_user_mark(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(whole_seconds(mark.ttl));
+        let mut keyspace = self.lock();
+        if !keyspace.mark_is_mine_or_absent(mark.user_id, mark.worker_id, now)? {
+            return Ok(false);
+        }
+        keyspace.check_hash(&keys::worker_metadata(mark.user_id), now)?;
+        keyspace.set(
+            &keys::worker_active(mark.user_id),
+            mark.value,
+            Some(ttl),
+            now,
+        );
+        keyspace.write_metadata(mark, ttl, now)?;
+        Ok(true)
+    }
+
+    async fn release_user_mark(&self, user_id: &str, worker_id: &str) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        if !keyspace.mark_is_mine_or_absent(user_id, worker_id, now)? {
+            return Ok(false);
+        }
+        keyspace.delete(&keys::worker_active(user_id), now);
+        keyspace.delete(&keys::worker_metadata(user_id), now);
+        Ok(true)
+    }
+
+    async fn user_is_active(&self, user_id: &str) -> Result<bool, BusError> {
+        Ok(self
+            .lock()
+            .exists(&keys::worker_active(user_id), Instant::now()))
+    }
+
+    async fn set_pool_mark(
+        &self,
+        worker_id: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<(), BusError> {
+        let ttl = Duration::from_secs(whole_seconds(ttl));
+        self.lock().set(
+            &keys::pool_worker_active(worker_id),
+            value,
+            Some(ttl),
+            Instant::now(),
+        );
+        Ok(())
+    }
+
+    async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError> {
+        self.lock()
+            .delete(&keys::pool_worker_active(worker_id), Instant::now());
+        Ok(())
+    }
+
+    async fn push_claim(&self, body: &str) -> Result<(), BusError> {
+        self.push(keys::POOL_CLAIMS, body, End::Head)
+    }
+
+    async fn return_claim(&self, body: &str) -> Result<(), BusError> {
+        self.push(keys::POOL_CLAIMS, body, End::Tail)
+    }
+
+    async fn pop_claim(
+        &self,
+        timeout: Duration,
+        interrupt: &CancellationToken,
+    ) -> Result<Option<String>, BusError> {
+        let lists = [keys::POOL_CLAIMS.to_owned()];
+        let popped = self.pop(&lists, End::Tail, timeout, interrupt).await?;
+        Ok(popped.map(|(_, body)| body))
+    }
+
+    async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {
+        self.push(&keys::user_requests(user_id), body, End::Head)
+    }
+
+    async fn push_control(&self, user_id: &str, body: &str) -> Result<(), BusError> {
+        self.push(&keys::worker_control(user_id), body, End::Head)
+    }
+
+    async fn pop_user_message(
+        &self,
+        user_id: &str,
+        timeout: Duration,
+        interrupt: &CancellationToken,
+    ) -> Result<Option<UserMessage>, BusError> {
+        let lists = UserMessage::lists(user_id);
+        let popped = self.pop(&lists, End::Head, timeout, interrupt).await?;
+        Ok(popped.map(|(list, body)| UserMessage::from_list(user_id, &list, body)))
+    }
+
+    async fn dead_letter(
+        &self,
+        list_key: &str,
+        reason: &str,
+        body: &str,
+        at_unix_ms: u64,
+    ) -> Result<(), BusError> {
+        self.push(
+            &keys::dead_letter(list_key),
+            &protocol::dead_letter(reason, body, at_unix_ms),
+            End::Tail,
+        )
+    }
+
+    async fn take_request(&self, request_id: &str, worker_id: &str) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let key = keys::request_taken(request_id);
+        let mut keyspace = self.lock();
+        if keyspace.exists(&key, now) {
+            return Ok(false);
+        }
+        keyspace.set(&key, worker_id, Some(REQUEST_TAKEN_TTL), now);
+        Ok(true)
+    }
+
+    async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
+        self.lock().set(
+            &keys::response(request_id),
+            body,
+            Some(RESPONSE_TTL),
+            Instant::now(),
+        );
+        Ok(())
+    }
+
+    async fn credentials(&self, user_id: &str) -> Result<Option<String>, BusError> {
+        self.lock().get(&keys::credentials(user_id), Instant::now())
+    }
+
+    async fn put_credentials(&self, user_id: &str, blob: &str) -> Result<(), BusError> {
+        self.lock()
+            .set(&keys::credentials(user_id), blob, None, Instant::now());
+        Ok(())
+    }
+
+    async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
+        self.lock()
+            .get(keys::MAINTENANCE_LAST_REPORT, Instant::now())
+    }
+
+    async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError> {
+        self.lock()
+            .set(keys::MAINTENANCE_LAST_REPORT, report, None, Instant::now());
+        Ok(())
+    }
+
+    async fn delete_keys(&self, keys: &[String]) -> Result<u64, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        Ok(keys.iter().filter(|key| keyspace.delete(key, now)).count() as u64)
+    }
+}
+
+#[async_trait]
+impl Inspect for MemoryPoolBus {
+    async fn marks(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        keyspace.purge_expired(now);
+        let mut marks: Vec<StoredMark> = keyspace
+            .entries
+            .iter()
+            .filter(|(key, _)| glob_match(pattern.as_bytes(), key.as_bytes()))
+            .filter_map(|(key, entry)| match &entry.value {
+                Value::String(value) => Some(StoredMark {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ttl_ms: entry.expires_at.map(|at| remaining_ms(at, now)),
+                }),
+                // GET on another type fails in Redis; a mark is always a string.
+                _ => None,
+            })
+            .collect();
+        marks.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(marks)
+    }
+
+    async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        keyspace.purge_expired(now);
+        let mut found: Vec<String> = keyspace
+            .entries
+            .keys()
+            .filter(|key| glob_match(pattern.as_bytes(), key.as_bytes()))
+            .cloned()
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>, BusError> {
+        self.lock().get(key, Instant::now())
+    }
+
+    async fn ttl_ms(&self, key: &str) -> Result<Option<i64>, BusError> {
+        let now = Instant::now();
+        Ok(self
+            .lock()
+            .live(key, now)
+            .map(|entry| match entry.expires_at {
+                Some(at) => i64::try_from(remaining_ms(at, now)).unwrap_or(i64::MAX),
+                None => -1,
+            }))
+    }
+
+    async fn list_len(&self, key: &str) -> Result<u64, BusError> {
+        Ok(self
+            .lock()
+            .list(key, Instant::now())?
+            .map_or(0, |list| list.len() as u64))
+    }
+
+    async fn list_items(&self, key: &str) -> Result<Vec<String>, BusError> {
+        Ok(self
+            .lock()
+            .list(key, Instant::now())?
+            .map(|list| list.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError> {
+        match self
+            .lock()
+            .live(key, Instant::now())
+            .map(|entry| &entry.value)
+        {
+            None => Ok(HashMap::new()),
+            Some(Value::Hash(hash)) => Ok(hash.clone().into_iter().collect()),
+            Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
+        }
+    }
+}
+
+/// Remaining time to `at` in whole ms, rounded up like Redis's PTTL of a live key.
+fn remaining_ms(at: Instant, now: Instant) -> u64 {
+    let remaining = at.saturating_duration_since(now);
+    u64::try_from(remaining.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// Redis's glob (`stringmatchlen`, case-sensitive): `*` any run, `?` any one
+/// byte, `[abc]`, `[^a]`, `[a-z]` classes, `\` escapes the next byte.
+pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    while p < pattern.len() {
+        match pattern[p] {
+            b'*' => {
+                while pattern.get(p + 1) == Some(&b'*') {
+                    p += 1;
+                }
+                if p + 1 == pattern.len() {
+                    return true;
+                }
+                // As Redis: the rest is tried against every non-empty suffix.
+                return (t..text.len()).any(|start| glob_match(&pattern[p + 1..], &text[start..]));
+            }
+            b'?' => {
+                if t >= text.len() {
+                    return false;
+                }
+                t += 1;
+            }
+            b'[' => {
+                let Some(&c) = text.get(t) else {
+                    return false;
+                };
+                p += 1;
+                let negate = pattern.get(p) == Some(&b'^');
+                if negate {
+                    p += 1;
+                }
+                let mut matched = false;
+                // An unterminated class ends with the pattern, as in Redis.
+                while let Some(&class) = pattern.get(p) {
+                    if class == b']' {
+                        break;
+                    }
+                    if class == b'\\' && p + 1 < pattern.len() {
+                        p += 1;
+                        matched |= pattern[p] == c;
+                    } else if pattern.get(p + 1) == Some(&b'-') && p + 2 < pattern.len() {
+                        let (low, high) = (class.min(pattern[p + 2]), class.max(pattern[p + 2]));
+                        p += 2;
+                        matched |= (low..=high).contains(&c);
+                    } else {
+                        matched |= class == c;
+                    }
+                    p += 1;
+                }
+                if matched == negate {
+                    return false;
+                }
+                t += 1;
+            }
+            b'\\' if p + 1 < pattern.len() => {
+                p += 1;
+                if text.get(t) != Some(&pattern[p]) {
+                    return false;
+                }
+                t += 1;
+            }
+            literal => {
+                if text.get(t) != Some(&literal) {
+                    return false;
+                }
+                t += 1;
+            }
+        }
+        p += 1;
+    }
+    t == text.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::WorkerMetadata;
+
+    fn metadata() -> WorkerMetadata {
+        WorkerMetadata {
+            task_arn: "task".into(),
+            instance_id: "host".into(),
+            launched_at: 1,
+        }
+    }
+
+    fn mark<'a>(
+        user_id: &'a str,
+        worker_id: &'a str,
+        value: &'a str,
+        metadata: &'a WorkerMetadata,
+    ) -> MarkWrite<'a> {
+        MarkWrite {
+            user_id,
+            worker_id,
+            value,
+            ttl: Duration::from_secs(30),
+            metadata,
+        }
+    }
+
+    #[test]
+    fn glob_matches_as_redis_does() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("worker:active:*", "worker:active:u1", true),
+            ("worker:active:*", "worker:active:-1:w1", true),
+            ("worker:active:-1:*", "worker:active:u1", false),
+            ("worker:active:-1:*", "worker:active:-1:w1", true),
+            ("worker:active:*", "worker:metadata:u1", false),
+            ("*", "", true),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("*b", "b", true),
+            ("*b*", "ab", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("[a-c]x", "bx", true),
+            ("[c-a]x", "bx", true),
+            ("[^a-c]x", "bx", false),
+            ("[^a-c]x", "dx", true),
+            ("[ab]", "c", false),
+            (r"a\*", "a*", true),
+            (r"a\*", "ab", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ];
+        for (pattern, text, expected) in cases {
+            assert_eq!(
+                glob_match(pattern.as_bytes(), text.as_bytes()),
+                *expected,
+                "{pattern} vs {text}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn marks_expire_exactly_at_their_ttl_on_the_paused_clock() {
+        let bus = MemoryPoolBus::new();
+        let metadata = metadata();
+        assert!(
+            bus.claim_user(&mark("u1", "w1", r#"{"worker_id":"w1"}"#, &metadata))
+                .await
+                .unwrap()
+        );
+        bus.set_pool_mark("w2", "{}", Duration::from_millis(1500))
+            .await
+            .unwrap();
+        // Rounded to whole seconds, as Redis EX takes them.
+        assert_eq!(
+            bus.ttl_ms(&keys::pool_worker_active("w2")).await.unwrap(),
+            Some(1000)
+        );
+        assert_eq!(
+            bus.ttl_ms(&keys::worker_active("u1")).await.unwrap(),
+            Some(30_000)
+        );
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(
+            bus.ttl_ms(&keys::pool_worker_active("w2")).await.unwrap(),
+            Some(1)
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            bus.ttl_ms(&keys::pool_worker_active("w2")).await.unwrap(),
+            None
+        );
+        assert!(bus.user_is_active("u1").await.unwrap());
+        tokio::time::advance(Duration::from_millis(29_000)).await;
+        assert!(!bus.user_is_active("u1").await.unwrap());
+        assert!(
+            bus.hash_get_all(&keys::worker_metadata("u1"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // A heartbeat after expiry takes the user back, as the Lua script does.
+        assert!(
+            bus.refresh_user_mark(&mark("u1", "w1", r#"{"worker_id":"w1"}"#, &metadata))
+                .await
+                .unwrap()
+        );
+        assert!(bus.user_is_active("u1").await.unwrap());
+        assert_eq!(
+            bus.scan_keys(keys::WORKER_ACTIVE_PATTERN).await.unwrap(),
+            [keys::worker_active("u1")]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_blocked_pop_times_out_on_the_paused_clock_and_wakes_on_push() {
+        let bus = std::sync::Arc::new(MemoryPoolBus::new());
+        let never = CancellationToken::new();
+        let started = Instant::now();
+        assert_eq!(
+            bus.pop_claim(Duration::from_secs(30), &never)
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+
+        let popper = {
+            let bus = bus.clone();
+            tokio::spawn(async move {
+                let never = CancellationToken::new();
+                let popped = bus
+                    .pop_user_message("u1", Duration::from_secs(30), &never)
+                    .await;
+                (popped, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        bus.push_request("u1", "r1").await.unwrap();
+        let (popped, at) = popper.await.unwrap();
+        assert_eq!(popped.unwrap(), Some(UserMessage::Request("r1".into())));
+        assert_eq!(
+            at - started,
+            Duration::from_secs(35),
+            "woken by the push, not the timeout"
+        );
+        assert_eq!(bus.list_len(&keys::user_requests("u1")).await.unwrap(), 0);
+        assert!(
+            bus.scan_keys("trading:*").await.unwrap().is_empty(),
+            "an emptied list is deleted"
+        );
+    }
+
+    #[tokio::test]
+    async fn operations_on_the_wrong_type_are_rejected() {
+        let bus = MemoryPoolBus::new();
+        bus.push_request("u1", "r1").await.unwrap();
+        let requests = keys::user_requests("u1");
+        assert!(matches!(
+            bus.get(&requests).await,
+            Err(BusError::Rejected(_))
+        ));
+        assert!(matches!(
+            bus.hash_get_all(&requests).await,
+            Err(BusError::Rejected(_))
+        ));
+        bus.put_credentials("u1", "blob").await.unwrap();
+        assert!(matches!(
+            bus.list_len(&keys::credentials("u1")).await,
+            Err(BusError::Rejected(_))
+        ));
+    }
+}

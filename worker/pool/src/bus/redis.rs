@@ -1,0 +1,539 @@
+//! The pool bus on Redis/Valkey: the layout of design §3.2 (keys from
+//! `crate::keys`, Lua scripts for the mark operations, LPUSH / BLPOP /
+//! BRPOP directions, TTLs). APIs in other languages depend on this layout.
+//!
+//! Blocking pops run on connections of their own (a blocked connection serves
+//! nothing else); an interrupt ends them with `CLIENT UNBLOCK` rather than by
+//! dropping the command, so a message Redis already popped is still returned.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::keys;
+use async_trait::async_trait;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    BusError, Inspect, MarkWrite, PoolBus, REQUEST_TAKEN_TTL, RESPONSE_TTL, StoredMark,
+    UserMessage, whole_seconds,
+};
+use crate::protocol;
+
+/// KEYS: user mark, pool mark, metadata. ARGV: mark value, ttl, task_arn,
+/// instance_id, launched_at. 1 = claimed, 0 = the user already has a worker.
+const CLAIM: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  redis.call('DEL', KEYS[2])
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], 'task_arn', ARGV[3], 'instance_id', ARGV[4], 'launched_at', ARGV[5])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// Lua prefix shared by the scripts that touch a user's mark: returns 0 unless
+/// the mark at KEYS[1] is absent or belongs to worker ARGV[1]. One definition
+/// of "this worker holds the user", so refresh and release cannot disagree.
+const UNLESS_MARK_IS_MINE: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, mark = pcall(cjson.decode, current)
+  if not ok or type(mark) ~= 'table' or mark['worker_id'] ~= ARGV[1] then
+    return 0
+  end
+end
+"#;
+
+/// KEYS: user mark, metadata. ARGV: worker id, mark value, ttl, task_arn,
+/// instance_id, launched_at. 1 = refreshed, 0 = another worker holds the user.
+/// A mark that expired (Redis was unreachable for a while) is taken back.
+const HEARTBEAT: &str = r#"
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+redis.call('HSET', KEYS[2], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"#;
+
+/// KEYS: user mark, metadata. ARGV: worker id. Deletes both unless another
+/// worker holds the user.
+const RELEASE: &str = r#"
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"#;
+
+/// A mark script behind the ownership guard.
+fn guarded(body: &str) -> String {
+    format!("{UNLESS_MARK_IS_MINE}{body}")
+}
+
+/// Keys SCAN asks for per call: large enough for few round trips, small
+/// enough that no single call blocks a shared Redis.
+const SCAN_COUNT: u64 = 500;
+
+/// A blocking pop gets this long beyond its own timeout before the connection
+/// is considered dead.
+const BLOCK_GRACE: Duration = Duration::from_secs(10);
+
+/// How often `CLIENT UNBLOCK` is repeated while the pop has not reached Redis
+/// yet, and for how long at most.
+const UNBLOCK_RETRY: Duration = Duration::from_millis(20);
+const UNBLOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Redis errors, without the URL (a `RedisError`'s text never includes it; it
+/// may name the command).
+fn classify(err: redis::RedisError) -> BusError {
+    if err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+    {
+        BusError::Unavailable(err.to_string())
+    } else {
+        BusError::Rejected(err.to_string())
+    }
+}
+
+/// Keys matching `pattern`, by SCAN (never KEYS: it would block Redis on a
+/// large keyspace); sorted, without the duplicates SCAN may return.
+pub async fn scan_keys<C: ConnectionLike + Send>(
+    redis: &mut C,
+    pattern: &str,
+) -> Result<Vec<String>, redis::RedisError> {
+    let mut cursor: u64 = 0;
+    let mut found = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(redis)
+            .await?;
+        found.extend(batch);
+        if next == 0 {
+            found.sort();
+            found.dedup();
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
+/// A connection reserved for blocking pops, with its `CLIENT ID`.
+struct Blocking {
+    connection: MultiplexedConnection,
+    id: i64,
+}
+
+/// The pool bus on Redis. Reconnects by itself.
+pub struct RedisPoolBus {
+    client: redis::Client,
+    commands: ConnectionManager,
+    /// Idle blocking connections; each pop takes one, so concurrent pops never
+    /// queue behind each other on one connection.
+    blocking: Mutex<Vec<Blocking>>,
+    claim: redis::Script,
+    heartbeat: redis::Script,
+    release: redis::Script,
+}
+
+impl std::fmt::Debug for RedisPoolBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client holds the URL, which may hold a password.
+        f.debug_struct("RedisPoolBus").finish_non_exhaustive()
+    }
+}
+
+impl RedisPoolBus {
+    /// Connects (the URL is never part of an error).
+    pub async fn connect(url: &str) -> Result<Self, BusError> {
+        let client = redis::Client::open(url)
+            .map_err(|err| BusError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
+        let commands = ConnectionManager::new_with_config(
+            client.clone(),
+            ConnectionManagerConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(5)))
+                .set_connection_timeout(Some(Duration::from_secs(2))),
+        )
+        .await
+        .map_err(classify)?;
+        Ok(RedisPoolBus {
+            client,
+            commands,
+            blocking: Mutex::default(),
+            claim: redis::Script::new(CLAIM),
+            heartbeat: redis::Script::new(&guarded(HEARTBEAT)),
+            release: redis::Script::new(&guarded(RELEASE)),
+        })
+    }
+
+    fn commands(&self) -> ConnectionManager {
+        self.commands.clone()
+    }
+
+    async fn blocking_connection(&self) -> Result<Blocking, BusError> {
+        let idle = self
+            .blocking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        if let Some(blocking) = idle {
+            return Ok(blocking);
+        }
+        // No response timeout: the pop's own timeout plus a grace bounds it.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(Duration::from_secs(2)));
+        let mut connection = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(classify)?;
+        let id: i64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut connection)
+            .await
+            .map_err(classify)?;
+        Ok(Blocking { connection, id })
+    }
+
+    /// `BLPOP`/`BRPOP` over `lists` (first non-empty wins), interruptible.
+    async fn pop(
+        &self,
+        pop_command: &'static str,
+        lists: &[String],
+        timeout: Duration,
+        interrupt: &CancellationToken,
+    ) -> Result<Option<(String, String)>, BusError> {
+        let Blocking { connection, id } = self.blocking_connection().await?;
+        // 0 would block forever.
+        let seconds = format!("{:.3}", timeout.as_secs_f64().max(0.01));
+        let mut command = redis::cmd(pop_command);
+        command.arg(lists).arg(seconds);
+        // A handle of its own for the command, so the connection can go back
+        // to the idle list afterwards.
+        let mut popping = connection.clone();
+        let pop = tokio::time::timeout(
+            timeout + BLOCK_GRACE,
+            command.query_async::<Option<(String, String)>>(&mut popping),
+        );
+        tokio::pin!(pop);
+        let result = tokio::select! {
+            result = &mut pop => result,
+            _ = interrupt.cancelled() => {
+                let patience = tokio::time::Instant::now() + UNBLOCK_PATIENCE;
+                loop {
+                    let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                        .arg("UNBLOCK")
+                        .arg(id)
+                        .query_async(&mut self.commands())
+                        .await;
+                    match unblocked {
+                        Ok(1) => break pop.await,
+                        // Not blocked yet (the pop is still on its way) or
+                        // already answered: wait a little for it and retry.
+                        Ok(_) if tokio::time::Instant::now() < patience => {
+                            tokio::select! {
+                                result = &mut pop => break result,
+                                _ = tokio::time::sleep(UNBLOCK_RETRY) => {}
+                            }
+                        }
+                        Ok(_) => break pop.await,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "cannot unblock a blocking pop; waiting for its timeout");
+                            break pop.await;
+                        }
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(Ok(popped)) => {
+                self.blocking
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Blocking { connection, id });
+                Ok(popped)
+            }
+            // The connection is dropped: its state is unknown.
+            Ok(Err(err)) => Err(classify(err)),
+            Err(_) => Err(BusError::Unavailable(format!(
+                "{pop_command} got no answer within its timeout"
+            ))),
+        }
+    }
+
+    /// One command on the shared connection, its failure classified.
+    async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, BusError> {
+        command
+            .query_async(&mut self.commands())
+            .await
+            .map_err(classify)
+    }
+
+    async fn lpush(&self, list: &str, body: &str) -> Result<(), BusError> {
+        let _: i64 = self.query(redis::cmd("LPUSH").arg(list).arg(body)).await?;
+        Ok(())
+    }
+
+    async fn rpush(&self, list: &str, body: &str) -> Result<(), BusError> {
+        let _: i64 = self.query(redis::cmd("RPUSH").arg(list).arg(body)).await?;
+        Ok(())
+    }
+
+    async fn set(&self, key: &str, value: &str) -> Result<(), BusError> {
+        let _: () = self.query(redis::cmd("SET").arg(key).arg(value)).await?;
+        Ok(())
+    }
+
+    async fn invoke_mark_script(
+        &self,
+        script: &redis::Script,
+        mark: &MarkWrite<'_>,
+    ) -> Result<bool, BusError> {
+        let metadata = mark.metadata;
+        let done: i64 = script
+            .key(keys::worker_active(mark.user_id))
+            .key(keys::worker_metadata(mark.user_id))
+            .arg(mark.worker_id)
+            .arg(mark.value)
+            .arg(whole_seconds(mark.ttl))
+            .arg(&metadata.task_arn)
+            .arg(&metadata.instance_id)
+            .arg(metadata.launched_at)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(done == 1)
+    }
+}
+
+#[async_trait]
+impl PoolBus for RedisPoolBus {
+    async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
+        let metadata = mark.metadata;
+        let claimed: i64 = self
+            .claim
+            .key(keys::worker_active(mark.user_id))
+            .key(keys::pool_worker_active(mark.worker_id))
+            .key(keys::worker_metadata(mark.user_id))
+            .arg(mark.value)
+            .arg(whole_seconds(mark.ttl))
+            .arg(&metadata.task_arn)
+            .arg(&metadata.instance_id)
+            .arg(metadata.launched_at)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(claimed == 1)
+    }
+
+    async fn refresh_user_mark(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
+        self.invoke_mark_script(&self.heartbeat, mark).await
+    }
+
+    async fn release_user_mark(&self, user_id: &str, worker_id: &str) -> Result<bool, BusError> {
+        let released: i64 = self
+            .release
+            .key(keys::worker_active(user_id))
+            .key(keys::worker_metadata(user_id))
+            .arg(worker_id)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(released == 1)
+    }
+
+    async fn user_is_active(&self, user_id: &str) -> Result<bool, BusError> {
+        self.query(redis::cmd("EXISTS").arg(keys::worker_active(user_id)))
+            .await
+    }
+
+    async fn set_pool_mark(
+        &self,
+        worker_id: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<(), BusError> {
+        let _: () = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::pool_worker_active(worker_id))
+                    .arg(value)
+                    .arg("EX")
+                    .arg(whole_seconds(ttl)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError> {
+        self.delete_keys(&[keys::pool_worker_active(worker_id)])
+            .await
+            .map(drop)
+    }
+
+    async fn push_claim(&self, body: &str) -> Result<(), BusError> {
+        self.lpush(keys::POOL_CLAIMS, body).await
+    }
+
+    async fn return_claim(&self, body: &str) -> Result<(), BusError> {
+        self.rpush(keys::POOL_CLAIMS, body).await
+    }
+
+    async fn pop_claim(
+        &self,
+        timeout: Duration,
+        interrupt: &CancellationToken,
+    ) -> Result<Option<String>, BusError> {
+        // Producers LPUSH; BRPOP takes the oldest first (the seed's SQS queue
+        // was FIFO-like).
+        let popped = self
+            .pop("BRPOP", &[keys::POOL_CLAIMS.to_owned()], timeout, interrupt)
+            .await?;
+        Ok(popped.map(|(_, body)| body))
+    }
+
+    async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {
+        self.lpush(&keys::user_requests(user_id), body).await
+    }
+
+    async fn push_control(&self, user_id: &str, body: &str) -> Result<(), BusError> {
+        self.lpush(&keys::worker_control(user_id), body).await
+    }
+
+    async fn pop_user_message(
+        &self,
+        user_id: &str,
+        timeout: Duration,
+        interrupt: &CancellationToken,
+    ) -> Result<Option<UserMessage>, BusError> {
+        let lists = UserMessage::lists(user_id);
+        let popped = self.pop("BLPOP", &lists, timeout, interrupt).await?;
+        Ok(popped.map(|(list, body)| UserMessage::from_list(user_id, &list, body)))
+    }
+
+    async fn dead_letter(
+        &self,
+        list_key: &str,
+        reason: &str,
+        body: &str,
+        at_unix_ms: u64,
+    ) -> Result<(), BusError> {
+        self.rpush(
+            &keys::dead_letter(list_key),
+            &protocol::dead_letter(reason, body, at_unix_ms),
+        )
+        .await
+    }
+
+    async fn take_request(&self, request_id: &str, worker_id: &str) -> Result<bool, BusError> {
+        let taken: Option<String> = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::request_taken(request_id))
+                    .arg(worker_id)
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(REQUEST_TAKEN_TTL.as_secs()),
+            )
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
+        let _: () = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::response(request_id))
+                    .arg(body)
+                    .arg("EX")
+                    .arg(RESPONSE_TTL.as_secs()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn credentials(&self, user_id: &str) -> Result<Option<String>, BusError> {
+        self.get(&keys::credentials(user_id)).await
+    }
+
+    async fn put_credentials(&self, user_id: &str, blob: &str) -> Result<(), BusError> {
+        self.set(&keys::credentials(user_id), blob).await
+    }
+
+    async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
+        self.get(keys::MAINTENANCE_LAST_REPORT).await
+    }
+
+    async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError> {
+        self.set(keys::MAINTENANCE_LAST_REPORT, report).await
+    }
+
+    async fn delete_keys(&self, keys: &[String]) -> Result<u64, BusError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        self.query(redis::cmd("DEL").arg(keys)).await
+    }
+}
+
+#[async_trait]
+impl Inspect for RedisPoolBus {
+    async fn marks(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
+        let mut commands = self.commands();
+        let mut marks = Vec::new();
+        for key in scan_keys(&mut commands, pattern).await.map_err(classify)? {
+            let (value, ttl): (Option<String>, i64) = redis::pipe()
+                .cmd("GET")
+                .arg(&key)
+                .cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut commands)
+                .await
+                .map_err(classify)?;
+            let Some(value) = value else { continue };
+            marks.push(StoredMark {
+                key,
+                value,
+                ttl_ms: u64::try_from(ttl).ok(),
+            });
+        }
+        Ok(marks)
+    }
+
+    async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, BusError> {
+        scan_keys(&mut self.commands(), pattern)
+            .await
+            .map_err(classify)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>, BusError> {
+        self.query(redis::cmd("GET").arg(key)).await
+    }
+
+    async fn ttl_ms(&self, key: &str) -> Result<Option<i64>, BusError> {
+        let ttl: i64 = self.query(redis::cmd("PTTL").arg(key)).await?;
+        // -2: no such key; -1: no expiry.
+        Ok((ttl != -2).then_some(ttl))
+    }
+
+    async fn list_len(&self, key: &str) -> Result<u64, BusError> {
+        self.query(redis::cmd("LLEN").arg(key)).await
+    }
+
+    async fn list_items(&self, key: &str) -> Result<Vec<String>, BusError> {
+        self.query(redis::cmd("LRANGE").arg(key).arg(0).arg(-1))
+            .await
+    }
+
+    async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError> {
+        self.query(redis::cmd("HGETALL").arg(key)).await
+    }
+}

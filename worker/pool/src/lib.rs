@@ -1,0 +1,19 @@
+//! The broker pool's shared state (in Redis in production): the per-user broker
+//! workers, their warm pool, and the API that talks to them all meet here.
+//!
+//! Module map:
+//! - [`keys`]: every Redis key name of the pool layout, spelled once.
+//! - [`protocol`]: every message body (claim, request, response, control,
+//!   liveness mark, dead letter), parsed strictly with errors that name fields,
+//!   never values.
+//! - [`bus`]: [`bus::PoolBus`], every atomic step on the shared state, with the
+//!   Redis and in-memory backends and one conformance suite.
+//! - [`read`]: [`read::PoolReader`], the one read model (idle workers, claimed
+//!   users and their queues, the sweep report) for the dashboard and observer.
+//! - [`settings`]: where the pool lives (`REDIS_URL`).
+
+pub mod bus;
+pub mod keys;
+pub mod protocol;
+pub mod read;
+pub mod settings;

@@ -1,0 +1,561 @@
+//! Every message body of the broker pool protocol (docs/messages.md), in one place.
+//!
+//! The API side may be written in any language, so parsing is strict and
+//! explains itself: a bad message yields a [`ParseError`] naming the field, never
+//! echoing values (a value could be a secret someone put in the wrong place).
+//! serde_json's own messages are not used for the same reason.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// Which broker session a request needs (the request's `account` object).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Account {
+    /// Broker adapter, e.g. `paper`.
+    pub broker_name: String,
+    /// Product type, e.g. `stock`.
+    pub broker_type: String,
+    /// Simulation (paper) account or live.
+    pub simulation: bool,
+    /// Account at the broker.
+    pub account_id: String,
+}
+
+impl std::fmt::Display for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}/{}",
+            self.broker_name,
+            self.broker_type,
+            if self.simulation { "sim" } else { "live" },
+            self.account_id
+        )
+    }
+}
+
+/// Why a message could not be used. Messages name fields, never values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Not JSON at all (position only).
+    #[error("not valid JSON (line {line}, column {column})")]
+    NotJson {
+        /// Line of the syntax error.
+        line: usize,
+        /// Column of the syntax error.
+        column: usize,
+    },
+    /// JSON, but not an object.
+    #[error("not a JSON object")]
+    NotObject,
+    /// A required field is absent or null.
+    #[error("missing field `{0}`")]
+    MissingField(&'static str),
+    /// A field has the wrong type or an unusable value.
+    #[error("field `{field}` {problem}")]
+    BadField {
+        /// Field name (dotted path for nested fields).
+        field: &'static str,
+        /// What is wrong, without the value.
+        problem: &'static str,
+    },
+    /// An action this worker does not know.
+    #[error("unknown action (supported: place_order)")]
+    UnknownAction,
+    /// A control type this worker does not know.
+    #[error("unknown control message type (supported: reload_credentials, shutdown)")]
+    UnknownControl,
+}
+
+fn object(text: &str) -> Result<Map<String, Value>, ParseError> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ParseError::NotObject),
+        Err(err) => Err(ParseError::NotJson {
+            line: err.line(),
+            column: err.column(),
+        }),
+    }
+}
+
+fn string(map: &Map<String, Value>, field: &'static str) -> Result<String, ParseError> {
+    match map.get(field) {
+        None | Some(Value::Null) => Err(ParseError::MissingField(field)),
+        Some(Value::String(s)) if s.is_empty() => Err(ParseError::BadField {
+            field,
+            problem: "must not be empty",
+        }),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(ParseError::BadField {
+            field,
+            problem: "must be a string",
+        }),
+    }
+}
+
+/// Ids become parts of Redis keys: keep them printable and bounded.
+fn id(map: &Map<String, Value>, field: &'static str) -> Result<String, ParseError> {
+    let value = string(map, field)?;
+    if value.len() > 200 || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ParseError::BadField {
+            field,
+            problem: "must be 1-200 characters without spaces",
+        });
+    }
+    Ok(value)
+}
+
+/// A claim for an idle pool worker (list `pool:claims`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClaimMessage {
+    /// User the worker is to serve.
+    pub user_id: String,
+    /// The credentials blob (see [`super::credentials`]); encrypted, still never logged.
+    pub encrypted_credentials: String,
+    /// Id chosen by the API, for tracing a claim end to end.
+    pub claim_id: String,
+    /// When the API pushed the claim (unix ms).
+    pub enqueued_at: u64,
+}
+
+impl std::fmt::Debug for ClaimMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimMessage")
+            .field("user_id", &self.user_id)
+            .field("encrypted_credentials", &"[redacted]")
+            .field("claim_id", &self.claim_id)
+            .field("enqueued_at", &self.enqueued_at)
+            .finish()
+    }
+}
+
+impl ClaimMessage {
+    /// The JSON body the API pushes.
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "user_id": self.user_id,
+            "encrypted_credentials": self.encrypted_credentials,
+            "claim_id": self.claim_id,
+            "enqueued_at": self.enqueued_at,
+        })
+        .to_string()
+    }
+}
+
+/// Parses a claim message.
+pub fn parse_claim(text: &str) -> Result<ClaimMessage, ParseError> {
+    let map = object(text)?;
+    let user_id = id(&map, "user_id")?;
+    if user_id == crate::keys::POOL_USER_ID {
+        return Err(ParseError::BadField {
+            field: "user_id",
+            problem: "must not be the pool's user id -1",
+        });
+    }
+    Ok(ClaimMessage {
+        user_id,
+        encrypted_credentials: string(&map, "encrypted_credentials")?,
+        claim_id: id(&map, "claim_id")?,
+        enqueued_at: map
+            .get("enqueued_at")
+            .ok_or(ParseError::MissingField("enqueued_at"))?
+            .as_u64()
+            .ok_or(ParseError::BadField {
+                field: "enqueued_at",
+                problem: "must be unix milliseconds (a whole number)",
+            })?,
+    })
+}
+
+/// Buy or sell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    /// Buy.
+    Buy,
+    /// Sell.
+    Sell,
+}
+
+/// An order as the API sends it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Order {
+    /// Instrument symbol, e.g. `2330`.
+    pub symbol: String,
+    /// Buy or sell.
+    pub side: Side,
+    /// Units, greater than 0.
+    pub quantity: f64,
+    /// Limit price; absent for a market order.
+    pub price: Option<f64>,
+}
+
+/// What a request asks for. New actions are added here and in [`parse_request`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Place an order.
+    PlaceOrder(Order),
+}
+
+/// A request for a user's worker (list `trading:user:{user_id}:requests`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Id the API polls `trading:response:{request_id}` with.
+    pub request_id: String,
+    /// Which broker connection to use.
+    pub account: Account,
+    /// What to do.
+    pub action: Action,
+}
+
+/// A request that could not be parsed; carries its id when one was readable so
+/// the API can still be answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct InvalidRequest {
+    /// The request id, if the message had a usable one.
+    pub request_id: Option<String>,
+    /// What is wrong.
+    pub error: ParseError,
+}
+
+fn order(map: &Map<String, Value>) -> Result<Order, ParseError> {
+    let order = match map.get("order") {
+        None | Some(Value::Null) => return Err(ParseError::MissingField("order")),
+        Some(Value::Object(order)) => order,
+        Some(_) => {
+            return Err(ParseError::BadField {
+                field: "order",
+                problem: "must be an object",
+            });
+        }
+    };
+    let side = match string(order, "side")
+        .map_err(|err| rename(err, "order.side"))?
+        .as_str()
+    {
+        "buy" => Side::Buy,
+        "sell" => Side::Sell,
+        _ => {
+            return Err(ParseError::BadField {
+                field: "order.side",
+                problem: "must be \"buy\" or \"sell\"",
+            });
+        }
+    };
+    let quantity = order
+        .get("quantity")
+        .ok_or(ParseError::MissingField("order.quantity"))?
+        .as_f64()
+        .filter(|q| *q > 0.0 && q.is_finite())
+        .ok_or(ParseError::BadField {
+            field: "order.quantity",
+            problem: "must be a number greater than 0",
+        })?;
+    let price =
+        match order.get("price") {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(value.as_f64().filter(|p| *p > 0.0).ok_or(
+                ParseError::BadField {
+                    field: "order.price",
+                    problem: "must be a number greater than 0",
+                },
+            )?),
+        };
+    Ok(Order {
+        symbol: string(order, "symbol").map_err(|err| rename(err, "order.symbol"))?,
+        side,
+        quantity,
+        price,
+    })
+}
+
+/// Nested fields are reported with their dotted path.
+fn rename(err: ParseError, path: &'static str) -> ParseError {
+    match err {
+        ParseError::MissingField(_) => ParseError::MissingField(path),
+        ParseError::BadField { problem, .. } => ParseError::BadField {
+            field: path,
+            problem,
+        },
+        other => other,
+    }
+}
+
+fn account(map: &Map<String, Value>) -> Result<Account, ParseError> {
+    let account = match map.get("account") {
+        None | Some(Value::Null) => return Err(ParseError::MissingField("account")),
+        Some(Value::Object(account)) => account,
+        Some(_) => {
+            return Err(ParseError::BadField {
+                field: "account",
+                problem: "must be an object",
+            });
+        }
+    };
+    Ok(Account {
+        broker_name: string(account, "broker_name")
+            .map_err(|err| rename(err, "account.broker_name"))?,
+        broker_type: string(account, "broker_type")
+            .map_err(|err| rename(err, "account.broker_type"))?,
+        simulation: account
+            .get("simulation")
+            .ok_or(ParseError::MissingField("account.simulation"))?
+            .as_bool()
+            .ok_or(ParseError::BadField {
+                field: "account.simulation",
+                problem: "must be true or false",
+            })?,
+        account_id: string(account, "account_id")
+            .map_err(|err| rename(err, "account.account_id"))?,
+    })
+}
+
+/// Parses a request.
+pub fn parse_request(text: &str) -> Result<Request, InvalidRequest> {
+    let invalid = |request_id: Option<String>| move |error| InvalidRequest { request_id, error };
+    let map = object(text).map_err(invalid(None))?;
+    let request_id = id(&map, "request_id").map_err(invalid(None))?;
+    let parse = || -> Result<Request, ParseError> {
+        let action = match string(&map, "action")?.as_str() {
+            "place_order" => Action::PlaceOrder(order(&map)?),
+            _ => return Err(ParseError::UnknownAction),
+        };
+        Ok(Request {
+            request_id: request_id.clone(),
+            account: account(&map)?,
+            action,
+        })
+    };
+    parse().map_err(invalid(Some(request_id.clone())))
+}
+
+/// Answer status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Done; see `result`.
+    Ok,
+    /// Failed; see `error`.
+    Error,
+}
+
+/// The answer written to `trading:response:{request_id}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Response {
+    /// The request answered.
+    pub request_id: String,
+    /// `ok` or `error`.
+    pub status: Status,
+    /// What the broker returned (on `ok`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// What went wrong (on `error`), never a secret.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    /// A successful answer.
+    pub fn ok(request_id: &str, result: Value) -> Self {
+        Response {
+            request_id: request_id.to_owned(),
+            status: Status::Ok,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    /// A failed answer.
+    pub fn error(request_id: &str, error: impl Into<String>) -> Self {
+        Response {
+            request_id: request_id.to_owned(),
+            status: Status::Error,
+            result: None,
+            error: Some(error.into()),
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| {
+            // Serialising plain strings and JSON values cannot fail; keep a valid answer anyway.
+            format!(r#"{{"request_id":{:?},"status":"error"}}"#, self.request_id)
+        })
+    }
+}
+
+/// A control message (list `worker:control:{user_id}:messages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlMessage {
+    /// Close connections, re-read `credentials:{user_id}`, reconnect lazily.
+    ReloadCredentials,
+    /// Graceful exit.
+    Shutdown,
+}
+
+/// Parses a control message.
+pub fn parse_control(text: &str) -> Result<ControlMessage, ParseError> {
+    let map = object(text)?;
+    match string(&map, "type")?.as_str() {
+        "reload_credentials" => Ok(ControlMessage::ReloadCredentials),
+        "shutdown" => Ok(ControlMessage::Shutdown),
+        _ => Err(ParseError::UnknownControl),
+    }
+}
+
+/// The body pushed to a `…:dead` list: the original text (never decrypted
+/// secrets: claims carry credentials only encrypted), the reason and the time.
+pub fn dead_letter(reason: &str, message: &str, at_unix_ms: u64) -> String {
+    serde_json::json!({"reason": reason, "message": message, "at": at_unix_ms}).to_string()
+}
+
+/// The value of a liveness mark `worker:active:…` (JSON). The API only checks
+/// that the key exists; the pool manager and the sweeper read the fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct MarkValue {
+    /// Worker identity (`WORKER_ID`).
+    pub worker_id: String,
+    /// What the launcher lists: `local-{pid}` or the ECS task ARN.
+    pub task_id: String,
+    /// User served, `-1` in the pool.
+    pub user_id: String,
+    /// Last heartbeat (unix ms).
+    pub heartbeat_at: u64,
+    /// Process start (unix ms).
+    pub started_at: u64,
+}
+
+impl MarkValue {
+    /// The JSON stored in Redis.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a stored mark; `None` for anything else (e.g. the seed's bare timestamp).
+    pub fn parse(text: &str) -> Option<MarkValue> {
+        serde_json::from_str(text).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REQUEST: &str = r#"{"request_id": "r1", "action": "place_order",
+        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}}"#;
+
+    #[test]
+    fn the_design_request_parses() {
+        let request = parse_request(REQUEST).unwrap();
+        assert_eq!(request.request_id, "r1");
+        assert_eq!(request.account.broker_name, "paper");
+        assert!(request.account.simulation);
+        let Action::PlaceOrder(order) = request.action;
+        assert_eq!(order.symbol, "2330");
+        assert_eq!(order.side, Side::Buy);
+        assert_eq!(order.quantity, 1.0);
+        assert_eq!(order.price, Some(600.5));
+    }
+
+    #[test]
+    fn bad_requests_keep_their_id_when_readable() {
+        let missing = REQUEST.replace(r#""symbol": "2330", "#, "");
+        let err = parse_request(&missing).unwrap_err();
+        assert_eq!(err.request_id.as_deref(), Some("r1"));
+        assert_eq!(err.error, ParseError::MissingField("order.symbol"));
+
+        let err = parse_request(&REQUEST.replace("place_order", "teleport")).unwrap_err();
+        assert_eq!(err.error, ParseError::UnknownAction);
+
+        let err =
+            parse_request(&REQUEST.replace(r#""quantity": 1"#, r#""quantity": -2"#)).unwrap_err();
+        assert_eq!(
+            err.error.to_string(),
+            "field `order.quantity` must be a number greater than 0"
+        );
+
+        let err = parse_request("{not json").unwrap_err();
+        assert_eq!(err.request_id, None);
+        assert!(matches!(err.error, ParseError::NotJson { .. }));
+
+        let err = parse_request(r#"{"action": "place_order"}"#).unwrap_err();
+        assert_eq!(
+            err,
+            InvalidRequest {
+                request_id: None,
+                error: ParseError::MissingField("request_id")
+            }
+        );
+    }
+
+    #[test]
+    fn errors_never_echo_values() {
+        let err = parse_request(&REQUEST.replace(r#""side": "buy""#, r#""side": "CANARY-SECRET""#))
+            .unwrap_err();
+        assert!(!err.to_string().contains("CANARY"), "{err}");
+        let err = parse_claim(r#"{"user_id": "u1", "encrypted_credentials": 5, "claim_id": "c", "enqueued_at": "CANARY"}"#)
+            .unwrap_err();
+        assert!(!err.to_string().contains("CANARY"), "{err}");
+    }
+
+    #[test]
+    fn claims_parse_and_round_trip() {
+        let claim = ClaimMessage {
+            user_id: "u1".into(),
+            encrypted_credentials: "blob".into(),
+            claim_id: "c1".into(),
+            enqueued_at: 1_700_000_000_000,
+        };
+        assert_eq!(parse_claim(&claim.to_json()).unwrap(), claim);
+        assert!(!format!("{claim:?}").contains("blob"));
+        assert_eq!(
+            parse_claim(r#"{"user_id": "u1", "claim_id": "c", "enqueued_at": 1}"#),
+            Err(ParseError::MissingField("encrypted_credentials"))
+        );
+        assert!(parse_claim(r#"{"user_id": "-1", "encrypted_credentials": "b", "claim_id": "c", "enqueued_at": 1}"#).is_err());
+        assert_eq!(parse_claim("[]"), Err(ParseError::NotObject));
+    }
+
+    #[test]
+    fn control_messages() {
+        assert_eq!(
+            parse_control(r#"{"type": "reload_credentials"}"#),
+            Ok(ControlMessage::ReloadCredentials)
+        );
+        assert_eq!(
+            parse_control(r#"{"type": "shutdown"}"#),
+            Ok(ControlMessage::Shutdown)
+        );
+        assert_eq!(
+            parse_control(r#"{"type": "reboot"}"#),
+            Err(ParseError::UnknownControl)
+        );
+        assert_eq!(
+            parse_control(r#"{}"#),
+            Err(ParseError::MissingField("type"))
+        );
+    }
+
+    #[test]
+    fn responses_and_dead_letters_are_the_documented_json() {
+        let ok: Value =
+            serde_json::from_str(&Response::ok("r1", serde_json::json!({"x": 1})).to_json())
+                .unwrap();
+        assert_eq!(
+            ok,
+            serde_json::json!({"request_id": "r1", "status": "ok", "result": {"x": 1}})
+        );
+        let err: Value = serde_json::from_str(&Response::error("r1", "boom").to_json()).unwrap();
+        assert_eq!(
+            err,
+            serde_json::json!({"request_id": "r1", "status": "error", "error": "boom"})
+        );
+        let dead: Value = serde_json::from_str(&dead_letter("why", "{bad", 5)).unwrap();
+        assert_eq!(
+            dead,
+            serde_json::json!({"reason": "why", "message": "{bad", "at": 5})
+        );
+    }
+}

@@ -1,0 +1,23 @@
+//! The lease-driven stream worker: each logical stream is owned through a lease,
+//! consumed from the upstream from its checkpoint, written to a fenced sink, and
+//! handed over on crash (expiry) or deploy (drain) without gaps.
+//!
+//! Module map:
+//! - [`upstream`]: "connect to stream X from sequence N": the [`upstream::Upstream`]
+//!   seam and the generic WebSocket JSON adapter (URL and subscribe templates,
+//!   JSON pointers, frame limit).
+//! - [`sink`]: fenced sinks (Redis Streams, in-memory) behind one trait, their key
+//!   names, and one conformance suite.
+//! - [`runner`]: one held stream, from subscribe to release: the order of checks
+//!   (valid lease → write with token → stage checkpoint) lives here.
+//! - [`worker`]: presence, discovery, fair share, hand-back, expiry probes, drain.
+//! - [`settings`]: the worker's variables, read once.
+
+pub mod runner;
+pub mod settings;
+pub mod sink;
+pub mod upstream;
+pub mod worker;
+
+pub use runner::{RunnerConfig, RunnerContext, StreamExit, run_stream};
+pub use worker::{DrainReport, StreamWorker, StreamWorkerConfig};

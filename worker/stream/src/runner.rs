@@ -1,0 +1,379 @@
+//! One held stream: subscribe from the checkpoint, batch, write fenced, stage
+//! the checkpoint, until the lease is lost or the stream is drained.
+//!
+//! The order of checks is the point of this module. Before every sink write the
+//! lease must still be valid by the holder's own clock; every write carries the
+//! fence token; the checkpoint moves only after the sink confirmed; a fenced
+//! write or any sign of lost ownership stops the stream at once and closes the
+//! upstream connection.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_control::keeper::{HeldLease, LeaseKeeper};
+use leasehold_platform::backoff::Backoff;
+use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::sink::{FencedSink, SinkBatch, SinkEvent};
+use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
+
+/// How a runner batches and retries.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// Most events per sink write.
+    pub batch_max_events: usize,
+    /// Longest an event waits for its batch to fill.
+    pub batch_max_delay: Duration,
+    /// Reconnect schedule after upstream errors.
+    pub reconnect: Backoff,
+    /// Retry schedule after sink errors (the batch is kept and retried).
+    pub sink_retry: Backoff,
+    /// How often lag is reported while nothing else happens.
+    pub lag_report_interval: Duration,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            batch_max_events: 500,
+            batch_max_delay: Duration::from_millis(20),
+            reconnect: Backoff {
+                base: Duration::from_millis(100),
+                cap: Duration::from_secs(5),
+            },
+            sink_retry: Backoff {
+                base: Duration::from_millis(50),
+                cap: Duration::from_secs(2),
+            },
+            lag_report_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What a runner needs, shared by every runner of a worker.
+pub struct RunnerContext {
+    /// Holds and renews the leases.
+    pub keeper: LeaseKeeper,
+    /// Where events come from.
+    pub upstream: Arc<dyn Upstream>,
+    /// Where events go.
+    pub sink: Arc<dyn FencedSink>,
+    /// Where outcomes are reported.
+    pub telemetry: Arc<dyn TelemetrySink>,
+    /// Batching and retries.
+    pub config: RunnerConfig,
+}
+
+/// How a runner ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamExit {
+    /// Ownership is gone (lost, fenced, or past the deadline); nothing was released.
+    Lost(LossReason),
+    /// Drained: pending events written, checkpoint committed, lease released.
+    Released,
+    /// Drained, but the release write failed (the lease will expire instead).
+    ReleaseFailed(String),
+}
+
+/// Where the runner is in the stream.
+struct Progress {
+    /// Highest sequence the sink confirmed.
+    confirmed: u64,
+    /// Next sequence to ask the upstream for.
+    next_seq: u64,
+    /// Highest sequence received.
+    received: u64,
+    /// (first seq, received at) of each confirmed batch not yet persisted as
+    /// the checkpoint, for the lag in seconds.
+    unpersisted: VecDeque<(u64, Instant)>,
+}
+
+/// Why consuming stopped.
+enum Stop {
+    Drain,
+    Lost(LossReason),
+}
+
+fn loss(lease: &HeldLease) -> Stop {
+    Stop::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed))
+}
+
+/// Runs one held stream until it is lost or `drain` is cancelled.
+pub async fn run_stream(
+    context: Arc<RunnerContext>,
+    lease: HeldLease,
+    drain: CancellationToken,
+) -> StreamExit {
+    let start = lease.acquired.checkpoint.unwrap_or(0);
+    let mut progress = Progress {
+        confirmed: start,
+        next_seq: start + 1,
+        received: start,
+        unpersisted: VecDeque::new(),
+    };
+    let stop = consume(&context, &lease, &drain, &mut progress).await;
+    let exit = match stop {
+        Stop::Lost(reason) => StreamExit::Lost(reason),
+        Stop::Drain => match context.keeper.release(&lease).await {
+            Ok(_) => StreamExit::Released,
+            Err(err) => StreamExit::ReleaseFailed(err.to_string()),
+        },
+    };
+    context.telemetry.emit(TelemetryEvent::StreamStopped {
+        stream_id: lease.stream_id.clone(),
+    });
+    exit
+}
+
+async fn consume(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    drain: &CancellationToken,
+    progress: &mut Progress,
+) -> Stop {
+    let stream_id = lease.stream_id.as_str();
+    let mut pending: Vec<SinkEvent> = Vec::with_capacity(context.config.batch_max_events);
+    let mut batch_started: Option<Instant> = None;
+    let mut reconnects = 0u32;
+    loop {
+        if drain.is_cancelled() {
+            return finish(context, lease, progress, &mut pending).await;
+        }
+        if !lease.is_valid() {
+            return loss(lease);
+        }
+        let subscribed = tokio::select! {
+            biased;
+            _ = lease.cancelled() => return loss(lease),
+            _ = drain.cancelled() => return finish(context, lease, progress, &mut pending).await,
+            result = context.upstream.subscribe(stream_id, progress.next_seq) => result,
+        };
+        let mut subscription = match subscribed {
+            Ok(subscription) => subscription,
+            Err(err) => {
+                if let Some(stop) =
+                    reconnect_after(context, lease, drain, progress, &err, &mut reconnects).await
+                {
+                    return stop;
+                }
+                continue;
+            }
+        };
+        let mut lag_tick = tokio::time::interval(context.config.lag_report_interval);
+        let error = loop {
+            let flush_at = batch_started.map(|t| t + context.config.batch_max_delay);
+            tokio::select! {
+                biased;
+                _ = lease.cancelled() => {
+                    subscription.close().await;
+                    return loss(lease);
+                }
+                _ = drain.cancelled() => {
+                    subscription.close().await;
+                    return finish(context, lease, progress, &mut pending).await;
+                }
+                _ = sleep_until(flush_at.unwrap_or_else(Instant::now)), if flush_at.is_some() => {
+                    batch_started = None;
+                    if let Err(reason) = flush(context, lease, progress, &mut pending).await {
+                        subscription.close().await;
+                        return Stop::Lost(reason);
+                    }
+                }
+                _ = lag_tick.tick() => report_lag(context, lease, progress),
+                next = subscription.next() => match next {
+                    Ok(event) => {
+                        reconnects = 0;
+                        accept(progress, &mut pending, &mut batch_started, event);
+                        if pending.len() >= context.config.batch_max_events {
+                            batch_started = None;
+                            if let Err(reason) = flush(context, lease, progress, &mut pending).await {
+                                subscription.close().await;
+                                return Stop::Lost(reason);
+                            }
+                        }
+                    }
+                    Err(err) => break err,
+                },
+            }
+        };
+        subscription.close().await;
+        // Events before a gap or a disconnect are good: write them first, then
+        // resume right after what the sink confirmed.
+        batch_started = None;
+        if let Err(reason) = flush(context, lease, progress, &mut pending).await {
+            return Stop::Lost(reason);
+        }
+        if let Some(stop) =
+            reconnect_after(context, lease, drain, progress, &error, &mut reconnects).await
+        {
+            return stop;
+        }
+    }
+}
+
+fn accept(
+    progress: &mut Progress,
+    pending: &mut Vec<SinkEvent>,
+    batch_started: &mut Option<Instant>,
+    event: UpstreamEvent,
+) {
+    if pending.is_empty() {
+        *batch_started = Some(event.received_at);
+        progress
+            .unpersisted
+            .push_back((event.seq, event.received_at));
+    }
+    progress.received = progress.received.max(event.seq);
+    progress.next_seq = event.seq + 1;
+    pending.push(SinkEvent {
+        seq: event.seq,
+        event_id: event.event_id,
+        payload: event.payload,
+    });
+}
+
+/// Reports the error, decides where to resume, and waits the backoff. Returns
+/// `Some` when the stream must stop instead.
+async fn reconnect_after(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    drain: &CancellationToken,
+    progress: &mut Progress,
+    error: &UpstreamError,
+    attempts: &mut u32,
+) -> Option<Stop> {
+    let stream_id = lease.stream_id.clone();
+    context.telemetry.emit(TelemetryEvent::UpstreamReconnect {
+        stream_id: stream_id.clone(),
+        reason: error.reason().to_owned(),
+    });
+    let mut delay = context.config.reconnect.delay(*attempts);
+    *attempts = attempts.saturating_add(1);
+    progress.next_seq = progress.confirmed + 1;
+    match error {
+        UpstreamError::RetentionExceeded {
+            requested,
+            earliest: Some(earliest),
+        } if *earliest > *requested => {
+            // The upstream cannot deliver these any more: report the gap loudly
+            // and continue from what it still has, instead of retrying forever.
+            context.telemetry.emit(TelemetryEvent::StreamGap {
+                stream_id,
+                from_seq: *requested,
+                to_seq: earliest - 1,
+            });
+            progress.next_seq = *earliest;
+            delay = Duration::ZERO;
+        }
+        UpstreamError::Gap { .. } if *attempts <= 1 => delay = Duration::ZERO,
+        _ => {}
+    }
+    tokio::select! {
+        biased;
+        _ = lease.cancelled() => Some(loss(lease)),
+        _ = drain.cancelled() => None,
+        _ = sleep(delay) => None,
+    }
+}
+
+/// Writes the pending batch, retrying sink errors while the lease is valid.
+async fn flush(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    progress: &mut Progress,
+    pending: &mut Vec<SinkEvent>,
+) -> Result<(), LossReason> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let mut attempt = 0u32;
+    loop {
+        // Invariant 4: no side effect past the holder's deadline.
+        if !lease.is_valid() {
+            return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed));
+        }
+        let batch = SinkBatch {
+            stream_id: &lease.stream_id,
+            fence_token: lease.fence_token,
+            events: pending,
+        };
+        let started = Instant::now();
+        let result = context.sink.write(batch).await;
+        match result {
+            Ok(outcome) => {
+                context.telemetry.emit(TelemetryEvent::SinkWrite {
+                    stream_id: lease.stream_id.clone(),
+                    fence_token: lease.fence_token,
+                    accepted: outcome.accepted,
+                    duplicate: outcome.duplicate,
+                    fenced: outcome.fenced,
+                    duration: started.elapsed(),
+                });
+                if outcome.is_fenced() {
+                    // Someone holds a newer token: this process is a zombie for this stream.
+                    context.keeper.report_fenced(lease);
+                    return Err(LossReason::Fenced);
+                }
+                let last = pending.last().map_or(progress.confirmed, |e| e.seq);
+                progress.confirmed = progress.confirmed.max(last);
+                // Invariant 3: the checkpoint moves only now, and rides on the next renew.
+                lease.stage_checkpoint(progress.confirmed);
+                pending.clear();
+                report_lag(context, lease, progress);
+                return Ok(());
+            }
+            Err(err) => {
+                context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
+                    stream_id: lease.stream_id.clone(),
+                    error: err.to_string(),
+                });
+                let delay = context.config.sink_retry.delay(attempt);
+                attempt = attempt.saturating_add(1);
+                tokio::select! {
+                    biased;
+                    _ = lease.cancelled() => return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
+                    _ = sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Drain: write what is pending (if the lease still allows), then stop.
+async fn finish(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    progress: &mut Progress,
+    pending: &mut Vec<SinkEvent>,
+) -> Stop {
+    match flush(context, lease, progress, pending).await {
+        Ok(()) => Stop::Drain,
+        Err(reason) => Stop::Lost(reason),
+    }
+}
+
+fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progress) {
+    let persisted = lease.persisted_checkpoint().unwrap_or(0);
+    while progress
+        .unpersisted
+        .front()
+        .is_some_and(|(seq, _)| *seq <= persisted)
+    {
+        progress.unpersisted.pop_front();
+    }
+    let lag_seconds = progress
+        .unpersisted
+        .front()
+        .map_or(0.0, |(_, at)| at.elapsed().as_secs_f64());
+    context.telemetry.emit(TelemetryEvent::StreamLag {
+        stream_id: lease.stream_id.clone(),
+        lag_events: progress.received.saturating_sub(persisted),
+        lag_seconds,
+    });
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,405 @@
+//! Runner tests on the in-memory store and sink, with a scripted upstream and
+//! tokio's paused clock.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use leasehold_control::clock::{Clock, PausedClock};
+use leasehold_control::keeper::KeeperConfig;
+use leasehold_control::store::memory::MemoryLeaseStore;
+use leasehold_control::store::{AcquireRequest, LeaseReader, LeaseStore};
+use leasehold_telemetry::RecordingSink;
+
+use super::*;
+use crate::sink::memory::MemorySink;
+use crate::sink::{SinkError, SinkOptions, WriteOutcome};
+use crate::upstream::Subscription;
+
+/// What the next subscription does after delivering `after` events.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Gap { after: u64 },
+    Close { after: u64 },
+    Retention { earliest: u64 },
+}
+
+#[derive(Default)]
+struct FakeUpstream {
+    head: Arc<AtomicU64>,
+    faults: Mutex<VecDeque<Fault>>,
+    subscribed_from: Mutex<Vec<u64>>,
+    open: Arc<AtomicU64>,
+}
+
+struct FakeSubscription {
+    next: u64,
+    head: Arc<AtomicU64>,
+    fault: Option<Fault>,
+    delivered: u64,
+    open: Arc<AtomicU64>,
+    closed: AtomicBool,
+}
+
+impl Drop for FakeSubscription {
+    fn drop(&mut self) {
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait]
+impl Upstream for FakeUpstream {
+    async fn subscribe(
+        &self,
+        _stream_id: &str,
+        from_seq: u64,
+    ) -> Result<Box<dyn Subscription>, UpstreamError> {
+        self.subscribed_from.lock().unwrap().push(from_seq);
+        let fault = self.faults.lock().unwrap().pop_front();
+        if let Some(Fault::Retention { earliest }) = fault
+            && from_seq < earliest
+        {
+            return Err(UpstreamError::RetentionExceeded {
+                requested: from_seq,
+                earliest: Some(earliest),
+            });
+        }
+        self.open.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(FakeSubscription {
+            next: from_seq,
+            head: self.head.clone(),
+            fault,
+            delivered: 0,
+            open: self.open.clone(),
+            closed: AtomicBool::new(false),
+        }))
+    }
+}
+
+#[async_trait]
+impl Subscription for FakeSubscription {
+    async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError> {
+        match self.fault {
+            Some(Fault::Gap { after }) if self.delivered == after => {
+                return Err(UpstreamError::Gap {
+                    expected: self.next,
+                    got: self.next + 3,
+                });
+            }
+            Some(Fault::Close { after }) if self.delivered == after => {
+                return Err(UpstreamError::Closed("test".into()));
+            }
+            _ => {}
+        }
+        while self.next > self.head.load(Ordering::SeqCst) {
+            sleep(Duration::from_millis(5)).await;
+        }
+        let seq = self.next;
+        self.next += 1;
+        self.delivered += 1;
+        Ok(UpstreamEvent {
+            seq,
+            event_id: format!("s:{seq}"),
+            payload: format!("{{\"seq\":{seq}}}"),
+            received_at: Instant::now(),
+        })
+    }
+
+    async fn close(&mut self) {
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A sink that fails its first `failures` writes.
+struct FlakySink {
+    inner: MemorySink,
+    failures: AtomicU64,
+}
+
+#[async_trait]
+impl FencedSink for FlakySink {
+    async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(SinkError::Unavailable("down".into()));
+        }
+        self.inner.write(batch).await
+    }
+}
+
+struct Fixture {
+    store: Arc<MemoryLeaseStore>,
+    clock: PausedClock,
+    upstream: Arc<FakeUpstream>,
+    sink: Arc<FlakySink>,
+    events: RecordingSink,
+    context: Arc<RunnerContext>,
+}
+
+fn fixture(head: u64) -> Fixture {
+    let store = Arc::new(MemoryLeaseStore::new());
+    let clock = PausedClock::starting_at(1_700_000_000_000);
+    let events = RecordingSink::new();
+    let keeper = LeaseKeeper::new(
+        store.clone(),
+        Arc::new(clock),
+        Arc::new(events.clone()),
+        KeeperConfig {
+            owner_id: "me".into(),
+            ..KeeperConfig::default()
+        },
+    );
+    let upstream = Arc::new(FakeUpstream::default());
+    upstream.head.store(head, Ordering::SeqCst);
+    let sink = Arc::new(FlakySink {
+        inner: MemorySink::new(SinkOptions::default()),
+        failures: AtomicU64::new(0),
+    });
+    let context = Arc::new(RunnerContext {
+        keeper,
+        upstream: upstream.clone(),
+        sink: sink.clone(),
+        telemetry: Arc::new(events.clone()),
+        config: RunnerConfig {
+            batch_max_events: 10,
+            ..RunnerConfig::default()
+        },
+    });
+    Fixture {
+        store,
+        clock,
+        upstream,
+        sink,
+        events,
+        context,
+    }
+}
+
+fn sink_seqs(f: &Fixture) -> Vec<u64> {
+    f.sink.inner.events("s").iter().map(|e| e.seq).collect()
+}
+
+async fn wait_for(mut condition: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if condition() {
+            return;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not reached");
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_in_order_with_the_token_and_checkpoints_on_renew() {
+    let f = fixture(25);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let drain = CancellationToken::new();
+    let task = tokio::spawn(run_stream(f.context.clone(), lease.clone(), drain.clone()));
+    wait_for(|| f.sink.inner.events("s").len() == 25).await;
+    assert_eq!(sink_seqs(&f), (1..=25).collect::<Vec<_>>());
+    assert!(f.sink.inner.events("s").iter().all(|e| e.fence_token == 1));
+    sleep(Duration::from_secs(11)).await;
+    assert_eq!(
+        f.store.get("s").await.unwrap().checkpoint,
+        Some(25),
+        "rides on the renew"
+    );
+    drain.cancel();
+    assert_eq!(task.await.unwrap(), StreamExit::Released);
+    assert_eq!(
+        f.upstream.open.load(Ordering::SeqCst),
+        0,
+        "connection closed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn resumes_from_the_stored_checkpoint() {
+    let f = fixture(30);
+    f.store.register("s", 0).await.unwrap();
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    f.context
+        .keeper
+        .commit_checkpoint(&lease, 20)
+        .await
+        .unwrap();
+    f.context.keeper.release(&lease).await.unwrap();
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 10).await;
+    assert_eq!(f.upstream.subscribed_from.lock().unwrap()[0], 21);
+    assert_eq!(sink_seqs(&f), (21..=30).collect::<Vec<_>>());
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_write_stops_the_stream_at_once() {
+    let f = fixture(0);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    // A newer owner already wrote with token 2.
+    f.sink
+        .inner
+        .write(SinkBatch {
+            stream_id: "s",
+            fence_token: 2,
+            events: &[],
+        })
+        .await
+        .unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease.clone(),
+        CancellationToken::new(),
+    ));
+    f.upstream.head.store(5, Ordering::SeqCst);
+    assert_eq!(task.await.unwrap(), StreamExit::Lost(LossReason::Fenced));
+    assert!(
+        f.sink.inner.events("s").is_empty(),
+        "nothing accepted with the stale token"
+    );
+    assert!(!lease.is_valid());
+    assert!(f.context.keeper.held().is_empty());
+    assert_eq!(f.upstream.open.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn losing_the_lease_stops_side_effects() {
+    let f = fixture(5);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease.clone(),
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 5).await;
+    f.store.force_release("s", f.clock.now_ms()).await.unwrap();
+    let other = AcquireRequest {
+        stream_id: "s".into(),
+        owner_id: "other".into(),
+        now_ms: f.clock.now_ms(),
+        lease_ms: 30_000,
+        skew_margin_ms: 1_000,
+    };
+    f.store.acquire(&other).await.unwrap();
+    assert_eq!(
+        task.await.unwrap(),
+        StreamExit::Lost(LossReason::RenewRejected)
+    );
+    f.upstream.head.store(50, Ordering::SeqCst);
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(f.sink.inner.events("s").len(), 5, "no write after the loss");
+    assert_eq!(f.upstream.open.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gap_reconnects_from_the_checkpoint_without_losing_events() {
+    let f = fixture(40);
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .push_back(Fault::Gap { after: 7 });
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .push_back(Fault::Close { after: 12 });
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 40).await;
+    assert_eq!(sink_seqs(&f), (1..=40).collect::<Vec<_>>());
+    assert_eq!(*f.upstream.subscribed_from.lock().unwrap(), [1, 8, 20]);
+    let reasons: Vec<_> = f
+        .events
+        .take()
+        .into_iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::UpstreamReconnect { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, ["gap", "closed"]);
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn retention_loss_is_reported_and_skipped() {
+    let f = fixture(60);
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .push_back(Fault::Retention { earliest: 50 });
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 11).await;
+    assert_eq!(sink_seqs(&f), (50..=60).collect::<Vec<_>>());
+    assert!(f.events.snapshot().iter().any(|e| matches!(
+        e,
+        TelemetryEvent::StreamGap {
+            from_seq: 1,
+            to_seq: 49,
+            ..
+        }
+    )));
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn sink_failures_are_retried_without_losing_the_batch() {
+    let f = fixture(15);
+    f.sink.failures.store(3, Ordering::SeqCst);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 15).await;
+    assert_eq!(sink_seqs(&f), (1..=15).collect::<Vec<_>>());
+    let failures = f
+        .events
+        .snapshot()
+        .iter()
+        .filter(|e| matches!(e, TelemetryEvent::SinkWriteFailed { .. }))
+        .count();
+    assert_eq!(failures, 3);
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_writes_pending_commits_and_releases() {
+    let f = fixture(3);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let drain = CancellationToken::new();
+    let task = tokio::spawn(run_stream(f.context.clone(), lease.clone(), drain.clone()));
+    wait_for(|| f.sink.inner.events("s").len() == 3).await;
+    drain.cancel();
+    assert_eq!(task.await.unwrap(), StreamExit::Released);
+    let record = f.store.get("s").await.unwrap();
+    assert_eq!(
+        (record.owner_id, record.checkpoint, record.fence_token),
+        (None, Some(3), 1)
+    );
+    assert_eq!(f.upstream.open.load(Ordering::SeqCst), 0);
+}

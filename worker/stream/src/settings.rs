@@ -1,0 +1,285 @@
+//! The stream worker's variables, read once with every problem reported at once.
+
+use std::time::Duration;
+
+use leasehold_control::settings::{LeaseSettings, lease_settings};
+use leasehold_platform::settings::{
+    ConfigError, Documented, Env, Fallback, Lookup, Parser, Setting, parse,
+};
+use leasehold_telemetry::transport::ShipperConfig;
+
+use crate::runner::RunnerConfig;
+use crate::sink::SinkOptions;
+use crate::upstream::{FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
+use crate::worker::StreamWorkerConfig;
+
+/// `redis://…`, `rediss://…`, `redis+unix://…` or `memory:`. Never echoed: it may
+/// carry a password.
+const SINK_URL_PARSER: Parser<String> = Parser {
+    parse: |raw| {
+        let valid = raw == "memory:"
+            || ["redis://", "rediss://", "redis+unix://"]
+                .iter()
+                .any(|p| raw.starts_with(p));
+        if valid {
+            Ok(raw.to_owned())
+        } else {
+            Err("must be redis://…, rediss://… or memory:".into())
+        }
+    },
+    show: Clone::clone,
+};
+
+/// The `UPSTREAM_URL` variable.
+pub const UPSTREAM_URL: Setting<String> = Setting::secret(
+    "UPSTREAM_URL",
+    parse::TEXT,
+    Fallback::Unset,
+    "Upstream WebSocket URL (required by `stream-worker`); `{stream_id}` is substituted if present.",
+);
+/// The `UPSTREAM_SUBSCRIBE` variable.
+pub const UPSTREAM_SUBSCRIBE: Setting<String> = Setting::new(
+    "UPSTREAM_SUBSCRIBE",
+    parse::TEXT,
+    Fallback::Value(|| FEED_SUBSCRIBE_TEMPLATE.to_owned()),
+    "Text sent after connecting; `{stream_id}` and `{from_seq}` are substituted (empty: send nothing).",
+);
+/// The `UPSTREAM_SEQ_POINTER` variable.
+pub const UPSTREAM_SEQ_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_SEQ_POINTER",
+    parse::TEXT,
+    Fallback::Value(|| "/seq".to_owned()),
+    "JSON pointer to the event's sequence number.",
+);
+/// The `UPSTREAM_ID_POINTER` variable.
+pub const UPSTREAM_ID_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_ID_POINTER",
+    parse::TEXT,
+    Fallback::Value(|| "/event_id".to_owned()),
+    "JSON pointer to the event's id (string or number), the sink's de-duplication key.",
+);
+/// The `UPSTREAM_MAX_FRAME_BYTES` variable.
+pub const UPSTREAM_MAX_FRAME_BYTES: Setting<usize> = Setting::new(
+    "UPSTREAM_MAX_FRAME_BYTES",
+    parse::SIZE,
+    Fallback::Value(|| 1 << 20),
+    "Frames larger than this are counted and skipped.",
+);
+/// The `SINK_URL` variable.
+pub const SINK_URL: Setting<String> = Setting::secret(
+    "SINK_URL",
+    SINK_URL_PARSER,
+    Fallback::Unset,
+    "`redis://…` (Redis Streams sink) or `memory:` (in-process); required by `stream-worker`.",
+);
+/// The `SINK_DEDUP_WINDOW` variable.
+pub const SINK_DEDUP_WINDOW: Setting<u64> = Setting::new(
+    "SINK_DEDUP_WINDOW",
+    parse::POSITIVE,
+    Fallback::Value(|| 10_000),
+    "Event ids remembered per stream; must cover the replay after a takeover \
+          (events/s per stream × (renew interval + lease)).",
+);
+/// The `SINK_MAX_LEN` variable.
+pub const SINK_MAX_LEN: Setting<u64> = Setting::new(
+    "SINK_MAX_LEN",
+    parse::COUNT,
+    Fallback::Value(|| 0),
+    "Approximate cap on events kept per sink stream (`XADD MAXLEN ~`); 0 keeps everything.",
+);
+/// The `STREAM_IDS` variable.
+pub const STREAM_IDS: Setting<Vec<String>> = Setting::new(
+    "STREAM_IDS",
+    parse::LIST,
+    Fallback::Unset,
+    "Comma-separated stream ids the worker registers at start (idempotent); others come from `leases add`.",
+);
+/// The `MAX_STREAMS` variable.
+pub const MAX_STREAMS: Setting<usize> = Setting::new(
+    "MAX_STREAMS",
+    parse::SIZE,
+    Fallback::Value(|| 100),
+    "Most streams one worker holds, whatever its fair share.",
+);
+/// The `DISCOVERY_INTERVAL_MS` variable.
+pub const DISCOVERY_INTERVAL_MS: Setting<Duration> = Setting::new(
+    "DISCOVERY_INTERVAL_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(5_000)),
+    "How often a worker scans the lease table for streams to take or hand back (±20 % jitter).",
+);
+/// The `HANDOFF_POLL_MS` variable.
+pub const HANDOFF_POLL_MS: Setting<Duration> = Setting::new(
+    "HANDOFF_POLL_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(250)),
+    "How often a worker reads the hand-off doorbell that draining workers ring (one GetItem).",
+);
+/// The `DRAIN_TIMEOUT_MS` variable.
+pub const DRAIN_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "DRAIN_TIMEOUT_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(20_000)),
+    "On SIGTERM, time to finish in-flight batches before leases are released anyway \
+          (keep it below the task's `stopTimeout`).",
+);
+/// The `BATCH_MAX_EVENTS` variable.
+pub const BATCH_MAX_EVENTS: Setting<usize> = Setting::new(
+    "BATCH_MAX_EVENTS",
+    parse::SIZE,
+    Fallback::Value(|| 500),
+    "Most events per sink write.",
+);
+/// The `BATCH_MAX_DELAY_MS` variable.
+pub const BATCH_MAX_DELAY_MS: Setting<Duration> = Setting::new(
+    "BATCH_MAX_DELAY_MS",
+    parse::MILLIS,
+    Fallback::Value(|| Duration::from_millis(20)),
+    "Longest an event waits for its batch to fill before it is written.",
+);
+
+/// Every variable of this part, in documentation order.
+pub const ALL: &[&dyn Documented] = &[
+    &UPSTREAM_URL,
+    &UPSTREAM_SUBSCRIBE,
+    &UPSTREAM_SEQ_POINTER,
+    &UPSTREAM_ID_POINTER,
+    &UPSTREAM_MAX_FRAME_BYTES,
+    &SINK_URL,
+    &SINK_DEDUP_WINDOW,
+    &SINK_MAX_LEN,
+    &STREAM_IDS,
+    &MAX_STREAMS,
+    &DISCOVERY_INTERVAL_MS,
+    &HANDOFF_POLL_MS,
+    &DRAIN_TIMEOUT_MS,
+    &BATCH_MAX_EVENTS,
+    &BATCH_MAX_DELAY_MS,
+];
+
+/// Everything `leasehold stream-worker` needs.
+#[derive(Debug, Clone)]
+pub struct StreamWorkerSettings {
+    /// Lease table and keeper timings.
+    pub lease: LeaseSettings,
+    /// The upstream adapter.
+    pub upstream: WebSocketUpstreamConfig,
+    /// `SINK_URL` (may hold a password: never print it).
+    pub sink_url: String,
+    /// Sink sizing.
+    pub sink: SinkOptions,
+    /// Discovery, balancing, drain.
+    pub worker: StreamWorkerConfig,
+    /// Batching.
+    pub runner: RunnerConfig,
+    /// Where and how this worker ships its telemetry.
+    pub shipper: ShipperConfig,
+}
+
+/// Reads the stream worker's settings; `lookup` gives flags precedence over the environment.
+pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
+    let mut env = Env::new(lookup);
+    let lease = lease_settings(&mut env);
+    let url = env
+        .required(&UPSTREAM_URL, "(the upstream WebSocket URL)")
+        .unwrap_or_default();
+    let mut upstream = WebSocketUpstreamConfig::for_feed(&url);
+    upstream.subscribe_template = env.get(&UPSTREAM_SUBSCRIBE);
+    upstream.seq_pointer = env.get(&UPSTREAM_SEQ_POINTER);
+    upstream.id_pointer = env.get(&UPSTREAM_ID_POINTER);
+    upstream.max_frame_bytes = env.get(&UPSTREAM_MAX_FRAME_BYTES);
+    if !url.is_empty()
+        && let Err(errors) = upstream.validate()
+    {
+        for error in errors {
+            env.problem("upstream", error);
+        }
+    }
+    let sink_url = env
+        .required(&SINK_URL, "(redis://…, rediss://… or memory:)")
+        .unwrap_or_default();
+    let sink = SinkOptions {
+        dedup_window: env.get(&SINK_DEDUP_WINDOW),
+        max_len: env.get(&SINK_MAX_LEN),
+    };
+    let register = env.optional(&STREAM_IDS).unwrap_or_default();
+    if register
+        .iter()
+        .any(|s| s.starts_with(leasehold_control::schema::RESERVED_PREFIX))
+    {
+        env.problem(
+            STREAM_IDS.name,
+            "stream ids cannot start with the reserved prefix leasehold#",
+        );
+    }
+    let worker = StreamWorkerConfig {
+        max_streams: env.get(&MAX_STREAMS),
+        discovery_interval: env.get(&DISCOVERY_INTERVAL_MS),
+        handoff_poll: env.get(&HANDOFF_POLL_MS),
+        drain_timeout: env.get(&DRAIN_TIMEOUT_MS),
+        register,
+    };
+    let runner = RunnerConfig {
+        batch_max_events: env.get(&BATCH_MAX_EVENTS),
+        batch_max_delay: env.get(&BATCH_MAX_DELAY_MS),
+        ..RunnerConfig::default()
+    };
+    let shipper =
+        leasehold_telemetry::settings::shipper(&mut env, "stream-worker", &lease.keeper.owner_id);
+    env.finish(StreamWorkerSettings {
+        lease,
+        upstream,
+        sink_url,
+        sink,
+        worker,
+        runner,
+        shipper,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_platform::settings::fixed_lookup as lookup;
+
+    use super::*;
+
+    #[test]
+    fn minimal_configuration_uses_the_defaults() {
+        let settings = parse(&lookup(&[
+            ("UPSTREAM_URL", "ws://127.0.0.1:9000/"),
+            ("SINK_URL", "memory:"),
+            ("OWNER_ID", "w"),
+            ("STREAM_IDS", "a, b,,c"),
+        ]))
+        .unwrap();
+        assert_eq!(settings.worker.register, ["a", "b", "c"]);
+        assert_eq!(settings.sink.dedup_window, 10_000);
+        assert_eq!(settings.worker.discovery_interval, Duration::from_secs(5));
+        assert_eq!(settings.upstream.seq_pointer, "/seq");
+        assert_eq!(
+            settings.upstream.subscribe_template,
+            FEED_SUBSCRIBE_TEMPLATE
+        );
+        assert_eq!(settings.shipper.capacity, 65_536);
+    }
+
+    #[test]
+    fn every_problem_is_listed_and_no_secret_echoed() {
+        let err = parse(&lookup(&[
+            ("SINK_URL", "postgres://user:hunter2@db/x"),
+            ("LEASE_SECONDS", "0"),
+            ("BATCH_MAX_EVENTS", "many"),
+        ]))
+        .unwrap_err();
+        let text = err.to_string();
+        for name in [
+            "UPSTREAM_URL",
+            "SINK_URL",
+            "LEASE_SECONDS",
+            "BATCH_MAX_EVENTS",
+        ] {
+            assert!(text.contains(name), "{name} missing: {text}");
+        }
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}

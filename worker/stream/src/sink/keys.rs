@@ -1,0 +1,32 @@
+//! The Redis Streams sink's key names: the one place each is spelled.
+//!
+//! Downstream readers depend on these exact names (docs/redis.md); `{…}` are
+//! placeholders, not Redis Cluster hash tags.
+
+/// Redis Stream holding a stream's accepted events (fields `seq`, `event_id`,
+/// `fence_token`, `payload`).
+pub fn sink_stream(stream_id: &str) -> String {
+    format!("leasehold:sink:{stream_id}")
+}
+
+/// Highest fence token the sink accepted for a stream.
+pub fn sink_fence(stream_id: &str) -> String {
+    format!("leasehold:fence:{stream_id}")
+}
+
+/// Bounded de-duplication window for a stream (sorted set of event ids scored by sequence).
+pub fn sink_dedup(stream_id: &str) -> String {
+    format!("leasehold:dedup:{stream_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_keys_follow_the_contract() {
+        assert_eq!(sink_stream("btc-usd"), "leasehold:sink:btc-usd");
+        assert_eq!(sink_fence("btc-usd"), "leasehold:fence:btc-usd");
+        assert_eq!(sink_dedup("btc-usd"), "leasehold:dedup:btc-usd");
+    }
+}

@@ -1,0 +1,510 @@
+//! The stream worker: discovers streams, acquires its fair share, runs each held
+//! stream, hands streams back when over-loaded, and drains on shutdown.
+//!
+//! Discovery is only a hint: a full scan of the lease table every discovery
+//! interval (with jitter) proposes candidates, and the keeper's conditional
+//! acquire decides. Three things make hand-overs fast without scanning often:
+//! - a **doorbell** (`leasehold#handoff`): a worker that releases streams bumps
+//!   it; peers read it every `handoff_poll` (one GetItem) and rescan when it moved;
+//! - **expiry probes**: a scan that sees another owner's lease expiring before
+//!   the next scan schedules an acquire attempt at expiry + skew margin, so a
+//!   crashed owner's streams are taken over as soon as the protocol allows;
+//! - **presence leases** (`leasehold#worker#{owner}`), so a new worker that holds
+//!   nothing yet still counts in everyone's fair share and receives streams.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_control::clock::Clock;
+use leasehold_control::keeper::HeldLease;
+use leasehold_control::lease::{Lease, LeaseState};
+use leasehold_control::schema::{self, HANDOFF_DOORBELL, WORKER_PRESENCE_PREFIX};
+use leasehold_control::store::{LeaseError, LeaseStore, list_all};
+use rand::seq::SliceRandom;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use leasehold_control::keeper::LeaseKeeper;
+use leasehold_telemetry::TelemetrySink;
+
+use super::settings::StreamWorkerSettings;
+use crate::runner::{RunnerContext, StreamExit, run_stream};
+use crate::sink::FencedSink;
+use crate::upstream::WebSocketUpstream;
+
+/// How a stream worker discovers, balances and drains.
+#[derive(Debug, Clone)]
+pub struct StreamWorkerConfig {
+    /// Most streams this worker holds, whatever its fair share.
+    pub max_streams: usize,
+    /// Period of the full scan.
+    pub discovery_interval: Duration,
+    /// Period of the doorbell read.
+    pub handoff_poll: Duration,
+    /// Budget for finishing in-flight batches on shutdown.
+    pub drain_timeout: Duration,
+    /// Streams to register at start (idempotent).
+    pub register: Vec<String>,
+}
+
+impl Default for StreamWorkerConfig {
+    fn default() -> Self {
+        StreamWorkerConfig {
+            max_streams: 100,
+            discovery_interval: Duration::from_secs(5),
+            handoff_poll: Duration::from_millis(250),
+            drain_timeout: Duration::from_secs(20),
+            register: Vec::new(),
+        }
+    }
+}
+
+/// What a worker did before it stopped.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Streams released on shutdown.
+    pub released: Vec<String>,
+    /// Streams whose release failed (they expire instead).
+    pub failed: Vec<(String, String)>,
+}
+
+struct Running {
+    lease: HeldLease,
+    drain: CancellationToken,
+    task: JoinHandle<StreamExit>,
+}
+
+/// A stream worker. Build it, then [`StreamWorker::run`] until shutdown.
+pub struct StreamWorker {
+    context: Arc<RunnerContext>,
+    clock: Arc<dyn Clock>,
+    config: StreamWorkerConfig,
+    running: HashMap<String, Running>,
+    presence: Option<HeldLease>,
+    probes: BTreeMap<Instant, String>,
+    /// Streams this worker handed back, and when: it leaves them to its peers for
+    /// a while, or it could win them straight back.
+    handed_back: HashMap<String, Instant>,
+    exits_tx: mpsc::UnboundedSender<Exited>,
+    exits_rx: mpsc::UnboundedReceiver<Exited>,
+}
+
+/// A runner ended: (stream, fence token, how).
+type Exited = (String, u64, StreamExit);
+
+impl StreamWorker {
+    /// A worker over a runner context (keeper, upstream, sink, telemetry).
+    pub fn new(
+        context: Arc<RunnerContext>,
+        clock: Arc<dyn Clock>,
+        config: StreamWorkerConfig,
+    ) -> Self {
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        StreamWorker {
+            context,
+            clock,
+            config,
+            running: HashMap::new(),
+            presence: None,
+            probes: BTreeMap::new(),
+            handed_back: HashMap::new(),
+            exits_tx,
+            exits_rx,
+        }
+    }
+
+    /// A worker wired from its settings: a keeper on `store`, the WebSocket
+    /// upstream, `sink`, and `telemetry` for every event.
+    pub fn from_settings(
+        settings: &StreamWorkerSettings,
+        store: Arc<dyn LeaseStore>,
+        sink: Arc<dyn FencedSink>,
+        telemetry: Arc<dyn TelemetrySink>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let keeper = LeaseKeeper::new(
+            store,
+            clock.clone(),
+            telemetry.clone(),
+            settings.lease.keeper.clone(),
+        );
+        let context = Arc::new(RunnerContext {
+            keeper,
+            upstream: Arc::new(WebSocketUpstream::new(
+                settings.upstream.clone(),
+                telemetry.clone(),
+            )),
+            sink,
+            telemetry,
+            config: settings.runner.clone(),
+        });
+        StreamWorker::new(context, clock, settings.worker.clone())
+    }
+
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        self.context.keeper.store().clone()
+    }
+
+    /// Streams currently being worked on.
+    pub fn held(&self) -> Vec<String> {
+        self.running.keys().cloned().collect()
+    }
+
+    /// Runs until `shutdown` is cancelled, then drains: stops acquiring, lets each
+    /// stream finish its batch within the drain timeout, commits checkpoints,
+    /// releases every lease, rings the doorbell.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<DrainReport, LeaseError> {
+        let store = self.store();
+        for stream in &self.config.register {
+            store.register(stream, self.clock.now_ms()).await?;
+        }
+        let mut doorbell = self.read_doorbell().await;
+        let mut next_scan = Instant::now();
+        let mut poll = tokio::time::interval(self.config.handoff_poll);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next_probe = self.probes.keys().next().copied();
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some((stream, token, exit)) = self.exits_rx.recv() => {
+                    self.on_exit(&stream, token, exit).await;
+                    // A lost stream may be free again soon; look without waiting a full interval.
+                    next_scan = next_scan.min(Instant::now() + self.config.handoff_poll);
+                }
+                _ = sleep_until(next_scan) => {
+                    if let Err(err) = self.scan().await {
+                        tracing::warn!(error = %err, "discovery scan failed; retrying");
+                    }
+                    next_scan = Instant::now() + jittered(self.config.discovery_interval);
+                }
+                _ = sleep_until(next_probe.unwrap_or_else(Instant::now)), if next_probe.is_some() => {
+                    self.probe().await;
+                }
+                _ = poll.tick() => {
+                    let rung = self.read_doorbell().await;
+                    if rung != doorbell {
+                        doorbell = rung;
+                        next_scan = Instant::now();
+                    }
+                }
+            }
+        }
+        Ok(self.drain().await)
+    }
+
+    async fn read_doorbell(&self) -> u64 {
+        match self.store().get(HANDOFF_DOORBELL).await {
+            Ok(record) => record.fence_token,
+            Err(_) => 0,
+        }
+    }
+
+    async fn ring_doorbell(&self) {
+        if let Err(err) = self
+            .store()
+            .bump(HANDOFF_DOORBELL, self.clock.now_ms())
+            .await
+        {
+            tracing::warn!(error = %err, "could not ring the hand-off doorbell; peers find released streams on their next scan");
+        }
+    }
+
+    async fn on_exit(&mut self, stream: &str, token: u64, exit: StreamExit) {
+        if self
+            .running
+            .get(stream)
+            .is_some_and(|r| r.lease.fence_token == token)
+        {
+            self.running.remove(stream);
+        }
+        match exit {
+            StreamExit::Released => self.ring_doorbell().await,
+            StreamExit::ReleaseFailed(error) => {
+                tracing::warn!(
+                    stream_id = stream,
+                    error,
+                    "release failed; the lease will expire instead"
+                )
+            }
+            StreamExit::Lost(reason) => {
+                tracing::warn!(stream_id = stream, reason = reason.as_str(), "stream lost")
+            }
+        }
+    }
+
+    async fn ensure_presence(&mut self) {
+        if self.presence.as_ref().is_some_and(HeldLease::is_valid) {
+            return;
+        }
+        let id = schema::worker_presence(&self.context.keeper.config().owner_id);
+        match self.context.keeper.acquire(&id).await {
+            Ok(lease) => self.presence = Some(lease),
+            Err(err) => tracing::warn!(error = %err, "could not announce this worker's presence"),
+        }
+    }
+
+    /// One discovery pass: count live workers, hand one stream back if over the
+    /// fair share, take free streams up to it, and schedule expiry probes.
+    async fn scan(&mut self) -> Result<(), LeaseError> {
+        self.ensure_presence().await;
+        let records = list_all(self.store().as_ref(), 1000).await?;
+        let now = self.clock.now_ms();
+        let me = self.context.keeper.config().owner_id.clone();
+        let mut streams: Vec<Lease> = Vec::new();
+        // Streams held per live worker (presence lease valid), this one included.
+        let mut held_by: BTreeMap<String, usize> = BTreeMap::new();
+        for record in records {
+            match record {
+                Ok(lease) if lease.stream_id.starts_with(WORKER_PRESENCE_PREFIX) => {
+                    if lease.state(now) == LeaseState::Owned
+                        && let Some(owner) = lease.owner_id
+                    {
+                        held_by.entry(owner).or_default();
+                    }
+                }
+                Ok(lease) if lease.is_stream() => streams.push(lease),
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "skipping a malformed lease record"),
+            }
+        }
+        for lease in &streams {
+            if lease.state(now) == LeaseState::Owned
+                && let Some(count) = lease.owner_id.as_ref().and_then(|o| held_by.get_mut(o))
+            {
+                *count += 1;
+            }
+        }
+        held_by.insert(me.clone(), self.running.len());
+        let share = Share::of(streams.len(), &held_by, &me, self.config.max_streams);
+        let target = share.most;
+        if share.should_hand_back(self.running.len()) {
+            self.hand_back_one();
+        }
+        let skew =
+            i64::try_from(self.context.keeper.config().skew_margin.as_millis()).unwrap_or(i64::MAX);
+        let cooldown = self.config.discovery_interval * 2;
+        self.handed_back.retain(|_, at| at.elapsed() < cooldown);
+        let mut free: Vec<&Lease> = streams
+            .iter()
+            .filter(|l| !self.running.contains_key(&l.stream_id))
+            .filter(|l| !self.handed_back.contains_key(&l.stream_id))
+            .filter(|l| l.owner_id.is_none() || l.lease_expires_at < now - skew)
+            .collect();
+        free.shuffle(&mut rand::rng());
+        for lease in free {
+            if self.running.len() >= target {
+                break;
+            }
+            self.try_acquire(&lease.stream_id).await;
+        }
+        // Another owner's lease running out before the next scan: be there when
+        // the protocol allows a takeover, not an interval later.
+        self.probes.clear();
+        let horizon =
+            now + i64::try_from(self.config.discovery_interval.as_millis()).unwrap_or(i64::MAX);
+        for lease in &streams {
+            let takeable_at = lease.lease_expires_at + skew + 1;
+            if lease.owner_id.is_some()
+                && lease.owner_id.as_deref() != Some(me.as_str())
+                && lease.lease_expires_at >= now - skew
+                && takeable_at <= horizon
+            {
+                let wait = Duration::from_millis(u64::try_from(takeable_at - now).unwrap_or(0));
+                self.probes
+                    .insert(Instant::now() + wait, lease.stream_id.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn probe(&mut self) {
+        let Some((_, stream)) = self.probes.pop_first() else {
+            return;
+        };
+        let target = self.config.max_streams;
+        if self.running.len() < target && !self.running.contains_key(&stream) {
+            self.try_acquire(&stream).await;
+        }
+    }
+
+    async fn try_acquire(&mut self, stream: &str) {
+        match self.context.keeper.acquire(stream).await {
+            Ok(lease) => self.start(lease),
+            Err(LeaseError::Conflict { .. }) => {}
+            Err(err) => tracing::warn!(stream_id = stream, error = %err, "acquire failed"),
+        }
+    }
+
+    fn start(&mut self, lease: HeldLease) {
+        let drain = CancellationToken::new();
+        let exits = self.exits_tx.clone();
+        let context = self.context.clone();
+        let (stream, token) = (lease.stream_id.clone(), lease.fence_token);
+        let task = tokio::spawn({
+            let lease = lease.clone();
+            let drain = drain.clone();
+            async move {
+                let exit = run_stream(context, lease, drain).await;
+                let _ = exits.send((stream, token, exit.clone()));
+                exit
+            }
+        });
+        self.running
+            .insert(lease.stream_id.clone(), Running { lease, drain, task });
+    }
+
+    /// Over the fair share: drain one stream (it releases and rings the doorbell
+    /// when done). One per scan, so a scale-out converges without churn.
+    fn hand_back_one(&mut self) {
+        let already_draining = self.running.values().any(|r| r.drain.is_cancelled());
+        if already_draining {
+            return;
+        }
+        if let Some(running) = self
+            .running
+            .values()
+            .max_by_key(|r| r.lease.stream_id.clone())
+        {
+            tracing::info!(
+                stream_id = running.lease.stream_id,
+                "over fair share: handing a stream back"
+            );
+            running.drain.cancel();
+            self.handed_back
+                .insert(running.lease.stream_id.clone(), Instant::now());
+        }
+    }
+
+    async fn drain(mut self) -> DrainReport {
+        let mut report = DrainReport::default();
+        for running in self.running.values() {
+            running.drain.cancel();
+        }
+        let deadline = Instant::now() + self.config.drain_timeout;
+        for (stream, running) in std::mem::take(&mut self.running) {
+            let Running {
+                lease, mut task, ..
+            } = running;
+            let exit = tokio::select! {
+                result = &mut task => result.unwrap_or_else(|err| StreamExit::ReleaseFailed(err.to_string())),
+                _ = sleep_until(deadline) => {
+                    // Abandon the in-flight batch; the staged checkpoint covers
+                    // everything the sink confirmed, so nothing is skipped.
+                    task.abort();
+                    match self.context.keeper.release(&lease).await {
+                        Ok(_) => StreamExit::Released,
+                        Err(err) => StreamExit::ReleaseFailed(err.to_string()),
+                    }
+                }
+            };
+            match exit {
+                StreamExit::Released => report.released.push(stream),
+                StreamExit::ReleaseFailed(error) => report.failed.push((stream, error)),
+                StreamExit::Lost(reason) => {
+                    report.failed.push((stream, reason.as_str().to_owned()))
+                }
+            }
+        }
+        if let Some(presence) = self.presence.take()
+            && let Err(err) = self.context.keeper.release(&presence).await
+        {
+            tracing::warn!(error = %err, "could not release the presence lease");
+        }
+        self.ring_doorbell().await;
+        report
+    }
+}
+
+/// This worker's fair share, from one scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Share {
+    /// Streams ÷ live workers, rounded up (capped by the configured maximum).
+    most: usize,
+    /// Streams ÷ live workers, rounded down.
+    least: usize,
+    /// Some live worker holds fewer than `least`.
+    someone_starving: bool,
+    /// This worker holds the most streams (ties broken by owner id), so it is the
+    /// one that gives a stream to a starving peer; one giver per scan avoids churn.
+    richest: bool,
+}
+
+impl Share {
+    fn of(
+        streams: usize,
+        held_by: &BTreeMap<String, usize>,
+        me: &str,
+        max_streams: usize,
+    ) -> Share {
+        let live = held_by.len().max(1);
+        let least = (streams / live).min(max_streams);
+        let richest = held_by
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0)))
+            .is_some_and(|(owner, _)| owner == me);
+        Share {
+            most: streams.div_ceil(live).min(max_streams),
+            least,
+            someone_starving: held_by.values().any(|held| *held < least),
+            richest,
+        }
+    }
+
+    /// Over the rounded-up share, or the richest while a peer is below the rounded-down one.
+    fn should_hand_back(&self, held: usize) -> bool {
+        held > self.most || (self.someone_starving && self.richest && held > self.least)
+    }
+}
+
+/// ±20 % so workers started together do not scan in lockstep.
+fn jittered(interval: Duration) -> Duration {
+    interval.mul_f64(rand::random_range(0.8..1.2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
+        pairs.iter().map(|(o, n)| (o.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn a_worker_over_the_rounded_up_share_hands_back() {
+        let share = Share::of(6, &held(&[("a", 4), ("b", 2)]), "a", 100);
+        assert_eq!((share.most, share.least), (3, 3));
+        assert!(share.should_hand_back(4));
+        assert!(!Share::of(6, &held(&[("a", 3), ("b", 3)]), "a", 100).should_hand_back(3));
+    }
+
+    #[test]
+    fn a_starving_peer_gets_a_stream_from_the_richest_only() {
+        // 6 streams over 4 workers: 2/2/2/0 is within the rounded-up share but
+        // leaves one worker idle; exactly one giver moves.
+        let counts = held(&[("old1", 2), ("old2", 2), ("new1", 0), ("new2", 2)]);
+        let givers: Vec<_> = ["old1", "old2", "new2"]
+            .into_iter()
+            .filter(|me| Share::of(6, &counts, me, 100).should_hand_back(2))
+            .collect();
+        assert_eq!(givers, ["old2"]);
+        assert!(!Share::of(6, &counts, "new1", 100).should_hand_back(0));
+    }
+
+    #[test]
+    fn the_configured_maximum_caps_the_share() {
+        let share = Share::of(10, &held(&[("a", 0)]), "a", 4);
+        assert_eq!(share.most, 4);
+    }
+
+    #[test]
+    fn jitter_stays_within_twenty_percent() {
+        for _ in 0..100 {
+            let d = jittered(Duration::from_secs(10));
+            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
+        }
+    }
+}
