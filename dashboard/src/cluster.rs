@@ -414,14 +414,10 @@ impl Collector {
 
     /// Refreshes every `settings.refresh` until `shutdown`.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(self.settings.refresh);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => { self.refresh().await; }
-            }
-        }
+        leasehold_platform::periodic::every(self.settings.refresh, shutdown, || async {
+            self.refresh().await;
+        })
+        .await
     }
 }
 

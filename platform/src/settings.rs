@@ -93,6 +93,10 @@ pub trait Documented: Sync {
     fn doc(&self) -> &'static str;
     /// The default as a user would write it; empty when there is none.
     fn default_text(&self) -> String;
+    /// Its value may hold a secret: never printed, injected as an ECS secret.
+    fn secret(&self) -> bool {
+        false
+    }
 }
 
 impl<T: 'static> Documented for Setting<T> {
@@ -108,6 +112,9 @@ impl<T: 'static> Documented for Setting<T> {
             Fallback::Value(make) => (self.parser.show)(&make()),
             Fallback::Derived(text) => (*text).to_owned(),
         }
+    }
+    fn secret(&self) -> bool {
+        self.secret
     }
 }
 

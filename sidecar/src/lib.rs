@@ -261,13 +261,11 @@ impl Sidecar {
             let state = state.clone();
             let shutdown = shutdown.clone();
             async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tick.tick() => state.upkeep(),
-                    }
-                }
+                leasehold_platform::periodic::every(Duration::from_secs(1), shutdown, || {
+                    state.upkeep();
+                    std::future::ready(())
+                })
+                .await
             }
         }));
         if let Some((cloudwatch, client)) = config.cloudwatch

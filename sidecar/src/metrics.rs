@@ -74,6 +74,42 @@ pub const POOL_WORKERS: &str = "leasehold_pool_workers";
 /// Extension, cluster gauge (observer only): claim messages waiting in `pool:claims`.
 pub const POOL_CLAIMS_PENDING: &str = "leasehold_pool_claims_pending";
 
+/// Every metric name, in documentation order (docs/metrics.md is checked against it).
+pub const ALL: &[&str] = &[
+    LEASE_ACQUISITIONS,
+    LEASE_ACQUIRE_DURATION,
+    LEASE_RENEWALS,
+    LEASE_RENEW_DURATION,
+    LEASE_LOSSES,
+    LEASE_RELEASES,
+    LEASES_HELD,
+    TAKEOVER_GAP,
+    CHECKPOINT_LAG_EVENTS,
+    CHECKPOINT_LAG_SECONDS,
+    CHECKPOINT_COMMITS,
+    WEBSOCKET_CONNECTIONS,
+    WEBSOCKET_RECONNECTS,
+    SINK_WRITES,
+    WORKER_UP,
+    TELEMETRY_EVENTS_DROPPED,
+    BUILD_INFO,
+    UPSTREAM_FRAMES_SKIPPED,
+    STREAM_GAP_EVENTS,
+    SINK_WRITE_DURATION,
+    TRANSPORT_ERRORS,
+    STREAMS,
+    POOL_CLAIMS,
+    POOL_CLAIM_DURATION,
+    BROKER_REQUESTS,
+    BROKER_REQUEST_DURATION,
+    BROKER_RECONNECTS,
+    MESSAGES_DEAD_LETTERED,
+    ORPHANS,
+    ORPHANS_RESOLVED,
+    POOL_WORKERS,
+    POOL_CLAIMS_PENDING,
+];
+
 /// Round trips to DynamoDB or Redis: milliseconds to seconds.
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,

@@ -57,7 +57,7 @@ const PATH: Parser<PathBuf> = Parser {
 pub const USER_ID: Setting<String> = Setting::new(
     "USER_ID",
     parse::TEXT,
-    Fallback::Derived("-1 (the pool)"),
+    Fallback::Derived("-1"),
     "User a broker worker serves; `-1` starts it in the warm pool waiting for a claim.",
 );
 /// The `CREDENTIALS_KEY` variable.

@@ -10,9 +10,11 @@
 //!   names, and one conformance suite.
 //! - [`runner`]: one held stream, from subscribe to release: the order of checks
 //!   (valid lease → write with token → stage checkpoint) lives here.
-//! - [`worker`]: presence, discovery, fair share, hand-back, expiry probes, drain.
+//! - [`worker`]: presence, discovery, fair share, hand-back, drain.
+//! - [`probes`]: acquire attempts scheduled for when a lease becomes takeable.
 //! - [`settings`]: the worker's variables, read once.
 
+pub mod probes;
 pub mod runner;
 pub mod settings;
 pub mod sink;

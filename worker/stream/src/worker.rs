@@ -31,6 +31,7 @@ use leasehold_control::keeper::LeaseKeeper;
 use leasehold_telemetry::TelemetrySink;
 
 use super::settings::StreamWorkerSettings;
+use crate::probes::ExpiryProbes;
 use crate::runner::{RunnerContext, StreamExit, run_stream};
 use crate::sink::FencedSink;
 use crate::upstream::WebSocketUpstream;
@@ -84,7 +85,7 @@ pub struct StreamWorker {
     config: StreamWorkerConfig,
     running: HashMap<String, Running>,
     presence: Option<HeldLease>,
-    probes: BTreeMap<Instant, String>,
+    probes: ExpiryProbes,
     /// Streams this worker handed back, and when: it leaves them to its peers for
     /// a while, or it could win them straight back.
     handed_back: HashMap<String, Instant>,
@@ -109,7 +110,7 @@ impl StreamWorker {
             config,
             running: HashMap::new(),
             presence: None,
-            probes: BTreeMap::new(),
+            probes: ExpiryProbes::default(),
             handed_back: HashMap::new(),
             exits_tx,
             exits_rx,
@@ -166,7 +167,7 @@ impl StreamWorker {
         let mut poll = tokio::time::interval(self.config.handoff_poll);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let next_probe = self.probes.keys().next().copied();
+            let next_probe = self.probes.next_due();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
@@ -315,14 +316,14 @@ impl StreamWorker {
             {
                 let wait = Duration::from_millis(u64::try_from(takeable_at - now).unwrap_or(0));
                 self.probes
-                    .insert(Instant::now() + wait, lease.stream_id.clone());
+                    .schedule(Instant::now() + wait, lease.stream_id.clone());
             }
         }
         Ok(())
     }
 
     async fn probe(&mut self) {
-        let Some((_, stream)) = self.probes.pop_first() else {
+        let Some(stream) = self.probes.pop() else {
             return;
         };
         let target = self.config.max_streams;

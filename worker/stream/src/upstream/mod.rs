@@ -1,0 +1,113 @@
+//! Upstream adapter: "connect to stream X from sequence N and give me events",
+//! and a generic WebSocket JSON implementation configured by templates and JSON
+//! pointers so it can point at a real feed or at the simulator.
+//!
+//! The adapter never reconnects: the caller owns the reconnect policy (backoff with
+//! jitter) and learns why from [`UpstreamError::reason`]. Bad frames are skipped and
+//! reported, never fatal, because one malformed message must not stall a stream.
+//!
+//! - [`config`]: [`WebSocketUpstreamConfig`] and its validation.
+//! - [`websocket`]: [`WebSocketUpstream`], frames to events.
+//! - [`template`]: URL and subscribe-message templates.
+//! - [`redact`]: URLs as they may appear in logs and errors (no credentials).
+
+pub mod config;
+pub mod redact;
+pub mod template;
+pub mod websocket;
+
+#[cfg(test)]
+mod tests;
+
+use tokio::time::Instant;
+
+pub use config::{FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
+pub use redact::redact_url;
+pub use websocket::WebSocketUpstream;
+
+/// One event as received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamEvent {
+    /// Sequence number read at the sequence pointer.
+    pub seq: u64,
+    /// Event id read at the id pointer (numbers are stringified).
+    pub event_id: String,
+    /// The frame's text as received.
+    pub payload: String,
+    /// When the frame was read off the socket.
+    pub received_at: Instant,
+}
+
+/// A source of ordered events per stream.
+#[async_trait::async_trait]
+pub trait Upstream: Send + Sync + 'static {
+    /// Connects and subscribes to `stream_id` starting at `from_seq` (0: from
+    /// wherever the upstream starts; the first event then sets the sequence).
+    async fn subscribe(
+        &self,
+        stream_id: &str,
+        from_seq: u64,
+    ) -> Result<Box<dyn Subscription>, UpstreamError>;
+}
+
+/// One live subscription.
+#[async_trait::async_trait]
+pub trait Subscription: Send {
+    /// The next event, in sequence order. Frames over the size limit, non-JSON or
+    /// binary frames, frames missing the seq/id fields, and already-delivered
+    /// sequence numbers (seq < expected) are skipped and reported
+    /// (`TelemetryEvent::UpstreamFrameSkipped`) — never an error, never a panic.
+    /// A sequence jump (seq > expected) returns [`UpstreamError::Gap`]. After any
+    /// error the subscription is finished and keeps returning that error.
+    async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError>;
+    /// Closes the connection now (sends a close frame, best effort, bounded time).
+    async fn close(&mut self);
+}
+
+/// Why a subscription could not start or stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// Could not connect, handshake or subscribe in time.
+    #[error("could not connect to the upstream: {0}")]
+    Connect(String),
+    /// The server closed the connection or the socket failed.
+    #[error("upstream connection closed: {0}")]
+    Closed(String),
+    /// The upstream skipped sequence numbers.
+    #[error("sequence gap: expected {expected}, got {got}")]
+    Gap {
+        /// The sequence that should have come next.
+        expected: u64,
+        /// The sequence that came.
+        got: u64,
+    },
+    /// The upstream no longer has the requested sequence.
+    #[error("upstream no longer has sequence {requested} (earliest available: {})",
+        earliest.map_or_else(|| "unknown".to_owned(), |e| e.to_string()))]
+    RetentionExceeded {
+        /// The sequence asked for.
+        requested: u64,
+        /// The oldest sequence the upstream still has, if it said.
+        earliest: Option<u64>,
+    },
+    /// The server refused the subscription with an error frame.
+    #[error("upstream rejected the subscription: {0}")]
+    Rejected(String),
+    /// The adapter's configuration is unusable.
+    #[error("invalid upstream configuration: {0}")]
+    Config(String),
+}
+
+impl UpstreamError {
+    /// The reconnect metric's `reason` label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            UpstreamError::Connect(_) => "connect",
+            UpstreamError::Closed(_) => "closed",
+            UpstreamError::Gap { .. } => "gap",
+            UpstreamError::RetentionExceeded { .. } => "retention_exceeded",
+            UpstreamError::Rejected(_) => "rejected",
+            UpstreamError::Config(_) => "config",
+        }
+    }
+}

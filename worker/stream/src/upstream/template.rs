@@ -1,0 +1,101 @@
+//! URL and subscribe-message templates: `{stream_id}` and `{from_seq}` are
+//! substituted once, escaped for where they land (a URL path segment or query
+//! value, a JSON string, plain text).
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+/// Everything but RFC 3986 unreserved characters is encoded, so a stream id is
+/// always exactly one path segment or query value.
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A template that will be sent as JSON (stream ids are JSON-escaped in it).
+pub fn looks_like_json(template: &str) -> bool {
+    matches!(template.trim_start().chars().next(), Some('{' | '['))
+}
+
+/// The URL for `stream_id` (percent-encoded into the template).
+pub fn render_url(template: &str, stream_id: &str) -> String {
+    let encoded = utf8_percent_encode(stream_id, NOT_UNRESERVED).to_string();
+    substitute(template, &[("{stream_id}", &encoded)])
+}
+
+/// The subscribe message for `stream_id` from `from_seq`.
+pub fn render_subscribe(template: &str, stream_id: &str, from_seq: u64) -> String {
+    let stream_id = if looks_like_json(template) {
+        json_escape(stream_id)
+    } else {
+        stream_id.to_owned()
+    };
+    substitute(
+        template,
+        &[
+            ("{stream_id}", &stream_id),
+            ("{from_seq}", &from_seq.to_string()),
+        ],
+    )
+}
+
+/// Replaces placeholders in one pass, so a value containing a placeholder's text
+/// is not substituted again.
+fn substitute(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    'scan: while let Some(brace) = rest.find('{') {
+        out.push_str(&rest[..brace]);
+        rest = &rest[brace..];
+        for (key, value) in values {
+            if let Some(after) = rest.strip_prefix(key) {
+                out.push_str(value);
+                rest = after;
+                continue 'scan;
+            }
+        }
+        out.push('{');
+        rest = &rest[1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Escapes for inside a JSON string literal (the template supplies the quotes).
+fn json_escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_substitute_once_and_escape() {
+        assert_eq!(
+            render_subscribe(
+                r#"{"s": "{stream_id}", "n": {from_seq}}"#,
+                "a\"\\{from_seq}",
+                3
+            ),
+            r#"{"s": "a\"\\{from_seq}", "n": 3}"#
+        );
+        assert_eq!(
+            render_subscribe("SUB {stream_id} {from_seq}", "a\"b", 3),
+            "SUB a\"b 3"
+        );
+        assert_eq!(
+            render_url("ws://h/{stream_id}/{x}", "a b/ü"),
+            "ws://h/a%20b%2F%C3%BC/{x}"
+        );
+    }
+}

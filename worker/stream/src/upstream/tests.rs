@@ -1,0 +1,423 @@
+//! The WebSocket adapter against the feed simulator and scripted servers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use leasehold_telemetry::{SkipReason, TelemetryEvent};
+use serde_json::Value;
+use tokio::time::timeout;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::*;
+use leasehold_feed::{FeedConfig, FeedServer, event_frame};
+use leasehold_telemetry::RecordingSink;
+use std::net::SocketAddr;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_util::sync::CancellationToken;
+
+/// Generous: only a broken implementation takes this long.
+const WAIT: Duration = Duration::from_secs(10);
+
+fn upstream(config: WebSocketUpstreamConfig) -> (WebSocketUpstream, RecordingSink) {
+    let sink = RecordingSink::new();
+    (WebSocketUpstream::new(config, Arc::new(sink.clone())), sink)
+}
+
+async fn feed(config: FeedConfig) -> (FeedServer, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let server = FeedServer::start(([127, 0, 0, 1], 0).into(), config, shutdown.clone())
+        .await
+        .expect("feed starts");
+    (server, shutdown)
+}
+
+async fn subscribe(
+    upstream: &WebSocketUpstream,
+    stream_id: &str,
+    from_seq: u64,
+) -> Result<Box<dyn Subscription>, UpstreamError> {
+    timeout(WAIT, upstream.subscribe(stream_id, from_seq))
+        .await
+        .expect("subscribe in time")
+}
+
+async fn next(sub: &mut Box<dyn Subscription>) -> Result<UpstreamEvent, UpstreamError> {
+    timeout(WAIT, sub.next()).await.expect("next in time")
+}
+
+/// What a scripted server saw from the client.
+#[derive(Debug)]
+struct Seen {
+    uri: String,
+    subscribe: Option<String>,
+}
+
+/// A one-connection server that optionally waits for a subscribe message, sends
+/// `frames`, then stays open until the client leaves.
+// tungstenite's handshake callback fixes the (large) error type.
+#[allow(clippy::result_large_err)]
+async fn scripted(
+    wait_for_subscribe: bool,
+    frames: Vec<Message>,
+) -> (SocketAddr, JoinHandle<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let mut uri = String::new();
+        let mut ws = tokio_tungstenite::accept_hdr_async(tcp, |req: &Request, resp: Response| {
+            uri = req.uri().to_string();
+            Ok(resp)
+        })
+        .await
+        .expect("handshake");
+        let mut subscribe = None;
+        if wait_for_subscribe {
+            while let Some(Ok(message)) = ws.next().await {
+                if let Message::Text(text) = message {
+                    subscribe = Some(text.to_string());
+                    break;
+                }
+            }
+        }
+        for frame in frames {
+            if ws.send(frame).await.is_err() {
+                break;
+            }
+        }
+        while let Some(Ok(_)) = ws.next().await {}
+        Seen { uri, subscribe }
+    });
+    (addr, task)
+}
+
+fn skipped(stream_id: &str, reason: SkipReason) -> TelemetryEvent {
+    TelemetryEvent::UpstreamFrameSkipped {
+        stream_id: stream_id.to_owned(),
+        reason,
+    }
+}
+
+#[tokio::test]
+async fn reads_the_feed_in_order_and_reports_connect_and_disconnect_once() {
+    let (server, shutdown) = feed(FeedConfig {
+        rate: 0.01,
+        retention: 1000,
+        backlog: 50,
+    })
+    .await;
+    let (upstream, telemetry) = upstream(WebSocketUpstreamConfig::for_feed(&server.url()));
+    let mut sub = subscribe(&upstream, "eth-usd", 1)
+        .await
+        .expect("subscribed");
+    for seq in 1..=50 {
+        let event = next(&mut sub).await.expect("event");
+        assert_eq!(event.seq, seq);
+        assert_eq!(event.event_id, format!("eth-usd:{seq}"));
+        assert_eq!(
+            event.payload,
+            event_frame("eth-usd", seq, server.ts_ms(seq))
+        );
+    }
+    timeout(WAIT, sub.close()).await.expect("close in time");
+    timeout(WAIT, sub.close())
+        .await
+        .expect("second close in time");
+    assert_eq!(next(&mut sub).await.map_err(|e| e.reason()), Err("closed"));
+    drop(sub);
+    let stream_id = "eth-usd".to_owned();
+    assert_eq!(
+        telemetry.take(),
+        vec![
+            TelemetryEvent::UpstreamConnected {
+                stream_id: stream_id.clone(),
+                from_seq: 1
+            },
+            TelemetryEvent::UpstreamDisconnected { stream_id },
+        ]
+    );
+    shutdown.cancel();
+    timeout(WAIT, server.finished()).await.expect("feed stops");
+}
+
+#[tokio::test]
+async fn replays_a_large_backlog_in_order() {
+    let (server, shutdown) = feed(FeedConfig {
+        rate: 0.01,
+        retention: 100_000,
+        backlog: 20_000,
+    })
+    .await;
+    let (upstream, _) = upstream(WebSocketUpstreamConfig::for_feed(&server.url()));
+    let mut sub = subscribe(&upstream, "bulk", 1).await.expect("subscribed");
+    for seq in 1..=20_000 {
+        assert_eq!(next(&mut sub).await.expect("event").seq, seq);
+    }
+    drop(sub);
+    shutdown.cancel();
+    timeout(WAIT, server.finished()).await.expect("feed stops");
+}
+
+#[tokio::test]
+async fn retention_exceeded_carries_the_earliest_sequence() {
+    let (server, shutdown) = feed(FeedConfig {
+        rate: 0.01,
+        retention: 10,
+        backlog: 100,
+    })
+    .await;
+    let (upstream, _) = upstream(WebSocketUpstreamConfig::for_feed(&server.url()));
+    let mut sub = subscribe(&upstream, "s", 5).await.expect("subscribed");
+    let expected = UpstreamError::RetentionExceeded {
+        requested: 5,
+        earliest: Some(91),
+    };
+    assert_eq!(next(&mut sub).await, Err(expected.clone()));
+    assert_eq!(expected.reason(), "retention_exceeded");
+    // The subscription stays finished.
+    assert_eq!(next(&mut sub).await, Err(expected));
+    drop(sub);
+    shutdown.cancel();
+    timeout(WAIT, server.finished()).await.expect("feed stops");
+}
+
+#[tokio::test]
+async fn bad_frames_are_skipped_and_reported_and_a_jump_is_a_gap() {
+    let event = |seq: u64| Message::text(format!(r#"{{"seq":{seq},"event_id":"s:{seq}"}}"#));
+    let oversized = format!(
+        r#"{{"seq":2,"event_id":"s:2","pad":"{}"}}"#,
+        "x".repeat(2000)
+    );
+    let (addr, server) = scripted(
+        true,
+        vec![
+            event(1),
+            Message::text("not json"),
+            Message::binary(br#"{"seq":2,"event_id":"s:2"}"#.to_vec()),
+            Message::text(oversized),
+            Message::text(r#"{"event_id":"s:2"}"#),
+            Message::text(r#"{"seq":2,"event_id":{"nested":true}}"#),
+            Message::Ping(vec![1].into()),
+            event(2),
+            event(1),
+            event(2),
+            event(5),
+        ],
+    )
+    .await;
+    let mut config = WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"));
+    config.max_frame_bytes = 1024;
+    let (upstream, telemetry) = upstream(config);
+    let mut sub = subscribe(&upstream, "s", 1).await.expect("subscribed");
+    assert_eq!(next(&mut sub).await.expect("event").seq, 1);
+    let second = next(&mut sub).await.expect("event");
+    assert_eq!((second.seq, second.event_id.as_str()), (2, "s:2"));
+    assert_eq!(
+        next(&mut sub).await,
+        Err(UpstreamError::Gap {
+            expected: 3,
+            got: 5
+        })
+    );
+    drop(sub);
+    let seen = timeout(WAIT, server)
+        .await
+        .expect("server ends")
+        .expect("server ok");
+    assert_eq!(
+        seen.subscribe.as_deref(),
+        Some(r#"{"subscribe": "s", "from_seq": 1}"#)
+    );
+    assert_eq!(
+        telemetry.take(),
+        vec![
+            TelemetryEvent::UpstreamConnected {
+                stream_id: "s".into(),
+                from_seq: 1
+            },
+            skipped("s", SkipReason::NotJson),
+            skipped("s", SkipReason::NotJson),
+            skipped("s", SkipReason::TooLarge),
+            skipped("s", SkipReason::MissingField),
+            skipped("s", SkipReason::MissingField),
+            skipped("s", SkipReason::Duplicate),
+            skipped("s", SkipReason::Duplicate),
+            TelemetryEvent::UpstreamDisconnected {
+                stream_id: "s".into()
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_frame_beyond_the_hard_limit_closes_instead_of_buffering() {
+    let (addr, _server) = scripted(false, vec![Message::text("x".repeat(200_000))]).await;
+    let mut config = WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"));
+    config.max_frame_bytes = 1024;
+    let (upstream, _) = upstream(config);
+    let mut sub = subscribe(&upstream, "s", 1).await.expect("subscribed");
+    assert_eq!(next(&mut sub).await.map_err(|e| e.reason()), Err("closed"));
+}
+
+#[tokio::test]
+async fn custom_url_subscribe_template_and_pointers() {
+    let frame = |seq: u64, id: u64| {
+        Message::text(format!(
+            r#"{{"data":{{"sequence":{seq},"id":{id}}},"px":1.5}}"#
+        ))
+    };
+    let (addr, server) = scripted(true, vec![frame(7, 700), frame(8, 800)]).await;
+    let config = WebSocketUpstreamConfig {
+        url_template: format!("ws://{addr}/streams/{{stream_id}}?depth=1"),
+        subscribe_template: r#"{"op":"sub","args":["{stream_id}"],"since":{from_seq}}"#.into(),
+        seq_pointer: "/data/sequence".into(),
+        id_pointer: "/data/id".into(),
+        ..WebSocketUpstreamConfig::for_feed("unused")
+    };
+    let (upstream, _) = upstream(config);
+    let stream_id = r#"a"b/c {from_seq}"#;
+    let mut sub = subscribe(&upstream, stream_id, 7)
+        .await
+        .expect("subscribed");
+    let first = next(&mut sub).await.expect("event");
+    assert_eq!((first.seq, first.event_id.as_str()), (7, "700"));
+    assert_eq!(
+        first.payload,
+        r#"{"data":{"sequence":7,"id":700},"px":1.5}"#
+    );
+    assert_eq!(next(&mut sub).await.expect("event").event_id, "800");
+    sub.close().await;
+    let seen = timeout(WAIT, server)
+        .await
+        .expect("server ends")
+        .expect("server ok");
+    assert_eq!(seen.uri, "/streams/a%22b%2Fc%20%7Bfrom_seq%7D?depth=1");
+    let sent: Value = serde_json::from_str(&seen.subscribe.expect("subscribe sent")).expect("JSON");
+    assert_eq!(
+        sent["args"][0], stream_id,
+        "stream id escaped, not re-substituted"
+    );
+    assert_eq!(sent["since"], 7);
+}
+
+#[tokio::test]
+async fn empty_template_sends_nothing_and_from_zero_starts_anywhere() {
+    let frames = vec![
+        Message::text(r#"{"seq":42,"event_id":"x"}"#),
+        Message::text(r#"{"seq":43,"event_id":"y"}"#),
+    ];
+    let (addr, server) = scripted(false, frames).await;
+    let mut config = WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"));
+    config.subscribe_template = String::new();
+    let (upstream, _) = upstream(config);
+    let mut sub = subscribe(&upstream, "s", 0).await.expect("subscribed");
+    assert_eq!(next(&mut sub).await.expect("event").seq, 42);
+    assert_eq!(next(&mut sub).await.expect("event").seq, 43);
+    sub.close().await;
+    let seen = timeout(WAIT, server)
+        .await
+        .expect("server ends")
+        .expect("server ok");
+    assert_eq!(seen.subscribe, None);
+}
+
+#[tokio::test]
+async fn other_server_errors_and_close_frames_end_the_subscription() {
+    let (addr, _server) = scripted(
+        false,
+        vec![Message::text(
+            r#"{"error":"no such stream","code":"not_found"}"#,
+        )],
+    )
+    .await;
+    let (upstream_a, _) = upstream(WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/")));
+    let mut sub = subscribe(&upstream_a, "s", 1).await.expect("subscribed");
+    assert_eq!(
+        next(&mut sub).await,
+        Err(UpstreamError::Rejected("not_found: no such stream".into()))
+    );
+
+    let (addr, _server) = scripted(false, vec![Message::Close(None)]).await;
+    let (upstream_b, telemetry) =
+        upstream(WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/")));
+    let mut sub = subscribe(&upstream_b, "s", 1).await.expect("subscribed");
+    assert_eq!(next(&mut sub).await.map_err(|e| e.reason()), Err("closed"));
+    drop(sub);
+    let disconnects = telemetry
+        .take()
+        .into_iter()
+        .filter(|e| matches!(e, TelemetryEvent::UpstreamDisconnected { .. }))
+        .count();
+    assert_eq!(disconnects, 1);
+}
+
+#[tokio::test]
+async fn connect_errors_never_show_credentials() {
+    // A port that was just free: connection refused.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    for url in [
+        format!("ws://user:pass@127.0.0.1:{port}/x?token=abc"),
+        "wss://user:pass@127.0.0.1:1/x?token=abc".to_owned(),
+    ] {
+        let (upstream, telemetry) = upstream(WebSocketUpstreamConfig::for_feed(&url));
+        let error = match upstream.subscribe("s", 1).await {
+            Err(error) => error,
+            Ok(_) => panic!("connecting to {url} should fail"),
+        };
+        assert_eq!(error.reason(), "connect", "{error}");
+        let text = format!("{error} {error:?}");
+        for secret in ["user", "pass", "token", "abc"] {
+            assert!(!text.contains(secret), "{secret} leaked in {text}");
+        }
+        assert!(text.contains("127.0.0.1"), "{text}");
+        assert!(
+            telemetry.take().is_empty(),
+            "no connect event for a failed connect"
+        );
+    }
+}
+
+#[tokio::test]
+async fn feed_shutdown_ends_the_subscription_as_closed() {
+    let (server, shutdown) = feed(FeedConfig {
+        rate: 100.0,
+        ..FeedConfig::default()
+    })
+    .await;
+    let (upstream, telemetry) = upstream(WebSocketUpstreamConfig::for_feed(&server.url()));
+    let mut sub = subscribe(&upstream, "s", 1).await.expect("subscribed");
+    assert_eq!(next(&mut sub).await.expect("event").seq, 1);
+    shutdown.cancel();
+    let error = loop {
+        match next(&mut sub).await {
+            Ok(_) => continue,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(error.reason(), "closed", "{error}");
+    timeout(WAIT, server.finished()).await.expect("feed stops");
+    drop(sub);
+    let events = telemetry.take();
+    assert_eq!(
+        events.last(),
+        Some(&TelemetryEvent::UpstreamDisconnected {
+            stream_id: "s".into()
+        })
+    );
+    assert_eq!(events.len(), 2, "{events:?}");
+}
+
+#[tokio::test]
+async fn subscribe_refuses_an_invalid_config() {
+    let (upstream, _) = upstream(WebSocketUpstreamConfig::for_feed("http://host/"));
+    let error = upstream.subscribe("s", 1).await.err().expect("refused");
+    assert_eq!(error.reason(), "config");
+}

@@ -1,0 +1,271 @@
+//! [`WebSocketUpstream`]: a WebSocket JSON feed, one connection per subscription.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use leasehold_telemetry::{SkipReason, TelemetryEvent, TelemetrySink};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::redact::{redact_url, url_secrets};
+use super::template::{render_subscribe, render_url};
+use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig};
+
+/// A close that the peer never acknowledges must not hold the caller.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Server error messages are echoed into our errors; keep them bounded.
+const MAX_SERVER_MESSAGE: usize = 200;
+
+/// A WebSocket JSON feed.
+pub struct WebSocketUpstream {
+    config: WebSocketUpstreamConfig,
+    telemetry: Arc<dyn TelemetrySink>,
+}
+
+impl WebSocketUpstream {
+    /// An adapter for `config`; problems surface as [`UpstreamError::Config`] on subscribe.
+    pub fn new(config: WebSocketUpstreamConfig, telemetry: Arc<dyn TelemetrySink>) -> Self {
+        WebSocketUpstream { config, telemetry }
+    }
+}
+
+#[async_trait::async_trait]
+impl Upstream for WebSocketUpstream {
+    async fn subscribe(
+        &self,
+        stream_id: &str,
+        from_seq: u64,
+    ) -> Result<Box<dyn Subscription>, UpstreamError> {
+        self.config
+            .validate()
+            .map_err(|problems| UpstreamError::Config(problems.join("; ")))?;
+        let url = render_url(&self.config.url_template, stream_id);
+        // Frames somewhat over the limit are read and skipped; only absurd ones
+        // (which would cost unbounded memory) break the connection.
+        let hard_limit = self.config.max_frame_bytes.saturating_mul(4).max(64 * 1024);
+        let ws_config = WebSocketConfig::default()
+            .max_message_size(Some(hard_limit))
+            .max_frame_size(Some(hard_limit));
+        let subscribe = (!self.config.subscribe_template.is_empty())
+            .then(|| render_subscribe(&self.config.subscribe_template, stream_id, from_seq));
+        let connect = async {
+            let (mut ws, _response) =
+                tokio_tungstenite::connect_async_with_config(url.as_str(), Some(ws_config), true)
+                    .await?;
+            if let Some(message) = subscribe {
+                ws.send(Message::text(message)).await?;
+            }
+            Ok::<_, WsError>(ws)
+        };
+        let ws = match timeout(self.config.connect_timeout, connect).await {
+            Ok(Ok(ws)) => ws,
+            Ok(Err(error)) => return Err(UpstreamError::Connect(describe(&error, &url))),
+            Err(_) => {
+                return Err(UpstreamError::Connect(format!(
+                    "{} timed out after {:?}",
+                    redact_url(&url),
+                    self.config.connect_timeout
+                )));
+            }
+        };
+        self.telemetry.emit(TelemetryEvent::UpstreamConnected {
+            stream_id: stream_id.to_owned(),
+            from_seq,
+        });
+        Ok(Box::new(WebSocketSubscription {
+            ws,
+            url,
+            stream_id: stream_id.to_owned(),
+            from_seq,
+            expected: (from_seq > 0).then_some(from_seq),
+            max_frame_bytes: self.config.max_frame_bytes,
+            seq_pointer: self.config.seq_pointer.clone(),
+            id_pointer: self.config.id_pointer.clone(),
+            telemetry: self.telemetry.clone(),
+            failed: None,
+            disconnected: false,
+        }))
+    }
+}
+
+struct WebSocketSubscription {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    url: String,
+    stream_id: String,
+    from_seq: u64,
+    /// `None` until the first event when subscribed from 0.
+    expected: Option<u64>,
+    max_frame_bytes: usize,
+    seq_pointer: String,
+    id_pointer: String,
+    telemetry: Arc<dyn TelemetrySink>,
+    failed: Option<UpstreamError>,
+    disconnected: bool,
+}
+
+/// What one frame turned out to be.
+enum Frame {
+    Event(UpstreamEvent),
+    Skip(SkipReason),
+    Fail(UpstreamError),
+}
+
+impl WebSocketSubscription {
+    fn skip(&self, reason: SkipReason) {
+        self.telemetry.emit(TelemetryEvent::UpstreamFrameSkipped {
+            stream_id: self.stream_id.clone(),
+            reason,
+        });
+    }
+
+    /// Reports the end of the connection once, whichever of close, drop or a
+    /// closed socket comes first.
+    fn disconnected(&mut self) {
+        if !std::mem::replace(&mut self.disconnected, true) {
+            self.telemetry.emit(TelemetryEvent::UpstreamDisconnected {
+                stream_id: self.stream_id.clone(),
+            });
+        }
+    }
+
+    fn fail(&mut self, error: UpstreamError) -> UpstreamError {
+        if matches!(error, UpstreamError::Closed(_)) {
+            self.disconnected();
+        }
+        self.failed = Some(error.clone());
+        error
+    }
+
+    fn classify(&mut self, text: &str, received_at: Instant) -> Frame {
+        if text.len() > self.max_frame_bytes {
+            return Frame::Skip(SkipReason::TooLarge);
+        }
+        let Ok(value) = serde_json::from_str::<Value>(text) else {
+            return Frame::Skip(SkipReason::NotJson);
+        };
+        let seq = value.pointer(&self.seq_pointer).and_then(|v| match v {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        });
+        let Some(seq) = seq else {
+            return match server_error(&value, self.expected.unwrap_or(self.from_seq)) {
+                Some(error) => Frame::Fail(error),
+                None => Frame::Skip(SkipReason::MissingField),
+            };
+        };
+        let event_id = match value.pointer(&self.id_pointer) {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => return Frame::Skip(SkipReason::MissingField),
+        };
+        let expected = *self.expected.get_or_insert(seq);
+        if seq < expected {
+            return Frame::Skip(SkipReason::Duplicate);
+        }
+        if seq > expected {
+            return Frame::Fail(UpstreamError::Gap { expected, got: seq });
+        }
+        self.expected = Some(seq + 1);
+        Frame::Event(UpstreamEvent {
+            seq,
+            event_id,
+            payload: text.to_owned(),
+            received_at,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Subscription for WebSocketSubscription {
+    async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError> {
+        if let Some(error) = &self.failed {
+            return Err(error.clone());
+        }
+        loop {
+            let message = self.ws.next().await;
+            let received_at = Instant::now();
+            let frame = match message {
+                Some(Ok(Message::Text(text))) => self.classify(text.as_str(), received_at),
+                Some(Ok(Message::Binary(_))) => Frame::Skip(SkipReason::NotJson),
+                // tungstenite answers pings itself while we keep reading.
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
+                Some(Ok(Message::Close(frame))) => {
+                    Frame::Fail(UpstreamError::Closed(match frame {
+                        Some(frame) => {
+                            format!("server sent close {}: {}", frame.code, frame.reason)
+                        }
+                        None => "server sent close".to_owned(),
+                    }))
+                }
+                Some(Err(WsError::Capacity(error))) => Frame::Fail(UpstreamError::Closed(format!(
+                    "frame beyond the hard size limit, connection unusable: {error}"
+                ))),
+                Some(Err(error)) => Frame::Fail(UpstreamError::Closed(describe(&error, &self.url))),
+                None => Frame::Fail(UpstreamError::Closed("connection ended".to_owned())),
+            };
+            match frame {
+                Frame::Event(event) => return Ok(event),
+                Frame::Skip(reason) => self.skip(reason),
+                Frame::Fail(error) => return Err(self.fail(error)),
+            }
+        }
+    }
+
+    async fn close(&mut self) {
+        if self.disconnected {
+            return;
+        }
+        let _ = timeout(CLOSE_TIMEOUT, async {
+            if self.ws.close(None).await.is_ok() {
+                // Wait for the close reply so the server sees a clean close.
+                while let Some(Ok(_)) = self.ws.next().await {}
+            }
+        })
+        .await;
+        self.failed = Some(UpstreamError::Closed("closed by this client".to_owned()));
+        self.disconnected();
+    }
+}
+
+impl Drop for WebSocketSubscription {
+    fn drop(&mut self) {
+        self.disconnected();
+    }
+}
+
+/// An `{"error": ..., "code": ...}` frame from the server, if this is one.
+fn server_error(value: &Value, requested: u64) -> Option<UpstreamError> {
+    let error = value.get("error")?;
+    let code = value
+        .get("code")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
+    if code == "retention_exceeded" {
+        return Some(UpstreamError::RetentionExceeded {
+            requested,
+            earliest: value.get("earliest_seq").and_then(Value::as_u64),
+        });
+    }
+    let message = match error {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let message: String = message.chars().take(MAX_SERVER_MESSAGE).collect();
+    Some(UpstreamError::Rejected(format!("{code}: {message}")))
+}
+
+/// A tungstenite error as text, with the URL's secrets removed in case the error
+/// echoes any part of it.
+fn describe(error: &WsError, url: &str) -> String {
+    let mut text = format!("{}: {error}", redact_url(url));
+    for secret in url_secrets(url) {
+        text = text.replace(&secret, "***");
+    }
+    text
+}
