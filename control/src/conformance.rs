@@ -120,7 +120,7 @@ fn assert_conflict<T: std::fmt::Debug>(
     }
 }
 
-/// Acquiring a stream nobody has seen creates it with token 1 and the seed's expiry.
+/// Acquiring a stream nobody has seen creates it with token 1 and the original specification's expiry.
 pub async fn acquire_creates_the_record(target: &dyn ConformanceTarget) {
     let store = target.store();
     let lease = store.acquire(&acquire("s", "a", T0)).await.unwrap();
@@ -207,7 +207,7 @@ pub async fn fence_token_strictly_increases(target: &dyn ConformanceTarget) {
     assert_eq!(again.takeover_gap_ms(), Some(5));
 }
 
-/// The holder itself may acquire again while valid (seed semantics): a new token.
+/// The holder itself may acquire again while valid (the original semantics): a new token.
 pub async fn owner_reacquire_bumps_the_token(target: &dyn ConformanceTarget) {
     let store = target.store();
     store.acquire(&acquire("s", "a", T0)).await.unwrap();
@@ -439,8 +439,8 @@ fn seed_demo_item(stream: &str, owner: &str, expires_at: i64, token: u64) -> Raw
     ])
 }
 
-/// Records written by the seed's Python demo are read correctly and can be taken
-/// over; what leasehold writes keeps the seed's attribute names and types.
+/// Records written by the original lease specification's Python demo are read correctly and can be taken
+/// over; what leasehold writes keeps the original attribute names and types.
 pub async fn seed_records_interoperate(target: &dyn ConformanceTarget) {
     let store = target.store();
     target
@@ -488,7 +488,7 @@ pub async fn seed_records_interoperate(target: &dyn ConformanceTarget) {
             other => panic!("attribute {name} stored as {other:?}"),
         }
     }
-    // The seed's own renew (owner, token, expiry) still works on leasehold's record.
+    // The original specification's own renew (owner, token, expiry) still works on leasehold's record.
     store
         .renew(&renew("orders-us-east", "lh", 5, T0 + LEASE + SKEW + 3))
         .await

@@ -6,7 +6,7 @@ use crate::schema::RESERVED_PREFIX;
 
 /// One lease record, as decoded from the lease table.
 ///
-/// The first six fields are the seed's schema; the rest are optional extras that
+/// The first six fields are the original lease specification's schema; the rest are optional extras that
 /// leasehold writes and no reader may require.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {

@@ -14,6 +14,7 @@
 //! - [`keeper`]: [`LeaseKeeper`], which holds leases, renews them on schedule and
 //!   tells the data path, before the holder's deadline, when a lease can no longer
 //!   be trusted.
+//! - [`listing`]: leases as the operator CLI prints them (table, details, JSON).
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency.
 //! - [`settings`]: the lease variables (table, timings, identity).
 //! - `conformance` (feature `testing`): the store conformance suite, run against
@@ -22,6 +23,7 @@
 pub mod clock;
 pub mod keeper;
 pub mod lease;
+pub mod listing;
 pub mod schema;
 pub mod settings;
 pub mod store;

@@ -1,7 +1,7 @@
 //! The lease table schema: attribute names, raw items, and decoding.
 //!
-//! The table must stay readable by, and safely shared with, the seed's
-//! `lease_demo.py`, so the six seed attributes keep their names and DynamoDB types
+//! The table must stay readable by, and safely shared with, the original
+//! `lease_demo.py`, so the six original attributes keep their names and DynamoDB types
 //! exactly. Extra attributes leasehold writes are optional for every reader.
 //! Both stores keep raw items in this representation and decode them here, so the
 //! in-memory store fails on a malformed record exactly where DynamoDB would.

@@ -1,4 +1,4 @@
-//! One conformance suite, run against both lease stores (design §5, invariant 7).
+//! One conformance suite, run against both lease stores (docs/invariants.md, invariant 7).
 
 mod memory {
     leasehold_control::conformance_suite!(async {

@@ -1,4 +1,4 @@
-//! The seed's acceptance scenarios with real processes: a feed, DynamoDB
+//! The original acceptance scenarios with real processes: a feed, DynamoDB
 //! (moto), Redis and several `leasehold stream-worker`s with 3 s leases. Every
 //! scenario ends by reading the sink: no sequence gap, no duplicate, no write
 //! accepted with a stale token.

@@ -1,4 +1,4 @@
-//! CloudWatch export, two modes (design §4): Embedded Metric Format lines on
+//! CloudWatch export, two modes (docs/metrics.md): Embedded Metric Format lines on
 //! stdout (for the `awslogs` driver) or `PutMetricData` through the AWS SDK.
 //!
 //! Names are the Prometheus names. Dimensions are the metric's contract labels

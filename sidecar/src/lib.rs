@@ -2,7 +2,7 @@
 //! into metrics, and the outside view of the worker and the cluster.
 //!
 //! Module map:
-//! - [`metrics`]: the metric contract (design §4) and the event → metric mapping.
+//! - [`metrics`]: the metric contract (docs/metrics.md) and the event → metric mapping.
 //! - [`view`]: the worker as the sidecar sees it (alive, leases, lag) → `/status`.
 //! - [`ingest`]: worker connections on `TELEMETRY_ADDR` (versioned framing).
 //! - [`http`]: `/metrics`, `/healthz`, `/status`.

@@ -1,4 +1,4 @@
-//! The metric contract (design §4) and the one mapping from telemetry events to
+//! The metric contract (docs/metrics.md) and the one mapping from telemetry events to
 //! metric updates, in the spirit of vector's `internal_events`: every event's
 //! metric names and labels are spelled here and nowhere else.
 

@@ -2,7 +2,7 @@
 //!
 //! Components never touch a metric registry: they emit one of these events, which
 //! writes one log line here and reaches the sidecar, where one module maps each
-//! event to its metric updates (design §4). Emitting must never block or fail the
+//! event to its metric updates (docs/metrics.md). Emitting must never block or fail the
 //! data path, so [`TelemetrySink::emit`] is synchronous and infallible.
 
 use std::sync::{Arc, Mutex};
@@ -10,54 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Why a holder stopped trusting a lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LossReason {
-    /// The store refused a renew: someone else holds it, or the token is stale.
-    RenewRejected,
-    /// No renew was confirmed before the holder's own deadline.
-    DeadlinePassed,
-    /// A sink rejected a write because a newer fence token exists.
-    Fenced,
-}
-
-impl LossReason {
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossReason::RenewRejected => "renew_rejected",
-            LossReason::DeadlinePassed => "deadline_passed",
-            LossReason::Fenced => "fenced",
-        }
-    }
-}
-
-/// Why an upstream frame was skipped instead of processed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SkipReason {
-    /// Larger than the configured frame limit.
-    TooLarge,
-    /// Not valid JSON (or a binary frame).
-    NotJson,
-    /// JSON without a usable sequence number or event id at the configured pointers.
-    MissingField,
-    /// A sequence number already delivered (the upstream replayed it).
-    Duplicate,
-}
-
-impl SkipReason {
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SkipReason::TooLarge => "too_large",
-            SkipReason::NotJson => "not_json",
-            SkipReason::MissingField => "missing_field",
-            SkipReason::Duplicate => "duplicate",
-        }
-    }
-}
+pub use crate::labels::*;
 
 /// Something a component did that operators want counted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,8 +184,7 @@ pub enum TelemetryEvent {
         /// Stream.
         stream_id: String,
     },
-    // --- broker pool ---
-    /// A pool worker handled a claim message (design §4 `leasehold_pool_claims_total`).
+    /// A pool worker handled a claim message (docs/metrics.md `leasehold_pool_claims_total`).
     PoolClaim {
         /// Worker that took the message.
         worker_id: String,
@@ -303,136 +255,7 @@ pub enum TelemetryEvent {
     },
 }
 
-/// Outcome of a checkpoint write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CommitResult {
-    /// Stored.
-    Committed,
-    /// Refused: the lease is no longer ours.
-    Fenced,
-    /// The store failed; retried later.
-    Error,
-}
-
-impl CommitResult {
-    /// The `result` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CommitResult::Committed => "committed",
-            CommitResult::Fenced => "fenced",
-            CommitResult::Error => "error",
-        }
-    }
-}
-
-// --- broker pool ---
-/// Outcome of a claim message (design §4 `result` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClaimResult {
-    /// The worker became the user's worker.
-    Claimed,
-    /// The message was malformed or its credentials did not decrypt.
-    Invalid,
-    /// The claim could not be completed (user already served, Redis failed).
-    Error,
-}
-
-impl ClaimResult {
-    /// The `result` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClaimResult::Claimed => "claimed",
-            ClaimResult::Invalid => "invalid",
-            ClaimResult::Error => "error",
-        }
-    }
-}
-
-/// Outcome of a broker request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RequestResult {
-    /// Answered with `status: ok`.
-    Ok,
-    /// The broker failed; answered with `status: error`.
-    Error,
-    /// Malformed; dead-lettered (and answered when its id was readable).
-    Invalid,
-    /// Already taken once; not executed again.
-    Duplicate,
-}
-
-impl RequestResult {
-    /// The `result` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RequestResult::Ok => "ok",
-            RequestResult::Error => "error",
-            RequestResult::Invalid => "invalid",
-            RequestResult::Duplicate => "duplicate",
-        }
-    }
-}
-
-/// States of a broker worker (`leasehold_pool_workers{state}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PoolWorkerStateKind {
-    /// In the warm pool, waiting for a claim.
-    Idle,
-    /// Serving one user.
-    Claimed,
-    /// Exited (its marks are deleted).
-    Stopped,
-}
-
-impl PoolWorkerStateKind {
-    /// The `state` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PoolWorkerStateKind::Idle => "idle",
-            PoolWorkerStateKind::Claimed => "claimed",
-            PoolWorkerStateKind::Stopped => "stopped",
-        }
-    }
-}
-
-/// Anomalies the maintenance sweep finds (seed 002).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OrphanKind {
-    /// A mark without a running task.
-    OrphanMark,
-    /// A running task without a mark.
-    OrphanTask,
-    /// A mark that outlived its heartbeat (no TTL, or a heartbeat older than the TTL).
-    StaleMark,
-    /// Two tasks for one user.
-    DuplicateWorker,
-}
-
-impl OrphanKind {
-    /// Every kind, in label order.
-    pub const ALL: [OrphanKind; 4] = [
-        OrphanKind::OrphanMark,
-        OrphanKind::OrphanTask,
-        OrphanKind::StaleMark,
-        OrphanKind::DuplicateWorker,
-    ];
-
-    /// The `kind` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OrphanKind::OrphanMark => "orphan_mark",
-            OrphanKind::OrphanTask => "orphan_task",
-            OrphanKind::StaleMark => "stale_mark",
-            OrphanKind::DuplicateWorker => "duplicate_worker",
-        }
-    }
-}
-
+/// `orphan_mark=1,stale_mark=0` for a log line.
 fn kind_counts(counts: &[(OrphanKind, u64)]) -> String {
     counts
         .iter()
@@ -584,7 +407,6 @@ impl TelemetryEvent {
             EventsDropped { count } => {
                 tracing::warn!(count, "telemetry buffer full: oldest events dropped")
             }
-            // --- broker pool ---
             PoolClaim {
                 worker_id,
                 user_id,

@@ -7,6 +7,7 @@
 //! Module map:
 //! - [`event`]: the typed events and [`TelemetrySink`] (`emit`, synchronous and
 //!   infallible).
+//! - [`labels`]: the closed label sets (`reason`, `result`, `state`, `kind`).
 //! - [`transport`]: the worker → sidecar wire format and [`BufferedShipper`], the
 //!   bounded drop-oldest buffer workers emit through.
 //! - [`status`]: the sidecar's `/status` document, served by the sidecar and read
@@ -15,6 +16,7 @@
 //! - `testing` (feature `testing`): one event of every variant.
 
 pub mod event;
+pub mod labels;
 pub mod settings;
 pub mod status;
 pub mod transport;

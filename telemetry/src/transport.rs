@@ -1,4 +1,4 @@
-//! Worker → sidecar telemetry transport (design §4, invariant 5).
+//! Worker → sidecar telemetry transport (docs/invariants.md, invariant 5).
 //!
 //! Wire format, version 1: the client opens a TCP connection (loopback) and
 //! sends the 4-byte preamble [`PREAMBLE`] (`LHT` + version byte 1), then frames:

@@ -1,4 +1,4 @@
-//! DynamoDB lease store: the seed's conditional expressions, plus design §3.1's
+//! DynamoDB lease store: the original conditional expressions, plus the lease rules'
 //! additions (skew margin on takeover, release that keeps token and checkpoint).
 //!
 //! Endpoint, region and credentials come from the AWS SDK's own configuration
@@ -26,23 +26,23 @@ use super::{
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
 
-/// The seed's acquire condition, verbatim.
+/// The original specification's acquire condition, verbatim.
 pub const ACQUIRE_CONDITION: &str =
     "attribute_not_exists(owner_id) OR lease_expires_at < :now OR owner_id = :owner";
-/// The seed's acquire update, plus extras evaluated against the record as it was
+/// The original specification's acquire update, plus extras evaluated against the record as it was
 /// before this write (previous holder and expiry, for the takeover gap).
 pub const ACQUIRE_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner, :none), \
      previous_expires_at = if_not_exists(lease_expires_at, :zero), \
      owner_id = :owner, last_owner = :owner, lease_expires_at = :expires, \
      fence_token = if_not_exists(fence_token, :zero) + :one, \
      acquired_at = :updated, updated_at = :updated";
-/// The seed's renew condition, verbatim.
+/// The original specification's renew condition, verbatim.
 pub const RENEW_CONDITION: &str =
     "owner_id = :owner AND fence_token = :token AND lease_expires_at >= :now";
 /// Added to the renew condition when the renew carries a checkpoint.
 pub const CHECKPOINT_NOT_BEHIND: &str =
     "(attribute_not_exists(checkpoint) OR checkpoint <= :checkpoint)";
-/// The seed's renew update.
+/// The original specification's renew update.
 pub const RENEW_UPDATE: &str = "SET lease_expires_at = :expires, updated_at = :now";
 /// Added to the renew update when the renew carries a checkpoint.
 pub const RENEW_CHECKPOINT_UPDATE: &str = ", checkpoint = :checkpoint, checkpoint_at = :now";

@@ -29,7 +29,7 @@ impl MemoryLeaseStore {
         Self::default()
     }
 
-    /// Writes a raw item as-is, as another tool (the seed's Python demo, a careless
+    /// Writes a raw item as-is, as another tool (the original lease specification's Python demo, a careless
     /// operator) could. Used to seed `dev` and by the conformance suite.
     pub fn put_raw(&self, item: RawItem) {
         let key = schema::item_key(&item)

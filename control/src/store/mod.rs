@@ -269,7 +269,7 @@ pub(crate) fn refusal(current: Lease, holder: Holder<'_>) -> LeaseError {
     }
 }
 
-/// The record `register` writes: the seed's attributes with nothing held yet.
+/// The record `register` writes: the original attributes with nothing held yet.
 pub(crate) fn registration_item(stream_id: &str, now_ms: i64) -> RawItem {
     RawItem::from([
         (schema::STREAM_ID.to_owned(), AttrValue::s(stream_id)),

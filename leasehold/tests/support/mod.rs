@@ -360,8 +360,6 @@ impl Cluster {
     }
 }
 
-// --- broker pool ---
-
 /// Runs `leasehold ARGS` to completion with exactly `envs` (plus PATH) and
 /// optional stdin; returns the exit status and everything it printed.
 pub fn run_leasehold(

@@ -1,5 +1,5 @@
 //! Broker connections, cached per (broker_name, broker_type, simulation,
-//! account_id) as the seed prescribes: opened lazily on first use, dropped on
+//! account_id) as the original broker-pool specification prescribes: opened lazily on first use, dropped on
 //! error and reopened on the next request, pinged while idle, all closed on
 //! idle timeout or credentials reload. Connecting retries with backoff a
 //! bounded number of times; past that the worker gives up (the orchestrator
@@ -35,7 +35,7 @@ pub enum ConnectError {
 /// Connection cache settings.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectPolicy {
-    /// Attempts before giving up (seed: 3).
+    /// Attempts before giving up (originally 3).
     pub attempts: u32,
     /// Delay between attempts.
     pub backoff: Backoff,

@@ -1,4 +1,4 @@
-//! Credentials blobs (design §3.2): standard base64 of `nonce (12 bytes) ‖
+//! Credentials blobs (docs/redis.md): standard base64 of `nonce (12 bytes) ‖
 //! AES-256-GCM ciphertext+tag`, key `CREDENTIALS_KEY`, associated data = the user
 //! id, so a blob cannot be replayed for another user. The plaintext is a JSON
 //! object of string fields the broker defines (paper: `api_key`, `account_id`).

@@ -1,4 +1,4 @@
-//! The maintenance sweep (seed 002 "orphan detection"): the liveness marks on
+//! The maintenance sweep (the original broker-pool specification's "orphan detection"): the liveness marks on
 //! the pool bus compared with the launcher's running tasks.
 //!
 //! | kind | found when | resolved by |
@@ -378,7 +378,7 @@ mod tests {
             kinds(&findings),
             vec![(OrphanKind::DuplicateWorker, None, Some("t-old".into()))]
         );
-        // Same when the older one holds the mark: the seed stops the older task.
+        // Same when the older one holds the mark: the original specification stops the older task.
         let marks = [mark("u1", "t-old", 0, Some(30_000))];
         let findings = classify(&marks, &tasks, NOW, &config());
         assert_eq!(

@@ -1,4 +1,4 @@
-//! The pool manager's reconcile pass and the claim path (seed 002: "active →
+//! The pool manager's reconcile pass and the claim path (the original broker-pool specification: "active →
 //! nothing; idle pool worker → claim; none → cold start").
 //!
 //! Both count idle pool workers with a scan of `worker:active:-1:*` on the pool

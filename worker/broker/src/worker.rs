@@ -1,4 +1,4 @@
-//! One broker worker process: pool worker → claimed worker → exit (seed 002's
+//! One broker worker process: pool worker → claimed worker → exit (the original broker-pool specification's
 //! lifecycle).
 //!
 //! - **Pool**: heartbeats `worker:active:-1:{worker_id}`, BRPOPs `pool:claims`
@@ -25,19 +25,17 @@ use std::time::{Duration, SystemTime};
 
 use leasehold_control::clock::unix_ms;
 use leasehold_pool::keys;
-use leasehold_telemetry::{
-    ClaimResult, PoolWorkerStateKind, RequestResult, TelemetryEvent, TelemetrySink,
-};
+use leasehold_telemetry::{ClaimResult, PoolWorkerStateKind, TelemetryEvent, TelemetrySink};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::connections::{ConnectError, ConnectPolicy, ConnectionCache};
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
-use crate::paper::{Broker, BrokerError};
+use crate::paper::Broker;
 pub use leasehold_pool::bus::WorkerMetadata;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{BusError, MarkWrite, PoolBus, UserMessage};
-use leasehold_pool::protocol::{self, Action, ClaimMessage, ControlMessage, MarkValue, Response};
+use leasehold_pool::bus::{BusError, MarkWrite, PoolBus};
+use leasehold_pool::protocol::{self, ClaimMessage, MarkValue};
 
 /// A broker worker's settings.
 #[derive(Debug, Clone)]
@@ -48,15 +46,15 @@ pub struct BrokerWorkerConfig {
     pub task_id: String,
     /// `None`: start in the pool. `Some`: cold start for this user.
     pub user_id: Option<String>,
-    /// Heartbeat period (seed: 5 s).
+    /// Heartbeat period (originally 5 s).
     pub heartbeat: Duration,
-    /// Mark TTL (seed: 30 s), whole seconds.
+    /// Mark TTL (originally 30 s), whole seconds.
     pub mark_ttl: Duration,
-    /// BLPOP timeout (seed: 30 s).
+    /// BLPOP timeout (originally 30 s).
     pub block: Duration,
-    /// Exit after this long without requests or control messages (seed: 30 min).
+    /// Exit after this long without requests or control messages (originally 30 min).
     pub idle_timeout: Duration,
-    /// Health-check period for idle connections (seed: 60 s).
+    /// Health-check period for idle connections (originally 60 s).
     pub health_check: Duration,
     /// Connect attempts and backoff.
     pub connect: ConnectPolicy,
@@ -66,7 +64,7 @@ pub struct BrokerWorkerConfig {
 
 #[cfg(feature = "testing")]
 impl BrokerWorkerConfig {
-    /// Test settings: a 2 s mark TTL, the given heartbeat, the seed's 30 s
+    /// Test settings: a 2 s mark TTL, the given heartbeat, the original 30 s
     /// blocking pop, and metadata naming `task-{worker_id}` on `test-host`.
     pub fn for_tests(worker_id: &str, user_id: Option<&str>, heartbeat: Duration) -> Self {
         BrokerWorkerConfig {
@@ -120,63 +118,6 @@ pub enum WorkerError {
         /// What failed (never the secret).
         problem: String,
     },
-}
-
-/// Ticks of the claimed loop: idle timeout, and the health check of connections
-/// that have been idle for a period. Pure, so it is tested on tokio's paused clock.
-#[derive(Debug, Clone, Copy)]
-pub struct Schedule {
-    last_activity: Instant,
-    last_health_check: Instant,
-    idle_timeout: Duration,
-    health_every: Duration,
-}
-
-/// What a [`Schedule`] says is due now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Due {
-    /// Nothing; wait for at most the given time.
-    Wait(Duration),
-    /// Ping idle connections.
-    HealthCheck,
-    /// Idle for too long: exit.
-    IdleTimeout,
-}
-
-impl Schedule {
-    /// Starting now.
-    pub fn new(now: Instant, idle_timeout: Duration, health_every: Duration) -> Self {
-        Schedule {
-            last_activity: now,
-            last_health_check: now,
-            idle_timeout,
-            health_every,
-        }
-    }
-
-    /// A request or control message arrived.
-    pub fn activity(&mut self, now: Instant) {
-        self.last_activity = now;
-    }
-
-    /// A health check ran.
-    pub fn health_checked(&mut self, now: Instant) {
-        self.last_health_check = now;
-    }
-
-    /// What is due at `now`.
-    pub fn due(&self, now: Instant) -> Due {
-        let idle_deadline = self.last_activity + self.idle_timeout;
-        if now >= idle_deadline {
-            return Due::IdleTimeout;
-        }
-        // Only connections idle for a whole period are pinged: traffic proves health.
-        let health_at = self.last_activity.max(self.last_health_check) + self.health_every;
-        if now >= health_at {
-            return Due::HealthCheck;
-        }
-        Due::Wait(idle_deadline.min(health_at) - now)
-    }
 }
 
 /// A broker worker on a pool bus.
@@ -344,7 +285,7 @@ impl BrokerWorker {
                 self.state(PoolWorkerStateKind::Stopped, None);
                 return Ok(Err(WorkerExit::Signal));
             }
-            // Claims are served in arrival order (the seed's SQS queue was FIFO-like).
+            // Claims are served in arrival order (the original design's SQS queue was FIFO-like).
             let popped = self.bus.pop_claim(self.config.block, shutdown).await;
             let body = match popped {
                 Ok(Some(body)) => body,
@@ -576,256 +517,12 @@ impl BrokerWorker {
             }
         })
     }
-
-    /// The claimed loop.
-    async fn serve(
-        &mut self,
-        mut claimed: Claimed,
-        cache: &mut ConnectionCache,
-        stop: &CancellationToken,
-        shutdown: &CancellationToken,
-        lost: &CancellationToken,
-    ) -> Result<WorkerExit, WorkerError> {
-        let user_id = claimed.user_id.clone();
-        let mut schedule = Schedule::new(
-            Instant::now(),
-            self.config.idle_timeout,
-            self.config.health_check,
-        );
-        loop {
-            if lost.is_cancelled() {
-                return Ok(WorkerExit::Lost);
-            }
-            if shutdown.is_cancelled() {
-                return Ok(WorkerExit::Signal);
-            }
-            let wait = match schedule.due(Instant::now()) {
-                Due::IdleTimeout => {
-                    tracing::info!(user_id, "idle timeout; closing connections");
-                    return Ok(WorkerExit::IdleTimeout);
-                }
-                Due::HealthCheck => {
-                    cache.health_check().await;
-                    schedule.health_checked(Instant::now());
-                    continue;
-                }
-                Due::Wait(wait) => wait.min(self.config.block),
-            };
-            let popped = self.bus.pop_user_message(&user_id, wait, stop).await;
-            let message = match popped {
-                Ok(Some(message)) => message,
-                Ok(None) => continue,
-                Err(err) => {
-                    tracing::warn!(user_id, error = %err, "pop of requests and control messages failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            };
-            schedule.activity(Instant::now());
-            let handled = match message {
-                UserMessage::Control(body) => self.control(&mut claimed, cache, &body).await,
-                UserMessage::Request(body) => self.request(&claimed, cache, &body).await?,
-            };
-            if let Handled::Exit(exit) = handled {
-                return Ok(exit);
-            }
-        }
-    }
-
-    async fn control(
-        &mut self,
-        claimed: &mut Claimed,
-        cache: &mut ConnectionCache,
-        body: &str,
-    ) -> Handled {
-        let control_key = keys::worker_control(&claimed.user_id);
-        match protocol::parse_control(body) {
-            Ok(ControlMessage::Shutdown) => {
-                tracing::info!(
-                    user_id = claimed.user_id,
-                    "shutdown requested by control message"
-                );
-                Handled::Exit(WorkerExit::ControlShutdown)
-            }
-            Ok(ControlMessage::ReloadCredentials) => {
-                match self.load_credentials(&claimed.user_id.clone()).await {
-                    Ok(credentials) => {
-                        claimed.credentials = credentials;
-                        cache.close_all("reload_credentials").await;
-                        tracing::info!(
-                            user_id = claimed.user_id,
-                            "credentials reloaded; connections reopen on next use"
-                        );
-                    }
-                    Err(err) => {
-                        // Keep serving with the credentials that work.
-                        self.dead_letter(&control_key, &format!("reload failed: {err}"), body)
-                            .await;
-                    }
-                }
-                Handled::Continue
-            }
-            Err(err) => {
-                self.dead_letter(
-                    &control_key,
-                    &format!("invalid control message: {err}"),
-                    body,
-                )
-                .await;
-                Handled::Continue
-            }
-        }
-    }
-
-    async fn respond(&mut self, response: &Response) {
-        let written = self
-            .bus
-            .put_response(&response.request_id, &response.to_json())
-            .await;
-        if let Err(err) = written {
-            tracing::error!(request_id = response.request_id, error = %err, "cannot write the response");
-        }
-    }
-
-    /// Handles one request; only exhausted broker connects are fatal (after the
-    /// request is answered).
-    async fn request(
-        &mut self,
-        claimed: &Claimed,
-        cache: &mut ConnectionCache,
-        body: &str,
-    ) -> Result<Handled, WorkerError> {
-        let started = Instant::now();
-        let user_id = claimed.user_id.clone();
-        let report = |telemetry: &Arc<dyn TelemetrySink>, request_id: Option<&str>, result| {
-            telemetry.emit(TelemetryEvent::BrokerRequest {
-                user_id: user_id.clone(),
-                request_id: request_id.map(str::to_owned),
-                result,
-                duration: started.elapsed(),
-            });
-        };
-        let request = match protocol::parse_request(body) {
-            Ok(request) => request,
-            Err(invalid) => {
-                let reason = format!("invalid request: {}", invalid.error);
-                self.dead_letter(&keys::user_requests(&user_id), &reason, body)
-                    .await;
-                if let Some(request_id) = &invalid.request_id {
-                    self.respond(&Response::error(request_id, &reason)).await;
-                }
-                report(
-                    &self.telemetry,
-                    invalid.request_id.as_deref(),
-                    RequestResult::Invalid,
-                );
-                return Ok(Handled::Continue);
-            }
-        };
-        let taken = self
-            .bus
-            .take_request(&request.request_id, &self.config.worker_id)
-            .await?;
-        if !taken {
-            tracing::warn!(
-                user_id,
-                request_id = request.request_id,
-                "request id already taken; not executed again"
-            );
-            report(
-                &self.telemetry,
-                Some(&request.request_id),
-                RequestResult::Duplicate,
-            );
-            return Ok(Handled::Continue);
-        }
-        let Action::PlaceOrder(order) = &request.action;
-        let outcome = match cache.get(&request.account, &claimed.credentials).await {
-            Ok(connection) => connection.place_order(order).await.map_err(Some),
-            Err(ConnectError::UnknownBroker(name)) => {
-                self.respond(&Response::error(
-                    &request.request_id,
-                    format!("unknown broker {name:?}"),
-                ))
-                .await;
-                report(
-                    &self.telemetry,
-                    Some(&request.request_id),
-                    RequestResult::Error,
-                );
-                return Ok(Handled::Continue);
-            }
-            Err(err) => {
-                self.respond(&Response::error(&request.request_id, err.to_string()))
-                    .await;
-                report(
-                    &self.telemetry,
-                    Some(&request.request_id),
-                    RequestResult::Error,
-                );
-                return Err(err.into());
-            }
-        };
-        match outcome {
-            Ok(result) => {
-                self.respond(&Response::ok(&request.request_id, result))
-                    .await;
-                report(
-                    &self.telemetry,
-                    Some(&request.request_id),
-                    RequestResult::Ok,
-                );
-            }
-            Err(err) => {
-                if matches!(err, Some(BrokerError::Connection(_))) {
-                    cache.invalidate(&request.account).await;
-                }
-                let message = err.map(|e| e.to_string()).unwrap_or_default();
-                self.respond(&Response::error(&request.request_id, message))
-                    .await;
-                report(
-                    &self.telemetry,
-                    Some(&request.request_id),
-                    RequestResult::Error,
-                );
-            }
-        }
-        Ok(Handled::Continue)
-    }
 }
+
+mod schedule;
+mod serve;
+
+pub use schedule::{Due, Schedule};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn schedule_health_checks_only_idle_connections_and_times_out() {
-        let start = Instant::now();
-        let mut schedule = Schedule::new(start, Duration::from_secs(1800), Duration::from_secs(60));
-        assert_eq!(schedule.due(start), Due::Wait(Duration::from_secs(60)));
-        tokio::time::advance(Duration::from_secs(50)).await;
-        schedule.activity(Instant::now());
-        tokio::time::advance(Duration::from_secs(20)).await;
-        // 70 s since start, but only 20 s since the last request: not due.
-        assert_eq!(
-            schedule.due(Instant::now()),
-            Due::Wait(Duration::from_secs(40))
-        );
-        tokio::time::advance(Duration::from_secs(40)).await;
-        assert_eq!(schedule.due(Instant::now()), Due::HealthCheck);
-        schedule.health_checked(Instant::now());
-        assert_eq!(
-            schedule.due(Instant::now()),
-            Due::Wait(Duration::from_secs(60))
-        );
-        tokio::time::advance(Duration::from_secs(1800)).await;
-        assert_eq!(schedule.due(Instant::now()), Due::IdleTimeout);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn idle_deadline_bounds_the_wait() {
-        let start = Instant::now();
-        let schedule = Schedule::new(start, Duration::from_secs(10), Duration::from_secs(60));
-        assert_eq!(schedule.due(start), Due::Wait(Duration::from_secs(10)));
-    }
-}
+mod tests;

@@ -1,5 +1,5 @@
 //! The broker worker against the real `redis-server`, driven like the API would
-//! drive it: raw Redis commands and the key schema of design §3.2 only. Each
+//! drive it: raw Redis commands and the key schema of docs/redis.md only. Each
 //! test uses its own database index, because `pool:claims` is one shared list.
 
 use std::collections::HashMap;

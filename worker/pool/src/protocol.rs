@@ -432,7 +432,7 @@ impl MarkValue {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Reads a stored mark; `None` for anything else (e.g. the seed's bare timestamp).
+    /// Reads a stored mark; `None` for anything else (e.g. the original design's bare timestamp).
     pub fn parse(text: &str) -> Option<MarkValue> {
         serde_json::from_str(text).ok()
     }

@@ -1,5 +1,5 @@
 //! One pool bus conformance suite, run against both buses (the in-memory bus
-//! must behave as the Redis layout of design §3.2 does).
+//! must behave as the Redis layout of docs/redis.md does).
 
 use leasehold_pool::bus::conformance::{MemoryTarget, RedisTarget};
 

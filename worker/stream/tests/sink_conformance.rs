@@ -1,4 +1,4 @@
-//! One sink conformance suite, run against both sinks (design §5, invariant 2).
+//! One sink conformance suite, run against both sinks (docs/invariants.md, invariant 2).
 
 use leasehold_stream::sink::conformance::{MemoryTarget, OPTIONS, RedisTarget};
 

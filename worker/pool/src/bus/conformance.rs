@@ -346,7 +346,7 @@ async fn pop_user(bus: &dyn PoolBus, user: &str) -> Option<UserMessage> {
 }
 
 /// Requests and control messages are served newest first (LPUSH + BLPOP, as
-/// the seed's protocol does), control before requests.
+/// the original protocol does), control before requests.
 pub async fn requests_are_served_newest_first_after_control(target: &dyn BusTarget) {
     let bus = target.bus();
     let user = unique_name("u");

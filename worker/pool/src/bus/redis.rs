@@ -1,4 +1,4 @@
-//! The pool bus on Redis/Valkey: the layout of design §3.2 (keys from
+//! The pool bus on Redis/Valkey: the layout of docs/redis.md (keys from
 //! `crate::keys`, Lua scripts for the mark operations, LPUSH / BLPOP /
 //! BRPOP directions, TTLs). APIs in other languages depend on this layout.
 //!
@@ -392,7 +392,7 @@ impl PoolBus for RedisPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<String>, BusError> {
-        // Producers LPUSH; BRPOP takes the oldest first (the seed's SQS queue
+        // Producers LPUSH; BRPOP takes the oldest first (the original design's SQS queue
         // was FIFO-like).
         let popped = self
             .pop("BRPOP", &[keys::POOL_CLAIMS.to_owned()], timeout, interrupt)

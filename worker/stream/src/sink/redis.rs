@@ -1,5 +1,5 @@
 //! Redis Streams sink: one Lua script per batch checks the fence, drops
-//! duplicates and appends, atomically (design §3.4 fixes the layout).
+//! duplicates and appends, atomically (docs/redis.md fixes the layout).
 
 use crate::sink::keys;
 use async_trait::async_trait;

@@ -1,0 +1,345 @@
+use super::*;
+use crate::clock::PausedClock;
+use crate::store::memory::MemoryLeaseStore;
+use crate::store::{LeasePage, LeaseReader, list_all};
+use async_trait::async_trait;
+use leasehold_telemetry::RecordingSink;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+const HEALTHY: u8 = 0;
+const FAILING: u8 = 1;
+const HANGING: u8 = 2;
+
+/// The in-memory store, with renews that can be made to fail or hang.
+#[derive(Default)]
+struct FaultyStore {
+    inner: MemoryLeaseStore,
+    mode: AtomicU8,
+    renews: AtomicUsize,
+}
+
+impl FaultyStore {
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl LeaseStore for FaultyStore {
+    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+        self.inner.acquire(r).await
+    }
+    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
+        self.renews.fetch_add(1, Ordering::SeqCst);
+        match self.mode.load(Ordering::SeqCst) {
+            FAILING => Err(LeaseError::Throttled {
+                message: "slow down".into(),
+            }),
+            HANGING => std::future::pending().await,
+            _ => self.inner.renew(r).await,
+        }
+    }
+    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
+        self.inner.checkpoint(r).await
+    }
+    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
+        self.inner.release(r).await
+    }
+    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
+        self.inner.force_release(stream_id, now_ms).await
+    }
+    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
+        self.inner.register(stream_id, now_ms).await
+    }
+    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
+        self.inner.bump(record_id, now_ms).await
+    }
+}
+
+#[async_trait]
+impl LeaseReader for FaultyStore {
+    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+        self.inner.get(stream_id).await
+    }
+    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+        self.inner.list(start_after, limit).await
+    }
+}
+
+struct Fixture {
+    store: Arc<FaultyStore>,
+    clock: PausedClock,
+    events: RecordingSink,
+    keeper: LeaseKeeper,
+}
+
+fn fixture() -> Fixture {
+    let store = Arc::new(FaultyStore::default());
+    let clock = PausedClock::starting_at(1_700_000_000_000);
+    let events = RecordingSink::new();
+    let keeper = LeaseKeeper::new(
+        store.clone(),
+        Arc::new(clock),
+        Arc::new(events.clone()),
+        KeeperConfig {
+            owner_id: "me".into(),
+            ..KeeperConfig::default()
+        },
+    );
+    Fixture {
+        store,
+        clock,
+        events,
+        keeper,
+    }
+}
+
+fn count(events: &[TelemetryEvent], pred: impl Fn(&TelemetryEvent) -> bool) -> usize {
+    events.iter().filter(|e| pred(e)).count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_every_interval_and_moves_the_deadline() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    let first_deadline = lease.deadline();
+    assert_eq!(first_deadline, Instant::now() + Duration::from_secs(27));
+    tokio::time::sleep(Duration::from_secs(95)).await;
+    assert!(lease.is_valid());
+    let events = f.events.take();
+    let renewals: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::LeaseRenewed { lateness, .. } => Some(*lateness),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(renewals.len(), 9, "one renew per 10 s over 95 s");
+    assert!(
+        renewals.iter().all(|l| *l < Duration::from_millis(5)),
+        "{renewals:?}"
+    );
+    assert_eq!(lease.deadline(), first_deadline + Duration::from_secs(90));
+    let record = f.store.get("s").await.unwrap();
+    assert_eq!(record.lease_expires_at, f.clock.now_ms() - 5_000 + 30_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_ends_the_lease_at_the_deadline_before_expiry() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(11)).await; // one renew confirmed at t=10
+    f.store.set(HANGING);
+    let deadline = lease.deadline();
+    assert_eq!(deadline, Instant::now() + Duration::from_secs(26));
+    let expires_at = f.store.get("s").await.unwrap().lease_expires_at;
+    tokio::time::timeout(Duration::from_secs(60), lease.cancelled())
+        .await
+        .expect("lease must end");
+    assert_eq!(
+        Instant::now(),
+        deadline,
+        "fires exactly at the holder's deadline"
+    );
+    assert!(!lease.is_valid());
+    assert_eq!(lease.loss_reason(), Some(LossReason::DeadlinePassed));
+    assert!(
+        f.clock.now_ms() < expires_at,
+        "the holder stops before the lease can expire"
+    );
+    assert!(f.keeper.held().is_empty());
+    let events = f.events.take();
+    assert_eq!(
+        count(&events, |e| matches!(
+            e,
+            TelemetryEvent::LeaseLost {
+                reason: LossReason::DeadlinePassed,
+                ..
+            }
+        )),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn is_valid_checks_the_clock_even_before_the_task_runs() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    f.store.set(HANGING);
+    // Jump past the deadline without yielding to the renew task.
+    let deadline = lease.deadline();
+    tokio::time::advance(Duration::from_secs(27)).await;
+    assert!(Instant::now() >= deadline);
+    assert!(!lease.is_valid());
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttled_renews_retry_with_backoff_and_recover() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    f.store.set(FAILING);
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    f.store.set(HEALTHY);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(lease.is_valid());
+    let events = f.events.take();
+    let failures = count(&events, |e| {
+        matches!(e, TelemetryEvent::LeaseRenewFailed { .. })
+    });
+    // Full jitter with a 2 s cap over ~3 s of failures: several attempts, not a hot loop.
+    assert!((2..200).contains(&failures), "{failures} failed attempts");
+    assert_eq!(
+        count(&events, |e| matches!(
+            e,
+            TelemetryEvent::LeaseRenewed { .. }
+        )),
+        1
+    );
+    assert_eq!(
+        count(&events, |e| matches!(e, TelemetryEvent::LeaseLost { .. })),
+        0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_never_run_past_the_deadline() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    let deadline_after_acquire = lease.deadline();
+    f.store.set(FAILING);
+    lease.cancelled().await;
+    assert_eq!(Instant::now(), deadline_after_acquire);
+    let attempts = f.store.renews.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        f.store.renews.load(Ordering::SeqCst),
+        attempts,
+        "no renew after the lease ended"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_is_noticed_on_the_next_renew() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    // An operator release followed by another owner's acquire.
+    f.store.force_release("s", f.clock.now_ms()).await.unwrap();
+    let other = AcquireRequest {
+        stream_id: "s".into(),
+        owner_id: "other".into(),
+        now_ms: f.clock.now_ms(),
+        lease_ms: 30_000,
+        skew_margin_ms: 1_000,
+    };
+    assert_eq!(f.store.acquire(&other).await.unwrap().fence_token, 2);
+    lease.cancelled().await;
+    assert_eq!(lease.loss_reason(), Some(LossReason::RenewRejected));
+    assert_eq!(
+        Instant::now().duration_since(deadline_origin(&lease)),
+        Duration::from_secs(10)
+    );
+}
+
+fn deadline_origin(lease: &HeldLease) -> Instant {
+    lease.deadline() - Duration::from_secs(27)
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_keeps_the_token_and_ends_the_handle() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    let record = f.keeper.release(&lease).await.unwrap();
+    assert_eq!((record.owner_id, record.fence_token), (None, 1));
+    assert!(!lease.is_valid());
+    assert_eq!(lease.loss_reason(), None);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        f.store.renews.load(Ordering::SeqCst),
+        0,
+        "no renew after release"
+    );
+    let events = f.events.take();
+    assert_eq!(
+        count(&events, |e| matches!(
+            e,
+            TelemetryEvent::LeaseReleased { .. }
+        )),
+        1
+    );
+    assert_eq!(
+        count(&events, |e| matches!(e, TelemetryEvent::LeaseLost { .. })),
+        0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_writes_the_staged_checkpoint_first() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    lease.stage_checkpoint(77);
+    let record = f.keeper.release(&lease).await.unwrap();
+    assert_eq!((record.owner_id, record.checkpoint), (None, Some(77)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fenced_reports_stop_renewing() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    f.keeper.report_fenced(&lease);
+    assert!(!lease.is_valid());
+    assert_eq!(lease.loss_reason(), Some(LossReason::Fenced));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(f.store.renews.load(Ordering::SeqCst), 0);
+    assert!(f.keeper.held().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn staged_checkpoints_ride_on_the_renew() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    lease.stage_checkpoint(40);
+    lease.stage_checkpoint(42);
+    lease.stage_checkpoint(41);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let record = f.store.get("s").await.unwrap();
+    assert_eq!(record.checkpoint, Some(42));
+    assert_eq!(lease.persisted_checkpoint(), Some(42));
+    assert_eq!(
+        f.store.renews.load(Ordering::SeqCst),
+        1,
+        "no separate checkpoint write"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquiring_a_held_stream_returns_the_same_lease() {
+    let f = fixture();
+    let first = f.keeper.acquire("s").await.unwrap();
+    let second = f.keeper.acquire("s").await.unwrap();
+    assert_eq!(first.fence_token, second.fence_token);
+    assert_eq!(f.keeper.held().len(), 1);
+    let records = list_all(f.store.as_ref(), 10).await.unwrap();
+    assert_eq!(records.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_conflict_is_reported_with_the_holder() {
+    let f = fixture();
+    let other = AcquireRequest {
+        stream_id: "s".into(),
+        owner_id: "other".into(),
+        now_ms: f.clock.now_ms(),
+        lease_ms: 30_000,
+        skew_margin_ms: 1_000,
+    };
+    f.store.acquire(&other).await.unwrap();
+    assert!(matches!(
+        f.keeper.acquire("s").await,
+        Err(LeaseError::Conflict { .. })
+    ));
+    let events = f.events.take();
+    assert!(matches!(
+        &events[..],
+        [TelemetryEvent::LeaseAcquireConflict { holder: Some(h), holder_token: 1, .. }] if h == "other"
+    ));
+}
