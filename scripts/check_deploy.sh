@@ -6,7 +6,7 @@
 #      wrapped into a generated template; a misspelt action must make it fail,
 #   4. scripts/check_task_definitions.py: the task definitions against the ECS
 #      API model and, with the IAM policies, against the code (variable names
-#      from control/src/config.rs, subcommands, the DynamoDB and ECS calls the
+#      from docs/configuration.md, subcommands, the DynamoDB and ECS calls the
 #      code makes), then its self-test, which breaks a copy of each file in one
 #      way at a time and fails unless every break is caught.
 # Standalone: `bash scripts/check_deploy.sh` (from any directory). scripts/test.sh

@@ -4,10 +4,12 @@
 Runs offline with the standard library only. What the binary accepts is read
 from the code at run time, never copied here:
 
-- control/src/config.rs: every `EnvVar` (name, default, doc). A variable whose
-  doc says "never printed" is a secret: ECS must inject it from `secrets`.
+- docs/configuration.md: every variable (name, default, meaning), which
+  `leasehold/tests/docs.rs` checks against the typed settings in the code. A
+  variable whose meaning says "never printed" is a secret (the code's
+  `Setting::secret`): ECS must inject it from `secrets`.
 - leasehold/src/main.rs: the subcommands (`enum Command`), for `command[0]`.
-- control/src/store/dynamodb.rs and worker/src/broker/launcher.rs: the DynamoDB
+- control/src/store/dynamodb.rs and worker/broker/src/launcher.rs: the DynamoDB
   and ECS API calls the code makes; a policy may grant no other action of those
   services.
 
@@ -44,10 +46,10 @@ IAM = DEPLOY / "iam"
 STOP_MARGIN_S = 5
 FARGATE_MAX_STOP_TIMEOUT_S = 120
 
-# Names the design fixes (design section 3.3) for components that are not in the
-# binary yet. Accepted only while config.rs lacks them; a note says when to drop them.
+# Names fixed by the contract for components that are not in the binary yet.
+# Accepted only while docs/configuration.md lacks them; a note says when to drop them.
 PENDING_ENV = {
-    "DASHBOARD_LISTEN": "design 3.3; arrives with `leasehold dashboard` (issue 6)",
+    "DASHBOARD_LISTEN": "arrives with `leasehold dashboard` (issue 6)",
     "DASHBOARD_TOKEN": "bearer token of the dashboard; arrives with issue 6",
 }
 PENDING_SECRETS = {"DASHBOARD_TOKEN"}
@@ -100,7 +102,8 @@ OTHER_POLICIES = {
 }
 # Actions that accept no resource but "*" and have no condition worth adding.
 STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken"}
-# Container-level secret-looking names and values (besides config.rs's "never printed").
+# Container-level secret-looking names and values (besides the variables whose
+# meaning in docs/configuration.md says "never printed").
 SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET", re.I)
 URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]+@")
 AWS_ACCESS_KEY = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
@@ -115,25 +118,15 @@ FARGATE_SIZES = {  # cpu units -> allowed task memory (MiB)
 
 # --- what the code says ---------------------------------------------------------
 
-def rust_string(text: str, field: str) -> str | None:
-    """The value of `field: "..."` or `field: r#"..."#` in a Rust struct literal."""
-    m = re.search(field + r':\s*(?:r#"(.*?)"#|"((?:[^"\\]|\\.)*)")', text, re.S)
-    if not m:
-        return None
-    if m.group(1) is not None:
-        return m.group(1)
-    # Ordinary string: join `\`-continued lines, unescape quotes.
-    return re.sub(r"\\\n\s*", "", m.group(2)).replace('\\"', '"')
-
-
-def env_vars(config_rs: str) -> dict[str, dict]:
-    """name -> {default, doc} for every `pub const X: EnvVar = EnvVar { ... };`."""
+def env_vars(configuration_md: str) -> dict[str, dict]:
+    """name -> {default, doc} for every `| `NAME` | `default` | meaning |` row."""
     found = {}
-    for block in re.findall(r"pub const \w+: EnvVar = EnvVar \{(.*?)\n\};", config_rs, re.S):
-        name = rust_string(block, "name")
-        if name:
-            found[name] = {"default": rust_string(block, "default") or "",
-                           "doc": rust_string(block, "doc") or ""}
+    for line in configuration_md.splitlines():
+        m = re.match(r"\|\s*`([A-Z][A-Z0-9_]*)`\s*\|\s*(.*?)\s*\|(.*)\|\s*$", line)
+        if m:
+            default = m.group(2)
+            default = default[1:-1] if default.startswith("`") and default.endswith("`") else ""
+            found[m.group(1)] = {"default": default, "doc": m.group(3)}
     return found
 
 
@@ -156,20 +149,20 @@ class Code:
     """Everything read from the repository's code."""
 
     def __init__(self, repo: Path = REPO):
-        self.env = env_vars((repo / "control/src/config.rs").read_text())
+        self.env = env_vars((repo / "docs/configuration.md").read_text())
         self.subcommands = subcommands((repo / "leasehold/src/main.rs").read_text())
         self.calls = client_calls(
             (repo / "control/src/store/dynamodb.rs").read_text(), "dynamodb"
-        ) | client_calls((repo / "worker/src/broker/launcher.rs").read_text(), "ecs")
+        ) | client_calls((repo / "worker/broker/src/launcher.rs").read_text(), "ecs")
         self.secrets = {n for n, v in self.env.items() if "never printed" in v["doc"]}
         # If the extraction breaks, fail loudly instead of checking against nothing.
         problems = []
         for name in ("LEASE_TABLE", "DRAIN_TIMEOUT_MS", "SIDECAR_LISTEN", "TELEMETRY_ADDR",
                      "REDIS_URL", "CREDENTIALS_KEY"):
             if name not in self.env:
-                problems.append(f"control/src/config.rs: EnvVar {name} not found (did the format change?)")
+                problems.append(f"docs/configuration.md: variable {name} not found (did the format change?)")
         if len(self.env) < 40:
-            problems.append(f"control/src/config.rs: only {len(self.env)} EnvVar definitions found")
+            problems.append(f"docs/configuration.md: only {len(self.env)} variables found")
         for name in ("stream-worker", "sidecar", "broker-worker", "pool-manager", "maintenance"):
             if name not in self.subcommands:
                 problems.append(f"leasehold/src/main.rs: subcommand {name} not found in enum Command")
@@ -177,7 +170,7 @@ class Code:
             if action not in self.calls:
                 problems.append(f"no {action} call found in dynamodb.rs / launcher.rs")
         if "CREDENTIALS_KEY" not in self.secrets:
-            problems.append("control/src/config.rs: CREDENTIALS_KEY's doc no longer says 'never printed'")
+            problems.append("docs/configuration.md: CREDENTIALS_KEY's meaning no longer says 'never printed'")
         if problems:
             raise SystemExit("\n".join(problems))
 
@@ -259,9 +252,9 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
             if var in code.env:
                 continue
             if var in PENDING_ENV:
-                notes.add(f"{var} is not in control/src/config.rs yet ({PENDING_ENV[var]})")
+                notes.add(f"{var} is not in docs/configuration.md yet ({PENDING_ENV[var]})")
             else:
-                cerr(f"{var} is not a variable the binary reads (control/src/config.rs)")
+                cerr(f"{var} is not a variable the binary reads (docs/configuration.md)")
         for var, value in env.items():
             if var in code.secrets or var in PENDING_SECRETS:
                 cerr(f"{var} is a secret (its doc says 'never printed'): move it to `secrets`")
@@ -329,7 +322,7 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
         if sub == "dashboard":
             listen = env.get("DASHBOARD_LISTEN")
             if not listen:
-                cerr("DASHBOARD_LISTEN must be set explicitly (the design's default is loopback)")
+                cerr("DASHBOARD_LISTEN must be set explicitly (the default is loopback)")
             else:
                 host, port = listen_port(listen)
                 if host.startswith("127.") or host == "localhost":
@@ -476,7 +469,7 @@ def check_lease_table(text: str, errors: list[str]):
     code_lines = [line.split("#", 1)[0] for line in text.splitlines()]
     if any("TimeToLiveSpecification" in line for line in code_lines):
         errors.append("deploy/lease-table.yaml: TTL must not be enabled (expiry is lease_expires_at in the "
-                      "conditional write, never TTL; design 3.1)")
+                      "conditional write, never TTL)")
     for needed in ("PointInTimeRecoveryEnabled: true", "DeletionProtectionEnabled: true", "PAY_PER_REQUEST",
                    "AttributeName: stream_id"):
         if not any(needed in line for line in code_lines):

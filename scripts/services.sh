@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Shared by scripts/test.sh and scripts/bench.sh (sourced, not run):
-#   1. installs what is missing (Debian: redis-server, prometheus for promtool;
-#      Python: moto[server] and cfn-lint in a venv under ~/.cache/leasehold when
-#      not importable),
+#   1. installs what is missing (Debian: redis-server, prometheus for promtool,
+#      chromium; Python: moto[server], and cfn-lint for the CloudWatch alarms and
+#      deploy/, in a venv under ~/.cache/leasehold when not importable),
 #   2. starts a DynamoDB-compatible server (moto, serialised) and redis-server on
 #      free loopback ports, exports their addresses, and stops them on exit.
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +26,21 @@ if ((${#apt_missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
 fi
 
+# rust-toolchain.toml names 1.95.0. Nothing can be downloaded here, so a machine
+# whose only toolchain is a stable 1.95.0 gets it linked under that name.
+if command -v rustup >/dev/null && ! rustup toolchain list | grep -q '^1\.95\.0'; then
+    if [[ "$(rustup run stable rustc --version 2>/dev/null)" == "rustc 1.95.0 "* ]]; then
+        log "linking the stable toolchain as 1.95.0 (rust-toolchain.toml)"
+        rustup toolchain link 1.95.0 "$(rustup run stable rustc --print sysroot)"
+    fi
+fi
+
+# cargo-deny (crates.io) checks licences, bans and sources; built once per machine.
+if ! cargo deny --version >/dev/null 2>&1; then
+    log "installing cargo-deny (once per machine, a few minutes)"
+    cargo install --locked --quiet cargo-deny@0.20.2
+fi
+
 python=python3
 if ! "$python" -c 'import moto.server, flask, werkzeug' 2>/dev/null; then
     venv="$cache/venv"
@@ -37,9 +52,9 @@ if ! "$python" -c 'import moto.server, flask, werkzeug' 2>/dev/null; then
     python="$venv/bin/python"
 fi
 
-# --- alerts ---
-# cfn-lint (PyPI) lints the CloudWatch alarm template in alerts/cloudwatch/; same
-# venv logic as moto: the machine's own when importable, else the cached venv.
+# cfn-lint (PyPI) lints the CloudWatch alarm template in alerts/cloudwatch/ and
+# the templates in deploy/; same venv logic as moto: the machine's own when
+# importable, else the cached venv.
 cfn_lint=cfn-lint
 if ! python3 -c 'import cfnlint' 2>/dev/null || ! command -v cfn-lint >/dev/null; then
     venv="$cache/venv"

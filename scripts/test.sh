@@ -2,14 +2,15 @@
 # The whole leasehold test suite, on a fresh machine or a warm one:
 #   1-2. scripts/services.sh installs what is missing and starts moto and
 #        redis-server on free loopback ports (stopped on exit, whatever happens),
-#   -    alerts: promtool check/test rules, cfn-lint, the Grafana JSON,
-#   3.   cargo fmt --check, cargo clippy -D warnings and every test in the workspace.
+#   3.   alerts/: promtool check/test rules, cfn-lint, the Grafana JSON,
+#   4.   deploy/: scripts/check_deploy.sh,
+#   5.   cargo fmt --check, cargo clippy -D warnings and every test in the workspace.
 # `.ci/run` calls exactly this. Build output goes to $CARGO_TARGET_DIR
 # (default ~/.cache/leasehold/target) so repeated runs reuse it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
 
-# --- alerts ---------------------------------------------------------------------
+# --- 3. alerts -------------------------------------------------------------------
 # Rule syntax and promtool unit tests, the CloudFormation alarms, the dashboard's
 # JSON (the cross-check against a real sidecar runs with cargo test below).
 log "promtool check rules / test rules"
@@ -20,18 +21,18 @@ log "cfn-lint alerts/cloudwatch"
 log "grafana dashboard JSON"
 python3 -m json.tool alerts/grafana/leasehold.json >/dev/null
 
-# --- deploy ----------------------------------------------------------------------
+# --- 4. deploy -------------------------------------------------------------------
 log "deploy/: cfn-lint, JSON, task definitions and IAM policies against the code"
 bash scripts/check_deploy.sh
 
-# --- 3. checks -------------------------------------------------------------------
+# --- 5. cargo ---------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test"
 # Libraries, binaries and integration tests (benches run from scripts/bench.sh).
-cargo test --workspace --locked --lib --bins --tests 2>&1 | tee "$repo/test-output/cargo-test.log"
+cargo test --workspace --locked --no-fail-fast --lib --bins --tests 2>&1 | tee "$repo/test-output/cargo-test.log"
 # One closing line over every test binary, in the plain form CI reads.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' \
     "$repo/test-output/cargo-test.log"

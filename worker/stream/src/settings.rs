@@ -31,7 +31,7 @@ const SINK_URL_PARSER: Parser<String> = Parser {
 };
 
 /// The `UPSTREAM_URL` variable.
-pub const UPSTREAM_URL: Setting<String> = Setting::secret(
+pub const UPSTREAM_URL: Setting<String> = Setting::new(
     "UPSTREAM_URL",
     parse::TEXT,
     Fallback::Unset,
