@@ -4,7 +4,8 @@
 #        redis-server on free loopback ports (stopped on exit, whatever happens),
 #   3.   alerts/: promtool check/test rules, cfn-lint, the Grafana JSON,
 #   4.   deploy/: scripts/check_deploy.sh,
-#   5.   cargo fmt --check, cargo clippy -D warnings and every test in the workspace.
+#   5.   cargo fmt --check, cargo deny (licences, bans, sources), cargo clippy
+#        -D warnings and every test in the workspace.
 # `.ci/run` calls exactly this. Build output goes to $CARGO_TARGET_DIR
 # (default ~/.cache/leasehold/target) so repeated runs reuse it.
 set -euo pipefail
@@ -28,6 +29,8 @@ bash scripts/check_deploy.sh
 # --- 5. cargo ---------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all --check
+log "cargo deny check bans licenses sources"
+cargo deny --log-level error check bans licenses sources
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test"
