@@ -12,7 +12,7 @@ use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, ReleaseRequest,
     RenewRequest,
 };
-use leasehold_stream::sink::{FencedSink, SinkBatch, SinkError, WriteOutcome};
+use leasehold_stream::sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, WriteOutcome};
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +169,15 @@ impl GatedSink {
 
 #[async_trait]
 impl FencedSink for GatedSink {
+    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
+        if !self.gate.pass().await {
+            return Err(SinkError::Unavailable(
+                "dev chaos: this worker crashed".into(),
+            ));
+        }
+        self.inner.open(stream_id, fence_token).await
+    }
+
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         if !self.gate.pass().await {
             return Err(SinkError::Unavailable(

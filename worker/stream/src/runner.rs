@@ -1,7 +1,9 @@
 //! One held stream: subscribe from the checkpoint, batch, write fenced, stage
 //! the checkpoint, until the lease is lost or the stream is drained.
 //!
-//! The order of checks is the point of this module. Before every sink write the
+//! The order of checks is the point of this module. A new owner opens the sink
+//! first (raising its fence to the new token) and resumes after the further of
+//! the checkpoint and the sink's last sequence. Before every sink write the
 //! lease must still be valid by the holder's own clock; every write carries the
 //! fence token; the checkpoint moves only after the sink confirmed; a fenced
 //! write or any sign of lost ownership stops the stream at once and closes the
@@ -107,14 +109,18 @@ pub async fn run_stream(
     lease: HeldLease,
     drain: CancellationToken,
 ) -> StreamExit {
-    let start = lease.acquired.checkpoint.unwrap_or(0);
-    let mut progress = Progress {
-        confirmed: start,
-        next_seq: start + 1,
-        received: start,
-        unpersisted: VecDeque::new(),
+    let stop = match open(&context, &lease).await {
+        Err(reason) => Stop::Lost(reason),
+        Ok(start) => {
+            let mut progress = Progress {
+                confirmed: start,
+                next_seq: start + 1,
+                received: start,
+                unpersisted: VecDeque::new(),
+            };
+            consume(&context, &lease, &drain, &mut progress).await
+        }
     };
-    let stop = consume(&context, &lease, &drain, &mut progress).await;
     let exit = match stop {
         Stop::Lost(reason) => StreamExit::Lost(reason),
         Stop::Drain => match context.keeper.release(&lease).await {
@@ -126,6 +132,50 @@ pub async fn run_stream(
         stream_id: lease.stream_id.clone(),
     });
     exit
+}
+
+/// A new owner's first act: raise the sink's fence to its token (from here on a
+/// zombie's delayed write is refused, traffic or not) and learn the last
+/// appended sequence. Returns the sequence to resume after: the store's
+/// checkpoint or the sink's last sequence, whichever is further, so a replay
+/// of events the previous owner wrote but never checkpointed is not appended
+/// again. Retries sink errors while the lease is valid.
+async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, LossReason> {
+    let checkpoint = lease.acquired.checkpoint.unwrap_or(0);
+    let mut attempt = 0u32;
+    loop {
+        // Invariant 4: no side effect past the holder's deadline, the open included.
+        if !lease.is_valid() {
+            return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed));
+        }
+        match context.sink.open(&lease.stream_id, lease.fence_token).await {
+            Ok(opened) if opened.fenced => {
+                context.keeper.report_fenced(lease);
+                return Err(LossReason::Fenced);
+            }
+            Ok(opened) => {
+                let resume = checkpoint.max(opened.last_seq.unwrap_or(0));
+                if resume > checkpoint {
+                    // What the sink holds is confirmed: the checkpoint catches up.
+                    lease.stage_checkpoint(resume);
+                }
+                return Ok(resume);
+            }
+            Err(err) => {
+                context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
+                    stream_id: lease.stream_id.clone(),
+                    error: err.to_string(),
+                });
+                let delay = context.config.sink_retry.delay(attempt);
+                attempt = attempt.saturating_add(1);
+                tokio::select! {
+                    biased;
+                    _ = lease.cancelled() => return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
+                    _ = sleep(delay) => {}
+                }
+            }
+        }
+    }
 }
 
 async fn consume(

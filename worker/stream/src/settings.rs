@@ -72,14 +72,6 @@ pub const SINK_URL: Setting<String> = Setting::secret(
     Fallback::Unset,
     "`redis://…` (Redis Streams sink) or `memory:` (in-process); required by `stream-worker`.",
 );
-/// The `SINK_DEDUP_WINDOW` variable.
-pub const SINK_DEDUP_WINDOW: Setting<u64> = Setting::new(
-    "SINK_DEDUP_WINDOW",
-    parse::POSITIVE,
-    Fallback::Value(|| 10_000),
-    "Event ids remembered per stream; must cover the replay after a takeover \
-          (events/s per stream × (renew interval + lease)).",
-);
 /// The `SINK_MAX_LEN` variable.
 pub const SINK_MAX_LEN: Setting<u64> = Setting::new(
     "SINK_MAX_LEN",
@@ -146,7 +138,6 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_ID_POINTER,
     &UPSTREAM_MAX_FRAME_BYTES,
     &SINK_URL,
-    &SINK_DEDUP_WINDOW,
     &SINK_MAX_LEN,
     &STREAM_IDS,
     &MAX_STREAMS,
@@ -199,7 +190,6 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         .required(&SINK_URL, "(redis://…, rediss://… or memory:)")
         .unwrap_or_default();
     let sink = SinkOptions {
-        dedup_window: env.get(&SINK_DEDUP_WINDOW),
         max_len: env.get(&SINK_MAX_LEN),
     };
     let register = env.optional(&STREAM_IDS).unwrap_or_default();
@@ -253,7 +243,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(settings.worker.register, ["a", "b", "c"]);
-        assert_eq!(settings.sink.dedup_window, 10_000);
+        assert_eq!(settings.sink.max_len, 0);
         assert_eq!(settings.worker.discovery_interval, Duration::from_secs(5));
         assert_eq!(settings.upstream.seq_pointer, "/seq");
         assert_eq!(

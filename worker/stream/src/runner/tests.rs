@@ -14,7 +14,7 @@ use leasehold_telemetry::RecordingSink;
 
 use super::*;
 use crate::sink::memory::MemorySink;
-use crate::sink::{SinkError, SinkOptions, WriteOutcome};
+use crate::sink::{OpenOutcome, SinkError, SinkOptions, WriteOutcome};
 use crate::upstream::Subscription;
 
 /// What the next subscription does after delivering `after` events.
@@ -123,6 +123,10 @@ struct FlakySink {
 
 #[async_trait]
 impl FencedSink for FlakySink {
+    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
+        self.inner.open(stream_id, fence_token).await
+    }
+
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         if self
             .failures
@@ -402,4 +406,103 @@ async fn drain_writes_pending_commits_and_releases() {
         (None, Some(3), 1)
     );
     assert_eq!(f.upstream.open.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
+    // A quiet stream: no event ever comes, yet the fence must move at once, or
+    // a zombie's delayed write would still be accepted.
+    let f = fixture(0);
+    f.sink
+        .inner
+        .write(SinkBatch {
+            stream_id: "s",
+            fence_token: 0,
+            events: &[],
+        })
+        .await
+        .unwrap();
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    assert_eq!(lease.fence_token, 1);
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.highest_token("s") == 1).await;
+    let zombie = f
+        .sink
+        .inner
+        .write(SinkBatch {
+            stream_id: "s",
+            fence_token: 0,
+            events: &[SinkEvent {
+                seq: 1,
+                event_id: "s:1".into(),
+                payload: "{}".into(),
+            }],
+        })
+        .await
+        .unwrap();
+    assert!(zombie.is_fenced(), "the open alone fences the old token");
+    assert!(f.sink.inner.events("s").is_empty());
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn resumes_after_the_sinks_last_sequence_when_it_is_past_the_checkpoint() {
+    // The previous owner wrote 1..=40 but crashed before its checkpoint (10)
+    // moved further: the new owner must not append 11..=40 again.
+    let f = fixture(60);
+    f.store.register("s", 0).await.unwrap();
+    let old = f.context.keeper.acquire("s").await.unwrap();
+    f.context.keeper.commit_checkpoint(&old, 10).await.unwrap();
+    let written: Vec<SinkEvent> = (1..=40)
+        .map(|seq| SinkEvent {
+            seq,
+            event_id: format!("s:{seq}"),
+            payload: "{}".into(),
+        })
+        .collect();
+    f.sink
+        .inner
+        .write(SinkBatch {
+            stream_id: "s",
+            fence_token: old.fence_token,
+            events: &written,
+        })
+        .await
+        .unwrap();
+    f.context.keeper.release(&old).await.unwrap();
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 60).await;
+    assert_eq!(f.upstream.subscribed_from.lock().unwrap()[0], 41);
+    assert_eq!(sink_seqs(&f), (1..=60).collect::<Vec<_>>());
+    sleep(Duration::from_secs(11)).await;
+    assert_eq!(
+        f.store.get("s").await.unwrap().checkpoint,
+        Some(60),
+        "the checkpoint catches up with what the sink confirmed"
+    );
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_owner_whose_token_the_sink_already_passed_stops_at_the_open() {
+    let f = fixture(10);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    f.sink.inner.open("s", lease.fence_token + 5).await.unwrap();
+    let exit = run_stream(f.context.clone(), lease, CancellationToken::new()).await;
+    assert_eq!(exit, StreamExit::Lost(LossReason::Fenced));
+    assert!(f.sink.inner.events("s").is_empty());
+    assert_eq!(
+        f.upstream.subscribed_from.lock().unwrap().len(),
+        0,
+        "never subscribed"
+    );
 }

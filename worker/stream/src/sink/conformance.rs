@@ -7,7 +7,7 @@ use leasehold_testkit::{redis_url, unique_name};
 
 use super::memory::{MemorySink, StoredEvent};
 use super::redis::RedisSink;
-use super::{FencedSink, SinkBatch, SinkEvent, SinkOptions, WriteOutcome};
+use super::{FencedSink, OpenOutcome, SinkBatch, SinkEvent, SinkOptions, WriteOutcome};
 
 /// A sink under test, plus a way to read back what it stored.
 #[async_trait]
@@ -16,6 +16,9 @@ pub trait SinkTarget: Send + Sync {
     fn sink(&self) -> Arc<dyn FencedSink>;
     /// Everything stored for a stream, in append order.
     async fn stored(&self, stream_id: &str) -> Vec<StoredEvent>;
+    /// Makes every call on the stream fail (Redis: its stream key holds a
+    /// string), or work again.
+    async fn break_stream(&self, stream_id: &str, broken: bool);
 }
 
 /// The in-memory sink as a target.
@@ -36,36 +39,74 @@ impl SinkTarget for MemoryTarget {
     async fn stored(&self, stream_id: &str) -> Vec<StoredEvent> {
         self.0.events(stream_id)
     }
+    async fn break_stream(&self, stream_id: &str, broken: bool) {
+        self.0.set_broken(stream_id, broken);
+    }
 }
 
 /// The Redis sink on the test server as a target.
-pub struct RedisTarget(Arc<RedisSink>);
+pub struct RedisTarget {
+    sink: Arc<RedisSink>,
+    raw: redis::aio::ConnectionManager,
+}
 
 impl RedisTarget {
     /// Connects to the test Redis; `None` when no server is configured.
     pub async fn connect(options: SinkOptions) -> Option<Self> {
         let url = redis_url()?;
-        Some(RedisTarget(Arc::new(
-            RedisSink::connect(&url, options).await.expect("connect"),
-        )))
+        let client = redis::Client::open(url.as_str()).expect("redis URL");
+        Some(RedisTarget {
+            sink: Arc::new(RedisSink::connect(&url, options).await.expect("connect")),
+            raw: redis::aio::ConnectionManager::new(client)
+                .await
+                .expect("connect"),
+        })
     }
 }
 
 #[async_trait]
 impl SinkTarget for RedisTarget {
     fn sink(&self) -> Arc<dyn FencedSink> {
-        self.0.clone()
+        self.sink.clone()
     }
     async fn stored(&self, stream_id: &str) -> Vec<StoredEvent> {
-        self.0.stored(stream_id).await.expect("read back")
+        self.sink.stored(stream_id).await.expect("read back")
+    }
+    async fn break_stream(&self, stream_id: &str, broken: bool) {
+        let key = super::keys::sink_stream(stream_id);
+        let mut raw = self.raw.clone();
+        if broken {
+            // Appended events move aside; a string takes the stream's key.
+            let _: () = redis::cmd("RENAME")
+                .arg(&key)
+                .arg(format!("{key}:aside"))
+                .query_async(&mut raw)
+                .await
+                .unwrap_or(());
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg("not a stream")
+                .query_async(&mut raw)
+                .await
+                .expect("SET");
+        } else {
+            let _: () = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut raw)
+                .await
+                .expect("DEL");
+            let _: () = redis::cmd("RENAME")
+                .arg(format!("{key}:aside"))
+                .arg(&key)
+                .query_async(&mut raw)
+                .await
+                .unwrap_or(());
+        }
     }
 }
 
-/// Options every check runs with: a small window so trimming is exercised.
-pub const OPTIONS: SinkOptions = SinkOptions {
-    dedup_window: 5,
-    max_len: 0,
-};
+/// Options every check runs with.
+pub const OPTIONS: SinkOptions = SinkOptions { max_len: 0 };
 
 fn events(stream: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<SinkEvent> {
     seqs.map(|seq| SinkEvent {
@@ -155,7 +196,7 @@ pub async fn lower_tokens_are_fenced(target: &dyn SinkTarget) {
     );
 }
 
-/// A replay after a takeover drops ids already written, appends the rest.
+/// A replay after a takeover drops sequences already appended, appends the rest.
 pub async fn replays_are_deduplicated(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
     write(target, &stream, 1, &events(&stream, 1..=4)).await;
@@ -164,18 +205,76 @@ pub async fn replays_are_deduplicated(target: &dyn SinkTarget) {
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
 }
 
-/// The window is bounded: ids older than the newest `dedup_window` are forgotten.
-pub async fn dedup_window_is_bounded(target: &dyn SinkTarget) {
+/// However long the replay and however old the sequence, nothing already
+/// appended is appended again (an id window forgot ids beyond its size and
+/// re-appended them out of order).
+pub async fn replays_of_any_length_are_dropped(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
-    write(target, &stream, 1, &events(&stream, 1..=8)).await;
-    // Window 5 keeps ids 4..=8: 8 is a duplicate, 3 is accepted again.
-    let outcome = write(target, &stream, 1, &events(&stream, 8..=8)).await;
-    assert_eq!(outcome.duplicate, 1);
-    let outcome = write(target, &stream, 1, &events(&stream, 3..=3)).await;
-    assert_eq!(outcome.accepted, 1);
+    write(target, &stream, 1, &events(&stream, 1..=20_000)).await;
+    let replay = write(target, &stream, 2, &events(&stream, 1..=20_010)).await;
+    assert_eq!((replay.accepted, replay.duplicate), (10, 20_000));
+    let old = write(target, &stream, 2, &events(&stream, 3..=3)).await;
+    assert_eq!((old.accepted, old.duplicate), (0, 1));
+    let stored = seqs(&target.stored(&stream).await);
+    assert_eq!(stored.len(), 20_010);
+    assert!(
+        stored.windows(2).all(|w| w[1] == w[0] + 1),
+        "each seq once, in order"
+    );
 }
 
-/// Streams have their own fence and window.
+/// Opening raises the fence to the new owner's token before any write, so a
+/// zombie's delayed write is refused on a stream with no traffic, and tells the
+/// owner where the sink stands.
+pub async fn opening_raises_the_fence_and_returns_the_last_sequence(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    let sink = target.sink();
+    assert_eq!(
+        sink.open(&stream, 3).await.expect("open"),
+        OpenOutcome {
+            highest_token: 3,
+            last_seq: None,
+            fenced: false
+        }
+    );
+    let zombie = write(target, &stream, 2, &events(&stream, 1..=2)).await;
+    assert!(
+        zombie.is_fenced(),
+        "a lower token is refused after the open alone"
+    );
+    write(target, &stream, 3, &events(&stream, 1..=7)).await;
+    let next = sink.open(&stream, 4).await.expect("open");
+    assert_eq!(
+        (next.last_seq, next.highest_token, next.fenced),
+        (Some(7), 4, false)
+    );
+    let stale = sink.open(&stream, 3).await.expect("open");
+    assert_eq!((stale.fenced, stale.highest_token), (true, 4));
+    assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6, 7]);
+}
+
+/// A write that fails records nothing it did not append: the retry appends
+/// every event (an id recorded before a failed append made the retry drop it).
+pub async fn a_failed_write_records_nothing_it_did_not_append(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    write(target, &stream, 1, &events(&stream, 1..=3)).await;
+    target.break_stream(&stream, true).await;
+    let failed = target
+        .sink()
+        .write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 1,
+            events: &events(&stream, 4..=6),
+        })
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    target.break_stream(&stream, false).await;
+    let retry = write(target, &stream, 1, &events(&stream, 4..=6)).await;
+    assert_eq!((retry.accepted, retry.duplicate), (3, 0));
+    assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
+}
+
+/// Streams have their own fence and sequence.
 pub async fn streams_are_independent(target: &dyn SinkTarget) {
     let a = unique_name("sink-a");
     let b = unique_name("sink-b");
@@ -192,7 +291,9 @@ macro_rules! sink_conformance_suite {
             appends_in_order,
             lower_tokens_are_fenced,
             replays_are_deduplicated,
-            dedup_window_is_bounded,
+            replays_of_any_length_are_dropped,
+            opening_raises_the_fence_and_returns_the_last_sequence,
+            a_failed_write_records_nothing_it_did_not_append,
             streams_are_independent,
         );
     };

@@ -14,11 +14,6 @@ pub fn sink_fence(stream_id: &str) -> String {
     format!("leasehold:fence:{stream_id}")
 }
 
-/// Bounded de-duplication window for a stream (sorted set of event ids scored by sequence).
-pub fn sink_dedup(stream_id: &str) -> String {
-    format!("leasehold:dedup:{stream_id}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -27,6 +22,5 @@ mod tests {
     fn sink_keys_follow_the_contract() {
         assert_eq!(sink_stream("btc-usd"), "leasehold:sink:btc-usd");
         assert_eq!(sink_fence("btc-usd"), "leasehold:fence:btc-usd");
-        assert_eq!(sink_dedup("btc-usd"), "leasehold:dedup:btc-usd");
     }
 }

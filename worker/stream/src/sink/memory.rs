@@ -1,11 +1,11 @@
 //! In-process sink with the Redis sink's semantics (tests and `leasehold dev`).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{FencedSink, SinkBatch, SinkError, SinkOptions, WriteOutcome};
+use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 
 /// One accepted event as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,11 +23,17 @@ pub struct StoredEvent {
 #[derive(Debug, Default)]
 struct StreamState {
     highest_token: u64,
-    /// Event ids in the window, ordered by (seq, id) like the Redis sorted set.
-    window: BTreeSet<(u64, String)>,
-    ids: HashMap<String, u64>,
+    /// The newest `max_len` events (all when uncapped); the last one always stays.
     entries: VecDeque<StoredEvent>,
     appended: u64,
+    /// Writes fail as a broken Redis key would (conformance: partial failures).
+    broken: bool,
+}
+
+impl StreamState {
+    fn last_seq(&self) -> Option<u64> {
+        self.entries.back().map(|event| event.seq)
+    }
 }
 
 /// Events per stream in memory, fenced and de-duplicated.
@@ -63,14 +69,45 @@ impl MemorySink {
         self.lock().get(stream_id).map_or(0, |s| s.appended)
     }
 
+    /// Makes every call on a stream fail (or work again), as a Redis key of the
+    /// wrong type does: the conformance suite's partial-failure check.
+    pub fn set_broken(&self, stream_id: &str, broken: bool) {
+        self.lock().entry(stream_id.to_owned()).or_default().broken = broken;
+    }
+
     /// Highest token accepted for a stream.
     pub fn highest_token(&self, stream_id: &str) -> u64 {
         self.lock().get(stream_id).map_or(0, |s| s.highest_token)
     }
 }
 
+fn broken() -> SinkError {
+    SinkError::Rejected("WRONGTYPE Operation against a key holding the wrong kind of value".into())
+}
+
 #[async_trait]
 impl FencedSink for MemorySink {
+    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
+        let mut streams = self.lock();
+        let state = streams.entry(stream_id.to_owned()).or_default();
+        if state.broken {
+            return Err(broken());
+        }
+        if fence_token < state.highest_token {
+            return Ok(OpenOutcome {
+                highest_token: state.highest_token,
+                last_seq: state.last_seq(),
+                fenced: true,
+            });
+        }
+        state.highest_token = fence_token;
+        Ok(OpenOutcome {
+            highest_token: fence_token,
+            last_seq: state.last_seq(),
+            fenced: false,
+        })
+    }
+
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         let mut streams = self.lock();
         let state = streams.entry(batch.stream_id.to_owned()).or_default();
@@ -81,35 +118,30 @@ impl FencedSink for MemorySink {
                 ..WriteOutcome::default()
             });
         }
+        if state.broken {
+            return Err(broken());
+        }
         state.highest_token = batch.fence_token;
         let mut outcome = WriteOutcome {
             highest_token: batch.fence_token,
             ..WriteOutcome::default()
         };
         for event in batch.events {
-            if state.ids.contains_key(&event.event_id) {
+            if state.last_seq().is_some_and(|last| event.seq <= last) {
                 outcome.duplicate += 1;
                 continue;
             }
-            state.entries.push_back(super::memory::StoredEvent {
+            state.entries.push_back(StoredEvent {
                 seq: event.seq,
                 event_id: event.event_id.clone(),
                 fence_token: batch.fence_token,
                 payload: event.payload.clone(),
             });
             state.appended += 1;
-            state.ids.insert(event.event_id.clone(), event.seq);
-            state.window.insert((event.seq, event.event_id.clone()));
             outcome.accepted += 1;
         }
-        // Keep the `dedup_window` highest sequences, as ZREMRANGEBYRANK does.
-        while state.window.len() as u64 > self.options.dedup_window {
-            if let Some((_, id)) = state.window.pop_first() {
-                state.ids.remove(&id);
-            }
-        }
         if self.options.max_len > 0 {
-            while state.entries.len() as u64 > self.options.max_len {
+            while state.entries.len() as u64 > self.options.max_len.max(1) {
                 state.entries.pop_front();
             }
         }

@@ -1,10 +1,15 @@
 //! Fenced sinks: where a stream's events go, guarded by the fence token.
 //!
-//! Every write carries `stream_id`, `fence_token` and each event's `event_id`.
-//! A sink rejects a whole batch whose token is lower than the highest it has
-//! accepted for that stream (a zombie owner), drops event ids it already wrote
-//! within a bounded window (a takeover replays from the last checkpoint), and
-//! appends the rest, atomically per batch. Both sinks pass one conformance suite.
+//! A new owner first *opens* the stream: one atomic call raises the sink's fence
+//! to its token (so a zombie's delayed write is refused from that moment, even on
+//! a stream with no traffic) and returns the last appended sequence, where the
+//! owner resumes. Every write then carries `stream_id` and `fence_token`; a sink
+//! rejects a whole batch whose token is lower than the highest it has accepted
+//! for that stream, drops events whose sequence is at or below the last one it
+//! appended (a takeover's replay, however long), and appends the rest in order.
+//! The last sequence is read from the stream itself, so a write that fails
+//! part-way records nothing it did not append. Both sinks pass one conformance
+//! suite.
 
 pub mod keys;
 pub mod memory;
@@ -39,12 +44,24 @@ pub struct SinkBatch<'a> {
     pub events: &'a [SinkEvent],
 }
 
+/// What a new owner learns when it opens a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpenOutcome {
+    /// Highest token the sink has accepted for this stream after the call.
+    pub highest_token: u64,
+    /// Sequence of the last event appended, if any.
+    pub last_seq: Option<u64>,
+    /// A newer token already exists: the caller is not the owner (or its lease
+    /// record was re-created behind the sink's back).
+    pub fenced: bool,
+}
+
 /// What the sink did with a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WriteOutcome {
     /// Events appended.
     pub accepted: u64,
-    /// Events dropped because their id was already written.
+    /// Events dropped because their sequence is at or below the last appended one.
     pub duplicate: u64,
     /// Events rejected because a newer fence token exists (all of the batch, or none).
     pub fenced: u64,
@@ -59,8 +76,8 @@ impl WriteOutcome {
     }
 }
 
-/// Why a write did not happen. The outcome is unknown: retrying the same batch
-/// is safe, since duplicates are dropped.
+/// Why a write did not happen. Part of the batch may have been appended:
+/// retrying the same batch is safe, since appended sequences are dropped.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
     /// The sink could not be reached or timed out.
@@ -77,28 +94,20 @@ pub enum SinkError {
 /// A downstream that enforces fencing and de-duplication.
 #[async_trait]
 pub trait FencedSink: Send + Sync + 'static {
-    /// Writes one batch atomically.
+    /// Raises the stream's fence to `fence_token` (unless a higher one exists)
+    /// and returns the last appended sequence, in one atomic step.
+    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError>;
+
+    /// Writes one batch: fenced as a whole, de-duplicated by sequence, in order.
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError>;
 }
 
 /// Sizing shared by both sinks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SinkOptions {
-    /// Event ids remembered per stream for de-duplication. Must cover the replay
-    /// after a takeover: at least (events per second per stream) × (checkpoint
-    /// interval + lease duration).
-    pub dedup_window: u64,
-    /// Approximate cap on stored events per stream (`XADD MAXLEN ~`); 0 keeps everything.
+    /// Approximate cap on stored events per stream (`XADD MAXLEN ~`); 0 keeps
+    /// everything. The newest event always stays, so de-duplication holds.
     pub max_len: u64,
-}
-
-impl Default for SinkOptions {
-    fn default() -> Self {
-        SinkOptions {
-            dedup_window: 10_000,
-            max_len: 0,
-        }
-    }
 }
 
 /// Opens the sink a `SINK_URL` names: `redis://…`/`rediss://…` or `memory:`.

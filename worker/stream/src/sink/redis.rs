@@ -1,45 +1,74 @@
-//! Redis Streams sink: one Lua script per batch checks the fence, drops
-//! duplicates and appends, atomically (docs/redis.md fixes the layout).
+//! Redis Streams sink: one Lua script opens a stream (raises the fence, reads
+//! the last sequence), one per batch checks the fence, drops replayed sequences
+//! and appends (docs/redis.md fixes the layout).
 
 use crate::sink::keys;
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
-use super::{FencedSink, SinkBatch, SinkError, SinkOptions, WriteOutcome};
+use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 
-/// KEYS: fence, dedup, stream. ARGV: token, dedup window, max len, then
-/// (seq, event_id, payload) per event. Returns {accepted, duplicate, fenced, highest}.
-/// Tokens and sequences stay below 2^53, so Lua's doubles hold them exactly.
-const WRITE_BATCH: &str = r#"
+/// The `seq` of a stream's last entry, or -1. Shared by both scripts.
+const LAST_SEQ: &str = r#"
+local function last_seq(stream)
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+  if not last then return -1 end
+  local fields = last[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'seq' then return tonumber(fields[i + 1]) end
+  end
+  return -1
+end
+"#;
+
+/// KEYS: fence, stream. ARGV: token. Raises the fence unless a higher token
+/// exists. Returns {fenced (0/1), highest, last seq or -1}.
+const OPEN: &str = r#"
 local token = tonumber(ARGV[1])
 local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
-local events = (#ARGV - 3) / 3
 if token < highest then
-  return {0, 0, events, highest}
+  return {1, highest, last_seq(KEYS[2])}
 end
 if token > highest then
   redis.call('SET', KEYS[1], ARGV[1])
 end
-local window = tonumber(ARGV[2])
-local max_len = tonumber(ARGV[3])
+return {0, token, last_seq(KEYS[2])}
+"#;
+
+/// KEYS: fence, stream. ARGV: token, max len, then (seq, event_id, payload) per
+/// event. Returns {accepted, duplicate, fenced, highest}. The last sequence is
+/// read from the stream before anything is written, and nothing but the append
+/// records an event: a script that fails part-way leaves only what it appended.
+/// Tokens and sequences stay below 2^53, so Lua's doubles hold them exactly.
+const WRITE_BATCH: &str = r#"
+local token = tonumber(ARGV[1])
+local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
+local events = (#ARGV - 2) / 3
+if token < highest then
+  return {0, 0, events, highest}
+end
+local last = last_seq(KEYS[2])
+if token > highest then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+local max_len = tonumber(ARGV[2])
 local accepted, duplicate = 0, 0
-for i = 4, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   local seq, id, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  -- ZADD NX both checks and records the id: one command per event, not two.
-  if redis.call('ZADD', KEYS[2], 'NX', seq, id) == 0 then
+  if tonumber(seq) <= last then
     duplicate = duplicate + 1
   else
     if max_len > 0 then
-      redis.call('XADD', KEYS[3], 'MAXLEN', '~', max_len, '*',
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', max_len, '*',
         'seq', seq, 'event_id', id, 'fence_token', ARGV[1], 'payload', payload)
     else
-      redis.call('XADD', KEYS[3], '*',
+      redis.call('XADD', KEYS[2], '*',
         'seq', seq, 'event_id', id, 'fence_token', ARGV[1], 'payload', payload)
     end
+    last = tonumber(seq)
     accepted = accepted + 1
   end
 end
-redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(window + 1))
 return {accepted, duplicate, 0, token}
 "#;
 
@@ -47,7 +76,8 @@ return {accepted, duplicate, 0, token}
 #[derive(Clone)]
 pub struct RedisSink {
     connection: ConnectionManager,
-    script: redis::Script,
+    open: redis::Script,
+    write: redis::Script,
     options: SinkOptions,
 }
 
@@ -73,75 +103,100 @@ fn classify(err: redis::RedisError) -> SinkError {
 }
 
 impl RedisSink {
-    /// Reads back a stream's stored events (tests, verification tools).
+    /// Reads back a stream's stored events (tests, verification tools), in
+    /// pages so a long stream never makes one slow reply.
     pub async fn stored(
         &self,
         stream_id: &str,
     ) -> Result<Vec<super::memory::StoredEvent>, SinkError> {
+        const PAGE: usize = 2_000;
         let mut connection = self.connection.clone();
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(keys::sink_stream(stream_id))
-            .arg("-")
-            .arg("+")
-            .query_async(&mut connection)
-            .await
-            .map_err(classify)?;
-        reply
-            .ids
-            .into_iter()
-            .map(|entry| {
-                let field = |name: &str| -> Result<String, SinkError> {
-                    entry.get::<String>(name).ok_or_else(|| {
-                        SinkError::Rejected(format!("entry {} has no field {name}", entry.id))
-                    })
-                };
-                let number = |name: &str| -> Result<u64, SinkError> {
-                    field(name)?.parse().map_err(|_| {
-                        SinkError::Rejected(format!(
-                            "entry {} field {name} is not a number",
-                            entry.id
-                        ))
-                    })
-                };
-                Ok(super::memory::StoredEvent {
-                    seq: number("seq")?,
-                    event_id: field("event_id")?,
-                    fence_token: number("fence_token")?,
-                    payload: field("payload")?,
-                })
-            })
-            .collect()
+        let mut events = Vec::new();
+        let mut start = "-".to_owned();
+        loop {
+            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(keys::sink_stream(stream_id))
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(PAGE)
+                .query_async(&mut connection)
+                .await
+                .map_err(classify)?;
+            let full = reply.ids.len() == PAGE;
+            if let Some(last) = reply.ids.last() {
+                // Exclusive start after the last id read (Redis 6.2+).
+                start = format!("({}", last.id);
+            }
+            for entry in reply.ids {
+                events.push(stored_event(&entry)?);
+            }
+            if !full {
+                return Ok(events);
+            }
+        }
     }
 
     /// Connects (the connection manager reconnects after failures).
     pub async fn connect(url: &str, options: SinkOptions) -> Result<Self, SinkError> {
-        if options.dedup_window == 0 {
-            return Err(SinkError::Config(
-                "the de-duplication window must hold at least one id".into(),
-            ));
-        }
         // The URL may hold a password: report only the kind of problem.
         let client = redis::Client::open(url)
             .map_err(|err| SinkError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
         let connection = ConnectionManager::new(client).await.map_err(classify)?;
         Ok(RedisSink {
             connection,
-            script: redis::Script::new(WRITE_BATCH),
+            open: redis::Script::new(&format!("{LAST_SEQ}{OPEN}")),
+            write: redis::Script::new(&format!("{LAST_SEQ}{WRITE_BATCH}")),
             options,
         })
     }
 }
 
+/// One stream entry as a [`super::memory::StoredEvent`].
+fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::StoredEvent, SinkError> {
+    let field = |name: &str| -> Result<String, SinkError> {
+        entry
+            .get::<String>(name)
+            .ok_or_else(|| SinkError::Rejected(format!("entry {} has no field {name}", entry.id)))
+    };
+    let number = |name: &str| -> Result<u64, SinkError> {
+        field(name)?.parse().map_err(|_| {
+            SinkError::Rejected(format!("entry {} field {name} is not a number", entry.id))
+        })
+    };
+    Ok(super::memory::StoredEvent {
+        seq: number("seq")?,
+        event_id: field("event_id")?,
+        fence_token: number("fence_token")?,
+        payload: field("payload")?,
+    })
+}
+
 #[async_trait]
 impl FencedSink for RedisSink {
+    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
+        let mut connection = self.connection.clone();
+        let (fenced, highest_token, last_seq): (u8, u64, i64) = self
+            .open
+            .key(keys::sink_fence(stream_id))
+            .key(keys::sink_stream(stream_id))
+            .arg(fence_token)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(classify)?;
+        Ok(OpenOutcome {
+            highest_token,
+            last_seq: u64::try_from(last_seq).ok(),
+            fenced: fenced == 1,
+        })
+    }
+
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut invocation = self.write.prepare_invoke();
         invocation
             .key(keys::sink_fence(batch.stream_id))
-            .key(keys::sink_dedup(batch.stream_id))
             .key(keys::sink_stream(batch.stream_id))
             .arg(batch.fence_token)
-            .arg(self.options.dedup_window)
             .arg(self.options.max_len);
         for event in batch.events {
             invocation
