@@ -282,6 +282,29 @@ pub async fn renew_requires_owner_token_and_validity(target: &dyn ConformanceTar
     );
 }
 
+/// A renew never shortens the stored expiry: a holder whose clock stepped back
+/// keeps the lease as long as it already had it, and the checkpoint riding on
+/// that renew is still stored.
+pub async fn renew_never_shortens_the_expiry(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let renewed = store.renew(&renew("s", "a", 1, T0 + 10_000)).await.unwrap();
+    assert_eq!(renewed.lease_expires_at, T0 + 10_000 + LEASE);
+    // The holder's clock stepped back 8 s.
+    let mut stepped_back = renew("s", "a", 1, T0 + 2_000);
+    stepped_back.checkpoint = Some(7);
+    let kept = store.renew(&stepped_back).await.unwrap();
+    assert_eq!(kept.lease_expires_at, T0 + 10_000 + LEASE, "not shortened");
+    assert_eq!(kept.checkpoint, Some(7), "the checkpoint still rides on it");
+    assert_eq!(kept.owner_id.as_deref(), Some("a"));
+    let stored = store.get("s").await.unwrap();
+    assert_eq!(stored.lease_expires_at, T0 + 10_000 + LEASE);
+    assert_eq!(stored.checkpoint, Some(7));
+    // A later renew moves it forward again.
+    let later = store.renew(&renew("s", "a", 1, T0 + 20_000)).await.unwrap();
+    assert_eq!(later.lease_expires_at, T0 + 20_000 + LEASE);
+}
+
 /// Checkpoints need owner and token, and never move backwards.
 pub async fn checkpoint_is_fenced_and_monotonic(target: &dyn ConformanceTarget) {
     let store = target.store();
@@ -601,6 +624,7 @@ macro_rules! conformance_suite {
             owner_reacquire_bumps_the_token,
             takeover_waits_for_expiry_plus_skew,
             renew_requires_owner_token_and_validity,
+            renew_never_shortens_the_expiry,
             checkpoint_is_fenced_and_monotonic,
             renew_carries_a_checkpoint,
             release_keeps_token_and_checkpoint,

@@ -42,6 +42,9 @@ pub const RENEW_CONDITION: &str =
 /// Added to the renew condition when the renew carries a checkpoint.
 pub const CHECKPOINT_NOT_BEHIND: &str =
     "(attribute_not_exists(checkpoint) OR checkpoint <= :checkpoint)";
+/// A renew never shortens the stored expiry (a holder whose clock stepped back
+/// would otherwise cut its own lease short).
+pub const EXPIRY_NOT_SHORTENED: &str = "lease_expires_at <= :expires";
 /// The original specification's renew update.
 pub const RENEW_UPDATE: &str = "SET lease_expires_at = :expires, updated_at = :now";
 /// Added to the renew update when the renew carries a checkpoint.
@@ -340,15 +343,40 @@ impl LeaseStore for DynamoLeaseStore {
             Some(checkpoint) => {
                 values.push((":checkpoint", n(checkpoint)));
                 (
-                    format!("{RENEW_CONDITION} AND {CHECKPOINT_NOT_BEHIND}"),
+                    format!(
+                        "{RENEW_CONDITION} AND {EXPIRY_NOT_SHORTENED} AND {CHECKPOINT_NOT_BEHIND}"
+                    ),
                     format!("{RENEW_UPDATE}{RENEW_CHECKPOINT_UPDATE}"),
                 )
             }
-            None => (RENEW_CONDITION.to_owned(), RENEW_UPDATE.to_owned()),
+            None => (
+                format!("{RENEW_CONDITION} AND {EXPIRY_NOT_SHORTENED}"),
+                RENEW_UPDATE.to_owned(),
+            ),
         };
-        let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint);
-        self.update(&r.stream_id, &condition, &update, values, holder)
+        let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint)
+            .renewing_to(r.now_ms + r.lease_ms);
+        match self
+            .update(&r.stream_id, &condition, &update, values, holder)
             .await
+        {
+            // Still held and already running longer than asked: keep the later
+            // expiry, and store the checkpoint that rode on this renew.
+            Err(LeaseError::ExpiryAhead { current, .. }) => match r.checkpoint {
+                Some(checkpoint) if current.checkpoint.is_none_or(|c| c < checkpoint) => {
+                    self.checkpoint(&CheckpointRequest {
+                        stream_id: r.stream_id.clone(),
+                        owner_id: r.owner_id.clone(),
+                        fence_token: r.fence_token,
+                        checkpoint,
+                        now_ms: r.now_ms,
+                    })
+                    .await
+                }
+                _ => Ok(*current),
+            },
+            other => other,
+        }
     }
 
     async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
@@ -518,6 +546,7 @@ mod tests {
             ACQUIRE_CONDITION,
             ACQUIRE_UPDATE,
             RENEW_CONDITION,
+            EXPIRY_NOT_SHORTENED,
             CHECKPOINT_NOT_BEHIND,
             RENEW_UPDATE,
             RENEW_CHECKPOINT_UPDATE,

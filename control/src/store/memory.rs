@@ -128,12 +128,13 @@ impl LeaseStore for MemoryLeaseStore {
         {
             return Err(refusal(current, holder));
         }
-        set(
-            &mut item,
-            schema::LEASE_EXPIRES_AT,
-            AttrValue::n(r.now_ms + r.lease_ms),
-        );
-        set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        // Never shorter than stored: a holder whose clock stepped back keeps
+        // the expiry it already has (the DynamoDB store's EXPIRY_NOT_SHORTENED).
+        let expires = (r.now_ms + r.lease_ms).max(current.lease_expires_at);
+        set(&mut item, schema::LEASE_EXPIRES_AT, AttrValue::n(expires));
+        if expires == r.now_ms + r.lease_ms {
+            set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        }
         if let Some(checkpoint) = r.checkpoint {
             set(&mut item, schema::CHECKPOINT, AttrValue::n(checkpoint));
             set(&mut item, schema::CHECKPOINT_AT, AttrValue::n(r.now_ms));

@@ -110,6 +110,18 @@ pub enum LeaseError {
         /// What the record holds.
         stored: u64,
     },
+    /// A renew would have shortened the stored expiry (the holder's clock is
+    /// behind the one that wrote it). Stores turn this into a renew that keeps
+    /// the later expiry; it never reaches callers of [`LeaseStore::renew`].
+    #[error("stream {stream_id:?} already runs until {expires_at} ms")]
+    ExpiryAhead {
+        /// Stream asked for.
+        stream_id: String,
+        /// The record, still held by the caller, with its later expiry.
+        current: Box<Lease>,
+        /// The stored expiry.
+        expires_at: i64,
+    },
     /// No record for this stream.
     #[error("stream {stream_id:?} is not in the lease table")]
     NotFound {
@@ -220,6 +232,8 @@ pub(crate) struct Holder<'a> {
     owner_id: Option<&'a str>,
     fence_token: u64,
     checkpoint: Option<u64>,
+    /// The expiry a renew asks for.
+    renew_to: Option<i64>,
 }
 
 impl<'a> Holder<'a> {
@@ -229,6 +243,15 @@ impl<'a> Holder<'a> {
             owner_id: Some(owner_id),
             fence_token,
             checkpoint,
+            renew_to: None,
+        }
+    }
+
+    /// The same caller, renewing to `expires_at`.
+    pub(crate) fn renewing_to(self, expires_at: i64) -> Self {
+        Holder {
+            renew_to: Some(expires_at),
+            ..self
         }
     }
 
@@ -238,6 +261,7 @@ impl<'a> Holder<'a> {
             owner_id: None,
             fence_token: 0,
             checkpoint: None,
+            renew_to: None,
         }
     }
 
@@ -256,6 +280,18 @@ impl<'a> Holder<'a> {
 
 /// The error for a failed condition, given the record as it is now.
 pub(crate) fn refusal(current: Lease, holder: Holder<'_>) -> LeaseError {
+    if holder.holds(&current)
+        && !holder.is_behind(&current)
+        && holder
+            .renew_to
+            .is_some_and(|asked| current.lease_expires_at > asked)
+    {
+        return LeaseError::ExpiryAhead {
+            stream_id: current.stream_id.clone(),
+            expires_at: current.lease_expires_at,
+            current: Box::new(current),
+        };
+    }
     if holder.holds(&current) && holder.is_behind(&current) {
         return LeaseError::CheckpointBehind {
             stream_id: current.stream_id.clone(),
