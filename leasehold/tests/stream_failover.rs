@@ -208,3 +208,141 @@ async fn a_store_outage_stops_side_effects_before_the_deadline() {
     verify_all(&cluster).await;
     drop(moto);
 }
+
+/// A busy stream (20,000 events/s) whose owner is killed: the survivor's replay
+/// from the last checkpoint is far longer than any id window, yet the sink's
+/// stream, read from Redis alone, holds every seq once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_streams_takeover_appends_every_seq_once_in_order() {
+    let _serial = serial().await;
+    let Some(mut cluster) = Cluster::start(2, 20_000).await else {
+        return;
+    };
+    // A 10 s lease renewed every ~3.3 s: the checkpoint trails the sink by
+    // tens of thousands of events when the owner dies.
+    let lease = [("LEASE_SECONDS", "10"), ("BATCH_MAX_EVENTS", "2000")];
+    cluster.start_worker_with("w1", &lease);
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| {
+            o.len() == 2 && owned_by(o, "w1") == 2
+        })
+        .await;
+    cluster.start_worker_with("w2", &lease);
+    cluster
+        .wait_owners(Duration::from_secs(40), |o| {
+            o.len() == 2 && owned_by(o, "w1") == 1 && owned_by(o, "w2") == 1
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let victim: String = cluster
+        .owners()
+        .await
+        .into_iter()
+        .find(|(_, owner)| owner == "w1")
+        .map(|(stream, _)| stream)
+        .expect("w1 holds a stream");
+    let record = cluster
+        .leases()
+        .await
+        .into_iter()
+        .find(|l| l.stream_id == victim)
+        .expect("the victim's record");
+    cluster.workers["w1"].signal("KILL");
+    let (old_token, checkpoint_at_kill) = (record.fence_token, record.checkpoint.unwrap_or(0));
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| {
+            o.get(&victim).map(String::as_str) == Some("w2")
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.workers.remove("w1");
+    cluster.stop_workers();
+    // What the old owner wrote past its last checkpoint: the new owner's replay
+    // from the checkpoint covers all of it.
+    let past_checkpoint = cluster
+        .sink_entries(&victim)
+        .await
+        .iter()
+        .filter(|e| e.fence_token == old_token && e.seq > checkpoint_at_kill)
+        .count();
+    let new_owner_wrote = cluster
+        .sink_entries(&victim)
+        .await
+        .iter()
+        .filter(|e| e.fence_token > old_token)
+        .count();
+    assert!(
+        new_owner_wrote > 0,
+        "the new owner wrote nothing\n{}",
+        cluster.logs()
+    );
+    eprintln!(
+        "busy takeover: checkpoint {checkpoint_at_kill} at the kill, {past_checkpoint} events written past it"
+    );
+    assert!(
+        past_checkpoint > 10_000,
+        "the replay ({past_checkpoint} events) must outgrow the old 10,000-id window for this test to mean anything"
+    );
+    let entries = cluster.verify_sink(&victim).await;
+    eprintln!("busy takeover: {victim} holds {entries} events, each seq once, in order");
+    for stream in &cluster.streams {
+        cluster.verify_sink(stream).await;
+    }
+}
+
+/// On a stream with no traffic the fence still moves to each new owner's token
+/// within a second of its acquire: a zombie's delayed write is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_follows_each_new_owner_on_a_quiet_stream() {
+    let _serial = serial().await;
+    // One event per 1,000 s: nothing is written while the test runs.
+    let Some(mut cluster) = Cluster::start_quiet(1).await else {
+        return;
+    };
+    let stream = cluster.streams[0].clone();
+    cluster.start_worker("w1");
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| o.len() == 1)
+        .await;
+    let first = fence_within_a_second(&cluster, &stream).await;
+    cluster.workers["w1"].signal("KILL");
+    cluster.start_worker("w2");
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| {
+            o.get(&stream).map(String::as_str) == Some("w2")
+        })
+        .await;
+    let second = fence_within_a_second(&cluster, &stream).await;
+    assert!(second > first, "the fence moved from {first} to {second}");
+    assert!(
+        cluster.sink_entries(&stream).await.is_empty(),
+        "no traffic was written"
+    );
+    cluster.workers.remove("w1");
+    cluster.stop_workers();
+}
+
+/// The sink's fence equals the stream's current token within one second.
+async fn fence_within_a_second(cluster: &Cluster, stream: &str) -> u64 {
+    let token = |leases: Vec<leasehold_control::lease::Lease>| {
+        leases
+            .into_iter()
+            .find(|l| l.stream_id == stream)
+            .map(|l| l.fence_token)
+            .unwrap_or(0)
+    };
+    let expected = token(cluster.leases().await);
+    let start = Instant::now();
+    loop {
+        let fence = cluster.sink_fence(stream).await;
+        if fence == expected {
+            return fence;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{stream}: fence {fence}, token {expected}: not raised within 1 s of the acquire\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -179,19 +179,33 @@ impl Cluster {
         Self::start_with(endpoint, streams, rate).await
     }
 
+    /// Streams with no traffic while a test runs (one event per 1,000 s).
+    pub async fn start_quiet(streams: usize) -> Option<Cluster> {
+        let endpoint = dynamodb_endpoint()?;
+        Self::start_at_rate(endpoint, streams, "0.001").await
+    }
+
     /// Against a given DynamoDB endpoint (a private server).
     pub async fn start_with(endpoint: String, streams: usize, rate: u32) -> Option<Cluster> {
+        Self::start_at_rate(endpoint, streams, &rate.to_string()).await
+    }
+
+    async fn start_at_rate(endpoint: String, streams: usize, rate: &str) -> Option<Cluster> {
         let redis = redis_url()?;
         let table = unique_name("e2e");
         let store = DynamoLeaseStore::new(dynamodb_client(&endpoint), table.clone());
         store.create_table().await.unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        // Retention far back: a busy stream's replay after a takeover must not
+        // fall off the feed (the feed stores nothing, so this costs nothing).
         command.args([
             "feed",
             "--listen",
             "127.0.0.1:0",
             "--rate",
-            &rate.to_string(),
+            rate,
+            "--retention",
+            "100000000",
         ]);
         let feed = Proc::spawn("feed", command);
         let line = feed.wait_line("feed listening on ", Duration::from_secs(10));
@@ -216,6 +230,12 @@ impl Cluster {
 
     /// Starts `leasehold stream-worker` with this owner id.
     pub fn start_worker(&mut self, owner: &str) {
+        self.start_worker_with(owner, &[]);
+    }
+
+    /// Starts `leasehold stream-worker` with this owner id and variables that
+    /// override the harness's.
+    pub fn start_worker_with(&mut self, owner: &str, overrides: &[(&str, &str)]) {
         let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
         command
             .arg("stream-worker")
@@ -236,6 +256,9 @@ impl Cluster {
             .env("SINK_URL", &self.redis)
             .env("STREAM_IDS", self.streams.join(","))
             .env("LEASEHOLD_LOG", "info");
+        for (name, value) in overrides {
+            command.env(name, value);
+        }
         self.workers
             .insert(owner.to_owned(), Proc::spawn(owner, command));
     }
@@ -290,6 +313,18 @@ impl Cluster {
             .await
     }
 
+    /// The sink's fence for a stream (`leasehold:fence:{stream_id}`), 0 if unset.
+    pub async fn sink_fence(&self, stream: &str) -> u64 {
+        let client = redis::Client::open(self.redis.as_str()).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let fence: Option<u64> = redis::cmd("GET")
+            .arg(leasehold_stream::sink::keys::sink_fence(stream))
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        fence.unwrap_or(0)
+    }
+
     /// What the sink holds for a stream.
     pub async fn sink_entries(&self, stream: &str) -> Vec<StoredEvent> {
         self.sink.stored(stream).await.unwrap()
@@ -305,7 +340,11 @@ impl Cluster {
             assert_eq!(
                 entry.seq,
                 i as u64 + 1,
-                "{stream}: gap or duplicate at entry {i}"
+                "{stream}: gap or duplicate at entry {i}; around it (seq, token): {:?}",
+                entries[i.saturating_sub(3)..(i + 4).min(entries.len())]
+                    .iter()
+                    .map(|e| (e.seq, e.fence_token))
+                    .collect::<Vec<_>>()
             );
         }
         for pair in entries.windows(2) {

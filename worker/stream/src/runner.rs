@@ -310,12 +310,20 @@ async fn reconnect_after(
         } if *earliest > *requested => {
             // The upstream cannot deliver these any more: report the gap loudly
             // and continue from what it still has, instead of retrying forever.
+            // A busy upstream's retention edge moves while we reconnect: when
+            // asking for the edge itself failed again, ask further ahead each
+            // time, or the worker chases the edge and never reads an event.
+            let lead = match *attempts {
+                0 | 1 => 0,
+                n => 1u64 << (n - 1).min(20),
+            };
+            let resume = earliest.saturating_add(lead);
             context.telemetry.emit(TelemetryEvent::StreamGap {
                 stream_id,
                 from_seq: *requested,
-                to_seq: earliest - 1,
+                to_seq: resume - 1,
             });
-            progress.next_seq = *earliest;
+            progress.next_seq = resume;
             delay = Duration::ZERO;
         }
         UpstreamError::Gap { .. } if *attempts <= 1 => delay = Duration::ZERO,

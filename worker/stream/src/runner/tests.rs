@@ -370,6 +370,36 @@ async fn retention_loss_is_reported_and_skipped() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_moving_retention_edge_is_overtaken_not_chased() {
+    // A busy upstream: its earliest retained sequence moves 50 further on by
+    // every reconnect. Asking for the edge itself would fail forever.
+    let f = fixture(10_000);
+    for n in 0..100 {
+        f.upstream
+            .faults
+            .lock()
+            .unwrap()
+            .push_back(Fault::Retention {
+                earliest: 100 + 50 * n,
+            });
+    }
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| !f.sink.inner.events("s").is_empty()).await;
+    let first = sink_seqs(&f)[0];
+    let attempts = f.upstream.subscribed_from.lock().unwrap().len();
+    assert!(
+        attempts < 20,
+        "reading resumed after {attempts} subscriptions (first seq {first})"
+    );
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
 async fn sink_failures_are_retried_without_losing_the_batch() {
     let f = fixture(15);
     f.sink.failures.store(3, Ordering::SeqCst);
