@@ -15,9 +15,11 @@ fn owned_by(owners: &std::collections::BTreeMap<String, String>, owner: &str) ->
 }
 
 async fn verify_all(cluster: &Cluster) {
+    let mut written = std::collections::BTreeMap::new();
     for stream in &cluster.streams {
-        let written = cluster.verify_sink(stream).await;
-        assert!(written > 10, "{stream}: only {written} events");
+        let count = cluster.verify_sink(stream).await;
+        assert!(count > 10, "{stream}: only {count} events");
+        written.insert(stream.clone(), count);
     }
     let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
     for lease in cluster.leases().await {
@@ -27,6 +29,15 @@ async fn verify_all(cluster: &Cluster) {
             lease.stream_id
         );
         assert!(lease.checkpoint.unwrap_or(0) > 0 && lease.lease_expires_at <= now);
+        // Invariant 3 end to end: the checkpoint never runs ahead of the sink
+        // (sequences are 1..=n, so the last appended seq is the count).
+        assert!(
+            lease.checkpoint.unwrap_or(0) <= written[&lease.stream_id],
+            "{}: checkpoint {:?} ahead of the sink's {}",
+            lease.stream_id,
+            lease.checkpoint,
+            written[&lease.stream_id]
+        );
     }
 }
 
@@ -83,7 +94,9 @@ async fn a_paused_worker_writes_nothing_stale_and_stops_by_itself() {
     // Longer than a lease: w1 wakes up believing nothing, with batches in memory.
     tokio::time::sleep(Duration::from_secs(LEASE_SECONDS + 2)).await;
     cluster.workers["w1"].signal("CONT");
-    cluster.workers["w1"].wait_line("lease lost", Duration::from_secs(10));
+    // Its own deadline ends the lease (a refused renew alone would mean it
+    // trusted a lease it could no longer prove).
+    cluster.workers["w1"].wait_line("\"deadline_passed\"", Duration::from_secs(10));
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.stop_workers();
     // Token order in the sink proves no stale write was accepted.
@@ -186,9 +199,11 @@ async fn a_store_outage_stops_side_effects_before_the_deadline() {
     cluster.wait_all_owned(Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     cluster.stop_workers();
-    // Every holder's deadline fell before outage start + lease: nothing may be
-    // written between then and the end of the outage.
-    let quiet_from = outage_start + (LEASE_SECONDS * 1000) as i64 + 200;
+    // Every holder's deadline (last renew sent + lease - safety margin, the
+    // margin being a tenth of the lease) fell before outage start + lease -
+    // margin: nothing may be written from then to the end of the outage.
+    let lease_ms = (LEASE_SECONDS * 1000) as i64;
+    let quiet_from = outage_start + lease_ms - lease_ms / 10;
     let client = redis::Client::open(cluster.redis.as_str()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     for stream in &cluster.streams {

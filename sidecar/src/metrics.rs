@@ -37,6 +37,8 @@ pub const WEBSOCKET_CONNECTIONS: &str = "leasehold_websocket_connections";
 pub const WEBSOCKET_RECONNECTS: &str = "leasehold_websocket_reconnects_total";
 /// `result` = accepted, duplicate, fenced (events), error (failed batches).
 pub const SINK_WRITES: &str = "leasehold_sink_writes_total";
+/// Streams released because the sink refused `SINK_MAX_FAILURES` calls in a row.
+pub const SINK_GIVE_UPS: &str = "leasehold_sink_give_ups_total";
 /// `leasehold_worker_up`: 1 while the worker reports, 0 when silent or gone.
 pub const WORKER_UP: &str = "leasehold_worker_up";
 /// Events the worker dropped because its buffer was full.
@@ -90,6 +92,7 @@ pub const ALL: &[&str] = &[
     WEBSOCKET_CONNECTIONS,
     WEBSOCKET_RECONNECTS,
     SINK_WRITES,
+    SINK_GIVE_UPS,
     WORKER_UP,
     TELEMETRY_EVENTS_DROPPED,
     BUILD_INFO,
@@ -190,6 +193,10 @@ pub fn describe() {
     describe_counter!(
         SINK_WRITES,
         "Sink outcomes: events accepted, duplicate or fenced; failed batches as error."
+    );
+    describe_counter!(
+        SINK_GIVE_UPS,
+        "Streams released because the sink refused SINK_MAX_FAILURES consecutive calls."
     );
     describe_gauge!(
         WORKER_UP,
@@ -338,6 +345,7 @@ pub fn record(event: &TelemetryEvent) {
             histogram!(SINK_WRITE_DURATION).record(duration.as_secs_f64());
         }
         SinkWriteFailed { .. } => counter!(SINK_WRITES, "result" => "error").increment(1),
+        SinkGaveUp { .. } => counter!(SINK_GIVE_UPS).increment(1),
         EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
         PoolClaim {
             result, duration, ..

@@ -348,6 +348,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         StreamGap { .. } => "StreamGap",
         SinkWrite { .. } => "SinkWrite",
         SinkWriteFailed { .. } => "SinkWriteFailed",
+        SinkGaveUp { .. } => "SinkGaveUp",
         CheckpointCommit { .. } => "CheckpointCommit",
         StreamLag { .. } => "StreamLag",
         WorkerHeartbeat { .. } => "WorkerHeartbeat",
@@ -362,7 +363,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         OrphanSweep { .. } => "OrphanSweep",
     }
 }
-const VARIANTS: usize = 26;
+const VARIANTS: usize = 27;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

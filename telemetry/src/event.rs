@@ -146,6 +146,16 @@ pub enum TelemetryEvent {
         /// What failed.
         error: String,
     },
+    /// The sink refused `failures` consecutive calls for a stream
+    /// (`SINK_MAX_FAILURES`): the worker released it so another may succeed.
+    SinkGaveUp {
+        /// Stream released.
+        stream_id: String,
+        /// Consecutive refused calls.
+        failures: u32,
+        /// The last refusal (the sink's message; no URL).
+        error: String,
+    },
     /// A checkpoint write was attempted (alone or riding on a renew).
     CheckpointCommit {
         /// Stream.
@@ -385,6 +395,16 @@ impl TelemetryEvent {
             SinkWriteFailed { stream_id, error } => {
                 tracing::warn!(stream_id, error, "sink write failed")
             }
+            SinkGaveUp {
+                stream_id,
+                failures,
+                error,
+            } => tracing::error!(
+                stream_id,
+                failures,
+                error,
+                "the sink keeps refusing writes: stream released for another worker to try"
+            ),
             CheckpointCommit {
                 stream_id,
                 checkpoint,

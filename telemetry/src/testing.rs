@@ -79,6 +79,11 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             stream_id: s(),
             error: "down".into(),
         },
+        SinkGaveUp {
+            stream_id: s(),
+            failures: 10,
+            error: "WRONGTYPE".into(),
+        },
         CheckpointCommit {
             stream_id: s(),
             checkpoint: 10,

@@ -19,7 +19,7 @@ use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::sink::{FencedSink, SinkBatch, SinkEvent};
+use crate::sink::{FencedSink, SinkBatch, SinkError, SinkEvent};
 use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
 
 /// How a runner batches and retries.
@@ -33,6 +33,9 @@ pub struct RunnerConfig {
     pub reconnect: Backoff,
     /// Retry schedule after sink errors (the batch is kept and retried).
     pub sink_retry: Backoff,
+    /// Consecutive sink refusals (not outages) after which the stream is
+    /// released for another worker to try (`SINK_MAX_FAILURES`).
+    pub sink_max_failures: u32,
     /// How often lag is reported while nothing else happens.
     pub lag_report_interval: Duration,
 }
@@ -50,6 +53,7 @@ impl Default for RunnerConfig {
                 base: Duration::from_millis(50),
                 cap: Duration::from_secs(2),
             },
+            sink_max_failures: 10,
             lag_report_interval: Duration::from_secs(1),
         }
     }
@@ -78,6 +82,9 @@ pub enum StreamExit {
     Released,
     /// Drained, but the release write failed (the lease will expire instead).
     ReleaseFailed(String),
+    /// The sink refused `SINK_MAX_FAILURES` calls in a row: the lease was
+    /// released (if the release write failed, it expires) for another worker.
+    SinkGaveUp(String),
 }
 
 /// Where the runner is in the stream.
@@ -97,6 +104,8 @@ struct Progress {
 enum Stop {
     Drain,
     Lost(LossReason),
+    /// The sink keeps refusing: give the stream up (the last error).
+    SinkFailing(String),
 }
 
 fn loss(lease: &HeldLease) -> Stop {
@@ -110,7 +119,7 @@ pub async fn run_stream(
     drain: CancellationToken,
 ) -> StreamExit {
     let stop = match open(&context, &lease).await {
-        Err(reason) => Stop::Lost(reason),
+        Err(stop) => stop,
         Ok(start) => {
             let mut progress = Progress {
                 confirmed: start,
@@ -127,6 +136,17 @@ pub async fn run_stream(
             Ok(_) => StreamExit::Released,
             Err(err) => StreamExit::ReleaseFailed(err.to_string()),
         },
+        Stop::SinkFailing(error) => {
+            context.telemetry.emit(TelemetryEvent::SinkGaveUp {
+                stream_id: lease.stream_id.clone(),
+                failures: context.config.sink_max_failures,
+                error: error.clone(),
+            });
+            if let Err(err) = context.keeper.release(&lease).await {
+                tracing::warn!(stream_id = lease.stream_id, error = %err, "release failed; the lease will expire instead");
+            }
+            StreamExit::SinkGaveUp(error)
+        }
     };
     context.telemetry.emit(TelemetryEvent::StreamStopped {
         stream_id: lease.stream_id.clone(),
@@ -140,18 +160,18 @@ pub async fn run_stream(
 /// checkpoint or the sink's last sequence, whichever is further, so a replay
 /// of events the previous owner wrote but never checkpointed is not appended
 /// again. Retries sink errors while the lease is valid.
-async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, LossReason> {
+async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, Stop> {
     let checkpoint = lease.acquired.checkpoint.unwrap_or(0);
-    let mut attempt = 0u32;
+    let mut failures = SinkFailures::default();
     loop {
         // Invariant 4: no side effect past the holder's deadline, the open included.
         if !lease.is_valid() {
-            return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed));
+            return Err(loss(lease));
         }
         match context.sink.open(&lease.stream_id, lease.fence_token).await {
             Ok(opened) if opened.fenced => {
                 context.keeper.report_fenced(lease);
-                return Err(LossReason::Fenced);
+                return Err(Stop::Lost(LossReason::Fenced));
             }
             Ok(opened) => {
                 let resume = checkpoint.max(opened.last_seq.unwrap_or(0));
@@ -161,19 +181,46 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, LossRea
                 }
                 return Ok(resume);
             }
-            Err(err) => {
-                context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
-                    stream_id: lease.stream_id.clone(),
-                    error: err.to_string(),
-                });
-                let delay = context.config.sink_retry.delay(attempt);
-                attempt = attempt.saturating_add(1);
-                tokio::select! {
-                    biased;
-                    _ = lease.cancelled() => return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
-                    _ = sleep(delay) => {}
-                }
+            Err(err) => failures.wait(context, lease, err).await?,
+        }
+    }
+}
+
+/// Consecutive failed sink calls of one stream: outages are retried while the
+/// lease holds; refusals (a wrong key type, a script or auth error) give the
+/// stream up after `sink_max_failures` of them, so another worker may succeed.
+#[derive(Default)]
+struct SinkFailures {
+    attempts: u32,
+    refusals: u32,
+}
+
+impl SinkFailures {
+    /// Reports the failure and waits the backoff; `Err` when the stream must stop.
+    async fn wait(
+        &mut self,
+        context: &RunnerContext,
+        lease: &HeldLease,
+        err: SinkError,
+    ) -> Result<(), Stop> {
+        context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
+            stream_id: lease.stream_id.clone(),
+            error: err.to_string(),
+        });
+        if matches!(err, SinkError::Unavailable(_)) {
+            self.refusals = 0;
+        } else {
+            self.refusals += 1;
+            if self.refusals >= context.config.sink_max_failures {
+                return Err(Stop::SinkFailing(err.to_string()));
             }
+        }
+        let delay = context.config.sink_retry.delay(self.attempts);
+        self.attempts = self.attempts.saturating_add(1);
+        tokio::select! {
+            biased;
+            _ = lease.cancelled() => Err(loss(lease)),
+            _ = sleep(delay) => Ok(()),
         }
     }
 }
@@ -227,9 +274,9 @@ async fn consume(
                 }
                 _ = sleep_until(flush_at.unwrap_or_else(Instant::now)), if flush_at.is_some() => {
                     batch_started = None;
-                    if let Err(reason) = flush(context, lease, progress, &mut pending).await {
+                    if let Err(stop) = flush(context, lease, progress, &mut pending).await {
                         subscription.close().await;
-                        return Stop::Lost(reason);
+                        return stop;
                     }
                 }
                 _ = lag_tick.tick() => report_lag(context, lease, progress),
@@ -239,9 +286,9 @@ async fn consume(
                         accept(progress, &mut pending, &mut batch_started, event);
                         if pending.len() >= context.config.batch_max_events {
                             batch_started = None;
-                            if let Err(reason) = flush(context, lease, progress, &mut pending).await {
+                            if let Err(stop) = flush(context, lease, progress, &mut pending).await {
                                 subscription.close().await;
-                                return Stop::Lost(reason);
+                                return stop;
                             }
                         }
                     }
@@ -253,8 +300,8 @@ async fn consume(
         // Events before a gap or a disconnect are good: write them first, then
         // resume right after what the sink confirmed.
         batch_started = None;
-        if let Err(reason) = flush(context, lease, progress, &mut pending).await {
-            return Stop::Lost(reason);
+        if let Err(stop) = flush(context, lease, progress, &mut pending).await {
+            return stop;
         }
         if let Some(stop) =
             reconnect_after(context, lease, drain, progress, &error, &mut reconnects).await
@@ -343,15 +390,15 @@ async fn flush(
     lease: &HeldLease,
     progress: &mut Progress,
     pending: &mut Vec<SinkEvent>,
-) -> Result<(), LossReason> {
+) -> Result<(), Stop> {
     if pending.is_empty() {
         return Ok(());
     }
-    let mut attempt = 0u32;
+    let mut failures = SinkFailures::default();
     loop {
         // Invariant 4: no side effect past the holder's deadline.
         if !lease.is_valid() {
-            return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed));
+            return Err(loss(lease));
         }
         let batch = SinkBatch {
             stream_id: &lease.stream_id,
@@ -373,7 +420,7 @@ async fn flush(
                 if outcome.is_fenced() {
                     // Someone holds a newer token: this process is a zombie for this stream.
                     context.keeper.report_fenced(lease);
-                    return Err(LossReason::Fenced);
+                    return Err(Stop::Lost(LossReason::Fenced));
                 }
                 let last = pending.last().map_or(progress.confirmed, |e| e.seq);
                 progress.confirmed = progress.confirmed.max(last);
@@ -383,19 +430,7 @@ async fn flush(
                 report_lag(context, lease, progress);
                 return Ok(());
             }
-            Err(err) => {
-                context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
-                    stream_id: lease.stream_id.clone(),
-                    error: err.to_string(),
-                });
-                let delay = context.config.sink_retry.delay(attempt);
-                attempt = attempt.saturating_add(1);
-                tokio::select! {
-                    biased;
-                    _ = lease.cancelled() => return Err(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
-                    _ = sleep(delay) => {}
-                }
-            }
+            Err(err) => failures.wait(context, lease, err).await?,
         }
     }
 }
@@ -409,7 +444,7 @@ async fn finish(
 ) -> Stop {
     match flush(context, lease, progress, pending).await {
         Ok(()) => Stop::Drain,
-        Err(reason) => Stop::Lost(reason),
+        Err(stop) => stop,
     }
 }
 

@@ -13,6 +13,15 @@ use crate::sink::SinkOptions;
 use crate::upstream::{FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
 use crate::worker::StreamWorkerConfig;
 
+/// A whole number of attempts, at least 1.
+const ATTEMPTS: Parser<u32> = Parser {
+    parse: |raw| {
+        (parse::POSITIVE.parse)(raw)
+            .and_then(|v| u32::try_from(v).map_err(|_| "is too large".into()))
+    },
+    show: |v| v.to_string(),
+};
+
 /// `redis://…`, `rediss://…`, `redis+unix://…` or `memory:`. Never echoed: it may
 /// carry a password.
 const SINK_URL_PARSER: Parser<String> = Parser {
@@ -79,6 +88,14 @@ pub const SINK_MAX_LEN: Setting<u64> = Setting::new(
     Fallback::Value(|| 0),
     "Approximate cap on events kept per sink stream (`XADD MAXLEN ~`); 0 keeps everything.",
 );
+/// The `SINK_MAX_FAILURES` variable.
+pub const SINK_MAX_FAILURES: Setting<u32> = Setting::new(
+    "SINK_MAX_FAILURES",
+    ATTEMPTS,
+    Fallback::Value(|| 10),
+    "Consecutive sink refusals (a wrong key type, a script or auth error) after which the worker \
+     releases the stream for another worker to try; an unreachable sink is retried while the lease holds.",
+);
 /// The `STREAM_IDS` variable.
 pub const STREAM_IDS: Setting<Vec<String>> = Setting::new(
     "STREAM_IDS",
@@ -139,6 +156,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_MAX_FRAME_BYTES,
     &SINK_URL,
     &SINK_MAX_LEN,
+    &SINK_MAX_FAILURES,
     &STREAM_IDS,
     &MAX_STREAMS,
     &DISCOVERY_INTERVAL_MS,
@@ -212,6 +230,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     let runner = RunnerConfig {
         batch_max_events: env.get(&BATCH_MAX_EVENTS),
         batch_max_delay: env.get(&BATCH_MAX_DELAY_MS),
+        sink_max_failures: env.get(&SINK_MAX_FAILURES),
         ..RunnerConfig::default()
     };
     let shipper =

@@ -234,6 +234,12 @@ impl StreamWorker {
             StreamExit::Lost(reason) => {
                 tracing::warn!(stream_id = stream, reason = reason.as_str(), "stream lost")
             }
+            StreamExit::SinkGaveUp(_) => {
+                // Another worker may reach the sink where this one cannot: do
+                // not take the stream straight back, and let peers look now.
+                self.handed_back.insert(stream.to_owned(), Instant::now());
+                self.ring_doorbell().await;
+            }
         }
     }
 
@@ -408,6 +414,7 @@ impl StreamWorker {
                 StreamExit::Lost(reason) => {
                     report.failed.push((stream, reason.as_str().to_owned()))
                 }
+                StreamExit::SinkGaveUp(error) => report.failed.push((stream, error)),
             }
         }
         if let Some(presence) = self.presence.take()

@@ -115,10 +115,12 @@ impl Subscription for FakeSubscription {
     }
 }
 
-/// A sink that fails its first `failures` writes.
+/// A sink that fails its first `failures` writes: unreachable, or refusing
+/// when `refuse` is set.
 struct FlakySink {
     inner: MemorySink,
     failures: AtomicU64,
+    refuse: AtomicBool,
 }
 
 #[async_trait]
@@ -133,6 +135,9 @@ impl FencedSink for FlakySink {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
+            if self.refuse.load(Ordering::SeqCst) {
+                return Err(SinkError::Rejected("WRONGTYPE".into()));
+            }
             return Err(SinkError::Unavailable("down".into()));
         }
         self.inner.write(batch).await
@@ -166,6 +171,7 @@ fn fixture(head: u64) -> Fixture {
     let sink = Arc::new(FlakySink {
         inner: MemorySink::new(SinkOptions::default()),
         failures: AtomicU64::new(0),
+        refuse: AtomicBool::new(false),
     });
     let context = Arc::new(RunnerContext {
         keeper,
@@ -419,6 +425,60 @@ async fn sink_failures_are_retried_without_losing_the_batch() {
         .count();
     assert_eq!(failures, 3);
     task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_sink_is_retried_past_the_refusal_limit() {
+    // Outages are not counted: 25 in a row (over SINK_MAX_FAILURES) and the
+    // batch still lands while the lease holds.
+    let f = fixture(5);
+    f.sink.failures.store(25, Ordering::SeqCst);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 5).await;
+    assert_eq!(
+        f.store.get("s").await.unwrap().owner_id.as_deref(),
+        Some("me")
+    );
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_that_keeps_refusing_gives_the_stream_up() {
+    let f = fixture(5);
+    f.sink.failures.store(u64::MAX, Ordering::SeqCst);
+    f.sink.refuse.store(true, Ordering::SeqCst);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let exit = run_stream(f.context.clone(), lease, CancellationToken::new()).await;
+    assert_eq!(
+        exit,
+        StreamExit::SinkGaveUp("sink rejected the write: WRONGTYPE".into())
+    );
+    let events = f.events.snapshot();
+    let refused = events
+        .iter()
+        .filter(|e| matches!(e, TelemetryEvent::SinkWriteFailed { .. }))
+        .count();
+    assert_eq!(refused, 10, "SINK_MAX_FAILURES refusals, then no more");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, TelemetryEvent::SinkGaveUp { failures: 10, .. }))
+    );
+    assert_eq!(
+        f.store.get("s").await.unwrap().owner_id,
+        None,
+        "released for another worker"
+    );
+    assert_eq!(
+        f.upstream.open.load(Ordering::SeqCst),
+        0,
+        "connection closed"
+    );
 }
 
 #[tokio::test(start_paused = true)]
