@@ -66,6 +66,7 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         stream_id: "btc-usd".into(),
         lag_events: 17,
         lag_seconds: 0.8,
+        last_event_age_seconds: 0.0,
     });
 
     let endpoint = leasehold_testkit::dynamodb_endpoint().unwrap();

@@ -81,6 +81,7 @@ fn main() {
             stream_id: format!("stream-{i:04}"),
             lag_events: i,
             lag_seconds: i as f64 / 100.0,
+            last_event_age_seconds: 0.0,
         });
     }
     let mut times = Vec::new();

@@ -29,6 +29,8 @@ pub const TAKEOVER_GAP: &str = "leasehold_lease_takeover_gap_seconds";
 pub const CHECKPOINT_LAG_EVENTS: &str = "leasehold_checkpoint_lag_events";
 /// `stream_id`: age of the oldest unpersisted event.
 pub const CHECKPOINT_LAG_SECONDS: &str = "leasehold_checkpoint_lag_seconds";
+/// `stream_id`: seconds since the last event arrived for a held stream.
+pub const STREAM_LAST_EVENT_AGE: &str = "leasehold_stream_last_event_age_seconds";
 /// `result` = committed, fenced, error.
 pub const CHECKPOINT_COMMITS: &str = "leasehold_checkpoint_commits_total";
 /// Open upstream connections.
@@ -88,6 +90,7 @@ pub const ALL: &[&str] = &[
     TAKEOVER_GAP,
     CHECKPOINT_LAG_EVENTS,
     CHECKPOINT_LAG_SECONDS,
+    STREAM_LAST_EVENT_AGE,
     CHECKPOINT_COMMITS,
     WEBSOCKET_CONNECTIONS,
     WEBSOCKET_RECONNECTS,
@@ -183,6 +186,11 @@ pub fn describe() {
         CHECKPOINT_LAG_SECONDS,
         Unit::Seconds,
         "Age of the oldest event not yet persisted as the checkpoint."
+    );
+    describe_gauge!(
+        STREAM_LAST_EVENT_AGE,
+        Unit::Seconds,
+        "Seconds since the last event arrived for a held stream."
     );
     describe_counter!(CHECKPOINT_COMMITS, "Checkpoint writes by result.");
     describe_gauge!(
@@ -319,9 +327,12 @@ pub fn record(event: &TelemetryEvent) {
             stream_id,
             lag_events,
             lag_seconds,
+            last_event_age_seconds,
         } => {
             gauge!(CHECKPOINT_LAG_EVENTS, "stream_id" => stream_id.clone()).set(*lag_events as f64);
             gauge!(CHECKPOINT_LAG_SECONDS, "stream_id" => stream_id.clone()).set(*lag_seconds);
+            gauge!(STREAM_LAST_EVENT_AGE, "stream_id" => stream_id.clone())
+                .set(*last_event_age_seconds);
         }
         UpstreamReconnect { reason, .. } => {
             counter!(WEBSOCKET_RECONNECTS, "reason" => reason.clone()).increment(1)

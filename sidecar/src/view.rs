@@ -132,6 +132,7 @@ impl WorkerView {
                 stream_id,
                 lag_events,
                 lag_seconds,
+                ..
             } => {
                 self.lag.insert(
                     stream_id.clone(),

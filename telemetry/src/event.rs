@@ -173,6 +173,10 @@ pub enum TelemetryEvent {
         lag_events: u64,
         /// Age of the oldest received but unconfirmed event (0 when caught up).
         lag_seconds: f64,
+        /// Seconds since the last event arrived (since the stream was opened,
+        /// before the first): a silent upstream shows here.
+        #[serde(default)]
+        last_event_age_seconds: f64,
     },
     /// Sent by a worker's telemetry shipper every second, so the sidecar can tell
     /// a silent worker from an idle one.
@@ -419,8 +423,15 @@ impl TelemetryEvent {
                 stream_id,
                 lag_events,
                 lag_seconds,
+                last_event_age_seconds,
             } => {
-                tracing::trace!(stream_id, lag_events, lag_seconds, "stream lag")
+                tracing::trace!(
+                    stream_id,
+                    lag_events,
+                    lag_seconds,
+                    last_event_age_seconds,
+                    "stream lag"
+                )
             }
             StreamStopped { stream_id } => tracing::info!(stream_id, "stream stopped"),
             WorkerHeartbeat { .. } => {}

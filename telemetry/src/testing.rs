@@ -93,6 +93,7 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             stream_id: s(),
             lag_events: 7,
             lag_seconds: 1.5,
+            last_event_age_seconds: 3.5,
         },
         UpstreamDisconnected {
             stream_id: "old2".into(),

@@ -98,6 +98,8 @@ struct Progress {
     /// (first seq, received at) of each confirmed batch not yet persisted as
     /// the checkpoint, for the lag in seconds.
     unpersisted: VecDeque<(u64, Instant)>,
+    /// When the last event arrived (when the stream was opened, before the first).
+    last_event_at: Instant,
 }
 
 /// Why consuming stopped.
@@ -126,6 +128,7 @@ pub async fn run_stream(
                 next_seq: start + 1,
                 received: start,
                 unpersisted: VecDeque::new(),
+                last_event_at: Instant::now(),
             };
             consume(&context, &lease, &drain, &mut progress).await
         }
@@ -324,6 +327,7 @@ fn accept(
             .push_back((event.seq, event.received_at));
     }
     progress.received = progress.received.max(event.seq);
+    progress.last_event_at = event.received_at;
     progress.next_seq = event.seq + 1;
     pending.push(SinkEvent {
         seq: event.seq,
@@ -465,6 +469,7 @@ fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progres
         stream_id: lease.stream_id.clone(),
         lag_events: progress.received.saturating_sub(persisted),
         lag_seconds,
+        last_event_age_seconds: progress.last_event_at.elapsed().as_secs_f64(),
     });
 }
 

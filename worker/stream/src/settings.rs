@@ -74,6 +74,14 @@ pub const UPSTREAM_MAX_FRAME_BYTES: Setting<usize> = Setting::new(
     Fallback::Value(|| 1 << 20),
     "Frames larger than this are counted and skipped.",
 );
+/// The `UPSTREAM_IDLE_TIMEOUT_MS` variable.
+pub const UPSTREAM_IDLE_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "UPSTREAM_IDLE_TIMEOUT_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(15_000)),
+    "The worker pings the upstream every third of this and reconnects (reason `idle`) when \
+     nothing, data or pong, arrives for this long: a half-open connection or a frozen upstream.",
+);
 /// The `SINK_URL` variable.
 pub const SINK_URL: Setting<String> = Setting::secret(
     "SINK_URL",
@@ -154,6 +162,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_SEQ_POINTER,
     &UPSTREAM_ID_POINTER,
     &UPSTREAM_MAX_FRAME_BYTES,
+    &UPSTREAM_IDLE_TIMEOUT_MS,
     &SINK_URL,
     &SINK_MAX_LEN,
     &SINK_MAX_FAILURES,
@@ -197,6 +206,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.seq_pointer = env.get(&UPSTREAM_SEQ_POINTER);
     upstream.id_pointer = env.get(&UPSTREAM_ID_POINTER);
     upstream.max_frame_bytes = env.get(&UPSTREAM_MAX_FRAME_BYTES);
+    upstream.idle_timeout = env.get(&UPSTREAM_IDLE_TIMEOUT_MS);
     if !url.is_empty()
         && let Err(errors) = upstream.validate()
     {

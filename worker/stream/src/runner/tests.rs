@@ -596,3 +596,39 @@ async fn an_owner_whose_token_the_sink_already_passed_stops_at_the_open() {
         "never subscribed"
     );
 }
+
+fn last_event_age(events: &RecordingSink) -> f64 {
+    events
+        .snapshot()
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            TelemetryEvent::StreamLag {
+                last_event_age_seconds,
+                ..
+            } => Some(*last_event_age_seconds),
+            _ => None,
+        })
+        .expect("lag reported")
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_event_age_stays_low_while_events_flow_and_grows_in_silence() {
+    let f = fixture(0);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    for _ in 0..40 {
+        f.upstream.head.fetch_add(1, Ordering::SeqCst);
+        sleep(Duration::from_millis(500)).await;
+    }
+    let flowing = last_event_age(&f.events);
+    assert!(flowing < 2.0, "{flowing} s while an event came every 0.5 s");
+    sleep(Duration::from_secs(30)).await;
+    let silent = last_event_age(&f.events);
+    assert!(silent >= 29.0, "{silent} s after 30 s of silence");
+    task.abort();
+}

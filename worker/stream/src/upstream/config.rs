@@ -26,6 +26,9 @@ pub struct WebSocketUpstreamConfig {
     pub max_frame_bytes: usize,
     /// Bound on connect, handshake and sending the subscribe message.
     pub connect_timeout: Duration,
+    /// Reconnect when nothing (data or a pong to the pings sent every third of
+    /// it) arrives for this long (`UPSTREAM_IDLE_TIMEOUT_MS`).
+    pub idle_timeout: Duration,
 }
 
 impl WebSocketUpstreamConfig {
@@ -38,6 +41,7 @@ impl WebSocketUpstreamConfig {
             id_pointer: "/event_id".to_owned(),
             max_frame_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(15),
         }
     }
 
@@ -81,6 +85,9 @@ impl WebSocketUpstreamConfig {
         if self.connect_timeout.is_zero() {
             problems.push("connect timeout must be positive".to_owned());
         }
+        if self.idle_timeout.is_zero() {
+            problems.push("idle timeout must be positive".to_owned());
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -102,9 +109,10 @@ mod tests {
             id_pointer: String::new(),
             max_frame_bytes: 0,
             connect_timeout: Duration::ZERO,
+            idle_timeout: Duration::ZERO,
         };
         let problems = config.validate().expect_err("invalid");
-        assert_eq!(problems.len(), 6, "{problems:?}");
+        assert_eq!(problems.len(), 7, "{problems:?}");
         assert!(!problems.join(" ").contains("secret"));
         assert_eq!(
             WebSocketUpstreamConfig::for_feed("ws://127.0.0.1:9/").validate(),

@@ -96,6 +96,10 @@ pub enum UpstreamError {
     /// The adapter's configuration is unusable.
     #[error("invalid upstream configuration: {0}")]
     Config(String),
+    /// Nothing (no event, no pong to our pings) arrived for the idle timeout:
+    /// a half-open connection or a frozen upstream.
+    #[error("upstream silent for {0:?}")]
+    Idle(std::time::Duration),
 }
 
 impl UpstreamError {
@@ -108,6 +112,7 @@ impl UpstreamError {
             UpstreamError::RetentionExceeded { .. } => "retention_exceeded",
             UpstreamError::Rejected(_) => "rejected",
             UpstreamError::Config(_) => "config",
+            UpstreamError::Idle(_) => "idle",
         }
     }
 }

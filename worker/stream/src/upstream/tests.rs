@@ -421,3 +421,74 @@ async fn subscribe_refuses_an_invalid_config() {
     let error = upstream.subscribe("s", 1).await.err().expect("refused");
     assert_eq!(error.reason(), "config");
 }
+
+/// A WebSocket server that sends one event for stream `s` and then either keeps
+/// reading (a live but quiet upstream: tungstenite answers the client's pings)
+/// or freezes (never reads again: pings go unanswered, as behind a half-open
+/// connection or a stopped process).
+async fn one_event_then(frozen: bool) -> (SocketAddr, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(socket).await.unwrap();
+        ws.send(Message::text(event_frame("s", 1, 0)))
+            .await
+            .unwrap();
+        if frozen {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        } else {
+            while let Some(Ok(_)) = ws.next().await {}
+        }
+    });
+    (addr, server)
+}
+
+fn quick_idle(addr: SocketAddr) -> WebSocketUpstreamConfig {
+    WebSocketUpstreamConfig {
+        subscribe_template: String::new(),
+        idle_timeout: Duration::from_millis(300),
+        ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_upstream_ends_the_subscription_after_the_idle_timeout() {
+    let (addr, server) = one_event_then(true).await;
+    let (upstream, events) = upstream(quick_idle(addr));
+    let mut sub = subscribe(&upstream, "s", 1).await.unwrap();
+    assert_eq!(next(&mut sub).await.unwrap().seq, 1);
+    let silent_since = Instant::now();
+    let error = next(&mut sub)
+        .await
+        .expect_err("a frozen upstream is noticed");
+    assert_eq!(error.reason(), "idle");
+    let waited = silent_since.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(2),
+        "noticed after {waited:?}"
+    );
+    assert!(
+        events
+            .snapshot()
+            .iter()
+            .any(|e| matches!(e, TelemetryEvent::UpstreamDisconnected { .. })),
+        "the connection is reported gone"
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_quiet_upstream_that_answers_pings_is_kept() {
+    let (addr, server) = one_event_then(false).await;
+    let (upstream, _) = upstream(quick_idle(addr));
+    let mut sub = subscribe(&upstream, "s", 1).await.unwrap();
+    assert_eq!(next(&mut sub).await.unwrap().seq, 1);
+    // Five idle timeouts without data: the pongs keep it alive.
+    let waited = timeout(Duration::from_millis(1500), sub.next()).await;
+    assert!(
+        waited.is_err(),
+        "still waiting for data, not failed: {waited:?}"
+    );
+    server.abort();
+}

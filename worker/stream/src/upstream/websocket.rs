@@ -89,6 +89,9 @@ impl Upstream for WebSocketUpstream {
             telemetry: self.telemetry.clone(),
             failed: None,
             disconnected: false,
+            idle_timeout: self.config.idle_timeout,
+            last_heard: Instant::now(),
+            next_ping: Instant::now() + self.config.idle_timeout / 3,
         }))
     }
 }
@@ -106,6 +109,17 @@ struct WebSocketSubscription {
     telemetry: Arc<dyn TelemetrySink>,
     failed: Option<UpstreamError>,
     disconnected: bool,
+    idle_timeout: Duration,
+    /// When the upstream last sent anything (data, ping, pong, close).
+    last_heard: Instant,
+    next_ping: Instant,
+}
+
+/// What woke a subscription that waits for a frame.
+enum Wake {
+    Message(Option<Result<Message, WsError>>),
+    Ping,
+    Idle,
 }
 
 /// What one frame turned out to be.
@@ -134,7 +148,7 @@ impl WebSocketSubscription {
     }
 
     fn fail(&mut self, error: UpstreamError) -> UpstreamError {
-        if matches!(error, UpstreamError::Closed(_)) {
+        if matches!(error, UpstreamError::Closed(_) | UpstreamError::Idle(_)) {
             self.disconnected();
         }
         self.failed = Some(error.clone());
@@ -188,8 +202,30 @@ impl Subscription for WebSocketSubscription {
             return Err(error.clone());
         }
         loop {
-            let message = self.ws.next().await;
+            // A half-open TCP connection or a frozen upstream never fails a
+            // read: pings make a live but quiet upstream answer, and silence
+            // past the idle timeout ends the subscription (reason `idle`).
+            let idle_at = self.last_heard + self.idle_timeout;
+            let wake = tokio::select! {
+                biased;
+                message = self.ws.next() => Wake::Message(message),
+                _ = tokio::time::sleep_until(idle_at) => Wake::Idle,
+                _ = tokio::time::sleep_until(self.next_ping) => Wake::Ping,
+            };
+            let message = match wake {
+                Wake::Message(message) => message,
+                Wake::Ping => {
+                    self.next_ping = Instant::now() + self.idle_timeout / 3;
+                    // A failed send shows up as a failed read next.
+                    let _ = self.ws.send(Message::Ping(Vec::new().into())).await;
+                    continue;
+                }
+                Wake::Idle => {
+                    return Err(self.fail(UpstreamError::Idle(self.idle_timeout)));
+                }
+            };
             let received_at = Instant::now();
+            self.last_heard = received_at;
             let frame = match message {
                 Some(Ok(Message::Text(text))) => self.classify(text.as_str(), received_at),
                 Some(Ok(Message::Binary(_))) => Frame::Skip(SkipReason::NotJson),
