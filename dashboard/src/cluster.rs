@@ -367,6 +367,7 @@ impl Collector {
                     Lag {
                         events: lag.lag_events,
                         seconds: lag.lag_seconds,
+                        last_event_age: lag.last_event_age_seconds,
                     },
                 );
             }

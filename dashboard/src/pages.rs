@@ -165,6 +165,7 @@ pub const STREAM_COLUMNS: &[Column] = &[
     col("Checkpoint", "checkpoint", Kind::Number),
     col("Lag (events)", "lag_events", Kind::Number),
     col("Lag", "lag_seconds", Kind::Seconds),
+    col("Last event", "last_event_age_seconds", Kind::Seconds),
     col("Last checkpoint", "checkpoint_at_ms", Kind::Ago),
     col("Last ownership change", "last_change_at_ms", Kind::Ago),
     col("Verdict", "verdict", Kind::Badge),

@@ -106,6 +106,8 @@ pub struct StreamRow {
     pub lag_events: Option<u64>,
     /// Age of the oldest unpersisted event, from the owner's sidecar.
     pub lag_seconds: Option<f64>,
+    /// Seconds since the owner last received an event for it (a silent upstream).
+    pub last_event_age_seconds: Option<f64>,
     /// Last ownership change (acquire or release), unix ms.
     pub last_change_at_ms: Option<i64>,
     /// The holder before the current one.
@@ -123,6 +125,8 @@ pub struct Lag {
     pub events: u64,
     /// Seconds behind.
     pub seconds: f64,
+    /// Seconds since the last event arrived, when the sidecar reports it.
+    pub last_event_age: Option<f64>,
 }
 
 /// Thresholds of the classification.
@@ -227,6 +231,7 @@ impl LagHistory {
             checkpoint_at_ms: lease.checkpoint_at,
             lag_events: lag.map(|l| l.events),
             lag_seconds: lag.map(|l| l.seconds),
+            last_event_age_seconds: lag.and_then(|l| l.last_event_age),
             last_change_at_ms,
             previous_owner: lease
                 .previous_owner
@@ -255,6 +260,7 @@ pub fn malformed_row(item: &MalformedItem) -> StreamRow {
         checkpoint_at_ms: None,
         lag_events: None,
         lag_seconds: None,
+        last_event_age_seconds: None,
         last_change_at_ms: None,
         previous_owner: None,
         verdict: Verdict::Unknown,
@@ -342,6 +348,7 @@ mod tests {
             let lag = lag.map(|events| Lag {
                 events,
                 seconds: 1.0,
+                last_event_age: None,
             });
             verdict = history.row(&record, lag, *at, &t).verdict;
         }
@@ -408,6 +415,7 @@ mod tests {
             Some(Lag {
                 events: 0,
                 seconds: 0.0,
+                last_event_age: None,
             }),
             1_000 + t.stopped_after_ms + 2,
             &t,

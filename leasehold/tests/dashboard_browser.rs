@@ -66,7 +66,7 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         stream_id: "btc-usd".into(),
         lag_events: 17,
         lag_seconds: 0.8,
-        last_event_age_seconds: 0.0,
+        last_event_age_seconds: 42.5,
     });
 
     let endpoint = leasehold_testkit::dynamodb_endpoint().unwrap();
@@ -118,8 +118,9 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         dom.contains("data-refreshed="),
         "the refresh script ran against the JSON API\n{dom}"
     );
-    // Also btc-usd's lag, which only worker-a's sidecar knows.
-    for needle in SEEDED_STREAMS_VIEW.iter().chain(&[">17<"]) {
+    // Also btc-usd's lag and the age of its last event, which only worker-a's
+    // sidecar knows.
+    for needle in SEEDED_STREAMS_VIEW.iter().chain(&[">17<", ">42.5 s<"]) {
         assert!(dom.contains(needle), "rendered DOM lacks {needle:?}\n{dom}");
     }
     // Markup in a stream id stays text through both the server render and the script.

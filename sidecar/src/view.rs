@@ -132,13 +132,14 @@ impl WorkerView {
                 stream_id,
                 lag_events,
                 lag_seconds,
-                ..
+                last_event_age_seconds,
             } => {
                 self.lag.insert(
                     stream_id.clone(),
                     self::StreamLag {
                         lag_events: *lag_events,
                         lag_seconds: *lag_seconds,
+                        last_event_age_seconds: Some(*last_event_age_seconds),
                     },
                 );
             }

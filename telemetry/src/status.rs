@@ -25,6 +25,9 @@ pub struct StreamLag {
     pub lag_events: u64,
     /// Age of the oldest unpersisted event.
     pub lag_seconds: f64,
+    /// Seconds since the last event arrived (absent from older sidecars).
+    #[serde(default)]
+    pub last_event_age_seconds: Option<f64>,
 }
 
 /// A broker worker's place in the pool, as last reported.
