@@ -18,8 +18,8 @@ use crate::schema::{self, AttrValue, RawItem};
 use crate::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
 use crate::store::memory::MemoryLeaseStore;
 use crate::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
-    list_all,
+    AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, LiftRequest, ReleaseRequest,
+    RenewRequest, list_all,
 };
 
 /// A store under test, plus raw access to its records.
@@ -303,6 +303,38 @@ pub async fn renew_never_shortens_the_expiry(target: &dyn ConformanceTarget) {
     // A later renew moves it forward again.
     let later = store.renew(&renew("s", "a", 1, T0 + 20_000)).await.unwrap();
     assert_eq!(later.lease_expires_at, T0 + 20_000 + LEASE);
+}
+
+/// Fence-regression recovery: the holder lifts its stored token past a sink's
+/// fence in one write; nobody else can, and it never moves down.
+pub async fn lift_token_jumps_past_a_fence_for_the_holder_only(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let lift = |owner: &str, token: u64, to: u64| LiftRequest {
+        stream_id: "s".into(),
+        owner_id: owner.into(),
+        fence_token: token,
+        to,
+        now_ms: T0 + 1,
+    };
+    assert_conflict(store.lift_token(&lift("b", 1, 40)).await, Some("a"), 1);
+    let lifted = store.lift_token(&lift("a", 1, 40)).await.unwrap();
+    assert_eq!(
+        (lifted.fence_token, lifted.owner_id.as_deref()),
+        (40, Some("a"))
+    );
+    // The old token is void: its renew is refused.
+    assert_conflict(
+        store.renew(&renew("s", "a", 1, T0 + 2)).await,
+        Some("a"),
+        40,
+    );
+    // Never down, never sideways.
+    assert_conflict(store.lift_token(&lift("a", 40, 40)).await, Some("a"), 40);
+    assert_conflict(store.lift_token(&lift("a", 40, 12)).await, Some("a"), 40);
+    // The holder's next acquire continues above it.
+    let again = store.acquire(&acquire("s", "a", T0 + 3)).await.unwrap();
+    assert_eq!(again.fence_token, 41);
 }
 
 /// Checkpoints need owner and token, and never move backwards.
@@ -625,6 +657,7 @@ macro_rules! conformance_suite {
             takeover_waits_for_expiry_plus_skew,
             renew_requires_owner_token_and_validity,
             renew_never_shortens_the_expiry,
+            lift_token_jumps_past_a_fence_for_the_holder_only,
             checkpoint_is_fenced_and_monotonic,
             renew_carries_a_checkpoint,
             release_keeps_token_and_checkpoint,

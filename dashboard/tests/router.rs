@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use leasehold_control::LeaseError;
 use leasehold_control::lease::Lease;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, ReleaseRequest,
-    RenewRequest,
+    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, LiftRequest,
+    ReleaseRequest, RenewRequest,
 };
 use leasehold_dashboard::cluster::Collector;
 use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
@@ -365,6 +365,9 @@ impl LeaseStore for SwitchableStore {
     }
     async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
         self.inner.bump(id, now).await
+    }
+    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
+        self.inner.lift_token(request).await
     }
 }
 

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use leasehold_control::LeaseError;
 use leasehold_control::lease::Lease;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, ReleaseRequest,
-    RenewRequest,
+    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, LiftRequest,
+    ReleaseRequest, RenewRequest,
 };
 use leasehold_stream::sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, WriteOutcome};
 use tokio::sync::watch;
@@ -140,6 +140,10 @@ impl LeaseStore for GatedStore {
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
         self.pass().await?;
         self.inner.bump(record_id, now_ms).await
+    }
+    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
+        self.pass().await?;
+        self.inner.lift_token(request).await
     }
 }
 

@@ -28,7 +28,7 @@ use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore, LiftRequest,
     ReleaseRequest, RenewRequest,
 };
 use leasehold_stream::sink::memory::MemorySink;
@@ -253,6 +253,10 @@ impl LeaseStore for CountingStore {
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.inner.bump(record_id, now_ms).await
+    }
+    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.lift_token(request).await
     }
 }
 

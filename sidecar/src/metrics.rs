@@ -41,6 +41,8 @@ pub const WEBSOCKET_RECONNECTS: &str = "leasehold_websocket_reconnects_total";
 pub const SINK_WRITES: &str = "leasehold_sink_writes_total";
 /// Streams released because the sink refused `SINK_MAX_FAILURES` calls in a row.
 pub const SINK_GIVE_UPS: &str = "leasehold_sink_give_ups_total";
+/// Lease tokens lifted past a sink's higher fence (a re-created lease record).
+pub const FENCE_REGRESSIONS: &str = "leasehold_fence_regressions_total";
 /// `leasehold_worker_up`: 1 while the worker reports, 0 when silent or gone.
 pub const WORKER_UP: &str = "leasehold_worker_up";
 /// Events the worker dropped because its buffer was full.
@@ -96,6 +98,7 @@ pub const ALL: &[&str] = &[
     WEBSOCKET_RECONNECTS,
     SINK_WRITES,
     SINK_GIVE_UPS,
+    FENCE_REGRESSIONS,
     WORKER_UP,
     TELEMETRY_EVENTS_DROPPED,
     BUILD_INFO,
@@ -201,6 +204,10 @@ pub fn describe() {
     describe_counter!(
         SINK_WRITES,
         "Sink outcomes: events accepted, duplicate or fenced; failed batches as error."
+    );
+    describe_counter!(
+        FENCE_REGRESSIONS,
+        "Lease tokens lifted past a sink's higher fence (the lease record was re-created)."
     );
     describe_counter!(
         SINK_GIVE_UPS,
@@ -357,6 +364,7 @@ pub fn record(event: &TelemetryEvent) {
         }
         SinkWriteFailed { .. } => counter!(SINK_WRITES, "result" => "error").increment(1),
         SinkGaveUp { .. } => counter!(SINK_GIVE_UPS).increment(1),
+        FenceLifted { .. } => counter!(FENCE_REGRESSIONS).increment(1),
         EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
         PoolClaim {
             result, duration, ..

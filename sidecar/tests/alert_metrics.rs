@@ -349,6 +349,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         SinkWrite { .. } => "SinkWrite",
         SinkWriteFailed { .. } => "SinkWriteFailed",
         SinkGaveUp { .. } => "SinkGaveUp",
+        FenceLifted { .. } => "FenceLifted",
         CheckpointCommit { .. } => "CheckpointCommit",
         StreamLag { .. } => "StreamLag",
         WorkerHeartbeat { .. } => "WorkerHeartbeat",
@@ -363,7 +364,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         OrphanSweep { .. } => "OrphanSweep",
     }
 }
-const VARIANTS: usize = 27;
+const VARIANTS: usize = 28;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

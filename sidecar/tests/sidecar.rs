@@ -10,7 +10,7 @@ use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore, LiftRequest,
     ReleaseRequest, RenewRequest,
 };
 use leasehold_sidecar::observer::ObserverConfig;
@@ -288,6 +288,10 @@ impl LeaseStore for Partitionable {
     async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
         self.check()?;
         self.inner.bump(id, now).await
+    }
+    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
+        self.check()?;
+        self.inner.lift_token(request).await
     }
 }
 

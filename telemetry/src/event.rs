@@ -156,6 +156,16 @@ pub enum TelemetryEvent {
         /// The last refusal (the sink's message; no URL).
         error: String,
     },
+    /// The sink's fence was above the token the store gave this holder (the
+    /// lease record was re-created): the stored token was lifted past it.
+    FenceLifted {
+        /// Stream.
+        stream_id: String,
+        /// The token the store had.
+        from: u64,
+        /// The token stored now (the sink's fence + 1).
+        to: u64,
+    },
     /// A checkpoint write was attempted (alone or riding on a renew).
     CheckpointCommit {
         /// Stream.
@@ -399,6 +409,16 @@ impl TelemetryEvent {
             SinkWriteFailed { stream_id, error } => {
                 tracing::warn!(stream_id, error, "sink write failed")
             }
+            FenceLifted {
+                stream_id,
+                from,
+                to,
+            } => tracing::warn!(
+                stream_id,
+                from,
+                to,
+                "the sink's fence was above the lease's token (lease record re-created?): token lifted past it"
+            ),
             SinkGaveUp {
                 stream_id,
                 failures,

@@ -79,6 +79,11 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             stream_id: s(),
             error: "down".into(),
         },
+        FenceLifted {
+            stream_id: s(),
+            from: 2,
+            to: 41,
+        },
         SinkGaveUp {
             stream_id: s(),
             failures: 10,

@@ -1,7 +1,7 @@
 use super::*;
 use crate::clock::PausedClock;
 use crate::store::memory::MemoryLeaseStore;
-use crate::store::{LeasePage, LeaseReader, list_all};
+use crate::store::{LeasePage, LeaseReader, LiftRequest, list_all};
 use async_trait::async_trait;
 use leasehold_telemetry::RecordingSink;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -53,6 +53,9 @@ impl LeaseStore for FaultyStore {
     }
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
         self.inner.bump(record_id, now_ms).await
+    }
+    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
+        self.inner.lift_token(request).await
     }
 }
 

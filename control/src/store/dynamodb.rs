@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::{
     AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    ReleaseRequest, RenewRequest, check_reserved, refusal,
+    LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -62,6 +62,10 @@ pub const RECORD_EXISTS: &str = "attribute_exists(stream_id)";
 /// Doorbell update: a counter on a reserved record.
 pub const BUMP_UPDATE: &str =
     "SET fence_token = if_not_exists(fence_token, :zero) + :one, updated_at = :now";
+/// Lift only above the current token, and only for its holder.
+pub const LIFT_CONDITION: &str = "owner_id = :owner AND fence_token = :token AND fence_token < :to";
+/// Fence-regression recovery: the token jumps past a sink's fence.
+pub const LIFT_UPDATE: &str = "SET fence_token = :to, updated_at = :now";
 /// Register only creates.
 pub const RECORD_ABSENT: &str = "attribute_not_exists(stream_id)";
 
@@ -459,6 +463,18 @@ impl LeaseStore for DynamoLeaseStore {
         })?;
         Ok(schema::decode(&to_raw(item))?.fence_token)
     }
+
+    async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
+        let values = vec![
+            (":owner", s(&r.owner_id)),
+            (":token", n(r.fence_token)),
+            (":to", n(r.to)),
+            (":now", n(r.now_ms)),
+        ];
+        let holder = Holder::new(&r.owner_id, r.fence_token, None);
+        self.update(&r.stream_id, LIFT_CONDITION, LIFT_UPDATE, values, holder)
+            .await
+    }
 }
 
 #[async_trait]
@@ -555,6 +571,8 @@ mod tests {
             RELEASE_UPDATE,
             RECORD_EXISTS,
             RECORD_ABSENT,
+            LIFT_CONDITION,
+            LIFT_UPDATE,
             BUMP_UPDATE,
         ] {
             for word in expression.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use super::{
     AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    ReleaseRequest, RenewRequest, check_reserved, refusal, registration_item,
+    LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal, registration_item,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -214,6 +214,26 @@ impl LeaseStore for MemoryLeaseStore {
         set(item, schema::FENCE_TOKEN, AttrValue::n(next));
         set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
         Ok(next)
+    }
+
+    async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
+        let mut items = self.lock();
+        let Some(item) = items.get(&r.stream_id) else {
+            return Err(LeaseError::NotFound {
+                stream_id: r.stream_id.clone(),
+            });
+        };
+        let mut item = item.clone();
+        let current = schema::decode(&item)?;
+        let holder = Holder::new(&r.owner_id, r.fence_token, None);
+        if !holder.holds(&current) || current.fence_token >= r.to {
+            return Err(refusal(current, holder));
+        }
+        set(&mut item, schema::FENCE_TOKEN, AttrValue::n(r.to));
+        set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        let lease = schema::decode(&item)?;
+        items.insert(r.stream_id.clone(), item);
+        Ok(lease)
     }
 }
 

@@ -223,6 +223,29 @@ pub trait LeaseStore: LeaseReader {
     /// ("something was released: look now"); refuses stream records, whose
     /// tokens only acquire may move.
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError>;
+
+    /// Fence-regression recovery: the caller holds the stream with
+    /// `request.fence_token`, yet a sink has accepted a higher token (the record
+    /// was re-created by a restore, a TTL or an operator). Lifts the stored token
+    /// to `request.to` in one conditional write (owner, token, and `to` higher),
+    /// so the next acquire starts above the sink's fence instead of climbing
+    /// back one takeover at a time. The caller's lease is void afterwards.
+    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError>;
+}
+
+/// Lift a held stream's fence token past a sink's (see [`LeaseStore::lift_token`]).
+#[derive(Debug, Clone)]
+pub struct LiftRequest {
+    /// Stream held.
+    pub stream_id: String,
+    /// The holder.
+    pub owner_id: String,
+    /// The holder's token.
+    pub fence_token: u64,
+    /// The token to store (above the sink's fence).
+    pub to: u64,
+    /// Caller's wall-clock time, unix ms.
+    pub now_ms: i64,
 }
 
 /// What a conditional write claimed about the caller, used to explain a refusal

@@ -13,7 +13,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_control::clock::unix_ms;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
+use leasehold_control::store::LiftRequest;
 use leasehold_platform::backoff::Backoff;
 use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
 use tokio::time::{Instant, sleep, sleep_until};
@@ -173,6 +175,7 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, Stop> {
         }
         match context.sink.open(&lease.stream_id, lease.fence_token).await {
             Ok(opened) if opened.fenced => {
+                lift_regressed_token(context, lease, opened.highest_token).await;
                 context.keeper.report_fenced(lease);
                 return Err(Stop::Lost(LossReason::Fenced));
             }
@@ -185,6 +188,42 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, Stop> {
                 return Ok(resume);
             }
             Err(err) => failures.wait(context, lease, err).await?,
+        }
+    }
+}
+
+/// The sink refused this holder's token as stale. If the lease table still says
+/// this worker holds the stream with that very token, no newer owner exists: the
+/// record was re-created (a restore, a TTL, an operator) and its token started
+/// again below the sink's fence, so every future owner would be fenced until
+/// takeovers climbed back past it one by one. Lift the stored token past the
+/// fence in one conditional write instead; the worker's next acquire starts
+/// above it. A real zombie (someone else holds the record) lifts nothing.
+async fn lift_regressed_token(context: &RunnerContext, lease: &HeldLease, fence: u64) {
+    let store = context.keeper.store();
+    let owner = context.keeper.config().owner_id.clone();
+    let Ok(record) = store.get(&lease.stream_id).await else {
+        return;
+    };
+    if record.owner_id.as_deref() != Some(owner.as_str()) || record.fence_token != lease.fence_token
+    {
+        return;
+    }
+    let request = LiftRequest {
+        stream_id: lease.stream_id.clone(),
+        owner_id: owner,
+        fence_token: lease.fence_token,
+        to: fence + 1,
+        now_ms: unix_ms(std::time::SystemTime::now()),
+    };
+    match store.lift_token(&request).await {
+        Ok(lifted) => context.telemetry.emit(TelemetryEvent::FenceLifted {
+            stream_id: lease.stream_id.clone(),
+            from: lease.fence_token,
+            to: lifted.fence_token,
+        }),
+        Err(err) => {
+            tracing::warn!(stream_id = lease.stream_id, error = %err, "could not lift the token past the sink's fence")
         }
     }
 }

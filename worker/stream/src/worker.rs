@@ -299,7 +299,15 @@ impl StreamWorker {
             .iter()
             .filter(|l| !self.running.contains_key(&l.stream_id))
             .filter(|l| !self.handed_back.contains_key(&l.stream_id))
-            .filter(|l| l.owner_id.is_none() || l.lease_expires_at < now - skew)
+            // Free: unowned, expired past the skew margin, or recorded as this
+            // worker's while it does not run it (a restarted process with the
+            // same OWNER_ID, or a token lifted past a sink's fence): the
+            // acquire condition lets the owner in at once, with a new token.
+            .filter(|l| {
+                l.owner_id.is_none()
+                    || l.lease_expires_at < now - skew
+                    || l.owner_id.as_deref() == Some(me.as_str())
+            })
             .collect();
         free.shuffle(&mut rand::rng());
         for lease in free {

@@ -632,3 +632,66 @@ async fn the_last_event_age_stays_low_while_events_flow_and_grows_in_silence() {
     assert!(silent >= 29.0, "{silent} s after 30 s of silence");
     task.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_fence_above_the_tables_token_is_lifted_past_not_climbed() {
+    // The lease record was re-created: the store gave token 1, but the sink
+    // accepted token 50 before. Every owner would be fenced until 50 takeovers.
+    let f = fixture(5);
+    f.sink.inner.open("s", 50).await.unwrap();
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    assert_eq!(lease.fence_token, 1);
+    let exit = run_stream(f.context.clone(), lease, CancellationToken::new()).await;
+    assert_eq!(exit, StreamExit::Lost(LossReason::Fenced));
+    assert_eq!(
+        f.store.get("s").await.unwrap().fence_token,
+        51,
+        "lifted in one write"
+    );
+    assert!(f.events.snapshot().iter().any(|e| matches!(
+        e,
+        TelemetryEvent::FenceLifted {
+            from: 1,
+            to: 51,
+            ..
+        }
+    )));
+    // The next acquire starts above the fence and writes.
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    assert_eq!(lease.fence_token, 52);
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 5).await;
+    assert!(f.sink.inner.events("s").iter().all(|e| e.fence_token == 52));
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zombie_lifts_nothing() {
+    // A newer owner really exists: the store says so, and nothing is lifted.
+    let f = fixture(5);
+    let old = f.context.keeper.acquire("s").await.unwrap();
+    f.store
+        .acquire(&AcquireRequest {
+            stream_id: "s".into(),
+            owner_id: "other".into(),
+            now_ms: f.clock.now_ms() + 60_000,
+            lease_ms: 30_000,
+            skew_margin_ms: 0,
+        })
+        .await
+        .unwrap();
+    f.sink.inner.open("s", 2).await.unwrap();
+    let exit = run_stream(f.context.clone(), old, CancellationToken::new()).await;
+    assert_eq!(exit, StreamExit::Lost(LossReason::Fenced));
+    assert_eq!(f.store.get("s").await.unwrap().fence_token, 2);
+    assert!(
+        !f.events
+            .snapshot()
+            .iter()
+            .any(|e| matches!(e, TelemetryEvent::FenceLifted { .. }))
+    );
+}
