@@ -289,6 +289,7 @@ impl DevCluster {
                 ("LEASE_SECONDS".into(), lease.as_secs().to_string()),
                 ("DISCOVERY_INTERVAL_MS".into(), "1000".into()),
                 ("DRAIN_TIMEOUT_MS".into(), "5000".into()),
+                ("UPSTREAM_TS_POINTER".into(), "/ts_ms".into()),
             ],
         });
         let mut slots = Vec::with_capacity(options.workers.max(1));

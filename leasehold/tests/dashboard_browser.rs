@@ -67,6 +67,7 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         lag_events: 17,
         lag_seconds: 0.8,
         last_event_age_seconds: 42.5,
+        event_lag_seconds: None,
     });
 
     let endpoint = leasehold_testkit::dynamodb_endpoint().unwrap();

@@ -82,6 +82,7 @@ fn main() {
             lag_events: i,
             lag_seconds: i as f64 / 100.0,
             last_event_age_seconds: 0.0,
+            event_lag_seconds: None,
         });
     }
     let mut times = Vec::new();

@@ -31,6 +31,8 @@ pub const CHECKPOINT_LAG_EVENTS: &str = "leasehold_checkpoint_lag_events";
 pub const CHECKPOINT_LAG_SECONDS: &str = "leasehold_checkpoint_lag_seconds";
 /// `stream_id`: seconds since the last event arrived for a held stream.
 pub const STREAM_LAST_EVENT_AGE: &str = "leasehold_stream_last_event_age_seconds";
+/// `stream_id`: now minus the last event's own time (`UPSTREAM_TS_POINTER`).
+pub const STREAM_EVENT_LAG: &str = "leasehold_stream_event_lag_seconds";
 /// `result` = committed, fenced, error.
 pub const CHECKPOINT_COMMITS: &str = "leasehold_checkpoint_commits_total";
 /// Open upstream connections.
@@ -93,6 +95,7 @@ pub const ALL: &[&str] = &[
     CHECKPOINT_LAG_EVENTS,
     CHECKPOINT_LAG_SECONDS,
     STREAM_LAST_EVENT_AGE,
+    STREAM_EVENT_LAG,
     CHECKPOINT_COMMITS,
     WEBSOCKET_CONNECTIONS,
     WEBSOCKET_RECONNECTS,
@@ -189,6 +192,11 @@ pub fn describe() {
         CHECKPOINT_LAG_SECONDS,
         Unit::Seconds,
         "Age of the oldest event not yet persisted as the checkpoint."
+    );
+    describe_gauge!(
+        STREAM_EVENT_LAG,
+        Unit::Seconds,
+        "Now minus the last event's own time, for upstreams that name it."
     );
     describe_gauge!(
         STREAM_LAST_EVENT_AGE,
@@ -335,11 +343,15 @@ pub fn record(event: &TelemetryEvent) {
             lag_events,
             lag_seconds,
             last_event_age_seconds,
+            event_lag_seconds,
         } => {
             gauge!(CHECKPOINT_LAG_EVENTS, "stream_id" => stream_id.clone()).set(*lag_events as f64);
             gauge!(CHECKPOINT_LAG_SECONDS, "stream_id" => stream_id.clone()).set(*lag_seconds);
             gauge!(STREAM_LAST_EVENT_AGE, "stream_id" => stream_id.clone())
                 .set(*last_event_age_seconds);
+            if let Some(lag) = event_lag_seconds {
+                gauge!(STREAM_EVENT_LAG, "stream_id" => stream_id.clone()).set(*lag);
+            }
         }
         UpstreamReconnect { reason, .. } => {
             counter!(WEBSOCKET_RECONNECTS, "reason" => reason.clone()).increment(1)

@@ -133,6 +133,7 @@ impl WorkerView {
                 lag_events,
                 lag_seconds,
                 last_event_age_seconds,
+                ..
             } => {
                 self.lag.insert(
                     stream_id.clone(),

@@ -136,6 +136,7 @@ async fn emf_documents_follow_the_specification() {
         lag_events: 40,
         lag_seconds: 0.5,
         last_event_age_seconds: 0.0,
+        event_lag_seconds: None,
     });
     let documents = emf_documents("LeaseholdTest", &datums(reader.take()), 1_700_000_000_000);
     assert!(!documents.is_empty());

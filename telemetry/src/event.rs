@@ -187,6 +187,9 @@ pub enum TelemetryEvent {
         /// before the first): a silent upstream shows here.
         #[serde(default)]
         last_event_age_seconds: f64,
+        /// Now minus the last event's own time, when the upstream names it.
+        #[serde(default)]
+        event_lag_seconds: Option<f64>,
     },
     /// Sent by a worker's telemetry shipper every second, so the sidecar can tell
     /// a silent worker from an idle one.
@@ -444,12 +447,14 @@ impl TelemetryEvent {
                 lag_events,
                 lag_seconds,
                 last_event_age_seconds,
+                event_lag_seconds,
             } => {
                 tracing::trace!(
                     stream_id,
                     lag_events,
                     lag_seconds,
                     last_event_age_seconds,
+                    event_lag_seconds,
                     "stream lag"
                 )
             }

@@ -99,6 +99,7 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             lag_events: 7,
             lag_seconds: 1.5,
             last_event_age_seconds: 3.5,
+            event_lag_seconds: Some(1.5),
         },
         UpstreamDisconnected {
             stream_id: "old2".into(),

@@ -102,6 +102,8 @@ struct Progress {
     unpersisted: VecDeque<(u64, Instant)>,
     /// When the last event arrived (when the stream was opened, before the first).
     last_event_at: Instant,
+    /// The last event's arrival lag behind its own time, if the upstream names it.
+    last_arrival_lag: Option<f64>,
 }
 
 /// Why consuming stopped.
@@ -131,6 +133,7 @@ pub async fn run_stream(
                 received: start,
                 unpersisted: VecDeque::new(),
                 last_event_at: Instant::now(),
+                last_arrival_lag: None,
             };
             consume(&context, &lease, &drain, &mut progress).await
         }
@@ -367,6 +370,7 @@ fn accept(
     }
     progress.received = progress.received.max(event.seq);
     progress.last_event_at = event.received_at;
+    progress.last_arrival_lag = event.arrival_lag;
     progress.next_seq = event.seq + 1;
     pending.push(SinkEvent {
         seq: event.seq,
@@ -509,6 +513,10 @@ fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progres
         lag_events: progress.received.saturating_sub(persisted),
         lag_seconds,
         last_event_age_seconds: progress.last_event_at.elapsed().as_secs_f64(),
+        // Now minus the event's time: its lag on arrival plus the time since.
+        event_lag_seconds: progress
+            .last_arrival_lag
+            .map(|lag| lag + progress.last_event_at.elapsed().as_secs_f64()),
     });
 }
 

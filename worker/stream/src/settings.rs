@@ -74,6 +74,14 @@ pub const UPSTREAM_MAX_FRAME_BYTES: Setting<usize> = Setting::new(
     Fallback::Value(|| 1 << 20),
     "Frames larger than this are counted and skipped.",
 );
+/// The `UPSTREAM_TS_POINTER` variable.
+pub const UPSTREAM_TS_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_TS_POINTER",
+    parse::TEXT,
+    Fallback::Unset,
+    "JSON pointer to the event's own time in unix ms (the feed simulator: `/ts_ms`); \
+     enables `leasehold_stream_event_lag_seconds`.",
+);
 /// The `UPSTREAM_IDLE_TIMEOUT_MS` variable.
 pub const UPSTREAM_IDLE_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "UPSTREAM_IDLE_TIMEOUT_MS",
@@ -163,6 +171,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_ID_POINTER,
     &UPSTREAM_MAX_FRAME_BYTES,
     &UPSTREAM_IDLE_TIMEOUT_MS,
+    &UPSTREAM_TS_POINTER,
     &SINK_URL,
     &SINK_MAX_LEN,
     &SINK_MAX_FAILURES,
@@ -207,6 +216,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.id_pointer = env.get(&UPSTREAM_ID_POINTER);
     upstream.max_frame_bytes = env.get(&UPSTREAM_MAX_FRAME_BYTES);
     upstream.idle_timeout = env.get(&UPSTREAM_IDLE_TIMEOUT_MS);
+    upstream.ts_pointer = env.optional(&UPSTREAM_TS_POINTER);
     if !url.is_empty()
         && let Err(errors) = upstream.validate()
     {

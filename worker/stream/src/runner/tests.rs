@@ -105,6 +105,7 @@ impl Subscription for FakeSubscription {
             event_id: format!("s:{seq}"),
             payload: format!("{{\"seq\":{seq}}}"),
             received_at: Instant::now(),
+            arrival_lag: Some(2.0),
         })
     }
 
@@ -694,4 +695,35 @@ async fn a_zombie_lifts_nothing() {
             .iter()
             .any(|e| matches!(e, TelemetryEvent::FenceLifted { .. }))
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_event_lag_is_the_arrival_lag_plus_the_time_since() {
+    // The fake upstream's events arrive 2 s behind their own time.
+    let f = fixture(3);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| f.sink.inner.events("s").len() == 3).await;
+    sleep(Duration::from_secs(10)).await;
+    let lag = f
+        .events
+        .snapshot()
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            TelemetryEvent::StreamLag {
+                event_lag_seconds, ..
+            } => *event_lag_seconds,
+            _ => None,
+        })
+        .expect("event lag reported");
+    assert!(
+        (11.5..12.5).contains(&lag),
+        "{lag} s: 2 s on arrival + 10 s since"
+    );
+    task.abort();
 }

@@ -22,6 +22,8 @@ pub struct WebSocketUpstreamConfig {
     pub seq_pointer: String,
     /// JSON pointer to the event id (string or number).
     pub id_pointer: String,
+    /// JSON pointer to the event's time in unix ms, if the upstream has one.
+    pub ts_pointer: Option<String>,
     /// Frames larger than this are skipped.
     pub max_frame_bytes: usize,
     /// Bound on connect, handshake and sending the subscribe message.
@@ -39,6 +41,7 @@ impl WebSocketUpstreamConfig {
             subscribe_template: FEED_SUBSCRIBE_TEMPLATE.to_owned(),
             seq_pointer: "/seq".to_owned(),
             id_pointer: "/event_id".to_owned(),
+            ts_pointer: None,
             max_frame_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(15),
@@ -69,9 +72,11 @@ impl WebSocketUpstreamConfig {
                 );
             }
         }
+        let ts_pointer = self.ts_pointer.clone().unwrap_or_else(|| "/".to_owned());
         for (name, pointer) in [
             ("sequence", &self.seq_pointer),
             ("event id", &self.id_pointer),
+            ("event time", &ts_pointer),
         ] {
             if !pointer.starts_with('/') {
                 problems.push(format!(
@@ -107,6 +112,7 @@ mod tests {
             subscribe_template: r#"{"subscribe": {stream_id}}"#.into(),
             seq_pointer: "seq".into(),
             id_pointer: String::new(),
+            ts_pointer: None,
             max_frame_bytes: 0,
             connect_timeout: Duration::ZERO,
             idle_timeout: Duration::ZERO,

@@ -36,6 +36,9 @@ pub struct UpstreamEvent {
     pub payload: String,
     /// When the frame was read off the socket.
     pub received_at: Instant,
+    /// Seconds from the event's own time (`UPSTREAM_TS_POINTER`, unix ms) to its
+    /// arrival; `None` without a time pointer or a readable time.
+    pub arrival_lag: Option<f64>,
 }
 
 /// A source of ordered events per stream.

@@ -492,3 +492,40 @@ async fn a_quiet_upstream_that_answers_pings_is_kept() {
     );
     server.abort();
 }
+
+#[tokio::test]
+async fn the_event_time_gives_the_arrival_lag_when_a_pointer_names_it() {
+    let five_seconds_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        - 5_000;
+    for pointer in [Some("/ts_ms"), None] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut ws = tokio_tungstenite::accept_async(socket).await.unwrap();
+            ws.send(Message::text(event_frame("s", 1, five_seconds_ago)))
+                .await
+                .unwrap();
+            while let Some(Ok(_)) = ws.next().await {}
+        });
+        let config = WebSocketUpstreamConfig {
+            subscribe_template: String::new(),
+            ts_pointer: pointer.map(str::to_owned),
+            ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+        };
+        let (upstream, _) = upstream(config);
+        let mut sub = subscribe(&upstream, "s", 1).await.unwrap();
+        let event = next(&mut sub).await.unwrap();
+        match pointer {
+            Some(_) => {
+                let lag = event.arrival_lag.expect("a time was named");
+                assert!((4.9..7.0).contains(&lag), "arrival lag {lag}");
+            }
+            None => assert_eq!(event.arrival_lag, None),
+        }
+        server.abort();
+    }
+}

@@ -86,6 +86,7 @@ impl Upstream for WebSocketUpstream {
             max_frame_bytes: self.config.max_frame_bytes,
             seq_pointer: self.config.seq_pointer.clone(),
             id_pointer: self.config.id_pointer.clone(),
+            ts_pointer: self.config.ts_pointer.clone(),
             telemetry: self.telemetry.clone(),
             failed: None,
             disconnected: false,
@@ -106,6 +107,7 @@ struct WebSocketSubscription {
     max_frame_bytes: usize,
     seq_pointer: String,
     id_pointer: String,
+    ts_pointer: Option<String>,
     telemetry: Arc<dyn TelemetrySink>,
     failed: Option<UpstreamError>,
     disconnected: bool,
@@ -186,11 +188,23 @@ impl WebSocketSubscription {
             return Frame::Fail(UpstreamError::Gap { expected, got: seq });
         }
         self.expected = Some(seq + 1);
+        let arrival_lag = self
+            .ts_pointer
+            .as_deref()
+            .and_then(|pointer| value.pointer(pointer))
+            .and_then(Value::as_f64)
+            .map(|event_ms| {
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+                ((now_ms - event_ms) / 1000.0).max(0.0)
+            });
         Frame::Event(UpstreamEvent {
             seq,
             event_id,
             payload: text.to_owned(),
             received_at,
+            arrival_lag,
         })
     }
 }
