@@ -284,6 +284,18 @@ pub mod parse {
         },
         show: |v| v.to_string(),
     };
+    /// A whole number greater than 0 that fits 32 bits (attempts, failures).
+    pub const ATTEMPTS: Parser<u32> = Parser {
+        parse: |raw| {
+            positive(raw).and_then(|v| u32::try_from(v).map_err(|_| "is too large".into()))
+        },
+        show: |v| v.to_string(),
+    };
+    /// A whole number, 0 allowed, as a size or count in memory.
+    pub const COUNT_SIZE: Parser<usize> = Parser {
+        parse: |raw| whole(raw).and_then(|v| usize::try_from(v).map_err(|_| "is too large".into())),
+        show: |v| v.to_string(),
+    };
     /// A whole number of milliseconds, 0 allowed.
     pub const MILLIS: Parser<Duration> = Parser {
         parse: |raw| whole(raw).map(Duration::from_millis),

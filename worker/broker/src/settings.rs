@@ -20,24 +20,6 @@ use crate::maintenance::SweepConfig;
 use crate::paper::PaperConfig;
 use crate::worker::{BrokerWorkerConfig, WorkerMetadata};
 
-/// A whole number of pool workers, 0 allowed.
-const COUNT_SIZE: Parser<usize> = Parser {
-    parse: |raw| {
-        (parse::COUNT.parse)(raw)
-            .and_then(|v| usize::try_from(v).map_err(|_| "is too large".into()))
-    },
-    show: |v| v.to_string(),
-};
-
-/// Connect attempts: a whole number greater than 0.
-const ATTEMPTS: Parser<u32> = Parser {
-    parse: |raw| {
-        (parse::POSITIVE.parse)(raw)
-            .and_then(|v| u32::try_from(v).map_err(|_| "is too large".into()))
-    },
-    show: |v| v.to_string(),
-};
-
 /// One of the ECS launch types.
 const LAUNCH_TYPE: Parser<String> = Parser {
     parse: |raw| match raw {
@@ -77,7 +59,7 @@ pub const WORKER_ID: Setting<String> = Setting::new(
 /// The `POOL_TARGET_SIZE` variable.
 pub const POOL_TARGET_SIZE: Setting<usize> = Setting::new(
     "POOL_TARGET_SIZE",
-    COUNT_SIZE,
+    parse::COUNT_SIZE,
     Fallback::Value(|| 2),
     "Idle pool workers `pool-manager` keeps running.",
 );
@@ -175,7 +157,7 @@ pub const BROKER_HEALTH_CHECK_SECONDS: Setting<Duration> = Setting::new(
 /// The `BROKER_CONNECT_ATTEMPTS` variable.
 pub const BROKER_CONNECT_ATTEMPTS: Setting<u32> = Setting::new(
     "BROKER_CONNECT_ATTEMPTS",
-    ATTEMPTS,
+    parse::ATTEMPTS,
     Fallback::Value(|| 3),
     "Connect attempts (with backoff) before a worker reports failure and exits non-zero.",
 );

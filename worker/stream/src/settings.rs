@@ -13,15 +13,6 @@ use crate::sink::SinkOptions;
 use crate::upstream::{FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
 use crate::worker::StreamWorkerConfig;
 
-/// A whole number of attempts, at least 1.
-const ATTEMPTS: Parser<u32> = Parser {
-    parse: |raw| {
-        (parse::POSITIVE.parse)(raw)
-            .and_then(|v| u32::try_from(v).map_err(|_| "is too large".into()))
-    },
-    show: |v| v.to_string(),
-};
-
 /// `redis://…`, `rediss://…`, `redis+unix://…` or `memory:`. Never echoed: it may
 /// carry a password.
 const SINK_URL_PARSER: Parser<String> = Parser {
@@ -107,7 +98,7 @@ pub const SINK_MAX_LEN: Setting<u64> = Setting::new(
 /// The `SINK_MAX_FAILURES` variable.
 pub const SINK_MAX_FAILURES: Setting<u32> = Setting::new(
     "SINK_MAX_FAILURES",
-    ATTEMPTS,
+    parse::ATTEMPTS,
     Fallback::Value(|| 10),
     "Consecutive sink refusals (a wrong key type, a script or auth error) after which the worker \
      releases the stream for another worker to try; an unreachable sink is retried while the lease holds.",
