@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::lease::Lease;
+use crate::protocol;
 use crate::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
 };
@@ -124,7 +125,8 @@ impl HeldLease {
     /// Whether side effects may still be produced under this lease: not lost, not
     /// released, and the holder's deadline not passed. Checks the clock itself.
     pub fn is_valid(&self) -> bool {
-        !self.signal.ended.is_cancelled() && Instant::now() < self.signal.deadline()
+        !self.signal.ended.is_cancelled()
+            && protocol::holder_may_act(Instant::now(), self.signal.deadline())
     }
 
     /// The holder's current deadline (moves forward with each confirmed renew).
@@ -299,7 +301,11 @@ impl LeaseKeeper {
             stream_id: stream_id.to_owned(),
             fence_token: record.fence_token,
             signal: Arc::new(LeaseSignal {
-                deadline: Mutex::new(sent + config.lease.saturating_sub(config.safety_margin)),
+                deadline: Mutex::new(protocol::holder_deadline(
+                    sent,
+                    config.lease,
+                    config.safety_margin,
+                )),
                 ended: CancellationToken::new(),
                 loss: Mutex::new(None),
                 staged_checkpoint: Mutex::new(None),
@@ -525,9 +531,11 @@ async fn renew_with_retries(
         };
         let error = match result {
             Ok(record) => {
-                lease
-                    .signal
-                    .extend(sent + config.lease.saturating_sub(config.safety_margin));
+                lease.signal.extend(protocol::holder_deadline(
+                    sent,
+                    config.lease,
+                    config.safety_margin,
+                ));
                 lease.signal.persisted(record.checkpoint);
                 if let Some(seq) = request.checkpoint {
                     inner.telemetry.emit(TelemetryEvent::CheckpointCommit {

@@ -15,6 +15,8 @@
 //!   tells the data path, before the holder's deadline, when a lease can no longer
 //!   be trusted.
 //! - [`listing`]: leases as the operator CLI prints them (table, details, JSON).
+//! - [`protocol`]: the protocol's decisions, free of I/O, shared by the runtime
+//!   and the model checker.
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency.
 //! - [`settings`]: the lease variables (table, timings, identity).
 //! - `conformance` (feature `testing`): the store conformance suite, run against
@@ -24,6 +26,7 @@ pub mod clock;
 pub mod keeper;
 pub mod lease;
 pub mod listing;
+pub mod protocol;
 pub mod schema;
 pub mod settings;
 pub mod store;

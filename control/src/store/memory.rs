@@ -15,6 +15,7 @@ use super::{
     LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal, registration_item,
 };
 use crate::lease::Lease;
+use crate::protocol;
 use crate::schema::{self, AttrValue, RawItem};
 
 /// A lease table in process memory. Cheap to share behind an `Arc`.
@@ -71,15 +72,16 @@ impl LeaseStore for MemoryLeaseStore {
             None => RawItem::from([(schema::STREAM_ID.to_owned(), AttrValue::s(&r.stream_id))]),
         };
         let current = schema::decode(&item)?;
-        let cutoff = r.now_ms - r.skew_margin_ms;
         // DynamoDB: attribute_not_exists(owner_id) OR lease_expires_at < :now OR owner_id = :owner.
-        // A missing lease_expires_at compares as false, hence the explicit presence check.
-        let expired =
-            item.contains_key(schema::LEASE_EXPIRES_AT) && current.lease_expires_at < cutoff;
-        let allowed = match &current.owner_id {
-            None => true,
-            Some(owner) => expired || owner == &r.owner_id,
-        };
+        // A missing lease_expires_at compares as false, hence the presence check.
+        let allowed = protocol::acquirable(
+            current.owner_id.as_deref(),
+            item.contains_key(schema::LEASE_EXPIRES_AT)
+                .then_some(current.lease_expires_at),
+            &r.owner_id,
+            r.now_ms,
+            r.skew_margin_ms,
+        );
         if !allowed {
             return Err(refusal(current, Holder::none()));
         }
@@ -130,7 +132,7 @@ impl LeaseStore for MemoryLeaseStore {
         }
         // Never shorter than stored: a holder whose clock stepped back keeps
         // the expiry it already has (the DynamoDB store's EXPIRY_NOT_SHORTENED).
-        let expires = (r.now_ms + r.lease_ms).max(current.lease_expires_at);
+        let expires = protocol::renewed_expiry(current.lease_expires_at, r.now_ms + r.lease_ms);
         set(&mut item, schema::LEASE_EXPIRES_AT, AttrValue::n(expires));
         if expires == r.now_ms + r.lease_ms {
             set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use leasehold_control::clock::unix_ms;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
+use leasehold_control::protocol;
 use leasehold_control::store::LiftRequest;
 use leasehold_platform::backoff::Backoff;
 use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
@@ -183,7 +184,7 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, Stop> {
                 return Err(Stop::Lost(LossReason::Fenced));
             }
             Ok(opened) => {
-                let resume = checkpoint.max(opened.last_seq.unwrap_or(0));
+                let resume = protocol::resume_after(Some(checkpoint), opened.last_seq);
                 if resume > checkpoint {
                     // What the sink holds is confirmed: the checkpoint catches up.
                     lease.stage_checkpoint(resume);

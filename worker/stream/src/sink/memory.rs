@@ -4,6 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use leasehold_control::protocol;
 
 use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 
@@ -93,14 +94,14 @@ impl FencedSink for MemorySink {
         if state.broken {
             return Err(broken());
         }
-        if fence_token < state.highest_token {
+        if protocol::fenced(state.highest_token, fence_token) {
             return Ok(OpenOutcome {
                 highest_token: state.highest_token,
                 last_seq: state.last_seq(),
                 fenced: true,
             });
         }
-        state.highest_token = fence_token;
+        state.highest_token = protocol::raised_fence(state.highest_token, fence_token);
         Ok(OpenOutcome {
             highest_token: fence_token,
             last_seq: state.last_seq(),
@@ -111,7 +112,7 @@ impl FencedSink for MemorySink {
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         let mut streams = self.lock();
         let state = streams.entry(batch.stream_id.to_owned()).or_default();
-        if batch.fence_token < state.highest_token {
+        if protocol::fenced(state.highest_token, batch.fence_token) {
             return Ok(WriteOutcome {
                 fenced: batch.events.len() as u64,
                 highest_token: state.highest_token,
@@ -121,13 +122,13 @@ impl FencedSink for MemorySink {
         if state.broken {
             return Err(broken());
         }
-        state.highest_token = batch.fence_token;
+        state.highest_token = protocol::raised_fence(state.highest_token, batch.fence_token);
         let mut outcome = WriteOutcome {
             highest_token: batch.fence_token,
             ..WriteOutcome::default()
         };
         for event in batch.events {
-            if state.last_seq().is_some_and(|last| event.seq <= last) {
+            if protocol::already_appended(state.last_seq(), event.seq) {
                 outcome.duplicate += 1;
                 continue;
             }

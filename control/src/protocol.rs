@@ -1,0 +1,102 @@
+//! The protocol's decisions, free of I/O and of any clock: who may take a
+//! lease, until when a holder may act, what a renew stores, what a sink accepts,
+//! where a new owner resumes. The keeper, the in-memory store, the runner and the
+//! in-memory sink call these; the DynamoDB expressions and the Redis scripts
+//! state the same rules (one conformance suite per seam keeps them equal); and
+//! the model checker (`control/tests/protocol_model.rs`) explores them under
+//! crashes, pauses, clock skew and delayed writes.
+
+use std::ops::Add;
+use std::time::Duration;
+
+/// The holder's own deadline: when its last renew (or the acquire) was *sent*,
+/// plus the lease, minus the safety margin. A taker waits for the stored expiry
+/// plus the skew margin, so this always falls first.
+pub fn holder_deadline<T: Add<Duration, Output = T>>(
+    sent: T,
+    lease: Duration,
+    margin: Duration,
+) -> T {
+    sent + lease.saturating_sub(margin)
+}
+
+/// A holder may produce side effects only before its own deadline.
+pub fn holder_may_act<T: PartialOrd>(now: T, deadline: T) -> bool {
+    now < deadline
+}
+
+/// The store's acquire condition: no owner, an expiry older than the taker's
+/// clock minus the skew margin, or the caller already owns it. `expires_at` is
+/// `None` when the record has no expiry yet.
+pub fn acquirable(
+    owner: Option<&str>,
+    expires_at: Option<i64>,
+    caller: &str,
+    now_ms: i64,
+    skew_margin_ms: i64,
+) -> bool {
+    let expired = expires_at.is_some_and(|at| at < now_ms - skew_margin_ms);
+    match owner {
+        None => true,
+        Some(owner) => expired || owner == caller,
+    }
+}
+
+/// The expiry a renew stores: never shorter than the stored one.
+pub fn renewed_expiry(stored: i64, requested: i64) -> i64 {
+    stored.max(requested)
+}
+
+/// A sink refuses a write or an open whose token is below its fence.
+pub fn fenced(fence: u64, token: u64) -> bool {
+    token < fence
+}
+
+/// The fence after accepting `token`.
+pub fn raised_fence(fence: u64, token: u64) -> u64 {
+    fence.max(token)
+}
+
+/// An event the sink already holds: its sequence is at or below the last appended.
+pub fn already_appended(last_seq: Option<u64>, seq: u64) -> bool {
+    last_seq.is_some_and(|last| seq <= last)
+}
+
+/// Where a new owner resumes: after the further of the stored checkpoint and
+/// the sink's last appended sequence.
+pub fn resume_after(checkpoint: Option<u64>, last_seq: Option<u64>) -> u64 {
+    checkpoint.unwrap_or(0).max(last_seq.unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taker_waits_for_expiry_plus_skew_and_an_owner_may_always_reacquire() {
+        assert!(acquirable(None, None, "b", 0, 1_000));
+        assert!(!acquirable(Some("a"), Some(10_000), "b", 10_500, 1_000));
+        assert!(!acquirable(Some("a"), Some(10_000), "b", 11_000, 1_000));
+        assert!(acquirable(Some("a"), Some(10_000), "b", 11_001, 1_000));
+        assert!(acquirable(Some("a"), Some(10_000), "a", 0, 1_000));
+        assert!(!acquirable(Some("a"), None, "b", 99_999, 1_000));
+    }
+
+    #[test]
+    fn the_sink_rules() {
+        assert!(fenced(5, 4) && !fenced(5, 5) && !fenced(5, 6));
+        assert_eq!(raised_fence(5, 7), 7);
+        assert_eq!(raised_fence(5, 3), 5);
+        assert!(already_appended(Some(7), 7) && !already_appended(Some(7), 8));
+        assert!(!already_appended(None, 1));
+        assert_eq!(resume_after(Some(10), Some(40)), 40);
+        assert_eq!(resume_after(Some(50), None), 50);
+        assert_eq!(renewed_expiry(100, 90), 100);
+        let deadline = holder_deadline(
+            std::time::Instant::now(),
+            Duration::from_secs(30),
+            Duration::from_secs(3),
+        );
+        assert!(holder_may_act(std::time::Instant::now(), deadline));
+    }
+}

@@ -1,0 +1,479 @@
+//! The lease-to-sink protocol, model-checked with stateright.
+//!
+//! Two workers, one stream, explicit discrete time (one tick = one second) so
+//! that clock skew and holder deadlines are part of the state. Workers acquire,
+//! open the sink (fence on acquire), read events, send writes that the network
+//! may deliver arbitrarily late, renew, pause, resume, crash, and step their
+//! clock back. Every decision is taken by the same functions the runtime uses
+//! (`leasehold_control::protocol`): who may acquire, the holder's deadline,
+//! whether a renew may shorten the expiry, what the sink fences and drops, and
+//! where a new owner resumes.
+//!
+//! The invariants are the data path's promises. Each fix of the stream-proof
+//! work has a switch in [`Fixes`]; a test turns each off and checks that the
+//! model finds a counterexample, which is how we know the model can fail.
+//! `LEASEHOLD_MODEL_DEPTH` raises the search depth for a longer run.
+
+use std::ops::Add;
+use std::time::Duration;
+
+use leasehold_control::protocol;
+use stateright::{Checker, Model, Property};
+
+const WORKERS: usize = 2;
+const LEASE: Duration = Duration::from_secs(3);
+const SAFETY_MARGIN: Duration = Duration::from_secs(1);
+const SKEW_MARGIN_S: i64 = 1;
+/// The upstream produces one event per tick; the model stops time here.
+const MAX_TIME: i64 = 7;
+const MAX_IN_FLIGHT: usize = 2;
+
+/// Monotonic (real) time of the model, in seconds.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+struct Tick(i64);
+
+impl Add<Duration> for Tick {
+    type Output = Tick;
+    fn add(self, duration: Duration) -> Tick {
+        Tick(self.0 + duration.as_secs() as i64)
+    }
+}
+
+/// Which fixes are in place. `ALL` is the shipped protocol.
+#[derive(Clone, Copy, Debug)]
+struct Fixes {
+    /// A new owner raises the sink's fence before it reads (else its open
+    /// only reads the last sequence).
+    fence_on_acquire: bool,
+    /// A new owner resumes after the sink's last sequence (else after the
+    /// checkpoint).
+    resume_from_sink: bool,
+    /// The sink drops sequences at or below its last (else it appends them,
+    /// as an id window does once a replay outgrows it).
+    sequence_dedup: bool,
+    /// A holder acts only before its own deadline.
+    holder_deadline: bool,
+    /// A renew never shortens the stored expiry. Within the clock steps the
+    /// margins absorb (the model's), a shortened expiry does not let a taker in
+    /// early, so no test turns this off: the store conformance suite guards it.
+    renew_never_shortens: bool,
+}
+
+impl Fixes {
+    const ALL: Fixes = Fixes {
+        fence_on_acquire: true,
+        resume_from_sink: true,
+        sequence_dedup: true,
+        holder_deadline: true,
+        renew_never_shortens: true,
+    };
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Record {
+    owner: Option<usize>,
+    token: u64,
+    /// Wall-clock expiry, as the last writer's clock had it.
+    expires: Option<i64>,
+    checkpoint: u64,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Status {
+    Running,
+    Paused,
+    Crashed,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Belief {
+    token: u64,
+    deadline: Tick,
+    /// The checkpoint the acquire returned.
+    checkpoint: u64,
+    next_seq: u64,
+    opened: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Worker {
+    status: Status,
+    /// This host's wall clock minus real time.
+    skew: i64,
+    belief: Option<Belief>,
+    stepped_back: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Write {
+    worker: usize,
+    token: u64,
+    seq: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Appended {
+    seq: u64,
+    token: u64,
+    /// The highest token whose owner had opened the sink when this landed.
+    opened: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct State {
+    now: Tick,
+    record: Record,
+    workers: Vec<Worker>,
+    in_flight: Vec<Write>,
+    fence: u64,
+    sink: Vec<Appended>,
+    opened: u64,
+    pauses: u8,
+    crashes: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Action {
+    Tick,
+    Acquire(usize),
+    Open(usize),
+    Send(usize),
+    Deliver(usize),
+    Renew(usize),
+    Pause(usize),
+    Resume(usize),
+    Crash(usize),
+    StepClockBack(usize),
+}
+
+struct Protocol {
+    fixes: Fixes,
+}
+
+const NAMES: [&str; WORKERS] = ["w0", "w1"];
+
+impl State {
+    fn wall(&self, worker: usize) -> i64 {
+        self.now.0 + self.workers[worker].skew
+    }
+
+    fn last_seq(&self) -> Option<u64> {
+        self.sink.last().map(|a| a.seq)
+    }
+
+    /// Running workers that believe they hold the stream and may act on it.
+    fn acting(&self, fixes: &Fixes) -> usize {
+        self.workers
+            .iter()
+            .filter(|w| w.status == Status::Running)
+            .filter_map(|w| w.belief.as_ref())
+            .filter(|b| !fixes.holder_deadline || protocol::holder_may_act(self.now, b.deadline))
+            .count()
+    }
+}
+
+impl Protocol {
+    fn may_act(&self, state: &State, belief: &Belief) -> bool {
+        !self.fixes.holder_deadline || protocol::holder_may_act(state.now, belief.deadline)
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        // Clocks within the skew the margins absorb.
+        [(0, 0), (0, 1), (1, 0)]
+            .into_iter()
+            .map(|(a, b)| State {
+                now: Tick(0),
+                record: Record {
+                    owner: None,
+                    token: 0,
+                    expires: None,
+                    checkpoint: 0,
+                },
+                workers: [a, b]
+                    .into_iter()
+                    .map(|skew| Worker {
+                        status: Status::Running,
+                        skew,
+                        belief: None,
+                        stepped_back: false,
+                    })
+                    .collect(),
+                in_flight: Vec::new(),
+                fence: 0,
+                sink: Vec::new(),
+                opened: 0,
+                pauses: 0,
+                crashes: 0,
+            })
+            .collect()
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.now.0 < MAX_TIME {
+            actions.push(Action::Tick);
+        }
+        for (i, worker) in state.workers.iter().enumerate() {
+            match worker.status {
+                Status::Running => {
+                    match &worker.belief {
+                        None => actions.push(Action::Acquire(i)),
+                        Some(belief) if !belief.opened => actions.push(Action::Open(i)),
+                        Some(belief) => {
+                            // One batch in flight per stream: the runner awaits
+                            // each write's outcome before the next.
+                            let waiting = state.in_flight.iter().any(|x| x.worker == i);
+                            if belief.next_seq <= state.now.0 as u64
+                                && !waiting
+                                && state.in_flight.len() < MAX_IN_FLIGHT
+                            {
+                                actions.push(Action::Send(i));
+                            }
+                            actions.push(Action::Renew(i));
+                        }
+                    }
+                    if state.pauses == 0 {
+                        actions.push(Action::Pause(i));
+                    }
+                    if !worker.stepped_back {
+                        actions.push(Action::StepClockBack(i));
+                    }
+                }
+                Status::Paused => actions.push(Action::Resume(i)),
+                Status::Crashed => {}
+            }
+            if worker.status != Status::Crashed && state.crashes == 0 {
+                actions.push(Action::Crash(i));
+            }
+        }
+        for i in 0..state.in_flight.len() {
+            actions.push(Action::Deliver(i));
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Tick => s.now = Tick(s.now.0 + 1),
+            Action::Acquire(w) => {
+                let wall = s.wall(w);
+                let owner = s.record.owner.map(|o| NAMES[o]);
+                if !protocol::acquirable(owner, s.record.expires, NAMES[w], wall, SKEW_MARGIN_S) {
+                    return None;
+                }
+                s.record.owner = Some(w);
+                s.record.token += 1;
+                s.record.expires = Some(wall + LEASE.as_secs() as i64);
+                s.workers[w].belief = Some(Belief {
+                    token: s.record.token,
+                    deadline: protocol::holder_deadline(s.now, LEASE, SAFETY_MARGIN),
+                    checkpoint: s.record.checkpoint,
+                    next_seq: 0,
+                    opened: false,
+                });
+            }
+            Action::Open(w) => {
+                let belief = s.workers[w].belief.clone()?;
+                if !self.may_act(&s, &belief) {
+                    s.workers[w].belief = None;
+                    return Some(s);
+                }
+                if self.fixes.fence_on_acquire {
+                    if protocol::fenced(s.fence, belief.token) {
+                        s.workers[w].belief = None;
+                        return Some(s);
+                    }
+                    s.fence = protocol::raised_fence(s.fence, belief.token);
+                }
+                let resume = if self.fixes.resume_from_sink {
+                    protocol::resume_after(Some(belief.checkpoint), s.last_seq())
+                } else {
+                    belief.checkpoint
+                };
+                s.opened = s.opened.max(belief.token);
+                let held = s.workers[w].belief.as_mut()?;
+                held.next_seq = resume + 1;
+                held.opened = true;
+            }
+            Action::Send(w) => {
+                let belief = s.workers[w].belief.clone()?;
+                if !self.may_act(&s, &belief) {
+                    s.workers[w].belief = None;
+                    return Some(s);
+                }
+                s.in_flight.push(Write {
+                    worker: w,
+                    token: belief.token,
+                    seq: belief.next_seq,
+                });
+                s.workers[w].belief.as_mut()?.next_seq += 1;
+            }
+            Action::Deliver(i) => {
+                let write = s.in_flight.remove(i);
+                if protocol::fenced(s.fence, write.token) {
+                    // The writer learns it is fenced and stops.
+                    if let Some(b) = &s.workers[write.worker].belief
+                        && b.token == write.token
+                    {
+                        s.workers[write.worker].belief = None;
+                    }
+                    return Some(s);
+                }
+                s.fence = protocol::raised_fence(s.fence, write.token);
+                let duplicate = self.fixes.sequence_dedup
+                    && protocol::already_appended(s.last_seq(), write.seq);
+                if !duplicate {
+                    s.sink.push(Appended {
+                        seq: write.seq,
+                        token: write.token,
+                        opened: s.opened,
+                    });
+                }
+                // The confirmed sequence becomes the checkpoint (owner and token).
+                if s.record.owner == Some(write.worker) && s.record.token == write.token {
+                    s.record.checkpoint = s.record.checkpoint.max(write.seq);
+                }
+            }
+            Action::Renew(w) => {
+                let belief = s.workers[w].belief.clone()?;
+                let wall = s.wall(w);
+                let valid = s.record.owner == Some(w)
+                    && s.record.token == belief.token
+                    && s.record.expires.is_some_and(|at| at >= wall);
+                if !self.may_act(&s, &belief) || !valid {
+                    s.workers[w].belief = None;
+                    return Some(s);
+                }
+                let asked = wall + LEASE.as_secs() as i64;
+                let stored = s.record.expires.unwrap_or(asked);
+                s.record.expires = Some(if self.fixes.renew_never_shortens {
+                    protocol::renewed_expiry(stored, asked)
+                } else {
+                    asked
+                });
+                s.workers[w].belief.as_mut()?.deadline =
+                    protocol::holder_deadline(s.now, LEASE, SAFETY_MARGIN);
+            }
+            Action::Pause(w) => {
+                s.workers[w].status = Status::Paused;
+                s.pauses += 1;
+            }
+            Action::Resume(w) => s.workers[w].status = Status::Running,
+            Action::Crash(w) => {
+                s.workers[w].status = Status::Crashed;
+                s.workers[w].belief = None;
+                s.crashes += 1;
+            }
+            Action::StepClockBack(w) => {
+                // As far back as the safety and skew margins absorb together;
+                // a larger step is outside what leases can promise.
+                s.workers[w].skew -= 2;
+                s.workers[w].stepped_back = true;
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("one holder acts at a time", |m: &Protocol, s: &State| {
+                s.acting(&m.fixes) <= 1
+            }),
+            Property::always("sink tokens never decrease", |_, s: &State| {
+                s.sink.windows(2).all(|w| w[0].token <= w[1].token)
+            }),
+            Property::always("each seq once, in order", |_, s: &State| {
+                s.sink
+                    .iter()
+                    .enumerate()
+                    .all(|(i, a)| a.seq == i as u64 + 1)
+            }),
+            Property::always(
+                "no write of an older token lands after a newer owner opened",
+                |_, s: &State| s.sink.iter().all(|a| a.token >= a.opened),
+            ),
+            Property::always("the checkpoint never passes the sink", |_, s: &State| {
+                s.record.checkpoint <= s.last_seq().unwrap_or(0)
+            }),
+            Property::sometimes("a takeover with data on both sides", |_, s: &State| {
+                s.sink.first().is_some_and(|a| a.token == 1)
+                    && s.sink.last().is_some_and(|a| a.token >= 2)
+            }),
+        ]
+    }
+}
+
+fn depth() -> usize {
+    std::env::var("LEASEHOLD_MODEL_DEPTH")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(16)
+}
+
+fn check(fixes: Fixes) -> impl Checker<Protocol> {
+    Protocol { fixes }
+        .checker()
+        .threads(2)
+        .target_max_depth(depth())
+        .spawn_bfs()
+        .join()
+}
+
+#[test]
+fn the_shipped_protocol_keeps_every_promise() {
+    let checker = check(Fixes::ALL);
+    eprintln!(
+        "protocol model: {} states explored ({} unique), depth {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth()
+    );
+    checker.assert_properties();
+}
+
+/// Turns one fix off and expects the model to find a counterexample to `broken`.
+fn finds_without(fixes: Fixes, broken: &'static str) {
+    let checker = check(fixes);
+    let path = checker
+        .discovery(broken)
+        .unwrap_or_else(|| panic!("without the fix, no counterexample to {broken:?}"));
+    eprintln!("counterexample to {broken:?}: {:?}", path.into_actions());
+}
+
+#[test]
+fn without_fence_on_acquire_a_zombies_late_write_lands() {
+    finds_without(
+        Fixes {
+            fence_on_acquire: false,
+            ..Fixes::ALL
+        },
+        "no write of an older token lands after a newer owner opened",
+    );
+}
+
+#[test]
+fn without_sequence_dedup_a_replay_from_the_checkpoint_is_appended_again() {
+    finds_without(
+        Fixes {
+            resume_from_sink: false,
+            sequence_dedup: false,
+            ..Fixes::ALL
+        },
+        "each seq once, in order",
+    );
+}
+
+#[test]
+fn without_the_holder_deadline_two_holders_act_at_once() {
+    finds_without(
+        Fixes {
+            holder_deadline: false,
+            ..Fixes::ALL
+        },
+        "one holder acts at a time",
+    );
+}
