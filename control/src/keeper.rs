@@ -122,6 +122,25 @@ pub struct HeldLease {
 }
 
 impl HeldLease {
+    /// A lease no keeper renews or ends, valid until `deadline` by the clock
+    /// alone: tests of the data path's own deadline check (the moment the
+    /// deadline has passed but no loss has been signalled yet).
+    #[cfg(feature = "testing")]
+    pub fn detached(acquired: Lease, deadline: Instant) -> HeldLease {
+        HeldLease {
+            stream_id: acquired.stream_id.clone(),
+            fence_token: acquired.fence_token,
+            signal: Arc::new(LeaseSignal {
+                deadline: Mutex::new(deadline),
+                ended: CancellationToken::new(),
+                loss: Mutex::new(None),
+                staged_checkpoint: Mutex::new(None),
+                persisted_checkpoint: Mutex::new(acquired.checkpoint),
+            }),
+            acquired,
+        }
+    }
+
     /// Whether side effects may still be produced under this lease: not lost, not
     /// released, and the holder's deadline not passed. Checks the clock itself.
     pub fn is_valid(&self) -> bool {

@@ -727,3 +727,39 @@ async fn the_event_lag_is_the_arrival_lag_plus_the_time_since() {
     );
     task.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn past_its_deadline_a_holder_writes_nothing_even_before_the_loss_is_signalled() {
+    // The keeper has not (yet) said the lease is lost — its task is late, or
+    // the renew is still out — but the holder's own deadline has passed: the
+    // runner's check of the clock must stop the write by itself.
+    let f = fixture(0);
+    let acquired = f
+        .store
+        .acquire(&AcquireRequest {
+            stream_id: "s".into(),
+            owner_id: "me".into(),
+            now_ms: f.clock.now_ms(),
+            lease_ms: 30_000,
+            skew_margin_ms: 0,
+        })
+        .await
+        .unwrap();
+    let lease = HeldLease::detached(acquired, Instant::now() + Duration::from_secs(5));
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease.clone(),
+        CancellationToken::new(),
+    ));
+    // The sink is opened well before the deadline; events only come after it.
+    wait_for(|| f.sink.inner.highest_token("s") == 1).await;
+    sleep(Duration::from_secs(6)).await;
+    assert!(!lease.is_valid(), "the deadline has passed");
+    f.upstream.head.store(20, Ordering::SeqCst);
+    sleep(Duration::from_secs(2)).await;
+    assert!(
+        f.sink.inner.events("s").is_empty(),
+        "nothing written past the deadline, though no loss was signalled"
+    );
+    task.abort();
+}
