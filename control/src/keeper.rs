@@ -548,13 +548,27 @@ async fn renew_with_retries(
             _ = sleep_until(deadline) => return (Attempt::Lost(LossReason::DeadlinePassed), sent),
             result = inner.store.renew(&request) => result,
         };
+        // Only a confirmed renew moves the deadline: one whose outcome is
+        // unknown (a timeout, throttling, an error) may not have been applied,
+        // so the holder retries and still stops at the deadline it had.
+        let outcome = match &result {
+            Ok(_) => protocol::RenewOutcome::Confirmed,
+            Err(err) if err.is_ownership_lost() => protocol::RenewOutcome::Refused,
+            Err(_) => protocol::RenewOutcome::Unconfirmed,
+        };
+        let next = protocol::deadline_after_renew(
+            deadline,
+            sent,
+            outcome,
+            config.lease,
+            config.safety_margin,
+        );
+        let Some(next) = next else {
+            return (Attempt::Lost(LossReason::RenewRejected), sent);
+        };
+        lease.signal.extend(next);
         let error = match result {
             Ok(record) => {
-                lease.signal.extend(protocol::holder_deadline(
-                    sent,
-                    config.lease,
-                    config.safety_margin,
-                ));
                 lease.signal.persisted(record.checkpoint);
                 if let Some(seq) = request.checkpoint {
                     inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
@@ -581,9 +595,6 @@ async fn renew_with_retries(
                     lateness,
                 });
                 return (Attempt::Renewed, sent);
-            }
-            Err(err) if err.is_ownership_lost() => {
-                return (Attempt::Lost(LossReason::RenewRejected), sent);
             }
             Err(LeaseError::CheckpointBehind { .. }) => {
                 // A staged checkpoint behind the stored one is a caller bug; the

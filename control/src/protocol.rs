@@ -1,6 +1,7 @@
 //! The protocol's decisions, free of I/O and of any clock: who may take a
-//! lease, until when a holder may act, what a renew stores, what a sink accepts,
-//! where a new owner resumes. The keeper, the in-memory store, the runner and the
+//! lease, until when a holder may act, what a renew stores and what its
+//! outcome does to the holder's deadline, what a sink accepts, where a new
+//! owner resumes, and how far a regressed token is lifted. The keeper, the in-memory store, the runner and the
 //! in-memory sink call these; the DynamoDB expressions and the Redis scripts
 //! state the same rules (one conformance suite per seam keeps them equal); and
 //! the model checker (`control/tests/protocol_model.rs`) explores them under
@@ -45,6 +46,59 @@ pub fn acquirable(
 /// The expiry a renew stores: never shorter than the stored one.
 pub fn renewed_expiry(stored: i64, requested: i64) -> i64 {
     stored.max(requested)
+}
+
+/// What a holder learned from one renew request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The store applied it.
+    Confirmed,
+    /// The store refused it: the caller no longer holds the lease.
+    Refused,
+    /// No confirmation (a timeout, throttling, any other error): the store may
+    /// or may not have applied it.
+    Unconfirmed,
+}
+
+/// The holder's deadline after a renew sent at `sent`: a confirmed renew moves
+/// it to the [`holder_deadline`] of its send time; an unconfirmed one keeps the
+/// `current` deadline (the store may have extended nothing, so the holder
+/// retries and still stops at the deadline it had); a refusal ends the lease
+/// (`None`).
+pub fn deadline_after_renew<T: Add<Duration, Output = T>>(
+    current: T,
+    sent: T,
+    outcome: RenewOutcome,
+    lease: Duration,
+    margin: Duration,
+) -> Option<T> {
+    match outcome {
+        RenewOutcome::Confirmed => Some(holder_deadline(sent, lease, margin)),
+        RenewOutcome::Refused => None,
+        RenewOutcome::Unconfirmed => Some(current),
+    }
+}
+
+/// Fence-regression recovery. A holder whose sink open was fenced (the sink
+/// accepted `sink_fence`, above its `held_token`) reads the record: if it
+/// still says `caller` holds the stream with that very token, no newer owner
+/// exists (the record was re-created below the sink's fence), and the token
+/// to lift the record to is returned: just past the fence, so the next acquire
+/// starts above it. `None` for a real zombie (someone else, or a newer token,
+/// in the record) and when the sink's fence is not above the held token.
+pub fn lifted_token(
+    record_owner: Option<&str>,
+    record_token: u64,
+    caller: &str,
+    held_token: u64,
+    sink_fence: u64,
+) -> Option<u64> {
+    let holds = record_owner == Some(caller) && record_token == held_token;
+    if holds && fenced(sink_fence, held_token) {
+        sink_fence.checked_add(1)
+    } else {
+        None
+    }
 }
 
 /// A sink refuses a write or an open whose token is below its fence.
@@ -98,5 +152,33 @@ mod tests {
             Duration::from_secs(3),
         );
         assert!(holder_may_act(std::time::Instant::now(), deadline));
+    }
+
+    #[test]
+    fn only_a_confirmed_renew_moves_the_deadline() {
+        let (lease, margin) = (Duration::from_secs(30), Duration::from_secs(3));
+        let at = Duration::from_secs;
+        let after = |outcome| deadline_after_renew(at(50), at(100), outcome, lease, margin);
+        assert_eq!(after(RenewOutcome::Confirmed), Some(at(127)));
+        assert_eq!(after(RenewOutcome::Unconfirmed), Some(at(50)));
+        assert_eq!(after(RenewOutcome::Refused), None);
+    }
+
+    #[test]
+    fn a_regressed_token_is_lifted_past_the_fence_by_its_holder_only() {
+        assert_eq!(lifted_token(Some("a"), 1, "a", 1, 50), Some(51));
+        assert_eq!(
+            lifted_token(Some("b"), 1, "a", 1, 50),
+            None,
+            "someone else holds it"
+        );
+        assert_eq!(
+            lifted_token(Some("a"), 2, "a", 1, 50),
+            None,
+            "a newer token exists"
+        );
+        assert_eq!(lifted_token(None, 1, "a", 1, 50), None, "released");
+        assert_eq!(lifted_token(Some("a"), 50, "a", 50, 50), None, "not fenced");
+        assert_eq!(lifted_token(Some("a"), 1, "a", 1, u64::MAX), None);
     }
 }

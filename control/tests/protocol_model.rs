@@ -3,22 +3,30 @@
 //! Two workers, one stream, explicit discrete time (one tick = one second) so
 //! that clock skew and holder deadlines are part of the state. Workers acquire,
 //! open the sink (fence on acquire), read events, send writes that the network
-//! may deliver arbitrarily late, renew, pause, resume, crash, and step their
-//! clock back. Every decision is taken by the same functions the runtime uses
-//! (`leasehold_control::protocol`): who may acquire, the holder's deadline,
-//! whether a renew may shorten the expiry, what the sink fences and drops, and
-//! where a new owner resumes.
+//! may deliver arbitrarily late, renew (and sometimes never learn a renew's
+//! outcome), pause, resume, crash, and step their clock back. An operator may
+//! force-release the record or delete and re-create it (a restore, a TTL)
+//! while the sink keeps its fence. Every decision is taken by the same
+//! functions the runtime uses (`leasehold_control::protocol`): who may acquire,
+//! the holder's deadline and what a renew's outcome does to it, whether a renew
+//! may shorten the expiry, what the sink fences and drops, where a new owner
+//! resumes, and how far a holder lifts a token that regressed below the sink's
+//! fence.
 //!
-//! The invariants are the data path's promises. Each fix of the stream-proof
-//! work has a switch in [`Fixes`]; a test turns each off and checks that the
-//! model finds a counterexample, which is how we know the model can fail.
-//! `LEASEHOLD_MODEL_DEPTH` raises the search depth for a longer run.
+//! The invariants are the data path's promises. An operator's intervention
+//! voids the lease of the holder it cuts off: that holder is `overridden`, no
+//! longer counted by the lease's own promise (one holder acts at a time); only
+//! the fence keeps its late writes out, so every sink promise still covers it.
+//! Each fix of the stream-proof work has a switch in [`Fixes`]; a test turns
+//! each off and checks that the model finds a counterexample, which is how we
+//! know the model can fail. `LEASEHOLD_MODEL_DEPTH` raises the search depth
+//! for a longer run.
 
 use std::ops::Add;
 use std::time::Duration;
 
 use leasehold_control::protocol;
-use stateright::{Checker, Model, Property};
+use stateright::{Checker, HasDiscoveries, Model, Property};
 
 const WORKERS: usize = 2;
 const LEASE: Duration = Duration::from_secs(3);
@@ -57,6 +65,15 @@ struct Fixes {
     /// margins absorb (the model's), a shortened expiry does not let a taker in
     /// early, so no test turns this off: the store conformance suite guards it.
     renew_never_shortens: bool,
+    /// A renew whose outcome the holder does not learn (a timeout: the store
+    /// may or may not have applied it) leaves the holder's deadline where it
+    /// was (else the holder extends it as if the renew had been confirmed).
+    unconfirmed_renew_keeps_deadline: bool,
+    /// A holder whose open is fenced while the record still names it with its
+    /// token (the record was re-created below the sink's fence) lifts the
+    /// stored token past the fence (else the stream stays fenced until
+    /// takeovers climb back past it).
+    lift_after_regression: bool,
 }
 
 impl Fixes {
@@ -66,6 +83,8 @@ impl Fixes {
         sequence_dedup: true,
         holder_deadline: true,
         renew_never_shortens: true,
+        unconfirmed_renew_keeps_deadline: true,
+        lift_after_regression: true,
     };
 }
 
@@ -76,6 +95,16 @@ struct Record {
     /// Wall-clock expiry, as the last writer's clock had it.
     expires: Option<i64>,
     checkpoint: u64,
+}
+
+impl Record {
+    /// A record nobody has held yet: new, or deleted and created again.
+    const FRESH: Record = Record {
+        owner: None,
+        token: 0,
+        expires: None,
+        checkpoint: 0,
+    };
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -93,6 +122,8 @@ struct Belief {
     checkpoint: u64,
     next_seq: u64,
     opened: bool,
+    /// An operator cleared or re-created the record under this holder.
+    overridden: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -130,6 +161,13 @@ struct State {
     opened: u64,
     pauses: u8,
     crashes: u8,
+    /// Force-releases and re-creates so far.
+    interventions: u8,
+    /// Renews whose outcome was never learned so far.
+    timeouts: u8,
+    /// A holder's open was fenced while the record named it with its token:
+    /// the record regressed below the sink's fence (cleared by a re-create).
+    regression_found: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,6 +178,14 @@ enum Action {
     Send(usize),
     Deliver(usize),
     Renew(usize),
+    /// A renew that times out: the store applied it (`true`) or not, and the
+    /// holder does not learn which.
+    RenewUnanswered(usize, bool),
+    /// `leasehold leases release --force`: owner cleared, expiry 0, token and
+    /// checkpoint kept.
+    ForceRelease,
+    /// The record is deleted and created again: token and checkpoint start over.
+    Recreate,
     Pause(usize),
     Resume(usize),
     Crash(usize),
@@ -167,8 +213,70 @@ impl State {
             .iter()
             .filter(|w| w.status == Status::Running)
             .filter_map(|w| w.belief.as_ref())
+            .filter(|b| !b.overridden)
             .filter(|b| !fixes.holder_deadline || protocol::holder_may_act(self.now, b.deadline))
             .count()
+    }
+
+    /// The holder the record names, with the record's token, loses its lease
+    /// to an operator.
+    fn override_owner(&mut self) {
+        let token = self.record.token;
+        if let Some(owner) = self.record.owner
+            && let Some(belief) = self.workers[owner].belief.as_mut()
+            && belief.token == token
+        {
+            belief.overridden = true;
+        }
+    }
+
+    /// The store's renew: applied only for the owner with its token and an
+    /// unexpired record. Returns whether it was applied.
+    fn store_renew(&mut self, worker: usize, token: u64, fixes: &Fixes) -> bool {
+        let wall = self.wall(worker);
+        let valid = self.record.owner == Some(worker)
+            && self.record.token == token
+            && self.record.expires.is_some_and(|at| at >= wall);
+        if valid {
+            let asked = wall + LEASE.as_secs() as i64;
+            let stored = self.record.expires.unwrap_or(asked);
+            self.record.expires = Some(if fixes.renew_never_shortens {
+                protocol::renewed_expiry(stored, asked)
+            } else {
+                asked
+            });
+        }
+        valid
+    }
+
+    /// What the holder makes of its renew (sent now): a deadline, or the end
+    /// of its lease.
+    fn settle_renew(&mut self, worker: usize, outcome: protocol::RenewOutcome) {
+        let Some(belief) = self.workers[worker].belief.as_mut() else {
+            return;
+        };
+        match protocol::deadline_after_renew(
+            belief.deadline,
+            self.now,
+            outcome,
+            LEASE,
+            SAFETY_MARGIN,
+        ) {
+            Some(deadline) => belief.deadline = deadline,
+            None => self.workers[worker].belief = None,
+        }
+    }
+
+    /// The store token is at or above the sink's fence once a holder found the
+    /// regression and every holder the operator cut off is gone (such a holder
+    /// may still open the sink with a token the re-created record never issued).
+    fn token_above_fence_after_recovery(&self) -> bool {
+        let cut_off = self
+            .workers
+            .iter()
+            .filter_map(|w| w.belief.as_ref())
+            .any(|b| b.overridden);
+        !self.regression_found || cut_off || self.record.token >= self.fence
     }
 }
 
@@ -188,12 +296,7 @@ impl Model for Protocol {
             .into_iter()
             .map(|(a, b)| State {
                 now: Tick(0),
-                record: Record {
-                    owner: None,
-                    token: 0,
-                    expires: None,
-                    checkpoint: 0,
-                },
+                record: Record::FRESH,
                 workers: [a, b]
                     .into_iter()
                     .map(|skew| Worker {
@@ -209,6 +312,9 @@ impl Model for Protocol {
                 opened: 0,
                 pauses: 0,
                 crashes: 0,
+                interventions: 0,
+                timeouts: 0,
+                regression_found: false,
             })
             .collect()
     }
@@ -234,6 +340,10 @@ impl Model for Protocol {
                                 actions.push(Action::Send(i));
                             }
                             actions.push(Action::Renew(i));
+                            if state.timeouts == 0 {
+                                actions.push(Action::RenewUnanswered(i, false));
+                                actions.push(Action::RenewUnanswered(i, true));
+                            }
                         }
                     }
                     if state.pauses == 0 {
@@ -252,6 +362,14 @@ impl Model for Protocol {
         }
         for i in 0..state.in_flight.len() {
             actions.push(Action::Deliver(i));
+        }
+        if state.interventions == 0 {
+            if state.record.owner.is_some() {
+                actions.push(Action::ForceRelease);
+            }
+            if state.record != Record::FRESH {
+                actions.push(Action::Recreate);
+            }
         }
     }
 
@@ -274,6 +392,7 @@ impl Model for Protocol {
                     checkpoint: s.record.checkpoint,
                     next_seq: 0,
                     opened: false,
+                    overridden: false,
                 });
             }
             Action::Open(w) => {
@@ -284,6 +403,28 @@ impl Model for Protocol {
                 }
                 if self.fixes.fence_on_acquire {
                     if protocol::fenced(s.fence, belief.token) {
+                        // The runner's fence-regression recovery: read the
+                        // record, and lift its token if it still names this
+                        // holder with this token (one conditional write).
+                        if s.record.owner == Some(w) && s.record.token == belief.token {
+                            s.regression_found = true;
+                        }
+                        let to = protocol::lifted_token(
+                            s.record.owner.map(|o| NAMES[o]),
+                            s.record.token,
+                            NAMES[w],
+                            belief.token,
+                            s.fence,
+                        );
+                        if self.fixes.lift_after_regression
+                            && let Some(to) = to
+                            // The store's condition (LIFT_CONDITION).
+                            && s.record.owner == Some(w)
+                            && s.record.token == belief.token
+                            && s.record.token < to
+                        {
+                            s.record.token = to;
+                        }
                         s.workers[w].belief = None;
                         return Some(s);
                     }
@@ -340,23 +481,46 @@ impl Model for Protocol {
             }
             Action::Renew(w) => {
                 let belief = s.workers[w].belief.clone()?;
-                let wall = s.wall(w);
-                let valid = s.record.owner == Some(w)
-                    && s.record.token == belief.token
-                    && s.record.expires.is_some_and(|at| at >= wall);
-                if !self.may_act(&s, &belief) || !valid {
+                if !self.may_act(&s, &belief) {
                     s.workers[w].belief = None;
                     return Some(s);
                 }
-                let asked = wall + LEASE.as_secs() as i64;
-                let stored = s.record.expires.unwrap_or(asked);
-                s.record.expires = Some(if self.fixes.renew_never_shortens {
-                    protocol::renewed_expiry(stored, asked)
+                let outcome = if s.store_renew(w, belief.token, &self.fixes) {
+                    protocol::RenewOutcome::Confirmed
                 } else {
-                    asked
-                });
-                s.workers[w].belief.as_mut()?.deadline =
-                    protocol::holder_deadline(s.now, LEASE, SAFETY_MARGIN);
+                    protocol::RenewOutcome::Refused
+                };
+                s.settle_renew(w, outcome);
+            }
+            Action::RenewUnanswered(w, applied) => {
+                let belief = s.workers[w].belief.clone()?;
+                if !self.may_act(&s, &belief) {
+                    s.workers[w].belief = None;
+                    return Some(s);
+                }
+                if applied {
+                    s.store_renew(w, belief.token, &self.fixes);
+                }
+                s.timeouts += 1;
+                // Without the fix, the holder takes no answer as a yes.
+                let outcome = if self.fixes.unconfirmed_renew_keeps_deadline {
+                    protocol::RenewOutcome::Unconfirmed
+                } else {
+                    protocol::RenewOutcome::Confirmed
+                };
+                s.settle_renew(w, outcome);
+            }
+            Action::ForceRelease => {
+                s.override_owner();
+                s.record.owner = None;
+                s.record.expires = Some(0);
+                s.interventions += 1;
+            }
+            Action::Recreate => {
+                s.override_owner();
+                s.record = Record::FRESH;
+                s.regression_found = false;
+                s.interventions += 1;
             }
             Action::Pause(w) => {
                 s.workers[w].status = Status::Paused;
@@ -399,6 +563,10 @@ impl Model for Protocol {
             Property::always("the checkpoint never passes the sink", |_, s: &State| {
                 s.record.checkpoint <= s.last_seq().unwrap_or(0)
             }),
+            Property::always(
+                "the store token is at or above the sink fence after recovery",
+                |_, s: &State| s.token_above_fence_after_recovery(),
+            ),
             Property::sometimes("a takeover with data on both sides", |_, s: &State| {
                 s.sink.first().is_some_and(|a| a.token == 1)
                     && s.sink.last().is_some_and(|a| a.token >= 2)
@@ -414,30 +582,35 @@ fn depth() -> usize {
         .unwrap_or(16)
 }
 
-fn check(fixes: Fixes) -> impl Checker<Protocol> {
+/// Explores breadth-first until `finish_when` holds or the depth is reached.
+fn check(fixes: Fixes, finish_when: HasDiscoveries) -> impl Checker<Protocol> {
     Protocol { fixes }
         .checker()
         .threads(2)
         .target_max_depth(depth())
+        .finish_when(finish_when)
         .spawn_bfs()
         .join()
 }
 
 #[test]
 fn the_shipped_protocol_keeps_every_promise() {
-    let checker = check(Fixes::ALL);
+    let started = std::time::Instant::now();
+    let checker = check(Fixes::ALL, HasDiscoveries::AnyFailures);
     eprintln!(
-        "protocol model: {} states explored ({} unique), depth {}",
+        "protocol model: {} states explored ({} unique), depth {}, in {:.1?}",
         checker.state_count(),
         checker.unique_state_count(),
-        checker.max_depth()
+        checker.max_depth(),
+        started.elapsed()
     );
     checker.assert_properties();
 }
 
-/// Turns one fix off and expects the model to find a counterexample to `broken`.
+/// Turns one fix off and expects the model to find a counterexample to
+/// `broken`; the search stops at the first (breadth-first: a short one).
 fn finds_without(fixes: Fixes, broken: &'static str) {
-    let checker = check(fixes);
+    let checker = check(fixes, HasDiscoveries::AnyOf([broken].into()));
     let path = checker
         .discovery(broken)
         .unwrap_or_else(|| panic!("without the fix, no counterexample to {broken:?}"));
@@ -456,7 +629,7 @@ fn without_fence_on_acquire_a_zombies_late_write_lands() {
 }
 
 #[test]
-fn without_sequence_dedup_a_replay_from_the_checkpoint_is_appended_again() {
+fn without_sequence_dedup_an_event_is_appended_twice() {
     finds_without(
         Fixes {
             resume_from_sink: false,
@@ -464,6 +637,28 @@ fn without_sequence_dedup_a_replay_from_the_checkpoint_is_appended_again() {
             ..Fixes::ALL
         },
         "each seq once, in order",
+    );
+}
+
+#[test]
+fn without_keeping_the_deadline_on_an_unanswered_renew_two_holders_act_at_once() {
+    finds_without(
+        Fixes {
+            unconfirmed_renew_keeps_deadline: false,
+            ..Fixes::ALL
+        },
+        "one holder acts at a time",
+    );
+}
+
+#[test]
+fn without_the_lift_a_recreated_record_stays_below_the_sinks_fence() {
+    finds_without(
+        Fixes {
+            lift_after_regression: false,
+            ..Fixes::ALL
+        },
+        "the store token is at or above the sink fence after recovery",
     );
 }
 

@@ -209,15 +209,20 @@ async fn lift_regressed_token(context: &RunnerContext, lease: &HeldLease, fence:
     let Ok(record) = store.get(&lease.stream_id).await else {
         return;
     };
-    if record.owner_id.as_deref() != Some(owner.as_str()) || record.fence_token != lease.fence_token
-    {
+    let Some(to) = protocol::lifted_token(
+        record.owner_id.as_deref(),
+        record.fence_token,
+        &owner,
+        lease.fence_token,
+        fence,
+    ) else {
         return;
-    }
+    };
     let request = LiftRequest {
         stream_id: lease.stream_id.clone(),
         owner_id: owner,
         fence_token: lease.fence_token,
-        to: fence + 1,
+        to,
         now_ms: unix_ms(std::time::SystemTime::now()),
     };
     match store.lift_token(&request).await {
