@@ -16,9 +16,12 @@
 //! - [`launcher`]: broker workers as tasks of this process.
 //! - [`pool`]: the pool manager and maintenance loops and the order flow.
 //! - [`audit`]: the sink check printed at the end.
+//! - [`fleet`]: stream workers alone on silent upstreams, for balancing tests
+//!   and the lease-moves benchmark.
 
 pub mod audit;
 mod chaos;
+pub mod fleet;
 mod gate;
 mod launcher;
 mod pool;

@@ -11,9 +11,11 @@
 //! - [`runner`]: one held stream, from subscribe to release: the order of checks
 //!   (valid lease → write with token → stage checkpoint) lives here.
 //! - [`worker`]: presence, discovery, fair share, hand-back, drain.
+//! - [`balance`]: fair share, hand-back, and when to stop giving.
 //! - [`probes`]: acquire attempts scheduled for when a lease becomes takeable.
 //! - [`settings`]: the worker's variables, read once.
 
+pub mod balance;
 pub mod probes;
 pub mod runner;
 pub mod settings;

@@ -2,31 +2,47 @@
 //! lease becomes takeable, so a crashed owner's streams are taken over then and
 //! not one discovery interval later.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use tokio::time::Instant;
 
-/// Streams to try at given instants. Keyed by (instant, stream): many streams of
-/// one crashed owner share an expiry, and each must get its attempt.
+/// Streams to try at given instants, with the owner whose lease is lapsing.
+/// Keyed by (instant, stream): many streams of one crashed owner share an
+/// expiry, and each must get its attempt.
 #[derive(Debug, Default)]
 pub struct ExpiryProbes {
-    due: BTreeSet<(Instant, String)>,
+    due: BTreeMap<(Instant, String), String>,
+}
+
+/// A due attempt: the stream, and the owner whose lease lapsed (the worker
+/// leaves it out of the fair share it fills up to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The stream to try.
+    pub stream: String,
+    /// Its owner at the scan.
+    pub lapsing_owner: String,
 }
 
 impl ExpiryProbes {
-    /// Schedules an attempt on `stream` at `at`.
-    pub fn schedule(&mut self, at: Instant, stream: String) {
-        self.due.insert((at, stream));
+    /// Schedules an attempt on `stream`, held by `owner`, at `at`.
+    pub fn schedule(&mut self, at: Instant, stream: String, owner: String) {
+        self.due.insert((at, stream), owner);
     }
 
     /// When the earliest attempt is due.
     pub fn next_due(&self) -> Option<Instant> {
-        self.due.first().map(|(at, _)| *at)
+        self.due.first_key_value().map(|((at, _), _)| *at)
     }
 
     /// Takes the earliest attempt.
-    pub fn pop(&mut self) -> Option<String> {
-        self.due.pop_first().map(|(_, stream)| stream)
+    pub fn pop(&mut self) -> Option<Probe> {
+        self.due
+            .pop_first()
+            .map(|((_, stream), lapsing_owner)| Probe {
+                stream,
+                lapsing_owner,
+            })
     }
 
     /// Drops every attempt (a new scan schedules afresh).
@@ -45,11 +61,15 @@ mod tests {
     async fn streams_takeable_at_the_same_instant_each_get_an_attempt() {
         let mut probes = ExpiryProbes::default();
         let at = Instant::now() + Duration::from_secs(3);
-        probes.schedule(at, "btc-usd".into());
-        probes.schedule(at, "eth-usd".into());
-        probes.schedule(at - Duration::from_secs(1), "sol-usd".into());
+        probes.schedule(at, "btc-usd".into(), "w1".into());
+        probes.schedule(at, "eth-usd".into(), "w1".into());
+        probes.schedule(at - Duration::from_secs(1), "sol-usd".into(), "w2".into());
         assert_eq!(probes.next_due(), Some(at - Duration::from_secs(1)));
-        let order: Vec<String> = std::iter::from_fn(|| probes.pop()).collect();
+        let first = probes.pop().expect("a probe");
+        assert_eq!(first.lapsing_owner, "w2");
+        let order: Vec<String> = std::iter::once(first.stream)
+            .chain(std::iter::from_fn(|| probes.pop().map(|p| p.stream)))
+            .collect();
         assert_eq!(order, ["sol-usd", "btc-usd", "eth-usd"]);
         assert_eq!(probes.next_due(), None);
     }

@@ -10,9 +10,14 @@
 //!   the next scan schedules an acquire attempt at expiry + skew margin, so a
 //!   crashed owner's streams are taken over as soon as the protocol allows;
 //! - **presence leases** (`leasehold#worker#{owner}`), so a new worker that holds
-//!   nothing yet still counts in everyone's fair share and receives streams.
+//!   nothing yet still counts in everyone's fair share and receives streams; a
+//!   starting worker announces itself and rings the doorbell before its first
+//!   scan, so workers started together count each other and peers over their
+//!   new share hand back at once.
+//!
+//! How much to hold and give back is decided in [`crate::balance`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +36,7 @@ use leasehold_control::keeper::LeaseKeeper;
 use leasehold_telemetry::TelemetrySink;
 
 use super::settings::StreamWorkerSettings;
+use crate::balance::{Census, GiftFate, Gifts, Share};
 use crate::probes::ExpiryProbes;
 use crate::runner::{RunnerContext, StreamExit, run_stream};
 use crate::sink::FencedSink;
@@ -89,6 +95,13 @@ pub struct StreamWorker {
     /// Streams this worker handed back, and when: it leaves them to its peers for
     /// a while, or it could win them straight back.
     handed_back: HashMap<String, Instant>,
+    /// Hand-backs made to balance, and whether peers took them.
+    gifts: Gifts,
+    /// Free streams, and since when this worker has seen them free: one free
+    /// for a whole discovery interval is one nobody else takes.
+    free_since: HashMap<String, Instant>,
+    /// The last scan's census, for the share an expiry probe fills up to.
+    census: Census,
     exits_tx: mpsc::UnboundedSender<Exited>,
     exits_rx: mpsc::UnboundedReceiver<Exited>,
 }
@@ -112,6 +125,9 @@ impl StreamWorker {
             presence: None,
             probes: ExpiryProbes::default(),
             handed_back: HashMap::new(),
+            gifts: Gifts::default(),
+            free_since: HashMap::new(),
+            census: Census::default(),
             exits_tx,
             exits_rx,
         }
@@ -162,8 +178,13 @@ impl StreamWorker {
         for stream in &self.config.register {
             store.register(stream, self.clock.now_ms()).await?;
         }
+        // Announce this worker and wake the peers before looking: workers
+        // started together then count each other in their first scan, and
+        // peers over their new share hand back now, not a scan later.
+        self.ensure_presence().await;
+        self.ring_doorbell().await;
         let mut doorbell = self.read_doorbell().await;
-        let mut next_scan = Instant::now();
+        let mut next_scan = Instant::now() + self.config.handoff_poll;
         let mut poll = tokio::time::interval(self.config.handoff_poll);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -254,23 +275,24 @@ impl StreamWorker {
         }
     }
 
-    /// One discovery pass: count live workers, hand one stream back if over the
-    /// fair share, take free streams up to it, and schedule expiry probes.
+    /// One discovery pass: count live workers, hand back what is over the fair
+    /// share, take free streams up to it, and schedule expiry probes.
     async fn scan(&mut self) -> Result<(), LeaseError> {
         self.ensure_presence().await;
         let records = list_all(self.store().as_ref(), 1000).await?;
         let now = self.clock.now_ms();
         let me = self.context.keeper.config().owner_id.clone();
+        let skew =
+            i64::try_from(self.context.keeper.config().skew_margin.as_millis()).unwrap_or(i64::MAX);
         let mut streams: Vec<Lease> = Vec::new();
-        // Streams held per live worker (presence lease valid), this one included.
-        let mut held_by: BTreeMap<String, usize> = BTreeMap::new();
+        let mut census = Census::default();
         for record in records {
             match record {
                 Ok(lease) if lease.stream_id.starts_with(WORKER_PRESENCE_PREFIX) => {
                     if lease.state(now) == LeaseState::Owned
                         && let Some(owner) = lease.owner_id
                     {
-                        held_by.entry(owner).or_default();
+                        census.held_by.entry(owner).or_default();
                     }
                 }
                 Ok(lease) if lease.is_stream() => streams.push(lease),
@@ -280,42 +302,90 @@ impl StreamWorker {
         }
         for lease in &streams {
             if lease.state(now) == LeaseState::Owned
-                && let Some(count) = lease.owner_id.as_ref().and_then(|o| held_by.get_mut(o))
+                && let Some(count) = lease
+                    .owner_id
+                    .as_ref()
+                    .and_then(|o| census.held_by.get_mut(o))
             {
                 *count += 1;
             }
         }
-        held_by.insert(me.clone(), self.running.len());
-        let share = Share::of(streams.len(), &held_by, &me, self.config.max_streams);
-        let target = share.most;
-        if share.should_hand_back(self.running.len()) {
-            self.hand_back_one();
+        census.streams = streams.len();
+        census.held_by.insert(me.clone(), self.running.len());
+        // Free: unowned, expired past the skew margin, or recorded as this
+        // worker's while it does not run it (a restarted process with the same
+        // OWNER_ID, or a token lifted past a sink's fence): the acquire
+        // condition lets the owner in at once, with a new token.
+        let is_free = |l: &Lease| {
+            !self.running.contains_key(&l.stream_id)
+                && (l.owner_id.is_none()
+                    || l.lease_expires_at < now - skew
+                    || l.owner_id.as_deref() == Some(me.as_str()))
+        };
+        let free_now: HashSet<String> = streams
+            .iter()
+            .filter(|l| is_free(l))
+            .map(|l| l.stream_id.clone())
+            .collect();
+        let holders: HashMap<&str, &Lease> =
+            streams.iter().map(|l| (l.stream_id.as_str(), l)).collect();
+        self.gifts.review(
+            Instant::now(),
+            self.config.discovery_interval,
+            &census,
+            &me,
+            |stream| match holders.get(stream) {
+                Some(l)
+                    if l.state(now) == LeaseState::Owned
+                        && l.owner_id
+                            .as_ref()
+                            .is_some_and(|o| *o != me && census.held_by.contains_key(o)) =>
+                {
+                    GiftFate::Taken
+                }
+                _ => GiftFate::Untaken,
+            },
+        );
+        let share = Share::of(&census, &me, self.config.max_streams);
+        if self.gifts.may_give() {
+            let held = self
+                .running
+                .values()
+                .filter(|r| !r.drain.is_cancelled())
+                .count();
+            self.hand_back(share.to_hand_back(held));
         }
-        let skew =
-            i64::try_from(self.context.keeper.config().skew_margin.as_millis()).unwrap_or(i64::MAX);
         let cooldown = self.config.discovery_interval * 2;
         self.handed_back.retain(|_, at| at.elapsed() < cooldown);
         let mut free: Vec<&Lease> = streams
             .iter()
-            .filter(|l| !self.running.contains_key(&l.stream_id))
+            .filter(|l| free_now.contains(&l.stream_id))
             .filter(|l| !self.handed_back.contains_key(&l.stream_id))
-            // Free: unowned, expired past the skew margin, or recorded as this
-            // worker's while it does not run it (a restarted process with the
-            // same OWNER_ID, or a token lifted past a sink's fence): the
-            // acquire condition lets the owner in at once, with a new token.
-            .filter(|l| {
-                l.owner_id.is_none()
-                    || l.lease_expires_at < now - skew
-                    || l.owner_id.as_deref() == Some(me.as_str())
-            })
             .collect();
+        let seen = Instant::now();
+        self.free_since
+            .retain(|stream, _| free_now.contains(stream));
+        for stream in &free_now {
+            self.free_since.entry(stream.clone()).or_insert(seen);
+        }
         free.shuffle(&mut rand::rng());
         for lease in free {
-            if self.running.len() >= target {
-                break;
+            // Free for a whole interval: nobody else takes it, and unowned is
+            // worse than unbalanced, so fill up to the maximum.
+            let unwanted = self
+                .free_since
+                .get(&lease.stream_id)
+                .is_some_and(|since| seen.duration_since(*since) >= self.config.discovery_interval);
+            let target = if unwanted {
+                self.config.max_streams
+            } else {
+                share.most
+            };
+            if self.running.len() < target {
+                self.try_acquire(&lease.stream_id).await;
             }
-            self.try_acquire(&lease.stream_id).await;
         }
+        self.census = census;
         // Another owner's lease running out before the next scan: be there when
         // the protocol allows a takeover, not an interval later.
         self.probes.clear();
@@ -323,26 +393,33 @@ impl StreamWorker {
             now + i64::try_from(self.config.discovery_interval.as_millis()).unwrap_or(i64::MAX);
         for lease in &streams {
             let takeable_at = lease.lease_expires_at + skew + 1;
-            if lease.owner_id.is_some()
-                && lease.owner_id.as_deref() != Some(me.as_str())
+            if let Some(owner) = lease.owner_id.as_ref()
+                && *owner != me
                 && lease.lease_expires_at >= now - skew
                 && takeable_at <= horizon
             {
                 let wait = Duration::from_millis(u64::try_from(takeable_at - now).unwrap_or(0));
-                self.probes
-                    .schedule(Instant::now() + wait, lease.stream_id.clone());
+                self.probes.schedule(
+                    Instant::now() + wait,
+                    lease.stream_id.clone(),
+                    owner.clone(),
+                );
             }
         }
         Ok(())
     }
 
+    /// An expiry probe: take the stream if this worker is below the share it
+    /// has once the lapsing owner is gone.
     async fn probe(&mut self) {
-        let Some(stream) = self.probes.pop() else {
+        let Some(probe) = self.probes.pop() else {
             return;
         };
-        let target = self.config.max_streams;
-        if self.running.len() < target && !self.running.contains_key(&stream) {
-            self.try_acquire(&stream).await;
+        let me = &self.context.keeper.config().owner_id;
+        let census = self.census.without(&probe.lapsing_owner);
+        let target = Share::of(&census, me, self.config.max_streams).most;
+        if self.running.len() < target && !self.running.contains_key(&probe.stream) {
+            self.try_acquire(&probe.stream).await;
         }
     }
 
@@ -372,25 +449,28 @@ impl StreamWorker {
             .insert(lease.stream_id.clone(), Running { lease, drain, task });
     }
 
-    /// Over the fair share: drain one stream (it releases and rings the doorbell
-    /// when done). One per scan, so a scale-out converges without churn.
-    fn hand_back_one(&mut self) {
-        let already_draining = self.running.values().any(|r| r.drain.is_cancelled());
-        if already_draining {
+    /// Drains `count` streams to balance: each releases when its batch is done
+    /// and rings the doorbell, and the gift is judged at a later scan.
+    fn hand_back(&mut self, count: usize) {
+        if count == 0 {
             return;
         }
-        if let Some(running) = self
+        let mut candidates: Vec<&Running> = self
             .running
             .values()
-            .max_by_key(|r| r.lease.stream_id.clone())
-        {
+            .filter(|r| !r.drain.is_cancelled())
+            .collect();
+        candidates.sort_by(|a, b| b.lease.stream_id.cmp(&a.lease.stream_id));
+        let now = Instant::now();
+        for running in candidates.into_iter().take(count) {
             tracing::info!(
                 stream_id = running.lease.stream_id,
                 "over fair share: handing a stream back"
             );
             running.drain.cancel();
             self.handed_back
-                .insert(running.lease.stream_id.clone(), Instant::now());
+                .insert(running.lease.stream_id.clone(), now);
+            self.gifts.give(&running.lease.stream_id, now);
         }
     }
 
@@ -435,47 +515,6 @@ impl StreamWorker {
     }
 }
 
-/// This worker's fair share, from one scan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Share {
-    /// Streams ÷ live workers, rounded up (capped by the configured maximum).
-    most: usize,
-    /// Streams ÷ live workers, rounded down.
-    least: usize,
-    /// Some live worker holds fewer than `least`.
-    someone_starving: bool,
-    /// This worker holds the most streams (ties broken by owner id), so it is the
-    /// one that gives a stream to a starving peer; one giver per scan avoids churn.
-    richest: bool,
-}
-
-impl Share {
-    fn of(
-        streams: usize,
-        held_by: &BTreeMap<String, usize>,
-        me: &str,
-        max_streams: usize,
-    ) -> Share {
-        let live = held_by.len().max(1);
-        let least = (streams / live).min(max_streams);
-        let richest = held_by
-            .iter()
-            .max_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0)))
-            .is_some_and(|(owner, _)| owner == me);
-        Share {
-            most: streams.div_ceil(live).min(max_streams),
-            least,
-            someone_starving: held_by.values().any(|held| *held < least),
-            richest,
-        }
-    }
-
-    /// Over the rounded-up share, or the richest while a peer is below the rounded-down one.
-    fn should_hand_back(&self, held: usize) -> bool {
-        held > self.most || (self.someone_starving && self.richest && held > self.least)
-    }
-}
-
 /// ±20 % so workers started together do not scan in lockstep.
 fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(rand::random_range(0.8..1.2))
@@ -484,37 +523,6 @@ fn jittered(interval: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn held(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
-        pairs.iter().map(|(o, n)| (o.to_string(), *n)).collect()
-    }
-
-    #[test]
-    fn a_worker_over_the_rounded_up_share_hands_back() {
-        let share = Share::of(6, &held(&[("a", 4), ("b", 2)]), "a", 100);
-        assert_eq!((share.most, share.least), (3, 3));
-        assert!(share.should_hand_back(4));
-        assert!(!Share::of(6, &held(&[("a", 3), ("b", 3)]), "a", 100).should_hand_back(3));
-    }
-
-    #[test]
-    fn a_starving_peer_gets_a_stream_from_the_richest_only() {
-        // 6 streams over 4 workers: 2/2/2/0 is within the rounded-up share but
-        // leaves one worker idle; exactly one giver moves.
-        let counts = held(&[("old1", 2), ("old2", 2), ("new1", 0), ("new2", 2)]);
-        let givers: Vec<_> = ["old1", "old2", "new2"]
-            .into_iter()
-            .filter(|me| Share::of(6, &counts, me, 100).should_hand_back(2))
-            .collect();
-        assert_eq!(givers, ["old2"]);
-        assert!(!Share::of(6, &counts, "new1", 100).should_hand_back(0));
-    }
-
-    #[test]
-    fn the_configured_maximum_caps_the_share() {
-        let share = Share::of(10, &held(&[("a", 0)]), "a", 4);
-        assert_eq!(share.most, 4);
-    }
 
     #[test]
     fn jitter_stays_within_twenty_percent() {

@@ -1,0 +1,234 @@
+//! A fleet of in-process stream workers on one in-memory lease table, with
+//! silent upstreams and a crash gate per worker: the production worker's
+//! discovery, fair share, hand-back and expiry probes, with nothing else
+//! running. Balancing tests (`tests/balance.rs`) and the lease-moves benchmark
+//! (`benches/balance.rs`) drive it, usually on tokio's paused clock, where a
+//! minute of discovery takes milliseconds and every lease move is counted
+//! exactly (each acquire raises a stream's fence token by one).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_control::clock::Clock;
+use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
+use leasehold_control::lease::LeaseState;
+use leasehold_control::store::memory::MemoryLeaseStore;
+use leasehold_control::store::{LeaseError, LeaseStore, list_all};
+use leasehold_stream::sink::memory::MemorySink;
+use leasehold_stream::sink::{FencedSink, SinkOptions};
+use leasehold_stream::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
+use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig};
+use leasehold_telemetry::LogSink;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::gate::{Gate, GatedSink, GatedStore};
+
+/// The fleet's timings; the defaults are the production ones.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Streams registered in the table.
+    pub streams: usize,
+    /// Lease duration (renewed every third of it).
+    pub lease: Duration,
+    /// `DISCOVERY_INTERVAL_MS`.
+    pub discovery_interval: Duration,
+    /// `HANDOFF_POLL_MS`.
+    pub handoff_poll: Duration,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        let worker = StreamWorkerConfig::default();
+        FleetOptions {
+            streams: 100,
+            lease: KeeperConfig::default().lease,
+            discovery_interval: worker.discovery_interval,
+            handoff_poll: worker.handoff_poll,
+        }
+    }
+}
+
+struct Member {
+    gate: Gate,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// What the table says right now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holdings {
+    /// Valid stream leases per owner.
+    pub held_by: BTreeMap<String, usize>,
+    /// Streams nobody validly holds.
+    pub unowned: usize,
+    /// Sum of every stream's fence token: the number of acquisitions so far.
+    pub acquisitions: u64,
+}
+
+impl Holdings {
+    /// Every stream held and every count within one of `streams / workers`
+    /// among exactly `workers` owners.
+    pub fn balanced(&self, streams: usize, workers: usize) -> bool {
+        let least = streams / workers;
+        self.unowned == 0
+            && self.held_by.len() == workers
+            && self
+                .held_by
+                .values()
+                .all(|held| *held >= least && *held <= streams.div_ceil(workers))
+    }
+}
+
+/// In-process stream workers sharing one table and one sink.
+pub struct Fleet {
+    store: Arc<MemoryLeaseStore>,
+    sink: Arc<MemorySink>,
+    clock: Arc<dyn Clock>,
+    options: FleetOptions,
+    members: BTreeMap<String, Member>,
+}
+
+impl Fleet {
+    /// A table with `options.streams` streams (`s000`, `s001`, …) and no worker.
+    pub async fn new(options: FleetOptions, clock: Arc<dyn Clock>) -> Result<Fleet, LeaseError> {
+        let store = Arc::new(MemoryLeaseStore::new());
+        for index in 0..options.streams {
+            store
+                .register(&format!("s{index:03}"), clock.now_ms())
+                .await?;
+        }
+        Ok(Fleet {
+            store,
+            sink: Arc::new(MemorySink::new(SinkOptions::default())),
+            clock,
+            options,
+            members: BTreeMap::new(),
+        })
+    }
+
+    /// Starts a worker named `owner` that holds at most `max_streams`.
+    pub fn start(&mut self, owner: &str, max_streams: usize) {
+        let gate = Gate::default();
+        let store: Arc<dyn LeaseStore> =
+            Arc::new(GatedStore::new(self.store.clone(), gate.clone()));
+        let sink: Arc<dyn FencedSink> = Arc::new(GatedSink::new(self.sink.clone(), gate.clone()));
+        let keeper = LeaseKeeper::new(
+            store,
+            self.clock.clone(),
+            Arc::new(LogSink),
+            KeeperConfig {
+                owner_id: owner.to_owned(),
+                lease: self.options.lease,
+                renew_interval: self.options.lease / 3,
+                safety_margin: self.options.lease / 10,
+                ..KeeperConfig::default()
+            },
+        );
+        let context = Arc::new(RunnerContext {
+            keeper,
+            upstream: Arc::new(SilentUpstream),
+            sink,
+            telemetry: Arc::new(LogSink),
+            config: RunnerConfig::default(),
+        });
+        let worker = StreamWorker::new(
+            context,
+            self.clock.clone(),
+            StreamWorkerConfig {
+                max_streams,
+                discovery_interval: self.options.discovery_interval,
+                handoff_poll: self.options.handoff_poll,
+                ..StreamWorkerConfig::default()
+            },
+        );
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                let _ = worker.run(shutdown).await;
+            }
+        });
+        self.members.insert(
+            owner.to_owned(),
+            Member {
+                gate,
+                shutdown,
+                task,
+            },
+        );
+    }
+
+    /// Crashes `owner`: every call it makes fails from now on, so nothing is
+    /// released and its leases must expire.
+    pub fn crash(&mut self, owner: &str) {
+        if let Some(member) = self.members.remove(owner) {
+            member.gate.fail();
+            member.shutdown.cancel();
+        }
+    }
+
+    /// Stops `owner` gracefully (drain, release, doorbell) and waits for it.
+    pub async fn stop(&mut self, owner: &str) {
+        if let Some(member) = self.members.remove(owner) {
+            member.shutdown.cancel();
+            let _ = member.task.await;
+        }
+    }
+
+    /// Stops every worker gracefully.
+    pub async fn stop_all(&mut self) {
+        let owners: Vec<String> = self.members.keys().cloned().collect();
+        for owner in owners {
+            self.stop(&owner).await;
+        }
+    }
+
+    /// Reads the table.
+    pub async fn holdings(&self) -> Result<Holdings, LeaseError> {
+        let now = self.clock.now_ms();
+        let mut holdings = Holdings::default();
+        for record in list_all(self.store.as_ref(), 1000).await? {
+            let lease = record?;
+            if !lease.is_stream() {
+                continue;
+            }
+            holdings.acquisitions += lease.fence_token;
+            match lease.owner_id {
+                Some(owner) if lease.state(now) == LeaseState::Owned => {
+                    *holdings.held_by.entry(owner).or_default() += 1;
+                }
+                _ => holdings.unowned += 1,
+            }
+        }
+        Ok(holdings)
+    }
+}
+
+/// An upstream that accepts every subscription and never sends: balancing is
+/// about leases, and a quiet stream is the hardest case for fencing.
+struct SilentUpstream;
+
+struct SilentSubscription;
+
+#[async_trait]
+impl Upstream for SilentUpstream {
+    async fn subscribe(
+        &self,
+        _stream_id: &str,
+        _from_seq: u64,
+    ) -> Result<Box<dyn Subscription>, UpstreamError> {
+        Ok(Box::new(SilentSubscription))
+    }
+}
+
+#[async_trait]
+impl Subscription for SilentSubscription {
+    async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError> {
+        std::future::pending().await
+    }
+
+    async fn close(&mut self) {}
+}

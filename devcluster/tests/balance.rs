@@ -1,0 +1,144 @@
+//! Balancing with whole stream workers on tokio's paused clock: cold start,
+//! scale-out, crash takeover and a peer that cannot take, judged from the lease
+//! table alone (who holds what, and how many acquisitions it took).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_control::clock::PausedClock;
+use leasehold_devcluster::fleet::{Fleet, FleetOptions, Holdings};
+
+const DISCOVERY: Duration = Duration::from_secs(5);
+
+async fn fleet(streams: usize) -> Fleet {
+    let options = FleetOptions {
+        streams,
+        ..FleetOptions::default()
+    };
+    assert_eq!(options.discovery_interval, DISCOVERY);
+    Fleet::new(
+        options,
+        Arc::new(PausedClock::starting_at(1_700_000_000_000)),
+    )
+    .await
+    .expect("fleet")
+}
+
+/// Waits until `done` holds, checking every 100 ms; the holdings and how long it took.
+async fn wait_for(
+    fleet: &Fleet,
+    within: Duration,
+    done: impl Fn(&Holdings) -> bool,
+) -> (Holdings, Duration) {
+    let start = tokio::time::Instant::now();
+    loop {
+        let holdings = fleet.holdings().await.expect("holdings");
+        if done(&holdings) {
+            return (holdings, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < within,
+            "not reached within {within:?}: {holdings:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs for `span` and returns the acquisitions made meanwhile, checking the
+/// fleet stays `balanced` throughout.
+async fn moves_while_idle(
+    fleet: &Fleet,
+    span: Duration,
+    balanced: impl Fn(&Holdings) -> bool,
+) -> u64 {
+    let before = fleet.holdings().await.expect("holdings");
+    let end = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = fleet.holdings().await.expect("holdings");
+        assert!(balanced(&now), "lost balance: {now:?}");
+    }
+    fleet.holdings().await.expect("holdings").acquisitions - before.acquisitions
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cold_start_spreads_within_two_discovery_intervals() {
+    let mut fleet = fleet(100).await;
+    let start = tokio::time::Instant::now();
+    // Started one second apart, all within one discovery interval: the first
+    // finds every stream free before its peers exist.
+    for (index, owner) in ["w1", "w2", "w3", "w4"].into_iter().enumerate() {
+        if index > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        fleet.start(owner, 100);
+    }
+    let (_, waited) = wait_for(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    let spread_after = start.elapsed() - Duration::from_secs(3) + waited;
+    assert!(spread_after <= 2 * DISCOVERY, "{spread_after:?}");
+    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    assert_eq!(churn, 0, "a balanced fleet moves nothing");
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scale_out_from_four_to_five_moves_only_the_new_share() {
+    let mut fleet = fleet(100).await;
+    for owner in ["w1", "w2", "w3", "w4"] {
+        fleet.start(owner, 100);
+    }
+    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    moves_while_idle(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    let before = fleet.holdings().await.expect("holdings").acquisitions;
+    fleet.start("w5", 100);
+    let (_, took) = wait_for(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    let after_settle = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
+    println!(
+        "scale-out 4 → 5, 100 streams: {moves} lease moves (ideal 20), balanced after {took:?}"
+    );
+    assert_eq!(after_settle, 0, "no churn once balanced");
+    assert_eq!(moves, 20, "exactly the new worker's share moves");
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_crash_probes_fill_the_survivors_to_their_share_only() {
+    let mut fleet = fleet(100).await;
+    for owner in ["w1", "w2", "w3", "w4", "w5"] {
+        fleet.start(owner, 100);
+    }
+    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    moves_while_idle(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    let before = fleet.holdings().await.expect("holdings").acquisitions;
+    fleet.crash("w3");
+    // The orphans become takeable one lease (30 s) plus the skew margin later.
+    let (_, took) = wait_for(&fleet, Duration::from_secs(40), |h| h.balanced(100, 4)).await;
+    let after_settle = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
+    println!(
+        "crash of 1 of 5, 100 streams: {moves} lease moves (ideal 20), balanced after {took:?}"
+    );
+    assert_eq!(after_settle, 0, "no churn once balanced");
+    assert_eq!(moves, 20, "only the crashed worker's streams move");
+    fleet.stop_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_cannot_take_gets_no_stream_again_and_none_stays_unowned() {
+    // A roll-out lowering MAX_STREAMS: "small" counts in the fair share (20
+    // each) but holds at most 10, so "big" must carry 30.
+    let mut fleet = fleet(40).await;
+    fleet.start("big", 100);
+    fleet.start("small", 10);
+    let (holdings, _) = wait_for(&fleet, 6 * DISCOVERY, |h| h.unowned == 0).await;
+    assert_eq!(holdings.held_by.get("small"), Some(&10), "{holdings:?}");
+    // Let the one refused gift play out, then nothing moves any more.
+    tokio::time::sleep(4 * DISCOVERY).await;
+    let churn = moves_while_idle(&fleet, 20 * DISCOVERY, |h| {
+        h.unowned == 0 && h.held_by.get("big") == Some(&30)
+    })
+    .await;
+    assert_eq!(churn, 0, "a hand-back nobody can take is not repeated");
+    fleet.stop_all().await;
+}
