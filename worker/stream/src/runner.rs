@@ -293,11 +293,19 @@ async fn consume(
         if !lease.is_valid() {
             return loss(lease);
         }
-        let subscribed = tokio::select! {
-            biased;
-            _ = lease.cancelled() => return loss(lease),
-            _ = drain.cancelled() => return finish(context, lease, progress, &mut pending).await,
-            result = context.upstream.subscribe(stream_id, progress.next_seq) => result,
+        let subscribe = context.upstream.subscribe(stream_id, progress.next_seq);
+        tokio::pin!(subscribe);
+        // A connect to a frozen upstream can hang until its timeout: keep
+        // reporting, so the last-event age shows the silence meanwhile.
+        let mut waiting = tokio::time::interval(context.config.lag_report_interval);
+        let subscribed = loop {
+            tokio::select! {
+                biased;
+                _ = lease.cancelled() => return loss(lease),
+                _ = drain.cancelled() => return finish(context, lease, progress, &mut pending).await,
+                result = &mut subscribe => break result,
+                _ = waiting.tick() => report_lag(context, lease, progress),
+            }
         };
         let mut subscription = match subscribed {
             Ok(subscription) => subscription,
@@ -429,11 +437,17 @@ async fn reconnect_after(
         UpstreamError::Gap { .. } if *attempts <= 1 => delay = Duration::ZERO,
         _ => {}
     }
-    tokio::select! {
-        biased;
-        _ = lease.cancelled() => Some(loss(lease)),
-        _ = drain.cancelled() => None,
-        _ = sleep(delay) => None,
+    let backoff = sleep(delay);
+    tokio::pin!(backoff);
+    let mut waiting = tokio::time::interval(context.config.lag_report_interval);
+    loop {
+        tokio::select! {
+            biased;
+            _ = lease.cancelled() => return Some(loss(lease)),
+            _ = drain.cancelled() => return None,
+            _ = &mut backoff => return None,
+            _ = waiting.tick() => report_lag(context, lease, progress),
+        }
     }
 }
 
