@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use leasehold_testkit::measure::percentile;
-use support::{Cluster, DISCOVERY_MS, LEASE_SECONDS, SKEW_MS, private_moto, serial};
+use support::{BusyTakeover, Cluster, DISCOVERY_MS, LEASE_SECONDS, SKEW_MS, private_moto, serial};
 
 fn owned_by(owners: &std::collections::BTreeMap<String, String>, owner: &str) -> usize {
     owners.values().filter(|o| o.as_str() == owner).count()
@@ -230,76 +230,29 @@ async fn a_store_outage_stops_side_effects_before_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_streams_takeover_appends_every_seq_once_in_order() {
     let _serial = serial().await;
-    let Some(mut cluster) = Cluster::start(2, 20_000).await else {
+    let Some(takeover) = BusyTakeover::run(20_000).await else {
         return;
     };
-    // A 10 s lease renewed every ~3.3 s: the checkpoint trails the sink by
-    // tens of thousands of events when the owner dies.
-    let lease = [("LEASE_SECONDS", "10"), ("BATCH_MAX_EVENTS", "2000")];
-    cluster.start_worker_with("w1", &lease);
-    cluster
-        .wait_owners(Duration::from_secs(30), |o| {
-            o.len() == 2 && owned_by(o, "w1") == 2
-        })
-        .await;
-    cluster.start_worker_with("w2", &lease);
-    cluster
-        .wait_owners(Duration::from_secs(40), |o| {
-            o.len() == 2 && owned_by(o, "w1") == 1 && owned_by(o, "w2") == 1
-        })
-        .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let victim: String = cluster
-        .owners()
-        .await
-        .into_iter()
-        .find(|(_, owner)| owner == "w1")
-        .map(|(stream, _)| stream)
-        .expect("w1 holds a stream");
-    let record = cluster
-        .leases()
-        .await
-        .into_iter()
-        .find(|l| l.stream_id == victim)
-        .expect("the victim's record");
-    cluster.workers["w1"].signal("KILL");
-    let (old_token, checkpoint_at_kill) = (record.fence_token, record.checkpoint.unwrap_or(0));
-    cluster
-        .wait_owners(Duration::from_secs(30), |o| {
-            o.get(&victim).map(String::as_str) == Some("w2")
-        })
-        .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    cluster.workers.remove("w1");
-    cluster.stop_workers();
-    // What the old owner wrote past its last checkpoint: the new owner's replay
-    // from the checkpoint covers all of it.
-    let past_checkpoint = cluster
-        .sink_entries(&victim)
-        .await
-        .iter()
-        .filter(|e| e.fence_token == old_token && e.seq > checkpoint_at_kill)
-        .count();
-    let new_owner_wrote = cluster
-        .sink_entries(&victim)
-        .await
-        .iter()
-        .filter(|e| e.fence_token > old_token)
-        .count();
+    let cluster = &takeover.cluster;
     assert!(
-        new_owner_wrote > 0,
+        takeover.new_owner_wrote > 0,
         "the new owner wrote nothing\n{}",
         cluster.logs()
     );
     eprintln!(
-        "busy takeover: checkpoint {checkpoint_at_kill} at the kill, {past_checkpoint} events written past it"
+        "busy takeover: checkpoint {} at the kill, {} events written past it",
+        takeover.checkpoint_at_kill, takeover.past_checkpoint
     );
     assert!(
-        past_checkpoint > 10_000,
-        "the replay ({past_checkpoint} events) must outgrow the old 10,000-id window for this test to mean anything"
+        takeover.past_checkpoint > 10_000,
+        "the replay ({} events) must outgrow the old 10,000-id window for this test to mean anything",
+        takeover.past_checkpoint
     );
-    let entries = cluster.verify_sink(&victim).await;
-    eprintln!("busy takeover: {victim} holds {entries} events, each seq once, in order");
+    let entries = cluster.verify_sink(&takeover.victim).await;
+    eprintln!(
+        "busy takeover: {} holds {entries} events, each seq once, in order",
+        takeover.victim
+    );
     for stream in &cluster.streams {
         cluster.verify_sink(stream).await;
     }
@@ -360,4 +313,115 @@ async fn fence_within_a_second(cluster: &Cluster, stream: &str) -> u64 {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A frozen feed (SIGSTOP: the TCP connection stays open, nothing arrives, not
+/// even pongs) is noticed: the worker reconnects with `reason="idle"` within
+/// the idle timeout + 1 s, and its sidecar's
+/// `leasehold_stream_last_event_age_seconds` shows the silence meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_upstream_is_reconnected_as_idle_and_its_silence_shows() {
+    let _serial = serial().await;
+    let Some(mut cluster) = Cluster::start(1, 200).await else {
+        return;
+    };
+    let stream = cluster.streams[0].clone();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .to_string()
+    };
+    let (http, telemetry) = (free_port(), free_port());
+    let _sidecar = support::spawn_leasehold(
+        "sidecar",
+        &["sidecar", "--no-observer"],
+        &[
+            ("SIDECAR_LISTEN".into(), http.clone()),
+            ("TELEMETRY_ADDR".into(), telemetry.clone()),
+            ("LEASEHOLD_LOG".into(), "info".into()),
+        ],
+    );
+    const IDLE_MS: u64 = 2_000;
+    cluster.start_worker_with(
+        "w1",
+        &[
+            ("UPSTREAM_IDLE_TIMEOUT_MS", &IDLE_MS.to_string()),
+            ("TELEMETRY_ADDR", &telemetry),
+        ],
+    );
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| o.len() == 1)
+        .await;
+    let age = || async {
+        let (_, _, body) = leasehold_testkit::http_get(&http, "/metrics")
+            .await
+            .unwrap_or_default();
+        body.lines()
+            .find(|l| {
+                l.starts_with("leasehold_stream_last_event_age_seconds{")
+                    && l.contains(&format!("stream_id=\"{stream}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    // Events flow: the age stays small.
+    let start = Instant::now();
+    loop {
+        if age().await.is_some_and(|a| a < 1.0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no age published"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.feed.signal("STOP");
+    let frozen = Instant::now();
+    let worker = &cluster.workers["w1"];
+    let noticed = loop {
+        let idle = worker
+            .output()
+            .lines()
+            .any(|l| l.contains("upstream reconnecting") && l.contains("idle"));
+        if idle {
+            break frozen.elapsed();
+        }
+        assert!(
+            frozen.elapsed() < Duration::from_millis(IDLE_MS + 3_000),
+            "no idle reconnect\n{}",
+            worker.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        noticed <= Duration::from_millis(IDLE_MS + 1_000),
+        "idle reconnect after {noticed:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let silence = age().await.expect("the age gauge");
+    assert!(
+        silence >= 2.5,
+        "the last-event age shows {silence} s after {:?} of silence",
+        frozen.elapsed()
+    );
+    eprintln!(
+        "frozen upstream: idle reconnect after {noticed:?}; last-event age {silence:.1} s at {:?}",
+        frozen.elapsed()
+    );
+    cluster.feed.signal("CONT");
+    let start = Instant::now();
+    loop {
+        if age().await.is_some_and(|a| a < 1.0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never resumed\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.stop_workers();
+    cluster.verify_sink(&stream).await;
 }

@@ -445,3 +445,102 @@ pub fn spawn_leasehold(name: &str, args: &[&str], envs: &[(String, String)]) -> 
         .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     Proc::spawn(name, command)
 }
+
+/// A busy stream's owner killed (SIGKILL) while a peer runs: two streams at
+/// `rate` events/s each, two workers with a 10 s lease (renewed every ~3.3 s),
+/// the kill 2.5 s after a checkpoint commit, so the checkpoint trails the sink
+/// by about 2.5 s of events when the owner dies. Both workers are
+/// stopped when it returns; the sink is left to judge.
+pub struct BusyTakeover {
+    /// The cluster, workers stopped.
+    pub cluster: Cluster,
+    /// The stream whose owner was killed.
+    pub victim: String,
+    /// The victim's checkpoint when its owner died.
+    pub checkpoint_at_kill: u64,
+    /// Events the dead owner wrote past that checkpoint: what a resume from the
+    /// checkpoint alone would replay.
+    pub past_checkpoint: usize,
+    /// Events the new owner wrote.
+    pub new_owner_wrote: usize,
+}
+
+impl BusyTakeover {
+    /// Runs the scenario; `None` when the test servers are not configured.
+    pub async fn run(rate: u32) -> Option<BusyTakeover> {
+        let mut cluster = Cluster::start(2, rate).await?;
+        let lease = [("LEASE_SECONDS", "10"), ("BATCH_MAX_EVENTS", "2000")];
+        let owned_by = |owners: &BTreeMap<String, String>, owner: &str| {
+            owners.values().filter(|o| o.as_str() == owner).count()
+        };
+        cluster.start_worker_with("w1", &lease);
+        cluster
+            .wait_owners(Duration::from_secs(30), |o| {
+                o.len() == 2 && owned_by(o, "w1") == 2
+            })
+            .await;
+        cluster.start_worker_with("w2", &lease);
+        cluster
+            .wait_owners(Duration::from_secs(40), |o| {
+                o.len() == 2 && owned_by(o, "w1") == 1 && owned_by(o, "w2") == 1
+            })
+            .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let victim: String = cluster
+            .owners()
+            .await
+            .into_iter()
+            .find(|(_, owner)| owner == "w1")
+            .map(|(stream, _)| stream)
+            .expect("w1 holds a stream");
+        let checkpoint_of = |leases: Vec<Lease>| {
+            leases
+                .into_iter()
+                .find(|l| l.stream_id == victim)
+                .and_then(|l| l.checkpoint)
+        };
+        // Kill late in a renew interval (the checkpoint rides on renewals,
+        // every ~3.3 s here): right after a commit, wait 2.5 s, so the
+        // checkpoint trails the sink by about 2.5 s of events whatever the
+        // phase the scenario happens to start in.
+        let committed = checkpoint_of(cluster.leases().await);
+        let start = Instant::now();
+        while checkpoint_of(cluster.leases().await) == committed {
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "no checkpoint commit"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let record = cluster
+            .leases()
+            .await
+            .into_iter()
+            .find(|l| l.stream_id == victim)
+            .expect("the victim's record");
+        cluster.workers["w1"].signal("KILL");
+        let (old_token, checkpoint_at_kill) = (record.fence_token, record.checkpoint.unwrap_or(0));
+        cluster
+            .wait_owners(Duration::from_secs(30), |o| {
+                o.get(&victim).map(String::as_str) == Some("w2")
+            })
+            .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        cluster.workers.remove("w1");
+        cluster.stop_workers();
+        let entries = cluster.sink_entries(&victim).await;
+        let past_checkpoint = entries
+            .iter()
+            .filter(|e| e.fence_token == old_token && e.seq > checkpoint_at_kill)
+            .count();
+        let new_owner_wrote = entries.iter().filter(|e| e.fence_token > old_token).count();
+        Some(BusyTakeover {
+            cluster,
+            victim,
+            checkpoint_at_kill,
+            past_checkpoint,
+            new_owner_wrote,
+        })
+    }
+}
