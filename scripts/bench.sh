@@ -11,6 +11,8 @@ log "stream throughput and control-plane writes"
 cargo bench -p leasehold --bench stream_throughput
 log "fail-over: graceful hand-off and crash takeover"
 cargo bench -p leasehold --bench failover
+log "balancing: lease moves on scale-out, crash and cold start"
+cargo bench -p leasehold-devcluster --bench balance
 log "sidecar: CPU per 10,000 events/s, /metrics render with 1,000 streams"
 cargo bench -p leasehold-sidecar --bench sidecar
 log "broker pool: claim latency, request handling, idle worker memory"
