@@ -16,7 +16,7 @@ use serde_json::{Map, Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
-use crate::snapshot::{Sample, SnapshotReader, Value};
+use crate::snapshot::{Sample, Value};
 
 /// Which CloudWatch path, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,7 +275,10 @@ pub async fn run(
     client: Option<aws_sdk_cloudwatch::Client>,
     shutdown: CancellationToken,
 ) {
-    let mut reader = SnapshotReader::new(&state.snapshot);
+    let Some(mut reader) = state.snapshot_reader() else {
+        tracing::warn!("CloudWatch export started without a snapshot; nothing to export");
+        return;
+    };
     let mut tick = tokio::time::interval(config.interval);
     tick.tick().await;
     loop {

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use crate::snapshot::{SnapshotRecorder, Tee};
 use leasehold_telemetry::TelemetryEvent;
-use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -88,12 +88,17 @@ pub enum SidecarError {
 
 /// State shared by the ingest, HTTP and observer tasks.
 pub struct SidecarState {
-    /// Prometheus and the snapshot recorder, fed together.
+    /// Prometheus, the snapshot and OTLP, fed together.
     recorder: Tee,
     handle: PrometheusHandle,
-    snapshot: SnapshotRecorder,
+    /// Raw values for CloudWatch; only when CloudWatch export drains them.
+    snapshot: Option<SnapshotRecorder>,
+    otlp: Option<Arc<otlp::OtelRecorder>>,
     view: Mutex<WorkerView>,
-    cluster: Mutex<Option<PrometheusRecorder>>,
+    /// While this sidecar is the observer: the cluster gauges' own fanout (its
+    /// own Prometheus registry, so they leave `/metrics` when observing stops,
+    /// and the same snapshot and OTLP instruments as everything else).
+    cluster: Mutex<Option<Tee>>,
     meter_provider: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
 }
 
@@ -101,18 +106,26 @@ impl SidecarState {
     fn new(config: &SidecarConfig) -> Result<Self, SidecarError> {
         let prometheus = metrics::recorder(config.stream_series_idle);
         let handle = prometheus.handle();
-        let snapshot = SnapshotRecorder::default();
+        let cloudwatch_on = config
+            .cloudwatch
+            .as_ref()
+            .is_some_and(|(cloudwatch, _)| cloudwatch.mode != cloudwatch::Mode::Off);
+        let snapshot = cloudwatch_on.then(SnapshotRecorder::default);
         let meter_provider = config.otlp.as_ref().map(otlp::meter_provider).transpose()?;
+        let otlp = meter_provider
+            .as_ref()
+            .map(|provider| Arc::new(otlp::OtelRecorder::new(provider)));
         let recorder = Tee {
             prometheus,
             snapshot: snapshot.clone(),
-            otlp: meter_provider.as_ref().map(otlp::OtelRecorder::new),
+            otlp: otlp.clone(),
         };
         ::metrics::with_local_recorder(&recorder, metrics::describe);
         Ok(SidecarState {
             recorder,
             handle,
             snapshot,
+            otlp,
             view: Mutex::new(WorkerView::new(config.worker_silence)),
             cluster: Mutex::new(None),
             meter_provider,
@@ -164,19 +177,28 @@ impl SidecarState {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
         {
-            text.push_str(&cluster.handle().render());
+            text.push_str(&cluster.prometheus.handle().render());
         }
         text
     }
 
     fn become_observer(&self) {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let recorder = Tee {
+            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+            snapshot: self.snapshot.clone(),
+            otlp: self.otlp.clone(),
+        };
         ::metrics::with_local_recorder(&recorder, metrics::describe_cluster);
         *self.cluster.lock().unwrap_or_else(|p| p.into_inner()) = Some(recorder);
     }
 
     fn stop_observing(&self) {
         *self.cluster.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // Another sidecar publishes them now: CloudWatch must not get this
+        // one's last values too.
+        if let Some(snapshot) = &self.snapshot {
+            snapshot.forget_gauges(metrics::CLUSTER);
+        }
     }
 
     fn with_cluster_recorder(&self, update: impl FnOnce()) {
@@ -191,9 +213,17 @@ impl SidecarState {
     }
 
     /// A reader of the push-export snapshots (tests and benchmarks; the
-    /// CloudWatch exporter holds its own).
-    pub fn snapshot_reader(&self) -> snapshot::SnapshotReader {
-        snapshot::SnapshotReader::new(&self.snapshot)
+    /// CloudWatch exporter holds its own). `None` when CloudWatch export is off:
+    /// nothing is kept for it then.
+    pub fn snapshot_reader(&self) -> Option<snapshot::SnapshotReader> {
+        self.snapshot.as_ref().map(snapshot::SnapshotReader::new)
+    }
+
+    /// Histogram samples waiting for the next push export (0 when none is on).
+    pub fn pending_push_samples(&self) -> usize {
+        self.snapshot
+            .as_ref()
+            .map_or(0, SnapshotRecorder::pending_samples)
     }
 
     /// This sidecar publishes the cluster gauges.

@@ -270,6 +270,9 @@ pub fn describe() {
     );
 }
 
+/// The cluster gauges: only the observer publishes them.
+pub const CLUSTER: &[&str] = &[STREAMS, ORPHANS, POOL_WORKERS, POOL_CLAIMS_PENDING];
+
 /// Registers the cluster gauges' HELP text (observer recorder).
 pub fn describe_cluster() {
     metrics::describe_gauge!(

@@ -1,6 +1,11 @@
 //! A second recorder beside Prometheus's, keeping raw values for the push
-//! exporters (CloudWatch). Every metric update goes to both through a fanout,
-//! so the mapping in [`crate::metrics`] stays the only place names are spelled.
+//! exporters (CloudWatch). Every metric update goes to all of them through one
+//! fanout ([`Tee`]), the observer's cluster gauges included, so the mapping in
+//! [`crate::metrics`] stays the only place names are spelled and every exporter
+//! carries every metric.
+//!
+//! The snapshot exists only when a push exporter drains it: histogram samples
+//! wait in it until the next export, so without a reader they would pile up.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +25,24 @@ impl Default for SnapshotRecorder {
         SnapshotRecorder {
             registry: Arc::new(Registry::atomic()),
         }
+    }
+}
+
+impl SnapshotRecorder {
+    /// Drops the gauges named `names` (the cluster gauges when this sidecar
+    /// stops being the observer: another one publishes them now).
+    pub fn forget_gauges(&self, names: &[&str]) {
+        self.registry
+            .retain_gauges(|key, _| !names.contains(&key.name()));
+    }
+
+    /// Histogram samples waiting for the next export.
+    pub fn pending_samples(&self) -> usize {
+        let mut pending = 0;
+        self.registry.visit_histograms(|_, histogram| {
+            histogram.data_with(|chunk| pending += chunk.len());
+        });
+        pending
     }
 }
 
@@ -49,10 +72,10 @@ impl Recorder for SnapshotRecorder {
 pub struct Tee {
     /// Renders `/metrics`.
     pub prometheus: metrics_exporter_prometheus::PrometheusRecorder,
-    /// Feeds the CloudWatch exporter.
-    pub snapshot: SnapshotRecorder,
+    /// Feeds the CloudWatch exporter, when CloudWatch export is on.
+    pub snapshot: Option<SnapshotRecorder>,
     /// Feeds OpenTelemetry instruments, when OTLP export is on.
-    pub otlp: Option<crate::otlp::OtelRecorder>,
+    pub otlp: Option<Arc<crate::otlp::OtelRecorder>>,
 }
 
 struct TeeCounter(Vec<Counter>);
@@ -97,10 +120,12 @@ impl Recorder for Tee {
         self.prometheus.describe_histogram(key, unit, description);
     }
     fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
-        let mut all = vec![
-            self.prometheus.register_counter(key, metadata),
-            self.snapshot.register_counter(key, metadata),
-        ];
+        let mut all = vec![self.prometheus.register_counter(key, metadata)];
+        all.extend(
+            self.snapshot
+                .as_ref()
+                .map(|s| s.register_counter(key, metadata)),
+        );
         all.extend(
             self.otlp
                 .as_ref()
@@ -109,18 +134,22 @@ impl Recorder for Tee {
         Counter::from_arc(Arc::new(TeeCounter(all)))
     }
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
-        let mut all = vec![
-            self.prometheus.register_gauge(key, metadata),
-            self.snapshot.register_gauge(key, metadata),
-        ];
+        let mut all = vec![self.prometheus.register_gauge(key, metadata)];
+        all.extend(
+            self.snapshot
+                .as_ref()
+                .map(|s| s.register_gauge(key, metadata)),
+        );
         all.extend(self.otlp.as_ref().map(|o| o.register_gauge(key, metadata)));
         Gauge::from_arc(Arc::new(TeeGauge(all)))
     }
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
-        let mut all = vec![
-            self.prometheus.register_histogram(key, metadata),
-            self.snapshot.register_histogram(key, metadata),
-        ];
+        let mut all = vec![self.prometheus.register_histogram(key, metadata)];
+        all.extend(
+            self.snapshot
+                .as_ref()
+                .map(|s| s.register_histogram(key, metadata)),
+        );
         all.extend(
             self.otlp
                 .as_ref()

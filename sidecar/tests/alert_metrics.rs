@@ -27,6 +27,7 @@ use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusConnector, PoolBus};
 use leasehold_pool::read::PoolReader;
+use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode, datums};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
@@ -459,9 +460,17 @@ async fn every_metric_the_alerts_use_is_exported() {
     let table = Arc::new(MemoryLeaseStore::new());
     table.register("btc-usd", 0).await.unwrap();
     let shutdown = CancellationToken::new();
+    // CloudWatch on, at an interval the test never reaches: the test reads
+    // what the exporter would send.
+    let cloudwatch = CloudWatchConfig {
+        mode: Mode::Emf,
+        namespace: "LeaseholdTest".into(),
+        interval: Duration::from_secs(3600),
+    };
     let sidecar = Sidecar::start(
         SidecarConfig {
             observer: Some(observer(table).await),
+            cloudwatch: Some((cloudwatch, None)),
             ..SidecarConfig::loopback()
         },
         shutdown.clone(),
@@ -501,7 +510,53 @@ async fn every_metric_the_alerts_use_is_exported() {
             && text.contains("leasehold_telemetry_events_dropped_total")
     })
     .await;
+    // What CloudWatch would get: every name an alarm reads, the observer's
+    // cluster gauges included (they once bypassed the push exporters).
+    let pushed: BTreeSet<String> = datums(
+        sidecar
+            .state
+            .snapshot_reader()
+            .expect("CloudWatch is on")
+            .take(),
+    )
+    .into_iter()
+    .map(|datum| datum.name)
+    .collect();
+    // The pool's gauges need the pool bus (the test Redis), as above.
+    let pool_gauges = [
+        "leasehold_pool_workers",
+        "leasehold_pool_claims_pending",
+        "leasehold_orphans",
+    ];
+    let not_pushed: Vec<String> = cloudwatch_metric_names()
+        .into_iter()
+        .filter(|name| !pushed.contains(name))
+        .filter(|name| {
+            leasehold_testkit::redis_url().is_some() || !pool_gauges.contains(&name.as_str())
+        })
+        .collect();
+    assert!(
+        not_pushed.is_empty(),
+        "read by CloudWatch alarms but not in the CloudWatch export: {not_pushed:?}\nexported: {pushed:?}"
+    );
     shutdown.cancel();
+    // Observing ends with the sidecar: its cluster gauges leave the export
+    // (another observer publishes them now).
+    for _ in 0..250 {
+        if !sidecar.state.is_observer() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!sidecar.state.is_observer());
+    let after: BTreeSet<String> = datums(sidecar.state.snapshot_reader().expect("on").take())
+        .into_iter()
+        .map(|datum| datum.name)
+        .collect();
+    assert!(
+        !after.contains("leasehold_streams"),
+        "a former observer keeps pushing the cluster gauges: {after:?}"
+    );
     let (families, samples) = exported(&text);
 
     let mut missing = Vec::new();

@@ -121,13 +121,26 @@ fn check_emf(document: &Json) {
     }
 }
 
+/// EMF export on, at an interval the test never reaches: the test reads the
+/// snapshot itself.
+fn emf_by_hand() -> SidecarConfig {
+    config(Some((
+        CloudWatchConfig {
+            mode: Mode::Emf,
+            namespace: "LeaseholdTest".into(),
+            interval: Duration::from_secs(3600),
+        },
+        None,
+    )))
+}
+
 #[tokio::test]
 async fn emf_documents_follow_the_specification() {
     let shutdown = CancellationToken::new();
-    let sidecar = Sidecar::start(config(None), shutdown.clone())
+    let sidecar = Sidecar::start(emf_by_hand(), shutdown.clone())
         .await
         .unwrap();
-    let mut reader = sidecar.state.snapshot_reader();
+    let mut reader = sidecar.state.snapshot_reader().expect("CloudWatch is on");
     for event in every_event().into_iter().chain(renewals(150)) {
         sidecar.state.ingest(&event);
     }
@@ -295,5 +308,30 @@ async fn put_metric_data_sends_the_contract_in_cbor() {
                     != Some("stream_id")))),
         "no stream_id dimension"
     );
+    shutdown.cancel();
+}
+
+/// Histogram samples wait in the snapshot for the next CloudWatch export; with
+/// CloudWatch off nothing would ever drain them, so none are kept.
+#[tokio::test]
+async fn samples_are_kept_for_cloudwatch_only_while_it_exports() {
+    let shutdown = CancellationToken::new();
+    let prometheus_only = Sidecar::start(config(None), shutdown.clone())
+        .await
+        .unwrap();
+    let with_cloudwatch = Sidecar::start(emf_by_hand(), shutdown.clone())
+        .await
+        .unwrap();
+    for event in renewals(10_000) {
+        prometheus_only.state.ingest(&event);
+        with_cloudwatch.state.ingest(&event);
+    }
+    assert!(prometheus_only.state.snapshot_reader().is_none());
+    assert_eq!(prometheus_only.state.pending_push_samples(), 0);
+    assert_eq!(with_cloudwatch.state.pending_push_samples(), 10_000);
+    // An export drains them.
+    let mut reader = with_cloudwatch.state.snapshot_reader().expect("on");
+    reader.take();
+    assert_eq!(with_cloudwatch.state.pending_push_samples(), 0);
     shutdown.cancel();
 }
