@@ -121,6 +121,7 @@ impl SidecarState {
             otlp: otlp.clone(),
         };
         ::metrics::with_local_recorder(&recorder, metrics::describe);
+        ::metrics::with_local_recorder(&recorder.prometheus, metrics::zero_counters);
         Ok(SidecarState {
             recorder,
             handle,

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use leasehold_telemetry::{ClaimResult, LossReason, TelemetryEvent};
+use leasehold_telemetry::{
+    ClaimResult, CommitResult, LossReason, OrphanKind, RECONNECT_REASONS, RequestResult,
+    SkipReason, TelemetryEvent,
+};
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 use metrics_util::MetricKindMask;
@@ -419,6 +422,82 @@ pub fn record(event: &TelemetryEvent) {
         | StreamStopped { .. } => {}
     }
 }
+
+/// Registers every counter with a closed label set at 0, on `/metrics` from the
+/// sidecar's start: `increase()` then sees a task's first event (a series that
+/// appears at 1 has no increase), so the alert rules need no `unless … offset`
+/// workaround that re-fires lifetime values after a Prometheus restart.
+/// Prometheus only: CloudWatch and OTLP get a counter once it moves (zero
+/// deltas would be billed as datums every interval, and the alarms treat
+/// missing data as not breaching).
+pub fn zero_counters() {
+    let zero = |name: &'static str, label: &'static str, values: &[&'static str]| {
+        for value in values {
+            counter!(name, label => *value).absolute(0);
+        }
+    };
+    zero(
+        LEASE_ACQUISITIONS,
+        "result",
+        &["acquired", "conflict", "error"],
+    );
+    zero(LEASE_RENEWALS, "result", &["renewed", "error", "lost"]);
+    zero(
+        LEASE_LOSSES,
+        "reason",
+        &LossReason::ALL.map(LossReason::as_str),
+    );
+    zero(
+        CHECKPOINT_COMMITS,
+        "result",
+        &CommitResult::ALL.map(CommitResult::as_str),
+    );
+    zero(
+        UPSTREAM_FRAMES_SKIPPED,
+        "reason",
+        &SkipReason::ALL.map(SkipReason::as_str),
+    );
+    zero(
+        SINK_WRITES,
+        "result",
+        &["accepted", "duplicate", "fenced", "error"],
+    );
+    zero(
+        POOL_CLAIMS,
+        "result",
+        &ClaimResult::ALL.map(ClaimResult::as_str),
+    );
+    zero(
+        BROKER_REQUESTS,
+        "result",
+        &RequestResult::ALL.map(RequestResult::as_str),
+    );
+    zero(
+        MESSAGES_DEAD_LETTERED,
+        "queue",
+        &["claims", "requests", "control", "other"],
+    );
+    zero(
+        ORPHANS_RESOLVED,
+        "kind",
+        &OrphanKind::ALL.map(OrphanKind::as_str),
+    );
+    zero(TRANSPORT_ERRORS, "reason", &TRANSPORT_ERROR_REASONS);
+    zero(WEBSOCKET_RECONNECTS, "reason", &RECONNECT_REASONS);
+    for name in [
+        LEASE_RELEASES,
+        STREAM_GAP_EVENTS,
+        SINK_GIVE_UPS,
+        FENCE_REGRESSIONS,
+        TELEMETRY_EVENTS_DROPPED,
+        BROKER_RECONNECTS,
+    ] {
+        counter!(name).absolute(0);
+    }
+}
+
+/// Why the sidecar closed a worker connection (`leasehold_sidecar_transport_errors_total{reason}`).
+pub const TRANSPORT_ERROR_REASONS: [&str; 3] = ["preamble", "frame", "decode"];
 
 /// Counts a connection the sidecar closed.
 pub fn transport_error(reason: &'static str) {

@@ -387,3 +387,111 @@ async fn exactly_one_observer_publishes_and_another_takes_over() {
     assert_eq!(status(&a).await["observer"], false);
     shutdown.cancel();
 }
+
+/// Counter series on a `/metrics` render, with their values.
+fn counter_series(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(series, _)| {
+            series
+                .split('{')
+                .next()
+                .is_some_and(|name| name.ends_with("_total"))
+        })
+        .map(|(series, value)| (series.to_owned(), value.to_owned()))
+        .collect()
+}
+
+/// Design: counters with closed label sets exist at 0 from the start, so
+/// `increase()` sees a task's first event. Every counter series any event
+/// creates must already be there, at 0.
+#[tokio::test]
+async fn every_closed_label_counter_exists_at_zero_from_the_start() {
+    let shutdown = CancellationToken::new();
+    let sidecar = Sidecar::start(config(None), shutdown.clone())
+        .await
+        .unwrap();
+    let at_start = counter_series(&sidecar.state.render());
+    assert_eq!(
+        at_start
+            .get("leasehold_sink_give_ups_total")
+            .map(String::as_str),
+        Some("0")
+    );
+    assert!(at_start.values().all(|value| value == "0"), "{at_start:?}");
+    for event in every_event().into_iter().chain(every_label_value()) {
+        sidecar.state.ingest(&event);
+    }
+    let after = counter_series(&sidecar.state.render());
+    let created: Vec<&String> = after
+        .keys()
+        .filter(|s| !at_start.contains_key(*s))
+        .collect();
+    assert!(
+        created.is_empty(),
+        "counter series that did not exist at 0 from the start: {created:?}"
+    );
+    shutdown.cancel();
+}
+
+/// Events that between them carry every value of every closed counter label.
+fn every_label_value() -> Vec<TelemetryEvent> {
+    use leasehold_telemetry::{
+        ClaimResult, CommitResult, LossReason, RECONNECT_REASONS, RequestResult, SkipReason,
+    };
+    let stream = || "btc-usd".to_owned();
+    let mut events = Vec::new();
+    events.extend(LossReason::ALL.map(|reason| TelemetryEvent::LeaseLost {
+        stream_id: stream(),
+        fence_token: 1,
+        reason,
+    }));
+    events.extend(
+        CommitResult::ALL.map(|result| TelemetryEvent::CheckpointCommit {
+            stream_id: stream(),
+            checkpoint: 1,
+            result,
+        }),
+    );
+    events.extend(
+        SkipReason::ALL.map(|reason| TelemetryEvent::UpstreamFrameSkipped {
+            stream_id: stream(),
+            reason,
+        }),
+    );
+    events.extend(
+        RECONNECT_REASONS.map(|reason| TelemetryEvent::UpstreamReconnect {
+            stream_id: stream(),
+            reason: reason.to_owned(),
+        }),
+    );
+    events.extend(ClaimResult::ALL.map(|result| TelemetryEvent::PoolClaim {
+        worker_id: "pw-1".into(),
+        user_id: None,
+        result,
+        duration: Duration::from_millis(1),
+        reason: None,
+    }));
+    events.extend(
+        RequestResult::ALL.map(|result| TelemetryEvent::BrokerRequest {
+            user_id: "u1".into(),
+            request_id: None,
+            result,
+            duration: Duration::from_millis(1),
+        }),
+    );
+    events.extend(
+        [
+            "pool:claims:dead",
+            "trading:user:u1:requests:dead",
+            "trading:user:u1:messages:dead",
+            "elsewhere",
+        ]
+        .map(|queue| TelemetryEvent::MessageDeadLettered {
+            queue: queue.into(),
+            reason: "test".into(),
+        }),
+    );
+    events
+}

@@ -16,6 +16,13 @@ pub enum LossReason {
 }
 
 impl LossReason {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [LossReason; 3] = [
+        LossReason::RenewRejected,
+        LossReason::DeadlinePassed,
+        LossReason::Fenced,
+    ];
+
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -25,6 +32,19 @@ impl LossReason {
         }
     }
 }
+
+/// Why a stream worker reconnected to its upstream
+/// (`leasehold_websocket_reconnects_total{reason}`); the upstream's errors
+/// name themselves with these (`UpstreamError::reason`, tested there).
+pub const RECONNECT_REASONS: [&str; 7] = [
+    "connect",
+    "closed",
+    "gap",
+    "retention_exceeded",
+    "rejected",
+    "config",
+    "idle",
+];
 
 /// Why an upstream frame was skipped instead of processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -41,6 +61,14 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [SkipReason; 4] = [
+        SkipReason::TooLarge,
+        SkipReason::NotJson,
+        SkipReason::MissingField,
+        SkipReason::Duplicate,
+    ];
+
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -65,6 +93,13 @@ pub enum CommitResult {
 }
 
 impl CommitResult {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [CommitResult; 3] = [
+        CommitResult::Committed,
+        CommitResult::Fenced,
+        CommitResult::Error,
+    ];
+
     /// The `result` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -88,6 +123,13 @@ pub enum ClaimResult {
 }
 
 impl ClaimResult {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [ClaimResult; 3] = [
+        ClaimResult::Claimed,
+        ClaimResult::Invalid,
+        ClaimResult::Error,
+    ];
+
     /// The `result` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -113,6 +155,14 @@ pub enum RequestResult {
 }
 
 impl RequestResult {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [RequestResult; 4] = [
+        RequestResult::Ok,
+        RequestResult::Error,
+        RequestResult::Invalid,
+        RequestResult::Duplicate,
+    ];
+
     /// The `result` label value.
     pub fn as_str(self) -> &'static str {
         match self {

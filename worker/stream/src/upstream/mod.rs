@@ -119,3 +119,30 @@ impl UpstreamError {
         }
     }
 }
+
+#[cfg(test)]
+mod reason_tests {
+    use super::*;
+
+    /// The sidecar registers the reconnect counter at 0 for exactly these.
+    #[test]
+    fn every_reconnect_reason_is_a_known_label_value() {
+        let errors = [
+            UpstreamError::Connect(String::new()),
+            UpstreamError::Closed(String::new()),
+            UpstreamError::Gap {
+                expected: 1,
+                got: 2,
+            },
+            UpstreamError::RetentionExceeded {
+                requested: 1,
+                earliest: None,
+            },
+            UpstreamError::Rejected(String::new()),
+            UpstreamError::Config(String::new()),
+            UpstreamError::Idle(std::time::Duration::ZERO),
+        ];
+        let reasons: Vec<&str> = errors.iter().map(UpstreamError::reason).collect();
+        assert_eq!(reasons, leasehold_telemetry::RECONNECT_REASONS);
+    }
+}
