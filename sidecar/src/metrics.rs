@@ -84,6 +84,13 @@ pub const ORPHANS_RESOLVED: &str = "leasehold_orphans_resolved_total";
 pub const POOL_WORKERS: &str = "leasehold_pool_workers";
 /// Extension, cluster gauge (observer only): claim messages waiting in `pool:claims`.
 pub const POOL_CLAIMS_PENDING: &str = "leasehold_pool_claims_pending";
+/// Cluster gauge (observer only): seconds the oldest stream has been without a
+/// valid owner, 0 when every stream is owned.
+pub const STREAM_UNOWNED_AGE: &str = "leasehold_stream_unowned_age_seconds";
+/// Observer only: lease-table scans that failed (the cluster gauges kept their last values).
+pub const OBSERVER_SCAN_ERRORS: &str = "leasehold_observer_scan_errors_total";
+/// Observer only: unix time of the last lease-table scan that succeeded.
+pub const OBSERVER_LAST_SCAN: &str = "leasehold_observer_last_scan_timestamp_seconds";
 
 /// Every metric name, in documentation order (docs/metrics.md is checked against it).
 pub const ALL: &[&str] = &[
@@ -123,6 +130,9 @@ pub const ALL: &[&str] = &[
     ORPHANS_RESOLVED,
     POOL_WORKERS,
     POOL_CLAIMS_PENDING,
+    STREAM_UNOWNED_AGE,
+    OBSERVER_SCAN_ERRORS,
+    OBSERVER_LAST_SCAN,
 ];
 
 /// Round trips to DynamoDB or Redis: milliseconds to seconds.
@@ -274,7 +284,14 @@ pub fn describe() {
 }
 
 /// The cluster gauges: only the observer publishes them.
-pub const CLUSTER: &[&str] = &[STREAMS, ORPHANS, POOL_WORKERS, POOL_CLAIMS_PENDING];
+pub const CLUSTER: &[&str] = &[
+    STREAMS,
+    ORPHANS,
+    POOL_WORKERS,
+    POOL_CLAIMS_PENDING,
+    STREAM_UNOWNED_AGE,
+    OBSERVER_LAST_SCAN,
+];
 
 /// Registers the cluster gauges' HELP text (observer recorder).
 pub fn describe_cluster() {
@@ -294,6 +311,22 @@ pub fn describe_cluster() {
         POOL_CLAIMS_PENDING,
         "Claim messages waiting in pool:claims (observer only)."
     );
+    metrics::describe_gauge!(
+        STREAM_UNOWNED_AGE,
+        metrics::Unit::Seconds,
+        "Seconds the oldest stream has been without a valid owner, 0 when all are owned (observer only)."
+    );
+    metrics::describe_counter!(
+        OBSERVER_SCAN_ERRORS,
+        "Lease-table scans of the observer that failed (observer only)."
+    );
+    metrics::describe_gauge!(
+        OBSERVER_LAST_SCAN,
+        metrics::Unit::Seconds,
+        "Unix time of the observer's last successful lease-table scan (observer only)."
+    );
+    // A closed-label counter: on /metrics at 0 from the moment this sidecar observes.
+    metrics::counter!(OBSERVER_SCAN_ERRORS).absolute(0);
 }
 
 /// The bounded `queue` label for a dead-letter list key (keys hold user ids).

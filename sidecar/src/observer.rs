@@ -56,7 +56,10 @@ pub async fn run(state: Arc<SidecarState>, config: ObserverConfig, shutdown: Can
         state.become_observer();
         loop {
             if let Err(err) = publish(&state, &config).await {
-                tracing::warn!(error = %err, "cluster scan failed");
+                tracing::warn!(error = %err, "cluster scan failed; the cluster gauges keep their last values");
+                state.with_cluster_recorder(|| {
+                    ::metrics::counter!(metrics::OBSERVER_SCAN_ERRORS).increment(1)
+                });
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {
@@ -83,17 +86,31 @@ async fn publish(
     let records = list_all(config.keeper.store().as_ref(), 1000).await?;
     let now = config.clock.now_ms();
     let (mut owned, mut expired, mut unowned) = (0u64, 0u64, 0u64);
+    // Since when the longest-waiting stream has had no valid owner.
+    let mut unowned_since: Option<i64> = None;
     for lease in records
         .iter()
         .filter_map(|r| r.as_ref().ok())
         .filter(|l| l.is_stream())
     {
-        match lease.state(now) {
-            LeaseState::Owned => owned += 1,
-            LeaseState::Expired => expired += 1,
-            LeaseState::Unowned => unowned += 1,
-        }
+        let since = match lease.state(now) {
+            LeaseState::Owned => {
+                owned += 1;
+                continue;
+            }
+            LeaseState::Expired => {
+                expired += 1;
+                lease.lease_expires_at
+            }
+            LeaseState::Unowned => {
+                unowned += 1;
+                // Released, or registered and never taken.
+                lease.released_at.or(lease.updated_at).unwrap_or(now)
+            }
+        };
+        unowned_since = Some(unowned_since.map_or(since, |oldest| oldest.min(since)));
     }
+    let unowned_age = unowned_since.map_or(0.0, |since| (now - since).max(0) as f64 / 1000.0);
     let pool = match &config.pool {
         Some(reader) => match pool_view(reader.as_ref()).await {
             Ok(pool) => Some(pool),
@@ -108,6 +125,8 @@ async fn publish(
         for (label, count) in [("owned", owned), ("expired", expired), ("unowned", unowned)] {
             ::metrics::gauge!(metrics::STREAMS, "state" => label).set(count as f64);
         }
+        ::metrics::gauge!(metrics::STREAM_UNOWNED_AGE).set(unowned_age);
+        ::metrics::gauge!(metrics::OBSERVER_LAST_SCAN).set(now as f64 / 1000.0);
         if let Some(pool) = &pool {
             let counts = pool.counts;
             ::metrics::gauge!(metrics::POOL_WORKERS, "state" => "idle").set(counts.idle as f64);

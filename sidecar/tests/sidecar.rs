@@ -241,10 +241,12 @@ async fn garbage_on_the_socket_is_counted_and_the_sidecar_keeps_serving() {
     shutdown.cancel();
 }
 
-/// The in-memory store with a switch that makes every call fail (a partition).
+/// The in-memory store with a switch that makes every call fail (a partition),
+/// and one that fails only listing (scans throttled or denied, renewals fine).
 struct Partitionable {
     inner: Arc<MemoryLeaseStore>,
     down: AtomicBool,
+    scans_down: AtomicBool,
 }
 
 impl Partitionable {
@@ -303,6 +305,11 @@ impl LeaseReader for Partitionable {
     }
     async fn list(&self, after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
         self.check()?;
+        if self.scans_down.load(Ordering::SeqCst) {
+            return Err(LeaseError::Transient {
+                message: "scan throttled".into(),
+            });
+        }
         self.inner.list(after, limit).await
     }
 }
@@ -338,6 +345,7 @@ async fn exactly_one_observer_publishes_and_another_takes_over() {
     let a_store = Arc::new(Partitionable {
         inner: table.clone(),
         down: AtomicBool::new(false),
+        scans_down: AtomicBool::new(false),
     });
     let shutdown = CancellationToken::new();
     let a = Sidecar::start(
@@ -494,4 +502,71 @@ fn every_label_value() -> Vec<TelemetryEvent> {
         }),
     );
     events
+}
+
+/// The observer publishes how long the oldest stream has gone without an owner,
+/// and when its scans fail it counts them while the last-scan time stands still
+/// (the cluster gauges would otherwise freeze silently).
+#[tokio::test]
+async fn the_observer_publishes_the_unowned_age_and_counts_failed_scans() {
+    let table = Arc::new(MemoryLeaseStore::new());
+    let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
+    table
+        .register("registered-90s-ago", now - 90_000)
+        .await
+        .unwrap();
+    let store = Arc::new(Partitionable {
+        inner: table,
+        down: AtomicBool::new(false),
+        scans_down: AtomicBool::new(false),
+    });
+    let shutdown = CancellationToken::new();
+    let sidecar = Sidecar::start(
+        config(Some(observer(store.clone(), "sidecar-a"))),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    wait_for(|| async {
+        sample(
+            &metrics_text(&sidecar).await,
+            "leasehold_stream_unowned_age_seconds",
+        )
+        .is_some_and(|age| (90.0..100.0).contains(&age))
+    })
+    .await;
+    let text = metrics_text(&sidecar).await;
+    assert_eq!(
+        sample(&text, "leasehold_observer_scan_errors_total"),
+        Some(0.0)
+    );
+    let scanned =
+        sample(&text, "leasehold_observer_last_scan_timestamp_seconds").expect("scan time");
+    assert!((scanned - now as f64 / 1000.0).abs() < 10.0, "{scanned}");
+
+    store.scans_down.store(true, Ordering::SeqCst);
+    wait_for(|| async {
+        sample(
+            &metrics_text(&sidecar).await,
+            "leasehold_observer_scan_errors_total",
+        )
+        .is_some_and(|errors| errors >= 2.0)
+    })
+    .await;
+    let frozen = sample(
+        &metrics_text(&sidecar).await,
+        "leasehold_observer_last_scan_timestamp_seconds",
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = metrics_text(&sidecar).await;
+    assert_eq!(
+        sample(&text, "leasehold_observer_last_scan_timestamp_seconds"),
+        frozen
+    );
+    assert_eq!(
+        status(&sidecar).await["observer"],
+        true,
+        "renewals still succeed"
+    );
+    shutdown.cancel();
 }
