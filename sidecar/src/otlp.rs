@@ -134,8 +134,11 @@ fn attributes(key: &Key) -> Vec<KeyValue> {
         .collect()
 }
 
-fn unit(name: &str) -> &'static str {
-    if name.ends_with("_seconds") { "s" } else { "1" }
+/// Seconds for `_seconds` metrics; no unit otherwise. Not `"1"`: the
+/// OpenTelemetry-to-Prometheus translation appends `_ratio` to gauges with unit
+/// `"1"` (`leasehold_worker_up_ratio`), and no rule or dashboard matches that.
+fn unit(name: &str) -> Option<&'static str> {
+    name.ends_with("_seconds").then_some("s")
 }
 
 struct OtelCounter(opentelemetry::metrics::Counter<u64>, Vec<KeyValue>);
@@ -183,10 +186,11 @@ impl Recorder for OtelRecorder {
             .unwrap_or_else(|p| p.into_inner())
             .entry(name.clone())
             .or_insert_with(|| {
-                self.meter
-                    .u64_counter(name)
-                    .with_unit(unit(key.name()))
-                    .build()
+                let builder = self.meter.u64_counter(name);
+                match unit(key.name()) {
+                    Some(unit) => builder.with_unit(unit).build(),
+                    None => builder.build(),
+                }
             })
             .clone();
         Counter::from_arc(Arc::new(OtelCounter(instrument, attributes(key))))
@@ -200,10 +204,11 @@ impl Recorder for OtelRecorder {
             .unwrap_or_else(|p| p.into_inner())
             .entry(name.clone())
             .or_insert_with(|| {
-                self.meter
-                    .f64_gauge(name)
-                    .with_unit(unit(key.name()))
-                    .build()
+                let builder = self.meter.f64_gauge(name);
+                match unit(key.name()) {
+                    Some(unit) => builder.with_unit(unit).build(),
+                    None => builder.build(),
+                }
             })
             .clone();
         Gauge::from_arc(Arc::new(OtelGauge(
@@ -222,11 +227,11 @@ impl Recorder for OtelRecorder {
             .unwrap_or_else(|p| p.into_inner())
             .entry(name.clone())
             .or_insert_with(|| {
-                self.meter
-                    .f64_histogram(name)
-                    .with_unit(unit(key.name()))
-                    .with_boundaries(boundaries)
-                    .build()
+                let builder = self.meter.f64_histogram(name).with_boundaries(boundaries);
+                match unit(key.name()) {
+                    Some(unit) => builder.with_unit(unit).build(),
+                    None => builder.build(),
+                }
             })
             .clone();
         Histogram::from_arc(Arc::new(OtelHistogram(instrument, attributes(key))))

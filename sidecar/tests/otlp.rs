@@ -157,6 +157,21 @@ fn check(requests: Vec<ExportMetricsServiceRequest>) {
             "{expected} missing from {names:?}"
         );
     }
+    // Units: seconds where the name says so, none otherwise; a "1" would make
+    // the OpenTelemetry-to-Prometheus translation append `_ratio`.
+    for metric in request
+        .resource_metrics
+        .iter()
+        .flat_map(|r| &r.scope_metrics)
+        .flat_map(|s| &s.metrics)
+    {
+        let expected = if metric.name.ends_with("_seconds") {
+            "s"
+        } else {
+            ""
+        };
+        assert_eq!(metric.unit, expected, "unit of {}", metric.name);
+    }
     assert_eq!(
         resource(request, "service.name").as_deref(),
         Some("leasehold-sidecar")
