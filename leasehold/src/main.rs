@@ -113,10 +113,14 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // `dev --chaos` breaks workers on purpose; their warnings would bury the
     // chaos log and the URLs. LEASEHOLD_LOG=warn brings them back.
-    leasehold_platform::logging::init(match cli.command {
+    let logging = leasehold_platform::logging::init(match cli.command {
         Command::Dev(_) => "error",
         _ => "warn",
     });
+    if let Err(err) = logging {
+        eprintln!("leasehold: {err}");
+        return ExitCode::from(2);
+    }
     let outcome = match cli.command {
         Command::Table(command) => operator::table(command).await,
         Command::Leases(command) => operator::leases(command).await,

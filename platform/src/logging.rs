@@ -1,6 +1,39 @@
-//! Log output: one line per event on stderr, filtered by `LEASEHOLD_LOG`.
+//! Log output: one line per event on stderr, filtered by `LEASEHOLD_LOG`, as
+//! text or JSON (`LEASEHOLD_LOG_FORMAT`); colours only on a terminal.
 
-use crate::settings::{Documented, External, Fallback, Setting, parse};
+use std::io::IsTerminal;
+
+use crate::settings::{
+    ConfigError, Documented, Env, External, Fallback, Parser, Setting, parse, process_env,
+};
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line (CloudWatch Logs Insights, Loki, …).
+    Json,
+}
+
+/// The `LEASEHOLD_LOG_FORMAT` variable.
+pub const LEASEHOLD_LOG_FORMAT: Setting<LogFormat> = Setting::new(
+    "LEASEHOLD_LOG_FORMAT",
+    Parser {
+        parse: |raw| match raw {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err("must be text or json".into()),
+        },
+        show: |format| match format {
+            LogFormat::Text => "text".into(),
+            LogFormat::Json => "json".into(),
+        },
+    },
+    Fallback::Value(|| LogFormat::Text),
+    "Log line format for every subcommand: `text` (one readable line per event) or \
+     `json` (one JSON object per line). ANSI colours only when stderr is a terminal.",
+);
 
 /// The `LEASEHOLD_LOG` variable.
 pub const LEASEHOLD_LOG: Setting<String> = Setting::new(
@@ -30,19 +63,44 @@ pub const AWS_ENDPOINT_URL_DYNAMODB: External = External {
 /// Every variable of the process environment itself, in documentation order.
 pub const ALL: &[&dyn Documented] = &[
     &LEASEHOLD_LOG,
+    &LEASEHOLD_LOG_FORMAT,
     &AWS_REGION,
     &AWS_ENDPOINT_URL,
     &AWS_ENDPOINT_URL_DYNAMODB,
     &crate::ecs::ECS_CONTAINER_METADATA_URI_V4,
 ];
 
-/// Logs to stderr with the filter from `LEASEHOLD_LOG`, else `default`.
-pub fn init(default: &str) {
+/// Logs to stderr with the filter from `LEASEHOLD_LOG`, else `default`, in the
+/// `LEASEHOLD_LOG_FORMAT` format. An invalid format is a configuration error.
+pub fn init(default: &str) -> Result<(), ConfigError> {
     use tracing_subscriber::EnvFilter;
+    let mut env = Env::new(&process_env);
+    let format = env.get(&LEASEHOLD_LOG_FORMAT);
+    let format = env.finish(format)?;
     let filter =
         EnvFilter::try_from_env(LEASEHOLD_LOG.name).unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    // Escape codes in a file or a log driver's stream are noise.
+    let ansi = std::io::stderr().is_terminal();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_format_is_text_or_json_and_nothing_else() {
+        let parse = LEASEHOLD_LOG_FORMAT.parser.parse;
+        assert_eq!(parse("json"), Ok(LogFormat::Json));
+        assert_eq!(parse("text"), Ok(LogFormat::Text));
+        assert!(parse("JSON-ish").is_err());
+    }
 }

@@ -1,0 +1,74 @@
+//! Log output of the binary: `LEASEHOLD_LOG_FORMAT=json` gives one JSON object
+//! per line, without colour codes when stderr is not a terminal; any other
+//! value than `text` or `json` is a configuration error (exit 2).
+
+mod support;
+
+use std::io::Write;
+use std::time::Duration;
+
+use support::{run_leasehold, spawn_leasehold};
+
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .to_string()
+}
+
+/// A sidecar logging in `format`, and a stranger on its telemetry port that
+/// makes it warn.
+fn warning_sidecar(format: &str) -> support::Proc {
+    let telemetry = free_port();
+    let sidecar = spawn_leasehold(
+        "sidecar",
+        &["sidecar", "--no-observer"],
+        &[
+            ("SIDECAR_LISTEN".into(), free_port()),
+            ("TELEMETRY_ADDR".into(), telemetry.clone()),
+            ("LEASEHOLD_LOG".into(), "warn".into()),
+            ("LEASEHOLD_LOG_FORMAT".into(), format.into()),
+        ],
+    );
+    for _ in 0..100 {
+        if let Ok(mut stranger) = std::net::TcpStream::connect(&telemetry) {
+            stranger.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            return sidecar;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the sidecar never listened\n{}", sidecar.output());
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let sidecar = warning_sidecar("json");
+    let line = sidecar.wait_line("\"level\":\"WARN\"", Duration::from_secs(10));
+    let object: serde_json::Value = serde_json::from_str(&line)
+        .unwrap_or_else(|err| panic!("not one JSON object per line ({err}): {line}"));
+    assert!(object["timestamp"].is_string(), "{object}");
+    assert!(object["fields"]["message"].is_string(), "{object}");
+}
+
+#[test]
+fn text_logs_carry_no_colour_codes_when_not_on_a_terminal() {
+    let sidecar = warning_sidecar("text");
+    sidecar.wait_line("WARN", Duration::from_secs(10));
+    assert!(
+        !sidecar.output().contains('\u{1b}'),
+        "ANSI escape codes in piped logs: {:?}",
+        sidecar.output()
+    );
+}
+
+#[test]
+fn an_unknown_log_format_is_a_configuration_error() {
+    let (status, output) = run_leasehold(
+        &["leases", "list"],
+        &[("LEASEHOLD_LOG_FORMAT".into(), "yaml".into())],
+        None,
+    );
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(output.contains("LEASEHOLD_LOG_FORMAT"), "{output}");
+    assert!(output.contains("text or json"), "{output}");
+}
