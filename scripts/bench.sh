@@ -15,6 +15,8 @@ log "balancing: lease moves on scale-out, crash and cold start"
 cargo bench -p leasehold-devcluster --bench balance
 log "sidecar: CPU per 10,000 events/s, /metrics render with 1,000 streams"
 cargo bench -p leasehold-sidecar --bench sidecar
+log "sidecar memory: a simulated hour at 10,000 events/s in each export mode"
+cargo bench -p leasehold-sidecar --bench memory
 log "broker pool: claim latency, request handling, idle worker memory"
 cargo bench -p leasehold --bench broker_pool
 log "dashboard: render with 10,000 streams"
