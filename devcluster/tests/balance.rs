@@ -133,8 +133,14 @@ async fn a_peer_that_cannot_take_gets_no_stream_again_and_none_stays_unowned() {
     fleet.start("small", 10);
     let (holdings, _) = wait_for(&fleet, 6 * DISCOVERY, |h| h.unowned == 0).await;
     assert_eq!(holdings.held_by.get("small"), Some(&10), "{holdings:?}");
-    // Let the one refused gift play out, then nothing moves any more.
-    tokio::time::sleep(4 * DISCOVERY).await;
+    // One gift plays out: "big" hands its excess back, nobody takes it, and once
+    // it has been free for an interval "big" takes it again. 30 + 10 + 10
+    // acquisitions, and not one more afterwards.
+    let (holdings, _) = wait_for(&fleet, 12 * DISCOVERY, |h| {
+        h.acquisitions >= 50 && h.unowned == 0
+    })
+    .await;
+    assert_eq!(holdings.acquisitions, 50, "{holdings:?}");
     let churn = moves_while_idle(&fleet, 20 * DISCOVERY, |h| {
         h.unowned == 0 && h.held_by.get("big") == Some(&30)
     })
