@@ -63,6 +63,21 @@ fn apply_release(item: &mut RawItem, now_ms: i64) {
     set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
 }
 
+/// A copy of the stored item and its decoded lease, to check and write back.
+fn stored(
+    items: &BTreeMap<String, RawItem>,
+    stream_id: &str,
+) -> Result<(RawItem, Lease), LeaseError> {
+    let item = items
+        .get(stream_id)
+        .ok_or_else(|| LeaseError::NotFound {
+            stream_id: stream_id.to_owned(),
+        })?
+        .clone();
+    let current = schema::decode(&item)?;
+    Ok((item, current))
+}
+
 #[async_trait]
 impl LeaseStore for MemoryLeaseStore {
     async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
@@ -116,13 +131,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
         let mut items = self.lock();
-        let Some(item) = items.get(&r.stream_id) else {
-            return Err(LeaseError::NotFound {
-                stream_id: r.stream_id.clone(),
-            });
-        };
-        let mut item = item.clone();
-        let current = schema::decode(&item)?;
+        let (mut item, current) = stored(&items, &r.stream_id)?;
         let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint);
         if !holder.holds(&current)
             || current.lease_expires_at < r.now_ms
@@ -148,13 +157,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
         let mut items = self.lock();
-        let Some(item) = items.get(&r.stream_id) else {
-            return Err(LeaseError::NotFound {
-                stream_id: r.stream_id.clone(),
-            });
-        };
-        let mut item = item.clone();
-        let current = schema::decode(&item)?;
+        let (mut item, current) = stored(&items, &r.stream_id)?;
         let holder = Holder::new(&r.owner_id, r.fence_token, Some(r.checkpoint));
         if !holder.holds(&current) || holder.is_behind(&current) {
             return Err(refusal(current, holder));
@@ -169,13 +172,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
         let mut items = self.lock();
-        let Some(item) = items.get(&r.stream_id) else {
-            return Err(LeaseError::NotFound {
-                stream_id: r.stream_id.clone(),
-            });
-        };
-        let mut item = item.clone();
-        let current = schema::decode(&item)?;
+        let (mut item, current) = stored(&items, &r.stream_id)?;
         let holder = Holder::new(&r.owner_id, r.fence_token, None);
         if !holder.holds(&current) {
             return Err(refusal(current, holder));
@@ -220,13 +217,7 @@ impl LeaseStore for MemoryLeaseStore {
 
     async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
         let mut items = self.lock();
-        let Some(item) = items.get(&r.stream_id) else {
-            return Err(LeaseError::NotFound {
-                stream_id: r.stream_id.clone(),
-            });
-        };
-        let mut item = item.clone();
-        let current = schema::decode(&item)?;
+        let (mut item, current) = stored(&items, &r.stream_id)?;
         let holder = Holder::new(&r.owner_id, r.fence_token, None);
         if !holder.holds(&current) || current.fence_token >= r.to {
             return Err(refusal(current, holder));
