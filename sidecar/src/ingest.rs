@@ -14,6 +14,7 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
+use crate::metrics::TransportError;
 
 /// Serves worker connections until `shutdown`.
 pub async fn serve(listener: TcpListener, state: Arc<SidecarState>, shutdown: CancellationToken) {
@@ -43,7 +44,7 @@ async fn connection(mut socket: TcpStream, state: Arc<SidecarState>, shutdown: C
         tracing::warn!(
             "telemetry peer sent no valid preamble (wrong version or not a worker); closing"
         );
-        state.record_transport_error("preamble");
+        state.record_transport_error(TransportError::Preamble);
         return;
     }
     state.view().connection(true);
@@ -57,14 +58,14 @@ async fn connection(mut socket: TcpStream, state: Arc<SidecarState>, shutdown: C
             None => break,
             Some(Err(err)) => {
                 tracing::warn!(error = %err, "bad telemetry frame; closing the connection");
-                state.record_transport_error("frame");
+                state.record_transport_error(TransportError::Frame);
                 break;
             }
             Some(Ok(bytes)) => match serde_json::from_slice::<TelemetryEvent>(&bytes) {
                 Ok(event) => state.ingest(&event),
                 Err(err) => {
                     tracing::warn!(error = %err, "undecodable telemetry event; closing the connection");
-                    state.record_transport_error("decode");
+                    state.record_transport_error(TransportError::Decode);
                     break;
                 }
             },

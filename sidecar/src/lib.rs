@@ -144,7 +144,7 @@ impl SidecarState {
         ::metrics::with_local_recorder(&self.recorder, || metrics::record(event));
     }
 
-    fn record_transport_error(&self, reason: &'static str) {
+    fn record_transport_error(&self, reason: metrics::TransportError) {
         ::metrics::with_local_recorder(&self.recorder, || metrics::transport_error(reason));
     }
 

@@ -515,7 +515,11 @@ pub fn zero_counters() {
         "kind",
         &OrphanKind::ALL.map(OrphanKind::as_str),
     );
-    zero(TRANSPORT_ERRORS, "reason", &TRANSPORT_ERROR_REASONS);
+    zero(
+        TRANSPORT_ERRORS,
+        "reason",
+        &TransportError::ALL.map(TransportError::as_str),
+    );
     zero(WEBSOCKET_RECONNECTS, "reason", &RECONNECT_REASONS);
     for name in [
         LEASE_RELEASES,
@@ -530,11 +534,37 @@ pub fn zero_counters() {
 }
 
 /// Why the sidecar closed a worker connection (`leasehold_sidecar_transport_errors_total{reason}`).
-pub const TRANSPORT_ERROR_REASONS: [&str; 3] = ["preamble", "frame", "decode"];
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportError {
+    /// The peer sent no valid preamble (wrong version, or not a worker).
+    Preamble,
+    /// A frame could not be read (too large, cut short).
+    Frame,
+    /// A frame did not decode to a telemetry event.
+    Decode,
+}
+
+impl TransportError {
+    /// Every value, for the counter at 0 from the start.
+    pub const ALL: [TransportError; 3] = [
+        TransportError::Preamble,
+        TransportError::Frame,
+        TransportError::Decode,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportError::Preamble => "preamble",
+            TransportError::Frame => "frame",
+            TransportError::Decode => "decode",
+        }
+    }
+}
 
 /// Counts a connection the sidecar closed.
-pub fn transport_error(reason: &'static str) {
-    counter!(TRANSPORT_ERRORS, "reason" => reason).increment(1);
+pub fn transport_error(reason: TransportError) {
+    counter!(TRANSPORT_ERRORS, "reason" => reason.as_str()).increment(1);
 }
 
 /// Sets the gauges the sidecar owns (re-set on every upkeep so they never idle out).
