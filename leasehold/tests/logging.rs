@@ -7,24 +7,17 @@ mod support;
 use std::io::Write;
 use std::time::Duration;
 
-use support::{run_leasehold, spawn_leasehold};
-
-fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .to_string()
-}
+use support::{free_addr, run_leasehold, spawn_leasehold};
 
 /// A sidecar logging in `format`, and a stranger on its telemetry port that
 /// makes it warn.
 fn warning_sidecar(format: &str) -> support::Proc {
-    let telemetry = free_port();
+    let telemetry = free_addr();
     let sidecar = spawn_leasehold(
         "sidecar",
         &["sidecar", "--no-observer"],
         &[
-            ("SIDECAR_LISTEN".into(), free_port()),
+            ("SIDECAR_LISTEN".into(), free_addr()),
             ("TELEMETRY_ADDR".into(), telemetry.clone()),
             ("LEASEHOLD_LOG".into(), "warn".into()),
             ("LEASEHOLD_LOG_FORMAT".into(), format.into()),

@@ -326,13 +326,7 @@ async fn a_frozen_upstream_is_reconnected_as_idle_and_its_silence_shows() {
         return;
     };
     let stream = cluster.streams[0].clone();
-    let free_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .to_string()
-    };
-    let (http, telemetry) = (free_port(), free_port());
+    let (http, telemetry) = (support::free_addr(), support::free_addr());
     let _sidecar = support::spawn_leasehold(
         "sidecar",
         &["sidecar", "--no-observer"],
@@ -364,18 +358,20 @@ async fn a_frozen_upstream_is_reconnected_as_idle_and_its_silence_shows() {
             })
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
     };
-    // Events flow: the age stays small.
-    let start = Instant::now();
-    loop {
-        if age().await.is_some_and(|a| a < 1.0) {
-            break;
+    // Events flow while the last-event age stays under a second.
+    let (age, cluster_ref) = (&age, &cluster);
+    let flowing = move |what: &'static str| async move {
+        let start = Instant::now();
+        while !age().await.is_some_and(|a| a < 1.0) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{what}\n{}",
+                cluster_ref.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no age published"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    flowing("no age published").await;
     cluster.feed.signal("STOP");
     let frozen = Instant::now();
     let worker = &cluster.workers["w1"];
@@ -410,18 +406,7 @@ async fn a_frozen_upstream_is_reconnected_as_idle_and_its_silence_shows() {
         frozen.elapsed()
     );
     cluster.feed.signal("CONT");
-    let start = Instant::now();
-    loop {
-        if age().await.is_some_and(|a| a < 1.0) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "never resumed\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    flowing("events never resumed after SIGCONT").await;
     cluster.stop_workers();
     cluster.verify_sink(&stream).await;
 }

@@ -131,13 +131,23 @@ impl Drop for Proc {
     }
 }
 
+/// A loopback port free right now, for a process the test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `127.0.0.1:` and a free port.
+pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
 /// A private DynamoDB-compatible server, for tests that stop it.
 pub fn private_moto() -> (Proc, String) {
     let python = std::env::var(leasehold_testkit::PYTHON_VAR).unwrap_or_else(|_| "python3".into());
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let script = leasehold_testkit::repo_root().join("scripts/moto_serialized.py");
     let mut command = Command::new(python);
     command.arg(script).arg(port.to_string());
