@@ -39,6 +39,9 @@ pub struct TaskMetadata {
     /// Availability zone.
     #[serde(rename = "AvailabilityZone")]
     pub availability_zone: Option<String>,
+    /// `FARGATE` or `EC2`.
+    #[serde(rename = "LaunchType")]
+    pub launch_type: Option<String>,
 }
 
 impl TaskMetadata {
@@ -49,16 +52,37 @@ impl TaskMetadata {
             .and_then(|arn| arn.rsplit('/').next())
     }
 
-    /// OTLP resource attributes (`aws.ecs.*`, semantic conventions).
+    /// OTLP resource attributes (`cloud.*` and `aws.ecs.*` of the OpenTelemetry
+    /// semantic conventions). Region and account come from the task ARN
+    /// (`arn:aws:ecs:{region}:{account}:task/…`); nothing is guessed off ECS.
     pub fn resource_attributes(&self) -> Vec<(String, String)> {
+        let arn_part = |index: usize| {
+            self.task_arn
+                .as_deref()
+                .and_then(|arn| arn.split(':').nth(index))
+                .filter(|part| !part.is_empty())
+                .map(str::to_owned)
+        };
+        let on_ecs = self.task_arn.is_some().then(|| "aws".to_owned());
         [
-            ("aws.ecs.cluster.arn", &self.cluster),
-            ("aws.ecs.task.arn", &self.task_arn),
-            ("aws.ecs.task.family", &self.family),
-            ("aws.ecs.task.revision", &self.revision),
+            ("cloud.provider", on_ecs.clone()),
+            ("cloud.platform", on_ecs.map(|_| "aws_ecs".to_owned())),
+            ("cloud.region", arn_part(3)),
+            ("cloud.account.id", arn_part(4)),
+            ("cloud.availability_zone", self.availability_zone.clone()),
+            ("cloud.resource_id", self.task_arn.clone()),
+            ("aws.ecs.cluster.arn", self.cluster.clone()),
+            ("aws.ecs.task.arn", self.task_arn.clone()),
+            ("aws.ecs.task.id", self.task_id().map(str::to_owned)),
+            ("aws.ecs.task.family", self.family.clone()),
+            ("aws.ecs.task.revision", self.revision.clone()),
+            (
+                "aws.ecs.launchtype",
+                self.launch_type.as_deref().map(str::to_ascii_lowercase),
+            ),
         ]
         .into_iter()
-        .filter_map(|(key, value)| value.clone().map(|v| (key.to_owned(), v)))
+        .filter_map(|(key, value)| value.map(|v| (key.to_owned(), v)))
         .collect()
     }
 }
@@ -93,13 +117,29 @@ mod tests {
 
     #[test]
     fn reads_the_v4_task_document() {
-        let document = r#"{"Cluster":"arn:aws:ecs:us-east-1:1:cluster/prod","TaskARN":"arn:aws:ecs:us-east-1:1:task/prod/abc123",
-            "Family":"stream-worker","Revision":"7","PullStartedAt":"2026-11-30T08:00:00Z","Containers":[]}"#;
+        let document = r#"{"Cluster":"arn:aws:ecs:us-east-1:123456789012:cluster/prod","TaskARN":"arn:aws:ecs:us-east-1:123456789012:task/prod/abc123",
+            "Family":"stream-worker","Revision":"7","PullStartedAt":"2026-11-30T08:00:00Z","AvailabilityZone":"us-east-1a",
+            "LaunchType":"FARGATE","Containers":[]}"#;
         let metadata: TaskMetadata = serde_json::from_str(document).unwrap();
         assert_eq!(metadata.task_id(), Some("abc123"));
         let attributes = metadata.resource_attributes();
-        assert!(attributes.contains(&("aws.ecs.task.family".into(), "stream-worker".into())));
-        assert_eq!(attributes.len(), 4);
+        for (key, value) in [
+            ("cloud.provider", "aws"),
+            ("cloud.platform", "aws_ecs"),
+            ("cloud.region", "us-east-1"),
+            ("cloud.account.id", "123456789012"),
+            ("cloud.availability_zone", "us-east-1a"),
+            ("aws.ecs.task.id", "abc123"),
+            ("aws.ecs.task.family", "stream-worker"),
+            ("aws.ecs.launchtype", "fargate"),
+        ] {
+            assert!(
+                attributes.contains(&(key.into(), value.into())),
+                "{key}={value} missing from {attributes:?}"
+            );
+        }
+        assert_eq!(attributes.len(), 12);
+        assert!(TaskMetadata::default().resource_attributes().is_empty());
     }
 
     #[tokio::test]

@@ -87,7 +87,7 @@ fn config(mode: &str) -> SidecarConfig {
                 protocol: Some("http/protobuf".into()),
                 endpoint: Some(closed_port.into()),
                 interval: Some(Duration::from_millis(200)),
-                resource: Vec::new(),
+                ..Default::default()
             })
         }
         other => panic!("unknown mode {other}"),

@@ -148,17 +148,25 @@ impl SidecarState {
         ::metrics::with_local_recorder(&self.recorder, || metrics::transport_error(reason));
     }
 
-    /// Re-sets the sidecar-owned gauges and runs the exporter's upkeep.
+    /// Re-sets the sidecar-owned gauges and runs the exporters' upkeep.
     pub fn upkeep(&self) {
-        let (up, held, connections, component) = {
+        let (up, held, connections, component, lag_streams) = {
             let view = self.view();
             (
                 view.worker_up(),
                 view.stream_leases_held(),
                 view.websocket_connections(),
                 view.component().map(str::to_owned),
+                view.lag_streams(),
             )
         };
+        // A stream this task stopped working on leaves OTLP within a second
+        // (Prometheus drops it after the idle timeout, CloudWatch per export).
+        if let Some(otlp) = &self.otlp {
+            otlp.retain_gauges("stream_id", |stream| {
+                lag_streams.iter().any(|s| s == stream)
+            });
+        }
         ::metrics::with_local_recorder(&self.recorder, || {
             metrics::set_worker_gauges(up, held, connections, "sidecar");
             if let Some(component) = &component {
@@ -199,6 +207,9 @@ impl SidecarState {
         // one's last values too.
         if let Some(snapshot) = &self.snapshot {
             snapshot.forget_gauges(metrics::CLUSTER);
+        }
+        if let Some(otlp) = &self.otlp {
+            otlp.forget_gauges(metrics::CLUSTER);
         }
     }
 
