@@ -12,19 +12,22 @@ use support::{free_addr, run_leasehold, spawn_leasehold};
 /// A sidecar logging in `format`, and a stranger on its telemetry port that
 /// makes it warn.
 fn warning_sidecar(format: &str) -> support::Proc {
-    let telemetry = free_addr();
+    warning_sidecar_at(format, &free_addr(), &free_addr())
+}
+
+fn warning_sidecar_at(format: &str, listen: &str, telemetry: &str) -> support::Proc {
     let sidecar = spawn_leasehold(
         "sidecar",
         &["sidecar", "--no-observer"],
         &[
-            ("SIDECAR_LISTEN".into(), free_addr()),
-            ("TELEMETRY_ADDR".into(), telemetry.clone()),
+            ("SIDECAR_LISTEN".into(), listen.to_owned()),
+            ("TELEMETRY_ADDR".into(), telemetry.to_owned()),
             ("LEASEHOLD_LOG".into(), "warn".into()),
             ("LEASEHOLD_LOG_FORMAT".into(), format.into()),
         ],
     );
     for _ in 0..100 {
-        if let Ok(mut stranger) = std::net::TcpStream::connect(&telemetry) {
+        if let Ok(mut stranger) = std::net::TcpStream::connect(telemetry) {
             stranger.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
             return sidecar;
         }
@@ -64,4 +67,54 @@ fn an_unknown_log_format_is_a_configuration_error() {
     assert_eq!(status.code(), Some(2), "{output}");
     assert!(output.contains("LEASEHOLD_LOG_FORMAT"), "{output}");
     assert!(output.contains("text or json"), "{output}");
+}
+
+/// Forty strangers in a row on the telemetry port: one warning line (the rest
+/// are held back for 10 s), while the metric counts every one.
+#[test]
+fn repeated_warnings_are_rate_limited_but_counted() {
+    let (listen, telemetry) = (free_addr(), free_addr());
+    let sidecar = warning_sidecar_at("text", &listen, &telemetry);
+    sidecar.wait_line("no valid preamble", Duration::from_secs(10));
+    for _ in 0..39 {
+        let mut stranger = std::net::TcpStream::connect(&telemetry).unwrap();
+        stranger.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    }
+    let counted = || {
+        let body = http_get(&listen, "/metrics");
+        body.lines()
+            .find(|l| {
+                l.starts_with("leasehold_sidecar_transport_errors_total{reason=\"preamble\"}")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while counted() < 40.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "counted {}",
+            counted()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines = sidecar
+        .output()
+        .lines()
+        .filter(|l| l.contains("no valid preamble"))
+        .count();
+    assert_eq!(lines, 1, "{}", sidecar.output());
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
 }

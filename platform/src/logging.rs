@@ -92,8 +92,95 @@ pub fn init(default: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// How often the same repeated warning may be written: once per window per key,
+/// then one line carrying how many were held back.
+pub const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Most keys remembered at once; beyond it, keys whose window has passed are
+/// forgotten first and then anything (a flood of distinct keys is not a leak).
+const MAX_KEYS: usize = 4096;
+
+/// Rate limit for warnings that can repeat per frame or per attempt (a bad
+/// upstream frame, a failing sink, a stranger on the telemetry port): the first
+/// line of a key is written, repeats inside [`REPEAT_WINDOW`] are counted, and the
+/// next line after the window says how many were suppressed. A burst that ends
+/// inside a window leaves its count unprinted: the metric counts every one.
+#[derive(Debug)]
+pub struct RepeatLimiter {
+    window: std::time::Duration,
+    seen: std::sync::Mutex<std::collections::HashMap<String, (tokio::time::Instant, u64)>>,
+}
+
+impl RepeatLimiter {
+    /// A limiter with the given window.
+    pub fn new(window: std::time::Duration) -> Self {
+        RepeatLimiter {
+            window,
+            seen: Default::default(),
+        }
+    }
+
+    /// `Some(suppressed since the last line)` when a line for `key` may be
+    /// written now, `None` when it is held back.
+    pub fn admit(&self, key: &str) -> Option<u64> {
+        let now = tokio::time::Instant::now();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((written, suppressed)) = seen.get_mut(key) {
+            if now.duration_since(*written) < self.window {
+                *suppressed += 1;
+                return None;
+            }
+            let held = *suppressed;
+            *written = now;
+            *suppressed = 0;
+            return Some(held);
+        }
+        if seen.len() >= MAX_KEYS {
+            let window = self.window;
+            seen.retain(|_, (written, _)| now.duration_since(*written) < window);
+            if seen.len() >= MAX_KEYS {
+                seen.clear();
+            }
+        }
+        seen.insert(key.to_owned(), (now, 0));
+        Some(0)
+    }
+}
+
+/// The process's limiter for repeated warnings.
+pub fn repeats() -> &'static RepeatLimiter {
+    static LIMITER: std::sync::LazyLock<RepeatLimiter> =
+        std::sync::LazyLock::new(|| RepeatLimiter::new(REPEAT_WINDOW));
+    &LIMITER
+}
+
 #[cfg(test)]
 mod tests {
+    #[tokio::test(start_paused = true)]
+    async fn repeats_are_held_back_and_counted_per_key() {
+        let limiter = super::RepeatLimiter::new(std::time::Duration::from_secs(10));
+        assert_eq!(limiter.admit("frame:a"), Some(0));
+        for _ in 0..41 {
+            assert_eq!(limiter.admit("frame:a"), None);
+        }
+        // Another key is not held back by the first.
+        assert_eq!(limiter.admit("frame:b"), Some(0));
+        tokio::time::advance(std::time::Duration::from_secs(10)).await;
+        assert_eq!(limiter.admit("frame:a"), Some(41));
+        assert_eq!(limiter.admit("frame:a"), None);
+        tokio::time::advance(std::time::Duration::from_secs(11)).await;
+        assert_eq!(limiter.admit("frame:a"), Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_distinct_keys_stays_bounded() {
+        let limiter = super::RepeatLimiter::new(std::time::Duration::from_secs(10));
+        for i in 0..3 * super::MAX_KEYS {
+            assert_eq!(limiter.admit(&format!("k{i}")), Some(0));
+        }
+        assert!(limiter.seen.lock().unwrap().len() <= super::MAX_KEYS);
+    }
+
     use super::*;
 
     #[test]

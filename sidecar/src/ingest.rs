@@ -13,6 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
+use leasehold_platform::logging::repeats;
+
 use crate::SidecarState;
 use crate::metrics::TransportError;
 
@@ -30,7 +32,9 @@ pub async fn serve(listener: TcpListener, state: Arc<SidecarState>, shutdown: Ca
                 tokio::spawn(async move { connection(socket, state, shutdown).await });
             }
             Err(err) => {
-                tracing::warn!(error = %err, "telemetry accept failed");
+                if let Some(suppressed) = repeats().admit("telemetry:accept") {
+                    tracing::warn!(error = %err, suppressed, "telemetry accept failed");
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -41,9 +45,12 @@ async fn connection(mut socket: TcpStream, state: Arc<SidecarState>, shutdown: C
     let mut preamble = [0u8; 4];
     let read = tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut preamble)).await;
     if !matches!(read, Ok(Ok(_))) || preamble != PREAMBLE {
-        tracing::warn!(
-            "telemetry peer sent no valid preamble (wrong version or not a worker); closing"
-        );
+        if let Some(suppressed) = repeats().admit("telemetry:preamble") {
+            tracing::warn!(
+                suppressed,
+                "telemetry peer sent no valid preamble (wrong version or not a worker); closing"
+            );
+        }
         state.record_transport_error(TransportError::Preamble);
         return;
     }
@@ -57,14 +64,18 @@ async fn connection(mut socket: TcpStream, state: Arc<SidecarState>, shutdown: C
         match frame {
             None => break,
             Some(Err(err)) => {
-                tracing::warn!(error = %err, "bad telemetry frame; closing the connection");
+                if let Some(suppressed) = repeats().admit("telemetry:frame") {
+                    tracing::warn!(error = %err, suppressed, "bad telemetry frame; closing the connection");
+                }
                 state.record_transport_error(TransportError::Frame);
                 break;
             }
             Some(Ok(bytes)) => match serde_json::from_slice::<TelemetryEvent>(&bytes) {
                 Ok(event) => state.ingest(&event),
                 Err(err) => {
-                    tracing::warn!(error = %err, "undecodable telemetry event; closing the connection");
+                    if let Some(suppressed) = repeats().admit("telemetry:decode") {
+                        tracing::warn!(error = %err, suppressed, "undecodable telemetry event; closing the connection");
+                    }
                     state.record_transport_error(TransportError::Decode);
                     break;
                 }

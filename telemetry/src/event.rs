@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_platform::logging::repeats;
 use serde::{Deserialize, Serialize};
 
 pub use crate::labels::*;
@@ -292,7 +293,9 @@ fn kind_counts(counts: &[(OrphanKind, u64)]) -> String {
 }
 
 impl TelemetryEvent {
-    /// Writes this event's one log line.
+    /// Writes this event's one log line. Warnings that can repeat per frame or
+    /// per attempt go through the process's [`repeats`] limiter (one line per
+    /// stream and reason every 10 s, with a `suppressed` count).
     pub fn log(&self) {
         use TelemetryEvent::*;
         match self {
@@ -323,7 +326,9 @@ impl TelemetryEvent {
                 "lease held by another owner"
             ),
             LeaseAcquireFailed { stream_id, error } => {
-                tracing::warn!(stream_id, error, "lease acquire failed")
+                if let Some(suppressed) = repeats().admit(&format!("acquire:{stream_id}")) {
+                    tracing::warn!(stream_id, error, suppressed, "lease acquire failed")
+                }
             }
             LeaseRenewed {
                 stream_id,
@@ -374,14 +379,17 @@ impl TelemetryEvent {
             }
             UpstreamDisconnected { stream_id } => tracing::debug!(stream_id, "upstream closed"),
             UpstreamReconnect { stream_id, reason } => {
-                tracing::warn!(stream_id, reason, "upstream reconnecting")
+                if let Some(suppressed) =
+                    repeats().admit(&format!("reconnect:{stream_id}:{reason}"))
+                {
+                    tracing::warn!(stream_id, reason, suppressed, "upstream reconnecting")
+                }
             }
             UpstreamFrameSkipped { stream_id, reason } => {
-                tracing::warn!(
-                    stream_id,
-                    reason = reason.as_str(),
-                    "upstream frame skipped"
-                )
+                let reason = reason.as_str();
+                if let Some(suppressed) = repeats().admit(&format!("skip:{stream_id}:{reason}")) {
+                    tracing::warn!(stream_id, reason, suppressed, "upstream frame skipped")
+                }
             }
             StreamGap {
                 stream_id,
@@ -410,7 +418,9 @@ impl TelemetryEvent {
                 "sink write"
             ),
             SinkWriteFailed { stream_id, error } => {
-                tracing::warn!(stream_id, error, "sink write failed")
+                if let Some(suppressed) = repeats().admit(&format!("sink:{stream_id}")) {
+                    tracing::warn!(stream_id, error, suppressed, "sink write failed")
+                }
             }
             FenceLifted {
                 stream_id,
