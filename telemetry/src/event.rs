@@ -230,7 +230,7 @@ pub enum TelemetryEvent {
         user_id: String,
         /// Request id, when readable.
         request_id: Option<String>,
-        /// `ok`, `error`, `invalid` or `duplicate`.
+        /// `ok`, `error`, `invalid`, `duplicate` or `in_doubt`.
         result: RequestResult,
         /// From BLPOP returning to the response being written.
         duration: Duration,
