@@ -15,7 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
 # Rule syntax and promtool unit tests, the CloudFormation alarms, the dashboard's
 # JSON (the cross-check against a real sidecar runs with cargo test below).
 log "promtool check rules / test rules"
-promtool check rules alerts/prometheus/leasehold.rules.yml
+promtool check rules alerts/prometheus/leasehold.rules.yml alerts/prometheus/runbook_base.rules.yml
 promtool test rules alerts/prometheus/tests/*.yml
 log "cfn-lint alerts/cloudwatch"
 "$cfn_lint" alerts/cloudwatch/*.yaml
