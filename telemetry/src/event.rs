@@ -484,6 +484,20 @@ impl TelemetryEvent {
                     "claim not taken"
                 ),
             },
+            // Failed and in-doubt answers are what the broker alerts' runbooks
+            // send operators to the logs for: visible at the default level.
+            BrokerRequest {
+                user_id,
+                request_id,
+                result: result @ (RequestResult::Error | RequestResult::InDoubt),
+                duration,
+            } => tracing::warn!(
+                user_id,
+                request_id = request_id.as_deref(),
+                result = result.as_str(),
+                duration_ms = millis(*duration),
+                "broker request handled"
+            ),
             BrokerRequest {
                 user_id,
                 request_id,
