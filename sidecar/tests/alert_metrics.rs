@@ -210,8 +210,9 @@ struct Rules {
     referenced: BTreeSet<String>,
     /// Names recording rules define.
     recorded: BTreeSet<String>,
-    /// Alert name → its rule.
-    alerts: BTreeMap<String, Value>,
+    /// Alert name → its rules: one, or one per severity (a burn-rate alert
+    /// that pages on a fast burn and opens a ticket on a slow one).
+    alerts: BTreeMap<String, Vec<Value>>,
 }
 
 fn rules() -> Rules {
@@ -237,13 +238,14 @@ fn rules() -> Rules {
             rules.recorded.insert(record.to_owned());
         }
         if let Some(alert) = rule["alert"].as_str() {
+            let same_name = rules.alerts.entry(alert.to_owned()).or_default();
             assert!(
-                rules
-                    .alerts
-                    .insert(alert.to_owned(), rule.clone())
-                    .is_none(),
-                "alert {alert} defined twice"
+                same_name
+                    .iter()
+                    .all(|other| other["labels"]["severity"] != rule["labels"]["severity"]),
+                "alert {alert} defined twice with the same severity"
             );
+            same_name.push(rule.clone());
         }
     }
     assert!(!rules.alerts.is_empty() && !rules.recorded.is_empty());
@@ -634,7 +636,11 @@ fn every_alert_has_labels_annotations_a_runbook_and_promtool_cases() {
     recorded_runbook_base(&alerts_dir().join("prometheus/runbook_base.rules.yml"));
     let fixture = "fixtures/runbook_base.rules.yml";
     recorded_runbook_base(&alerts_dir().join("prometheus/tests").join(fixture));
-    for (name, rule) in &rules.alerts {
+    for (name, rule) in rules
+        .alerts
+        .iter()
+        .flat_map(|(name, same_name)| same_name.iter().map(move |rule| (name, rule)))
+    {
         assert!(name.starts_with("Leasehold"), "{name}: component prefix");
         let severity = rule["labels"]["severity"].as_str();
         assert!(
