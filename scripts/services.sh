@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared by scripts/test.sh and scripts/bench.sh (sourced, not run):
 #   1. installs what is missing (Debian: redis-server, prometheus for promtool,
-#      chromium; Python: moto[server], and cfn-lint for the CloudWatch alarms and
+#      prometheus-alertmanager for amtool, chromium; Python: moto[server], and cfn-lint for the CloudWatch alarms and
 #      deploy/, in a venv under ~/.cache/leasehold when not importable),
 #   2. starts a DynamoDB-compatible server (moto, serialised) and redis-server on
 #      free loopback ports, exports their addresses, and stops them on exit.
@@ -17,6 +17,8 @@ log() { printf '\n== %s\n' "$*" >&2; }
 apt_missing=()
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
 command -v promtool >/dev/null || apt_missing+=(prometheus)
+# amtool checks the example Alertmanager configuration in alerts/alertmanager/.
+command -v amtool >/dev/null || apt_missing+=(prometheus-alertmanager)
 # Chromium does not depend on any font; without one the screenshots are boxes.
 command -v chromium >/dev/null || apt_missing+=(chromium fonts-dejavu-core)
 if ((${#apt_missing[@]})); then

@@ -2,7 +2,8 @@
 # The whole leasehold test suite, on a fresh machine or a warm one:
 #   1-2. scripts/services.sh installs what is missing and starts moto and
 #        redis-server on free loopback ports (stopped on exit, whatever happens),
-#   3.   alerts/: promtool check/test rules, cfn-lint, the Grafana JSON,
+#   3.   alerts/: promtool check/test rules, amtool check-config and routing,
+#        cfn-lint, the Grafana JSON,
 #   4.   deploy/: scripts/check_deploy.sh,
 #   5.   cargo fmt --check, cargo deny (licences, bans, sources), cargo clippy
 #        -D warnings and every test in the workspace.
@@ -15,8 +16,24 @@ source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
 # Rule syntax and promtool unit tests, the CloudFormation alarms, the dashboard's
 # JSON (the cross-check against a real sidecar runs with cargo test below).
 log "promtool check rules / test rules"
-promtool check rules alerts/prometheus/leasehold.rules.yml
+promtool check rules alerts/prometheus/leasehold.rules.yml alerts/prometheus/runbook_base.rules.yml
 promtool test rules alerts/prometheus/tests/*.yml
+log "amtool check-config / routes test alerts/alertmanager"
+amtool check-config alerts/alertmanager/alertmanager.yml
+# Critical pages, warning opens a ticket: the receiver each severity reaches.
+expect_route() { # receiver label=value...
+    local want="$1" got
+    shift
+    got="$(amtool config routes test --config.file=alerts/alertmanager/alertmanager.yml "$@" 2>/dev/null)"
+    if [[ "$got" != "$want" ]]; then
+        echo "error: alerts/alertmanager routes {$*} to '$got', expected '$want'" >&2
+        return 1
+    fi
+}
+expect_route pager severity=critical alertname=LeaseholdStreamUnowned cluster=prod
+expect_route pager severity=critical alertname=LeaseholdBrokerErrorBudgetBurn job=leasehold-broker-pool
+expect_route ticket severity=warning alertname=LeaseholdBrokerErrorBudgetBurn job=leasehold-broker-pool
+expect_route ticket severity=warning alertname=LeaseholdWorkerDown instance=10.0.1.5:9464
 log "cfn-lint alerts/cloudwatch"
 "$cfn_lint" alerts/cloudwatch/*.yaml
 log "grafana dashboard JSON"

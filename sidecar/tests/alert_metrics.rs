@@ -11,9 +11,10 @@
 //! test whether or not it starts with `leasehold_`.
 //!
 //! The same files are checked for completeness: every alert has a severity,
-//! summary, description and a `runbook_url` of the documented form whose file
-//! exists, and at least one promtool case where it fires and one where it stays
-//! silent.
+//! summary, description and a `runbook_url` of the documented form (built from
+//! the one runbook base setting, `alerts/prometheus/runbook_base.rules.yml`)
+//! whose file exists, and at least one promtool case where it fires and one
+//! where it stays silent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -40,8 +41,18 @@ use tokio_util::sync::CancellationToken;
 /// Series Prometheus makes itself; rules may reference them.
 const PROMETHEUS_OWN: &[&str] = &["up", "ALERTS", "ALERTS_FOR_STATE"];
 
-/// Marker of the one line in `alerts/README.md` that holds the runbook base URL.
-const RUNBOOK_BASE_MARKER: &str = "RUNBOOK_BASE_URL=";
+/// The series whose `base_url` label is the runbook base (alerts/README.md).
+const RUNBOOK_BASE_SERIES: &str = "leasehold:runbook_base_url:info";
+
+/// What every `runbook_url` starts with: the base, read from that series when the
+/// annotation is rendered; `<AlertName>.md` follows.
+const RUNBOOK_URL_PREFIX: &str = r#"{{ with query "leasehold:runbook_base_url:info" }}{{ . | first | label "base_url" }}{{ end }}"#;
+
+/// The rule files: the alerts, and the runbook base setting loaded next to them.
+const RULE_FILES: &[&str] = &[
+    "prometheus/leasehold.rules.yml",
+    "prometheus/runbook_base.rules.yml",
+];
 
 fn alerts_dir() -> PathBuf {
     leasehold_testkit::repo_root().join("alerts")
@@ -199,35 +210,42 @@ struct Rules {
     referenced: BTreeSet<String>,
     /// Names recording rules define.
     recorded: BTreeSet<String>,
-    /// Alert name → its rule.
-    alerts: BTreeMap<String, Value>,
+    /// Alert name → its rules: one, or one per severity (a burn-rate alert
+    /// that pages on a fast burn and opens a ticket on a slow one).
+    alerts: BTreeMap<String, Vec<Value>>,
 }
 
 fn rules() -> Rules {
-    let file = yaml(&alerts_dir().join("prometheus/leasehold.rules.yml"));
     let mut rules = Rules {
         referenced: BTreeSet::new(),
         recorded: BTreeSet::new(),
         alerts: BTreeMap::new(),
     };
-    let groups = file["groups"].as_sequence().expect("groups");
-    for rule in groups
+    let files: Vec<Value> = RULE_FILES
         .iter()
-        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
-    {
+        .map(|file| yaml(&alerts_dir().join(file)))
+        .collect();
+    for rule in files.iter().flat_map(|file| {
+        file["groups"]
+            .as_sequence()
+            .expect("groups")
+            .iter()
+            .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+    }) {
         let expr = rule["expr"].as_str().expect("every rule has an expr");
         rules.referenced.extend(promql_metric_names(expr));
         if let Some(record) = rule["record"].as_str() {
             rules.recorded.insert(record.to_owned());
         }
         if let Some(alert) = rule["alert"].as_str() {
+            let same_name = rules.alerts.entry(alert.to_owned()).or_default();
             assert!(
-                rules
-                    .alerts
-                    .insert(alert.to_owned(), rule.clone())
-                    .is_none(),
-                "alert {alert} defined twice"
+                same_name
+                    .iter()
+                    .all(|other| other["labels"]["severity"] != rule["labels"]["severity"]),
+                "alert {alert} defined twice with the same severity"
             );
+            same_name.push(rule.clone());
         }
     }
     assert!(!rules.alerts.is_empty() && !rules.recorded.is_empty());
@@ -584,24 +602,45 @@ async fn every_metric_the_alerts_use_is_exported() {
 
 // --- completeness of the alert artefacts -----------------------------------------------
 
-fn runbook_base_url() -> String {
-    let readme = read(&alerts_dir().join("README.md"));
-    let mut bases = readme
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix(RUNBOOK_BASE_MARKER));
-    let base = bases
-        .next()
-        .expect("alerts/README.md has a RUNBOOK_BASE_URL= line");
-    assert!(bases.next().is_none(), "one runbook base URL only");
-    assert!(base.ends_with('/'), "{base}");
+/// The `base_url` a runbook base file records (exactly one rule: the base series).
+fn recorded_runbook_base(path: &Path) -> String {
+    let file = yaml(path);
+    let rules: Vec<&Value> = file["groups"]
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+        .collect();
+    assert_eq!(rules.len(), 1, "{}: one rule, the base", path.display());
+    assert_eq!(
+        rules[0]["record"].as_str(),
+        Some(RUNBOOK_BASE_SERIES),
+        "{}",
+        path.display()
+    );
+    let base = rules[0]["labels"]["base_url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: no base_url label", path.display()));
+    assert!(
+        base.starts_with("https://") && base.ends_with('/'),
+        "{}: base {base}",
+        path.display()
+    );
     base.to_owned()
 }
 
 #[test]
 fn every_alert_has_labels_annotations_a_runbook_and_promtool_cases() {
     let rules = rules();
-    let base = runbook_base_url();
-    for (name, rule) in &rules.alerts {
+    // The one base setting, and the one the promtool cases run with.
+    recorded_runbook_base(&alerts_dir().join("prometheus/runbook_base.rules.yml"));
+    let fixture = "fixtures/runbook_base.rules.yml";
+    recorded_runbook_base(&alerts_dir().join("prometheus/tests").join(fixture));
+    for (name, rule) in rules
+        .alerts
+        .iter()
+        .flat_map(|(name, same_name)| same_name.iter().map(move |rule| (name, rule)))
+    {
         assert!(name.starts_with("Leasehold"), "{name}: component prefix");
         let severity = rule["labels"]["severity"].as_str();
         assert!(
@@ -618,7 +657,7 @@ fn every_alert_has_labels_annotations_a_runbook_and_promtool_cases() {
         }
         assert_eq!(
             rule["annotations"]["runbook_url"].as_str(),
-            Some(format!("{base}{name}.md").as_str()),
+            Some(format!("{RUNBOOK_URL_PREFIX}{name}.md").as_str()),
             "{name}: runbook_url"
         );
         let runbook = alerts_dir().join(format!("runbooks/{name}.md"));
@@ -638,6 +677,14 @@ fn every_alert_has_labels_annotations_a_runbook_and_promtool_cases() {
             continue;
         }
         let file = yaml(&path);
+        // The base is recorded before any alert template reads it, so even a
+        // case's first evaluation shows the whole link.
+        assert_eq!(
+            file["rule_files"][0].as_str(),
+            Some(fixture),
+            "{}: rule_files must load the runbook base first",
+            path.display()
+        );
         for test in file["tests"].as_sequence().expect("tests") {
             for case in test["alert_rule_test"].as_sequence().into_iter().flatten() {
                 let alert = case["alertname"].as_str().expect("alertname").to_owned();
@@ -667,11 +714,14 @@ fn every_alert_has_labels_annotations_a_runbook_and_promtool_cases() {
         );
     }
 
-    // CloudWatch alarms: the same runbooks, the same documented base.
+    // CloudWatch alarms: the same runbooks; the base is a required parameter
+    // (a default would link somewhere the runbooks are not).
     let template = yaml(&alerts_dir().join("cloudwatch/alarms.yaml"));
-    assert_eq!(
-        template["Parameters"]["RunbookBaseUrl"]["Default"].as_str(),
-        Some(base.as_str())
+    let parameter = &template["Parameters"]["RunbookBaseUrl"];
+    assert!(parameter.is_mapping(), "RunbookBaseUrl parameter");
+    assert!(
+        parameter.get("Default").is_none(),
+        "RunbookBaseUrl must be passed at deploy time"
     );
     let mut descriptions = Vec::new();
     values_of_key(&template, "AlarmDescription", &mut descriptions);

@@ -231,7 +231,7 @@ pub enum TelemetryEvent {
         user_id: String,
         /// Request id, when readable.
         request_id: Option<String>,
-        /// `ok`, `error`, `invalid` or `duplicate`.
+        /// `ok`, `error`, `invalid`, `duplicate` or `in_doubt`.
         result: RequestResult,
         /// From BLPOP returning to the response being written.
         duration: Duration,
@@ -494,6 +494,20 @@ impl TelemetryEvent {
                     "claim not taken"
                 ),
             },
+            // Failed and in-doubt answers are what the broker alerts' runbooks
+            // send operators to the logs for: visible at the default level.
+            BrokerRequest {
+                user_id,
+                request_id,
+                result: result @ (RequestResult::Error | RequestResult::InDoubt),
+                duration,
+            } => tracing::warn!(
+                user_id,
+                request_id = request_id.as_deref(),
+                result = result.as_str(),
+                duration_ms = millis(*duration),
+                "broker request handled"
+            ),
             BrokerRequest {
                 user_id,
                 request_id,

@@ -152,15 +152,20 @@ pub enum RequestResult {
     Invalid,
     /// Already taken once; not executed again.
     Duplicate,
+    /// An order whose outcome the broker could not confirm (a timeout or a
+    /// dropped connection after sending it): it may or may not have executed,
+    /// so it is looked up by its client order id, never resubmitted blindly.
+    InDoubt,
 }
 
 impl RequestResult {
     /// Every value, for counters that exist at 0 from the start.
-    pub const ALL: [RequestResult; 4] = [
+    pub const ALL: [RequestResult; 5] = [
         RequestResult::Ok,
         RequestResult::Error,
         RequestResult::Invalid,
         RequestResult::Duplicate,
+        RequestResult::InDoubt,
     ];
 
     /// The `result` label value.
@@ -170,6 +175,7 @@ impl RequestResult {
             RequestResult::Error => "error",
             RequestResult::Invalid => "invalid",
             RequestResult::Duplicate => "duplicate",
+            RequestResult::InDoubt => "in_doubt",
         }
     }
 }
