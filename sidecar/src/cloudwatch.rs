@@ -247,25 +247,97 @@ fn estimated_bytes(datum: &MetricDatum) -> usize {
         + 18 * (datum.values().len() + datum.counts().len())
 }
 
-/// Splits datums into PutMetricData calls within the API limits.
+/// The metric a datum belongs to: its name and dimensions.
+fn metric_key(datum: &MetricDatum) -> String {
+    let mut key = datum.metric_name().unwrap_or_default().to_owned();
+    for dimension in datum.dimensions() {
+        key.push('\u{1f}');
+        key.push_str(dimension.name().unwrap_or_default());
+        key.push('=');
+        key.push_str(dimension.value().unwrap_or_default());
+    }
+    key
+}
+
+/// Splits datums into PutMetricData calls within the API limits: at most
+/// [`API_MAX_DATUMS`] datums and [`API_MAX_BYTES`] per call, and at most one
+/// datum per metric per call, because the [`API_MAX_VALUES`] limit is per
+/// metric and request, not per datum (a distribution with more distinct values
+/// is sent in chunks, one call each).
 pub fn batches(datums: Vec<MetricDatum>) -> Vec<Vec<MetricDatum>> {
     let mut batches = Vec::new();
     let mut current = Vec::new();
+    let mut metrics_in_current = std::collections::HashSet::new();
     let mut bytes = 0;
     for datum in datums {
         let size = estimated_bytes(&datum);
-        if !current.is_empty() && (current.len() == API_MAX_DATUMS || bytes + size > API_MAX_BYTES)
+        let key = metric_key(&datum);
+        if !current.is_empty()
+            && (current.len() == API_MAX_DATUMS
+                || bytes + size > API_MAX_BYTES
+                || metrics_in_current.contains(&key))
         {
             batches.push(std::mem::take(&mut current));
+            metrics_in_current.clear();
             bytes = 0;
         }
         bytes += size;
+        metrics_in_current.insert(key);
         current.push(datum);
     }
     if !current.is_empty() {
         batches.push(current);
     }
     batches
+}
+
+/// EMF lines at most waiting for stdout; beyond it lines are dropped and counted.
+/// One interval of a busy sidecar is a few dozen lines.
+pub const EMF_BUFFERED_LINES: usize = 10_000;
+
+/// Where EMF documents go: a writer thread in front of stdout. Under the
+/// `awslogs` driver in its default blocking mode a stalled log pipeline stalls
+/// every write to stdout; the exporter (and the runtime thread it runs on, which
+/// also serves `/metrics` and ingests worker events) must not stall with it, so
+/// lines queue up to [`EMF_BUFFERED_LINES`] and are dropped beyond that.
+pub struct EmfOutput {
+    writer: tracing_appender::non_blocking::NonBlocking,
+    // Dropping it flushes what is queued (at most about a second).
+    _flush_on_drop: tracing_appender::non_blocking::WorkerGuard,
+    reported: u64,
+}
+
+impl EmfOutput {
+    /// A writer thread in front of `out`.
+    pub fn new(out: impl std::io::Write + Send + 'static, buffered_lines: usize) -> Self {
+        let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(buffered_lines)
+            .thread_name("leasehold-emf")
+            .finish(out);
+        EmfOutput {
+            writer,
+            _flush_on_drop: guard,
+            reported: 0,
+        }
+    }
+
+    /// Queues one document as one line (never blocks).
+    pub fn write_line(&mut self, document: &str) {
+        let mut line = String::with_capacity(document.len() + 1);
+        line.push_str(document);
+        line.push('\n');
+        // One write call is one queued message, so a line is never split.
+        let _ = std::io::Write::write_all(&mut self.writer, line.as_bytes());
+    }
+
+    /// Lines dropped since the last call.
+    pub fn newly_dropped(&mut self) -> u64 {
+        let dropped = self.writer.error_counter().dropped_lines() as u64;
+        let new = dropped.saturating_sub(self.reported);
+        self.reported = dropped;
+        new
+    }
 }
 
 /// Exports every interval until `shutdown` (one last export on the way out).
@@ -279,6 +351,8 @@ pub async fn run(
         tracing::warn!("CloudWatch export started without a snapshot; nothing to export");
         return;
     };
+    let mut emf =
+        (config.mode == Mode::Emf).then(|| EmfOutput::new(std::io::stdout(), EMF_BUFFERED_LINES));
     let mut tick = tokio::time::interval(config.interval);
     tick.tick().await;
     loop {
@@ -292,8 +366,14 @@ pub async fn run(
         let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
         match (config.mode, &client) {
             (Mode::Emf, _) => {
-                for document in emf_documents(&config.namespace, &datums, now) {
-                    println!("{document}");
+                if let Some(emf) = &mut emf {
+                    for document in emf_documents(&config.namespace, &datums, now) {
+                        emf.write_line(&document.to_string());
+                    }
+                    let dropped = emf.newly_dropped();
+                    if dropped > 0 {
+                        state.record_emf_dropped(dropped);
+                    }
                 }
             }
             (Mode::Api, Some(client)) => {
@@ -321,6 +401,55 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// stdout stuck (a blocking log driver that stopped draining) until released.
+    #[derive(Clone, Default)]
+    struct StalledStdout {
+        released: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+        written: Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl std::io::Write for StalledStdout {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let (lock, released) = &*self.released;
+            let _open = released
+                .wait_while(lock.lock().unwrap(), |open| !*open)
+                .unwrap();
+            self.written.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stalled_stdout_drops_emf_lines_instead_of_blocking() {
+        let stdout = StalledStdout::default();
+        let (done, finished) = std::sync::mpsc::channel();
+        let writer = stdout.clone();
+        std::thread::spawn(move || {
+            let mut emf = EmfOutput::new(writer, 50);
+            for i in 0..200 {
+                emf.write_line(&format!("{{\"n\":{i}}}"));
+            }
+            done.send((emf.newly_dropped(), emf)).unwrap();
+        });
+        let (dropped, emf) = finished
+            .recv_timeout(Duration::from_secs(10))
+            .expect("writing EMF blocked on a stalled stdout");
+        // 50 queued, at most one taken by the writer thread; the rest dropped.
+        assert!((149..=150).contains(&dropped), "dropped {dropped}");
+        *stdout.released.0.lock().unwrap() = true;
+        stdout.released.1.notify_all();
+        drop(emf);
+        let written = String::from_utf8(stdout.written.lock().unwrap().clone()).unwrap();
+        assert_eq!(written.lines().count() as u64, 200 - dropped);
+        assert!(
+            written.lines().all(|l| l.starts_with("{\"n\":")),
+            "{written}"
+        );
+    }
 
     fn sample(name: &str, labels: &[(&str, &str)], value: Value) -> Sample {
         Sample {
@@ -418,5 +547,36 @@ mod tests {
             let bytes: usize = batch.iter().map(estimated_bytes).sum();
             assert!(bytes <= API_MAX_BYTES);
         }
+    }
+
+    /// 150 values is a per-metric limit of one request: the chunks of a wide
+    /// distribution go out in separate calls, each beside other metrics.
+    #[test]
+    fn one_metric_appears_at_most_once_per_call() {
+        let dims = vec![("result".to_owned(), "ok".to_owned())];
+        let wide = Datum {
+            name: "leasehold_broker_request_duration_seconds".into(),
+            unit: "Seconds",
+            dimensions: dims.clone(),
+            values: (0..400).map(|v| (v as f64 / 1000.0, 1.0)).collect(),
+        };
+        let other_dims = Datum {
+            dimensions: vec![("result".to_owned(), "error".to_owned())],
+            values: vec![(0.5, 1.0)],
+            ..wide.clone()
+        };
+        let datums = api_datums(
+            &[wide, other_dims],
+            aws_sdk_cloudwatch::primitives::DateTime::from_millis(0),
+        );
+        assert_eq!(datums.len(), 4, "three chunks and the other series");
+        let batches = batches(datums);
+        assert_eq!(batches.len(), 3);
+        for batch in &batches {
+            let keys: std::collections::HashSet<String> = batch.iter().map(metric_key).collect();
+            assert_eq!(keys.len(), batch.len(), "a metric twice in one call");
+        }
+        // The same name with other dimensions is another metric: it may share a call.
+        assert_eq!(batches[2].len(), 2);
     }
 }

@@ -144,6 +144,12 @@ impl SidecarState {
         ::metrics::with_local_recorder(&self.recorder, || metrics::record(event));
     }
 
+    fn record_emf_dropped(&self, lines: u64) {
+        ::metrics::with_local_recorder(&self.recorder, || {
+            ::metrics::counter!(metrics::EMF_LINES_DROPPED).increment(lines)
+        });
+    }
+
     fn record_transport_error(&self, reason: metrics::TransportError) {
         ::metrics::with_local_recorder(&self.recorder, || metrics::transport_error(reason));
     }

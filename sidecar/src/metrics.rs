@@ -62,6 +62,11 @@ pub const STREAM_GAP_EVENTS: &str = "leasehold_stream_gap_events_total";
 pub const SINK_WRITE_DURATION: &str = "leasehold_sink_write_duration_seconds";
 /// Extension: `reason` = preamble, frame, decode: connections the sidecar closed.
 pub const TRANSPORT_ERRORS: &str = "leasehold_sidecar_transport_errors_total";
+/// Extension: how late a renew started versus its schedule (a starved runtime
+/// or a paused task shows here before a lease is lost).
+pub const LEASE_RENEW_LATENESS: &str = "leasehold_lease_renew_lateness_seconds";
+/// Extension: EMF lines the sidecar dropped because stdout did not keep up.
+pub const EMF_LINES_DROPPED: &str = "leasehold_sidecar_emf_lines_dropped_total";
 /// Cluster gauge (observer only): `state` = owned, expired, unowned.
 pub const STREAMS: &str = "leasehold_streams";
 /// `result` = claimed, invalid, error.
@@ -119,6 +124,8 @@ pub const ALL: &[&str] = &[
     STREAM_GAP_EVENTS,
     SINK_WRITE_DURATION,
     TRANSPORT_ERRORS,
+    LEASE_RENEW_LATENESS,
+    EMF_LINES_DROPPED,
     STREAMS,
     POOL_CLAIMS,
     POOL_CLAIM_DURATION,
@@ -143,23 +150,44 @@ const LATENCY_BUCKETS: &[f64] = &[
 const GAP_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
 ];
+/// Pool claims: a warm claim takes well under a second, but with the pool empty
+/// a claim waits for a cold start or the pool manager, minutes.
+const CLAIM_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Renew lateness: a healthy runtime is milliseconds late; seconds mean the
+/// lease's safety margin is being eaten.
+const LATENESS_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0,
+];
+
+/// Every histogram and its bucket boundaries (Prometheus and OTLP both use them;
+/// CloudWatch gets distributions).
+const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+    (LEASE_ACQUIRE_DURATION, LATENCY_BUCKETS),
+    (LEASE_RENEW_DURATION, LATENCY_BUCKETS),
+    (LEASE_RENEW_LATENESS, LATENESS_BUCKETS),
+    (TAKEOVER_GAP, GAP_BUCKETS),
+    (SINK_WRITE_DURATION, LATENCY_BUCKETS),
+    (POOL_CLAIM_DURATION, CLAIM_BUCKETS),
+    (BROKER_REQUEST_DURATION, LATENCY_BUCKETS),
+];
 
 /// The bucket boundaries of a histogram (shared with the OTLP exporter).
 pub fn buckets_for(name: &str) -> &'static [f64] {
-    if name == TAKEOVER_GAP {
-        GAP_BUCKETS
-    } else {
-        LATENCY_BUCKETS
-    }
+    HISTOGRAM_BUCKETS
+        .iter()
+        .find(|(histogram, _)| *histogram == name)
+        .map_or(LATENCY_BUCKETS, |(_, buckets)| buckets)
 }
 
 /// Builds the recorder for one sidecar, with the contract's buckets and the
 /// idle timeout that makes per-stream series disappear after a release.
 pub fn recorder(stream_series_idle: Duration) -> PrometheusRecorder {
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(TAKEOVER_GAP.into()), GAP_BUCKETS)
-        .and_then(|b| {
-            b.set_buckets_for_metric(Matcher::Suffix("_duration_seconds".into()), LATENCY_BUCKETS)
+    HISTOGRAM_BUCKETS
+        .iter()
+        .try_fold(PrometheusBuilder::new(), |builder, (name, buckets)| {
+            builder.set_buckets_for_metric(Matcher::Full((*name).into()), buckets)
         })
         .expect("bucket lists are non-empty")
         // Only gauges idle out; the sidecar re-sets its own gauges on every upkeep,
@@ -259,6 +287,15 @@ pub fn describe() {
     describe_counter!(
         TRANSPORT_ERRORS,
         "Worker connections the sidecar closed, by reason."
+    );
+    describe_histogram!(
+        LEASE_RENEW_LATENESS,
+        Unit::Seconds,
+        "How late lease renews started versus their schedule."
+    );
+    describe_counter!(
+        EMF_LINES_DROPPED,
+        "EMF lines dropped because stdout did not keep up."
     );
     describe_counter!(POOL_CLAIMS, "Pool claims handled by result.");
     describe_histogram!(
@@ -362,9 +399,12 @@ pub fn record(event: &TelemetryEvent) {
             histogram!(LEASE_ACQUIRE_DURATION).record(duration.as_secs_f64());
         }
         LeaseAcquireFailed { .. } => counter!(LEASE_ACQUISITIONS, "result" => "error").increment(1),
-        LeaseRenewed { duration, .. } => {
+        LeaseRenewed {
+            duration, lateness, ..
+        } => {
             counter!(LEASE_RENEWALS, "result" => "renewed").increment(1);
             histogram!(LEASE_RENEW_DURATION).record(duration.as_secs_f64());
+            histogram!(LEASE_RENEW_LATENESS).record(lateness.as_secs_f64());
         }
         LeaseRenewFailed { .. } => counter!(LEASE_RENEWALS, "result" => "error").increment(1),
         LeaseLost { reason, .. } => {
@@ -413,7 +453,9 @@ pub fn record(event: &TelemetryEvent) {
             counter!(SINK_WRITES, "result" => "fenced").increment(*fenced);
             histogram!(SINK_WRITE_DURATION).record(duration.as_secs_f64());
         }
-        SinkWriteFailed { .. } => counter!(SINK_WRITES, "result" => "error").increment(1),
+        SinkWriteFailed { events, .. } => {
+            counter!(SINK_WRITES, "result" => "error").increment(*events)
+        }
         SinkGaveUp { .. } => counter!(SINK_GIVE_UPS).increment(1),
         FenceLifted { .. } => counter!(FENCE_REGRESSIONS).increment(1),
         EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
@@ -528,6 +570,7 @@ pub fn zero_counters() {
         FENCE_REGRESSIONS,
         TELEMETRY_EVENTS_DROPPED,
         BROKER_RECONNECTS,
+        EMF_LINES_DROPPED,
     ] {
         counter!(name).absolute(0);
     }

@@ -115,7 +115,7 @@ async fn events_become_the_contract_metrics_and_status() {
         (r#"leasehold_websocket_reconnects_total{reason="gap"}"#, 1.0),
         (r#"leasehold_sink_writes_total{result="accepted"}"#, 10.0),
         (r#"leasehold_sink_writes_total{result="duplicate"}"#, 2.0),
-        (r#"leasehold_sink_writes_total{result="error"}"#, 1.0),
+        (r#"leasehold_sink_writes_total{result="error"}"#, 3.0),
         (
             r#"leasehold_checkpoint_commits_total{result="committed"}"#,
             1.0,

@@ -140,12 +140,16 @@ pub enum TelemetryEvent {
         /// Round trip of the write.
         duration: Duration,
     },
-    /// A batch could not be written (the sink was unreachable or failed).
+    /// A sink call failed (the sink was unreachable or refused it).
     SinkWriteFailed {
         /// Stream written.
         stream_id: String,
         /// What failed.
         error: String,
+        /// Events in the batch that was not written (0 when opening the stream
+        /// failed), so `leasehold_sink_writes_total` counts events for every result.
+        #[serde(default)]
+        events: u64,
     },
     /// The sink refused `failures` consecutive calls for a stream
     /// (`SINK_MAX_FAILURES`): the worker released it so another may succeed.
@@ -417,7 +421,9 @@ impl TelemetryEvent {
                 duration_ms = millis(*duration),
                 "sink write"
             ),
-            SinkWriteFailed { stream_id, error } => {
+            SinkWriteFailed {
+                stream_id, error, ..
+            } => {
                 if let Some(suppressed) = repeats().admit(&format!("sink:{stream_id}")) {
                     tracing::warn!(stream_id, error, suppressed, "sink write failed")
                 }

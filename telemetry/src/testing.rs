@@ -78,6 +78,7 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
         SinkWriteFailed {
             stream_id: s(),
             error: "down".into(),
+            events: 3,
         },
         FenceLifted {
             stream_id: s(),

@@ -191,7 +191,7 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, Stop> {
                 }
                 return Ok(resume);
             }
-            Err(err) => failures.wait(context, lease, err).await?,
+            Err(err) => failures.wait(context, lease, err, 0).await?,
         }
     }
 }
@@ -253,10 +253,12 @@ impl SinkFailures {
         context: &RunnerContext,
         lease: &HeldLease,
         err: SinkError,
+        events: u64,
     ) -> Result<(), Stop> {
         context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
             stream_id: lease.stream_id.clone(),
             error: err.to_string(),
+            events,
         });
         if matches!(err, SinkError::Unavailable(_)) {
             self.refusals = 0;
@@ -497,7 +499,11 @@ async fn flush(
                 report_lag(context, lease, progress);
                 return Ok(());
             }
-            Err(err) => failures.wait(context, lease, err).await?,
+            Err(err) => {
+                failures
+                    .wait(context, lease, err, pending.len() as u64)
+                    .await?
+            }
         }
     }
 }
