@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Shared by scripts/test.sh and scripts/bench.sh (sourced, not run):
-#   1. installs what is missing (Debian: redis-server, prometheus for promtool,
-#      prometheus-alertmanager for amtool, chromium; Python: moto[server], and cfn-lint for the CloudWatch alarms and
-#      deploy/, in a venv under ~/.cache/leasehold when not importable),
+#   1. installs what is missing (Debian: redis-server, prometheus for promtool
+#      and the server, prometheus-alertmanager for amtool, chromium; Python:
+#      moto[server], and cfn-lint for the CloudWatch alarms and deploy/, in a
+#      venv under ~/.cache/leasehold when not importable),
 #   2. starts a DynamoDB-compatible server (moto, serialised) and redis-server on
 #      free loopback ports, exports their addresses, and stops them on exit.
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +17,9 @@ log() { printf '\n== %s\n' "$*" >&2; }
 # --- 1. dependencies ---------------------------------------------------------
 apt_missing=()
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
-command -v promtool >/dev/null || apt_missing+=(prometheus)
+# One Debian package, two binaries: promtool (rule checks) and the server the
+# end-to-end alert test runs (LEASEHOLD_PROMETHEUS below).
+{ command -v promtool && command -v prometheus; } >/dev/null || apt_missing+=(prometheus)
 # amtool checks the example Alertmanager configuration in alerts/alertmanager/.
 command -v amtool >/dev/null || apt_missing+=(prometheus-alertmanager)
 # Chromium does not depend on any font; without one the screenshots are boxes.

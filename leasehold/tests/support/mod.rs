@@ -169,7 +169,17 @@ pub const LEASE_SECONDS: u64 = 3;
 pub const SKEW_MS: u64 = 500;
 pub const DISCOVERY_MS: u64 = 1000;
 
-/// A feed, a lease table, a Redis sink and any number of stream workers.
+/// A `leasehold sidecar` started next to one worker.
+pub struct SidecarProc {
+    pub proc: Proc,
+    /// Its HTTP address (`/metrics`, `/healthz`, `/status`): what Prometheus scrapes.
+    pub http: String,
+    /// The telemetry address its worker ships to (`TELEMETRY_ADDR`).
+    pub telemetry: String,
+}
+
+/// A feed, a lease table, a Redis sink and any number of stream workers, some
+/// with a sidecar.
 pub struct Cluster {
     pub endpoint: String,
     pub table: String,
@@ -178,6 +188,8 @@ pub struct Cluster {
     pub feed_url: String,
     pub streams: Vec<String>,
     pub workers: BTreeMap<String, Proc>,
+    /// Sidecars by the owner id of the worker they serve.
+    pub sidecars: BTreeMap<String, SidecarProc>,
     pub store: DynamoLeaseStore,
     sink: RedisSink,
 }
@@ -233,6 +245,7 @@ impl Cluster {
             feed_url,
             streams,
             workers: BTreeMap::new(),
+            sidecars: BTreeMap::new(),
             store,
             sink,
         })
@@ -243,12 +256,12 @@ impl Cluster {
         self.start_worker_with(owner, &[]);
     }
 
-    /// Starts `leasehold stream-worker` with this owner id and variables that
-    /// override the harness's.
-    pub fn start_worker_with(&mut self, owner: &str, overrides: &[(&str, &str)]) {
+    /// A `leasehold` command with exactly the variables a lease-table
+    /// participant needs (the test server, this cluster's table and lease
+    /// timings, `owner` as `OWNER_ID`) plus PATH.
+    fn lease_command(&self, owner: &str) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
         command
-            .arg("stream-worker")
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("AWS_ENDPOINT_URL", &self.endpoint)
@@ -258,19 +271,63 @@ impl Cluster {
             .env("LEASE_TABLE", &self.table)
             .env("LEASE_SECONDS", LEASE_SECONDS.to_string())
             .env("LEASE_SKEW_MARGIN_MS", SKEW_MS.to_string())
+            .env("OWNER_ID", owner)
+            .env("LEASEHOLD_LOG", "info");
+        command
+    }
+
+    /// Starts `leasehold stream-worker` with this owner id and variables that
+    /// override the harness's.
+    pub fn start_worker_with(&mut self, owner: &str, overrides: &[(&str, &str)]) {
+        let mut command = self.lease_command(owner);
+        command
+            .arg("stream-worker")
             .env("DISCOVERY_INTERVAL_MS", DISCOVERY_MS.to_string())
             .env("HANDOFF_POLL_MS", "100")
             .env("DRAIN_TIMEOUT_MS", "2000")
-            .env("OWNER_ID", owner)
             .env("UPSTREAM_URL", &self.feed_url)
             .env("SINK_URL", &self.redis)
-            .env("STREAM_IDS", self.streams.join(","))
-            .env("LEASEHOLD_LOG", "info");
+            .env("STREAM_IDS", self.streams.join(","));
         for (name, value) in overrides {
             command.env(name, value);
         }
         self.workers
             .insert(owner.to_owned(), Proc::spawn(owner, command));
+    }
+
+    /// Starts a `leasehold sidecar` (competing for the observer lease in this
+    /// cluster's table, as deployed) on loopback ports it picks itself, then
+    /// the worker `owner` shipping its telemetry there. The sidecar's
+    /// addresses are in `self.sidecars[owner]`.
+    pub fn start_worker_with_sidecar(&mut self, owner: &str, overrides: &[(&str, &str)]) {
+        let name = format!("{owner}-sidecar");
+        let mut command = self.lease_command(&name);
+        command.args([
+            "sidecar",
+            "--listen",
+            "127.0.0.1:0",
+            "--telemetry-addr",
+            "127.0.0.1:0",
+        ]);
+        let proc = Proc::spawn(&name, command);
+        // "sidecar: metrics on http://ADDR/metrics, telemetry on ADDR"
+        let line = proc.wait_line("sidecar: metrics on http://", Duration::from_secs(20));
+        let (http, telemetry) = line
+            .split_once("http://")
+            .and_then(|(_, rest)| rest.split_once("/metrics, telemetry on "))
+            .map(|(http, telemetry)| (http.to_owned(), telemetry.trim().to_owned()))
+            .unwrap_or_else(|| panic!("{name}: unexpected start line {line:?}"));
+        let mut overrides = overrides.to_vec();
+        overrides.push(("TELEMETRY_ADDR", &telemetry));
+        self.start_worker_with(owner, &overrides);
+        self.sidecars.insert(
+            owner.to_owned(),
+            SidecarProc {
+                proc,
+                http,
+                telemetry,
+            },
+        );
     }
 
     /// The stream records (reserved records left out).
@@ -385,10 +442,11 @@ impl Cluster {
         }
     }
 
-    /// The workers' output, for failure messages.
+    /// The workers' and sidecars' output, for failure messages.
     pub fn logs(&self) -> String {
         self.workers
             .values()
+            .chain(self.sidecars.values().map(|s| &s.proc))
             .map(|w| {
                 format!(
                     "--- {}\n{}",
@@ -552,5 +610,135 @@ impl BusyTakeover {
             past_checkpoint,
             new_owner_wrote,
         })
+    }
+}
+
+/// A real Prometheus server (`LEASEHOLD_PROMETHEUS`, Debian's package) on a
+/// free loopback port: scrape and rule evaluation every second, its data in a
+/// temporary directory removed (after a SIGKILL) when dropped.
+pub struct Prometheus {
+    pub proc: Proc,
+    /// Its HTTP address (API, `/-/ready`).
+    pub addr: String,
+    dir: std::path::PathBuf,
+}
+
+impl Prometheus {
+    /// Starts `binary` scraping `targets` (`/metrics`) as job `job` and
+    /// evaluating `rule_files`; returns once `/-/ready` answers 200.
+    pub async fn start(
+        binary: &str,
+        job: &str,
+        targets: &[String],
+        rule_files: &[std::path::PathBuf],
+    ) -> Prometheus {
+        let dir = std::env::temp_dir().join(unique_name("prometheus"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let quoted = |items: Vec<String>| {
+            items
+                .into_iter()
+                .map(|i| format!("'{i}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n\
+             rule_files: [{}]\n\
+             scrape_configs:\n  - job_name: {job}\n    static_configs:\n      - targets: [{}]\n",
+            quoted(rule_files.iter().map(|f| f.display().to_string()).collect()),
+            quoted(targets.to_vec()),
+        );
+        let config_file = dir.join("prometheus.yml");
+        std::fs::write(&config_file, &config).unwrap();
+        let addr = free_addr();
+        let mut command = Command::new(binary);
+        command
+            .arg(format!("--config.file={}", config_file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"));
+        let prometheus = Prometheus {
+            proc: Proc::spawn("prometheus", command),
+            addr,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, _, _)) = leasehold_testkit::http_get(&prometheus.addr, "/-/ready").await
+            {
+                return prometheus;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus not ready within 30 s\nconfig:\n{config}\nlog:\n{}",
+                prometheus.proc.output()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `GET path` on the API; the `data` member of a successful answer.
+    pub async fn api(&self, path: &str) -> serde_json::Value {
+        let (status, _, body) = leasehold_testkit::http_get(&self.addr, path)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\n{}", self.proc.output()));
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        assert!(
+            status == 200 && json["status"] == "success",
+            "GET {path}: {status} {body}\n{}",
+            self.proc.output()
+        );
+        json["data"].clone()
+    }
+
+    /// Active alerts (pending and firing), as `/api/v1/alerts` lists them.
+    pub async fn alerts(&self) -> Vec<serde_json::Value> {
+        let data = self.api("/api/v1/alerts").await;
+        data["alerts"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Active scrape targets, as `/api/v1/targets` lists them.
+    pub async fn targets(&self) -> Vec<serde_json::Value> {
+        let data = self.api("/api/v1/targets?state=active").await;
+        data["activeTargets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The loaded rule groups, as `/api/v1/rules` lists them.
+    pub async fn rule_groups(&self) -> Vec<serde_json::Value> {
+        let data = self.api("/api/v1/rules").await;
+        data["groups"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// An instant query's result vector.
+    pub async fn query(&self, promql: &str) -> Vec<serde_json::Value> {
+        let encoded: String = promql
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let data = self.api(&format!("/api/v1/query?query={encoded}")).await;
+        data["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Its log, for failure messages.
+    pub fn log(&self) -> String {
+        self.proc.output()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
