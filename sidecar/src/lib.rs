@@ -100,6 +100,9 @@ pub struct SidecarState {
     /// and the same snapshot and OTLP instruments as everything else).
     cluster: Mutex<Option<Tee>>,
     meter_provider: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
+    /// The sidecar's own `process_*` metrics (Prometheus only: per-task
+    /// values mean nothing in CloudWatch without a task dimension).
+    process: metrics_process::Collector,
 }
 
 impl SidecarState {
@@ -122,6 +125,8 @@ impl SidecarState {
         };
         ::metrics::with_local_recorder(&recorder, metrics::describe);
         ::metrics::with_local_recorder(&recorder.prometheus, metrics::zero_counters);
+        let process = metrics_process::Collector::default();
+        ::metrics::with_local_recorder(&recorder.prometheus, || process.describe());
         Ok(SidecarState {
             recorder,
             handle,
@@ -130,6 +135,7 @@ impl SidecarState {
             view: Mutex::new(WorkerView::new(config.worker_silence)),
             cluster: Mutex::new(None),
             meter_provider,
+            process,
         })
     }
 
@@ -140,8 +146,23 @@ impl SidecarState {
 
     /// One event: into the view and the metrics.
     pub fn ingest(&self, event: &TelemetryEvent) {
-        self.view().apply(event);
-        ::metrics::with_local_recorder(&self.recorder, || metrics::record(event));
+        let cpu_seconds = {
+            let mut view = self.view();
+            view.apply(event);
+            match event {
+                TelemetryEvent::WorkerHeartbeat {
+                    process: Some(usage),
+                    ..
+                } => view.worker_cpu_seconds(usage.cpu_seconds),
+                _ => 0,
+            }
+        };
+        ::metrics::with_local_recorder(&self.recorder, || {
+            metrics::record(event);
+            if cpu_seconds > 0 {
+                ::metrics::counter!(metrics::WORKER_CPU_SECONDS).increment(cpu_seconds);
+            }
+        });
     }
 
     fn record_emf_dropped(&self, lines: u64) {
@@ -179,6 +200,7 @@ impl SidecarState {
                 ::metrics::gauge!(metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "component" => component.clone()).set(1.0);
             }
         });
+        ::metrics::with_local_recorder(&self.recorder.prometheus, || self.process.collect());
         self.handle.run_upkeep();
     }
 

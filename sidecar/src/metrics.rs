@@ -67,6 +67,13 @@ pub const TRANSPORT_ERRORS: &str = "leasehold_sidecar_transport_errors_total";
 pub const LEASE_RENEW_LATENESS: &str = "leasehold_lease_renew_lateness_seconds";
 /// Extension: EMF lines the sidecar dropped because stdout did not keep up.
 pub const EMF_LINES_DROPPED: &str = "leasehold_sidecar_emf_lines_dropped_total";
+/// Extension: the worker process's resident memory (from its heartbeat).
+pub const WORKER_RESIDENT_MEMORY: &str = "leasehold_worker_resident_memory_bytes";
+/// Extension: the worker process's CPU time, whole seconds (from its heartbeats;
+/// never decreases across worker restarts).
+pub const WORKER_CPU_SECONDS: &str = "leasehold_worker_cpu_seconds_total";
+/// Extension: the worker process's open file descriptors (from its heartbeat).
+pub const WORKER_OPEN_FDS: &str = "leasehold_worker_open_fds";
 /// Cluster gauge (observer only): `state` = owned, expired, unowned.
 pub const STREAMS: &str = "leasehold_streams";
 /// `result` = claimed, invalid, error.
@@ -126,6 +133,9 @@ pub const ALL: &[&str] = &[
     TRANSPORT_ERRORS,
     LEASE_RENEW_LATENESS,
     EMF_LINES_DROPPED,
+    WORKER_RESIDENT_MEMORY,
+    WORKER_CPU_SECONDS,
+    WORKER_OPEN_FDS,
     STREAMS,
     POOL_CLAIMS,
     POOL_CLAIM_DURATION,
@@ -296,6 +306,20 @@ pub fn describe() {
     describe_counter!(
         EMF_LINES_DROPPED,
         "EMF lines dropped because stdout did not keep up."
+    );
+    describe_gauge!(
+        WORKER_RESIDENT_MEMORY,
+        Unit::Bytes,
+        "Resident memory of the worker process."
+    );
+    describe_counter!(
+        WORKER_CPU_SECONDS,
+        Unit::Seconds,
+        "CPU time of the worker process (user + system, whole seconds)."
+    );
+    describe_gauge!(
+        WORKER_OPEN_FDS,
+        "Open file descriptors of the worker process."
     );
     describe_counter!(POOL_CLAIMS, "Pool claims handled by result.");
     describe_histogram!(
@@ -491,9 +515,18 @@ pub fn record(event: &TelemetryEvent) {
         PoolWorkerState { .. } | PoolReconciled { .. } => {}
         // State-only events: the view turns them into gauges (connections, leases
         // held, worker up) on every upkeep.
+        WorkerHeartbeat {
+            process: Some(usage),
+            ..
+        } => {
+            // CPU time needs the previous heartbeat: the sidecar state adds it
+            // (`worker_cpu`).
+            gauge!(WORKER_RESIDENT_MEMORY).set(usage.resident_memory_bytes as f64);
+            gauge!(WORKER_OPEN_FDS).set(usage.open_fds as f64);
+        }
         UpstreamConnected { .. }
         | UpstreamDisconnected { .. }
-        | WorkerHeartbeat { .. }
+        | WorkerHeartbeat { process: None, .. }
         | StreamStopped { .. } => {}
     }
 }
@@ -571,6 +604,7 @@ pub fn zero_counters() {
         TELEMETRY_EVENTS_DROPPED,
         BROKER_RECONNECTS,
         EMF_LINES_DROPPED,
+        WORKER_CPU_SECONDS,
     ] {
         counter!(name).absolute(0);
     }

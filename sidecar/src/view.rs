@@ -26,6 +26,10 @@ pub struct WorkerView {
     lag: BTreeMap<String, StreamLag>,
     upstreams: BTreeMap<String, usize>,
     pool: Option<PoolState>,
+    /// The worker process's CPU seconds at its last heartbeat, and the
+    /// fraction of a second not yet added to the counter.
+    cpu_seen: f64,
+    cpu_carry: f64,
 }
 
 impl WorkerView {
@@ -45,7 +49,26 @@ impl WorkerView {
             lag: BTreeMap::new(),
             upstreams: BTreeMap::new(),
             pool: None,
+            cpu_seen: 0.0,
+            cpu_carry: 0.0,
         }
+    }
+
+    /// Whole CPU seconds the worker used since its previous heartbeat, for
+    /// `leasehold_worker_cpu_seconds_total`. A value below the last one is a new
+    /// worker process (a restarted container keeps its task's `OWNER_ID`): its
+    /// CPU counts from zero, so the counter never goes back.
+    pub fn worker_cpu_seconds(&mut self, cpu_seconds: f64) -> u64 {
+        let used = if cpu_seconds < self.cpu_seen {
+            cpu_seconds
+        } else {
+            cpu_seconds - self.cpu_seen
+        };
+        self.cpu_seen = cpu_seconds;
+        self.cpu_carry += used.max(0.0);
+        let whole = self.cpu_carry.floor();
+        self.cpu_carry -= whole;
+        whole as u64
     }
 
     /// A worker connection opened or closed.
@@ -74,6 +97,7 @@ impl WorkerView {
             WorkerHeartbeat {
                 component,
                 owner_id,
+                ..
             } => {
                 // A new worker behind this sidecar (a restarted container, a new
                 // `dev` generation): the old one's leases, lag and counts are not its.
@@ -229,6 +253,18 @@ impl WorkerView {
 mod tests {
     use super::*;
 
+    #[test]
+    fn worker_cpu_counts_across_heartbeats_and_restarts() {
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        // Fractions carry over (binary-exact values keep the sums exact).
+        assert_eq!(view.worker_cpu_seconds(0.5), 0);
+        assert_eq!(view.worker_cpu_seconds(1.75), 1);
+        assert_eq!(view.worker_cpu_seconds(4.0), 3);
+        // A new worker process at 0.5 s: counted from zero, never backwards.
+        assert_eq!(view.worker_cpu_seconds(0.5), 0);
+        assert_eq!(view.worker_cpu_seconds(2.25), 2);
+    }
+
     fn acquired(stream: &str, token: u64) -> TelemetryEvent {
         TelemetryEvent::LeaseAcquired {
             stream_id: stream.into(),
@@ -248,6 +284,7 @@ mod tests {
         view.apply(&TelemetryEvent::WorkerHeartbeat {
             component: "stream-worker".into(),
             owner_id: "w1".into(),
+            process: None,
         });
         assert!(view.worker_up());
         tokio::time::advance(Duration::from_secs(6)).await;
@@ -289,6 +326,7 @@ mod tests {
         view.apply(&TelemetryEvent::WorkerHeartbeat {
             component: "stream-worker".into(),
             owner_id: "w1".into(),
+            process: None,
         });
         assert_eq!(
             view.status().sink_events_fenced,
@@ -311,6 +349,7 @@ mod tests {
         view.apply(&TelemetryEvent::WorkerHeartbeat {
             component: "stream-worker".into(),
             owner_id: "w2".into(),
+            process: None,
         });
         let status = view.status();
         assert!(status.leases.is_empty(), "w1's leases are not w2's");

@@ -135,8 +135,23 @@ async fn events_become_the_contract_metrics_and_status() {
         ),
         ("leasehold_lease_takeover_gap_seconds_count", 1.0),
         ("leasehold_lease_renew_duration_seconds_count", 1.0),
+        ("leasehold_lease_renew_lateness_seconds_count", 1.0),
     ] {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+    // The worker's heartbeats carry its process (the shipper's own heartbeats
+    // sample this test process, so only plausibility), and the sidecar's own
+    // process is there in the standard names.
+    for (series, at_least) in [
+        ("leasehold_worker_resident_memory_bytes", 1e6),
+        ("leasehold_worker_open_fds", 3.0),
+        ("leasehold_worker_cpu_seconds_total", 0.0),
+        ("process_resident_memory_bytes", 1e6),
+    ] {
+        assert!(
+            sample(&text, series).is_some_and(|v| v >= at_least),
+            "{series} in\n{text}"
+        );
     }
     // Gauges the sidecar derives: one stream lease held, one upstream open, worker up.
     wait_for(|| async {
@@ -402,10 +417,11 @@ fn counter_series(text: &str) -> std::collections::BTreeMap<String, String> {
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| line.rsplit_once(' '))
         .filter(|(series, _)| {
+            // leasehold's own counters (process_* are the sidecar's process).
             series
                 .split('{')
                 .next()
-                .is_some_and(|name| name.ends_with("_total"))
+                .is_some_and(|name| name.starts_with("leasehold_") && name.ends_with("_total"))
         })
         .map(|(series, value)| (series.to_owned(), value.to_owned()))
         .collect()

@@ -203,6 +203,9 @@ pub enum TelemetryEvent {
         component: String,
         /// The worker's `OWNER_ID` / worker id.
         owner_id: String,
+        /// The worker process's resource use (absent where `/proc` is not).
+        #[serde(default)]
+        process: Option<crate::process::ProcessUsage>,
     },
     /// The worker's telemetry buffer overflowed: this many events were dropped
     /// (oldest first) since the last report.

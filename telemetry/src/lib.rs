@@ -10,6 +10,7 @@
 //! - [`labels`]: the closed label sets (`reason`, `result`, `state`, `kind`).
 //! - [`transport`]: the worker → sidecar wire format and [`BufferedShipper`], the
 //!   bounded drop-oldest buffer workers emit through.
+//! - [`process`]: the worker's own memory, CPU and descriptors for the heartbeat.
 //! - [`status`]: the sidecar's `/status` document, served by the sidecar and read
 //!   by the dashboard.
 //! - [`settings`]: where telemetry goes (`TELEMETRY_ADDR`, `TELEMETRY_BUFFER`).
@@ -17,6 +18,7 @@
 
 pub mod event;
 pub mod labels;
+pub mod process;
 pub mod settings;
 pub mod status;
 pub mod transport;

@@ -108,6 +108,11 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
         WorkerHeartbeat {
             component: "stream-worker".into(),
             owner_id: "w1".into(),
+            process: Some(crate::process::ProcessUsage {
+                resident_memory_bytes: 48 << 20,
+                cpu_seconds: 12.5,
+                open_fds: 40,
+            }),
         },
         EventsDropped { count: 3 },
         StreamStopped {

@@ -230,6 +230,7 @@ async fn pump(
                 send(frames, &TelemetryEvent::WorkerHeartbeat {
                     component: config.component.clone(),
                     owner_id: config.owner_id.clone(),
+                    process: crate::process::sample(),
                 }).await?;
             }
         }
