@@ -13,7 +13,7 @@ use std::time::Duration;
 use leasehold_control::clock::Clock;
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::{MalformedItem, RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
-use leasehold_control::store::{LeaseReader, list_all};
+use leasehold_control::store::{Consistency, LeaseReader, list_all};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -225,7 +225,11 @@ impl Collector {
         let leases = async {
             match tokio::time::timeout(
                 deadline,
-                list_all(self.sources.leases.as_ref(), self.settings.page_size),
+                list_all(
+                    self.sources.leases.as_ref(),
+                    self.settings.page_size,
+                    Consistency::Eventual,
+                ),
             )
             .await
             {

@@ -11,7 +11,7 @@ use leasehold_control::clock::Clock;
 use leasehold_control::keeper::LeaseKeeper;
 use leasehold_control::lease::LeaseState;
 use leasehold_control::schema::OBSERVER_LEASE;
-use leasehold_control::store::list_all;
+use leasehold_control::store::{Consistency, list_all};
 use leasehold_pool::bus::BusError;
 use leasehold_pool::read::{PoolCounts, PoolReader};
 use leasehold_telemetry::OrphanKind;
@@ -83,7 +83,7 @@ async fn publish(
     state: &SidecarState,
     config: &ObserverConfig,
 ) -> Result<(), leasehold_control::LeaseError> {
-    let records = list_all(config.keeper.store().as_ref(), 1000).await?;
+    let records = list_all(config.keeper.store().as_ref(), 1000, Consistency::Eventual).await?;
     let now = config.clock.now_ms();
     let (mut owned, mut expired, mut unowned) = (0u64, 0u64, 0u64);
     // Since when the longest-waiting stream has had no valid owner.
