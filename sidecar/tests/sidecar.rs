@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
+use leasehold_control::pacing::ScanPacing;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
@@ -336,7 +337,7 @@ fn observer(store: Arc<dyn LeaseStore>, owner: &str) -> ObserverConfig {
     ObserverConfig {
         keeper,
         clock: Arc::new(SystemClock),
-        interval: Duration::from_millis(200),
+        pacing: ScanPacing::new(Duration::from_millis(200), 1_000),
         pool: None,
     }
 }
