@@ -13,13 +13,13 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use leasehold_testkit::{dynamodb_client, dynamodb_endpoint, unique_name};
 use tokio::sync::Barrier;
 
-use crate::lease::LeaseState;
+use crate::lease::{Lease, LeaseState};
 use crate::schema::{self, AttrValue, RawItem};
 use crate::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
 use crate::store::memory::MemoryLeaseStore;
 use crate::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, LiftRequest, ReleaseRequest,
-    RenewRequest, list_all,
+    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeaseStore, LiftRequest,
+    ReleaseRequest, RenewRequest, list_all,
 };
 
 /// A store under test, plus raw access to its records.
@@ -566,7 +566,9 @@ pub async fn malformed_records_are_isolated(target: &dyn ConformanceTarget) {
         }
         other => panic!("expected a malformed error, got {other:?}"),
     }
-    let listed = list_all(store.as_ref(), 2).await.unwrap();
+    let listed = list_all(store.as_ref(), 2, Consistency::Strong)
+        .await
+        .unwrap();
     let good: BTreeSet<_> = listed
         .iter()
         .filter_map(|r| r.as_ref().ok())
@@ -614,6 +616,37 @@ pub async fn listing_pages_cover_everything_once(target: &dyn ConformanceTarget)
         pages >= 4,
         "25 records in pages of 7 need at least 4 pages, got {pages}"
     );
+}
+
+/// Eventually consistent reads (the dashboard's and the observer's) decode,
+/// page and report a missing record like strong ones; once writes have settled
+/// they return the same records.
+pub async fn eventual_reads_match_strong_reads_once_settled(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    for i in 0..5 {
+        store.register(&format!("e-{i}"), T0).await.unwrap();
+    }
+    let held = store.acquire(&acquire("e-2", "a", T0)).await.unwrap();
+    let strong = list_all(store.as_ref(), 2, Consistency::Strong)
+        .await
+        .unwrap();
+    let eventual = list_all(store.as_ref(), 2, Consistency::Eventual)
+        .await
+        .unwrap();
+    let leases = |records: Vec<Result<Lease, schema::MalformedItem>>| {
+        let mut leases: Vec<Lease> = records.into_iter().map(Result::unwrap).collect();
+        leases.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
+        leases
+    };
+    assert_eq!(leases(eventual), leases(strong));
+    assert_eq!(
+        store.get_with("e-2", Consistency::Eventual).await.unwrap(),
+        held
+    );
+    assert!(matches!(
+        store.get_with("nope", Consistency::Eventual).await,
+        Err(LeaseError::NotFound { .. })
+    ));
 }
 
 /// The doorbell counter counts every concurrent bump once, and only on reserved records.
@@ -667,6 +700,7 @@ macro_rules! conformance_suite {
             seed_records_interoperate,
             malformed_records_are_isolated,
             listing_pages_cover_everything_once,
+            eventual_reads_match_strong_reads_once_settled,
             bump_counts_every_ring,
         );
     };

@@ -15,6 +15,7 @@
 //!   tells the data path, before the holder's deadline, when a lease can no longer
 //!   be trusted.
 //! - [`listing`]: leases as the operator CLI prints them (table, details, JSON).
+//! - [`pacing`]: how often a reader may scan the whole table ([`pacing::ScanPacing`]).
 //! - [`protocol`]: the protocol's decisions, free of I/O, shared by the runtime
 //!   and the model checker.
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency.
@@ -26,6 +27,7 @@ pub mod clock;
 pub mod keeper;
 pub mod lease;
 pub mod listing;
+pub mod pacing;
 pub mod protocol;
 pub mod schema;
 pub mod settings;

@@ -58,12 +58,30 @@ pub struct Change {
     pub missed: u64,
 }
 
+/// What the log last saw of a stream: owner, token, and the record's version.
+#[derive(Debug, Clone)]
+struct Seen {
+    owner: Option<String>,
+    token: u64,
+    version: Version,
+}
+
+/// How far along a record is: every acquire raises the token, every other
+/// write moves `updated_at`. The scan reads eventually consistent, so a replica
+/// may answer with an older version than the previous scan saw; that is not a
+/// change, and the log keeps what it had.
+type Version = (u64, i64);
+
+fn version(lease: &Lease) -> Version {
+    (lease.fence_token, lease.updated_at.unwrap_or(0))
+}
+
 /// The timeline and the last observation it compares against.
 #[derive(Debug)]
 pub struct ChangeLog {
     capacity: usize,
     entries: VecDeque<Change>,
-    seen: HashMap<String, (Option<String>, u64)>,
+    seen: HashMap<String, Seen>,
     primed: bool,
 }
 
@@ -83,14 +101,27 @@ impl ChangeLog {
     pub fn observe<'a>(&mut self, leases: impl IntoIterator<Item = &'a Lease>, now_ms: i64) {
         let mut next = HashMap::with_capacity(self.seen.len());
         for lease in leases {
-            let current = (lease.owner_id.clone(), lease.fence_token);
-            if self.primed {
-                let before = self.seen.get(&lease.stream_id);
-                if let Some(change) = compare(lease, before, now_ms) {
-                    self.push(change);
-                }
+            let before = self.seen.get(&lease.stream_id);
+            if let Some(before) = before
+                && version(lease) < before.version
+            {
+                // A stale replica: keep the newer observation.
+                next.insert(lease.stream_id.clone(), before.clone());
+                continue;
             }
-            next.insert(lease.stream_id.clone(), current);
+            if self.primed
+                && let Some(change) = compare(lease, before.map(|b| (&b.owner, b.token)), now_ms)
+            {
+                self.push(change);
+            }
+            next.insert(
+                lease.stream_id.clone(),
+                Seen {
+                    owner: lease.owner_id.clone(),
+                    token: lease.fence_token,
+                    version: version(lease),
+                },
+            );
         }
         self.seen = next;
         self.primed = true;
@@ -109,9 +140,9 @@ impl ChangeLog {
     }
 }
 
-fn compare(lease: &Lease, before: Option<&(Option<String>, u64)>, now_ms: i64) -> Option<Change> {
+fn compare(lease: &Lease, before: Option<(&Option<String>, u64)>, now_ms: i64) -> Option<Change> {
     let (old_owner, old_token) = match before {
-        Some((owner, token)) => (owner.clone(), *token),
+        Some((owner, token)) => (owner.clone(), token),
         None => (None, 0),
     };
     if lease.fence_token > old_token && lease.owner_id.is_some() {
@@ -239,6 +270,28 @@ mod tests {
         again.previous_expires_at = Some(5_000);
         log.observe(&[again], 2);
         assert_eq!(log.recent(1)[0].kind, ChangeKind::Takeover);
+    }
+
+    #[test]
+    fn a_stale_replica_answering_an_older_version_is_not_a_change() {
+        let mut log = ChangeLog::new(10);
+        let mut first = held("a", "w1", 1);
+        first.updated_at = Some(20_000);
+        log.observe(&[first.clone()], 1);
+        let mut released = Lease::unowned("a");
+        released.fence_token = 1;
+        released.last_owner = Some("w1".into());
+        released.released_at = Some(21_000);
+        released.updated_at = Some(21_000);
+        log.observe(&[released.clone()], 2);
+        assert_eq!(log.recent(10).len(), 1, "the release");
+        // An eventually consistent scan answered from a replica that has not
+        // seen the release yet, then one that has: nothing new happened.
+        log.observe(&[first], 3);
+        log.observe(&[released], 4);
+        let recent = log.recent(10);
+        assert_eq!(recent.len(), 1, "{recent:?}");
+        assert_eq!(recent[0].kind, ChangeKind::Released);
     }
 
     #[test]

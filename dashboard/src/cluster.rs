@@ -7,13 +7,15 @@
 //! marked with the error and its age, while the others keep updating.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use leasehold_control::clock::Clock;
 use leasehold_control::lease::{Lease, LeaseState};
+use leasehold_control::pacing::ScanPacing;
 use leasehold_control::schema::{MalformedItem, RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
-use leasehold_control::store::{LeaseReader, list_all};
+use leasehold_control::store::{Consistency, LeaseReader, list_all};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -122,8 +124,12 @@ pub struct Sources {
 /// Collector settings.
 #[derive(Debug, Clone, Copy)]
 pub struct CollectorSettings {
-    /// Time between refreshes.
+    /// Time between refreshes while the table is small (the pacing's base).
     pub refresh: Duration,
+    /// Lease records per second the collector may scan on average: above
+    /// `refresh × scan_items_per_second` records the refresh interval grows
+    /// with the table ([`ScanPacing`]).
+    pub scan_items_per_second: u32,
     /// Per-sidecar `/status` timeout.
     pub sidecar_timeout: Duration,
     /// Classification thresholds.
@@ -139,12 +145,18 @@ impl CollectorSettings {
     pub fn source_timeout(&self) -> Duration {
         (self.refresh * 5).max(Duration::from_secs(5))
     }
+
+    /// How the lease-table scans are paced.
+    pub fn pacing(&self) -> ScanPacing {
+        ScanPacing::new(self.refresh, self.scan_items_per_second)
+    }
 }
 
 impl Default for CollectorSettings {
     fn default() -> Self {
         CollectorSettings {
             refresh: Duration::from_secs(2),
+            scan_items_per_second: 1_000,
             sidecar_timeout: Duration::from_millis(1_500),
             thresholds: Thresholds::default(),
             changes_kept: 500,
@@ -174,6 +186,8 @@ pub struct Collector {
     latest: RwLock<Arc<Snapshot>>,
     changes: Mutex<ChangeLog>,
     history: tokio::sync::Mutex<History>,
+    /// Records the last successful lease scan read (the pacing's input).
+    scanned: AtomicUsize,
 }
 
 const LEASE_SOURCE: &str = "lease table";
@@ -191,7 +205,16 @@ impl Collector {
             clock,
             latest: RwLock::new(Arc::new(Snapshot::empty(now))),
             history: tokio::sync::Mutex::new(History::default()),
+            scanned: AtomicUsize::new(0),
         }
+    }
+
+    /// The time between refreshes at the table size last read: the pacing's
+    /// interval (pages refresh themselves at the same pace).
+    pub fn interval(&self) -> Duration {
+        self.settings
+            .pacing()
+            .interval(self.scanned.load(Ordering::Relaxed))
     }
 
     /// The settings in use.
@@ -225,7 +248,11 @@ impl Collector {
         let leases = async {
             match tokio::time::timeout(
                 deadline,
-                list_all(self.sources.leases.as_ref(), self.settings.page_size),
+                list_all(
+                    self.sources.leases.as_ref(),
+                    self.settings.page_size,
+                    Consistency::Eventual,
+                ),
             )
             .await
             {
@@ -251,6 +278,7 @@ impl Collector {
 
         let records = match leases {
             Ok(records) => {
+                self.scanned.store(records.len(), Ordering::Relaxed);
                 self.mark(&mut history, LEASE_SOURCE, true, None, now);
                 Some(records)
             }
@@ -413,10 +441,12 @@ impl Collector {
         history.presence = presence;
     }
 
-    /// Refreshes every `settings.refresh` until `shutdown`.
+    /// Refreshes until `shutdown`, every [`Collector::interval`]: every
+    /// `settings.refresh` while the table is small, less often as it grows.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        leasehold_platform::periodic::every(self.settings.refresh, shutdown, || async {
+        leasehold_platform::periodic::paced(shutdown, || async {
             self.refresh().await;
+            self.interval()
         })
         .await
     }
@@ -492,4 +522,90 @@ fn workers(
                 || row.presence == Some(LeaseState::Owned)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use leasehold_control::clock::PausedClock;
+    use leasehold_control::store::memory::MemoryLeaseStore;
+    use leasehold_control::store::{Consistency, LeaseError, LeasePage, LeaseStore};
+
+    use super::*;
+
+    /// Counts full scans (first pages) and remembers the consistency asked for.
+    struct Counting {
+        inner: MemoryLeaseStore,
+        scans: AtomicU32,
+        strong_pages: AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl LeaseReader for Counting {
+        async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
+            self.inner.get_with(id, consistency).await
+        }
+        async fn list_with(
+            &self,
+            after: Option<&str>,
+            limit: usize,
+            consistency: Consistency,
+        ) -> Result<LeasePage, LeaseError> {
+            if after.is_none() {
+                self.scans.fetch_add(1, Ordering::SeqCst);
+            }
+            if consistency.is_strong() {
+                self.strong_pages.fetch_add(1, Ordering::SeqCst);
+            }
+            self.inner.list_with(after, limit, consistency).await
+        }
+    }
+
+    async fn scans_in(records: usize, seconds: u64) -> (u32, Duration, u32) {
+        let store = MemoryLeaseStore::new();
+        for i in 0..records {
+            store.register(&format!("s-{i:05}"), 0).await.unwrap();
+        }
+        let leases = Arc::new(Counting {
+            inner: store,
+            scans: AtomicU32::new(0),
+            strong_pages: AtomicU32::new(0),
+        });
+        let settings = CollectorSettings {
+            refresh: Duration::from_secs(1),
+            scan_items_per_second: 1_000,
+            ..CollectorSettings::default()
+        };
+        let collector = Arc::new(Collector::new(
+            Sources {
+                leases: leases.clone(),
+                pool: None,
+                sidecars: Vec::new(),
+            },
+            settings,
+            Arc::new(PausedClock::starting_at(1_800_000_000_000)),
+        ));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(collector.clone().run(stop.clone()));
+        tokio::time::sleep(Duration::from_millis(seconds * 1000 + 500)).await;
+        stop.cancel();
+        task.await.unwrap();
+        (
+            leases.scans.load(Ordering::SeqCst),
+            collector.interval(),
+            leases.strong_pages.load(Ordering::SeqCst),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn scans_are_paced_by_the_table_size_and_eventually_consistent() {
+        // 500 records: within the budget at the base interval, 1 s.
+        let (scans, interval, strong) = scans_in(500, 30).await;
+        assert_eq!((scans, interval), (31, Duration::from_secs(1)));
+        assert_eq!(strong, 0, "the dashboard never pays for a strong scan");
+        // 5,000 records at 1,000 per second: one scan every 5 s.
+        let (scans, interval, _) = scans_in(5_000, 30).await;
+        assert_eq!((scans, interval), (7, Duration::from_secs(5)));
+    }
 }

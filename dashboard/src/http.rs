@@ -85,7 +85,7 @@ pub fn app(state: Shared) -> Router {
 }
 
 fn refresh_ms(state: &DashboardState) -> u64 {
-    state.collector.settings().refresh.as_millis() as u64
+    state.collector.interval().as_millis() as u64
 }
 
 fn html(page: impl Template) -> Response {

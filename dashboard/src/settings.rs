@@ -65,7 +65,14 @@ pub const DASHBOARD_REFRESH_MS: Setting<Duration> = Setting::new(
     "DASHBOARD_REFRESH_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(2_000)),
-    "How often the dashboard re-reads its sources and the page refreshes itself.",
+    "How often the dashboard re-reads its sources and the page refreshes itself while the lease table is small; see `DASHBOARD_SCAN_ITEMS_PER_SECOND`.",
+);
+/// The `DASHBOARD_SCAN_ITEMS_PER_SECOND` variable.
+pub const DASHBOARD_SCAN_ITEMS_PER_SECOND: Setting<u64> = Setting::new(
+    "DASHBOARD_SCAN_ITEMS_PER_SECOND",
+    parse::POSITIVE,
+    Fallback::Value(|| 1_000),
+    "Lease records per second the dashboard may scan on average (eventually consistent): above `DASHBOARD_REFRESH_MS` × this many records the refresh interval grows with the table (at most 60 s), bounding the scan's read units.",
 );
 /// The `DASHBOARD_STOPPED_AFTER_SECONDS` variable.
 pub const DASHBOARD_STOPPED_AFTER_SECONDS: Setting<Duration> = Setting::new(
@@ -82,6 +89,7 @@ pub const ALL: &[&dyn Documented] = &[
     &DASHBOARD_ALLOW_ANONYMOUS,
     &DASHBOARD_SIDECARS,
     &DASHBOARD_REFRESH_MS,
+    &DASHBOARD_SCAN_ITEMS_PER_SECOND,
     &DASHBOARD_STOPPED_AFTER_SECONDS,
 ];
 
@@ -128,6 +136,8 @@ pub fn parse(lookup: Lookup) -> Result<DashboardSettings, ConfigError> {
         }
     }
     let refresh = env.get(&DASHBOARD_REFRESH_MS);
+    let scan_items_per_second =
+        u32::try_from(env.get(&DASHBOARD_SCAN_ITEMS_PER_SECOND)).unwrap_or(u32::MAX);
     let stopped_after = env.get(&DASHBOARD_STOPPED_AFTER_SECONDS);
     let redis_url = env.optional(&REDIS_URL);
     env.finish(DashboardSettings {
@@ -138,6 +148,7 @@ pub fn parse(lookup: Lookup) -> Result<DashboardSettings, ConfigError> {
         redis_url,
         collector: CollectorSettings {
             refresh,
+            scan_items_per_second,
             thresholds: Thresholds {
                 stopped_after_ms: i64::try_from(stopped_after.as_millis()).unwrap_or(i64::MAX),
                 ..Thresholds::default()
@@ -163,6 +174,7 @@ mod tests {
         assert!(defaults.listen.ip().is_loopback());
         assert!(defaults.token.is_none());
         assert_eq!(defaults.collector.refresh, Duration::from_secs(2));
+        assert_eq!(defaults.collector.scan_items_per_second, 1_000);
         let err = settings(&[("DASHBOARD_LISTEN", "0.0.0.0:8080")])
             .err()
             .unwrap();

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use leasehold_control::LeaseError;
 use leasehold_control::lease::Lease;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, LiftRequest,
-    ReleaseRequest, RenewRequest,
+    AcquireRequest, CheckpointRequest, Consistency, LeasePage, LeaseReader, LeaseStore,
+    LiftRequest, ReleaseRequest, RenewRequest,
 };
 use leasehold_dashboard::cluster::Collector;
 use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
@@ -373,16 +373,21 @@ impl LeaseStore for SwitchableStore {
 
 #[async_trait::async_trait]
 impl LeaseReader for SwitchableStore {
-    async fn get(&self, id: &str) -> Result<Lease, LeaseError> {
-        self.inner.get(id).await
+    async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
+        self.inner.get_with(id, consistency).await
     }
-    async fn list(&self, after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+    async fn list_with(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
         if self.down.load(Ordering::Relaxed) {
             return Err(LeaseError::Transient {
                 message: "connection refused".into(),
             });
         }
-        self.inner.list(after, limit).await
+        self.inner.list_with(after, limit, consistency).await
     }
 }
 

@@ -15,7 +15,7 @@ use leasehold_control::clock::Clock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::LeaseState;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::store::{LeaseError, LeaseStore, list_all};
+use leasehold_control::store::{Consistency, LeaseError, LeaseStore, list_all};
 use leasehold_stream::sink::memory::MemorySink;
 use leasehold_stream::sink::{FencedSink, SinkOptions};
 use leasehold_stream::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
@@ -190,7 +190,7 @@ impl Fleet {
     pub async fn holdings(&self) -> Result<Holdings, LeaseError> {
         let now = self.clock.now_ms();
         let mut holdings = Holdings::default();
-        for record in list_all(self.store.as_ref(), 1000).await? {
+        for record in list_all(self.store.as_ref(), 1000, Consistency::Strong).await? {
             let lease = record?;
             if !lease.is_stream() {
                 continue;

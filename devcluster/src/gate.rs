@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use leasehold_control::LeaseError;
 use leasehold_control::lease::Lease;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, LiftRequest,
-    ReleaseRequest, RenewRequest,
+    AcquireRequest, CheckpointRequest, Consistency, LeasePage, LeaseReader, LeaseStore,
+    LiftRequest, ReleaseRequest, RenewRequest,
 };
 use leasehold_stream::sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, WriteOutcome};
 use tokio::sync::watch;
@@ -149,13 +149,22 @@ impl LeaseStore for GatedStore {
 
 #[async_trait]
 impl LeaseReader for GatedStore {
-    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+    async fn get_with(
+        &self,
+        stream_id: &str,
+        consistency: Consistency,
+    ) -> Result<Lease, LeaseError> {
         self.pass().await?;
-        self.inner.get(stream_id).await
+        self.inner.get_with(stream_id, consistency).await
     }
-    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+    async fn list_with(
+        &self,
+        start_after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
         self.pass().await?;
-        self.inner.list(start_after, limit).await
+        self.inner.list_with(start_after, limit, consistency).await
     }
 }
 

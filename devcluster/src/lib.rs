@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_control::keeper::LeaseKeeper;
+use leasehold_control::pacing::ScanPacing;
 use leasehold_control::settings::lease_settings;
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
@@ -311,7 +312,7 @@ impl DevCluster {
                         observer_lease.keeper,
                     ),
                     clock: Arc::new(SystemClock),
-                    interval: Duration::from_secs(2),
+                    pacing: ScanPacing::new(Duration::from_secs(2), 500),
                     pool: Some(Arc::new(BusConnector::ready(bus.clone()))),
                 });
             }

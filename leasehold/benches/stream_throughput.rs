@@ -28,8 +28,8 @@ use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore, LiftRequest,
-    ReleaseRequest, RenewRequest,
+    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    LiftRequest, ReleaseRequest, RenewRequest,
 };
 use leasehold_stream::sink::memory::MemorySink;
 use leasehold_stream::sink::redis::RedisSink;
@@ -262,13 +262,22 @@ impl LeaseStore for CountingStore {
 
 #[async_trait]
 impl LeaseReader for CountingStore {
-    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+    async fn get_with(
+        &self,
+        stream_id: &str,
+        consistency: Consistency,
+    ) -> Result<Lease, LeaseError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.get(stream_id).await
+        self.inner.get_with(stream_id, consistency).await
     }
-    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+    async fn list_with(
+        &self,
+        start_after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.list(start_after, limit).await
+        self.inner.list_with(start_after, limit, consistency).await
     }
 }
 

@@ -8,7 +8,7 @@ use leasehold_control::lease::Lease;
 use leasehold_control::listing::{record_json, record_key, render_details, render_table};
 use leasehold_control::settings::{LEASE_TABLE, table_settings};
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, TableCreation};
-use leasehold_control::store::{LeaseError, LeaseReader, LeaseStore, list_all};
+use leasehold_control::store::{Consistency, LeaseError, LeaseReader, LeaseStore, list_all};
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
 use leasehold_platform::settings::{Env, process_env};
 
@@ -132,7 +132,7 @@ pub async fn leases(command: LeasesCommand) -> Result<(), Failure> {
         }
         LeasesCommand::List { table, json, all } => {
             let store = table.open().await?;
-            let mut records = list_all(&store, 500).await?;
+            let mut records = list_all(&store, 500, Consistency::Strong).await?;
             records.retain(|r| all || r.as_ref().map_or(true, Lease::is_stream));
             records.sort_by(|a, b| record_key(a).cmp(record_key(b)));
             if json {

@@ -1,7 +1,6 @@
 //! `leasehold sidecar`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 use leasehold_control::clock::SystemClock;
@@ -83,7 +82,7 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
             Some(ObserverConfig {
                 keeper,
                 clock,
-                interval: Duration::from_secs(15),
+                pacing: settings.observer_pacing,
                 pool,
             })
         }

@@ -53,6 +53,27 @@ where
     }
 }
 
+/// Runs `pass` at once and again each time the period it returned has passed
+/// since it started, until `stop` is cancelled: a loop whose period follows
+/// what the pass found (a scan paced by the table's size). A pass that overruns
+/// its period is followed by the next at once, never by several; a pass in
+/// progress is finished when `stop` fires.
+pub async fn paced<F, Fut>(stop: CancellationToken, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Duration>,
+{
+    loop {
+        let started = tokio::time::Instant::now();
+        let period = pass().await;
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep_until(started + period) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -81,6 +102,39 @@ mod tests {
         task.await.unwrap();
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(passes.load(Ordering::SeqCst), 3, "nothing after cancel");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn paced_waits_the_period_each_pass_returns_from_its_start() {
+        let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let origin = tokio::time::Instant::now();
+        let task = tokio::spawn({
+            let starts = starts.clone();
+            let stop = stop.clone();
+            async move {
+                paced(stop, || {
+                    let starts = starts.clone();
+                    async move {
+                        let n = {
+                            let mut starts = starts.lock().unwrap();
+                            starts.push(origin.elapsed().as_secs());
+                            starts.len() as u64
+                        };
+                        // Each pass takes 1 s and asks for a longer period;
+                        // the fourth overruns its 1 s period by 2 s.
+                        let work = if n == 4 { 3 } else { 1 };
+                        tokio::time::sleep(Duration::from_secs(work)).await;
+                        Duration::from_secs(if n == 4 { 1 } else { 2 * n })
+                    }
+                })
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(17_500)).await;
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(*starts.lock().unwrap(), vec![0, 2, 6, 12, 15]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use leasehold_control::pacing::ScanPacing;
 use leasehold_control::settings::{LeaseSettings, lease_settings};
 use leasehold_platform::settings::{
     ConfigError, Documented, Env, Fallback, Lookup, Parser, Setting, parse,
@@ -29,6 +30,9 @@ const MODE: Parser<Mode> = Parser {
         .to_owned()
     },
 };
+
+/// The observer scans this often while the table is small.
+pub const OBSERVER_SCAN_BASE: Duration = Duration::from_secs(15);
 
 /// The `SIDECAR_LISTEN` variable.
 pub const SIDECAR_LISTEN: Setting<SocketAddr> = Setting::new(
@@ -58,6 +62,13 @@ pub const SIDECAR_OBSERVER: Setting<bool> = Setting::new(
     Fallback::Value(|| true),
     "`true`: this sidecar competes for the observer lease and, while it holds it, publishes the cluster gauges.",
 );
+/// The `SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND` variable.
+pub const SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND: Setting<u64> = Setting::new(
+    "SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND",
+    parse::POSITIVE,
+    Fallback::Value(|| 500),
+    "Lease records per second the observer may scan on average (eventually consistent): it scans every 15 s, or every records ÷ this many seconds when that is longer (at most 60 s).",
+);
 /// The `CLOUDWATCH_MODE` variable.
 pub const CLOUDWATCH_MODE: Setting<Mode> = Setting::new(
     "CLOUDWATCH_MODE",
@@ -86,6 +97,7 @@ pub const ALL: &[&dyn Documented] = &[
     &WORKER_SILENCE_MS,
     &STREAM_SERIES_IDLE_SECONDS,
     &SIDECAR_OBSERVER,
+    &SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND,
     &CLOUDWATCH_MODE,
     &CLOUDWATCH_NAMESPACE,
     &CLOUDWATCH_INTERVAL_SECONDS,
@@ -104,6 +116,8 @@ pub struct SidecarSettings {
     pub stream_series_idle: Duration,
     /// The observer lease settings, when this sidecar competes for it.
     pub observer: Option<LeaseSettings>,
+    /// How the observer's scans are paced.
+    pub observer_pacing: ScanPacing,
     /// The pool's Redis for the pool gauges (may hold a password: never print).
     pub redis_url: Option<String>,
     /// CloudWatch export.
@@ -118,6 +132,10 @@ pub fn parse(lookup: Lookup) -> Result<SidecarSettings, ConfigError> {
     let worker_silence = env.get(&WORKER_SILENCE_MS);
     let stream_series_idle = env.get(&STREAM_SERIES_IDLE_SECONDS);
     let observer = env.get(&SIDECAR_OBSERVER).then(|| lease_settings(&mut env));
+    let observer_pacing = ScanPacing::new(
+        OBSERVER_SCAN_BASE,
+        u32::try_from(env.get(&SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND)).unwrap_or(u32::MAX),
+    );
     let redis_url = env.optional(&REDIS_URL);
     let cloudwatch = CloudWatchConfig {
         mode: env.get(&CLOUDWATCH_MODE),
@@ -130,6 +148,7 @@ pub fn parse(lookup: Lookup) -> Result<SidecarSettings, ConfigError> {
         worker_silence,
         stream_series_idle,
         observer,
+        observer_pacing,
         redis_url,
         cloudwatch,
     })
@@ -149,6 +168,11 @@ mod tests {
         assert_eq!(settings.cloudwatch.mode, Mode::Off);
         assert_eq!(settings.stream_series_idle, Duration::from_secs(120));
         assert!(settings.observer.is_some());
+        assert_eq!(
+            settings.observer_pacing.interval(10_000),
+            Duration::from_secs(20),
+            "10,000 records at 500 per second"
+        );
         let err = parse(&fixed_lookup(&[
             ("SIDECAR_LISTEN", "everywhere"),
             ("CLOUDWATCH_MODE", "loud"),

@@ -442,7 +442,7 @@ async fn observer(store: Arc<dyn LeaseStore>) -> ObserverConfig {
     ObserverConfig {
         keeper,
         clock: Arc::new(SystemClock),
-        interval: Duration::from_millis(200),
+        pacing: leasehold_control::pacing::ScanPacing::new(Duration::from_millis(200), 1_000),
         pool,
     }
 }

@@ -8,10 +8,11 @@ use async_trait::async_trait;
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
+use leasehold_control::pacing::ScanPacing;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeasePage, LeaseReader, LeaseStore, LiftRequest,
-    ReleaseRequest, RenewRequest,
+    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    LiftRequest, ReleaseRequest, RenewRequest,
 };
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
@@ -314,18 +315,23 @@ impl LeaseStore for Partitionable {
 
 #[async_trait]
 impl LeaseReader for Partitionable {
-    async fn get(&self, id: &str) -> Result<Lease, LeaseError> {
+    async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
         self.check()?;
-        self.inner.get(id).await
+        self.inner.get_with(id, consistency).await
     }
-    async fn list(&self, after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+    async fn list_with(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
         self.check()?;
         if self.scans_down.load(Ordering::SeqCst) {
             return Err(LeaseError::Transient {
                 message: "scan throttled".into(),
             });
         }
-        self.inner.list(after, limit).await
+        self.inner.list_with(after, limit, consistency).await
     }
 }
 
@@ -346,7 +352,7 @@ fn observer(store: Arc<dyn LeaseStore>, owner: &str) -> ObserverConfig {
     ObserverConfig {
         keeper,
         clock: Arc::new(SystemClock),
-        interval: Duration::from_millis(200),
+        pacing: ScanPacing::new(Duration::from_millis(200), 1_000),
         pool: None,
     }
 }

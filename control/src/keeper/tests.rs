@@ -1,7 +1,7 @@
 use super::*;
 use crate::clock::PausedClock;
 use crate::store::memory::MemoryLeaseStore;
-use crate::store::{LeasePage, LeaseReader, LiftRequest, list_all};
+use crate::store::{Consistency, LeasePage, LeaseReader, LiftRequest, list_all};
 use async_trait::async_trait;
 use leasehold_telemetry::RecordingSink;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -61,11 +61,20 @@ impl LeaseStore for FaultyStore {
 
 #[async_trait]
 impl LeaseReader for FaultyStore {
-    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
-        self.inner.get(stream_id).await
+    async fn get_with(
+        &self,
+        stream_id: &str,
+        consistency: Consistency,
+    ) -> Result<Lease, LeaseError> {
+        self.inner.get_with(stream_id, consistency).await
     }
-    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
-        self.inner.list(start_after, limit).await
+    async fn list_with(
+        &self,
+        start_after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
+        self.inner.list_with(start_after, limit, consistency).await
     }
 }
 
@@ -321,7 +330,9 @@ async fn acquiring_a_held_stream_returns_the_same_lease() {
     let second = f.keeper.acquire("s").await.unwrap();
     assert_eq!(first.fence_token, second.fence_token);
     assert_eq!(f.keeper.held().len(), 1);
-    let records = list_all(f.store.as_ref(), 10).await.unwrap();
+    let records = list_all(f.store.as_ref(), 10, Consistency::Strong)
+        .await
+        .unwrap();
     assert_eq!(records.len(), 1);
 }
 

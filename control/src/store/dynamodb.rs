@@ -20,8 +20,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::{
-    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal,
+    AcquireRequest, CheckpointRequest, Consistency, Holder, LeaseError, LeasePage, LeaseReader,
+    LeaseStore, LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -479,13 +479,17 @@ impl LeaseStore for DynamoLeaseStore {
 
 #[async_trait]
 impl LeaseReader for DynamoLeaseStore {
-    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+    async fn get_with(
+        &self,
+        stream_id: &str,
+        consistency: Consistency,
+    ) -> Result<Lease, LeaseError> {
         let output = self
             .client
             .get_item()
             .table_name(&self.table)
             .key(schema::STREAM_ID, s(stream_id))
-            .consistent_read(true)
+            .consistent_read(consistency.is_strong())
             .send()
             .await
             .map_err(|err| self.sdk_error(err))?;
@@ -497,14 +501,19 @@ impl LeaseReader for DynamoLeaseStore {
         }
     }
 
-    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+    async fn list_with(
+        &self,
+        start_after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
         let output = self
             .client
             .scan()
             .table_name(&self.table)
             .limit(limit)
-            .consistent_read(true)
+            .consistent_read(consistency.is_strong())
             .set_exclusive_start_key(
                 start_after.map(|key| HashMap::from([(schema::STREAM_ID.to_owned(), s(key))])),
             )

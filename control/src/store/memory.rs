@@ -11,8 +11,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    AcquireRequest, CheckpointRequest, Holder, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal, registration_item,
+    AcquireRequest, CheckpointRequest, Consistency, Holder, LeaseError, LeasePage, LeaseReader,
+    LeaseStore, LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal,
+    registration_item,
 };
 use crate::lease::Lease;
 use crate::protocol;
@@ -232,7 +233,9 @@ impl LeaseStore for MemoryLeaseStore {
 
 #[async_trait]
 impl LeaseReader for MemoryLeaseStore {
-    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+    // One process, one copy: every read sees every write, which is one of the
+    // answers an eventually consistent read may give.
+    async fn get_with(&self, stream_id: &str, _: Consistency) -> Result<Lease, LeaseError> {
         match self.lock().get(stream_id) {
             Some(item) => Ok(schema::decode(item)?),
             None => Err(LeaseError::NotFound {
@@ -241,7 +244,12 @@ impl LeaseReader for MemoryLeaseStore {
         }
     }
 
-    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+    async fn list_with(
+        &self,
+        start_after: Option<&str>,
+        limit: usize,
+        _: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
         let limit = limit.max(1);
         let items = self.lock();
         let lower = match start_after {

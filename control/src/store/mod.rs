@@ -177,16 +177,60 @@ impl LeaseError {
     }
 }
 
+/// How fresh a read must be.
+///
+/// DynamoDB charges an eventually consistent read half the read units of a
+/// strongly consistent one, and may answer it from a replica that has not seen
+/// the last second or so of writes. Whoever acts on ownership (the keeper, a
+/// worker's discovery and doorbell) reads [`Consistency::Strong`]; readers that
+/// only show or count (the dashboard, the observer's scan and its look before
+/// contending) read [`Consistency::Eventual`]. Neither decides anything: the
+/// conditional write does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consistency {
+    /// Reflects every write acknowledged before the read.
+    Strong,
+    /// May miss the most recent writes; half the read units on DynamoDB.
+    Eventual,
+}
+
+impl Consistency {
+    /// Whether DynamoDB's `ConsistentRead` is set.
+    pub fn is_strong(self) -> bool {
+        self == Consistency::Strong
+    }
+}
+
 /// The read side of a lease store: what the dashboard, the observer and the
 /// operator's `leases list / show` hold, so none of them can write through it.
 #[async_trait]
 pub trait LeaseReader: Send + Sync + 'static {
-    /// Reads one record (strongly consistent).
-    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError>;
+    /// Reads one record.
+    async fn get_with(
+        &self,
+        stream_id: &str,
+        consistency: Consistency,
+    ) -> Result<Lease, LeaseError>;
 
     /// One page of records. Pages may be shorter than `limit` before the end; only
     /// `next == None` means the listing is complete.
-    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError>;
+    async fn list_with(
+        &self,
+        start_after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError>;
+
+    /// Reads one record, strongly consistent.
+    async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
+        self.get_with(stream_id, Consistency::Strong).await
+    }
+
+    /// One page of records, strongly consistent (see [`LeaseReader::list_with`]).
+    async fn list(&self, start_after: Option<&str>, limit: usize) -> Result<LeasePage, LeaseError> {
+        self.list_with(start_after, limit, Consistency::Strong)
+            .await
+    }
 }
 
 /// Where leases live: every conditional write. Both backends pass the same
@@ -357,11 +401,14 @@ pub(crate) fn check_reserved(record_id: &str) -> Result<(), LeaseError> {
 pub async fn list_all(
     store: &dyn LeaseReader,
     page_size: usize,
+    consistency: Consistency,
 ) -> Result<Vec<Result<Lease, MalformedItem>>, LeaseError> {
     let mut all = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let page = store.list(cursor.as_deref(), page_size).await?;
+        let page = store
+            .list_with(cursor.as_deref(), page_size, consistency)
+            .await?;
         all.extend(page.leases);
         match page.next {
             Some(next) => cursor = Some(next),

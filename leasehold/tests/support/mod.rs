@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
-use leasehold_control::store::list_all;
+use leasehold_control::store::{Consistency, list_all};
 use leasehold_stream::sink::SinkOptions;
 use leasehold_stream::sink::memory::StoredEvent;
 use leasehold_stream::sink::redis::RedisSink;
@@ -332,7 +332,7 @@ impl Cluster {
 
     /// The stream records (reserved records left out).
     pub async fn leases(&self) -> Vec<Lease> {
-        list_all(&self.store, 100)
+        list_all(&self.store, 100, Consistency::Strong)
             .await
             .unwrap()
             .into_iter()

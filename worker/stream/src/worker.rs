@@ -25,7 +25,7 @@ use leasehold_control::clock::Clock;
 use leasehold_control::keeper::HeldLease;
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::{self, HANDOFF_DOORBELL, WORKER_PRESENCE_PREFIX};
-use leasehold_control::store::{LeaseError, LeaseStore, list_all};
+use leasehold_control::store::{Consistency, LeaseError, LeaseStore, list_all};
 use rand::seq::SliceRandom;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -279,7 +279,7 @@ impl StreamWorker {
     /// share, take free streams up to it, and schedule expiry probes.
     async fn scan(&mut self) -> Result<(), LeaseError> {
         self.ensure_presence().await;
-        let records = list_all(self.store().as_ref(), 1000).await?;
+        let records = list_all(self.store().as_ref(), 1000, Consistency::Strong).await?;
         let now = self.clock.now_ms();
         let me = self.context.keeper.config().owner_id.clone();
         let skew =
