@@ -16,23 +16,19 @@
 //! whose file exists, and at least one promtool case where it fires and one
 //! where it stays silent.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_control::clock::SystemClock;
-use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{BusConnector, PoolBus};
-use leasehold_pool::read::PoolReader;
 use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode, datums};
-use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
-use leasehold_telemetry::{LogSink, TelemetryEvent, TelemetrySink};
+use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 use leasehold_testkit::http_get;
 use serde_yaml_ng::Value;
 use tokio::io::AsyncWriteExt;
@@ -272,6 +268,44 @@ fn values_of_key(value: &Value, key: &str, out: &mut Vec<String>) {
     }
 }
 
+/// Every (MetricName, Dimensions) an alarm reads, from the template's mappings
+/// that carry a `MetricName` (single alarms and metric-math queries alike).
+fn cloudwatch_alarm_series() -> BTreeSet<(String, BTreeSet<(String, String)>)> {
+    fn walk(value: &Value, out: &mut BTreeSet<(String, BTreeSet<(String, String)>)>) {
+        match value {
+            Value::Mapping(map) => {
+                if let Some(name) = map.get("MetricName").and_then(Value::as_str) {
+                    let dimensions = map
+                        .get("Dimensions")
+                        .and_then(Value::as_sequence)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|d| {
+                            Some((
+                                d.get("Name")?.as_str()?.to_owned(),
+                                d.get("Value")?.as_str()?.to_owned(),
+                            ))
+                        })
+                        .collect();
+                    out.insert((name.to_owned(), dimensions));
+                }
+                for value in map.values() {
+                    walk(value, out);
+                }
+            }
+            Value::Sequence(items) => items.iter().for_each(|v| walk(v, out)),
+            Value::Tagged(tagged) => walk(&tagged.value, out),
+            _ => {}
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(
+        &yaml(&alerts_dir().join("cloudwatch/alarms.yaml")),
+        &mut out,
+    );
+    out
+}
+
 fn cloudwatch_metric_names() -> BTreeSet<String> {
     let template = yaml(&alerts_dir().join("cloudwatch/alarms.yaml"));
     let mut names = Vec::new();
@@ -418,35 +452,6 @@ async fn render_when(sidecar: &Sidecar, ready: impl Fn(&str) -> bool) -> String 
     panic!("the sidecar did not export what was fed in 10 s");
 }
 
-async fn observer(store: Arc<dyn LeaseStore>) -> ObserverConfig {
-    let keeper = LeaseKeeper::new(
-        store,
-        Arc::new(SystemClock),
-        Arc::new(LogSink),
-        KeeperConfig {
-            owner_id: "sidecar-a".into(),
-            lease: Duration::from_millis(1500),
-            renew_interval: Duration::from_millis(500),
-            safety_margin: Duration::from_millis(150),
-            skew_margin: Duration::from_millis(100),
-            ..KeeperConfig::default()
-        },
-    );
-    // The pool and orphan gauges come from the pool bus on the test Redis.
-    let pool = match leasehold_testkit::redis_url() {
-        Some(url) => Some(Arc::new(BusConnector::ready(Arc::new(
-            RedisPoolBus::connect(&url).await.unwrap(),
-        ) as Arc<dyn PoolBus>)) as Arc<dyn PoolReader>),
-        None => None,
-    };
-    ObserverConfig {
-        keeper,
-        clock: Arc::new(SystemClock),
-        pacing: leasehold_control::pacing::ScanPacing::new(Duration::from_millis(200), 1_000),
-        pool,
-    }
-}
-
 #[tokio::test]
 async fn every_metric_the_alerts_use_is_exported() {
     // What the artefacts reference.
@@ -487,7 +492,7 @@ async fn every_metric_the_alerts_use_is_exported() {
     };
     let sidecar = Sidecar::start(
         SidecarConfig {
-            observer: Some(observer(table).await),
+            observer: Some(support::observer(table).await),
             cloudwatch: Some((cloudwatch, None)),
             ..SidecarConfig::loopback()
         },
@@ -502,9 +507,11 @@ async fn every_metric_the_alerts_use_is_exported() {
         },
         shutdown.clone(),
     );
-    let events = every_variant();
+    let mut events = every_variant();
     let variants: BTreeSet<_> = events.iter().map(variant).collect();
     assert_eq!(variants.len(), VARIANTS, "one event of every variant");
+    // And every closed label value, so every alarm's dimension value has moved.
+    events.extend(leasehold_telemetry::testing::every_label_value());
     for event in &events {
         shipper.emit(event.clone());
     }
@@ -530,16 +537,39 @@ async fn every_metric_the_alerts_use_is_exported() {
     .await;
     // What CloudWatch would get: every name an alarm reads, the observer's
     // cluster gauges included (they once bypassed the push exporters).
-    let pushed: BTreeSet<String> = datums(
+    let pushed_datums = datums(
         sidecar
             .state
             .snapshot_reader()
             .expect("CloudWatch is on")
             .take(),
-    )
-    .into_iter()
-    .map(|datum| datum.name)
-    .collect();
+    );
+    let pushed: BTreeSet<String> = pushed_datums.iter().map(|d| d.name.clone()).collect();
+    // Each alarm reads one metric with exact dimensions: a dimension the export
+    // does not carry (or a value it never sends) leaves the alarm without data
+    // for ever, which CloudWatch does not report.
+    let pushed_series: BTreeSet<(String, BTreeSet<(String, String)>)> = pushed_datums
+        .iter()
+        .map(|d| (d.name.clone(), d.dimensions.iter().cloned().collect()))
+        .collect();
+    let unmatched: Vec<String> = cloudwatch_alarm_series()
+        .into_iter()
+        .filter(|(name, _)| {
+            leasehold_testkit::redis_url().is_some()
+                || ![
+                    "leasehold_pool_workers",
+                    "leasehold_pool_claims_pending",
+                    "leasehold_orphans",
+                ]
+                .contains(&name.as_str())
+        })
+        .filter(|series| !pushed_series.contains(series))
+        .map(|(name, dimensions)| format!("{name}{dimensions:?}"))
+        .collect();
+    assert!(
+        unmatched.is_empty(),
+        "alarms whose metric and dimensions the CloudWatch export never sends: {unmatched:?}\nexported: {pushed_series:?}"
+    );
     // The pool's gauges need the pool bus (the test Redis), as above.
     let pool_gauges = [
         "leasehold_pool_workers",

@@ -2,18 +2,17 @@
 //! specification's rules, and PutMetricData checked by decoding the request the
 //! real AWS SDK sends (the current SDK speaks Smithy RPC v2 CBOR).
 
-use std::io::Read;
-use std::sync::{Arc, Mutex};
+mod support;
+
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, Uri};
 use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode, datums, emf_documents};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::TelemetryEvent;
 use leasehold_telemetry::testing::every_event;
 use leasehold_testkit::local_sdk_config;
 use serde_json::Value as Json;
+use support::{decode, fake_cloudwatch, field};
 use tokio_util::sync::CancellationToken;
 
 fn config(
@@ -183,49 +182,6 @@ async fn emf_documents_follow_the_specification() {
         .sum();
     assert_eq!(renew_values, 151);
     shutdown.cancel();
-}
-
-type Captured = Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>;
-
-async fn fake_cloudwatch() -> (String, Captured) {
-    let captured: Captured = Arc::default();
-    let sink = captured.clone();
-    let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
-        let sink = sink.clone();
-        async move {
-            sink.lock().unwrap().push((uri.to_string(), headers, body));
-            (
-                [
-                    ("content-type", "application/cbor"),
-                    ("smithy-protocol", "rpc-v2-cbor"),
-                ],
-                vec![0xa0u8], // an empty CBOR map: PutMetricData's empty output
-            )
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), captured)
-}
-
-fn field<'a>(value: &'a ciborium::Value, name: &str) -> Option<&'a ciborium::Value> {
-    value
-        .as_map()?
-        .iter()
-        .find(|(k, _)| k.as_text() == Some(name))
-        .map(|(_, v)| v)
-}
-
-fn decode(headers: &HeaderMap, body: &[u8]) -> ciborium::Value {
-    let mut bytes = body.to_vec();
-    if headers.get("content-encoding").is_some_and(|v| v == "gzip") {
-        bytes.clear();
-        flate2::read::GzDecoder::new(body)
-            .read_to_end(&mut bytes)
-            .unwrap();
-    }
-    ciborium::from_reader(bytes.as_slice()).expect("the request body is CBOR")
 }
 
 #[tokio::test]

@@ -2,107 +2,21 @@
 //! types: one over gRPC (tonic), one over HTTP/protobuf. They decode the real
 //! wire format the exporter sends.
 
-use std::sync::{Arc, Mutex};
+mod support;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_sidecar::otlp::OtlpConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::testing::every_event;
-use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
-    MetricsService, MetricsServiceServer,
-};
-use opentelemetry_proto::tonic::collector::metrics::v1::{
-    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::MetricsServiceServer;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
-use prost::Message;
+use support::{
+    Collector, Received, grpc_collector, http_collector, http_collector_with_encodings, http_routes,
+};
 use tokio_util::sync::CancellationToken;
-
-type Received = Arc<Mutex<Vec<ExportMetricsServiceRequest>>>;
-
-struct Collector(Received);
-
-#[tonic::async_trait]
-impl MetricsService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportMetricsServiceRequest>,
-    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        self.0.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
-    }
-}
-
-async fn grpc_collector() -> (String, Received) {
-    let received: Received = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let service = MetricsServiceServer::new(Collector(received.clone()));
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
-    (format!("http://{addr}"), received)
-}
-
-/// The `Content-Encoding` of every OTLP/HTTP request received.
-type Encodings = Arc<Mutex<Vec<String>>>;
-
-/// The OTLP/HTTP `/v1/metrics` route, gzip-aware.
-fn http_routes(received: Received, encodings: Encodings) -> axum::Router {
-    axum::Router::new().route(
-        "/v1/metrics",
-        axum::routing::post(
-            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                let (sink, encodings) = (received.clone(), encodings.clone());
-                async move {
-                    let encoding = headers
-                        .get("content-encoding")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("identity")
-                        .to_owned();
-                    let body = if encoding == "gzip" {
-                        let mut plain = Vec::new();
-                        std::io::Read::read_to_end(
-                            &mut flate2::read::GzDecoder::new(&body[..]),
-                            &mut plain,
-                        )
-                        .expect("gzip body");
-                        plain.into()
-                    } else {
-                        body
-                    };
-                    encodings.lock().unwrap().push(encoding);
-                    let request =
-                        ExportMetricsServiceRequest::decode(body).expect("OTLP protobuf body");
-                    sink.lock().unwrap().push(request);
-                    (
-                        [("content-type", "application/x-protobuf")],
-                        ExportMetricsServiceResponse::default().encode_to_vec(),
-                    )
-                }
-            },
-        ),
-    )
-}
-
-async fn http_collector() -> (String, Received) {
-    let (endpoint, received, _) = http_collector_with_encodings().await;
-    (endpoint, received)
-}
-
-async fn http_collector_with_encodings() -> (String, Received, Encodings) {
-    let received: Received = Arc::default();
-    let encodings: Encodings = Arc::default();
-    let app = http_routes(received.clone(), encodings.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), received, encodings)
-}
 
 /// A collector behind TLS with a certificate from the test CA
 /// (`tests/fixtures/otlp-ca.pem`, valid until 2126): gRPC or HTTP.

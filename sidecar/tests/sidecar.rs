@@ -16,7 +16,7 @@ use leasehold_control::store::{
 };
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
-use leasehold_telemetry::testing::every_event;
+use leasehold_telemetry::testing::{every_event, every_label_value};
 use leasehold_telemetry::transport::{BufferedShipper, PREAMBLE, ShipperConfig};
 use leasehold_telemetry::{LogSink, TelemetryEvent, TelemetrySink};
 use leasehold_testkit::{http_get, promtool};
@@ -463,67 +463,6 @@ async fn every_closed_label_counter_exists_at_zero_from_the_start() {
         "counter series that did not exist at 0 from the start: {created:?}"
     );
     shutdown.cancel();
-}
-
-/// Events that between them carry every value of every closed counter label.
-fn every_label_value() -> Vec<TelemetryEvent> {
-    use leasehold_telemetry::{
-        ClaimResult, CommitResult, LossReason, RECONNECT_REASONS, RequestResult, SkipReason,
-    };
-    let stream = || "btc-usd".to_owned();
-    let mut events = Vec::new();
-    events.extend(LossReason::ALL.map(|reason| TelemetryEvent::LeaseLost {
-        stream_id: stream(),
-        fence_token: 1,
-        reason,
-    }));
-    events.extend(
-        CommitResult::ALL.map(|result| TelemetryEvent::CheckpointCommit {
-            stream_id: stream(),
-            checkpoint: 1,
-            result,
-        }),
-    );
-    events.extend(
-        SkipReason::ALL.map(|reason| TelemetryEvent::UpstreamFrameSkipped {
-            stream_id: stream(),
-            reason,
-        }),
-    );
-    events.extend(
-        RECONNECT_REASONS.map(|reason| TelemetryEvent::UpstreamReconnect {
-            stream_id: stream(),
-            reason: reason.to_owned(),
-        }),
-    );
-    events.extend(ClaimResult::ALL.map(|result| TelemetryEvent::PoolClaim {
-        worker_id: "pw-1".into(),
-        user_id: None,
-        result,
-        duration: Duration::from_millis(1),
-        reason: None,
-    }));
-    events.extend(
-        RequestResult::ALL.map(|result| TelemetryEvent::BrokerRequest {
-            user_id: "u1".into(),
-            request_id: None,
-            result,
-            duration: Duration::from_millis(1),
-        }),
-    );
-    events.extend(
-        [
-            "pool:claims:dead",
-            "trading:user:u1:requests:dead",
-            "trading:user:u1:messages:dead",
-            "elsewhere",
-        ]
-        .map(|queue| TelemetryEvent::MessageDeadLettered {
-            queue: queue.into(),
-            reason: "test".into(),
-        }),
-    );
-    events
 }
 
 /// The observer publishes how long the oldest stream has gone without an owner,

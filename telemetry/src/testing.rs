@@ -1,4 +1,5 @@
-//! One event of every variant, for the sidecar's export and alert tests.
+//! One event of every variant, and events carrying every closed label value,
+//! for the sidecar's export and alert tests.
 
 /// One event of every `TelemetryEvent` variant (sidecar, export and alert tests;
 /// `sidecar/tests/alert_metrics.rs` checks the list stays exhaustive).
@@ -157,4 +158,67 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             dry_run: false,
         },
     ]
+}
+
+/// Events that between them carry every value of every closed counter label.
+pub fn every_label_value() -> Vec<crate::TelemetryEvent> {
+    use crate::TelemetryEvent;
+    use crate::{
+        ClaimResult, CommitResult, LossReason, RECONNECT_REASONS, RequestResult, SkipReason,
+    };
+    use std::time::Duration;
+    let stream = || "btc-usd".to_owned();
+    let mut events = Vec::new();
+    events.extend(LossReason::ALL.map(|reason| TelemetryEvent::LeaseLost {
+        stream_id: stream(),
+        fence_token: 1,
+        reason,
+    }));
+    events.extend(
+        CommitResult::ALL.map(|result| TelemetryEvent::CheckpointCommit {
+            stream_id: stream(),
+            checkpoint: 1,
+            result,
+        }),
+    );
+    events.extend(
+        SkipReason::ALL.map(|reason| TelemetryEvent::UpstreamFrameSkipped {
+            stream_id: stream(),
+            reason,
+        }),
+    );
+    events.extend(
+        RECONNECT_REASONS.map(|reason| TelemetryEvent::UpstreamReconnect {
+            stream_id: stream(),
+            reason: reason.to_owned(),
+        }),
+    );
+    events.extend(ClaimResult::ALL.map(|result| TelemetryEvent::PoolClaim {
+        worker_id: "pw-1".into(),
+        user_id: None,
+        result,
+        duration: Duration::from_millis(1),
+        reason: None,
+    }));
+    events.extend(
+        RequestResult::ALL.map(|result| TelemetryEvent::BrokerRequest {
+            user_id: "u1".into(),
+            request_id: None,
+            result,
+            duration: Duration::from_millis(1),
+        }),
+    );
+    events.extend(
+        [
+            "pool:claims:dead",
+            "trading:user:u1:requests:dead",
+            "trading:user:u1:messages:dead",
+            "elsewhere",
+        ]
+        .map(|queue| TelemetryEvent::MessageDeadLettered {
+            queue: queue.into(),
+            reason: "test".into(),
+        }),
+    );
+    events
 }
