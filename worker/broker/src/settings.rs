@@ -138,7 +138,7 @@ pub const WORKER_BLOCK_SECONDS: Setting<Duration> = Setting::new(
     "WORKER_BLOCK_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(30)),
-    "BLPOP timeout on `pool:claims` and on a user's request list.",
+    "Blocking-wait timeout on `pool:claims` and on a user's control and request lists.",
 );
 /// The `WORKER_IDLE_TIMEOUT_SECONDS` variable.
 pub const WORKER_IDLE_TIMEOUT_SECONDS: Setting<Duration> = Setting::new(

@@ -534,7 +534,7 @@ async fn sigterm_interrupts_the_blocking_pop_and_deletes_the_pool_mark() {
     assert_eq!(stop(worker).await, WorkerExit::Signal);
     assert!(
         started.elapsed() < Duration::from_secs(2),
-        "BLPOP (30 s) was not interrupted"
+        "the blocking wait (30 s) was not interrupted"
     );
     env.wait_gone(&mark, Duration::from_millis(100)).await;
     // A claim pushed afterwards is still there for the next pool worker.

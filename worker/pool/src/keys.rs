@@ -6,7 +6,7 @@
 /// The user id pool workers run under until a claim gives them a user (the original broker-pool design).
 pub const POOL_USER_ID: &str = "-1";
 
-/// The list pool workers BLPOP claim messages from (the original design's SQS pool-claim queue).
+/// The list pool workers BRPOP claim messages from (the original design's SQS pool-claim queue).
 pub const POOL_CLAIMS: &str = "pool:claims";
 
 /// Latest maintenance sweep report (JSON), read by the dashboard.

@@ -47,7 +47,7 @@ struct Entry {
 /// Which end of a list a pop takes from.
 #[derive(Debug, Clone, Copy)]
 enum End {
-    /// `LPOP` / `BLPOP`: the end producers push to (newest first).
+    /// The end producers push to (`LPUSH`).
     Head,
     /// `RPOP` / `BRPOP`: the other end (oldest first).
     Tail,
