@@ -67,10 +67,14 @@ impl TaskLauncher for InProcessLauncher {
             .map_err(|err| LaunchError::Start(err.to_string()))?;
         let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
             "paper".to_owned(),
-            Arc::new(PaperBroker::new(PaperConfig {
-                latency: Duration::from_millis(5),
-                failure_rate: 0.02,
-            })) as Arc<dyn Broker>,
+            Arc::new(PaperBroker::new(
+                PaperConfig {
+                    latency: Duration::from_millis(5),
+                    failure_rate: 0.02,
+                    hang_rate: 0.0,
+                },
+                self.bus.clone(),
+            )) as Arc<dyn Broker>,
         )]);
         let started_at = SystemClock.now_ms() as u64;
         let worker = BrokerWorker::new(

@@ -47,7 +47,14 @@ async fn start(
 ) -> CancellationToken {
     let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
         "paper".to_owned(),
-        Arc::new(PaperBroker::new(PaperConfig::default())) as Arc<dyn Broker>,
+        Arc::new(PaperBroker::new(
+            PaperConfig::default(),
+            Arc::new(
+                leasehold_pool::bus::redis::RedisPoolBus::connect(url)
+                    .await
+                    .unwrap(),
+            ),
+        )) as Arc<dyn Broker>,
     )]);
     let worker = BrokerWorker::connect(
         config(worker_id, user_id),

@@ -60,10 +60,6 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
                 .to_owned();
         }
     }
-    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
-        "paper".to_owned(),
-        Arc::new(PaperBroker::new(settings.paper)) as Arc<dyn Broker>,
-    )]);
     let shutdown = shutdown_on_signal();
     let worker_id = settings.worker.worker_id.clone();
     // Telemetry goes to the task's sidecar; it outlives the worker loop so the
@@ -75,6 +71,12 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let bus = pool_bus(&settings.redis_url)
         .await
         .context("cannot start the broker worker")?;
+    // The paper broker's ledger lives in the same Redis, as a real broker's
+    // order book lives at the broker: it outlives this worker.
+    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
+        "paper".to_owned(),
+        Arc::new(PaperBroker::new(settings.paper, bus.clone())) as Arc<dyn Broker>,
+    )]);
     let worker = BrokerWorker::new(
         settings.worker,
         bus,

@@ -80,7 +80,7 @@ pub const STREAMS: &str = "leasehold_streams";
 pub const POOL_CLAIMS: &str = "leasehold_pool_claims_total";
 /// Claim message to active worker.
 pub const POOL_CLAIM_DURATION: &str = "leasehold_pool_claim_duration_seconds";
-/// `result` = ok, error, invalid, duplicate, in_doubt.
+/// `result` = ok, error, invalid, duplicate, in_doubt, expired.
 pub const BROKER_REQUESTS: &str = "leasehold_broker_requests_total";
 /// Request handling inside the worker.
 pub const BROKER_REQUEST_DURATION: &str = "leasehold_broker_request_duration_seconds";

@@ -238,7 +238,7 @@ pub enum TelemetryEvent {
         user_id: String,
         /// Request id, when readable.
         request_id: Option<String>,
-        /// `ok`, `error`, `invalid`, `duplicate` or `in_doubt`.
+        /// `ok`, `error`, `invalid`, `duplicate`, `in_doubt` or `expired`.
         result: RequestResult,
         /// From BLPOP returning to the response being written.
         duration: Duration,

@@ -150,22 +150,28 @@ pub enum RequestResult {
     Error,
     /// Malformed; dead-lettered (and answered when its id was readable).
     Invalid,
-    /// Already taken once; not executed again.
+    /// A request id answered before: its stored response was written again;
+    /// not executed again.
     Duplicate,
     /// An order whose outcome the broker could not confirm (a timeout or a
     /// dropped connection after sending it): it may or may not have executed,
     /// so it is looked up by its client order id, never resubmitted blindly.
     InDoubt,
+    /// Its `expires_at` passed before it ran: answered `expired`, not executed.
+    /// Kept apart from `error` because the broker did nothing wrong: it says
+    /// the queue in front of the worker was too long.
+    Expired,
 }
 
 impl RequestResult {
     /// Every value, for counters that exist at 0 from the start.
-    pub const ALL: [RequestResult; 5] = [
+    pub const ALL: [RequestResult; 6] = [
         RequestResult::Ok,
         RequestResult::Error,
         RequestResult::Invalid,
         RequestResult::Duplicate,
         RequestResult::InDoubt,
+        RequestResult::Expired,
     ];
 
     /// The `result` label value.
@@ -176,6 +182,7 @@ impl RequestResult {
             RequestResult::Invalid => "invalid",
             RequestResult::Duplicate => "duplicate",
             RequestResult::InDoubt => "in_doubt",
+            RequestResult::Expired => "expired",
         }
     }
 }

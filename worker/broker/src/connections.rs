@@ -177,6 +177,7 @@ impl ConnectionCache {
 mod tests {
     use super::*;
     use crate::paper::{PaperBroker, PaperConfig};
+    use leasehold_pool::bus::memory::MemoryPoolBus;
     use leasehold_pool::protocol::{Order, Side};
     use leasehold_telemetry::RecordingSink;
     use std::sync::atomic::Ordering;
@@ -195,6 +196,11 @@ mod tests {
         Credentials::from_json(br#"{"api_key": "k"}"#).unwrap()
     }
 
+    fn unique() -> String {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        format!("r{}", NEXT.fetch_add(1, Ordering::SeqCst))
+    }
+
     fn order() -> Order {
         Order {
             symbol: "2330".into(),
@@ -202,6 +208,10 @@ mod tests {
             quantity: 1.0,
             price: Some(600.5),
         }
+    }
+
+    fn paper(config: PaperConfig) -> PaperBroker {
+        PaperBroker::new(config, Arc::new(MemoryPoolBus::new()))
     }
 
     fn cache(broker: &PaperBroker, telemetry: &RecordingSink) -> ConnectionCache {
@@ -219,7 +229,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn opens_lazily_once_per_key_and_reuses() {
-        let broker = PaperBroker::new(PaperConfig::default());
+        let broker = paper(PaperConfig::default());
         let telemetry = RecordingSink::new();
         let mut cache = cache(&broker, &telemetry);
         assert_eq!(cache.open_count(), 0);
@@ -228,7 +238,7 @@ mod tests {
                 .get(&key("A1"), &credentials())
                 .await
                 .unwrap()
-                .place_order(&order())
+                .place_order(&unique(), &order())
                 .await
                 .unwrap();
         }
@@ -247,7 +257,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn invalidated_connections_reopen_on_next_use() {
-        let broker = PaperBroker::new(PaperConfig::default());
+        let broker = paper(PaperConfig::default());
         let telemetry = RecordingSink::new();
         let mut cache = cache(&broker, &telemetry);
         broker.faults().failing_orders.store(1, Ordering::SeqCst);
@@ -255,7 +265,7 @@ mod tests {
             .get(&key("A1"), &credentials())
             .await
             .unwrap()
-            .place_order(&order())
+            .place_order(&unique(), &order())
             .await;
         assert!(matches!(err, Err(BrokerError::Connection(_))));
         cache.invalidate(&key("A1")).await;
@@ -264,7 +274,7 @@ mod tests {
             .get(&key("A1"), &credentials())
             .await
             .unwrap()
-            .place_order(&order())
+            .place_order(&unique(), &order())
             .await
             .unwrap();
         assert_eq!(broker.faults().connects.load(Ordering::SeqCst), 2);
@@ -276,7 +286,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn connect_retries_then_gives_up_after_the_attempt_limit() {
-        let broker = PaperBroker::new(PaperConfig::default());
+        let broker = paper(PaperConfig::default());
         let telemetry = RecordingSink::new();
         let mut cache = cache(&broker, &telemetry);
         broker.faults().failing_connects.store(2, Ordering::SeqCst);
@@ -305,9 +315,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn health_check_drops_only_unhealthy_connections() {
-        let broker = PaperBroker::new(PaperConfig {
+        let broker = paper(PaperConfig {
             latency: Duration::from_millis(5),
-            failure_rate: 0.0,
+            ..PaperConfig::default()
         });
         let telemetry = RecordingSink::new();
         let mut cache = cache(&broker, &telemetry);
@@ -321,7 +331,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn credentials_for_another_account_do_not_connect() {
-        let broker = PaperBroker::new(PaperConfig::default());
+        let broker = paper(PaperConfig::default());
         let telemetry = RecordingSink::new();
         let mut cache = cache(&broker, &telemetry);
         let creds = Credentials::from_json(br#"{"api_key": "k", "account_id": "A9"}"#).unwrap();

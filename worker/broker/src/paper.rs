@@ -6,6 +6,15 @@
 //! under its `broker_name` in the worker's broker map. Errors must classify
 //! whether the connection is still usable ([`BrokerError::Connection`] makes the
 //! cache reopen it) and must never carry credentials.
+//!
+//! Orders carry a client order id (the request id). A broker must refuse a
+//! repeated one ([`BrokerError::DuplicateClientOrderId`]) and find an order by
+//! it ([`BrokerConnection::lookup_order`]), as Alpaca (`client_order_id`),
+//! Binance (`newClientOrderId`) and FIX (`ClOrdID`) do: that is how the worker
+//! settles an order whose outcome it did not learn, without sending it twice.
+//!
+//! The paper broker keeps its ledger on the pool bus (`paper:orders:{account_id}`
+//! in Redis), so it outlives workers the way a real broker's order book does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -15,8 +24,9 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use crate::credentials::Credentials;
-use leasehold_pool::protocol::Account;
-use leasehold_pool::protocol::Order;
+use leasehold_control::clock::unix_ms;
+use leasehold_pool::bus::{LedgerWrite, PaperLedger};
+use leasehold_pool::protocol::{Account, Order, PaperOrder};
 
 /// What a broker call can fail with. Messages never contain secrets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +40,10 @@ pub enum BrokerError {
     /// The broker refused this order; the connection is fine.
     #[error("order rejected: {0}")]
     Rejected(String),
+    /// The broker already holds an order with this client order id: nothing
+    /// was executed now (look the existing one up).
+    #[error("client order id {0:?} was used before; the order was not placed again")]
+    DuplicateClientOrderId(String),
 }
 
 /// A broker SDK adapter: opens authenticated connections.
@@ -46,8 +60,15 @@ pub trait Broker: Send + Sync {
 /// One open, authenticated broker session.
 #[async_trait]
 pub trait BrokerConnection: Send + Sync {
-    /// Places an order; returns what the API should see as `result`.
-    async fn place_order(&self, order: &Order) -> Result<Value, BrokerError>;
+    /// Places an order under `client_order_id`; returns what the API should
+    /// see as `result`. A client order id the broker has seen before is
+    /// refused with [`BrokerError::DuplicateClientOrderId`], never executed.
+    async fn place_order(&self, client_order_id: &str, order: &Order)
+    -> Result<Value, BrokerError>;
+    /// The order the broker holds under `client_order_id` (the same `result`
+    /// shape as [`BrokerConnection::place_order`]), `None` when it has none.
+    /// An error means the broker could not tell.
+    async fn lookup_order(&self, client_order_id: &str) -> Result<Option<Value>, BrokerError>;
     /// Cheap liveness check (the 60 s health check).
     async fn ping(&self) -> Result<(), BrokerError>;
     /// Closes the session.
@@ -57,10 +78,14 @@ pub trait BrokerConnection: Send + Sync {
 /// Paper broker behaviour.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PaperConfig {
-    /// Added to every connect, order and ping.
+    /// Added to every connect, order, lookup and ping.
     pub latency: Duration,
-    /// Fraction (0-1) of orders that fail with a lost connection.
+    /// Fraction (0-1) of orders that fail with a lost connection before they
+    /// reach the ledger (not executed).
     pub failure_rate: f64,
+    /// Fraction (0-1) of orders that are executed and then never answered:
+    /// the call hangs forever, as a broker that went silent mid-order does.
+    pub hang_rate: f64,
 }
 
 /// Failure injection that tests flip at run time (shared by every connection).
@@ -68,8 +93,16 @@ pub struct PaperConfig {
 pub struct PaperFaults {
     /// The next N connects fail.
     pub failing_connects: AtomicU32,
-    /// The next N orders fail with a lost connection.
+    /// The next N orders fail with a lost connection before reaching the
+    /// ledger: not executed.
     pub failing_orders: AtomicU32,
+    /// The next N orders are executed (in the ledger), then the reply is lost
+    /// (a connection error): the caller cannot tell what happened.
+    pub lost_replies: AtomicU32,
+    /// The next N orders are executed, then the call never returns.
+    pub hanging_orders: AtomicU32,
+    /// The next N lookups fail with a lost connection.
+    pub failing_lookups: AtomicU32,
     /// The next N pings fail.
     pub failing_pings: AtomicU32,
     /// Connections opened so far.
@@ -82,19 +115,31 @@ fn take_one(counter: &AtomicU32) -> bool {
         .is_ok()
 }
 
-/// Simulated broker: every order fills at its limit price (or 100.0).
-#[derive(Debug, Clone, Default)]
+/// Simulated broker: every order fills at its limit price (or 100.0), and is
+/// kept in the ledger under its client order id.
+#[derive(Clone)]
 pub struct PaperBroker {
     config: PaperConfig,
     faults: Arc<PaperFaults>,
+    ledger: Arc<dyn PaperLedger>,
+}
+
+impl std::fmt::Debug for PaperBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PaperBroker")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PaperBroker {
-    /// A paper broker with this behaviour.
-    pub fn new(config: PaperConfig) -> Self {
+    /// A paper broker with this behaviour, keeping its orders in `ledger`
+    /// (the pool bus: Redis in production, memory in one process).
+    pub fn new(config: PaperConfig, ledger: Arc<dyn PaperLedger>) -> Self {
         PaperBroker {
             config,
             faults: Arc::default(),
+            ledger,
         }
     }
 
@@ -135,9 +180,9 @@ impl Broker for PaperBroker {
         Ok(Box::new(PaperConnection {
             config: self.config,
             faults: self.faults.clone(),
+            ledger: self.ledger.clone(),
             account_id: account.account_id.clone(),
             connection_serial: serial,
-            orders: AtomicU64::new(0),
         }))
     }
 }
@@ -145,31 +190,94 @@ impl Broker for PaperBroker {
 struct PaperConnection {
     config: PaperConfig,
     faults: Arc<PaperFaults>,
+    ledger: Arc<dyn PaperLedger>,
     account_id: String,
     connection_serial: u64,
-    orders: AtomicU64,
+}
+
+impl PaperConnection {
+    /// What the API sees: the ledger's order, and which connection served it.
+    fn result(&self, stored: &str) -> Result<Value, BrokerError> {
+        let mut order: Value = serde_json::from_str(stored)
+            .map_err(|_| BrokerError::Connection("the ledger holds an unreadable order".into()))?;
+        if let Some(fields) = order.as_object_mut() {
+            fields.insert("connection".into(), json!(self.connection_serial));
+        }
+        Ok(order)
+    }
+}
+
+fn chance(rate: f64) -> bool {
+    rate > 0.0 && rand::random::<f64>() < rate
 }
 
 #[async_trait]
 impl BrokerConnection for PaperConnection {
-    async fn place_order(&self, order: &Order) -> Result<Value, BrokerError> {
+    async fn place_order(
+        &self,
+        client_order_id: &str,
+        order: &Order,
+    ) -> Result<Value, BrokerError> {
         delay(self.config.latency).await;
-        let injected =
-            self.config.failure_rate > 0.0 && rand::random::<f64>() < self.config.failure_rate;
-        if take_one(&self.faults.failing_orders) || injected {
+        if take_one(&self.faults.failing_orders) || chance(self.config.failure_rate) {
             return Err(BrokerError::Connection("simulated broker failure".into()));
         }
-        let number = self.orders.fetch_add(1, Ordering::Relaxed) + 1;
-        Ok(json!({
-            "order_id": format!("paper-{}-{number}", self.connection_serial),
-            "status": "filled",
-            "account_id": self.account_id,
-            "symbol": order.symbol,
-            "side": order.side,
-            "quantity": order.quantity,
-            "fill_price": order.price.unwrap_or(100.0),
-            "connection": self.connection_serial,
-        }))
+        let entry = PaperOrder {
+            broker_order_id: 0,
+            client_order_id: client_order_id.to_owned(),
+            status: "filled".into(),
+            account_id: self.account_id.clone(),
+            symbol: order.symbol.clone(),
+            side: order.side,
+            quantity: order.quantity,
+            price: order.price,
+            fill_price: order.price.unwrap_or(100.0),
+            created_at: u64::try_from(unix_ms(std::time::SystemTime::now())).unwrap_or(0),
+        };
+        let mut fields = match serde_json::to_value(&entry) {
+            Ok(Value::Object(fields)) => fields,
+            _ => return Err(BrokerError::Rejected("order cannot be encoded".into())),
+        };
+        // The ledger assigns it, in the same step that refuses a repeat.
+        fields.remove("broker_order_id");
+        let stored = match self
+            .ledger
+            .record_paper_order(&self.account_id, client_order_id, &fields)
+            .await
+        {
+            Ok(LedgerWrite::Recorded(stored)) => stored,
+            Ok(LedgerWrite::Exists(_)) => {
+                return Err(BrokerError::DuplicateClientOrderId(
+                    client_order_id.to_owned(),
+                ));
+            }
+            // The write may or may not have happened: exactly a lost reply.
+            Err(err) => return Err(BrokerError::Connection(format!("ledger: {err}"))),
+        };
+        if take_one(&self.faults.hanging_orders) || chance(self.config.hang_rate) {
+            // Executed, and the answer never comes: what a call timeout is for.
+            std::future::pending::<()>().await;
+        }
+        if take_one(&self.faults.lost_replies) {
+            return Err(BrokerError::Connection("simulated lost reply".into()));
+        }
+        self.result(&stored)
+    }
+
+    async fn lookup_order(&self, client_order_id: &str) -> Result<Option<Value>, BrokerError> {
+        delay(self.config.latency).await;
+        if take_one(&self.faults.failing_lookups) {
+            return Err(BrokerError::Connection("simulated lookup failure".into()));
+        }
+        match self
+            .ledger
+            .paper_order(&self.account_id, client_order_id)
+            .await
+        {
+            Ok(Some(stored)) => self.result(&stored).map(Some),
+            Ok(None) => Ok(None),
+            Err(err) => Err(BrokerError::Connection(format!("ledger: {err}"))),
+        }
     }
 
     async fn ping(&self) -> Result<(), BrokerError> {
@@ -181,4 +289,108 @@ impl BrokerConnection for PaperConnection {
     }
 
     async fn close(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_pool::bus::memory::MemoryPoolBus;
+    use leasehold_pool::protocol::Side;
+
+    fn account() -> Account {
+        Account {
+            broker_name: "paper".into(),
+            broker_type: "stock".into(),
+            simulation: true,
+            account_id: "A1".into(),
+        }
+    }
+
+    fn order(price: Option<f64>) -> Order {
+        Order {
+            symbol: "2330".into(),
+            side: Side::Buy,
+            quantity: 2.0,
+            price,
+        }
+    }
+
+    async fn open(broker: &PaperBroker) -> Box<dyn BrokerConnection> {
+        let credentials = Credentials::from_json(br#"{"api_key": "k"}"#).unwrap();
+        broker.connect(&account(), &credentials).await.unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_client_order_id_is_refused_and_can_be_looked_up() {
+        let ledger = Arc::new(MemoryPoolBus::new());
+        let broker = PaperBroker::new(PaperConfig::default(), ledger.clone());
+        let connection = open(&broker).await;
+        assert_eq!(connection.lookup_order("r1").await.unwrap(), None);
+        let placed = connection
+            .place_order("r1", &order(Some(600.5)))
+            .await
+            .unwrap();
+        assert_eq!(placed["broker_order_id"], 1);
+        assert_eq!(placed["client_order_id"], "r1");
+        assert_eq!(placed["fill_price"], 600.5);
+        assert_eq!(placed["status"], "filled");
+        assert_eq!(
+            connection.place_order("r1", &order(None)).await,
+            Err(BrokerError::DuplicateClientOrderId("r1".into()))
+        );
+        // A new connection (or a new worker) sees the same book.
+        let again = open(&broker).await;
+        let found = again.lookup_order("r1").await.unwrap().unwrap();
+        assert_eq!(found["broker_order_id"], 1);
+        assert_eq!(found["fill_price"], 600.5);
+        let market = again.place_order("r2", &order(None)).await.unwrap();
+        assert_eq!(market["broker_order_id"], 2);
+        assert_eq!(market["fill_price"], 100.0);
+        assert_eq!(
+            PaperOrder::parse(&ledger.paper_order("A1", "r2").await.unwrap().unwrap())
+                .unwrap()
+                .price,
+            None
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn injected_failures_land_on_either_side_of_the_ledger() {
+        let ledger = Arc::new(MemoryPoolBus::new());
+        let broker = PaperBroker::new(PaperConfig::default(), ledger.clone());
+        let connection = open(&broker).await;
+        broker.faults().failing_orders.store(1, Ordering::SeqCst);
+        assert!(matches!(
+            connection.place_order("r1", &order(None)).await,
+            Err(BrokerError::Connection(_))
+        ));
+        assert_eq!(
+            connection.lookup_order("r1").await.unwrap(),
+            None,
+            "not executed"
+        );
+        broker.faults().lost_replies.store(1, Ordering::SeqCst);
+        assert!(matches!(
+            connection.place_order("r2", &order(None)).await,
+            Err(BrokerError::Connection(_))
+        ));
+        assert!(
+            connection.lookup_order("r2").await.unwrap().is_some(),
+            "executed"
+        );
+        broker.faults().failing_lookups.store(1, Ordering::SeqCst);
+        assert!(connection.lookup_order("r2").await.is_err());
+
+        broker.faults().hanging_orders.store(1, Ordering::SeqCst);
+        let hung = tokio::time::timeout(
+            Duration::from_secs(3600),
+            connection.place_order("r3", &order(None)),
+        )
+        .await;
+        assert!(hung.is_err(), "a hanging order never returns");
+        assert!(
+            connection.lookup_order("r3").await.unwrap().is_some(),
+            "but it executed"
+        );
+    }
 }

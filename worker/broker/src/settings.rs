@@ -138,7 +138,7 @@ pub const WORKER_BLOCK_SECONDS: Setting<Duration> = Setting::new(
     "WORKER_BLOCK_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(30)),
-    "BLPOP timeout on `pool:claims` and on a user's request list.",
+    "Blocking-wait timeout on `pool:claims` and on a user's control and request lists.",
 );
 /// The `WORKER_IDLE_TIMEOUT_SECONDS` variable.
 pub const WORKER_IDLE_TIMEOUT_SECONDS: Setting<Duration> = Setting::new(
@@ -174,6 +174,13 @@ pub const PAPER_FAILURE_RATE: Setting<f64> = Setting::new(
     parse::FRACTION,
     Fallback::Value(|| 0.0),
     "Fraction (0-1) of paper broker orders that fail, to exercise error paths.",
+);
+/// The `PAPER_HANG_RATE` variable.
+pub const PAPER_HANG_RATE: Setting<f64> = Setting::new(
+    "PAPER_HANG_RATE",
+    parse::FRACTION,
+    Fallback::Value(|| 0.0),
+    "Fraction (0-1) of paper broker orders that are executed and then never answered (the call hangs), to exercise timeouts and in-doubt orders.",
 );
 /// The `LOCAL_WORKER_LOG_DIR` variable.
 pub const LOCAL_WORKER_LOG_DIR: Setting<PathBuf> = Setting::new(
@@ -219,6 +226,7 @@ pub const ALL: &[&dyn Documented] = &[
     &BROKER_CONNECT_ATTEMPTS,
     &PAPER_LATENCY_MS,
     &PAPER_FAILURE_RATE,
+    &PAPER_HANG_RATE,
     &LOCAL_WORKER_LOG_DIR,
     &SWEEP_GRACE_SECONDS,
     &SWEEP_CONCURRENCY,
@@ -294,6 +302,7 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
     let paper = PaperConfig {
         latency: env.get(&PAPER_LATENCY_MS),
         failure_rate: env.get(&PAPER_FAILURE_RATE),
+        hang_rate: env.get(&PAPER_HANG_RATE),
     };
     match cipher {
         Some(cipher) => env.finish(BrokerWorkerSettings {

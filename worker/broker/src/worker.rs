@@ -8,16 +8,17 @@
 //!   pool mark and writes the metadata hash, atomically.
 //! - **Claimed**: heartbeats with a script that refreshes the mark only while it
 //!   is still this worker's (another holder means this worker lost the user and
-//!   exits); BLPOPs the control list and the request list together, control
-//!   first, so control messages are handled between requests within
-//!   milliseconds; every request id is taken once (`SET NX`) before it runs.
+//!   exits); serves control messages first, then requests oldest first through
+//!   the user's processing list, each with exactly one final response
+//!   (`serve.rs`: begin, execute or settle by lookup, answer).
 //! - **Exit**: SIGTERM, `shutdown`, idle timeout or a lost mark: the request in
 //!   flight is answered, connections closed, own marks deleted.
 //!
 //! Every step goes through the [`PoolBus`]: Redis in production, in memory in
 //! one process. A blocking pop interrupted by shutdown is ended through the
 //! bus's interrupt rather than by dropping the future, so a message the bus
-//! already handed out is never lost.
+//! already handed out is never lost; a request is in the processing list until
+//! answered, so not even a crash loses it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,7 +51,7 @@ pub struct BrokerWorkerConfig {
     pub heartbeat: Duration,
     /// Mark TTL (originally 30 s), whole seconds.
     pub mark_ttl: Duration,
-    /// BLPOP timeout (originally 30 s).
+    /// Blocking-wait timeout (originally 30 s).
     pub block: Duration,
     /// Exit after this long without requests or control messages (originally 30 min).
     pub idle_timeout: Duration,

@@ -17,7 +17,7 @@ use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerExit};
 use leasehold_pool::bus::memory::MemoryPoolBus;
 use leasehold_pool::bus::{Inspect, PoolBus};
 use leasehold_pool::keys;
-use leasehold_telemetry::{LogSink, OrphanKind, RecordingSink};
+use leasehold_telemetry::{LogSink, OrphanKind, RecordingSink, RequestResult, TelemetryEvent};
 use tokio_util::sync::CancellationToken;
 
 /// A launcher whose tasks are whatever the test says runs.
@@ -62,7 +62,7 @@ async fn the_pool_runs_in_one_process_on_the_memory_bus() {
     let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
     let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
         "paper".to_owned(),
-        Arc::new(PaperBroker::new(PaperConfig::default())) as Arc<dyn Broker>,
+        Arc::new(PaperBroker::new(PaperConfig::default(), bus.clone())) as Arc<dyn Broker>,
     )]);
     let worker = BrokerWorker::new(
         config("w1"),
@@ -151,4 +151,166 @@ async fn the_sweep_deletes_orphan_marks_on_the_memory_bus() {
         serde_json::from_str(&bus.maintenance_report().await.unwrap().unwrap()).unwrap();
     assert_eq!(stored["found"]["orphan_mark"], 1);
     assert!(launcher.stopped.lock().unwrap().is_empty());
+}
+
+/// One claimed worker for `u1` on a memory bus the test can break.
+struct Served {
+    bus: Arc<MemoryPoolBus>,
+    broker: PaperBroker,
+    telemetry: RecordingSink,
+    shutdown: CancellationToken,
+    running: tokio::task::JoinHandle<Result<WorkerExit, leasehold_broker::worker::WorkerError>>,
+}
+
+async fn serve_u1() -> Served {
+    let bus = Arc::new(MemoryPoolBus::new());
+    let key = AesGcmCipher::generate_key();
+    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
+    let blob = cipher
+        .encrypt("u1", br#"{"api_key": "k", "account_id": "A1"}"#)
+        .unwrap();
+    bus.put_credentials("u1", &blob).await.unwrap();
+    let broker = PaperBroker::new(PaperConfig::default(), bus.clone());
+    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
+        "paper".to_owned(),
+        Arc::new(broker.clone()) as Arc<dyn Broker>,
+    )]);
+    let telemetry = RecordingSink::new();
+    let worker = BrokerWorker::new(
+        BrokerWorkerConfig::for_tests("w1", Some("u1"), Duration::from_millis(100)),
+        bus.clone(),
+        Arc::new(cipher),
+        brokers,
+        Arc::new(telemetry.clone()),
+    );
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for(bus.as_ref(), &keys::worker_active("u1")).await;
+    Served {
+        bus,
+        broker,
+        telemetry,
+        shutdown,
+        running,
+    }
+}
+
+impl Served {
+    async fn ask(&self, request_id: &str) -> serde_json::Value {
+        let request = serde_json::json!({
+            "request_id": request_id, "action": "place_order",
+            "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+            "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+        });
+        self.bus
+            .push_request("u1", &request.to_string())
+            .await
+            .unwrap();
+        serde_json::from_str(&wait_for(self.bus.as_ref(), &keys::response(request_id)).await)
+            .unwrap()
+    }
+
+    async fn ledger_len(&self) -> usize {
+        self.bus
+            .hash_get_all(&keys::paper_orders("A1"))
+            .await
+            .unwrap()
+            .len()
+    }
+
+    fn results(&self, request_id: &str) -> Vec<RequestResult> {
+        self.telemetry
+            .snapshot()
+            .into_iter()
+            .filter_map(|e| match e {
+                TelemetryEvent::BrokerRequest {
+                    request_id: Some(id),
+                    result,
+                    ..
+                } if id == request_id => Some(result),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn stop(self) {
+        assert!(!self.running.is_finished(), "the worker died");
+        self.shutdown.cancel();
+        let exit = tokio::time::timeout(Duration::from_secs(5), self.running)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(exit.unwrap(), WorkerExit::Signal);
+    }
+}
+
+#[tokio::test]
+async fn redis_failing_while_recording_neither_kills_the_worker_nor_drops_the_request() {
+    let served = serve_u1().await;
+    // Before the broker call: the request waits in processing, then runs once.
+    served.bus.fail_begins(3);
+    assert_eq!(served.ask("r1").await["status"], "ok");
+    // After the broker call: the response is stored on a retry, the order is
+    // not sent again.
+    served.bus.fail_answers(3);
+    let response = served.ask("r2").await;
+    assert_eq!(response["status"], "ok", "{response}");
+    assert_eq!(response["result"]["broker_order_id"], 2);
+    assert_eq!(served.ledger_len().await, 2);
+    assert_eq!(served.results("r1"), [RequestResult::Ok]);
+    assert_eq!(served.results("r2"), [RequestResult::Ok]);
+    assert_eq!(
+        served
+            .bus
+            .list_len(&keys::user_processing("u1"))
+            .await
+            .unwrap(),
+        0
+    );
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn an_order_whose_reply_is_lost_is_looked_up_never_resent() {
+    let served = serve_u1().await;
+    let faults = served.broker.faults();
+    // Executed, reply lost: the lookup finds it.
+    faults
+        .lost_replies
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let found = served.ask("r1").await;
+    assert_eq!(found["status"], "ok", "{found}");
+    assert_eq!(found["result"]["broker_order_id"], 1);
+    // Lost before the broker: the lookup finds nothing; not executed.
+    faults
+        .failing_orders
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let failed = served.ask("r2").await;
+    assert_eq!(failed["error_code"], "broker", "{failed}");
+    // Executed, reply lost, and the broker cannot be asked: in doubt, final.
+    faults
+        .lost_replies
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    faults
+        .failing_lookups
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let doubtful = served.ask("r3").await;
+    assert_eq!(doubtful["error_code"], "in_doubt", "{doubtful}");
+    assert_eq!(
+        served.ledger_len().await,
+        2,
+        "r1 and r3 executed, each once"
+    );
+    assert_eq!(served.results("r1"), [RequestResult::Ok]);
+    assert_eq!(served.results("r2"), [RequestResult::Error]);
+    assert_eq!(served.results("r3"), [RequestResult::InDoubt]);
+    // The in-doubt answer is final: a repeat gets it again, nothing is resent.
+    served
+        .bus
+        .delete_keys(&[keys::response("r3")])
+        .await
+        .unwrap();
+    assert_eq!(served.ask("r3").await, doubtful);
+    assert_eq!(served.ledger_len().await, 2);
+    served.stop().await;
 }

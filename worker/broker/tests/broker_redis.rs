@@ -65,7 +65,11 @@ impl Env {
     async fn start(&self, user_id: Option<&str>) -> Running {
         let worker_id = unique_name("w");
         let telemetry = RecordingSink::new();
-        let broker = PaperBroker::new(PaperConfig::default());
+        // The ledger is the Redis the worker uses: it outlives the worker.
+        let ledger = leasehold_pool::bus::redis::RedisPoolBus::connect(&self.url)
+            .await
+            .unwrap();
+        let broker = PaperBroker::new(PaperConfig::default(), Arc::new(ledger));
         let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
             "paper".to_owned(),
             Arc::new(broker.clone()) as Arc<dyn Broker>,
@@ -144,6 +148,31 @@ impl Env {
         serde_json::from_str(&self.wait_key(&keys::response(request_id)).await).unwrap()
     }
 
+    /// The paper broker's ledger for an account: client order id → order.
+    async fn ledger(&mut self, account_id: &str) -> HashMap<String, Value> {
+        let orders: HashMap<String, String> = self
+            .redis
+            .hgetall(keys::paper_orders(account_id))
+            .await
+            .unwrap();
+        orders
+            .into_iter()
+            .map(|(id, order)| (id, serde_json::from_str(&order).unwrap()))
+            .collect()
+    }
+
+    /// A request's record `trading:request:{request_id}`.
+    async fn record(&mut self, request_id: &str) -> HashMap<String, String> {
+        self.redis
+            .hgetall(keys::request_record(request_id))
+            .await
+            .unwrap()
+    }
+
+    async fn wait_response(&mut self, request_id: &str) -> Value {
+        serde_json::from_str(&self.wait_key(&keys::response(request_id)).await).unwrap()
+    }
+
     async fn dead(&mut self, list: &str) -> Vec<Value> {
         let entries: Vec<String> = self
             .redis
@@ -204,17 +233,22 @@ async fn claim_makes_a_pool_worker_the_users_worker_and_serves_requests() {
     let ttl: i64 = env.redis.ttl(keys::response("r1")).await.unwrap();
     assert!((1..=60).contains(&ttl), "response TTL {ttl}");
 
-    // A redelivered request id is never executed twice.
+    // A repeated request id is answered again with its stored response and
+    // never executed twice, even when the repeat asks for something else.
+    let first: String = env.redis.get(keys::response("r1")).await.unwrap();
     let _: () = env.redis.del(keys::response("r1")).await.unwrap();
     let _: () = env
         .redis
-        .lpush(keys::user_requests(&user), request_json("r1", "2330"))
+        .lpush(keys::user_requests(&user), request_json("r1", "0050"))
         .await
         .unwrap();
     let second = env.request(&user, "r2").await;
     assert_eq!(second["status"], "ok");
     let again: Option<String> = env.redis.get(keys::response("r1")).await.unwrap();
-    assert_eq!(again, None, "r1 was executed a second time");
+    assert_eq!(again, Some(first), "the stored response is written again");
+    let ledger = env.ledger("A1").await;
+    assert_eq!(ledger.len(), 2, "r1 and r2, each once: {ledger:?}");
+    assert_eq!(ledger["r1"]["symbol"], "2330");
     let events = worker.telemetry.snapshot();
     assert!(events.iter().any(|e| matches!(e, TelemetryEvent::BrokerRequest { result: RequestResult::Duplicate, request_id: Some(id), .. } if id == "r1")));
     assert!(events.iter().any(|e| matches!(
@@ -500,11 +534,221 @@ async fn sigterm_interrupts_the_blocking_pop_and_deletes_the_pool_mark() {
     assert_eq!(stop(worker).await, WorkerExit::Signal);
     assert!(
         started.elapsed() < Duration::from_secs(2),
-        "BLPOP (30 s) was not interrupted"
+        "the blocking wait (30 s) was not interrupted"
     );
     env.wait_gone(&mark, Duration::from_millis(100)).await;
     // A claim pushed afterwards is still there for the next pool worker.
     env.claim("later").await;
     let queued: i64 = env.redis.llen(keys::POOL_CLAIMS).await.unwrap();
     assert_eq!(queued, 1);
+}
+
+fn requests_of(events: &[TelemetryEvent], id: &str) -> Vec<RequestResult> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::BrokerRequest {
+                request_id: Some(request_id),
+                result,
+                ..
+            } if request_id == id => Some(*result),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_mid_order_is_settled_by_its_successor_from_the_ledger() {
+    let Some(mut env) = env(10).await else { return };
+    let user = unique_name("u");
+    env.put_credentials(&user, "k").await;
+    let first = env.start(Some(&user)).await;
+    env.wait_key(&keys::worker_active(&user)).await;
+    // The order reaches the broker, and the answer never comes back.
+    first
+        .broker
+        .faults()
+        .hanging_orders
+        .store(1, Ordering::SeqCst);
+    let body = request_json("r1", "2330");
+    let _: () = env
+        .redis
+        .lpush(keys::user_requests(&user), &body)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !env.ledger("A1").await.contains_key("r1") {
+        assert!(
+            Instant::now() < deadline,
+            "the order never reached the ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The worker dies between the broker call and the response.
+    first.handle.abort();
+    assert_eq!(env.record("r1").await["state"], "executing");
+    let processing: Vec<String> = env
+        .redis
+        .lrange(keys::user_processing(&user), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(processing, [body], "the request waits for a successor");
+    let answered: bool = env.redis.exists(keys::response("r1")).await.unwrap();
+    assert!(!answered);
+    env.wait_gone(&keys::worker_active(&user), Duration::from_secs(5))
+        .await;
+
+    let successor = env.start(Some(&user)).await;
+    let response = env.wait_response("r1").await;
+    assert_eq!(response["status"], "ok", "{response}");
+    assert_eq!(response["result"]["broker_order_id"], 1, "{response}");
+    assert_eq!(response["result"]["client_order_id"], "r1");
+    let ledger = env.ledger("A1").await;
+    assert_eq!(ledger.len(), 1, "executed once: {ledger:?}");
+    let record = env.record("r1").await;
+    assert_eq!(record["state"], "done");
+    assert_eq!(
+        serde_json::from_str::<Value>(&record["response"]).unwrap(),
+        response
+    );
+    let processing: i64 = env.redis.llen(keys::user_processing(&user)).await.unwrap();
+    assert_eq!(processing, 0);
+    // The successor goes on with the queue.
+    assert_eq!(
+        env.request(&user, "r2").await["result"]["broker_order_id"],
+        2
+    );
+    assert_eq!(
+        requests_of(&successor.telemetry.snapshot(), "r1"),
+        [RequestResult::Ok],
+        "answered exactly once"
+    );
+    assert!(requests_of(&first.telemetry.snapshot(), "r1").is_empty());
+    stop(successor).await;
+}
+
+#[tokio::test]
+async fn a_backlog_of_fifty_executes_in_push_order() {
+    let Some(mut env) = env(11).await else { return };
+    let user = unique_name("u");
+    env.put_credentials(&user, "k").await;
+    let ids: Vec<String> = (0..50).map(|i| format!("b{i}")).collect();
+    for id in &ids {
+        let _: () = env
+            .redis
+            .lpush(keys::user_requests(&user), request_json(id, "2330"))
+            .await
+            .unwrap();
+    }
+    let worker = env.start(Some(&user)).await;
+    for id in &ids {
+        assert_eq!(env.wait_response(id).await["status"], "ok");
+    }
+    let ledger = env.ledger("A1").await;
+    assert_eq!(ledger.len(), 50);
+    for (position, id) in ids.iter().enumerate() {
+        assert_eq!(
+            ledger[id]["broker_order_id"],
+            position as u64 + 1,
+            "{id} ran out of push order"
+        );
+    }
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn expired_repeated_reused_and_unreadable_requests_each_get_their_one_answer() {
+    let Some(mut env) = env(13).await else { return };
+    let user = unique_name("u");
+    env.put_credentials(&user, "k").await;
+    let worker = env.start(Some(&user)).await;
+    env.wait_key(&keys::worker_active(&user)).await;
+    let requests = keys::user_requests(&user);
+
+    // Expired: not executed, answered `expired`.
+    let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
+    let mut expired: Value = serde_json::from_str(&request_json("x1", "2330")).unwrap();
+    expired["expires_at"] = serde_json::json!(now - 1_000);
+    let _: () = env
+        .redis
+        .lpush(&requests, expired.to_string())
+        .await
+        .unwrap();
+    let response = env.wait_response("x1").await;
+    assert_eq!(response["status"], "error");
+    assert_eq!(response["error_code"], "expired", "{response}");
+    assert!(
+        !env.ledger("A1").await.contains_key("x1"),
+        "an expired request ran"
+    );
+
+    // A later deadline is honoured as a deadline, not an error.
+    let mut timely: Value = serde_json::from_str(&request_json("x2", "2330")).unwrap();
+    timely["expires_at"] = serde_json::json!(now + 60_000);
+    let _: () = env
+        .redis
+        .lpush(&requests, timely.to_string())
+        .await
+        .unwrap();
+    let original = env.wait_response("x2").await;
+    assert_eq!(original["status"], "ok");
+
+    // A duplicate id: the stored response again, no second execution.
+    let _: () = env.redis.del(keys::response("x2")).await.unwrap();
+    let _: () = env
+        .redis
+        .lpush(&requests, request_json("x2", "0050"))
+        .await
+        .unwrap();
+    assert_eq!(env.wait_response("x2").await, original);
+
+    // An invalid message reusing the id: dead-lettered, the real answer kept.
+    let _: () = env
+        .redis
+        .lpush(&requests, r#"{"request_id": "x2", "action": "teleport"}"#)
+        .await
+        .unwrap();
+    // Not UTF-8: dead-lettered with its exact bytes.
+    let _: () = env
+        .redis
+        .lpush(&requests, b"\xff\xfe{\"request_id\"".as_slice())
+        .await
+        .unwrap();
+    assert_eq!(
+        env.request(&user, "x3").await["status"],
+        "ok",
+        "still serving"
+    );
+    let kept: String = env.redis.get(keys::response("x2")).await.unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&kept).unwrap(), original);
+    assert_eq!(
+        serde_json::from_str::<Value>(&env.record("x2").await["response"]).unwrap(),
+        original
+    );
+    let ledger = env.ledger("A1").await;
+    assert_eq!(ledger.len(), 2, "x2 and x3 once each: {ledger:?}");
+    assert_eq!(ledger["x2"]["symbol"], "2330");
+    let dead = env.dead(&requests).await;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(
+        dead[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("unknown action")
+    );
+    assert_eq!(dead[1]["reason"], "invalid request: not UTF-8");
+    assert_eq!(dead[1]["message_base64"], "//57InJlcXVlc3RfaWQi");
+    let processing: i64 = env.redis.llen(keys::user_processing(&user)).await.unwrap();
+    assert_eq!(processing, 0);
+    let events = worker.telemetry.snapshot();
+    assert_eq!(requests_of(&events, "x1"), [RequestResult::Expired]);
+    assert_eq!(
+        requests_of(&events, "x2"),
+        [
+            RequestResult::Ok,
+            RequestResult::Duplicate,
+            RequestResult::Invalid
+        ]
+    );
+    stop(worker).await;
 }

@@ -168,7 +168,7 @@ pub fn parse_claim(text: &str) -> Result<ClaimMessage, ParseError> {
 }
 
 /// Buy or sell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Side {
     /// Buy.
@@ -200,12 +200,22 @@ pub enum Action {
 /// A request for a user's worker (list `trading:user:{user_id}:requests`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
-    /// Id the API polls `trading:response:{request_id}` with.
+    /// Id the API polls `trading:response:{request_id}` with; also the broker's
+    /// client order id, so the broker itself refuses to execute it twice.
     pub request_id: String,
     /// Which broker connection to use.
     pub account: Account,
     /// What to do.
     pub action: Action,
+    /// Unix ms after which the request must not be executed (answered `expired`).
+    pub expires_at: Option<u64>,
+}
+
+impl Request {
+    /// Whether the request may no longer be executed at `now_unix_ms`.
+    pub fn is_expired(&self, now_unix_ms: u64) -> bool {
+        self.expires_at.is_some_and(|at| now_unix_ms > at)
+    }
 }
 
 /// A request that could not be parsed; carries its id when one was readable so
@@ -321,10 +331,18 @@ pub fn parse_request(text: &str) -> Result<Request, InvalidRequest> {
             "place_order" => Action::PlaceOrder(order(&map)?),
             _ => return Err(ParseError::UnknownAction),
         };
+        let expires_at = match map.get("expires_at") {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(value.as_u64().ok_or(ParseError::BadField {
+                field: "expires_at",
+                problem: "must be unix milliseconds (a whole number)",
+            })?),
+        };
         Ok(Request {
             request_id: request_id.clone(),
             account: account(&map)?,
             action,
+            expires_at,
         })
     };
     parse().map_err(invalid(Some(request_id.clone())))
@@ -340,6 +358,40 @@ pub enum Status {
     Error,
 }
 
+/// Why a request failed, for programs (`error` is for people).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Its `expires_at` passed before it ran; not executed.
+    Expired,
+    /// Sent to the broker, whose outcome the broker could not confirm either
+    /// way: it may have executed. Look it up by client order id (= request id).
+    InDoubt,
+    /// The request could not be used (bad field, unknown action or broker).
+    Invalid,
+    /// The broker refused it or could not be reached; not executed.
+    Broker,
+    /// The broker did not answer in time (reserved for the order timeout).
+    Timeout,
+    /// The broker already holds an order with this client order id (an earlier
+    /// request with the same id whose record has expired); not executed again.
+    Duplicate,
+}
+
+impl ErrorCode {
+    /// The `error_code` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Expired => "expired",
+            ErrorCode::InDoubt => "in_doubt",
+            ErrorCode::Invalid => "invalid",
+            ErrorCode::Broker => "broker",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Duplicate => "duplicate",
+        }
+    }
+}
+
 /// The answer written to `trading:response:{request_id}`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Response {
@@ -353,6 +405,9 @@ pub struct Response {
     /// What went wrong (on `error`), never a secret.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why (on `error`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<ErrorCode>,
 }
 
 impl Response {
@@ -363,16 +418,18 @@ impl Response {
             status: Status::Ok,
             result: Some(result),
             error: None,
+            error_code: None,
         }
     }
 
     /// A failed answer.
-    pub fn error(request_id: &str, error: impl Into<String>) -> Self {
+    pub fn error(request_id: &str, code: ErrorCode, error: impl Into<String>) -> Self {
         Response {
             request_id: request_id.to_owned(),
             status: Status::Error,
             result: None,
             error: Some(error.into()),
+            error_code: Some(code),
         }
     }
 
@@ -408,6 +465,77 @@ pub fn parse_control(text: &str) -> Result<ControlMessage, ParseError> {
 /// secrets: claims carry credentials only encrypted), the reason and the time.
 pub fn dead_letter(reason: &str, message: &str, at_unix_ms: u64) -> String {
     serde_json::json!({"reason": reason, "message": message, "at": at_unix_ms}).to_string()
+}
+
+/// [`dead_letter`] for a message as Redis holds it, which need not be UTF-8:
+/// such a body keeps a readable `message` (invalid bytes replaced) and the
+/// exact bytes in `message_base64`, so nothing is lost.
+pub fn dead_letter_raw(reason: &str, message: &[u8], at_unix_ms: u64) -> String {
+    match std::str::from_utf8(message) {
+        Ok(text) => dead_letter(reason, text, at_unix_ms),
+        Err(_) => {
+            use base64::Engine as _;
+            serde_json::json!({
+                "reason": reason,
+                "message": String::from_utf8_lossy(message),
+                "message_base64": base64::engine::general_purpose::STANDARD.encode(message),
+                "at": at_unix_ms,
+            })
+            .to_string()
+        }
+    }
+}
+
+/// The request record `trading:request:{request_id}` (a hash): its field names
+/// and `state` values, spelled once for both buses and their scripts.
+pub mod record {
+    /// `executing` or `done`.
+    pub const STATE: &str = "state";
+    /// The final response JSON (once `done`).
+    pub const RESPONSE: &str = "response";
+    /// The user whose worker began the request.
+    pub const USER_ID: &str = "user_id";
+    /// The worker that began it.
+    pub const WORKER_ID: &str = "worker_id";
+    /// When it began (unix ms).
+    pub const STARTED_AT: &str = "started_at";
+    /// `state` before the broker call: the outcome is not known yet.
+    pub const EXECUTING: &str = "executing";
+    /// `state` once the final response is stored.
+    pub const DONE: &str = "done";
+}
+
+/// An order in the paper broker's ledger (`paper:orders:{account_id}`, field =
+/// its client order id), as a real broker reports an order.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct PaperOrder {
+    /// Assigned by the ledger, increasing per account in the order orders arrive.
+    pub broker_order_id: u64,
+    /// The request id the order was placed under.
+    pub client_order_id: String,
+    /// Always `filled` (the paper broker fills at once).
+    pub status: String,
+    /// The account.
+    pub account_id: String,
+    /// Instrument.
+    pub symbol: String,
+    /// Buy or sell.
+    pub side: Side,
+    /// Units.
+    pub quantity: f64,
+    /// Limit price; `null` for a market order.
+    pub price: Option<f64>,
+    /// The limit price, or 100.0 for a market order.
+    pub fill_price: f64,
+    /// When the ledger accepted it (unix ms).
+    pub created_at: u64,
+}
+
+impl PaperOrder {
+    /// Reads a stored order.
+    pub fn parse(text: &str) -> Option<PaperOrder> {
+        serde_json::from_str(text).ok()
+    }
 }
 
 /// The value of a liveness mark `worker:active:…` (JSON). The API only checks
@@ -457,6 +585,30 @@ mod tests {
         assert_eq!(order.side, Side::Buy);
         assert_eq!(order.quantity, 1.0);
         assert_eq!(order.price, Some(600.5));
+        assert_eq!(request.expires_at, None);
+    }
+
+    #[test]
+    fn expires_at_is_optional_unix_ms() {
+        let with = REQUEST.replace(
+            r#""request_id": "r1","#,
+            r#""request_id": "r1", "expires_at": 1000,"#,
+        );
+        let request = parse_request(&with).unwrap();
+        assert_eq!(request.expires_at, Some(1000));
+        assert!(!request.is_expired(1000));
+        assert!(request.is_expired(1001));
+        let bad = REQUEST.replace(
+            r#""request_id": "r1","#,
+            r#""request_id": "r1", "expires_at": "soon","#,
+        );
+        assert_eq!(
+            parse_request(&bad).unwrap_err().error,
+            ParseError::BadField {
+                field: "expires_at",
+                problem: "must be unix milliseconds (a whole number)"
+            }
+        );
     }
 
     #[test]
@@ -547,15 +699,36 @@ mod tests {
             ok,
             serde_json::json!({"request_id": "r1", "status": "ok", "result": {"x": 1}})
         );
-        let err: Value = serde_json::from_str(&Response::error("r1", "boom").to_json()).unwrap();
+        let err: Value =
+            serde_json::from_str(&Response::error("r1", ErrorCode::InDoubt, "boom").to_json())
+                .unwrap();
         assert_eq!(
             err,
-            serde_json::json!({"request_id": "r1", "status": "error", "error": "boom"})
+            serde_json::json!({"request_id": "r1", "status": "error", "error": "boom", "error_code": "in_doubt"})
         );
+        for code in [
+            ErrorCode::Expired,
+            ErrorCode::InDoubt,
+            ErrorCode::Invalid,
+            ErrorCode::Broker,
+            ErrorCode::Timeout,
+            ErrorCode::Duplicate,
+        ] {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
         let dead: Value = serde_json::from_str(&dead_letter("why", "{bad", 5)).unwrap();
         assert_eq!(
             dead,
             serde_json::json!({"reason": "why", "message": "{bad", "at": 5})
+        );
+        assert_eq!(
+            dead_letter_raw("why", b"{bad", 5),
+            dead_letter("why", "{bad", 5)
+        );
+        let raw: Value = serde_json::from_str(&dead_letter_raw("why", b"a\xffb", 6)).unwrap();
+        assert_eq!(
+            raw,
+            serde_json::json!({"reason": "why", "message": "a\u{fffd}b", "message_base64": "Yf9i", "at": 6})
         );
     }
 }

@@ -14,8 +14,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::memory::MemoryPoolBus;
 use super::redis::RedisPoolBus;
-use super::{BusError, MarkWrite, PoolBus, UserMessage, WorkerMetadata};
-use crate::protocol::MarkValue;
+use super::{
+    Answer, AnswerMode, Begun, BusError, LedgerWrite, MarkWrite, PoolBus, UserMessage,
+    WorkerMetadata,
+};
+use crate::protocol::{MarkValue, record};
 
 /// A bus under test.
 #[async_trait]
@@ -345,13 +348,43 @@ async fn pop_user(bus: &dyn PoolBus, user: &str) -> Option<UserMessage> {
         .expect("pop")
 }
 
-/// Requests and control messages are served newest first (LPUSH + BLPOP, as
-/// the original protocol does), control before requests.
-pub async fn requests_are_served_newest_first_after_control(target: &dyn BusTarget) {
+fn request(body: &str) -> Option<UserMessage> {
+    Some(UserMessage::Request(body.as_bytes().to_vec()))
+}
+
+fn control(body: &str) -> Option<UserMessage> {
+    Some(UserMessage::Control(body.as_bytes().to_vec()))
+}
+
+/// Ends a request the way a worker does once it answered it.
+async fn answer(
+    bus: &dyn PoolBus,
+    user: &str,
+    raw: &str,
+    request_id: &str,
+    mode: AnswerMode,
+) -> bool {
+    bus.answer_request(&Answer {
+        user_id: user,
+        raw: raw.as_bytes(),
+        request_id,
+        response: &format!(r#"{{"request_id":"{request_id}","status":"ok"}}"#),
+        mode,
+        dead_letter: None,
+    })
+    .await
+    .expect("answer")
+}
+
+/// Requests are served oldest first (LPUSH, then `LMOVE`/`BLMOVE … RIGHT
+/// LEFT` into the processing list), each handed out again until it is
+/// answered; control messages come first, oldest first.
+pub async fn requests_are_served_oldest_first_through_processing(target: &dyn BusTarget) {
     let bus = target.bus();
     let user = unique_name("u");
-    for request in ["r1", "r2", "r3"] {
-        bus.push_request(&user, request).await.expect("push");
+    let processing = keys::user_processing(&user);
+    for body in ["r1", "r2", "r3"] {
+        bus.push_request(&user, body).await.expect("push");
     }
     assert_eq!(
         bus.list_items(&keys::user_requests(&user))
@@ -360,13 +393,30 @@ pub async fn requests_are_served_newest_first_after_control(target: &dyn BusTarg
         ["r3", "r2", "r1"],
         "pushed at the head"
     );
-    for expected in ["r3", "r2", "r1"] {
-        assert_eq!(
-            pop_user(bus.as_ref(), &user).await,
-            Some(UserMessage::Request(expected.into()))
-        );
-    }
-    bus.push_request(&user, "r4").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("r1"));
+    assert_eq!(
+        bus.list_items(&processing).await.expect("lrange"),
+        ["r1"],
+        "moved, not removed"
+    );
+    assert_eq!(
+        pop_user(bus.as_ref(), &user).await,
+        request("r1"),
+        "an unanswered request is handed out again (a crashed worker's successor)"
+    );
+    assert!(
+        answer(
+            bus.as_ref(),
+            &user,
+            "r1",
+            &unique_name("r"),
+            AnswerMode::Final
+        )
+        .await
+    );
+    assert_eq!(bus.list_len(&processing).await.expect("llen"), 0);
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("r2"));
+
     bus.push_control(&user, "k1").await.expect("push");
     bus.push_control(&user, "k2").await.expect("push");
     assert_eq!(
@@ -375,18 +425,68 @@ pub async fn requests_are_served_newest_first_after_control(target: &dyn BusTarg
             .expect("llen"),
         2
     );
+    assert_eq!(pop_user(bus.as_ref(), &user).await, control("k1"));
+    assert_eq!(pop_user(bus.as_ref(), &user).await, control("k2"));
     assert_eq!(
-        pop_user(bus.as_ref(), &user).await,
-        Some(UserMessage::Control("k2".into()))
+        bus.list_len(&keys::worker_control(&user))
+            .await
+            .expect("llen"),
+        0,
+        "control messages are popped"
     );
     assert_eq!(
         pop_user(bus.as_ref(), &user).await,
-        Some(UserMessage::Control("k1".into()))
+        request("r2"),
+        "the request in processing comes before a newer one"
     );
-    assert_eq!(
-        pop_user(bus.as_ref(), &user).await,
-        Some(UserMessage::Request("r4".into()))
+    assert!(
+        answer(
+            bus.as_ref(),
+            &user,
+            "r2",
+            &unique_name("r"),
+            AnswerMode::Final
+        )
+        .await
     );
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("r3"));
+    assert!(
+        answer(
+            bus.as_ref(),
+            &user,
+            "r3",
+            &unique_name("r"),
+            AnswerMode::Final
+        )
+        .await
+    );
+    assert_eq!(pop_user(bus.as_ref(), &user).await, None);
+}
+
+/// A backlog comes out exactly in push order, however long.
+pub async fn a_backlog_is_served_in_push_order(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let pushed: Vec<String> = (0..50).map(|i| format!("r{i}")).collect();
+    for body in &pushed {
+        bus.push_request(&user, body).await.expect("push");
+    }
+    let mut served = Vec::new();
+    while let Some(UserMessage::Request(raw)) = pop_user(bus.as_ref(), &user).await {
+        let body = String::from_utf8(raw).expect("utf-8");
+        assert!(
+            answer(
+                bus.as_ref(),
+                &user,
+                &body,
+                &unique_name("r"),
+                AnswerMode::Final
+            )
+            .await
+        );
+        served.push(body);
+    }
+    assert_eq!(served, pushed);
 }
 
 /// Claims are served oldest first (LPUSH + BRPOP); a returned claim is next in
@@ -482,13 +582,52 @@ pub async fn blocking_pop_wakes_on_push(target: &dyn BusTarget) {
         .await
         .expect("the push wakes the pop")
         .expect("pop task");
-    assert_eq!(popped, Ok(Some(UserMessage::Request("r1".into()))));
+    assert_eq!(popped, Ok(request("r1")));
     assert!(at.duration_since(pushed) < PROMPT);
     assert_eq!(
         bus.list_len(&keys::user_requests(&user))
             .await
             .expect("llen"),
         0
+    );
+    assert_eq!(
+        bus.list_items(&keys::user_processing(&user))
+            .await
+            .expect("lrange"),
+        ["r1"]
+    );
+
+    // A control message wakes a blocked pop as promptly, and comes first.
+    let pop = {
+        let (bus, user) = (bus.clone(), user.clone());
+        tokio::spawn(async move {
+            assert!(
+                answer(
+                    bus.as_ref(),
+                    &user,
+                    "r1",
+                    &unique_name("r"),
+                    AnswerMode::Final
+                )
+                .await
+            );
+            bus.pop_user_message(&user, Duration::from_secs(20), &CancellationToken::new())
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    bus.push_control(&user, "k1").await.expect("push");
+    let popped = tokio::time::timeout(PROMPT, pop)
+        .await
+        .expect("the control push wakes the pop")
+        .expect("pop task");
+    assert_eq!(popped, Ok(control("k1")));
+    assert_eq!(
+        bus.list_len(&keys::user_processing(&user))
+            .await
+            .expect("llen"),
+        0,
+        "the request wait took nothing"
     );
 }
 
@@ -526,8 +665,18 @@ pub async fn interrupt_ends_a_blocked_pop(target: &dyn BusTarget) {
         bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
             .await
             .expect("pop"),
-        Some(UserMessage::Request("r1".into())),
+        request("r1"),
         "a queued message is still handed out"
+    );
+    assert!(
+        answer(
+            bus.as_ref(),
+            &user,
+            "r1",
+            &unique_name("r"),
+            AnswerMode::Final
+        )
+        .await
     );
     assert_eq!(
         bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
@@ -538,24 +687,238 @@ pub async fn interrupt_ends_a_blocked_pop(target: &dyn BusTarget) {
     assert!(started.elapsed() < PROMPT, "an interrupted pop never waits");
 }
 
-/// A request id is taken once, by the first worker, for a day.
-pub async fn request_ids_are_taken_once(target: &dyn BusTarget) {
+/// A request's record: `executing` once begun (whoever asks next is told so,
+/// nothing changes), `done` with the response once answered (24 h); the
+/// response key is written with it (60 s) and the processing entry removed
+/// in the same step; a replay rewrites the stored response; a first-only
+/// answer never overwrites an existing record.
+pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
     let bus = target.bus();
-    let request = unique_name("r");
-    assert!(bus.take_request(&request, "w1").await.expect("take"));
-    assert!(!bus.take_request(&request, "w2").await.expect("take"));
-    assert!(!bus.take_request(&request, "w1").await.expect("take"));
-    let key = keys::request_taken(&request);
-    assert_eq!(bus.get(&key).await.expect("get").as_deref(), Some("w1"));
-    let ttl = bus.ttl_ms(&key).await.expect("pttl");
+    let user = unique_name("u");
+    let id = unique_name("r");
+    let record_key = keys::request_record(&id);
+    assert_eq!(
+        bus.begin_request(&id, &user, "w1", 5).await.expect("begin"),
+        Begun::Started
+    );
+    let stored = bus.hash_get_all(&record_key).await.expect("hgetall");
+    assert_eq!(
+        stored.get(record::STATE).map(String::as_str),
+        Some(record::EXECUTING)
+    );
+    assert_eq!(stored.get(record::USER_ID), Some(&user));
+    assert_eq!(
+        stored.get(record::WORKER_ID).map(String::as_str),
+        Some("w1")
+    );
+    assert_eq!(
+        stored.get(record::STARTED_AT).map(String::as_str),
+        Some("5")
+    );
+    let ttl = bus.ttl_ms(&record_key).await.expect("pttl");
     assert!(
         matches!(ttl, Some(86_300_000..=86_400_000)),
-        "taken TTL {ttl:?}"
+        "record TTL {ttl:?}"
     );
-    assert!(
-        bus.take_request(&unique_name("r"), "w2")
+    assert_eq!(
+        bus.begin_request(&id, &user, "w2", 6).await.expect("begin"),
+        Begun::Executing {
+            user_id: user.clone(),
+            worker_id: "w1".into()
+        },
+        "a second begin changes nothing"
+    );
+
+    bus.push_request(&user, "body-1").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("body-1"));
+    let response = format!(r#"{{"request_id":"{id}","status":"ok"}}"#);
+    assert!(answer(bus.as_ref(), &user, "body-1", &id, AnswerMode::Final).await);
+    assert_eq!(
+        bus.get(&keys::response(&id)).await.expect("get"),
+        Some(response.clone())
+    );
+    let ttl = bus.ttl_ms(&keys::response(&id)).await.expect("pttl");
+    assert!(matches!(ttl, Some(59_000..=60_000)), "response TTL {ttl:?}");
+    let stored = bus.hash_get_all(&record_key).await.expect("hgetall");
+    assert_eq!(
+        stored.get(record::STATE).map(String::as_str),
+        Some(record::DONE)
+    );
+    assert_eq!(stored.get(record::RESPONSE), Some(&response));
+    assert_eq!(
+        bus.list_len(&keys::user_processing(&user))
             .await
-            .expect("take")
+            .expect("llen"),
+        0
+    );
+    assert_eq!(
+        bus.begin_request(&id, &user, "w2", 7).await.expect("begin"),
+        Begun::Done {
+            response: response.clone()
+        }
+    );
+
+    // A repeated id: its stored response is written again.
+    bus.delete_keys(&[keys::response(&id)]).await.expect("del");
+    bus.push_request(&user, "body-1").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("body-1"));
+    assert!(
+        bus.answer_request(&Answer {
+            user_id: &user,
+            raw: b"body-1",
+            request_id: &id,
+            response: &response,
+            mode: AnswerMode::Replay,
+            dead_letter: None,
+        })
+        .await
+        .expect("replay")
+    );
+    assert_eq!(
+        bus.get(&keys::response(&id)).await.expect("get"),
+        Some(response.clone())
+    );
+
+    // An invalid message reusing the id is dead-lettered, never answered.
+    bus.push_request(&user, "bad-1").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("bad-1"));
+    let answered = bus
+        .answer_request(&Answer {
+            user_id: &user,
+            raw: b"bad-1",
+            request_id: &id,
+            response: r#"{"status":"error"}"#,
+            mode: AnswerMode::FirstOnly,
+            dead_letter: Some(("invalid request: boom", 9)),
+        })
+        .await
+        .expect("first only");
+    assert!(!answered);
+    assert_eq!(
+        bus.get(&keys::response(&id)).await.expect("get"),
+        Some(response.clone())
+    );
+    assert_eq!(
+        bus.hash_get_all(&record_key)
+            .await
+            .expect("hgetall")
+            .get(record::RESPONSE),
+        Some(&response)
+    );
+    let dead = bus
+        .list_items(&keys::dead_letter(&keys::user_requests(&user)))
+        .await
+        .expect("lrange");
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].contains("boom") && dead[0].contains("bad-1"),
+        "{dead:?}"
+    );
+    assert_eq!(
+        pop_user(bus.as_ref(), &user).await,
+        None,
+        "processing is empty"
+    );
+
+    // First-only on a fresh id answers and records it.
+    let fresh = unique_name("r");
+    bus.push_request(&user, "bad-2").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("bad-2"));
+    assert!(answer(bus.as_ref(), &user, "bad-2", &fresh, AnswerMode::FirstOnly).await);
+    assert!(matches!(
+        bus.begin_request(&fresh, &user, "w1", 8)
+            .await
+            .expect("begin"),
+        Begun::Done { .. }
+    ));
+}
+
+/// A request that cannot be answered is dead-lettered and leaves processing
+/// in one step; only the matching entry (the oldest equal one) is removed.
+pub async fn dropped_requests_are_dead_lettered(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    bus.push_request(&user, "{nope").await.expect("push");
+    bus.push_request(&user, "later").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("{nope"));
+    bus.drop_request(&user, b"{nope", "invalid request: not valid JSON", 3)
+        .await
+        .expect("drop");
+    let dead: Vec<serde_json::Value> = bus
+        .list_items(&keys::dead_letter(&keys::user_requests(&user)))
+        .await
+        .expect("lrange")
+        .iter()
+        .map(|entry| serde_json::from_str(entry).expect("JSON"))
+        .collect();
+    assert_eq!(
+        dead,
+        [
+            serde_json::json!({"reason": "invalid request: not valid JSON", "message": "{nope", "at": 3})
+        ]
+    );
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("later"));
+}
+
+/// The paper ledger: increasing broker order ids per account, a repeated
+/// client order id refused with the stored order, lookups by client order id.
+pub async fn paper_ledger_refuses_repeated_client_order_ids(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let (account, other) = (unique_name("A"), unique_name("A"));
+    let order = |symbol: &str| {
+        serde_json::json!({"client_order_id": "x", "symbol": symbol, "quantity": 1.5})
+            .as_object()
+            .cloned()
+            .expect("object")
+    };
+    let first = bus
+        .record_paper_order(&account, "c1", &order("2330"))
+        .await
+        .expect("record");
+    let expected = r#"{"broker_order_id":1,"client_order_id":"x","quantity":1.5,"symbol":"2330"}"#;
+    assert_eq!(first, LedgerWrite::Recorded(expected.to_owned()));
+    assert_eq!(
+        bus.record_paper_order(&account, "c1", &order("0050"))
+            .await
+            .expect("record"),
+        LedgerWrite::Exists(expected.to_owned()),
+        "a repeated client order id is refused and nothing changes"
+    );
+    let LedgerWrite::Recorded(second) = bus
+        .record_paper_order(&account, "c2", &order("0050"))
+        .await
+        .expect("record")
+    else {
+        panic!("c2 is new");
+    };
+    assert!(second.starts_with(r#"{"broker_order_id":2,"#), "{second}");
+    let LedgerWrite::Recorded(elsewhere) = bus
+        .record_paper_order(&other, "c1", &order("2330"))
+        .await
+        .expect("record")
+    else {
+        panic!("another account has its own ids");
+    };
+    assert!(
+        elsewhere.starts_with(r#"{"broker_order_id":1,"#),
+        "{elsewhere}"
+    );
+    assert_eq!(
+        bus.paper_order(&account, "c1").await.expect("lookup"),
+        Some(expected.to_owned())
+    );
+    assert_eq!(bus.paper_order(&account, "c3").await.expect("lookup"), None);
+    let ledger = bus
+        .hash_get_all(&keys::paper_orders(&account))
+        .await
+        .expect("hgetall");
+    assert_eq!(ledger.len(), 2);
+    assert_eq!(
+        bus.get(&keys::paper_order_ids(&account))
+            .await
+            .expect("get")
+            .as_deref(),
+        Some("2")
     );
 }
 
@@ -770,12 +1133,15 @@ macro_rules! pool_bus_conformance_suite {
             heartbeat_is_refused_once_displaced,
             release_is_only_by_the_owner,
             marks_expire_with_their_ttl,
-            requests_are_served_newest_first_after_control,
+            requests_are_served_oldest_first_through_processing,
+            a_backlog_is_served_in_push_order,
             claims_are_served_oldest_first,
             blocking_pop_times_out,
             blocking_pop_wakes_on_push,
             interrupt_ends_a_blocked_pop,
-            request_ids_are_taken_once,
+            request_records_keep_one_final_response,
+            dropped_requests_are_dead_lettered,
+            paper_ledger_refuses_repeated_client_order_ids,
             responses_expire_after_a_minute,
             dead_letters_keep_the_reason,
             scan_matches_patterns,

@@ -5,6 +5,7 @@
 //! matching as Redis's `SCAN MATCH` does it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -15,10 +16,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BusError, Inspect, MarkWrite, PoolBus, REQUEST_TAKEN_TTL, RESPONSE_TTL, StoredMark,
-    UserMessage, whole_seconds,
+    Answer, AnswerMode, Begun, BusError, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
+    REQUEST_RECORD_TTL, RESPONSE_TTL, StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
 };
-use crate::protocol;
+use crate::protocol::{self, record};
 
 mod glob;
 pub use glob::glob_match;
@@ -27,7 +28,7 @@ pub use glob::glob_match;
 const WRONG_TYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// Every this many operations, expired keys nobody reads again (responses,
-/// taken request ids) are dropped, so a long `leasehold dev` does not grow.
+/// request records) are dropped, so a long `leasehold dev` does not grow.
 const PURGE_EVERY: u64 = 1024;
 
 #[derive(Debug, Clone)]
@@ -46,7 +47,7 @@ struct Entry {
 /// Which end of a list a pop takes from.
 #[derive(Debug, Clone, Copy)]
 enum End {
-    /// `LPOP` / `BLPOP`: the end producers push to (newest first).
+    /// The end producers push to (`LPUSH`).
     Head,
     /// `RPOP` / `BRPOP`: the other end (oldest first).
     Tail,
@@ -154,6 +155,53 @@ impl Keyspace {
         Ok(None)
     }
 
+    /// `LMOVE from to RIGHT LEFT`: the oldest entry of `from` becomes the
+    /// newest of `to`; an emptied list is deleted.
+    fn move_oldest(
+        &mut self,
+        from: &str,
+        to: &str,
+        now: Instant,
+    ) -> Result<Option<String>, BusError> {
+        self.list(to, now)?;
+        let Some((_, body)) = self.pop_first(&[from.to_owned()], End::Tail, now)? else {
+            return Ok(None);
+        };
+        self.push(to, &body, End::Head, now)?;
+        Ok(Some(body))
+    }
+
+    /// `LREM key -1 body`: removes the entry nearest the tail.
+    fn remove_last(&mut self, key: &str, body: &[u8], now: Instant) -> Result<(), BusError> {
+        let Ok(body) = std::str::from_utf8(body) else {
+            // Everything this bus holds is UTF-8: such an entry cannot exist.
+            return Ok(());
+        };
+        let Some(list) = self.list(key, now)? else {
+            return Ok(());
+        };
+        if let Some(index) = list.iter().rposition(|entry| entry == body) {
+            list.remove(index);
+        }
+        if list.is_empty() {
+            self.entries.remove(key);
+        }
+        Ok(())
+    }
+
+    fn hash_field(
+        &mut self,
+        key: &str,
+        field: &str,
+        now: Instant,
+    ) -> Result<Option<String>, BusError> {
+        match self.live(key, now).map(|entry| &entry.value) {
+            None => Ok(None),
+            Some(Value::Hash(hash)) => Ok(hash.get(field).cloned()),
+            Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
+        }
+    }
+
     /// `HSET` of some fields: other fields stay, the TTL is unchanged.
     fn hash_set(
         &mut self,
@@ -249,12 +297,39 @@ pub struct MemoryPoolBus {
     keyspace: Mutex<Keyspace>,
     /// Woken on every push, so blocked pops look again.
     pushed: Notify,
+    /// The next this many `begin_request` calls fail as if Redis were away.
+    failing_begins: AtomicU32,
+    /// The next this many `answer_request` / `drop_request` calls fail so.
+    failing_answers: AtomicU32,
 }
 
 impl MemoryPoolBus {
     /// An empty bus.
     pub fn new() -> Self {
         MemoryPoolBus::default()
+    }
+
+    /// Makes the next `count` [`PoolBus::begin_request`] calls fail with
+    /// [`BusError::Unavailable`] before touching anything: how tests show that
+    /// a worker survives Redis going away mid-request without losing it.
+    pub fn fail_begins(&self, count: u32) {
+        self.failing_begins.store(count, Ordering::SeqCst);
+    }
+
+    /// The same for the next `count` [`PoolBus::answer_request`] and
+    /// [`PoolBus::drop_request`] calls (the step after the broker call).
+    pub fn fail_answers(&self, count: u32) {
+        self.failing_answers.store(count, Ordering::SeqCst);
+    }
+
+    fn inject_fault(counter: &AtomicU32) -> Result<(), BusError> {
+        if counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(BusError::Unavailable("injected fault".into()));
+        }
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, Keyspace> {
@@ -407,9 +482,45 @@ impl PoolBus for MemoryPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let lists = UserMessage::lists(user_id);
-        let popped = self.pop(&lists, End::Head, timeout, interrupt).await?;
-        Ok(popped.map(|(list, body)| UserMessage::from_list(user_id, &list, body)))
+        let (control, processing, requests) = (
+            keys::worker_control(user_id),
+            keys::user_processing(user_id),
+            keys::user_requests(user_id),
+        );
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Registered before looking, so a push between the look and the
+            // wait still wakes this pop.
+            let pushed = self.pushed.notified();
+            tokio::pin!(pushed);
+            pushed.as_mut().enable();
+            {
+                let now = Instant::now();
+                let mut keyspace = self.lock();
+                if let Some((_, body)) =
+                    keyspace.pop_first(std::slice::from_ref(&control), End::Tail, now)?
+                {
+                    return Ok(Some(UserMessage::Control(body.into_bytes())));
+                }
+                if let Some(oldest) = keyspace
+                    .list(&processing, now)?
+                    .and_then(|list| list.back().cloned())
+                {
+                    return Ok(Some(UserMessage::Request(oldest.into_bytes())));
+                }
+                if let Some(moved) = keyspace.move_oldest(&requests, &processing, now)? {
+                    return Ok(Some(UserMessage::Request(moved.into_bytes())));
+                }
+            }
+            if interrupt.is_cancelled() {
+                return Ok(None);
+            }
+            tokio::select! {
+                _ = &mut pushed => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+                _ = interrupt.cancelled() => return Ok(None),
+            }
+        }
     }
 
     async fn dead_letter(
@@ -426,15 +537,111 @@ impl PoolBus for MemoryPoolBus {
         )
     }
 
-    async fn take_request(&self, request_id: &str, worker_id: &str) -> Result<bool, BusError> {
+    async fn begin_request(
+        &self,
+        request_id: &str,
+        user_id: &str,
+        worker_id: &str,
+        at_unix_ms: u64,
+    ) -> Result<Begun, BusError> {
+        Self::inject_fault(&self.failing_begins)?;
         let now = Instant::now();
-        let key = keys::request_taken(request_id);
+        let key = keys::request_record(request_id);
         let mut keyspace = self.lock();
-        if keyspace.exists(&key, now) {
-            return Ok(false);
+        let Some(state) = keyspace.hash_field(&key, record::STATE, now)? else {
+            keyspace.hash_set(
+                &key,
+                &[
+                    (record::STATE, record::EXECUTING.to_owned()),
+                    (record::USER_ID, user_id.to_owned()),
+                    (record::WORKER_ID, worker_id.to_owned()),
+                    (record::STARTED_AT, at_unix_ms.to_string()),
+                ],
+                now,
+            )?;
+            keyspace.expire(&key, REQUEST_RECORD_TTL, now);
+            return Ok(Begun::Started);
+        };
+        let mut field = |name| {
+            keyspace
+                .hash_field(&key, name, now)
+                .map(Option::unwrap_or_default)
+        };
+        Ok(if state == record::DONE {
+            Begun::Done {
+                response: field(record::RESPONSE)?,
+            }
+        } else {
+            Begun::Executing {
+                user_id: field(record::USER_ID)?,
+                worker_id: field(record::WORKER_ID)?,
+            }
+        })
+    }
+
+    async fn answer_request(&self, answer: &Answer<'_>) -> Result<bool, BusError> {
+        Self::inject_fault(&self.failing_answers)?;
+        let now = Instant::now();
+        let record_key = keys::request_record(answer.request_id);
+        let mut keyspace = self.lock();
+        // Checked before anything is written, as Redis fails the script's
+        // first command on a wrong type.
+        keyspace.check_hash(&record_key, now)?;
+        let answered = match answer.mode {
+            AnswerMode::Final => true,
+            AnswerMode::FirstOnly => !keyspace.exists(&record_key, now),
+            AnswerMode::Replay => false,
+        };
+        if answered {
+            keyspace.hash_set(
+                &record_key,
+                &[
+                    (record::STATE, record::DONE.to_owned()),
+                    (record::RESPONSE, answer.response.to_owned()),
+                ],
+                now,
+            )?;
+            keyspace.expire(&record_key, REQUEST_RECORD_TTL, now);
         }
-        keyspace.set(&key, worker_id, Some(REQUEST_TAKEN_TTL), now);
-        Ok(true)
+        let answered = answered || answer.mode == AnswerMode::Replay;
+        if answered {
+            keyspace.set(
+                &keys::response(answer.request_id),
+                answer.response,
+                Some(RESPONSE_TTL),
+                now,
+            );
+        }
+        let requests = keys::user_requests(answer.user_id);
+        if let Some((reason, at)) = answer.dead_letter {
+            keyspace.push(
+                &keys::dead_letter(&requests),
+                &protocol::dead_letter_raw(reason, answer.raw, at),
+                End::Tail,
+                now,
+            )?;
+        }
+        keyspace.remove_last(&keys::user_processing(answer.user_id), answer.raw, now)?;
+        Ok(answered)
+    }
+
+    async fn drop_request(
+        &self,
+        user_id: &str,
+        raw: &[u8],
+        reason: &str,
+        at_unix_ms: u64,
+    ) -> Result<(), BusError> {
+        Self::inject_fault(&self.failing_answers)?;
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        keyspace.push(
+            &keys::dead_letter(&keys::user_requests(user_id)),
+            &protocol::dead_letter_raw(reason, raw, at_unix_ms),
+            End::Tail,
+            now,
+        )?;
+        keyspace.remove_last(&keys::user_processing(user_id), raw, now)
     }
 
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
@@ -472,6 +679,53 @@ impl PoolBus for MemoryPoolBus {
         let now = Instant::now();
         let mut keyspace = self.lock();
         Ok(keys.iter().filter(|key| keyspace.delete(key, now)).count() as u64)
+    }
+}
+
+#[async_trait]
+impl PaperLedger for MemoryPoolBus {
+    async fn record_paper_order(
+        &self,
+        account_id: &str,
+        client_order_id: &str,
+        order: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<LedgerWrite, BusError> {
+        let now = Instant::now();
+        let (orders, ids) = (
+            keys::paper_orders(account_id),
+            keys::paper_order_ids(account_id),
+        );
+        let mut keyspace = self.lock();
+        if let Some(existing) = keyspace.hash_field(&orders, client_order_id, now)? {
+            return Ok(LedgerWrite::Exists(existing));
+        }
+        // INCR: a missing counter counts from 0; a non-integer is refused.
+        let id = match keyspace.get(&ids, now)? {
+            None => 1,
+            Some(current) => {
+                current.parse::<u64>().map_err(|_| {
+                    BusError::Rejected("ERR value is not an integer or out of range".into())
+                })? + 1
+            }
+        };
+        keyspace.check_hash(&orders, now)?;
+        keyspace.set(&ids, &id.to_string(), None, now);
+        let (prefix, suffix) = ledger_entry_parts(order);
+        let stored = format!("{prefix}{id}{suffix}");
+        keyspace.hash_set(&orders, &[(client_order_id, stored.clone())], now)?;
+        Ok(LedgerWrite::Recorded(stored))
+    }
+
+    async fn paper_order(
+        &self,
+        account_id: &str,
+        client_order_id: &str,
+    ) -> Result<Option<String>, BusError> {
+        self.lock().hash_field(
+            &keys::paper_orders(account_id),
+            client_order_id,
+            Instant::now(),
+        )
     }
 }
 

@@ -14,9 +14,14 @@
 //!
 //! Queue directions are part of the contract and are fixed here, not by
 //! callers: producers push claims, requests and control messages at the head
-//! (Redis `LPUSH`); claims are popped at the tail (`BRPOP`, oldest first),
-//! requests and control messages at the head (`BLPOP`, newest first, as the
-//! original protocol does), control before requests.
+//! (Redis `LPUSH`); everything is served oldest first, from the tail. Claims
+//! and control messages are popped (`BRPOP`, `RPOP`); a request is *moved*
+//! into the user's processing list (`BLMOVE … RIGHT LEFT`) and leaves it only
+//! with its final response, so no request is lost with a worker. Control
+//! messages come before requests.
+//!
+//! The paper broker's ledger ([`PaperLedger`]) lives on the same bus: it is
+//! what a real broker keeps on its side, and both buses must agree on it too.
 
 pub mod memory;
 pub mod redis;
@@ -27,15 +32,15 @@ pub mod conformance;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::keys;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 /// Responses stay readable this long (docs/redis.md).
 pub const RESPONSE_TTL: Duration = Duration::from_secs(60);
 
-/// A taken request id is remembered this long (redeliveries come much sooner).
-pub const REQUEST_TAKEN_TTL: Duration = Duration::from_secs(86_400);
+/// A request's record is kept this long: a repeated id within it is answered
+/// with the stored response instead of running again.
+pub const REQUEST_RECORD_TTL: Duration = Duration::from_secs(86_400);
 
 /// Why a bus operation failed. Messages never hold the bus URL (which may
 /// carry a password) nor a message body.
@@ -78,29 +83,77 @@ pub struct MarkWrite<'a> {
     pub metadata: &'a WorkerMetadata,
 }
 
-/// A message popped for a claimed worker.
+/// A message handed to a claimed worker, as bytes: Redis holds whatever the
+/// API pushed, UTF-8 or not, and a body that is not must still be dead-lettered
+/// rather than lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserMessage {
-    /// From `worker:control:{user_id}:messages`.
-    Control(String),
-    /// From `trading:user:{user_id}:requests`.
-    Request(String),
+    /// Popped from `worker:control:{user_id}:messages` (gone from the list).
+    Control(Vec<u8>),
+    /// The oldest entry of `trading:user:{user_id}:processing`, which stays
+    /// there until [`PoolBus::answer_request`] or [`PoolBus::drop_request`].
+    Request(Vec<u8>),
 }
 
-impl UserMessage {
-    /// The lists a user's worker pops, in priority order: control first.
-    pub(crate) fn lists(user_id: &str) -> [String; 2] {
-        [keys::worker_control(user_id), keys::user_requests(user_id)]
-    }
+/// What a request's record said when a worker began it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begun {
+    /// No record: it now says `executing` for this worker. Run it.
+    Started,
+    /// Already `executing`: a worker began it and its outcome is unknown (it
+    /// died, or a Redis reply was lost). Resolve it at the broker, never rerun
+    /// it blindly.
+    Executing {
+        /// The user whose worker began it.
+        user_id: String,
+        /// That worker.
+        worker_id: String,
+    },
+    /// Already `done`: answer with the stored response.
+    Done {
+        /// The stored response JSON.
+        response: String,
+    },
+}
 
-    /// Names what came from which of [`UserMessage::lists`].
-    pub(crate) fn from_list(user_id: &str, list: &str, body: String) -> UserMessage {
-        if list == keys::worker_control(user_id) {
-            UserMessage::Control(body)
-        } else {
-            UserMessage::Request(body)
-        }
-    }
+/// How [`PoolBus::answer_request`] treats the request's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerMode {
+    /// The worker began this request: record it `done` with the response.
+    Final,
+    /// Answer and record only if no record exists (an invalid message with a
+    /// readable id must not overwrite the real request's response).
+    FirstOnly,
+    /// The record is `done` already: write its response again, record untouched.
+    Replay,
+}
+
+/// The final step of one request, atomic on the bus.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// Whose processing list holds the request.
+    pub user_id: &'a str,
+    /// The processing-list entry exactly as handed out; removed.
+    pub raw: &'a [u8],
+    /// The request answered.
+    pub request_id: &'a str,
+    /// The response JSON.
+    pub response: &'a str,
+    /// What happens to the record.
+    pub mode: AnswerMode,
+    /// Also dead-letter the entry to `trading:user:{user_id}:requests:dead`
+    /// with this reason and time (unix ms).
+    pub dead_letter: Option<(&'a str, u64)>,
+}
+
+/// What [`PaperLedger::record_paper_order`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerWrite {
+    /// Stored: the order JSON, `broker_order_id` first.
+    Recorded(String),
+    /// The client order id was used before: nothing was written; the order
+    /// stored under it.
+    Exists(String),
 }
 
 /// One liveness mark as read by the pool manager and the sweep.
@@ -117,7 +170,7 @@ pub struct StoredMark {
 /// The broker pool's shared state. Every method is one atomic step on the
 /// bus unless it says otherwise.
 #[async_trait]
-pub trait PoolBus: Inspect {
+pub trait PoolBus: Inspect + PaperLedger {
     // --- liveness marks ---
 
     /// The exclusive claim: sets the user's mark only if no one holds it, and
@@ -173,9 +226,14 @@ pub trait PoolBus: Inspect {
     /// Queues a control message for a user's worker (`LPUSH`, as the API does).
     async fn push_control(&self, user_id: &str, body: &str) -> Result<(), BusError>;
 
-    /// Waits up to `timeout` for the user's next control message or request
-    /// (`BLPOP control requests`: control first, each list newest first).
-    /// `interrupt` behaves as in [`PoolBus::pop_claim`].
+    /// Waits up to `timeout` for what the user's worker does next, in this
+    /// order: the oldest control message (popped); the oldest request already
+    /// in the processing list (a predecessor's, or one not yet answered);
+    /// the oldest queued request, moved into the processing list in the same
+    /// step (`LMOVE`/`BLMOVE requests processing RIGHT LEFT`). While waiting,
+    /// a control message still wins within milliseconds. `interrupt` behaves
+    /// as in [`PoolBus::pop_claim`]; a request moved when interrupted stays in
+    /// the processing list, never lost.
     async fn pop_user_message(
         &self,
         user_id: &str,
@@ -195,11 +253,35 @@ pub trait PoolBus: Inspect {
 
     // --- requests and responses ---
 
-    /// Takes a request id for `worker_id` (`SET NX`, [`REQUEST_TAKEN_TTL`]).
-    /// `false`: it was taken before and must not run again.
-    async fn take_request(&self, request_id: &str, worker_id: &str) -> Result<bool, BusError>;
+    /// Begins a request: with no record, records `executing` for this user and
+    /// worker ([`REQUEST_RECORD_TTL`]) and says [`Begun::Started`]; otherwise
+    /// changes nothing and says what the record holds.
+    async fn begin_request(
+        &self,
+        request_id: &str,
+        user_id: &str,
+        worker_id: &str,
+        at_unix_ms: u64,
+    ) -> Result<Begun, BusError>;
 
-    /// Stores the answer to a request for [`RESPONSE_TTL`].
+    /// Ends a request in one step: per [`AnswerMode`], records it `done` with
+    /// the response and stores the response for [`RESPONSE_TTL`]; dead-letters
+    /// it if asked; removes its entry from the processing list. `false` when
+    /// [`AnswerMode::FirstOnly`] found a record (then no response was written).
+    async fn answer_request(&self, answer: &Answer<'_>) -> Result<bool, BusError>;
+
+    /// Ends a request that cannot be answered (no readable id, not UTF-8, or
+    /// an id that belongs to another user's request) in one step: dead-letters
+    /// it with the reason and removes it from the processing list.
+    async fn drop_request(
+        &self,
+        user_id: &str,
+        raw: &[u8],
+        reason: &str,
+        at_unix_ms: u64,
+    ) -> Result<(), BusError>;
+
+    /// Stores the answer to a request for [`RESPONSE_TTL`] (no record).
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError>;
 
     // --- credentials and reports ---
@@ -218,6 +300,45 @@ pub trait PoolBus: Inspect {
 
     /// Deletes keys (the sweep's stale and orphan marks); returns how many existed.
     async fn delete_keys(&self, keys: &[String]) -> Result<u64, BusError>;
+}
+
+/// The paper broker's order book (`paper:orders:{account_id}`), kept next to
+/// the pool so it survives workers, as a real broker's does.
+#[async_trait]
+pub trait PaperLedger: Send + Sync {
+    /// Stores `order` (a JSON object without `broker_order_id`) under its
+    /// client order id with the account's next `broker_order_id`, unless the
+    /// id is there already: like a real broker, a repeated client order id is
+    /// refused, never executed twice.
+    async fn record_paper_order(
+        &self,
+        account_id: &str,
+        client_order_id: &str,
+        order: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<LedgerWrite, BusError>;
+
+    /// The order stored under a client order id.
+    async fn paper_order(
+        &self,
+        account_id: &str,
+        client_order_id: &str,
+    ) -> Result<Option<String>, BusError>;
+}
+
+/// The stored form of a ledger order is `prefix`, the `broker_order_id`, then
+/// `suffix` (the fields of `order`): the id is only known inside the atomic
+/// step, and both buses build the text the same way.
+pub(crate) fn ledger_entry_parts(
+    order: &serde_json::Map<String, serde_json::Value>,
+) -> (String, String) {
+    let rest = serde_json::Value::Object(order.clone()).to_string();
+    let prefix = r#"{"broker_order_id":"#.to_owned();
+    let suffix = if order.is_empty() {
+        "}".to_owned()
+    } else {
+        format!(",{}", &rest[1..])
+    };
+    (prefix, suffix)
 }
 
 /// Reads of any key in the pool's keyspace: what the pool's own read model

@@ -1,6 +1,7 @@
 //! The pool bus on Redis/Valkey: the layout of docs/redis.md (keys from
-//! `crate::keys`, Lua scripts for the mark operations, LPUSH / BLPOP /
-//! BRPOP directions, TTLs). APIs in other languages depend on this layout.
+//! `crate::keys`, Lua scripts for the mark, request and ledger steps, LPUSH /
+//! BRPOP / BLMOVE directions, TTLs). APIs in other languages depend on this
+//! layout.
 //!
 //! Blocking pops run on connections of their own (a blocked connection serves
 //! nothing else); an interrupt ends them with `CLIENT UNBLOCK` rather than by
@@ -18,10 +19,83 @@ use redis::aio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BusError, Inspect, MarkWrite, PoolBus, REQUEST_TAKEN_TTL, RESPONSE_TTL, StoredMark,
-    UserMessage, whole_seconds,
+    Answer, AnswerMode, Begun, BusError, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
+    REQUEST_RECORD_TTL, RESPONSE_TTL, StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
 };
-use crate::protocol;
+use crate::protocol::{self, record};
+
+/// KEYS: control list, processing list, request list. What a user's worker
+/// does next, without blocking: the oldest control message (popped), else the
+/// oldest request already in processing (left there), else the oldest queued
+/// request moved into processing. Returns {1, control} | {2, request} | {0, ''}.
+const NEXT_USER_MESSAGE: &str = r#"
+local control = redis.call('RPOP', KEYS[1])
+if control then return {1, control} end
+local oldest = redis.call('LINDEX', KEYS[2], -1)
+if oldest then return {2, oldest} end
+local moved = redis.call('LMOVE', KEYS[3], KEYS[2], 'RIGHT', 'LEFT')
+if moved then return {2, moved} end
+return {0, ''}
+"#;
+
+/// KEYS: request record. ARGV: user id, worker id, unix ms, record ttl.
+/// Without a record, records `executing` and returns {'', …}; otherwise
+/// returns {state, user_id, worker_id, response} and changes nothing.
+const BEGIN_REQUEST: &str = r#"
+local state = redis.call('HGET', KEYS[1], '{state}')
+if not state then
+  redis.call('HSET', KEYS[1], '{state}', '{executing}', '{user_id}', ARGV[1], '{worker_id}', ARGV[2], '{started_at}', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  return {'', '', '', ''}
+end
+return {state, redis.call('HGET', KEYS[1], '{user_id}') or '', redis.call('HGET', KEYS[1], '{worker_id}') or '',
+        redis.call('HGET', KEYS[1], '{response}') or ''}
+"#;
+
+/// KEYS: request record, response, processing list, dead list. ARGV: the
+/// processing entry, mode (final | first_only | replay), response, dead
+/// letter ('' for none), record ttl, response ttl. Returns 1 when answered.
+/// One step, so a request leaves the processing list exactly when its final
+/// response is stored.
+const ANSWER_REQUEST: &str = r#"
+local answered = 0
+if ARGV[2] == 'final' or (ARGV[2] == 'first_only' and redis.call('EXISTS', KEYS[1]) == 0) then
+  redis.call('HSET', KEYS[1], '{state}', '{done}', '{response}', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  answered = 1
+elseif ARGV[2] == 'replay' then
+  answered = 1
+end
+if answered == 1 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[6]) end
+if ARGV[4] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[4]) end
+redis.call('LREM', KEYS[3], -1, ARGV[1])
+return answered
+"#;
+
+/// KEYS: ledger hash, id counter. ARGV: client order id, order text before
+/// and after its broker order id. A repeated client order id is refused:
+/// {0, stored order}; otherwise {1, new order}.
+const RECORD_PAPER_ORDER: &str = r#"
+local existing = redis.call('HGET', KEYS[1], ARGV[1])
+if existing then return {0, existing} end
+local id = redis.call('INCR', KEYS[2])
+local order = ARGV[2] .. string.format('%d', id) .. ARGV[3]
+redis.call('HSET', KEYS[1], ARGV[1], order)
+return {1, order}
+"#;
+
+/// A request script with the record's field names and states filled in, so
+/// they are spelled once (`protocol::record`).
+fn with_record_fields(script: &str) -> String {
+    script
+        .replace("{state}", record::STATE)
+        .replace("{response}", record::RESPONSE)
+        .replace("{user_id}", record::USER_ID)
+        .replace("{worker_id}", record::WORKER_ID)
+        .replace("{started_at}", record::STARTED_AT)
+        .replace("{executing}", record::EXECUTING)
+        .replace("{done}", record::DONE)
+}
 
 /// KEYS: user mark, pool mark, metadata. ARGV: mark value, ttl, task_arn,
 /// instance_id, launched_at. 1 = claimed, 0 = the user already has a worker.
@@ -141,6 +215,10 @@ pub struct RedisPoolBus {
     claim: redis::Script,
     heartbeat: redis::Script,
     release: redis::Script,
+    next_user_message: redis::Script,
+    begin_request: redis::Script,
+    answer_request: redis::Script,
+    record_paper_order: redis::Script,
 }
 
 impl std::fmt::Debug for RedisPoolBus {
@@ -170,6 +248,10 @@ impl RedisPoolBus {
             claim: redis::Script::new(CLAIM),
             heartbeat: redis::Script::new(&guarded(HEARTBEAT)),
             release: redis::Script::new(&guarded(RELEASE)),
+            next_user_message: redis::Script::new(NEXT_USER_MESSAGE),
+            begin_request: redis::Script::new(&with_record_fields(BEGIN_REQUEST)),
+            answer_request: redis::Script::new(&with_record_fields(ANSWER_REQUEST)),
+            record_paper_order: redis::Script::new(RECORD_PAPER_ORDER),
         })
     }
 
@@ -203,25 +285,39 @@ impl RedisPoolBus {
         Ok(Blocking { connection, id })
     }
 
-    /// `BLPOP`/`BRPOP` over `lists` (first non-empty wins), interruptible.
+    /// `BRPOP` over `lists` (first non-empty wins), interruptible.
     async fn pop(
         &self,
         pop_command: &'static str,
         lists: &[String],
         timeout: Duration,
         interrupt: &CancellationToken,
-    ) -> Result<Option<(String, String)>, BusError> {
+    ) -> Result<Option<(String, Vec<u8>)>, BusError> {
+        let mut command = redis::cmd(pop_command);
+        command.arg(lists);
+        self.blocking(command, pop_command, timeout, interrupt)
+            .await
+    }
+
+    /// One blocking command (its timeout argument appended here) on a
+    /// connection of its own, ended early by `interrupt` through `CLIENT
+    /// UNBLOCK`, so whatever Redis already did is still reported.
+    async fn blocking<T: redis::FromRedisValue>(
+        &self,
+        mut command: redis::Cmd,
+        name: &'static str,
+        timeout: Duration,
+        interrupt: &CancellationToken,
+    ) -> Result<T, BusError> {
         let Blocking { connection, id } = self.blocking_connection().await?;
         // 0 would block forever.
-        let seconds = format!("{:.3}", timeout.as_secs_f64().max(0.01));
-        let mut command = redis::cmd(pop_command);
-        command.arg(lists).arg(seconds);
+        command.arg(format!("{:.3}", timeout.as_secs_f64().max(0.01)));
         // A handle of its own for the command, so the connection can go back
         // to the idle list afterwards.
         let mut popping = connection.clone();
         let pop = tokio::time::timeout(
             timeout + BLOCK_GRACE,
-            command.query_async::<Option<(String, String)>>(&mut popping),
+            command.query_async::<T>(&mut popping),
         );
         tokio::pin!(pop);
         let result = tokio::select! {
@@ -264,7 +360,7 @@ impl RedisPoolBus {
             // The connection is dropped: its state is unknown.
             Ok(Err(err)) => Err(classify(err)),
             Err(_) => Err(BusError::Unavailable(format!(
-                "{pop_command} got no answer within its timeout"
+                "{name} got no answer within its timeout"
             ))),
         }
     }
@@ -397,7 +493,9 @@ impl PoolBus for RedisPoolBus {
         let popped = self
             .pop("BRPOP", &[keys::POOL_CLAIMS.to_owned()], timeout, interrupt)
             .await?;
-        Ok(popped.map(|(_, body)| body))
+        // Claims are produced by tools that write UTF-8; anything else is
+        // replaced rather than failing the pop, and then fails to parse.
+        Ok(popped.map(|(_, body)| String::from_utf8_lossy(&body).into_owned()))
     }
 
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {
@@ -414,9 +512,61 @@ impl PoolBus for RedisPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let lists = UserMessage::lists(user_id);
-        let popped = self.pop("BLPOP", &lists, timeout, interrupt).await?;
-        Ok(popped.map(|(list, body)| UserMessage::from_list(user_id, &list, body)))
+        let (control, processing, requests) = (
+            keys::worker_control(user_id),
+            keys::user_processing(user_id),
+            keys::user_requests(user_id),
+        );
+        let (kind, body): (i64, Vec<u8>) = self
+            .next_user_message
+            .key(&control)
+            .key(&processing)
+            .key(&requests)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        match kind {
+            1 => return Ok(Some(UserMessage::Control(body))),
+            2 => return Ok(Some(UserMessage::Request(body))),
+            _ => {}
+        }
+        if interrupt.is_cancelled() {
+            return Ok(None);
+        }
+        // Nothing waiting: block on both lists at once, each on a connection
+        // of its own (no single Redis command blocks on two lists and moves),
+        // and end the other wait as soon as one returns. A request the other
+        // wait moved meanwhile is in the processing list: handed out next.
+        let (control_stop, request_stop) = (interrupt.child_token(), interrupt.child_token());
+        let mut brpop = redis::cmd("BRPOP");
+        brpop.arg(&control);
+        let mut blmove = redis::cmd("BLMOVE");
+        blmove
+            .arg(&requests)
+            .arg(&processing)
+            .arg("RIGHT")
+            .arg("LEFT");
+        let control_wait =
+            self.blocking::<Option<(String, Vec<u8>)>>(brpop, "BRPOP", timeout, &control_stop);
+        let request_wait =
+            self.blocking::<Option<Vec<u8>>>(blmove, "BLMOVE", timeout, &request_stop);
+        tokio::pin!(control_wait, request_wait);
+        let (control, request) = tokio::select! {
+            control = &mut control_wait => {
+                request_stop.cancel();
+                (control, request_wait.await)
+            }
+            request = &mut request_wait => {
+                control_stop.cancel();
+                (control_wait.await, request)
+            }
+        };
+        match (control, request) {
+            (Ok(Some((_, body))), _) => Ok(Some(UserMessage::Control(body))),
+            (_, Ok(Some(body))) => Ok(Some(UserMessage::Request(body))),
+            (Err(err), _) | (_, Err(err)) => Err(err),
+            (Ok(None), Ok(None)) => Ok(None),
+        }
     }
 
     async fn dead_letter(
@@ -433,18 +583,82 @@ impl PoolBus for RedisPoolBus {
         .await
     }
 
-    async fn take_request(&self, request_id: &str, worker_id: &str) -> Result<bool, BusError> {
-        let taken: Option<String> = self
-            .query(
-                redis::cmd("SET")
-                    .arg(keys::request_taken(request_id))
-                    .arg(worker_id)
-                    .arg("NX")
-                    .arg("EX")
-                    .arg(REQUEST_TAKEN_TTL.as_secs()),
-            )
-            .await?;
-        Ok(taken.is_some())
+    async fn begin_request(
+        &self,
+        request_id: &str,
+        user_id: &str,
+        worker_id: &str,
+        at_unix_ms: u64,
+    ) -> Result<Begun, BusError> {
+        let (state, user_id, worker_id, response): (String, String, String, String) = self
+            .begin_request
+            .key(keys::request_record(request_id))
+            .arg(user_id)
+            .arg(worker_id)
+            .arg(at_unix_ms)
+            .arg(REQUEST_RECORD_TTL.as_secs())
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(match state.as_str() {
+            "" => Begun::Started,
+            record::DONE => Begun::Done { response },
+            _ => Begun::Executing { user_id, worker_id },
+        })
+    }
+
+    async fn answer_request(&self, answer: &Answer<'_>) -> Result<bool, BusError> {
+        let requests = keys::user_requests(answer.user_id);
+        let dead = answer
+            .dead_letter
+            .map(|(reason, at)| protocol::dead_letter_raw(reason, answer.raw, at))
+            .unwrap_or_default();
+        let mode = match answer.mode {
+            AnswerMode::Final => "final",
+            AnswerMode::FirstOnly => "first_only",
+            AnswerMode::Replay => "replay",
+        };
+        let answered: i64 = self
+            .answer_request
+            .key(keys::request_record(answer.request_id))
+            .key(keys::response(answer.request_id))
+            .key(keys::user_processing(answer.user_id))
+            .key(keys::dead_letter(&requests))
+            .arg(answer.raw)
+            .arg(mode)
+            .arg(answer.response)
+            .arg(dead)
+            .arg(REQUEST_RECORD_TTL.as_secs())
+            .arg(RESPONSE_TTL.as_secs())
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(answered == 1)
+    }
+
+    async fn drop_request(
+        &self,
+        user_id: &str,
+        raw: &[u8],
+        reason: &str,
+        at_unix_ms: u64,
+    ) -> Result<(), BusError> {
+        let dead = keys::dead_letter(&keys::user_requests(user_id));
+        let _: () = redis::pipe()
+            .atomic()
+            .cmd("RPUSH")
+            .arg(dead)
+            .arg(protocol::dead_letter_raw(reason, raw, at_unix_ms))
+            .ignore()
+            .cmd("LREM")
+            .arg(keys::user_processing(user_id))
+            .arg(-1)
+            .arg(raw)
+            .ignore()
+            .query_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(())
     }
 
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
@@ -481,6 +695,46 @@ impl PoolBus for RedisPoolBus {
             return Ok(0);
         }
         self.query(redis::cmd("DEL").arg(keys)).await
+    }
+}
+
+#[async_trait]
+impl PaperLedger for RedisPoolBus {
+    async fn record_paper_order(
+        &self,
+        account_id: &str,
+        client_order_id: &str,
+        order: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<LedgerWrite, BusError> {
+        let (prefix, suffix) = ledger_entry_parts(order);
+        let (recorded, stored): (i64, String) = self
+            .record_paper_order
+            .key(keys::paper_orders(account_id))
+            .key(keys::paper_order_ids(account_id))
+            .arg(client_order_id)
+            .arg(prefix)
+            .arg(suffix)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(if recorded == 1 {
+            LedgerWrite::Recorded(stored)
+        } else {
+            LedgerWrite::Exists(stored)
+        })
+    }
+
+    async fn paper_order(
+        &self,
+        account_id: &str,
+        client_order_id: &str,
+    ) -> Result<Option<String>, BusError> {
+        self.query(
+            redis::cmd("HGET")
+                .arg(keys::paper_orders(account_id))
+                .arg(client_order_id),
+        )
+        .await
     }
 }
 

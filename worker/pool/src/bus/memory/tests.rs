@@ -144,9 +144,10 @@ async fn a_blocked_pop_times_out_on_the_paused_clock_and_wakes_on_push() {
         "woken by the push, not the timeout"
     );
     assert_eq!(bus.list_len(&keys::user_requests("u1")).await.unwrap(), 0);
-    assert!(
-        bus.scan_keys("trading:*").await.unwrap().is_empty(),
-        "an emptied list is deleted"
+    assert_eq!(
+        bus.scan_keys("trading:*").await.unwrap(),
+        [keys::user_processing("u1")],
+        "an emptied list is deleted; the request waits in processing"
     );
 }
 
