@@ -532,5 +532,14 @@ async fn a_user_id_that_could_name_pool_keys_is_served_nothing() {
         .unwrap();
     assert_eq!(dead.len(), 1);
     assert!(dead[0].contains("user id must not start with"), "{dead:?}");
+    served
+        .bus
+        .push_control("-1:w7", r#"{"type": "reload_credentials"}"#)
+        .await
+        .unwrap();
+    let control_dead = keys::dead_letter(&keys::worker_control("-1:w7"));
+    while served.bus.list_len(&control_dead).await.unwrap() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     served.stop().await;
 }

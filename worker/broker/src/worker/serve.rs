@@ -193,6 +193,16 @@ impl BrokerWorker {
                 Handled::Exit(WorkerExit::ControlShutdown)
             }
             Ok(ControlMessage::ReloadCredentials) => {
+                // Shutdown still works for such a user; nothing else does.
+                if let Err(err) = keys::check_user_id(&claimed.user_id) {
+                    self.dead_letter(
+                        &control_key,
+                        &format!("invalid control message: {err}"),
+                        body,
+                    )
+                    .await;
+                    return Handled::Continue;
+                }
                 match self.load_credentials(&claimed.user_id.clone()).await {
                     Ok(credentials) => {
                         claimed.credentials = credentials;
