@@ -88,6 +88,7 @@ impl TaskLauncher for InProcessLauncher {
                 idle_timeout: Duration::from_secs(120),
                 health_check: Duration::from_secs(30),
                 connect: ConnectPolicy::default(),
+                queue_max: leasehold_broker::worker::DEFAULT_QUEUE_MAX,
                 metadata: WorkerMetadata {
                     task_arn: task_id.clone(),
                     instance_id: "dev".into(),

@@ -30,6 +30,7 @@ fn config(worker_id: String, user_id: Option<String>) -> BrokerWorkerConfig {
         idle_timeout: Duration::from_secs(1800),
         health_check: Duration::from_secs(60),
         connect: ConnectPolicy::default(),
+        queue_max: leasehold_broker::worker::DEFAULT_QUEUE_MAX,
         metadata: WorkerMetadata {
             task_arn: "bench".into(),
             instance_id: "bench".into(),

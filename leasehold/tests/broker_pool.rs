@@ -312,3 +312,93 @@ async fn cold_start_then_duplicate_worker_the_older_is_stopped() {
     pool.stop_all().await;
     drop(newer_proc);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(14).await else {
+        return;
+    };
+    let user = unique_name("u");
+    pool.run(
+        &["credentials", "put", &user],
+        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+    );
+    let mut envs = pool.envs.clone();
+    envs.push(("USER_ID".into(), user.clone()));
+    // Every paper order executes and then never answers; the order timeout
+    // is far away, so only the stop itself can end the wait.
+    let mut hung_envs = envs.clone();
+    hung_envs.push(("PAPER_HANG_RATE".into(), "1".into()));
+    hung_envs.push(("BROKER_ORDER_TIMEOUT_MS".into(), "120000".into()));
+    let mut hung = spawn_leasehold("hung", &["broker-worker"], &hung_envs);
+    pool.wait_mark(&keys::worker_active(&user)).await;
+    let body = serde_json::json!({
+        "request_id": "r1", "action": "place_order",
+        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+    })
+    .to_string();
+    let _: () = pool
+        .redis
+        .lpush(keys::user_requests(&user), &body)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let placed: bool = pool
+            .redis
+            .hexists(keys::paper_orders("A1"), "r1")
+            .await
+            .unwrap();
+        if placed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the order never reached the ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let signalled = Instant::now();
+    hung.signal("TERM");
+    let status = hung.wait_exit(Duration::from_secs(5));
+    assert!(status.success(), "{status}\n{}", hung.output());
+    assert!(signalled.elapsed() < Duration::from_secs(5));
+    let processing: Vec<String> = pool
+        .redis
+        .lrange(keys::user_processing(&user), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(processing, [body], "the request waits for a successor");
+    let state: Option<String> = pool
+        .redis
+        .hget(keys::request_record("r1"), "state")
+        .await
+        .unwrap();
+    assert_eq!(state.as_deref(), Some("executing"));
+
+    let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let response: Value = loop {
+        let value: Option<String> = pool.redis.get(keys::response("r1")).await.unwrap();
+        if let Some(value) = value {
+            break serde_json::from_str(&value).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no response to r1\n{}",
+            successor.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(response["status"], "ok", "{response}");
+    assert_eq!(
+        response["result"]["broker_order_id"], 1,
+        "settled by lookup"
+    );
+    let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
+    assert_eq!(ledger, 1, "executed once");
+    successor.signal("TERM");
+    assert!(successor.wait_exit(Duration::from_secs(5)).success());
+}

@@ -508,7 +508,8 @@ impl TelemetryEvent {
             BrokerRequest {
                 user_id,
                 request_id,
-                result: result @ (RequestResult::Error | RequestResult::InDoubt),
+                result:
+                    result @ (RequestResult::Error | RequestResult::InDoubt | RequestResult::Timeout),
                 duration,
             } => tracing::warn!(
                 user_id,

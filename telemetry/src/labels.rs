@@ -161,17 +161,27 @@ pub enum RequestResult {
     /// Kept apart from `error` because the broker did nothing wrong: it says
     /// the queue in front of the worker was too long.
     Expired,
+    /// The broker did not answer the order within its timeout and, asked
+    /// afterwards by client order id, held no such order: answered `timeout`,
+    /// not executed. A broker failure (counted against the broker SLO).
+    /// Timeouts that the lookup resolved count as `ok` or `in_doubt`.
+    Timeout,
+    /// The user's queue was over `USER_QUEUE_MAX`: answered `overloaded` at
+    /// once, not executed. Like `expired`, a queue too long, not a broker error.
+    Overloaded,
 }
 
 impl RequestResult {
     /// Every value, for counters that exist at 0 from the start.
-    pub const ALL: [RequestResult; 6] = [
+    pub const ALL: [RequestResult; 8] = [
         RequestResult::Ok,
         RequestResult::Error,
         RequestResult::Invalid,
         RequestResult::Duplicate,
         RequestResult::InDoubt,
         RequestResult::Expired,
+        RequestResult::Timeout,
+        RequestResult::Overloaded,
     ];
 
     /// The `result` label value.
@@ -183,6 +193,8 @@ impl RequestResult {
             RequestResult::Duplicate => "duplicate",
             RequestResult::InDoubt => "in_doubt",
             RequestResult::Expired => "expired",
+            RequestResult::Timeout => "timeout",
+            RequestResult::Overloaded => "overloaded",
         }
     }
 }

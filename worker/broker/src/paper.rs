@@ -44,6 +44,15 @@ pub enum BrokerError {
     /// was executed now (look the existing one up).
     #[error("client order id {0:?} was used before; the order was not placed again")]
     DuplicateClientOrderId(String),
+    /// The call did not return within its timeout (set by the worker, not
+    /// the broker): its outcome is unknown and the connection is suspect.
+    #[error("the broker did not answer {call} within {} ms", after.as_millis())]
+    TimedOut {
+        /// Which call: `connect`, `place_order`, `lookup_order`, `ping`.
+        call: &'static str,
+        /// The timeout that passed.
+        after: Duration,
+    },
 }
 
 /// A broker SDK adapter: opens authenticated connections.
@@ -101,6 +110,15 @@ pub struct PaperFaults {
     pub lost_replies: AtomicU32,
     /// The next N orders are executed, then the call never returns.
     pub hanging_orders: AtomicU32,
+    /// The next N orders never return and never reach the ledger (a broker
+    /// that went silent before it took the order): not executed.
+    pub stalled_orders: AtomicU32,
+    /// The next N connects never return.
+    pub hanging_connects: AtomicU32,
+    /// The next N lookups never return.
+    pub hanging_lookups: AtomicU32,
+    /// The next N pings never return.
+    pub hanging_pings: AtomicU32,
     /// The next N lookups fail with a lost connection.
     pub failing_lookups: AtomicU32,
     /// The next N pings fail.
@@ -149,6 +167,13 @@ impl PaperBroker {
     }
 }
 
+/// Never returns when a fault of `counter` is due: a broker gone silent.
+async fn hang_if(counter: &AtomicU32) {
+    if take_one(counter) {
+        std::future::pending::<()>().await;
+    }
+}
+
 async fn delay(latency: Duration) {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -163,6 +188,7 @@ impl Broker for PaperBroker {
         credentials: &Credentials,
     ) -> Result<Box<dyn BrokerConnection>, BrokerError> {
         delay(self.config.latency).await;
+        hang_if(&self.faults.hanging_connects).await;
         if take_one(&self.faults.failing_connects) {
             return Err(BrokerError::Connect("simulated connect failure".into()));
         }
@@ -219,6 +245,7 @@ impl BrokerConnection for PaperConnection {
         order: &Order,
     ) -> Result<Value, BrokerError> {
         delay(self.config.latency).await;
+        hang_if(&self.faults.stalled_orders).await;
         if take_one(&self.faults.failing_orders) || chance(self.config.failure_rate) {
             return Err(BrokerError::Connection("simulated broker failure".into()));
         }
@@ -266,6 +293,7 @@ impl BrokerConnection for PaperConnection {
 
     async fn lookup_order(&self, client_order_id: &str) -> Result<Option<Value>, BrokerError> {
         delay(self.config.latency).await;
+        hang_if(&self.faults.hanging_lookups).await;
         if take_one(&self.faults.failing_lookups) {
             return Err(BrokerError::Connection("simulated lookup failure".into()));
         }
@@ -282,6 +310,7 @@ impl BrokerConnection for PaperConnection {
 
     async fn ping(&self) -> Result<(), BrokerError> {
         delay(self.config.latency).await;
+        hang_if(&self.faults.hanging_pings).await;
         if take_one(&self.faults.failing_pings) {
             return Err(BrokerError::Connection("simulated ping failure".into()));
         }

@@ -13,12 +13,12 @@ use leasehold_platform::settings::{
 use leasehold_pool::keys;
 use leasehold_pool::settings::REDIS_URL;
 
-use crate::connections::ConnectPolicy;
+use crate::connections::{CallTimeouts, ConnectPolicy, RECONNECT};
 use crate::credentials::AesGcmCipher;
 use crate::launcher::EcsSettings;
 use crate::maintenance::SweepConfig;
 use crate::paper::PaperConfig;
-use crate::worker::{BrokerWorkerConfig, WorkerMetadata};
+use crate::worker::{BrokerWorkerConfig, DEFAULT_QUEUE_MAX, WorkerMetadata};
 
 /// One of the ECS launch types.
 const LAUNCH_TYPE: Parser<String> = Parser {
@@ -159,7 +159,42 @@ pub const BROKER_CONNECT_ATTEMPTS: Setting<u32> = Setting::new(
     "BROKER_CONNECT_ATTEMPTS",
     parse::ATTEMPTS,
     Fallback::Value(|| 3),
-    "Connect attempts (with backoff) before a worker reports failure and exits non-zero.",
+    "Connect attempts (with backoff) per request before the account counts as down: its requests are answered `broker` and it is retried after a jittered backoff (up to 1 s, doubling to 60 s); the worker keeps serving.",
+);
+/// The `BROKER_CONNECT_TIMEOUT_MS` variable.
+pub const BROKER_CONNECT_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "BROKER_CONNECT_TIMEOUT_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| CallTimeouts::default().connect),
+    "Longest one broker connect attempt (TLS and login) may take; a timed-out attempt counts as failed.",
+);
+/// The `BROKER_ORDER_TIMEOUT_MS` variable.
+pub const BROKER_ORDER_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "BROKER_ORDER_TIMEOUT_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| CallTimeouts::default().order),
+    "Longest a `place_order` call may take; then the order is looked up by client order id: found → answered from it, not found → `timeout`, lookup failed → `in_doubt`.",
+);
+/// The `BROKER_LOOKUP_TIMEOUT_MS` variable.
+pub const BROKER_LOOKUP_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "BROKER_LOOKUP_TIMEOUT_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| CallTimeouts::default().lookup),
+    "Longest a lookup by client order id may take; a timed-out lookup leaves the order `in_doubt`.",
+);
+/// The `BROKER_PING_TIMEOUT_MS` variable.
+pub const BROKER_PING_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "BROKER_PING_TIMEOUT_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| CallTimeouts::default().ping),
+    "Longest a health-check ping (and a connection close) may take; a timed-out ping closes the connection.",
+);
+/// The `USER_QUEUE_MAX` variable.
+pub const USER_QUEUE_MAX: Setting<u64> = Setting::new(
+    "USER_QUEUE_MAX",
+    parse::POSITIVE,
+    Fallback::Value(|| DEFAULT_QUEUE_MAX),
+    "Most requests a user's queue may hold: each time the worker takes a request, the newest beyond this are answered `overloaded` (not executed).",
 );
 /// The `PAPER_LATENCY_MS` variable.
 pub const PAPER_LATENCY_MS: Setting<Duration> = Setting::new(
@@ -224,6 +259,11 @@ pub const ALL: &[&dyn Documented] = &[
     &WORKER_IDLE_TIMEOUT_SECONDS,
     &BROKER_HEALTH_CHECK_SECONDS,
     &BROKER_CONNECT_ATTEMPTS,
+    &BROKER_CONNECT_TIMEOUT_MS,
+    &BROKER_ORDER_TIMEOUT_MS,
+    &BROKER_LOOKUP_TIMEOUT_MS,
+    &BROKER_PING_TIMEOUT_MS,
+    &USER_QUEUE_MAX,
     &PAPER_LATENCY_MS,
     &PAPER_FAILURE_RATE,
     &PAPER_HANG_RATE,
@@ -264,9 +304,9 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
     let cipher = cipher(&mut env);
     let user_id = env.optional(&USER_ID).filter(|u| u != keys::POOL_USER_ID);
     if let Some(user) = &user_id
-        && (user.len() > 200 || user.chars().any(|c| c.is_whitespace() || c.is_control()))
+        && let Err(err) = keys::check_user_id(user)
     {
-        env.problem(USER_ID.name, "must be 1-200 characters without spaces");
+        env.problem(USER_ID.name, err);
     }
     let heartbeat = env.get(&WORKER_HEARTBEAT_MS);
     let mark_ttl = env.get(&WORKER_MARK_TTL_SECONDS);
@@ -292,7 +332,15 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
                 base: Duration::from_millis(200),
                 cap: Duration::from_secs(2),
             },
+            reconnect: RECONNECT,
+            timeouts: CallTimeouts {
+                connect: env.get(&BROKER_CONNECT_TIMEOUT_MS),
+                order: env.get(&BROKER_ORDER_TIMEOUT_MS),
+                lookup: env.get(&BROKER_LOOKUP_TIMEOUT_MS),
+                ping: env.get(&BROKER_PING_TIMEOUT_MS),
+            },
         },
+        queue_max: env.get(&USER_QUEUE_MAX),
         metadata: WorkerMetadata {
             task_arn: task_id,
             instance_id: leasehold_control::settings::default_owner_id(),
@@ -411,6 +459,55 @@ mod tests {
         assert_eq!(settings.worker.idle_timeout, Duration::from_secs(1800));
         assert_eq!(settings.worker.health_check, Duration::from_secs(60));
         assert_eq!(settings.worker.connect.attempts, 3);
+        let timeouts = settings.worker.connect.timeouts;
+        assert_eq!(timeouts.connect, Duration::from_secs(15));
+        assert_eq!(timeouts.order, Duration::from_secs(10));
+        assert_eq!(timeouts.lookup, Duration::from_secs(5));
+        assert_eq!(timeouts.ping, Duration::from_secs(5));
+        assert_eq!(settings.worker.queue_max, 1_000);
+    }
+
+    #[test]
+    fn timeouts_and_the_queue_cap_are_read_and_user_ids_checked() {
+        let key = AesGcmCipher::generate_key();
+        let lookup = move |name: &str| match name {
+            "CREDENTIALS_KEY" => Some(key.clone()),
+            "BROKER_ORDER_TIMEOUT_MS" => Some("2500".to_owned()),
+            "BROKER_PING_TIMEOUT_MS" => Some("750".to_owned()),
+            "USER_QUEUE_MAX" => Some("5".to_owned()),
+            "USER_ID" => Some("alice@example.com".to_owned()),
+            _ => None,
+        };
+        let settings = worker_settings(&lookup).unwrap();
+        assert_eq!(
+            settings.worker.connect.timeouts.order,
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            settings.worker.connect.timeouts.ping,
+            Duration::from_millis(750)
+        );
+        assert_eq!(settings.worker.queue_max, 5);
+        assert_eq!(
+            settings.worker.user_id.as_deref(),
+            Some("alice@example.com")
+        );
+
+        let key = AesGcmCipher::generate_key();
+        let bad = move |name: &str| match name {
+            "CREDENTIALS_KEY" => Some(key.clone()),
+            // Would be a pool worker's mark: worker:active:-1:w7.
+            "USER_ID" => Some("-1:w7".to_owned()),
+            "BROKER_ORDER_TIMEOUT_MS" => Some("0".to_owned()),
+            "USER_QUEUE_MAX" => Some("0".to_owned()),
+            _ => None,
+        };
+        let err = worker_settings(&bad).unwrap_err();
+        assert_eq!(err.problems.len(), 3, "{err}");
+        assert!(
+            err.problems.iter().any(|p| p.starts_with("USER_ID")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //!   exits); serves control messages first, then requests oldest first through
 //!   the user's processing list, each with exactly one final response
 //!   (`serve.rs`: begin, execute or settle by lookup, answer).
-//! - **Exit**: SIGTERM, `shutdown`, idle timeout or a lost mark: the request in
-//!   flight is answered, connections closed, own marks deleted.
+//! - **Exit**: SIGTERM, `shutdown`, idle timeout or a lost mark: connections
+//!   closed (bounded), own marks deleted. A request in flight is not waited
+//!   for when its broker call hangs: it stays in the processing list,
+//!   `executing`, and the successor settles it by lookup.
 //!
 //! Every step goes through the [`PoolBus`]: Redis in production, in memory in
 //! one process. A blocking pop interrupted by shutdown is ended through the
@@ -25,18 +27,23 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use leasehold_control::clock::unix_ms;
+use leasehold_platform::backoff::Backoff;
 use leasehold_pool::keys;
 use leasehold_telemetry::{ClaimResult, PoolWorkerStateKind, TelemetryEvent, TelemetrySink};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::connections::{ConnectError, ConnectPolicy, ConnectionCache};
+use crate::connections::{ConnectPolicy, ConnectionCache};
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
 use crate::paper::Broker;
 pub use leasehold_pool::bus::WorkerMetadata;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusError, MarkWrite, PoolBus};
 use leasehold_pool::protocol::{self, ClaimMessage, MarkValue};
+
+/// `USER_QUEUE_MAX`'s default: a backlog a worker clears in about a minute at a
+/// paper broker's pace, and far more than an API should ever queue for one user.
+pub const DEFAULT_QUEUE_MAX: u64 = 1_000;
 
 /// A broker worker's settings.
 #[derive(Debug, Clone)]
@@ -57,8 +64,11 @@ pub struct BrokerWorkerConfig {
     pub idle_timeout: Duration,
     /// Health-check period for idle connections (originally 60 s).
     pub health_check: Duration,
-    /// Connect attempts and backoff.
+    /// Connect attempts and backoff, and every broker call's timeout.
     pub connect: ConnectPolicy,
+    /// Most requests a user's queue may hold; the newest beyond it are
+    /// answered `overloaded` (`USER_QUEUE_MAX`).
+    pub queue_max: u64,
     /// For the metadata hash.
     pub metadata: WorkerMetadata,
 }
@@ -78,6 +88,7 @@ impl BrokerWorkerConfig {
             idle_timeout: Duration::from_secs(600),
             health_check: Duration::from_secs(60),
             connect: ConnectPolicy::default(),
+            queue_max: DEFAULT_QUEUE_MAX,
             metadata: WorkerMetadata {
                 task_arn: format!("task-{worker_id}"),
                 instance_id: "test-host".into(),
@@ -108,9 +119,6 @@ pub enum WorkerError {
     /// The pool bus is unusable (message without its URL).
     #[error(transparent)]
     Bus(#[from] BusError),
-    /// Broker connection attempts exhausted.
-    #[error("broker: {0}")]
-    Connect(#[from] ConnectError),
     /// A cold start could not load the user's credentials.
     #[error("credentials for user {user_id}: {problem}")]
     Credentials {
@@ -157,6 +165,14 @@ enum Handled {
     Continue,
     Exit(WorkerExit),
 }
+
+/// Retries of a failed pop or bus step: quick at first (a blip), bounded (an
+/// outage), jittered (many workers lose Redis at once, and a fixed delay
+/// would bring them back in lockstep).
+const RETRY: Backoff = Backoff {
+    base: Duration::from_millis(100),
+    cap: Duration::from_secs(5),
+};
 
 fn now_ms() -> u64 {
     u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0)
@@ -277,6 +293,7 @@ impl BrokerWorker {
     ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
         self.state(PoolWorkerStateKind::Idle, None);
         let mut heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
+        let mut failures = 0;
         loop {
             if shutdown.is_cancelled() {
                 heartbeat.stop().await;
@@ -290,13 +307,22 @@ impl BrokerWorker {
             let popped = self.bus.pop_claim(self.config.block, shutdown).await;
             let body = match popped {
                 Ok(Some(body)) => body,
-                Ok(None) => continue,
+                Ok(None) => {
+                    failures = 0;
+                    continue;
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "pop on pool:claims failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let delay = RETRY.delay(failures);
+                    failures = failures.saturating_add(1);
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.cancelled() => {}
+                    }
                     continue;
                 }
             };
+            failures = 0;
             if shutdown.is_cancelled() {
                 // Popped while stopping: give it back, first in line for the next pool worker.
                 if let Err(err) = self.bus.return_claim(&body).await {

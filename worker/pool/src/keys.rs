@@ -21,6 +21,50 @@ pub const POOL_WORKER_ACTIVE_PATTERN: &str = "worker:active:-1:*";
 /// Prefix shared by every liveness mark.
 pub const WORKER_ACTIVE_PREFIX: &str = "worker:active:";
 
+/// Longest user id [`check_user_id`] accepts.
+pub const USER_ID_MAX_LEN: usize = 128;
+
+/// Why a user id cannot name a user's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UserIdError {
+    /// Empty or longer than [`USER_ID_MAX_LEN`].
+    #[error("user id must be 1-128 characters")]
+    Length,
+    /// Starts with `-`: that prefix is the pool's (`-1`, `-1:{worker_id}`).
+    #[error("user id must not start with `-` (reserved for the pool's own marks)")]
+    LeadingDash,
+    /// A character outside `A-Z a-z 0-9 _ . @ -`.
+    #[error("user id may hold only letters, digits and `_ . @ -`")]
+    Character,
+}
+
+/// The one definition of a user id that can name a user's keys:
+/// `[A-Za-z0-9_.@-]{1,128}`, not starting with `-`.
+///
+/// Why this shape: user ids are spliced into key names, and the pool's own
+/// marks live under `worker:active:-1:{worker_id}`. A user id such as `-1:w7`
+/// would make `worker:active:{user_id}` *be* a pool worker's mark (the sweep
+/// and the pool manager would count it as an idle worker, and the claim
+/// script would overwrite it), and one with a `:` or a glob character could
+/// fall inside another key family or a `SCAN MATCH` pattern. Excluding `:`,
+/// glob characters and a leading `-` rules all of that out; the error never
+/// echoes the id (it could be a secret pasted in the wrong field).
+pub fn check_user_id(user_id: &str) -> Result<(), UserIdError> {
+    if user_id.is_empty() || user_id.len() > USER_ID_MAX_LEN {
+        return Err(UserIdError::Length);
+    }
+    if user_id.starts_with('-') {
+        return Err(UserIdError::LeadingDash);
+    }
+    if !user_id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'))
+    {
+        return Err(UserIdError::Character);
+    }
+    Ok(())
+}
+
 /// Requests for a user's worker (API LPUSH; the worker moves the oldest into
 /// [`user_processing`] with `BLMOVE … RIGHT LEFT`).
 pub fn user_requests(user_id: &str) -> String {
@@ -107,5 +151,21 @@ mod tests {
         assert_eq!(credentials("u1"), "credentials:u1");
         assert_eq!(dead_letter(POOL_CLAIMS), "pool:claims:dead");
         assert!(pool_worker_active("w1").starts_with(&POOL_WORKER_ACTIVE_PATTERN[..16]));
+    }
+
+    #[test]
+    fn user_ids_cannot_reach_into_pool_keys() {
+        for good in ["u1", "alice@example.com", "A-1_b.c", "0", &"x".repeat(128)] {
+            assert_eq!(check_user_id(good), Ok(()), "{good}");
+        }
+        assert_eq!(check_user_id("-1"), Err(UserIdError::LeadingDash));
+        assert_eq!(check_user_id("-1:w7"), Err(UserIdError::LeadingDash));
+        assert_eq!(check_user_id(""), Err(UserIdError::Length));
+        assert_eq!(check_user_id(&"x".repeat(129)), Err(UserIdError::Length));
+        for bad in ["u1:w7", "u*", "u?", "u[1]", "u 1", "ü", "u\\1", "u{1}"] {
+            assert_eq!(check_user_id(bad), Err(UserIdError::Character), "{bad}");
+        }
+        // The id the pool's marks are built from is not a user id.
+        assert!(check_user_id(POOL_USER_ID).is_err());
     }
 }

@@ -65,6 +65,10 @@ pub enum ParseError {
     /// A control type this worker does not know.
     #[error("unknown control message type (supported: reload_credentials, shutdown)")]
     UnknownControl,
+    /// The user the message is for has an id that cannot name its keys
+    /// ([`crate::keys::check_user_id`]).
+    #[error("{0}")]
+    UserId(crate::keys::UserIdError),
 }
 
 fn object(text: &str) -> Result<Map<String, Value>, ParseError> {
@@ -371,8 +375,12 @@ pub enum ErrorCode {
     Invalid,
     /// The broker refused it or could not be reached; not executed.
     Broker,
-    /// The broker did not answer in time (reserved for the order timeout).
+    /// The broker did not answer the order in time and, asked afterwards by
+    /// client order id, held no such order: not executed.
     Timeout,
+    /// The user's queue held more than `USER_QUEUE_MAX` requests: answered at
+    /// once, not executed.
+    Overloaded,
     /// The broker already holds an order with this client order id (an earlier
     /// request with the same id whose record has expired); not executed again.
     Duplicate,
@@ -387,6 +395,7 @@ impl ErrorCode {
             ErrorCode::Invalid => "invalid",
             ErrorCode::Broker => "broker",
             ErrorCode::Timeout => "timeout",
+            ErrorCode::Overloaded => "overloaded",
             ErrorCode::Duplicate => "duplicate",
         }
     }
@@ -712,6 +721,7 @@ mod tests {
             ErrorCode::Invalid,
             ErrorCode::Broker,
             ErrorCode::Timeout,
+            ErrorCode::Overloaded,
             ErrorCode::Duplicate,
         ] {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());

@@ -8,11 +8,20 @@
 //! know whether the order reached the broker, so it asks the broker by client
 //! order id (= request id) and never sends it blindly again. A Redis error
 //! leaves the request where it is, to be retried after a jittered backoff.
+//!
+//! Every broker call is bounded ([`crate::connections::CallTimeouts`]). An
+//! order that times out is looked up by its client order id: found → answered
+//! from the broker's record; not found → `timeout` (not executed); the lookup
+//! failing too → `in_doubt`. A stopping worker does not wait for a broker
+//! call: it leaves the request `executing` in the processing list, and its
+//! successor settles it by lookup. A broker or account that fails answers
+//! that account's requests `broker`; the worker stays up.
+//!
+//! Before each request the queue's length is checked against
+//! `USER_QUEUE_MAX`: the newest requests beyond it are answered `overloaded`
+//! in the same bus step that takes them out of the queue, so none is lost.
 
-use std::time::Duration;
-
-use leasehold_platform::backoff::Backoff;
-use leasehold_pool::bus::{Answer, AnswerMode, Begun, BusError, UserMessage};
+use leasehold_pool::bus::{Answer, AnswerMode, Begun, BusError, Shed, UserMessage};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::{self, Action, ControlMessage, ErrorCode, Request, Response};
 use leasehold_telemetry::{RequestResult, TelemetryEvent};
@@ -20,16 +29,11 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerWorker, Claimed, Due, Handled, Schedule, WorkerError, WorkerExit, now_ms};
+use super::{
+    BrokerWorker, Claimed, Due, Handled, RETRY, Schedule, WorkerError, WorkerExit, now_ms,
+};
 use crate::connections::{ConnectError, ConnectionCache};
 use crate::paper::BrokerError;
-
-/// Retries of a failed pop or bus step: quick at first (a blip), bounded (an
-/// outage), jittered (many workers lose Redis at once).
-const RETRY: Backoff = Backoff {
-    base: Duration::from_millis(100),
-    cap: Duration::from_secs(5),
-};
 
 /// Why a request was left in the processing list unanswered.
 enum Unfinished {
@@ -37,16 +41,12 @@ enum Unfinished {
     Bus(BusError),
     /// The worker is stopping; its successor finishes the request.
     Stopped,
-    /// Answered, but the worker must exit non-zero (broker unreachable).
-    Fatal(WorkerError),
 }
 
-/// What a request came to: its final response, how it is counted, and whether
-/// the worker must give up afterwards.
+/// What a request came to: its final response and how it is counted.
 struct Outcome {
     response: Response,
     result: RequestResult,
-    fatal: Option<WorkerError>,
 }
 
 impl Outcome {
@@ -54,7 +54,6 @@ impl Outcome {
         Outcome {
             response: Response::ok(request_id, result),
             result: RequestResult::Ok,
-            fatal: None,
         }
     }
 
@@ -64,9 +63,10 @@ impl Outcome {
             result: match code {
                 ErrorCode::InDoubt => RequestResult::InDoubt,
                 ErrorCode::Expired => RequestResult::Expired,
+                ErrorCode::Timeout => RequestResult::Timeout,
+                ErrorCode::Overloaded => RequestResult::Overloaded,
                 _ => RequestResult::Error,
             },
-            fatal: None,
         }
     }
 
@@ -80,10 +80,18 @@ impl Outcome {
             ),
         )
     }
+}
 
-    fn fatal(mut self, err: impl Into<WorkerError>) -> Self {
-        self.fatal = Some(err.into());
-        self
+/// Runs `work` unless the worker stops first: a broker call that hangs must
+/// not hold a stopping worker (its request stays in processing, `executing`,
+/// for the successor to settle by lookup).
+async fn until_stopped<T>(
+    work: impl std::future::Future<Output = T>,
+    stop: &CancellationToken,
+) -> Result<T, Unfinished> {
+    tokio::select! {
+        done = work => Ok(done),
+        _ = stop.cancelled() => Err(Unfinished::Stopped),
     }
 }
 
@@ -117,7 +125,9 @@ impl BrokerWorker {
                     return Ok(WorkerExit::IdleTimeout);
                 }
                 Due::HealthCheck => {
-                    cache.health_check().await;
+                    // Bounded by the ping timeout per connection, and cut
+                    // short by a stop.
+                    let _ = until_stopped(cache.health_check(), stop).await;
                     schedule.health_checked(Instant::now());
                     continue;
                 }
@@ -142,6 +152,7 @@ impl BrokerWorker {
                     self.control(&mut claimed, cache, &body).await
                 }
                 UserMessage::Request(raw) => {
+                    self.shed_excess(&user_id).await;
                     match self.request(&claimed, cache, &raw, stop).await {
                         Ok(handled) => handled,
                         Err(Unfinished::Bus(err)) => {
@@ -149,8 +160,13 @@ impl BrokerWorker {
                             pause(&mut retries, stop).await;
                             continue;
                         }
-                        Err(Unfinished::Stopped) => continue,
-                        Err(Unfinished::Fatal(err)) => return Err(err),
+                        Err(Unfinished::Stopped) => {
+                            tracing::warn!(
+                                user_id,
+                                "stopping mid-request; the request stays in processing for the next worker, which settles it by lookup"
+                            );
+                            continue;
+                        }
                     }
                 }
             };
@@ -177,6 +193,16 @@ impl BrokerWorker {
                 Handled::Exit(WorkerExit::ControlShutdown)
             }
             Ok(ControlMessage::ReloadCredentials) => {
+                // Shutdown still works for such a user; nothing else does.
+                if let Err(err) = keys::check_user_id(&claimed.user_id) {
+                    self.dead_letter(
+                        &control_key,
+                        &format!("invalid control message: {err}"),
+                        body,
+                    )
+                    .await;
+                    return Handled::Continue;
+                }
                 match self.load_credentials(&claimed.user_id.clone()).await {
                     Ok(credentials) => {
                         claimed.credentials = credentials;
@@ -202,6 +228,65 @@ impl BrokerWorker {
                 )
                 .await;
                 Handled::Continue
+            }
+        }
+    }
+
+    /// Answers `overloaded` the newest queued requests beyond
+    /// `USER_QUEUE_MAX`, each in one bus step that takes it out of the queue.
+    /// The API only pushes, so the worker is the one place that sees the
+    /// queue and can answer: it checks each time it takes a request. Best
+    /// effort: a bus failure leaves them queued, to be checked again next time.
+    async fn shed_excess(&self, user_id: &str) {
+        let max = self.config.queue_max;
+        let excess = match self.bus.excess_requests(user_id, max).await {
+            Ok(excess) => excess,
+            Err(err) => {
+                tracing::warn!(user_id, error = %err, "cannot check the request queue's length");
+                return;
+            }
+        };
+        for raw in excess {
+            let started = Instant::now();
+            // Only requests with a readable id can be answered; the others
+            // are dead-lettered in their turn.
+            let Some(request_id) = std::str::from_utf8(&raw).ok().and_then(|text| {
+                match protocol::parse_request(text) {
+                    Ok(request) => Some(request.request_id),
+                    Err(invalid) => invalid.request_id,
+                }
+            }) else {
+                continue;
+            };
+            let response = Response::error(
+                &request_id,
+                ErrorCode::Overloaded,
+                format!(
+                    "the user's queue held more than {max} requests (USER_QUEUE_MAX); \
+                     the newest are answered at once; not executed"
+                ),
+            )
+            .to_json();
+            let shed = Shed {
+                user_id,
+                raw: &raw,
+                request_id: &request_id,
+                response: &response,
+            };
+            match self.bus.shed_request(&shed).await {
+                Ok(true) => {
+                    self.report(
+                        user_id,
+                        Some(&request_id),
+                        RequestResult::Overloaded,
+                        started,
+                    );
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(user_id, error = %err, "cannot answer an over-cap request; it stays queued");
+                    return;
+                }
             }
         }
     }
@@ -291,7 +376,17 @@ impl BrokerWorker {
             self.report(user_id, None, RequestResult::Invalid, started);
             return Ok(Handled::Continue);
         };
-        let request = match protocol::parse_request(text) {
+        // A worker claimed for a user id that could name another key family
+        // serves nothing for it (docs/redis.md, user ids).
+        let parsed =
+            protocol::parse_request(text).and_then(|request| match keys::check_user_id(user_id) {
+                Ok(()) => Ok(request),
+                Err(err) => Err(protocol::InvalidRequest {
+                    request_id: Some(request.request_id),
+                    error: protocol::ParseError::UserId(err),
+                }),
+            });
+        let request = match parsed {
             Ok(request) => request,
             Err(invalid) => {
                 let reason = format!("invalid request: {}", invalid.error);
@@ -378,9 +473,11 @@ impl BrokerWorker {
                     began_by = worker_id,
                     "request found executing; settling it with the broker by client order id"
                 );
-                self.settle(&request, claimed, cache).await
+                until_stopped(self.settle(&request, claimed, cache), stop).await?
             }
-            Begun::Started => self.execute(&request, claimed, cache, false).await,
+            Begun::Started => {
+                until_stopped(self.execute(&request, claimed, cache, false), stop).await?
+            }
         };
         let response = outcome.response.to_json();
         let done = Answer {
@@ -393,10 +490,7 @@ impl BrokerWorker {
         };
         self.answer(&done, stop).await?;
         self.report(user_id, Some(request_id), outcome.result, started);
-        match outcome.fatal {
-            Some(err) => Err(Unfinished::Fatal(err)),
-            None => Ok(Handled::Continue),
-        }
+        Ok(Handled::Continue)
     }
 
     /// A request found `executing`: whatever began it may have sent the order,
@@ -429,19 +523,29 @@ impl BrokerWorker {
         cache: &mut ConnectionCache,
     ) -> Result<Option<Value>, Outcome> {
         let id = &request.request_id;
+        let timeout = cache.timeouts().lookup;
         let connection = match cache.get(&request.account, &claimed.credentials).await {
             Ok(connection) => connection,
-            Err(err @ ConnectError::Exhausted { .. }) => {
-                return Err(
-                    Outcome::in_doubt(id, format!("cannot reach the broker: {err}")).fatal(err),
-                );
+            Err(err) => {
+                return Err(Outcome::in_doubt(
+                    id,
+                    format!("cannot reach the broker: {err}"),
+                ));
             }
-            Err(err) => return Err(Outcome::in_doubt(id, err)),
         };
-        match connection.lookup_order(id).await {
+        let looked_up = tokio::time::timeout(timeout, connection.lookup_order(id))
+            .await
+            .unwrap_or(Err(BrokerError::TimedOut {
+                call: "lookup_order",
+                after: timeout,
+            }));
+        match looked_up {
             Ok(found) => Ok(found),
             Err(err) => {
-                if matches!(err, BrokerError::Connection(_)) {
+                if matches!(
+                    err,
+                    BrokerError::Connection(_) | BrokerError::TimedOut { .. }
+                ) {
                     cache.invalidate(&request.account).await;
                 }
                 Err(Outcome::in_doubt(
@@ -469,18 +573,42 @@ impl BrokerWorker {
             );
         }
         let Action::PlaceOrder(order) = &request.action;
+        let timeout = cache.timeouts().order;
         let connection = match cache.get(&request.account, &claimed.credentials).await {
             Ok(connection) => connection,
             Err(ConnectError::UnknownBroker(name)) => {
                 return Outcome::error(id, ErrorCode::Invalid, format!("unknown broker {name:?}"));
             }
+            // This account only: the worker goes on serving the others.
             Err(err) => {
-                return Outcome::error(id, ErrorCode::Broker, format!("{err}; not executed"))
-                    .fatal(err);
+                return Outcome::error(id, ErrorCode::Broker, format!("{err}; not executed"));
             }
         };
-        match connection.place_order(id, order).await {
+        let placed = tokio::time::timeout(timeout, connection.place_order(id, order))
+            .await
+            .unwrap_or(Err(BrokerError::TimedOut {
+                call: "place_order",
+                after: timeout,
+            }));
+        match placed {
             Ok(result) => Outcome::ok(id, result),
+            Err(err @ BrokerError::TimedOut { .. }) => {
+                // The order may be at the broker: ask by client order id on a
+                // fresh connection (this one is suspect), never resend.
+                tracing::warn!(request_id = id, error = %err, "order timed out; looking it up by client order id");
+                cache.invalidate(&request.account).await;
+                match self.lookup(request, claimed, cache).await {
+                    Ok(Some(order)) => Outcome::ok(id, order),
+                    Ok(None) => Outcome::error(
+                        id,
+                        ErrorCode::Timeout,
+                        format!(
+                            "{err}; asked afterwards by client order id, the broker holds no such order: not executed"
+                        ),
+                    ),
+                    Err(outcome) => outcome,
+                }
+            }
             Err(BrokerError::DuplicateClientOrderId(_)) if settling => {
                 // Placed between the lookup and now (whoever began it was
                 // still running): the broker's record is the answer.

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::memory::MemoryPoolBus;
 use super::redis::RedisPoolBus;
 use super::{
-    Answer, AnswerMode, Begun, BusError, LedgerWrite, MarkWrite, PoolBus, UserMessage,
-    WorkerMetadata,
+    Answer, AnswerMode, Begun, BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, LedgerWrite, MarkWrite,
+    PoolBus, SHED_BATCH, Shed, UserMessage, WorkerMetadata,
 };
 use crate::protocol::{MarkValue, record};
 
@@ -972,6 +972,160 @@ pub async fn dead_letters_keep_the_reason(target: &dyn BusTarget) {
     );
 }
 
+/// Every push to a dead-letter list keeps the newest `DEAD_LETTER_MAX`
+/// entries and refreshes its 7-day TTL: the plain push, and the request
+/// steps that dead-letter (answer, drop).
+pub async fn dead_letter_lists_are_capped_and_expire(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let list = keys::worker_control(&user);
+    let dead = keys::dead_letter(&list);
+    let pushes = DEAD_LETTER_MAX + 3;
+    for at in 0..pushes {
+        bus.dead_letter(&list, "invalid control message", "{", at)
+            .await
+            .expect("dead letter");
+    }
+    assert_eq!(bus.list_len(&dead).await.expect("llen"), DEAD_LETTER_MAX);
+    let kept = bus.list_items(&dead).await.expect("lrange");
+    let at =
+        |entry: &str| serde_json::from_str::<serde_json::Value>(entry).expect("JSON")["at"].clone();
+    assert_eq!(at(&kept[0]), 3, "the oldest entries are trimmed");
+    assert_eq!(at(&kept[kept.len() - 1]), pushes - 1, "the newest is kept");
+    let week_ms = i64::try_from(DEAD_LETTER_TTL.as_millis()).expect("ms");
+    let ttl = bus.ttl_ms(&dead).await.expect("pttl").expect("exists");
+    assert!(
+        (week_ms - 5_000..=week_ms).contains(&ttl),
+        "dead list TTL {ttl}"
+    );
+
+    // The request steps' dead letters get the same TTL.
+    let requests_dead = keys::dead_letter(&keys::user_requests(&user));
+    bus.push_request(&user, "{nope").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("{nope"));
+    bus.drop_request(&user, b"{nope", "invalid request: not valid JSON", 1)
+        .await
+        .expect("drop");
+    let ttl = bus
+        .ttl_ms(&requests_dead)
+        .await
+        .expect("pttl")
+        .expect("exists");
+    assert!((week_ms - 5_000..=week_ms).contains(&ttl), "drop TTL {ttl}");
+    bus.delete_keys(std::slice::from_ref(&requests_dead))
+        .await
+        .expect("del");
+    let raw = r#"{"request_id": "bad"}"#;
+    bus.push_request(&user, raw).await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request(raw));
+    let request_id = unique_name("r");
+    bus.answer_request(&Answer {
+        user_id: &user,
+        raw: raw.as_bytes(),
+        request_id: &request_id,
+        response: "{}",
+        mode: AnswerMode::FirstOnly,
+        dead_letter: Some(("invalid request", 2)),
+    })
+    .await
+    .expect("answer");
+    assert_eq!(bus.list_len(&requests_dead).await.expect("llen"), 1);
+    let ttl = bus
+        .ttl_ms(&requests_dead)
+        .await
+        .expect("pttl")
+        .expect("exists");
+    assert!(
+        (week_ms - 5_000..=week_ms).contains(&ttl),
+        "answer TTL {ttl}"
+    );
+}
+
+/// Over the cap, the newest queued requests are read newest first and each
+/// answered in one step that takes it out of the queue; a request whose id
+/// has a record is left for the worker, which answers repeats from it.
+pub async fn over_cap_requests_are_shed_newest_first(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let requests = keys::user_requests(&user);
+    let ids: Vec<String> = (1..=5).map(|i| unique_name(&format!("r{i}"))).collect();
+    for id in &ids {
+        bus.push_request(&user, id).await.expect("push");
+    }
+    assert!(
+        bus.excess_requests(&user, 5)
+            .await
+            .expect("excess")
+            .is_empty()
+    );
+    let excess = bus.excess_requests(&user, 3).await.expect("excess");
+    assert_eq!(
+        excess,
+        [ids[4].as_bytes().to_vec(), ids[3].as_bytes().to_vec()],
+        "newest first, only those beyond the oldest three"
+    );
+    fn shed<'a>(user: &'a str, id: &'a str) -> Shed<'a> {
+        Shed {
+            user_id: user,
+            raw: id.as_bytes(),
+            request_id: id,
+            response: r#"{"status":"error","error_code":"overloaded"}"#,
+        }
+    }
+    assert!(bus.shed_request(&shed(&user, &ids[4])).await.expect("shed"));
+    assert_eq!(
+        bus.get(&keys::response(&ids[4]))
+            .await
+            .expect("get")
+            .as_deref(),
+        Some(r#"{"status":"error","error_code":"overloaded"}"#)
+    );
+    let record = bus
+        .hash_get_all(&keys::request_record(&ids[4]))
+        .await
+        .expect("hgetall");
+    assert_eq!(
+        record.get(record::STATE).map(String::as_str),
+        Some(record::DONE)
+    );
+    assert!(
+        !bus.shed_request(&shed(&user, &ids[4])).await.expect("shed"),
+        "no longer queued"
+    );
+    // An id with a record is answered from it by the worker, never shed.
+    assert!(matches!(
+        bus.begin_request(&ids[3], &user, "w", 1)
+            .await
+            .expect("begin"),
+        Begun::Started
+    ));
+    assert!(!bus.shed_request(&shed(&user, &ids[3])).await.expect("shed"));
+    assert_eq!(
+        bus.list_items(&requests).await.expect("lrange"),
+        [&ids[3], &ids[2], &ids[1], &ids[0]].map(String::clone),
+        "only the shed request left the queue"
+    );
+    assert_eq!(
+        bus.excess_requests(&unique_name("u"), 0)
+            .await
+            .expect("excess"),
+        Vec::<Vec<u8>>::new()
+    );
+    let many = unique_name("u");
+    for i in 0..(SHED_BATCH + 20) {
+        bus.push_request(&many, &format!("m{i}"))
+            .await
+            .expect("push");
+    }
+    let batch = bus.excess_requests(&many, 1).await.expect("excess");
+    assert_eq!(
+        batch.len() as u64,
+        SHED_BATCH,
+        "one call reads a bounded batch"
+    );
+    assert_eq!(batch[0], format!("m{}", SHED_BATCH + 19).into_bytes());
+}
+
 /// SCAN-style matching: every matching key (across many SCAN pages), no other.
 pub async fn scan_matches_patterns(target: &dyn BusTarget) {
     let bus = target.bus();
@@ -1144,6 +1298,8 @@ macro_rules! pool_bus_conformance_suite {
             paper_ledger_refuses_repeated_client_order_ids,
             responses_expire_after_a_minute,
             dead_letters_keep_the_reason,
+            dead_letter_lists_are_capped_and_expire,
+            over_cap_requests_are_shed_newest_first,
             scan_matches_patterns,
             list_len_counts_queued_messages,
             credentials_and_report_round_trip,

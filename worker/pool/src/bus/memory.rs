@@ -16,8 +16,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Begun, BusError, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
-    REQUEST_RECORD_TTL, RESPONSE_TTL, StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
+    Answer, AnswerMode, Begun, BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, Inspect, LedgerWrite,
+    MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Shed,
+    StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -169,6 +170,38 @@ impl Keyspace {
         };
         self.push(to, &body, End::Head, now)?;
         Ok(Some(body))
+    }
+
+    /// `RPUSH dead entry`, `LTRIM dead -max -1`, `EXPIRE dead ttl`: what
+    /// every push to a dead-letter list does.
+    fn push_dead(&mut self, dead: &str, entry: &str, now: Instant) -> Result<(), BusError> {
+        self.push(dead, entry, End::Tail, now)?;
+        if let Some(list) = self.list(dead, now)? {
+            let max = usize::try_from(DEAD_LETTER_MAX).unwrap_or(usize::MAX);
+            while list.len() > max {
+                list.pop_front();
+            }
+        }
+        self.expire(dead, DEAD_LETTER_TTL, now);
+        Ok(())
+    }
+
+    /// `LREM key 1 body`: removes the entry nearest the head; whether one was.
+    fn remove_first(&mut self, key: &str, body: &[u8], now: Instant) -> Result<bool, BusError> {
+        let Ok(body) = std::str::from_utf8(body) else {
+            return Ok(false);
+        };
+        let Some(list) = self.list(key, now)? else {
+            return Ok(false);
+        };
+        let Some(index) = list.iter().position(|entry| entry == body) else {
+            return Ok(false);
+        };
+        list.remove(index);
+        if list.is_empty() {
+            self.entries.remove(key);
+        }
+        Ok(true)
     }
 
     /// `LREM key -1 body`: removes the entry nearest the tail.
@@ -530,10 +563,10 @@ impl PoolBus for MemoryPoolBus {
         body: &str,
         at_unix_ms: u64,
     ) -> Result<(), BusError> {
-        self.push(
+        self.lock().push_dead(
             &keys::dead_letter(list_key),
             &protocol::dead_letter(reason, body, at_unix_ms),
-            End::Tail,
+            Instant::now(),
         )
     }
 
@@ -614,10 +647,9 @@ impl PoolBus for MemoryPoolBus {
         }
         let requests = keys::user_requests(answer.user_id);
         if let Some((reason, at)) = answer.dead_letter {
-            keyspace.push(
+            keyspace.push_dead(
                 &keys::dead_letter(&requests),
                 &protocol::dead_letter_raw(reason, answer.raw, at),
-                End::Tail,
                 now,
             )?;
         }
@@ -635,13 +667,53 @@ impl PoolBus for MemoryPoolBus {
         Self::inject_fault(&self.failing_answers)?;
         let now = Instant::now();
         let mut keyspace = self.lock();
-        keyspace.push(
+        keyspace.push_dead(
             &keys::dead_letter(&keys::user_requests(user_id)),
             &protocol::dead_letter_raw(reason, raw, at_unix_ms),
-            End::Tail,
             now,
         )?;
         keyspace.remove_last(&keys::user_processing(user_id), raw, now)
+    }
+
+    async fn excess_requests(&self, user_id: &str, max: u64) -> Result<Vec<Vec<u8>>, BusError> {
+        let mut keyspace = self.lock();
+        let Some(list) = keyspace.list(&keys::user_requests(user_id), Instant::now())? else {
+            return Ok(Vec::new());
+        };
+        let excess = (list.len() as u64).saturating_sub(max).min(SHED_BATCH);
+        Ok(list
+            .iter()
+            .take(usize::try_from(excess).unwrap_or(usize::MAX))
+            .map(|entry| entry.clone().into_bytes())
+            .collect())
+    }
+
+    async fn shed_request(&self, shed: &Shed<'_>) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let record_key = keys::request_record(shed.request_id);
+        let mut keyspace = self.lock();
+        if keyspace.exists(&record_key, now) {
+            return Ok(false);
+        }
+        if !keyspace.remove_first(&keys::user_requests(shed.user_id), shed.raw, now)? {
+            return Ok(false);
+        }
+        keyspace.hash_set(
+            &record_key,
+            &[
+                (record::STATE, record::DONE.to_owned()),
+                (record::RESPONSE, shed.response.to_owned()),
+            ],
+            now,
+        )?;
+        keyspace.expire(&record_key, REQUEST_RECORD_TTL, now);
+        keyspace.set(
+            &keys::response(shed.request_id),
+            shed.response,
+            Some(RESPONSE_TTL),
+            now,
+        );
+        Ok(true)
     }
 
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {

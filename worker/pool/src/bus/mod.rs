@@ -42,6 +42,20 @@ pub const RESPONSE_TTL: Duration = Duration::from_secs(60);
 /// with the stored response instead of running again.
 pub const REQUEST_RECORD_TTL: Duration = Duration::from_secs(86_400);
 
+/// A dead-letter list keeps at most this many entries, the newest: an API
+/// that floods a worker with invalid messages must not grow Redis without
+/// bound. Enough to hold a bad day's evidence for an operator.
+pub const DEAD_LETTER_MAX: u64 = 10_000;
+
+/// A dead-letter list expires this long after its last push (the TTL is
+/// refreshed on every push): a week gives operators a weekend and more to
+/// look, and lists nobody reads do not stay forever.
+pub const DEAD_LETTER_TTL: Duration = Duration::from_secs(7 * 86_400);
+
+/// At most this many over-cap requests are read and answered per
+/// [`PoolBus::excess_requests`] call, so one call never moves a huge reply.
+pub const SHED_BATCH: u64 = 100;
+
 /// Why a bus operation failed. Messages never hold the bus URL (which may
 /// carry a password) nor a message body.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -146,6 +160,20 @@ pub struct Answer<'a> {
     pub dead_letter: Option<(&'a str, u64)>,
 }
 
+/// A queued request answered without running it: the user's queue is over
+/// its cap ([`PoolBus::shed_request`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Shed<'a> {
+    /// Whose request list holds it.
+    pub user_id: &'a str,
+    /// The entry exactly as queued; the newest equal entry is removed.
+    pub raw: &'a [u8],
+    /// Its request id.
+    pub request_id: &'a str,
+    /// The response JSON.
+    pub response: &'a str,
+}
+
 /// What [`PaperLedger::record_paper_order`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LedgerWrite {
@@ -242,7 +270,9 @@ pub trait PoolBus: Inspect + PaperLedger {
     ) -> Result<Option<UserMessage>, BusError>;
 
     /// Appends an invalid message to `{list_key}:dead` with the reason and the
-    /// time (`RPUSH`, so the dead list reads oldest first).
+    /// time (`RPUSH`, so the dead list reads oldest first). Every push to a
+    /// dead list, here and in the request steps, keeps the newest
+    /// [`DEAD_LETTER_MAX`] entries and sets its TTL to [`DEAD_LETTER_TTL`].
     async fn dead_letter(
         &self,
         list_key: &str,
@@ -280,6 +310,19 @@ pub trait PoolBus: Inspect + PaperLedger {
         reason: &str,
         at_unix_ms: u64,
     ) -> Result<(), BusError>;
+
+    /// The newest queued requests beyond the first `max` (oldest) ones, newest
+    /// first, at most [`SHED_BATCH`]: what a worker answers `overloaded`.
+    /// Empty when the queue holds `max` or fewer.
+    async fn excess_requests(&self, user_id: &str, max: u64) -> Result<Vec<Vec<u8>>, BusError>;
+
+    /// Answers a queued request without running it, in one step: removes the
+    /// newest equal entry from `trading:user:{user_id}:requests`, records the
+    /// request `done` with the response and stores the response for
+    /// [`RESPONSE_TTL`]. Changes nothing and says `false` when the id already
+    /// has a record (a repeat is answered from it in turn, never shed) or the
+    /// entry is no longer queued.
+    async fn shed_request(&self, shed: &Shed<'_>) -> Result<bool, BusError>;
 
     /// Stores the answer to a request for [`RESPONSE_TTL`] (no record).
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError>;

@@ -19,8 +19,9 @@ use redis::aio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Begun, BusError, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
-    REQUEST_RECORD_TTL, RESPONSE_TTL, StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
+    Answer, AnswerMode, Begun, BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, Inspect, LedgerWrite,
+    MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Shed,
+    StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -54,7 +55,8 @@ return {state, redis.call('HGET', KEYS[1], '{user_id}') or '', redis.call('HGET'
 
 /// KEYS: request record, response, processing list, dead list. ARGV: the
 /// processing entry, mode (final | first_only | replay), response, dead
-/// letter ('' for none), record ttl, response ttl. Returns 1 when answered.
+/// letter ('' for none), record ttl, response ttl, dead list cap, dead list
+/// ttl. Returns 1 when answered.
 /// One step, so a request leaves the processing list exactly when its final
 /// response is stored.
 const ANSWER_REQUEST: &str = r#"
@@ -67,9 +69,34 @@ elseif ARGV[2] == 'replay' then
   answered = 1
 end
 if answered == 1 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[6]) end
-if ARGV[4] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[4]) end
+if ARGV[4] ~= '' then
+  redis.call('RPUSH', KEYS[4], ARGV[4])
+  redis.call('LTRIM', KEYS[4], -tonumber(ARGV[7]), -1)
+  redis.call('EXPIRE', KEYS[4], ARGV[8])
+end
 redis.call('LREM', KEYS[3], -1, ARGV[1])
 return answered
+"#;
+
+/// KEYS: request list. ARGV: the cap, the batch. The newest entries beyond
+/// the oldest `cap`, newest first, at most `batch`.
+const EXCESS_REQUESTS: &str = r#"
+local excess = redis.call('LLEN', KEYS[1]) - tonumber(ARGV[1])
+if excess <= 0 then return {} end
+return redis.call('LRANGE', KEYS[1], 0, math.min(excess, tonumber(ARGV[2])) - 1)
+"#;
+
+/// KEYS: request list, request record, response. ARGV: the queued entry,
+/// response, record ttl, response ttl. Returns 1 when the entry left the
+/// queue with its response; 0 (nothing changed) when its id has a record or
+/// it is no longer queued.
+const SHED_REQUEST: &str = r#"
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], '{state}', '{done}', '{response}', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
+return 1
 "#;
 
 /// KEYS: ledger hash, id counter. ARGV: client order id, order text before
@@ -145,6 +172,28 @@ fn guarded(body: &str) -> String {
     format!("{UNLESS_MARK_IS_MINE}{body}")
 }
 
+/// Queues on `pipe` the push of one dead letter to `dead`, with the cap and
+/// the TTL every dead-letter list has (docs/redis.md).
+fn push_dead<'p>(
+    pipe: &'p mut redis::Pipeline,
+    dead: &str,
+    entry: String,
+) -> &'p mut redis::Pipeline {
+    pipe.cmd("RPUSH")
+        .arg(dead)
+        .arg(entry)
+        .ignore()
+        .cmd("LTRIM")
+        .arg(dead)
+        .arg(-i64::try_from(DEAD_LETTER_MAX).unwrap_or(i64::MAX))
+        .arg(-1)
+        .ignore()
+        .cmd("EXPIRE")
+        .arg(dead)
+        .arg(DEAD_LETTER_TTL.as_secs())
+        .ignore()
+}
+
 /// Keys SCAN asks for per call: large enough for few round trips, small
 /// enough that no single call blocks a shared Redis.
 const SCAN_COUNT: u64 = 500;
@@ -218,6 +267,8 @@ pub struct RedisPoolBus {
     next_user_message: redis::Script,
     begin_request: redis::Script,
     answer_request: redis::Script,
+    excess_requests: redis::Script,
+    shed_request: redis::Script,
     record_paper_order: redis::Script,
 }
 
@@ -251,6 +302,8 @@ impl RedisPoolBus {
             next_user_message: redis::Script::new(NEXT_USER_MESSAGE),
             begin_request: redis::Script::new(&with_record_fields(BEGIN_REQUEST)),
             answer_request: redis::Script::new(&with_record_fields(ANSWER_REQUEST)),
+            excess_requests: redis::Script::new(EXCESS_REQUESTS),
+            shed_request: redis::Script::new(&with_record_fields(SHED_REQUEST)),
             record_paper_order: redis::Script::new(RECORD_PAPER_ORDER),
         })
     }
@@ -576,11 +629,18 @@ impl PoolBus for RedisPoolBus {
         body: &str,
         at_unix_ms: u64,
     ) -> Result<(), BusError> {
-        self.rpush(
-            &keys::dead_letter(list_key),
-            &protocol::dead_letter(reason, body, at_unix_ms),
-        )
-        .await
+        let dead = keys::dead_letter(list_key);
+        let mut pipe = redis::pipe();
+        push_dead(
+            pipe.atomic(),
+            &dead,
+            protocol::dead_letter(reason, body, at_unix_ms),
+        );
+        let _: () = pipe
+            .query_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(())
     }
 
     async fn begin_request(
@@ -630,6 +690,8 @@ impl PoolBus for RedisPoolBus {
             .arg(dead)
             .arg(REQUEST_RECORD_TTL.as_secs())
             .arg(RESPONSE_TTL.as_secs())
+            .arg(DEAD_LETTER_MAX)
+            .arg(DEAD_LETTER_TTL.as_secs())
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;
@@ -644,21 +706,48 @@ impl PoolBus for RedisPoolBus {
         at_unix_ms: u64,
     ) -> Result<(), BusError> {
         let dead = keys::dead_letter(&keys::user_requests(user_id));
-        let _: () = redis::pipe()
-            .atomic()
-            .cmd("RPUSH")
-            .arg(dead)
-            .arg(protocol::dead_letter_raw(reason, raw, at_unix_ms))
-            .ignore()
-            .cmd("LREM")
-            .arg(keys::user_processing(user_id))
-            .arg(-1)
-            .arg(raw)
-            .ignore()
+        let mut pipe = redis::pipe();
+        push_dead(
+            pipe.atomic(),
+            &dead,
+            protocol::dead_letter_raw(reason, raw, at_unix_ms),
+        )
+        .cmd("LREM")
+        .arg(keys::user_processing(user_id))
+        .arg(-1)
+        .arg(raw)
+        .ignore();
+        let _: () = pipe
             .query_async(&mut self.commands())
             .await
             .map_err(classify)?;
         Ok(())
+    }
+
+    async fn excess_requests(&self, user_id: &str, max: u64) -> Result<Vec<Vec<u8>>, BusError> {
+        self.excess_requests
+            .key(keys::user_requests(user_id))
+            .arg(max)
+            .arg(SHED_BATCH)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)
+    }
+
+    async fn shed_request(&self, shed: &Shed<'_>) -> Result<bool, BusError> {
+        let shed_one: i64 = self
+            .shed_request
+            .key(keys::user_requests(shed.user_id))
+            .key(keys::request_record(shed.request_id))
+            .key(keys::response(shed.request_id))
+            .arg(shed.raw)
+            .arg(shed.response)
+            .arg(REQUEST_RECORD_TTL.as_secs())
+            .arg(RESPONSE_TTL.as_secs())
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(shed_one == 1)
     }
 
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
