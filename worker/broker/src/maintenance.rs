@@ -8,6 +8,9 @@
 //! | stale mark | a mark without TTL, or whose heartbeat is older than the TTL | deleting it and stopping its task |
 //! | duplicate worker | two tasks for one user | stopping the older |
 //!
+//! It also puts back in `pool:claims` the claims a dead pool worker had taken
+//! into its processing list and not settled.
+//!
 //! [`classify`] is a pure function of (marks, tasks, now); [`sweep`] gathers the
 //! inputs, resolves findings in batches of 100 with bounded concurrency, and
 //! writes the report to `maintenance:last_report`.
@@ -229,6 +232,15 @@ pub async fn sweep(
             }
         }
     }
+    // After the orphan marks are gone: a dead pool worker's half-taken claims
+    // go back in line (the re-queue itself checks that its pool mark is gone).
+    let mut claims_requeued = 0;
+    if !config.dry_run {
+        match crate::worker::requeue_dead_claims(bus).await {
+            Ok(count) => claims_requeued = count,
+            Err(err) => errors.push(format!("re-queue of dead workers' claims: {err}")),
+        }
+    }
     let counts = |map: &BTreeMap<OrphanKind, u64>| map.iter().map(|(k, n)| (*k, *n)).collect();
     telemetry.emit(TelemetryEvent::OrphanSweep {
         found: counts(&found),
@@ -244,6 +256,8 @@ pub async fn sweep(
         resolved,
         findings,
         errors,
+        claims_requeued,
+        reserved: Vec::new(),
     };
     bus.put_maintenance_report(&serde_json::to_string(&report).unwrap_or_default())
         .await?;

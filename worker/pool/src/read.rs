@@ -95,6 +95,13 @@ pub struct SweepReport {
     pub findings: Vec<Finding>,
     /// Resolution failures (no secrets: pool bus and launcher errors only).
     pub errors: Vec<String>,
+    /// Claims put back in `pool:claims` from the processing lists of dead
+    /// pool workers (absent in reports of older versions).
+    #[serde(default)]
+    pub claims_requeued: u64,
+    /// Users given a new worker by supervision in this pass.
+    #[serde(default)]
+    pub reserved: Vec<String>,
 }
 
 /// An idle pool worker.
