@@ -20,6 +20,7 @@ use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::keys;
+use leasehold_pool::protocol::ClaimStatus;
 use leasehold_pool::settings::REDIS_URL;
 use leasehold_telemetry::LogSink;
 use leasehold_telemetry::transport::BufferedShipper;
@@ -163,9 +164,18 @@ pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
 pub struct ClaimArgs {
     /// The user who needs a worker.
     user_id: String,
+    /// How long to wait for the outcome (`pool:claim:{claim_id}`, or the
+    /// user's mark after a cold start); `0s` does not wait.
+    #[arg(long, default_value = "30s")]
+    timeout: humantime::Duration,
 }
 
-/// Active → nothing; idle pool worker → claim; none → cold start. Prints the path.
+/// Exit status of `claim` when no outcome came within `--timeout`.
+const CLAIM_TIMEOUT_EXIT: u8 = 3;
+
+/// Active → nothing; idle pool worker → claim; none → cold start. Prints the
+/// path, then waits for the outcome and prints it: exit 0 when the user has a
+/// worker, 1 when the claim failed, 3 when nothing was known in time.
 pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
     let (url, launcher_settings) =
         read(|env| (env.get(&REDIS_URL), settings::launcher_settings(env)))?;
@@ -176,7 +186,65 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
         .map_err(anyhow::Error::from)?;
     tracing::info!(user_id = args.user_id, path = %path, "claim path");
     println!("claim {}: {path}", args.user_id);
-    Ok(())
+    let timeout: Duration = args.timeout.into();
+    if timeout.is_zero() {
+        return Ok(());
+    }
+    let poll = Duration::from_millis(50);
+    let pending = || {
+        Failure::Status(
+            CLAIM_TIMEOUT_EXIT,
+            format!(
+                "no outcome for {} within {} (pending, not failed)",
+                args.user_id, args.timeout
+            ),
+        )
+    };
+    match path {
+        manager::ClaimPath::AlreadyActive => Ok(()),
+        manager::ClaimPath::PoolClaim { claim_id } => {
+            let outcome = manager::wait_for_outcome(bus.as_ref(), &claim_id, timeout, poll)
+                .await
+                .context("cannot read the claim outcome")?;
+            let outcome = match outcome {
+                None => return Err(pending()),
+                Some(parsed) => parsed.map_err(|err| {
+                    anyhow::anyhow!(
+                        "{} is not a claim outcome: {err}",
+                        keys::claim_outcome(&claim_id)
+                    )
+                })?,
+            };
+            // The stored JSON, one line, for scripts.
+            println!("{}", outcome.to_json());
+            match outcome.status {
+                ClaimStatus::Claimed => Ok(()),
+                ClaimStatus::Failed => Err(Failure::Status(
+                    1,
+                    format!(
+                        "claim {claim_id} failed: {}",
+                        outcome.error.as_deref().unwrap_or("no reason given")
+                    ),
+                )),
+            }
+        }
+        manager::ClaimPath::ColdStart { .. } => {
+            // No claim message, so no outcome key: the user's mark is the answer.
+            let deadline = tokio::time::Instant::now() + timeout;
+            while !bus
+                .user_is_active(&args.user_id)
+                .await
+                .context("cannot read the user's mark")?
+            {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(pending());
+                }
+                tokio::time::sleep(poll).await;
+            }
+            println!("claim {}: active", args.user_id);
+            Ok(())
+        }
+    }
 }
 
 /// `leasehold pool-manager`.

@@ -177,6 +177,15 @@ fn sweep_report(output: &str) -> Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// The outcome line `claim` prints on stdout.
+fn claim_outcome(output: &str) -> Value {
+    let line = output
+        .lines()
+        .find(|l| l.starts_with('{') && l.contains(r#""status":"#))
+        .unwrap_or_else(|| panic!("no outcome in:\n{output}"));
+    serde_json::from_str(line).unwrap()
+}
+
 fn pid_of(mark: &MarkValue) -> &str {
     mark.task_id.strip_prefix("local-").expect("local task id")
 }
@@ -201,14 +210,43 @@ async fn claim_serve_crash_sweep_refill_without_leaking_the_secret() {
         );
         pool.wait_idle(1).await;
 
-        assert!(pool.run(&["claim", &user], None).contains(": pool-claim"));
+        // `claim` waits for the outcome the claim step writes and prints it.
+        let out = pool.run(&["claim", &user], None);
+        assert!(out.contains(": pool-claim"), "{out}");
+        let outcome = claim_outcome(&out);
+        assert_eq!(outcome["status"], "claimed", "{out}");
         let claimed = pool.wait_mark(&keys::worker_active(&user)).await;
+        assert_eq!(outcome["worker_id"], claimed.worker_id.as_str(), "{out}");
         assert!(pool.run(&["claim", &user], None).contains(": active"));
         let response = pool.round_trip(&user).await;
         assert_eq!(response["status"], "ok", "{response}");
 
         // The pool is empty now; one pass refills it.
         assert!(pool.run(&["pool-manager"], None).contains("started 1"));
+        pool.wait_idle(1).await;
+
+        // A claim the pool worker cannot serve (credentials sealed with
+        // another key) prints `failed` with the reason and exits 1; the
+        // worker stays in the pool.
+        let stranger = unique_name("u");
+        let mut other_key = pool.envs.clone();
+        other_key.retain(|(k, _)| k != "CREDENTIALS_KEY");
+        other_key.push(("CREDENTIALS_KEY".into(), AesGcmCipher::generate_key()));
+        let (status, _) = run_leasehold(
+            &["credentials", "put", &stranger],
+            &other_key,
+            Some(r#"{"api_key": "k"}"#),
+        );
+        assert!(status.success());
+        let (status, out) = run_leasehold(&["claim", &stranger], &pool.envs, None);
+        assert_eq!(status.code(), Some(1), "{out}");
+        let outcome = claim_outcome(&out);
+        assert_eq!(outcome["status"], "failed", "{out}");
+        assert!(
+            outcome["error"].as_str().unwrap().contains("decrypt"),
+            "{out}"
+        );
+        pool.output.push(out);
         pool.wait_idle(1).await;
 
         // kill -9 the claimed worker: its marks stay until the sweep (or the TTL).
