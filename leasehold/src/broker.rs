@@ -12,7 +12,8 @@ use leasehold_broker::credentials::{Credentials, CredentialsCipher};
 use leasehold_broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
 use leasehold_broker::paper::{Broker, PaperBroker};
 use leasehold_broker::settings::{self, LauncherSettings};
-use leasehold_broker::worker::{BrokerWorker, WorkerExit};
+use leasehold_broker::supervise::{self, SuperviseConfig};
+use leasehold_broker::worker::{BrokerWorker, WorkerExit, requeue_dead_claims};
 use leasehold_broker::{maintenance, manager};
 use leasehold_platform::aws::{RetryPolicy, sdk_config};
 use leasehold_platform::periodic::try_once_or_every;
@@ -293,24 +294,63 @@ pub struct MaintenanceArgs {
     dry_run: bool,
 }
 
-/// The orphan / stale / duplicate sweep.
+/// The orphan / stale / duplicate sweep, the re-queue of dead pool workers'
+/// claims, and supervision (users whose worker died with work pending get a
+/// new one). With `--every`, supervision also runs on its own, shorter
+/// period (`SUPERVISE_INTERVAL_SECONDS`) between sweeps.
 pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
-    let (url, launcher_settings, sweep) = read(|env| {
+    let (url, launcher_settings, sweep, interval) = read(|env| {
         (
             env.get(&REDIS_URL),
             settings::launcher_settings(env),
             settings::sweep_config(env, args.dry_run),
+            settings::supervise_interval(env),
         )
     })?;
     let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
-    let every = args.every.map(Into::into);
-    try_once_or_every(every, shutdown_on_signal(), || async {
+    let every: Option<Duration> = args.every.map(Into::into);
+    let stop = shutdown_on_signal();
+    let sweeps = try_once_or_every(every, stop.clone(), || async {
         let report = maintenance::sweep(bus.as_ref(), launcher.as_ref(), &sweep, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
         Ok(())
-    })
-    .await
+    });
+    let (Some(lock), Some(_)) = (sweep.supervise, every) else {
+        return sweeps.await;
+    };
+    let config = SuperviseConfig {
+        lock,
+        dry_run: args.dry_run,
+    };
+    let supervision = leasehold_platform::periodic::every(interval, stop.clone(), || async {
+        if !args.dry_run
+            && let Err(err) = requeue_dead_claims(bus.as_ref()).await
+        {
+            tracing::warn!(error = %err, "re-queue of dead pool workers' claims failed");
+        }
+        match supervise::supervise(bus.as_ref(), launcher.as_ref(), &config, &LogSink).await {
+            Ok(pass) => {
+                for (user, path) in &pass.reserved {
+                    println!("supervise {user}: {path}");
+                }
+                for error in &pass.errors {
+                    tracing::warn!(error, "supervision");
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "supervision pass failed"),
+        }
+    });
+    tokio::pin!(sweeps, supervision);
+    tokio::select! {
+        swept = &mut sweeps => {
+            // A failed sweep ends the command; supervision stops with it.
+            stop.cancel();
+            (&mut supervision).await;
+            swept
+        }
+        () = &mut supervision => sweeps.await,
+    }
 }

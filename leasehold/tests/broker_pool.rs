@@ -350,3 +350,89 @@ async fn cold_start_then_duplicate_worker_the_older_is_stopped() {
     pool.stop_all().await;
     drop(newer_proc);
 }
+
+/// Supervision with real processes: `kill -9` of a user's worker while a
+/// request is pending; `maintenance --every` (supervision every
+/// `SUPERVISE_INTERVAL_SECONDS`, the default 10 s here) claims the warm pool
+/// worker for the user, which answers the pending request. Prints the time
+/// from the kill to that answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_users_worker_is_replaced_from_the_warm_pool_by_supervision() {
+    let _serial = serial().await;
+    // Database 9 again: `serial` keeps this binary's tests apart.
+    let Some(mut pool) = Pool::new(9).await else {
+        return;
+    };
+    pool.envs.retain(|(k, _)| k != "POOL_TARGET_SIZE");
+    pool.envs.push(("POOL_TARGET_SIZE".into(), "2".into()));
+    let user = unique_name("u");
+    pool.run(
+        &["credentials", "put", &user],
+        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+    );
+    let manager = spawn_leasehold(
+        "pool-manager",
+        &["pool-manager", "--every", "1h"],
+        &pool.envs,
+    );
+    pool.wait_idle(2).await;
+    let out = pool.run(&["claim", &user], None);
+    assert_eq!(claim_outcome(&out)["status"], "claimed", "{out}");
+    let claimed = pool.wait_mark(&keys::worker_active(&user)).await;
+    assert_eq!(pool.round_trip(&user).await["status"], "ok");
+    pool.wait_idle(1).await;
+    let maintenance = spawn_leasehold(
+        "maintenance",
+        &["maintenance", "--every", "60s"],
+        &pool.envs,
+    );
+    // The first sweep is done: from now on only supervision passes run.
+    maintenance.wait_line(r#"{"at""#, Duration::from_secs(15));
+
+    std::process::Command::new("kill")
+        .args(["-KILL", pid_of(&claimed)])
+        .status()
+        .unwrap();
+    let killed = Instant::now();
+    let request_id = unique_name("r");
+    let body = serde_json::json!({
+        "request_id": request_id, "action": "place_order",
+        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+    });
+    let _: () = pool
+        .redis
+        .lpush(keys::user_requests(&user), body.to_string())
+        .await
+        .unwrap();
+    let deadline = killed + Duration::from_secs(25);
+    let response: Value = loop {
+        let value: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+        if let Some(value) = value {
+            break serde_json::from_str(&value).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replacement served the user within 25 s\n{}",
+            maintenance.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let replaced_in = killed.elapsed();
+    println!("kill -9 → replacement serving the user: {replaced_in:?}");
+    assert_eq!(response["status"], "ok", "{response}");
+    // Within one supervision interval (10 s) plus the claim itself.
+    assert!(
+        replaced_in < Duration::from_secs(12),
+        "took {replaced_in:?}"
+    );
+    let again = pool.wait_mark(&keys::worker_active(&user)).await;
+    assert_ne!(again.task_id, claimed.task_id);
+    maintenance.wait_line(
+        &format!("supervise {user}: pool-claim"),
+        Duration::from_secs(1),
+    );
+    pool.stop_all().await;
+    drop(maintenance);
+    drop(manager);
+}

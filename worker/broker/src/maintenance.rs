@@ -25,6 +25,7 @@ use leasehold_telemetry::{OrphanKind, TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{RunningTask, TaskLauncher};
 use crate::manager::PoolError;
+use crate::supervise::SuperviseConfig;
 use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::protocol::MarkValue;
 pub use leasehold_pool::read::{Finding, SweepReport};
@@ -53,6 +54,9 @@ pub struct SweepConfig {
     pub concurrency: usize,
     /// Only report.
     pub dry_run: bool,
+    /// Also supervise (see [`crate::supervise`]) after resolving, with this
+    /// re-serve lock; `None`: do not.
+    pub supervise: Option<Duration>,
 }
 
 fn user_of(key: &str) -> String {
@@ -241,6 +245,21 @@ pub async fn sweep(
             Err(err) => errors.push(format!("re-queue of dead workers' claims: {err}")),
         }
     }
+    // Last: an orphaned mark deleted above no longer hides a dead worker.
+    let mut reserved = Vec::new();
+    if let Some(lock) = config.supervise {
+        let supervise = SuperviseConfig {
+            lock,
+            dry_run: config.dry_run,
+        };
+        match crate::supervise::supervise(bus, launcher, &supervise, telemetry).await {
+            Ok(pass) => {
+                reserved = pass.reserved.into_iter().map(|(user, _)| user).collect();
+                errors.extend(pass.errors);
+            }
+            Err(err) => errors.push(format!("supervision: {err}")),
+        }
+    }
     let counts = |map: &BTreeMap<OrphanKind, u64>| map.iter().map(|(k, n)| (*k, *n)).collect();
     telemetry.emit(TelemetryEvent::OrphanSweep {
         found: counts(&found),
@@ -257,7 +276,7 @@ pub async fn sweep(
         findings,
         errors,
         claims_requeued,
-        reserved: Vec::new(),
+        reserved,
     };
     bus.put_maintenance_report(&serde_json::to_string(&report).unwrap_or_default())
         .await?;
@@ -276,6 +295,7 @@ mod tests {
             grace: Duration::from_secs(60),
             concurrency: 4,
             dry_run: false,
+            supervise: None,
         }
     }
 

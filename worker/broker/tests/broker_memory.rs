@@ -137,6 +137,7 @@ async fn the_sweep_deletes_orphan_marks_on_the_memory_bus() {
         grace: Duration::from_secs(60),
         concurrency: 2,
         dry_run: false,
+        supervise: None,
     };
     let report = maintenance::sweep(&bus, &launcher, &sweep, &LogSink)
         .await

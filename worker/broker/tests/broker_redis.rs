@@ -785,7 +785,7 @@ async fn expired_repeated_reused_and_unreadable_requests_each_get_their_one_answ
 
 #[tokio::test]
 async fn a_claim_taken_by_a_worker_that_died_before_marking_is_requeued_and_served() {
-    let Some(mut env) = env(7).await else { return };
+    let Some(mut env) = env(14).await else { return };
     let user = unique_name("u");
     // The victim is a real pool worker, dropped mid-run (its heartbeat stops
     // with it); the claim is then moved into its list as its last act.
