@@ -442,13 +442,31 @@ impl TablesPage {
         let pool = snapshot.pool.as_ref().unwrap_or(&empty);
         let summary = match &snapshot.pool {
             None => vec!["No pool source (start the dashboard with REDIS_URL).".to_owned()],
-            Some(pool) => vec![format!(
-                "{} idle, {} claimed, {} claims pending, {} invalid claims dead-lettered.",
-                pool.idle.len(),
-                pool.claimed.len(),
-                pool.claims_pending,
-                pool.claims_dead
-            )],
+            Some(pool) => {
+                let mut summary = vec![format!(
+                    "{} idle, {} claimed, {} claims pending, {} invalid claims dead-lettered.",
+                    pool.idle.len(),
+                    pool.claimed.len(),
+                    pool.claims_pending,
+                    pool.claims_dead
+                )];
+                if !pool.reserving.is_empty() {
+                    // A handful is what matters; the rest are counted.
+                    const SHOWN: usize = 10;
+                    let shown = pool.reserving[..pool.reserving.len().min(SHOWN)].join(", ");
+                    let more = pool.reserving.len().saturating_sub(SHOWN);
+                    summary.push(format!(
+                        "{} users being re-served after their worker died: {shown}{}.",
+                        pool.reserving.len(),
+                        if more > 0 {
+                            format!(" and {more} more")
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+                summary
+            }
         };
         TablesPage {
             header: Header::new("/pool", snapshot, refresh_ms),

@@ -207,6 +207,8 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
             },
         ],
         errors: Vec::new(),
+        claims_requeued: 0,
+        reserved: Vec::new(),
     };
     let requests = keys::user_requests("u42");
     let control = keys::worker_control("u42");

@@ -113,6 +113,8 @@ impl PoolRuntime {
             grace: Duration::from_secs(5),
             concurrency: 4,
             dry_run: false,
+            // `dev` starts its users' workers itself.
+            supervise: None,
         };
         leasehold_platform::periodic::every(Duration::from_secs(5), self.stop.clone(), || async {
             let swept = maintenance::sweep(

@@ -12,7 +12,8 @@ use leasehold_broker::credentials::{Credentials, CredentialsCipher};
 use leasehold_broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
 use leasehold_broker::paper::{Broker, PaperBroker};
 use leasehold_broker::settings::{self, LauncherSettings};
-use leasehold_broker::worker::{BrokerWorker, WorkerExit};
+use leasehold_broker::supervise::{self, SuperviseConfig};
+use leasehold_broker::worker::{BrokerWorker, WorkerExit, requeue_dead_claims};
 use leasehold_broker::{maintenance, manager};
 use leasehold_platform::aws::{RetryPolicy, sdk_config};
 use leasehold_platform::periodic::try_once_or_every;
@@ -20,6 +21,7 @@ use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::keys;
+use leasehold_pool::protocol::ClaimStatus;
 use leasehold_pool::settings::REDIS_URL;
 use leasehold_telemetry::LogSink;
 use leasehold_telemetry::transport::BufferedShipper;
@@ -163,9 +165,18 @@ pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
 pub struct ClaimArgs {
     /// The user who needs a worker.
     user_id: String,
+    /// How long to wait for the outcome (`pool:claim:{claim_id}`, or the
+    /// user's mark after a cold start); `0s` does not wait.
+    #[arg(long, default_value = "30s")]
+    timeout: humantime::Duration,
 }
 
-/// Active → nothing; idle pool worker → claim; none → cold start. Prints the path.
+/// Exit status of `claim` when no outcome came within `--timeout`.
+const CLAIM_TIMEOUT_EXIT: u8 = 3;
+
+/// Active → nothing; idle pool worker → claim; none → cold start. Prints the
+/// path, then waits for the outcome and prints it: exit 0 when the user has a
+/// worker, 1 when the claim failed, 3 when nothing was known in time.
 pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
     let (url, launcher_settings) =
         read(|env| (env.get(&REDIS_URL), settings::launcher_settings(env)))?;
@@ -176,7 +187,65 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
         .map_err(anyhow::Error::from)?;
     tracing::info!(user_id = args.user_id, path = %path, "claim path");
     println!("claim {}: {path}", args.user_id);
-    Ok(())
+    let timeout: Duration = args.timeout.into();
+    if timeout.is_zero() {
+        return Ok(());
+    }
+    let poll = Duration::from_millis(50);
+    let pending = || {
+        Failure::Status(
+            CLAIM_TIMEOUT_EXIT,
+            format!(
+                "no outcome for {} within {} (pending, not failed)",
+                args.user_id, args.timeout
+            ),
+        )
+    };
+    match path {
+        manager::ClaimPath::AlreadyActive => Ok(()),
+        manager::ClaimPath::PoolClaim { claim_id } => {
+            let outcome = manager::wait_for_outcome(bus.as_ref(), &claim_id, timeout, poll)
+                .await
+                .context("cannot read the claim outcome")?;
+            let outcome = match outcome {
+                None => return Err(pending()),
+                Some(parsed) => parsed.map_err(|err| {
+                    anyhow::anyhow!(
+                        "{} is not a claim outcome: {err}",
+                        keys::claim_outcome(&claim_id)
+                    )
+                })?,
+            };
+            // The stored JSON, one line, for scripts.
+            println!("{}", outcome.to_json());
+            match outcome.status {
+                ClaimStatus::Claimed => Ok(()),
+                ClaimStatus::Failed => Err(Failure::Status(
+                    1,
+                    format!(
+                        "claim {claim_id} failed: {}",
+                        outcome.error.as_deref().unwrap_or("no reason given")
+                    ),
+                )),
+            }
+        }
+        manager::ClaimPath::ColdStart { .. } => {
+            // No claim message, so no outcome key: the user's mark is the answer.
+            let deadline = tokio::time::Instant::now() + timeout;
+            while !bus
+                .user_is_active(&args.user_id)
+                .await
+                .context("cannot read the user's mark")?
+            {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(pending());
+                }
+                tokio::time::sleep(poll).await;
+            }
+            println!("claim {}: active", args.user_id);
+            Ok(())
+        }
+    }
 }
 
 /// `leasehold pool-manager`.
@@ -225,24 +294,63 @@ pub struct MaintenanceArgs {
     dry_run: bool,
 }
 
-/// The orphan / stale / duplicate sweep.
+/// The orphan / stale / duplicate sweep, the re-queue of dead pool workers'
+/// claims, and supervision (users whose worker died with work pending get a
+/// new one). With `--every`, supervision also runs on its own, shorter
+/// period (`SUPERVISE_INTERVAL_SECONDS`) between sweeps.
 pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
-    let (url, launcher_settings, sweep) = read(|env| {
+    let (url, launcher_settings, sweep, interval) = read(|env| {
         (
             env.get(&REDIS_URL),
             settings::launcher_settings(env),
             settings::sweep_config(env, args.dry_run),
+            settings::supervise_interval(env),
         )
     })?;
     let bus = pool_bus(&url).await?;
     let launcher = launcher(launcher_settings).await?;
-    let every = args.every.map(Into::into);
-    try_once_or_every(every, shutdown_on_signal(), || async {
+    let every: Option<Duration> = args.every.map(Into::into);
+    let stop = shutdown_on_signal();
+    let sweeps = try_once_or_every(every, stop.clone(), || async {
         let report = maintenance::sweep(bus.as_ref(), launcher.as_ref(), &sweep, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
         Ok(())
-    })
-    .await
+    });
+    let (Some(lock), Some(_)) = (sweep.supervise, every) else {
+        return sweeps.await;
+    };
+    let config = SuperviseConfig {
+        lock,
+        dry_run: args.dry_run,
+    };
+    let supervision = leasehold_platform::periodic::every(interval, stop.clone(), || async {
+        if !args.dry_run
+            && let Err(err) = requeue_dead_claims(bus.as_ref()).await
+        {
+            tracing::warn!(error = %err, "re-queue of dead pool workers' claims failed");
+        }
+        match supervise::supervise(bus.as_ref(), launcher.as_ref(), &config, &LogSink).await {
+            Ok(pass) => {
+                for (user, path) in &pass.reserved {
+                    println!("supervise {user}: {path}");
+                }
+                for error in &pass.errors {
+                    tracing::warn!(error, "supervision");
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "supervision pass failed"),
+        }
+    });
+    tokio::pin!(sweeps, supervision);
+    tokio::select! {
+        swept = &mut sweeps => {
+            // A failed sweep ends the command; supervision stops with it.
+            stop.cancel();
+            (&mut supervision).await;
+            swept
+        }
+        () = &mut supervision => sweeps.await,
+    }
 }

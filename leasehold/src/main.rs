@@ -64,6 +64,9 @@ pub enum Failure {
     Config(ConfigError),
     /// The command ran and failed: one line, exit 1.
     Runtime(anyhow::Error),
+    /// The command ran and reports a result with its own exit status (e.g.
+    /// `claim`: 3 when no outcome came in time); the message is one line.
+    Status(u8, String),
 }
 
 impl From<ConfigError> for Failure {
@@ -144,6 +147,10 @@ async fn main() -> ExitCode {
         Err(Failure::Runtime(err)) => {
             eprintln!("leasehold: {err:#}");
             ExitCode::from(1)
+        }
+        Err(Failure::Status(code, message)) => {
+            eprintln!("leasehold: {message}");
+            ExitCode::from(code)
         }
     }
 }

@@ -177,6 +177,15 @@ fn sweep_report(output: &str) -> Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// The outcome line `claim` prints on stdout.
+fn claim_outcome(output: &str) -> Value {
+    let line = output
+        .lines()
+        .find(|l| l.starts_with('{') && l.contains(r#""status":"#))
+        .unwrap_or_else(|| panic!("no outcome in:\n{output}"));
+    serde_json::from_str(line).unwrap()
+}
+
 fn pid_of(mark: &MarkValue) -> &str {
     mark.task_id.strip_prefix("local-").expect("local task id")
 }
@@ -201,14 +210,43 @@ async fn claim_serve_crash_sweep_refill_without_leaking_the_secret() {
         );
         pool.wait_idle(1).await;
 
-        assert!(pool.run(&["claim", &user], None).contains(": pool-claim"));
+        // `claim` waits for the outcome the claim step writes and prints it.
+        let out = pool.run(&["claim", &user], None);
+        assert!(out.contains(": pool-claim"), "{out}");
+        let outcome = claim_outcome(&out);
+        assert_eq!(outcome["status"], "claimed", "{out}");
         let claimed = pool.wait_mark(&keys::worker_active(&user)).await;
+        assert_eq!(outcome["worker_id"], claimed.worker_id.as_str(), "{out}");
         assert!(pool.run(&["claim", &user], None).contains(": active"));
         let response = pool.round_trip(&user).await;
         assert_eq!(response["status"], "ok", "{response}");
 
         // The pool is empty now; one pass refills it.
         assert!(pool.run(&["pool-manager"], None).contains("started 1"));
+        pool.wait_idle(1).await;
+
+        // A claim the pool worker cannot serve (credentials sealed with
+        // another key) prints `failed` with the reason and exits 1; the
+        // worker stays in the pool.
+        let stranger = unique_name("u");
+        let mut other_key = pool.envs.clone();
+        other_key.retain(|(k, _)| k != "CREDENTIALS_KEY");
+        other_key.push(("CREDENTIALS_KEY".into(), AesGcmCipher::generate_key()));
+        let (status, _) = run_leasehold(
+            &["credentials", "put", &stranger],
+            &other_key,
+            Some(r#"{"api_key": "k"}"#),
+        );
+        assert!(status.success());
+        let (status, out) = run_leasehold(&["claim", &stranger], &pool.envs, None);
+        assert_eq!(status.code(), Some(1), "{out}");
+        let outcome = claim_outcome(&out);
+        assert_eq!(outcome["status"], "failed", "{out}");
+        assert!(
+            outcome["error"].as_str().unwrap().contains("decrypt"),
+            "{out}"
+        );
+        pool.output.push(out);
         pool.wait_idle(1).await;
 
         // kill -9 the claimed worker: its marks stay until the sweep (or the TTL).
@@ -401,4 +439,90 @@ async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
     assert_eq!(ledger, 1, "executed once");
     successor.signal("TERM");
     assert!(successor.wait_exit(Duration::from_secs(5)).success());
+}
+
+/// Supervision with real processes: `kill -9` of a user's worker while a
+/// request is pending; `maintenance --every` (supervision every
+/// `SUPERVISE_INTERVAL_SECONDS`, the default 10 s here) claims the warm pool
+/// worker for the user, which answers the pending request. Prints the time
+/// from the kill to that answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_users_worker_is_replaced_from_the_warm_pool_by_supervision() {
+    let _serial = serial().await;
+    // Database 9 again: `serial` keeps this binary's tests apart.
+    let Some(mut pool) = Pool::new(9).await else {
+        return;
+    };
+    pool.envs.retain(|(k, _)| k != "POOL_TARGET_SIZE");
+    pool.envs.push(("POOL_TARGET_SIZE".into(), "2".into()));
+    let user = unique_name("u");
+    pool.run(
+        &["credentials", "put", &user],
+        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+    );
+    let manager = spawn_leasehold(
+        "pool-manager",
+        &["pool-manager", "--every", "1h"],
+        &pool.envs,
+    );
+    pool.wait_idle(2).await;
+    let out = pool.run(&["claim", &user], None);
+    assert_eq!(claim_outcome(&out)["status"], "claimed", "{out}");
+    let claimed = pool.wait_mark(&keys::worker_active(&user)).await;
+    assert_eq!(pool.round_trip(&user).await["status"], "ok");
+    pool.wait_idle(1).await;
+    let maintenance = spawn_leasehold(
+        "maintenance",
+        &["maintenance", "--every", "60s"],
+        &pool.envs,
+    );
+    // The first sweep is done: from now on only supervision passes run.
+    maintenance.wait_line(r#"{"at""#, Duration::from_secs(15));
+
+    std::process::Command::new("kill")
+        .args(["-KILL", pid_of(&claimed)])
+        .status()
+        .unwrap();
+    let killed = Instant::now();
+    let request_id = unique_name("r");
+    let body = serde_json::json!({
+        "request_id": request_id, "action": "place_order",
+        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+    });
+    let _: () = pool
+        .redis
+        .lpush(keys::user_requests(&user), body.to_string())
+        .await
+        .unwrap();
+    let deadline = killed + Duration::from_secs(25);
+    let response: Value = loop {
+        let value: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+        if let Some(value) = value {
+            break serde_json::from_str(&value).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replacement served the user within 25 s\n{}",
+            maintenance.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let replaced_in = killed.elapsed();
+    println!("kill -9 → replacement serving the user: {replaced_in:?}");
+    assert_eq!(response["status"], "ok", "{response}");
+    // Within one supervision interval (10 s) plus the claim itself.
+    assert!(
+        replaced_in < Duration::from_secs(12),
+        "took {replaced_in:?}"
+    );
+    let again = pool.wait_mark(&keys::worker_active(&user)).await;
+    assert_ne!(again.task_id, claimed.task_id);
+    maintenance.wait_line(
+        &format!("supervise {user}: pool-claim"),
+        Duration::from_secs(1),
+    );
+    pool.stop_all().await;
+    drop(maintenance);
+    drop(manager);
 }

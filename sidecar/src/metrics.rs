@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use leasehold_telemetry::{
     ClaimResult, CommitResult, LossReason, OrphanKind, RECONNECT_REASONS, RequestResult,
-    SkipReason, TelemetryEvent,
+    ReservePath, SkipReason, TelemetryEvent,
 };
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -92,6 +92,9 @@ pub const MESSAGES_DEAD_LETTERED: &str = "leasehold_messages_dead_lettered_total
 pub const ORPHANS: &str = "leasehold_orphans";
 /// `kind`: anomalies the maintenance sweep resolved.
 pub const ORPHANS_RESOLVED: &str = "leasehold_orphans_resolved_total";
+/// Extension: `path` = pool_claim, cold_start: users whose worker died with
+/// work pending that supervision gave a new worker.
+pub const USERS_RESERVED: &str = "leasehold_users_reserved_total";
 /// Cluster gauge (observer only): `state` = idle, claimed.
 pub const POOL_WORKERS: &str = "leasehold_pool_workers";
 /// Extension, cluster gauge (observer only): claim messages waiting in `pool:claims`.
@@ -145,6 +148,7 @@ pub const ALL: &[&str] = &[
     MESSAGES_DEAD_LETTERED,
     ORPHANS,
     ORPHANS_RESOLVED,
+    USERS_RESERVED,
     POOL_WORKERS,
     POOL_CLAIMS_PENDING,
     STREAM_UNOWNED_AGE,
@@ -322,6 +326,10 @@ pub fn describe() {
         "Open file descriptors of the worker process."
     );
     describe_counter!(POOL_CLAIMS, "Pool claims handled by result.");
+    describe_counter!(
+        USERS_RESERVED,
+        "Users without a live worker and with work pending given a new worker, by path."
+    );
     describe_histogram!(
         POOL_CLAIM_DURATION,
         Unit::Seconds,
@@ -510,6 +518,7 @@ pub fn record(event: &TelemetryEvent) {
                 }
             }
         }
+        UserReserved { path, .. } => counter!(USERS_RESERVED, "path" => path.as_str()).increment(1),
         // The cluster-wide pool and orphan gauges come from the observer (Redis),
         // so every sidecar reports the same numbers and only one publishes them.
         PoolWorkerState { .. } | PoolReconciled { .. } => {}
@@ -589,6 +598,11 @@ pub fn zero_counters() {
         ORPHANS_RESOLVED,
         "kind",
         &OrphanKind::ALL.map(OrphanKind::as_str),
+    );
+    zero(
+        USERS_RESERVED,
+        "path",
+        &ReservePath::ALL.map(ReservePath::as_str),
     );
     zero(
         TRANSPORT_ERRORS,

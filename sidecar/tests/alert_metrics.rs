@@ -415,9 +415,10 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         PoolWorkerState { .. } => "PoolWorkerState",
         PoolReconciled { .. } => "PoolReconciled",
         OrphanSweep { .. } => "OrphanSweep",
+        UserReserved { .. } => "UserReserved",
     }
 }
-const VARIANTS: usize = 28;
+const VARIANTS: usize = 29;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

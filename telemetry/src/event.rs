@@ -288,6 +288,15 @@ pub enum TelemetryEvent {
         /// Whether the sweep only reported.
         dry_run: bool,
     },
+    /// Supervision gave a user whose worker died (pending requests or a
+    /// "wants a worker" mark, no live worker) a new one
+    /// (`leasehold_users_reserved_total{path}`).
+    UserReserved {
+        /// The user.
+        user_id: String,
+        /// Pool claim or cold start.
+        path: ReservePath,
+    },
 }
 
 /// `orphan_mark=1,stale_mark=0` for a log line.
@@ -567,6 +576,11 @@ impl TelemetryEvent {
                 resolved = kind_counts(resolved),
                 dry_run,
                 "maintenance sweep"
+            ),
+            UserReserved { user_id, path } => tracing::warn!(
+                user_id,
+                path = path.as_str(),
+                "user without a live worker re-served"
             ),
         }
     }

@@ -222,6 +222,29 @@ impl PoolWorkerStateKind {
     }
 }
 
+/// How supervision gave a user whose worker died a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReservePath {
+    /// A claim was pushed for an idle pool worker.
+    PoolClaim,
+    /// No idle pool worker: a worker was started for the user.
+    ColdStart,
+}
+
+impl ReservePath {
+    /// Every path, in label order.
+    pub const ALL: [ReservePath; 2] = [ReservePath::PoolClaim, ReservePath::ColdStart];
+
+    /// The `path` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservePath::PoolClaim => "pool_claim",
+            ReservePath::ColdStart => "cold_start",
+        }
+    }
+}
+
 /// Anomalies the maintenance sweep finds (the original broker-pool specification).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

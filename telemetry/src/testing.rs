@@ -157,6 +157,10 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             resolved: vec![(OrphanKind::OrphanMark, 1)],
             dry_run: false,
         },
+        UserReserved {
+            user_id: "u1".into(),
+            path: crate::ReservePath::PoolClaim,
+        },
     ]
 }
 
@@ -218,6 +222,12 @@ pub fn every_label_value() -> Vec<crate::TelemetryEvent> {
         .map(|queue| TelemetryEvent::MessageDeadLettered {
             queue: queue.into(),
             reason: "test".into(),
+        }),
+    );
+    events.extend(
+        crate::ReservePath::ALL.map(|path| TelemetryEvent::UserReserved {
+            user_id: "u1".into(),
+            path,
         }),
     );
     events

@@ -17,6 +17,7 @@
 //! - [`launcher`]: the [`launcher::TaskLauncher`] seam with local processes and ECS.
 //! - [`manager`]: the pool manager's reconcile pass and the claim path.
 //! - [`maintenance`]: the orphan / stale / duplicate sweep.
+//! - [`supervise`]: users whose worker died with work pending get a new one.
 //! - [`settings`]: the variables of every broker-pool process.
 
 pub mod connections;
@@ -26,4 +27,5 @@ pub mod maintenance;
 pub mod manager;
 pub mod paper;
 pub mod settings;
+pub mod supervise;
 pub mod worker;

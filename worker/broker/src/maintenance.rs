@@ -8,6 +8,9 @@
 //! | stale mark | a mark without TTL, or whose heartbeat is older than the TTL | deleting it and stopping its task |
 //! | duplicate worker | two tasks for one user | stopping the older |
 //!
+//! It also puts back in `pool:claims` the claims a dead pool worker had taken
+//! into its processing list and not settled.
+//!
 //! [`classify`] is a pure function of (marks, tasks, now); [`sweep`] gathers the
 //! inputs, resolves findings in batches of 100 with bounded concurrency, and
 //! writes the report to `maintenance:last_report`.
@@ -22,6 +25,7 @@ use leasehold_telemetry::{OrphanKind, TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{RunningTask, TaskLauncher};
 use crate::manager::PoolError;
+use crate::supervise::SuperviseConfig;
 use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::protocol::MarkValue;
 pub use leasehold_pool::read::{Finding, SweepReport};
@@ -50,6 +54,9 @@ pub struct SweepConfig {
     pub concurrency: usize,
     /// Only report.
     pub dry_run: bool,
+    /// Also supervise (see [`crate::supervise`]) after resolving, with this
+    /// re-serve lock; `None`: do not.
+    pub supervise: Option<Duration>,
 }
 
 fn user_of(key: &str) -> String {
@@ -229,6 +236,30 @@ pub async fn sweep(
             }
         }
     }
+    // After the orphan marks are gone: a dead pool worker's half-taken claims
+    // go back in line (the re-queue itself checks that its pool mark is gone).
+    let mut claims_requeued = 0;
+    if !config.dry_run {
+        match crate::worker::requeue_dead_claims(bus).await {
+            Ok(count) => claims_requeued = count,
+            Err(err) => errors.push(format!("re-queue of dead workers' claims: {err}")),
+        }
+    }
+    // Last: an orphaned mark deleted above no longer hides a dead worker.
+    let mut reserved = Vec::new();
+    if let Some(lock) = config.supervise {
+        let supervise = SuperviseConfig {
+            lock,
+            dry_run: config.dry_run,
+        };
+        match crate::supervise::supervise(bus, launcher, &supervise, telemetry).await {
+            Ok(pass) => {
+                reserved = pass.reserved.into_iter().map(|(user, _)| user).collect();
+                errors.extend(pass.errors);
+            }
+            Err(err) => errors.push(format!("supervision: {err}")),
+        }
+    }
     let counts = |map: &BTreeMap<OrphanKind, u64>| map.iter().map(|(k, n)| (*k, *n)).collect();
     telemetry.emit(TelemetryEvent::OrphanSweep {
         found: counts(&found),
@@ -244,6 +275,8 @@ pub async fn sweep(
         resolved,
         findings,
         errors,
+        claims_requeued,
+        reserved,
     };
     bus.put_maintenance_report(&serde_json::to_string(&report).unwrap_or_default())
         .await?;
@@ -262,6 +295,7 @@ mod tests {
             grace: Duration::from_secs(60),
             concurrency: 4,
             dry_run: false,
+            supervise: None,
         }
     }
 

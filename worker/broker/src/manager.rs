@@ -4,7 +4,7 @@
 //! Both count idle pool workers with a scan of `worker:active:-1:*` on the pool
 //! bus (SCAN, never KEYS: it would block Redis on a large keyspace).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use leasehold_control::clock::unix_ms;
 use leasehold_pool::keys;
@@ -12,7 +12,7 @@ use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{LaunchError, TaskLauncher};
 use leasehold_pool::bus::{BusError, PoolBus};
-use leasehold_pool::protocol::{ClaimMessage, MarkValue};
+use leasehold_pool::protocol::{ClaimMessage, ClaimOutcome, MarkValue, ParseError};
 
 /// Pool manager and claim failures.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +26,9 @@ pub enum PoolError {
     /// The user has no credentials blob yet.
     #[error("{0} is not set (run `leasehold credentials put`)")]
     NoCredentials(String),
+    /// The user id cannot be part of a key (`keys::valid_user_id`).
+    #[error("invalid user id: must be 1-128 of A-Z a-z 0-9 _ . @ - and not start with -")]
+    InvalidUserId,
 }
 
 /// Idle pool workers: their mark keys and, where readable, their marks.
@@ -76,6 +79,10 @@ pub async fn claim_user(
     launcher: &dyn TaskLauncher,
     user_id: &str,
 ) -> Result<ClaimPath, PoolError> {
+    // Before any key is built from it: `-1:w7` would name pool worker w7's mark.
+    if !keys::valid_user_id(user_id) {
+        return Err(PoolError::InvalidUserId);
+    }
     if bus.user_is_active(user_id).await? {
         return Ok(ClaimPath::AlreadyActive);
     }
@@ -90,13 +97,36 @@ pub async fn claim_user(
     let claim = ClaimMessage {
         user_id: user_id.to_owned(),
         encrypted_credentials: blob,
-        claim_id: format!("claim-{user_id}-{now}"),
+        // Unique per push (two claims in one millisecond must not share an
+        // outcome key).
+        claim_id: format!("claim-{user_id}-{now}-{:08x}", rand::random::<u32>()),
         enqueued_at: u64::try_from(now).unwrap_or(0),
     };
     bus.push_claim(&claim.to_json()).await?;
     Ok(ClaimPath::PoolClaim {
         claim_id: claim.claim_id,
     })
+}
+
+/// Polls `pool:claim:{claim_id}` every `poll` until it exists or `timeout`
+/// has passed (`None`). A missing outcome means pending, never failed: the
+/// claim may still be waiting for an idle pool worker.
+pub async fn wait_for_outcome(
+    bus: &dyn PoolBus,
+    claim_id: &str,
+    timeout: Duration,
+    poll: Duration,
+) -> Result<Option<Result<ClaimOutcome, ParseError>>, BusError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(text) = bus.get(&keys::claim_outcome(claim_id)).await? {
+            return Ok(Some(ClaimOutcome::parse(&text)));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(poll).await;
+    }
 }
 
 /// What one reconcile pass did.

@@ -238,6 +238,20 @@ pub const SWEEP_CONCURRENCY: Setting<usize> = Setting::new(
     Fallback::Value(|| 8),
     "Batches of 100 findings `maintenance` resolves at once.",
 );
+/// The `SUPERVISE_INTERVAL_SECONDS` variable.
+pub const SUPERVISE_INTERVAL_SECONDS: Setting<Duration> = Setting::new(
+    "SUPERVISE_INTERVAL_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(10)),
+    "`maintenance --every …`: between full sweeps, a supervision pass runs this often (users whose worker died with work pending get a new one; re-queue of a dead pool worker's claims).",
+);
+/// The `RESERVE_LOCK_SECONDS` variable.
+pub const RESERVE_LOCK_SECONDS: Setting<Duration> = Setting::new(
+    "RESERVE_LOCK_SECONDS",
+    parse::POSITIVE_SECONDS,
+    Fallback::Value(|| Duration::from_secs(60)),
+    "Supervision starts at most one re-serve per user within this period (`pool:reserve:{user_id}`); a failed one is retried after it.",
+);
 
 /// Every variable of this part, in documentation order.
 pub const ALL: &[&dyn Documented] = &[
@@ -270,6 +284,8 @@ pub const ALL: &[&dyn Documented] = &[
     &LOCAL_WORKER_LOG_DIR,
     &SWEEP_GRACE_SECONDS,
     &SWEEP_CONCURRENCY,
+    &SUPERVISE_INTERVAL_SECONDS,
+    &RESERVE_LOCK_SECONDS,
 ];
 
 /// The cipher from `CREDENTIALS_KEY` (required).
@@ -419,6 +435,11 @@ pub fn pool_target(env: &mut Env) -> usize {
     env.get(&POOL_TARGET_SIZE)
 }
 
+/// How often `maintenance --every …` supervises between full sweeps.
+pub fn supervise_interval(env: &mut Env) -> Duration {
+    env.get(&SUPERVISE_INTERVAL_SECONDS)
+}
+
 /// The sweep's settings.
 pub fn sweep_config(env: &mut Env, dry_run: bool) -> SweepConfig {
     SweepConfig {
@@ -426,6 +447,7 @@ pub fn sweep_config(env: &mut Env, dry_run: bool) -> SweepConfig {
         grace: env.get(&SWEEP_GRACE_SECONDS),
         concurrency: env.get(&SWEEP_CONCURRENCY),
         dry_run,
+        supervise: Some(env.get(&RESERVE_LOCK_SECONDS)),
     }
 }
 

@@ -1,11 +1,14 @@
 //! One broker worker process: pool worker → claimed worker → exit (the original broker-pool specification's
 //! lifecycle).
 //!
-//! - **Pool**: heartbeats `worker:active:-1:{worker_id}`, BRPOPs `pool:claims`
-//!   (producers LPUSH, so claims are served oldest first).
+//! - **Pool**: heartbeats `worker:active:-1:{worker_id}`, moves the oldest
+//!   claim of `pool:claims` into its own `pool:claims:processing:{worker_id}`
+//!   (`BLMOVE`; producers LPUSH, so claims are served oldest first).
 //! - **Claim**: decrypts the credentials for the claimed user, then one Lua script
-//!   sets `worker:active:{user_id}` only if no one holds it (exclusive), drops the
-//!   pool mark and writes the metadata hash, atomically.
+//!   removes the claim from the processing list, sets `worker:active:{user_id}`
+//!   only if no one holds it (exclusive), drops the pool mark, writes the
+//!   metadata hash and the outcome `pool:claim:{claim_id}`, atomically. A claim
+//!   a dead pool worker had taken is re-queued by its successors.
 //! - **Claimed**: heartbeats with a script that refreshes the mark only while it
 //!   is still this worker's (another holder means this worker lost the user and
 //!   exits); serves control messages first, then requests oldest first through
@@ -38,8 +41,26 @@ use crate::credentials::{CipherError, Credentials, CredentialsCipher};
 use crate::paper::Broker;
 pub use leasehold_pool::bus::WorkerMetadata;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{BusError, MarkWrite, PoolBus};
-use leasehold_pool::protocol::{self, ClaimMessage, MarkValue};
+use leasehold_pool::bus::{BusError, ClaimSettle, MarkWrite, PoolBus, Settled};
+use leasehold_pool::protocol::{self, ClaimMessage, ClaimOutcome, MarkValue};
+
+/// Why a claim for a user who has a worker fails (outcome and telemetry).
+const ALREADY_SERVED: &str = "user already has an active worker";
+
+/// Re-queues the claims every pool worker whose pool mark is gone had taken
+/// and not settled (it died between the take and the claim step); returns
+/// how many. Run by every pool worker when it starts and when its wait times
+/// out, and by the maintenance sweep.
+pub async fn requeue_dead_claims(bus: &dyn PoolBus) -> Result<u64, BusError> {
+    let mut requeued = 0;
+    for key in bus.scan_keys(keys::CLAIMS_PROCESSING_PATTERN).await? {
+        if let Some(worker_id) = keys::claims_processing_owner(&key) {
+            // The script checks the pool mark itself, in the same step.
+            requeued += bus.requeue_claims(worker_id).await?;
+        }
+    }
+    Ok(requeued)
+}
 
 /// `USER_QUEUE_MAX`'s default: a backlog a worker clears in about a minute at a
 /// paper broker's pace, and far more than an API should ever queue for one user.
@@ -294,6 +315,9 @@ impl BrokerWorker {
         self.state(PoolWorkerStateKind::Idle, None);
         let mut heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
         let mut failures = 0;
+        // A pool worker that starts is a successor: claims a dead one left
+        // half-taken go back in line before this one waits.
+        self.requeue_dead_claims().await;
         loop {
             if shutdown.is_cancelled() {
                 heartbeat.stop().await;
@@ -303,16 +327,22 @@ impl BrokerWorker {
                 self.state(PoolWorkerStateKind::Stopped, None);
                 return Ok(Err(WorkerExit::Signal));
             }
-            // Claims are served in arrival order (the original design's SQS queue was FIFO-like).
-            let popped = self.bus.pop_claim(self.config.block, shutdown).await;
-            let body = match popped {
-                Ok(Some(body)) => body,
+            // Claims are served in arrival order (the original design's SQS
+            // queue was FIFO-like), moved into this worker's own processing
+            // list so a crash from here on cannot lose one.
+            let taken = self
+                .bus
+                .take_claim(&self.config.worker_id, self.config.block, shutdown)
+                .await;
+            let taken = match taken {
+                Ok(Some(taken)) => taken,
                 Ok(None) => {
                     failures = 0;
+                    self.requeue_dead_claims().await;
                     continue;
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, "pop on pool:claims failed; retrying");
+                    tracing::warn!(error = %err, "take on pool:claims failed; retrying");
                     let delay = RETRY.delay(failures);
                     failures = failures.saturating_add(1);
                     tokio::select! {
@@ -324,59 +354,128 @@ impl BrokerWorker {
             };
             failures = 0;
             if shutdown.is_cancelled() {
-                // Popped while stopping: give it back, first in line for the next pool worker.
-                if let Err(err) = self.bus.return_claim(&body).await {
-                    tracing::error!(error = %err, "cannot give a claim back; it is lost");
+                // Taken while stopping: give it back, first in line for the next pool worker.
+                if let Err(err) = self
+                    .bus
+                    .return_claim(&self.config.worker_id, &taken.raw)
+                    .await
+                {
+                    tracing::warn!(error = %err, "cannot give a claim back; it is re-queued once this worker's pool mark is gone");
                 }
                 continue;
             }
-            let Some((claim, credentials)) = self.check_claim(&body).await else {
+            let Some((claim, credentials)) = self.check_claim(&taken.raw).await else {
                 continue;
             };
             heartbeat.stop().await;
-            match self.claim(&claim.user_id).await {
-                Ok(true) => {
-                    self.telemetry.emit(TelemetryEvent::PoolClaim {
-                        worker_id: self.config.worker_id.clone(),
-                        user_id: Some(claim.user_id.clone()),
-                        result: ClaimResult::Claimed,
-                        duration: Duration::from_millis(now_ms().saturating_sub(claim.enqueued_at)),
-                        reason: None,
-                    });
-                    self.state(PoolWorkerStateKind::Claimed, Some(&claim.user_id));
-                    return Ok(Ok(Claimed {
-                        user_id: claim.user_id,
-                        credentials,
-                    }));
-                }
-                Ok(false) => {
-                    self.reject_claim(
-                        &body,
-                        Some(&claim.user_id),
-                        ClaimResult::Error,
-                        "user already has an active worker",
-                    )
-                    .await;
-                }
-                Err(err) => {
-                    // Give the claim back: another pool worker may succeed.
-                    tracing::warn!(error = %err, "claim failed on the pool bus; message requeued");
-                    if let Err(err) = self.bus.push_claim(&body).await {
-                        tracing::error!(error = %err, "cannot requeue a claim; it is lost");
-                    }
-                }
+            if self.settle_claim(&claim, &taken.raw, shutdown).await {
+                self.telemetry.emit(TelemetryEvent::PoolClaim {
+                    worker_id: self.config.worker_id.clone(),
+                    user_id: Some(claim.user_id.clone()),
+                    result: ClaimResult::Claimed,
+                    duration: Duration::from_millis(now_ms().saturating_sub(claim.enqueued_at)),
+                    reason: None,
+                });
+                self.state(PoolWorkerStateKind::Claimed, Some(&claim.user_id));
+                return Ok(Ok(Claimed {
+                    user_id: claim.user_id,
+                    credentials,
+                }));
             }
             heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
         }
     }
 
-    /// Parses and decrypts a claim; a bad one is dead-lettered and `None` returned.
-    async fn check_claim(&mut self, body: &str) -> Option<(ClaimMessage, Credentials)> {
-        let claim = match protocol::parse_claim(body) {
+    /// Re-queues the claims of pool workers whose pool mark is gone (they
+    /// died between taking a claim and settling it). Best effort: the
+    /// maintenance sweep does the same.
+    async fn requeue_dead_claims(&self) {
+        match requeue_dead_claims(self.bus.as_ref()).await {
+            Ok(0) => {}
+            Ok(count) => tracing::warn!(count, "re-queued claims a dead pool worker had taken"),
+            Err(err) => tracing::warn!(error = %err, "cannot look for claims of dead pool workers"),
+        }
+    }
+
+    /// The claim step for a parsed claim; `true` when this worker now holds
+    /// the user. A Redis error leaves the outcome unknown (the script may have
+    /// run), so it is never taken for a failure: the step is repeated (it
+    /// only acts while the claim is in this worker's list), and when the
+    /// claim has left the list the user's mark says whether it is this
+    /// worker's. Stopping meanwhile leaves the claim in the list, where the
+    /// re-queue of a dead worker's claims finds it.
+    async fn settle_claim(
+        &mut self,
+        claim: &ClaimMessage,
+        raw: &[u8],
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let worker_id = self.config.worker_id.clone();
+        let value = self.mark(&claim.user_id).to_json();
+        let claimed = ClaimOutcome::claimed(&worker_id).to_json();
+        let refused = ClaimOutcome::failed(&worker_id, ALREADY_SERVED).to_json();
+        let settle = ClaimSettle {
+            raw,
+            claim_id: &claim.claim_id,
+            claimed: &claimed,
+            refused: &refused,
+        };
+        let retry = Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(5),
+        };
+        let mut attempt = 0;
+        loop {
+            let settled = self
+                .bus
+                .settle_claim(&self.mark_write(&claim.user_id, &value), &settle)
+                .await;
+            let problem = match settled {
+                Ok(Settled::Claimed) => return true,
+                Ok(Settled::Refused) => {
+                    self.claim_event(Some(&claim.user_id), ClaimResult::Error, ALREADY_SERVED);
+                    return false;
+                }
+                Ok(Settled::NotHeld) => {
+                    match self.bus.get(&keys::worker_active(&claim.user_id)).await {
+                        Ok(mark) => {
+                            let mine = mark
+                                .and_then(|mark| MarkValue::parse(&mark))
+                                .is_some_and(|mark| mark.worker_id == worker_id);
+                            if !mine {
+                                tracing::info!(
+                                    user_id = claim.user_id,
+                                    claim_id = claim.claim_id,
+                                    "claim left this worker's list without this worker taking the user; back to the pool"
+                                );
+                            }
+                            return mine;
+                        }
+                        Err(err) => err,
+                    }
+                }
+                Err(err) => err,
+            };
+            tracing::warn!(user_id = claim.user_id, claim_id = claim.claim_id, error = %problem, "claim outcome unknown; asking the pool bus again");
+            attempt += 1;
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(retry.delay(attempt)) => {}
+            }
+        }
+    }
+
+    /// Parses and decrypts a claim; a bad one is dead-lettered with a
+    /// `failed` outcome (when its claim id is readable) and `None` returned.
+    async fn check_claim(&mut self, raw: &[u8]) -> Option<(ClaimMessage, Credentials)> {
+        let body = String::from_utf8_lossy(raw);
+        let claim = match protocol::parse_claim(&body) {
             Ok(claim) => claim,
             Err(err) => {
+                let claim_id = protocol::claim_id_of(&body);
                 self.reject_claim(
-                    body,
+                    raw,
+                    claim_id.as_deref(),
                     None,
                     ClaimResult::Invalid,
                     &format!("invalid claim: {err}"),
@@ -392,7 +491,8 @@ impl BrokerWorker {
             Ok(credentials) => Some((claim, credentials)),
             Err(err) => {
                 self.reject_claim(
-                    body,
+                    raw,
+                    Some(&claim.claim_id),
                     Some(&claim.user_id),
                     ClaimResult::Invalid,
                     &err.to_string(),
@@ -403,13 +503,7 @@ impl BrokerWorker {
         }
     }
 
-    async fn reject_claim(
-        &mut self,
-        body: &str,
-        user_id: Option<&str>,
-        result: ClaimResult,
-        reason: &str,
-    ) {
+    fn claim_event(&self, user_id: Option<&str>, result: ClaimResult, reason: &str) {
         self.telemetry.emit(TelemetryEvent::PoolClaim {
             worker_id: self.config.worker_id.clone(),
             user_id: user_id.map(str::to_owned),
@@ -417,7 +511,37 @@ impl BrokerWorker {
             duration: Duration::ZERO,
             reason: Some(reason.to_owned()),
         });
-        self.dead_letter(keys::POOL_CLAIMS, reason, body).await;
+    }
+
+    async fn reject_claim(
+        &mut self,
+        raw: &[u8],
+        claim_id: Option<&str>,
+        user_id: Option<&str>,
+        result: ClaimResult,
+        reason: &str,
+    ) {
+        self.claim_event(user_id, result, reason);
+        self.telemetry.emit(TelemetryEvent::MessageDeadLettered {
+            queue: keys::POOL_CLAIMS.to_owned(),
+            reason: reason.to_owned(),
+        });
+        let outcome = ClaimOutcome::failed(&self.config.worker_id, reason).to_json();
+        let failed = self
+            .bus
+            .fail_claim(
+                &self.config.worker_id,
+                raw,
+                claim_id.map(|id| (id, outcome.as_str())),
+                reason,
+                now_ms(),
+            )
+            .await;
+        if let Err(err) = failed {
+            // Still in this worker's list: handed out again by the next take.
+            tracing::error!(queue = keys::dead_letter(keys::POOL_CLAIMS), error = %err, "cannot dead-letter a claim; retrying with the next take");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     async fn dead_letter(&mut self, list: &str, reason: &str, body: &str) {
@@ -432,7 +556,7 @@ impl BrokerWorker {
         }
     }
 
-    /// The exclusive claim script: true when this worker now holds the user.
+    /// The exclusive claim script (cold start): true when this worker now holds the user.
     async fn claim(&mut self, user_id: &str) -> Result<bool, BusError> {
         let value = self.mark(user_id).to_json();
         self.bus.claim_user(&self.mark_write(user_id, &value)).await

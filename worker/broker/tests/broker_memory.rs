@@ -141,6 +141,7 @@ async fn the_sweep_deletes_orphan_marks_on_the_memory_bus() {
         grace: Duration::from_secs(60),
         concurrency: 2,
         dry_run: false,
+        supervise: None,
     };
     let report = maintenance::sweep(&bus, &launcher, &sweep, &LogSink)
         .await
@@ -542,4 +543,56 @@ async fn a_user_id_that_could_name_pool_keys_is_served_nothing() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     served.stop().await;
+}
+
+/// The claim step ran but its reply was lost: the worker does not take that
+/// for a failure (the user would be marked with no one serving) but asks the
+/// bus again and finds the user's mark is its own.
+#[tokio::test]
+async fn an_unknown_claim_outcome_is_resolved_from_the_mark() {
+    let memory = Arc::new(MemoryPoolBus::new());
+    let bus: Arc<dyn PoolBus> = memory.clone();
+    let key = AesGcmCipher::generate_key();
+    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
+    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
+        "paper".to_owned(),
+        Arc::new(PaperBroker::new(PaperConfig::default(), bus.clone())) as Arc<dyn Broker>,
+    )]);
+    let worker = BrokerWorker::new(
+        config("w1"),
+        bus.clone(),
+        Arc::new(AesGcmCipher::from_base64_key(&key).unwrap()),
+        brokers,
+        Arc::new(RecordingSink::new()),
+    );
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for(bus.as_ref(), &keys::pool_worker_active("w1")).await;
+    memory.lose_settle_replies(1);
+    let blob = cipher
+        .encrypt("u1", br#"{"api_key": "k", "account_id": "A1"}"#)
+        .unwrap();
+    let claim = leasehold_pool::protocol::ClaimMessage {
+        user_id: "u1".into(),
+        encrypted_credentials: blob,
+        claim_id: "c-lost".into(),
+        enqueued_at: 1,
+    };
+    bus.push_claim(&claim.to_json()).await.unwrap();
+    let outcome = wait_for(bus.as_ref(), &keys::claim_outcome("c-lost")).await;
+    assert_eq!(outcome, r#"{"status":"claimed","worker_id":"w1"}"#);
+    let request = serde_json::json!({
+        "request_id": "r-lost", "action": "place_order",
+        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+    });
+    bus.push_request("u1", &request.to_string()).await.unwrap();
+    let response: serde_json::Value =
+        serde_json::from_str(&wait_for(bus.as_ref(), &keys::response("r-lost")).await).unwrap();
+    assert_eq!(
+        response["status"], "ok",
+        "the worker went on to serve the user"
+    );
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
 }

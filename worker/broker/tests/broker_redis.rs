@@ -125,11 +125,13 @@ impl Env {
         }
     }
 
-    async fn claim(&mut self, user: &str) {
+    /// Pushes a claim for `user`; returns its claim id.
+    async fn claim(&mut self, user: &str) -> String {
+        let claim_id = unique_name("c");
         let claim = serde_json::json!({
             "user_id": user,
             "encrypted_credentials": self.blob(user, CANARY),
-            "claim_id": unique_name("c"),
+            "claim_id": claim_id,
             "enqueued_at": leasehold_control::clock::unix_ms(std::time::SystemTime::now()),
         });
         let _: () = self
@@ -137,6 +139,7 @@ impl Env {
             .lpush(keys::POOL_CLAIMS, claim.to_string())
             .await
             .unwrap();
+        claim_id
     }
 
     async fn request(&mut self, user: &str, request_id: &str) -> Value {
@@ -212,10 +215,25 @@ async fn claim_makes_a_pool_worker_the_users_worker_and_serves_requests() {
     let idle: Value = serde_json::from_str(&env.wait_key(&pool_mark).await).unwrap();
     assert_eq!(idle["user_id"], "-1");
     let user = unique_name("u");
-    env.claim(&user).await;
+    let claim_id = env.claim(&user).await;
     let mark: Value =
         serde_json::from_str(&env.wait_key(&keys::worker_active(&user)).await).unwrap();
     assert_eq!(mark["worker_id"], worker.worker_id.as_str());
+    // The outcome is written in the claim step itself, for the API to poll.
+    let outcome: Value =
+        serde_json::from_str(&env.wait_key(&keys::claim_outcome(&claim_id)).await).unwrap();
+    assert_eq!(
+        outcome,
+        serde_json::json!({"status": "claimed", "worker_id": worker.worker_id})
+    );
+    let ttl: i64 = env.redis.ttl(keys::claim_outcome(&claim_id)).await.unwrap();
+    assert!((1..=60).contains(&ttl), "outcome TTL {ttl}");
+    let held: i64 = env
+        .redis
+        .llen(keys::claims_processing(&worker.worker_id))
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "the claim left the worker's processing list");
     env.wait_gone(&pool_mark, Duration::from_secs(2)).await;
     let metadata: HashMap<String, String> = env
         .redis
@@ -306,6 +324,14 @@ async fn invalid_messages_are_dead_lettered_answered_and_never_fatal() {
         dead.iter()
             .all(|d| d["message"].is_string() && d["at"].as_u64().unwrap() > 0)
     );
+    // Each failed claim with a readable id has its outcome, with the reason.
+    for (claim_id, reason) in ["c1", "c2", "c3", "c4"].iter().zip(&reasons[1..]) {
+        let outcome: String = env.redis.get(keys::claim_outcome(claim_id)).await.unwrap();
+        let outcome: Value = serde_json::from_str(&outcome).unwrap();
+        assert_eq!(outcome["status"], "failed", "{outcome}");
+        assert_eq!(outcome["error"], *reason, "{outcome}");
+        assert!(!outcome.to_string().contains(CANARY));
+    }
 
     let requests = keys::user_requests(&user);
     let bad_requests = [
@@ -480,21 +506,25 @@ async fn a_user_with_a_worker_is_never_claimed_twice_and_a_displaced_worker_stop
     let pool = env.start(None).await;
     env.wait_key(&keys::pool_worker_active(&pool.worker_id))
         .await;
-    env.claim(&user).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while env.dead(keys::POOL_CLAIMS).await.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the second claim was not refused"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Refused in the claim step: the outcome says so, with the reason.
+    let claim_id = env.claim(&user).await;
+    let outcome: Value =
+        serde_json::from_str(&env.wait_key(&keys::claim_outcome(&claim_id)).await).unwrap();
+    assert_eq!(outcome["status"], "failed", "{outcome}");
+    assert_eq!(outcome["worker_id"], pool.worker_id.as_str(), "{outcome}");
     assert!(
-        env.dead(keys::POOL_CLAIMS).await[0]["reason"]
+        outcome["error"]
             .as_str()
             .unwrap()
-            .contains("already has an active worker")
+            .contains("already has an active worker"),
+        "{outcome}"
     );
+    let held: i64 = env
+        .redis
+        .llen(keys::claims_processing(&pool.worker_id))
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "the refused claim left the worker's list");
     assert!(
         env.wait_key(&keys::worker_active(&user))
             .await
@@ -751,4 +781,49 @@ async fn expired_repeated_reused_and_unreadable_requests_each_get_their_one_answ
         ]
     );
     stop(worker).await;
+}
+
+#[tokio::test]
+async fn a_claim_taken_by_a_worker_that_died_before_marking_is_requeued_and_served() {
+    let Some(mut env) = env(14).await else { return };
+    let user = unique_name("u");
+    // The victim is a real pool worker, dropped mid-run (its heartbeat stops
+    // with it); the claim is then moved into its list as its last act.
+    let victim = env.start(None).await;
+    env.wait_key(&keys::pool_worker_active(&victim.worker_id))
+        .await;
+    victim.handle.abort();
+    let _ = victim.handle.await;
+    let claim_id = env.claim(&user).await;
+    let moved: Option<String> = redis::cmd("LMOVE")
+        .arg(keys::POOL_CLAIMS)
+        .arg(keys::claims_processing(&victim.worker_id))
+        .arg("RIGHT")
+        .arg("LEFT")
+        .query_async(&mut env.redis)
+        .await
+        .unwrap();
+    assert!(moved.is_some());
+    // Its mark expires (here: at once).
+    let _: () = env
+        .redis
+        .del(keys::pool_worker_active(&victim.worker_id))
+        .await
+        .unwrap();
+    let successor = env.start(None).await;
+    let outcome: Value =
+        serde_json::from_str(&env.wait_key(&keys::claim_outcome(&claim_id)).await).unwrap();
+    assert_eq!(
+        outcome,
+        serde_json::json!({"status": "claimed", "worker_id": successor.worker_id}),
+        "the successor served the re-queued claim"
+    );
+    let held: i64 = env
+        .redis
+        .llen(keys::claims_processing(&victim.worker_id))
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
+    assert_eq!(env.request(&user, "after-requeue").await["status"], "ok");
+    stop(successor).await;
 }

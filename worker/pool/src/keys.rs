@@ -6,8 +6,28 @@
 /// The user id pool workers run under until a claim gives them a user (the original broker-pool design).
 pub const POOL_USER_ID: &str = "-1";
 
-/// The list pool workers BRPOP claim messages from (the original design's SQS pool-claim queue).
+/// The list claim messages wait in for an idle pool worker (the original
+/// design's SQS pool-claim queue). A pool worker takes one by moving it into
+/// its own [`claims_processing`] list, never by popping it.
 pub const POOL_CLAIMS: &str = "pool:claims";
+
+/// Prefix of the per-pool-worker claim processing lists.
+pub const CLAIMS_PROCESSING_PREFIX: &str = "pool:claims:processing:";
+
+/// SCAN pattern matching every pool worker's claim processing list.
+pub const CLAIMS_PROCESSING_PATTERN: &str = "pool:claims:processing:*";
+
+/// SCAN pattern matching every pending re-serve lock ([`reserve_lock`]).
+pub const RESERVE_LOCK_PATTERN: &str = "pool:reserve:*";
+
+/// SCAN pattern matching every "wants a worker" mark ([`user_wanted`]).
+pub const USER_WANTED_PATTERN: &str = "pool:wanted:*";
+
+/// SCAN patterns matching every user's request and processing lists (the
+/// supervisor looks for work without a worker).
+pub const USER_REQUESTS_PATTERN: &str = "trading:user:*:requests";
+/// See [`USER_REQUESTS_PATTERN`].
+pub const USER_PROCESSING_PATTERN: &str = "trading:user:*:processing";
 
 /// Latest maintenance sweep report (JSON), read by the dashboard.
 pub const MAINTENANCE_LAST_REPORT: &str = "maintenance:last_report";
@@ -63,6 +83,55 @@ pub fn check_user_id(user_id: &str) -> Result<(), UserIdError> {
         return Err(UserIdError::Character);
     }
     Ok(())
+}
+
+/// Whether a user id can safely become part of a key ([`check_user_id`]).
+pub fn valid_user_id(user_id: &str) -> bool {
+    check_user_id(user_id).is_ok()
+}
+
+/// A claim taken by pool worker `worker_id`: moved here atomically from
+/// [`POOL_CLAIMS`] (`BLMOVE … RIGHT LEFT`) and removed only in the step that
+/// settles it (user marked, or outcome `failed` written). A worker that dies
+/// in between leaves it here; once the worker's pool mark is gone, a successor
+/// or the maintenance sweep puts it back in [`POOL_CLAIMS`].
+pub fn claims_processing(worker_id: &str) -> String {
+    format!("{CLAIMS_PROCESSING_PREFIX}{worker_id}")
+}
+
+/// The pool worker a [`claims_processing`] key belongs to.
+pub fn claims_processing_owner(key: &str) -> Option<&str> {
+    key.strip_prefix(CLAIMS_PROCESSING_PREFIX)
+        .filter(|worker| !worker.is_empty())
+}
+
+/// A claim's outcome (string, 60 s): `{"status": "claimed" | "failed",
+/// "worker_id", "error"}`, written in the step that settles the claim.
+pub fn claim_outcome(claim_id: &str) -> String {
+    format!("pool:claim:{claim_id}")
+}
+
+/// The supervisor's lock for re-serving one user (`SET NX EX`): while it
+/// exists a re-claim or cold start for the user is pending, and no second
+/// one is started.
+pub fn reserve_lock(user_id: &str) -> String {
+    format!("pool:reserve:{user_id}")
+}
+
+/// Optional: the API marks a user as wanting a worker; the supervisor gives
+/// such a user one like a user with pending requests.
+pub fn user_wanted(user_id: &str) -> String {
+    format!("pool:wanted:{user_id}")
+}
+
+/// The user a key of `pattern`'s shape (`prefix*suffix`) names, for the SCAN
+/// patterns above with one `*`.
+pub fn user_in(pattern: &str, key: &str) -> Option<String> {
+    let (prefix, suffix) = pattern.split_once('*')?;
+    key.strip_prefix(prefix)?
+        .strip_suffix(suffix)
+        .filter(|user| valid_user_id(user))
+        .map(str::to_owned)
 }
 
 /// Requests for a user's worker (API LPUSH; the worker moves the oldest into
@@ -151,6 +220,41 @@ mod tests {
         assert_eq!(credentials("u1"), "credentials:u1");
         assert_eq!(dead_letter(POOL_CLAIMS), "pool:claims:dead");
         assert!(pool_worker_active("w1").starts_with(&POOL_WORKER_ACTIVE_PATTERN[..16]));
+        assert_eq!(claims_processing("w1"), "pool:claims:processing:w1");
+        assert_eq!(
+            claims_processing_owner("pool:claims:processing:w1"),
+            Some("w1")
+        );
+        assert_eq!(claims_processing_owner("pool:claims:processing:"), None);
+        assert_eq!(claim_outcome("c1"), "pool:claim:c1");
+        assert_eq!(reserve_lock("u1"), "pool:reserve:u1");
+        assert_eq!(user_wanted("u1"), "pool:wanted:u1");
+        assert_eq!(
+            user_in(USER_REQUESTS_PATTERN, "trading:user:u1:requests").as_deref(),
+            Some("u1")
+        );
+        assert_eq!(
+            user_in(USER_PROCESSING_PATTERN, "trading:user:u1:processing").as_deref(),
+            Some("u1")
+        );
+        assert_eq!(
+            user_in(USER_REQUESTS_PATTERN, "trading:user:a:b:requests"),
+            None
+        );
+        assert_eq!(
+            user_in(RESERVE_LOCK_PATTERN, "pool:reserve:u1").as_deref(),
+            Some("u1")
+        );
+    }
+
+    #[test]
+    fn user_ids_cannot_take_the_shape_of_pool_keys() {
+        for good in ["u1", "alice@example.com", "A_b.c-9", &"x".repeat(128)] {
+            assert!(valid_user_id(good), "{good}");
+        }
+        for bad in ["", "-1", "-1:w7", "u 1", "u:1", "u*", "ü", &"x".repeat(129)] {
+            assert!(!valid_user_id(bad), "{bad}");
+        }
     }
 
     #[test]

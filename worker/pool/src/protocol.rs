@@ -156,6 +156,14 @@ pub fn parse_claim(text: &str) -> Result<ClaimMessage, ParseError> {
             problem: "must not be the pool's user id -1",
         });
     }
+    // Checked at claim time, before any key is built from it: a user id like
+    // `-1:w7` would share `worker:active:-1:w7` with pool worker `w7`.
+    if !crate::keys::valid_user_id(&user_id) {
+        return Err(ParseError::BadField {
+            field: "user_id",
+            problem: "must be 1-128 of A-Z a-z 0-9 _ . @ - and not start with -",
+        });
+    }
     Ok(ClaimMessage {
         user_id,
         encrypted_credentials: string(&map, "encrypted_credentials")?,
@@ -169,6 +177,91 @@ pub fn parse_claim(text: &str) -> Result<ClaimMessage, ParseError> {
                 problem: "must be unix milliseconds (a whole number)",
             })?,
     })
+}
+
+/// Whether a claim ended with the user marked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimStatus {
+    /// A pool worker now serves the user.
+    Claimed,
+    /// No pool worker took the user for this claim; `error` says why.
+    Failed,
+}
+
+/// The outcome of one claim, stored under `pool:claim:{claim_id}` (60 s) in
+/// the step that settles the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    /// Claimed or failed.
+    pub status: ClaimStatus,
+    /// The pool worker that settled the claim.
+    pub worker_id: String,
+    /// Why it failed (only when failed; never a secret).
+    pub error: Option<String>,
+}
+
+impl ClaimOutcome {
+    /// `worker_id` now serves the claim's user.
+    pub fn claimed(worker_id: &str) -> Self {
+        ClaimOutcome {
+            status: ClaimStatus::Claimed,
+            worker_id: worker_id.to_owned(),
+            error: None,
+        }
+    }
+
+    /// `worker_id` settled the claim without taking the user.
+    pub fn failed(worker_id: &str, error: impl Into<String>) -> Self {
+        ClaimOutcome {
+            status: ClaimStatus::Failed,
+            worker_id: worker_id.to_owned(),
+            error: Some(error.into()),
+        }
+    }
+
+    /// The stored JSON: `error` only when failed, as in a response.
+    pub fn to_json(&self) -> String {
+        let mut body = serde_json::json!({
+            "status": match self.status {
+                ClaimStatus::Claimed => "claimed",
+                ClaimStatus::Failed => "failed",
+            },
+            "worker_id": self.worker_id,
+        });
+        if let Some(error) = &self.error {
+            body["error"] = Value::String(error.clone());
+        }
+        body.to_string()
+    }
+
+    /// Parses a stored outcome.
+    pub fn parse(text: &str) -> Result<ClaimOutcome, ParseError> {
+        let map = object(text)?;
+        let status = match string(&map, "status")?.as_str() {
+            "claimed" => ClaimStatus::Claimed,
+            "failed" => ClaimStatus::Failed,
+            _ => {
+                return Err(ParseError::BadField {
+                    field: "status",
+                    problem: "must be \"claimed\" or \"failed\"",
+                });
+            }
+        };
+        Ok(ClaimOutcome {
+            status,
+            worker_id: string(&map, "worker_id")?,
+            error: match map.get("error") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(string(&map, "error")?),
+            },
+        })
+    }
+}
+
+/// The claim id of a claim body that may not parse as a whole, so its
+/// outcome can still be written; `None` when there is no usable one.
+pub fn claim_id_of(text: &str) -> Option<String> {
+    id(&object(text).ok()?, "claim_id").ok()
 }
 
 /// Buy or sell.
@@ -677,6 +770,33 @@ mod tests {
         );
         assert!(parse_claim(r#"{"user_id": "-1", "encrypted_credentials": "b", "claim_id": "c", "enqueued_at": 1}"#).is_err());
         assert_eq!(parse_claim("[]"), Err(ParseError::NotObject));
+        let colliding = r#"{"user_id": "-1:w7", "encrypted_credentials": "b", "claim_id": "c", "enqueued_at": 1}"#;
+        assert!(matches!(
+            parse_claim(colliding),
+            Err(ParseError::BadField {
+                field: "user_id",
+                ..
+            })
+        ));
+        assert_eq!(claim_id_of(colliding).as_deref(), Some("c"));
+        assert_eq!(claim_id_of("not json"), None);
+    }
+
+    #[test]
+    fn claim_outcomes_are_the_documented_json() {
+        let claimed: Value = serde_json::from_str(&ClaimOutcome::claimed("w1").to_json()).unwrap();
+        assert_eq!(
+            claimed,
+            serde_json::json!({"status": "claimed", "worker_id": "w1"})
+        );
+        let failed = ClaimOutcome::failed("w1", "boom");
+        let json: Value = serde_json::from_str(&failed.to_json()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"status": "failed", "worker_id": "w1", "error": "boom"})
+        );
+        assert_eq!(ClaimOutcome::parse(&failed.to_json()), Ok(failed));
+        assert!(ClaimOutcome::parse(r#"{"status": "maybe", "worker_id": "w"}"#).is_err());
     }
 
     #[test]

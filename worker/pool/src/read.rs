@@ -95,6 +95,13 @@ pub struct SweepReport {
     pub findings: Vec<Finding>,
     /// Resolution failures (no secrets: pool bus and launcher errors only).
     pub errors: Vec<String>,
+    /// Claims put back in `pool:claims` from the processing lists of dead
+    /// pool workers (absent in reports of older versions).
+    #[serde(default)]
+    pub claims_requeued: u64,
+    /// Users given a new worker by supervision in this pass.
+    #[serde(default)]
+    pub reserved: Vec<String>,
 }
 
 /// An idle pool worker.
@@ -144,6 +151,9 @@ pub struct PoolView {
     pub claims_pending: u64,
     /// Invalid claims in `pool:claims:dead`.
     pub claims_dead: u64,
+    /// Users whose worker died with work pending and whose re-serve by
+    /// supervision is pending (`pool:reserve:{user_id}`), by user id.
+    pub reserving: Vec<String>,
 }
 
 /// The sweeper's latest report.
@@ -197,6 +207,12 @@ async fn read_pool<R: Inspect + ?Sized>(reader: &R) -> Result<PoolView, BusError
         claims_dead: reader
             .list_len(&keys::dead_letter(keys::POOL_CLAIMS))
             .await?,
+        reserving: reader
+            .scan_keys(keys::RESERVE_LOCK_PATTERN)
+            .await?
+            .iter()
+            .filter_map(|key| keys::user_in(keys::RESERVE_LOCK_PATTERN, key))
+            .collect(),
     })
 }
 
@@ -253,4 +269,26 @@ async fn read_anomalies<R: Inspect + ?Sized>(reader: &R) -> Result<AnomalyView, 
             )),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::PoolBus;
+    use crate::bus::memory::MemoryPoolBus;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pool_view_lists_users_being_reserved_until_their_lock_expires() {
+        let bus = MemoryPoolBus::new();
+        assert!(bus.pool().await.unwrap().reserving.is_empty());
+        for user in ["u2", "u1"] {
+            bus.set_if_absent(&keys::reserve_lock(user), "1", Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        assert_eq!(bus.pool().await.unwrap().reserving, ["u1", "u2"]);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(bus.pool().await.unwrap().reserving.is_empty());
+    }
 }

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::memory::MemoryPoolBus;
 use super::redis::RedisPoolBus;
 use super::{
-    Answer, AnswerMode, Begun, BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, LedgerWrite, MarkWrite,
-    PoolBus, SHED_BATCH, Shed, UserMessage, WorkerMetadata,
+    Answer, AnswerMode, Begun, BusError, ClaimSettle, DEAD_LETTER_MAX, DEAD_LETTER_TTL,
+    LedgerWrite, MarkWrite, PoolBus, SHED_BATCH, Settled, Shed, UserMessage, WorkerMetadata,
 };
 use crate::protocol::{MarkValue, record};
 
@@ -489,59 +489,338 @@ pub async fn a_backlog_is_served_in_push_order(target: &dyn BusTarget) {
     assert_eq!(served, pushed);
 }
 
-/// Claims are served oldest first (LPUSH + BRPOP); a returned claim is next in
-/// line; an interrupted claim pop takes nothing.
-pub async fn claims_are_served_oldest_first(target: &dyn BusTarget) {
-    let bus = target.bus();
+/// Empties the global `pool:claims`.
+async fn drain_claims(bus: &dyn PoolBus) {
     let never = CancellationToken::new();
-    // `pool:claims` is global: start from an empty queue.
-    while bus
-        .pop_claim(Duration::from_millis(10), &never)
+    let drainer = unique_name("drain");
+    while let Some(taken) = bus
+        .take_claim(&drainer, Duration::from_millis(10), &never)
         .await
         .expect("drain")
-        .is_some()
-    {}
+    {
+        bus.fail_claim(&drainer, &taken.raw, None, "drained by a test", 1)
+            .await
+            .expect("drop");
+    }
+}
+
+/// Files `body` in `worker`'s claim processing list the way a pool worker
+/// does (push, then take); the worker must hold no other claim.
+async fn file_claim(bus: &dyn PoolBus, worker: &str, body: &str) {
+    bus.push_claim(body).await.expect("push");
+    let taken = bus
+        .take_claim(worker, Duration::from_secs(1), &CancellationToken::new())
+        .await
+        .expect("take")
+        .expect("queued");
+    assert_eq!(taken.text(), body);
+}
+
+/// Claims are served oldest first (LPUSH, then a move from the right end); a
+/// taken claim sits in the taker's processing list, not only in its memory,
+/// and is handed out again until settled; a returned claim is next in line;
+/// an interrupted take takes nothing. Then the claim step and the re-queue of
+/// a dead worker's claims. One check, because all of it goes through the
+/// global `pool:claims`.
+pub async fn claims_go_through_the_takers_processing_list(target: &dyn BusTarget) {
+    let bus = target.bus();
+    taking_claims(bus.as_ref()).await;
+    settling_claims(bus.as_ref()).await;
+    requeueing_claims(bus.as_ref()).await;
+}
+
+async fn taking_claims(bus: &dyn PoolBus) {
+    let never = CancellationToken::new();
+    drain_claims(bus).await;
+    let worker = unique_name("w");
     for claim in ["c1", "c2", "c3"] {
         bus.push_claim(claim).await.expect("push");
     }
-    bus.return_claim("c0").await.expect("return");
-    assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.expect("llen"), 4);
+    let take = || async {
+        bus.take_claim(&worker, Duration::from_secs(1), &never)
+            .await
+            .expect("take")
+            .map(|taken| taken.text())
+    };
+    assert_eq!(take().await.as_deref(), Some("c1"));
+    assert_eq!(
+        bus.list_items(&keys::claims_processing(&worker))
+            .await
+            .expect("lrange"),
+        ["c1"],
+        "the taken claim is in the taker's list"
+    );
     assert_eq!(
         bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
-        ["c3", "c2", "c1", "c0"]
+        ["c3", "c2"]
     );
-    for expected in ["c0", "c1", "c2", "c3"] {
-        assert_eq!(
-            bus.pop_claim(Duration::from_secs(1), &never)
+    // Not settled: the same claim again, nothing new taken.
+    assert_eq!(take().await.as_deref(), Some("c1"));
+    assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.expect("llen"), 2);
+    // Given back: first in line.
+    assert!(bus.return_claim(&worker, b"c1").await.expect("return"));
+    assert!(!bus.return_claim(&worker, b"c1").await.expect("return"));
+    assert_eq!(
+        bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
+        ["c3", "c2", "c1"]
+    );
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&worker))
+            .await
+            .expect("llen"),
+        0
+    );
+    for expected in ["c1", "c2", "c3"] {
+        assert_eq!(take().await.as_deref(), Some(expected));
+        assert!(
+            bus.fail_claim(&worker, expected.as_bytes(), None, "test", 1)
                 .await
-                .expect("pop")
-                .as_deref(),
-            Some(expected)
+                .expect("fail")
         );
     }
-    let interrupt = CancellationToken::new();
-    let pop = {
-        let (bus, interrupt) = (bus.clone(), interrupt.clone());
-        tokio::spawn(async move { bus.pop_claim(Duration::from_secs(30), &interrupt).await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let interrupted = Instant::now();
-    interrupt.cancel();
-    let popped = tokio::time::timeout(PROMPT, pop)
-        .await
-        .expect("the interrupt ends the claim pop")
-        .expect("pop task");
-    assert_eq!(popped, Ok(None));
-    assert!(interrupted.elapsed() < PROMPT);
-    bus.push_claim("c5").await.expect("push");
-    assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.expect("llen"), 1);
-    assert_eq!(
-        bus.pop_claim(Duration::from_secs(1), &never)
+    assert!(
+        bus.list_len(&keys::dead_letter(keys::POOL_CLAIMS))
             .await
-            .expect("pop")
-            .as_deref(),
-        Some("c5")
+            .expect("llen")
+            >= 3
     );
+    let interrupt = CancellationToken::new();
+    let blocked = bus.take_claim(&worker, Duration::from_secs(30), &interrupt);
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        interrupt.cancel();
+        Instant::now()
+    };
+    let (taken, interrupted) = tokio::time::timeout(PROMPT + Duration::from_millis(200), async {
+        tokio::join!(blocked, cancel)
+    })
+    .await
+    .expect("the interrupt ends the take");
+    assert_eq!(taken, Ok(None));
+    assert!(interrupted.elapsed() < PROMPT);
+    // A blocked take wakes on a push and files the claim in the taker's list.
+    let blocked = bus.take_claim(&worker, Duration::from_secs(30), &never);
+    let push = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        bus.push_claim("c5").await.expect("push");
+    };
+    let (taken, ()) = tokio::time::timeout(PROMPT + Duration::from_millis(200), async {
+        tokio::join!(blocked, push)
+    })
+    .await
+    .expect("the push wakes the take");
+    assert_eq!(taken.expect("take").map(|t| t.raw), Some(b"c5".to_vec()));
+    assert_eq!(
+        bus.list_items(&keys::claims_processing(&worker))
+            .await
+            .expect("lrange"),
+        ["c5"]
+    );
+    bus.delete_keys(&[keys::claims_processing(&worker)])
+        .await
+        .expect("del");
+}
+
+/// The claim step marks the user, drops the claimer's pool mark, removes the
+/// claim from the claimer's list and writes the outcome, all at once; a
+/// repeat (after a lost reply) writes nothing; a held user is refused with a
+/// `failed` outcome; an unusable claim is dead-lettered with its outcome.
+async fn settling_claims(bus: &dyn PoolBus) {
+    let user = unique_name("u");
+    let (winner, loser) = (Writer::new(&user, &unique_name("w")), {
+        let mut w = Writer::new(&user, &unique_name("w"));
+        w.value = mark_value(&user, &w.worker_id, 2);
+        w
+    });
+    let claim_id = unique_name("c");
+    for writer in [&winner, &loser] {
+        bus.set_pool_mark(&writer.worker_id, "{}", Duration::from_secs(30))
+            .await
+            .expect("pool mark");
+        file_claim(bus, &writer.worker_id, "body").await;
+    }
+    let claimed = crate::protocol::ClaimOutcome::claimed(&winner.worker_id).to_json();
+    let refused =
+        crate::protocol::ClaimOutcome::failed(&winner.worker_id, "user already served").to_json();
+    let settle = ClaimSettle {
+        raw: b"body",
+        claim_id: &claim_id,
+        claimed: &claimed,
+        refused: &refused,
+    };
+    assert_eq!(
+        bus.settle_claim(&winner.mark(), &settle)
+            .await
+            .expect("settle"),
+        Settled::Claimed
+    );
+    assert_eq!(stored_mark(bus, &user).await, Some(winner.value.clone()));
+    assert_eq!(
+        task_arn(bus, &user).await,
+        Some(winner.metadata.task_arn.clone())
+    );
+    assert_eq!(
+        bus.get(&keys::pool_worker_active(&winner.worker_id))
+            .await
+            .expect("get"),
+        None
+    );
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&winner.worker_id))
+            .await
+            .expect("llen"),
+        0
+    );
+    let outcome_key = keys::claim_outcome(&claim_id);
+    assert_eq!(
+        bus.get(&outcome_key).await.expect("get"),
+        Some(claimed.clone())
+    );
+    let ttl = bus
+        .ttl_ms(&outcome_key)
+        .await
+        .expect("ttl")
+        .expect("exists");
+    assert!((55_000..=60_000).contains(&ttl), "outcome ttl {ttl}");
+    // The repeat of a step whose reply was lost changes nothing.
+    assert_eq!(
+        bus.settle_claim(&winner.mark(), &settle)
+            .await
+            .expect("settle"),
+        Settled::NotHeld
+    );
+    assert_eq!(
+        bus.get(&outcome_key).await.expect("get"),
+        Some(claimed.clone())
+    );
+    // Another worker with the same claim: refused, outcome failed, its pool mark kept.
+    let refused_by_loser =
+        crate::protocol::ClaimOutcome::failed(&loser.worker_id, "user already served").to_json();
+    let settle = ClaimSettle {
+        refused: &refused_by_loser,
+        ..settle
+    };
+    assert_eq!(
+        bus.settle_claim(&loser.mark(), &settle)
+            .await
+            .expect("settle"),
+        Settled::Refused
+    );
+    assert_eq!(stored_mark(bus, &user).await, Some(winner.value.clone()));
+    assert!(
+        bus.get(&keys::pool_worker_active(&loser.worker_id))
+            .await
+            .expect("get")
+            .is_some()
+    );
+    assert_eq!(
+        bus.get(&outcome_key).await.expect("get"),
+        Some(refused_by_loser)
+    );
+    // An unusable claim: dead-lettered and answered `failed` in one step.
+    file_claim(bus, &loser.worker_id, "junk").await;
+    let failed_id = unique_name("c");
+    let failed = crate::protocol::ClaimOutcome::failed(&loser.worker_id, "invalid").to_json();
+    assert!(
+        bus.fail_claim(
+            &loser.worker_id,
+            b"junk",
+            Some((&failed_id, &failed)),
+            "invalid",
+            5
+        )
+        .await
+        .expect("fail")
+    );
+    assert!(
+        !bus.fail_claim(
+            &loser.worker_id,
+            b"junk",
+            Some((&failed_id, &failed)),
+            "invalid",
+            5
+        )
+        .await
+        .expect("fail")
+    );
+    assert_eq!(
+        bus.get(&keys::claim_outcome(&failed_id))
+            .await
+            .expect("get"),
+        Some(failed)
+    );
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&loser.worker_id))
+            .await
+            .expect("llen"),
+        0
+    );
+}
+
+/// A worker's taken claims go back to `pool:claims`, first in line, only
+/// once its pool mark is gone; the supervisor's lock is `SET NX`.
+async fn requeueing_claims(bus: &dyn PoolBus) {
+    drain_claims(bus).await;
+    let worker = unique_name("w");
+    bus.set_pool_mark(&worker, "{}", Duration::from_secs(30))
+        .await
+        .expect("pool mark");
+    let (taken, queued) = (unique_name("taken"), unique_name("queued"));
+    file_claim(bus, &worker, &taken).await;
+    bus.push_claim(&queued).await.expect("push");
+    assert_eq!(
+        bus.requeue_claims(&worker).await.expect("requeue"),
+        0,
+        "alive"
+    );
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&worker))
+            .await
+            .expect("llen"),
+        1
+    );
+    bus.delete_pool_mark(&worker).await.expect("delete");
+    assert_eq!(bus.requeue_claims(&worker).await.expect("requeue"), 1);
+    assert_eq!(bus.requeue_claims(&worker).await.expect("requeue"), 0);
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&worker))
+            .await
+            .expect("llen"),
+        0
+    );
+    assert_eq!(
+        bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
+        [queued.clone(), taken.clone()],
+        "the re-queued claim is first in line"
+    );
+    let successor = unique_name("w");
+    for expected in [&taken, &queued] {
+        let got = bus
+            .take_claim(
+                &successor,
+                Duration::from_secs(1),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("take")
+            .expect("queued");
+        assert_eq!(&got.text(), expected);
+        bus.fail_claim(&successor, &got.raw, None, "test", 1)
+            .await
+            .expect("fail");
+    }
+    let lock = keys::reserve_lock(&unique_name("u"));
+    assert!(
+        bus.set_if_absent(&lock, "a", Duration::from_secs(30))
+            .await
+            .expect("set")
+    );
+    assert!(
+        !bus.set_if_absent(&lock, "b", Duration::from_secs(30))
+            .await
+            .expect("set")
+    );
+    assert_eq!(bus.get(&lock).await.expect("get").as_deref(), Some("a"));
 }
 
 /// A pop on empty lists returns `None` after its timeout, not before.
@@ -1289,7 +1568,7 @@ macro_rules! pool_bus_conformance_suite {
             marks_expire_with_their_ttl,
             requests_are_served_oldest_first_through_processing,
             a_backlog_is_served_in_push_order,
-            claims_are_served_oldest_first,
+            claims_go_through_the_takers_processing_list,
             blocking_pop_times_out,
             blocking_pop_wakes_on_push,
             interrupt_ends_a_blocked_pop,

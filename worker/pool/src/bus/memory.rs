@@ -16,9 +16,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Begun, BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, Inspect, LedgerWrite,
-    MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Shed,
-    StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
+    Answer, AnswerMode, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
+    DEAD_LETTER_TTL, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL,
+    RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, TakenClaim, UserMessage,
+    ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -204,22 +205,26 @@ impl Keyspace {
         Ok(true)
     }
 
-    /// `LREM key -1 body`: removes the entry nearest the tail.
-    fn remove_last(&mut self, key: &str, body: &[u8], now: Instant) -> Result<(), BusError> {
+    /// `LREM key -1 body`: removes the entry nearest the tail; whether one was.
+    fn remove_last(&mut self, key: &str, body: &[u8], now: Instant) -> Result<bool, BusError> {
         let Ok(body) = std::str::from_utf8(body) else {
             // Everything this bus holds is UTF-8: such an entry cannot exist.
-            return Ok(());
+            return Ok(false);
         };
         let Some(list) = self.list(key, now)? else {
-            return Ok(());
+            return Ok(false);
         };
-        if let Some(index) = list.iter().rposition(|entry| entry == body) {
-            list.remove(index);
-        }
+        let removed = list
+            .iter()
+            .rposition(|entry| entry == body)
+            .is_some_and(|index| {
+                list.remove(index);
+                true
+            });
         if list.is_empty() {
             self.entries.remove(key);
         }
-        Ok(())
+        Ok(removed)
     }
 
     fn hash_field(
@@ -334,6 +339,9 @@ pub struct MemoryPoolBus {
     failing_begins: AtomicU32,
     /// The next this many `answer_request` / `drop_request` calls fail so.
     failing_answers: AtomicU32,
+    /// The next this many `settle_claim` calls run, then fail as if the
+    /// reply were lost.
+    lost_settle_replies: AtomicU32,
 }
 
 impl MemoryPoolBus {
@@ -353,6 +361,14 @@ impl MemoryPoolBus {
     /// [`PoolBus::drop_request`] calls (the step after the broker call).
     pub fn fail_answers(&self, count: u32) {
         self.failing_answers.store(count, Ordering::SeqCst);
+    }
+
+    /// Makes the next `count` [`PoolBus::settle_claim`] calls take effect
+    /// and then fail with [`BusError::Unavailable`], as when Redis ran the
+    /// script and the reply was lost: how tests show that an unknown claim
+    /// outcome is resolved, never taken for a failure.
+    pub fn lose_settle_replies(&self, count: u32) {
+        self.lost_settle_replies.store(count, Ordering::SeqCst);
     }
 
     fn inject_fault(counter: &AtomicU32) -> Result<(), BusError> {
@@ -378,34 +394,6 @@ impl MemoryPoolBus {
         self.lock().push(key, body, end, Instant::now())?;
         self.pushed.notify_waiters();
         Ok(())
-    }
-
-    async fn pop(
-        &self,
-        lists: &[String],
-        end: End,
-        timeout: Duration,
-        interrupt: &CancellationToken,
-    ) -> Result<Option<(String, String)>, BusError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            // Registered before looking, so a push between the look and the
-            // wait still wakes this pop.
-            let pushed = self.pushed.notified();
-            tokio::pin!(pushed);
-            pushed.as_mut().enable();
-            if let Some(popped) = self.lock().pop_first(lists, end, Instant::now())? {
-                return Ok(Some(popped));
-            }
-            if interrupt.is_cancelled() {
-                return Ok(None);
-            }
-            tokio::select! {
-                _ = &mut pushed => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(None),
-                _ = interrupt.cancelled() => return Ok(None),
-            }
-        }
     }
 }
 
@@ -487,18 +475,158 @@ impl PoolBus for MemoryPoolBus {
         self.push(keys::POOL_CLAIMS, body, End::Head)
     }
 
-    async fn return_claim(&self, body: &str) -> Result<(), BusError> {
-        self.push(keys::POOL_CLAIMS, body, End::Tail)
-    }
-
-    async fn pop_claim(
+    async fn take_claim(
         &self,
+        worker_id: &str,
         timeout: Duration,
         interrupt: &CancellationToken,
-    ) -> Result<Option<String>, BusError> {
-        let lists = [keys::POOL_CLAIMS.to_owned()];
-        let popped = self.pop(&lists, End::Tail, timeout, interrupt).await?;
-        Ok(popped.map(|(_, body)| body))
+    ) -> Result<Option<TakenClaim>, BusError> {
+        let processing = keys::claims_processing(worker_id);
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Registered before looking, so a push between the look and the
+            // wait still wakes this take.
+            let pushed = self.pushed.notified();
+            tokio::pin!(pushed);
+            pushed.as_mut().enable();
+            {
+                let now = Instant::now();
+                let mut keyspace = self.lock();
+                if let Some(held) = keyspace
+                    .list(&processing, now)?
+                    .and_then(|list| list.back().cloned())
+                {
+                    return Ok(Some(TakenClaim {
+                        raw: held.into_bytes(),
+                    }));
+                }
+                if let Some(moved) = keyspace.move_oldest(keys::POOL_CLAIMS, &processing, now)? {
+                    return Ok(Some(TakenClaim {
+                        raw: moved.into_bytes(),
+                    }));
+                }
+            }
+            if interrupt.is_cancelled() {
+                return Ok(None);
+            }
+            tokio::select! {
+                _ = &mut pushed => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+                _ = interrupt.cancelled() => return Ok(None),
+            }
+        }
+    }
+
+    async fn settle_claim(
+        &self,
+        mark: &MarkWrite<'_>,
+        claim: &ClaimSettle<'_>,
+    ) -> Result<Settled, BusError> {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(whole_seconds(mark.ttl));
+        let mut keyspace = self.lock();
+        if !keyspace.remove_last(&keys::claims_processing(mark.worker_id), claim.raw, now)? {
+            return Ok(Settled::NotHeld);
+        }
+        let outcome = keys::claim_outcome(claim.claim_id);
+        let user_mark = keys::worker_active(mark.user_id);
+        if keyspace.exists(&user_mark, now) {
+            keyspace.set(&outcome, claim.refused, Some(CLAIM_OUTCOME_TTL), now);
+            return Ok(Settled::Refused);
+        }
+        keyspace.set(&user_mark, mark.value, Some(ttl), now);
+        keyspace.delete(&keys::pool_worker_active(mark.worker_id), now);
+        keyspace.delete(&keys::worker_metadata(mark.user_id), now);
+        keyspace.write_metadata(mark, ttl, now)?;
+        keyspace.set(&outcome, claim.claimed, Some(CLAIM_OUTCOME_TTL), now);
+        drop(keyspace);
+        Self::inject_fault(&self.lost_settle_replies)?;
+        Ok(Settled::Claimed)
+    }
+
+    async fn fail_claim(
+        &self,
+        worker_id: &str,
+        raw: &[u8],
+        outcome: Option<(&str, &str)>,
+        reason: &str,
+        at_unix_ms: u64,
+    ) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        if !keyspace.remove_last(&keys::claims_processing(worker_id), raw, now)? {
+            return Ok(false);
+        }
+        keyspace.push_dead(
+            &keys::dead_letter(keys::POOL_CLAIMS),
+            &protocol::dead_letter_raw(reason, raw, at_unix_ms),
+            now,
+        )?;
+        if let Some((claim_id, outcome)) = outcome {
+            keyspace.set(
+                &keys::claim_outcome(claim_id),
+                outcome,
+                Some(CLAIM_OUTCOME_TTL),
+                now,
+            );
+        }
+        Ok(true)
+    }
+
+    async fn return_claim(&self, worker_id: &str, raw: &[u8]) -> Result<bool, BusError> {
+        let now = Instant::now();
+        {
+            let mut keyspace = self.lock();
+            if !keyspace.remove_last(&keys::claims_processing(worker_id), raw, now)? {
+                return Ok(false);
+            }
+            keyspace.push(
+                keys::POOL_CLAIMS,
+                &String::from_utf8_lossy(raw),
+                End::Tail,
+                now,
+            )?;
+        }
+        self.pushed.notify_waiters();
+        Ok(true)
+    }
+
+    async fn requeue_claims(&self, worker_id: &str) -> Result<u64, BusError> {
+        let now = Instant::now();
+        let processing = keys::claims_processing(worker_id);
+        let mut moved = 0;
+        {
+            let mut keyspace = self.lock();
+            if keyspace.exists(&keys::pool_worker_active(worker_id), now) {
+                return Ok(0);
+            }
+            // Newest first to the serving end, so the oldest is served first.
+            while let Some((_, body)) =
+                keyspace.pop_first(std::slice::from_ref(&processing), End::Head, now)?
+            {
+                keyspace.push(keys::POOL_CLAIMS, &body, End::Tail, now)?;
+                moved += 1;
+            }
+        }
+        if moved > 0 {
+            self.pushed.notify_waiters();
+        }
+        Ok(moved)
+    }
+
+    async fn set_if_absent(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        if keyspace.exists(key, now) {
+            return Ok(false);
+        }
+        keyspace.set(
+            key,
+            value,
+            Some(Duration::from_secs(whole_seconds(ttl))),
+            now,
+        );
+        Ok(true)
     }
 
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {
@@ -672,7 +800,8 @@ impl PoolBus for MemoryPoolBus {
             &protocol::dead_letter_raw(reason, raw, at_unix_ms),
             now,
         )?;
-        keyspace.remove_last(&keys::user_processing(user_id), raw, now)
+        keyspace.remove_last(&keys::user_processing(user_id), raw, now)?;
+        Ok(())
     }
 
     async fn excess_requests(&self, user_id: &str, max: u64) -> Result<Vec<Vec<u8>>, BusError> {

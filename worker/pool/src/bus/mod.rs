@@ -14,11 +14,12 @@
 //!
 //! Queue directions are part of the contract and are fixed here, not by
 //! callers: producers push claims, requests and control messages at the head
-//! (Redis `LPUSH`); everything is served oldest first, from the tail. Claims
-//! and control messages are popped (`BRPOP`, `RPOP`); a request is *moved*
-//! into the user's processing list (`BLMOVE … RIGHT LEFT`) and leaves it only
-//! with its final response, so no request is lost with a worker. Control
-//! messages come before requests.
+//! (Redis `LPUSH`); everything is served oldest first, from the tail. Control
+//! messages are popped (`BRPOP`, `RPOP`); a claim is *moved* into the pool
+//! worker's own claim processing list and leaves it only in the step that
+//! settles it, and a request into the user's processing list (`BLMOVE … RIGHT
+//! LEFT`), leaving it only with its final response: no claim and no request is
+//! lost with a worker. Control messages come before requests.
 //!
 //! The paper broker's ledger ([`PaperLedger`]) lives on the same bus: it is
 //! what a real broker keeps on its side, and both buses must agree on it too.
@@ -37,6 +38,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Responses stay readable this long (docs/redis.md).
 pub const RESPONSE_TTL: Duration = Duration::from_secs(60);
+
+/// A claim's outcome (`pool:claim:{claim_id}`) stays readable this long.
+pub const CLAIM_OUTCOME_TTL: Duration = Duration::from_secs(60);
 
 /// A request's record is kept this long: a repeated id within it is answered
 /// with the stored response instead of running again.
@@ -107,6 +111,47 @@ pub enum UserMessage {
     /// The oldest entry of `trading:user:{user_id}:processing`, which stays
     /// there until [`PoolBus::answer_request`] or [`PoolBus::drop_request`].
     Request(Vec<u8>),
+}
+
+/// A claim a pool worker took: moved into its own processing list
+/// (`pool:claims:processing:{worker_id}`), where it stays until settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenClaim {
+    /// The entry exactly as stored (Redis holds whatever was pushed).
+    pub raw: Vec<u8>,
+}
+
+impl TakenClaim {
+    /// The body as text (not UTF-8: replaced, and then it fails to parse).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.raw).into_owned()
+    }
+}
+
+/// The claim step for a taken claim: the mark, and the outcome either way.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimSettle<'a> {
+    /// The entry in the worker's claim processing list; removed in the step.
+    pub raw: &'a [u8],
+    /// Where the outcome goes (`pool:claim:{claim_id}`).
+    pub claim_id: &'a str,
+    /// Outcome JSON written when the user is marked.
+    pub claimed: &'a str,
+    /// Outcome JSON written when another worker holds the user.
+    pub refused: &'a str,
+}
+
+/// How [`PoolBus::settle_claim`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The user is marked for this worker; outcome `claimed` written.
+    Claimed,
+    /// Another worker holds the user; outcome `failed` written.
+    Refused,
+    /// The entry is no longer in this worker's processing list: the step ran
+    /// already (a lost reply) or the claim was re-queued. Nothing written; the
+    /// caller reads the user's mark to know which.
+    NotHeld,
 }
 
 /// What a request's record said when a worker began it.
@@ -235,18 +280,59 @@ pub trait PoolBus: Inspect + PaperLedger {
     /// Queues a claim for an idle pool worker (`LPUSH pool:claims`).
     async fn push_claim(&self, body: &str) -> Result<(), BusError>;
 
-    /// Puts a claim back first in line (`RPUSH pool:claims`), for a claim a
-    /// stopping worker popped but will not serve.
-    async fn return_claim(&self, body: &str) -> Result<(), BusError>;
-
-    /// Waits up to `timeout` for the oldest claim (`BRPOP pool:claims`).
-    /// `interrupt` ends the wait early with `None`; a claim the bus had
-    /// already handed out when interrupted is still returned, never lost.
-    async fn pop_claim(
+    /// Waits up to `timeout` for a claim for pool worker `worker_id`: the
+    /// oldest already in its processing list (one it took and has not
+    /// settled), else the oldest of `pool:claims`, moved into its processing
+    /// list in the same step (`LMOVE`/`BLMOVE pool:claims
+    /// pool:claims:processing:{worker_id} RIGHT LEFT`). A claim is never only
+    /// in the worker's memory. `interrupt` ends the wait early with `None`; a
+    /// claim moved when interrupted is still returned.
+    async fn take_claim(
         &self,
+        worker_id: &str,
         timeout: Duration,
         interrupt: &CancellationToken,
-    ) -> Result<Option<String>, BusError>;
+    ) -> Result<Option<TakenClaim>, BusError>;
+
+    /// The claim step, atomic: only while `claim.raw` is still in the
+    /// worker's processing list (removed here), sets the user's mark if no
+    /// one holds it (dropping the worker's pool mark, rewriting the metadata)
+    /// and writes the outcome, `claimed` or `failed`, for
+    /// [`CLAIM_OUTCOME_TTL`]. Safe to repeat after an unknown outcome: the
+    /// repeat says [`Settled::NotHeld`].
+    async fn settle_claim(
+        &self,
+        mark: &MarkWrite<'_>,
+        claim: &ClaimSettle<'_>,
+    ) -> Result<Settled, BusError>;
+
+    /// Ends a claim that cannot be served (does not parse, credentials do not
+    /// decrypt) in one step: only while it is in the worker's processing list
+    /// (removed), dead-letters it to `pool:claims:dead` and, when its claim
+    /// id is readable, writes `outcome` (`failed`) under it. `false`: it was
+    /// not in the list; nothing written.
+    async fn fail_claim(
+        &self,
+        worker_id: &str,
+        raw: &[u8],
+        outcome: Option<(&str, &str)>,
+        reason: &str,
+        at_unix_ms: u64,
+    ) -> Result<bool, BusError>;
+
+    /// Gives back a claim a stopping worker took but will not serve: moved
+    /// from its processing list to the serving end of `pool:claims` (first in
+    /// line) in one step. `false`: it was not in the list.
+    async fn return_claim(&self, worker_id: &str, raw: &[u8]) -> Result<bool, BusError>;
+
+    /// Re-queues every claim in pool worker `worker_id`'s processing list,
+    /// first in line and oldest first, if and only if its pool mark is gone
+    /// (it died between taking and settling them). Returns how many.
+    async fn requeue_claims(&self, worker_id: &str) -> Result<u64, BusError>;
+
+    /// Sets `key` to `value` for `ttl` (whole seconds, at least 1) only if it
+    /// does not exist (`SET NX EX`): the supervisor's one-pending-re-serve lock.
+    async fn set_if_absent(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, BusError>;
 
     /// Queues a request for a user's worker (`LPUSH`, as the API does).
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError>;

@@ -19,9 +19,10 @@ use redis::aio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Begun, BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, Inspect, LedgerWrite,
-    MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Shed,
-    StoredMark, UserMessage, ledger_entry_parts, whole_seconds,
+    Answer, AnswerMode, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
+    DEAD_LETTER_TTL, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL,
+    RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, TakenClaim, UserMessage,
+    ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -135,6 +136,70 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   return 1
 end
 return 0
+"#;
+
+/// KEYS: claim processing list, user mark, pool mark, metadata, outcome.
+/// ARGV: the processing entry, mark value, ttl, task_arn, instance_id,
+/// launched_at, claimed outcome, refused outcome, outcome ttl.
+/// -1 = the entry is not in the list (settled already, or re-queued): nothing
+/// written; 1 = claimed; 0 = the user already has a worker (outcome failed).
+/// The entry leaves the list in the step that writes the outcome, so a claim
+/// is never lost between taking and marking.
+const SETTLE_CLAIM: &str = r#"
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return -1 end
+if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', ARGV[3]) then
+  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[4])
+  redis.call('HSET', KEYS[4], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
+  redis.call('EXPIRE', KEYS[4], ARGV[3])
+  redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[9])
+  return 1
+end
+redis.call('SET', KEYS[5], ARGV[8], 'EX', ARGV[9])
+return 0
+"#;
+
+/// KEYS: claim processing list, dead list, outcome (untouched when ARGV[3]
+/// is ''). ARGV: the entry, dead letter, outcome ('' for none), outcome ttl,
+/// dead-list cap, dead-list ttl. 1 = failed and removed; 0 = not in the list,
+/// nothing written.
+const FAIL_CLAIM: &str = r#"
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[2])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1)
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[4]) end
+return 1
+"#;
+
+/// KEYS: claim processing list, pool:claims. ARGV: the entry. Back to the
+/// serving end (first in line). 1 = returned; 0 = not in the list.
+const RETURN_CLAIM: &str = r#"
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+return 1
+"#;
+
+/// KEYS: claim processing list, the worker's pool mark, pool:claims. Only
+/// when the pool mark is gone (the worker is dead), moves every entry to the
+/// serving end of pool:claims, newest first so the oldest is served first.
+/// Returns how many moved.
+const REQUEUE_CLAIMS: &str = r#"
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local moved = 0
+while redis.call('LMOVE', KEYS[1], KEYS[3], 'LEFT', 'RIGHT') do moved = moved + 1 end
+return moved
+"#;
+
+/// KEYS: claim processing list, pool:claims. The oldest claim the worker
+/// holds already (left there), else the oldest queued one moved in. {1, entry}
+/// or {0, ''}.
+const NEXT_CLAIM: &str = r#"
+local held = redis.call('LINDEX', KEYS[1], -1)
+if held then return {1, held} end
+local moved = redis.call('LMOVE', KEYS[2], KEYS[1], 'RIGHT', 'LEFT')
+if moved then return {1, moved} end
+return {0, ''}
 "#;
 
 /// Lua prefix shared by the scripts that touch a user's mark: returns 0 unless
@@ -270,6 +335,11 @@ pub struct RedisPoolBus {
     excess_requests: redis::Script,
     shed_request: redis::Script,
     record_paper_order: redis::Script,
+    settle_claim: redis::Script,
+    fail_claim: redis::Script,
+    return_claim: redis::Script,
+    requeue_claims: redis::Script,
+    next_claim: redis::Script,
 }
 
 impl std::fmt::Debug for RedisPoolBus {
@@ -305,6 +375,11 @@ impl RedisPoolBus {
             excess_requests: redis::Script::new(EXCESS_REQUESTS),
             shed_request: redis::Script::new(&with_record_fields(SHED_REQUEST)),
             record_paper_order: redis::Script::new(RECORD_PAPER_ORDER),
+            settle_claim: redis::Script::new(SETTLE_CLAIM),
+            fail_claim: redis::Script::new(FAIL_CLAIM),
+            return_claim: redis::Script::new(RETURN_CLAIM),
+            requeue_claims: redis::Script::new(REQUEUE_CLAIMS),
+            next_claim: redis::Script::new(NEXT_CLAIM),
         })
     }
 
@@ -337,21 +412,6 @@ impl RedisPoolBus {
             .map_err(classify)?;
         Ok(Blocking { connection, id })
     }
-
-    /// `BRPOP` over `lists` (first non-empty wins), interruptible.
-    async fn pop(
-        &self,
-        pop_command: &'static str,
-        lists: &[String],
-        timeout: Duration,
-        interrupt: &CancellationToken,
-    ) -> Result<Option<(String, Vec<u8>)>, BusError> {
-        let mut command = redis::cmd(pop_command);
-        command.arg(lists);
-        self.blocking(command, pop_command, timeout, interrupt)
-            .await
-    }
-
     /// One blocking command (its timeout argument appended here) on a
     /// connection of its own, ended early by `interrupt` through `CLIENT
     /// UNBLOCK`, so whatever Redis already did is still reported.
@@ -428,11 +488,6 @@ impl RedisPoolBus {
 
     async fn lpush(&self, list: &str, body: &str) -> Result<(), BusError> {
         let _: i64 = self.query(redis::cmd("LPUSH").arg(list).arg(body)).await?;
-        Ok(())
-    }
-
-    async fn rpush(&self, list: &str, body: &str) -> Result<(), BusError> {
-        let _: i64 = self.query(redis::cmd("RPUSH").arg(list).arg(body)).await?;
         Ok(())
     }
 
@@ -532,23 +587,136 @@ impl PoolBus for RedisPoolBus {
         self.lpush(keys::POOL_CLAIMS, body).await
     }
 
-    async fn return_claim(&self, body: &str) -> Result<(), BusError> {
-        self.rpush(keys::POOL_CLAIMS, body).await
-    }
-
-    async fn pop_claim(
+    async fn take_claim(
         &self,
+        worker_id: &str,
         timeout: Duration,
         interrupt: &CancellationToken,
-    ) -> Result<Option<String>, BusError> {
-        // Producers LPUSH; BRPOP takes the oldest first (the original design's SQS queue
-        // was FIFO-like).
-        let popped = self
-            .pop("BRPOP", &[keys::POOL_CLAIMS.to_owned()], timeout, interrupt)
+    ) -> Result<Option<TakenClaim>, BusError> {
+        let processing = keys::claims_processing(worker_id);
+        let (found, raw): (i64, Vec<u8>) = self
+            .next_claim
+            .key(&processing)
+            .key(keys::POOL_CLAIMS)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        if found == 1 {
+            return Ok(Some(TakenClaim { raw }));
+        }
+        if interrupt.is_cancelled() {
+            return Ok(None);
+        }
+        // Producers LPUSH; RIGHT takes the oldest first (the original
+        // design's SQS queue was FIFO-like), LEFT files it in the worker's list.
+        let mut blmove = redis::cmd("BLMOVE");
+        blmove
+            .arg(keys::POOL_CLAIMS)
+            .arg(&processing)
+            .arg("RIGHT")
+            .arg("LEFT");
+        let moved: Option<Vec<u8>> = self.blocking(blmove, "BLMOVE", timeout, interrupt).await?;
+        Ok(moved.map(|raw| TakenClaim { raw }))
+    }
+
+    async fn settle_claim(
+        &self,
+        mark: &MarkWrite<'_>,
+        claim: &ClaimSettle<'_>,
+    ) -> Result<Settled, BusError> {
+        let metadata = mark.metadata;
+        let settled: i64 = self
+            .settle_claim
+            .key(keys::claims_processing(mark.worker_id))
+            .key(keys::worker_active(mark.user_id))
+            .key(keys::pool_worker_active(mark.worker_id))
+            .key(keys::worker_metadata(mark.user_id))
+            .key(keys::claim_outcome(claim.claim_id))
+            .arg(claim.raw)
+            .arg(mark.value)
+            .arg(whole_seconds(mark.ttl))
+            .arg(&metadata.task_arn)
+            .arg(&metadata.instance_id)
+            .arg(metadata.launched_at)
+            .arg(claim.claimed)
+            .arg(claim.refused)
+            .arg(CLAIM_OUTCOME_TTL.as_secs())
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(match settled {
+            1 => Settled::Claimed,
+            0 => Settled::Refused,
+            _ => Settled::NotHeld,
+        })
+    }
+
+    async fn fail_claim(
+        &self,
+        worker_id: &str,
+        raw: &[u8],
+        outcome: Option<(&str, &str)>,
+        reason: &str,
+        at_unix_ms: u64,
+    ) -> Result<bool, BusError> {
+        let (outcome_key, outcome) = match outcome {
+            Some((claim_id, outcome)) => (keys::claim_outcome(claim_id), outcome),
+            // Not written (the script skips it); named for the key count only.
+            None => (keys::claim_outcome(""), ""),
+        };
+        let failed: i64 = self
+            .fail_claim
+            .key(keys::claims_processing(worker_id))
+            .key(keys::dead_letter(keys::POOL_CLAIMS))
+            .key(outcome_key)
+            .arg(raw)
+            .arg(protocol::dead_letter_raw(reason, raw, at_unix_ms))
+            .arg(outcome)
+            .arg(CLAIM_OUTCOME_TTL.as_secs())
+            .arg(DEAD_LETTER_MAX)
+            .arg(DEAD_LETTER_TTL.as_secs())
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(failed == 1)
+    }
+
+    async fn return_claim(&self, worker_id: &str, raw: &[u8]) -> Result<bool, BusError> {
+        let returned: i64 = self
+            .return_claim
+            .key(keys::claims_processing(worker_id))
+            .key(keys::POOL_CLAIMS)
+            .arg(raw)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(returned == 1)
+    }
+
+    async fn requeue_claims(&self, worker_id: &str) -> Result<u64, BusError> {
+        let moved: u64 = self
+            .requeue_claims
+            .key(keys::claims_processing(worker_id))
+            .key(keys::pool_worker_active(worker_id))
+            .key(keys::POOL_CLAIMS)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(moved)
+    }
+
+    async fn set_if_absent(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, BusError> {
+        let set: Option<String> = self
+            .query(
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(value)
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(whole_seconds(ttl)),
+            )
             .await?;
-        // Claims are produced by tools that write UTF-8; anything else is
-        // replaced rather than failing the pop, and then fails to parse.
-        Ok(popped.map(|(_, body)| String::from_utf8_lossy(&body).into_owned()))
+        Ok(set.is_some())
     }
 
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {

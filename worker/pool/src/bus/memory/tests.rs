@@ -117,7 +117,7 @@ async fn a_blocked_pop_times_out_on_the_paused_clock_and_wakes_on_push() {
     let never = CancellationToken::new();
     let started = Instant::now();
     assert_eq!(
-        bus.pop_claim(Duration::from_secs(30), &never)
+        bus.take_claim("w1", Duration::from_secs(30), &never)
             .await
             .unwrap(),
         None
