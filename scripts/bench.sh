@@ -19,6 +19,8 @@ log "sidecar memory: a simulated hour at 10,000 events/s in each export mode"
 cargo bench -p leasehold-sidecar --bench memory
 log "broker pool: claim latency, request handling, idle worker memory"
 cargo bench -p leasehold --bench broker_pool
+log "broker pool: KMS decrypt cost added to a claim (moto on loopback)"
+cargo bench -p leasehold-broker --bench kms_decrypt
 log "lease-table reads by the dashboard and the observer, before and after"
 cargo bench -p leasehold --bench read_cost
 log "dashboard: render with 10,000 streams"

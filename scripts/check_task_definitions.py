@@ -59,7 +59,7 @@ PENDING_SUBCOMMANDS = {"dashboard": "issue 6"}
 PLACEHOLDERS = {
     "ACCOUNT_ID", "REGION", "IMAGE", "TABLE", "CLUSTER", "BROKER_CLUSTER",
     "SUBNETS", "SECURITY_GROUPS", "UPSTREAM_WS_URL", "SIDECAR_DNS",
-    "CREDENTIALS_KEY_SECRET_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
+    "CREDENTIALS_KMS_KEY_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
     "DASHBOARD_TOKEN_SECRET_ARN",
 }
 
@@ -71,9 +71,9 @@ SAMPLES = {
     "SUBNETS": "subnet-0a1b2c3d", "SECURITY_GROUPS": "sg-0a1b2c3d",
     "UPSTREAM_WS_URL": "wss://feed.example.com/{stream_id}",
     "SIDECAR_DNS": "http://stream-workers.leasehold.local:9464,http://broker-pool.leasehold.local:9464",
+    "CREDENTIALS_KMS_KEY_ARN": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     **{name: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:leasehold/{name.lower()}-AbCdEf"
-       for name in ("CREDENTIALS_KEY_SECRET_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
-                    "DASHBOARD_TOKEN_SECRET_ARN")},
+       for name in ("REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN")},
 }
 
 # Which policies each task role carries, and what its code calls (so a policy
@@ -84,9 +84,9 @@ ROLES = {
         {"dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem",
          "dynamodb:Scan", "dynamodb:UpdateItem"},
     ),
-    # The broker worker talks to Redis only; its sidecar runs without the
-    # observer and with CLOUDWATCH_MODE=emf, so the role has no policy.
-    "leasehold-broker-worker-task": ([], set()),
+    # The broker worker unwraps its user's data key (KMS Decrypt); its sidecar
+    # runs without the observer and with CLOUDWATCH_MODE=emf.
+    "leasehold-broker-worker-task": (["broker-worker-task-policy.json"], {"kms:Decrypt"}),
     "leasehold-dashboard-task": (
         ["dashboard-task-policy.json"], {"dynamodb:GetItem", "dynamodb:Scan"}),
     "leasehold-pool-manager-task": (
@@ -99,12 +99,15 @@ OTHER_POLICIES = {
     "task-execution-policy.json",  # EXECUTION_ROLE
     "ecs-tasks-trust-policy.json",  # trust policy of every role above
     "sidecar-cloudwatch-api-policy.json",  # added only with CLOUDWATCH_MODE=api
+    "credentials-operator-policy.json",  # the operator running `credentials put / rotate`
 }
 # Actions that accept no resource but "*" and have no condition worth adding.
 STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken"}
 # Container-level secret-looking names and values (besides the variables whose
 # meaning in docs/configuration.md says "never printed").
 SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET", re.I)
+# Names that match SECRET_NAME but hold no secret.
+NOT_SECRET = {"CREDENTIALS_KMS_KEY_ID", "CREDENTIALS_ALLOW_LOCAL_KEY"}
 URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]+@")
 AWS_ACCESS_KEY = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
 FARGATE_SIZES = {  # cpu units -> allowed task memory (MiB)
@@ -258,7 +261,7 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
         for var, value in env.items():
             if var in code.secrets or var in PENDING_SECRETS:
                 cerr(f"{var} is a secret (its doc says 'never printed'): move it to `secrets`")
-            elif SECRET_NAME.search(var or ""):
+            elif SECRET_NAME.search(var or "") and var not in NOT_SECRET:
                 cerr(f"{var} looks like a secret: move it to `secrets`")
             if URL_WITH_PASSWORD.search(value) or AWS_ACCESS_KEY.search(value):
                 cerr(f"{var}'s value holds a credential: move it to `secrets`")
@@ -318,6 +321,16 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
                 cerr(f"portMappings lacks containerPort {port} (SIDECAR_LISTEN, the /metrics port)")
             if listen_port(effective("TELEMETRY_ADDR"))[1] in ports:
                 cerr("TELEMETRY_ADDR's port must not be published")
+
+        # Broker worker: KMS envelope blobs in production; a local key is refused
+        # on ECS unless explicitly allowed (docs/configuration.md).
+        if sub == "broker-worker":
+            if not env.get("CREDENTIALS_KMS_KEY_ID"):
+                cerr("CREDENTIALS_KMS_KEY_ID must be set (KMS envelope blobs in production)")
+            local = {"CREDENTIALS_KEY", "CREDENTIALS_KEY_FILE"} & set(listed)
+            if local and env.get("CREDENTIALS_ALLOW_LOCAL_KEY") != "true":
+                cerr(f"{', '.join(sorted(local))}: a local key is refused on ECS unless "
+                     "CREDENTIALS_ALLOW_LOCAL_KEY=true")
 
         if sub == "dashboard":
             listen = env.get("DASHBOARD_LISTEN")
@@ -553,6 +566,13 @@ def self_test(code: Code) -> int:
         ("secret in plain environment", lambda t, p: env(container(t, broker, "broker-worker"),
                                                          "CREDENTIALS_KEY", "AAAA"),
          "CREDENTIALS_KEY is a secret"),
+        ("local key on ECS", lambda t, p: container(t, broker, "broker-worker")["secrets"].append(
+            {"name": "CREDENTIALS_KEY", "valueFrom": "${REDIS_URL_SECRET_ARN}"}),
+         "a local key is refused on ECS"),
+        ("broker worker without a KMS key", lambda t, p: container(t, broker, "broker-worker").update(
+            environment=[e for e in container(t, broker, "broker-worker")["environment"]
+                         if e["name"] != "CREDENTIALS_KMS_KEY_ID"]),
+         "CREDENTIALS_KMS_KEY_ID must be set"),
         ("password in a URL", lambda t, p: env(container(t, stream, "stream-worker"),
                                                "UPSTREAM_URL", "wss://u:hunter2@feed/x"),
          "holds a credential"),

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_broker::credentials::{AesGcmCipher, CredentialsCipher};
+use leasehold_broker::credentials::AesGcmCipher;
 use leasehold_broker::maintenance::{self, SweepConfig};
 use leasehold_broker::manager;
 use leasehold_control::clock::{Clock, SystemClock};

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_broker::connections::ConnectPolicy;
-use leasehold_broker::credentials::{AesGcmCipher, CredentialsCipher};
+use leasehold_broker::credentials::AesGcmCipher;
 use leasehold_broker::paper::{Broker, PaperBroker, PaperConfig};
 use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerMetadata};
 use leasehold_pool::keys;

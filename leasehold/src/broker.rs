@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use leasehold_broker::credentials::{Credentials, CredentialsCipher};
+use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCipher, Keyring};
 use leasehold_broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
 use leasehold_broker::paper::{Broker, PaperBroker};
 use leasehold_broker::settings::{self, LauncherSettings};
@@ -18,8 +18,8 @@ use leasehold_broker::{maintenance, manager};
 use leasehold_platform::aws::{RetryPolicy, sdk_config};
 use leasehold_platform::periodic::try_once_or_every;
 use leasehold_platform::settings::{ConfigError, Env, process_env};
-use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
+use leasehold_pool::bus::{Inspect, PoolBus};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::ClaimStatus;
 use leasehold_pool::settings::REDIS_URL;
@@ -43,8 +43,23 @@ fn read<T>(read: impl FnOnce(&mut Env) -> T) -> Result<T, ConfigError> {
 #[derive(Debug, Args)]
 pub struct BrokerWorkerArgs {}
 
+/// No core dumps and (Linux) not dumpable, before any secret is read: a
+/// process that holds decrypted credentials must not write them to a core file
+/// or expose its memory to other processes of the same user.
+fn harden() -> anyhow::Result<()> {
+    let hardened = leasehold_platform::hardening::disable_core_dumps()
+        .context("cannot disable core dumps; refusing to handle credentials")?;
+    tracing::debug!(
+        core_limit_zero = hardened.core_limit_zero,
+        not_dumpable = hardened.not_dumpable,
+        "core dumps disabled"
+    );
+    Ok(())
+}
+
 /// Runs one broker worker until it exits; non-zero when broker connects are exhausted.
 pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
+    harden()?;
     let mut settings = settings::worker_settings(&lookup)?;
     if let Some(arn) = leasehold_platform::ecs::task_metadata()
         .await
@@ -130,18 +145,30 @@ async fn launcher(settings: LauncherSettings) -> anyhow::Result<Box<dyn TaskLaun
 /// `leasehold credentials …`.
 #[derive(Debug, Subcommand)]
 pub enum CredentialsCommand {
-    /// Encrypts a credentials JSON object from stdin into `credentials:{user_id}`.
+    /// Encrypts a credentials JSON object from stdin into `credentials:{user_id}`
+    /// (version 2 under `CREDENTIALS_KMS_KEY_ID` when set, else version 1 with
+    /// the local key).
     Put {
         /// The user.
         user_id: String,
     },
+    /// Re-encrypts every `credentials:*` blob under `CREDENTIALS_KMS_KEY_ID`
+    /// (version 1 blobs too, with the local key) and asks active workers to
+    /// reload. Blobs name their key, so workers keep working throughout.
+    Rotate,
 }
 
 /// Runs a `credentials` command.
 pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
-    let CredentialsCommand::Put { user_id } = command;
-    let (url, cipher) = read(|env| (env.get(&REDIS_URL), settings::cipher(env)))?;
-    let cipher = cipher.expect("a missing cipher is a recorded problem");
+    harden()?;
+    match command {
+        CredentialsCommand::Put { user_id } => put_credentials(&user_id).await,
+        CredentialsCommand::Rotate => rotate_credentials().await,
+    }
+}
+
+async fn put_credentials(user_id: &str) -> Result<(), Failure> {
+    let (url, cipher) = read(|env| (env.get(&REDIS_URL), settings::keyring(env)))?;
     let mut plaintext = zeroize::Zeroizing::new(Vec::new());
     std::io::stdin()
         .read_to_end(&mut plaintext)
@@ -149,14 +176,92 @@ pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
     // Refuse what the worker could not use, before storing it.
     Credentials::from_json(&plaintext).map_err(|err| anyhow::anyhow!("stdin: {err}"))?;
     let blob = cipher
-        .encrypt(&user_id, &plaintext)
+        .encrypt(user_id, &plaintext)
+        .await
         .map_err(anyhow::Error::from)?;
     pool_bus(&url)
         .await?
-        .put_credentials(&user_id, &blob)
+        .put_credentials(user_id, &blob)
         .await
         .context("cannot store the credentials")?;
-    println!("stored {}", keys::credentials(&user_id));
+    let version = creds::version_of(&blob).unwrap_or(0);
+    println!("stored {} (version {version})", keys::credentials(user_id));
+    Ok(())
+}
+
+/// What `rotate` did with one blob.
+enum Rotated {
+    Done { reloaded: bool },
+    Changed,
+}
+
+async fn rotate_one(
+    bus: &RedisPoolBus,
+    cipher: &Keyring,
+    user_id: &str,
+) -> anyhow::Result<Rotated> {
+    let Some(blob) = bus.credentials(user_id).await? else {
+        return Ok(Rotated::Changed);
+    };
+    // Decrypt with the old key and this user's context, encrypt under the new
+    // key: the plaintext exists only in zeroized buffers for this step.
+    let plaintext = cipher.decrypt(user_id, &blob).await?.to_json();
+    let rotated = cipher.encrypt(user_id, &plaintext).await?;
+    // A `put` may have replaced the blob meanwhile: keep the newer one.
+    if bus.credentials(user_id).await?.as_deref() != Some(blob.as_str()) {
+        return Ok(Rotated::Changed);
+    }
+    bus.put_credentials(user_id, &rotated).await?;
+    let active = Inspect::get(bus, &keys::worker_active(user_id))
+        .await?
+        .is_some();
+    if active {
+        bus.push_control(user_id, r#"{"type": "reload_credentials"}"#)
+            .await?;
+    }
+    Ok(Rotated::Done { reloaded: active })
+}
+
+async fn rotate_credentials() -> Result<(), Failure> {
+    let (url, cipher) = read(|env| {
+        let key_id = env.required(&settings::CREDENTIALS_KMS_KEY_ID, "by `credentials rotate`");
+        (env.get(&REDIS_URL), key_id.map(|_| settings::keyring(env)))
+    })?;
+    let cipher = cipher.expect("a missing key id is a recorded problem");
+    let bus = RedisPoolBus::connect(&url)
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
+    let names = bus
+        .scan_keys(&keys::credentials("*"))
+        .await
+        .context("cannot list credentials keys")?;
+    let (mut rotated, mut reloaded, mut skipped, mut failed) = (0, 0, 0, 0);
+    for name in &names {
+        let Some(user_id) = name.strip_prefix(&keys::credentials("")) else {
+            continue;
+        };
+        match rotate_one(&bus, &cipher, user_id).await {
+            Ok(Rotated::Done { reloaded: sent }) => {
+                rotated += 1;
+                reloaded += usize::from(sent);
+            }
+            Ok(Rotated::Changed) => {
+                skipped += 1;
+                println!("{name}: changed while rotating; left as it is");
+            }
+            Err(err) => {
+                failed += 1;
+                println!("{name}: not rotated: {err:#}");
+            }
+        }
+    }
+    println!(
+        "rotated {rotated} of {} blobs; reload_credentials sent to {reloaded} active workers; {skipped} changed meanwhile; {failed} failed",
+        names.len()
+    );
+    if failed > 0 {
+        return Err(anyhow::anyhow!("{failed} blobs were not rotated (listed above)").into());
+    }
     Ok(())
 }
 

@@ -193,9 +193,41 @@ fn pid_of(mark: &MarkValue) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_serve_crash_sweep_refill_without_leaking_the_secret() {
     let _serial = serial().await;
-    let Some(mut pool) = Pool::new(8).await else {
+    let Some(pool) = Pool::new(8).await else {
         return;
     };
+    claim_serve_crash_sweep_refill(pool, 1).await;
+}
+
+/// The same cycle in KMS mode: version 2 blobs, workers without a local key,
+/// KMS (moto's) decrypting each claim's blob in the pool worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_kms_mode_claim_serve_crash_sweep_refill_without_leaking_the_secret() {
+    let _serial = serial().await;
+    let Some(endpoint) = leasehold_testkit::dynamodb_endpoint() else {
+        return;
+    };
+    let Some(mut pool) = Pool::new(12).await else {
+        return;
+    };
+    let client = aws_sdk_kms::Client::new(&leasehold_testkit::local_sdk_config(&endpoint));
+    let key = client.create_key().send().await.expect("CreateKey");
+    let arn = key.key_metadata().unwrap().arn().unwrap().to_owned();
+    pool.envs.retain(|(k, _)| k != "CREDENTIALS_KEY");
+    for (k, v) in [
+        ("CREDENTIALS_KMS_KEY_ID", arn.as_str()),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", "local"),
+        ("AWS_SECRET_ACCESS_KEY", "local"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ] {
+        pool.envs.push((k.into(), v.into()));
+    }
+    claim_serve_crash_sweep_refill(pool, 2).await;
+}
+
+async fn claim_serve_crash_sweep_refill(mut pool: Pool, version: u64) {
     let user = unique_name("u");
     let credentials = format!(r#"{{"api_key": "{CANARY}", "account_id": "A1"}}"#);
     let manager = spawn_leasehold(
@@ -204,9 +236,13 @@ async fn claim_serve_crash_sweep_refill_without_leaking_the_secret() {
         &pool.envs,
     );
     async {
+        let stored = pool.run(&["credentials", "put", &user], Some(&credentials));
         assert!(
-            pool.run(&["credentials", "put", &user], Some(&credentials))
-                .contains("stored")
+            stored.contains(&format!(
+                "stored {} (version {version})",
+                keys::credentials(&user)
+            )),
+            "{stored}"
         );
         pool.wait_idle(1).await;
 

@@ -10,10 +10,12 @@
 //! - [`logging`]: log output and `LEASEHOLD_LOG`; the AWS variables users set.
 //! - [`backoff`]: exponential backoff with full jitter, for every retry loop.
 //! - [`periodic`]: "every period until cancelled", the one periodic loop.
+//! - [`hardening`]: no core dumps for processes that hold secrets.
 
 pub mod aws;
 pub mod backoff;
 pub mod ecs;
+pub mod hardening;
 pub mod logging;
 pub mod periodic;
 pub mod settings;

@@ -514,6 +514,12 @@ pub fn spawn_leasehold(name: &str, args: &[&str], envs: &[(String, String)]) -> 
     Proc::spawn(name, command)
 }
 
+/// Starts a prepared command in the background (its output captured, killed
+/// when dropped), for tests that need more than `spawn_leasehold` sets.
+pub fn spawn_command(name: &str, command: Command) -> Proc {
+    Proc::spawn(name, command)
+}
+
 /// A busy stream's owner killed (SIGKILL) while a peer runs: two streams at
 /// `rate` events/s each, two workers with a 10 s lease (renewed every ~3.3 s),
 /// the kill 2.5 s after a checkpoint commit, so the checkpoint trails the sink

@@ -1,24 +1,46 @@
-//! Credentials blobs (docs/redis.md): standard base64 of `nonce (12 bytes) ‖
-//! AES-256-GCM ciphertext+tag`, key `CREDENTIALS_KEY`, associated data = the user
-//! id, so a blob cannot be replayed for another user. The plaintext is a JSON
-//! object of string fields the broker defines (paper: `api_key`, `account_id`).
+//! Credentials blobs (docs/messages.md, docs/redis.md), two versions in one
+//! key, `credentials:{user_id}`:
 //!
-//! Decrypted secrets live only in [`Credentials`]: zeroized on drop, redacted in
-//! `Debug`, never part of an error. [`CredentialsCipher`] is the seam for a KMS
-//! envelope implementation (a data key per blob, wrapped by KMS).
+//! - **version 2, KMS envelope** (production): standard base64 of the JSON
+//!   object `{"v": 2, "key_id", "encrypted_data_key", "nonce", "ciphertext"}`.
+//!   A fresh AES-256 data key per blob comes from KMS `GenerateDataKey` with the
+//!   encryption context `{"user_id": USER_ID}`; only KMS `Decrypt` with that same
+//!   context unwraps it again. The data key seals the plaintext with AES-256-GCM,
+//!   associated data = the user id, and is zeroized right after use. A worker
+//!   therefore holds no key that opens another user's blob: each blob needs its
+//!   own call to KMS, bound to its user.
+//! - **version 1, local key** (`dev`, tests): standard base64 of `nonce (12
+//!   bytes) ‖ AES-256-GCM ciphertext+tag`, key `CREDENTIALS_KEY` (or
+//!   `CREDENTIALS_KEY_FILE`), associated data = the user id.
+//!
+//! The plaintext is a JSON object of string fields the broker defines (paper:
+//! `api_key`, `account_id`). Decrypted secrets live only in [`Credentials`]:
+//! zeroized on drop, redacted in `Debug`, never part of an error. [`Keyring`]
+//! reads both versions (each blob names its own KMS key, which is how a key
+//! rotation needs no downtime) and writes version 2 when a KMS key is set.
 
 use std::collections::BTreeMap;
 
 use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
+use async_trait::async_trait;
+use aws_sdk_kms::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_kms::primitives::Blob;
+use aws_sdk_kms::types::DataKeySpec;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use leasehold_platform::aws::{RetryPolicy, sdk_config};
+use serde::Serialize;
 use zeroize::Zeroizing;
 
 const NONCE_LEN: usize = 12;
 const TAG_LEN: usize = 16;
+/// The encryption context key KMS binds every data key to.
+pub const CONTEXT_KEY: &str = "user_id";
 
-/// Why a key or blob could not be used. Never carries key or plaintext bytes.
+/// Why a key or blob could not be used. Never carries key or plaintext bytes;
+/// KMS failures carry the error code and the key id (not secret), never the
+/// service's message text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CipherError {
     /// The configured key is not standard base64 of 32 bytes.
@@ -39,6 +61,69 @@ pub enum CipherError {
     /// Encryption failed (not expected with a valid key).
     #[error("encryption failed")]
     Encrypt,
+    /// A version 2 blob whose JSON lacks a field or has a malformed one.
+    #[error("credentials blob version 2: field `{0}` is missing or malformed")]
+    BadEnvelope(&'static str),
+    /// A blob of a version this build does not know.
+    #[error("credentials blob version {0} is not supported (1 and 2 are)")]
+    UnsupportedVersion(u64),
+    /// A version 1 blob, but this process has no local key.
+    #[error(
+        "credentials blob is version 1 (local key) but no CREDENTIALS_KEY or CREDENTIALS_KEY_FILE is configured"
+    )]
+    NoLocalKey,
+    /// A version 2 blob, but this process has no KMS client.
+    #[error("credentials blob is version 2 (KMS) but this process has no KMS access")]
+    NoKms,
+    /// Nothing to encrypt with: neither a KMS key id nor a local key.
+    #[error("no CREDENTIALS_KMS_KEY_ID (or local key) to encrypt with")]
+    NoEncryptionKey,
+    /// KMS refused to unwrap the data key: the blob belongs to another user
+    /// (encryption context mismatch), it was tampered with, or this role may
+    /// not use the key. KMS says which only to CloudTrail.
+    #[error(
+        "KMS refused to decrypt the data key under key {key_id} ({code}): another user's blob, a tampered blob, or a key this role may not use"
+    )]
+    KmsRefused {
+        /// The key id the blob names.
+        key_id: String,
+        /// KMS error code.
+        code: String,
+    },
+    /// The data key was not encrypted under the key the blob names.
+    #[error("the blob's data key was not encrypted under KMS key {key_id} (IncorrectKeyException)")]
+    KmsWrongKey {
+        /// The key id the blob (or the setting) names.
+        key_id: String,
+    },
+    /// KMS does not know the key id.
+    #[error("KMS key {key_id} does not exist (or this role cannot see it)")]
+    KmsKeyNotFound {
+        /// The key id.
+        key_id: String,
+    },
+    /// The key exists but cannot be used now (disabled, pending deletion…).
+    #[error("KMS key {key_id} cannot be used now ({code})")]
+    KmsKeyUnusable {
+        /// The key id.
+        key_id: String,
+        /// KMS error code.
+        code: String,
+    },
+    /// KMS kept throttling after the SDK's retries.
+    #[error("KMS throttled {operation} after retries (ThrottlingException); try again later")]
+    KmsThrottled {
+        /// `Decrypt` or `GenerateDataKey`.
+        operation: &'static str,
+    },
+    /// KMS could not be reached, or answered with another error.
+    #[error("KMS {operation} failed: {problem}")]
+    KmsFailed {
+        /// `Decrypt` or `GenerateDataKey`.
+        operation: &'static str,
+        /// An error code or the kind of transport failure (never a message body).
+        problem: String,
+    },
 }
 
 /// A secret string: zeroized on drop, `[redacted]` in `Debug`.
@@ -83,6 +168,25 @@ impl Credentials {
         self.fields.get(name)
     }
 
+    /// The plaintext JSON object again (for re-encryption), in a buffer sized
+    /// up front so no partial copy is left behind unzeroized by a reallocation.
+    pub fn to_json(&self) -> Zeroizing<Vec<u8>> {
+        let fields: BTreeMap<&str, &str> = self
+            .fields
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.expose()))
+            .collect();
+        let size: usize = self
+            .fields
+            .iter()
+            .map(|(k, v)| k.len() + v.expose().len())
+            .sum();
+        let mut out = Zeroizing::new(Vec::with_capacity(size * 6 + 16 * self.fields.len() + 16));
+        // Writing a map of strings into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, &fields);
+        out
+    }
+
     /// Parses the plaintext JSON object (string values only).
     pub fn from_json(plaintext: &[u8]) -> Result<Self, CipherError> {
         let fields: BTreeMap<String, Zeroizing<String>> =
@@ -96,17 +200,18 @@ impl Credentials {
     }
 }
 
-/// Encrypts and decrypts credentials blobs bound to a user. Implementations:
-/// [`AesGcmCipher`] (a key from `CREDENTIALS_KEY`); a KMS envelope cipher can
-/// implement the same trait without touching the worker.
+/// Encrypts and decrypts credentials blobs bound to a user: [`AesGcmCipher`]
+/// (version 1 only), [`KmsEnvelope`] (version 2 only), [`Keyring`] (both; what
+/// the binary uses).
+#[async_trait]
 pub trait CredentialsCipher: Send + Sync {
     /// Encrypts a plaintext JSON object for `user_id`.
-    fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError>;
+    async fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError>;
     /// Decrypts a blob for `user_id`; fails for any other user's blob.
-    fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError>;
+    async fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError>;
 }
 
-/// AES-256-GCM with a random 96-bit nonce per blob.
+/// AES-256-GCM with a random 96-bit nonce per blob (version 1).
 #[derive(Clone)]
 pub struct AesGcmCipher {
     cipher: Aes256Gcm,
@@ -116,6 +221,50 @@ impl std::fmt::Debug for AesGcmCipher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("AesGcmCipher([redacted])")
     }
+}
+
+/// Seals `plaintext` with `cipher` under a fresh nonce: `(nonce, ciphertext‖tag)`.
+fn seal(
+    cipher: &Aes256Gcm,
+    user_id: &str,
+    plaintext: &[u8],
+) -> Result<(Vec<u8>, Vec<u8>), CipherError> {
+    let nonce = Nonce::generate();
+    let ciphertext = cipher
+        .encrypt(
+            &nonce,
+            Payload {
+                msg: plaintext,
+                aad: user_id.as_bytes(),
+            },
+        )
+        .map_err(|_| CipherError::Encrypt)?;
+    Ok((nonce.as_slice().to_vec(), ciphertext))
+}
+
+/// Opens `ciphertext‖tag` sealed for `user_id`.
+fn open(
+    cipher: &Aes256Gcm,
+    user_id: &str,
+    nonce: &[u8],
+    ciphertext: &[u8],
+) -> Result<Credentials, CipherError> {
+    if nonce.len() != NONCE_LEN || ciphertext.len() < TAG_LEN {
+        return Err(CipherError::TooShort);
+    }
+    let nonce = Nonce::try_from(nonce).map_err(|_| CipherError::TooShort)?;
+    let plaintext = Zeroizing::new(
+        cipher
+            .decrypt(
+                &nonce,
+                Payload {
+                    msg: ciphertext,
+                    aad: user_id.as_bytes(),
+                },
+            )
+            .map_err(|_| CipherError::DoesNotDecrypt)?,
+    );
+    Credentials::from_json(&plaintext)
 }
 
 impl AesGcmCipher {
@@ -135,28 +284,17 @@ impl AesGcmCipher {
         let key = Zeroizing::new(rand::random::<[u8; 32]>());
         STANDARD.encode(key.as_slice())
     }
-}
 
-impl CredentialsCipher for AesGcmCipher {
-    fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError> {
-        let nonce = Nonce::generate();
-        let ciphertext = self
-            .cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: plaintext,
-                    aad: user_id.as_bytes(),
-                },
-            )
-            .map_err(|_| CipherError::Encrypt)?;
-        let mut blob = Vec::with_capacity(NONCE_LEN + ciphertext.len());
-        blob.extend_from_slice(nonce.as_slice());
+    /// Encrypts a version 1 blob (no I/O, so callable outside async code).
+    pub fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError> {
+        let (nonce, ciphertext) = seal(&self.cipher, user_id, plaintext)?;
+        let mut blob = nonce;
         blob.extend_from_slice(&ciphertext);
         Ok(STANDARD.encode(blob))
     }
 
-    fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError> {
+    /// Decrypts a version 1 blob.
+    pub fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError> {
         let raw = STANDARD
             .decode(blob.trim())
             .map_err(|_| CipherError::NotBase64)?;
@@ -164,19 +302,328 @@ impl CredentialsCipher for AesGcmCipher {
             return Err(CipherError::TooShort);
         }
         let (nonce, ciphertext) = raw.split_at(NONCE_LEN);
-        let nonce = Nonce::try_from(nonce).map_err(|_| CipherError::TooShort)?;
-        let plaintext = Zeroizing::new(
-            self.cipher
-                .decrypt(
-                    &nonce,
-                    Payload {
-                        msg: ciphertext,
-                        aad: user_id.as_bytes(),
-                    },
-                )
-                .map_err(|_| CipherError::DoesNotDecrypt)?,
-        );
-        Credentials::from_json(&plaintext)
+        open(&self.cipher, user_id, nonce, ciphertext)
+    }
+}
+
+#[async_trait]
+impl CredentialsCipher for AesGcmCipher {
+    async fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError> {
+        AesGcmCipher::encrypt(self, user_id, plaintext)
+    }
+
+    async fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError> {
+        AesGcmCipher::decrypt(self, user_id, blob)
+    }
+}
+
+/// The JSON inside a version 2 blob (before the outer base64).
+#[derive(Debug, Serialize)]
+struct EnvelopeV2 {
+    v: u64,
+    key_id: String,
+    encrypted_data_key: String,
+    nonce: String,
+    ciphertext: String,
+}
+
+/// Which version a blob is, found without any key.
+#[derive(Debug)]
+enum Blob2OrNot {
+    V1,
+    V2(EnvelopeV2),
+}
+
+/// A version 2 blob is base64 of a JSON object with `"v"`; anything else that
+/// is base64 is a version 1 blob (whose first byte is a random nonce byte).
+fn blob_version(blob: &str) -> Result<Blob2OrNot, CipherError> {
+    let raw = STANDARD
+        .decode(blob.trim())
+        .map_err(|_| CipherError::NotBase64)?;
+    if raw.first() != Some(&b'{') {
+        return Ok(Blob2OrNot::V1);
+    }
+    let Ok(serde_json::Value::Object(object)) = serde_json::from_slice(&raw) else {
+        return Ok(Blob2OrNot::V1);
+    };
+    match object.get("v").map(serde_json::Value::as_u64) {
+        None => Ok(Blob2OrNot::V1),
+        Some(Some(2)) => {
+            let field = |name: &'static str| {
+                object
+                    .get(name)
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_owned)
+                    .ok_or(CipherError::BadEnvelope(name))
+            };
+            Ok(Blob2OrNot::V2(EnvelopeV2 {
+                v: 2,
+                key_id: field("key_id")?,
+                encrypted_data_key: field("encrypted_data_key")?,
+                nonce: field("nonce")?,
+                ciphertext: field("ciphertext")?,
+            }))
+        }
+        Some(Some(other)) => Err(CipherError::UnsupportedVersion(other)),
+        Some(None) => Err(CipherError::BadEnvelope("v")),
+    }
+}
+
+/// The blob version (1 or 2) of a stored blob; for `credentials rotate` reports.
+pub fn version_of(blob: &str) -> Result<u64, CipherError> {
+    Ok(match blob_version(blob)? {
+        Blob2OrNot::V1 => 1,
+        Blob2OrNot::V2(_) => 2,
+    })
+}
+
+/// The KMS key id a version 2 blob names (`None` for version 1).
+pub fn key_id_of(blob: &str) -> Result<Option<String>, CipherError> {
+    Ok(match blob_version(blob)? {
+        Blob2OrNot::V1 => None,
+        Blob2OrNot::V2(envelope) => Some(envelope.key_id),
+    })
+}
+
+/// Turns a KMS SDK error into a [`CipherError`] by its code alone.
+fn kms_error<E: ProvideErrorMetadata + std::error::Error + 'static, R>(
+    operation: &'static str,
+    key_id: &str,
+    err: SdkError<E, R>,
+) -> CipherError {
+    let problem = match &err {
+        SdkError::ConstructionFailure(_) => {
+            "the request could not be built (is a region configured?)"
+        }
+        SdkError::TimeoutError(_) => "timed out",
+        SdkError::DispatchFailure(_) => "cannot reach KMS",
+        SdkError::ResponseError(_) => "unreadable response",
+        _ => "",
+    };
+    if !problem.is_empty() {
+        return CipherError::KmsFailed {
+            operation,
+            problem: problem.to_owned(),
+        };
+    }
+    let code = err.code().unwrap_or("unknown error").to_owned();
+    match code.as_str() {
+        "ThrottlingException" => CipherError::KmsThrottled { operation },
+        "IncorrectKeyException" => CipherError::KmsWrongKey {
+            key_id: key_id.to_owned(),
+        },
+        "NotFoundException" => CipherError::KmsKeyNotFound {
+            key_id: key_id.to_owned(),
+        },
+        "DisabledException" | "KMSInvalidStateException" | "KeyUnavailableException" => {
+            CipherError::KmsKeyUnusable {
+                key_id: key_id.to_owned(),
+                code,
+            }
+        }
+        "InvalidCiphertextException" | "AccessDeniedException" | "InvalidKeyUsageException" => {
+            CipherError::KmsRefused {
+                key_id: key_id.to_owned(),
+                code,
+            }
+        }
+        _ => CipherError::KmsFailed {
+            operation,
+            problem: code,
+        },
+    }
+}
+
+/// KMS envelope encryption (version 2). Encrypting needs a key id; decrypting
+/// uses the key the blob names, so it keeps working across a rotation.
+pub struct KmsEnvelope {
+    key_id: Option<String>,
+    client: tokio::sync::OnceCell<aws_sdk_kms::Client>,
+}
+
+impl std::fmt::Debug for KmsEnvelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KmsEnvelope")
+            .field("key_id", &self.key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KmsEnvelope {
+    /// With this client (tests, a local KMS-compatible server).
+    pub fn with_client(client: aws_sdk_kms::Client, key_id: Option<String>) -> Self {
+        KmsEnvelope {
+            key_id,
+            client: tokio::sync::OnceCell::new_with(Some(client)),
+        }
+    }
+
+    /// With a client from the AWS SDK's standard chain (region, credentials,
+    /// `AWS_ENDPOINT_URL`), built on first use so a process that never meets a
+    /// version 2 blob never looks for AWS configuration. The SDK's standard
+    /// retries (3 attempts, backoff and jitter) ride out throttling.
+    pub fn from_environment(key_id: Option<String>) -> Self {
+        KmsEnvelope {
+            key_id,
+            client: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The key new blobs are encrypted under, if any.
+    pub fn key_id(&self) -> Option<&str> {
+        self.key_id.as_deref()
+    }
+
+    async fn client(&self) -> &aws_sdk_kms::Client {
+        self.client
+            .get_or_init(|| async {
+                aws_sdk_kms::Client::new(&sdk_config(RetryPolicy::Standard).await)
+            })
+            .await
+    }
+
+    /// Unwraps a blob's data key through KMS, bound to `user_id`.
+    async fn data_key(
+        &self,
+        user_id: &str,
+        envelope: &EnvelopeV2,
+    ) -> Result<Zeroizing<Vec<u8>>, CipherError> {
+        let wrapped = STANDARD
+            .decode(&envelope.encrypted_data_key)
+            .map_err(|_| CipherError::BadEnvelope("encrypted_data_key"))?;
+        let output = self
+            .client()
+            .await
+            .decrypt()
+            .key_id(&envelope.key_id)
+            .ciphertext_blob(Blob::new(wrapped))
+            .encryption_context(CONTEXT_KEY, user_id)
+            .send()
+            .await
+            .map_err(|err| kms_error("Decrypt", &envelope.key_id, err))?;
+        let key = output
+            .plaintext
+            .map(Blob::into_inner)
+            .map(Zeroizing::new)
+            .ok_or(CipherError::KmsFailed {
+                operation: "Decrypt",
+                problem: "no plaintext in the answer".into(),
+            })?;
+        Ok(key)
+    }
+
+    /// Decrypts a parsed version 2 blob.
+    async fn open_envelope(
+        &self,
+        user_id: &str,
+        envelope: &EnvelopeV2,
+    ) -> Result<Credentials, CipherError> {
+        let nonce = STANDARD
+            .decode(&envelope.nonce)
+            .map_err(|_| CipherError::BadEnvelope("nonce"))?;
+        let ciphertext = STANDARD
+            .decode(&envelope.ciphertext)
+            .map_err(|_| CipherError::BadEnvelope("ciphertext"))?;
+        if nonce.len() != NONCE_LEN {
+            return Err(CipherError::BadEnvelope("nonce"));
+        }
+        let key = self.data_key(user_id, envelope).await?;
+        // The AES key schedule is zeroized on drop (aes-gcm's `zeroize`
+        // feature), the data key bytes by `Zeroizing`: both go at the end of
+        // this function.
+        let cipher = Aes256Gcm::new_from_slice(&key).map_err(|_| CipherError::KmsFailed {
+            operation: "Decrypt",
+            problem: "the data key is not 32 bytes".into(),
+        })?;
+        open(&cipher, user_id, &nonce, &ciphertext)
+    }
+}
+
+#[async_trait]
+impl CredentialsCipher for KmsEnvelope {
+    async fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError> {
+        let key_id = self.key_id.as_deref().ok_or(CipherError::NoEncryptionKey)?;
+        let output = self
+            .client()
+            .await
+            .generate_data_key()
+            .key_id(key_id)
+            .key_spec(DataKeySpec::Aes256)
+            .encryption_context(CONTEXT_KEY, user_id)
+            .send()
+            .await
+            .map_err(|err| kms_error("GenerateDataKey", key_id, err))?;
+        let missing = |what: &str| CipherError::KmsFailed {
+            operation: "GenerateDataKey",
+            problem: format!("no {what} in the answer"),
+        };
+        // The key's ARN, not an alias: the blob must name the key that wrapped
+        // it even after an alias moves to a new key.
+        let arn = output.key_id.clone().unwrap_or_else(|| key_id.to_owned());
+        let wrapped = output
+            .ciphertext_blob
+            .clone()
+            .ok_or_else(|| missing("CiphertextBlob"))?;
+        let data_key = output
+            .plaintext
+            .map(Blob::into_inner)
+            .map(Zeroizing::new)
+            .ok_or_else(|| missing("Plaintext"))?;
+        let cipher = Aes256Gcm::new_from_slice(&data_key).map_err(|_| missing("32-byte key"))?;
+        let (nonce, ciphertext) = seal(&cipher, user_id, plaintext)?;
+        let envelope = EnvelopeV2 {
+            v: 2,
+            key_id: arn,
+            encrypted_data_key: STANDARD.encode(wrapped.as_ref()),
+            nonce: STANDARD.encode(nonce),
+            ciphertext: STANDARD.encode(ciphertext),
+        };
+        let json = serde_json::to_vec(&envelope).map_err(|_| CipherError::Encrypt)?;
+        Ok(STANDARD.encode(json))
+    }
+
+    async fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError> {
+        match blob_version(blob)? {
+            Blob2OrNot::V2(envelope) => self.open_envelope(user_id, &envelope).await,
+            Blob2OrNot::V1 => Err(CipherError::NoLocalKey),
+        }
+    }
+}
+
+/// Both blob versions: version 2 through KMS, version 1 with the local key
+/// when one is configured. Encrypts version 2 when a KMS key id is set, else
+/// version 1.
+#[derive(Debug, Default)]
+pub struct Keyring {
+    /// Version 1 key (`dev`, or explicitly allowed in production).
+    pub local: Option<AesGcmCipher>,
+    /// Version 2.
+    pub kms: Option<KmsEnvelope>,
+}
+
+#[async_trait]
+impl CredentialsCipher for Keyring {
+    async fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError> {
+        match (&self.kms, &self.local) {
+            (Some(kms), _) if kms.key_id().is_some() => kms.encrypt(user_id, plaintext).await,
+            (_, Some(local)) => local.encrypt(user_id, plaintext),
+            _ => Err(CipherError::NoEncryptionKey),
+        }
+    }
+
+    async fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError> {
+        match blob_version(blob)? {
+            Blob2OrNot::V2(envelope) => {
+                let kms = self.kms.as_ref().ok_or(CipherError::NoKms)?;
+                kms.open_envelope(user_id, &envelope).await
+            }
+            Blob2OrNot::V1 => self
+                .local
+                .as_ref()
+                .ok_or(CipherError::NoLocalKey)?
+                .decrypt(user_id, blob),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The broker pool's variables, read with every problem reported at once.
-//! `CREDENTIALS_KEY` and `REDIS_URL` values are never echoed: problems name the
-//! variable only.
+//! `CREDENTIALS_KEY` and `REDIS_URL` values (and the key file's content) are
+//! never echoed: problems name the variable only.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -14,7 +14,7 @@ use leasehold_pool::keys;
 use leasehold_pool::settings::REDIS_URL;
 
 use crate::connections::{CallTimeouts, ConnectPolicy, RECONNECT};
-use crate::credentials::AesGcmCipher;
+use crate::credentials::{AesGcmCipher, Keyring, KmsEnvelope};
 use crate::launcher::EcsSettings;
 use crate::maintenance::SweepConfig;
 use crate::paper::PaperConfig;
@@ -42,12 +42,33 @@ pub const USER_ID: Setting<String> = Setting::new(
     Fallback::Derived("-1"),
     "User a broker worker serves; `-1` starts it in the warm pool waiting for a claim.",
 );
+/// The `CREDENTIALS_KMS_KEY_ID` variable.
+pub const CREDENTIALS_KMS_KEY_ID: Setting<String> = Setting::new(
+    "CREDENTIALS_KMS_KEY_ID",
+    parse::TEXT,
+    Fallback::Unset,
+    "KMS key (id, ARN or `alias/…`) that `credentials put` and `credentials rotate` wrap new data keys under (version 2 blobs). Not a secret. Workers decrypt with the key each blob names.",
+);
 /// The `CREDENTIALS_KEY` variable.
 pub const CREDENTIALS_KEY: Setting<String> = Setting::secret(
     "CREDENTIALS_KEY",
     parse::TEXT,
     Fallback::Unset,
-    "Standard base64 of 32 random bytes: the AES-256-GCM key of the credentials blobs (never printed).",
+    "Local key for version 1 blobs (`dev`): standard base64 of 32 random bytes (never printed). Refused on ECS unless `CREDENTIALS_ALLOW_LOCAL_KEY=true`.",
+);
+/// The `CREDENTIALS_KEY_FILE` variable.
+pub const CREDENTIALS_KEY_FILE: Setting<PathBuf> = Setting::new(
+    "CREDENTIALS_KEY_FILE",
+    PATH,
+    Fallback::Unset,
+    "File holding the local key (same form as `CREDENTIALS_KEY`), so the key need not be in the environment. Same rules as `CREDENTIALS_KEY`; set one or the other.",
+);
+/// The `CREDENTIALS_ALLOW_LOCAL_KEY` variable.
+pub const CREDENTIALS_ALLOW_LOCAL_KEY: Setting<bool> = Setting::new(
+    "CREDENTIALS_ALLOW_LOCAL_KEY",
+    parse::BOOL,
+    Fallback::Value(|| false),
+    "Allows a local key (`CREDENTIALS_KEY` / `CREDENTIALS_KEY_FILE`) in production, i.e. on ECS (`ECS_CONTAINER_METADATA_URI_V4` set), e.g. to read version 1 blobs during a migration to KMS.",
 );
 /// The `WORKER_ID` variable.
 pub const WORKER_ID: Setting<String> = Setting::new(
@@ -256,7 +277,10 @@ pub const RESERVE_LOCK_SECONDS: Setting<Duration> = Setting::new(
 /// Every variable of this part, in documentation order.
 pub const ALL: &[&dyn Documented] = &[
     &USER_ID,
+    &CREDENTIALS_KMS_KEY_ID,
     &CREDENTIALS_KEY,
+    &CREDENTIALS_KEY_FILE,
+    &CREDENTIALS_ALLOW_LOCAL_KEY,
     &WORKER_ID,
     &POOL_TARGET_SIZE,
     &TASK_LAUNCHER,
@@ -288,15 +312,73 @@ pub const ALL: &[&dyn Documented] = &[
     &RESERVE_LOCK_SECONDS,
 ];
 
-/// The cipher from `CREDENTIALS_KEY` (required).
-pub fn cipher(env: &mut Env) -> Option<AesGcmCipher> {
-    let key = env.required(&CREDENTIALS_KEY, "(standard base64 of 32 random bytes)")?;
+/// Production, for the local-key rule: running on ECS (the agent sets
+/// `ECS_CONTAINER_METADATA_URI_V4` in every task).
+pub fn production(env: &Env) -> bool {
+    env.raw(leasehold_platform::ecs::ECS_CONTAINER_METADATA_URI_V4.name)
+        .is_some()
+}
+
+/// The local key from `CREDENTIALS_KEY` or `CREDENTIALS_KEY_FILE`, if one is
+/// set; problems name the variable (and the file's path), never the key.
+fn local_key(env: &mut Env) -> Option<AesGcmCipher> {
+    let from_env = env.optional(&CREDENTIALS_KEY).map(zeroize::Zeroizing::new);
+    let path = env.optional(&CREDENTIALS_KEY_FILE);
+    let (name, key) = match (from_env, path) {
+        (None, None) => return None,
+        (Some(_), Some(_)) => {
+            env.problem(
+                CREDENTIALS_KEY_FILE.name,
+                "set either CREDENTIALS_KEY or CREDENTIALS_KEY_FILE, not both",
+            );
+            return None;
+        }
+        (Some(key), None) => (CREDENTIALS_KEY.name, key),
+        (None, Some(path)) => match std::fs::read_to_string(&path) {
+            Ok(text) => (CREDENTIALS_KEY_FILE.name, zeroize::Zeroizing::new(text)),
+            Err(err) => {
+                env.problem(
+                    CREDENTIALS_KEY_FILE.name,
+                    format!("cannot read {}: {}", path.display(), err.kind()),
+                );
+                return None;
+            }
+        },
+    };
+    if production(env) && !env.get(&CREDENTIALS_ALLOW_LOCAL_KEY) {
+        env.problem(
+            name,
+            "a local credentials key is refused in production (on ECS): use CREDENTIALS_KMS_KEY_ID, or set CREDENTIALS_ALLOW_LOCAL_KEY=true",
+        );
+        return None;
+    }
     match AesGcmCipher::from_base64_key(&key) {
         Ok(cipher) => Some(cipher),
         Err(_) => {
-            env.problem(CREDENTIALS_KEY.name, "must be standard base64 of 32 bytes");
+            env.problem(name, "must be standard base64 of 32 bytes");
             None
         }
+    }
+}
+
+/// The keys for credentials blobs: version 2 through KMS (the client is built
+/// from the AWS SDK's chain on first use; `CREDENTIALS_KMS_KEY_ID` is the key
+/// new blobs are wrapped under), version 1 with the local key when one is set
+/// and allowed. Either `CREDENTIALS_KMS_KEY_ID` or a local key is required.
+pub fn keyring(env: &mut Env) -> Keyring {
+    let key_id = env.optional(&CREDENTIALS_KMS_KEY_ID);
+    let had_problems = env.has_problems();
+    let local = local_key(env);
+    let local_key_problem = !had_problems && env.has_problems();
+    if key_id.is_none() && local.is_none() && !local_key_problem {
+        env.problem(
+            CREDENTIALS_KMS_KEY_ID.name,
+            "is required (or, outside production, CREDENTIALS_KEY / CREDENTIALS_KEY_FILE)",
+        );
+    }
+    Keyring {
+        local,
+        kms: Some(KmsEnvelope::from_environment(key_id)),
     }
 }
 
@@ -307,8 +389,8 @@ pub struct BrokerWorkerSettings {
     pub redis_url: String,
     /// Worker timings and identity.
     pub worker: BrokerWorkerConfig,
-    /// The key.
-    pub cipher: AesGcmCipher,
+    /// The credentials keys.
+    pub cipher: Keyring,
     /// Paper broker behaviour.
     pub paper: PaperConfig,
 }
@@ -317,7 +399,7 @@ pub struct BrokerWorkerSettings {
 pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigError> {
     let mut env = Env::new(lookup);
     let redis_url = env.get(&REDIS_URL);
-    let cipher = cipher(&mut env);
+    let cipher = keyring(&mut env);
     let user_id = env.optional(&USER_ID).filter(|u| u != keys::POOL_USER_ID);
     if let Some(user) = &user_id
         && let Err(err) = keys::check_user_id(user)
@@ -368,17 +450,12 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
         failure_rate: env.get(&PAPER_FAILURE_RATE),
         hang_rate: env.get(&PAPER_HANG_RATE),
     };
-    match cipher {
-        Some(cipher) => env.finish(BrokerWorkerSettings {
-            redis_url,
-            worker,
-            cipher,
-            paper,
-        }),
-        None => Err(env
-            .finish(())
-            .expect_err("a missing cipher is a recorded problem")),
-    }
+    env.finish(BrokerWorkerSettings {
+        redis_url,
+        worker,
+        cipher,
+        paper,
+    })
 }
 
 /// Which launcher.
@@ -530,6 +607,75 @@ mod tests {
             err.problems.iter().any(|p| p.starts_with("USER_ID")),
             "{err}"
         );
+    }
+
+    fn keyring_from(pairs: &[(&str, &str)]) -> Result<Keyring, ConfigError> {
+        let lookup = leasehold_platform::settings::fixed_lookup(pairs);
+        let mut env = Env::new(&lookup);
+        let keyring = keyring(&mut env);
+        env.finish(keyring)
+    }
+
+    #[test]
+    fn a_kms_key_id_or_a_local_key_is_required() {
+        let err = keyring_from(&[]).unwrap_err();
+        assert!(
+            err.problems[0].starts_with("CREDENTIALS_KMS_KEY_ID"),
+            "{err}"
+        );
+        let keyring = keyring_from(&[("CREDENTIALS_KMS_KEY_ID", "alias/leasehold")]).unwrap();
+        assert!(keyring.local.is_none());
+        assert_eq!(keyring.kms.unwrap().key_id(), Some("alias/leasehold"));
+    }
+
+    #[test]
+    fn a_local_key_is_refused_on_ecs_unless_allowed() {
+        let key = AesGcmCipher::generate_key();
+        let ecs = ("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x");
+        assert!(
+            keyring_from(&[("CREDENTIALS_KEY", &key)])
+                .unwrap()
+                .local
+                .is_some()
+        );
+        let err = keyring_from(&[("CREDENTIALS_KEY", &key), ecs]).unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert!(err.problems[0].contains("refused in production"), "{err}");
+        assert!(!err.to_string().contains(&key));
+        let allowed = keyring_from(&[
+            ("CREDENTIALS_KEY", &key),
+            ecs,
+            ("CREDENTIALS_ALLOW_LOCAL_KEY", "true"),
+        ]);
+        assert!(allowed.unwrap().local.is_some());
+        // KMS on ECS is what production looks like.
+        assert!(keyring_from(&[("CREDENTIALS_KMS_KEY_ID", "k"), ecs]).is_ok());
+    }
+
+    #[test]
+    fn the_local_key_can_come_from_a_file() {
+        let key = AesGcmCipher::generate_key();
+        let dir = std::env::temp_dir().join(format!("leasehold-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, format!("{key}\n")).unwrap();
+        let path = file.to_str().unwrap();
+        let keyring = keyring_from(&[("CREDENTIALS_KEY_FILE", path)]).unwrap();
+        let blob = AesGcmCipher::from_base64_key(&key)
+            .unwrap()
+            .encrypt("u1", b"{}")
+            .unwrap();
+        assert!(keyring.local.unwrap().decrypt("u1", &blob).is_ok());
+        let err =
+            keyring_from(&[("CREDENTIALS_KEY_FILE", path), ("CREDENTIALS_KEY", &key)]).unwrap_err();
+        assert!(err.problems[0].contains("not both"), "{err}");
+        std::fs::write(&file, "CANARY-file-not-a-key").unwrap();
+        let err = keyring_from(&[("CREDENTIALS_KEY_FILE", path)]).unwrap_err();
+        assert!(!err.to_string().contains("CANARY"), "{err}");
+        let missing = dir.join("missing");
+        let err = keyring_from(&[("CREDENTIALS_KEY_FILE", missing.to_str().unwrap())]).unwrap_err();
+        assert!(err.problems[0].contains("cannot read"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -487,6 +487,7 @@ impl BrokerWorker {
         match self
             .cipher
             .decrypt(&claim.user_id, &claim.encrypted_credentials)
+            .await
         {
             Ok(credentials) => Some((claim, credentials)),
             Err(err) => {
@@ -572,6 +573,7 @@ impl BrokerWorker {
             blob.ok_or_else(|| problem(format!("{} is not set", keys::credentials(user_id))))?;
         self.cipher
             .decrypt(user_id, &blob)
+            .await
             .map_err(|err: CipherError| problem(err.to_string()))
     }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_broker::credentials::{AesGcmCipher, CredentialsCipher};
+use leasehold_broker::credentials::AesGcmCipher;
 use leasehold_broker::launcher::{LaunchError, RunningTask, TaskLauncher};
 use leasehold_broker::maintenance::{self, SweepConfig};
 use leasehold_broker::manager::{self, ClaimPath};

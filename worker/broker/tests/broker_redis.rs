@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use leasehold_broker::credentials::{AesGcmCipher, CredentialsCipher};
+use leasehold_broker::credentials::AesGcmCipher;
 use leasehold_broker::paper::{Broker, PaperBroker, PaperConfig};
 use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerExit};
 use leasehold_pool::keys;
