@@ -146,16 +146,17 @@ impl SidecarState {
 
     /// One event: into the view and the metrics.
     pub fn ingest(&self, event: &TelemetryEvent) {
-        let cpu_seconds = {
-            let mut view = self.view();
-            view.apply(event);
-            match event {
-                TelemetryEvent::WorkerHeartbeat {
-                    process: Some(usage),
-                    ..
-                } => view.worker_cpu_seconds(usage.cpu_seconds),
-                _ => 0,
-            }
+        // The view stays locked while the metrics are recorded: upkeep drops
+        // OTLP series of streams the view no longer has under the same lock,
+        // so it can never drop a series this event is adding.
+        let mut view = self.view();
+        view.apply(event);
+        let cpu_seconds = match event {
+            TelemetryEvent::WorkerHeartbeat {
+                process: Some(usage),
+                ..
+            } => view.worker_cpu_seconds(usage.cpu_seconds),
+            _ => 0,
         };
         ::metrics::with_local_recorder(&self.recorder, || {
             metrics::record(event);
@@ -163,6 +164,7 @@ impl SidecarState {
                 ::metrics::counter!(metrics::WORKER_CPU_SECONDS).increment(cpu_seconds);
             }
         });
+        drop(view);
     }
 
     fn record_emf_dropped(&self, lines: u64) {
@@ -177,23 +179,24 @@ impl SidecarState {
 
     /// Re-sets the sidecar-owned gauges and runs the exporters' upkeep.
     pub fn upkeep(&self) {
-        let (up, held, connections, component, lag_streams) = {
+        let (up, held, connections, component) = {
             let view = self.view();
+            // A stream this task stopped working on leaves OTLP within a second
+            // (Prometheus drops it after the idle timeout, CloudWatch per
+            // export). Under the view's lock: see `ingest`.
+            if let Some(otlp) = &self.otlp {
+                let lag_streams = view.lag_streams();
+                otlp.retain_gauges("stream_id", |stream| {
+                    lag_streams.iter().any(|s| s == stream)
+                });
+            }
             (
                 view.worker_up(),
                 view.stream_leases_held(),
                 view.websocket_connections(),
                 view.component().map(str::to_owned),
-                view.lag_streams(),
             )
         };
-        // A stream this task stopped working on leaves OTLP within a second
-        // (Prometheus drops it after the idle timeout, CloudWatch per export).
-        if let Some(otlp) = &self.otlp {
-            otlp.retain_gauges("stream_id", |stream| {
-                lag_streams.iter().any(|s| s == stream)
-            });
-        }
         ::metrics::with_local_recorder(&self.recorder, || {
             metrics::set_worker_gauges(up, held, connections, "sidecar");
             if let Some(component) = &component {
