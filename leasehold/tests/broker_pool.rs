@@ -562,3 +562,115 @@ async fn a_killed_users_worker_is_replaced_from_the_warm_pool_by_supervision() {
     drop(maintenance);
     drop(manager);
 }
+
+/// `kill -9` in the middle of an order (paper latency 2 s, killed 1 s into the
+/// call): the request stays in the user's processing list, a successor settles
+/// it, and the request gets exactly one final response while the ledger holds
+/// the order once, whichever side of the broker's write the kill fell on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(13).await else {
+        return;
+    };
+    let user = unique_name("u");
+    pool.run(
+        &["credentials", "put", &user],
+        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+    );
+    let mut envs = pool.envs.clone();
+    envs.push(("USER_ID".into(), user.clone()));
+    let mut slow_envs = envs.clone();
+    slow_envs.push(("PAPER_LATENCY_MS".into(), "2000".into()));
+    let mut victim = spawn_leasehold("victim", &["broker-worker"], &slow_envs);
+    pool.wait_mark(&keys::worker_active(&user)).await;
+    let request_id = unique_name("r");
+    let body = serde_json::json!({
+        "request_id": request_id, "action": "place_order",
+        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+    })
+    .to_string();
+    let _: () = pool
+        .redis
+        .lpush(keys::user_requests(&user), &body)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state: Option<String> = pool
+            .redis
+            .hget(keys::request_record(&request_id), "state")
+            .await
+            .unwrap();
+        if state.as_deref() == Some("executing") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the request never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    victim.signal("KILL");
+    victim.wait_exit(Duration::from_secs(5));
+    let answered: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    assert_eq!(answered, None, "killed before it could answer");
+    let processing: Vec<String> = pool
+        .redis
+        .lrange(keys::user_processing(&user), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(
+        processing,
+        [body.clone()],
+        "the request waits for a successor"
+    );
+
+    // The dead worker's mark expires (5 s here), then the successor takes over.
+    let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let response: String = loop {
+        let value: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+        if let Some(value) = value {
+            break value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no response after the kill\n{}",
+            successor.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let parsed: Value = serde_json::from_str(&response).unwrap();
+    assert_eq!(parsed["status"], "ok", "{parsed}");
+    let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
+    assert_eq!(ledger, 1, "executed once");
+    // One final response: it does not change, and the same id pushed again is
+    // answered from the record without a second execution.
+    let _: () = pool
+        .redis
+        .lpush(keys::user_requests(&user), &body)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let processing: i64 = pool.redis.llen(keys::user_processing(&user)).await.unwrap();
+        let queued: i64 = pool.redis.llen(keys::user_requests(&user)).await.unwrap();
+        if processing == 0 && queued == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the repeat was never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    assert_eq!(again.as_deref(), Some(response.as_str()));
+    let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
+    assert_eq!(ledger, 1, "not executed again");
+    let state: Option<String> = pool
+        .redis
+        .hget(keys::request_record(&request_id), "state")
+        .await
+        .unwrap();
+    assert_eq!(state.as_deref(), Some("done"));
+    successor.signal("TERM");
+    assert!(successor.wait_exit(Duration::from_secs(5)).success());
+}
