@@ -621,7 +621,7 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
         .unwrap();
     assert_eq!(
         processing,
-        [body.clone()],
+        std::slice::from_ref(&body),
         "the request waits for a successor"
     );
 
