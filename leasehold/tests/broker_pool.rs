@@ -261,19 +261,19 @@ async fn claim_serve_crash_sweep_refill(mut pool: Pool, version: u64) {
         assert!(pool.run(&["pool-manager"], None).contains("started 1"));
         pool.wait_idle(1).await;
 
-        // A claim the pool worker cannot serve (credentials sealed with
-        // another key) prints `failed` with the reason and exits 1; the
-        // worker stays in the pool.
+        // A claim the pool worker cannot serve (another user's blob replayed
+        // under this user's key: bound to that user by the AES associated
+        // data, and in KMS mode by the encryption context too) prints
+        // `failed` with the reason and exits 1; the worker stays in the pool.
         let stranger = unique_name("u");
-        let mut other_key = pool.envs.clone();
-        other_key.retain(|(k, _)| k != "CREDENTIALS_KEY");
-        other_key.push(("CREDENTIALS_KEY".into(), AesGcmCipher::generate_key()));
-        let (status, _) = run_leasehold(
-            &["credentials", "put", &stranger],
-            &other_key,
-            Some(r#"{"api_key": "k"}"#),
-        );
-        assert!(status.success());
+        let owner = unique_name("u");
+        pool.run(&["credentials", "put", &owner], Some(r#"{"api_key": "k"}"#));
+        let blob: String = pool.redis.get(keys::credentials(&owner)).await.unwrap();
+        let _: () = pool
+            .redis
+            .set(keys::credentials(&stranger), blob)
+            .await
+            .unwrap();
         let (status, out) = run_leasehold(&["claim", &stranger], &pool.envs, None);
         assert_eq!(status.code(), Some(1), "{out}");
         let outcome = claim_outcome(&out);
