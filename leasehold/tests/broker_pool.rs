@@ -15,7 +15,7 @@ use leasehold_pool::protocol::MarkValue;
 use leasehold_testkit::{redis_url, unique_name};
 use redis::AsyncCommands;
 use serde_json::Value;
-use support::{run_leasehold, serial, spawn_leasehold};
+use support::{Proc, run_leasehold, serial, spawn_leasehold};
 
 const CANARY: &str = "CANARY-91c3-never-print-me";
 
@@ -108,25 +108,68 @@ impl Pool {
 
     async fn round_trip(&mut self, user: &str) -> Value {
         let request_id = unique_name("r");
+        self.push_order(user, &request_id).await;
+        let response = self
+            .wait_response(&request_id, Duration::from_secs(10), None)
+            .await;
+        serde_json::from_str(&response).unwrap()
+    }
+
+    /// A user with paper credentials for account A1, and the variables of a
+    /// broker worker cold-started for that user.
+    fn user_with_credentials(&mut self) -> (String, Vec<(String, String)>) {
+        let user = unique_name("u");
+        self.run(
+            &["credentials", "put", &user],
+            Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+        );
+        let mut envs = self.envs.clone();
+        envs.push(("USER_ID".into(), user.clone()));
+        (user, envs)
+    }
+
+    /// Pushes one paper order on account A1 for `user`; returns the body pushed.
+    async fn push_order(&mut self, user: &str, request_id: &str) -> String {
         let body = serde_json::json!({
             "request_id": request_id, "action": "place_order",
             "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
             "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
-        });
+        })
+        .to_string();
         let _: () = self
             .redis
-            .lpush(keys::user_requests(user), body.to_string())
+            .lpush(keys::user_requests(user), &body)
             .await
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        body
+    }
+
+    /// The response to `request_id` (raw JSON) once it exists; fails after
+    /// `timeout`, showing `worker`'s output when given.
+    async fn wait_response(
+        &mut self,
+        request_id: &str,
+        timeout: Duration,
+        worker: Option<&Proc>,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
         loop {
-            let value: Option<String> = self.redis.get(keys::response(&request_id)).await.unwrap();
+            let value: Option<String> = self.redis.get(keys::response(request_id)).await.unwrap();
             if let Some(value) = value {
-                return serde_json::from_str(&value).unwrap();
+                return value;
             }
-            assert!(Instant::now() < deadline, "no response to {request_id}");
+            assert!(
+                Instant::now() < deadline,
+                "no response to {request_id} within {timeout:?}\n{}",
+                worker.map(Proc::output).unwrap_or_default()
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// The list `key` as it is now.
+    async fn list(&mut self, key: &str) -> Vec<String> {
+        self.redis.lrange(key, 0, -1).await.unwrap()
     }
 
     /// Every worker's log.
@@ -393,13 +436,7 @@ async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
     let Some(mut pool) = Pool::new(14).await else {
         return;
     };
-    let user = unique_name("u");
-    pool.run(
-        &["credentials", "put", &user],
-        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
-    );
-    let mut envs = pool.envs.clone();
-    envs.push(("USER_ID".into(), user.clone()));
+    let (user, envs) = pool.user_with_credentials();
     // Every paper order executes and then never answers; the order timeout
     // is far away, so only the stop itself can end the wait.
     let mut hung_envs = envs.clone();
@@ -407,17 +444,7 @@ async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
     hung_envs.push(("BROKER_ORDER_TIMEOUT_MS".into(), "120000".into()));
     let mut hung = spawn_leasehold("hung", &["broker-worker"], &hung_envs);
     pool.wait_mark(&keys::worker_active(&user)).await;
-    let body = serde_json::json!({
-        "request_id": "r1", "action": "place_order",
-        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
-        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
-    })
-    .to_string();
-    let _: () = pool
-        .redis
-        .lpush(keys::user_requests(&user), &body)
-        .await
-        .unwrap();
+    let body = pool.push_order(&user, "r1").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let placed: bool = pool
@@ -439,11 +466,7 @@ async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
     let status = hung.wait_exit(Duration::from_secs(5));
     assert!(status.success(), "{status}\n{}", hung.output());
     assert!(signalled.elapsed() < Duration::from_secs(5));
-    let processing: Vec<String> = pool
-        .redis
-        .lrange(keys::user_processing(&user), 0, -1)
-        .await
-        .unwrap();
+    let processing = pool.list(&keys::user_processing(&user)).await;
     assert_eq!(processing, [body], "the request waits for a successor");
     let state: Option<String> = pool
         .redis
@@ -453,19 +476,12 @@ async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
     assert_eq!(state.as_deref(), Some("executing"));
 
     let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let response: Value = loop {
-        let value: Option<String> = pool.redis.get(keys::response("r1")).await.unwrap();
-        if let Some(value) = value {
-            break serde_json::from_str(&value).unwrap();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no response to r1\n{}",
-            successor.output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let response: Value = serde_json::from_str(
+        &pool
+            .wait_response("r1", Duration::from_secs(15), Some(&successor))
+            .await,
+    )
+    .unwrap();
     assert_eq!(response["status"], "ok", "{response}");
     assert_eq!(
         response["result"]["broker_order_id"], 1,
@@ -573,29 +589,13 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
     let Some(mut pool) = Pool::new(13).await else {
         return;
     };
-    let user = unique_name("u");
-    pool.run(
-        &["credentials", "put", &user],
-        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
-    );
-    let mut envs = pool.envs.clone();
-    envs.push(("USER_ID".into(), user.clone()));
+    let (user, envs) = pool.user_with_credentials();
     let mut slow_envs = envs.clone();
     slow_envs.push(("PAPER_LATENCY_MS".into(), "2000".into()));
     let mut victim = spawn_leasehold("victim", &["broker-worker"], &slow_envs);
     pool.wait_mark(&keys::worker_active(&user)).await;
     let request_id = unique_name("r");
-    let body = serde_json::json!({
-        "request_id": request_id, "action": "place_order",
-        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
-        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
-    })
-    .to_string();
-    let _: () = pool
-        .redis
-        .lpush(keys::user_requests(&user), &body)
-        .await
-        .unwrap();
+    let body = pool.push_order(&user, &request_id).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let state: Option<String> = pool
@@ -614,11 +614,7 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
     victim.wait_exit(Duration::from_secs(5));
     let answered: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
     assert_eq!(answered, None, "killed before it could answer");
-    let processing: Vec<String> = pool
-        .redis
-        .lrange(keys::user_processing(&user), 0, -1)
-        .await
-        .unwrap();
+    let processing = pool.list(&keys::user_processing(&user)).await;
     assert_eq!(
         processing,
         std::slice::from_ref(&body),
@@ -627,19 +623,9 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
 
     // The dead worker's mark expires (5 s here), then the successor takes over.
     let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let response: String = loop {
-        let value: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
-        if let Some(value) = value {
-            break value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no response after the kill\n{}",
-            successor.output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let response = pool
+        .wait_response(&request_id, Duration::from_secs(30), Some(&successor))
+        .await;
     let parsed: Value = serde_json::from_str(&response).unwrap();
     assert_eq!(parsed["status"], "ok", "{parsed}");
     let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
