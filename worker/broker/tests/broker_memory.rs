@@ -59,11 +59,16 @@ async fn wait_for(bus: &dyn PoolBus, key: &str) -> String {
     panic!("{key} never appeared");
 }
 
-#[tokio::test]
-async fn the_pool_runs_in_one_process_on_the_memory_bus() {
-    let bus: Arc<dyn PoolBus> = Arc::new(MemoryPoolBus::new());
+/// Pool worker `w1` with the paper broker on `bus`, idle in the pool (its mark
+/// is there); the cipher its claims must be sealed with, its stop and its task.
+async fn pool_worker_w1(
+    bus: &Arc<dyn PoolBus>,
+) -> (
+    AesGcmCipher,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<WorkerExit, leasehold_broker::worker::WorkerError>>,
+) {
     let key = AesGcmCipher::generate_key();
-    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
     let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
         "paper".to_owned(),
         Arc::new(PaperBroker::new(PaperConfig::default(), bus.clone())) as Arc<dyn Broker>,
@@ -78,6 +83,17 @@ async fn the_pool_runs_in_one_process_on_the_memory_bus() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
     wait_for(bus.as_ref(), &keys::pool_worker_active("w1")).await;
+    (
+        AesGcmCipher::from_base64_key(&key).unwrap(),
+        shutdown,
+        running,
+    )
+}
+
+#[tokio::test]
+async fn the_pool_runs_in_one_process_on_the_memory_bus() {
+    let bus: Arc<dyn PoolBus> = Arc::new(MemoryPoolBus::new());
+    let (cipher, shutdown, running) = pool_worker_w1(&bus).await;
 
     let blob = cipher
         .encrypt("u1", br#"{"api_key": "k", "account_id": "A1"}"#)
@@ -552,22 +568,7 @@ async fn a_user_id_that_could_name_pool_keys_is_served_nothing() {
 async fn an_unknown_claim_outcome_is_resolved_from_the_mark() {
     let memory = Arc::new(MemoryPoolBus::new());
     let bus: Arc<dyn PoolBus> = memory.clone();
-    let key = AesGcmCipher::generate_key();
-    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
-    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
-        "paper".to_owned(),
-        Arc::new(PaperBroker::new(PaperConfig::default(), bus.clone())) as Arc<dyn Broker>,
-    )]);
-    let worker = BrokerWorker::new(
-        config("w1"),
-        bus.clone(),
-        Arc::new(AesGcmCipher::from_base64_key(&key).unwrap()),
-        brokers,
-        Arc::new(RecordingSink::new()),
-    );
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(worker.run(shutdown.clone()));
-    wait_for(bus.as_ref(), &keys::pool_worker_active("w1")).await;
+    let (cipher, shutdown, running) = pool_worker_w1(&bus).await;
     memory.lose_settle_replies(1);
     let blob = cipher
         .encrypt("u1", br#"{"api_key": "k", "account_id": "A1"}"#)

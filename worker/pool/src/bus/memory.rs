@@ -506,13 +506,8 @@ impl PoolBus for MemoryPoolBus {
                     }));
                 }
             }
-            if interrupt.is_cancelled() {
+            if !wait_for_push(pushed, deadline, interrupt).await {
                 return Ok(None);
-            }
-            tokio::select! {
-                _ = &mut pushed => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(None),
-                _ = interrupt.cancelled() => return Ok(None),
             }
         }
     }
@@ -673,13 +668,8 @@ impl PoolBus for MemoryPoolBus {
                     return Ok(Some(UserMessage::Request(moved.into_bytes())));
                 }
             }
-            if interrupt.is_cancelled() {
+            if !wait_for_push(pushed, deadline, interrupt).await {
                 return Ok(None);
-            }
-            tokio::select! {
-                _ = &mut pushed => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(None),
-                _ = interrupt.cancelled() => return Ok(None),
             }
         }
     }
@@ -1015,6 +1005,23 @@ impl Inspect for MemoryPoolBus {
 fn remaining_ms(at: Instant, now: Instant) -> u64 {
     let remaining = at.saturating_duration_since(now);
     u64::try_from(remaining.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// Waits for the next push, like a blocking pop: `false` once `deadline`
+/// passes or `interrupt` fires (the pop then returns nothing).
+async fn wait_for_push(
+    pushed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+    deadline: Instant,
+    interrupt: &CancellationToken,
+) -> bool {
+    if interrupt.is_cancelled() {
+        return false;
+    }
+    tokio::select! {
+        _ = pushed => true,
+        _ = tokio::time::sleep_until(deadline) => false,
+        _ = interrupt.cancelled() => false,
+    }
 }
 
 #[cfg(test)]
