@@ -370,6 +370,54 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         .unwrap();
     assert!(report.is_some(), "maintenance wrote no report");
 
+    // The dashboard process under its user: its pool and anomaly views come
+    // from Redis (its lease scan goes to the test's DynamoDB-compatible server).
+    if let Some(endpoint) = leasehold_testkit::dynamodb_endpoint() {
+        let dashboard_env = envs(&[
+            ("REDIS_URL", &redis.url("dashboard")),
+            ("LEASE_TABLE", &unique_name("acl-leases")),
+            ("AWS_ENDPOINT_URL", &endpoint),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+            ("DASHBOARD_REFRESH_MS", "300"),
+            ("LEASEHOLD_LOG", "debug"),
+        ]);
+        let dashboard = spawn_leasehold(
+            "dashboard",
+            &["dashboard", "--listen", "127.0.0.1:0"],
+            &dashboard_env,
+        );
+        let line = dashboard.wait_line("dashboard: http://", Duration::from_secs(20));
+        let addr = line
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, _, body) = leasehold_testkit::http_get(&addr, "/api/pool")
+                .await
+                .unwrap();
+            if status == 200 && body.contains(&user) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the dashboard never showed the claimed user: {status} {body}\n{}",
+                dashboard.output()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (status, _, body) = leasehold_testkit::http_get(&addr, "/api/anomalies")
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        outputs.push(dashboard.output());
+    }
+
     // Dashboard and sidecar: the pool read model over their own users (the
     // same `RedisPoolBus` their processes build from REDIS_URL).
     let dashboard = RedisPoolBus::connect(&redis.url("dashboard"))
