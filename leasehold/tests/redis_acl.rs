@@ -370,19 +370,25 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         .unwrap();
     assert!(report.is_some(), "maintenance wrote no report");
 
-    // The dashboard process under its user: its pool and anomaly views come
-    // from Redis (its lease scan goes to the test's DynamoDB-compatible server).
+    // The dashboard and the sidecar as processes under their users: the pool
+    // views and gauges come from Redis (their lease reads go to the test's
+    // DynamoDB-compatible server).
     if let Some(endpoint) = leasehold_testkit::dynamodb_endpoint() {
-        let dashboard_env = envs(&[
-            ("REDIS_URL", &redis.url("dashboard")),
-            ("LEASE_TABLE", &unique_name("acl-leases")),
-            ("AWS_ENDPOINT_URL", &endpoint),
+        let table = unique_name("acl-leases");
+        let aws = [
+            ("LEASE_TABLE", table.as_str()),
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
             ("AWS_REGION", "us-east-1"),
             ("AWS_ACCESS_KEY_ID", "test"),
             ("AWS_SECRET_ACCESS_KEY", "test"),
+        ];
+        run_ok(&["table", "create"], &envs(&aws), None);
+        let mut dashboard_env = envs(&aws);
+        dashboard_env.extend(envs(&[
+            ("REDIS_URL", &redis.url("dashboard")),
             ("DASHBOARD_REFRESH_MS", "300"),
             ("LEASEHOLD_LOG", "debug"),
-        ]);
+        ]));
         let dashboard = spawn_leasehold(
             "dashboard",
             &["dashboard", "--listen", "127.0.0.1:0"],
@@ -416,6 +422,48 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             .unwrap();
         assert_eq!(status, 200, "{body}");
         outputs.push(dashboard.output());
+
+        // The sidecar process under its user: as the cluster observer it
+        // publishes the pool gauges it reads from Redis.
+        let mut sidecar_env = envs(&aws);
+        sidecar_env.extend(envs(&[
+            ("REDIS_URL", &redis.url("sidecar")),
+            ("OWNER_ID", "acl-sidecar"),
+            ("LEASEHOLD_LOG", "debug"),
+        ]));
+        let sidecar = spawn_leasehold(
+            "sidecar",
+            &[
+                "sidecar",
+                "--listen",
+                "127.0.0.1:0",
+                "--telemetry-addr",
+                "127.0.0.1:0",
+            ],
+            &sidecar_env,
+        );
+        let line = sidecar.wait_line("sidecar: metrics on http://", Duration::from_secs(20));
+        let addr = line
+            .split_once("http://")
+            .and_then(|(_, rest)| rest.split_once("/metrics"))
+            .map(|(addr, _)| addr.to_owned())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, _, body) = leasehold_testkit::http_get(&addr, "/metrics")
+                .await
+                .unwrap();
+            if body.contains(r#"leasehold_pool_workers{state="claimed"} 1"#) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sidecar never published the pool gauges\n{}",
+                sidecar.output()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        outputs.push(sidecar.output());
     }
 
     // Dashboard and sidecar: the pool read model over their own users (the
