@@ -464,6 +464,56 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         outputs.push(sidecar.output());
+
+        // The stream worker process under its user: it owns a stream of the
+        // feed simulator, raises the sink's fence and appends.
+        let feed = spawn_leasehold(
+            "feed",
+            &["feed", "--listen", "127.0.0.1:0", "--rate", "50"],
+            &[],
+        );
+        let line = feed.wait_line("feed listening on ", Duration::from_secs(10));
+        let feed_url = line.rsplit(' ').next().unwrap().to_owned();
+        let stream_id = unique_name("s");
+        let mut stream_env = envs(&aws);
+        stream_env.extend(envs(&[
+            ("SINK_URL", &redis.url("stream-worker")),
+            ("UPSTREAM_URL", &feed_url),
+            ("STREAM_IDS", &stream_id),
+            ("OWNER_ID", "acl-stream"),
+            ("LEASE_SECONDS", "3"),
+            ("DISCOVERY_INTERVAL_MS", "1000"),
+            ("DRAIN_TIMEOUT_MS", "2000"),
+            ("LEASEHOLD_LOG", "debug"),
+        ]));
+        let mut stream_worker = spawn_leasehold("stream-worker", &["stream-worker"], &stream_env);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let len: u64 = redis
+                .admin
+                .xlen(leasehold_stream::sink::keys::sink_stream(&stream_id))
+                .await
+                .unwrap();
+            if len >= 10 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stream worker appended nothing\n{}",
+                stream_worker.output()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let fence: Option<u64> = redis
+            .admin
+            .get(leasehold_stream::sink::keys::sink_fence(&stream_id))
+            .await
+            .unwrap();
+        assert!(fence.is_some_and(|f| f >= 1), "no fence: {fence:?}");
+        stream_worker.signal("TERM");
+        let status = stream_worker.wait_exit(Duration::from_secs(15));
+        assert!(status.success(), "{status}\n{}", stream_worker.output());
+        outputs.push(stream_worker.output());
     }
 
     // Dashboard and sidecar: the pool read model over their own users (the
