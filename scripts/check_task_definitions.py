@@ -59,8 +59,20 @@ PENDING_SUBCOMMANDS = {"dashboard": "issue 6"}
 PLACEHOLDERS = {
     "ACCOUNT_ID", "REGION", "IMAGE", "TABLE", "CLUSTER", "BROKER_CLUSTER",
     "SUBNETS", "SECURITY_GROUPS", "UPSTREAM_WS_URL", "SIDECAR_DNS",
-    "CREDENTIALS_KMS_KEY_ARN", "REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN",
-    "DASHBOARD_TOKEN_SECRET_ARN",
+    "CREDENTIALS_KMS_KEY_ARN", "SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN",
+    "REDIS_URL_BROKER_WORKER_SECRET_ARN", "REDIS_URL_POOL_MANAGER_SECRET_ARN",
+    "REDIS_URL_MAINTENANCE_SECRET_ARN", "REDIS_URL_SIDECAR_SECRET_ARN",
+    "REDIS_URL_DASHBOARD_SECRET_ARN",
+}
+
+# Each subcommand connects to Redis as its own ACL user (deploy/redis-acl.conf):
+# its REDIS_URL must be that role's secret, never another role's.
+REDIS_URL_SECRET = {
+    "broker-worker": "REDIS_URL_BROKER_WORKER_SECRET_ARN",
+    "pool-manager": "REDIS_URL_POOL_MANAGER_SECRET_ARN",
+    "maintenance": "REDIS_URL_MAINTENANCE_SECRET_ARN",
+    "sidecar": "REDIS_URL_SIDECAR_SECRET_ARN",
+    "dashboard": "REDIS_URL_DASHBOARD_SECRET_ARN",
 }
 
 # Stand-ins for the placeholders where a concrete value is needed (cfn-lint).
@@ -73,7 +85,7 @@ SAMPLES = {
     "SIDECAR_DNS": "http://stream-workers.leasehold.local:9464,http://broker-pool.leasehold.local:9464",
     "CREDENTIALS_KMS_KEY_ARN": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     **{name: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:leasehold/{name.lower()}-AbCdEf"
-       for name in ("REDIS_URL_SECRET_ARN", "SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN")},
+       for name in ("SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN", *REDIS_URL_SECRET.values())},
 }
 
 # Which policies each task role carries, and what its code calls (so a policy
@@ -268,6 +280,9 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
         for var, value_from in secrets.items():
             if not re.fullmatch(r"\$\{\w+_SECRET_ARN\}|arn:aws[\w-]*:(secretsmanager|ssm):.+", value_from):
                 cerr(f"secret {var}: valueFrom must be a Secrets Manager / SSM ARN (got {value_from!r})")
+        own_url = REDIS_URL_SECRET.get(sub or "")
+        if "REDIS_URL" in secrets and own_url and secrets["REDIS_URL"] != f"${{{own_url}}}":
+            cerr(f"REDIS_URL must be ${{{own_url}}}: each role connects as its own Redis user")
 
         def effective(var: str, env=env) -> str:
             return env.get(var) or code.default(var)
@@ -566,8 +581,11 @@ def self_test(code: Code) -> int:
         ("secret in plain environment", lambda t, p: env(container(t, broker, "broker-worker"),
                                                          "CREDENTIALS_KEY", "AAAA"),
          "CREDENTIALS_KEY is a secret"),
+        ("another role's Redis user", lambda t, p: container(t, stream, "sidecar")["secrets"].__setitem__(
+            0, {"name": "REDIS_URL", "valueFrom": "${REDIS_URL_BROKER_WORKER_SECRET_ARN}"}),
+         "each role connects as its own Redis user"),
         ("local key on ECS", lambda t, p: container(t, broker, "broker-worker")["secrets"].append(
-            {"name": "CREDENTIALS_KEY", "valueFrom": "${REDIS_URL_SECRET_ARN}"}),
+            {"name": "CREDENTIALS_KEY", "valueFrom": "${SINK_URL_SECRET_ARN}"}),
          "a local key is refused on ECS"),
         ("broker worker without a KMS key", lambda t, p: container(t, broker, "broker-worker").update(
             environment=[e for e in container(t, broker, "broker-worker")["environment"]

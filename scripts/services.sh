@@ -105,6 +105,8 @@ export LEASEHOLD_TEST_DYNAMODB_ENDPOINT="http://127.0.0.1:$moto_port"
 export LEASEHOLD_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
 export LEASEHOLD_REQUIRE_SERVICES=1
 export LEASEHOLD_TEST_PYTHON="$python"
+# leasehold/tests/redis_acl.rs starts its own redis-server with deploy/redis-acl.conf.
+export LEASEHOLD_REDIS_SERVER="$(command -v redis-server)"
 export LEASEHOLD_PROMTOOL="$(command -v promtool)"
 export LEASEHOLD_CHROMIUM="$(command -v chromium)"
 export LEASEHOLD_PROMETHEUS="$(command -v prometheus)"

@@ -105,7 +105,7 @@ pub struct DashboardSettings {
     /// Sidecar sources.
     pub sidecars: Vec<SidecarTarget>,
     /// The pool's Redis, if the pool is shown (may hold a password: never print).
-    pub redis_url: Option<String>,
+    pub redis_url: Option<leasehold_platform::settings::Redacted<String>>,
     /// Collector timings and thresholds.
     pub collector: CollectorSettings,
 }
@@ -139,7 +139,7 @@ pub fn parse(lookup: Lookup) -> Result<DashboardSettings, ConfigError> {
     let scan_items_per_second =
         u32::try_from(env.get(&DASHBOARD_SCAN_ITEMS_PER_SECOND)).unwrap_or(u32::MAX);
     let stopped_after = env.get(&DASHBOARD_STOPPED_AFTER_SECONDS);
-    let redis_url = env.optional(&REDIS_URL);
+    let redis_url = env.optional(&REDIS_URL).map(Into::into);
     env.finish(DashboardSettings {
         table,
         listen,

@@ -85,7 +85,7 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let shipper =
         read(|env| leasehold_telemetry::settings::shipper(env, "broker-worker", &worker_id))?;
     let telemetry = Arc::new(BufferedShipper::start(shipper, telemetry_stop.clone()));
-    let bus = pool_bus(&settings.redis_url)
+    let bus = pool_bus(settings.redis_url.expose())
         .await
         .context("cannot start the broker worker")?;
     // The paper broker's ledger lives in the same Redis, as a real broker's

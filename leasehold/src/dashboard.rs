@@ -40,11 +40,13 @@ pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     // connection is made (and remade) by the reader, so a Redis that is down at
     // start shows as down instead of stopping the dashboard.
     let pool = match settings.redis_url {
-        Some(url) => Some(
-            Arc::new(BusConnector::redis(url).map_err(|err| ConfigError {
-                problems: vec![format!("REDIS_URL: {err}")],
-            })?) as Arc<dyn PoolReader>,
-        ),
+        Some(url) => {
+            Some(Arc::new(
+                BusConnector::redis(url.into_inner()).map_err(|err| ConfigError {
+                    problems: vec![format!("REDIS_URL: {err}")],
+                })?,
+            ) as Arc<dyn PoolReader>)
+        }
         None => None,
     };
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.table.table);

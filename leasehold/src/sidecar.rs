@@ -75,7 +75,8 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
             // observer publishes the stream gauges only.
             let pool = match settings.redis_url.clone() {
                 Some(url) => Some(Arc::new(
-                    BusConnector::redis(url).map_err(|err| anyhow::anyhow!("REDIS_URL: {err}"))?,
+                    BusConnector::redis(url.into_inner())
+                        .map_err(|err| anyhow::anyhow!("REDIS_URL: {err}"))?,
                 ) as Arc<dyn PoolReader>),
                 None => None,
             };

@@ -115,7 +115,7 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     let settings = require_region(&sdk, settings::parse(&lookup))?;
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
     store.check_table().await?;
-    let sink = sink::open(&settings.sink_url, settings.sink)
+    let sink = sink::open(settings.sink_url.expose(), settings.sink)
         .await
         .context("cannot open the sink")?;
     // Telemetry outlives the drain so the final releases reach the sidecar.

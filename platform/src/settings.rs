@@ -251,6 +251,42 @@ pub fn fixed_lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> +
     move |name| map.get(name).cloned().filter(|value| !value.is_empty())
 }
 
+/// A setting's value that must never be printed (a URL that may hold a
+/// password): `Debug` shows `[redacted]`, so a settings struct that derives
+/// `Debug` cannot leak it; [`Redacted::expose`] hands it to the one call that
+/// connects with it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Redacted<T>(T);
+
+impl<T> Redacted<T> {
+    /// Wraps a secret value.
+    pub fn new(value: T) -> Self {
+        Redacted(value)
+    }
+
+    /// The value itself, for the code that uses it (never for a log line).
+    pub fn expose(&self) -> &T {
+        &self.0
+    }
+
+    /// The value itself, by value.
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T> From<T> for Redacted<T> {
+    fn from(value: T) -> Self {
+        Redacted(value)
+    }
+}
+
+impl<T> std::fmt::Debug for Redacted<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
 /// The parsers every component shares; each says what it expects.
 pub mod parse {
     use super::*;
@@ -362,6 +398,14 @@ pub mod parse {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn redacted_values_never_show_in_debug() {
+        let url = super::Redacted::new("redis://api:hunter2hunter2@h:6379/0".to_owned());
+        let debug = format!("{url:?} {:?}", Some(url.clone()));
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert_eq!(url.expose(), "redis://api:hunter2hunter2@h:6379/0");
+    }
+
     use super::*;
 
     const PORT: Setting<u64> =

@@ -119,7 +119,7 @@ pub struct SidecarSettings {
     /// How the observer's scans are paced.
     pub observer_pacing: ScanPacing,
     /// The pool's Redis for the pool gauges (may hold a password: never print).
-    pub redis_url: Option<String>,
+    pub redis_url: Option<leasehold_platform::settings::Redacted<String>>,
     /// CloudWatch export.
     pub cloudwatch: CloudWatchConfig,
 }
@@ -136,7 +136,7 @@ pub fn parse(lookup: Lookup) -> Result<SidecarSettings, ConfigError> {
         OBSERVER_SCAN_BASE,
         u32::try_from(env.get(&SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND)).unwrap_or(u32::MAX),
     );
-    let redis_url = env.optional(&REDIS_URL);
+    let redis_url = env.optional(&REDIS_URL).map(Into::into);
     let cloudwatch = CloudWatchConfig {
         mode: env.get(&CLOUDWATCH_MODE),
         namespace: env.get(&CLOUDWATCH_NAMESPACE),

@@ -101,6 +101,12 @@ pub fn prometheus() -> Option<String> {
     required_var("LEASEHOLD_PROMETHEUS")
 }
 
+/// The `redis-server` binary the test command found (`LEASEHOLD_REDIS_SERVER`),
+/// for tests that start a server of their own (e.g. with an ACL file).
+pub fn redis_server() -> Option<String> {
+    required_var("LEASEHOLD_REDIS_SERVER")
+}
+
 /// Debian's `chromium` the test command installed (`LEASEHOLD_CHROMIUM`).
 pub fn chromium() -> Option<String> {
     required_var("LEASEHOLD_CHROMIUM")

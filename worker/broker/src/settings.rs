@@ -386,7 +386,7 @@ pub fn keyring(env: &mut Env) -> Keyring {
 #[derive(Debug)]
 pub struct BrokerWorkerSettings {
     /// Redis (may hold a password: never print).
-    pub redis_url: String,
+    pub redis_url: leasehold_platform::settings::Redacted<String>,
     /// Worker timings and identity.
     pub worker: BrokerWorkerConfig,
     /// The credentials keys.
@@ -451,7 +451,7 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
         hang_rate: env.get(&PAPER_HANG_RATE),
     };
     env.finish(BrokerWorkerSettings {
-        redis_url,
+        redis_url: redis_url.into(),
         worker,
         cipher,
         paper,

@@ -183,7 +183,7 @@ pub struct StreamWorkerSettings {
     /// The upstream adapter.
     pub upstream: WebSocketUpstreamConfig,
     /// `SINK_URL` (may hold a password: never print it).
-    pub sink_url: String,
+    pub sink_url: leasehold_platform::settings::Redacted<String>,
     /// Sink sizing.
     pub sink: SinkOptions,
     /// Discovery, balancing, drain.
@@ -217,7 +217,8 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     }
     let sink_url = env
         .required(&SINK_URL, "(redis://…, rediss://… or memory:)")
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .into();
     let sink = SinkOptions {
         max_len: env.get(&SINK_MAX_LEN),
     };

@@ -1,0 +1,789 @@
+//! Least-privilege Redis: a real `redis-server` loads `deploy/redis-acl.conf`
+//! rendered by `deploy/render-redis-acl.sh` (test passwords hashed the way a
+//! deployment renders its own), then every role does its real work under its
+//! own user and nothing is refused (the ACL log stays empty), and the
+//! operations a role must not do are refused with NOPERM: the dashboard and the
+//! sidecar cannot read `credentials:*`, the stream worker cannot touch the
+//! pool, the broker worker cannot write credentials or the sink, and so on. No
+//! process prints a password, whatever the URL (`redis://`, `rediss://`, a
+//! wrong password).
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use leasehold_broker::credentials::AesGcmCipher;
+use leasehold_pool::bus::redis::RedisPoolBus;
+use leasehold_pool::bus::{Inspect, PoolBus};
+use leasehold_pool::keys;
+use leasehold_pool::read::PoolReader;
+use leasehold_stream::sink::{SinkBatch, SinkEvent, SinkOptions};
+use leasehold_testkit::{repo_root, unique_name};
+use redis::AsyncCommands;
+use support::{Proc, free_port, run_leasehold, serial, spawn_command, spawn_leasehold};
+
+/// The database the roles' URLs name (not 0, so `+select` is exercised).
+const DB: u8 = 2;
+
+/// A role's test password: URL-safe, 16+ characters, unique per role.
+fn password(role: &str) -> String {
+    format!("pw-{role}-9f2c71d4e8a0b3")
+}
+
+/// A redis-server running the rendered ACL file on a free port.
+struct AclRedis {
+    _server: Proc,
+    port: u16,
+    admin: redis::aio::MultiplexedConnection,
+    roles: Vec<String>,
+}
+
+impl AclRedis {
+    async fn start() -> Option<AclRedis> {
+        let server = leasehold_testkit::redis_server()?;
+        let template = repo_root().join("deploy/redis-acl.conf");
+        let render = repo_root().join("deploy/render-redis-acl.sh");
+        let roles_out = Command::new("bash")
+            .arg(&render)
+            .arg("--roles")
+            .arg(&template)
+            .output()
+            .expect("render --roles");
+        assert!(roles_out.status.success(), "{roles_out:?}");
+        let roles: Vec<String> = String::from_utf8(roles_out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        for role in [
+            "admin",
+            "api",
+            "stream-worker",
+            "broker-worker",
+            "pool-manager",
+            "maintenance",
+            "sidecar",
+            "dashboard",
+        ] {
+            assert!(
+                roles.iter().any(|r| r == role),
+                "no user {role} in {roles:?}"
+            );
+        }
+        let mut render_cmd = Command::new("bash");
+        render_cmd.arg(&render).arg(&template).env_clear();
+        render_cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
+        for role in &roles {
+            let var = format!(
+                "REDIS_ACL_PASSWORD_{}",
+                role.to_uppercase().replace('-', "_")
+            );
+            render_cmd.env(var, password(role));
+        }
+        let rendered = render_cmd.output().expect("render");
+        assert!(
+            rendered.status.success(),
+            "render failed: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+        let text = String::from_utf8(rendered.stdout).unwrap();
+        for role in &roles {
+            assert!(
+                !text.contains(&password(role)),
+                "the rendered file holds a password in clear"
+            );
+        }
+        let dir: PathBuf = std::env::temp_dir().join(unique_name("redis-acl"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let acl_file = dir.join("users.acl");
+        std::fs::write(&acl_file, text).unwrap();
+
+        let port = free_port();
+        let mut command = Command::new(server);
+        command.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--aclfile",
+            acl_file.to_str().unwrap(),
+        ]);
+        let server = spawn_command("redis-server", command);
+        let admin_url = url_for(port, "admin");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let admin = loop {
+            let attempt = async {
+                redis::Client::open(admin_url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await
+            };
+            match attempt.await {
+                Ok(connection) => break connection,
+                Err(err) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "redis-server with the ACL file never answered: {err}\n{}",
+                        server.output()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        Some(AclRedis {
+            _server: server,
+            port,
+            admin,
+            roles,
+        })
+    }
+
+    fn url(&self, role: &str) -> String {
+        url_for(self.port, role)
+    }
+
+    /// A plain connection as `role`.
+    async fn connect(&self, role: &str) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url(role).as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|err| panic!("{role} cannot connect: {err}"))
+    }
+
+    /// Denials Redis logged since the last reset, as `user: reason object
+    /// (context)`. `CLIENT SETINFO`, which the client library sends on
+    /// connect and whose failure it ignores, is left out (Redis 7.2+ knows
+    /// it; the ACL file must load on 7.0, which does not).
+    async fn denials(&mut self) -> Vec<String> {
+        let entries: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
+            .arg("LOG")
+            .arg(1000)
+            .query_async(&mut self.admin)
+            .await
+            .unwrap();
+        let text = |v: Option<&redis::Value>| match v {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(redis::Value::SimpleString(s)) => s.clone(),
+            other => format!("{other:?}"),
+        };
+        entries
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}: {} {} ({})",
+                    text(e.get("username")),
+                    text(e.get("reason")),
+                    text(e.get("object")),
+                    text(e.get("context"))
+                )
+            })
+            .filter(|line| !line.contains("client|setinfo"))
+            .collect()
+    }
+
+    async fn reset_log(&mut self) {
+        let _: () = redis::cmd("ACL")
+            .arg("LOG")
+            .arg("RESET")
+            .query_async(&mut self.admin)
+            .await
+            .unwrap();
+    }
+}
+
+fn url_for(port: u16, role: &str) -> String {
+    format!("redis://{role}:{}@127.0.0.1:{port}/{DB}", password(role))
+}
+
+fn envs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Runs `leasehold ARGS` to completion; panics with its output unless it
+/// exits 0. Returns the output.
+fn run_ok(args: &[&str], envs: &[(String, String)], stdin: Option<&str>) -> String {
+    let (status, output) = run_leasehold(args, envs, stdin);
+    assert!(status.success(), "leasehold {args:?}: {status}\n{output}");
+    output
+}
+
+/// Asserts `result` is a permission refusal (a NOPERM reply, which the client
+/// library shows as `NoPerm`, or the script form of it), not some other failure.
+fn assert_refused<T: std::fmt::Debug, E: std::fmt::Display>(what: &str, result: Result<T, E>) {
+    match result {
+        Ok(value) => panic!("{what} was allowed (returned {value:?})"),
+        Err(err) => {
+            let text = err.to_string();
+            assert!(
+                text.contains("NOPERM") || text.contains("NoPerm") || text.contains("can't access"),
+                "{what} failed, but not for lack of permission: {text}"
+            );
+        }
+    }
+}
+
+/// `role` sends `args` as one raw command; it must be refused.
+async fn refused(redis: &AclRedis, role: &str, args: &[&str]) {
+    let mut connection = redis.connect(role).await;
+    let mut command = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        command.arg(*arg);
+    }
+    let result: redis::RedisResult<redis::Value> = command.query_async(&mut connection).await;
+    assert_refused(&format!("{role}: {}", args.join(" ")), result);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_role_works_under_its_own_user_and_nothing_more() {
+    let _serial = serial().await;
+    let Some(mut redis) = AclRedis::start().await else {
+        return;
+    };
+    let mut outputs: Vec<String> = Vec::new();
+    let group = unique_name("g").chars().rev().take(30).collect::<String>();
+    let key = AesGcmCipher::generate_key();
+    let user = unique_name("u");
+    let log_dir = std::env::temp_dir().join(unique_name("acl-logs"));
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let api_url = redis.url("api");
+
+    // ---- Allowed: each role does its real work; Redis refuses nothing. ----
+    redis.reset_log().await;
+
+    // API side: store the user's credentials (`credentials put`).
+    let api_env = envs(&[
+        ("REDIS_URL", &api_url),
+        ("CREDENTIALS_KEY", &key),
+        ("POOL_GROUP", &group),
+        ("LEASEHOLD_LOG", "debug"),
+    ]);
+    outputs.push(run_ok(
+        &["credentials", "put", &user],
+        &api_env,
+        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+    ));
+
+    // A pool worker under the broker-worker user (as the pool manager's
+    // launcher would start it: same group, USER_ID=-1).
+    let worker_env = envs(&[
+        ("REDIS_URL", &redis.url("broker-worker")),
+        ("CREDENTIALS_KEY", &key),
+        ("POOL_GROUP", &group),
+        ("USER_ID", keys::POOL_USER_ID),
+        (leasehold_broker::launcher::LOCAL_GROUP_VAR, &group),
+        ("WORKER_HEARTBEAT_MS", "300"),
+        ("WORKER_MARK_TTL_SECONDS", "5"),
+        ("LEASEHOLD_LOG", "debug"),
+    ]);
+    let mut worker = spawn_leasehold("broker-worker", &["broker-worker"], &worker_env);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let idle = leasehold_pool::bus::redis::scan_keys(
+            &mut redis.admin.clone(),
+            keys::POOL_WORKER_ACTIVE_PATTERN,
+        )
+        .await
+        .unwrap();
+        if !idle.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool worker never marked itself idle\n{}",
+            worker.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The pool manager counts it: at target, nothing to start or stop.
+    let manager_env = envs(&[
+        ("REDIS_URL", &redis.url("pool-manager")),
+        ("POOL_GROUP", &group),
+        ("POOL_TARGET_SIZE", "1"),
+        ("LOCAL_WORKER_LOG_DIR", log_dir.to_str().unwrap()),
+        ("LEASEHOLD_LOG", "debug"),
+    ]);
+    let out = run_ok(&["pool-manager"], &manager_env, None);
+    assert!(out.contains("idle 1 target 1 started 0 stopped 0"), "{out}");
+    outputs.push(out);
+
+    // API side: `claim` finds the idle worker, pushes the claim, waits for
+    // the outcome; the worker claims the user.
+    let out = run_ok(&["claim", &user, "--timeout", "15s"], &api_env, None);
+    assert!(out.contains(r#""status":"claimed""#), "{out}");
+    outputs.push(out);
+
+    // API side: a request in, its response out (the worker serves it with
+    // the paper broker, whose ledger is in Redis).
+    let mut api = redis.connect("api").await;
+    let request_id = unique_name("r");
+    let body = serde_json::json!({
+        "request_id": request_id, "action": "place_order",
+        "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
+        "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+    })
+    .to_string();
+    let _: () = api.lpush(keys::user_requests(&user), &body).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let response = loop {
+        let value: Option<String> = api.get(keys::response(&request_id)).await.unwrap();
+        if let Some(value) = value {
+            break value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no response\n{}",
+            worker.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let response: serde_json::Value = serde_json::from_str(&response).unwrap();
+    assert_eq!(response["status"], "ok", "{response}");
+    // `claim` again: the user is active (EXISTS on the mark).
+    outputs.push(run_ok(&["claim", &user, "--timeout", "0s"], &api_env, None));
+
+    // Maintenance: one sweep (marks, claims left by dead pool workers, the
+    // report) and supervision (users with work), all healthy here.
+    let maintenance_env = envs(&[
+        ("REDIS_URL", &redis.url("maintenance")),
+        ("POOL_GROUP", &group),
+        ("SWEEP_GRACE_SECONDS", "30"),
+        ("LOCAL_WORKER_LOG_DIR", log_dir.to_str().unwrap()),
+        ("LEASEHOLD_LOG", "debug"),
+    ]);
+    outputs.push(run_ok(&["maintenance"], &maintenance_env, None));
+    let report: Option<String> = redis
+        .admin
+        .get(keys::MAINTENANCE_LAST_REPORT)
+        .await
+        .unwrap();
+    assert!(report.is_some(), "maintenance wrote no report");
+
+    // The dashboard and the sidecar as processes under their users: the pool
+    // views and gauges come from Redis (their lease reads go to the test's
+    // DynamoDB-compatible server).
+    if let Some(endpoint) = leasehold_testkit::dynamodb_endpoint() {
+        let table = unique_name("acl-leases");
+        let aws = [
+            ("LEASE_TABLE", table.as_str()),
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+        ];
+        run_ok(&["table", "create"], &envs(&aws), None);
+        let mut dashboard_env = envs(&aws);
+        dashboard_env.extend(envs(&[
+            ("REDIS_URL", &redis.url("dashboard")),
+            ("DASHBOARD_REFRESH_MS", "300"),
+            ("LEASEHOLD_LOG", "debug"),
+        ]));
+        let dashboard = spawn_leasehold(
+            "dashboard",
+            &["dashboard", "--listen", "127.0.0.1:0"],
+            &dashboard_env,
+        );
+        let line = dashboard.wait_line("dashboard: http://", Duration::from_secs(20));
+        let addr = line
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, _, body) = leasehold_testkit::http_get(&addr, "/api/pool")
+                .await
+                .unwrap();
+            if status == 200 && body.contains(&user) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the dashboard never showed the claimed user: {status} {body}\n{}",
+                dashboard.output()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (status, _, body) = leasehold_testkit::http_get(&addr, "/api/anomalies")
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        outputs.push(dashboard.output());
+
+        // The sidecar process under its user: as the cluster observer it
+        // publishes the pool gauges it reads from Redis.
+        let mut sidecar_env = envs(&aws);
+        sidecar_env.extend(envs(&[
+            ("REDIS_URL", &redis.url("sidecar")),
+            ("OWNER_ID", "acl-sidecar"),
+            ("LEASEHOLD_LOG", "debug"),
+        ]));
+        let sidecar = spawn_leasehold(
+            "sidecar",
+            &[
+                "sidecar",
+                "--listen",
+                "127.0.0.1:0",
+                "--telemetry-addr",
+                "127.0.0.1:0",
+            ],
+            &sidecar_env,
+        );
+        let line = sidecar.wait_line("sidecar: metrics on http://", Duration::from_secs(20));
+        let addr = line
+            .split_once("http://")
+            .and_then(|(_, rest)| rest.split_once("/metrics"))
+            .map(|(addr, _)| addr.to_owned())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, _, body) = leasehold_testkit::http_get(&addr, "/metrics")
+                .await
+                .unwrap();
+            if body.contains(r#"leasehold_pool_workers{state="claimed"} 1"#) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sidecar never published the pool gauges\n{}",
+                sidecar.output()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        outputs.push(sidecar.output());
+
+        // The stream worker process under its user: it owns a stream of the
+        // feed simulator, raises the sink's fence and appends.
+        let feed = spawn_leasehold(
+            "feed",
+            &["feed", "--listen", "127.0.0.1:0", "--rate", "50"],
+            &[],
+        );
+        let line = feed.wait_line("feed listening on ", Duration::from_secs(10));
+        let feed_url = line.rsplit(' ').next().unwrap().to_owned();
+        let stream_id = unique_name("s");
+        let mut stream_env = envs(&aws);
+        stream_env.extend(envs(&[
+            ("SINK_URL", &redis.url("stream-worker")),
+            ("UPSTREAM_URL", &feed_url),
+            ("STREAM_IDS", &stream_id),
+            ("OWNER_ID", "acl-stream"),
+            ("LEASE_SECONDS", "3"),
+            ("DISCOVERY_INTERVAL_MS", "1000"),
+            ("DRAIN_TIMEOUT_MS", "2000"),
+            ("LEASEHOLD_LOG", "debug"),
+        ]));
+        let mut stream_worker = spawn_leasehold("stream-worker", &["stream-worker"], &stream_env);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let len: u64 = redis
+                .admin
+                .xlen(leasehold_stream::sink::keys::sink_stream(&stream_id))
+                .await
+                .unwrap();
+            if len >= 10 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stream worker appended nothing\n{}",
+                stream_worker.output()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let fence: Option<u64> = redis
+            .admin
+            .get(leasehold_stream::sink::keys::sink_fence(&stream_id))
+            .await
+            .unwrap();
+        assert!(fence.is_some_and(|f| f >= 1), "no fence: {fence:?}");
+        stream_worker.signal("TERM");
+        let status = stream_worker.wait_exit(Duration::from_secs(15));
+        assert!(status.success(), "{status}\n{}", stream_worker.output());
+        outputs.push(stream_worker.output());
+    }
+
+    // Dashboard and sidecar: the pool read model over their own users (the
+    // same `RedisPoolBus` their processes build from REDIS_URL).
+    let dashboard = RedisPoolBus::connect(&redis.url("dashboard"))
+        .await
+        .unwrap();
+    let view = dashboard.pool().await.expect("dashboard pool view");
+    assert!(view.claimed.iter().any(|c| c.user_id == user), "{view:?}");
+    assert!(dashboard.anomalies().await.unwrap().report.is_some());
+    let sidecar = RedisPoolBus::connect(&redis.url("sidecar")).await.unwrap();
+    let counts = sidecar.counts().await.expect("sidecar counts");
+    assert_eq!(counts.claimed, 1, "{counts:?}");
+    assert!(sidecar.anomalies().await.unwrap().report.is_some());
+
+    // Stream worker: the sink opens (fence raised), appends, and fences a
+    // lower token, under its own user.
+    let sink = leasehold_stream::sink::open(&redis.url("stream-worker"), SinkOptions::default())
+        .await
+        .unwrap();
+    let stream = unique_name("s");
+    let opened = sink.open(&stream, 5).await.expect("sink open");
+    assert!(!opened.fenced);
+    let events = [SinkEvent {
+        seq: 1,
+        event_id: "e1".into(),
+        payload: "{}".into(),
+    }];
+    let written = sink
+        .write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 5,
+            events: &events,
+        })
+        .await
+        .expect("sink write");
+    assert_eq!(written.accepted, 1);
+    let zombie = sink
+        .write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 4,
+            events: &events,
+        })
+        .await
+        .expect("sink write");
+    assert_eq!(zombie.fenced, 1);
+
+    // The claimed worker stops cleanly: release script, marks gone.
+    worker.signal("TERM");
+    let status = worker.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status}\n{}", worker.output());
+    let mark: Option<String> = redis.admin.get(keys::worker_active(&user)).await.unwrap();
+    assert_eq!(mark, None, "the worker left its mark");
+    outputs.push(worker.output());
+
+    let denials = redis.denials().await;
+    assert!(
+        denials.is_empty(),
+        "Redis refused a role's real work:\n{}",
+        denials.join("\n")
+    );
+
+    // ---- Forbidden: what each role must not do is refused. ----
+    // Through the code the dashboard and the sidecar run.
+    assert_refused(
+        "dashboard reads credentials",
+        dashboard.credentials(&user).await,
+    );
+    assert_refused(
+        "sidecar reads credentials",
+        sidecar.credentials(&user).await,
+    );
+    assert_refused(
+        "dashboard GET credentials",
+        dashboard.get(&keys::credentials(&user)).await,
+    );
+    for role in ["dashboard", "sidecar"] {
+        refused(&redis, role, &["GET", &keys::credentials(&user)]).await;
+        refused(&redis, role, &["SET", keys::MAINTENANCE_LAST_REPORT, "x"]).await;
+        refused(&redis, role, &["LPUSH", keys::POOL_CLAIMS, "x"]).await;
+        refused(
+            &redis,
+            role,
+            &["LRANGE", &keys::user_requests(&user), "0", "-1"],
+        )
+        .await;
+    }
+    // The stream worker cannot touch the pool (as a bus, or raw).
+    let stream_as_bus = RedisPoolBus::connect(&redis.url("stream-worker"))
+        .await
+        .unwrap();
+    assert_refused(
+        "stream-worker pushes a claim",
+        stream_as_bus.push_claim("{}").await,
+    );
+    assert_refused(
+        "stream-worker reads credentials",
+        stream_as_bus.credentials(&user).await,
+    );
+    refused(
+        &redis,
+        "stream-worker",
+        &["GET", &keys::worker_active(&user)],
+    )
+    .await;
+    refused(
+        &redis,
+        "stream-worker",
+        &["LPUSH", &keys::user_requests(&user), "x"],
+    )
+    .await;
+    // The broker worker reads credentials but cannot write them, nor the sink
+    // or the sweep report.
+    let broker_as_bus = RedisPoolBus::connect(&redis.url("broker-worker"))
+        .await
+        .unwrap();
+    assert!(broker_as_bus.credentials(&user).await.unwrap().is_some());
+    assert_refused(
+        "broker-worker writes credentials",
+        broker_as_bus.put_credentials(&user, "x").await,
+    );
+    let broker_as_sink =
+        leasehold_stream::sink::open(&redis.url("broker-worker"), SinkOptions::default())
+            .await
+            .unwrap();
+    assert_refused(
+        "broker-worker opens a sink stream",
+        broker_as_sink.open(&stream, 9).await,
+    );
+    refused(
+        &redis,
+        "broker-worker",
+        &["SET", keys::MAINTENANCE_LAST_REPORT, "x"],
+    )
+    .await;
+    // The API cannot read request records or the paper ledger, nor delete
+    // a worker's mark.
+    refused(
+        &redis,
+        "api",
+        &["HGETALL", &keys::request_record(&request_id)],
+    )
+    .await;
+    refused(&redis, "api", &["HGETALL", &keys::paper_orders("A1")]).await;
+    refused(&redis, "api", &["DEL", &keys::worker_active(&user)]).await;
+    refused(&redis, "api", &["SET", &keys::worker_active(&user), "x"]).await;
+    // The pool manager only reads pool marks.
+    refused(
+        &redis,
+        "pool-manager",
+        &["SET", &keys::pool_worker_active("w9"), "x"],
+    )
+    .await;
+    refused(&redis, "pool-manager", &["GET", &keys::credentials(&user)]).await;
+    refused(&redis, "pool-manager", &["LPUSH", keys::POOL_CLAIMS, "x"]).await;
+    // Maintenance reads credentials (to forward them in a claim) but cannot
+    // write them, nor requests or responses.
+    refused(
+        &redis,
+        "maintenance",
+        &["SET", &keys::credentials(&user), "x"],
+    )
+    .await;
+    refused(
+        &redis,
+        "maintenance",
+        &["LPUSH", &keys::user_requests(&user), "x"],
+    )
+    .await;
+    refused(
+        &redis,
+        "maintenance",
+        &["GET", &keys::response(&request_id)],
+    )
+    .await;
+    // No role but admin may run server-wide commands.
+    for role in redis.roles.iter().filter(|r| *r != "admin") {
+        refused(&redis, role, &["KEYS", "*"]).await;
+        refused(&redis, role, &["FLUSHALL"]).await;
+        refused(&redis, role, &["CONFIG", "GET", "maxmemory"]).await;
+        refused(&redis, role, &["ACL", "LIST"]).await;
+    }
+    // The default user (no AUTH) can do nothing.
+    let anonymous = redis::Client::open(format!("redis://127.0.0.1:{}/", redis.port).as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await;
+    if let Ok(mut anonymous) = anonymous {
+        let result: redis::RedisResult<Option<String>> =
+            anonymous.get(keys::credentials(&user)).await;
+        let err = result.expect_err("an unauthenticated client read a key");
+        assert!(err.to_string().contains("NOAUTH"), "{err}");
+    }
+
+    // ---- No password in any output, whatever the URL. ----
+    let wrong = format!(
+        "redis://api:wrong-{}@127.0.0.1:{}/{DB}",
+        password("x"),
+        redis.port
+    );
+    let tls = format!(
+        "rediss://api:{}@127.0.0.1:{}/{DB}",
+        password("api"),
+        redis.port
+    );
+    for url in [&wrong, &tls] {
+        let env = envs(&[
+            ("REDIS_URL", url),
+            ("POOL_GROUP", &group),
+            ("LEASEHOLD_LOG", "debug"),
+        ]);
+        let (status, output) = run_leasehold(&["claim", &user, "--timeout", "1s"], &env, None);
+        assert!(
+            !status.success(),
+            "claim over {} succeeded",
+            url.split('@').nth(1).unwrap()
+        );
+        outputs.push(output);
+    }
+    let logs = outputs.join("\n");
+    for role in redis.roles.iter().chain(std::iter::once(&"x".to_string())) {
+        assert!(
+            !logs.contains(&password(role)),
+            "a process printed the {role} password:\n{logs}"
+        );
+    }
+}
+
+/// Every settings struct that holds a Redis URL prints it as `[redacted]` in
+/// `Debug`, so no log line can show the password even if one formats the
+/// whole struct.
+#[test]
+fn settings_never_show_a_redis_password_in_debug() {
+    use leasehold_platform::settings::fixed_lookup;
+    let secret = "pw-debug-canary-5b7e1f";
+    let url = format!("rediss://dashboard:{secret}@cache.internal:6379/0");
+    let url = url.as_str();
+    let debug = [
+        format!(
+            "{:?}",
+            leasehold_broker::settings::worker_settings(&fixed_lookup(&[
+                ("REDIS_URL", url),
+                ("CREDENTIALS_KEY", &AesGcmCipher::generate_key()),
+            ]))
+            .unwrap()
+        ),
+        format!(
+            "{:?}",
+            leasehold_sidecar::settings::parse(&fixed_lookup(&[
+                ("OWNER_ID", "s1"),
+                ("REDIS_URL", url)
+            ]))
+            .unwrap()
+        ),
+        format!(
+            "{:?}",
+            leasehold_dashboard::settings::parse(&fixed_lookup(&[("REDIS_URL", url)])).unwrap()
+        ),
+        format!(
+            "{:?}",
+            leasehold_stream::settings::parse(&fixed_lookup(&[
+                ("UPSTREAM_URL", "ws://127.0.0.1:9000/"),
+                ("SINK_URL", url),
+                ("OWNER_ID", "w"),
+            ]))
+            .unwrap()
+        ),
+    ];
+    for text in debug {
+        assert!(!text.contains(secret), "{text}");
+        assert!(text.contains("[redacted]"), "{text}");
+    }
+}
