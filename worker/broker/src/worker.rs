@@ -41,7 +41,7 @@ use crate::credentials::{CipherError, Credentials, CredentialsCipher};
 use crate::paper::Broker;
 pub use leasehold_pool::bus::WorkerMetadata;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{BusError, ClaimSettle, MarkWrite, PoolBus, Settled};
+use leasehold_pool::bus::{BusError, ClaimSettle, MarkWrite, PoolBus, Settled, Take};
 use leasehold_pool::protocol::{self, ClaimMessage, ClaimOutcome, MarkValue};
 
 /// Why a claim for a user who has a worker fails (outcome and telemetry).
@@ -132,6 +132,8 @@ pub enum WorkerExit {
     Lost,
     /// Cold start for a user who already had a worker for longer than a mark TTL.
     AlreadyServed,
+    /// The pool manager retired this idle pool worker (pool above target).
+    Retired,
 }
 
 /// Failures that end a worker with a non-zero exit (the orchestrator replaces it).
@@ -335,11 +337,21 @@ impl BrokerWorker {
                 .take_claim(&self.config.worker_id, self.config.block, shutdown)
                 .await;
             let taken = match taken {
-                Ok(Some(taken)) => taken,
-                Ok(None) => {
+                Ok(Take::Claim(taken)) => taken,
+                Ok(Take::Empty) => {
                     failures = 0;
                     self.requeue_dead_claims().await;
                     continue;
+                }
+                Ok(Take::Retired) => {
+                    // The pool manager chose this idle worker to stop; any
+                    // claim it moved meanwhile is back in line already.
+                    heartbeat.stop().await;
+                    if let Err(err) = self.bus.delete_pool_mark(&self.config.worker_id).await {
+                        tracing::warn!(error = %err, "cannot delete the pool mark; it expires with its TTL");
+                    }
+                    self.state(PoolWorkerStateKind::Stopped, None);
+                    return Ok(Err(WorkerExit::Retired));
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "take on pool:claims failed; retrying");
@@ -621,8 +633,12 @@ impl BrokerWorker {
                 let set = bus
                     .set_pool_mark(&template.worker_id, &mark.to_json(), ttl)
                     .await;
-                if let Err(err) = set {
-                    tracing::warn!(error = %err, "pool heartbeat failed");
+                match set {
+                    Ok(true) => {}
+                    // The mark still beats (the worker is alive until it
+                    // exits); the next take tells the worker to exit.
+                    Ok(false) => tracing::debug!("retired by the pool manager"),
+                    Err(err) => tracing::warn!(error = %err, "pool heartbeat failed"),
                 }
             }
         })
