@@ -49,8 +49,9 @@ const ALREADY_SERVED: &str = "user already has an active worker";
 
 /// Re-queues the claims every pool worker whose pool mark is gone had taken
 /// and not settled (it died between the take and the claim step); returns
-/// how many. Run by every pool worker when it starts and when its wait times
-/// out, and by the maintenance sweep.
+/// how many. A `SCAN` of the keyspace, so only the maintenance sweep and
+/// supervision run it; pool workers rely on the idle read (`pool:idle`),
+/// which re-queues the claims of every dead worker that was in the idle pool.
 pub async fn requeue_dead_claims(bus: &dyn PoolBus) -> Result<u64, BusError> {
     let mut requeued = 0;
     for key in bus.scan_keys(keys::CLAIMS_PROCESSING_PATTERN).await? {
@@ -399,13 +400,13 @@ impl BrokerWorker {
     }
 
     /// Re-queues the claims of pool workers whose pool mark is gone (they
-    /// died between taking a claim and settling it). Best effort: the
-    /// maintenance sweep does the same.
+    /// died between taking a claim and settling it), through the idle read of
+    /// `pool:idle`, which does so for every dead entry it finds: no SCAN of a
+    /// keyspace that holds a day of request records. Best effort: the
+    /// maintenance sweep also re-queues by SCAN.
     async fn requeue_dead_claims(&self) {
-        match requeue_dead_claims(self.bus.as_ref()).await {
-            Ok(0) => {}
-            Ok(count) => tracing::warn!(count, "re-queued claims a dead pool worker had taken"),
-            Err(err) => tracing::warn!(error = %err, "cannot look for claims of dead pool workers"),
+        if let Err(err) = self.bus.idle_workers().await {
+            tracing::warn!(error = %err, "cannot look for claims of dead pool workers");
         }
     }
 

@@ -623,12 +623,32 @@ async fn retiring_pool_workers(bus: &dyn PoolBus) {
     );
     drain_claims(bus).await;
 
-    // An entry without its mark is stale: dropped by the read that finds it,
-    // retirement included (a later worker of that id starts idle).
-    bus.delete_keys(&[keys::pool_worker_active(&busy)])
-        .await
-        .expect("del");
-    assert_eq!(idle_among(bus, &ours).await, []);
+    // An entry without its mark is a dead worker's: dropped by the read that
+    // finds it, retirement included (a later worker of that id starts idle),
+    // and a claim it had taken goes back in line.
+    let dead = unique_name("w-dead");
+    assert!(bus.set_pool_mark(&dead, &dead, ttl).await.expect("mark"));
+    let orphaned = unique_name("claim");
+    file_claim(bus, &dead, &orphaned).await;
+    bus.delete_keys(&[
+        keys::pool_worker_active(&busy),
+        keys::pool_worker_active(&dead),
+    ])
+    .await
+    .expect("del");
+    assert_eq!(idle_among(bus, &[busy.as_str(), dead.as_str()]).await, []);
+    assert_eq!(
+        bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
+        std::slice::from_ref(&orphaned),
+        "the dead worker's claim is back in line"
+    );
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&dead))
+            .await
+            .expect("llen"),
+        0
+    );
+    drain_claims(bus).await;
     assert!(bus.set_pool_mark(&busy, "again", ttl).await.expect("mark"));
     assert_eq!(
         idle_among(bus, &ours).await,

@@ -1213,6 +1213,8 @@ impl MemoryPoolBus {
         let mut idle = Vec::new();
         for (worker_id, score) in members {
             let Some(mark) = keyspace.get(&keys::pool_worker_active(&worker_id), now)? else {
+                // A dead worker's entry: its taken claims go back in line.
+                keyspace.hand_back(&worker_id, now)?;
                 keyspace.zrem(keys::POOL_IDLE, &worker_id, now)?;
                 continue;
             };

@@ -316,8 +316,10 @@ pub trait PoolBus: Inspect + PaperLedger {
 
     /// The idle pool workers, from `pool:idle` (no SCAN of the keyspace):
     /// entries not retired whose pool mark exists and whose claim processing
-    /// list is empty (a worker between take and claim step is busy). Entries
-    /// whose pool mark is gone are removed in the same step.
+    /// list is empty (a worker between take and claim step is busy). An entry
+    /// whose pool mark is gone is a dead worker's: in the same step its taken
+    /// claims go back to the serving end of `pool:claims` (as
+    /// [`PoolBus::requeue_claims`] does) and the entry is removed.
     async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError>;
 
     /// Retires an idle pool worker before it is stopped, in one step, only if

@@ -235,10 +235,12 @@ redis.call('ZADD', KEYS[2], tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]
 return 1
 "#;
 
-/// KEYS: pool:idle. ARGV: pool mark prefix, claim processing prefix.
-/// {worker, score, mark, …} for every entry not retired whose mark exists and
-/// whose processing list is empty; entries whose mark is gone are removed.
-/// The other keys are built here from the prefixes (single-node layout).
+/// KEYS: pool:idle, pool:claims. ARGV: pool mark prefix, claim processing
+/// prefix. {worker, score, mark, …} for every entry not retired whose mark
+/// exists and whose processing list is empty; an entry whose mark is gone is
+/// a dead worker's: its taken claims go back to the serving end of
+/// pool:claims (as the re-queue does) and the entry is removed. The other
+/// keys are built here from the prefixes (single-node layout).
 const IDLE_WORKERS: &str = r#"
 local idle = {}
 local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
@@ -246,6 +248,7 @@ for i = 1, #members, 2 do
   local worker, score = members[i], members[i + 1]
   local mark = redis.call('GET', ARGV[1] .. worker)
   if not mark then
+    while redis.call('LMOVE', ARGV[2] .. worker, KEYS[2], 'LEFT', 'RIGHT') do end
     redis.call('ZREM', KEYS[1], worker)
   elseif tonumber(score) >= 0 and redis.call('LLEN', ARGV[2] .. worker) == 0 then
     idle[#idle + 1] = worker
@@ -687,6 +690,7 @@ impl PoolBus for RedisPoolBus {
         let flat: Vec<String> = self
             .idle_workers
             .key(keys::POOL_IDLE)
+            .key(keys::POOL_CLAIMS)
             .arg(keys::pool_worker_active(""))
             .arg(keys::claims_processing(""))
             .invoke_async(&mut self.commands())
