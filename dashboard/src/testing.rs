@@ -209,6 +209,8 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         errors: Vec::new(),
         claims_requeued: 0,
         reserved: Vec::new(),
+        held: None,
+        unconfirmed: 0,
     };
     let requests = keys::user_requests("u42");
     let control = keys::worker_control("u42");
@@ -339,6 +341,14 @@ impl Inspect for StaticPool {
     async fn ttl_ms(&self, key: &str) -> Result<Option<i64>, BusError> {
         self.check()?;
         Ok(self.find(key, |_| Some(-1)))
+    }
+
+    async fn server_time_ms(&self) -> Result<u64, BusError> {
+        self.check()?;
+        Ok(u64::try_from(leasehold_control::clock::unix_ms(
+            std::time::SystemTime::now(),
+        ))
+        .unwrap_or(0))
     }
 
     async fn list_len(&self, key: &str) -> Result<u64, BusError> {

@@ -115,6 +115,7 @@ impl PoolRuntime {
             dry_run: false,
             // `dev` starts its users' workers itself.
             supervise: None,
+            max_fraction: maintenance::DEFAULT_MAX_FRACTION,
         };
         leasehold_platform::periodic::every(Duration::from_secs(5), self.stop.clone(), || async {
             let swept = maintenance::sweep(

@@ -61,10 +61,13 @@ fn harden() -> anyhow::Result<()> {
 pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     harden()?;
     let mut settings = settings::worker_settings(&lookup)?;
-    if let Some(arn) = leasehold_platform::ecs::task_metadata()
+    // On ECS the task ARN is the worker's identity in its marks: without it the
+    // maintenance sweep would take this healthy worker for an orphan, so a
+    // failed lookup ends the worker rather than fall back to `local-{pid}`.
+    let identity = leasehold_platform::ecs::task_identity()
         .await
-        .and_then(|metadata| metadata.task_arn)
-    {
+        .context("cannot start the broker worker")?;
+    if let Some(arn) = identity.and_then(|metadata| metadata.task_arn) {
         settings.worker.task_id = arn.clone();
         settings.worker.metadata.task_arn = arn;
         if lookup(settings::WORKER_ID.name).is_none() {
@@ -110,6 +113,7 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
         WorkerExit::IdleTimeout => "idle timeout",
         WorkerExit::Lost => "another worker holds the user",
         WorkerExit::AlreadyServed => "user already served",
+        WorkerExit::Retired => "retired by the pool manager",
     };
     println!("broker worker {worker_id} stopped: {reason}");
     telemetry.flush(Duration::from_millis(500)).await;

@@ -370,7 +370,7 @@ async fn claim_serve_crash_sweep_refill(mut pool: Pool, version: u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_start_then_duplicate_worker_the_older_is_stopped() {
+async fn cold_start_then_duplicate_worker_the_mark_holder_stays() {
     let _serial = serial().await;
     let Some(mut pool) = Pool::new(9).await else {
         return;
@@ -398,33 +398,33 @@ async fn cold_start_then_duplicate_worker_the_older_is_stopped() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let report: Value = sweep_report(&pool.run(&["maintenance"], None));
     assert_eq!(report["found"]["duplicate_worker"], 1, "{report}");
+    // The older holds the user's mark and serves it: the newer is stopped.
     assert_eq!(
         report["findings"][0]["stop_task"],
-        older.task_id.as_str(),
+        newer.as_str(),
         "{report}"
     );
-    // The older exits on SIGTERM and deletes its mark; the newer takes the user.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let mark = pool.wait_mark(&keys::worker_active(&user)).await;
-        if mark.task_id == newer {
+        let running: Vec<String> = pool
+            .launcher
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.task_id)
+            .collect();
+        if running == vec![older.task_id.clone()] {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the newer worker never took over"
+            "the duplicate never stopped: {running:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let running: Vec<String> = pool
-        .launcher
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.task_id)
-        .collect();
-    assert_eq!(running, vec![newer.clone()]);
+    let mark = pool.wait_mark(&keys::worker_active(&user)).await;
+    assert_eq!(mark.task_id, older.task_id, "the mark holder kept the user");
     assert_eq!(pool.round_trip(&user).await["status"], "ok");
     pool.stop_all().await;
     drop(newer_proc);
@@ -659,4 +659,33 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
     assert_eq!(state.as_deref(), Some("done"));
     successor.signal("TERM");
     assert!(successor.wait_exit(Duration::from_secs(5)).success());
+}
+
+/// On ECS (the metadata variable set) a broker worker whose task ARN cannot be
+/// read exits with a clear error instead of running as `local-{pid}`, which
+/// the maintenance sweep would take for an orphan's mark and an unmarked task.
+#[test]
+fn on_ecs_a_failed_task_arn_lookup_ends_the_worker() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let envs: Vec<(String, String)> = [
+        ("REDIS_URL", "redis://127.0.0.1:1/".to_owned()),
+        ("CREDENTIALS_KEY", AesGcmCipher::generate_key()),
+        ("CREDENTIALS_ALLOW_LOCAL_KEY", "true".to_owned()),
+        (
+            "ECS_CONTAINER_METADATA_URI_V4",
+            format!("http://127.0.0.1:{port}/v4/task-1"),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect();
+    let (status, output) = run_leasehold(&["broker-worker"], &envs, None);
+    assert!(!status.success(), "{output}");
+    assert!(
+        output.contains("task ARN could not be read"),
+        "names the cause: {output}"
+    );
+    assert!(!output.contains("started"), "never ran: {output}");
 }

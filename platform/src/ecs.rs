@@ -88,27 +88,68 @@ impl TaskMetadata {
 }
 
 /// Reads the task metadata if the endpoint variable is set; `None` off ECS or
-/// when the endpoint does not answer within two seconds.
+/// when the endpoint does not answer within two seconds (for callers that
+/// only decorate, e.g. resource attributes).
 pub async fn task_metadata() -> Option<TaskMetadata> {
-    let base = std::env::var(ECS_CONTAINER_METADATA_URI_V4.name)
-        .ok()
-        .filter(|v| !v.is_empty())?;
-    fetch(&format!("{}/task", base.trim_end_matches('/'))).await
+    task_identity().await.ok().flatten()
 }
 
-async fn fetch(url: &str) -> Option<TaskMetadata> {
+/// On ECS, the task's identity could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "ECS_CONTAINER_METADATA_URI_V4 is set (running on ECS) but the task ARN could not be read from the task metadata endpoint: {0}"
+)]
+pub struct IdentityError(pub String);
+
+/// The task metadata where identity matters (a broker worker's `task_id`,
+/// which the maintenance sweep compares with ECS's task list): `Ok(None)` off
+/// ECS (the variable is unset), the metadata with a task ARN on ECS, and an
+/// error on ECS when the endpoint does not answer or names no task ARN. A
+/// caller must not then fall back to a local id: the sweep would take the
+/// worker's mark for an orphan's and its task for an unmarked one.
+pub async fn task_identity() -> Result<Option<TaskMetadata>, IdentityError> {
+    task_identity_at(
+        std::env::var(ECS_CONTAINER_METADATA_URI_V4.name)
+            .ok()
+            .as_deref(),
+    )
+    .await
+}
+
+/// [`task_identity`] with the endpoint variable's value given.
+pub async fn task_identity_at(base: Option<&str>) -> Result<Option<TaskMetadata>, IdentityError> {
+    let Some(base) = base.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let metadata = fetch(&format!("{}/task", base.trim_end_matches('/')))
+        .await
+        .map_err(IdentityError)?;
+    if metadata.task_arn.as_deref().is_none_or(str::is_empty) {
+        return Err(IdentityError("the task document has no TaskARN".into()));
+    }
+    Ok(Some(metadata))
+}
+
+async fn fetch(url: &str) -> Result<TaskMetadata, String> {
     let client: Client<_, http_body_util::Empty<hyper::body::Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
-    let uri: hyper::Uri = url.parse().ok()?;
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|_| "the endpoint is not a valid URL".to_owned())?;
     let response = tokio::time::timeout(Duration::from_secs(2), client.get(uri))
         .await
-        .ok()?
-        .ok()?;
+        .map_err(|_| "no answer within 2 s".to_owned())?
+        .map_err(|err| format!("request failed: {err}"))?;
     if !response.status().is_success() {
-        return None;
+        return Err(format!("status {}", response.status()));
     }
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    serde_json::from_slice(&body).ok()
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|err| format!("reading the answer failed: {err}"))?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|err| format!("not a task document: {err}"))
 }
 
 #[cfg(test)]
@@ -147,6 +188,42 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        assert_eq!(fetch(&format!("http://127.0.0.1:{port}/task")).await, None);
+        assert!(
+            fetch(&format!("http://127.0.0.1:{port}/task"))
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn identity_is_required_on_ecs_and_absent_off_it() {
+        assert_eq!(task_identity_at(None).await, Ok(None));
+        assert_eq!(task_identity_at(Some("")).await, Ok(None));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let err = task_identity_at(Some(&format!("http://127.0.0.1:{port}")))
+            .await
+            .expect_err("on ECS, an endpoint that does not answer is an error");
+        assert!(err.to_string().contains("task ARN"), "{err}");
+        // A document without a TaskARN is no identity either.
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = server.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut socket, _) = server.accept().await.unwrap();
+            let mut request = [0u8; 1024];
+            let _ = socket.read(&mut request).await;
+            let body = r#"{"Cluster":"prod"}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            socket.write_all(answer.as_bytes()).await.unwrap();
+        });
+        let err = task_identity_at(Some(&format!("http://127.0.0.1:{port}/")))
+            .await
+            .expect_err("no TaskARN");
+        assert!(err.to_string().contains("no TaskARN"), "{err}");
     }
 }

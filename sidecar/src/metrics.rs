@@ -92,6 +92,9 @@ pub const MESSAGES_DEAD_LETTERED: &str = "leasehold_messages_dead_lettered_total
 pub const ORPHANS: &str = "leasehold_orphans";
 /// `kind`: anomalies the maintenance sweep resolved.
 pub const ORPHANS_RESOLVED: &str = "leasehold_orphans_resolved_total";
+/// Extension, cluster gauge (observer only): 1 when the latest maintenance
+/// sweep was held by its safety valve (`SWEEP_MAX_FRACTION`), else 0.
+pub const SWEEP_HELD: &str = "leasehold_sweep_held";
 /// Extension: `path` = pool_claim, cold_start: users whose worker died with
 /// work pending that supervision gave a new worker.
 pub const USERS_RESERVED: &str = "leasehold_users_reserved_total";
@@ -148,6 +151,7 @@ pub const ALL: &[&str] = &[
     MESSAGES_DEAD_LETTERED,
     ORPHANS,
     ORPHANS_RESOLVED,
+    SWEEP_HELD,
     USERS_RESERVED,
     POOL_WORKERS,
     POOL_CLAIMS_PENDING,
@@ -356,6 +360,7 @@ pub fn describe() {
 pub const CLUSTER: &[&str] = &[
     STREAMS,
     ORPHANS,
+    SWEEP_HELD,
     POOL_WORKERS,
     POOL_CLAIMS_PENDING,
     STREAM_UNOWNED_AGE,
@@ -371,6 +376,10 @@ pub fn describe_cluster() {
     metrics::describe_gauge!(
         ORPHANS,
         "Anomalies in the latest maintenance report, by kind (observer only)."
+    );
+    metrics::describe_gauge!(
+        SWEEP_HELD,
+        "1 when the latest maintenance sweep was held by its safety valve (observer only)."
     );
     metrics::describe_gauge!(
         POOL_WORKERS,

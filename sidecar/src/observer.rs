@@ -252,6 +252,7 @@ async fn publish(state: &SidecarState, config: &ObserverConfig) -> Result<usize,
                 let found = pool.orphans.get(&kind).copied().unwrap_or(0);
                 ::metrics::gauge!(metrics::ORPHANS, "kind" => kind.as_str()).set(found as f64);
             }
+            ::metrics::gauge!(metrics::SWEEP_HELD).set(if pool.held { 1.0 } else { 0.0 });
         }
     });
     Ok(records.len())
@@ -261,17 +262,20 @@ async fn publish(state: &SidecarState, config: &ObserverConfig) -> Result<usize,
 struct PoolView {
     counts: PoolCounts,
     orphans: std::collections::BTreeMap<OrphanKind, u64>,
+    /// The latest sweep was held by its safety valve.
+    held: bool,
 }
 
 async fn pool_view(reader: &dyn PoolReader) -> Result<PoolView, BusError> {
     let counts = reader.counts().await?;
-    let orphans = reader
-        .anomalies()
-        .await?
-        .report
-        .map(|report| report.found)
-        .unwrap_or_default();
-    Ok(PoolView { counts, orphans })
+    let report = reader.anomalies().await?.report;
+    let held = report.as_ref().is_some_and(|report| report.held.is_some());
+    let orphans = report.map(|report| report.found).unwrap_or_default();
+    Ok(PoolView {
+        counts,
+        orphans,
+        held,
+    })
 }
 
 #[cfg(test)]

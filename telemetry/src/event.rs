@@ -287,6 +287,9 @@ pub enum TelemetryEvent {
         resolved: Vec<(OrphanKind, u64)>,
         /// Whether the sweep only reported.
         dry_run: bool,
+        /// Whether the safety valve (`SWEEP_MAX_FRACTION`) held it: too much
+        /// looked orphaned, nothing was acted on.
+        held: bool,
     },
     /// Supervision gave a user whose worker died (pending requests or a
     /// "wants a worker" mark, no live worker) a new one
@@ -571,11 +574,22 @@ impl TelemetryEvent {
                 found,
                 resolved,
                 dry_run,
+                held: false,
             } => tracing::info!(
                 found = kind_counts(found),
                 resolved = kind_counts(resolved),
                 dry_run,
                 "maintenance sweep"
+            ),
+            OrphanSweep {
+                found,
+                dry_run,
+                held: true,
+                ..
+            } => tracing::error!(
+                found = kind_counts(found),
+                dry_run,
+                "maintenance sweep held by its safety valve: too much looks orphaned, nothing acted on"
             ),
             UserReserved { user_id, path } => tracing::warn!(
                 user_id,

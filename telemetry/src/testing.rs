@@ -156,6 +156,7 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             found: vec![(OrphanKind::OrphanMark, 1)],
             resolved: vec![(OrphanKind::OrphanMark, 1)],
             dry_run: false,
+            held: false,
         },
         UserReserved {
             user_id: "u1".into(),

@@ -370,3 +370,102 @@ impl TaskLauncher for EcsLauncher {
         Ok(tasks)
     }
 }
+
+/// A launcher for race tests: its tasks are what the test says runs, its
+/// stops are recorded, and a hook can run right after the n-th `list` took
+/// its snapshot (a task that starts between two reads of a sweep).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+    use futures_util::future::BoxFuture;
+
+    use super::{LaunchError, RunningTask, TaskLauncher};
+
+    type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
+    /// See the module.
+    #[derive(Default)]
+    pub struct ScriptedLauncher {
+        /// The running tasks (shared, so hooks can start one).
+        pub running: Arc<Mutex<Vec<RunningTask>>>,
+        /// Task ids stopped, in order.
+        pub stopped: Mutex<Vec<String>>,
+        hooks: Mutex<BTreeMap<u32, Hook>>,
+        lists: Mutex<u32>,
+    }
+
+    impl ScriptedLauncher {
+        /// A launcher listing `tasks`.
+        pub fn with(tasks: Vec<RunningTask>) -> Self {
+            let launcher = ScriptedLauncher::default();
+            *launcher.running.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+            launcher
+        }
+
+        /// Runs `hook` after the `call`-th `list` (from 1) took its snapshot.
+        pub fn after_list<F>(&self, call: u32, hook: F)
+        where
+            F: FnOnce() -> BoxFuture<'static, ()> + Send + 'static,
+        {
+            self.hooks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(call, Box::new(hook));
+        }
+
+        /// The stopped task ids.
+        pub fn stopped(&self) -> Vec<String> {
+            self.stopped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        }
+    }
+
+    #[async_trait]
+    impl TaskLauncher for ScriptedLauncher {
+        async fn start(&self, user_id: Option<&str>) -> Result<String, LaunchError> {
+            let task_id = format!("started-{}", rand::random::<u32>());
+            self.running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(RunningTask {
+                    task_id: task_id.clone(),
+                    started_at: 0,
+                    user_id: user_id.map(str::to_owned),
+                });
+            Ok(task_id)
+        }
+        async fn stop(&self, task_id: &str, _reason: &str) -> Result<(), LaunchError> {
+            self.stopped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(task_id.to_owned());
+            Ok(())
+        }
+        async fn list(&self) -> Result<Vec<RunningTask>, LaunchError> {
+            let listed = self
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let call = {
+                let mut lists = self.lists.lock().unwrap_or_else(|p| p.into_inner());
+                *lists += 1;
+                *lists
+            };
+            let hook = self
+                .hooks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&call);
+            if let Some(hook) = hook {
+                hook().await;
+            }
+            Ok(listed)
+        }
+    }
+}

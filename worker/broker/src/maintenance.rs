@@ -3,23 +3,36 @@
 //!
 //! | kind | found when | resolved by |
 //! |---|---|---|
-//! | orphan mark | a mark names a task that is not running | deleting the mark (and metadata) |
+//! | orphan mark | a mark names a task that is not running | deleting the mark (and metadata), if unchanged |
 //! | orphan task | a task older than the grace period has no mark | stopping the task |
-//! | stale mark | a mark without TTL, or whose heartbeat is older than the TTL | deleting it and stopping its task |
-//! | duplicate worker | two tasks for one user | stopping the older |
+//! | stale mark | a mark without a TTL, with a TTL longer than any worker writes, or unreadable | deleting it, if unchanged, and stopping its task |
+//! | duplicate worker | two tasks for one user | stopping every task but the mark holder |
 //!
 //! It also puts back in `pool:claims` the claims a dead pool worker had taken
 //! into its processing list and not settled.
+//!
+//! A sweep never harms a healthy worker:
+//!
+//! - **two snapshots**: tasks, then marks, then tasks and marks again; only a
+//!   finding present in both, on an unchanged mark, is acted on (a task that
+//!   starts between listing tasks and reading marks is listed the second time);
+//! - **compare-and-delete**: a mark is deleted in one step only while it still
+//!   holds the value the snapshots saw (a claim or heartbeat since then wins);
+//! - **the pool bus's clock**: ages (the grace period) are measured against
+//!   Redis `TIME`, staleness by Redis's own TTLs, never by this host's clock;
+//! - **a safety valve**: when more than `SWEEP_MAX_FRACTION` of the marks or
+//!   of the tasks look orphaned (a wrong `POOL_GROUP`, a launcher that lists
+//!   nothing), the sweep reports and acts on nothing;
+//! - **duplicates** keep the task that holds the user's mark.
 //!
 //! [`classify`] is a pure function of (marks, tasks, now); [`sweep`] gathers the
 //! inputs, resolves findings in batches of 100 with bounded concurrency, and
 //! writes the report to `maintenance:last_report`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold_control::clock::unix_ms;
 use leasehold_pool::keys;
 use leasehold_telemetry::{OrphanKind, TelemetryEvent, TelemetrySink};
 
@@ -30,6 +43,13 @@ use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::protocol::MarkValue;
 pub use leasehold_pool::read::{Finding, SweepReport};
 
+/// `SWEEP_MAX_FRACTION`'s default.
+pub const DEFAULT_MAX_FRACTION: f64 = 0.2;
+
+/// A mark's TTL may exceed the configured mark TTL by this much (whole-second
+/// rounding, a worker configured a little differently) before it is stale.
+const TTL_SLACK: Duration = Duration::from_secs(5);
+
 /// One `worker:active:…` key as the sweep reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mark {
@@ -37,18 +57,20 @@ pub struct Mark {
     pub key: String,
     /// `-1` for pool marks.
     pub user_id: String,
+    /// The stored value, compared before a delete.
+    pub raw: String,
     /// Parsed value (`None`: unreadable, e.g. a bare timestamp).
     pub value: Option<MarkValue>,
-    /// Remaining TTL in ms; `None` when the key has no expiry.
+    /// Remaining TTL in ms (Redis `PTTL`); `None` when the key has no expiry.
     pub ttl_ms: Option<u64>,
 }
 
 /// Sweep settings.
 #[derive(Debug, Clone, Copy)]
 pub struct SweepConfig {
-    /// Mark TTL (a heartbeat older than this is stale).
+    /// Mark TTL: a mark with a longer remaining TTL is stale.
     pub mark_ttl: Duration,
-    /// Tasks younger than this are not orphans yet.
+    /// Tasks younger than this (by the pool bus's clock) are not orphans yet.
     pub grace: Duration,
     /// Batches of 100 resolved at once.
     pub concurrency: usize,
@@ -57,6 +79,9 @@ pub struct SweepConfig {
     /// Also supervise (see [`crate::supervise`]) after resolving, with this
     /// re-serve lock; `None`: do not.
     pub supervise: Option<Duration>,
+    /// The safety valve: above this share of marks or of tasks looking
+    /// orphaned, act on nothing (`SWEEP_MAX_FRACTION`).
+    pub max_fraction: f64,
 }
 
 fn user_of(key: &str) -> String {
@@ -67,7 +92,9 @@ fn user_of(key: &str) -> String {
     }
 }
 
-/// Classifies marks and tasks into findings (pure).
+/// Classifies marks and tasks into findings (pure). `now_ms` is the pool
+/// bus's clock; marks are judged by their TTL alone (the heartbeat time in a
+/// mark is the writer's clock, not comparable with any other).
 pub fn classify(
     marks: &[Mark],
     tasks: &[RunningTask],
@@ -76,11 +103,13 @@ pub fn classify(
 ) -> Vec<Finding> {
     let running: HashMap<&str, &RunningTask> =
         tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
-    let ttl_ms = config.mark_ttl.as_millis() as u64;
+    let longest_ttl_ms = (config.mark_ttl + TTL_SLACK).as_millis() as u64;
     let mut findings = Vec::new();
     let mut marked: HashSet<&str> = HashSet::new();
     // Tasks serving each user: launched for it, or named by its mark.
     let mut per_user: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    // The task named by each user's (live) mark: the one a duplicate keeps.
+    let mut holder: HashMap<&str, &str> = HashMap::new();
     for task in tasks {
         if let Some(user) = &task.user_id {
             per_user.entry(user).or_default().insert(&task.task_id);
@@ -92,11 +121,11 @@ pub fn classify(
             marked.insert(task_id);
         }
         let user_id = Some(mark.user_id.clone());
-        let heartbeat_old = mark
-            .value
-            .as_ref()
-            .is_none_or(|v| now_ms.saturating_sub(v.heartbeat_at) > ttl_ms);
-        if mark.ttl_ms.is_none() || heartbeat_old {
+        let stale = match mark.ttl_ms {
+            None => true,
+            Some(ttl) => ttl > longest_ttl_ms || mark.value.is_none(),
+        };
+        if stale {
             findings.push(Finding {
                 kind: OrphanKind::StaleMark,
                 user_id,
@@ -111,6 +140,7 @@ pub fn classify(
             Some(task_id) if running.contains_key(task_id) => {
                 if mark.user_id != keys::POOL_USER_ID {
                     per_user.entry(&mark.user_id).or_default().insert(task_id);
+                    holder.insert(&mark.user_id, task_id);
                 }
             }
             _ => findings.push(Finding {
@@ -144,17 +174,58 @@ pub fn classify(
         let mut serving: Vec<&RunningTask> =
             set.iter().filter_map(|t| running.get(t).copied()).collect();
         serving.sort_by_key(|t| (t.started_at, t.task_id.clone()));
-        // Keep the newest; stop every older one.
-        for older in &serving[..serving.len().saturating_sub(1)] {
+        // Keep the task that holds the user's mark: it serves the user and
+        // the others cannot take it from it. Without a holder, the newest.
+        let keep = holder
+            .get(user)
+            .copied()
+            .or_else(|| serving.last().map(|t| t.task_id.as_str()));
+        for other in serving.iter().filter(|t| Some(t.task_id.as_str()) != keep) {
             findings.push(Finding {
                 kind: OrphanKind::DuplicateWorker,
                 user_id: Some(user.to_owned()),
                 delete_key: None,
-                stop_task: Some(older.task_id.clone()),
+                stop_task: Some(other.task_id.clone()),
             });
         }
     }
     findings
+}
+
+/// Why the safety valve held a sweep, if it did: more than `max_fraction`
+/// of the marks, or of the tasks, would be deleted or stopped. A single
+/// finding is always allowed (one dead worker in a pool of two is half the
+/// pool).
+pub fn valve(
+    findings: &[Finding],
+    marks: usize,
+    tasks: usize,
+    max_fraction: f64,
+) -> Option<String> {
+    let deleted: BTreeSet<&str> = findings
+        .iter()
+        .filter_map(|f| f.delete_key.as_deref())
+        .collect();
+    let stopped: BTreeSet<&str> = findings
+        .iter()
+        .filter_map(|f| f.stop_task.as_deref())
+        .collect();
+    let over = |affected: usize, total: usize| {
+        affected > 1 && affected as f64 > max_fraction * total as f64
+    };
+    if over(deleted.len(), marks) {
+        return Some(format!(
+            "{} of {marks} marks look orphaned (more than SWEEP_MAX_FRACTION={max_fraction}): acting on nothing; check POOL_GROUP and the launcher",
+            deleted.len()
+        ));
+    }
+    if over(stopped.len(), tasks) {
+        return Some(format!(
+            "{} of {tasks} tasks look orphaned (more than SWEEP_MAX_FRACTION={max_fraction}): acting on nothing; check POOL_GROUP and the launcher",
+            stopped.len()
+        ));
+    }
+    None
 }
 
 async fn read_marks(bus: &dyn PoolBus) -> Result<Vec<Mark>, BusError> {
@@ -164,29 +235,95 @@ async fn read_marks(bus: &dyn PoolBus) -> Result<Vec<Mark>, BusError> {
         .map(|mark| Mark {
             user_id: user_of(&mark.key),
             value: MarkValue::parse(&mark.value),
+            raw: mark.value,
             ttl_ms: mark.ttl_ms,
             key: mark.key,
         })
         .collect())
 }
 
-async fn resolve(
-    finding: &Finding,
+/// One snapshot: tasks first, then marks, then the bus's clock.
+struct Snapshot {
+    tasks: Vec<RunningTask>,
+    marks: Vec<Mark>,
+    now: u64,
+    findings: Vec<Finding>,
+}
+
+async fn snapshot(
     bus: &dyn PoolBus,
     launcher: &dyn TaskLauncher,
-) -> Result<(), String> {
-    if let Some(key) = &finding.delete_key {
-        let mut delete = vec![key.clone()];
+    config: &SweepConfig,
+) -> Result<Snapshot, PoolError> {
+    let tasks = launcher.list().await?;
+    let marks = read_marks(bus).await?;
+    let now = bus.server_time_ms().await?;
+    let findings = classify(&marks, &tasks, now, config);
+    Ok(Snapshot {
+        tasks,
+        marks,
+        now,
+        findings,
+    })
+}
+
+/// The findings of `first` that `second` confirms: the same finding, on a
+/// mark holding the same value in both. With the mark's value to compare
+/// before deleting.
+fn confirmed(first: &Snapshot, second: &Snapshot) -> Vec<(Finding, Option<String>)> {
+    let values = |snapshot: &Snapshot| -> HashMap<String, String> {
+        snapshot
+            .marks
+            .iter()
+            .map(|m| (m.key.clone(), m.raw.clone()))
+            .collect()
+    };
+    let (before, after) = (values(first), values(second));
+    first
+        .findings
+        .iter()
+        .filter(|finding| second.findings.contains(finding))
+        .filter_map(|finding| match &finding.delete_key {
+            None => Some((finding.clone(), None)),
+            Some(key) => {
+                let seen = before.get(key)?;
+                (after.get(key) == Some(seen)).then(|| (finding.clone(), Some(seen.clone())))
+            }
+        })
+        .collect()
+}
+
+/// What resolving one finding did.
+enum Resolved {
+    Done,
+    /// The mark changed since the snapshot: left alone, nothing stopped.
+    Changed,
+}
+
+async fn resolve(
+    finding: &Finding,
+    seen: Option<&str>,
+    bus: &dyn PoolBus,
+    launcher: &dyn TaskLauncher,
+) -> Result<Resolved, String> {
+    if let (Some(key), Some(seen)) = (&finding.delete_key, seen) {
+        let mut also = Vec::new();
         if let Some(user) = finding
             .user_id
             .as_deref()
             .filter(|u| *u != keys::POOL_USER_ID)
         {
-            delete.push(keys::worker_metadata(user));
+            also.push(keys::worker_metadata(user));
         }
-        bus.delete_keys(&delete)
+        let deleted = bus
+            .delete_mark_if(key, seen, &also)
             .await
             .map_err(|err| format!("DEL {key}: {err}"))?;
+        if !deleted {
+            // A claim or heartbeat since the snapshot: the finding is stale,
+            // and so is any stop that came with it.
+            return Ok(Resolved::Changed);
+        }
     }
     if let Some(task) = &finding.stop_task {
         launcher
@@ -194,35 +331,53 @@ async fn resolve(
             .await
             .map_err(|err| err.to_string())?;
     }
-    Ok(())
+    Ok(Resolved::Done)
 }
 
-/// One sweep: read, classify, resolve (unless dry run), report.
+/// One sweep: two snapshots, classify, the safety valve, resolve what both
+/// snapshots confirm (unless dry run), report.
 pub async fn sweep(
     bus: &dyn PoolBus,
     launcher: &dyn TaskLauncher,
     config: &SweepConfig,
     telemetry: &dyn TelemetrySink,
 ) -> Result<SweepReport, PoolError> {
-    // Tasks first: a task that starts between the two reads then has a mark but
-    // is not listed, which at worst looks like an orphan mark for one sweep only
-    // if it also died; listing marks first could stop a healthy new task.
-    let tasks = launcher.list().await?;
-    let marks = read_marks(bus).await?;
-    let now = u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0);
-    let findings = classify(&marks, &tasks, now, config);
+    let first = snapshot(bus, launcher, config).await?;
+    let held = valve(
+        &first.findings,
+        first.marks.len(),
+        first.tasks.len(),
+        config.max_fraction,
+    );
+    if let Some(reason) = &held {
+        tracing::error!(reason, "maintenance sweep held by its safety valve");
+    }
+    // Act only on what a second look confirms: a task that started, a claim
+    // or a heartbeat since the first look drops the finding.
+    let (findings, unconfirmed) = if held.is_some() || config.dry_run {
+        let all = first.findings.iter().cloned().map(|f| (f, None)).collect();
+        (all, 0)
+    } else {
+        let second = snapshot(bus, launcher, config).await?;
+        let confirmed = confirmed(&first, &second);
+        let dropped = first.findings.len() - confirmed.len();
+        (confirmed, dropped as u64)
+    };
     let mut found: BTreeMap<OrphanKind, u64> = OrphanKind::ALL.iter().map(|k| (*k, 0)).collect();
     let mut resolved = found.clone();
-    for finding in &findings {
+    for (finding, _) in &findings {
         *found.entry(finding.kind).or_default() += 1;
     }
     let mut errors = Vec::new();
-    if !config.dry_run {
-        let results: Vec<Vec<(OrphanKind, Result<(), String>)>> =
+    let mut changed = 0;
+    let act = !config.dry_run && held.is_none();
+    if act {
+        let results: Vec<Vec<(OrphanKind, Result<Resolved, String>)>> =
             futures_util::stream::iter(findings.chunks(100).map(|batch| async move {
                 let mut out = Vec::with_capacity(batch.len());
-                for finding in batch {
-                    out.push((finding.kind, resolve(finding, bus, launcher).await));
+                for (finding, seen) in batch {
+                    let done = resolve(finding, seen.as_deref(), bus, launcher).await;
+                    out.push((finding.kind, done));
                 }
                 out
             }))
@@ -231,7 +386,8 @@ pub async fn sweep(
             .await;
         for (kind, result) in results.into_iter().flatten() {
             match result {
-                Ok(()) => *resolved.entry(kind).or_default() += 1,
+                Ok(Resolved::Done) => *resolved.entry(kind).or_default() += 1,
+                Ok(Resolved::Changed) => changed += 1,
                 Err(err) => errors.push(err),
             }
         }
@@ -239,7 +395,7 @@ pub async fn sweep(
     // After the orphan marks are gone: a dead pool worker's half-taken claims
     // go back in line (the re-queue itself checks that its pool mark is gone).
     let mut claims_requeued = 0;
-    if !config.dry_run {
+    if act {
         match crate::worker::requeue_dead_claims(bus).await {
             Ok(count) => claims_requeued = count,
             Err(err) => errors.push(format!("re-queue of dead workers' claims: {err}")),
@@ -247,7 +403,7 @@ pub async fn sweep(
     }
     // Last: an orphaned mark deleted above no longer hides a dead worker.
     let mut reserved = Vec::new();
-    if let Some(lock) = config.supervise {
+    if let (Some(lock), None) = (config.supervise, &held) {
         let supervise = SuperviseConfig {
             lock,
             dry_run: config.dry_run,
@@ -265,18 +421,21 @@ pub async fn sweep(
         found: counts(&found),
         resolved: counts(&resolved),
         dry_run: config.dry_run,
+        held: held.is_some(),
     });
     let report = SweepReport {
-        at: now,
+        at: first.now,
         dry_run: config.dry_run,
-        marks: marks.len(),
-        tasks: tasks.len(),
+        marks: first.marks.len(),
+        tasks: first.tasks.len(),
         found,
         resolved,
-        findings,
+        findings: findings.into_iter().map(|(finding, _)| finding).collect(),
         errors,
         claims_requeued,
         reserved,
+        held,
+        unconfirmed: unconfirmed + changed,
     };
     bus.put_maintenance_report(&serde_json::to_string(&report).unwrap_or_default())
         .await?;
@@ -286,6 +445,11 @@ pub async fn sweep(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launcher::testing::ScriptedLauncher;
+    use leasehold_pool::bus::memory::{MemoryPoolBus, SnapshotRead};
+    use leasehold_pool::bus::{Inspect, MarkWrite, WorkerMetadata};
+    use leasehold_telemetry::RecordingSink;
+    use std::sync::Arc;
 
     const NOW: u64 = 1_000_000;
 
@@ -296,6 +460,7 @@ mod tests {
             concurrency: 4,
             dry_run: false,
             supervise: None,
+            max_fraction: DEFAULT_MAX_FRACTION,
         }
     }
 
@@ -305,16 +470,18 @@ mod tests {
         } else {
             keys::worker_active(user)
         };
+        let value = MarkValue {
+            worker_id: task.into(),
+            task_id: task.into(),
+            user_id: user.into(),
+            heartbeat_at: NOW - heartbeat_ago_ms,
+            started_at: 0,
+        };
         Mark {
             user_id: user_of(&key),
             key,
-            value: Some(MarkValue {
-                worker_id: task.into(),
-                task_id: task.into(),
-                user_id: user.into(),
-                heartbeat_at: NOW - heartbeat_ago_ms,
-                started_at: 0,
-            }),
+            raw: value.to_json(),
+            value: Some(value),
             ttl_ms: ttl,
         }
     }
@@ -374,16 +541,18 @@ mod tests {
     }
 
     #[test]
-    fn marks_without_ttl_or_with_an_old_heartbeat_are_stale() {
+    fn staleness_is_judged_by_the_ttl_redis_keeps_not_by_heartbeat_clocks() {
         let marks = [
             mark("u1", "t1", 1000, None),
-            mark("u2", "t2", 45_000, Some(10_000)),
+            mark("u2", "t2", 0, Some(3_600_000)),
             Mark {
                 value: None,
                 ..mark("u3", "t3", 0, Some(5000))
             },
+            // Its writer's clock is 10 minutes behind: its TTL is fine, so it is.
+            mark("u4", "t4", 600_000, Some(25_000)),
         ];
-        let tasks = [task("t1", 600_000, None)];
+        let tasks = [task("t1", 600_000, None), task("t4", 600_000, None)];
         let findings = classify(&marks, &tasks, NOW, &config());
         assert_eq!(
             kinds(&findings),
@@ -400,24 +569,309 @@ mod tests {
     }
 
     #[test]
-    fn two_tasks_for_one_user_stop_the_older() {
-        // t-old was cold-started for u1 and still runs; t-new holds the mark.
-        let marks = [mark("u1", "t-new", 0, Some(30_000))];
+    fn two_tasks_for_one_user_keep_the_mark_holder() {
         let tasks = [
             task("t-old", 600_000, Some("u1")),
             task("t-new", 10_000, Some("u1")),
         ];
+        // t-new holds the mark: the older one goes.
+        let marks = [mark("u1", "t-new", 0, Some(30_000))];
         let findings = classify(&marks, &tasks, NOW, &config());
         assert_eq!(
             kinds(&findings),
             vec![(OrphanKind::DuplicateWorker, None, Some("t-old".into()))]
         );
-        // Same when the older one holds the mark: the original specification stops the older task.
+        // t-old holds the mark: it serves the user, the newer one goes.
         let marks = [mark("u1", "t-old", 0, Some(30_000))];
         let findings = classify(&marks, &tasks, NOW, &config());
         assert_eq!(
             kinds(&findings),
+            vec![(OrphanKind::DuplicateWorker, None, Some("t-new".into()))]
+        );
+        // Nobody holds it: the newest stays.
+        let findings = classify(&[], &tasks, NOW, &config());
+        assert_eq!(
+            kinds(&findings),
             vec![(OrphanKind::DuplicateWorker, None, Some("t-old".into()))]
         );
+    }
+
+    #[test]
+    fn the_valve_allows_one_finding_and_holds_a_large_share() {
+        let orphan = |n: usize| Finding {
+            kind: OrphanKind::OrphanMark,
+            user_id: None,
+            delete_key: Some(format!("worker:active:u{n}")),
+            stop_task: None,
+        };
+        assert_eq!(
+            valve(&[orphan(1)], 2, 2, 0.2),
+            None,
+            "one is always allowed"
+        );
+        assert_eq!(valve(&[orphan(1), orphan(2)], 10, 10, 0.2), None);
+        assert!(valve(&[orphan(1), orphan(2), orphan(3)], 10, 10, 0.2).is_some());
+        let stop = |n: usize| Finding {
+            kind: OrphanKind::OrphanTask,
+            user_id: None,
+            delete_key: None,
+            stop_task: Some(format!("t{n}")),
+        };
+        let reason = valve(&[stop(1), stop(2), stop(3)], 0, 5, 0.2).expect("held");
+        assert!(reason.contains("3 of 5 tasks"), "{reason}");
+    }
+
+    // --- race tests: the bus and the launcher change between the sweep's reads ---
+
+    fn metadata(task: &str) -> WorkerMetadata {
+        WorkerMetadata {
+            task_arn: task.into(),
+            instance_id: "host".into(),
+            launched_at: 1,
+        }
+    }
+
+    /// `task` claims `user` on the bus, as a worker's claim step does.
+    async fn claim(bus: &MemoryPoolBus, user: &str, task: &str) {
+        let value = MarkValue {
+            worker_id: task.into(),
+            task_id: task.into(),
+            user_id: user.into(),
+            heartbeat_at: 1,
+            started_at: 1,
+        }
+        .to_json();
+        let claimed = bus
+            .claim_user(&MarkWrite {
+                user_id: user,
+                worker_id: task,
+                value: &value,
+                ttl: Duration::from_secs(30),
+                metadata: &metadata(task),
+            })
+            .await
+            .unwrap();
+        assert!(claimed);
+    }
+
+    async fn pool_mark(bus: &MemoryPoolBus, task: &str) {
+        let value = MarkValue {
+            worker_id: task.into(),
+            task_id: task.into(),
+            user_id: keys::POOL_USER_ID.into(),
+            heartbeat_at: 1,
+            started_at: 1,
+        }
+        .to_json();
+        bus.set_pool_mark(task, &value, Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+
+    /// A task the bus's clock says started `ago_ms` ago.
+    async fn running(bus: &MemoryPoolBus, id: &str, ago_ms: u64) -> RunningTask {
+        let now = bus.server_time_ms().await.unwrap();
+        RunningTask {
+            task_id: id.into(),
+            started_at: now - ago_ms,
+            user_id: None,
+        }
+    }
+
+    async fn sweep_once(bus: &MemoryPoolBus, launcher: &ScriptedLauncher) -> SweepReport {
+        sweep(bus, launcher, &config(), &RecordingSink::new())
+            .await
+            .unwrap()
+    }
+
+    /// Guard: compare-and-delete. The mark the snapshots saw as an orphan's
+    /// is replaced by a claim before the delete: the new mark stays.
+    #[tokio::test]
+    async fn a_claim_after_the_snapshot_keeps_its_mark() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        claim(&bus, "u1", "t-dead").await;
+        let launcher = ScriptedLauncher::with(vec![]);
+        let (hooked, running) = (bus.clone(), launcher.running.clone());
+        bus.after_read(SnapshotRead::Marks, 2, move || {
+            Box::pin(async move {
+                // t-dead's mark lapses and t-new claims u1.
+                hooked
+                    .delete_keys(&[keys::worker_active("u1")])
+                    .await
+                    .unwrap();
+                claim(&hooked, "u1", "t-new").await;
+                running.lock().unwrap().push(RunningTask {
+                    task_id: "t-new".into(),
+                    started_at: 0,
+                    user_id: None,
+                });
+            })
+        });
+        let report = sweep_once(&bus, &launcher).await;
+        let mark = bus.get(&keys::worker_active("u1")).await.unwrap();
+        assert!(
+            mark.as_deref().is_some_and(|m| m.contains("t-new")),
+            "t-new's claim survived the sweep: {mark:?}"
+        );
+        assert!(bus.user_is_active("u1").await.unwrap());
+        assert_eq!(report.resolved[&OrphanKind::OrphanMark], 0);
+        assert_eq!(report.unconfirmed, 1);
+        assert!(launcher.stopped().is_empty());
+    }
+
+    /// Guard: the second look. A task that starts (and claims) between the
+    /// task list and the marks read keeps its mark and is not stopped.
+    #[tokio::test]
+    async fn a_task_started_between_listing_and_reading_marks_is_left_alone() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let launcher = ScriptedLauncher::with(vec![]);
+        let (hooked, running) = (bus.clone(), launcher.running.clone());
+        let started = running_now(&bus, "t-started").await;
+        launcher.after_list(1, move || {
+            Box::pin(async move {
+                running.lock().unwrap().push(started);
+                claim(&hooked, "u2", "t-started").await;
+            })
+        });
+        let report = sweep_once(&bus, &launcher).await;
+        assert!(bus.user_is_active("u2").await.unwrap(), "mark kept");
+        assert!(
+            !bus.hash_get_all(&keys::worker_metadata("u2"))
+                .await
+                .unwrap()
+                .is_empty(),
+            "metadata kept"
+        );
+        assert!(launcher.stopped().is_empty());
+        assert_eq!(report.unconfirmed, 1, "seen once as an orphan mark");
+    }
+
+    async fn running_now(bus: &MemoryPoolBus, id: &str) -> RunningTask {
+        running(bus, id, 0).await
+    }
+
+    /// Guard: the second look, for tasks. An old task whose mark appears
+    /// right after the first marks read (its first heartbeat was late) is
+    /// not stopped.
+    #[tokio::test]
+    async fn a_task_marked_after_the_first_look_is_not_stopped() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let launcher = ScriptedLauncher::with(vec![running(&bus, "t-slow", 600_000).await]);
+        let hooked = bus.clone();
+        bus.after_read(SnapshotRead::Marks, 1, move || {
+            Box::pin(async move { pool_mark(&hooked, "t-slow").await })
+        });
+        let report = sweep_once(&bus, &launcher).await;
+        assert!(launcher.stopped().is_empty(), "{:?}", launcher.stopped());
+        assert_eq!(report.unconfirmed, 1);
+    }
+
+    /// Guard: ages by the pool bus's clock. The sweeper's host clock is 60 s
+    /// ahead of Redis's: a task Redis's clock says started 5 s ago has not
+    /// written its first mark yet, and a mark whose writer's clock lags a
+    /// minute is healthy by its TTL. Nothing is stopped or deleted.
+    #[tokio::test]
+    async fn a_sweeper_clock_60_s_ahead_stops_nothing_healthy() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        bus.skew_clock(-60_000);
+        let launcher = ScriptedLauncher::with(vec![
+            running(&bus, "t-young", 5_000).await,
+            running(&bus, "t-old", 600_000).await,
+        ]);
+        claim(&bus, "u1", "t-old").await;
+        let report = sweep_once(&bus, &launcher).await;
+        assert!(launcher.stopped().is_empty(), "{:?}", launcher.stopped());
+        assert!(report.findings.is_empty(), "{:?}", report.findings);
+        assert!(bus.user_is_active("u1").await.unwrap());
+    }
+
+    /// Guard: the safety valve. A launcher of the wrong `POOL_GROUP` lists
+    /// none of the pool's tasks: every mark looks orphaned, and the sweep
+    /// reports and acts on nothing.
+    #[tokio::test]
+    async fn a_wrong_pool_group_holds_the_sweep() {
+        let bus = MemoryPoolBus::new();
+        for n in 0..4 {
+            pool_mark(&bus, &format!("t-pool-{n}")).await;
+        }
+        claim(&bus, "u1", "t-served").await;
+        let wrong_group = crate::launcher::LocalLauncher {
+            program: "/bin/true".into(),
+            group: format!("wrong-group-{}", rand::random::<u64>()),
+            log_dir: None,
+        };
+        let telemetry = RecordingSink::new();
+        let report = sweep(&bus, &wrong_group, &config(), &telemetry)
+            .await
+            .unwrap();
+        let reason = report.held.clone().expect("held");
+        assert!(reason.contains("5 of 5 marks"), "{reason}");
+        assert_eq!(report.found[&OrphanKind::OrphanMark], 5);
+        assert!(report.resolved.values().all(|n| *n == 0));
+        assert_eq!(
+            bus.marks(keys::WORKER_ACTIVE_PATTERN).await.unwrap().len(),
+            5,
+            "every mark is still there"
+        );
+        assert!(
+            telemetry
+                .snapshot()
+                .iter()
+                .any(|event| matches!(event, TelemetryEvent::OrphanSweep { held: true, .. }))
+        );
+        let stored: SweepReport =
+            serde_json::from_str(&bus.maintenance_report().await.unwrap().unwrap()).unwrap();
+        assert_eq!(stored.held, Some(reason));
+    }
+
+    /// The valve does not stop the ordinary case: one dead worker of five.
+    #[tokio::test]
+    async fn one_dead_worker_of_five_is_still_swept() {
+        let bus = MemoryPoolBus::new();
+        let mut tasks = Vec::new();
+        for n in 0..5 {
+            let id = format!("t-pool-{n}");
+            pool_mark(&bus, &id).await;
+            if n > 0 {
+                tasks.push(running(&bus, &id, 600_000).await);
+            }
+        }
+        let launcher = ScriptedLauncher::with(tasks);
+        let report = sweep_once(&bus, &launcher).await;
+        assert_eq!(report.held, None);
+        assert_eq!(report.resolved[&OrphanKind::OrphanMark], 1);
+        assert_eq!(
+            bus.get(&keys::pool_worker_active("t-pool-0"))
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            bus.marks(keys::WORKER_ACTIVE_PATTERN).await.unwrap().len(),
+            4
+        );
+    }
+
+    /// Duplicates on the bus: the mark holder stays, the other is stopped.
+    #[tokio::test]
+    async fn a_duplicate_is_stopped_and_the_mark_holder_kept() {
+        let bus = MemoryPoolBus::new();
+        claim(&bus, "u1", "t-holder").await;
+        let mut holder = running(&bus, "t-holder", 600_000).await;
+        holder.user_id = Some("u1".into());
+        let mut late = running(&bus, "t-late", 120_000).await;
+        late.user_id = Some("u1".into());
+        let mut others = Vec::new();
+        for n in 0..4 {
+            let id = format!("t-pool-{n}");
+            pool_mark(&bus, &id).await;
+            others.push(running(&bus, &id, 600_000).await);
+        }
+        others.extend([holder, late]);
+        let launcher = ScriptedLauncher::with(others);
+        let report = sweep_once(&bus, &launcher).await;
+        assert_eq!(report.held, None);
+        assert_eq!(launcher.stopped(), ["t-late"]);
+        assert!(bus.user_is_active("u1").await.unwrap());
     }
 }

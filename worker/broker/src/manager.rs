@@ -1,8 +1,15 @@
 //! The pool manager's reconcile pass and the claim path (the original broker-pool specification: "active →
 //! nothing; idle pool worker → claim; none → cold start").
 //!
-//! Both count idle pool workers with a scan of `worker:active:-1:*` on the pool
-//! bus (SCAN, never KEYS: it would block Redis on a large keyspace).
+//! Both read the idle pool from `pool:idle` (one script over the idle
+//! workers, never a SCAN of a keyspace that holds a day of request keys).
+//!
+//! Scale-down never stops a worker between taking a claim and its claim step:
+//! the manager first retires the worker on the bus, one step that succeeds only
+//! while the worker is idle (no claim in its processing list), and stops only
+//! a worker it retired; a retired worker takes no claim, and a claim its
+//! blocked move took after the retirement goes back first in line
+//! (`PoolBus::retire_idle`, `PoolBus::take_claim`).
 
 use std::time::{Duration, SystemTime};
 
@@ -31,16 +38,17 @@ pub enum PoolError {
     InvalidUserId,
 }
 
-/// Idle pool workers: their mark keys and, where readable, their marks.
+/// Idle pool workers (from `pool:idle`): their ids and, where readable, their marks.
 pub async fn idle_pool_workers(
     bus: &dyn PoolBus,
 ) -> Result<Vec<(String, Option<MarkValue>)>, BusError> {
-    let marks = bus.marks(keys::POOL_WORKER_ACTIVE_PATTERN).await?;
-    Ok(marks
+    Ok(bus
+        .idle_workers()
+        .await?
         .into_iter()
-        .map(|mark| {
-            let value = MarkValue::parse(&mark.value);
-            (mark.key, value)
+        .map(|entry| {
+            let value = MarkValue::parse(&entry.mark);
+            (entry.worker_id, value)
         })
         .collect())
 }
@@ -138,6 +146,9 @@ pub struct Reconciled {
     pub started: Vec<String>,
     /// Stopped task ids.
     pub stopped: Vec<String>,
+    /// Pool workers chosen to stop that refused retirement (they took a
+    /// claim after the idle read): left running.
+    pub busy: Vec<String>,
 }
 
 /// One pool-manager pass: start or stop pool workers to reach `target`.
@@ -156,9 +167,23 @@ pub async fn reconcile(
         outcome.started.push(launcher.start(None).await?);
     }
     // Stop the newest extras first: the oldest have proven they start fine.
-    let mut extras: Vec<MarkValue> = idle.into_iter().filter_map(|(_, mark)| mark).collect();
-    extras.sort_by_key(|mark| std::cmp::Reverse(mark.started_at));
-    for mark in extras.into_iter().take(outcome.idle.saturating_sub(target)) {
+    // Only a worker retired on the bus is stopped: one that took a claim
+    // since the read is busy, refuses the retirement, and the next is tried.
+    let mut extras: Vec<(String, MarkValue)> = idle
+        .into_iter()
+        .filter_map(|(worker, mark)| Some((worker, mark?)))
+        .collect();
+    extras.sort_by_key(|(_, mark)| std::cmp::Reverse(mark.started_at));
+    let mut surplus = outcome.idle.saturating_sub(target);
+    for (worker_id, mark) in extras {
+        if surplus == 0 {
+            break;
+        }
+        if !bus.retire_idle(&worker_id).await? {
+            outcome.busy.push(worker_id);
+            continue;
+        }
+        surplus -= 1;
         launcher
             .stop(&mark.task_id, "pool above target size")
             .await?;
@@ -171,4 +196,79 @@ pub async fn reconcile(
         stopped: outcome.stopped.len() as u64,
     });
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::launcher::testing::ScriptedLauncher;
+    use leasehold_pool::bus::memory::{MemoryPoolBus, SnapshotRead};
+    use leasehold_pool::bus::{Inspect, Take};
+    use leasehold_telemetry::RecordingSink;
+    use tokio_util::sync::CancellationToken;
+
+    async fn pool_worker(bus: &MemoryPoolBus, worker: &str, started_at: u64) {
+        let mark = MarkValue {
+            worker_id: worker.into(),
+            task_id: format!("task-{worker}"),
+            user_id: keys::POOL_USER_ID.into(),
+            heartbeat_at: 1,
+            started_at,
+        };
+        assert!(
+            bus.set_pool_mark(worker, &mark.to_json(), Duration::from_secs(30))
+                .await
+                .unwrap()
+        );
+    }
+
+    /// Guard: retire before stop. The worker chosen to stop takes a claim
+    /// between the manager's idle read and its stop: it refuses retirement,
+    /// keeps its claim and runs on; the next idle worker is stopped instead.
+    #[tokio::test]
+    async fn scale_down_never_stops_a_worker_that_took_a_claim() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        pool_worker(&bus, "w-old", 1).await;
+        pool_worker(&bus, "w-new", 2).await;
+        let hooked = bus.clone();
+        bus.after_read(SnapshotRead::IdleWorkers, 1, move || {
+            Box::pin(async move {
+                hooked.push_claim("claim-for-w-new").await.unwrap();
+                let taken = hooked
+                    .take_claim("w-new", Duration::from_secs(1), &CancellationToken::new())
+                    .await
+                    .unwrap();
+                assert!(matches!(taken, Take::Claim(_)));
+            })
+        });
+        let launcher = ScriptedLauncher::default();
+        let outcome = reconcile(bus.as_ref(), &launcher, 1, &RecordingSink::new())
+            .await
+            .unwrap();
+        assert_eq!(outcome.idle, 2);
+        assert_eq!(outcome.busy, ["w-new"]);
+        assert_eq!(outcome.stopped, ["task-w-old"]);
+        assert_eq!(launcher.stopped(), ["task-w-old"]);
+        assert_eq!(
+            bus.list_items(&keys::claims_processing("w-new"))
+                .await
+                .unwrap(),
+            ["claim-for-w-new"],
+            "the busy worker keeps its claim"
+        );
+        // The stopped one was retired first: it would take no claim.
+        assert_eq!(
+            bus.take_claim(
+                "w-old",
+                Duration::from_millis(10),
+                &CancellationToken::new()
+            )
+            .await
+            .unwrap(),
+            Take::Retired
+        );
+        assert!(idle_pool_workers(bus.as_ref()).await.unwrap().is_empty());
+    }
 }

@@ -252,6 +252,13 @@ pub const SWEEP_GRACE_SECONDS: Setting<Duration> = Setting::new(
     Fallback::Value(|| Duration::from_secs(60)),
     "`maintenance` leaves tasks younger than this alone (they may not have written their first mark).",
 );
+/// The `SWEEP_MAX_FRACTION` variable.
+pub const SWEEP_MAX_FRACTION: Setting<f64> = Setting::new(
+    "SWEEP_MAX_FRACTION",
+    parse::FRACTION,
+    Fallback::Value(|| crate::maintenance::DEFAULT_MAX_FRACTION),
+    "`maintenance`'s safety valve: when more than this share (0-1) of the marks or of the tasks looks orphaned (e.g. a wrong POOL_GROUP), it reports and acts on nothing. A single finding is always acted on.",
+);
 /// The `SWEEP_CONCURRENCY` variable.
 pub const SWEEP_CONCURRENCY: Setting<usize> = Setting::new(
     "SWEEP_CONCURRENCY",
@@ -308,6 +315,7 @@ pub const ALL: &[&dyn Documented] = &[
     &LOCAL_WORKER_LOG_DIR,
     &SWEEP_GRACE_SECONDS,
     &SWEEP_CONCURRENCY,
+    &SWEEP_MAX_FRACTION,
     &SUPERVISE_INTERVAL_SECONDS,
     &RESERVE_LOCK_SECONDS,
 ];
@@ -525,6 +533,7 @@ pub fn sweep_config(env: &mut Env, dry_run: bool) -> SweepConfig {
         concurrency: env.get(&SWEEP_CONCURRENCY),
         dry_run,
         supervise: Some(env.get(&RESERVE_LOCK_SECONDS)),
+        max_fraction: env.get(&SWEEP_MAX_FRACTION),
     }
 }
 

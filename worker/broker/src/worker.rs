@@ -41,7 +41,7 @@ use crate::credentials::{CipherError, Credentials, CredentialsCipher};
 use crate::paper::Broker;
 pub use leasehold_pool::bus::WorkerMetadata;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{BusError, ClaimSettle, MarkWrite, PoolBus, Settled};
+use leasehold_pool::bus::{BusError, ClaimSettle, MarkWrite, PoolBus, Settled, Take};
 use leasehold_pool::protocol::{self, ClaimMessage, ClaimOutcome, MarkValue};
 
 /// Why a claim for a user who has a worker fails (outcome and telemetry).
@@ -49,8 +49,9 @@ const ALREADY_SERVED: &str = "user already has an active worker";
 
 /// Re-queues the claims every pool worker whose pool mark is gone had taken
 /// and not settled (it died between the take and the claim step); returns
-/// how many. Run by every pool worker when it starts and when its wait times
-/// out, and by the maintenance sweep.
+/// how many. A `SCAN` of the keyspace, so only the maintenance sweep and
+/// supervision run it; pool workers rely on the idle read (`pool:idle`),
+/// which re-queues the claims of every dead worker that was in the idle pool.
 pub async fn requeue_dead_claims(bus: &dyn PoolBus) -> Result<u64, BusError> {
     let mut requeued = 0;
     for key in bus.scan_keys(keys::CLAIMS_PROCESSING_PATTERN).await? {
@@ -132,6 +133,8 @@ pub enum WorkerExit {
     Lost,
     /// Cold start for a user who already had a worker for longer than a mark TTL.
     AlreadyServed,
+    /// The pool manager retired this idle pool worker (pool above target).
+    Retired,
 }
 
 /// Failures that end a worker with a non-zero exit (the orchestrator replaces it).
@@ -335,11 +338,21 @@ impl BrokerWorker {
                 .take_claim(&self.config.worker_id, self.config.block, shutdown)
                 .await;
             let taken = match taken {
-                Ok(Some(taken)) => taken,
-                Ok(None) => {
+                Ok(Take::Claim(taken)) => taken,
+                Ok(Take::Empty) => {
                     failures = 0;
                     self.requeue_dead_claims().await;
                     continue;
+                }
+                Ok(Take::Retired) => {
+                    // The pool manager chose this idle worker to stop; any
+                    // claim it moved meanwhile is back in line already.
+                    heartbeat.stop().await;
+                    if let Err(err) = self.bus.delete_pool_mark(&self.config.worker_id).await {
+                        tracing::warn!(error = %err, "cannot delete the pool mark; it expires with its TTL");
+                    }
+                    self.state(PoolWorkerStateKind::Stopped, None);
+                    return Ok(Err(WorkerExit::Retired));
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "take on pool:claims failed; retrying");
@@ -387,13 +400,13 @@ impl BrokerWorker {
     }
 
     /// Re-queues the claims of pool workers whose pool mark is gone (they
-    /// died between taking a claim and settling it). Best effort: the
-    /// maintenance sweep does the same.
+    /// died between taking a claim and settling it), through the idle read of
+    /// `pool:idle`, which does so for every dead entry it finds: no SCAN of a
+    /// keyspace that holds a day of request records. Best effort: the
+    /// maintenance sweep also re-queues by SCAN.
     async fn requeue_dead_claims(&self) {
-        match requeue_dead_claims(self.bus.as_ref()).await {
-            Ok(0) => {}
-            Ok(count) => tracing::warn!(count, "re-queued claims a dead pool worker had taken"),
-            Err(err) => tracing::warn!(error = %err, "cannot look for claims of dead pool workers"),
+        if let Err(err) = self.bus.idle_workers().await {
+            tracing::warn!(error = %err, "cannot look for claims of dead pool workers");
         }
     }
 
@@ -621,8 +634,12 @@ impl BrokerWorker {
                 let set = bus
                     .set_pool_mark(&template.worker_id, &mark.to_json(), ttl)
                     .await;
-                if let Err(err) = set {
-                    tracing::warn!(error = %err, "pool heartbeat failed");
+                match set {
+                    Ok(true) => {}
+                    // The mark still beats (the worker is alive until it
+                    // exits); the next take tells the worker to exit.
+                    Ok(false) => tracing::debug!("retired by the pool manager"),
+                    Err(err) => tracing::warn!(error = %err, "pool heartbeat failed"),
                 }
             }
         })

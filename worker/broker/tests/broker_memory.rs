@@ -158,6 +158,7 @@ async fn the_sweep_deletes_orphan_marks_on_the_memory_bus() {
         concurrency: 2,
         dry_run: false,
         supervise: None,
+        max_fraction: maintenance::DEFAULT_MAX_FRACTION,
     };
     let report = maintenance::sweep(&bus, &launcher, &sweep, &LogSink)
         .await

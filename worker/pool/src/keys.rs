@@ -11,6 +11,13 @@ pub const POOL_USER_ID: &str = "-1";
 /// its own [`claims_processing`] list, never by popping it.
 pub const POOL_CLAIMS: &str = "pool:claims";
 
+/// The idle pool (sorted set: pool worker id → last heartbeat, unix ms by
+/// Redis `TIME`; a retired worker scores -1). Written with the pool mark and
+/// read by claims and the pool manager instead of a SCAN of the keyspace; an
+/// entry without its [`pool_worker_active`] mark is stale and dropped by the
+/// read that finds it. An addition to the original layout: the marks remain.
+pub const POOL_IDLE: &str = "pool:idle";
+
 /// Prefix of the per-pool-worker claim processing lists.
 pub const CLAIMS_PROCESSING_PREFIX: &str = "pool:claims:processing:";
 
@@ -221,6 +228,7 @@ mod tests {
         assert_eq!(dead_letter(POOL_CLAIMS), "pool:claims:dead");
         assert!(pool_worker_active("w1").starts_with(&POOL_WORKER_ACTIVE_PATTERN[..16]));
         assert_eq!(claims_processing("w1"), "pool:claims:processing:w1");
+        assert_eq!(POOL_IDLE, "pool:idle");
         assert_eq!(
             claims_processing_owner("pool:claims:processing:w1"),
             Some("w1")

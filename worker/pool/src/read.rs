@@ -102,6 +102,14 @@ pub struct SweepReport {
     /// Users given a new worker by supervision in this pass.
     #[serde(default)]
     pub reserved: Vec<String>,
+    /// Set when the safety valve (`SWEEP_MAX_FRACTION`) held the sweep: why.
+    /// Nothing was deleted or stopped; the findings are what looked orphaned.
+    #[serde(default)]
+    pub held: Option<String>,
+    /// Findings of the first snapshot that the second did not confirm, or
+    /// whose mark changed before its compare-and-delete: left alone.
+    #[serde(default)]
+    pub unconfirmed: u64,
 }
 
 /// An idle pool worker.

@@ -16,7 +16,7 @@ use super::memory::MemoryPoolBus;
 use super::redis::RedisPoolBus;
 use super::{
     Answer, AnswerMode, Begun, BusError, ClaimSettle, DEAD_LETTER_MAX, DEAD_LETTER_TTL,
-    LedgerWrite, MarkWrite, PoolBus, SHED_BATCH, Settled, Shed, UserMessage, WorkerMetadata,
+    LedgerWrite, MarkWrite, PoolBus, SHED_BATCH, Settled, Shed, Take, UserMessage, WorkerMetadata,
 };
 use crate::protocol::{MarkValue, record};
 
@@ -497,6 +497,7 @@ async fn drain_claims(bus: &dyn PoolBus) {
         .take_claim(&drainer, Duration::from_millis(10), &never)
         .await
         .expect("drain")
+        .claim()
     {
         bus.fail_claim(&drainer, &taken.raw, None, "drained by a test", 1)
             .await
@@ -512,6 +513,7 @@ async fn file_claim(bus: &dyn PoolBus, worker: &str, body: &str) {
         .take_claim(worker, Duration::from_secs(1), &CancellationToken::new())
         .await
         .expect("take")
+        .claim()
         .expect("queued");
     assert_eq!(taken.text(), body);
 }
@@ -527,6 +529,208 @@ pub async fn claims_go_through_the_takers_processing_list(target: &dyn BusTarget
     taking_claims(bus.as_ref()).await;
     settling_claims(bus.as_ref()).await;
     requeueing_claims(bus.as_ref()).await;
+    retiring_pool_workers(bus.as_ref()).await;
+}
+
+/// This test's entries of the global `pool:idle`, as (worker, mark), by worker.
+async fn idle_among(bus: &dyn PoolBus, workers: &[&str]) -> Vec<(String, String)> {
+    let mut idle: Vec<(String, String)> = bus
+        .idle_workers()
+        .await
+        .expect("idle workers")
+        .into_iter()
+        .filter(|entry| workers.contains(&entry.worker_id.as_str()))
+        .map(|entry| (entry.worker_id, entry.mark))
+        .collect();
+    idle.sort();
+    idle
+}
+
+/// The pool manager's retirement and a worker's take race on one atomic
+/// check: a worker with a claim in its processing list (between take and
+/// claim step) cannot be retired, and a retired worker serves no claim, even
+/// one its blocked move took after the retirement: that claim is back first
+/// in line in the same step.
+async fn retiring_pool_workers(bus: &dyn PoolBus) {
+    drain_claims(bus).await;
+    let never = CancellationToken::new();
+    let (busy, blocked) = (unique_name("w-busy"), unique_name("w-blocked"));
+    let ttl = Duration::from_secs(30);
+    for worker in [&busy, &blocked] {
+        assert!(bus.set_pool_mark(worker, worker, ttl).await.expect("mark"));
+    }
+    let ours = [busy.as_str(), blocked.as_str()];
+    assert_eq!(idle_among(bus, &ours).await.len(), 2);
+
+    // Between take and claim step: busy, neither idle nor retirable.
+    let first = unique_name("claim");
+    file_claim(bus, &busy, &first).await;
+    assert!(!bus.retire_idle(&busy).await.expect("retire"), "mid-claim");
+    assert_eq!(
+        idle_among(bus, &ours).await,
+        [(blocked.clone(), blocked.clone())],
+        "a worker holding a claim is not idle"
+    );
+    assert!(
+        bus.fail_claim(&busy, first.as_bytes(), None, "test", 1)
+            .await
+            .expect("fail")
+    );
+    assert!(bus.retire_idle(&busy).await.expect("retire"), "idle now");
+    assert!(!bus.retire_idle(&busy).await.expect("retire"), "once");
+    assert!(
+        !bus.set_pool_mark(&busy, &busy, ttl).await.expect("mark"),
+        "a heartbeat does not undo the retirement"
+    );
+    assert_eq!(idle_among(bus, &ours).await.len(), 1, "retired: not idle");
+    let second = unique_name("claim");
+    bus.push_claim(&second).await.expect("push");
+    assert_eq!(
+        bus.take_claim(&busy, Duration::from_secs(1), &never)
+            .await
+            .expect("take"),
+        Take::Retired
+    );
+    assert_eq!(
+        bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
+        std::slice::from_ref(&second)
+    );
+
+    // Retired while blocked in the move: the claim the move takes goes back.
+    drain_claims(bus).await;
+    let take = bus.take_claim(&blocked, Duration::from_secs(30), &never);
+    let retire_then_push = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(bus.retire_idle(&blocked).await.expect("retire"));
+        bus.push_claim(&second).await.expect("push");
+    };
+    let (taken, ()) = tokio::time::timeout(PROMPT + Duration::from_millis(200), async {
+        tokio::join!(take, retire_then_push)
+    })
+    .await
+    .expect("the push wakes the take");
+    assert_eq!(taken, Ok(Take::Retired));
+    assert_eq!(
+        bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
+        std::slice::from_ref(&second),
+        "handed back, first in line"
+    );
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&blocked))
+            .await
+            .expect("llen"),
+        0
+    );
+    drain_claims(bus).await;
+
+    // An entry without its mark is a dead worker's: dropped by the read that
+    // finds it, retirement included (a later worker of that id starts idle),
+    // and a claim it had taken goes back in line.
+    let dead = unique_name("w-dead");
+    assert!(bus.set_pool_mark(&dead, &dead, ttl).await.expect("mark"));
+    let orphaned = unique_name("claim");
+    file_claim(bus, &dead, &orphaned).await;
+    bus.delete_keys(&[
+        keys::pool_worker_active(&busy),
+        keys::pool_worker_active(&dead),
+    ])
+    .await
+    .expect("del");
+    assert_eq!(idle_among(bus, &[busy.as_str(), dead.as_str()]).await, []);
+    assert_eq!(
+        bus.list_items(keys::POOL_CLAIMS).await.expect("lrange"),
+        std::slice::from_ref(&orphaned),
+        "the dead worker's claim is back in line"
+    );
+    assert_eq!(
+        bus.list_len(&keys::claims_processing(&dead))
+            .await
+            .expect("llen"),
+        0
+    );
+    drain_claims(bus).await;
+    assert!(bus.set_pool_mark(&busy, "again", ttl).await.expect("mark"));
+    assert_eq!(
+        idle_among(bus, &ours).await,
+        [(busy.clone(), "again".to_owned())]
+    );
+    for worker in [&busy, &blocked] {
+        bus.delete_pool_mark(worker).await.expect("delete");
+    }
+    assert_eq!(idle_among(bus, &ours).await, []);
+    assert!(!bus.retire_idle(&busy).await.expect("retire"), "gone");
+}
+
+/// The sweep's compare-and-delete: a mark goes (with the keys named with it)
+/// only while it holds the value the snapshot saw; the bus reports its own
+/// clock. The idle pool lists workers by the bus's clock.
+pub async fn marks_are_deleted_only_if_unchanged(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let mut writer = Writer::new(&user, &unique_name("w"));
+    assert!(claim(bus.as_ref(), &writer).await);
+    let (key, metadata) = (keys::worker_active(&user), keys::worker_metadata(&user));
+    let seen = writer.value.clone();
+    let also = [metadata.clone()];
+    assert!(
+        !bus.delete_mark_if(&key, "another value", &also)
+            .await
+            .expect("cad")
+    );
+    // A heartbeat after the snapshot: the snapshot's value is stale.
+    writer.value = mark_value(&user, &writer.worker_id, 2);
+    assert!(refresh(bus.as_ref(), &writer).await);
+    assert!(!bus.delete_mark_if(&key, &seen, &also).await.expect("cad"));
+    assert_eq!(
+        stored_mark(bus.as_ref(), &user).await,
+        Some(writer.value.clone())
+    );
+    assert!(
+        task_arn(bus.as_ref(), &user).await.is_some(),
+        "metadata kept"
+    );
+    assert!(
+        bus.delete_mark_if(&key, &writer.value, &also)
+            .await
+            .expect("cad")
+    );
+    assert_eq!(stored_mark(bus.as_ref(), &user).await, None);
+    assert_eq!(task_arn(bus.as_ref(), &user).await, None, "deleted with it");
+    assert!(
+        !bus.delete_mark_if(&key, &writer.value, &also)
+            .await
+            .expect("cad"),
+        "absent"
+    );
+
+    let host = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms");
+    let server = bus.server_time_ms().await.expect("time");
+    assert!(server.abs_diff(host) < 5_000, "server {server} host {host}");
+    let worker = unique_name("w-idle");
+    assert!(
+        bus.set_pool_mark(&worker, "m", Duration::from_secs(30))
+            .await
+            .expect("mark")
+    );
+    let entry = bus
+        .idle_workers()
+        .await
+        .expect("idle")
+        .into_iter()
+        .find(|entry| entry.worker_id == worker)
+        .expect("listed");
+    assert!(
+        entry.heartbeat_ms.abs_diff(server) < 5_000,
+        "scored with the bus clock: {} vs {server}",
+        entry.heartbeat_ms
+    );
+    bus.delete_pool_mark(&worker).await.expect("delete");
 }
 
 async fn taking_claims(bus: &dyn PoolBus) {
@@ -540,6 +744,7 @@ async fn taking_claims(bus: &dyn PoolBus) {
         bus.take_claim(&worker, Duration::from_secs(1), &never)
             .await
             .expect("take")
+            .claim()
             .map(|taken| taken.text())
     };
     assert_eq!(take().await.as_deref(), Some("c1"));
@@ -596,7 +801,7 @@ async fn taking_claims(bus: &dyn PoolBus) {
     })
     .await
     .expect("the interrupt ends the take");
-    assert_eq!(taken, Ok(None));
+    assert_eq!(taken, Ok(Take::Empty));
     assert!(interrupted.elapsed() < PROMPT);
     // A blocked take wakes on a push and files the claim in the taker's list.
     let blocked = bus.take_claim(&worker, Duration::from_secs(30), &never);
@@ -609,7 +814,10 @@ async fn taking_claims(bus: &dyn PoolBus) {
     })
     .await
     .expect("the push wakes the take");
-    assert_eq!(taken.expect("take").map(|t| t.raw), Some(b"c5".to_vec()));
+    assert_eq!(
+        taken.expect("take").claim().map(|t| t.raw),
+        Some(b"c5".to_vec())
+    );
     assert_eq!(
         bus.list_items(&keys::claims_processing(&worker))
             .await
@@ -803,6 +1011,7 @@ async fn requeueing_claims(bus: &dyn PoolBus) {
             )
             .await
             .expect("take")
+            .claim()
             .expect("queued");
         assert_eq!(&got.text(), expected);
         bus.fail_claim(&successor, &got.raw, None, "test", 1)
@@ -1583,6 +1792,7 @@ macro_rules! pool_bus_conformance_suite {
             list_len_counts_queued_messages,
             credentials_and_report_round_trip,
             delete_keys_counts_existing_keys,
+            marks_are_deleted_only_if_unchanged,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -5,7 +5,7 @@
 //! matching as Redis's `SCAN MATCH` does it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Answer, AnswerMode, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
-    DEAD_LETTER_TTL, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL,
-    RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, TakenClaim, UserMessage,
-    ledger_entry_parts, whole_seconds,
+    DEAD_LETTER_TTL, IdleEntry, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
+    REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, Take, TakenClaim,
+    UserMessage, ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -38,6 +38,8 @@ enum Value {
     String(String),
     List(VecDeque<String>),
     Hash(BTreeMap<String, String>),
+    /// A sorted set (`pool:idle`): member → integer score.
+    SortedSet(BTreeMap<String, i64>),
 }
 
 #[derive(Debug, Clone)]
@@ -267,6 +269,76 @@ impl Keyspace {
         }
     }
 
+    fn sorted_set(
+        &mut self,
+        key: &str,
+        now: Instant,
+    ) -> Result<Option<&mut BTreeMap<String, i64>>, BusError> {
+        match self.live(key, now).map(|entry| &mut entry.value) {
+            None => Ok(None),
+            Some(Value::SortedSet(set)) => Ok(Some(set)),
+            Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
+        }
+    }
+
+    /// `ZSCORE key member`.
+    fn zscore(&mut self, key: &str, member: &str, now: Instant) -> Result<Option<i64>, BusError> {
+        Ok(self
+            .sorted_set(key, now)?
+            .and_then(|set| set.get(member).copied()))
+    }
+
+    /// `ZADD key score member`.
+    fn zadd(&mut self, key: &str, member: &str, score: i64, now: Instant) -> Result<(), BusError> {
+        if self.sorted_set(key, now)?.is_none() {
+            self.entries.insert(
+                key.to_owned(),
+                Entry {
+                    value: Value::SortedSet(BTreeMap::new()),
+                    expires_at: None,
+                },
+            );
+        }
+        if let Some(set) = self.sorted_set(key, now)? {
+            set.insert(member.to_owned(), score);
+        }
+        Ok(())
+    }
+
+    /// `ZREM key member`; an emptied set is deleted, as in Redis.
+    fn zrem(&mut self, key: &str, member: &str, now: Instant) -> Result<(), BusError> {
+        let emptied = match self.sorted_set(key, now)? {
+            Some(set) => {
+                set.remove(member);
+                set.is_empty()
+            }
+            None => false,
+        };
+        if emptied {
+            self.entries.remove(key);
+        }
+        Ok(())
+    }
+
+    /// Whether pool worker `worker_id` is retired (scores below 0 in `pool:idle`).
+    fn retired(&mut self, worker_id: &str, now: Instant) -> Result<bool, BusError> {
+        Ok(self
+            .zscore(keys::POOL_IDLE, worker_id, now)?
+            .is_some_and(|score| score < 0))
+    }
+
+    /// Hands every claim in `worker_id`'s processing list back to the serving
+    /// end of `pool:claims` (the retired worker's take).
+    fn hand_back(&mut self, worker_id: &str, now: Instant) -> Result<(), BusError> {
+        let processing = keys::claims_processing(worker_id);
+        while let Some((_, body)) =
+            self.pop_first(std::slice::from_ref(&processing), End::Head, now)?
+        {
+            self.push(keys::POOL_CLAIMS, &body, End::Tail, now)?;
+        }
+        Ok(())
+    }
+
     fn expire(&mut self, key: &str, ttl: Duration, now: Instant) {
         if let Some(entry) = self.live(key, now) {
             entry.expires_at = Some(now + ttl);
@@ -342,6 +414,55 @@ pub struct MemoryPoolBus {
     /// The next this many `settle_claim` calls run, then fail as if the
     /// reply were lost.
     lost_settle_replies: AtomicU32,
+    /// The bus clock's offset from this host's, in ms ([`Self::skew_clock`]).
+    clock_skew_ms: AtomicI64,
+    /// Test hooks run after a read took its snapshot ([`Self::after_read`]).
+    hooks: Hooks,
+}
+
+/// The snapshot reads a race test can interleave a change after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SnapshotRead {
+    /// [`Inspect::marks`] (the sweep's snapshot).
+    Marks,
+    /// [`PoolBus::idle_workers`] (the pool manager's and the claim's read).
+    IdleWorkers,
+}
+
+/// A test hook run between a snapshot and its caller's next step.
+type Hook = Box<dyn FnOnce() -> futures_util::future::BoxFuture<'static, ()> + Send>;
+
+/// The hooks by read and call number (from 1), and the calls so far.
+#[derive(Default)]
+struct Hooks {
+    hooks: Mutex<BTreeMap<(SnapshotRead, u32), Hook>>,
+    calls: Mutex<BTreeMap<SnapshotRead, u32>>,
+}
+
+impl Hooks {
+    /// Counts a call of `read` and runs its hook, if any.
+    async fn run(&self, read: SnapshotRead) {
+        let call = {
+            let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+            let count = calls.entry(read).or_default();
+            *count += 1;
+            *count
+        };
+        let hook = self
+            .hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(read, call));
+        if let Some(hook) = hook {
+            hook().await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").finish_non_exhaustive()
+    }
 }
 
 impl MemoryPoolBus {
@@ -369,6 +490,33 @@ impl MemoryPoolBus {
     /// outcome is resolved, never taken for a failure.
     pub fn lose_settle_replies(&self, count: u32) {
         self.lost_settle_replies.store(count, Ordering::SeqCst);
+    }
+
+    /// Moves this bus's clock ([`Inspect::server_time_ms`], the `pool:idle`
+    /// scores) `skew_ms` away from the host's, as a Redis server whose clock
+    /// differs from the sweeper's.
+    pub fn skew_clock(&self, skew_ms: i64) {
+        self.clock_skew_ms.store(skew_ms, Ordering::SeqCst);
+    }
+
+    /// Runs `hook` right after the `call`-th `read` (counting from 1) took its
+    /// snapshot and before it returns: how race tests change the bus between
+    /// a snapshot and its caller's next step, deterministically. For tests.
+    pub fn after_read<F>(&self, read: SnapshotRead, call: u32, hook: F)
+    where
+        F: FnOnce() -> futures_util::future::BoxFuture<'static, ()> + Send + 'static,
+    {
+        self.hooks
+            .hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((read, call), Box::new(hook));
+    }
+
+    /// This bus's clock, unix ms.
+    fn now_ms(&self) -> u64 {
+        let host = leasehold_now_ms();
+        host.saturating_add_signed(self.clock_skew_ms.load(Ordering::SeqCst))
     }
 
     fn inject_fault(counter: &AtomicU32) -> Result<(), BusError> {
@@ -454,21 +602,70 @@ impl PoolBus for MemoryPoolBus {
         worker_id: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<(), BusError> {
+    ) -> Result<bool, BusError> {
         let ttl = Duration::from_secs(whole_seconds(ttl));
-        self.lock().set(
-            &keys::pool_worker_active(worker_id),
-            value,
-            Some(ttl),
-            Instant::now(),
-        );
-        Ok(())
+        let (now, clock) = (Instant::now(), self.now_ms());
+        let mut keyspace = self.lock();
+        // Fails like the script's ZSCORE before anything is written.
+        let retired = keyspace.retired(worker_id, now)?;
+        keyspace.set(&keys::pool_worker_active(worker_id), value, Some(ttl), now);
+        if retired {
+            return Ok(false);
+        }
+        let score = i64::try_from(clock).unwrap_or(i64::MAX);
+        keyspace.zadd(keys::POOL_IDLE, worker_id, score, now)?;
+        Ok(true)
     }
 
     async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError> {
-        self.lock()
-            .delete(&keys::pool_worker_active(worker_id), Instant::now());
-        Ok(())
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        keyspace.sorted_set(keys::POOL_IDLE, now)?;
+        keyspace.delete(&keys::pool_worker_active(worker_id), now);
+        keyspace.zrem(keys::POOL_IDLE, worker_id, now)
+    }
+
+    async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError> {
+        let idle = self.idle_now()?;
+        self.hooks.run(SnapshotRead::IdleWorkers).await;
+        Ok(idle)
+    }
+
+    async fn retire_idle(&self, worker_id: &str) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        if keyspace
+            .zscore(keys::POOL_IDLE, worker_id, now)?
+            .is_none_or(|score| score < 0)
+        {
+            return Ok(false);
+        }
+        let busy = keyspace
+            .list(&keys::claims_processing(worker_id), now)?
+            .is_some_and(|list| !list.is_empty());
+        if busy || !keyspace.exists(&keys::pool_worker_active(worker_id), now) {
+            return Ok(false);
+        }
+        keyspace.zadd(keys::POOL_IDLE, worker_id, -1, now)?;
+        Ok(true)
+    }
+
+    async fn delete_mark_if(
+        &self,
+        key: &str,
+        expected: &str,
+        also: &[String],
+    ) -> Result<bool, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        if keyspace.get(key, now)?.as_deref() != Some(expected) {
+            return Ok(false);
+        }
+        keyspace.delete(key, now);
+        for other in also {
+            keyspace.delete(other, now);
+        }
+        Ok(true)
     }
 
     async fn push_claim(&self, body: &str) -> Result<(), BusError> {
@@ -480,7 +677,7 @@ impl PoolBus for MemoryPoolBus {
         worker_id: &str,
         timeout: Duration,
         interrupt: &CancellationToken,
-    ) -> Result<Option<TakenClaim>, BusError> {
+    ) -> Result<Take, BusError> {
         let processing = keys::claims_processing(worker_id);
         let deadline = Instant::now() + timeout;
         loop {
@@ -492,22 +689,28 @@ impl PoolBus for MemoryPoolBus {
             {
                 let now = Instant::now();
                 let mut keyspace = self.lock();
+                if keyspace.retired(worker_id, now)? {
+                    keyspace.hand_back(worker_id, now)?;
+                    drop(keyspace);
+                    self.pushed.notify_waiters();
+                    return Ok(Take::Retired);
+                }
                 if let Some(held) = keyspace
                     .list(&processing, now)?
                     .and_then(|list| list.back().cloned())
                 {
-                    return Ok(Some(TakenClaim {
+                    return Ok(Take::Claim(TakenClaim {
                         raw: held.into_bytes(),
                     }));
                 }
                 if let Some(moved) = keyspace.move_oldest(keys::POOL_CLAIMS, &processing, now)? {
-                    return Ok(Some(TakenClaim {
+                    return Ok(Take::Claim(TakenClaim {
                         raw: moved.into_bytes(),
                     }));
                 }
             }
             if !wait_for_push(pushed, deadline, interrupt).await {
-                return Ok(None);
+                return Ok(Take::Empty);
             }
         }
     }
@@ -923,25 +1126,13 @@ impl PaperLedger for MemoryPoolBus {
 #[async_trait]
 impl Inspect for MemoryPoolBus {
     async fn marks(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
-        let now = Instant::now();
-        let mut keyspace = self.lock();
-        keyspace.purge_expired(now);
-        let mut marks: Vec<StoredMark> = keyspace
-            .entries
-            .iter()
-            .filter(|(key, _)| glob_match(pattern.as_bytes(), key.as_bytes()))
-            .filter_map(|(key, entry)| match &entry.value {
-                Value::String(value) => Some(StoredMark {
-                    key: key.clone(),
-                    value: value.clone(),
-                    ttl_ms: entry.expires_at.map(|at| remaining_ms(at, now)),
-                }),
-                // GET on another type fails in Redis; a mark is always a string.
-                _ => None,
-            })
-            .collect();
-        marks.sort_by(|a, b| a.key.cmp(&b.key));
+        let marks = self.marks_now(pattern)?;
+        self.hooks.run(SnapshotRead::Marks).await;
         Ok(marks)
+    }
+
+    async fn server_time_ms(&self) -> Result<u64, BusError> {
+        Ok(self.now_ms())
     }
 
     async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, BusError> {
@@ -998,6 +1189,72 @@ impl Inspect for MemoryPoolBus {
             Some(Value::Hash(hash)) => Ok(hash.clone().into_iter().collect()),
             Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
         }
+    }
+}
+
+/// The host's wall clock, unix ms.
+fn leasehold_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+impl MemoryPoolBus {
+    /// `pool:idle` as [`PoolBus::idle_workers`] reads it, in one lock.
+    fn idle_now(&self) -> Result<Vec<IdleEntry>, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        let members: Vec<(String, i64)> = match keyspace.sorted_set(keys::POOL_IDLE, now)? {
+            Some(set) => set.iter().map(|(w, score)| (w.clone(), *score)).collect(),
+            None => return Ok(Vec::new()),
+        };
+        let mut idle = Vec::new();
+        for (worker_id, score) in members {
+            let Some(mark) = keyspace.get(&keys::pool_worker_active(&worker_id), now)? else {
+                // A dead worker's entry: its taken claims go back in line.
+                keyspace.hand_back(&worker_id, now)?;
+                keyspace.zrem(keys::POOL_IDLE, &worker_id, now)?;
+                continue;
+            };
+            let busy = keyspace
+                .list(&keys::claims_processing(&worker_id), now)?
+                .is_some_and(|list| !list.is_empty());
+            if score >= 0 && !busy {
+                idle.push(IdleEntry {
+                    worker_id,
+                    heartbeat_ms: u64::try_from(score).unwrap_or(0),
+                    mark,
+                });
+            }
+        }
+        // ZRANGE order: by score, then member.
+        idle.sort_by(|a, b| (a.heartbeat_ms, &a.worker_id).cmp(&(b.heartbeat_ms, &b.worker_id)));
+        Ok(idle)
+    }
+
+    /// The marks matching `pattern`, read in one lock.
+    fn marks_now(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        keyspace.purge_expired(now);
+        let mut marks: Vec<StoredMark> = keyspace
+            .entries
+            .iter()
+            .filter(|(key, _)| glob_match(pattern.as_bytes(), key.as_bytes()))
+            .filter_map(|(key, entry)| match &entry.value {
+                Value::String(value) => Some(StoredMark {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ttl_ms: entry.expires_at.map(|at| remaining_ms(at, now)),
+                }),
+                // GET on another type fails in Redis; a mark is always a string.
+                _ => None,
+            })
+            .collect();
+        marks.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(marks)
     }
 }
 

@@ -128,6 +128,42 @@ impl TakenClaim {
     }
 }
 
+/// What [`PoolBus::take_claim`] handed a pool worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Take {
+    /// A claim, in the worker's processing list until settled.
+    Claim(TakenClaim),
+    /// Nothing within the timeout, or interrupted.
+    Empty,
+    /// The pool manager retired this worker ([`PoolBus::retire_idle`]): it
+    /// takes no claim, and any claim it had moved after the retirement is
+    /// back at the serving end of `pool:claims`, in the same step. The worker
+    /// exits.
+    Retired,
+}
+
+impl Take {
+    /// The claim, if one was taken.
+    pub fn claim(self) -> Option<TakenClaim> {
+        match self {
+            Take::Claim(claim) => Some(claim),
+            Take::Empty | Take::Retired => None,
+        }
+    }
+}
+
+/// An idle pool worker as `pool:idle` lists it (entries whose pool mark is
+/// gone are dropped by the read that finds them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleEntry {
+    /// The pool worker.
+    pub worker_id: String,
+    /// Its last heartbeat, unix ms by the pool bus's clock (Redis `TIME`).
+    pub heartbeat_ms: u64,
+    /// Its pool mark's value (`worker:active:-1:{worker_id}`).
+    pub mark: String,
+}
+
 /// The claim step for a taken claim: the mark, and the outcome either way.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimSettle<'a> {
@@ -264,16 +300,45 @@ pub trait PoolBus: Inspect + PaperLedger {
     async fn user_is_active(&self, user_id: &str) -> Result<bool, BusError>;
 
     /// Writes an idle pool worker's mark `worker:active:-1:{worker_id}` with a
-    /// TTL in whole seconds (at least 1).
+    /// TTL in whole seconds (at least 1) and, in the same step, its entry in
+    /// `pool:idle` scored with the bus's clock (Redis `TIME`). `false`: the
+    /// worker was retired ([`PoolBus::retire_idle`]); the mark is refreshed,
+    /// the entry stays retired.
     async fn set_pool_mark(
         &self,
         worker_id: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<(), BusError>;
+    ) -> Result<bool, BusError>;
 
-    /// Deletes an idle pool worker's mark.
+    /// Deletes an idle pool worker's mark and its `pool:idle` entry.
     async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError>;
+
+    /// The idle pool workers, from `pool:idle` (no SCAN of the keyspace):
+    /// entries not retired whose pool mark exists and whose claim processing
+    /// list is empty (a worker between take and claim step is busy). An entry
+    /// whose pool mark is gone is a dead worker's: in the same step its taken
+    /// claims go back to the serving end of `pool:claims` (as
+    /// [`PoolBus::requeue_claims`] does) and the entry is removed.
+    async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError>;
+
+    /// Retires an idle pool worker before it is stopped, in one step, only if
+    /// it is provably idle: in `pool:idle` and not retired, its pool mark
+    /// present, its claim processing list empty. From then on
+    /// [`PoolBus::take_claim`] gives it [`Take::Retired`] (handing back any
+    /// claim it moves meanwhile) and [`PoolBus::idle_workers`] leaves it out.
+    /// `false`: not provably idle; it must not be stopped.
+    async fn retire_idle(&self, worker_id: &str) -> Result<bool, BusError>;
+
+    /// Compare-and-delete, one step: deletes the liveness mark `key` (and
+    /// `also`, e.g. its metadata) only if it still holds `expected`, the value
+    /// a snapshot saw. `false`: it changed or is gone; nothing deleted.
+    async fn delete_mark_if(
+        &self,
+        key: &str,
+        expected: &str,
+        also: &[String],
+    ) -> Result<bool, BusError>;
 
     // --- queues ---
 
@@ -285,14 +350,15 @@ pub trait PoolBus: Inspect + PaperLedger {
     /// settled), else the oldest of `pool:claims`, moved into its processing
     /// list in the same step (`LMOVE`/`BLMOVE pool:claims
     /// pool:claims:processing:{worker_id} RIGHT LEFT`). A claim is never only
-    /// in the worker's memory. `interrupt` ends the wait early with `None`; a
-    /// claim moved when interrupted is still returned.
+    /// in the worker's memory. `interrupt` ends the wait early with
+    /// [`Take::Empty`]; a claim moved when interrupted is still returned. A
+    /// retired worker gets [`Take::Retired`] and no claim.
     async fn take_claim(
         &self,
         worker_id: &str,
         timeout: Duration,
         interrupt: &CancellationToken,
-    ) -> Result<Option<TakenClaim>, BusError>;
+    ) -> Result<Take, BusError>;
 
     /// The claim step, atomic: only while `claim.raw` is still in the
     /// worker's processing list (removed here), sets the user's mark if no
@@ -501,6 +567,10 @@ pub trait Inspect: Send + Sync {
 
     /// A hash's fields (empty when absent), e.g. `worker:metadata:{user_id}`.
     async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError>;
+
+    /// The pool bus's own clock, unix ms (Redis `TIME`): what the sweep judges
+    /// ages by, so no host's clock is compared with another's.
+    async fn server_time_ms(&self) -> Result<u64, BusError>;
 }
 
 /// A TTL as the whole seconds Redis `EX` takes (at least 1, as the worker always
@@ -585,6 +655,9 @@ impl Inspect for BusConnector {
     }
     async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError> {
         self.get().await?.hash_get_all(key).await
+    }
+    async fn server_time_ms(&self) -> Result<u64, BusError> {
+        self.get().await?.server_time_ms().await
     }
 }
 

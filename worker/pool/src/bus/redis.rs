@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Answer, AnswerMode, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
-    DEAD_LETTER_TTL, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus, REQUEST_RECORD_TTL,
-    RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, TakenClaim, UserMessage,
-    ledger_entry_parts, whole_seconds,
+    DEAD_LETTER_TTL, IdleEntry, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
+    REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, Take, TakenClaim,
+    UserMessage, ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -191,15 +191,92 @@ while redis.call('LMOVE', KEYS[1], KEYS[3], 'LEFT', 'RIGHT') do moved = moved + 
 return moved
 "#;
 
-/// KEYS: claim processing list, pool:claims. The oldest claim the worker
-/// holds already (left there), else the oldest queued one moved in. {1, entry}
-/// or {0, ''}.
+/// Lua prefix of the take scripts: KEYS[3] is pool:idle, ARGV[1] the
+/// worker. A retired worker (score -1) hands every claim in its processing
+/// list (KEYS[1]) back to the serving end of pool:claims (KEYS[2]) and gets
+/// {2, ''}: a claim it moved after the pool manager retired it is never
+/// served by it.
+const UNLESS_RETIRED: &str = r#"
+local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if score and tonumber(score) < 0 then
+  while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do end
+  return {2, ''}
+end
+"#;
+
+/// KEYS: claim processing list, pool:claims, pool:idle. ARGV: worker id.
+/// The oldest claim the worker holds already (left there), else the oldest
+/// queued one moved in. {1, entry} or {0, ''}; {2, ''} when retired.
 const NEXT_CLAIM: &str = r#"
 local held = redis.call('LINDEX', KEYS[1], -1)
 if held then return {1, held} end
 local moved = redis.call('LMOVE', KEYS[2], KEYS[1], 'RIGHT', 'LEFT')
 if moved then return {1, moved} end
 return {0, ''}
+"#;
+
+/// KEYS: claim processing list, pool:claims, pool:idle. ARGV: worker id,
+/// the entry a blocking move just filed. {1, entry} while the worker is not
+/// retired; else (the retirement won the race with the move) the entry is
+/// handed back first in line and {2, ''}.
+const KEEP_CLAIM: &str = r#"
+return {1, ARGV[2]}
+"#;
+
+/// KEYS: pool mark, pool:idle. ARGV: worker id, mark value, ttl. The
+/// heartbeat of an idle pool worker: the mark, and its pool:idle entry scored
+/// with Redis's clock unless retired (then 0).
+const SET_POOL_MARK: &str = r#"
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if score and tonumber(score) < 0 then return 0 end
+local now = redis.call('TIME')
+redis.call('ZADD', KEYS[2], tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000), ARGV[1])
+return 1
+"#;
+
+/// KEYS: pool:idle, pool:claims. ARGV: pool mark prefix, claim processing
+/// prefix. {worker, score, mark, …} for every entry not retired whose mark
+/// exists and whose processing list is empty; an entry whose mark is gone is
+/// a dead worker's: its taken claims go back to the serving end of
+/// pool:claims (as the re-queue does) and the entry is removed. The other
+/// keys are built here from the prefixes (single-node layout).
+const IDLE_WORKERS: &str = r#"
+local idle = {}
+local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #members, 2 do
+  local worker, score = members[i], members[i + 1]
+  local mark = redis.call('GET', ARGV[1] .. worker)
+  if not mark then
+    while redis.call('LMOVE', ARGV[2] .. worker, KEYS[2], 'LEFT', 'RIGHT') do end
+    redis.call('ZREM', KEYS[1], worker)
+  elseif tonumber(score) >= 0 and redis.call('LLEN', ARGV[2] .. worker) == 0 then
+    idle[#idle + 1] = worker
+    idle[#idle + 1] = score
+    idle[#idle + 1] = mark
+  end
+end
+return idle
+"#;
+
+/// KEYS: pool:idle, claim processing list, pool mark. ARGV: worker id.
+/// 1 = retired (score -1); 0 = not provably idle (not in pool:idle, retired
+/// already, mark gone, or a claim in its processing list): leave it running.
+const RETIRE_IDLE: &str = r#"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) < 0 then return 0 end
+if redis.call('LLEN', KEYS[2]) > 0 then return 0 end
+if redis.call('EXISTS', KEYS[3]) == 0 then return 0 end
+redis.call('ZADD', KEYS[1], -1, ARGV[1])
+return 1
+"#;
+
+/// KEYS: the mark, then keys deleted with it. ARGV: the value a snapshot
+/// saw. 1 = deleted; 0 = the mark changed or is gone, nothing deleted.
+const DELETE_MARK_IF: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', unpack(KEYS))
+return 1
 "#;
 
 /// Lua prefix shared by the scripts that touch a user's mark: returns 0 unless
@@ -231,6 +308,11 @@ const RELEASE: &str = r#"
 redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;
+
+/// A take script behind the retirement guard.
+fn unless_retired(body: &str) -> String {
+    format!("{UNLESS_RETIRED}{body}")
+}
 
 /// A mark script behind the ownership guard.
 fn guarded(body: &str) -> String {
@@ -340,6 +422,11 @@ pub struct RedisPoolBus {
     return_claim: redis::Script,
     requeue_claims: redis::Script,
     next_claim: redis::Script,
+    keep_claim: redis::Script,
+    set_pool_mark: redis::Script,
+    idle_workers: redis::Script,
+    retire_idle: redis::Script,
+    delete_mark_if: redis::Script,
 }
 
 impl std::fmt::Debug for RedisPoolBus {
@@ -379,7 +466,12 @@ impl RedisPoolBus {
             fail_claim: redis::Script::new(FAIL_CLAIM),
             return_claim: redis::Script::new(RETURN_CLAIM),
             requeue_claims: redis::Script::new(REQUEUE_CLAIMS),
-            next_claim: redis::Script::new(NEXT_CLAIM),
+            next_claim: redis::Script::new(&unless_retired(NEXT_CLAIM)),
+            keep_claim: redis::Script::new(&unless_retired(KEEP_CLAIM)),
+            set_pool_mark: redis::Script::new(SET_POOL_MARK),
+            idle_workers: redis::Script::new(IDLE_WORKERS),
+            retire_idle: redis::Script::new(RETIRE_IDLE),
+            delete_mark_if: redis::Script::new(DELETE_MARK_IF),
         })
     }
 
@@ -564,23 +656,85 @@ impl PoolBus for RedisPoolBus {
         worker_id: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<(), BusError> {
-        let _: () = self
-            .query(
-                redis::cmd("SET")
-                    .arg(keys::pool_worker_active(worker_id))
-                    .arg(value)
-                    .arg("EX")
-                    .arg(whole_seconds(ttl)),
-            )
-            .await?;
-        Ok(())
+    ) -> Result<bool, BusError> {
+        let idle: i64 = self
+            .set_pool_mark
+            .key(keys::pool_worker_active(worker_id))
+            .key(keys::POOL_IDLE)
+            .arg(worker_id)
+            .arg(value)
+            .arg(whole_seconds(ttl))
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(idle == 1)
     }
 
     async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError> {
-        self.delete_keys(&[keys::pool_worker_active(worker_id)])
+        let _: () = redis::pipe()
+            .atomic()
+            .cmd("DEL")
+            .arg(keys::pool_worker_active(worker_id))
+            .ignore()
+            .cmd("ZREM")
+            .arg(keys::POOL_IDLE)
+            .arg(worker_id)
+            .ignore()
+            .query_async(&mut self.commands())
             .await
-            .map(drop)
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError> {
+        let flat: Vec<String> = self
+            .idle_workers
+            .key(keys::POOL_IDLE)
+            .key(keys::POOL_CLAIMS)
+            .arg(keys::pool_worker_active(""))
+            .arg(keys::claims_processing(""))
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(flat
+            .chunks_exact(3)
+            .map(|entry| IdleEntry {
+                worker_id: entry[0].clone(),
+                heartbeat_ms: entry[1].parse::<f64>().map_or(0, |ms| ms as u64),
+                mark: entry[2].clone(),
+            })
+            .collect())
+    }
+
+    async fn retire_idle(&self, worker_id: &str) -> Result<bool, BusError> {
+        let retired: i64 = self
+            .retire_idle
+            .key(keys::POOL_IDLE)
+            .key(keys::claims_processing(worker_id))
+            .key(keys::pool_worker_active(worker_id))
+            .arg(worker_id)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(retired == 1)
+    }
+
+    async fn delete_mark_if(
+        &self,
+        key: &str,
+        expected: &str,
+        also: &[String],
+    ) -> Result<bool, BusError> {
+        let mut invocation = self.delete_mark_if.key(key);
+        for other in also {
+            invocation.key(other);
+        }
+        let deleted: i64 = invocation
+            .arg(expected)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(deleted == 1)
     }
 
     async fn push_claim(&self, body: &str) -> Result<(), BusError> {
@@ -592,20 +746,24 @@ impl PoolBus for RedisPoolBus {
         worker_id: &str,
         timeout: Duration,
         interrupt: &CancellationToken,
-    ) -> Result<Option<TakenClaim>, BusError> {
+    ) -> Result<Take, BusError> {
         let processing = keys::claims_processing(worker_id);
         let (found, raw): (i64, Vec<u8>) = self
             .next_claim
             .key(&processing)
             .key(keys::POOL_CLAIMS)
+            .key(keys::POOL_IDLE)
+            .arg(worker_id)
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;
-        if found == 1 {
-            return Ok(Some(TakenClaim { raw }));
+        match found {
+            1 => return Ok(Take::Claim(TakenClaim { raw })),
+            2 => return Ok(Take::Retired),
+            _ => {}
         }
         if interrupt.is_cancelled() {
-            return Ok(None);
+            return Ok(Take::Empty);
         }
         // Producers LPUSH; RIGHT takes the oldest first (the original
         // design's SQS queue was FIFO-like), LEFT files it in the worker's list.
@@ -616,7 +774,26 @@ impl PoolBus for RedisPoolBus {
             .arg("RIGHT")
             .arg("LEFT");
         let moved: Option<Vec<u8>> = self.blocking(blmove, "BLMOVE", timeout, interrupt).await?;
-        Ok(moved.map(|raw| TakenClaim { raw }))
+        let Some(raw) = moved else {
+            return Ok(Take::Empty);
+        };
+        // The move could not check the retirement: the check, and the hand
+        // back if the retirement came first, is one step of its own.
+        let (kept, raw): (i64, Vec<u8>) = self
+            .keep_claim
+            .key(&processing)
+            .key(keys::POOL_CLAIMS)
+            .key(keys::POOL_IDLE)
+            .arg(worker_id)
+            .arg(raw)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(if kept == 1 {
+            Take::Claim(TakenClaim { raw })
+        } else {
+            Take::Retired
+        })
     }
 
     async fn settle_claim(
@@ -1046,5 +1223,10 @@ impl Inspect for RedisPoolBus {
 
     async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError> {
         self.query(redis::cmd("HGETALL").arg(key)).await
+    }
+
+    async fn server_time_ms(&self) -> Result<u64, BusError> {
+        let (seconds, micros): (u64, u64) = self.query(&redis::cmd("TIME")).await?;
+        Ok(seconds * 1000 + micros / 1000)
     }
 }

@@ -120,7 +120,7 @@ async fn a_blocked_pop_times_out_on_the_paused_clock_and_wakes_on_push() {
         bus.take_claim("w1", Duration::from_secs(30), &never)
             .await
             .unwrap(),
-        None
+        crate::bus::Take::Empty
     );
     assert_eq!(started.elapsed(), Duration::from_secs(30));
 
