@@ -61,10 +61,14 @@ fn harden() -> anyhow::Result<()> {
 pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     harden()?;
     let mut settings = settings::worker_settings(&lookup)?;
-    if let Some(arn) = leasehold_platform::ecs::task_metadata()
-        .await
-        .and_then(|metadata| metadata.task_arn)
-    {
+    let task = leasehold_platform::ecs::task_metadata().await;
+    // Published in the pool mark and the user's metadata: how the dashboard
+    // finds this task's sidecar (never fatal when it cannot be derived).
+    let sidecar_url = settings.worker.metadata.sidecar_url.take();
+    settings.worker.metadata.sidecar_url = read(|env| {
+        leasehold_telemetry::settings::sidecar_url_from(env, sidecar_url, task.as_ref())
+    })?;
+    if let Some(arn) = task.and_then(|metadata| metadata.task_arn) {
         settings.worker.task_id = arn.clone();
         settings.worker.metadata.task_arn = arn;
         if lookup(settings::WORKER_ID.name).is_none() {

@@ -314,6 +314,7 @@ mod tests {
                 user_id: user.into(),
                 heartbeat_at: NOW - heartbeat_ago_ms,
                 started_at: 0,
+                sidecar_url: None,
             }),
             ttl_ms: ttl,
         }
