@@ -30,9 +30,7 @@ pub const SIDECAR_LISTEN: Setting<SocketAddr> = Setting::new(
 pub const SIDECAR_URL: Setting<String> = Setting::new(
     "SIDECAR_URL",
     SIDECAR_URL_FORM,
-    Fallback::Derived(
-        "on ECS `http://{task private IPv4}:{SIDECAR_LISTEN port}` from the task metadata endpoint v4; otherwise none",
-    ),
+    Fallback::Derived("on ECS: the task address and SIDECAR_LISTEN port, else none"),
     "The base URL of this worker's sidecar (`http://IP:PORT`), published as `sidecar_url` in its presence record or broker metadata so the dashboard finds the sidecar.",
 );
 
