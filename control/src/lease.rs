@@ -36,7 +36,7 @@ pub struct Lease {
     pub checkpoint_at: Option<i64>,
     /// Presence records only: where the worker's sidecar answers (untrusted:
     /// anyone who can write the table chooses it).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidecar_url: Option<String>,
 }
 
