@@ -65,6 +65,7 @@ fn acquire(stream: &str, owner: &str, now_ms: i64) -> AcquireRequest {
         now_ms,
         lease_ms: LEASE,
         skew_margin_ms: SKEW,
+        sidecar_url: None,
     }
 }
 
@@ -426,6 +427,40 @@ pub async fn release_keeps_token_and_checkpoint(target: &dyn ConformanceTarget) 
     assert_eq!((next.fence_token, next.checkpoint), (2, Some(7)));
 }
 
+/// A presence acquire stores `sidecar_url`; renew and release keep it, an
+/// acquire without one leaves it, the next announcing acquire replaces it.
+pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let id = crate::schema::worker_presence("a");
+    let announcing = |url: &str, now_ms| AcquireRequest {
+        sidecar_url: Some(url.into()),
+        ..acquire(&id, "a", now_ms)
+    };
+    let lease = store
+        .acquire(&announcing("http://10.0.0.7:9464", T0))
+        .await
+        .unwrap();
+    assert_eq!(lease.sidecar_url.as_deref(), Some("http://10.0.0.7:9464"));
+    store.renew(&renew(&id, "a", 1, T0 + 1)).await.unwrap();
+    store.release(&release(&id, "a", 1, T0 + 2)).await.unwrap();
+    let plain = store.acquire(&acquire(&id, "a", T0 + 3)).await.unwrap();
+    assert_eq!(plain.sidecar_url.as_deref(), Some("http://10.0.0.7:9464"));
+    let moved = store
+        .acquire(&announcing("http://10.0.0.8:9464", T0 + 4))
+        .await
+        .unwrap();
+    assert_eq!(moved.sidecar_url.as_deref(), Some("http://10.0.0.8:9464"));
+    assert_eq!(
+        store.get(&id).await.unwrap().sidecar_url.as_deref(),
+        Some("http://10.0.0.8:9464")
+    );
+    let stream = store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    assert_eq!(
+        stream.sidecar_url, None,
+        "stream records carry no sidecar_url"
+    );
+}
+
 /// An operator's forced release frees a held lease; the holder's renew then fails.
 pub async fn force_release_frees_a_held_lease(target: &dyn ConformanceTarget) {
     let store = target.store();
@@ -702,6 +737,7 @@ macro_rules! conformance_suite {
             listing_pages_cover_everything_once,
             eventual_reads_match_strong_reads_once_settled,
             bump_counts_every_ring,
+            acquire_stores_the_sidecar_url,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -282,6 +282,16 @@ impl LeaseKeeper {
     /// background until released or lost. If this keeper already holds the stream,
     /// returns the lease it holds (no second acquire, no new token).
     pub async fn acquire(&self, stream_id: &str) -> Result<HeldLease, LeaseError> {
+        self.acquire_announcing(stream_id, None).await
+    }
+
+    /// [`LeaseKeeper::acquire`] that also stores `sidecar_url` on the record (a
+    /// worker's presence record: how the dashboard finds its sidecar).
+    pub async fn acquire_announcing(
+        &self,
+        stream_id: &str,
+        sidecar_url: Option<&str>,
+    ) -> Result<HeldLease, LeaseError> {
         if let Some(entry) = self.inner.held().get(stream_id)
             && entry.lease.is_valid()
         {
@@ -294,6 +304,7 @@ impl LeaseKeeper {
             now_ms: self.inner.clock.now_ms(),
             lease_ms: ms(config.lease),
             skew_margin_ms: ms(config.skew_margin),
+            sidecar_url: sidecar_url.map(str::to_owned),
         };
         let sent = Instant::now();
         let result = self.inner.store.acquire(&request).await;

@@ -34,6 +34,10 @@ pub struct Lease {
     pub released_at: Option<i64>,
     /// When the checkpoint last moved, unix ms.
     pub checkpoint_at: Option<i64>,
+    /// Presence records only: where the worker's sidecar answers (untrusted:
+    /// anyone who can write the table chooses it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidecar_url: Option<String>,
 }
 
 /// Ownership state of a lease at a given instant.
@@ -75,6 +79,7 @@ impl Lease {
             previous_expires_at: None,
             released_at: None,
             checkpoint_at: None,
+            sidecar_url: None,
         }
     }
 

@@ -36,6 +36,10 @@ pub const PREVIOUS_EXPIRES_AT: &str = "previous_expires_at";
 pub const RELEASED_AT: &str = "released_at";
 /// Extra (N, unix ms): when the checkpoint last moved.
 pub const CHECKPOINT_AT: &str = "checkpoint_at";
+/// Extra (S), presence records only: the base URL of the worker's sidecar
+/// (`http://10.0.3.7:9464`), which is how the dashboard finds sidecars. Written
+/// by the acquire that announces the worker; untrusted for every reader.
+pub const SIDECAR_URL: &str = "sidecar_url";
 
 /// Prefix of records that are not streams (observer lease, presence records);
 /// stream views and counts leave them out.
@@ -131,6 +135,7 @@ pub fn decode(item: &RawItem) -> Result<Lease, MalformedItem> {
         previous_expires_at: reader.int(PREVIOUS_EXPIRES_AT)?,
         released_at: reader.int(RELEASED_AT)?,
         checkpoint_at: reader.int(CHECKPOINT_AT)?,
+        sidecar_url: reader.string(SIDECAR_URL)?.filter(|s| !s.is_empty()),
         stream_id,
     })
 }

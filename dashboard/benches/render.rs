@@ -72,6 +72,7 @@ async fn main() {
     let router = app(Arc::new(DashboardState {
         collector,
         token: None,
+        access: Default::default(),
     }));
     println!("dashboard render, {streams} streams, {rounds} rounds each");
     report("collector refresh (scan + classify)", &mut refreshes, 0);

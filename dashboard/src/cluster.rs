@@ -20,7 +20,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::changes::{Change, ChangeLog};
-use crate::sidecars::{SidecarReport, SidecarTarget, poll};
+use crate::sidecars::{
+    Discovery, DiscoveryPolicy, SidecarReport, SidecarTarget, poll, poll_discovered,
+};
 use crate::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
 use leasehold_pool::read::{AnomalyView, PoolReader, PoolView};
 
@@ -117,8 +119,11 @@ pub struct Sources {
     pub leases: Arc<dyn LeaseReader>,
     /// The pool's key space, if the dashboard is given one.
     pub pool: Option<Arc<dyn PoolReader>>,
-    /// Sidecars to poll.
+    /// `DASHBOARD_SIDECARS`: when not empty, exactly these sidecars are polled
+    /// and none are discovered.
     pub sidecars: Vec<SidecarTarget>,
+    /// Which discovered `sidecar_url` values may be polled.
+    pub discovery: DiscoveryPolicy,
 }
 
 /// Collector settings.
@@ -173,6 +178,8 @@ struct History {
     /// clock, which would turn healthy streams "expired".
     streams: Vec<StreamRow>,
     presence: HashMap<String, LeaseState>,
+    /// `sidecar_url` of every presence record in the last good lease read.
+    presence_sidecars: Vec<String>,
     pool: Option<PoolView>,
     anomalies: Option<AnomalyView>,
     health: HashMap<&'static str, SourceHealth>,
@@ -272,13 +279,18 @@ impl Collector {
                 Err(_) => Err(late()),
             })
         };
-        let sidecars = poll(&self.sources.sidecars, self.settings.sidecar_timeout);
-        let (leases, pool, sidecars) = tokio::join!(leases, pool, sidecars);
+        let (leases, pool) = tokio::join!(leases, pool);
         let now = self.clock.now_ms();
 
         let records = match leases {
             Ok(records) => {
                 self.scanned.store(records.len(), Ordering::Relaxed);
+                history.presence_sidecars = records
+                    .iter()
+                    .filter_map(|record| record.as_ref().ok())
+                    .filter(|lease| lease.stream_id.starts_with(WORKER_PRESENCE_PREFIX))
+                    .filter_map(|lease| lease.sidecar_url.clone())
+                    .collect();
                 self.mark(&mut history, LEASE_SOURCE, true, None, now);
                 Some(records)
             }
@@ -296,21 +308,42 @@ impl Collector {
             Some(Err(err)) => self.mark(&mut history, POOL_SOURCE, true, Some(err), now),
             None => self.mark(&mut history, POOL_SOURCE, false, None, now),
         }
+        // Sidecars: the override, else those the workers published (from the
+        // reads above, or the last good ones while a source is down).
+        let timeout = self.settings.sidecar_timeout;
+        let (sidecars, refused) = if self.sources.sidecars.is_empty() {
+            let discovery = Discovery::from_values(
+                history.presence_sidecars.iter().map(String::as_str).chain(
+                    history.pool.iter().flat_map(|pool| {
+                        let idle = pool.idle.iter().filter_map(|w| w.sidecar_url.as_deref());
+                        let claimed = pool.claimed.iter().filter_map(|u| u.sidecar_url.as_deref());
+                        idle.chain(claimed)
+                    }),
+                ),
+                &self.sources.discovery,
+            );
+            (
+                poll_discovered(&discovery, timeout).await,
+                discovery.summary(),
+            )
+        } else {
+            (poll(&self.sources.sidecars, timeout).await, None)
+        };
         let answered = sidecars.iter().filter(|s| s.status.is_some()).count();
-        let sidecar_error = (answered < sidecars.len()).then(|| {
+        let silent = (answered < sidecars.len()).then(|| {
             format!(
                 "{} of {} sidecars did not answer",
                 sidecars.len() - answered,
                 sidecars.len()
             )
         });
-        self.mark(
-            &mut history,
-            SIDECAR_SOURCE,
-            !self.sources.sidecars.is_empty(),
-            sidecar_error,
-            now,
-        );
+        let configured =
+            !self.sources.sidecars.is_empty() || !sidecars.is_empty() || refused.is_some();
+        let sidecar_error = match (silent, refused) {
+            (Some(silent), Some(refused)) => Some(format!("{silent}; {refused}")),
+            (silent, refused) => silent.or(refused),
+        };
+        self.mark(&mut history, SIDECAR_SOURCE, configured, sidecar_error, now);
 
         let snapshot = Arc::new(self.assemble(&mut history, records, sidecars, now));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
@@ -582,6 +615,7 @@ mod tests {
                 leases: leases.clone(),
                 pool: None,
                 sidecars: Vec::new(),
+                discovery: DiscoveryPolicy::default(),
             },
             settings,
             Arc::new(PausedClock::starting_at(1_800_000_000_000)),

@@ -5,13 +5,23 @@
 //! Every response carries a restrictive Content-Security-Policy (scripts and
 //! styles from this origin only, no inline code, no framing), so even a value
 //! that escaped escaping could not run.
+//!
+//! Access ([`Access`]): the token cookie is `Secure` when the request came over
+//! TLS, which for this plain-HTTP server means a trusted proxy said so
+//! (`X-Forwarded-Proto: https` with `DASHBOARD_TRUST_PROXY=true`; the header
+//! is ignored otherwise, since any client can send it). Without a token on a
+//! loopback listener, only requests whose `Host` is a loopback name or address
+//! (or one of `DASHBOARD_ALLOWED_HOSTS`) are served; others get 421. A web
+//! page that rebinds its own DNS name to 127.0.0.1 could otherwise read the
+//! dashboard through the victim's browser, since to the browser it is the
+//! page's own origin.
 
 use std::sync::Arc;
 
 use askama::Template;
 use axum::Router;
 use axum::extract::{Form, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Json, Redirect, Response};
 use axum::routing::get;
@@ -38,6 +48,83 @@ pub struct DashboardState {
     pub collector: Arc<Collector>,
     /// Bearer token required for everything but `/healthz`, `/login` and assets.
     pub token: Option<String>,
+    /// Proxy trust and the Host allow-list.
+    pub access: Access,
+}
+
+/// Who may reach the dashboard, and what the token cookie claims.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// `DASHBOARD_TRUST_PROXY`: believe `X-Forwarded-Proto` (the cookie gets
+    /// `Secure` when it says `https`).
+    pub trust_proxy: bool,
+    /// When set, only these `Host` values (lower case, without port) and
+    /// loopback names and addresses are served; `None`: any `Host`.
+    pub allowed_hosts: Option<Vec<String>>,
+}
+
+impl Access {
+    /// The rule for a dashboard on `listen`: the Host check applies when there
+    /// is no token and the listener is loopback (DNS rebinding), or whenever
+    /// `extra_hosts` are configured.
+    pub fn new(
+        listen: std::net::SocketAddr,
+        has_token: bool,
+        trust_proxy: bool,
+        extra_hosts: Vec<String>,
+    ) -> Access {
+        let checked = (!has_token && listen.ip().is_loopback()) || !extra_hosts.is_empty();
+        Access {
+            trust_proxy,
+            allowed_hosts: checked.then(|| {
+                extra_hosts
+                    .iter()
+                    .map(|host| host.trim().trim_end_matches('.').to_ascii_lowercase())
+                    .collect()
+            }),
+        }
+    }
+
+    /// Whether a request with this `Host` header may be served.
+    pub fn host_allowed(&self, host: Option<&str>) -> bool {
+        let Some(allowed) = &self.allowed_hosts else {
+            return true;
+        };
+        // No Host at all is not a browser (every browser request has one).
+        let Some(host) = host else {
+            return true;
+        };
+        let name = host_name(host).to_ascii_lowercase();
+        let name = name.trim_end_matches('.');
+        name == "localhost"
+            || name
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+            || allowed.iter().any(|a| a == name)
+    }
+
+    /// Whether the request reached the proxy in front over TLS, as far as
+    /// this dashboard may believe.
+    fn over_tls(&self, headers: &HeaderMap) -> bool {
+        self.trust_proxy
+            && headers
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
+    }
+}
+
+/// The host part of a `Host` header: `[::1]:8080` → `::1`, `a:80` → `a`.
+fn host_name(host: &str) -> &str {
+    let host = host.trim();
+    if let Some(bracketed) = host.strip_prefix('[') {
+        return bracketed.split(']').next().unwrap_or_default();
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
 }
 
 type Shared = Arc<DashboardState>;
@@ -77,6 +164,7 @@ pub fn app(state: Shared) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/login", get(login_form).post(login))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .with_state(state);
     for (name, value) in security_headers {
         router = router.layer(SetResponseHeaderLayer::overriding(name, value));
@@ -204,11 +292,20 @@ struct TokenForm {
     token: String,
 }
 
-async fn login(State(state): State<Shared>, Form(form): Form<TokenForm>) -> Response {
+async fn login(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Form(form): Form<TokenForm>,
+) -> Response {
     match &state.token {
         Some(expected) if token_matches(expected, &form.token) => {
+            let secure = if state.access.over_tls(&headers) {
+                "; Secure"
+            } else {
+                ""
+            };
             let cookie = format!(
-                "{TOKEN_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
+                "{TOKEN_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{secure}",
                 form.token
             );
             match HeaderValue::from_str(&cookie) {
@@ -259,6 +356,24 @@ fn presented_token(request: &Request) -> Option<&str> {
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(name, _)| *name == TOKEN_COOKIE)
         .map(|(_, value)| value)
+}
+
+/// Answers 421 to a request whose `Host` is not allowed ([`Access`]);
+/// `/healthz` is always served (it tells nothing).
+async fn check_host(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    // A Host that is not text is not allowed (`""` matches nothing).
+    let host = match request.headers().get(header::HOST) {
+        Some(value) => Some(value.to_str().unwrap_or_default()),
+        None => request.uri().authority().map(|a| a.as_str()),
+    };
+    if request.uri().path() == "/healthz" || state.access.host_allowed(host) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        "this dashboard answers only to its own host names (see DASHBOARD_ALLOWED_HOSTS)\n",
+    )
+        .into_response()
 }
 
 async fn authorize(State(state): State<Shared>, request: Request, next: Next) -> Response {

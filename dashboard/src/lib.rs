@@ -9,10 +9,13 @@
 //! - The warm pool and the sweeper's report come from the pool's one read model
 //!   (`leasehold_pool::read`); sidecar `/status` documents from `leasehold_telemetry::status`.
 //! - [`settings`]: the `DASHBOARD_*` variables, read once.
-//! - [`sidecars`]: sidecar discovery (DNS) and `/status` polling.
+//! - [`sidecars`]: sidecar discovery (`sidecar_url` in presence records and
+//!   broker worker metadata, validated as untrusted input; `DASHBOARD_SIDECARS`
+//!   overrides) and bounded `/status` polling.
 //! - [`table`]: columns and cells shared by the pages and the refresh script.
 //! - [`pages`]: queries, views and templates.
-//! - [`http`]: the router, bearer-token check and security headers.
+//! - [`http`]: the router, bearer-token check, Host allow-list, cookie and
+//!   security headers.
 //! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
 
 pub mod changes;
@@ -33,7 +36,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::cluster::{Collector, CollectorSettings, Sources};
-pub use crate::http::{DashboardState, app};
+pub use crate::http::{Access, DashboardState, app};
 
 /// How the dashboard runs.
 pub struct DashboardConfig {
@@ -41,6 +44,8 @@ pub struct DashboardConfig {
     pub listen: SocketAddr,
     /// Bearer token (`DASHBOARD_TOKEN`), if the dashboard is protected.
     pub token: Option<String>,
+    /// Proxy trust and the Host allow-list.
+    pub access: Access,
     /// Where the data comes from.
     pub sources: Sources,
     /// Refresh period and thresholds.
@@ -98,6 +103,7 @@ impl Dashboard {
         let router = app(Arc::new(DashboardState {
             collector: collector.clone(),
             token: config.token,
+            access: config.access,
         }));
         let mut tasks = vec![tokio::spawn(collector.clone().run(shutdown.clone()))];
         tasks.push(tokio::spawn(async move {

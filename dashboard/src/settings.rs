@@ -10,7 +10,8 @@ use leasehold_platform::settings::{
 use leasehold_pool::settings::REDIS_URL;
 
 use crate::cluster::CollectorSettings;
-use crate::sidecars::SidecarTarget;
+use crate::http::Access;
+use crate::sidecars::{DiscoveryPolicy, Network, SidecarTarget, private_networks};
 use crate::streams::Thresholds;
 
 /// A bearer token: at least 16 characters that can travel in a header and a
@@ -30,6 +31,29 @@ const TOKEN: Parser<String> = Parser {
         }
     },
     show: |_| "[redacted]".to_owned(),
+};
+
+/// Comma-separated CIDRs.
+const NETWORKS: Parser<Vec<Network>> = Parser {
+    parse: |raw| {
+        let networks = raw
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(Network::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        if networks.is_empty() {
+            return Err("must list at least one network".into());
+        }
+        Ok(networks)
+    },
+    show: |networks| {
+        networks
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    },
 };
 
 /// The `DASHBOARD_LISTEN` variable.
@@ -58,7 +82,28 @@ pub const DASHBOARD_SIDECARS: Setting<Vec<String>> = Setting::new(
     "DASHBOARD_SIDECARS",
     parse::LIST,
     Fallback::Unset,
-    "Comma-separated sidecar base URLs (`http://HOST:PORT`); every address a host name resolves to is polled (Cloud Map / DNS service discovery).",
+    "Override: comma-separated sidecar base URLs (`http://HOST:PORT`); when set, only these are polled (every address a host name resolves to) and none are discovered. Unset: sidecars are found through the `sidecar_url` workers publish.",
+);
+/// The `DASHBOARD_SIDECAR_NETWORKS` variable.
+pub const DASHBOARD_SIDECAR_NETWORKS: Setting<Vec<Network>> = Setting::new(
+    "DASHBOARD_SIDECAR_NETWORKS",
+    NETWORKS,
+    Fallback::Value(private_networks),
+    "Comma-separated CIDRs a discovered `sidecar_url` must lie in (link-local, loopback, unspecified, multicast and broadcast addresses are refused whatever this says).",
+);
+/// The `DASHBOARD_TRUST_PROXY` variable.
+pub const DASHBOARD_TRUST_PROXY: Setting<bool> = Setting::new(
+    "DASHBOARD_TRUST_PROXY",
+    parse::BOOL,
+    Fallback::Value(|| false),
+    "`true`: a proxy in front sets `X-Forwarded-Proto`, and `https` there marks the token cookie `Secure`; leave `false` when clients reach the dashboard directly (they could send the header themselves).",
+);
+/// The `DASHBOARD_ALLOWED_HOSTS` variable.
+pub const DASHBOARD_ALLOWED_HOSTS: Setting<Vec<String>> = Setting::new(
+    "DASHBOARD_ALLOWED_HOSTS",
+    parse::LIST,
+    Fallback::Unset,
+    "Host names (without port) the dashboard answers to besides loopback names and addresses; other `Host` headers get 421. The check is on when this is set, and always for a loopback dashboard without a token (DNS rebinding).",
 );
 /// The `DASHBOARD_REFRESH_MS` variable.
 pub const DASHBOARD_REFRESH_MS: Setting<Duration> = Setting::new(
@@ -88,6 +133,9 @@ pub const ALL: &[&dyn Documented] = &[
     &DASHBOARD_TOKEN,
     &DASHBOARD_ALLOW_ANONYMOUS,
     &DASHBOARD_SIDECARS,
+    &DASHBOARD_SIDECAR_NETWORKS,
+    &DASHBOARD_TRUST_PROXY,
+    &DASHBOARD_ALLOWED_HOSTS,
     &DASHBOARD_REFRESH_MS,
     &DASHBOARD_SCAN_ITEMS_PER_SECOND,
     &DASHBOARD_STOPPED_AFTER_SECONDS,
@@ -102,8 +150,12 @@ pub struct DashboardSettings {
     pub listen: SocketAddr,
     /// Bearer token, if any.
     pub token: Option<String>,
-    /// Sidecar sources.
+    /// Sidecar sources (`DASHBOARD_SIDECARS`, the override).
     pub sidecars: Vec<SidecarTarget>,
+    /// Which discovered sidecars may be polled.
+    pub discovery: DiscoveryPolicy,
+    /// Proxy trust and the Host allow-list.
+    pub access: Access,
     /// The pool's Redis, if the pool is shown (may hold a password: never print).
     pub redis_url: Option<leasehold_platform::settings::Redacted<String>>,
     /// Collector timings and thresholds.
@@ -135,6 +187,16 @@ pub fn parse(lookup: Lookup) -> Result<DashboardSettings, ConfigError> {
             Err(problem) => env.problem(DASHBOARD_SIDECARS.name, problem),
         }
     }
+    let discovery = DiscoveryPolicy {
+        networks: env.get(&DASHBOARD_SIDECAR_NETWORKS),
+        allow_loopback: false,
+    };
+    let access = Access::new(
+        listen,
+        token_given,
+        env.get(&DASHBOARD_TRUST_PROXY),
+        env.optional(&DASHBOARD_ALLOWED_HOSTS).unwrap_or_default(),
+    );
     let refresh = env.get(&DASHBOARD_REFRESH_MS);
     let scan_items_per_second =
         u32::try_from(env.get(&DASHBOARD_SCAN_ITEMS_PER_SECOND)).unwrap_or(u32::MAX);
@@ -145,6 +207,8 @@ pub fn parse(lookup: Lookup) -> Result<DashboardSettings, ConfigError> {
         listen,
         token,
         sidecars,
+        discovery,
+        access,
         redis_url,
         collector: CollectorSettings {
             refresh,
@@ -175,6 +239,28 @@ mod tests {
         assert!(defaults.token.is_none());
         assert_eq!(defaults.collector.refresh, Duration::from_secs(2));
         assert_eq!(defaults.collector.scan_items_per_second, 1_000);
+        assert_eq!(defaults.discovery, DiscoveryPolicy::default());
+        assert_eq!(
+            defaults.access.allowed_hosts,
+            Some(Vec::new()),
+            "anonymous on loopback: the Host check is on"
+        );
+        assert!(!defaults.access.trust_proxy);
+        let behind = settings(&[
+            ("DASHBOARD_SIDECAR_NETWORKS", "10.20.0.0/16, fd00::/8"),
+            ("DASHBOARD_ALLOWED_HOSTS", "Dash.Example.com"),
+            ("DASHBOARD_TRUST_PROXY", "true"),
+        ])
+        .unwrap();
+        assert_eq!(behind.discovery.networks.len(), 2);
+        assert!(
+            !behind.discovery.allow_loopback,
+            "never loopback outside dev"
+        );
+        assert_eq!(
+            behind.access.allowed_hosts,
+            Some(vec!["dash.example.com".to_owned()])
+        );
         let err = settings(&[("DASHBOARD_LISTEN", "0.0.0.0:8080")])
             .err()
             .unwrap();
@@ -210,6 +296,13 @@ mod tests {
                 .unwrap_or_else(|| panic!("{bad} accepted"));
             assert!(!err.to_string().contains("CANARY"), "{err}");
         }
+        let err = settings(&[("DASHBOARD_SIDECAR_NETWORKS", "10.0.0.1/8,nope")])
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("DASHBOARD_SIDECAR_NETWORKS"),
+            "{err}"
+        );
         let err = settings(&[("DASHBOARD_SIDECARS", "http://h:1/path,nope")])
             .err()
             .unwrap();

@@ -1,24 +1,54 @@
 //! Finding sidecars and reading their `/status`.
 //!
-//! Discovery is DNS, the way Prometheus's `dns_sd` and ECS service discovery
-//! (Cloud Map / Service Connect) work: `DASHBOARD_SIDECARS` lists base URLs such
-//! as `http://stream-workers.leasehold.local:9464`; every address a host name
-//! resolves to is one sidecar (one per task in `awsvpc` mode). Literal
-//! addresses are used as they are (`dev` lists its sidecars' loopback ports).
-//! A sidecar that does not answer within the timeout is shown as unreachable.
+//! **Discovery.** Every worker publishes its sidecar's base URL as `sidecar_url`:
+//! a stream worker in its presence record (`leasehold#worker#{owner}`), a broker
+//! worker in its pool mark (idle) and in `worker:metadata:{user_id}` (claimed).
+//! Each refresh the collector gathers those values and polls them; this works
+//! the same for ECS services and `RunTask` tasks, with no DNS and no Cloud Map.
+//! `DASHBOARD_SIDECARS` is an override: when set, only those sidecars are
+//! polled (host names are resolved, every address one sidecar), and nothing is
+//! discovered.
+//!
+//! **A discovered URL is untrusted input**: anyone who can write a presence
+//! record or a metadata hash chooses where the dashboard connects. So a
+//! `sidecar_url` is accepted only when it is `http://IP:PORT` (the strict form
+//! of [`leasehold_telemetry::sidecar_url`]: plain HTTP, no userinfo, no path, an
+//! IP literal, never a name) and its address (an IPv4-mapped IPv6 address counts
+//! as the IPv4 address it reaches) is not link-local (169.254.0.0/16 holds the
+//! ECS credentials and metadata endpoints; fe80::/10), unspecified, multicast or
+//! broadcast, is loopback only in `dev`, and lies in one of
+//! `DASHBOARD_SIDECAR_NETWORKS` (default: the RFC 1918 private ranges). The
+//! dashboard connects to the parsed address, never to the text; it follows no
+//! redirect, bounds each poll's time and body, polls at most
+//! [`MAX_DISCOVERED`] distinct sidecars per refresh, and shows a failure as a
+//! fixed category ([`SidecarProblem`]), never a response body or an error text
+//! derived from the URL.
 
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use leasehold_telemetry::sidecar_url::{SidecarUrl, UrlProblem};
 use leasehold_telemetry::status::SidecarStatus;
 use serde::Serialize;
 
 /// Largest `/status` body read (a worker with thousands of leases is far below).
-const MAX_STATUS_BYTES: usize = 8 << 20;
+pub const MAX_STATUS_BYTES: usize = 2 << 20;
+
+/// Most distinct discovered sidecars polled in one refresh; the rest are
+/// counted as refused (`over the limit`), so a flood of presence records cannot
+/// make the dashboard open unbounded connections.
+pub const MAX_DISCOVERED: usize = 1_000;
+
+/// Sidecars polled at once.
+const POLL_CONCURRENCY: usize = 64;
 
 /// One configured sidecar source, as parsed from `DASHBOARD_SIDECARS`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,18 +84,306 @@ impl SidecarTarget {
     }
 }
 
+/// An IP network in CIDR form (`10.0.0.0/8`, `fd00::/8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    base: IpAddr,
+    prefix: u8,
+}
+
+impl Network {
+    /// Parses `ADDRESS/PREFIX`; the address must be the network's first one.
+    pub fn parse(raw: &str) -> Result<Network, String> {
+        let (address, prefix) = raw
+            .trim()
+            .split_once('/')
+            .ok_or_else(|| format!("{raw:?} must be a CIDR like 10.0.0.0/8"))?;
+        let base: IpAddr = address
+            .parse()
+            .map_err(|_| format!("{raw:?} must be a CIDR like 10.0.0.0/8"))?;
+        let max = if base.is_ipv4() { 32 } else { 128 };
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| format!("{raw:?} has an invalid prefix length"))?;
+        let network = Network { base, prefix };
+        if !network.contains(base) || network.masked(base) != bits(base) {
+            return Err(format!("{raw:?} has host bits set"));
+        }
+        Ok(network)
+    }
+
+    /// Whether `ip` is in this network (IPv4 and IPv6 never match each other).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.base.is_ipv4() && self.masked(ip) == self.masked(self.base)
+    }
+
+    fn masked(&self, ip: IpAddr) -> u128 {
+        let width = if ip.is_ipv4() { 32 } else { 128 };
+        let keep = u32::from(self.prefix);
+        let mask = if keep == 0 {
+            0
+        } else {
+            (u128::MAX << (width - keep)) & (u128::MAX >> (128 - width))
+        };
+        bits(ip) & mask
+    }
+}
+
+fn bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+impl fmt::Display for Network {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
+/// The default `DASHBOARD_SIDECAR_NETWORKS`: the RFC 1918 private ranges,
+/// where awsvpc task addresses live.
+pub fn private_networks() -> Vec<Network> {
+    ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+        .iter()
+        .filter_map(|cidr| Network::parse(cidr).ok())
+        .collect()
+}
+
+/// Which discovered `sidecar_url` values the dashboard may connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryPolicy {
+    /// `DASHBOARD_SIDECAR_NETWORKS`: a sidecar's address must be in one.
+    pub networks: Vec<Network>,
+    /// Loopback sidecars are accepted (`leasehold dev` only).
+    pub allow_loopback: bool,
+}
+
+impl Default for DiscoveryPolicy {
+    /// Production: the RFC 1918 ranges, no loopback.
+    fn default() -> Self {
+        DiscoveryPolicy {
+            networks: private_networks(),
+            allow_loopback: false,
+        }
+    }
+}
+
+/// Why a discovered `sidecar_url` was not polled (a fixed category).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Refusal {
+    /// Not the strict `http://IP:PORT` form.
+    Form(UrlProblem),
+    /// 169.254.0.0/16 or fe80::/10 (the ECS credentials endpoint lives there).
+    LinkLocal,
+    /// Loopback outside `dev`.
+    Loopback,
+    /// 0.0.0.0 or `::`.
+    Unspecified,
+    /// A multicast address.
+    Multicast,
+    /// 255.255.255.255.
+    Broadcast,
+    /// Not in any of `DASHBOARD_SIDECAR_NETWORKS`.
+    OutsideNetworks,
+    /// Beyond [`MAX_DISCOVERED`] distinct sidecars in one refresh.
+    OverLimit,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Form(problem) => write!(f, "malformed ({problem})"),
+            Refusal::LinkLocal => f.write_str("link-local"),
+            Refusal::Loopback => f.write_str("loopback"),
+            Refusal::Unspecified => f.write_str("unspecified address"),
+            Refusal::Multicast => f.write_str("multicast"),
+            Refusal::Broadcast => f.write_str("broadcast"),
+            Refusal::OutsideNetworks => f.write_str("outside DASHBOARD_SIDECAR_NETWORKS"),
+            Refusal::OverLimit => f.write_str("over the per-refresh limit"),
+        }
+    }
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        // fe80::/10
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+impl DiscoveryPolicy {
+    /// `leasehold dev`: loopback sidecars, plus the production ranges.
+    pub fn dev() -> Self {
+        let mut networks = private_networks();
+        networks.extend(
+            ["127.0.0.0/8", "::1/128"]
+                .iter()
+                .filter_map(|cidr| Network::parse(cidr).ok()),
+        );
+        DiscoveryPolicy {
+            networks,
+            allow_loopback: true,
+        }
+    }
+
+    /// Accepts or refuses one discovered value.
+    pub fn check(&self, raw: &str) -> Result<SidecarUrl, Refusal> {
+        let url = SidecarUrl::parse(raw).map_err(Refusal::Form)?;
+        let ip = url.effective_ip();
+        if ip.is_unspecified() {
+            return Err(Refusal::Unspecified);
+        }
+        if is_link_local(ip) {
+            return Err(Refusal::LinkLocal);
+        }
+        if ip.is_multicast() {
+            return Err(Refusal::Multicast);
+        }
+        if ip == IpAddr::V4(Ipv4Addr::BROADCAST) {
+            return Err(Refusal::Broadcast);
+        }
+        if ip.is_loopback() && !self.allow_loopback {
+            return Err(Refusal::Loopback);
+        }
+        if !self.networks.iter().any(|network| network.contains(ip)) {
+            return Err(Refusal::OutsideNetworks);
+        }
+        Ok(url)
+    }
+}
+
+/// Why a sidecar's `/status` could not be read: a fixed category, shown as
+/// is. Never a response body, never an error text that could echo the URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SidecarProblem {
+    /// A `DASHBOARD_SIDECARS` host name did not resolve.
+    Unresolved,
+    /// No connection (refused, reset, unreachable).
+    Unreachable,
+    /// No complete answer within the timeout.
+    Timeout,
+    /// Answered a redirect (never followed).
+    Redirect,
+    /// Answered a status other than 200.
+    HttpStatus,
+    /// The body was larger than [`MAX_STATUS_BYTES`].
+    TooLarge,
+    /// The body was not a sidecar `/status` document.
+    NotStatus,
+}
+
+impl SidecarProblem {
+    /// The category's text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SidecarProblem::Unresolved => "host name did not resolve",
+            SidecarProblem::Unreachable => "unreachable",
+            SidecarProblem::Timeout => "no answer in time",
+            SidecarProblem::Redirect => "answered a redirect (not followed)",
+            SidecarProblem::HttpStatus => "answered an error status",
+            SidecarProblem::TooLarge => "answer too large",
+            SidecarProblem::NotStatus => "answer is not a sidecar status",
+        }
+    }
+}
+
 /// What one sidecar said.
 #[derive(Debug, Clone, Serialize)]
 pub struct SidecarReport {
-    /// Base URL of this sidecar (its `/status` is `{url}/status`).
+    /// Base URL of this sidecar (its `/status` is `{url}/status`): the
+    /// canonical `http://IP:PORT` form of an accepted address.
     pub url: String,
     /// The `/status` body, when it answered.
     pub status: Option<SidecarStatus>,
-    /// Why it did not (no secrets: transport errors only).
+    /// Why it did not: a fixed category text ([`SidecarProblem::as_str`]).
     pub error: Option<String>,
 }
 
-/// Resolves every target and reads each sidecar's `/status` concurrently.
+impl SidecarReport {
+    fn failed(url: String, problem: SidecarProblem) -> Self {
+        SidecarReport {
+            url,
+            status: None,
+            error: Some(problem.as_str().to_owned()),
+        }
+    }
+}
+
+/// What one refresh's discovery found: accepted sidecars and refusals.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Discovery {
+    /// Distinct accepted sidecars, at most [`MAX_DISCOVERED`].
+    pub accepted: BTreeSet<SidecarUrl>,
+    /// Refused values per reason (a value refused twice counts twice).
+    pub refused: BTreeMap<Refusal, usize>,
+}
+
+impl Discovery {
+    /// Checks every discovered value against `policy`.
+    pub fn from_values<'a>(
+        values: impl IntoIterator<Item = &'a str>,
+        policy: &DiscoveryPolicy,
+    ) -> Self {
+        let mut discovery = Discovery::default();
+        for raw in values {
+            let refusal = match policy.check(raw) {
+                Ok(url) if discovery.accepted.contains(&url) => continue,
+                Ok(_) if discovery.accepted.len() >= MAX_DISCOVERED => Refusal::OverLimit,
+                Ok(url) => {
+                    discovery.accepted.insert(url);
+                    continue;
+                }
+                Err(refusal) => refusal,
+            };
+            *discovery.refused.entry(refusal).or_default() += 1;
+        }
+        discovery
+    }
+
+    /// `"3 sidecar_url values refused: 2 link-local, 1 loopback"`, or `None`.
+    /// Counts and categories only: never a value.
+    pub fn summary(&self) -> Option<String> {
+        let total: usize = self.refused.values().sum();
+        (total > 0).then(|| {
+            let parts: Vec<String> = self
+                .refused
+                .iter()
+                .map(|(reason, count)| format!("{count} {reason}"))
+                .collect();
+            format!(
+                "{total} sidecar_url value{} refused: {}",
+                if total == 1 { "" } else { "s" },
+                parts.join(", ")
+            )
+        })
+    }
+}
+
+/// An HTTP client that connects only where it is told: no proxy, no
+/// redirects (hyper's client never follows them), a connect timeout.
+fn client(timeout: Duration) -> Client<HttpConnector, Empty<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(timeout));
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// Reads every accepted sidecar's `/status` (concurrently, bounded).
+pub async fn poll_discovered(discovery: &Discovery, timeout: Duration) -> Vec<SidecarReport> {
+    poll_addresses(
+        discovery.accepted.iter().map(SidecarUrl::addr).collect(),
+        timeout,
+    )
+    .await
+}
+
+/// Resolves every `DASHBOARD_SIDECARS` target and reads each sidecar's `/status`.
 pub async fn poll(targets: &[SidecarTarget], timeout: Duration) -> Vec<SidecarReport> {
     let mut addresses: Vec<SocketAddr> = Vec::new();
     let mut reports = Vec::new();
@@ -76,106 +394,77 @@ pub async fn poll(targets: &[SidecarTarget], timeout: Duration) -> Vec<SidecarRe
                 addresses.extend(found);
                 continue;
             }
-            Ok(Err(err)) => format!("cannot resolve {}: {err}", target.host),
-            Err(_) => format!(
-                "{} did not resolve within {} ms",
-                target.host,
-                timeout.as_millis()
-            ),
+            Ok(Err(_)) => SidecarProblem::Unresolved,
+            Err(_) => SidecarProblem::Timeout,
         };
-        reports.push(SidecarReport {
-            url: format!("http://{}:{}", target.host, target.port),
-            status: None,
-            error: Some(problem),
-        });
+        reports.push(SidecarReport::failed(
+            format!("http://{}:{}", target.host, target.port),
+            problem,
+        ));
     }
-    addresses.sort();
-    addresses.dedup();
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let fetched = futures_util::future::join_all(addresses.into_iter().map(|address| {
-        let client = client.clone();
-        async move {
-            let url = format!("http://{address}");
-            match tokio::time::timeout(timeout, fetch(&client, &url)).await {
-                Ok(Ok(status)) => SidecarReport {
-                    url,
-                    status: Some(status),
-                    error: None,
-                },
-                Ok(Err(err)) => SidecarReport {
-                    url,
-                    status: None,
-                    error: Some(err),
-                },
-                Err(_) => SidecarReport {
-                    url,
-                    status: None,
-                    error: Some(format!("no answer within {} ms", timeout.as_millis())),
-                },
-            }
-        }
-    }))
-    .await;
-    reports.extend(fetched);
+    reports.extend(poll_addresses(addresses, timeout).await);
     reports
 }
 
+async fn poll_addresses(mut addresses: Vec<SocketAddr>, timeout: Duration) -> Vec<SidecarReport> {
+    addresses.sort();
+    addresses.dedup();
+    let client = client(timeout);
+    let mut reports: Vec<SidecarReport> = futures_util::stream::iter(addresses)
+        .map(|address| {
+            let client = client.clone();
+            async move {
+                let url = SidecarUrl::new(address).to_string();
+                match tokio::time::timeout(timeout, fetch(&client, address)).await {
+                    Ok(Ok(status)) => SidecarReport {
+                        url,
+                        status: Some(status),
+                        error: None,
+                    },
+                    Ok(Err(problem)) => SidecarReport::failed(url, problem),
+                    Err(_) => SidecarReport::failed(url, SidecarProblem::Timeout),
+                }
+            }
+        })
+        .buffer_unordered(POLL_CONCURRENCY)
+        .collect()
+        .await;
+    reports.sort_by(|a, b| a.url.cmp(&b.url));
+    reports
+}
+
+/// One `GET /status` to `address`, bounded in size (the caller bounds time).
 async fn fetch(
-    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
-    base: &str,
-) -> Result<SidecarStatus, String> {
-    let uri: hyper::Uri = format!("{base}/status")
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    address: SocketAddr,
+) -> Result<SidecarStatus, SidecarProblem> {
+    let uri: hyper::Uri = format!("{}/status", SidecarUrl::new(address))
         .parse()
-        .map_err(|err| format!("bad address: {err}"))?;
+        .map_err(|_| SidecarProblem::Unreachable)?;
     let response = client
         .get(uri)
         .await
-        .map_err(|err| format!("unreachable: {err}"))?;
-    if !response.status().is_success() {
-        return Err(format!("/status answered {}", response.status()));
+        .map_err(|_| SidecarProblem::Unreachable)?;
+    let status = response.status();
+    if status.is_redirection() {
+        return Err(SidecarProblem::Redirect);
+    }
+    if status != hyper::StatusCode::OK {
+        return Err(SidecarProblem::HttpStatus);
     }
     let body = http_body_util::Limited::new(response.into_body(), MAX_STATUS_BYTES)
         .collect()
         .await
-        .map_err(|err| format!("reading /status: {err}"))?
+        .map_err(|err| {
+            if err.is::<http_body_util::LengthLimitError>() {
+                SidecarProblem::TooLarge
+            } else {
+                SidecarProblem::Unreachable
+            }
+        })?
         .to_bytes();
-    serde_json::from_slice(&body).map_err(|err| format!("/status is not a sidecar status: {err}"))
+    serde_json::from_slice(&body).map_err(|_| SidecarProblem::NotStatus)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets_parse_and_refuse_paths_and_userinfo() {
-        assert_eq!(
-            SidecarTarget::parse("http://sidecars.local:9464/").unwrap(),
-            SidecarTarget {
-                host: "sidecars.local".into(),
-                port: 9464
-            }
-        );
-        assert_eq!(SidecarTarget::parse("127.0.0.1:80").unwrap().port, 80);
-        assert!(SidecarTarget::parse("http://h:1/status").is_err());
-        assert!(SidecarTarget::parse("http://user:pw@h:1").is_err());
-        assert!(SidecarTarget::parse("http://h").is_err());
-    }
-
-    #[tokio::test]
-    async fn a_silent_sidecar_is_reported_not_fatal() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        drop(listener);
-        let reports = poll(
-            &[SidecarTarget {
-                host: "127.0.0.1".into(),
-                port,
-            }],
-            Duration::from_millis(500),
-        )
-        .await;
-        assert_eq!(reports.len(), 1);
-        assert!(reports[0].status.is_none());
-        assert!(reports[0].error.as_deref().unwrap().contains("unreachable"));
-    }
-}
+mod tests;

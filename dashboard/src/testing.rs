@@ -46,6 +46,7 @@ fn acquire(stream: &str, owner: &str, at: i64) -> AcquireRequest {
         now_ms: at,
         lease_ms: LEASE_MS,
         skew_margin_ms: 1_000,
+        sidecar_url: None,
     }
 }
 
@@ -146,6 +147,7 @@ pub fn collector_at(
             leases,
             pool,
             sidecars: Vec::new(),
+            discovery: crate::sidecars::DiscoveryPolicy::default(),
         },
         crate::CollectorSettings::default(),
         std::sync::Arc::new(leasehold_control::clock::PausedClock::starting_at(now_ms)),
@@ -174,6 +176,7 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         user_id: keys::POOL_USER_ID.into(),
         heartbeat_at: now - 3_000,
         started_at: now - 600_000,
+        sidecar_url: None,
     };
     let claimed = MarkValue {
         worker_id: "pool-3".into(),
@@ -181,6 +184,7 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         user_id: "u42".into(),
         heartbeat_at: now - 2_000,
         started_at: now - 900_000,
+        sidecar_url: None,
     };
     let mut found: BTreeMap<OrphanKind, u64> = OrphanKind::ALL.iter().map(|k| (*k, 0)).collect();
     found.insert(OrphanKind::OrphanMark, 1);

@@ -23,10 +23,12 @@ async fn ten_thousand_streams_render_in_chromium() {
         DashboardConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             token: None,
+            access: Default::default(),
             sources: Sources {
                 leases: target.store(),
                 pool: None,
                 sidecars: Vec::new(),
+                discovery: Default::default(),
             },
             // The page refreshes at the collector's paced interval, 10 s for
             // 10,000 records by default; a faster scan budget keeps it at 2 s so

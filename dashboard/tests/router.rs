@@ -68,6 +68,7 @@ fn router(collector: &Arc<Collector>, token: Option<&str>) -> axum::Router {
     app(Arc::new(DashboardState {
         collector: collector.clone(),
         token: token.map(str::to_owned),
+        access: Default::default(),
     }))
 }
 
@@ -426,6 +427,7 @@ async fn takeovers_appear_in_the_timeline() {
             now_ms: NOW + 2_000,
             lease_ms: 30_000,
             skew_margin_ms: 1_000,
+            sidecar_url: None,
         })
         .await
         .unwrap();

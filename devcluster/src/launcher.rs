@@ -93,6 +93,7 @@ impl TaskLauncher for InProcessLauncher {
                     task_arn: task_id.clone(),
                     instance_id: "dev".into(),
                     launched_at: started_at,
+                    sidecar_url: None,
                 },
             },
             self.bus.clone(),

@@ -171,6 +171,9 @@ impl StreamShared {
         let telemetry_addr = slot.sidecar.telemetry_addr.to_string();
         pairs.push(("OWNER_ID", &owner_id));
         pairs.push(("TELEMETRY_ADDR", &telemetry_addr));
+        // The presence record names this slot's sidecar (loopback: `dev` only).
+        let sidecar_url = format!("http://{}", slot.sidecar.http_addr);
+        pairs.push(("SIDECAR_URL", &sidecar_url));
         let settings = settings::parse(&fixed_lookup(&pairs))?;
         let gate = Gate::default();
         let shutdown = CancellationToken::new();
@@ -352,10 +355,12 @@ impl DevCluster {
             DashboardConfig {
                 listen: options.listen,
                 token: None,
+                access: leasehold_dashboard::Access::new(options.listen, false, false, Vec::new()),
                 sources: Sources {
                     leases: store.clone(),
                     pool: Some(Arc::new(BusConnector::ready(bus.clone()))),
                     sidecars: targets,
+                    discovery: leasehold_dashboard::sidecars::DiscoveryPolicy::dev(),
                 },
                 settings: CollectorSettings {
                     refresh: Duration::from_secs(1),

@@ -38,6 +38,7 @@ fn config(worker_id: String, user_id: Option<String>) -> BrokerWorkerConfig {
             task_arn: "bench".into(),
             instance_id: "bench".into(),
             launched_at: 0,
+            sidecar_url: None,
         },
     }
 }

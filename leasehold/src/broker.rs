@@ -64,10 +64,16 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     // On ECS the task ARN is the worker's identity in its marks: without it the
     // maintenance sweep would take this healthy worker for an orphan, so a
     // failed lookup ends the worker rather than fall back to `local-{pid}`.
-    let identity = leasehold_platform::ecs::task_identity()
+    let task = leasehold_platform::ecs::task_identity()
         .await
         .context("cannot start the broker worker")?;
-    if let Some(arn) = identity.and_then(|metadata| metadata.task_arn) {
+    // Published in the pool mark and the user's metadata: how the dashboard
+    // finds this task's sidecar (never fatal when it cannot be derived).
+    let sidecar_url = settings.worker.metadata.sidecar_url.take();
+    settings.worker.metadata.sidecar_url = read(|env| {
+        leasehold_telemetry::settings::sidecar_url_from(env, sidecar_url, task.as_ref())
+    })?;
+    if let Some(arn) = task.and_then(|metadata| metadata.task_arn) {
         settings.worker.task_id = arn.clone();
         settings.worker.metadata.task_arn = arn;
         if lookup(settings::WORKER_ID.name).is_none() {

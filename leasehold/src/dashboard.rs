@@ -19,7 +19,7 @@ pub struct DashboardArgs {
     /// HTTP address; anything but loopback also needs DASHBOARD_TOKEN [env: DASHBOARD_LISTEN]
     #[arg(long)]
     listen: Option<String>,
-    /// Comma-separated sidecar base URLs, e.g. http://sidecars.local:9464 [env: DASHBOARD_SIDECARS]
+    /// Override sidecar discovery: comma-separated base URLs, e.g. http://10.0.3.7:9464 [env: DASHBOARD_SIDECARS]
     #[arg(long)]
     sidecars: Option<String>,
 }
@@ -54,10 +54,12 @@ pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         DashboardConfig {
             listen: settings.listen,
             token: settings.token,
+            access: settings.access,
             sources: Sources {
                 leases: Arc::new(store),
                 pool,
                 sidecars: settings.sidecars,
+                discovery: settings.discovery,
             },
             settings: settings.collector,
             clock: Arc::new(SystemClock),

@@ -10,7 +10,7 @@ use leasehold_control::clock::SystemClock;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_feed::{FeedConfig, FeedServer};
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
-use leasehold_platform::settings::{ConfigError, process_env};
+use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_stream::{StreamWorker, settings, sink};
 use leasehold_telemetry::transport::BufferedShipper;
 use tokio_util::sync::CancellationToken;
@@ -100,10 +100,12 @@ impl StreamWorkerArgs {
 pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     // OWNER_ID defaults to the ECS task id (what the console, the dashboard and
     // StopTask name), else the host name.
+    // The task metadata also gives the address of this task's sidecar.
+    let task = leasehold_platform::ecs::task_metadata().await;
     let ecs_task_id = match args.flag("OWNER_ID").or_else(|| process_env("OWNER_ID")) {
         Some(_) => None,
-        None => leasehold_platform::ecs::task_metadata()
-            .await
+        None => task
+            .as_ref()
             .and_then(|metadata| metadata.task_id().map(str::to_owned)),
     };
     let lookup = |name: &str| {
@@ -112,7 +114,12 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
             .or_else(|| (name == "OWNER_ID").then(|| ecs_task_id.clone()).flatten())
     };
     let sdk = sdk_config(RetryPolicy::CallerRetries).await;
-    let settings = require_region(&sdk, settings::parse(&lookup))?;
+    let mut settings = require_region(&sdk, settings::parse(&lookup))?;
+    let explicit = settings.worker.sidecar_url.take();
+    let mut env = Env::new(&lookup);
+    let derived =
+        leasehold_telemetry::settings::sidecar_url_from(&mut env, explicit, task.as_ref());
+    settings.worker.sidecar_url = env.finish(derived)?;
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
     store.check_table().await?;
     let sink = sink::open(settings.sink_url.expose(), settings.sink)

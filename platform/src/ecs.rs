@@ -42,6 +42,28 @@ pub struct TaskMetadata {
     /// `FARGATE` or `EC2`.
     #[serde(rename = "LaunchType")]
     pub launch_type: Option<String>,
+    /// The task's containers (for their network addresses).
+    #[serde(rename = "Containers", default)]
+    pub containers: Vec<ContainerMetadata>,
+}
+
+/// One container of the task, as far as leasehold reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct ContainerMetadata {
+    /// The container's networks (in `awsvpc` mode: the task's ENI).
+    #[serde(rename = "Networks", default)]
+    pub networks: Vec<ContainerNetwork>,
+}
+
+/// One network of a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct ContainerNetwork {
+    /// `awsvpc`, `bridge`, `host` …
+    #[serde(rename = "NetworkMode")]
+    pub network_mode: Option<String>,
+    /// Private IPv4 addresses on that network.
+    #[serde(rename = "IPv4Addresses", default)]
+    pub ipv4_addresses: Vec<String>,
 }
 
 impl TaskMetadata {
@@ -50,6 +72,19 @@ impl TaskMetadata {
         self.task_arn
             .as_deref()
             .and_then(|arn| arn.rsplit('/').next())
+    }
+
+    /// The task's private IPv4 address in `awsvpc` mode (Fargate's only mode):
+    /// every container of the task shares it, so the sidecar answers there.
+    /// `None` in other network modes, where a container address is not one
+    /// the dashboard could reach.
+    pub fn private_ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        self.containers
+            .iter()
+            .flat_map(|container| &container.networks)
+            .filter(|network| network.network_mode.as_deref() == Some("awsvpc"))
+            .flat_map(|network| &network.ipv4_addresses)
+            .find_map(|address| address.parse().ok())
     }
 
     /// OTLP resource attributes (`cloud.*` and `aws.ecs.*` of the OpenTelemetry
@@ -181,6 +216,16 @@ mod tests {
         }
         assert_eq!(attributes.len(), 12);
         assert!(TaskMetadata::default().resource_attributes().is_empty());
+        assert_eq!(metadata.private_ipv4(), None, "no containers listed");
+    }
+
+    #[test]
+    fn the_awsvpc_address_is_the_task_address() {
+        let document = r#"{"TaskARN":"arn:aws:ecs:us-east-1:1:task/c/t","Containers":[
+            {"Name":"x","Networks":[{"NetworkMode":"bridge","IPv4Addresses":["172.17.0.2"]}]},
+            {"Name":"worker","Networks":[{"NetworkMode":"awsvpc","IPv4Addresses":["10.0.3.7"]}]}]}"#;
+        let metadata: TaskMetadata = serde_json::from_str(document).unwrap();
+        assert_eq!(metadata.private_ipv4(), Some([10, 0, 3, 7].into()));
     }
 
     #[tokio::test]

@@ -34,13 +34,9 @@ const MODE: Parser<Mode> = Parser {
 /// The observer scans this often while the table is small.
 pub const OBSERVER_SCAN_BASE: Duration = Duration::from_secs(15);
 
-/// The `SIDECAR_LISTEN` variable.
-pub const SIDECAR_LISTEN: Setting<SocketAddr> = Setting::new(
-    "SIDECAR_LISTEN",
-    parse::SOCKET_ADDR,
-    Fallback::Value(|| SocketAddr::from(([0, 0, 0, 0], 9464))),
-    "The sidecar's HTTP address: `/metrics`, `/healthz`, `/status`.",
-);
+/// The `SIDECAR_LISTEN` variable, defined with the telemetry settings because
+/// workers read its port too (the `sidecar_url` they derive).
+pub use leasehold_telemetry::settings::SIDECAR_LISTEN;
 /// The `WORKER_SILENCE_MS` variable.
 pub const WORKER_SILENCE_MS: Setting<Duration> = Setting::new(
     "WORKER_SILENCE_MS",

@@ -13,13 +13,17 @@
 //! - [`process`]: the worker's own memory, CPU and descriptors for the heartbeat.
 //! - [`status`]: the sidecar's `/status` document, served by the sidecar and read
 //!   by the dashboard.
-//! - [`settings`]: where telemetry goes (`TELEMETRY_ADDR`, `TELEMETRY_BUFFER`).
+//! - [`settings`]: where telemetry goes (`TELEMETRY_ADDR`, `TELEMETRY_BUFFER`)
+//!   and where the sidecar answers (`SIDECAR_LISTEN`, `SIDECAR_URL`).
+//! - [`sidecar_url`]: the strict `http://IP:PORT` form workers publish and the
+//!   dashboard reads.
 //! - `testing` (feature `testing`): one event of every variant.
 
 pub mod event;
 pub mod labels;
 pub mod process;
 pub mod settings;
+pub mod sidecar_url;
 pub mod status;
 pub mod transport;
 

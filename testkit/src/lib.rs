@@ -173,3 +173,13 @@ pub fn unique_name(prefix: &str) -> String {
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// This host's address on its default route, if it has one that is not
+/// loopback (no packet is sent: a UDP `connect` only picks the route). Tests
+/// that must reach a server the way another host would bind there.
+pub fn non_loopback_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("198.51.100.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}

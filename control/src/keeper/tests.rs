@@ -242,6 +242,7 @@ async fn a_takeover_is_noticed_on_the_next_renew() {
         now_ms: f.clock.now_ms(),
         lease_ms: 30_000,
         skew_margin_ms: 1_000,
+        sidecar_url: None,
     };
     assert_eq!(f.store.acquire(&other).await.unwrap().fence_token, 2);
     lease.cancelled().await;
@@ -345,6 +346,7 @@ async fn a_conflict_is_reported_with_the_holder() {
         now_ms: f.clock.now_ms(),
         lease_ms: 30_000,
         skew_margin_ms: 1_000,
+        sidecar_url: None,
     };
     f.store.acquire(&other).await.unwrap();
     assert!(matches!(

@@ -36,6 +36,8 @@ pub const ACQUIRE_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner,
      owner_id = :owner, last_owner = :owner, lease_expires_at = :expires, \
      fence_token = if_not_exists(fence_token, :zero) + :one, \
      acquired_at = :updated, updated_at = :updated";
+/// Added to the acquire update when the acquire announces a sidecar (presence records).
+pub const ACQUIRE_SIDECAR_UPDATE: &str = ", sidecar_url = :sidecar_url";
 /// The original specification's renew condition, verbatim.
 pub const RENEW_CONDITION: &str =
     "owner_id = :owner AND fence_token = :token AND lease_expires_at >= :now";
@@ -317,7 +319,7 @@ pub fn from_raw(item: &RawItem) -> HashMap<String, AttributeValue> {
 #[async_trait]
 impl LeaseStore for DynamoLeaseStore {
     async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        let values = vec![
+        let mut values = vec![
             (":owner", s(&r.owner_id)),
             (":expires", n(r.now_ms + r.lease_ms)),
             (":now", n(r.now_ms - r.skew_margin_ms)),
@@ -326,10 +328,17 @@ impl LeaseStore for DynamoLeaseStore {
             (":one", n(1)),
             (":none", s("")),
         ];
+        let update = match &r.sidecar_url {
+            Some(url) => {
+                values.push((":sidecar_url", s(url)));
+                format!("{ACQUIRE_UPDATE}{ACQUIRE_SIDECAR_UPDATE}")
+            }
+            None => ACQUIRE_UPDATE.to_owned(),
+        };
         self.update(
             &r.stream_id,
             ACQUIRE_CONDITION,
-            ACQUIRE_UPDATE,
+            &update,
             values,
             Holder::none(),
         )

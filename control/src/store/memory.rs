@@ -125,6 +125,9 @@ impl LeaseStore for MemoryLeaseStore {
         );
         set(&mut item, schema::ACQUIRED_AT, AttrValue::n(r.now_ms));
         set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        if let Some(url) = &r.sidecar_url {
+            set(&mut item, schema::SIDECAR_URL, AttrValue::s(url));
+        }
         let lease = schema::decode(&item)?;
         items.insert(r.stream_id.clone(), item);
         Ok(lease)

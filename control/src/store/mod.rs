@@ -27,6 +27,9 @@ pub struct AcquireRequest {
     /// Takeover only when `lease_expires_at < now_ms - skew_margin_ms`, so a taker
     /// whose clock runs ahead cannot take a lease its holder still believes valid.
     pub skew_margin_ms: i64,
+    /// Stored as `sidecar_url` when given (a worker announcing its presence);
+    /// when `None` the acquire leaves any stored value as it is.
+    pub sidecar_url: Option<String>,
 }
 
 /// Extend a held lease, optionally carrying a checkpoint on the same write.

@@ -476,6 +476,7 @@ mod tests {
             user_id: user.into(),
             heartbeat_at: NOW - heartbeat_ago_ms,
             started_at: 0,
+            sidecar_url: None,
         };
         Mark {
             user_id: user_of(&key),

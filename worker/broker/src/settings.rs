@@ -451,6 +451,7 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
             task_arn: task_id,
             instance_id: leasehold_control::settings::default_owner_id(),
             launched_at: u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0),
+            sidecar_url: env.optional(&leasehold_telemetry::settings::SIDECAR_URL),
         },
     };
     let paper = PaperConfig {

@@ -182,6 +182,7 @@ mod tests {
             user_id: user.into(),
             heartbeat_at: 1,
             started_at: 1,
+            sidecar_url: None,
         }
         .to_json()
     }
@@ -212,6 +213,7 @@ mod tests {
                 task_arn: "dead".into(),
                 instance_id: "h".into(),
                 launched_at: 1,
+                sidecar_url: None,
             },
         };
         assert!(bus.claim_user(&write).await.unwrap());
@@ -266,6 +268,7 @@ mod tests {
             task_arn: "t1".into(),
             instance_id: "h".into(),
             launched_at: 1,
+            sidecar_url: None,
         };
         let value = mark("u1", "t1");
         let write = leasehold_pool::bus::MarkWrite {

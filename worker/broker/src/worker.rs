@@ -115,6 +115,7 @@ impl BrokerWorkerConfig {
                 task_arn: format!("task-{worker_id}"),
                 instance_id: "test-host".into(),
                 launched_at: 1,
+                sidecar_url: None,
             },
         }
     }
@@ -250,6 +251,7 @@ impl BrokerWorker {
             user_id: user_id.to_owned(),
             heartbeat_at: now_ms(),
             started_at: self.config.metadata.launched_at,
+            sidecar_url: self.config.metadata.sidecar_url.clone(),
         }
     }
 

@@ -654,6 +654,10 @@ pub struct MarkValue {
     pub heartbeat_at: u64,
     /// Process start (unix ms).
     pub started_at: u64,
+    /// The worker's sidecar (`http://IP:PORT`): how the dashboard finds the
+    /// sidecars of idle pool workers. Absent when the worker has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidecar_url: Option<String>,
 }
 
 impl MarkValue {

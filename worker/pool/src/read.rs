@@ -121,6 +121,8 @@ pub struct IdleWorker {
     pub task_id: Option<String>,
     /// Last heartbeat, unix ms (none when the mark is not leasehold's JSON).
     pub heartbeat_at_ms: Option<i64>,
+    /// `sidecar_url` from the mark (untrusted: the dashboard validates it).
+    pub sidecar_url: Option<String>,
 }
 
 /// A user with a claimed worker.
@@ -140,6 +142,8 @@ pub struct ClaimedUser {
     pub instance_id: Option<String>,
     /// `launched_at` (unix ms) from the metadata hash.
     pub launched_at_ms: Option<i64>,
+    /// `sidecar_url` from the metadata hash (untrusted: the dashboard validates it).
+    pub sidecar_url: Option<String>,
     /// Requests waiting in `trading:user:{id}:requests`.
     pub requests_queued: u64,
     /// Control messages waiting.
@@ -188,7 +192,8 @@ async fn read_pool<R: Inspect + ?Sized>(reader: &R) -> Result<PoolView, BusError
         idle.push(IdleWorker {
             worker_id: key.strip_prefix(&prefix).unwrap_or(&key).to_owned(),
             task_id: mark.as_ref().map(|m| m.task_id.clone()),
-            heartbeat_at_ms: mark.map(|m| m.heartbeat_at as i64),
+            heartbeat_at_ms: mark.as_ref().map(|m| m.heartbeat_at as i64),
+            sidecar_url: mark.and_then(|m| m.sidecar_url),
         });
     }
     let pool_prefix = keys::pool_worker_active("");
@@ -249,6 +254,10 @@ async fn claimed_user<R: Inspect + ?Sized>(
             .filter(|v| !v.is_empty())
             .cloned(),
         launched_at_ms: metadata.get("launched_at").and_then(|v| v.parse().ok()),
+        sidecar_url: metadata
+            .get("sidecar_url")
+            .filter(|v| !v.is_empty())
+            .cloned(),
         requests_queued: reader.list_len(&requests).await?,
         control_queued: reader.list_len(&control).await?,
         dead_letters,

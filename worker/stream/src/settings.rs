@@ -238,6 +238,8 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         handoff_poll: env.get(&HANDOFF_POLL_MS),
         drain_timeout: env.get(&DRAIN_TIMEOUT_MS),
         register,
+        // Explicit only here; the binary derives it on ECS when unset.
+        sidecar_url: env.optional(&leasehold_telemetry::settings::SIDECAR_URL),
     };
     let runner = RunnerConfig {
         batch_max_events: env.get(&BATCH_MAX_EVENTS),

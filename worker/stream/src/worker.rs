@@ -55,6 +55,9 @@ pub struct StreamWorkerConfig {
     pub drain_timeout: Duration,
     /// Streams to register at start (idempotent).
     pub register: Vec<String>,
+    /// This worker's sidecar, stored in its presence record (`sidecar_url`) so
+    /// the dashboard finds it; `None` leaves the field out.
+    pub sidecar_url: Option<String>,
 }
 
 impl Default for StreamWorkerConfig {
@@ -65,6 +68,7 @@ impl Default for StreamWorkerConfig {
             handoff_poll: Duration::from_millis(250),
             drain_timeout: Duration::from_secs(20),
             register: Vec::new(),
+            sidecar_url: None,
         }
     }
 }
@@ -269,7 +273,8 @@ impl StreamWorker {
             return;
         }
         let id = schema::worker_presence(&self.context.keeper.config().owner_id);
-        match self.context.keeper.acquire(&id).await {
+        let announced = self.config.sidecar_url.as_deref();
+        match self.context.keeper.acquire_announcing(&id, announced).await {
             Ok(lease) => self.presence = Some(lease),
             Err(err) => tracing::warn!(error = %err, "could not announce this worker's presence"),
         }

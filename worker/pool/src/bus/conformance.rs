@@ -79,6 +79,7 @@ fn metadata(worker_id: &str) -> WorkerMetadata {
         task_arn: format!("task-{worker_id}"),
         instance_id: "conformance-host".into(),
         launched_at: 7,
+        sidecar_url: Some("http://10.0.0.7:9464".into()),
     }
 }
 
@@ -89,6 +90,7 @@ fn mark_value(user_id: &str, worker_id: &str, heartbeat_at: u64) -> String {
         user_id: user_id.to_owned(),
         heartbeat_at,
         started_at: 7,
+        sidecar_url: None,
     }
     .to_json()
 }
@@ -184,6 +186,11 @@ pub async fn claims_are_exclusive(target: &dyn BusTarget) {
             Some("conformance-host")
         );
         assert_eq!(metadata.get("launched_at").map(String::as_str), Some("7"));
+        assert_eq!(
+            metadata.get("sidecar_url").map(String::as_str),
+            Some("http://10.0.0.7:9464"),
+            "the metadata carries the worker's sidecar"
+        );
         for worker in &workers {
             let pool_mark = bus
                 .get(&keys::pool_worker_active(worker))

@@ -361,15 +361,15 @@ impl Keyspace {
     ) -> Result<(), BusError> {
         let key = keys::worker_metadata(mark.user_id);
         let metadata = mark.metadata;
-        self.hash_set(
-            &key,
-            &[
-                ("task_arn", metadata.task_arn.clone()),
-                ("instance_id", metadata.instance_id.clone()),
-                ("launched_at", metadata.launched_at.to_string()),
-            ],
-            now,
-        )?;
+        let mut fields = vec![
+            ("task_arn", metadata.task_arn.clone()),
+            ("instance_id", metadata.instance_id.clone()),
+            ("launched_at", metadata.launched_at.to_string()),
+        ];
+        if let Some(url) = &metadata.sidecar_url {
+            fields.push(("sidecar_url", url.clone()));
+        }
+        self.hash_set(&key, &fields, now)?;
         self.expire(&key, ttl, now);
         Ok(())
     }

@@ -84,6 +84,9 @@ pub struct WorkerMetadata {
     pub instance_id: String,
     /// Process start, unix ms.
     pub launched_at: u64,
+    /// The worker's sidecar (`http://IP:PORT`), stored as `sidecar_url` so the
+    /// dashboard finds it; left out when `None`.
+    pub sidecar_url: Option<String>,
 }
 
 /// A worker writing a user's liveness mark (claim and heartbeat).

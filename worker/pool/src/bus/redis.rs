@@ -126,12 +126,13 @@ fn with_record_fields(script: &str) -> String {
 }
 
 /// KEYS: user mark, pool mark, metadata. ARGV: mark value, ttl, task_arn,
-/// instance_id, launched_at. 1 = claimed, 0 = the user already has a worker.
+/// instance_id, launched_at, sidecar_url ('' = none). 1 = claimed, 0 = the user already has a worker.
 const CLAIM: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   redis.call('DEL', KEYS[2])
   redis.call('DEL', KEYS[3])
   redis.call('HSET', KEYS[3], 'task_arn', ARGV[3], 'instance_id', ARGV[4], 'launched_at', ARGV[5])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[3], 'sidecar_url', ARGV[6]) end
   redis.call('EXPIRE', KEYS[3], ARGV[2])
   return 1
 end
@@ -140,7 +141,8 @@ return 0
 
 /// KEYS: claim processing list, user mark, pool mark, metadata, outcome.
 /// ARGV: the processing entry, mark value, ttl, task_arn, instance_id,
-/// launched_at, claimed outcome, refused outcome, outcome ttl.
+/// launched_at, claimed outcome, refused outcome, outcome ttl, sidecar_url
+/// ('' = none).
 /// -1 = the entry is not in the list (settled already, or re-queued): nothing
 /// written; 1 = claimed; 0 = the user already has a worker (outcome failed).
 /// The entry leaves the list in the step that writes the outcome, so a claim
@@ -151,6 +153,7 @@ if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', ARGV[3]) then
   redis.call('DEL', KEYS[3])
   redis.call('DEL', KEYS[4])
   redis.call('HSET', KEYS[4], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
+  if ARGV[10] ~= '' then redis.call('HSET', KEYS[4], 'sidecar_url', ARGV[10]) end
   redis.call('EXPIRE', KEYS[4], ARGV[3])
   redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[9])
   return 1
@@ -293,11 +296,12 @@ end
 "#;
 
 /// KEYS: user mark, metadata. ARGV: worker id, mark value, ttl, task_arn,
-/// instance_id, launched_at. 1 = refreshed, 0 = another worker holds the user.
+/// instance_id, launched_at, sidecar_url ('' = none). 1 = refreshed, 0 = another worker holds the user.
 /// A mark that expired (Redis was unreachable for a while) is taken back.
 const HEARTBEAT: &str = r#"
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 redis.call('HSET', KEYS[2], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[2], 'sidecar_url', ARGV[7]) end
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 1
 "#;
@@ -603,6 +607,7 @@ impl RedisPoolBus {
             .arg(&metadata.task_arn)
             .arg(&metadata.instance_id)
             .arg(metadata.launched_at)
+            .arg(metadata.sidecar_url.as_deref().unwrap_or_default())
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;
@@ -624,6 +629,7 @@ impl PoolBus for RedisPoolBus {
             .arg(&metadata.task_arn)
             .arg(&metadata.instance_id)
             .arg(metadata.launched_at)
+            .arg(metadata.sidecar_url.as_deref().unwrap_or_default())
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;
@@ -818,6 +824,7 @@ impl PoolBus for RedisPoolBus {
             .arg(claim.claimed)
             .arg(claim.refused)
             .arg(CLAIM_OUTCOME_TTL.as_secs())
+            .arg(metadata.sidecar_url.as_deref().unwrap_or_default())
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;

@@ -302,6 +302,7 @@ async fn losing_the_lease_stops_side_effects() {
         now_ms: f.clock.now_ms(),
         lease_ms: 30_000,
         skew_margin_ms: 1_000,
+        sidecar_url: None,
     };
     f.store.acquire(&other).await.unwrap();
     assert_eq!(
@@ -687,6 +688,7 @@ async fn a_zombie_lifts_nothing() {
             now_ms: f.clock.now_ms() + 60_000,
             lease_ms: 30_000,
             skew_margin_ms: 0,
+            sidecar_url: None,
         })
         .await
         .unwrap();
@@ -747,6 +749,7 @@ async fn past_its_deadline_a_holder_writes_nothing_even_before_the_loss_is_signa
             now_ms: f.clock.now_ms(),
             lease_ms: 30_000,
             skew_margin_ms: 0,
+            sidecar_url: None,
         })
         .await
         .unwrap();

@@ -6,6 +6,7 @@ fn metadata() -> WorkerMetadata {
         task_arn: "task".into(),
         instance_id: "host".into(),
         launched_at: 1,
+        sidecar_url: None,
     }
 }
 
