@@ -39,7 +39,7 @@ pub struct TimelineQuery {
 }
 
 impl TimelineQuery {
-    /// The window in effect: (label, ms).
+    /// The window asked for: (label, ms); 15 minutes unless told.
     pub fn window(&self) -> (&'static str, i64) {
         let asked = self.window.as_deref().unwrap_or("15m");
         WINDOWS
@@ -47,6 +47,11 @@ impl TimelineQuery {
             .copied()
             .find(|(label, _)| *label == asked)
             .unwrap_or(WINDOWS[1])
+    }
+
+    /// No window asked for: the window fits the history kept.
+    pub fn fitted(&self) -> bool {
+        self.window.as_deref().is_none_or(str::is_empty)
     }
 
     /// Lanes per worker rather than per stream.
@@ -74,10 +79,23 @@ pub struct TimelineBody {
     pub lanes: Vec<timeline::Lane>,
 }
 
+/// The window drawn: as asked, or (by default) the history kept plus a
+/// margin, between one and fifteen minutes, so a young dashboard does not
+/// squeeze its few changes into the right edge.
+fn window_ms(log: &ChangeLog, query: &TimelineQuery, to: i64) -> i64 {
+    if !query.fitted() {
+        return query.window().1;
+    }
+    match log.oldest_ms() {
+        Some(oldest) => ((to - oldest) * 11 / 10 + 1_000).clamp(60_000, WINDOWS[1].1),
+        None => WINDOWS[1].1,
+    }
+}
+
 /// Builds one page of lanes.
 pub fn timeline_body(snapshot: &Snapshot, log: &ChangeLog, query: &TimelineQuery) -> TimelineBody {
     let to = snapshot.taken_at_ms;
-    let from = to - query.window().1;
+    let from = to - window_ms(log, query, to);
     let changes = log.since(from);
     let fenced = log.fenced_since(from);
     let search = search_text(query.q.as_deref());
@@ -123,8 +141,8 @@ pub struct TimelinePage {
     pub lanes: Vec<DrawnLane>,
     /// SVG height.
     pub height: u32,
-    /// Axis ticks: (x, label).
-    pub ticks: Vec<(String, String)>,
+    /// Axis ticks: (x, label, text-anchor).
+    pub ticks: Vec<(String, String, &'static str)>,
     /// Lanes matching, pages, page.
     pub total: usize,
     /// Pages in all.
@@ -141,6 +159,15 @@ pub struct TimelinePage {
     pub windows: Vec<(&'static str, bool)>,
     /// Lane height.
     pub lane_height: u32,
+}
+
+/// Edge ticks hug the inside of the chart so their labels are not cut off.
+fn tick_anchor(i: u32, last: u32) -> &'static str {
+    match i {
+        0 => "start",
+        i if i == last => "end",
+        _ => "middle",
+    }
 }
 
 fn history_text(log: &ChangeLog, now_ms: i64) -> String {
@@ -182,7 +209,7 @@ impl TimelinePage {
                 } else {
                     format!("−{}", crate::table::duration_ms(ago))
                 };
-                (format!("{x:.1}"), label)
+                (format!("{x:.1}"), label, tick_anchor(i, 4))
             })
             .collect();
         let link = |to: usize| {
@@ -193,7 +220,7 @@ impl TimelinePage {
                 serde_urlencoded::to_string(&q).unwrap_or_default()
             )
         };
-        let window = query.window().0;
+        let window = if query.fitted() { "" } else { query.window().0 };
         TimelinePage {
             header: Header::new("/timeline", snapshot, refresh_ms),
             height: (lanes.len().max(1) as u32) * LANE_HEIGHT,
@@ -414,8 +441,8 @@ pub struct StreamDetailPage {
     pub owners: Vec<(String, Change)>,
     /// The stream's timeline lane over its history.
     pub lane: Vec<DrawnLane>,
-    /// Timeline axis: (x, label).
-    pub ticks: Vec<(String, String)>,
+    /// Timeline axis: (x, label, text-anchor).
+    pub ticks: Vec<(String, String, &'static str)>,
     /// Lag sparklines.
     pub charts: Vec<Chart>,
     /// How far back the history goes.
@@ -449,9 +476,9 @@ impl StreamDetailPage {
             false,
         );
         let lane = timeline::draw(&lanes, from, to);
-        let ticks = [(0.0, to - from), (timeline::WIDTH, 0)]
+        let ticks = [(0.0, to - from, "start"), (timeline::WIDTH, 0, "end")]
             .iter()
-            .map(|(x, ago)| {
+            .map(|(x, ago, anchor)| {
                 (
                     format!("{x:.1}"),
                     if *ago == 0 {
@@ -459,6 +486,7 @@ impl StreamDetailPage {
                     } else {
                         format!("−{}", crate::table::duration_ms(*ago))
                     },
+                    *anchor,
                 )
             })
             .collect();
@@ -571,7 +599,7 @@ impl TrendsPage {
         let cluster = trends.cluster();
         let series =
             |pick: fn(&ClusterPoint) -> f64| -> Vec<f64> { cluster.iter().map(pick).collect() };
-        let (w, h) = (460, 90);
+        let (w, h) = (400, 80);
         let charts = vec![
             Chart::line(
                 "Lag, all streams (events)",

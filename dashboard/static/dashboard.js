@@ -254,6 +254,15 @@
     if (age) age.textContent = duration(Date.now() + offset - serverNow) + ' old';
   }
 
+  // Layout self-check after every render: whether the page fits the window
+  // without horizontal scrolling (the browser test reads it from the DOM).
+  function checkFit() {
+    var root = document.documentElement;
+    body.dataset.fits = String(root.scrollWidth <= root.clientWidth);
+  }
+
+  checkFit();
+  setInterval(checkFit, 1000);
   setInterval(refresh, refreshMs);
   setInterval(tick, 1000);
 })();
