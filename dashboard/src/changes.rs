@@ -272,6 +272,18 @@ impl ChangeLog {
         self.expire(now_ms);
     }
 
+    /// Adds a change as if observed (the benchmark fills 24 h this way).
+    #[cfg(feature = "testing")]
+    pub fn record(&mut self, change: Change) {
+        self.push(change);
+    }
+
+    /// Adds a fenced write as if observed.
+    #[cfg(feature = "testing")]
+    pub fn record_fenced(&mut self, fenced: FencedWrite) {
+        self.fenced.push_front(fenced);
+    }
+
     fn push(&mut self, change: Change) {
         if self.entries.len() == self.capacity {
             self.entries.pop_back();

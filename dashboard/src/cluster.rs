@@ -262,6 +262,18 @@ impl Collector {
         read(&self.changes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Writes the history directly (tests and the benchmark).
+    #[cfg(feature = "testing")]
+    pub fn with_changes_mut<R>(&self, write: impl FnOnce(&mut ChangeLog) -> R) -> R {
+        write(&mut self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Writes the trends directly (tests and the benchmark).
+    #[cfg(feature = "testing")]
+    pub fn with_trends_mut<R>(&self, write: impl FnOnce(&mut Trends) -> R) -> R {
+        write(&mut self.trends.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Reads the trend history under its lock.
     pub fn with_trends<R>(&self, read: impl FnOnce(&Trends) -> R) -> R {
         read(&self.trends.lock().unwrap_or_else(|p| p.into_inner()))

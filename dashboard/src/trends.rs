@@ -158,10 +158,15 @@ impl Trends {
             if row.lag_events.is_none() && row.lag_seconds.is_none() {
                 continue;
             }
-            let ring = self
-                .streams
-                .entry(row.stream_id.clone())
-                .or_insert_with(|| Ring::new(STREAM_POINTS));
+            // Look up before inserting: an entry() would clone every id on
+            // every refresh.
+            if !self.streams.contains_key(&row.stream_id) {
+                self.streams
+                    .insert(row.stream_id.clone(), Ring::new(STREAM_POINTS));
+            }
+            let Some(ring) = self.streams.get_mut(&row.stream_id) else {
+                continue;
+            };
             let sample = StreamPoint {
                 at_ms,
                 lag_events: row.lag_events.unwrap_or(0).min(u32::MAX as u64) as u32,
