@@ -16,8 +16,8 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_dashboard::http::{DashboardState, app};
 use leasehold_dashboard::changes::{Change, ChangeKind, FencedWrite};
+use leasehold_dashboard::http::{DashboardState, app};
 use leasehold_dashboard::testing::{collector_at, seed_many};
 use leasehold_testkit::measure::{arg, percentile};
 use tower::ServiceExt;
@@ -116,8 +116,14 @@ async fn main() {
     }
     println!("with 24 h of history (50,000 changes, 1,000 fenced writes, full trend rings):");
     for (name, path) in [
-        ("timeline, 24 h, per stream (50 lanes)", "/timeline?window=24h"),
-        ("timeline, 24 h, per worker (50 lanes)", "/timeline?window=24h&by=worker"),
+        (
+            "timeline, 24 h, per stream (50 lanes)",
+            "/timeline?window=24h",
+        ),
+        (
+            "timeline, 24 h, per worker (50 lanes)",
+            "/timeline?window=24h&by=worker",
+        ),
         ("timeline, default window", "/timeline"),
         ("/api/timeline, 24 h", "/api/timeline?window=24h"),
         ("per-stream page", "/streams/stream-04242"),

@@ -216,6 +216,18 @@ impl ChangeLog {
         out
     }
 
+    /// Changes since `from_ms` (inclusive), oldest first, borrowed (the
+    /// timeline reads 50,000 of them without copying).
+    pub fn since_ref(&self, from_ms: i64) -> Vec<&Change> {
+        let mut out: Vec<&Change> = self
+            .entries
+            .iter()
+            .take_while(|c| c.at_ms >= from_ms)
+            .collect();
+        out.reverse();
+        out
+    }
+
     /// One stream's changes, oldest first.
     pub fn for_stream(&self, stream_id: &str) -> Vec<Change> {
         let mut out: Vec<Change> = self

@@ -664,6 +664,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn search_text_is_bounded_at_a_character_boundary_and_lowercased() {
+        assert_eq!(search_text(Some("  ")), None);
+        assert_eq!(search_text(Some(" BTC-usd ")).as_deref(), Some("btc-usd"));
+        // 150 two-byte characters: cut at 200 bytes = 100 characters.
+        let long = search_text(Some(&"é".repeat(150))).unwrap();
+        assert_eq!(long.len(), MAX_SEARCH_LEN);
+        assert_eq!(long.chars().count(), 100);
+        // A long search still finds the id its first 200 bytes name.
+        let id = "a".repeat(MAX_SEARCH_LEN);
+        let q = search_text(Some(&format!("{id}zzz"))).unwrap();
+        assert_eq!(search_rank(&id, &q), 2);
+        assert_eq!(search_rank("xAAy", "aa"), 1);
+        assert_eq!(search_rank("b", "aa"), 0);
+    }
+
+    #[test]
+    fn stream_links_encode_every_special_character() {
+        assert_eq!(stream_href("a/b?c#<d>"), "/streams/a%2Fb%3Fc%23%3Cd%3E");
+    }
+
+    #[test]
     fn queries_are_percent_encoded() {
         let query = StreamQuery {
             owner: Some("a&b=<c>".into()),

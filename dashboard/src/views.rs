@@ -96,28 +96,33 @@ fn window_ms(log: &ChangeLog, query: &TimelineQuery, to: i64) -> i64 {
 pub fn timeline_body(snapshot: &Snapshot, log: &ChangeLog, query: &TimelineQuery) -> TimelineBody {
     let to = snapshot.taken_at_ms;
     let from = to - window_ms(log, query, to);
-    let changes = log.since(from);
+    let changes = log.since_ref(from);
     let fenced = log.fenced_since(from);
     let search = search_text(query.q.as_deref());
-    let mut lanes = timeline::lanes(
-        &snapshot.streams,
-        &changes,
-        &fenced,
-        from,
-        to,
-        query.per_worker(),
-    );
-    if let Some(q) = &search {
-        lanes.retain(|lane| lane.stream_id.to_lowercase().contains(q.as_str()));
-    }
-    let total = lanes.len();
+    let window = timeline::Window {
+        from_ms: from,
+        to_ms: to,
+        per_worker: query.per_worker(),
+    };
+    let page_of = |page: usize| {
+        timeline::lane_page(
+            &snapshot.streams,
+            &changes,
+            &fenced,
+            &window,
+            search.as_deref(),
+            (page - 1) * LANES_PER_PAGE,
+            LANES_PER_PAGE,
+        )
+    };
+    let asked = query.page.unwrap_or(1).max(1);
+    let (total, mut lanes) = page_of(asked);
     let pages = total.div_ceil(LANES_PER_PAGE).max(1);
-    let page = query.page.unwrap_or(1).clamp(1, pages);
-    let lanes = lanes
-        .into_iter()
-        .skip((page - 1) * LANES_PER_PAGE)
-        .take(LANES_PER_PAGE)
-        .collect();
+    let page = asked.min(pages);
+    if page != asked {
+        // Past the last page: show the last one.
+        lanes = page_of(page).1;
+    }
     TimelineBody {
         taken_at_ms: to,
         from_ms: from,
@@ -702,5 +707,64 @@ impl TrendsPage {
             ),
             grafana,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::streams::{StreamState, Verdict};
+
+    fn row(id: &str) -> StreamRow {
+        StreamRow {
+            stream_id: id.into(),
+            owner_id: None,
+            fence_token: 0,
+            state: StreamState::Unowned,
+            lease_expires_at_ms: 0,
+            checkpoint: None,
+            checkpoint_at_ms: None,
+            lag_events: None,
+            lag_seconds: None,
+            last_event_age_seconds: None,
+            last_change_at_ms: None,
+            previous_owner: None,
+            verdict: Verdict::Ok,
+            problem: None,
+        }
+    }
+
+    #[test]
+    fn ids_beyond_the_bound_are_not_looked_up_and_unknown_ids_are_none() {
+        let long = "s".repeat(MAX_STREAM_ID_LEN + 1);
+        let mut snapshot = Snapshot::empty(0);
+        snapshot.streams = vec![row("a"), row(&long)];
+        let log = ChangeLog::new(10);
+        let trends = Trends::new(1_000);
+        assert!(stream_detail(&snapshot, &log, &trends, "a").is_some());
+        assert!(stream_detail(&snapshot, &log, &trends, "b").is_none());
+        assert!(
+            stream_detail(&snapshot, &log, &trends, &long).is_none(),
+            "an id longer than the bound is refused before any lookup"
+        );
+        let detail = stream_detail(&snapshot, &log, &trends, "a").unwrap();
+        assert_eq!(detail.problems[0].runbook, "LeaseholdStreamUnowned");
+    }
+
+    #[test]
+    fn the_default_window_fits_the_history_between_one_and_fifteen_minutes() {
+        let log = ChangeLog::new(10);
+        let query = TimelineQuery::default();
+        assert_eq!(window_ms(&log, &query, 0), 15 * 60_000);
+        let asked = TimelineQuery {
+            window: Some("1h".into()),
+            ..TimelineQuery::default()
+        };
+        assert_eq!(window_ms(&log, &asked, 0), 3_600_000);
+        let bogus = TimelineQuery {
+            window: Some("<script>".into()),
+            ..TimelineQuery::default()
+        };
+        assert_eq!(bogus.window(), ("15m", 15 * 60_000));
     }
 }

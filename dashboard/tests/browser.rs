@@ -72,7 +72,10 @@ async fn ten_thousand_streams_render_in_chromium() {
     assert!(dom.contains("1 streams match; page 1 of 1."), "{dom}");
     assert_eq!(dom.matches("<tr><td><a href=").count(), 1, "{dom}");
     assert!(dom.contains(">stream-04242<"));
-    assert!(dom.contains("<b>10000</b>"), "header counts the whole table\n{dom}");
+    assert!(
+        dom.contains("<b>10000</b>"),
+        "header counts the whole table\n{dom}"
+    );
     shutdown.cancel();
     dashboard.finished().await;
 }
