@@ -501,13 +501,15 @@ mod tests {
         taken.previous_owner = Some("w1".into());
         taken.previous_expires_at = Some(9_000);
         log.observe(&[taken, held("b", "w1", 1)], 2);
-        log.observe_fenced([("w1", 0), ("w2", 0)], 3);
+        // A counter counts since the worker started, before the dashboard
+        // did: the first reading is a baseline, not news.
+        log.observe_fenced([("w1", 5), ("w2", 0)], 3);
         assert!(
             log.fenced_since(0).is_empty(),
             "first reading is a baseline"
         );
-        log.observe_fenced([("w1", 3), ("w2", 0)], 4);
-        log.observe_fenced([("w1", 3)], 5);
+        log.observe_fenced([("w1", 8), ("w2", 0)], 4);
+        log.observe_fenced([("w1", 8)], 5);
         let fenced = log.fenced_since(0);
         assert_eq!(fenced.len(), 1, "{fenced:?}");
         assert_eq!(fenced[0].owner_id, "w1");
