@@ -1,9 +1,13 @@
 //! Server-side render time with 10,000 streams: the whole streams view on one
 //! page, its first (paginated) page, `/api/streams`, and one collector refresh
-//! (scan + classification) on the in-memory store.
+//! (scan + classification) on the in-memory store; then, with 24 h of history
+//! (50,000 ownership changes, the count bound, spread over 24 h; 1,000 fenced
+//! writes; full trend rings), the timeline, the per-stream page and the trends,
+//! and what one live update costs: a 304 when nothing changed, and the bytes of
+//! a changed page with gzip and br.
 //!
 //! `cargo bench -p leasehold-dashboard --bench render [-- --streams N --rounds N]`
-//! Targets (issue #6): the 10,000-stream view ≤ 100 ms; a first page ≤ 20 ms.
+//! Targets (issues #6, #17): a full page ≤ 100 ms; an update ≤ 20 ms.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +16,7 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
+use leasehold_dashboard::changes::{Change, ChangeKind, FencedWrite};
 use leasehold_dashboard::http::{DashboardState, app};
 use leasehold_dashboard::testing::{collector_at, seed_many};
 use leasehold_testkit::measure::{arg, percentile};
@@ -20,17 +25,30 @@ use tower::ServiceExt;
 const NOW: i64 = 1_800_000_000_000;
 
 async fn time_route(router: &axum::Router, path: &str, rounds: usize) -> (Vec<Duration>, usize) {
+    time_request(router, path, &[], rounds).await
+}
+
+async fn time_request(
+    router: &axum::Router,
+    path: &str,
+    headers: &[(&str, &str)],
+    rounds: usize,
+) -> (Vec<Duration>, usize) {
     let mut times = Vec::with_capacity(rounds);
     let mut bytes = 0;
     for _ in 0..rounds {
         let started = Instant::now();
+        let mut request = Request::get(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
         let response = router
             .clone()
-            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .oneshot(request.body(Body::empty()).unwrap())
             .await
             .unwrap();
         assert!(
-            response.status().is_success(),
+            response.status().is_success() || response.status().as_u16() == 304,
             "{path}: {}",
             response.status()
         );
@@ -69,8 +87,9 @@ async fn main() {
         collector.refresh().await;
         refreshes.push(started.elapsed());
     }
+    fill_history(&collector, streams);
     let router = app(Arc::new(DashboardState {
-        collector,
+        collector: collector.clone(),
         token: None,
         access: Default::default(),
     }));
@@ -96,4 +115,84 @@ async fn main() {
         let (mut times, bytes) = time_route(&router, &path, rounds).await;
         report(name, &mut times, bytes);
     }
+    println!("with 24 h of history (50,000 changes, 1,000 fenced writes, full trend rings):");
+    for (name, path) in [
+        (
+            "timeline, 24 h, per stream (50 lanes)",
+            "/timeline?window=24h",
+        ),
+        (
+            "timeline, 24 h, per worker (50 lanes)",
+            "/timeline?window=24h&by=worker",
+        ),
+        ("timeline, default window", "/timeline"),
+        ("/api/timeline, 24 h", "/api/timeline?window=24h"),
+        ("per-stream page", "/streams/stream-04242"),
+        ("/api/streams/{id}", "/api/streams/stream-04242"),
+        ("trends page", "/trends"),
+    ] {
+        let (mut times, bytes) = time_route(&router, path, rounds).await;
+        report(name, &mut times, bytes);
+    }
+    println!("one live update (a new snapshot: the changed body, compressed; or 304):");
+    let tag = collector.entity_tag();
+    for (name, path) in [
+        ("/api/streams first page", "/api/streams"),
+        ("timeline page, 24 h", "/timeline?window=24h"),
+        ("per-stream page", "/streams/stream-04242"),
+        ("trends page", "/trends"),
+    ] {
+        for encoding in ["identity", "gzip", "br"] {
+            let (mut times, bytes) =
+                time_request(&router, path, &[("accept-encoding", encoding)], rounds).await;
+            report(&format!("{name}, {encoding}"), &mut times, bytes);
+        }
+        let (mut times, bytes) =
+            time_request(&router, path, &[("if-none-match", tag.as_str())], rounds).await;
+        report(&format!("{name}, unchanged (304)"), &mut times, bytes);
+    }
+}
+
+/// 24 h of history as the collector would have kept it: the count bound's
+/// 50,000 changes (takeovers with a gap) spread over 24 h, 1,000 fenced writes,
+/// and every trend ring full (one sample per minute, lag on every stream).
+fn fill_history(collector: &leasehold_dashboard::Collector, streams: usize) {
+    const DAY: i64 = 24 * 3_600_000;
+    let kept = collector.settings().changes_kept;
+    let start = NOW - DAY + 60_000;
+    let step = (DAY - 120_000) / kept as i64;
+    collector.with_changes_mut(|log| {
+        for k in 0..kept {
+            let stream = k % streams;
+            let round = k / streams;
+            log.record(Change {
+                at_ms: start + k as i64 * step,
+                stream_id: format!("stream-{stream:05}"),
+                kind: ChangeKind::Takeover,
+                old_owner: Some(format!("worker-{:02}", (stream + round) % 20)),
+                new_owner: Some(format!("worker-{:02}", (stream + round + 1) % 20)),
+                fence_token: round as u64 + 2,
+                gap_seconds: Some(1.5),
+                missed: 0,
+            });
+        }
+        for k in 0..1_000 {
+            log.record_fenced(FencedWrite {
+                at_ms: start + k as i64 * (DAY / 1_000),
+                owner_id: format!("worker-{:02}", k % 20),
+                writes: 2,
+                streams: vec![format!("stream-{:05}", (k * 7) % streams)],
+            });
+        }
+    });
+    let mut rows = collector.latest().streams.clone();
+    collector.with_trends_mut(|trends| {
+        for minute in 0..leasehold_dashboard::trends::CLUSTER_POINTS as i64 {
+            for (i, row) in rows.iter_mut().enumerate() {
+                row.lag_events = Some(((i as i64 + minute) % 50) as u64);
+                row.lag_seconds = Some(((i as i64 + minute) % 7) as f64 / 2.0);
+            }
+            trends.sample(NOW - DAY + minute * 60_000, &rows, None, &[]);
+        }
+    });
 }

@@ -24,6 +24,7 @@ use crate::sidecars::{
     Discovery, DiscoveryPolicy, SidecarReport, SidecarTarget, poll, poll_discovered,
 };
 use crate::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
+use crate::trends::Trends;
 use leasehold_pool::read::{AnomalyView, PoolReader, PoolView};
 
 /// Health of one data source.
@@ -139,8 +140,12 @@ pub struct CollectorSettings {
     pub sidecar_timeout: Duration,
     /// Classification thresholds.
     pub thresholds: Thresholds,
-    /// Ownership changes kept.
+    /// Ownership changes kept (the count bound of the history).
     pub changes_kept: usize,
+    /// Oldest ownership change kept (the age bound of the history).
+    pub changes_max_age: Duration,
+    /// Bucket width of the trend history ([`crate::trends`]).
+    pub trend_resolution: Duration,
     /// Scan page size for the lease table.
     pub page_size: usize,
 }
@@ -164,7 +169,9 @@ impl Default for CollectorSettings {
             scan_items_per_second: 1_000,
             sidecar_timeout: Duration::from_millis(1_500),
             thresholds: Thresholds::default(),
-            changes_kept: 500,
+            changes_kept: 50_000,
+            changes_max_age: Duration::from_millis(crate::changes::DEFAULT_MAX_AGE_MS as u64),
+            trend_resolution: Duration::from_millis(crate::trends::DEFAULT_RESOLUTION_MS as u64),
             page_size: 1_000,
         }
     }
@@ -183,6 +190,8 @@ struct History {
     pool: Option<PoolView>,
     anomalies: Option<AnomalyView>,
     health: HashMap<&'static str, SourceHealth>,
+    /// Newest change already counted in the trends, unix ms.
+    sampled_ms: i64,
 }
 
 /// Builds snapshots and keeps the latest for readers.
@@ -192,6 +201,10 @@ pub struct Collector {
     clock: Arc<dyn Clock>,
     latest: RwLock<Arc<Snapshot>>,
     changes: Mutex<ChangeLog>,
+    trends: Mutex<Trends>,
+    /// Snapshots published so far (the entity tag's counter).
+    published: std::sync::atomic::AtomicU64,
+    started_ms: i64,
     history: tokio::sync::Mutex<History>,
     /// Records the last successful lease scan read (the pacing's input).
     scanned: AtomicUsize,
@@ -206,7 +219,13 @@ impl Collector {
     pub fn new(sources: Sources, settings: CollectorSettings, clock: Arc<dyn Clock>) -> Self {
         let now = clock.now_ms();
         Collector {
-            changes: Mutex::new(ChangeLog::new(settings.changes_kept)),
+            changes: Mutex::new(ChangeLog::bounded(
+                settings.changes_kept,
+                settings.changes_max_age.as_millis() as i64,
+            )),
+            trends: Mutex::new(Trends::new(settings.trend_resolution.as_millis() as i64)),
+            published: std::sync::atomic::AtomicU64::new(0),
+            started_ms: now,
             sources,
             settings,
             clock,
@@ -243,6 +262,39 @@ impl Collector {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .recent(limit)
+    }
+
+    /// Reads the ownership-change history (and fenced writes) under its lock.
+    pub fn with_changes<R>(&self, read: impl FnOnce(&ChangeLog) -> R) -> R {
+        read(&self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Writes the history directly (tests and the benchmark).
+    #[cfg(feature = "testing")]
+    pub fn with_changes_mut<R>(&self, write: impl FnOnce(&mut ChangeLog) -> R) -> R {
+        write(&mut self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Writes the trends directly (tests and the benchmark).
+    #[cfg(feature = "testing")]
+    pub fn with_trends_mut<R>(&self, write: impl FnOnce(&mut Trends) -> R) -> R {
+        write(&mut self.trends.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Reads the trend history under its lock.
+    pub fn with_trends<R>(&self, read: impl FnOnce(&Trends) -> R) -> R {
+        read(&self.trends.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The entity tag of the current snapshot: this collector's start time
+    /// and how many snapshots it has published (a restarted dashboard never
+    /// reuses a tag; two refreshes within one millisecond still differ).
+    pub fn entity_tag(&self) -> String {
+        format!(
+            "\"{:x}-{}\"",
+            self.started_ms,
+            self.published.load(Ordering::Acquire)
+        )
     }
 
     /// Reads every source once and publishes a new snapshot.
@@ -347,6 +399,7 @@ impl Collector {
 
         let snapshot = Arc::new(self.assemble(&mut history, records, sidecars, now));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
+        self.published.fetch_add(1, Ordering::AcqRel);
         snapshot
     }
 
@@ -382,6 +435,33 @@ impl Collector {
     ) -> Snapshot {
         if let Some(records) = records {
             self.judge(history, &records, &sidecars, now);
+        }
+        {
+            let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            changes.observe_fenced(
+                sidecars.iter().filter_map(|report| {
+                    let status = report.status.as_ref()?;
+                    Some((
+                        status.worker.owner_id.as_deref()?,
+                        status.worker.sink_events_fenced,
+                    ))
+                }),
+                now,
+            );
+            let new_changes = changes.since(history.sampled_ms + 1);
+            drop(changes);
+            let mut trends = self.trends.lock().unwrap_or_else(|p| p.into_inner());
+            trends.sample(now, &history.streams, history.pool.as_ref(), &new_changes);
+            let streams = &history.streams;
+            trends.retain(|stream| {
+                streams
+                    .binary_search_by(|r| r.stream_id.as_str().cmp(stream))
+                    .is_ok()
+            });
+            history.sampled_ms = new_changes
+                .iter()
+                .map(|c| c.at_ms)
+                .fold(history.sampled_ms, i64::max);
         }
         let streams = history.streams.clone();
         let presence = &history.presence;

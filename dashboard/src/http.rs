@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Form, Query, Request, State};
+use axum::extract::{Form, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Json, Redirect, Response};
@@ -28,12 +28,17 @@ use axum::routing::get;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tower_http::compression::CompressionLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::cluster::Collector;
 use crate::pages::{
     AnomaliesBody, CHANGES_SHOWN, ChangesBody, LoginPage, PoolBody, StreamQuery, StreamsPage,
     TablesPage, WorkersBody, stream_page,
+};
+use crate::views::{
+    RUNBOOKS, StreamDetailPage, TimelinePage, TimelineQuery, TrendsBody, TrendsPage, stream_detail,
+    timeline_body,
 };
 
 /// The policy: nothing but this origin's script, style and fetches.
@@ -159,13 +164,26 @@ pub fn app(state: Shared) -> Router {
         .route("/api/pool", get(pool_api))
         .route("/api/anomalies", get(anomalies_api))
         .route("/api/changes", get(changes_api))
+        .route("/streams/{id}", get(stream_view))
+        .route("/api/streams/{id}", get(stream_api))
+        .route("/timeline", get(timeline_view))
+        .route("/api/timeline", get(timeline_api))
+        .route("/trends", get(trends_view))
+        .route("/api/trends", get(trends_api))
+        .route("/runbooks/{name}", get(runbook))
         .route("/static/dashboard.js", get(script))
         .route("/static/dashboard.css", get(stylesheet))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/login", get(login_form).post(login))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            conditional_get,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), check_host))
-        .with_state(state);
+        .with_state(state)
+        // gzip or br as the client accepts; the predicate skips small bodies.
+        .layer(CompressionLayer::new());
     for (name, value) in security_headers {
         router = router.layer(SetResponseHeaderLayer::overriding(name, value));
     }
@@ -265,6 +283,123 @@ async fn changes_api(State(state): State<Shared>) -> Response {
         changes: &changes,
     })
     .into_response()
+}
+
+async fn stream_view(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    let snapshot = state.collector.latest();
+    let page = state.collector.with_changes(|log| {
+        state.collector.with_trends(|trends| {
+            stream_detail(&snapshot, log, trends, &id)
+                .map(|detail| StreamDetailPage::new(&snapshot, log, detail, refresh_ms(&state)))
+        })
+    });
+    match page {
+        Some(page) => html(page),
+        None => not_found(),
+    }
+}
+
+async fn stream_api(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    let snapshot = state.collector.latest();
+    let detail = state.collector.with_changes(|log| {
+        state
+            .collector
+            .with_trends(|trends| stream_detail(&snapshot, log, trends, &id))
+    });
+    match detail {
+        Some(detail) => Json(detail).into_response(),
+        None => not_found(),
+    }
+}
+
+/// A 404 that never echoes the (untrusted) id asked for.
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "no such stream\n").into_response()
+}
+
+async fn timeline_view(
+    State(state): State<Shared>,
+    Query(query): Query<TimelineQuery>,
+) -> Response {
+    let snapshot = state.collector.latest();
+    let page = state
+        .collector
+        .with_changes(|log| TimelinePage::new(&snapshot, log, query, refresh_ms(&state)));
+    html(page)
+}
+
+async fn timeline_api(State(state): State<Shared>, Query(query): Query<TimelineQuery>) -> Response {
+    let snapshot = state.collector.latest();
+    let body = state
+        .collector
+        .with_changes(|log| timeline_body(&snapshot, log, &query));
+    Json(body).into_response()
+}
+
+async fn trends_view(State(state): State<Shared>) -> Response {
+    let snapshot = state.collector.latest();
+    let page = state
+        .collector
+        .with_trends(|trends| TrendsPage::new(&snapshot, trends, None, refresh_ms(&state)));
+    html(page)
+}
+
+async fn trends_api(State(state): State<Shared>) -> Response {
+    let snapshot = state.collector.latest();
+    let body = state.collector.with_trends(|trends| TrendsBody {
+        taken_at_ms: snapshot.taken_at_ms,
+        resolution_ms: trends.resolution_ms(),
+        spans_ms: trends.spans_ms(),
+        cluster: trends.cluster(),
+    });
+    Json(body).into_response()
+}
+
+async fn runbook(Path(name): Path<String>) -> Response {
+    match RUNBOOKS.iter().find(|(known, _)| *known == name) {
+        Some((_, text)) => {
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], *text).into_response()
+        }
+        None => (StatusCode::NOT_FOUND, "no such runbook\n").into_response(),
+    }
+}
+
+/// Conditional GET for every view and API: the entity tag names the snapshot
+/// (the process's start and the collector's publication count), so a client
+/// that already has it gets `304 Not Modified` and no body. The refresh script
+/// sends `If-None-Match` itself (responses are `no-store`, so the browser
+/// cache never answers for it).
+async fn conditional_get(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let applies = request.method() == axum::http::Method::GET
+        && !path.starts_with("/static/")
+        && !path.starts_with("/runbooks/")
+        && path != "/healthz"
+        && path != "/login";
+    if !applies {
+        return next.run(request).await;
+    }
+    let tag = state.collector.entity_tag();
+    let matches = request
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == tag || t.trim() == "*"));
+    let etag = HeaderValue::from_str(&tag).ok();
+    if matches {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        if let Some(etag) = etag {
+            response.headers_mut().insert(header::ETAG, etag);
+        }
+        return response;
+    }
+    let mut response = next.run(request).await;
+    if response.status().is_success()
+        && let Some(etag) = etag
+    {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    response
 }
 
 async fn script() -> Response {

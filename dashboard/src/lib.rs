@@ -5,7 +5,11 @@
 //! Module map:
 //! - [`cluster`]: the collector that reads every source into one snapshot.
 //! - [`streams`]: lease → row, state badges, the Burrow-style verdict.
-//! - [`changes`]: the ownership-change timeline from consecutive scans.
+//! - [`changes`]: the ownership-change history from consecutive scans (bounded
+//!   by count and age) and the fenced writes the sidecars report.
+//! - [`timeline`]: that history cut into per-lane segments for the SVG timeline.
+//! - [`trends`]: ring buffers of downsampled lag and pool samples, and charts.
+//! - [`views`]: the per-stream page, the timeline and the trends pages.
 //! - The warm pool and the sweeper's report come from the pool's one read model
 //!   (`leasehold_pool::read`); sidecar `/status` documents from `leasehold_telemetry::status`.
 //! - [`settings`]: the `DASHBOARD_*` variables, read once.
@@ -28,6 +32,9 @@ pub mod streams;
 pub mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod timeline;
+pub mod trends;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

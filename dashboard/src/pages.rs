@@ -39,6 +39,57 @@ pub struct StreamQuery {
     /// Rows per page (at most 10,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_page: Option<usize>,
+    /// Search: stream ids containing this text (case-insensitive); ids
+    /// starting with it come first. At most [`MAX_SEARCH_LEN`] bytes are used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub q: Option<String>,
+}
+
+/// Longest search text used (longer text is cut at a character boundary).
+pub const MAX_SEARCH_LEN: usize = 200;
+/// Longest stream id the per-stream page looks up (longer: 404 without a lookup).
+pub const MAX_STREAM_ID_LEN: usize = 1_024;
+
+/// The search text as used: trimmed, bounded, lower-cased; none when empty.
+pub fn search_text(q: Option<&str>) -> Option<String> {
+    let q = q?.trim();
+    if q.is_empty() {
+        return None;
+    }
+    let mut end = q.len().min(MAX_SEARCH_LEN);
+    while !q.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(q[..end].to_lowercase())
+}
+
+/// Whether `id` matches the search: 2 = prefix, 1 = substring, 0 = no.
+fn search_rank(id: &str, q: &str) -> u8 {
+    // Ids are mostly ASCII: avoid allocating for the common case.
+    if id.is_ascii() && q.is_ascii() {
+        let bytes = id.as_bytes();
+        if bytes.len() >= q.len() && bytes[..q.len()].eq_ignore_ascii_case(q.as_bytes()) {
+            return 2;
+        }
+        let found = bytes
+            .windows(q.len().max(1))
+            .any(|w| w.eq_ignore_ascii_case(q.as_bytes()));
+        return u8::from(found && !q.is_empty());
+    }
+    let id = id.to_lowercase();
+    if id.starts_with(q) {
+        2
+    } else {
+        u8::from(id.contains(q))
+    }
+}
+
+/// A stream id as one URL path segment (`/streams/{segment}`).
+pub fn stream_href(id: &str) -> String {
+    format!(
+        "/streams/{}",
+        percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC)
+    )
 }
 
 /// One page of streams.
@@ -66,12 +117,24 @@ pub struct StreamPage<'a> {
 pub fn stream_page<'a>(snapshot: &'a Snapshot, query: &StreamQuery) -> StreamPage<'a> {
     let state = query.state.as_deref().and_then(StreamState::parse);
     let owner = query.owner.as_deref().filter(|o| !o.is_empty());
+    let search = search_text(query.q.as_deref());
     let mut rows: Vec<&StreamRow> = snapshot
         .streams
         .iter()
         .filter(|row| state.is_none_or(|s| row.state == s))
         .filter(|row| owner.is_none_or(|o| row.owner_id.as_deref() == Some(o)))
+        .filter(|row| {
+            search
+                .as_deref()
+                .is_none_or(|q| search_rank(&row.stream_id, q) > 0)
+        })
         .collect();
+    if let Some(q) = search.as_deref()
+        && query.sort.as_deref().unwrap_or("stream") == "stream"
+    {
+        // Prefix matches first, each group still in id order (stable sort).
+        rows.sort_by_key(|row| std::cmp::Reverse(search_rank(&row.stream_id, q)));
+    }
     match query.sort.as_deref() {
         Some("lag") => rows.sort_by(|a, b| {
             b.lag_events.cmp(&a.lag_events).then_with(|| {
@@ -157,7 +220,7 @@ pub struct ChangesBody<'a> {
 
 /// Columns of the streams table.
 pub const STREAM_COLUMNS: &[Column] = &[
-    col("Stream", "stream_id", Kind::Text),
+    col("Stream", "stream_id", Kind::StreamLink),
     col("State", "state", Kind::Badge),
     col("Owner", "owner_id", Kind::Text),
     col("Fence token", "fence_token", Kind::Number),
@@ -218,7 +281,7 @@ pub const FINDING_COLUMNS: &[Column] = &[
 /// Columns of the ownership-change timeline.
 pub const CHANGE_COLUMNS: &[Column] = &[
     col("When", "at_ms", Kind::Ago),
-    col("Stream", "stream_id", Kind::Text),
+    col("Stream", "stream_id", Kind::StreamLink),
     col("Change", "kind", Kind::Badge),
     col("Old owner", "old_owner", Kind::Text),
     col("New owner", "new_owner", Kind::Text),
@@ -294,6 +357,8 @@ impl Header {
             ("/pool", "Pool"),
             ("/anomalies", "Anomalies"),
             ("/changes", "Ownership changes"),
+            ("/timeline", "Timeline"),
+            ("/trends", "Trends"),
         ]
     }
 }
@@ -370,6 +435,11 @@ impl StreamsPage {
     /// Whether `value` is the selected state.
     pub fn state_selected(&self, value: &str) -> bool {
         self.query.state.as_deref() == Some(value)
+    }
+
+    /// The search text as typed (for the form).
+    pub fn search(&self) -> &str {
+        self.query.q.as_deref().unwrap_or("")
     }
 
     /// Whether `value` is the selected sort.
@@ -592,6 +662,27 @@ pub struct LoginPage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn search_text_is_bounded_at_a_character_boundary_and_lowercased() {
+        assert_eq!(search_text(Some("  ")), None);
+        assert_eq!(search_text(Some(" BTC-usd ")).as_deref(), Some("btc-usd"));
+        // 150 two-byte characters: cut at 200 bytes = 100 characters.
+        let long = search_text(Some(&"é".repeat(150))).unwrap();
+        assert_eq!(long.len(), MAX_SEARCH_LEN);
+        assert_eq!(long.chars().count(), 100);
+        // A long search still finds the id its first 200 bytes name.
+        let id = "a".repeat(MAX_SEARCH_LEN);
+        let q = search_text(Some(&format!("{id}zzz"))).unwrap();
+        assert_eq!(search_rank(&id, &q), 2);
+        assert_eq!(search_rank("xAAy", "aa"), 1);
+        assert_eq!(search_rank("b", "aa"), 0);
+    }
+
+    #[test]
+    fn stream_links_encode_every_special_character() {
+        assert_eq!(stream_href("a/b?c#<d>"), "/streams/a%2Fb%3Fc%23%3Cd%3E");
+    }
 
     #[test]
     fn queries_are_percent_encoded() {

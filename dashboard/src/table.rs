@@ -26,6 +26,8 @@ pub enum Kind {
     StatusLink,
     /// `[[stream, token], …]` pairs shown as `stream:token`.
     Tokens,
+    /// A stream id linking to its page (`/streams/{id}`, percent-encoded).
+    StreamLink,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
             Kind::AgeMs => "age_ms",
             Kind::StatusLink => "status_link",
             Kind::Tokens => "tokens",
+            Kind::StreamLink => "stream_link",
         }
     }
 }
@@ -187,6 +190,11 @@ fn cell(column: &Column, value: &serde_json::Value, now_ms: i64) -> Cell {
         (Kind::StatusLink, Value::String(url)) => Cell {
             text: format!("{url}/status"),
             href: Some(format!("{url}/status")),
+            ..Cell::default()
+        },
+        (Kind::StreamLink, Value::String(id)) => Cell {
+            text: id.clone(),
+            href: Some(crate::pages::stream_href(id)),
             ..Cell::default()
         },
         (Kind::Tokens, Value::Array(pairs)) => text(

@@ -69,6 +69,13 @@
         td.appendChild(a);
         return td;
       }
+      case 'stream_link': {
+        var link = document.createElement('a');
+        link.href = '/streams/' + encodeURIComponent(String(value));
+        link.textContent = String(value);
+        td.appendChild(link);
+        return td;
+      }
       case 'tokens':
         td.textContent = value.map(function (p) { return p[0] + ':' + p[1]; }).join(', ');
         return td;
@@ -136,11 +143,54 @@
     });
   }
 
-  function getJson(url) {
-    return fetch(url, { credentials: 'same-origin', headers: { Accept: 'application/json' } })
+  // Conditional GET: the server tags every view and API with the snapshot it
+  // came from; a request carrying that tag gets 304 and no body. Responses are
+  // no-store, so the script keeps the last body per URL itself.
+  var cache = {};
+
+  function getConditional(url, accept, parse) {
+    var headers = { Accept: accept };
+    var cached = cache[url];
+    if (cached) headers['If-None-Match'] = cached.etag;
+    return fetch(url, { credentials: 'same-origin', cache: 'no-store', headers: headers })
       .then(function (response) {
+        if (response.status === 304 && cached) {
+          body.dataset.notModified = String(Number(body.dataset.notModified || 0) + 1);
+          return { fresh: false, value: cached.value };
+        }
         if (!response.ok) throw new Error('HTTP ' + response.status);
-        return response.json();
+        return parse(response).then(function (value) {
+          var etag = response.headers.get('ETag');
+          if (etag) cache[url] = { etag: etag, value: value };
+          return { fresh: true, value: value };
+        });
+      });
+  }
+
+  function getJson(url) {
+    return getConditional(url, 'application/json', function (r) { return r.json(); })
+      .then(function (got) { return got.value; });
+  }
+
+  // Pages drawn server-side (timeline, trends, one stream) mark their changing
+  // part with data-live; a newer snapshot replaces it with the server's render
+  // of the same element (escaped by askama), unless keyboard focus is inside.
+  function refreshLive() {
+    var regions = document.querySelectorAll('[data-live][id]');
+    if (regions.length === 0) return Promise.resolve();
+    var url = location.pathname + location.search;
+    return getConditional(url, 'text/html', function (r) { return r.text(); })
+      .then(function (got) {
+        if (!got.fresh) return;
+        var doc = new DOMParser().parseFromString(got.value, 'text/html');
+        regions.forEach(function (region) {
+          if (region.contains(document.activeElement) && document.activeElement !== document.body) return;
+          var next = doc.getElementById(region.id);
+          if (next) region.replaceWith(document.importNode(next, true));
+        });
+        var stamp = doc.body && doc.body.dataset.serverNow;
+        if (stamp) { serverNow = Number(stamp); offset = serverNow - Date.now(); }
+        body.dataset.updates = String(Number(body.dataset.updates || 0) + 1);
       });
   }
 
@@ -150,6 +200,7 @@
     tables.forEach(function (t) { apis[t.dataset.api] = true; });
     if (!apis['/api/streams']) apis['/api/streams?per_page=1'] = true;
     var query = location.search;
+    refreshLive().catch(function (err) { showSources([], err.message); });
     Promise.all(Object.keys(apis).map(function (api) {
       var url = api === '/api/streams' ? api + query : api;
       return getJson(url).then(function (json) { return [api, json]; });
@@ -173,6 +224,7 @@
       });
       showSources(sources, null);
       body.dataset.refreshed = String(Date.now());
+      body.dataset.refreshes = String(Number(body.dataset.refreshes || 0) + 1);
     }).catch(function (err) {
       showSources([], err.message);
     });
@@ -202,6 +254,15 @@
     if (age) age.textContent = duration(Date.now() + offset - serverNow) + ' old';
   }
 
+  // Layout self-check after every render: whether the page fits the window
+  // without horizontal scrolling (the browser test reads it from the DOM).
+  function checkFit() {
+    var root = document.documentElement;
+    body.dataset.fits = String(root.scrollWidth <= root.clientWidth);
+  }
+
+  checkFit();
+  setInterval(checkFit, 1000);
   setInterval(refresh, refreshMs);
   setInterval(tick, 1000);
 })();

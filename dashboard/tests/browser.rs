@@ -54,9 +54,30 @@ async fn ten_thousand_streams_render_in_chromium() {
         dom.contains("data-refreshed="),
         "the refresh script rebuilt the table"
     );
-    assert_eq!(dom.matches("<tr><td>stream-").count(), 10_000);
+    assert_eq!(
+        dom.matches("<tr><td><a href=\"/streams/stream-").count(),
+        10_000
+    );
     assert!(dom.contains(">stream-09999<") && dom.contains(">worker-19<"));
     assert!(dom.contains("10000 streams match; page 1 of 1."));
+
+    // Search finds one stream among the 10,000, server-side, and the refresh
+    // script keeps the search (the header counts stay whole-table).
+    let url = format!("http://{}/streams?q=stream-04242", dashboard.addr);
+    let chromium = leasehold_testkit::chromium().unwrap();
+    let dom = tokio::task::spawn_blocking(move || {
+        headless_chromium(&chromium, &url, 2_500, &["--dump-dom"])
+    })
+    .await
+    .unwrap();
+    assert!(dom.contains("data-refreshed="), "{dom}");
+    assert!(dom.contains("1 streams match; page 1 of 1."), "{dom}");
+    assert_eq!(dom.matches("<tr><td><a href=").count(), 1, "{dom}");
+    assert!(dom.contains(">stream-04242<"));
+    assert!(
+        dom.contains("<b>10000</b>"),
+        "header counts the whole table\n{dom}"
+    );
     shutdown.cancel();
     dashboard.finished().await;
 }

@@ -39,6 +39,13 @@ const ROUTES: &[&str] = &[
     "/api/pool",
     "/api/anomalies",
     "/api/changes",
+    "/timeline",
+    "/timeline?by=worker",
+    "/trends",
+    "/streams/btc-usd",
+    "/api/timeline",
+    "/api/trends",
+    "/api/streams/btc-usd",
 ];
 
 struct Seeded {
@@ -573,13 +580,248 @@ async fn ten_thousand_streams_render_on_one_page() {
     let router = router(&collector, None);
     let (status, _, body) = get(&router, "/streams?per_page=10000").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body.matches("<tr><td>stream-").count(), 10_000);
+    assert_eq!(
+        body.matches("<tr><td><a href=\"/streams/stream%2D").count(),
+        10_000
+    );
     assert!(body.contains("stream-09999"));
     let first = get(&router, "/streams").await.2;
     assert_eq!(
-        first.matches("<tr><td>stream-").count(),
+        first
+            .matches("<tr><td><a href=\"/streams/stream%2D")
+            .count(),
         100,
         "default page size"
     );
     assert!(first.contains("10000 streams match; page 1 of 100."));
+}
+
+#[tokio::test(start_paused = true)]
+async fn search_finds_one_stream_among_ten_thousand_prefix_first_and_paged() {
+    let target = Arc::new(MemoryTarget::default());
+    seed_many(target.as_ref(), 10_000, NOW).await;
+    let collector = collector_at(target.store(), None, NOW);
+    collector.refresh().await;
+    let router = router(&collector, None);
+    let one = json(&router, "/api/streams?q=stream-04242").await;
+    assert_eq!(one["total"], 1, "{one}");
+    assert_eq!(one["streams"][0]["stream_id"], "stream-04242");
+    // Case-insensitive substring, paged; the header counts stay whole-table.
+    let many = json(&router, "/api/streams?q=REAM-0424&per_page=5&page=2").await;
+    assert_eq!(
+        (many["total"].as_u64(), many["pages"].as_u64()),
+        (Some(10), Some(2))
+    );
+    assert_eq!(many["streams"][0]["stream_id"], "stream-04245");
+    assert_eq!(many["counts"]["owned"], 10_000);
+    // A search longer than the bound is cut, not refused; nothing matches.
+    let long = "x".repeat(60_000);
+    assert_eq!(
+        json(&router, &format!("/api/streams?q={long}")).await["total"],
+        0
+    );
+    let page = get(&router, "/streams?q=stream-04242").await.2;
+    assert!(page.contains("1 streams match"), "{page}");
+    assert!(page.contains("value=\"stream-04242\""));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_page_shows_record_owner_history_and_problems_and_404s_unknown_ids() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    seeded
+        .target
+        .store()
+        .acquire(&AcquireRequest {
+            stream_id: "sol-usd".into(),
+            owner_id: "worker-b".into(),
+            now_ms: NOW + 2_000,
+            lease_ms: 30_000,
+            skew_margin_ms: 1_000,
+        })
+        .await
+        .unwrap();
+    seeded.collector.refresh().await;
+    let (status, _, page) = get(&router, "/streams/sol-usd").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("id=\"owner-history\""));
+    assert!(page.contains("badge badge-takeover"), "{page}");
+    assert!(
+        page.contains("data-owner=\"worker-c\" data-token=\"1\""),
+        "{page}"
+    );
+    assert!(
+        page.contains("data-owner=\"worker-b\" data-token=\"2\""),
+        "{page}"
+    );
+    // Prefix matches come before other substring matches (then id order).
+    let found = json(&router, "/api/streams?q=S").await;
+    let ids: Vec<&str> = found["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stream_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids[0], "sol-usd", "{ids:?}");
+    assert!(ids.contains(&"btc-usd") && ids.len() > 3, "{ids:?}");
+    let api = json(&router, "/api/streams/sol-usd").await;
+    assert_eq!(api["owners"][0]["kind"], "takeover");
+    assert_eq!(api["stream"]["owner_id"], "worker-b");
+    // An unowned stream says so and links the runbook, which is served.
+    let ada = get(&router, "/streams/ada-usd").await.2;
+    assert!(
+        ada.contains("href=\"/runbooks/LeaseholdStreamUnowned\""),
+        "{ada}"
+    );
+    let (status, headers, runbook) = get(&router, "/runbooks/LeaseholdStreamUnowned").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    assert!(runbook.contains("LeaseholdStreamUnowned"));
+    assert_eq!(
+        get(&router, "/runbooks/..%2F..%2Fetc%2Fpasswd").await.0,
+        StatusCode::NOT_FOUND
+    );
+    // The markup stream, addressed percent-encoded, renders as text.
+    let markup = format!(
+        "/streams/{}",
+        percent_encoding::utf8_percent_encode(MARKUP_STREAM, percent_encoding::NON_ALPHANUMERIC)
+    );
+    let (status, _, page) = get(&router, &markup).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!page.contains(MARKUP_STREAM));
+    assert!(page.contains("&#60;img src=x onerror=alert(1)&#62;") || page.contains("&lt;img"));
+    // Unknown and oversized ids: 404, and the id is not echoed.
+    for id in ["no-such-stream%3Cscript%3E".to_owned(), "a".repeat(5_000)] {
+        let (status, _, body) = get(&router, &format!("/streams/{id}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(!body.contains("script") && !body.contains("aaaa"), "{body}");
+        assert_eq!(
+            get(&router, &format!("/api/streams/{id}")).await.0,
+            StatusCode::NOT_FOUND
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_timeline_draws_a_segment_per_owner_with_its_token_and_a_gap_between() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    seeded
+        .target
+        .store()
+        .acquire(&AcquireRequest {
+            stream_id: "sol-usd".into(),
+            owner_id: "worker-b".into(),
+            now_ms: NOW + 2_000,
+            lease_ms: 30_000,
+            skew_margin_ms: 1_000,
+        })
+        .await
+        .unwrap();
+    seeded.collector.refresh().await;
+    let body = json(&router, "/api/timeline?window=5m").await;
+    let lane = &body["lanes"][0];
+    assert_eq!(
+        lane["stream_id"], "sol-usd",
+        "the lane that changed comes first"
+    );
+    let segments: Vec<(Option<&str>, Option<u64>)> = lane["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["owner"].as_str(), s["token"].as_u64()))
+        .collect();
+    assert_eq!(
+        segments,
+        [
+            (Some("worker-c"), Some(1)),
+            (None, None),
+            (Some("worker-b"), Some(2))
+        ]
+    );
+    let page = get(&router, "/timeline?window=5m").await.2;
+    assert!(page.contains("class=\"seg gap\""), "{page}");
+    assert!(page.contains(">#2</text>"));
+    assert!(
+        page.contains("id=\"timeline-table\""),
+        "the text equivalent"
+    );
+    assert!(
+        page.contains("tabindex=\"0\""),
+        "segments take keyboard focus"
+    );
+    let per_worker = json(&router, "/api/timeline?window=5m&by=worker").await;
+    assert!(
+        per_worker["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["worker"] == "worker-c" && l["stream_id"] == "sol-usd")
+    );
+    let trends = get(&router, "/trends").await.2;
+    assert!(
+        trends.contains("Takeovers: 1 samples, latest 1"),
+        "{trends}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn unchanged_snapshots_answer_304_and_bodies_are_compressed() {
+    let target = Arc::new(MemoryTarget::default());
+    seed_many(target.as_ref(), 2_000, NOW).await;
+    let collector = collector_at(target.store(), None, NOW);
+    collector.refresh().await;
+    let router = router(&collector, None);
+    let (status, headers, _) = get(&router, "/api/streams").await;
+    assert_eq!(status, StatusCode::OK);
+    let tag = headers[header::ETAG].to_str().unwrap().to_owned();
+    let conditional = |path: &str, tag: &str| {
+        Request::get(path)
+            .header(header::IF_NONE_MATCH, tag)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (status, headers, body) = send(&router, conditional("/api/streams", &tag)).await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    assert!(body.is_empty());
+    assert_eq!(headers[header::ETAG].to_str().unwrap(), tag);
+    assert_eq!(
+        headers[header::CONTENT_SECURITY_POLICY],
+        CONTENT_SECURITY_POLICY
+    );
+    // A new snapshot (even at the same instant) is a new tag.
+    collector.refresh().await;
+    let (status, headers, _) = send(&router, conditional("/api/streams", &tag)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(headers[header::ETAG].to_str().unwrap(), tag);
+    // gzip and br as asked; the body is much smaller.
+    let plain = get(&router, "/api/streams?per_page=2000").await.2.len();
+    for encoding in ["gzip", "br"] {
+        let response = router
+            .clone()
+            .oneshot(
+                Request::get("/api/streams?per_page=2000")
+                    .header(header::ACCEPT_ENCODING, encoding)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.headers()[header::CONTENT_ENCODING], encoding);
+        let packed = response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .len();
+        assert!(packed * 5 < plain, "{encoding}: {packed} of {plain} bytes");
+    }
 }

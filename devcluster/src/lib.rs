@@ -364,6 +364,9 @@ impl DevCluster {
                 },
                 settings: CollectorSettings {
                     refresh: Duration::from_secs(1),
+                    // Trends a newcomer can watch move: 5 s points (2 h of
+                    // cluster history, 5 min per stream).
+                    trend_resolution: Duration::from_secs(5),
                     ..CollectorSettings::default()
                 },
                 clock: Arc::new(SystemClock),

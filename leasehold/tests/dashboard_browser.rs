@@ -3,6 +3,13 @@
 //! sidecar with a live worker), `leasehold dashboard` as a real process, and
 //! Debian's Chromium loading it headless: the rendered DOM is checked (after
 //! the refresh script ran) and a screenshot is saved under `test-output/`.
+//!
+//! A second test drives `leasehold dev --chaos` until a takeover and a fenced
+//! write happened, then checks the pictures from Chromium's DOM: the timeline's
+//! segments and tokens around the takeover, the fenced-write mark, the
+//! per-stream page's owner history, an in-place update (conditional GET), and
+//! that no view overflows a 1,400 × 900 window. `LEASEHOLD_SCREENSHOTS=docs`
+//! also writes every view's screenshot into `docs/` for the README.
 
 mod support;
 
@@ -17,7 +24,8 @@ use leasehold_dashboard::testing::{
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
 use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
-use leasehold_testkit::{chromium, headless_chromium, redis_url, repo_root};
+use leasehold_testkit::{chromium, headless_chromium, http_get, redis_url, repo_root};
+use serde_json::Value;
 use support::{serial, spawn_leasehold};
 use tokio_util::sync::CancellationToken;
 
@@ -194,4 +202,186 @@ async fn seeded_cluster_renders_in_headless_chromium() {
     drop(dashboard);
     shutdown.cancel();
     sidecar.finished().await;
+}
+
+async fn api(addr: &str, path: &str) -> Value {
+    let (status, _, body) = http_get(addr, path).await.expect("dashboard answers");
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+/// Loads `path` in headless Chromium at 1,400 × 900 and returns the DOM after
+/// `budget_ms` of (virtual) time.
+async fn dom_of(chromium: &str, addr: &str, path: &str, budget_ms: u64) -> String {
+    let (chromium, url) = (chromium.to_owned(), format!("http://{addr}{path}"));
+    tokio::task::spawn_blocking(move || {
+        headless_chromium(
+            &chromium,
+            &url,
+            budget_ms,
+            &["--dump-dom", "--window-size=1400,900"],
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_chaos_timeline_stream_page_and_live_updates_in_chromium() {
+    let Some(chromium) = chromium() else { return };
+    let _serial = serial().await;
+    let mut dev = spawn_leasehold(
+        "dev",
+        &[
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--streams",
+            "6",
+            "--workers",
+            "3",
+            "--pool",
+            "2",
+            "--lease-seconds",
+            "3",
+            "--chaos",
+            "--chaos-every",
+            "2",
+        ],
+        &[],
+    );
+    let line = dev.wait_line("dashboard     http://", Duration::from_secs(30));
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+
+    // Wait for a takeover and for a fenced write (a paused worker's writes
+    // meeting the newer token) to be in the timeline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (takeover, fenced_stream) = loop {
+        let changes = api(&addr, "/api/changes").await;
+        let takeover = changes["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["kind"] == "takeover" && c["missed"] == 0)
+            .cloned();
+        let timeline = api(&addr, "/api/timeline?window=5m").await;
+        let fenced = timeline["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|lane| !lane["fenced"].as_array().unwrap().is_empty())
+            .map(|lane| lane["stream_id"].as_str().unwrap().to_owned());
+        if let (Some(takeover), Some(fenced)) = (takeover, fenced) {
+            break (takeover, fenced);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no takeover and fenced write within 120 s\n{}",
+            dev.output()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let stream = takeover["stream_id"].as_str().unwrap();
+    let old_owner = takeover["old_owner"].as_str().unwrap();
+    let new_owner = takeover["new_owner"].as_str().unwrap();
+    let token = takeover["fence_token"].as_u64().unwrap();
+
+    // The timeline: the lane of that stream has the old owner's segment with
+    // the token before and the new owner's with the token after.
+    let timeline = dom_of(&chromium, &addr, "/timeline?window=5m", 2_500).await;
+    for (owner, token) in [(old_owner, token - 1), (new_owner, token)] {
+        let segment =
+            format!("data-stream=\"{stream}\" data-owner=\"{owner}\" data-token=\"{token}\"");
+        assert!(
+            timeline.contains(&segment),
+            "timeline lacks {segment}\n{timeline}"
+        );
+    }
+    assert!(timeline.contains("class=\"seg gap\""), "{timeline}");
+    let mark = "class=\"fenced\"";
+    assert!(
+        timeline.contains(mark) && timeline.contains(&format!("data-stream=\"{fenced_stream}\"")),
+        "no fenced-write mark on {fenced_stream}\n{timeline}"
+    );
+    assert!(timeline.contains("fenced write(s) from"), "{timeline}");
+    // Updated in place: a newer snapshot's render replaced the live region.
+    let updates = |dom: &str| -> u64 {
+        dom.split("data-updates=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(updates(&timeline) >= 1, "no in-place update\n{timeline}");
+
+    // The per-stream page shows the owner history with the tokens.
+    let page = dom_of(&chromium, &addr, &format!("/streams/{stream}"), 1_500).await;
+    assert!(page.contains("id=\"owner-history\""), "{page}");
+    assert!(page.contains("badge badge-takeover"), "{page}");
+    for needle in [old_owner, new_owner, &format!("<td>{token}</td>")] {
+        assert!(
+            page.contains(needle),
+            "stream page lacks {needle:?}\n{page}"
+        );
+    }
+
+    // No view overflows 1,400 px (the script records whether the page fits).
+    let mut shots = Vec::new();
+    for (path, file) in [
+        ("/streams", "dashboard-streams.png"),
+        ("/timeline", "dashboard-timeline.png"),
+        ("/timeline?by=worker", "dashboard-timeline-workers.png"),
+        ("/trends", "dashboard-trends.png"),
+        (
+            &format!("/streams/{stream}") as &str,
+            "dashboard-stream.png",
+        ),
+        ("/workers", "dashboard-workers.png"),
+        ("/pool", "dashboard-pool.png"),
+        ("/anomalies", "dashboard-anomalies.png"),
+        ("/changes", "dashboard-changes.png"),
+    ] {
+        let dom = dom_of(&chromium, &addr, path, 1_500).await;
+        assert!(
+            dom.contains("data-fits=\"true\""),
+            "{path} overflows 1,400 px\n{dom}"
+        );
+        shots.push((path.to_owned(), file));
+    }
+    let into_docs = std::env::var("LEASEHOLD_SCREENSHOTS").as_deref() == Ok("docs");
+    let dir = if into_docs {
+        repo_root().join("docs")
+    } else {
+        repo_root().join("test-output/dashboard")
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    for (path, file) in shots {
+        let png = dir.join(file);
+        let _ = std::fs::remove_file(&png);
+        let (chromium, url) = (chromium.clone(), format!("http://{addr}{path}"));
+        let arg = format!("--screenshot={}", png.display());
+        tokio::task::spawn_blocking(move || {
+            headless_chromium(&chromium, &url, 1_500, &[&arg, "--window-size=1400,900"])
+        })
+        .await
+        .unwrap();
+        let bytes = std::fs::read(&png).unwrap_or_else(|_| panic!("no {}", png.display()));
+        assert!(
+            bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+            "{file} is not a PNG"
+        );
+    }
+
+    dev.signal("INT");
+    let status = dev.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "dev did not exit cleanly\n{}",
+        dev.output()
+    );
 }

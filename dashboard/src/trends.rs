@@ -1,0 +1,405 @@
+//! Trends: a bounded in-memory history the collector samples on every
+//! refresh, so the dashboard can draw lag and pool charts without a TSDB.
+//!
+//! Samples are downsampled into fixed buckets (`resolution`, one minute by
+//! default): several refreshes in one bucket merge (maxima for lag, ages and
+//! gaps; the latest reading for counts). Two ring buffers keep them:
+//! - the cluster series: [`CLUSTER_POINTS`] buckets (24 h at one minute);
+//! - one series per stream: [`STREAM_POINTS`] buckets (1 h at one minute),
+//!   16 bytes a bucket, so 10,000 streams cost about 10 MB.
+//!
+//! Where the operator has Grafana, the trends page links to it
+//! (`grafana_url` in [`crate::cluster::CollectorSettings`]) for longer spans.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::Serialize;
+
+use crate::changes::{Change, ChangeKind};
+use crate::streams::StreamRow;
+use leasehold_pool::read::PoolView;
+
+/// Cluster buckets kept: 24 h at the default one-minute resolution.
+pub const CLUSTER_POINTS: usize = 1_440;
+/// Per-stream buckets kept: 1 h at the default one-minute resolution.
+pub const STREAM_POINTS: usize = 60;
+/// Default bucket width.
+pub const DEFAULT_RESOLUTION_MS: i64 = 60_000;
+
+/// One cluster bucket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ClusterPoint {
+    /// Bucket start, unix ms.
+    pub at_ms: i64,
+    /// Events behind, summed over streams (largest reading in the bucket).
+    pub lag_events: u64,
+    /// Largest lag in seconds of any stream.
+    pub lag_seconds: f64,
+    /// Largest last-event age of any stream, seconds.
+    pub last_event_age_seconds: f64,
+    /// Longest takeover gap seen in the bucket, seconds.
+    pub takeover_gap_seconds: f64,
+    /// Takeovers seen in the bucket.
+    pub takeovers: u64,
+    /// Idle pool workers (latest reading).
+    pub pool_idle: u64,
+    /// Claimed users (latest reading).
+    pub pool_claimed: u64,
+    /// Claims waiting for a pool worker (latest reading; the queue a claim's
+    /// latency comes from).
+    pub claims_pending: u64,
+}
+
+/// One per-stream bucket (compact: 10,000 streams × 60 buckets).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StreamPoint {
+    /// Bucket start, unix ms.
+    pub at_ms: i64,
+    /// Events behind (largest reading in the bucket).
+    pub lag_events: u32,
+    /// Seconds behind (largest reading).
+    pub lag_seconds: f32,
+}
+
+/// A ring buffer of buckets.
+#[derive(Debug, Clone)]
+pub struct Ring<T> {
+    capacity: usize,
+    points: VecDeque<T>,
+}
+
+impl<T> Ring<T> {
+    /// An empty ring keeping `capacity` buckets.
+    pub fn new(capacity: usize) -> Self {
+        Ring {
+            capacity: capacity.max(1),
+            points: VecDeque::new(),
+        }
+    }
+
+    fn push(&mut self, point: T) {
+        if self.points.len() == self.capacity {
+            self.points.pop_front();
+        }
+        self.points.push_back(point);
+    }
+
+    /// Oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.points.iter()
+    }
+
+    /// Buckets held.
+    pub fn len(&self) -> usize {
+        self.points.len()
+    }
+
+    /// Nothing held yet.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+}
+
+/// The sampled history.
+#[derive(Debug)]
+pub struct Trends {
+    resolution_ms: i64,
+    cluster: Ring<ClusterPoint>,
+    streams: HashMap<String, Ring<StreamPoint>>,
+}
+
+impl Trends {
+    /// Empty trends with buckets `resolution_ms` wide.
+    pub fn new(resolution_ms: i64) -> Self {
+        Trends {
+            resolution_ms: resolution_ms.max(1),
+            cluster: Ring::new(CLUSTER_POINTS),
+            streams: HashMap::new(),
+        }
+    }
+
+    /// Bucket width, ms.
+    pub fn resolution_ms(&self) -> i64 {
+        self.resolution_ms
+    }
+
+    /// (cluster span, per-stream span), ms.
+    pub fn spans_ms(&self) -> (i64, i64) {
+        (
+            self.resolution_ms * CLUSTER_POINTS as i64,
+            self.resolution_ms * STREAM_POINTS as i64,
+        )
+    }
+
+    fn bucket(&self, now_ms: i64) -> i64 {
+        now_ms - now_ms.rem_euclid(self.resolution_ms)
+    }
+
+    /// Adds one refresh: the stream rows, the pool, and the ownership
+    /// changes observed since the previous sample.
+    pub fn sample(
+        &mut self,
+        now_ms: i64,
+        streams: &[StreamRow],
+        pool: Option<&PoolView>,
+        new_changes: &[Change],
+    ) {
+        let at_ms = self.bucket(now_ms);
+        let mut point = ClusterPoint {
+            at_ms,
+            ..ClusterPoint::default()
+        };
+        for row in streams {
+            point.lag_events += row.lag_events.unwrap_or(0);
+            point.lag_seconds = point.lag_seconds.max(row.lag_seconds.unwrap_or(0.0));
+            point.last_event_age_seconds = point
+                .last_event_age_seconds
+                .max(row.last_event_age_seconds.unwrap_or(0.0));
+            if row.lag_events.is_none() && row.lag_seconds.is_none() {
+                continue;
+            }
+            // Look up before inserting: an entry() would clone every id on
+            // every refresh.
+            if !self.streams.contains_key(&row.stream_id) {
+                self.streams
+                    .insert(row.stream_id.clone(), Ring::new(STREAM_POINTS));
+            }
+            let Some(ring) = self.streams.get_mut(&row.stream_id) else {
+                continue;
+            };
+            let sample = StreamPoint {
+                at_ms,
+                lag_events: row.lag_events.unwrap_or(0).min(u32::MAX as u64) as u32,
+                lag_seconds: row.lag_seconds.unwrap_or(0.0) as f32,
+            };
+            match ring.points.back_mut() {
+                Some(last) if last.at_ms == at_ms => {
+                    last.lag_events = last.lag_events.max(sample.lag_events);
+                    last.lag_seconds = last.lag_seconds.max(sample.lag_seconds);
+                }
+                _ => ring.push(sample),
+            }
+        }
+        for change in new_changes {
+            if change.kind == ChangeKind::Takeover {
+                point.takeovers += 1;
+                point.takeover_gap_seconds = point
+                    .takeover_gap_seconds
+                    .max(change.gap_seconds.unwrap_or(0.0));
+            }
+        }
+        if let Some(pool) = pool {
+            point.pool_idle = pool.idle.len() as u64;
+            point.pool_claimed = pool.claimed.len() as u64;
+            point.claims_pending = pool.claims_pending;
+        }
+        match self.cluster.points.back_mut() {
+            Some(last) if last.at_ms == at_ms => {
+                last.lag_events = last.lag_events.max(point.lag_events);
+                last.lag_seconds = last.lag_seconds.max(point.lag_seconds);
+                last.last_event_age_seconds = last
+                    .last_event_age_seconds
+                    .max(point.last_event_age_seconds);
+                last.takeover_gap_seconds =
+                    last.takeover_gap_seconds.max(point.takeover_gap_seconds);
+                last.takeovers += point.takeovers;
+                last.pool_idle = point.pool_idle;
+                last.pool_claimed = point.pool_claimed;
+                last.claims_pending = point.claims_pending;
+            }
+            _ => self.cluster.push(point),
+        }
+    }
+
+    /// Forgets streams that are no longer in the table.
+    pub fn retain(&mut self, alive: impl Fn(&str) -> bool) {
+        self.streams.retain(|stream, _| alive(stream));
+    }
+
+    /// The cluster series, oldest first.
+    pub fn cluster(&self) -> Vec<ClusterPoint> {
+        self.cluster.iter().copied().collect()
+    }
+
+    /// One stream's series, oldest first (empty when never sampled).
+    pub fn stream(&self, stream_id: &str) -> Vec<StreamPoint> {
+        self.streams
+            .get(stream_id)
+            .map(|ring| ring.iter().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// An SVG chart drawn server-side: polyline points in a `width × height` box
+/// plus the numbers a screen reader (or a table) needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Chart {
+    /// Title (also the accessible name).
+    pub title: String,
+    /// `x,y x,y …` in the view box (numbers only: safe in an attribute).
+    pub points: String,
+    /// View box width.
+    pub width: u32,
+    /// View box height.
+    pub height: u32,
+    /// Smallest and largest value, and the latest.
+    pub min: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Latest value.
+    pub last: f64,
+    /// Number of buckets drawn.
+    pub samples: usize,
+    /// Unit suffix for the text equivalent.
+    pub unit: &'static str,
+}
+
+impl Chart {
+    /// Draws `values` (oldest first) as a polyline scaled to its own maximum.
+    pub fn line(
+        title: impl Into<String>,
+        unit: &'static str,
+        values: &[f64],
+        width: u32,
+        height: u32,
+    ) -> Chart {
+        let max = values.iter().copied().fold(0.0_f64, f64::max);
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let scale = if max > 0.0 { max } else { 1.0 };
+        let step = if values.len() > 1 {
+            f64::from(width) / (values.len() - 1) as f64
+        } else {
+            0.0
+        };
+        let top = 2.0;
+        let usable = f64::from(height) - 2.0 * top;
+        let points = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let x = i as f64 * step;
+                let y = top + usable - (v / scale) * usable;
+                format!("{x:.1},{y:.1}")
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        Chart {
+            title: title.into(),
+            points,
+            width,
+            height,
+            min: if min.is_finite() { min } else { 0.0 },
+            max,
+            last: values.last().copied().unwrap_or(0.0),
+            samples: values.len(),
+            unit,
+        }
+    }
+
+    /// The text equivalent: what the chart says, in words.
+    pub fn describe(&self) -> String {
+        if self.samples == 0 {
+            return format!("{}: no samples yet.", self.title);
+        }
+        format!(
+            "{}: {} samples, latest {}{u}, lowest {}{u}, highest {}{u}.",
+            self.title,
+            self.samples,
+            short(self.last),
+            short(self.min),
+            short(self.max),
+            u = self.unit,
+        )
+    }
+}
+
+fn short(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.1}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::streams::{StreamState, Verdict};
+
+    fn row(id: &str, lag: u64) -> StreamRow {
+        StreamRow {
+            stream_id: id.into(),
+            owner_id: Some("w1".into()),
+            fence_token: 1,
+            state: StreamState::Owned,
+            lease_expires_at_ms: 0,
+            checkpoint: None,
+            checkpoint_at_ms: None,
+            lag_events: Some(lag),
+            lag_seconds: Some(lag as f64 / 10.0),
+            last_event_age_seconds: Some(1.0),
+            last_change_at_ms: None,
+            previous_owner: None,
+            verdict: Verdict::Ok,
+            problem: None,
+        }
+    }
+
+    #[test]
+    fn samples_in_one_bucket_merge_and_rings_stay_bounded() {
+        let mut trends = Trends::new(1_000);
+        trends.sample(10_000, &[row("a", 5)], None, &[]);
+        trends.sample(10_500, &[row("a", 9)], None, &[]);
+        trends.sample(10_900, &[row("a", 2)], None, &[]);
+        assert_eq!(trends.cluster().len(), 1, "one bucket");
+        assert_eq!(trends.cluster()[0].lag_events, 9, "the bucket's maximum");
+        assert_eq!(trends.stream("a")[0].lag_events, 9);
+        for second in 11..(11 + CLUSTER_POINTS as i64 + 10) {
+            trends.sample(second * 1_000, &[row("a", 1)], None, &[]);
+        }
+        assert_eq!(trends.cluster().len(), CLUSTER_POINTS);
+        assert_eq!(trends.stream("a").len(), STREAM_POINTS);
+        let newest = trends.cluster().last().unwrap().at_ms;
+        assert_eq!(newest, (10 + CLUSTER_POINTS as i64 + 10) * 1_000);
+        trends.retain(|_| false);
+        assert!(trends.stream("a").is_empty());
+        assert_eq!(trends.spans_ms(), (1_440_000, 60_000));
+    }
+
+    #[test]
+    fn takeovers_and_pool_counts_are_sampled() {
+        let mut trends = Trends::new(60_000);
+        let change = Change {
+            at_ms: 1,
+            stream_id: "a".into(),
+            kind: ChangeKind::Takeover,
+            old_owner: Some("w1".into()),
+            new_owner: Some("w2".into()),
+            fence_token: 2,
+            gap_seconds: Some(4.5),
+            missed: 0,
+        };
+        let pool = PoolView {
+            claims_pending: 3,
+            ..PoolView::default()
+        };
+        trends.sample(120_000, &[], Some(&pool), &[change]);
+        let point = trends.cluster()[0];
+        assert_eq!((point.takeovers, point.takeover_gap_seconds), (1, 4.5));
+        assert_eq!(point.claims_pending, 3);
+    }
+
+    #[test]
+    fn charts_scale_to_their_box_and_describe_themselves() {
+        let chart = Chart::line("Lag", " events", &[0.0, 5.0, 10.0], 100, 24);
+        assert_eq!(chart.points, "0.0,22.0 50.0,12.0 100.0,2.0");
+        assert_eq!(
+            chart.describe(),
+            "Lag: 3 samples, latest 10 events, lowest 0 events, highest 10 events."
+        );
+        assert_eq!(
+            Chart::line("Empty", "", &[], 10, 10).describe(),
+            "Empty: no samples yet."
+        );
+    }
+}
