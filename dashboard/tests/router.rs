@@ -639,6 +639,7 @@ async fn the_stream_page_shows_record_owner_history_and_problems_and_404s_unknow
             now_ms: NOW + 2_000,
             lease_ms: 30_000,
             skew_margin_ms: 1_000,
+            sidecar_url: None,
         })
         .await
         .unwrap();
@@ -722,6 +723,7 @@ async fn the_timeline_draws_a_segment_per_owner_with_its_token_and_a_gap_between
             now_ms: NOW + 2_000,
             lease_ms: 30_000,
             skew_margin_ms: 1_000,
+            sidecar_url: None,
         })
         .await
         .unwrap();

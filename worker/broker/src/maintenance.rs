@@ -629,6 +629,7 @@ mod tests {
             task_arn: task.into(),
             instance_id: "host".into(),
             launched_at: 1,
+            sidecar_url: None,
         }
     }
 
@@ -640,6 +641,7 @@ mod tests {
             user_id: user.into(),
             heartbeat_at: 1,
             started_at: 1,
+            sidecar_url: None,
         }
         .to_json();
         let claimed = bus
@@ -662,6 +664,7 @@ mod tests {
             user_id: keys::POOL_USER_ID.into(),
             heartbeat_at: 1,
             started_at: 1,
+            sidecar_url: None,
         }
         .to_json();
         bus.set_pool_mark(task, &value, Duration::from_secs(30))

@@ -216,6 +216,7 @@ mod tests {
             user_id: keys::POOL_USER_ID.into(),
             heartbeat_at: 1,
             started_at,
+            sidecar_url: None,
         };
         assert!(
             bus.set_pool_mark(worker, &mark.to_json(), Duration::from_secs(30))
