@@ -263,6 +263,7 @@ async fn a_fenced_write_stops_the_stream_at_once() {
     f.sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: 2,
             events: &[],
@@ -512,6 +513,7 @@ async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
     f.sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: 0,
             events: &[],
@@ -530,6 +532,7 @@ async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
         .sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: 0,
             events: &[SinkEvent {
@@ -563,6 +566,7 @@ async fn resumes_after_the_sinks_last_sequence_when_it_is_past_the_checkpoint() 
     f.sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: old.fence_token,
             events: &written,
