@@ -66,6 +66,9 @@ impl Drop for Feed {
     }
 }
 
+/// A feed process: `backlog` events per stream ready at start, then `rate`
+/// events/s per stream. Retention is unbounded in practice: a consumer that
+/// falls behind a fast live feed is measured, not disconnected.
 fn start_feed(backlog: u64, rate: f64) -> Feed {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
@@ -76,7 +79,7 @@ fn start_feed(backlog: u64, rate: f64) -> Feed {
             "--rate",
             &rate.to_string(),
             "--retention",
-            &(backlog + 10).to_string(),
+            "1000000000",
         ])
         .args(["--backlog", &backlog.to_string()])
         .stdout(Stdio::piped())
@@ -327,7 +330,7 @@ async fn subscribe_raw(url: &str, stream: &str) -> Socket {
     socket
 }
 
-/// (a) and (b): read `limit` frames (or until `stop`), extracting with
+/// (a) and (b): read `limit` frames (or until aborted), extracting with
 /// leasehold's extractor when given one.
 async fn null_client(
     url: String,
@@ -335,18 +338,12 @@ async fn null_client(
     limit: Option<u64>,
     extractor: Option<Extractor>,
     probe: Arc<Probe>,
-    stop: CancellationToken,
 ) {
     let mut socket = subscribe_raw(&url, &stream).await;
     let mut read = 0u64;
     let mut unreported = 0u64;
     while limit.is_none_or(|limit| read < limit) {
-        let message = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            message = socket.next() => message,
-        };
-        match message {
+        match socket.next().await {
             Some(Ok(Message::Text(text))) => {
                 if let Some(extractor) = &extractor {
                     std::hint::black_box(extractor.extract(text.as_str()).ok());
@@ -387,7 +384,6 @@ async fn peer(
     limit: Option<u64>,
     redis: redis::aio::MultiplexedConnection,
     probe: Arc<Probe>,
-    stop: CancellationToken,
 ) {
     let key = format!("peer:{stream}");
     let mut socket = subscribe_raw(&url, &stream).await;
@@ -403,7 +399,6 @@ async fn peer(
         let reading = batch.count < PEER_BATCH && more(read);
         tokio::select! {
             biased;
-            _ = stop.cancelled() => break,
             Some((count, frames)) = in_flight.next(), if !in_flight.is_empty() => {
                 let frames: Vec<String> = frames;
                 probe.record(frames.iter().map(String::as_str));
@@ -508,6 +503,29 @@ struct Target<'a> {
     redis: &'a str,
 }
 
+/// Ends a case: every task ends on the token (leasehold's runners drain).
+async fn stop_case(stop: CancellationToken, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    stop.cancel();
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// Runs a plain client until it is done or `stop` (checked once per wake-up,
+/// not per frame).
+fn spawn_until(
+    stop: &CancellationToken,
+    client: impl Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = client => {}
+        }
+    })
+}
+
 /// Starts `case` on `streams`; returns the probe and a stopper that ends it.
 async fn start_case(
     case: Case,
@@ -528,14 +546,16 @@ async fn start_case(
             let extractor =
                 (case == Case::Parse).then(|| Extractor::new(&["/seq", "/event_id", "/ts_ms"]));
             for stream in streams {
-                tasks.push(tokio::spawn(null_client(
-                    target.feed.to_owned(),
-                    stream.clone(),
-                    limit,
-                    extractor.clone(),
-                    probe.clone(),
-                    stop.clone(),
-                )));
+                tasks.push(spawn_until(
+                    &stop,
+                    null_client(
+                        target.feed.to_owned(),
+                        stream.clone(),
+                        limit,
+                        extractor.clone(),
+                        probe.clone(),
+                    ),
+                ));
             }
         }
         Case::Peer => {
@@ -545,14 +565,16 @@ async fn start_case(
                 .await
                 .expect("redis");
             for stream in streams {
-                tasks.push(tokio::spawn(peer(
-                    target.feed.to_owned(),
-                    stream.clone(),
-                    limit,
-                    connection.clone(),
-                    probe.clone(),
-                    stop.clone(),
-                )));
+                tasks.push(spawn_until(
+                    &stop,
+                    peer(
+                        target.feed.to_owned(),
+                        stream.clone(),
+                        limit,
+                        connection.clone(),
+                        probe.clone(),
+                    ),
+                ));
             }
         }
         Case::Memory | Case::Redis => {
@@ -632,10 +654,7 @@ async fn throughput(
     }
     let wall = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
-    stop.cancel();
-    for task in tasks {
-        let _ = task.await;
-    }
+    stop_case(stop, tasks).await;
     clean_redis(target.redis, streams).await;
     (total as f64 / wall, total as f64 / cpu)
 }
@@ -654,10 +673,7 @@ async fn latency(case: Case, redis: &str, prefix: &str, streams: usize, rate: f6
     probe.recording.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(3)).await;
     probe.recording.store(false, Ordering::Relaxed);
-    stop.cancel();
-    for task in tasks {
-        let _ = task.await;
-    }
+    stop_case(stop, tasks).await;
     clean_redis(redis, &streams).await;
     let mut samples = std::mem::take(&mut *probe.latencies_ms.lock().expect("lock"));
     samples.sort_by(f64::total_cmp);
@@ -677,10 +693,7 @@ async fn rss_per_stream(feed: &str, redis: &str, count: usize) -> f64 {
         start_case(Case::Memory, &target, &streams, None, Arc::new(LogSink)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = rss_kib("self");
-    stop.cancel();
-    for task in tasks {
-        let _ = task.await;
-    }
+    stop_case(stop, tasks).await;
     (after.saturating_sub(before)) as f64 * 1024.0 / count as f64
 }
 

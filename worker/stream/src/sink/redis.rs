@@ -114,7 +114,8 @@ impl RedisSink {
         &self,
         stream_id: &str,
     ) -> Result<Vec<super::memory::StoredEvent>, SinkError> {
-        const PAGE: usize = 2_000;
+        // Small pages: a verifier reading a busy stream must not wait on one huge reply.
+        const PAGE: usize = 500;
         let mut connection = self.connection.clone();
         let mut events = Vec::new();
         let mut start = "-".to_owned();
