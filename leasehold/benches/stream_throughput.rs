@@ -560,8 +560,11 @@ async fn start_case(
         }
         Case::Peer => {
             let client = redis::Client::open(target.redis).expect("redis url");
+            // No reply deadline: 100 streams x 4 pipelines of 500 XADDs queue
+            // longer than the client's default, and the peer must not fail.
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
             let connection = client
-                .get_multiplexed_async_connection()
+                .get_multiplexed_async_connection_with_config(&config)
                 .await
                 .expect("redis");
             for stream in streams {
