@@ -19,6 +19,8 @@ use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstr
 
 /// A close that the peer never acknowledges must not hold the caller.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bytes read from the socket at most per read (tungstenite's default is 128 KiB).
+const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// Server error messages are echoed into our errors; keep them bounded.
 const MAX_SERVER_MESSAGE: usize = 200;
 
@@ -49,9 +51,13 @@ impl Upstream for WebSocketUpstream {
         // Frames somewhat over the limit are read and skipped; only absurd ones
         // (which would cost unbounded memory) break the connection.
         let hard_limit = self.config.max_frame_bytes.saturating_mul(4).max(64 * 1024);
+        // tungstenite zeroes its whole read chunk before every read, a pending
+        // one included (128 KiB by default: the top frame of the profile).
+        // Feed frames are small; 16 KiB still takes ~100 of them per read.
         let ws_config = WebSocketConfig::default()
             .max_message_size(Some(hard_limit))
-            .max_frame_size(Some(hard_limit));
+            .max_frame_size(Some(hard_limit))
+            .read_buffer_size(READ_BUFFER_BYTES);
         let subscribe = (!self.config.subscribe_template.is_empty())
             .then(|| render_subscribe(&self.config.subscribe_template, stream_id, from_seq));
         let connect = async {
