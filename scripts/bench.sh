@@ -7,7 +7,7 @@ export LEASEHOLD_BENCH_REDIS_URL="$LEASEHOLD_TEST_REDIS_URL"
 
 log "keeper: 10,000 leases on the in-memory store"
 cargo bench -p leasehold-control --bench keeper
-log "stream throughput and control-plane writes"
+log "stream throughput: raw read, parse only, a pipelined-XADD peer and leasehold into memory and Redis, on 1 and 100 streams; RSS per held stream; control-plane writes"
 cargo bench -p leasehold --bench stream_throughput
 log "fail-over: graceful hand-off and crash takeover"
 cargo bench -p leasehold --bench failover

@@ -63,6 +63,7 @@ mod tests {
         };
         for (token, events) in [write(1, &[1, 2]), write(2, &[3, 5])] {
             sink.write(SinkBatch {
+                after: None,
                 stream_id: "s",
                 fence_token: token,
                 events: &events,

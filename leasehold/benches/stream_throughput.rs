@@ -1,28 +1,37 @@
-//! End-to-end stream throughput against the raw WebSocket throughput of the same
-//! feed, and the control-plane writes a steady stream costs.
+//! The fair stream-throughput set, in one run against one feed process: what
+//! leasehold's guarantees cost next to a plain consumer, and the control-plane
+//! writes a steady stream costs.
 //!
 //! ```text
 //! LEASEHOLD_BENCH_REDIS_URL=redis://127.0.0.1:6379 \
-//!   cargo bench -p leasehold --bench stream_throughput -- [--events 200000]
+//!   cargo bench -p leasehold --bench stream_throughput -- \
+//!   [--events 300000] [--streams 100] [--events-per-stream 5000] [--held 1000]
 //! ```
 //! (`scripts/bench.sh` starts Redis and runs every benchmark.)
 //!
-//! 1. A `leasehold feed` process serves a backlog of N events per stream.
-//! 2. Raw: a null client reads N frames over loopback (no parsing).
-//! 3. End to end: one stream runner (upstream adapter → batching → Redis
-//!    Streams sink via the Lua script, checkpoint staged for the renew) until the
-//!    sink holds N events. CPU is this process's (the runner; the feed and Redis
-//!    are other processes).
-//! 4. Control plane: a stream worker with 8 streams on a counting in-memory
-//!    store for 20 s (3 s lease, renew every 1 s): writes per stream per renew.
+//! A `leasehold feed` process serves a backlog per stream. Five consumers read
+//! it, each on 1 stream and on `--streams` streams at once: (a) a null client
+//! that counts frames; (b) the same plus leasehold's field extraction (seq, id,
+//! time), no sink; (c) the peer, a plain tokio consumer that serde-derives seq
+//! and id and pipelines `XADD`s (no fence, no de-duplication, no checkpoint);
+//! (d) leasehold's stream runners into the memory sink; (e) the same into the
+//! Redis sink. For each: events/s, events per CPU-second of this process (the
+//! consumer; the feed and Redis are other processes), and the p99 latency from
+//! the feed's `ts_ms` to the sink's confirmation (to the read for (a)/(b)) with
+//! a fresh live feed offering 50 % of that row's measured maximum. Then the RSS
+//! per held stream with `--held` quiet streams, the sidecar's telemetry cost,
+//! and the control plane: a stream worker with 8 streams on a counting
+//! in-memory store for 20 s (3 s lease, renew every 1 s).
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::stream::FuturesOrdered;
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
@@ -33,12 +42,15 @@ use leasehold_control::store::{
 };
 use leasehold_stream::sink::memory::MemorySink;
 use leasehold_stream::sink::redis::RedisSink;
-use leasehold_stream::sink::{FencedSink, SinkOptions};
+use leasehold_stream::sink::{
+    FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome,
+};
+use leasehold_stream::upstream::extract::Extractor;
 use leasehold_stream::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
 use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig, run_stream};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
 use leasehold_telemetry::{LogSink, TelemetrySink};
-use leasehold_testkit::measure::{arg, process_cpu_seconds};
+use leasehold_testkit::measure::{arg, process_cpu_seconds, rss_kib};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -54,7 +66,10 @@ impl Drop for Feed {
     }
 }
 
-fn start_feed(backlog: u64) -> Feed {
+/// A feed process: `backlog` events per stream ready at start, then `rate`
+/// events/s per stream. Retention is unbounded in practice: a consumer that
+/// falls behind a fast live feed is measured, not disconnected.
+fn start_feed(backlog: u64, rate: f64) -> Feed {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
         .args([
@@ -62,9 +77,9 @@ fn start_feed(backlog: u64) -> Feed {
             "--listen",
             "127.0.0.1:0",
             "--rate",
-            "1",
+            &rate.to_string(),
             "--retention",
-            &(backlog + 10).to_string(),
+            "1000000000",
         ])
         .args(["--backlog", &backlog.to_string()])
         .stdout(Stdio::piped())
@@ -78,27 +93,6 @@ fn start_feed(backlog: u64) -> Feed {
         .expect("read");
     let url = line.rsplit(' ').next().expect("url").to_owned();
     Feed { child, url }
-}
-
-async fn raw_throughput(url: &str, stream: &str, events: u64) -> f64 {
-    let (mut socket, _) = tokio_tungstenite::connect_async(url)
-        .await
-        .expect("connect");
-    let subscribe = format!(r#"{{"subscribe": "{stream}", "from_seq": 1}}"#);
-    socket
-        .send(Message::Text(subscribe.into()))
-        .await
-        .expect("subscribe");
-    let started = Instant::now();
-    let mut received = 0;
-    while received < events {
-        match socket.next().await {
-            Some(Ok(Message::Text(_))) => received += 1,
-            Some(Ok(_)) => {}
-            other => panic!("feed ended early: {other:?}"),
-        }
-    }
-    received as f64 / started.elapsed().as_secs_f64()
 }
 
 fn keeper(store: Arc<dyn LeaseStore>, owner: &str, lease: Duration) -> LeaseKeeper {
@@ -115,98 +109,6 @@ fn keeper(store: Arc<dyn LeaseStore>, owner: &str, lease: Duration) -> LeaseKeep
             ..KeeperConfig::default()
         },
     )
-}
-
-/// Runs one stream runner from the feed into `sink` until `stored()` reaches
-/// `events`; returns (events per wall second, events per CPU-second of this process).
-async fn pipeline(
-    url: &str,
-    stream: &str,
-    events: u64,
-    sink: Arc<dyn FencedSink>,
-    telemetry: Arc<dyn TelemetrySink>,
-    stored: impl AsyncFn() -> u64,
-) -> (f64, f64) {
-    let context = Arc::new(RunnerContext {
-        keeper: keeper(
-            Arc::new(MemoryLeaseStore::new()),
-            "bench",
-            Duration::from_secs(30),
-        ),
-        upstream: Arc::new(WebSocketUpstream::new(
-            WebSocketUpstreamConfig::for_feed(url),
-            Arc::new(LogSink),
-        )),
-        sink,
-        telemetry,
-        config: RunnerConfig::default(),
-    });
-    let lease = context.keeper.acquire(stream).await.expect("acquire");
-    let drain = CancellationToken::new();
-    let cpu_start = process_cpu_seconds();
-    let started = Instant::now();
-    let task = tokio::spawn(run_stream(context.clone(), lease, drain.clone()));
-    while stored().await < events {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let wall = started.elapsed().as_secs_f64();
-    let cpu = process_cpu_seconds() - cpu_start;
-    drain.cancel();
-    let _ = task.await;
-    (events as f64 / wall, events as f64 / cpu)
-}
-
-async fn into_redis(url: &str, redis: &str, stream: &str, events: u64) -> (f64, f64) {
-    let sink = Arc::new(
-        RedisSink::connect(redis, SinkOptions::default())
-            .await
-            .expect("redis"),
-    );
-    let client = redis::Client::open(redis).expect("redis url");
-    let connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
-    let key = leasehold_stream::sink::keys::sink_stream(stream);
-    let stored = async || {
-        let mut connection = connection.clone();
-        redis::cmd("XLEN")
-            .arg(&key)
-            .query_async::<u64>(&mut connection)
-            .await
-            .expect("xlen")
-    };
-    pipeline(url, stream, events, sink, Arc::new(LogSink), stored).await
-}
-
-/// The same pipeline with its telemetry shipped to a running sidecar.
-async fn into_memory_with_sidecar(url: &str, stream: &str, events: u64) -> f64 {
-    let shutdown = CancellationToken::new();
-    let sidecar = leasehold_sidecar::Sidecar::start(
-        leasehold_sidecar::SidecarConfig::loopback(),
-        shutdown.clone(),
-    )
-    .await
-    .expect("sidecar");
-    let shipper = Arc::new(BufferedShipper::start(
-        ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "bench"),
-        shutdown.clone(),
-    ));
-    let sink = Arc::new(MemorySink::new(SinkOptions::default()));
-    let stored = async || sink.appended(stream);
-    let rate = pipeline(url, stream, events, sink.clone(), shipper, stored)
-        .await
-        .0;
-    shutdown.cancel();
-    rate
-}
-
-async fn into_memory(url: &str, stream: &str, events: u64) -> f64 {
-    let sink = Arc::new(MemorySink::new(SinkOptions::default()));
-    let stored = async || sink.appended(stream);
-    pipeline(url, stream, events, sink.clone(), Arc::new(LogSink), stored)
-        .await
-        .0
 }
 
 /// Counts store calls by kind.
@@ -340,8 +242,512 @@ async fn control_plane_cost(url: &str) {
     );
 }
 
+/// One consumer of the fair benchmark set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    /// (a) a null client: counts frames.
+    Raw,
+    /// (b) the field extraction leasehold does on every frame, no sink.
+    Parse,
+    /// (c) the peer: a plain consumer that pipelines `XADD`s, unfenced.
+    Peer,
+    /// (d) leasehold into the memory sink.
+    Memory,
+    /// (e) leasehold into the Redis sink.
+    Redis,
+}
+
+const CASES: [Case; 5] = [
+    Case::Raw,
+    Case::Parse,
+    Case::Peer,
+    Case::Memory,
+    Case::Redis,
+];
+
+impl Case {
+    fn label(self) -> &'static str {
+        match self {
+            Case::Raw => "(a) raw read, null client",
+            Case::Parse => "(b) parse only (seq, id, time)",
+            Case::Peer => "(c) peer: tokio + pipelined XADD",
+            Case::Memory => "(d) leasehold, memory sink",
+            Case::Redis => "(e) leasehold, Redis sink",
+        }
+    }
+}
+
+/// Events a case has finished (read, parsed, or confirmed by the sink), and
+/// the latency samples while recording.
+#[derive(Default)]
+struct Probe {
+    done: AtomicU64,
+    recording: AtomicBool,
+    latencies_ms: Mutex<Vec<f64>>,
+}
+
+impl Probe {
+    fn recording(&self) -> bool {
+        self.recording.load(Ordering::Relaxed)
+    }
+
+    /// Feed timestamp → now, for each frame.
+    fn record<'a>(&self, frames: impl Iterator<Item = &'a str>) {
+        if !self.recording() {
+            return;
+        }
+        let now = now_ms();
+        let mut latencies = self.latencies_ms.lock().unwrap_or_else(|p| p.into_inner());
+        latencies.extend(frames.filter_map(ts_of).map(|ts| now - ts));
+    }
+}
+
+fn now_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// The feed's `ts_ms` without parsing the frame (latency runs only).
+fn ts_of(frame: &str) -> Option<f64> {
+    let at = frame.find("\"ts_ms\":")? + 8;
+    let digits = frame[at..].bytes().take_while(u8::is_ascii_digit).count();
+    frame[at..at + digits].parse().ok()
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn subscribe_raw(url: &str, stream: &str) -> Socket {
+    let (mut socket, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("connect");
+    let subscribe = format!(r#"{{"subscribe": "{stream}", "from_seq": 1}}"#);
+    socket
+        .send(Message::Text(subscribe.into()))
+        .await
+        .expect("subscribe");
+    socket
+}
+
+/// (a) and (b): read `limit` frames (or until aborted), extracting with
+/// leasehold's extractor when given one.
+async fn null_client(
+    url: String,
+    stream: String,
+    limit: Option<u64>,
+    extractor: Option<Extractor>,
+    probe: Arc<Probe>,
+) {
+    let mut socket = subscribe_raw(&url, &stream).await;
+    let mut read = 0u64;
+    let mut unreported = 0u64;
+    while limit.is_none_or(|limit| read < limit) {
+        match socket.next().await {
+            Some(Ok(Message::Text(text))) => {
+                if let Some(extractor) = &extractor {
+                    std::hint::black_box(extractor.extract(text.as_str()).ok());
+                }
+                probe.record(std::iter::once(text.as_str()));
+                read += 1;
+                unreported += 1;
+                if unreported == 256 {
+                    probe.done.fetch_add(unreported, Ordering::Relaxed);
+                    unreported = 0;
+                }
+            }
+            Some(Ok(_)) => {}
+            other => panic!("feed ended early: {other:?}"),
+        }
+    }
+    probe.done.fetch_add(unreported, Ordering::Relaxed);
+}
+
+/// What a plain consumer reads from each frame.
+#[derive(serde::Deserialize)]
+struct PeerEvent<'a> {
+    seq: u64,
+    #[serde(borrow)]
+    event_id: std::borrow::Cow<'a, str>,
+}
+
+const PEER_BATCH: usize = 500;
+const PEER_IN_FLIGHT: usize = 4;
+
+/// (c) The consumer a user would write without leasehold: serde-derive the two
+/// fields, batch what has arrived, pipeline `XADD`s with up to four pipelines
+/// in flight on the shared multiplexed connection. No fence, no de-duplication,
+/// no checkpoint.
+async fn peer(
+    url: String,
+    stream: String,
+    limit: Option<u64>,
+    redis: redis::aio::MultiplexedConnection,
+    probe: Arc<Probe>,
+) {
+    let key = format!("peer:{stream}");
+    let mut socket = subscribe_raw(&url, &stream).await;
+    let mut batch = PeerBatch::default();
+    let mut in_flight = FuturesOrdered::new();
+    let mut read = 0u64;
+    let mut confirmed = 0u64;
+    let more = |read: u64| limit.is_none_or(|limit| read < limit);
+    loop {
+        if limit.is_some_and(|limit| confirmed >= limit) {
+            break;
+        }
+        let reading = batch.count < PEER_BATCH && more(read);
+        tokio::select! {
+            biased;
+            Some((count, frames)) = in_flight.next(), if !in_flight.is_empty() => {
+                let frames: Vec<String> = frames;
+                probe.record(frames.iter().map(String::as_str));
+                confirmed += count;
+                probe.done.fetch_add(count, Ordering::Relaxed);
+            }
+            message = socket.next(), if reading => {
+                match message {
+                    Some(Ok(Message::Text(text))) => read += batch.add(&key, text.as_str(), &probe),
+                    Some(Ok(_)) => {}
+                    other => panic!("feed ended early: {other:?}"),
+                }
+                while batch.count < PEER_BATCH && more(read) {
+                    match socket.next().now_or_never() {
+                        Some(Some(Ok(Message::Text(text)))) => {
+                            read += batch.add(&key, text.as_str(), &probe)
+                        }
+                        Some(Some(Ok(_))) => {}
+                        Some(other) => panic!("feed ended early: {other:?}"),
+                        None => break,
+                    }
+                }
+            }
+        }
+        if batch.count > 0 && in_flight.len() < PEER_IN_FLIGHT {
+            let sent = std::mem::take(&mut batch);
+            let mut connection = redis.clone();
+            in_flight.push_back(async move {
+                sent.pipe
+                    .query_async::<()>(&mut connection)
+                    .await
+                    .expect("XADD");
+                (sent.count as u64, sent.frames)
+            });
+        }
+    }
+}
+
+/// The peer's next pipeline.
+#[derive(Default)]
+struct PeerBatch {
+    pipe: redis::Pipeline,
+    count: usize,
+    /// The frames, while latency is recorded.
+    frames: Vec<String>,
+}
+
+impl PeerBatch {
+    /// Adds one frame's `XADD`; 1 if it was an event.
+    fn add(&mut self, key: &str, text: &str, probe: &Probe) -> u64 {
+        let Ok(event) = serde_json::from_str::<PeerEvent>(text) else {
+            return 0;
+        };
+        self.pipe
+            .cmd("XADD")
+            .arg(key)
+            .arg("*")
+            .arg("seq")
+            .arg(event.seq)
+            .arg("event_id")
+            .arg(event.event_id.as_ref())
+            .arg("payload")
+            .arg(text)
+            .ignore();
+        self.count += 1;
+        if probe.recording() {
+            self.frames.push(text.to_owned());
+        }
+        1
+    }
+}
+
+/// The sink as leasehold sees it, counting confirmed events and stamping
+/// latencies at the confirmation.
+struct ProbeSink {
+    inner: Arc<dyn FencedSink>,
+    probe: Arc<Probe>,
+}
+
+#[async_trait]
+impl FencedSink for ProbeSink {
+    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
+        self.inner.open(stream_id, fence_token).await
+    }
+
+    async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
+        let outcome = self.inner.write(batch).await?;
+        if outcome.accepted > 0 && outcome.out_of_order == 0 && !outcome.is_fenced() {
+            self.probe
+                .record(batch.events.iter().map(|e| e.payload.as_str()));
+            self.probe
+                .done
+                .fetch_add(outcome.accepted, Ordering::Relaxed);
+        }
+        Ok(outcome)
+    }
+}
+
+/// Where the benchmark's consumers connect.
+struct Target<'a> {
+    feed: &'a str,
+    redis: &'a str,
+}
+
+/// Ends a case: every task ends on the token (leasehold's runners drain).
+async fn stop_case(stop: CancellationToken, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    stop.cancel();
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// Runs a plain client until it is done or `stop` (checked once per wake-up,
+/// not per frame).
+fn spawn_until(
+    stop: &CancellationToken,
+    client: impl Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = client => {}
+        }
+    })
+}
+
+/// Starts `case` on `streams`; returns the probe and a stopper that ends it.
+async fn start_case(
+    case: Case,
+    target: &Target<'_>,
+    streams: &[String],
+    limit: Option<u64>,
+    telemetry: Arc<dyn TelemetrySink>,
+) -> (
+    Arc<Probe>,
+    CancellationToken,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let probe = Arc::new(Probe::default());
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    match case {
+        Case::Raw | Case::Parse => {
+            let extractor =
+                (case == Case::Parse).then(|| Extractor::new(&["/seq", "/event_id", "/ts_ms"]));
+            for stream in streams {
+                tasks.push(spawn_until(
+                    &stop,
+                    null_client(
+                        target.feed.to_owned(),
+                        stream.clone(),
+                        limit,
+                        extractor.clone(),
+                        probe.clone(),
+                    ),
+                ));
+            }
+        }
+        Case::Peer => {
+            let client = redis::Client::open(target.redis).expect("redis url");
+            // No reply deadline: 100 streams x 4 pipelines of 500 XADDs queue
+            // longer than the client's default, and the peer must not fail.
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+            let connection = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .expect("redis");
+            for stream in streams {
+                tasks.push(spawn_until(
+                    &stop,
+                    peer(
+                        target.feed.to_owned(),
+                        stream.clone(),
+                        limit,
+                        connection.clone(),
+                        probe.clone(),
+                    ),
+                ));
+            }
+        }
+        Case::Memory | Case::Redis => {
+            let inner: Arc<dyn FencedSink> = if case == Case::Memory {
+                Arc::new(MemorySink::new(SinkOptions::default()))
+            } else {
+                Arc::new(
+                    RedisSink::connect(target.redis, SinkOptions::default())
+                        .await
+                        .expect("redis"),
+                )
+            };
+            let mut upstream = WebSocketUpstreamConfig::for_feed(target.feed);
+            upstream.ts_pointer = Some("/ts_ms".to_owned());
+            let context = Arc::new(RunnerContext {
+                keeper: keeper(
+                    Arc::new(MemoryLeaseStore::new()),
+                    "bench",
+                    Duration::from_secs(30),
+                ),
+                upstream: Arc::new(WebSocketUpstream::new(upstream, Arc::new(LogSink))),
+                sink: Arc::new(ProbeSink {
+                    inner,
+                    probe: probe.clone(),
+                }),
+                telemetry,
+                config: RunnerConfig::default(),
+            });
+            for stream in streams {
+                let lease = context.keeper.acquire(stream).await.expect("acquire");
+                let context = context.clone();
+                let stop = stop.clone();
+                tasks.push(tokio::spawn(async move {
+                    run_stream(context, lease, stop).await;
+                }));
+            }
+        }
+    }
+    (probe, stop, tasks)
+}
+
+/// Deletes what a case stored in Redis.
+async fn clean_redis(redis: &str, streams: &[String]) {
+    let client = redis::Client::open(redis).expect("redis url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let mut del = redis::cmd("DEL");
+    for stream in streams {
+        del.arg(format!("peer:{stream}"))
+            .arg(leasehold_stream::sink::keys::sink_stream(stream))
+            .arg(leasehold_stream::sink::keys::sink_fence(stream));
+    }
+    let _: redis::RedisResult<u64> = del.query_async(&mut connection).await;
+}
+
+fn names(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// Consumes `per_stream` backlog events on each stream; returns (events/s,
+/// events per CPU-second of this process: the consumer only).
+async fn throughput(
+    case: Case,
+    target: &Target<'_>,
+    streams: &[String],
+    per_stream: u64,
+    telemetry: Arc<dyn TelemetrySink>,
+) -> (f64, f64) {
+    let total = per_stream * streams.len() as u64;
+    let cpu_start = process_cpu_seconds();
+    let started = Instant::now();
+    let (probe, stop, tasks) = start_case(case, target, streams, Some(per_stream), telemetry).await;
+    while probe.done.load(Ordering::Relaxed) < total {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu_start;
+    stop_case(stop, tasks).await;
+    clean_redis(target.redis, streams).await;
+    (total as f64 / wall, total as f64 / cpu)
+}
+
+/// p99 feed-timestamp-to-sink latency (ms) with the feed sending `rate` events/s
+/// in total, spread over `streams`.
+async fn latency(case: Case, redis: &str, prefix: &str, streams: usize, rate: f64) -> (f64, usize) {
+    let feed = start_feed(0, rate / streams as f64);
+    let target = Target {
+        feed: &feed.url,
+        redis,
+    };
+    let streams = names(prefix, streams);
+    let (probe, stop, tasks) = start_case(case, &target, &streams, None, Arc::new(LogSink)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    probe.recording.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    probe.recording.store(false, Ordering::Relaxed);
+    stop_case(stop, tasks).await;
+    clean_redis(redis, &streams).await;
+    let mut samples = std::mem::take(&mut *probe.latencies_ms.lock().expect("lock"));
+    samples.sort_by(f64::total_cmp);
+    let p99 = samples
+        .get(((samples.len() as f64 - 1.0) * 0.99).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN);
+    (p99, samples.len())
+}
+
+/// RSS per held stream: leasehold holding `count` quiet streams (memory sink).
+async fn rss_per_stream(feed: &str, redis: &str, count: usize) -> f64 {
+    let target = Target { feed, redis };
+    let streams = names("rss", count);
+    let before = rss_kib("self");
+    let (_probe, stop, tasks) =
+        start_case(Case::Memory, &target, &streams, None, Arc::new(LogSink)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = rss_kib("self");
+    stop_case(stop, tasks).await;
+    (after.saturating_sub(before)) as f64 * 1024.0 / count as f64
+}
+
+/// The same pipeline with its telemetry shipped to a running sidecar, against
+/// without: (with, without) events/s.
+async fn sidecar_ratio(target: &Target<'_>, run: i64, events: u64) -> (f64, f64) {
+    let shutdown = CancellationToken::new();
+    let sidecar = leasehold_sidecar::Sidecar::start(
+        leasehold_sidecar::SidecarConfig::loopback(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("sidecar");
+    let shipper = Arc::new(BufferedShipper::start(
+        ShipperConfig::new(sidecar.telemetry_addr.to_string(), "stream-worker", "bench"),
+        shutdown.clone(),
+    ));
+    let with = throughput(
+        Case::Memory,
+        target,
+        &names(&format!("side-{run}"), 1),
+        events,
+        shipper,
+    )
+    .await
+    .0;
+    let without = throughput(
+        Case::Memory,
+        target,
+        &names(&format!("noside-{run}"), 1),
+        events,
+        Arc::new(LogSink),
+    )
+    .await
+    .0;
+    shutdown.cancel();
+    (with, without)
+}
+
+struct Row {
+    rate: f64,
+    per_cpu: f64,
+    p99_ms: f64,
+    samples: usize,
+}
+
 fn main() {
-    let events = arg("--events", 200_000);
+    let events = arg("--events", 300_000);
+    let many = arg("--streams", 100) as usize;
+    let per_stream_many = arg("--events-per-stream", 5_000);
+    let held = arg("--held", 1_000) as usize;
     let Ok(redis) = std::env::var("LEASEHOLD_BENCH_REDIS_URL") else {
         eprintln!("LEASEHOLD_BENCH_REDIS_URL is not set; run scripts/bench.sh");
         std::process::exit(2);
@@ -352,28 +758,68 @@ fn main() {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let feed = start_feed(events);
+        let feed = start_feed(events.max(per_stream_many), 1.0);
+        let target = Target {
+            feed: &feed.url,
+            redis: &redis,
+        };
         let run = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
-        let raw = raw_throughput(&feed.url, &format!("raw-{run}"), events).await;
-        let (e2e, per_core) = into_redis(&feed.url, &redis, &format!("e2e-{run}"), events).await;
-        let memory = into_memory(&feed.url, &format!("mem-{run}"), events).await;
-        let with_sidecar = into_memory_with_sidecar(&feed.url, &format!("side-{run}"), events).await;
+        let mut table: Vec<(Case, usize, Row)> = Vec::new();
+        for (streams, per_stream) in [(1usize, events), (many, per_stream_many)] {
+            for case in CASES {
+                let prefix = format!("{case:?}-{streams}-{run}");
+                let (rate, per_cpu) = throughput(
+                    case,
+                    &target,
+                    &names(&prefix, streams),
+                    per_stream,
+                    Arc::new(LogSink),
+                )
+                .await;
+                let (p99_ms, samples) =
+                    latency(case, &redis, &format!("lat-{prefix}"), streams, rate * 0.5).await;
+                eprintln!("{} on {streams}: {rate:.0}/s, p99 {p99_ms:.2} ms", case.label());
+                table.push((case, streams, Row { rate, per_cpu, p99_ms, samples }));
+            }
+        }
+        let rss = rss_per_stream(&feed.url, &redis, held).await;
+        let (with_sidecar, without) = sidecar_ratio(&target, run, events).await;
         println!(
-            "stream throughput, {events} events replayed from the feed's backlog over loopback:"
+            "stream throughput: one run, one feed process, loopback; 1 stream x {events} events, \
+             {many} streams x {per_stream_many} events; latency at 50 % of each row's own maximum"
         );
-        println!("  raw WebSocket to a null client   {raw:>10.0} events/s");
         println!(
-            "  end to end into the Redis sink   {e2e:>10.0} events/s  (ratio {:.2}; target ≥ 0.5)",
-            e2e / raw
+            "| consumer | streams | events/s | events per CPU-second | p99 latency at 50 % (ms) | samples |"
         );
-        println!("  end to end per core of the worker {per_core:>9.0} events/s per CPU-second");
+        println!("|---|---|---|---|---|---|");
+        for (case, streams, row) in &table {
+            println!(
+                "| {} | {streams} | {:.0} | {:.0} | {:.2} | {} |",
+                case.label(),
+                row.rate,
+                row.per_cpu,
+                row.p99_ms,
+                row.samples
+            );
+        }
+        let rate = |case: Case, streams: usize| {
+            table
+                .iter()
+                .find(|(c, s, _)| *c == case && *s == streams)
+                .map_or(f64::NAN, |(_, _, row)| row.rate)
+        };
+        for streams in [1, many] {
+            println!(
+                "ratios on {streams} stream(s): (e)/(c) {:.2} (target >= 0.8); (b)/(a) {:.2} (>= 0.5); (d)/(a) {:.2} (>= 0.35)",
+                rate(Case::Redis, streams) / rate(Case::Peer, streams),
+                rate(Case::Parse, streams) / rate(Case::Raw, streams),
+                rate(Case::Memory, streams) / rate(Case::Raw, streams),
+            );
+        }
+        println!("RSS per held stream at {held} streams (memory sink): {:.1} KiB", rss / 1024.0);
         println!(
-            "  worker pipeline into memory sink {memory:>10.0} events/s  (ratio {:.2})",
-            memory / raw
-        );
-        println!(
-            "  same pipeline, telemetry to a sidecar {with_sidecar:>6.0} events/s  (ratio to without: {:.2}; target ≥ 0.97)",
-            with_sidecar / memory
+            "memory-sink pipeline with telemetry shipped to a sidecar: {with_sidecar:.0} events/s, without: {without:.0} (ratio {:.2}; target >= 0.97)",
+            with_sidecar / without
         );
         control_plane_cost(&feed.url).await;
     });

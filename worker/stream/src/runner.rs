@@ -13,16 +13,20 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesOrdered;
 use leasehold_control::clock::unix_ms;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
 use leasehold_control::protocol;
 use leasehold_control::store::LiftRequest;
 use leasehold_platform::backoff::Backoff;
 use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::sink::{FencedSink, SinkBatch, SinkError, SinkEvent};
+use crate::sink::{FencedSink, SinkBatch, SinkError, SinkEvent, WriteOutcome};
 use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
 
 /// How a runner batches and retries.
@@ -30,8 +34,13 @@ use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
 pub struct RunnerConfig {
     /// Most events per sink write.
     pub batch_max_events: usize,
-    /// Longest an event waits for its batch to fill.
+    /// Kept for configuration compatibility: batches no longer wait to fill.
+    /// A batch is written as soon as a write slot is free (see `max_in_flight`),
+    /// so it holds whatever arrived while the earlier writes were on their way.
     pub batch_max_delay: Duration,
+    /// Most batches of one stream in flight to the sink at once
+    /// (`SINK_MAX_IN_FLIGHT`; 1 writes one batch at a time).
+    pub max_in_flight: usize,
     /// Reconnect schedule after upstream errors.
     pub reconnect: Backoff,
     /// Retry schedule after sink errors (the batch is kept and retried).
@@ -48,6 +57,7 @@ impl Default for RunnerConfig {
         RunnerConfig {
             batch_max_events: 500,
             batch_max_delay: Duration::from_millis(20),
+            max_in_flight: 4,
             reconnect: Backoff {
                 base: Duration::from_millis(100),
                 cap: Duration::from_secs(5),
@@ -285,12 +295,13 @@ async fn consume(
     progress: &mut Progress,
 ) -> Stop {
     let stream_id = lease.stream_id.as_str();
-    let mut pending: Vec<SinkEvent> = Vec::with_capacity(context.config.batch_max_events);
-    let mut batch_started: Option<Instant> = None;
+    let max_events = context.config.batch_max_events.max(1);
+    let mut pending: Vec<SinkEvent> = Vec::with_capacity(max_events);
+    let mut window = Window::new(context, lease);
     let mut reconnects = 0u32;
     loop {
         if drain.is_cancelled() {
-            return finish(context, lease, progress, &mut pending).await;
+            return finish(&mut window, progress, &mut pending).await;
         }
         if !lease.is_valid() {
             return loss(lease);
@@ -304,7 +315,7 @@ async fn consume(
             tokio::select! {
                 biased;
                 _ = lease.cancelled() => return loss(lease),
-                _ = drain.cancelled() => return finish(context, lease, progress, &mut pending).await,
+                _ = drain.cancelled() => return finish(&mut window, progress, &mut pending).await,
                 result = &mut subscribe => break result,
                 _ = waiting.tick() => report_lag(context, lease, progress),
             }
@@ -322,7 +333,7 @@ async fn consume(
         };
         let mut lag_tick = tokio::time::interval(context.config.lag_report_interval);
         let error = loop {
-            let flush_at = batch_started.map(|t| t + context.config.batch_max_delay);
+            let mut failed = None;
             tokio::select! {
                 biased;
                 _ = lease.cancelled() => {
@@ -331,37 +342,50 @@ async fn consume(
                 }
                 _ = drain.cancelled() => {
                     subscription.close().await;
-                    return finish(context, lease, progress, &mut pending).await;
+                    return finish(&mut window, progress, &mut pending).await;
                 }
-                _ = sleep_until(flush_at.unwrap_or_else(Instant::now)), if flush_at.is_some() => {
-                    batch_started = None;
-                    if let Err(stop) = flush(context, lease, progress, &mut pending).await {
+                Some(landed) = window.in_flight.next(), if !window.in_flight.is_empty() => {
+                    if let Err(stop) = window.land(progress, landed).await {
                         subscription.close().await;
                         return stop;
                     }
                 }
                 _ = lag_tick.tick() => report_lag(context, lease, progress),
-                next = subscription.next() => match next {
+                // A full batch waits for a free write slot: reading stops (backpressure).
+                next = subscription.next(), if pending.len() < max_events => match next {
                     Ok(event) => {
                         reconnects = 0;
-                        accept(progress, &mut pending, &mut batch_started, event);
-                        if pending.len() >= context.config.batch_max_events {
-                            batch_started = None;
-                            if let Err(stop) = flush(context, lease, progress, &mut pending).await {
-                                subscription.close().await;
-                                return stop;
+                        accept(progress, &mut pending, event);
+                        // Take whatever else is already here into the same batch:
+                        // under load batches grow, at a trickle each event goes at once.
+                        while pending.len() < max_events {
+                            match subscription.next().now_or_never() {
+                                Some(Ok(event)) => accept(progress, &mut pending, event),
+                                Some(Err(err)) => {
+                                    failed = Some(err);
+                                    break;
+                                }
+                                None => break,
                             }
                         }
                     }
-                    Err(err) => break err,
+                    Err(err) => failed = Some(err),
                 },
+            }
+            if let Some(err) = failed {
+                break err;
+            }
+            if window.has_room()
+                && let Err(stop) = window.submit(&mut pending)
+            {
+                subscription.close().await;
+                return stop;
             }
         };
         subscription.close().await;
         // Events before a gap or a disconnect are good: write them first, then
         // resume right after what the sink confirmed.
-        batch_started = None;
-        if let Err(stop) = flush(context, lease, progress, &mut pending).await {
+        if let Err(stop) = window.flush(progress, &mut pending).await {
             return stop;
         }
         if let Some(stop) =
@@ -372,14 +396,184 @@ async fn consume(
     }
 }
 
-fn accept(
+/// A batch's write, finished: the events (kept for a resend) and the outcome.
+struct Landed {
+    events: Arc<Vec<SinkEvent>>,
+    started: Instant,
+    result: Result<WriteOutcome, SinkError>,
+}
+
+/// One stream's batches in flight to the sink, oldest first (at most
+/// `max_in_flight`). They are sent in order on the sink's connection; each one
+/// after the first names the last sequence of the one before it, so a batch
+/// that overtakes a failed or unfinished predecessor is refused by the sink
+/// instead of appended past a hole. Outcomes are taken in submission order, so
+/// the confirmed sequence (and with it the checkpoint) only ever covers
+/// batches that landed and every batch before them.
+struct Window<'a> {
+    context: &'a RunnerContext,
+    lease: &'a HeldLease,
+    in_flight: FuturesOrdered<BoxFuture<'a, Landed>>,
+    /// Last sequence of the newest batch in flight.
+    newest: Option<u64>,
+}
+
+impl<'a> Window<'a> {
+    fn new(context: &'a RunnerContext, lease: &'a HeldLease) -> Self {
+        Window {
+            context,
+            lease,
+            in_flight: FuturesOrdered::new(),
+            newest: None,
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.in_flight.len() < self.context.config.max_in_flight.max(1)
+    }
+
+    /// Starts writing everything pending as one batch.
+    fn submit(&mut self, pending: &mut Vec<SinkEvent>) -> Result<(), Stop> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        // Invariant 4: no side effect past the holder's deadline.
+        if !self.lease.is_valid() {
+            return Err(loss(self.lease));
+        }
+        let capacity = self.context.config.batch_max_events.max(1);
+        let events = Arc::new(std::mem::replace(pending, Vec::with_capacity(capacity)));
+        let after = if self.in_flight.is_empty() {
+            None
+        } else {
+            self.newest
+        };
+        self.newest = events.last().map(|event| event.seq);
+        let sink = &self.context.sink;
+        let stream_id = self.lease.stream_id.as_str();
+        let fence_token = self.lease.fence_token;
+        self.in_flight.push_back(Box::pin(async move {
+            let started = Instant::now();
+            let result = sink
+                .write(SinkBatch {
+                    stream_id,
+                    fence_token,
+                    events: &events,
+                    after,
+                })
+                .await;
+            Landed {
+                events,
+                started,
+                result,
+            }
+        }));
+        Ok(())
+    }
+
+    /// Takes the oldest write's outcome. A failed or overtaking write makes
+    /// every batch from it on be written again, one at a time, in order
+    /// (already appended sequences are dropped by the sink).
+    async fn land(&mut self, progress: &mut Progress, landed: Landed) -> Result<(), Stop> {
+        let mut failures = SinkFailures::default();
+        match landed.result {
+            Ok(outcome) if outcome.out_of_order == 0 => {
+                return confirm(
+                    self.context,
+                    self.lease,
+                    progress,
+                    &landed.events,
+                    outcome,
+                    landed.started,
+                );
+            }
+            Ok(_) => {}
+            Err(err) => {
+                failures
+                    .wait(self.context, self.lease, err, landed.events.len() as u64)
+                    .await?
+            }
+        }
+        let mut batches = vec![landed.events];
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = self.lease.cancelled() => return Err(loss(self.lease)),
+                next = self.in_flight.next() => next,
+            };
+            let Some(next) = next else { break };
+            if let Ok(outcome) = &next.result
+                && outcome.is_fenced()
+            {
+                self.context.keeper.report_fenced(self.lease);
+                return Err(Stop::Lost(LossReason::Fenced));
+            }
+            batches.push(next.events);
+        }
+        self.newest = None;
+        for events in batches {
+            write_serially(self.context, self.lease, progress, &events, &mut failures).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is pending and waits until every write has landed.
+    async fn flush(
+        &mut self,
+        progress: &mut Progress,
+        pending: &mut Vec<SinkEvent>,
+    ) -> Result<(), Stop> {
+        loop {
+            if !pending.is_empty() && self.has_room() {
+                self.submit(pending)?;
+            }
+            let next = tokio::select! {
+                biased;
+                _ = self.lease.cancelled() => return Err(loss(self.lease)),
+                next = self.in_flight.next() => next,
+            };
+            match next {
+                Some(landed) => self.land(progress, landed).await?,
+                None if pending.is_empty() => return Ok(()),
+                None => {}
+            }
+        }
+    }
+}
+
+/// Records a landed batch: the fence verdict, then the confirmed sequence and
+/// the staged checkpoint.
+fn confirm(
+    context: &RunnerContext,
+    lease: &HeldLease,
     progress: &mut Progress,
-    pending: &mut Vec<SinkEvent>,
-    batch_started: &mut Option<Instant>,
-    event: UpstreamEvent,
-) {
+    events: &[SinkEvent],
+    outcome: WriteOutcome,
+    started: Instant,
+) -> Result<(), Stop> {
+    context.telemetry.emit(TelemetryEvent::SinkWrite {
+        stream_id: lease.stream_id.clone(),
+        fence_token: lease.fence_token,
+        accepted: outcome.accepted,
+        duplicate: outcome.duplicate,
+        fenced: outcome.fenced,
+        duration: started.elapsed(),
+    });
+    if outcome.is_fenced() {
+        // Someone holds a newer token: this process is a zombie for this stream.
+        context.keeper.report_fenced(lease);
+        return Err(Stop::Lost(LossReason::Fenced));
+    }
+    let last = events.last().map_or(progress.confirmed, |e| e.seq);
+    progress.confirmed = progress.confirmed.max(last);
+    // Invariant 3: the checkpoint moves only now, and rides on the next renew.
+    lease.stage_checkpoint(progress.confirmed);
+    report_lag(context, lease, progress);
+    Ok(())
+}
+
+fn accept(progress: &mut Progress, pending: &mut Vec<SinkEvent>, event: UpstreamEvent) {
     if pending.is_empty() {
-        *batch_started = Some(event.received_at);
         progress
             .unpersisted
             .push_back((event.seq, event.received_at));
@@ -453,17 +647,15 @@ async fn reconnect_after(
     }
 }
 
-/// Writes the pending batch, retrying sink errors while the lease is valid.
-async fn flush(
+/// Writes one batch on its own (nothing else in flight), retrying sink errors
+/// while the lease is valid.
+async fn write_serially(
     context: &RunnerContext,
     lease: &HeldLease,
     progress: &mut Progress,
-    pending: &mut Vec<SinkEvent>,
+    events: &[SinkEvent],
+    failures: &mut SinkFailures,
 ) -> Result<(), Stop> {
-    if pending.is_empty() {
-        return Ok(());
-    }
-    let mut failures = SinkFailures::default();
     loop {
         // Invariant 4: no side effect past the holder's deadline.
         if !lease.is_valid() {
@@ -472,50 +664,29 @@ async fn flush(
         let batch = SinkBatch {
             stream_id: &lease.stream_id,
             fence_token: lease.fence_token,
-            events: pending,
+            events,
+            after: None,
         };
         let started = Instant::now();
-        let result = context.sink.write(batch).await;
-        match result {
-            Ok(outcome) => {
-                context.telemetry.emit(TelemetryEvent::SinkWrite {
-                    stream_id: lease.stream_id.clone(),
-                    fence_token: lease.fence_token,
-                    accepted: outcome.accepted,
-                    duplicate: outcome.duplicate,
-                    fenced: outcome.fenced,
-                    duration: started.elapsed(),
-                });
-                if outcome.is_fenced() {
-                    // Someone holds a newer token: this process is a zombie for this stream.
-                    context.keeper.report_fenced(lease);
-                    return Err(Stop::Lost(LossReason::Fenced));
-                }
-                let last = pending.last().map_or(progress.confirmed, |e| e.seq);
-                progress.confirmed = progress.confirmed.max(last);
-                // Invariant 3: the checkpoint moves only now, and rides on the next renew.
-                lease.stage_checkpoint(progress.confirmed);
-                pending.clear();
-                report_lag(context, lease, progress);
-                return Ok(());
-            }
+        match context.sink.write(batch).await {
+            Ok(outcome) => return confirm(context, lease, progress, events, outcome, started),
             Err(err) => {
                 failures
-                    .wait(context, lease, err, pending.len() as u64)
+                    .wait(context, lease, err, events.len() as u64)
                     .await?
             }
         }
     }
 }
 
-/// Drain: write what is pending (if the lease still allows), then stop.
+/// Drain: write what is pending (if the lease still allows), wait for every
+/// write in flight, then stop.
 async fn finish(
-    context: &RunnerContext,
-    lease: &HeldLease,
+    window: &mut Window<'_>,
     progress: &mut Progress,
     pending: &mut Vec<SinkEvent>,
 ) -> Stop {
-    match flush(context, lease, progress, pending).await {
+    match window.flush(progress, pending).await {
         Ok(()) => Stop::Drain,
         Err(stop) => stop,
     }

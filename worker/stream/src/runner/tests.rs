@@ -122,6 +122,12 @@ struct FlakySink {
     inner: MemorySink,
     failures: AtomicU64,
     refuse: AtomicBool,
+    /// Like Redis: a write applies when sent, its reply comes this much later.
+    reply_delay: Mutex<Duration>,
+    /// The batch holding this seq is lost once (not applied, an error replied).
+    lose_once_at: AtomicU64,
+    /// Batches refused because they overtook their predecessor.
+    out_of_order: AtomicU64,
 }
 
 #[async_trait]
@@ -141,7 +147,26 @@ impl FencedSink for FlakySink {
             }
             return Err(SinkError::Unavailable("down".into()));
         }
-        self.inner.write(batch).await
+        let delay = *self.reply_delay.lock().unwrap();
+        let lose = self.lose_once_at.load(Ordering::SeqCst);
+        if lose > 0
+            && batch.events.iter().any(|e| e.seq == lose)
+            && self
+                .lose_once_at
+                .compare_exchange(lose, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            sleep(delay).await;
+            return Err(SinkError::Unavailable("lost on the way".into()));
+        }
+        let outcome = self.inner.write(batch).await;
+        if outcome.as_ref().is_ok_and(|o| o.out_of_order > 0) {
+            self.out_of_order.fetch_add(1, Ordering::SeqCst);
+        }
+        if !delay.is_zero() {
+            sleep(delay).await;
+        }
+        outcome
     }
 }
 
@@ -173,6 +198,9 @@ fn fixture(head: u64) -> Fixture {
         inner: MemorySink::new(SinkOptions::default()),
         failures: AtomicU64::new(0),
         refuse: AtomicBool::new(false),
+        reply_delay: Mutex::new(Duration::ZERO),
+        lose_once_at: AtomicU64::new(0),
+        out_of_order: AtomicU64::new(0),
     });
     let context = Arc::new(RunnerContext {
         keeper,
@@ -232,6 +260,43 @@ async fn writes_in_order_with_the_token_and_checkpoints_on_renew() {
     );
 }
 
+/// Several batches in flight and the one holding seq 5 lost on the way: the
+/// batches sent after it must not land past the hole. They are refused, all are
+/// written again in order, and the checkpoint never passes what landed.
+#[tokio::test(start_paused = true)]
+async fn batches_in_flight_never_land_past_a_lost_one() {
+    let f = fixture(0);
+    *f.sink.reply_delay.lock().unwrap() = Duration::from_millis(50);
+    f.sink.lose_once_at.store(5, Ordering::SeqCst);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let drain = CancellationToken::new();
+    let task = tokio::spawn(run_stream(f.context.clone(), lease.clone(), drain.clone()));
+    for head in 1..=40 {
+        f.upstream.head.store(head, Ordering::SeqCst);
+        sleep(Duration::from_millis(7)).await;
+        let stored = sink_seqs(&f);
+        assert_eq!(
+            stored,
+            (1..=stored.len() as u64).collect::<Vec<_>>(),
+            "no hole, ever"
+        );
+        let checkpoint = f.store.get("s").await.unwrap().checkpoint.unwrap_or(0);
+        assert!(
+            checkpoint <= stored.len() as u64,
+            "checkpoint {checkpoint} past the sink"
+        );
+    }
+    wait_for(|| sink_seqs(&f).len() == 40).await;
+    assert_eq!(sink_seqs(&f), (1..=40).collect::<Vec<_>>());
+    assert!(
+        f.sink.out_of_order.load(Ordering::SeqCst) > 0,
+        "a batch in flight behind the lost one was refused"
+    );
+    drain.cancel();
+    assert_eq!(task.await.unwrap(), StreamExit::Released);
+    assert_eq!(f.store.get("s").await.unwrap().checkpoint, Some(40));
+}
+
 #[tokio::test(start_paused = true)]
 async fn resumes_from_the_stored_checkpoint() {
     let f = fixture(30);
@@ -263,6 +328,7 @@ async fn a_fenced_write_stops_the_stream_at_once() {
     f.sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: 2,
             events: &[],
@@ -513,6 +579,7 @@ async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
     f.sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: 0,
             events: &[],
@@ -531,6 +598,7 @@ async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
         .sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: 0,
             events: &[SinkEvent {
@@ -564,6 +632,7 @@ async fn resumes_after_the_sinks_last_sequence_when_it_is_past_the_checkpoint() 
     f.sink
         .inner
         .write(SinkBatch {
+            after: None,
             stream_id: "s",
             fence_token: old.fence_token,
             events: &written,

@@ -126,6 +126,7 @@ async fn write(
     target
         .sink()
         .write(SinkBatch {
+            after: None,
             stream_id: stream,
             fence_token: token,
             events,
@@ -148,7 +149,8 @@ pub async fn appends_in_order(target: &dyn SinkTarget) {
             accepted: 3,
             duplicate: 0,
             fenced: 0,
-            highest_token: 3
+            highest_token: 3,
+            out_of_order: 0,
         }
     );
     let stored = target.stored(&stream).await;
@@ -169,7 +171,8 @@ pub async fn lower_tokens_are_fenced(target: &dyn SinkTarget) {
             accepted: 0,
             duplicate: 0,
             fenced: 2,
-            highest_token: 5
+            highest_token: 5,
+            out_of_order: 0,
         }
     );
     assert!(stale.is_fenced());
@@ -262,6 +265,7 @@ pub async fn a_failed_write_records_nothing_it_did_not_append(target: &dyn SinkT
     let failed = target
         .sink()
         .write(SinkBatch {
+            after: None,
             stream_id: &stream,
             fence_token: 1,
             events: &events(&stream, 4..=6),
@@ -272,6 +276,75 @@ pub async fn a_failed_write_records_nothing_it_did_not_append(target: &dyn SinkT
     let retry = write(target, &stream, 1, &events(&stream, 4..=6)).await;
     assert_eq!((retry.accepted, retry.duplicate), (3, 0));
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
+}
+
+fn batch<'a>(
+    stream: &'a str,
+    token: u64,
+    events: &'a [SinkEvent],
+    after: Option<u64>,
+) -> SinkBatch<'a> {
+    SinkBatch {
+        stream_id: stream,
+        fence_token: token,
+        events,
+        after,
+    }
+}
+
+/// Pipelined writes across a takeover: batches sent together on one
+/// connection land in order or not at all, and none lands past the fence.
+/// A batch that overtakes its predecessor (which failed or has not arrived)
+/// is refused whole; once a newer owner opened the stream, both of the old
+/// owner's batches in flight are fenced, whatever their order.
+pub async fn pipelined_batches_land_in_order_or_not_at_all(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    let sink = target.sink();
+    sink.open(&stream, 1).await.expect("open");
+    write(target, &stream, 1, &events(&stream, 1..=3)).await;
+    let (first, second) = (events(&stream, 4..=6), events(&stream, 7..=9));
+    // The second batch arrives first: refused, nothing appended.
+    let (overtaking, first_outcome) = tokio::join!(
+        sink.write(batch(&stream, 1, &second, Some(6))),
+        sink.write(batch(&stream, 1, &first, Some(3))),
+    );
+    let overtaking = overtaking.expect("write");
+    assert_eq!((overtaking.out_of_order, overtaking.accepted), (3, 0));
+    assert_eq!(first_outcome.expect("write").accepted, 3);
+    assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
+    // Two batches in flight, in order, with a takeover sent between them:
+    // the first lands, the open raises the fence, the second is fenced.
+    let (third, fourth) = (events(&stream, 7..=9), events(&stream, 10..=12));
+    let (landed, opened, late) = tokio::join!(
+        sink.write(batch(&stream, 1, &third, Some(6))),
+        sink.open(&stream, 2),
+        sink.write(batch(&stream, 1, &fourth, Some(9))),
+    );
+    assert_eq!(landed.expect("write").accepted, 3);
+    assert_eq!(opened.expect("open").last_seq, Some(9));
+    let late = late.expect("write");
+    assert!(late.is_fenced(), "{late:?}");
+    assert_eq!(late.accepted, 0);
+    // After the takeover, the old owner's batches are fenced in either order,
+    // the overtaking one included (the fence is checked first).
+    let (fifth, sixth) = (events(&stream, 13..=15), events(&stream, 10..=12));
+    let (out_of_order, in_order) = tokio::join!(
+        sink.write(batch(&stream, 1, &fifth, Some(12))),
+        sink.write(batch(&stream, 1, &sixth, Some(9))),
+    );
+    assert!(out_of_order.expect("write").is_fenced());
+    assert!(in_order.expect("write").is_fenced());
+    // The new owner resumes after 9.
+    assert_eq!(
+        write(target, &stream, 2, &events(&stream, 10..=12))
+            .await
+            .accepted,
+        3
+    );
+    let stored = target.stored(&stream).await;
+    assert_eq!(seqs(&stored), (1..=12).collect::<Vec<_>>());
+    assert!(stored[..9].iter().all(|e| e.fence_token == 1));
+    assert!(stored[9..].iter().all(|e| e.fence_token == 2));
 }
 
 /// Streams have their own fence and sequence.
@@ -295,6 +368,7 @@ macro_rules! sink_conformance_suite {
             opening_raises_the_fence_and_returns_the_last_sequence,
             a_failed_write_records_nothing_it_did_not_append,
             streams_are_independent,
+            pipelined_batches_land_in_order_or_not_at_all,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -122,6 +122,15 @@ impl FencedSink for MemorySink {
         if state.broken {
             return Err(broken());
         }
+        if let Some(after) = batch.after
+            && state.last_seq().is_none_or(|last| last < after)
+        {
+            return Ok(WriteOutcome {
+                out_of_order: batch.events.len() as u64,
+                highest_token: state.highest_token,
+                ..WriteOutcome::default()
+            });
+        }
         state.highest_token = protocol::raised_fence(state.highest_token, batch.fence_token);
         let mut outcome = WriteOutcome {
             highest_token: batch.fence_token,

@@ -42,6 +42,10 @@ pub struct SinkBatch<'a> {
     pub fence_token: u64,
     /// Events in sequence order.
     pub events: &'a [SinkEvent],
+    /// For a batch sent while an earlier one may still be on its way: the
+    /// last sequence of that earlier batch. A sink whose stream ends below it
+    /// refuses the whole batch (`out_of_order`) rather than append past a hole.
+    pub after: Option<u64>,
 }
 
 /// What a new owner learns when it opens a stream.
@@ -67,6 +71,9 @@ pub struct WriteOutcome {
     pub fenced: u64,
     /// Highest token the sink has accepted for this stream after the write.
     pub highest_token: u64,
+    /// Events refused (all of the batch, or none) because the stream ends
+    /// below the batch's `after`: an earlier batch has not landed.
+    pub out_of_order: u64,
 }
 
 impl WriteOutcome {

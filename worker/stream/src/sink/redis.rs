@@ -35,25 +35,30 @@ end
 return {0, token, last_seq(KEYS[2])}
 "#;
 
-/// KEYS: fence, stream. ARGV: token, max len, then (seq, event_id, payload) per
-/// event. Returns {accepted, duplicate, fenced, highest}. The last sequence is
+/// KEYS: fence, stream. ARGV: token, max len, after ('' or the sequence the
+/// stream must have reached: a pipelined batch's predecessor), then (seq,
+/// event_id, payload) per event. Returns {accepted, duplicate, fenced, highest,
+/// out_of_order}. The last sequence is
 /// read from the stream before anything is written, and nothing but the append
 /// records an event: a script that fails part-way leaves only what it appended.
 /// Tokens and sequences stay below 2^53, so Lua's doubles hold them exactly.
 const WRITE_BATCH: &str = r#"
 local token = tonumber(ARGV[1])
 local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
-local events = (#ARGV - 2) / 3
+local events = (#ARGV - 3) / 3
 if token < highest then
-  return {0, 0, events, highest}
+  return {0, 0, events, highest, 0}
 end
 local last = last_seq(KEYS[2])
+if ARGV[3] ~= '' and last < tonumber(ARGV[3]) then
+  return {0, 0, 0, highest, events}
+end
 if token > highest then
   redis.call('SET', KEYS[1], ARGV[1])
 end
 local max_len = tonumber(ARGV[2])
 local accepted, duplicate = 0, 0
-for i = 3, #ARGV, 3 do
+for i = 4, #ARGV, 3 do
   local seq, id, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if tonumber(seq) <= last then
     duplicate = duplicate + 1
@@ -69,7 +74,7 @@ for i = 3, #ARGV, 3 do
     accepted = accepted + 1
   end
 end
-return {accepted, duplicate, 0, token}
+return {accepted, duplicate, 0, token, 0}
 "#;
 
 /// The Redis Streams sink. Cheap to clone; reconnects by itself.
@@ -109,7 +114,8 @@ impl RedisSink {
         &self,
         stream_id: &str,
     ) -> Result<Vec<super::memory::StoredEvent>, SinkError> {
-        const PAGE: usize = 2_000;
+        // Small pages: a verifier reading a busy stream must not wait on one huge reply.
+        const PAGE: usize = 500;
         let mut connection = self.connection.clone();
         let mut events = Vec::new();
         let mut start = "-".to_owned();
@@ -198,6 +204,10 @@ impl FencedSink for RedisSink {
             .key(keys::sink_stream(batch.stream_id))
             .arg(batch.fence_token)
             .arg(self.options.max_len);
+        match batch.after {
+            Some(after) => invocation.arg(after),
+            None => invocation.arg(""),
+        };
         for event in batch.events {
             invocation
                 .arg(event.seq)
@@ -205,15 +215,17 @@ impl FencedSink for RedisSink {
                 .arg(&event.payload);
         }
         let mut connection = self.connection.clone();
-        let (accepted, duplicate, fenced, highest_token): (u64, u64, u64, u64) = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(classify)?;
+        let (accepted, duplicate, fenced, highest_token, out_of_order): (u64, u64, u64, u64, u64) =
+            invocation
+                .invoke_async(&mut connection)
+                .await
+                .map_err(classify)?;
         Ok(WriteOutcome {
             accepted,
             duplicate,
             fenced,
             highest_token,
+            out_of_order,
         })
     }
 }

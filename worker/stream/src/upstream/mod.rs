@@ -8,10 +8,12 @@
 //!
 //! - [`config`]: [`WebSocketUpstreamConfig`] and its validation.
 //! - [`websocket`]: [`WebSocketUpstream`], frames to events.
+//! - [`extract`]: the sequence, id and time read from a frame without a JSON tree.
 //! - [`template`]: URL and subscribe-message templates.
 //! - [`redact`]: URLs as they may appear in logs and errors (no credentials).
 
 pub mod config;
+pub mod extract;
 pub mod redact;
 pub mod template;
 pub mod websocket;

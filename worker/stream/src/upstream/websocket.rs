@@ -12,12 +12,15 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use super::extract::Extractor;
 use super::redact::{redact_url, url_secrets};
 use super::template::{render_subscribe, render_url};
 use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig};
 
 /// A close that the peer never acknowledges must not hold the caller.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bytes read from the socket at most per read (tungstenite's default is 128 KiB).
+const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// Server error messages are echoed into our errors; keep them bounded.
 const MAX_SERVER_MESSAGE: usize = 200;
 
@@ -48,9 +51,13 @@ impl Upstream for WebSocketUpstream {
         // Frames somewhat over the limit are read and skipped; only absurd ones
         // (which would cost unbounded memory) break the connection.
         let hard_limit = self.config.max_frame_bytes.saturating_mul(4).max(64 * 1024);
+        // tungstenite zeroes its whole read chunk before every read, a pending
+        // one included (128 KiB by default: the top frame of the profile).
+        // Feed frames are small; 16 KiB still takes ~100 of them per read.
         let ws_config = WebSocketConfig::default()
             .max_message_size(Some(hard_limit))
-            .max_frame_size(Some(hard_limit));
+            .max_frame_size(Some(hard_limit))
+            .read_buffer_size(READ_BUFFER_BYTES);
         let subscribe = (!self.config.subscribe_template.is_empty())
             .then(|| render_subscribe(&self.config.subscribe_template, stream_id, from_seq));
         let connect = async {
@@ -84,9 +91,11 @@ impl Upstream for WebSocketUpstream {
             from_seq,
             expected: (from_seq > 0).then_some(from_seq),
             max_frame_bytes: self.config.max_frame_bytes,
-            seq_pointer: self.config.seq_pointer.clone(),
-            id_pointer: self.config.id_pointer.clone(),
-            ts_pointer: self.config.ts_pointer.clone(),
+            extractor: Extractor::new(&[
+                self.config.seq_pointer.as_str(),
+                self.config.id_pointer.as_str(),
+                self.config.ts_pointer.as_deref().unwrap_or("none"),
+            ]),
             telemetry: self.telemetry.clone(),
             failed: None,
             disconnected: false,
@@ -105,9 +114,9 @@ struct WebSocketSubscription {
     /// `None` until the first event when subscribed from 0.
     expected: Option<u64>,
     max_frame_bytes: usize,
-    seq_pointer: String,
-    id_pointer: String,
-    ts_pointer: Option<String>,
+    /// The sequence, id and time pointers, in that order (a missing time
+    /// pointer is one that never resolves).
+    extractor: Extractor,
     telemetry: Arc<dyn TelemetrySink>,
     failed: Option<UpstreamError>,
     disconnected: bool,
@@ -161,22 +170,26 @@ impl WebSocketSubscription {
         if text.len() > self.max_frame_bytes {
             return Frame::Skip(SkipReason::TooLarge);
         }
-        let Ok(value) = serde_json::from_str::<Value>(text) else {
+        // Only the three fields are read; the payload stays the frame's text.
+        let Ok(fields) = self.extractor.extract(text) else {
             return Frame::Skip(SkipReason::NotJson);
         };
-        let seq = value.pointer(&self.seq_pointer).and_then(|v| match v {
+        let [seq, event_id, ts] = <[Option<Value>; 3]>::try_from(fields).unwrap_or_default();
+        let seq = seq.and_then(|v| match v {
             Value::Number(n) => n.as_u64(),
             Value::String(s) => s.parse().ok(),
             _ => None,
         });
         let Some(seq) = seq else {
+            // Rare: an error frame (or a bad one) is worth a full parse.
+            let value = serde_json::from_str::<Value>(text).unwrap_or_default();
             return match server_error(&value, self.expected.unwrap_or(self.from_seq)) {
                 Some(error) => Frame::Fail(error),
                 None => Frame::Skip(SkipReason::MissingField),
             };
         };
-        let event_id = match value.pointer(&self.id_pointer) {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        let event_id = match event_id {
+            Some(Value::String(s)) if !s.is_empty() => s,
             Some(Value::Number(n)) => n.to_string(),
             _ => return Frame::Skip(SkipReason::MissingField),
         };
@@ -188,17 +201,12 @@ impl WebSocketSubscription {
             return Frame::Fail(UpstreamError::Gap { expected, got: seq });
         }
         self.expected = Some(seq + 1);
-        let arrival_lag = self
-            .ts_pointer
-            .as_deref()
-            .and_then(|pointer| value.pointer(pointer))
-            .and_then(Value::as_f64)
-            .map(|event_ms| {
-                let now_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-                ((now_ms - event_ms) / 1000.0).max(0.0)
-            });
+        let arrival_lag = ts.as_ref().and_then(Value::as_f64).map(|event_ms| {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+            ((now_ms - event_ms) / 1000.0).max(0.0)
+        });
         Frame::Event(UpstreamEvent {
             seq,
             event_id,
