@@ -547,6 +547,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             stream_id: &stream,
             fence_token: 5,
             events: &events,
+            after: None,
         })
         .await
         .expect("sink write");
@@ -556,6 +557,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             stream_id: &stream,
             fence_token: 4,
             events: &events,
+            after: None,
         })
         .await
         .expect("sink write");
