@@ -248,23 +248,36 @@ impl LagHistory {
     }
 }
 
+impl StreamRow {
+    /// A row that knows only its id (no owner, no progress, verdict ok): what
+    /// the malformed row and tests fill in, so a new column is added once.
+    pub fn unowned(stream_id: impl Into<String>) -> StreamRow {
+        StreamRow {
+            stream_id: stream_id.into(),
+            owner_id: None,
+            fence_token: 0,
+            state: StreamState::Unowned,
+            lease_expires_at_ms: 0,
+            checkpoint: None,
+            checkpoint_at_ms: None,
+            lag_events: None,
+            lag_seconds: None,
+            last_event_age_seconds: None,
+            last_change_at_ms: None,
+            previous_owner: None,
+            verdict: Verdict::Ok,
+            problem: None,
+        }
+    }
+}
+
 /// The row for a record that cannot be decoded: visible, never fatal.
 pub fn malformed_row(item: &MalformedItem) -> StreamRow {
     StreamRow {
-        stream_id: item.stream_id.clone(),
-        owner_id: None,
-        fence_token: 0,
         state: StreamState::Malformed,
-        lease_expires_at_ms: 0,
-        checkpoint: None,
-        checkpoint_at_ms: None,
-        lag_events: None,
-        lag_seconds: None,
-        last_event_age_seconds: None,
-        last_change_at_ms: None,
-        previous_owner: None,
         verdict: Verdict::Unknown,
         problem: Some(format!("{}: {}", item.attribute, item.problem)),
+        ..StreamRow::unowned(item.stream_id.clone())
     }
 }
 

@@ -488,7 +488,7 @@ pub fn draw(lanes: &[Lane], from_ms: i64, to_ms: i64) -> Vec<DrawnLane> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::streams::{StreamState, Verdict};
+    use crate::streams::StreamState;
 
     fn change(
         at: i64,
@@ -512,20 +512,10 @@ mod tests {
 
     fn row(owner: Option<&str>, token: u64) -> StreamRow {
         StreamRow {
-            stream_id: "s".into(),
             owner_id: owner.map(Into::into),
             fence_token: token,
             state: StreamState::Owned,
-            lease_expires_at_ms: 0,
-            checkpoint: None,
-            checkpoint_at_ms: None,
-            lag_events: None,
-            lag_seconds: None,
-            last_event_age_seconds: None,
-            last_change_at_ms: None,
-            previous_owner: None,
-            verdict: Verdict::Ok,
-            problem: None,
+            ..StreamRow::unowned("s")
         }
     }
 

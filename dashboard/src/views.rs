@@ -713,25 +713,9 @@ impl TrendsPage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::streams::{StreamState, Verdict};
 
     fn row(id: &str) -> StreamRow {
-        StreamRow {
-            stream_id: id.into(),
-            owner_id: None,
-            fence_token: 0,
-            state: StreamState::Unowned,
-            lease_expires_at_ms: 0,
-            checkpoint: None,
-            checkpoint_at_ms: None,
-            lag_events: None,
-            lag_seconds: None,
-            last_event_age_seconds: None,
-            last_change_at_ms: None,
-            previous_owner: None,
-            verdict: Verdict::Ok,
-            problem: None,
-        }
+        StreamRow::unowned(id)
     }
 
     #[test]

@@ -424,21 +424,7 @@ async fn takeovers_appear_in_the_timeline() {
         json(&router, "/api/changes").await["changes"],
         Value::Array(vec![])
     );
-    tokio::time::advance(Duration::from_secs(2)).await;
-    seeded
-        .target
-        .store()
-        .acquire(&AcquireRequest {
-            stream_id: "sol-usd".into(),
-            owner_id: "worker-b".into(),
-            now_ms: NOW + 2_000,
-            lease_ms: 30_000,
-            skew_margin_ms: 1_000,
-            sidecar_url: None,
-        })
-        .await
-        .unwrap();
-    seeded.collector.refresh().await;
+    take_over_sol_usd(&seeded).await;
     let changes = json(&router, "/api/changes").await;
     let change = &changes["changes"][0];
     assert_eq!(change["kind"], "takeover", "{changes}");
@@ -625,10 +611,9 @@ async fn search_finds_one_stream_among_ten_thousand_prefix_first_and_paged() {
     assert!(page.contains("value=\"stream-04242\""));
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_stream_page_shows_record_owner_history_and_problems_and_404s_unknown_ids() {
-    let seeded = seeded().await;
-    let router = router(&seeded.collector, None);
+/// Two seconds on, `worker-b` takes the seeded `sol-usd` (its lease has
+/// lapsed) and the collector sees it: one takeover in the history.
+async fn take_over_sol_usd(seeded: &Seeded) {
     tokio::time::advance(Duration::from_secs(2)).await;
     seeded
         .target
@@ -644,6 +629,13 @@ async fn the_stream_page_shows_record_owner_history_and_problems_and_404s_unknow
         .await
         .unwrap();
     seeded.collector.refresh().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_page_shows_record_owner_history_and_problems_and_404s_unknown_ids() {
+    let seeded = seeded().await;
+    let router = router(&seeded.collector, None);
+    take_over_sol_usd(&seeded).await;
     let (status, _, page) = get(&router, "/streams/sol-usd").await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.contains("id=\"owner-history\""));
@@ -713,21 +705,7 @@ async fn the_stream_page_shows_record_owner_history_and_problems_and_404s_unknow
 async fn the_timeline_draws_a_segment_per_owner_with_its_token_and_a_gap_between() {
     let seeded = seeded().await;
     let router = router(&seeded.collector, None);
-    tokio::time::advance(Duration::from_secs(2)).await;
-    seeded
-        .target
-        .store()
-        .acquire(&AcquireRequest {
-            stream_id: "sol-usd".into(),
-            owner_id: "worker-b".into(),
-            now_ms: NOW + 2_000,
-            lease_ms: 30_000,
-            skew_margin_ms: 1_000,
-            sidecar_url: None,
-        })
-        .await
-        .unwrap();
-    seeded.collector.refresh().await;
+    take_over_sol_usd(&seeded).await;
     let body = json(&router, "/api/timeline?window=5m").await;
     let lane = &body["lanes"][0];
     assert_eq!(

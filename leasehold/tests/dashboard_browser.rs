@@ -26,7 +26,7 @@ use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
 use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 use leasehold_testkit::{chromium, headless_chromium, http_get, redis_url, repo_root};
 use serde_json::Value;
-use support::{serial, spawn_leasehold};
+use support::{serial, spawn_dev_chaos, spawn_leasehold};
 use tokio_util::sync::CancellationToken;
 
 /// The dashboard's Redis database, apart from the broker tests' keys.
@@ -230,33 +230,7 @@ async fn dom_of(chromium: &str, addr: &str, path: &str, budget_ms: u64) -> Strin
 async fn dev_chaos_timeline_stream_page_and_live_updates_in_chromium() {
     let Some(chromium) = chromium() else { return };
     let _serial = serial().await;
-    let mut dev = spawn_leasehold(
-        "dev",
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--streams",
-            "6",
-            "--workers",
-            "3",
-            "--pool",
-            "2",
-            "--lease-seconds",
-            "3",
-            "--chaos",
-            "--chaos-every",
-            "2",
-        ],
-        &[],
-    );
-    let line = dev.wait_line("dashboard     http://", Duration::from_secs(30));
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches('/')
-        .to_owned();
+    let (mut dev, addr) = spawn_dev_chaos("dev", Duration::from_secs(30));
 
     // Wait for a takeover and for a fenced write (a paused worker's writes
     // meeting the newer token) to be in the timeline.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_testkit::http_get;
 use serde_json::Value;
-use support::{serial, spawn_leasehold};
+use support::{serial, spawn_dev_chaos};
 
 async fn api(addr: &str, path: &str) -> Value {
     let (status, _, body) = http_get(addr, path).await.expect("dashboard answers");
@@ -27,33 +27,7 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_runs_the_cluster_and_heals_under_chaos() {
     let _serial = serial().await;
-    let mut dev = spawn_leasehold(
-        "dev",
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--streams",
-            "6",
-            "--workers",
-            "3",
-            "--pool",
-            "2",
-            "--lease-seconds",
-            "3",
-            "--chaos",
-            "--chaos-every",
-            "2",
-        ],
-        &[],
-    );
-    let line = dev.wait_line("dashboard     http://", Duration::from_secs(20));
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches('/')
-        .to_owned();
+    let (mut dev, addr) = spawn_dev_chaos("dev", Duration::from_secs(20));
     dev.wait_line("ready in", Duration::from_secs(1));
 
     wait_for("every stream owned", Duration::from_secs(20), async || {

@@ -514,6 +514,40 @@ pub fn spawn_leasehold(name: &str, args: &[&str], envs: &[(String, String)]) -> 
     Proc::spawn(name, command)
 }
 
+/// `leasehold dev --chaos` with 6 streams, 3 workers, a pool of 2, 3 s leases
+/// and a fault every 2 s (takeovers within seconds); returns the process and
+/// its dashboard address (`host:port`) once the dashboard line is printed.
+pub fn spawn_dev_chaos(name: &str, dashboard_within: Duration) -> (Proc, String) {
+    let dev = spawn_leasehold(
+        name,
+        &[
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--streams",
+            "6",
+            "--workers",
+            "3",
+            "--pool",
+            "2",
+            "--lease-seconds",
+            "3",
+            "--chaos",
+            "--chaos-every",
+            "2",
+        ],
+        &[],
+    );
+    let line = dev.wait_line("dashboard     http://", dashboard_within);
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    (dev, addr)
+}
+
 /// Starts a prepared command in the background (its output captured, killed
 /// when dropped), for tests that need more than `spawn_leasehold` sets.
 pub fn spawn_command(name: &str, command: Command) -> Proc {
