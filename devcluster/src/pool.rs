@@ -115,7 +115,11 @@ impl PoolRuntime {
             dry_run: false,
             // `dev` starts its users' workers itself.
             supervise: None,
-            max_fraction: maintenance::DEFAULT_MAX_FRACTION,
+            // The valve guards against a wrong POOL_GROUP or launcher, which
+            // dev cannot have (its launcher is this process); with a pool of a
+            // few workers and chaos crashing them every few seconds, 0.2 would
+            // hold nearly every sweep and leave the crashed workers' marks.
+            max_fraction: 1.0,
         };
         leasehold_platform::periodic::every(Duration::from_secs(5), self.stop.clone(), || async {
             let swept = maintenance::sweep(

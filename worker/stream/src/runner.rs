@@ -294,14 +294,25 @@ async fn consume(
     drain: &CancellationToken,
     progress: &mut Progress,
 ) -> Stop {
+    let mut window = Window::new(context, lease);
+    let stop = consume_in(context, lease, drain, progress, &mut window).await;
+    window.settle(stop).await
+}
+
+async fn consume_in(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    drain: &CancellationToken,
+    progress: &mut Progress,
+    window: &mut Window<'_>,
+) -> Stop {
     let stream_id = lease.stream_id.as_str();
     let max_events = context.config.batch_max_events.max(1);
     let mut pending: Vec<SinkEvent> = Vec::with_capacity(max_events);
-    let mut window = Window::new(context, lease);
     let mut reconnects = 0u32;
     loop {
         if drain.is_cancelled() {
-            return finish(&mut window, progress, &mut pending).await;
+            return finish(window, progress, &mut pending).await;
         }
         if !lease.is_valid() {
             return loss(lease);
@@ -315,7 +326,7 @@ async fn consume(
             tokio::select! {
                 biased;
                 _ = lease.cancelled() => return loss(lease),
-                _ = drain.cancelled() => return finish(&mut window, progress, &mut pending).await,
+                _ = drain.cancelled() => return finish(window, progress, &mut pending).await,
                 result = &mut subscribe => break result,
                 _ = waiting.tick() => report_lag(context, lease, progress),
             }
@@ -342,7 +353,7 @@ async fn consume(
                 }
                 _ = drain.cancelled() => {
                     subscription.close().await;
-                    return finish(&mut window, progress, &mut pending).await;
+                    return finish(window, progress, &mut pending).await;
                 }
                 Some(landed) = window.in_flight.next(), if !window.in_flight.is_empty() => {
                     if let Err(stop) = window.land(progress, landed).await {
@@ -426,6 +437,26 @@ impl<'a> Window<'a> {
             in_flight: FuturesOrdered::new(),
             newest: None,
         }
+    }
+
+    /// After the stream stopped (lost, fenced, given up): waits for the writes
+    /// already sent and counts their verdicts, so a zombie's write the sink
+    /// refused still shows as fenced (`sink_events_fenced`) and is reported to
+    /// the keeper. Nothing new is sent; a Redis command already on the wire
+    /// runs whether or not its reply is awaited.
+    async fn settle(&mut self, stop: Stop) -> Stop {
+        let mut fenced = false;
+        while let Some(landed) = self.in_flight.next().await {
+            if let Ok(outcome) = &landed.result {
+                emit_write(self.context, self.lease, outcome, landed.started);
+                fenced |= outcome.is_fenced();
+            }
+        }
+        if fenced && !matches!(stop, Stop::Lost(LossReason::Fenced)) {
+            self.context.keeper.report_fenced(self.lease);
+            return Stop::Lost(LossReason::Fenced);
+        }
+        stop
     }
 
     fn has_room(&self) -> bool {
@@ -541,6 +572,23 @@ impl<'a> Window<'a> {
     }
 }
 
+/// One write's verdict for the sidecar (accepted, duplicate, fenced, time).
+fn emit_write(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    outcome: &WriteOutcome,
+    started: Instant,
+) {
+    context.telemetry.emit(TelemetryEvent::SinkWrite {
+        stream_id: lease.stream_id.clone(),
+        fence_token: lease.fence_token,
+        accepted: outcome.accepted,
+        duplicate: outcome.duplicate,
+        fenced: outcome.fenced,
+        duration: started.elapsed(),
+    });
+}
+
 /// Records a landed batch: the fence verdict, then the confirmed sequence and
 /// the staged checkpoint.
 fn confirm(
@@ -551,14 +599,7 @@ fn confirm(
     outcome: WriteOutcome,
     started: Instant,
 ) -> Result<(), Stop> {
-    context.telemetry.emit(TelemetryEvent::SinkWrite {
-        stream_id: lease.stream_id.clone(),
-        fence_token: lease.fence_token,
-        accepted: outcome.accepted,
-        duplicate: outcome.duplicate,
-        fenced: outcome.fenced,
-        duration: started.elapsed(),
-    });
+    emit_write(context, lease, &outcome, started);
     if outcome.is_fenced() {
         // Someone holds a newer token: this process is a zombie for this stream.
         context.keeper.report_fenced(lease);
