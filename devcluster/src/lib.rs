@@ -169,11 +169,17 @@ impl StreamShared {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let telemetry_addr = slot.sidecar.telemetry_addr.to_string();
-        pairs.push(("OWNER_ID", &owner_id));
-        pairs.push(("TELEMETRY_ADDR", &telemetry_addr));
+        pairs.push((leasehold_control::settings::OWNER_ID.name, &owner_id));
+        pairs.push((
+            leasehold_telemetry::settings::TELEMETRY_ADDR.name,
+            &telemetry_addr,
+        ));
         // The presence record names this slot's sidecar (loopback: `dev` only).
         let sidecar_url = format!("http://{}", slot.sidecar.http_addr);
-        pairs.push(("SIDECAR_URL", &sidecar_url));
+        pairs.push((
+            leasehold_telemetry::settings::SIDECAR_URL.name,
+            &sidecar_url,
+        ));
         let settings = settings::parse(&fixed_lookup(&pairs))?;
         let gate = Gate::default();
         let shutdown = CancellationToken::new();

@@ -536,6 +536,8 @@ impl<'a> Window<'a> {
             if let Ok(outcome) = &next.result
                 && outcome.is_fenced()
             {
+                // Counted like any fenced write (`sink_events_fenced`).
+                emit_write(self.context, self.lease, outcome, next.started);
                 self.context.keeper.report_fenced(self.lease);
                 return Err(Stop::Lost(LossReason::Fenced));
             }
