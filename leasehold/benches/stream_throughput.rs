@@ -275,6 +275,17 @@ impl Case {
             Case::Redis => "(e) leasehold, Redis sink",
         }
     }
+
+    /// The row's letter, for `--cases`.
+    fn letter(self) -> char {
+        match self {
+            Case::Raw => 'a',
+            Case::Parse => 'b',
+            Case::Peer => 'c',
+            Case::Memory => 'd',
+            Case::Redis => 'e',
+        }
+    }
 }
 
 /// Events a case has finished (read, parsed, or confirmed by the sink), and
@@ -647,8 +658,9 @@ async fn throughput(
     streams: &[String],
     per_stream: u64,
     telemetry: Arc<dyn TelemetrySink>,
-) -> (f64, f64) {
+) -> (f64, f64, f64) {
     let total = per_stream * streams.len() as u64;
+    let redis_start = redis_cpu_seconds(target.redis).await;
     let cpu_start = process_cpu_seconds();
     let started = Instant::now();
     let (probe, stop, tasks) = start_case(case, target, streams, Some(per_stream), telemetry).await;
@@ -657,9 +669,37 @@ async fn throughput(
     }
     let wall = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
+    let redis_cpu = redis_cpu_seconds(target.redis).await - redis_start;
     stop_case(stop, tasks).await;
     clean_redis(target.redis, streams).await;
-    (total as f64 / wall, total as f64 / cpu)
+    (
+        total as f64 / wall,
+        total as f64 / cpu,
+        redis_cpu * 1e6 / total as f64,
+    )
+}
+
+/// CPU seconds the Redis server has used (`INFO cpu`, user + system). Per
+/// event, it is the figure a loaded machine moves least: what each write path
+/// costs the one Redis every stream shares.
+async fn redis_cpu_seconds(redis: &str) -> f64 {
+    let client = redis::Client::open(redis).expect("redis url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut connection)
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            matches!(name, "used_cpu_user" | "used_cpu_sys")
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum()
 }
 
 /// p99 feed-timestamp-to-sink latency (ms) with the feed sending `rate` events/s
@@ -739,6 +779,8 @@ async fn sidecar_ratio(target: &Target<'_>, run: i64, events: u64) -> (f64, f64)
 struct Row {
     rate: f64,
     per_cpu: f64,
+    /// Redis CPU µs per event (meaningful for the rows that write to Redis).
+    redis_us: f64,
     p99_ms: f64,
     samples: usize,
 }
@@ -748,6 +790,9 @@ fn main() {
     let many = arg("--streams", 100) as usize;
     let per_stream_many = arg("--events-per-stream", 5_000);
     let held = arg("--held", 1_000) as usize;
+    // `--cases ace` runs only those rows (and skips the RSS, sidecar and
+    // control-plane parts): for profiling one consumer, not for the table.
+    let only: Option<String> = std::env::args().skip_while(|a| a != "--cases").nth(1);
     let Ok(redis) = std::env::var("LEASEHOLD_BENCH_REDIS_URL") else {
         eprintln!("LEASEHOLD_BENCH_REDIS_URL is not set; run scripts/bench.sh");
         std::process::exit(2);
@@ -767,8 +812,11 @@ fn main() {
         let mut table: Vec<(Case, usize, Row)> = Vec::new();
         for (streams, per_stream) in [(1usize, events), (many, per_stream_many)] {
             for case in CASES {
+                if only.as_ref().is_some_and(|only| !only.contains(case.letter())) {
+                    continue;
+                }
                 let prefix = format!("{case:?}-{streams}-{run}");
-                let (rate, per_cpu) = throughput(
+                let (rate, per_cpu, redis_us) = throughput(
                     case,
                     &target,
                     &names(&prefix, streams),
@@ -779,22 +827,35 @@ fn main() {
                 let (p99_ms, samples) =
                     latency(case, &redis, &format!("lat-{prefix}"), streams, rate * 0.5).await;
                 eprintln!("{} on {streams}: {rate:.0}/s, p99 {p99_ms:.2} ms", case.label());
-                table.push((case, streams, Row { rate, per_cpu, p99_ms, samples }));
+                table.push((
+                    case,
+                    streams,
+                    Row {
+                        rate,
+                        per_cpu,
+                        redis_us,
+                        p99_ms,
+                        samples,
+                    },
+                ));
             }
         }
-        let rss = rss_per_stream(&feed.url, &redis, held).await;
-        let (with_sidecar, without) = sidecar_ratio(&target, run, events).await;
         println!(
             "stream throughput: one run, one feed process, loopback; 1 stream x {events} events, \
              {many} streams x {per_stream_many} events; latency at 50 % of each row's own maximum"
         );
         println!(
-            "| consumer | streams | events/s | events per CPU-second | p99 latency at 50 % (ms) | samples |"
+            "| consumer | streams | events/s | events per CPU-second | Redis CPU µs per event | p99 latency at 50 % (ms) | samples |"
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|");
         for (case, streams, row) in &table {
+            let redis_us = if matches!(case, Case::Peer | Case::Redis) {
+                format!("{:.2}", row.redis_us)
+            } else {
+                "-".to_owned()
+            };
             println!(
-                "| {} | {streams} | {:.0} | {:.0} | {:.2} | {} |",
+                "| {} | {streams} | {:.0} | {:.0} | {redis_us} | {:.2} | {} |",
                 case.label(),
                 row.rate,
                 row.per_cpu,
@@ -816,6 +877,11 @@ fn main() {
                 rate(Case::Memory, streams) / rate(Case::Raw, streams),
             );
         }
+        if only.is_some() {
+            return;
+        }
+        let rss = rss_per_stream(&feed.url, &redis, held).await;
+        let (with_sidecar, without) = sidecar_ratio(&target, run, events).await;
         println!("RSS per held stream at {held} streams (memory sink): {:.1} KiB", rss / 1024.0);
         println!(
             "memory-sink pipeline with telemetry shipped to a sidecar: {with_sidecar:.0} events/s, without: {without:.0} (ratio {:.2}; target >= 0.97)",

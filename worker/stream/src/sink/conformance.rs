@@ -7,7 +7,7 @@ use leasehold_testkit::{redis_url, unique_name};
 
 use super::memory::{MemorySink, StoredEvent};
 use super::redis::RedisSink;
-use super::{FencedSink, OpenOutcome, SinkBatch, SinkEvent, SinkOptions, WriteOutcome};
+use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkEvent, SinkOptions, WriteOutcome};
 
 /// A sink under test, plus a way to read back what it stored.
 #[async_trait]
@@ -208,6 +208,33 @@ pub async fn replays_are_deduplicated(target: &dyn SinkTarget) {
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
 }
 
+/// A batch whose sequences do not strictly increase is refused whole, before
+/// anything is appended: the sinks only compare a batch's head with the
+/// stream's end.
+pub async fn unordered_batches_are_refused_whole(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    write(target, &stream, 1, &events(&stream, 1..=2)).await;
+    let mut unordered = events(&stream, 3..=5);
+    unordered.swap(1, 2);
+    let repeated = [events(&stream, 3..=3), events(&stream, 3..=3)].concat();
+    for batch in [&unordered[..], &repeated[..]] {
+        let refused = target
+            .sink()
+            .write(SinkBatch {
+                after: None,
+                stream_id: &stream,
+                fence_token: 1,
+                events: batch,
+            })
+            .await;
+        assert!(
+            matches!(refused, Err(SinkError::Rejected(_))),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(seqs(&target.stored(&stream).await), [1, 2]);
+}
+
 /// However long the replay and however old the sequence, nothing already
 /// appended is appended again (an id window forgot ids beyond its size and
 /// re-appended them out of order).
@@ -365,6 +392,7 @@ macro_rules! sink_conformance_suite {
             lower_tokens_are_fenced,
             replays_are_deduplicated,
             replays_of_any_length_are_dropped,
+            unordered_batches_are_refused_whole,
             opening_raises_the_fence_and_returns_the_last_sequence,
             a_failed_write_records_nothing_it_did_not_append,
             streams_are_independent,

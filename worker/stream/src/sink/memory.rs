@@ -110,6 +110,7 @@ impl FencedSink for MemorySink {
     }
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
+        batch.check_order()?;
         let mut streams = self.lock();
         let state = streams.entry(batch.stream_id.to_owned()).or_default();
         if protocol::fenced(state.highest_token, batch.fence_token) {

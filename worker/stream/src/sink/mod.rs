@@ -48,6 +48,27 @@ pub struct SinkBatch<'a> {
     pub after: Option<u64>,
 }
 
+impl SinkBatch<'_> {
+    /// Refuses a batch whose sequences do not strictly increase. The sinks
+    /// de-duplicate by comparing only the head of a batch with the stream's
+    /// last sequence (the Redis script's per-event work is most of its cost),
+    /// which is right only for ordered batches; an unordered one is a
+    /// caller's bug and would store events out of order.
+    pub fn check_order(&self) -> Result<(), SinkError> {
+        match self
+            .events
+            .windows(2)
+            .find(|pair| pair[1].seq <= pair[0].seq)
+        {
+            None => Ok(()),
+            Some(pair) => Err(SinkError::Rejected(format!(
+                "batch for {} is not in sequence order ({} after {})",
+                self.stream_id, pair[1].seq, pair[0].seq
+            ))),
+        }
+    }
+}
+
 /// What a new owner learns when it opens a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OpenOutcome {
