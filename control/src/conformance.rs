@@ -92,6 +92,7 @@ fn checkpoint(stream: &str, owner: &str, token: u64, seq: u64, now_ms: i64) -> C
 
 fn release(stream: &str, owner: &str, token: u64, now_ms: i64) -> ReleaseRequest {
     ReleaseRequest {
+        checkpoint: None,
         stream_id: stream.into(),
         owner_id: owner.into(),
         fence_token: token,
@@ -427,6 +428,44 @@ pub async fn release_keeps_token_and_checkpoint(target: &dyn ConformanceTarget) 
     assert_eq!((next.fence_token, next.checkpoint), (2, Some(7)));
 }
 
+/// A release can record the holder's last checkpoint in the same write, under
+/// the checkpoint's rules: behind the stored one, nothing is written.
+pub async fn release_carries_a_checkpoint(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    store
+        .checkpoint(&checkpoint("s", "a", 1, 20, T0 + 1))
+        .await
+        .unwrap();
+    let mut request = release("s", "a", 1, T0 + 2);
+    request.checkpoint = Some(19);
+    match store.release(&request).await {
+        Err(LeaseError::CheckpointBehind {
+            requested: 19,
+            stored: 20,
+            ..
+        }) => {}
+        other => panic!("expected CheckpointBehind, got {other:?}"),
+    }
+    assert_eq!(store.get("s").await.unwrap().owner_id.as_deref(), Some("a"));
+    let mut stale = release("s", "a", 9, T0 + 2);
+    stale.checkpoint = Some(30);
+    assert_conflict(store.release(&stale).await, Some("a"), 1);
+    request.checkpoint = Some(25);
+    let released = store.release(&request).await.unwrap();
+    assert_eq!(
+        (
+            released.owner_id.as_deref(),
+            released.checkpoint,
+            released.checkpoint_at,
+            released.released_at
+        ),
+        (None, Some(25), Some(T0 + 2), Some(T0 + 2))
+    );
+    let next = store.acquire(&acquire("s", "b", T0 + 3)).await.unwrap();
+    assert_eq!((next.fence_token, next.checkpoint), (2, Some(25)));
+}
+
 /// A presence acquire stores `sidecar_url`; renew and release keep it, an
 /// acquire without one leaves it, the next announcing acquire replaces it.
 pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
@@ -729,6 +768,7 @@ macro_rules! conformance_suite {
             checkpoint_is_fenced_and_monotonic,
             renew_carries_a_checkpoint,
             release_keeps_token_and_checkpoint,
+            release_carries_a_checkpoint,
             force_release_frees_a_held_lease,
             register_is_idempotent,
             missing_streams_are_not_found,

@@ -448,26 +448,47 @@ impl LeaseKeeper {
             let _ = entry.task.await;
         }
         lease.signal.ended.cancel();
-        // A drain must not lose progress: write what the sink confirmed since the
-        // last renew before giving the lease away.
+        // A drain must not lose progress: what the sink confirmed since the
+        // last renew goes into the release itself (one write, so a hand-off
+        // waits one round trip, not two).
         let staged = *lease
             .signal
             .staged_checkpoint
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(seq) = staged {
-            match self.write_checkpoint(lease, seq).await {
-                Ok(_) | Err(LeaseError::CheckpointBehind { .. }) => {}
-                Err(err) => return Err(err),
-            }
-        }
-        let request = ReleaseRequest {
+        let mut request = ReleaseRequest {
             stream_id: lease.stream_id.clone(),
             owner_id: self.inner.config.owner_id.clone(),
             fence_token: lease.fence_token,
             now_ms: self.inner.clock.now_ms(),
+            checkpoint: staged,
         };
-        let record = self.inner.store.release(&request).await?;
+        let record = match self.inner.store.release(&request).await {
+            // The store is already further (it never is for a live holder):
+            // release without moving it back, and report no commit.
+            Err(LeaseError::CheckpointBehind { .. }) => {
+                request.checkpoint = None;
+                self.inner.store.release(&request).await
+            }
+            result => result,
+        };
+        let outcome = match (&record, request.checkpoint) {
+            (_, None) => None,
+            (Ok(record), Some(_)) => {
+                lease.signal.persisted(record.checkpoint);
+                Some(CommitResult::Committed)
+            }
+            (Err(err), Some(_)) if err.is_ownership_lost() => Some(CommitResult::Fenced),
+            (Err(_), Some(_)) => Some(CommitResult::Error),
+        };
+        if let (Some(result), Some(seq)) = (outcome, request.checkpoint) {
+            self.inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
+                stream_id: lease.stream_id.clone(),
+                checkpoint: seq,
+                result,
+            });
+        }
+        let record = record?;
         self.inner.telemetry.emit(TelemetryEvent::LeaseReleased {
             stream_id: lease.stream_id.clone(),
             fence_token: lease.fence_token,

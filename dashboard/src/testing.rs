@@ -84,6 +84,7 @@ pub async fn seed_leases(target: &dyn ConformanceTarget, now_ms: i64) {
         .expect("seed ada-usd");
     store
         .release(&ReleaseRequest {
+            checkpoint: None,
             stream_id: "ada-usd".into(),
             owner_id: "worker-a".into(),
             fence_token: released.fence_token,

@@ -136,6 +136,7 @@ async fn table(streams: usize) -> MemoryLeaseStore {
             .unwrap();
         store
             .release(&ReleaseRequest {
+                checkpoint: None,
                 stream_id: stream.clone(),
                 owner_id: first,
                 fence_token: held.fence_token,

@@ -286,12 +286,43 @@ async fn release_keeps_the_token_and_ends_the_handle() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn release_writes_the_staged_checkpoint_first() {
+async fn release_carries_the_staged_checkpoint() {
     let f = fixture();
     let lease = f.keeper.acquire("s").await.unwrap();
     lease.stage_checkpoint(77);
     let record = f.keeper.release(&lease).await.unwrap();
     assert_eq!((record.owner_id, record.checkpoint), (None, Some(77)));
+    assert_eq!(lease.persisted_checkpoint(), Some(77));
+    let commits = count(&f.events.take(), |e| {
+        matches!(
+            e,
+            TelemetryEvent::CheckpointCommit {
+                checkpoint: 77,
+                result: CommitResult::Committed,
+                ..
+            }
+        )
+    });
+    assert_eq!(commits, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_behind_the_stored_checkpoint_still_releases() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    f.store
+        .checkpoint(&CheckpointRequest {
+            stream_id: "s".into(),
+            owner_id: "me".into(),
+            fence_token: lease.fence_token,
+            checkpoint: 90,
+            now_ms: 1_700_000_000_001,
+        })
+        .await
+        .unwrap();
+    lease.stage_checkpoint(77);
+    let record = f.keeper.release(&lease).await.unwrap();
+    assert_eq!((record.owner_id, record.checkpoint), (None, Some(90)));
 }
 
 #[tokio::test(start_paused = true)]

@@ -59,6 +59,9 @@ pub const CHECKPOINT_UPDATE: &str =
 /// Release update: no owner, expiry 0, token and checkpoint kept.
 pub const RELEASE_UPDATE: &str =
     "REMOVE owner_id SET lease_expires_at = :zero, released_at = :now, updated_at = :now";
+/// Release that also records the holder's last checkpoint (a drain).
+pub const RELEASE_WITH_CHECKPOINT_UPDATE: &str = "REMOVE owner_id SET lease_expires_at = :zero, \
+     released_at = :now, updated_at = :now, checkpoint = :checkpoint, checkpoint_at = :now";
 /// Force release and renew-free updates only apply to records that exist.
 pub const RECORD_EXISTS: &str = "attribute_exists(stream_id)";
 /// Doorbell update: a counter on a reserved record.
@@ -406,21 +409,37 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        let values = vec![
+        let mut values = vec![
             (":owner", s(&r.owner_id)),
             (":token", n(r.fence_token)),
             (":zero", n(0)),
             (":now", n(r.now_ms)),
         ];
-        let holder = Holder::new(&r.owner_id, r.fence_token, None);
-        self.update(
-            &r.stream_id,
-            HOLDER_CONDITION,
-            RELEASE_UPDATE,
-            values,
-            holder,
-        )
-        .await
+        let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint);
+        match r.checkpoint {
+            None => {
+                self.update(
+                    &r.stream_id,
+                    HOLDER_CONDITION,
+                    RELEASE_UPDATE,
+                    values,
+                    holder,
+                )
+                .await
+            }
+            Some(checkpoint) => {
+                values.push((":checkpoint", n(checkpoint)));
+                let condition = format!("{HOLDER_CONDITION} AND {CHECKPOINT_NOT_BEHIND}");
+                self.update(
+                    &r.stream_id,
+                    &condition,
+                    RELEASE_WITH_CHECKPOINT_UPDATE,
+                    values,
+                    holder,
+                )
+                .await
+            }
+        }
     }
 
     async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {

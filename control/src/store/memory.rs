@@ -177,9 +177,13 @@ impl LeaseStore for MemoryLeaseStore {
     async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
         let mut items = self.lock();
         let (mut item, current) = stored(&items, &r.stream_id)?;
-        let holder = Holder::new(&r.owner_id, r.fence_token, None);
-        if !holder.holds(&current) {
+        let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint);
+        if !holder.holds(&current) || holder.is_behind(&current) {
             return Err(refusal(current, holder));
+        }
+        if let Some(checkpoint) = r.checkpoint {
+            set(&mut item, schema::CHECKPOINT, AttrValue::n(checkpoint));
+            set(&mut item, schema::CHECKPOINT_AT, AttrValue::n(r.now_ms));
         }
         apply_release(&mut item, r.now_ms);
         let lease = schema::decode(&item)?;

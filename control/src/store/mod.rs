@@ -76,6 +76,11 @@ pub struct ReleaseRequest {
     pub fence_token: u64,
     /// Caller's wall-clock time, unix ms.
     pub now_ms: i64,
+    /// Progress to record in the same write (a drain's last confirmed
+    /// sequence), so a hand-off costs one round trip, not two. Refused with
+    /// [`LeaseError::CheckpointBehind`] (nothing written) when the stored
+    /// checkpoint is further.
+    pub checkpoint: Option<u64>,
 }
 
 /// One page of a listing.

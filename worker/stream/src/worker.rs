@@ -480,10 +480,34 @@ impl StreamWorker {
     }
 
     async fn drain(mut self) -> DrainReport {
-        let mut report = DrainReport::default();
         for running in self.running.values() {
             running.drain.cancel();
         }
+        // The presence goes while the streams drain, not after: the doorbell
+        // below waits for both, and peers that rescan then count one worker
+        // fewer (a larger fair share: they take every released stream).
+        let presence = self.presence.take().map(|presence| {
+            let keeper = self.context.keeper.clone();
+            async move {
+                if let Err(err) = keeper.release(&presence).await {
+                    tracing::warn!(error = %err, "could not release the presence lease");
+                }
+            }
+        });
+        let presence = async move {
+            if let Some(release) = presence {
+                release.await;
+            }
+        };
+        let (report, ()) = tokio::join!(self.drain_streams(), presence);
+        self.ring_doorbell().await;
+        report
+    }
+
+    /// Waits for every stream to finish its batch and release (each releases
+    /// with its last checkpoint), up to the drain timeout.
+    async fn drain_streams(&mut self) -> DrainReport {
+        let mut report = DrainReport::default();
         let deadline = Instant::now() + self.config.drain_timeout;
         for (stream, running) in std::mem::take(&mut self.running) {
             let Running {
@@ -510,12 +534,6 @@ impl StreamWorker {
                 StreamExit::SinkGaveUp(error) => report.failed.push((stream, error)),
             }
         }
-        if let Some(presence) = self.presence.take()
-            && let Err(err) = self.context.keeper.release(&presence).await
-        {
-            tracing::warn!(error = %err, "could not release the presence lease");
-        }
-        self.ring_doorbell().await;
         report
     }
 }
