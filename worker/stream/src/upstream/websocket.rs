@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use leasehold_telemetry::{SkipReason, TelemetryEvent, TelemetrySink};
 use serde_json::Value;
 use tokio::net::TcpStream;
@@ -227,12 +227,20 @@ impl Subscription for WebSocketSubscription {
             // A half-open TCP connection or a frozen upstream never fails a
             // read: pings make a live but quiet upstream answer, and silence
             // past the idle timeout ends the subscription (reason `idle`).
-            let idle_at = self.last_heard + self.idle_timeout;
-            let wake = tokio::select! {
-                biased;
-                message = self.ws.next() => Wake::Message(message),
-                _ = tokio::time::sleep_until(idle_at) => Wake::Idle,
-                _ = tokio::time::sleep_until(self.next_ping) => Wake::Ping,
+            // A frame already buffered is taken without arming the two timers
+            // (under load that is nearly every frame, and each armed timer
+            // costs a runtime handle and a clock read).
+            let wake = match self.ws.next().now_or_never() {
+                Some(message) => Wake::Message(message),
+                None => {
+                    let idle_at = self.last_heard + self.idle_timeout;
+                    tokio::select! {
+                        biased;
+                        message = self.ws.next() => Wake::Message(message),
+                        _ = tokio::time::sleep_until(idle_at) => Wake::Idle,
+                        _ = tokio::time::sleep_until(self.next_ping) => Wake::Ping,
+                    }
+                }
             };
             let message = match wake {
                 Wake::Message(message) => message,
