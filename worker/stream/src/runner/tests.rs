@@ -103,7 +103,7 @@ impl Subscription for FakeSubscription {
         Ok(UpstreamEvent {
             seq,
             event_id: format!("s:{seq}"),
-            payload: format!("{{\"seq\":{seq}}}"),
+            payload: format!("{{\"seq\":{seq}}}").into(),
             received_at: Instant::now(),
             arrival_lag: Some(2.0),
         })

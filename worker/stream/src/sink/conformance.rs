@@ -112,7 +112,7 @@ fn events(stream: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<SinkEvent> {
     seqs.map(|seq| SinkEvent {
         seq,
         event_id: format!("{stream}:{seq}"),
-        payload: format!(r#"{{"seq":{seq}}}"#),
+        payload: format!(r#"{{"seq":{seq}}}"#).into(),
     })
     .collect()
 }

@@ -146,7 +146,9 @@ impl FencedSink for MemorySink {
                 seq: event.seq,
                 event_id: event.event_id.clone(),
                 fence_token: batch.fence_token,
-                payload: event.payload.clone(),
+                // Stored as its own string: a shared payload would keep the
+                // whole read buffer it came in alive for as long as it is kept.
+                payload: event.payload.as_str().to_owned(),
             });
             state.appended += 1;
             outcome.accepted += 1;

@@ -22,6 +22,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+/// An event's payload: the frame's text as received, sharing the frame's
+/// buffer (cloning it is a reference count, not a copy). Compares equal to
+/// `&str` and `String`; `.as_str()` reads it.
+pub type Payload = tokio_tungstenite::tungstenite::Utf8Bytes;
+
 /// One event to append.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SinkEvent {
@@ -30,7 +35,7 @@ pub struct SinkEvent {
     /// Upstream event id, the de-duplication key.
     pub event_id: String,
     /// The event as received.
-    pub payload: String,
+    pub payload: Payload,
 }
 
 /// A batch of one stream's events, under one fence token.

@@ -228,7 +228,7 @@ impl FencedSink for RedisSink {
             command
                 .arg(event.seq)
                 .arg(&event.event_id)
-                .arg(&event.payload);
+                .arg(event.payload.as_bytes());
         }
         let mut connection = self.connection.clone();
         let reply = match command.query_async(&mut connection).await {

@@ -34,8 +34,8 @@ pub struct UpstreamEvent {
     pub seq: u64,
     /// Event id read at the id pointer (numbers are stringified).
     pub event_id: String,
-    /// The frame's text as received.
-    pub payload: String,
+    /// The frame's text as received (not copied out of the frame).
+    pub payload: crate::sink::Payload,
     /// When the frame was read off the socket.
     pub received_at: Instant,
     /// Seconds from the event's own time (`UPSTREAM_TS_POINTER`, unix ms) to its

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::extract::Extractor;
@@ -166,7 +166,8 @@ impl WebSocketSubscription {
         error
     }
 
-    fn classify(&mut self, text: &str, received_at: Instant) -> Frame {
+    fn classify(&mut self, frame: Utf8Bytes, received_at: Instant) -> Frame {
+        let text = frame.as_str();
         if text.len() > self.max_frame_bytes {
             return Frame::Skip(SkipReason::TooLarge);
         }
@@ -210,7 +211,7 @@ impl WebSocketSubscription {
         Frame::Event(UpstreamEvent {
             seq,
             event_id,
-            payload: text.to_owned(),
+            payload: frame,
             received_at,
             arrival_lag,
         })
@@ -257,7 +258,7 @@ impl Subscription for WebSocketSubscription {
             let received_at = Instant::now();
             self.last_heard = received_at;
             let frame = match message {
-                Some(Ok(Message::Text(text))) => self.classify(text.as_str(), received_at),
+                Some(Ok(Message::Text(text))) => self.classify(text, received_at),
                 Some(Ok(Message::Binary(_))) => Frame::Skip(SkipReason::NotJson),
                 // tungstenite answers pings itself while we keep reading.
                 Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
