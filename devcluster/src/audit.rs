@@ -49,7 +49,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_audit_finds_gaps_duplicates_and_token_regressions() {
-        let sink = MemorySink::new(SinkOptions { max_len: 0 });
+        let sink = MemorySink::new(SinkOptions::default());
         let write = |token: u64, seqs: &[u64]| {
             let events: Vec<SinkEvent> = seqs
                 .iter()

@@ -250,7 +250,10 @@ impl DevCluster {
         };
         // Bounded, so a dev left running for days does not grow without end; the
         // audit checks that what is kept is contiguous.
-        let sink_options = SinkOptions { max_len: 20_000 };
+        let sink_options = SinkOptions {
+            max_len: 20_000,
+            ..SinkOptions::default()
+        };
         let memory_sink = Arc::new(MemorySink::new(sink_options));
         let (sink, bus): (Arc<dyn FencedSink>, Arc<dyn PoolBus>) = match &options.redis_url {
             None => (memory_sink.clone(), Arc::new(MemoryPoolBus::new())),

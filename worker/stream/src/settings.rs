@@ -154,6 +154,15 @@ pub const BATCH_MAX_DELAY_MS: Setting<Duration> = Setting::new(
     "Accepted for compatibility, no longer used: a batch is written as soon as a write slot is \
      free (`SINK_MAX_IN_FLIGHT`), holding whatever arrived meanwhile (at most `BATCH_MAX_EVENTS`).",
 );
+/// The `SINK_TIMEOUT_MS` variable.
+pub const SINK_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "SINK_TIMEOUT_MS",
+    parse::MILLIS,
+    Fallback::Value(|| crate::sink::DEFAULT_REPLY_TIMEOUT),
+    "How long a sink write may wait for its reply before it counts as failed and is retried \
+     (retries are de-duplicated). Every stream's batches queue on one Redis, so keep it well \
+     above a busy moment's queue.",
+);
 /// The `SINK_MAX_IN_FLIGHT` variable.
 pub const SINK_MAX_IN_FLIGHT: Setting<usize> = Setting::new(
     "SINK_MAX_IN_FLIGHT",
@@ -174,6 +183,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_TS_POINTER,
     &SINK_URL,
     &SINK_MAX_LEN,
+    &SINK_TIMEOUT_MS,
     &SINK_MAX_FAILURES,
     &STREAM_IDS,
     &MAX_STREAMS,
@@ -231,6 +241,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         .into();
     let sink = SinkOptions {
         max_len: env.get(&SINK_MAX_LEN),
+        reply_timeout: env.get(&SINK_TIMEOUT_MS),
     };
     let register = env.optional(&STREAM_IDS).unwrap_or_default();
     if register

@@ -106,7 +106,10 @@ impl SinkTarget for RedisTarget {
 }
 
 /// Options every check runs with.
-pub const OPTIONS: SinkOptions = SinkOptions { max_len: 0 };
+pub const OPTIONS: SinkOptions = SinkOptions {
+    max_len: 0,
+    reply_timeout: super::DEFAULT_REPLY_TIMEOUT,
+};
 
 fn events(stream: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<SinkEvent> {
     seqs.map(|seq| SinkEvent {

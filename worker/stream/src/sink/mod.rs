@@ -136,11 +136,29 @@ pub trait FencedSink: Send + Sync + 'static {
 }
 
 /// Sizing shared by both sinks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SinkOptions {
     /// Approximate cap on stored events per stream (`XADD MAXLEN ~`); 0 keeps
     /// everything. The newest event always stays, so de-duplication holds.
     pub max_len: u64,
+    /// How long a reply may take before the write counts as failed and is
+    /// retried (`SINK_TIMEOUT_MS`; the Redis sink only).
+    pub reply_timeout: std::time::Duration,
+}
+
+/// Default [`SinkOptions::reply_timeout`]. Generous on purpose: every stream's
+/// batches queue on one Redis, so a busy second delays every reply, and a
+/// write given up too early is sent again (harmless, de-duplicated) exactly
+/// when Redis has least time for it. The Redis client's own default is 500 ms.
+pub const DEFAULT_REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Default for SinkOptions {
+    fn default() -> Self {
+        SinkOptions {
+            max_len: 0,
+            reply_timeout: DEFAULT_REPLY_TIMEOUT,
+        }
+    }
 }
 
 /// Opens the sink a `SINK_URL` names: `redis://…`/`rediss://…` or `memory:`.

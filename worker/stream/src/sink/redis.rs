@@ -4,7 +4,11 @@
 
 use crate::sink::keys;
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+/// How long connecting to Redis may take (the client's default is 1 s: tight
+/// for a TLS endpoint across zones).
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 
@@ -151,7 +155,14 @@ impl RedisSink {
         // The URL may hold a password: report only the kind of problem.
         let client = redis::Client::open(url)
             .map_err(|err| SinkError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
-        let connection = ConnectionManager::new(client).await.map_err(classify)?;
+        let connection = ConnectionManager::new_with_config(
+            client,
+            ConnectionManagerConfig::new()
+                .set_response_timeout(Some(options.reply_timeout))
+                .set_connection_timeout(Some(CONNECT_TIMEOUT)),
+        )
+        .await
+        .map_err(classify)?;
         Ok(RedisSink {
             connection,
             open: redis::Script::new(&format!("{LAST_SEQ}{OPEN}")),
