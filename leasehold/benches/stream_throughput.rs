@@ -665,6 +665,14 @@ async fn throughput(
     let started = Instant::now();
     let (probe, stop, tasks) = start_case(case, target, streams, Some(per_stream), telemetry).await;
     while probe.done.load(Ordering::Relaxed) < total {
+        // Counted events never reaching the total means events were resent
+        // (a resend lands as duplicates and counts nothing): say so, not hang.
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "{}: {} of {total} events confirmed after 10 minutes",
+            case.label(),
+            probe.done.load(Ordering::Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let wall = started.elapsed().as_secs_f64();
