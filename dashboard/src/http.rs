@@ -190,12 +190,18 @@ pub async fn prewarm(state: &DashboardState, views: &Router) {
         if let Some(coding) = warm.coding {
             request = request.header(header::ACCEPT_ENCODING, coding);
         }
-        let Ok(request) = request.body(axum::body::Body::empty()) else {
+        let Ok(mut request) = request.body(axum::body::Body::empty()) else {
             continue;
         };
+        request.extensions_mut().insert(Prewarm);
         let _ = views.clone().oneshot(request).await;
     }
 }
+
+/// Marks a request made by [`prewarm`] (not a client: what it renders is
+/// not hot until a client fetches it).
+#[derive(Debug, Clone, Copy)]
+struct Prewarm;
 
 /// The access checks, conditional GET and security headers around `views`.
 fn protect(views: Router, state: Shared) -> Router {
@@ -478,14 +484,15 @@ async fn shared_render(State(state): State<Shared>, mut request: Request, next: 
         coding,
     };
     let (collector, cache) = (&state.collector, &state.renders);
+    let client = request.extensions().get::<Prewarm>().is_none();
     // Read before rendering: the render reads a snapshot at least this new,
     // so an entry is never older than its key says.
     let generation = collector.generation();
-    if let Some(hit) = cache.get(generation, &key) {
+    if let Some(hit) = cache.get(generation, &key, client) {
         return hit.response();
     }
     let _rendering = cache.rendering().lock().await;
-    if let Some(hit) = cache.get(generation, &key) {
+    if let Some(hit) = cache.get(generation, &key, client) {
         return hit.response();
     }
     // One coding for the compression layer, so the key says what the body is.
@@ -516,7 +523,7 @@ async fn shared_render(State(state): State<Shared>, mut request: Request, next: 
         headers: parts.headers,
         body,
     });
-    cache.insert(generation, key, warm, cached.clone());
+    cache.insert(generation, key, warm, cached.clone(), client);
     cached.response()
 }
 

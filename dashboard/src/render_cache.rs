@@ -67,10 +67,20 @@ pub struct Warm {
     pub coding: Option<&'static str>,
 }
 
+struct Entry {
+    key: String,
+    warm: Warm,
+    cached: Arc<Cached>,
+    /// A client asked for it (a prewarm render nobody fetched is not hot:
+    /// otherwise a view would be rendered every snapshot forever after its
+    /// last viewer left).
+    served: bool,
+}
+
 #[derive(Default)]
 struct Inner {
     generation: u64,
-    entries: VecDeque<(String, Warm, Arc<Cached>)>,
+    entries: VecDeque<Entry>,
     bytes: usize,
     /// The views the last generation that had any served (at most
     /// [`MAX_ENTRIES`]), until the prewarm takes them.
@@ -92,20 +102,26 @@ impl RenderCache {
         &self.rendering
     }
 
-    /// The response rendered for `key` in `generation`, if any.
-    pub fn get(&self, generation: u64, key: &str) -> Option<Arc<Cached>> {
+    /// The response rendered for `key` in `generation`, if any; `client`:
+    /// asked by a client (which makes the view hot for the next generation).
+    pub fn get(&self, generation: u64, key: &str, client: bool) -> Option<Arc<Cached>> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.roll(generation);
-        inner
-            .entries
-            .iter()
-            .find(|(k, _, _)| k == key)
-            .map(|(_, _, cached)| cached.clone())
+        let entry = inner.entries.iter_mut().find(|e| e.key == key)?;
+        entry.served |= client;
+        Some(entry.cached.clone())
     }
 
     /// Keeps `cached` for `key` in `generation` (oldest entries leave first
     /// when a bound is reached). Returns whether it was kept.
-    pub fn insert(&self, generation: u64, key: String, warm: Warm, cached: Arc<Cached>) -> bool {
+    pub fn insert(
+        &self,
+        generation: u64,
+        key: String,
+        warm: Warm,
+        cached: Arc<Cached>,
+        client: bool,
+    ) -> bool {
         if cached.body.len() > MAX_BODY || key.len() > MAX_KEY || !cached.status.is_success() {
             return false;
         }
@@ -115,24 +131,29 @@ impl RenderCache {
             // Rendered from an older snapshot than the cache now holds.
             return false;
         }
-        if let Some(at) = inner.entries.iter().position(|(k, _, _)| *k == key)
-            && let Some((_, _, old)) = inner.entries.remove(at)
+        if let Some(at) = inner.entries.iter().position(|e| e.key == key)
+            && let Some(old) = inner.entries.remove(at)
         {
-            inner.bytes -= old.body.len();
+            inner.bytes -= old.cached.body.len();
         }
         inner.bytes += cached.body.len();
-        inner.entries.push_back((key, warm, cached));
+        inner.entries.push_back(Entry {
+            key,
+            warm,
+            cached,
+            served: client,
+        });
         while inner.entries.len() > MAX_ENTRIES || inner.bytes > MAX_BYTES {
             match inner.entries.pop_front() {
-                Some((_, _, old)) => inner.bytes -= old.body.len(),
+                Some(old) => inner.bytes -= old.cached.body.len(),
                 None => break,
             }
         }
         true
     }
 
-    /// The views served in the previous generation that had any, to render
-    /// again for `generation` (each list is handed out once).
+    /// The views clients asked for in the previous generation that had any,
+    /// to render again for `generation` (each list is handed out once).
     pub fn hot(&self, generation: u64) -> Vec<Warm> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.roll(generation);
@@ -151,8 +172,14 @@ impl Inner {
     fn roll(&mut self, generation: u64) {
         if generation > self.generation {
             self.generation = generation;
-            if !self.entries.is_empty() {
-                self.hot = self.entries.drain(..).map(|(_, warm, _)| warm).collect();
+            let hot: Vec<Warm> = self
+                .entries
+                .drain(..)
+                .filter(|e| e.served)
+                .map(|e| e.warm)
+                .collect();
+            if !hot.is_empty() {
+                self.hot = hot;
             }
             self.bytes = 0;
         }
@@ -226,24 +253,33 @@ mod tests {
     #[test]
     fn the_views_of_the_last_busy_generation_are_hot_once() {
         let cache = RenderCache::default();
-        cache.insert(1, "a#br".into(), warm("/a"), body(3));
-        cache.insert(1, "b#br".into(), warm("/b"), body(3));
+        cache.insert(1, "a#br".into(), warm("/a"), body(3), true);
+        cache.insert(1, "b#br".into(), warm("/b"), body(3), true);
         assert!(cache.hot(1).is_empty(), "nothing to re-render yet");
         // Generation 2 passes unseen; 3 still re-renders what 1 served.
         assert_eq!(cache.hot(3), vec![warm("/a"), warm("/b")]);
         assert!(cache.hot(3).is_empty(), "handed out once");
+        // What the prewarm renders is hot again only once a client fetches it.
+        cache.insert(3, "a#br".into(), warm("/a"), body(3), false);
+        cache.insert(3, "b#br".into(), warm("/b"), body(3), false);
+        assert!(cache.get(3, "b#br", true).is_some());
+        assert_eq!(cache.hot(4), vec![warm("/b")], "nobody watched /a");
+        assert!(cache.hot(5).is_empty(), "nobody watches anything any more");
     }
 
     #[test]
     fn entries_live_for_one_generation() {
         let cache = RenderCache::default();
-        assert!(cache.insert(1, "a".into(), warm("a"), body(3)));
-        assert!(cache.get(1, "a").is_some());
-        assert!(cache.get(1, "b").is_none());
-        assert!(cache.get(2, "a").is_none(), "a new snapshot renders again");
+        assert!(cache.insert(1, "a".into(), warm("a"), body(3), true));
+        assert!(cache.get(1, "a", true).is_some());
+        assert!(cache.get(1, "b", true).is_none());
+        assert!(
+            cache.get(2, "a", true).is_none(),
+            "a new snapshot renders again"
+        );
         assert_eq!(cache.usage(), (0, 0), "the old generation is dropped");
         assert!(
-            !cache.insert(1, "a".into(), warm("a"), body(3)),
+            !cache.insert(1, "a".into(), warm("a"), body(3), true),
             "a render of an older snapshot is not kept"
         );
     }
@@ -252,21 +288,21 @@ mod tests {
     fn the_cache_is_bounded_by_entries_and_bytes() {
         let cache = RenderCache::default();
         for i in 0..MAX_ENTRIES * 3 {
-            cache.insert(1, format!("k{i}"), warm("k"), body(10));
+            cache.insert(1, format!("k{i}"), warm("k"), body(10), true);
         }
         assert_eq!(cache.usage(), (MAX_ENTRIES, MAX_ENTRIES * 10));
-        assert!(cache.get(1, "k0").is_none(), "the oldest left first");
+        assert!(cache.get(1, "k0", true).is_none(), "the oldest left first");
         for i in 0..8 {
-            cache.insert(1, format!("big{i}"), warm("b"), body(MAX_BODY));
+            cache.insert(1, format!("big{i}"), warm("b"), body(MAX_BODY), true);
         }
         let (_, bytes) = cache.usage();
         assert!(bytes <= MAX_BYTES, "{bytes}");
-        assert!(!cache.insert(1, "huge".into(), warm("h"), body(MAX_BODY + 1)));
-        assert!(!cache.insert(1, "k".repeat(MAX_KEY + 1), warm("k"), body(1)));
+        assert!(!cache.insert(1, "huge".into(), warm("h"), body(MAX_BODY + 1), true));
+        assert!(!cache.insert(1, "k".repeat(MAX_KEY + 1), warm("k"), body(1), true));
         // Re-inserting a key replaces it rather than counting it twice.
         let cache = RenderCache::default();
-        cache.insert(1, "a".into(), warm("a"), body(5));
-        cache.insert(1, "a".into(), warm("a"), body(7));
+        cache.insert(1, "a".into(), warm("a"), body(5), true);
+        cache.insert(1, "a".into(), warm("a"), body(7), true);
         assert_eq!(cache.usage(), (1, 7));
     }
 
