@@ -16,6 +16,7 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
+use leasehold_dashboard::Collector;
 use leasehold_dashboard::changes::{Change, ChangeKind, FencedWrite};
 use leasehold_dashboard::http::{DashboardState, app};
 use leasehold_dashboard::testing::{collector_at, seed_many};
@@ -24,12 +25,24 @@ use tower::ServiceExt;
 
 const NOW: i64 = 1_800_000_000_000;
 
-async fn time_route(router: &axum::Router, path: &str, rounds: usize) -> (Vec<Duration>, usize) {
-    time_request(router, path, &[], rounds).await
+/// Every round after a new snapshot generation, so each request renders (the
+/// figure a page costs, not a shared render).
+async fn time_route(
+    router: &axum::Router,
+    collector: &Collector,
+    path: &str,
+    rounds: usize,
+) -> (Vec<Duration>, usize) {
+    time_request(router, Some(collector), path, &[], rounds).await
 }
 
+/// Times `rounds` requests. With `fresh`, a new snapshot generation is
+/// published before each (outside the timing): the request is the first after
+/// a new snapshot and renders. Without it, the requests are the other clients
+/// of one snapshot (or, with `If-None-Match`, the 304).
 async fn time_request(
     router: &axum::Router,
+    fresh: Option<&Collector>,
     path: &str,
     headers: &[(&str, &str)],
     rounds: usize,
@@ -37,6 +50,9 @@ async fn time_request(
     let mut times = Vec::with_capacity(rounds);
     let mut bytes = 0;
     for _ in 0..rounds {
+        if let Some(collector) = fresh {
+            collector.republish();
+        }
         let started = Instant::now();
         let mut request = Request::get(path);
         for (name, value) in headers {
@@ -88,11 +104,16 @@ async fn main() {
         refreshes.push(started.elapsed());
     }
     fill_history(&collector, streams);
-    let router = app(Arc::new(DashboardState {
+    let state = Arc::new(DashboardState {
         collector: collector.clone(),
         token: None,
         access: Default::default(),
-    }));
+        sink: None,
+        grafana: None,
+        renders: Default::default(),
+    });
+    let router = app(state.clone());
+    let views = leasehold_dashboard::http::views(state.clone());
     println!("dashboard render, {streams} streams, {rounds} rounds each");
     report("collector refresh (scan + classify)", &mut refreshes, 0);
     for (name, path) in [
@@ -112,7 +133,7 @@ async fn main() {
         ("/api/streams, first page (100)", "/api/streams".to_owned()),
         ("workers view (20 owners)", "/workers".to_owned()),
     ] {
-        let (mut times, bytes) = time_route(&router, &path, rounds).await;
+        let (mut times, bytes) = time_route(&router, &collector, &path, rounds).await;
         report(name, &mut times, bytes);
     }
     println!("with 24 h of history (50,000 changes, 1,000 fenced writes, full trend rings):");
@@ -131,11 +152,18 @@ async fn main() {
         ("/api/streams/{id}", "/api/streams/stream-04242"),
         ("trends page", "/trends"),
     ] {
-        let (mut times, bytes) = time_route(&router, path, rounds).await;
+        let (mut times, bytes) = time_route(&router, &collector, path, rounds).await;
         report(name, &mut times, bytes);
     }
-    println!("one live update (a new snapshot: the changed body, compressed; or 304):");
-    let tag = collector.entity_tag();
+    println!("one live update, as a client sees it:");
+    println!("  [render] a new snapshot, the client asks before any render of it: renders and");
+    println!(
+        "           compresses (also the worst case of a client asking while the prewarm runs)"
+    );
+    println!("  [prewarm] the background render of a watched view right after the snapshot");
+    println!("  [update] the watching client's next poll after that: the changed page");
+    println!("  [shared] any other request in the same snapshot");
+    println!("  [304] a client that already has this snapshot");
     for (name, path) in [
         ("/api/streams first page", "/api/streams"),
         ("timeline page, 24 h", "/timeline?window=24h"),
@@ -143,13 +171,37 @@ async fn main() {
         ("trends page", "/trends"),
     ] {
         for encoding in ["identity", "gzip", "br"] {
+            let headers = [("accept-encoding", encoding)];
             let (mut times, bytes) =
-                time_request(&router, path, &[("accept-encoding", encoding)], rounds).await;
-            report(&format!("{name}, {encoding}"), &mut times, bytes);
+                time_request(&router, Some(&collector), path, &headers, rounds).await;
+            report(&format!("[render] {name}, {encoding}"), &mut times, bytes);
+            let mut prewarms = Vec::with_capacity(rounds);
+            let mut updates = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                // The client watched the view in the previous snapshot.
+                time_request(&router, None, path, &headers, 1).await;
+                collector.republish();
+                let started = Instant::now();
+                leasehold_dashboard::http::prewarm(&state, &views).await;
+                prewarms.push(started.elapsed());
+                let (time, _) = time_request(&router, None, path, &headers, 1).await;
+                updates.extend(time);
+            }
+            report(&format!("[prewarm] {name}, {encoding}"), &mut prewarms, 0);
+            report(&format!("[update] {name}, {encoding}"), &mut updates, bytes);
+            let (mut times, bytes) = time_request(&router, None, path, &headers, rounds).await;
+            report(&format!("[shared] {name}, {encoding}"), &mut times, bytes);
         }
-        let (mut times, bytes) =
-            time_request(&router, path, &[("if-none-match", tag.as_str())], rounds).await;
-        report(&format!("{name}, unchanged (304)"), &mut times, bytes);
+        let tag = collector.entity_tag();
+        let (mut times, bytes) = time_request(
+            &router,
+            None,
+            path,
+            &[("if-none-match", tag.as_str())],
+            rounds,
+        )
+        .await;
+        report(&format!("[304] {name}"), &mut times, bytes);
     }
 }
 

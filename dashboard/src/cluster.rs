@@ -192,6 +192,10 @@ struct History {
     health: HashMap<&'static str, SourceHealth>,
     /// Newest change already counted in the trends, unix ms.
     sampled_ms: i64,
+    /// Per sidecar URL, the newest claim `seq` already counted in the trends.
+    claims_seen: HashMap<String, u64>,
+    /// When the previous refresh assembled its snapshot, unix ms.
+    previous_ms: Option<i64>,
 }
 
 /// Builds snapshots and keeps the latest for readers.
@@ -208,6 +212,8 @@ pub struct Collector {
     history: tokio::sync::Mutex<History>,
     /// Records the last successful lease scan read (the pacing's input).
     scanned: AtomicUsize,
+    /// The generation, for the task that renders hot views after each snapshot.
+    generations: tokio::sync::watch::Sender<u64>,
 }
 
 const LEASE_SOURCE: &str = "lease table";
@@ -232,7 +238,24 @@ impl Collector {
             latest: RwLock::new(Arc::new(Snapshot::empty(now))),
             history: tokio::sync::Mutex::new(History::default()),
             scanned: AtomicUsize::new(0),
+            generations: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Snapshots published so far: what rendered responses are keyed by.
+    pub fn generation(&self) -> u64 {
+        self.published.load(Ordering::Acquire)
+    }
+
+    /// Follows the generation (a new value after each publication).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generations.subscribe()
+    }
+
+    /// Counts a publication and tells the subscribers.
+    fn published_one(&self) {
+        let generation = self.published.fetch_add(1, Ordering::AcqRel) + 1;
+        self.generations.send_replace(generation);
     }
 
     /// The time between refreshes at the table size last read: the pacing's
@@ -269,16 +292,28 @@ impl Collector {
         read(&self.changes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Writes the history directly (tests and the benchmark).
+    /// Writes the history directly (tests and the benchmark); counts as a
+    /// new generation, since pages change.
     #[cfg(feature = "testing")]
     pub fn with_changes_mut<R>(&self, write: impl FnOnce(&mut ChangeLog) -> R) -> R {
-        write(&mut self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+        let out = write(&mut self.changes.lock().unwrap_or_else(|p| p.into_inner()));
+        self.published_one();
+        out
     }
 
-    /// Writes the trends directly (tests and the benchmark).
+    /// Writes the trends directly (tests and the benchmark); a new generation.
     #[cfg(feature = "testing")]
     pub fn with_trends_mut<R>(&self, write: impl FnOnce(&mut Trends) -> R) -> R {
-        write(&mut self.trends.lock().unwrap_or_else(|p| p.into_inner()))
+        let out = write(&mut self.trends.lock().unwrap_or_else(|p| p.into_inner()));
+        self.published_one();
+        out
+    }
+
+    /// Publishes the latest snapshot again as a new generation (the
+    /// benchmark's stand-in for a refresh that changed something).
+    #[cfg(feature = "testing")]
+    pub fn republish(&self) {
+        self.published_one();
     }
 
     /// Reads the trend history under its lock.
@@ -290,11 +325,7 @@ impl Collector {
     /// and how many snapshots it has published (a restarted dashboard never
     /// reuses a tag; two refreshes within one millisecond still differ).
     pub fn entity_tag(&self) -> String {
-        format!(
-            "\"{:x}-{}\"",
-            self.started_ms,
-            self.published.load(Ordering::Acquire)
-        )
+        format!("\"{:x}-{}\"", self.started_ms, self.generation())
     }
 
     /// Reads every source once and publishes a new snapshot.
@@ -399,7 +430,7 @@ impl Collector {
 
         let snapshot = Arc::new(self.assemble(&mut history, records, sidecars, now));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
-        self.published.fetch_add(1, Ordering::AcqRel);
+        self.published_one();
         snapshot
     }
 
@@ -450,8 +481,15 @@ impl Collector {
             );
             let new_changes = changes.since(history.sampled_ms + 1);
             drop(changes);
+            let claims = new_claims(
+                &mut history.claims_seen,
+                &sidecars,
+                history.previous_ms.map(|previous| now - previous),
+            );
+            history.previous_ms = Some(now);
             let mut trends = self.trends.lock().unwrap_or_else(|p| p.into_inner());
             trends.sample(now, &history.streams, history.pool.as_ref(), &new_changes);
+            trends.sample_claims(now, &claims);
             let streams = &history.streams;
             trends.retain(|stream| {
                 streams
@@ -563,6 +601,45 @@ impl Collector {
         })
         .await
     }
+}
+
+/// The claim latencies (seconds) the sidecars report that the trends have
+/// not counted yet, by each sidecar's claim numbering (`seen`: sidecar URL →
+/// newest `seq` counted). A sidecar seen for the first time, or restarted
+/// (its numbering went back), contributes only the claims younger than
+/// `since_previous_ms` (none on the dashboard's first refresh: those claims
+/// happened before it was watching). `seen` keeps only the sidecars in
+/// `sidecars`, so it is bounded like them.
+fn new_claims(
+    seen: &mut HashMap<String, u64>,
+    sidecars: &[SidecarReport],
+    since_previous_ms: Option<i64>,
+) -> Vec<f64> {
+    let mut latencies = Vec::new();
+    for report in sidecars {
+        let Some(status) = &report.status else {
+            continue;
+        };
+        let claims = &status.worker.claims;
+        let newest = claims.last().map_or(0, |c| c.seq);
+        match seen.get(&report.url).copied() {
+            Some(counted) if newest >= counted => {
+                latencies.extend(claims.iter().filter(|c| c.seq > counted).map(|c| c.seconds))
+            }
+            _ => {
+                let window = since_previous_ms.unwrap_or(0).max(0) as u64;
+                latencies.extend(
+                    claims
+                        .iter()
+                        .filter(|c| c.age_ms < window)
+                        .map(|c| c.seconds),
+                );
+            }
+        }
+        seen.insert(report.url.clone(), newest);
+    }
+    seen.retain(|url, _| sidecars.iter().any(|report| &report.url == url));
+    latencies
 }
 
 /// How many `stream:token` pairs a worker row carries.
@@ -710,6 +787,63 @@ mod tests {
             collector.interval(),
             leases.strong_pages.load(Ordering::SeqCst),
         )
+    }
+
+    fn reporting(url: &str, claims: &[(u64, u64, f64)]) -> SidecarReport {
+        let claims: Vec<serde_json::Value> = claims
+            .iter()
+            .map(|(seq, age_ms, seconds)| {
+                serde_json::json!({"seq": seq, "age_ms": age_ms, "seconds": seconds})
+            })
+            .collect();
+        let status = serde_json::json!({
+            "component": "broker-worker", "owner_id": "p", "worker_connected": true,
+            "last_event_age_ms": 1, "worker_up": true, "events_received": 1,
+            "events_dropped": 0, "leases": [], "lag": {}, "websocket_connections": 0,
+            "pool": null, "observer": false, "claims": claims,
+        });
+        SidecarReport {
+            url: url.into(),
+            status: Some(serde_json::from_value(status).unwrap()),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn claims_are_counted_once_across_refreshes_and_restarts() {
+        let mut seen = HashMap::new();
+        let a = "http://10.0.0.1:9464";
+        // The dashboard's first refresh: what happened before is not counted.
+        let first = new_claims(&mut seen, &[reporting(a, &[(1, 50, 0.3)])], None);
+        assert!(first.is_empty());
+        // The next refresh: only the new claim.
+        let next = new_claims(
+            &mut seen,
+            &[reporting(a, &[(1, 2_050, 0.3), (2, 10, 0.7)])],
+            Some(2_000),
+        );
+        assert_eq!(next, vec![0.7]);
+        let again = new_claims(
+            &mut seen,
+            &[reporting(a, &[(1, 4_050, 0.3), (2, 2_010, 0.7)])],
+            Some(2_000),
+        );
+        assert!(again.is_empty(), "nothing counted twice");
+        // Restarted (numbering back to 1) and a newcomer: only claims since
+        // the previous refresh.
+        let b = "http://10.0.0.2:9464";
+        let restarted = new_claims(
+            &mut seen,
+            &[
+                reporting(a, &[(1, 100, 1.5)]),
+                reporting(b, &[(7, 9_000, 9.0), (8, 500, 2.5)]),
+            ],
+            Some(2_000),
+        );
+        assert_eq!(restarted, vec![1.5, 2.5]);
+        // Bounded by the sidecars of the refresh.
+        new_claims(&mut seen, &[reporting(b, &[])], Some(2_000));
+        assert_eq!(seen.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

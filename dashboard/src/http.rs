@@ -37,8 +37,8 @@ use crate::pages::{
     TablesPage, WorkersBody, stream_page,
 };
 use crate::views::{
-    RUNBOOKS, StreamDetailPage, TimelinePage, TimelineQuery, TrendsBody, TrendsPage, stream_detail,
-    timeline_body,
+    RUNBOOKS, StreamDetail, StreamDetailPage, TimelinePage, TimelineQuery, TrendsBody, TrendsPage,
+    stream_detail, timeline_body,
 };
 
 /// The policy: nothing but this origin's script, style and fetches.
@@ -55,6 +55,13 @@ pub struct DashboardState {
     pub token: Option<String>,
     /// Proxy trust and the Host allow-list.
     pub access: Access,
+    /// The sink, for a stream page's "sink last seq" (`DASHBOARD_SINK_URL`).
+    pub sink: Option<Arc<dyn crate::sink::SinkReader>>,
+    /// Grafana, linked from the trends page (`DASHBOARD_GRAFANA_URL`).
+    pub grafana: Option<String>,
+    /// Responses rendered from the collector's current snapshot, shared
+    /// between requests (one per state: renders depend on the sink and link too).
+    pub renders: crate::render_cache::RenderCache,
 }
 
 /// Who may reach the dashboard, and what the token cookie claims.
@@ -136,23 +143,13 @@ type Shared = Arc<DashboardState>;
 
 /// The router, apart from any listener so tests can drive it with `oneshot`.
 pub fn app(state: Shared) -> Router {
-    let security_headers = [
-        (
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-        ),
-        (
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        ),
-        (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
-        (
-            header::REFERRER_POLICY,
-            HeaderValue::from_static("no-referrer"),
-        ),
-        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-    ];
-    let mut router = Router::new()
+    protect(views(state.clone()), state)
+}
+
+/// The routes with compression and the shared render, without the access
+/// checks: what [`prewarm`] asks (in-process, never reachable from outside).
+pub fn views(state: Shared) -> Router {
+    Router::new()
         .route("/", get(|| async { Redirect::to("/streams") }))
         .route("/streams", get(streams_view))
         .route("/workers", get(workers_view))
@@ -175,15 +172,64 @@ pub fn app(state: Shared) -> Router {
         .route("/static/dashboard.css", get(stylesheet))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/login", get(login_form).post(login))
+        // gzip or br as the client accepts; the predicate skips small bodies.
+        // Inside the render cache, so what is shared is already compressed.
+        .layer(CompressionLayer::new())
+        .layer(middleware::from_fn_with_state(state.clone(), shared_render))
+        .with_state(state)
+}
+
+/// Renders again, for the snapshot just published, the views clients
+/// watched in the previous one ([`crate::render_cache`]), so their next poll
+/// finds the bytes ready. `views` is [`views`] of the same state.
+pub async fn prewarm(state: &DashboardState, views: &Router) {
+    use tower::ServiceExt;
+    let generation = state.collector.generation();
+    for warm in state.renders.hot(generation) {
+        let mut request = Request::get(warm.uri.as_str());
+        if let Some(coding) = warm.coding {
+            request = request.header(header::ACCEPT_ENCODING, coding);
+        }
+        let Ok(mut request) = request.body(axum::body::Body::empty()) else {
+            continue;
+        };
+        request.extensions_mut().insert(Prewarm);
+        let _ = views.clone().oneshot(request).await;
+    }
+}
+
+/// Marks a request made by [`prewarm`] (not a client: what it renders is
+/// not hot until a client fetches it).
+#[derive(Debug, Clone, Copy)]
+struct Prewarm;
+
+/// The access checks, conditional GET and security headers around `views`.
+fn protect(views: Router, state: Shared) -> Router {
+    let security_headers = [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+        ),
+        (
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ),
+        (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+        (
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        ),
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+    ];
+    let mut router = views
         .layer(middleware::from_fn_with_state(
             state.clone(),
             conditional_get,
         ))
+        // Access checks outermost: a shared render is only ever handed to a
+        // request that passed them.
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
-        .layer(middleware::from_fn_with_state(state.clone(), check_host))
-        .with_state(state)
-        // gzip or br as the client accepts; the predicate skips small bodies.
-        .layer(CompressionLayer::new());
+        .layer(middleware::from_fn_with_state(state, check_host));
     for (name, value) in security_headers {
         router = router.layer(SetResponseHeaderLayer::overriding(name, value));
     }
@@ -286,30 +332,35 @@ async fn changes_api(State(state): State<Shared>) -> Response {
 }
 
 async fn stream_view(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    let Some(detail) = stream_with_sink(&state, &id).await else {
+        return not_found();
+    };
     let snapshot = state.collector.latest();
-    let page = state.collector.with_changes(|log| {
-        state.collector.with_trends(|trends| {
-            stream_detail(&snapshot, log, trends, &id)
-                .map(|detail| StreamDetailPage::new(&snapshot, log, detail, refresh_ms(&state)))
-        })
-    });
-    match page {
-        Some(page) => html(page),
+    html(
+        state
+            .collector
+            .with_changes(|log| StreamDetailPage::new(&snapshot, log, detail, refresh_ms(&state))),
+    )
+}
+
+async fn stream_api(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+    match stream_with_sink(&state, &id).await {
+        Some(detail) => Json(detail).into_response(),
         None => not_found(),
     }
 }
 
-async fn stream_api(State(state): State<Shared>, Path(id): Path<String>) -> Response {
+/// One stream's detail, with the sink's position read (bounded) when a sink
+/// is configured; `None` for an unknown id, which is never sent to the sink.
+async fn stream_with_sink(state: &DashboardState, id: &str) -> Option<StreamDetail> {
     let snapshot = state.collector.latest();
-    let detail = state.collector.with_changes(|log| {
+    let mut detail = state.collector.with_changes(|log| {
         state
             .collector
-            .with_trends(|trends| stream_detail(&snapshot, log, trends, &id))
-    });
-    match detail {
-        Some(detail) => Json(detail).into_response(),
-        None => not_found(),
-    }
+            .with_trends(|trends| stream_detail(&snapshot, log, trends, id))
+    })?;
+    detail.sink = crate::sink::position(state.sink.as_ref(), id).await;
+    Some(detail)
 }
 
 /// A 404 that never echoes the (untrusted) id asked for.
@@ -338,9 +389,9 @@ async fn timeline_api(State(state): State<Shared>, Query(query): Query<TimelineQ
 
 async fn trends_view(State(state): State<Shared>) -> Response {
     let snapshot = state.collector.latest();
-    let page = state
-        .collector
-        .with_trends(|trends| TrendsPage::new(&snapshot, trends, None, refresh_ms(&state)));
+    let page = state.collector.with_trends(|trends| {
+        TrendsPage::new(&snapshot, trends, state.grafana.clone(), refresh_ms(&state))
+    });
     html(page)
 }
 
@@ -370,13 +421,7 @@ async fn runbook(Path(name): Path<String>) -> Response {
 /// sends `If-None-Match` itself (responses are `no-store`, so the browser
 /// cache never answers for it).
 async fn conditional_get(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    let applies = request.method() == axum::http::Method::GET
-        && !path.starts_with("/static/")
-        && !path.starts_with("/runbooks/")
-        && path != "/healthz"
-        && path != "/login";
-    if !applies {
+    if !follows_snapshot(&request) {
         return next.run(request).await;
     }
     let tag = state.collector.entity_tag();
@@ -400,6 +445,86 @@ async fn conditional_get(State(state): State<Shared>, request: Request, next: Ne
         response.headers_mut().insert(header::ETAG, etag);
     }
     response
+}
+
+/// Whether a request's answer is a function of the snapshot (every view and
+/// API; not assets, runbooks, `/healthz` or the token form).
+fn follows_snapshot(request: &Request) -> bool {
+    let path = request.uri().path();
+    request.method() == axum::http::Method::GET
+        && !path.starts_with("/static/")
+        && !path.starts_with("/runbooks/")
+        && path != "/healthz"
+        && path != "/login"
+}
+
+/// Renders a view once per snapshot ([`crate::render_cache`]): the first
+/// request for a (path, normalised query, coding) after a new snapshot renders
+/// and compresses it; others get the same bytes until the next snapshot.
+/// Requests that miss at the same time wait for one render.
+async fn shared_render(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
+    use crate::render_cache::{Cached, Warm, cacheable, coding, key};
+    if !follows_snapshot(&request) {
+        return next.run(request).await;
+    }
+    let coding = coding(
+        request
+            .headers()
+            .get(header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let Some(key) = key(request.uri().path(), request.uri().query(), coding) else {
+        return next.run(request).await;
+    };
+    let warm = Warm {
+        uri: request.uri().path_and_query().map_or_else(
+            || request.uri().path().to_owned(),
+            |pq| pq.as_str().to_owned(),
+        ),
+        coding,
+    };
+    let (collector, cache) = (&state.collector, &state.renders);
+    let client = request.extensions().get::<Prewarm>().is_none();
+    // Read before rendering: the render reads a snapshot at least this new,
+    // so an entry is never older than its key says.
+    let generation = collector.generation();
+    if let Some(hit) = cache.get(generation, &key, client) {
+        return hit.response();
+    }
+    let _rendering = cache.rendering().lock().await;
+    if let Some(hit) = cache.get(generation, &key, client) {
+        return hit.response();
+    }
+    // One coding for the compression layer, so the key says what the body is.
+    match coding {
+        Some(coding) => {
+            request
+                .headers_mut()
+                .insert(header::ACCEPT_ENCODING, HeaderValue::from_static(coding));
+        }
+        None => {
+            request.headers_mut().remove(header::ACCEPT_ENCODING);
+        }
+    }
+    let response = next.run(request).await;
+    if !cacheable(response.status(), response.headers()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let body = match http_body_util::BodyExt::collect(body).await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => {
+            tracing::error!(error = %err, "dashboard response body failed");
+            return (StatusCode::INTERNAL_SERVER_ERROR, "render error\n").into_response();
+        }
+    };
+    let cached = Arc::new(Cached {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    });
+    cache.insert(generation, key, warm, cached.clone(), client);
+    cached.response()
 }
 
 async fn script() -> Response {

@@ -16,18 +16,24 @@
 //! - [`sidecars`]: sidecar discovery (`sidecar_url` in presence records and
 //!   broker worker metadata, validated as untrusted input; `DASHBOARD_SIDECARS`
 //!   overrides) and bounded `/status` polling.
+//! - [`sink`]: the sink's last stored sequence for the per-stream page
+//!   (optional; read through a [`sink::SinkReader`] the binary provides).
 //! - [`table`]: columns and cells shared by the pages and the refresh script.
 //! - [`pages`]: queries, views and templates.
 //! - [`http`]: the router, bearer-token check, Host allow-list, cookie and
 //!   security headers.
+//! - [`render_cache`]: rendered (and compressed) responses shared between
+//!   clients until the next snapshot.
 //! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
 
 pub mod changes;
 pub mod cluster;
 pub mod http;
 pub mod pages;
+pub mod render_cache;
 pub mod settings;
 pub mod sidecars;
+pub mod sink;
 pub mod streams;
 pub mod table;
 #[cfg(feature = "testing")]
@@ -59,6 +65,10 @@ pub struct DashboardConfig {
     pub settings: CollectorSettings,
     /// Wall clock.
     pub clock: Arc<dyn leasehold_control::clock::Clock>,
+    /// The sink, for the per-stream page (`DASHBOARD_SINK_URL`).
+    pub sink: Option<Arc<dyn sink::SinkReader>>,
+    /// Grafana, linked from the trends page (`DASHBOARD_GRAFANA_URL`).
+    pub grafana: Option<String>,
 }
 
 /// Why the dashboard could not start.
@@ -72,6 +82,24 @@ pub enum DashboardError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// Renders the views clients watch as soon as each snapshot is published
+/// ([`render_cache`]), until `shutdown`.
+async fn prewarm_after_each_snapshot(state: Arc<DashboardState>, shutdown: CancellationToken) {
+    let views = http::views(state.clone());
+    let mut generations = state.collector.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = generations.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                http::prewarm(&state, &views).await;
+            }
+        }
+    }
 }
 
 /// A running dashboard.
@@ -107,12 +135,19 @@ impl Dashboard {
             config.settings,
             config.clock,
         ));
-        let router = app(Arc::new(DashboardState {
+        let state = Arc::new(DashboardState {
             collector: collector.clone(),
             token: config.token,
             access: config.access,
-        }));
-        let mut tasks = vec![tokio::spawn(collector.clone().run(shutdown.clone()))];
+            sink: config.sink,
+            grafana: config.grafana,
+            renders: Default::default(),
+        });
+        let router = app(state.clone());
+        let mut tasks = vec![
+            tokio::spawn(collector.clone().run(shutdown.clone())),
+            tokio::spawn(prewarm_after_each_snapshot(state, shutdown.clone())),
+        ];
         tasks.push(tokio::spawn(async move {
             let served = axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown.cancelled_owned())

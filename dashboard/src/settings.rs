@@ -56,6 +56,54 @@ const NETWORKS: Parser<Vec<Network>> = Parser {
     },
 };
 
+/// A Redis URL for the sink (the stream workers' `SINK_URL` forms, without
+/// `memory:`, which only `leasehold dev` can share). Never echoed: it may hold
+/// a password.
+const SINK_URL: Parser<String> = Parser {
+    parse: |raw| {
+        if raw == "memory:" {
+            Err("memory: is an in-process sink; only `leasehold dev` has one, and it shares it with its dashboard by itself".into())
+        } else if ["redis://", "rediss://", "redis+unix://"]
+            .iter()
+            .any(|scheme| raw.starts_with(scheme))
+        {
+            Ok(raw.to_owned())
+        } else {
+            Err("must be redis://…, rediss://… or redis+unix://…".into())
+        }
+    },
+    show: Clone::clone,
+};
+
+/// Longest Grafana link accepted.
+pub const GRAFANA_URL_MAX: usize = 2_048;
+
+/// A link to Grafana: `http`/`https` with a host, no user or password in it,
+/// at most [`GRAFANA_URL_MAX`] bytes. The problem is described, never the
+/// value (a pasted link may carry a credential).
+const GRAFANA_URL: Parser<String> = Parser {
+    parse: |raw| {
+        if raw.len() > GRAFANA_URL_MAX {
+            return Err(format!("must be at most {GRAFANA_URL_MAX} bytes"));
+        }
+        let url = url::Url::parse(raw).map_err(|_| "is not a URL".to_owned())?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err("must be an http:// or https:// URL".into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(
+                "must not hold a user name or password (the link is shown on every trends page)"
+                    .into(),
+            );
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err("must name a host".into());
+        }
+        Ok(url.to_string())
+    },
+    show: Clone::clone,
+};
+
 /// The `DASHBOARD_LISTEN` variable.
 pub const DASHBOARD_LISTEN: Setting<SocketAddr> = Setting::new(
     "DASHBOARD_LISTEN",
@@ -126,6 +174,22 @@ pub const DASHBOARD_STOPPED_AFTER_SECONDS: Setting<Duration> = Setting::new(
     Fallback::Value(|| Duration::from_secs(300)),
     "A stream whose checkpoint has not moved for this long, while behind or with unknown lag, is judged `stopped`.",
 );
+/// The `DASHBOARD_SINK_URL` variable.
+pub const DASHBOARD_SINK_URL: Setting<String> = Setting::secret(
+    "DASHBOARD_SINK_URL",
+    SINK_URL,
+    Fallback::Unset,
+    "The stream workers' Redis sink (`redis://…`, `rediss://…`; may hold a password: never printed). When set, a stream's page reads the sink's last entry for that stream (`XREVRANGE … + - COUNT 1`, within 0.5 s) and shows it next to the checkpoint; unset, the page says the sink is not read.",
+);
+/// The `DASHBOARD_GRAFANA_URL` variable.
+// Secret only in that a refused value is never echoed (a pasted link can
+// carry a credential); an accepted one is shown on the trends page.
+pub const DASHBOARD_GRAFANA_URL: Setting<String> = Setting::secret(
+    "DASHBOARD_GRAFANA_URL",
+    GRAFANA_URL,
+    Fallback::Unset,
+    "A Grafana dashboard (`http://…` or `https://…`, no user name or password, at most 2,048 bytes) the trends page links to for longer history.",
+);
 
 /// Every variable of this part, in documentation order.
 pub const ALL: &[&dyn Documented] = &[
@@ -139,6 +203,8 @@ pub const ALL: &[&dyn Documented] = &[
     &DASHBOARD_REFRESH_MS,
     &DASHBOARD_SCAN_ITEMS_PER_SECOND,
     &DASHBOARD_STOPPED_AFTER_SECONDS,
+    &DASHBOARD_SINK_URL,
+    &DASHBOARD_GRAFANA_URL,
 ];
 
 /// Everything `leasehold dashboard` reads from the environment, validated at once.
@@ -160,6 +226,11 @@ pub struct DashboardSettings {
     pub redis_url: Option<leasehold_platform::settings::Redacted<String>>,
     /// Collector timings and thresholds.
     pub collector: CollectorSettings,
+    /// The sink's Redis, if stream pages show its last seq (may hold a
+    /// password: never print).
+    pub sink_url: Option<leasehold_platform::settings::Redacted<String>>,
+    /// Grafana, linked from the trends page.
+    pub grafana_url: Option<String>,
 }
 
 /// Reads the dashboard's settings; `lookup` gives flags precedence over the environment.
@@ -202,7 +273,11 @@ pub fn parse(lookup: Lookup) -> Result<DashboardSettings, ConfigError> {
         u32::try_from(env.get(&DASHBOARD_SCAN_ITEMS_PER_SECOND)).unwrap_or(u32::MAX);
     let stopped_after = env.get(&DASHBOARD_STOPPED_AFTER_SECONDS);
     let redis_url = env.optional(&REDIS_URL).map(Into::into);
+    let sink_url = env.optional(&DASHBOARD_SINK_URL).map(Into::into);
+    let grafana_url = env.optional(&DASHBOARD_GRAFANA_URL);
     env.finish(DashboardSettings {
+        sink_url,
+        grafana_url,
         table,
         listen,
         token,
@@ -285,6 +360,43 @@ mod tests {
     }
 
     #[test]
+    fn the_sink_and_grafana_links_are_optional_and_validated() {
+        let defaults = settings(&[]).unwrap();
+        assert!(defaults.sink_url.is_none() && defaults.grafana_url.is_none());
+        let set = settings(&[
+            ("DASHBOARD_SINK_URL", "rediss://dashboard:pw@cache:6379/0"),
+            (
+                "DASHBOARD_GRAFANA_URL",
+                "https://grafana.example/d/leasehold?orgId=1",
+            ),
+        ])
+        .unwrap();
+        assert!(set.sink_url.is_some());
+        assert_eq!(
+            set.grafana_url.as_deref(),
+            Some("https://grafana.example/d/leasehold?orgId=1")
+        );
+        let long = format!("https://grafana.example/{}", "a".repeat(GRAFANA_URL_MAX));
+        for bad in [
+            "javascript:alert('CANARY')",
+            "ftp://grafana.example/CANARY",
+            "https://admin:CANARY@grafana.example/",
+            "https://CANARY@grafana.example/",
+            "not a url CANARY",
+            "data:text/html,CANARY",
+            long.as_str(),
+        ] {
+            let err = settings(&[("DASHBOARD_GRAFANA_URL", bad)])
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            let text = err.to_string();
+            assert!(text.contains("DASHBOARD_GRAFANA_URL"), "{text}");
+            assert!(!text.contains("CANARY"), "{text}");
+            assert!(!text.contains("aaaaaaaa"), "the value is not echoed");
+        }
+    }
+
+    #[test]
     fn bad_tokens_are_refused_without_echoing_them() {
         for bad in [
             "short-CANARY",
@@ -303,6 +415,13 @@ mod tests {
             err.to_string().contains("DASHBOARD_SIDECAR_NETWORKS"),
             "{err}"
         );
+        for bad in ["memory:", "http://user:CANARY@cache"] {
+            let err = settings(&[("DASHBOARD_SINK_URL", bad)])
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(err.to_string().contains("DASHBOARD_SINK_URL"), "{err}");
+            assert!(!err.to_string().contains("CANARY"), "{err}");
+        }
         let err = settings(&[("DASHBOARD_SIDECARS", "http://h:1/path,nope")])
             .err()
             .unwrap();

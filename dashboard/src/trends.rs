@@ -9,7 +9,10 @@
 //!   16 bytes a bucket, so 10,000 streams cost about 10 MB.
 //!
 //! Where the operator has Grafana, the trends page links to it
-//! (`grafana_url` in [`crate::cluster::CollectorSettings`]) for longer spans.
+//! (`DASHBOARD_GRAFANA_URL`, [`crate::http::DashboardState::grafana`]) for
+//! longer spans. Claim latency comes from the raw claim samples the sidecars'
+//! `/status` lists ([`Trends::sample_claims`]): per bucket, the median and 99th
+//! percentile over every claim in it, whichever sidecar reported it.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -48,7 +51,17 @@ pub struct ClusterPoint {
     /// Claims waiting for a pool worker (latest reading; the queue a claim's
     /// latency comes from).
     pub claims_pending: u64,
+    /// Pool claims taken in the bucket (as the sidecars report them).
+    pub claims_taken: u64,
+    /// Median claim latency in the bucket, seconds (0 without claims).
+    pub claim_p50_seconds: f64,
+    /// 99th percentile claim latency in the bucket, seconds (0 without claims).
+    pub claim_p99_seconds: f64,
 }
+
+/// Claim latencies kept for the current bucket's percentiles (the newest
+/// bucket only; a bucket with more claims than this keeps the first ones).
+pub const CLAIMS_PER_BUCKET: usize = 10_000;
 
 /// One per-stream bucket (compact: 10,000 streams × 60 buckets).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -106,6 +119,9 @@ pub struct Trends {
     resolution_ms: i64,
     cluster: Ring<ClusterPoint>,
     streams: HashMap<String, Ring<StreamPoint>>,
+    /// The newest bucket's claim latencies (its percentiles are recomputed
+    /// from them as claims arrive): (bucket start, seconds).
+    claim_bucket: (i64, Vec<f64>),
 }
 
 impl Trends {
@@ -115,6 +131,7 @@ impl Trends {
             resolution_ms: resolution_ms.max(1),
             cluster: Ring::new(CLUSTER_POINTS),
             streams: HashMap::new(),
+            claim_bucket: (i64::MIN, Vec::new()),
         }
     }
 
@@ -211,6 +228,40 @@ impl Trends {
         }
     }
 
+    /// Adds the claim latencies (seconds) the sidecars reported since the
+    /// previous refresh to the bucket of `now_ms` (call after [`Trends::sample`]
+    /// for the same refresh, which opens the bucket).
+    pub fn sample_claims(&mut self, now_ms: i64, latencies: &[f64]) {
+        let at_ms = self.bucket(now_ms);
+        let Some(point) = self
+            .cluster
+            .points
+            .back_mut()
+            .filter(|point| point.at_ms == at_ms)
+        else {
+            return;
+        };
+        if self.claim_bucket.0 != at_ms {
+            self.claim_bucket = (at_ms, Vec::new());
+        }
+        let kept = &mut self.claim_bucket.1;
+        let room = CLAIMS_PER_BUCKET.saturating_sub(kept.len());
+        kept.extend(
+            latencies
+                .iter()
+                .copied()
+                .filter(|s| s.is_finite())
+                .take(room),
+        );
+        point.claims_taken += latencies.len() as u64;
+        if !kept.is_empty() {
+            let mut sorted = kept.clone();
+            sorted.sort_by(f64::total_cmp);
+            point.claim_p50_seconds = nearest_rank(&sorted, 50.0);
+            point.claim_p99_seconds = nearest_rank(&sorted, 99.0);
+        }
+    }
+
     /// Forgets streams that are no longer in the table.
     pub fn retain(&mut self, alive: impl Fn(&str) -> bool) {
         self.streams.retain(|stream, _| alive(stream));
@@ -228,6 +279,12 @@ impl Trends {
             .map(|ring| ring.iter().copied().collect())
             .unwrap_or_default()
     }
+}
+
+/// The nearest-rank percentile of sorted, non-empty `values`.
+fn nearest_rank(sorted: &[f64], percentile: f64) -> f64 {
+    let rank = ((percentile / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// An SVG chart drawn server-side: polyline points in a `width × height` box
@@ -387,6 +444,43 @@ mod tests {
         let point = trends.cluster()[0];
         assert_eq!((point.takeovers, point.takeover_gap_seconds), (1, 4.5));
         assert_eq!(point.claims_pending, 3);
+    }
+
+    #[test]
+    fn claim_latencies_make_percentiles_per_bucket() {
+        let mut trends = Trends::new(60_000);
+        trends.sample_claims(120_000, &[9.0]);
+        assert!(trends.cluster().is_empty(), "no bucket opened yet: nothing");
+        trends.sample(120_000, &[], None, &[]);
+        let latencies: Vec<f64> = (1..=100).map(f64::from).collect();
+        trends.sample_claims(120_000, &latencies[..60]);
+        trends.sample(150_000, &[], None, &[]);
+        trends.sample_claims(150_000, &latencies[60..]);
+        let point = trends.cluster()[0];
+        assert_eq!(point.claims_taken, 100, "two refreshes in one bucket");
+        assert_eq!(point.claim_p50_seconds, 50.0);
+        assert_eq!(point.claim_p99_seconds, 99.0);
+        // The next bucket starts afresh; a bucket without claims shows 0.
+        trends.sample(180_000, &[], None, &[]);
+        trends.sample_claims(180_000, &[0.5]);
+        trends.sample(240_000, &[], None, &[]);
+        trends.sample_claims(240_000, &[]);
+        let cluster = trends.cluster();
+        assert_eq!(
+            (cluster[1].claims_taken, cluster[1].claim_p99_seconds),
+            (1, 0.5)
+        );
+        assert_eq!(
+            (cluster[2].claims_taken, cluster[2].claim_p50_seconds),
+            (0, 0.0)
+        );
+        // Bounded: a flood keeps at most CLAIMS_PER_BUCKET for percentiles.
+        trends.sample_claims(240_000, &vec![1.0; CLAIMS_PER_BUCKET * 2]);
+        assert_eq!(trends.claim_bucket.1.len(), CLAIMS_PER_BUCKET);
+        assert_eq!(
+            trends.cluster()[2].claims_taken,
+            2 * CLAIMS_PER_BUCKET as u64
+        );
     }
 
     #[test]

@@ -380,6 +380,8 @@ pub struct StreamDetail {
     pub problems: Vec<Problem>,
     /// Lag samples, oldest first.
     pub trend: Vec<StreamPoint>,
+    /// The sink's last stored sequence (read by the handler, when configured).
+    pub sink: crate::sink::SinkPosition,
 }
 
 /// Looks one stream up; `None` for an unknown (or absurdly long) id.
@@ -431,6 +433,7 @@ pub fn stream_detail(
         sidecars,
         trend: trends.stream(id),
         stream: row,
+        sink: crate::sink::SinkPosition::NotConfigured,
     })
 }
 
@@ -650,12 +653,27 @@ impl TrendsPage {
                 h,
             ),
             Chart::line(
-                "Claims waiting (claim latency's queue)",
+                "Claims waiting",
                 "",
                 &series(|p| p.claims_pending as f64),
                 w,
                 h,
             ),
+            Chart::line(
+                "Claim latency, median (seconds)",
+                " s",
+                &series(|p| p.claim_p50_seconds),
+                w,
+                h,
+            ),
+            Chart::line(
+                "Claim latency, 99th percentile (seconds)",
+                " s",
+                &series(|p| p.claim_p99_seconds),
+                w,
+                h,
+            ),
+            Chart::line("Claims taken", "", &series(|p| p.claims_taken as f64), w, h),
         ];
         let mut laggiest: Vec<&StreamRow> = snapshot
             .streams

@@ -21,6 +21,9 @@ fn router(token: Option<&str>, access: Access) -> axum::Router {
         collector: collector_at(target.store(), None, NOW),
         token: token.map(str::to_owned),
         access,
+        sink: None,
+        grafana: None,
+        renders: Default::default(),
     }))
 }
 

@@ -38,6 +38,8 @@ async fn ten_thousand_streams_render_in_chromium() {
                 ..CollectorSettings::default()
             },
             clock: Arc::new(SystemClock),
+            sink: None,
+            grafana: None,
         },
         shutdown.clone(),
     )

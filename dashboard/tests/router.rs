@@ -18,6 +18,7 @@ use leasehold_control::store::{
 };
 use leasehold_dashboard::cluster::Collector;
 use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
+use leasehold_dashboard::sink::{SinkReadError, SinkReader};
 use leasehold_dashboard::testing::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
     collector_at, pool_entries, seed_leases, seed_many,
@@ -76,6 +77,9 @@ fn router(collector: &Arc<Collector>, token: Option<&str>) -> axum::Router {
         collector: collector.clone(),
         token: token.map(str::to_owned),
         access: Default::default(),
+        sink: None,
+        grafana: None,
+        renders: Default::default(),
     }))
 }
 
@@ -804,4 +808,180 @@ async fn unchanged_snapshots_answer_304_and_bodies_are_compressed() {
             .len();
         assert!(packed * 5 < plain, "{encoding}: {packed} of {plain} bytes");
     }
+}
+
+fn router_with(
+    collector: &Arc<Collector>,
+    token: Option<&str>,
+    sink: Option<Arc<dyn SinkReader>>,
+    grafana: Option<&str>,
+) -> axum::Router {
+    app(state_with(collector, token, sink, grafana))
+}
+
+fn state_with(
+    collector: &Arc<Collector>,
+    token: Option<&str>,
+    sink: Option<Arc<dyn SinkReader>>,
+    grafana: Option<&str>,
+) -> Arc<DashboardState> {
+    Arc::new(DashboardState {
+        collector: collector.clone(),
+        token: token.map(str::to_owned),
+        access: Default::default(),
+        sink,
+        grafana: grafana.map(str::to_owned),
+        renders: Default::default(),
+    })
+}
+
+/// A sink that answers from a fixed table (or fails), counting its reads.
+struct FixedSink {
+    last: Option<u64>,
+    fail: Option<SinkReadError>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl SinkReader for FixedSink {
+    async fn last_seq(&self, _: &str) -> Result<Option<u64>, SinkReadError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        match self.fail {
+            Some(err) => Err(err),
+            None => Ok(self.last),
+        }
+    }
+}
+
+fn fixed_sink(last: Option<u64>, fail: Option<SinkReadError>) -> Arc<FixedSink> {
+    Arc::new(FixedSink {
+        last,
+        fail,
+        reads: Default::default(),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_page_shows_the_sinks_last_seq_next_to_the_checkpoint() {
+    let seeded = seeded().await;
+    // btc-usd is seeded with checkpoint 42; the sink holds up to 45.
+    let sink = fixed_sink(Some(45), None);
+    let router = router_with(&seeded.collector, None, Some(sink.clone()), None);
+    let page = get(&router, "/streams/btc-usd").await.2;
+    assert!(page.contains("id=\"stream-sink-seq\">45</dd>"), "{page}");
+    assert!(
+        page.contains("id=\"stream-sink-ahead\">3 events</dd>"),
+        "{page}"
+    );
+    let api = json(&router, "/api/streams/btc-usd").await;
+    assert_eq!(api["sink"]["state"], "at");
+    assert_eq!(api["sink"]["last_seq"], 45);
+    // An unknown id never reaches the sink.
+    let reads = sink.reads.load(Ordering::SeqCst);
+    assert_eq!(get(&router, "/streams/nope").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(sink.reads.load(Ordering::SeqCst), reads);
+
+    // Unset: the page says the sink is not read.
+    let unset = router_with(&seeded.collector, None, None, None);
+    let page = get(&unset, "/streams/btc-usd").await.2;
+    assert!(page.contains("DASHBOARD_SINK_URL is not set"), "{page}");
+    assert!(page.contains("id=\"stream-sink-ahead\">—</dd>"), "{page}");
+    // Unreachable: a category, no error text.
+    let down = router_with(
+        &seeded.collector,
+        None,
+        Some(fixed_sink(None, Some(SinkReadError::Unavailable))),
+        None,
+    );
+    let page = get(&down, "/streams/btc-usd").await.2;
+    assert!(page.contains("the sink is unreachable"), "{page}");
+    let api = json(&down, "/api/streams/btc-usd").await;
+    assert_eq!(api["sink"]["state"], "unreadable");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_trends_page_links_grafana_only_when_configured() {
+    let seeded = seeded().await;
+    let without = get(&router_with(&seeded.collector, None, None, None), "/trends")
+        .await
+        .2;
+    assert!(!without.contains("Grafana</a>"));
+    let with = router_with(
+        &seeded.collector,
+        None,
+        None,
+        Some("https://grafana.example/d/leasehold?orgId=1&from=now-7d"),
+    );
+    let page = get(&with, "/trends").await.2;
+    assert!(
+        page.contains("href=\"https://grafana.example/d/leasehold?orgId=1&#38;from=now-7d\"")
+            || page
+                .contains("href=\"https://grafana.example/d/leasehold?orgId=1&amp;from=now-7d\""),
+        "{page}"
+    );
+    assert!(page.contains("Claim latency, 99th percentile"), "{page}");
+    assert!(page.contains("Claims waiting"), "{page}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_view_is_rendered_once_per_snapshot_and_shared_behind_the_access_checks() {
+    let seeded = seeded().await;
+    let sink = fixed_sink(Some(45), None);
+    let token = "s3cret-token-0123";
+    let state = state_with(&seeded.collector, Some(token), Some(sink.clone()), None);
+    let router = app(state.clone());
+    let authed = |path: &str, encoding: Option<&str>| {
+        let mut request =
+            Request::get(path).header(header::AUTHORIZATION, format!("Bearer {token}"));
+        if let Some(encoding) = encoding {
+            request = request.header(header::ACCEPT_ENCODING, encoding);
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let first = send(&router, authed("/streams/btc-usd", None)).await;
+    let second = send(&router, authed("/streams/btc-usd", None)).await;
+    assert_eq!(first.0, StatusCode::OK);
+    assert_eq!(first.2, second.2, "the same bytes");
+    assert_eq!(
+        sink.reads.load(Ordering::SeqCst),
+        1,
+        "rendered once: the second request was the shared render"
+    );
+    // The query's order does not matter; the coding does.
+    send(&router, authed("/timeline?window=5m&by=worker", None)).await;
+    send(&router, authed("/timeline?by=worker&window=5m", None)).await;
+    let (entries, _) = state.renders.usage();
+    assert_eq!(entries, 2, "one entry per view");
+    let (_, headers, _) = send(&router, authed("/streams/btc-usd", Some("gzip"))).await;
+    assert_eq!(headers[header::CONTENT_ENCODING], "gzip");
+    let (_, headers, _) = send(
+        &router,
+        authed("/streams/btc-usd", Some("br;q=1, gzip;q=0.5")),
+    )
+    .await;
+    assert_eq!(headers[header::CONTENT_ENCODING], "br");
+    assert_eq!(state.renders.usage().0, 4);
+    // A cached render is still only served past the token check.
+    let (status, _, body) = get(&router, "/streams/btc-usd").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(!body.contains("btc-usd"), "{body}");
+    // A new snapshot renders again (and drops the old renders)...
+    let reads = sink.reads.load(Ordering::SeqCst);
+    seeded.collector.refresh().await;
+    send(&router, authed("/streams/btc-usd", None)).await;
+    assert_eq!(sink.reads.load(Ordering::SeqCst), reads + 1);
+    assert_eq!(state.renders.usage().0, 1);
+    // ...and the views watched in the last one are rendered before anyone
+    // asks (the prewarm after each snapshot), so the next poll is a shared render.
+    seeded.collector.refresh().await;
+    leasehold_dashboard::http::prewarm(&state, &leasehold_dashboard::http::views(state.clone()))
+        .await;
+    assert_eq!(sink.reads.load(Ordering::SeqCst), reads + 2, "prewarmed");
+    assert_eq!(state.renders.usage().0, 1);
+    send(&router, authed("/streams/btc-usd", None)).await;
+    assert_eq!(
+        sink.reads.load(Ordering::SeqCst),
+        reads + 2,
+        "served the prewarmed render"
+    );
 }

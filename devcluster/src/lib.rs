@@ -25,6 +25,7 @@ pub mod fleet;
 mod gate;
 mod launcher;
 mod pool;
+pub mod sink_reader;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -255,20 +256,31 @@ impl DevCluster {
             ..SinkOptions::default()
         };
         let memory_sink = Arc::new(MemorySink::new(sink_options));
-        let (sink, bus): (Arc<dyn FencedSink>, Arc<dyn PoolBus>) = match &options.redis_url {
-            None => (memory_sink.clone(), Arc::new(MemoryPoolBus::new())),
-            Some(url) => (
-                Arc::new(
-                    RedisSink::connect(url, sink_options)
-                        .await
-                        .map_err(start_error("the Redis sink"))?,
-                ),
-                Arc::new(
-                    RedisPoolBus::connect(url)
-                        .await
-                        .map_err(start_error("the Redis pool bus"))?,
-                ),
+        type Shared = (
+            Arc<dyn FencedSink>,
+            Arc<dyn PoolBus>,
+            Arc<dyn leasehold_dashboard::sink::SinkReader>,
+        );
+        let (sink, bus, dashboard_sink): Shared = match &options.redis_url {
+            None => (
+                memory_sink.clone(),
+                Arc::new(MemoryPoolBus::new()),
+                Arc::new(sink_reader::MemorySinkReader(memory_sink.clone())),
             ),
+            Some(url) => {
+                let redis_sink = RedisSink::connect(url, sink_options)
+                    .await
+                    .map_err(start_error("the Redis sink"))?;
+                (
+                    Arc::new(redis_sink.clone()),
+                    Arc::new(
+                        RedisPoolBus::connect(url)
+                            .await
+                            .map_err(start_error("the Redis pool bus"))?,
+                    ),
+                    Arc::new(sink_reader::RedisSinkReader::connected(redis_sink)),
+                )
+            }
         };
 
         // The upstream.
@@ -379,6 +391,9 @@ impl DevCluster {
                     ..CollectorSettings::default()
                 },
                 clock: Arc::new(SystemClock),
+                // The page's "sink last seq" reads the very sink the workers write.
+                sink: Some(dashboard_sink),
+                grafana: None,
             },
             background.clone(),
         )

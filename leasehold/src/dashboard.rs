@@ -6,6 +6,7 @@ use clap::Args;
 use leasehold_control::clock::SystemClock;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_dashboard::{Dashboard, DashboardConfig, Sources, settings};
+use leasehold_devcluster::sink_reader::RedisSinkReader;
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
 use leasehold_platform::settings::{ConfigError, process_env};
 use leasehold_pool::bus::BusConnector;
@@ -49,6 +50,11 @@ pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         }
         None => None,
     };
+    // Likewise the sink: connected on the first stream page that reads it.
+    let sink = settings.sink_url.map(|url| {
+        Arc::new(RedisSinkReader::lazy(url.into_inner()))
+            as Arc<dyn leasehold_dashboard::sink::SinkReader>
+    });
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.table.table);
     let dashboard = Dashboard::start(
         DashboardConfig {
@@ -63,6 +69,8 @@ pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             },
             settings: settings.collector,
             clock: Arc::new(SystemClock),
+            sink,
+            grafana: settings.grafana_url,
         },
         shutdown_on_signal(),
     )

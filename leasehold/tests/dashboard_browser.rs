@@ -304,6 +304,23 @@ async fn dev_chaos_timeline_stream_page_and_live_updates_in_chromium() {
         );
     }
 
+    // `dev` shares its sink with the dashboard: the page shows the sink's
+    // last seq (a number) next to the checkpoint.
+    let sink_seq = page
+        .split("id=\"stream-sink-seq\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_default();
+    assert!(
+        sink_seq.parse::<u64>().is_ok(),
+        "sink last seq {sink_seq:?}\n{page}"
+    );
+    let trends = dom_of(&chromium, &addr, "/trends", 1_500).await;
+    assert!(
+        trends.contains("Claim latency, 99th percentile"),
+        "{trends}"
+    );
+
     // No view overflows 1,400 px (the script records whether the page fits).
     let mut shots = Vec::new();
     for (path, file) in [

@@ -563,6 +563,20 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         .expect("sink write");
     assert_eq!(zombie.fenced, 1);
 
+    // Dashboard: a stream page's "sink last seq", through the reader the
+    // `leasehold dashboard` process builds from DASHBOARD_SINK_URL.
+    let sink_reader =
+        leasehold_devcluster::sink_reader::RedisSinkReader::lazy(redis.url("dashboard"));
+    assert_eq!(
+        leasehold_dashboard::sink::SinkReader::last_seq(&sink_reader, &stream).await,
+        Ok(Some(1)),
+        "the dashboard reads the sink's last seq under its own user"
+    );
+    assert_eq!(
+        leasehold_dashboard::sink::SinkReader::last_seq(&sink_reader, &unique_name("none")).await,
+        Ok(None)
+    );
+
     // The claimed worker stops cleanly: release script, marks gone.
     worker.signal("TERM");
     let status = worker.wait_exit(Duration::from_secs(20));
@@ -603,6 +617,38 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         )
         .await;
     }
+    // The dashboard reads the sink, never writes it (or reads its fence).
+    let sink_key = leasehold_stream::sink::keys::sink_stream(&stream);
+    let fence_key = leasehold_stream::sink::keys::sink_fence(&stream);
+    refused(
+        &redis,
+        "dashboard",
+        &[
+            "XADD",
+            &sink_key,
+            "*",
+            "seq",
+            "2",
+            "event_id",
+            "x",
+            "fence_token",
+            "9",
+            "payload",
+            "{}",
+        ],
+    )
+    .await;
+    refused(&redis, "dashboard", &["SET", &fence_key, "99"]).await;
+    refused(&redis, "dashboard", &["GET", &fence_key]).await;
+    refused(&redis, "dashboard", &["DEL", &sink_key]).await;
+    refused(&redis, "dashboard", &["XTRIM", &sink_key, "MAXLEN", "0"]).await;
+    // The sidecar has no business with the sink at all.
+    refused(
+        &redis,
+        "sidecar",
+        &["XREVRANGE", &sink_key, "+", "-", "COUNT", "1"],
+    )
+    .await;
     // The stream worker cannot touch the pool (as a bus, or raw).
     let stream_as_bus = RedisPoolBus::connect(&redis.url("stream-worker"))
         .await

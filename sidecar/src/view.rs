@@ -2,12 +2,14 @@
 //! it is, whether it is alive, which leases it holds. Served as `/status` and
 //! turned into the worker gauges.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use leasehold_control::schema::RESERVED_PREFIX;
 use leasehold_telemetry::TelemetryEvent;
-use leasehold_telemetry::status::{HeldLease, PoolState, Status, StreamLag};
+use leasehold_telemetry::status::{
+    ClaimSample, HeldLease, PoolState, RECENT_CLAIMS, Status, StreamLag,
+};
 use tokio::time::Instant;
 
 /// Everything the sidecar knows about its worker.
@@ -26,6 +28,11 @@ pub struct WorkerView {
     lag: BTreeMap<String, StreamLag>,
     upstreams: BTreeMap<String, usize>,
     pool: Option<PoolState>,
+    /// The newest claims taken (seq, when, latency in seconds), at most
+    /// [`RECENT_CLAIMS`]; kept across worker changes (a pool sidecar serves a
+    /// succession of pool workers), numbered by `claims_seen`.
+    claims: VecDeque<(u64, Instant, f64)>,
+    claims_seen: u64,
     /// The worker process's CPU seconds at its last heartbeat, and the
     /// fraction of a second not yet added to the counter.
     cpu_seen: f64,
@@ -49,6 +56,8 @@ impl WorkerView {
             lag: BTreeMap::new(),
             upstreams: BTreeMap::new(),
             pool: None,
+            claims: VecDeque::new(),
+            claims_seen: 0,
             cpu_seen: 0.0,
             cpu_carry: 0.0,
         }
@@ -91,6 +100,19 @@ impl WorkerView {
         match event {
             SinkWrite { fenced, .. } => self.fenced += fenced,
             LeaseLost { .. } => self.lost += 1,
+            // As `leasehold_pool_claim_duration_seconds`: claims taken only.
+            PoolClaim {
+                result: leasehold_telemetry::labels::ClaimResult::Claimed,
+                duration,
+                ..
+            } => {
+                self.claims_seen += 1;
+                if self.claims.len() == RECENT_CLAIMS {
+                    self.claims.pop_front();
+                }
+                self.claims
+                    .push_back((self.claims_seen, Instant::now(), duration.as_secs_f64()));
+            }
             _ => {}
         }
         match event {
@@ -245,6 +267,15 @@ impl WorkerView {
             lag: self.lag.clone(),
             websocket_connections: self.websocket_connections(),
             pool: self.pool.clone(),
+            claims: self
+                .claims
+                .iter()
+                .map(|(seq, at, seconds)| ClaimSample {
+                    seq: *seq,
+                    age_ms: at.elapsed().as_millis() as u64,
+                    seconds: *seconds,
+                })
+                .collect(),
         }
     }
 }
@@ -354,5 +385,42 @@ mod tests {
         let status = view.status();
         assert!(status.leases.is_empty(), "w1's leases are not w2's");
         assert_eq!((status.sink_events_fenced, status.leases_lost), (0, 0));
+    }
+
+    fn claim(result: leasehold_telemetry::labels::ClaimResult, millis: u64) -> TelemetryEvent {
+        TelemetryEvent::PoolClaim {
+            worker_id: "p1".into(),
+            user_id: Some("u1".into()),
+            result,
+            duration: Duration::from_millis(millis),
+            reason: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recent_claims_are_numbered_aged_and_bounded() {
+        use leasehold_telemetry::labels::ClaimResult;
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        view.apply(&claim(ClaimResult::Claimed, 250));
+        view.apply(&claim(ClaimResult::Invalid, 1));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let claims = view.status().claims;
+        assert_eq!(claims.len(), 1, "only claims taken count: {claims:?}");
+        assert_eq!(claims[0].seq, 1);
+        assert_eq!(claims[0].age_ms, 2_000);
+        assert!((claims[0].seconds - 0.25).abs() < 1e-9);
+        // A new worker behind the sidecar keeps the numbering going.
+        view.apply(&TelemetryEvent::WorkerHeartbeat {
+            component: "broker-worker".into(),
+            owner_id: "p2".into(),
+            process: None,
+        });
+        for _ in 0..RECENT_CLAIMS * 2 {
+            view.apply(&claim(ClaimResult::Claimed, 10));
+        }
+        let claims = view.status().claims;
+        assert_eq!(claims.len(), RECENT_CLAIMS, "bounded");
+        assert_eq!(claims.last().unwrap().seq, 1 + 2 * RECENT_CLAIMS as u64);
+        assert_eq!(claims.first().unwrap().seq, 2 + RECENT_CLAIMS as u64);
     }
 }

@@ -41,6 +41,23 @@ pub struct PoolState {
     pub user_id: Option<String>,
 }
 
+/// Pool claims a sidecar keeps for `/status` (the newest; older ones leave).
+pub const RECENT_CLAIMS: usize = 32;
+
+/// One pool claim a worker behind this sidecar took (`PoolClaim` with result
+/// `claimed`): raw samples rather than percentiles, because percentiles of
+/// different sidecars cannot be merged and the dashboard wants the cluster's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ClaimSample {
+    /// 1-based count of claims this sidecar has seen (since it started), so a
+    /// reader polling again can tell new samples from ones it already has.
+    pub seq: u64,
+    /// Milliseconds between the claim and this `/status` answer.
+    pub age_ms: u64,
+    /// The claim's latency: from its `enqueued_at` to the worker being active.
+    pub seconds: f64,
+}
+
 /// What the sidecar knows about its worker (the worker part of `/status`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
@@ -72,6 +89,10 @@ pub struct Status {
     pub websocket_connections: usize,
     /// Pool/user state of a broker worker (null for stream workers).
     pub pool: Option<PoolState>,
+    /// The newest pool claims (at most [`RECENT_CLAIMS`], oldest first);
+    /// empty for stream workers and older sidecars.
+    #[serde(default)]
+    pub claims: Vec<ClaimSample>,
 }
 
 /// The `/status` body.

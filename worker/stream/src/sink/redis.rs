@@ -170,6 +170,26 @@ impl RedisSink {
             options,
         })
     }
+
+    /// The `seq` of a stream's newest entry (`None`: nothing stored), read
+    /// with one `XREVRANGE … + - COUNT 1` and nothing else: the read the
+    /// dashboard's stream page makes, which its Redis user may do read-only.
+    pub async fn last_seq(&self, stream_id: &str) -> Result<Option<u64>, SinkError> {
+        let mut connection = self.connection.clone();
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(keys::sink_stream(stream_id))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut connection)
+            .await
+            .map_err(classify)?;
+        match reply.ids.first() {
+            Some(entry) => Ok(Some(stored_event(entry)?.seq)),
+            None => Ok(None),
+        }
+    }
 }
 
 /// One stream entry as a [`super::memory::StoredEvent`].
