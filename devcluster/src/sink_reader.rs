@@ -26,7 +26,7 @@ pub struct MemorySinkReader(pub Arc<MemorySink>);
 #[async_trait]
 impl SinkReader for MemorySinkReader {
     async fn last_seq(&self, stream_id: &str) -> Result<Option<u64>, SinkReadError> {
-        Ok(self.0.events(stream_id).last().map(|event| event.seq))
+        Ok(self.0.last_seq(stream_id))
     }
 }
 

@@ -65,6 +65,12 @@ impl MemorySink {
             .unwrap_or_default()
     }
 
+    /// The sequence of a stream's newest stored event (what the dashboard's
+    /// stream page shows), without copying the stream.
+    pub fn last_seq(&self, stream_id: &str) -> Option<u64> {
+        self.lock().get(stream_id).and_then(StreamState::last_seq)
+    }
+
     /// Every event ever appended for a stream (including trimmed ones).
     pub fn appended(&self, stream_id: &str) -> u64 {
         self.lock().get(stream_id).map_or(0, |s| s.appended)
