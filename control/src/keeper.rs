@@ -472,16 +472,15 @@ impl LeaseKeeper {
             }
             result => result,
         };
-        let outcome = match (&record, request.checkpoint) {
-            (_, None) => None,
-            (Ok(record), Some(_)) => {
-                lease.signal.persisted(record.checkpoint);
-                Some(CommitResult::Committed)
-            }
-            (Err(err), Some(_)) if err.is_ownership_lost() => Some(CommitResult::Fenced),
-            (Err(_), Some(_)) => Some(CommitResult::Error),
-        };
-        if let (Some(result), Some(seq)) = (outcome, request.checkpoint) {
+        if let Some(seq) = request.checkpoint {
+            let result = match &record {
+                Ok(record) => {
+                    lease.signal.persisted(record.checkpoint);
+                    CommitResult::Committed
+                }
+                Err(err) if err.is_ownership_lost() => CommitResult::Fenced,
+                Err(_) => CommitResult::Error,
+            };
             self.inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
                 stream_id: lease.stream_id.clone(),
                 checkpoint: seq,

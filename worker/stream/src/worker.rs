@@ -486,17 +486,13 @@ impl StreamWorker {
         // The presence goes while the streams drain, not after: the doorbell
         // below waits for both, and peers that rescan then count one worker
         // fewer (a larger fair share: they take every released stream).
-        let presence = self.presence.take().map(|presence| {
-            let keeper = self.context.keeper.clone();
-            async move {
-                if let Err(err) = keeper.release(&presence).await {
-                    tracing::warn!(error = %err, "could not release the presence lease");
-                }
-            }
-        });
+        let presence = self.presence.take();
+        let keeper = self.context.keeper.clone();
         let presence = async move {
-            if let Some(release) = presence {
-                release.await;
+            if let Some(presence) = presence
+                && let Err(err) = keeper.release(&presence).await
+            {
+                tracing::warn!(error = %err, "could not release the presence lease");
             }
         };
         let (report, ()) = tokio::join!(self.drain_streams(), presence);
