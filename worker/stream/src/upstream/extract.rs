@@ -96,8 +96,16 @@ fn tokens(pointers: &[Tokens], i: usize) -> &[String] {
     pointers[i].as_deref().unwrap_or_default()
 }
 
-fn bits(mask: u8) -> impl Iterator<Item = usize> {
-    (0..MAX_POINTERS).filter(move |i| mask & (1 << i) != 0)
+/// The indices of the set bits, lowest first (only those are visited: this
+/// runs for every key of every frame).
+fn bits(mut mask: u8) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            i
+        })
+    })
 }
 
 /// One value of the document, with the pointers (`active`) whose first `depth`
@@ -146,6 +154,12 @@ impl<'de> DeserializeSeed<'de> for Walk<'_> {
         // Some pointer ends here: this value is wanted whole. Pointers that go
         // deeper (a pointer and its own prefix) are read from it.
         let value = Value::deserialize(deserializer)?;
+        // The usual case, one pointer ending here and none deeper, takes the
+        // value itself: a copy would allocate a string twice per frame.
+        if self.active == ending && ending.count_ones() == 1 {
+            self.out[ending.trailing_zeros() as usize] = Some(value);
+            return Ok(());
+        }
         for i in bits(self.active) {
             let rest = &tokens(self.pointers, i)[self.depth..];
             self.out[i] = rest
