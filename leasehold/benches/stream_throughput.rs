@@ -5,7 +5,8 @@
 //! ```text
 //! LEASEHOLD_BENCH_REDIS_URL=redis://127.0.0.1:6379 \
 //!   cargo bench -p leasehold --bench stream_throughput -- \
-//!   [--events 300000] [--streams 100] [--events-per-stream 5000] [--held 1000]
+//!   [--events 300000] [--streams 100] [--events-per-stream 5000] [--held 1000] \
+//!   [--rounds 3] [--cases abcde]
 //! ```
 //! (`scripts/bench.sh` starts Redis and runs every benchmark.)
 //!
@@ -650,17 +651,18 @@ fn names(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|i| format!("{prefix}-{i}")).collect()
 }
 
-/// Consumes `per_stream` backlog events on each stream; returns (events/s,
-/// events per CPU-second of this process: the consumer only).
+/// Consumes `per_stream` backlog events on each stream: events/s, events per
+/// CPU-second of this process (the consumer only), and Redis's side.
 async fn throughput(
     case: Case,
     target: &Target<'_>,
     streams: &[String],
     per_stream: u64,
     telemetry: Arc<dyn TelemetrySink>,
-) -> (f64, f64, f64) {
+) -> Throughput {
     let total = per_stream * streams.len() as u64;
     let redis_start = redis_cpu_seconds(target.redis).await;
+    let calls_start = script_calls(target.redis).await;
     let cpu_start = process_cpu_seconds();
     let started = Instant::now();
     let (probe, stop, tasks) = start_case(case, target, streams, Some(per_stream), telemetry).await;
@@ -678,13 +680,46 @@ async fn throughput(
     let wall = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
     let redis_cpu = redis_cpu_seconds(target.redis).await - redis_start;
+    let calls = script_calls(target.redis).await - calls_start;
     stop_case(stop, tasks).await;
     clean_redis(target.redis, streams).await;
-    (
-        total as f64 / wall,
-        total as f64 / cpu,
-        redis_cpu * 1e6 / total as f64,
-    )
+    Throughput {
+        rate: total as f64 / wall,
+        per_cpu: total as f64 / cpu,
+        redis_us: redis_cpu * 1e6 / total as f64,
+        per_call: total as f64 / calls as f64,
+    }
+}
+
+/// One consumer's pass over the backlog.
+#[derive(Clone, Copy)]
+struct Throughput {
+    /// Events per second.
+    rate: f64,
+    /// Events per CPU-second of this process.
+    per_cpu: f64,
+    /// Redis CPU µs per event (meaningful for the rows that write to Redis).
+    redis_us: f64,
+    /// Events per script call (the Redis sink's batch size; infinite without scripts).
+    per_call: f64,
+}
+
+/// Script calls Redis has run (`EVALSHA`).
+async fn script_calls(redis: &str) -> u64 {
+    let client = redis::Client::open(redis).expect("redis url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// CPU seconds the Redis server has used (`INFO cpu`, user + system). Per
@@ -777,7 +812,7 @@ async fn sidecar_ratio(target: &Target<'_>, run: i64, events: u64) -> (f64, f64)
         shipper,
     )
     .await
-    .0;
+    .rate;
     let without = throughput(
         Case::Memory,
         target,
@@ -786,18 +821,34 @@ async fn sidecar_ratio(target: &Target<'_>, run: i64, events: u64) -> (f64, f64)
         Arc::new(LogSink),
     )
     .await
-    .0;
+    .rate;
     shutdown.cancel();
     (with, without)
 }
 
 struct Row {
-    rate: f64,
-    per_cpu: f64,
-    /// Redis CPU µs per event (meaningful for the rows that write to Redis).
-    redis_us: f64,
+    /// Medians over the rounds.
+    median: Throughput,
+    /// The median round's p99 latency at half the median maximum rate.
     p99_ms: f64,
+    /// Latency samples over all rounds.
     samples: usize,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The median of each figure over `rounds`, separately.
+fn medians(rounds: &[Throughput]) -> Throughput {
+    let of = |figure: fn(&Throughput) -> f64| median(rounds.iter().map(figure).collect());
+    Throughput {
+        rate: of(|t| t.rate),
+        per_cpu: of(|t| t.per_cpu),
+        redis_us: of(|t| t.redis_us),
+        per_call: of(|t| t.per_call),
+    }
 }
 
 fn main() {
@@ -805,6 +856,7 @@ fn main() {
     let many = arg("--streams", 100) as usize;
     let per_stream_many = arg("--events-per-stream", 5_000);
     let held = arg("--held", 1_000) as usize;
+    let rounds = arg("--rounds", 3).max(1) as usize;
     // `--cases ace` runs only those rows (and skips the RSS, sidecar and
     // control-plane parts): for profiling one consumer, not for the table.
     let only: Option<String> = std::env::args().skip_while(|a| a != "--cases").nth(1);
@@ -833,71 +885,113 @@ fn main() {
         };
         let run = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
         let mut table: Vec<(Case, usize, Row)> = Vec::new();
+        // Per stream count, each case's passes, one per round. The rounds run
+        // the cases in turn (a b c d e, a b c d e, ...) so a ratio pairs two
+        // passes minutes apart at most, and a slow minute of a shared machine
+        // shows as one outlying round, not as one outlying row.
+        let mut passes: Vec<(usize, Case, Vec<Throughput>)> = Vec::new();
         for (streams, per_stream) in [(1usize, events), (many, per_stream_many)] {
-            for case in CASES {
-                if only.as_ref().is_some_and(|only| !only.contains(case.letter())) {
-                    continue;
+            let cases: Vec<Case> = CASES
+                .into_iter()
+                .filter(|case| only.as_ref().is_none_or(|only| only.contains(case.letter())))
+                .collect();
+            let mut rates: Vec<Vec<Throughput>> = vec![Vec::new(); cases.len()];
+            for round in 0..rounds {
+                for (case, rates) in cases.iter().zip(&mut rates) {
+                    let prefix = format!("{case:?}-{streams}-{run}-{round}");
+                    let pass = throughput(
+                        *case,
+                        &target,
+                        &names(&prefix, streams),
+                        per_stream,
+                        Arc::new(LogSink),
+                    )
+                    .await;
+                    eprintln!("{} on {streams}, round {round}: {:.0}/s", case.label(), pass.rate);
+                    rates.push(pass);
                 }
-                let prefix = format!("{case:?}-{streams}-{run}");
-                let (rate, per_cpu, redis_us) = throughput(
-                    case,
-                    &target,
-                    &names(&prefix, streams),
-                    per_stream,
-                    Arc::new(LogSink),
-                )
-                .await;
-                let (p99_ms, samples) =
-                    latency(case, &redis, &format!("lat-{prefix}"), streams, rate * 0.5).await;
-                eprintln!("{} on {streams}: {rate:.0}/s, p99 {p99_ms:.2} ms", case.label());
+            }
+            for (case, rates) in cases.into_iter().zip(rates) {
+                let median = medians(&rates);
+                // One live feed per round as well: a p99 is one stall away
+                // from doubling on a shared machine.
+                let mut p99s = Vec::new();
+                let mut samples = 0;
+                for round in 0..rounds {
+                    let prefix = format!("lat-{case:?}-{streams}-{run}-{round}");
+                    let (p99_ms, count) =
+                        latency(case, &redis, &prefix, streams, median.rate * 0.5).await;
+                    eprintln!("{} on {streams}, round {round}: p99 {p99_ms:.2} ms", case.label());
+                    p99s.push(p99_ms);
+                    samples += count;
+                }
+                let p99_ms = self::median(p99s);
                 table.push((
                     case,
                     streams,
                     Row {
-                        rate,
-                        per_cpu,
-                        redis_us,
+                        median,
                         p99_ms,
                         samples,
                     },
                 ));
+                passes.push((streams, case, rates));
             }
         }
         println!(
             "stream throughput: one run, one feed process, loopback; 1 stream x {events} events, \
-             {many} streams x {per_stream_many} events; latency at 50 % of each row's own maximum"
+             {many} streams x {per_stream_many} events; medians of {rounds} rounds; latency at 50 % \
+             of each row's own median maximum, median p99 of {rounds} live feeds"
         );
         println!(
-            "| consumer | streams | events/s | events per CPU-second | Redis CPU µs per event | p99 latency at 50 % (ms) | samples |"
+            "| consumer | streams | events/s | events per CPU-second | Redis CPU µs per event | events per script call | p99 latency at 50 % (ms) | samples |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|");
         for (case, streams, row) in &table {
-            let redis_us = if matches!(case, Case::Peer | Case::Redis) {
-                format!("{:.2}", row.redis_us)
+            let redis = matches!(case, Case::Peer | Case::Redis);
+            let redis_us = if redis {
+                format!("{:.2}", row.median.redis_us)
+            } else {
+                "-".to_owned()
+            };
+            let per_call = if *case == Case::Redis {
+                format!("{:.0}", row.median.per_call)
             } else {
                 "-".to_owned()
             };
             println!(
-                "| {} | {streams} | {:.0} | {:.0} | {redis_us} | {:.2} | {} |",
+                "| {} | {streams} | {:.0} | {:.0} | {redis_us} | {per_call} | {:.2} | {} |",
                 case.label(),
-                row.rate,
-                row.per_cpu,
+                row.median.rate,
+                row.median.per_cpu,
                 row.p99_ms,
                 row.samples
             );
         }
-        let rate = |case: Case, streams: usize| {
-            table
+        // A ratio per round (two passes close in time), then its median and range.
+        let ratio = |streams: usize, over: Case, under: Case| {
+            let rates = |case: Case| {
+                passes
+                    .iter()
+                    .find(|(s, c, _)| *s == streams && *c == case)
+                    .map(|(_, _, rates)| rates.iter().map(|t| t.rate).collect::<Vec<_>>())
+                    .unwrap_or_default()
+            };
+            let ratios: Vec<f64> = rates(over)
                 .iter()
-                .find(|(c, s, _)| *c == case && *s == streams)
-                .map_or(f64::NAN, |(_, _, row)| row.rate)
+                .zip(rates(under))
+                .map(|(over, under)| over / under)
+                .collect();
+            let low = ratios.iter().copied().fold(f64::NAN, f64::min);
+            let high = ratios.iter().copied().fold(f64::NAN, f64::max);
+            format!("{:.2} ({low:.2}-{high:.2})", median(ratios))
         };
         for streams in [1, many] {
             println!(
-                "ratios on {streams} stream(s): (e)/(c) {:.2} (target >= 0.8); (b)/(a) {:.2} (>= 0.5); (d)/(a) {:.2} (>= 0.35)",
-                rate(Case::Redis, streams) / rate(Case::Peer, streams),
-                rate(Case::Parse, streams) / rate(Case::Raw, streams),
-                rate(Case::Memory, streams) / rate(Case::Raw, streams),
+                "ratios on {streams} stream(s), median (range) of {rounds} rounds: (e)/(c) {} (target >= 0.8); (b)/(a) {} (>= 0.5); (d)/(a) {} (>= 0.35)",
+                ratio(streams, Case::Redis, Case::Peer),
+                ratio(streams, Case::Parse, Case::Raw),
+                ratio(streams, Case::Memory, Case::Raw),
             );
         }
         if only.is_some() {
