@@ -13,7 +13,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use leasehold_testkit::measure::percentile;
 use support::{BusyTakeover, Cluster, LEASE_SECONDS};
@@ -28,27 +28,61 @@ fn held_by(owners: &BTreeMap<String, String>, worker: &str) -> Vec<String> {
         .collect()
 }
 
-/// Signals `worker` and records, per stream it held, the time until another owner has it.
+/// When another worker's log says it acquired `stream` from `worker`, at or
+/// after `after` (the worker logs the acquire once the conditional write has
+/// succeeded).
+fn taken_at(
+    cluster: &Cluster,
+    worker: &str,
+    stream: &str,
+    after: SystemTime,
+) -> Option<SystemTime> {
+    let stream_field = format!("stream_id=\"{stream}\"");
+    let previous_field = format!("previous_owner=\"{worker}\"");
+    cluster
+        .workers
+        .iter()
+        .filter(|(name, _)| name.as_str() != worker)
+        .flat_map(|(_, proc)| {
+            proc.output()
+                .lines()
+                .filter(|line| {
+                    line.contains("lease acquired")
+                        && line.contains(&stream_field)
+                        && line.contains(&previous_field)
+                })
+                .filter_map(|line| humantime::parse_rfc3339(line.split_whitespace().next()?).ok())
+                .collect::<Vec<_>>()
+        })
+        .filter(|at| *at >= after)
+        .min()
+}
+
+/// Signals `worker` and records, per stream it held, the time until another
+/// owner has it. The time comes from the new owner's own log line, not from
+/// polling the table: a poll every few milliseconds was most of the load on
+/// the one-request-at-a-time DynamoDB stand-in, and it slowed the very calls
+/// it timed (and added up to one poll to each figure).
 async fn measure(cluster: &mut Cluster, worker: &str, signal: &str) -> Vec<Duration> {
     let held = held_by(&cluster.owners().await, worker);
-    let sent = Instant::now();
+    let sent = SystemTime::now();
+    let started = Instant::now();
     cluster.workers[worker].signal(signal);
     let mut times = Vec::new();
     let mut pending = held;
     while !pending.is_empty() {
-        let owners = cluster.owners().await;
-        pending.retain(|stream| match owners.get(stream) {
-            Some(owner) if owner != worker => {
-                times.push(sent.elapsed());
+        pending.retain(|stream| match taken_at(cluster, worker, stream, sent) {
+            Some(at) => {
+                times.push(at.duration_since(sent).unwrap_or_default());
                 false
             }
-            _ => true,
+            None => true,
         });
         assert!(
-            sent.elapsed() < Duration::from_secs(30),
+            started.elapsed() < Duration::from_secs(30),
             "{pending:?} never taken over"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut gone = cluster.workers.remove(worker).expect("worker");
     gone.wait_exit(Duration::from_secs(15));
