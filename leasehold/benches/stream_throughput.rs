@@ -704,19 +704,25 @@ struct Throughput {
     per_call: f64,
 }
 
-/// Script calls Redis has run (`EVALSHA`).
-async fn script_calls(redis: &str) -> u64 {
+/// One section of Redis's `INFO`.
+async fn redis_info(redis: &str, section: &str) -> String {
     let client = redis::Client::open(redis).expect("redis url");
     let mut connection = client
         .get_multiplexed_async_connection()
         .await
         .expect("redis");
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
+    redis::cmd("INFO")
+        .arg(section)
         .query_async(&mut connection)
         .await
-        .expect("INFO commandstats");
-    info.lines()
+        .expect("INFO")
+}
+
+/// Script calls Redis has run (`EVALSHA`).
+async fn script_calls(redis: &str) -> u64 {
+    redis_info(redis, "commandstats")
+        .await
+        .lines()
         .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
         .and_then(|rest| rest.split(',').next()?.parse().ok())
         .unwrap_or(0)
@@ -726,17 +732,9 @@ async fn script_calls(redis: &str) -> u64 {
 /// event, it is the figure a loaded machine moves least: what each write path
 /// costs the one Redis every stream shares.
 async fn redis_cpu_seconds(redis: &str) -> f64 {
-    let client = redis::Client::open(redis).expect("redis url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
+    redis_info(redis, "cpu")
         .await
-        .expect("redis");
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(&mut connection)
-        .await
-        .expect("INFO cpu");
-    info.lines()
+        .lines()
         .filter_map(|line| {
             let (name, value) = line.split_once(':')?;
             matches!(name, "used_cpu_user" | "used_cpu_sys")
