@@ -6,11 +6,11 @@ use crate::sink::keys;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
+
 /// How long connecting to Redis may take (the client's default is 1 s: tight
 /// for a TLS endpoint across zones).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 
 /// The `seq` of a stream's last entry, or -1. Shared by both scripts.
 const LAST_SEQ: &str = r#"
