@@ -20,6 +20,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::changes::{Change, ChangeLog};
+use crate::gaps::GapLog;
 use crate::sidecars::{
     Discovery, DiscoveryPolicy, SidecarReport, SidecarTarget, poll, poll_discovered,
 };
@@ -206,6 +207,8 @@ pub struct Collector {
     latest: RwLock<Arc<Snapshot>>,
     changes: Mutex<ChangeLog>,
     trends: Mutex<Trends>,
+    /// Data gaps the sidecars reported, per stream.
+    gaps: Mutex<GapLog>,
     /// Snapshots published so far (the entity tag's counter).
     published: std::sync::atomic::AtomicU64,
     started_ms: i64,
@@ -230,6 +233,7 @@ impl Collector {
                 settings.changes_max_age.as_millis() as i64,
             )),
             trends: Mutex::new(Trends::new(settings.trend_resolution.as_millis() as i64)),
+            gaps: Mutex::new(GapLog::default()),
             published: std::sync::atomic::AtomicU64::new(0),
             started_ms: now,
             sources,
@@ -319,6 +323,20 @@ impl Collector {
     /// Reads the trend history under its lock.
     pub fn with_trends<R>(&self, read: impl FnOnce(&Trends) -> R) -> R {
         read(&self.trends.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Reads the data gaps under their lock.
+    pub fn with_gaps<R>(&self, read: impl FnOnce(&GapLog) -> R) -> R {
+        read(&self.gaps.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Writes the data gaps directly (the benchmark); a new generation, and
+    /// the next refresh carries them into the rows.
+    #[cfg(feature = "testing")]
+    pub fn with_gaps_mut<R>(&self, write: impl FnOnce(&mut GapLog) -> R) -> R {
+        let out = write(&mut self.gaps.lock().unwrap_or_else(|p| p.into_inner()));
+        self.published_one();
+        out
     }
 
     /// The entity tag of the current snapshot: this collector's start time
@@ -427,6 +445,13 @@ impl Collector {
             (silent, refused) => silent.or(refused),
         };
         self.mark(&mut history, SIDECAR_SOURCE, configured, sidecar_error, now);
+        // Gaps are dated from when the sidecars answered (`age_ms` counts to
+        // their answer), which is after `now` by up to the sidecar timeout.
+        let polled = self.clock.now_ms().max(now);
+        self.gaps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(&sidecars, polled);
 
         let snapshot = Arc::new(self.assemble(&mut history, records, sidecars, now));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
@@ -501,7 +526,14 @@ impl Collector {
                 .map(|c| c.at_ms)
                 .fold(history.sampled_ms, i64::max);
         }
-        let streams = history.streams.clone();
+        let mut streams = history.streams.clone();
+        {
+            // One lookup per row: the tally is kept up to date as gaps arrive.
+            let gaps = self.gaps.lock().unwrap_or_else(|p| p.into_inner());
+            for row in &mut streams {
+                row.gaps = gaps.tally(&row.stream_id);
+            }
+        }
         let presence = &history.presence;
         let workers = workers(&streams, presence, &sidecars);
         let mut sources: Vec<SourceHealth> = [LEASE_SOURCE, POOL_SOURCE, SIDECAR_SOURCE]

@@ -7,7 +7,10 @@
 //! - [`streams`]: lease → row, state badges, the Burrow-style verdict.
 //! - [`changes`]: the ownership-change history from consecutive scans (bounded
 //!   by count and age) and the fenced writes the sidecars report.
-//! - [`timeline`]: that history cut into per-lane segments for the SVG timeline.
+//! - [`gaps`]: the data gaps the sidecars report, each taken once, kept per
+//!   stream (bounded per stream and in all).
+//! - [`timeline`]: that history cut into per-lane segments for the SVG timeline,
+//!   with fenced writes and data gaps as marks.
 //! - [`trends`]: ring buffers of downsampled lag and pool samples, and charts.
 //! - [`views`]: the per-stream page, the timeline and the trends pages.
 //! - The warm pool and the sweeper's report come from the pool's one read model
@@ -28,6 +31,7 @@
 
 pub mod changes;
 pub mod cluster;
+pub mod gaps;
 pub mod http;
 pub mod pages;
 pub mod render_cache;

@@ -13,6 +13,8 @@ use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::MalformedItem;
 use serde::Serialize;
 
+use crate::gaps::GapTally;
+
 /// State badge of one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -116,6 +118,8 @@ pub struct StreamRow {
     pub verdict: Verdict,
     /// Why a malformed record cannot be read (attribute and problem, never a value).
     pub problem: Option<String>,
+    /// Data gaps the sidecars reported for it (count, the newest, per reason).
+    pub gaps: GapTally,
 }
 
 /// Lag numbers for one stream, as a sidecar reported them.
@@ -239,6 +243,7 @@ impl LagHistory {
                 .filter(|owner| !owner.is_empty()),
             verdict,
             problem: None,
+            gaps: GapTally::default(),
         }
     }
 
@@ -267,6 +272,7 @@ impl StreamRow {
             previous_owner: None,
             verdict: Verdict::Ok,
             problem: None,
+            gaps: GapTally::default(),
         }
     }
 }

@@ -385,20 +385,14 @@ mod tests {
 
     fn row(id: &str, lag: u64) -> StreamRow {
         StreamRow {
-            stream_id: id.into(),
             owner_id: Some("w1".into()),
             fence_token: 1,
             state: StreamState::Owned,
-            lease_expires_at_ms: 0,
-            checkpoint: None,
-            checkpoint_at_ms: None,
             lag_events: Some(lag),
             lag_seconds: Some(lag as f64 / 10.0),
             last_event_age_seconds: Some(1.0),
-            last_change_at_ms: None,
-            previous_owner: None,
             verdict: Verdict::Ok,
-            problem: None,
+            ..StreamRow::unowned(id)
         }
     }
 
