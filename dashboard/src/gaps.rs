@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use leasehold_telemetry::labels::GapReason;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::pages::MAX_STREAM_ID_LEN;
 use crate::sidecars::SidecarReport;
@@ -62,8 +62,9 @@ impl DataGap {
     }
 }
 
-/// The newest gap of a stream, as its row carries it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// The newest gap of a stream, as its row carries it (read back from the
+/// row's JSON by the table's `gap` cells).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastGap {
     /// When it was recorded, unix ms.
     pub at_ms: i64,

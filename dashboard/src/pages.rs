@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::changes::Change;
 use crate::cluster::{Snapshot, SourceHealth, WorkerRow};
+use crate::gaps::GapTally;
 use crate::streams::{StreamRow, StreamState};
 use crate::table::{Column, Kind, Table, col};
 use leasehold_pool::read::{AnomalyView, PoolView};
+use leasehold_telemetry::labels::GapReason;
 
 /// Streams per page unless asked otherwise.
 pub const DEFAULT_PER_PAGE: usize = 100;
@@ -30,7 +32,13 @@ pub struct StreamQuery {
     /// Only this state (`owned`, `expiring`, `expired`, `unowned`, `malformed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
-    /// `stream` (default), `lag`, `token` or `expires`.
+    /// Data gaps: `some` (streams with any), `none` (without), or a reason
+    /// (`no_replay`, `retention`, `backfill_exhausted`, `sink_lost`: streams
+    /// with a gap of that reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gaps: Option<String>,
+    /// `stream` (default), `lag`, `token`, `expires`, `gaps` (most data gaps
+    /// first) or `last_gap` (newest data gap first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sort: Option<String>,
     /// 1-based page.
@@ -84,6 +92,30 @@ fn search_rank(id: &str, q: &str) -> u8 {
     }
 }
 
+/// Whether a stream's gaps pass the `gaps` filter (an unknown value passes
+/// everything, like an unknown state).
+fn gaps_match(tally: &GapTally, filter: &str) -> bool {
+    match filter {
+        "some" => tally.count > 0,
+        "none" => tally.count == 0,
+        reason => GapReason::parse(reason).is_none_or(|r| tally.with_reason(r) > 0),
+    }
+}
+
+/// The `gaps` filter's choices: (value, label).
+pub fn gap_filters() -> Vec<(&'static str, String)> {
+    let mut choices = vec![
+        ("some", "with data gaps".to_owned()),
+        ("none", "without data gaps".to_owned()),
+    ];
+    choices.extend(
+        GapReason::ALL
+            .iter()
+            .map(|r| (r.as_str(), format!("with a {} gap", r.as_str()))),
+    );
+    choices
+}
+
 /// A stream id as one URL path segment (`/streams/{segment}`).
 pub fn stream_href(id: &str) -> String {
     format!(
@@ -118,11 +150,13 @@ pub fn stream_page<'a>(snapshot: &'a Snapshot, query: &StreamQuery) -> StreamPag
     let state = query.state.as_deref().and_then(StreamState::parse);
     let owner = query.owner.as_deref().filter(|o| !o.is_empty());
     let search = search_text(query.q.as_deref());
+    let gaps = query.gaps.as_deref().filter(|g| !g.is_empty());
     let mut rows: Vec<&StreamRow> = snapshot
         .streams
         .iter()
         .filter(|row| state.is_none_or(|s| row.state == s))
         .filter(|row| owner.is_none_or(|o| row.owner_id.as_deref() == Some(o)))
+        .filter(|row| gaps.is_none_or(|g| gaps_match(&row.gaps, g)))
         .filter(|row| {
             search
                 .as_deref()
@@ -144,6 +178,12 @@ pub fn stream_page<'a>(snapshot: &'a Snapshot, query: &StreamQuery) -> StreamPag
             })
         }),
         Some("token") => rows.sort_by_key(|row| std::cmp::Reverse(row.fence_token)),
+        Some("gaps") => rows
+            .sort_by_key(|row| std::cmp::Reverse((row.gaps.count, row.gaps.last.map(|g| g.at_ms)))),
+        // Streams without a gap (`None`) last.
+        Some("last_gap") => {
+            rows.sort_by_key(|row| std::cmp::Reverse(row.gaps.last.map(|g| g.at_ms)))
+        }
         Some("expires") => rows.sort_by_key(|row| match row.lease_expires_at_ms {
             0 => i64::MAX,
             at => at,
@@ -231,6 +271,8 @@ pub const STREAM_COLUMNS: &[Column] = &[
     col("Last event", "last_event_age_seconds", Kind::Seconds),
     col("Last checkpoint", "checkpoint_at_ms", Kind::Ago),
     col("Last ownership change", "last_change_at_ms", Kind::Ago),
+    col("Data gaps", "gaps.count", Kind::Number),
+    col("Last data gap", "gaps.last", Kind::Gap),
     col("Verdict", "verdict", Kind::Badge),
     col("Problem", "problem", Kind::Text),
 ];
@@ -377,6 +419,8 @@ pub struct StreamsPage {
     pub owners: Vec<String>,
     /// States for the filter.
     pub states: Vec<&'static str>,
+    /// Data-gap choices for the filter: (value, label).
+    pub gap_filters: Vec<(&'static str, String)>,
     /// Page numbers.
     pub page: usize,
     /// Pages in all.
@@ -418,6 +462,7 @@ impl StreamsPage {
             ),
             owners,
             states: StreamState::ALL.iter().map(|s| s.as_str()).collect(),
+            gap_filters: gap_filters(),
             prev_link: (page.page > 1).then(|| link(page.page - 1)),
             next_link: (page.page < page.pages).then(|| link(page.page + 1)),
             page: page.page,
@@ -435,6 +480,11 @@ impl StreamsPage {
     /// Whether `value` is the selected state.
     pub fn state_selected(&self, value: &str) -> bool {
         self.query.state.as_deref() == Some(value)
+    }
+
+    /// Whether `value` is the selected data-gap filter.
+    pub fn gaps_selected(&self, value: &str) -> bool {
+        self.query.gaps.as_deref() == Some(value)
     }
 
     /// The search text as typed (for the form).
@@ -661,6 +711,8 @@ pub struct LoginPage {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     #[test]
@@ -682,6 +734,85 @@ mod tests {
     #[test]
     fn stream_links_encode_every_special_character() {
         assert_eq!(stream_href("a/b?c#<d>"), "/streams/a%2Fb%3Fc%23%3Cd%3E");
+    }
+
+    fn with_gaps(id: &str, count: u64, last_at_ms: i64, reason: GapReason) -> StreamRow {
+        let mut row = StreamRow::unowned(id);
+        let mut reasons = [0; GapReason::ALL.len()];
+        reasons[GapReason::ALL.iter().position(|r| *r == reason).unwrap()] = count;
+        row.gaps = GapTally {
+            count,
+            missing: count * 10,
+            last: Some(crate::gaps::LastGap {
+                at_ms: last_at_ms,
+                from_seq: 100,
+                to_seq: 109,
+                missing: 10,
+                reason,
+            }),
+            reasons,
+        };
+        row
+    }
+
+    fn ids(page: &StreamPage<'_>) -> Vec<String> {
+        page.streams.iter().map(|r| r.stream_id.clone()).collect()
+    }
+
+    #[test]
+    fn the_streams_view_counts_data_gaps_and_filters_and_sorts_by_them() {
+        let mut snapshot = Snapshot::empty(100_000);
+        snapshot.streams = vec![
+            with_gaps("a", 1, 90_000, GapReason::SinkLost),
+            StreamRow::unowned("b"),
+            with_gaps("c", 3, 40_000, GapReason::Retention),
+        ];
+        let query = |gaps: Option<&str>, sort: Option<&str>| StreamQuery {
+            gaps: gaps.map(Into::into),
+            sort: sort.map(Into::into),
+            ..StreamQuery::default()
+        };
+        let page = |q: StreamQuery| ids(&stream_page(&snapshot, &q));
+        assert_eq!(page(query(Some("some"), None)), ["a", "c"]);
+        assert_eq!(page(query(Some("none"), None)), ["b"]);
+        assert_eq!(page(query(Some("sink_lost"), None)), ["a"]);
+        assert_eq!(page(query(Some("retention"), None)), ["c"]);
+        assert_eq!(page(query(Some("bogus"), None)), ["a", "b", "c"]);
+        assert_eq!(page(query(None, Some("gaps"))), ["c", "a", "b"]);
+        assert_eq!(page(query(None, Some("last_gap"))), ["a", "c", "b"]);
+        // In the JSON row: count, missing events, the newest, per reason.
+        let json = serde_json::to_value(stream_page(&snapshot, &query(None, None))).unwrap();
+        let a = &json["streams"][0]["gaps"];
+        assert_eq!(
+            (a["count"].as_u64(), a["missing"].as_u64()),
+            (Some(1), Some(10))
+        );
+        assert_eq!(a["last"]["at_ms"], 90_000);
+        assert_eq!(a["last"]["reason"], "sink_lost");
+        assert_eq!(a["reasons"], serde_json::json!({"sink_lost": 1}));
+        let b = &json["streams"][1]["gaps"];
+        assert_eq!((b["count"].as_u64(), &b["last"]), (Some(0), &Value::Null));
+        // The rendered table: a column each, the last gap ticking with a title.
+        let html = StreamsPage::new(&snapshot, query(None, None), 2_000)
+            .render()
+            .unwrap();
+        for needle in [
+            "data-field=\"gaps.count\" data-kind=\"number\">Data gaps</th>",
+            "data-field=\"gaps.last\" data-kind=\"gap\">Last data gap</th>",
+            "<td data-at=\"90000\" title=\"seq 100–109 missing (10 events): sink_lost\">10.0 s ago</td>",
+            "<td>3</td><td data-at=\"40000\"",
+            "<option value=\"sink_lost\">with a sink_lost gap</option>",
+            "<option value=\"last_gap\">",
+        ] {
+            assert!(html.contains(needle), "{needle:?} in {html}");
+        }
+        let b_row = html.split("/streams/b\"").nth(1).unwrap();
+        let b_row = &b_row[..b_row.find("</tr>").unwrap()];
+        assert!(b_row.contains("<td>0</td><td>—</td>"), "{b_row}");
+        let selected = StreamsPage::new(&snapshot, query(Some("none"), None), 2_000)
+            .render()
+            .unwrap();
+        assert!(selected.contains("<option value=\"none\" selected>"));
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub enum Kind {
     Tokens,
     /// A stream id linking to its page (`/streams/{id}`, percent-encoded).
     StreamLink,
+    /// A data gap (`{at_ms, from_seq, to_seq, missing, reason}`) shown as its
+    /// age, ticking, with its range and reason as the cell's title.
+    Gap,
 }
 
 impl Kind {
@@ -44,6 +47,7 @@ impl Kind {
             Kind::StatusLink => "status_link",
             Kind::Tokens => "tokens",
             Kind::StreamLink => "stream_link",
+            Kind::Gap => "gap",
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct Cell {
     pub at: Option<i64>,
     /// Link target.
     pub href: Option<String>,
+    /// Tooltip (the cell's `title`).
+    pub title: Option<String>,
 }
 
 /// A table ready for the template.
@@ -197,6 +203,17 @@ fn cell(column: &Column, value: &serde_json::Value, now_ms: i64) -> Cell {
             href: Some(crate::pages::stream_href(id)),
             ..Cell::default()
         },
+        (Kind::Gap, Value::Object(_)) => {
+            match <crate::gaps::LastGap as serde::Deserialize>::deserialize(value) {
+                Ok(gap) if gap.at_ms > 0 => Cell {
+                    text: format!("{} ago", duration_ms(now_ms - gap.at_ms)),
+                    at: Some(gap.at_ms),
+                    title: Some(gap.range_text()),
+                    ..Cell::default()
+                },
+                _ => text(NONE.into()),
+            }
+        }
         (Kind::Tokens, Value::Array(pairs)) => text(
             pairs
                 .iter()
@@ -239,6 +256,7 @@ mod tests {
             col("Expires", "exp", Kind::Countdown),
             col("Nested", "a.b", Kind::Number),
             col("Tokens", "tokens", Kind::Tokens),
+            col("Last gap", "gaps.last", Kind::Gap),
         ];
         let table = Table::build(
             "t",
@@ -247,7 +265,10 @@ mod tests {
             COLUMNS,
             [
                 serde_json::json!({"stream_id": "<b>", "state": "owned", "exp": 11_000,
-                "a": {"b": 7}, "tokens": [["s1", 3], ["s2", 4]]}),
+                "a": {"b": 7}, "tokens": [["s1", 3], ["s2", 4]],
+                "gaps": {"last": {"at_ms": 400, "from_seq": 7, "to_seq": 9, "missing": 3,
+                    "reason": "sink_lost"}}}),
+                serde_json::json!({"gaps": {"last": null}}),
             ],
             1_000,
             "none",
@@ -262,5 +283,18 @@ mod tests {
         assert_eq!(row[2].at, Some(11_000));
         assert_eq!(row[3].text, "7");
         assert_eq!(row[4].text, "s1:3, s2:4");
+        assert_eq!(
+            (row[5].text.as_str(), row[5].at, row[5].title.as_deref()),
+            (
+                "600 ms ago",
+                Some(400),
+                Some("seq 7–9 missing (3 events): sink_lost")
+            )
+        );
+        let none = &table.rows[1][5];
+        assert_eq!(
+            (none.text.as_str(), none.at, &none.title),
+            ("—", None, &None)
+        );
     }
 }

@@ -34,6 +34,12 @@
     }, row);
   }
 
+  // A data gap's tooltip, as dashboard/src/gaps.rs writes it.
+  function gapText(gap) {
+    var events = gap.missing === 1 ? 'event' : 'events';
+    return 'seq ' + gap.from_seq + '\u2013' + gap.to_seq + ' missing (' + gap.missing + ' ' + events + '): ' + gap.reason;
+  }
+
   function safeClass(text) { return String(text).replace(/[^a-z0-9_-]/gi, ''); }
 
   function cell(kind, value, at) {
@@ -61,6 +67,12 @@
         td.textContent = duration(at - value) + ' ago';
         return td;
       case 'age_ms': td.textContent = duration(value); return td;
+      case 'gap':
+        if (!(value.at_ms > 0)) { td.textContent = NONE; return td; }
+        td.dataset.at = value.at_ms;
+        td.title = gapText(value);
+        td.textContent = duration(at - value.at_ms) + ' ago';
+        return td;
       case 'status_link': {
         var url = String(value) + '/status';
         var a = document.createElement('a');
@@ -237,7 +249,8 @@
     document.querySelectorAll('table[data-api]').forEach(function (table) {
       var ticking = [];
       table.querySelectorAll('thead th').forEach(function (th, i) {
-        if (th.dataset.kind === 'countdown' || th.dataset.kind === 'ago') ticking.push([i, th.dataset.kind]);
+        var kind = th.dataset.kind;
+        if (kind === 'countdown' || kind === 'ago' || kind === 'gap') ticking.push([i, kind]);
       });
       if (ticking.length === 0 || !table.tBodies[0]) return;
       var rows = table.tBodies[0].rows;
