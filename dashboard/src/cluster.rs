@@ -325,7 +325,9 @@ impl Collector {
         read(&self.trends.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Reads the data gaps under their lock.
+    /// Reads the data gaps under their lock (taken after the changes' and
+    /// the trends' when a reader holds those too; the collector never holds
+    /// another lock while it holds this one).
     pub fn with_gaps<R>(&self, read: impl FnOnce(&GapLog) -> R) -> R {
         read(&self.gaps.lock().unwrap_or_else(|p| p.into_inner()))
     }

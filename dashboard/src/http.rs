@@ -336,11 +336,12 @@ async fn stream_view(State(state): State<Shared>, Path(id): Path<String>) -> Res
         return not_found();
     };
     let snapshot = state.collector.latest();
-    html(
-        state
-            .collector
-            .with_changes(|log| StreamDetailPage::new(&snapshot, log, detail, refresh_ms(&state))),
-    )
+    let collector = &state.collector;
+    html(collector.with_changes(|log| {
+        collector.with_gaps(|gaps| {
+            StreamDetailPage::new(&snapshot, log, gaps, detail, refresh_ms(&state))
+        })
+    }))
 }
 
 async fn stream_api(State(state): State<Shared>, Path(id): Path<String>) -> Response {
@@ -354,10 +355,12 @@ async fn stream_api(State(state): State<Shared>, Path(id): Path<String>) -> Resp
 /// is configured; `None` for an unknown id, which is never sent to the sink.
 async fn stream_with_sink(state: &DashboardState, id: &str) -> Option<StreamDetail> {
     let snapshot = state.collector.latest();
-    let mut detail = state.collector.with_changes(|log| {
-        state
-            .collector
-            .with_trends(|trends| stream_detail(&snapshot, log, trends, id))
+    // Locks in the collector's order: changes, trends, gaps.
+    let collector = &state.collector;
+    let mut detail = collector.with_changes(|log| {
+        collector.with_trends(|trends| {
+            collector.with_gaps(|gaps| stream_detail(&snapshot, log, trends, gaps, id))
+        })
     })?;
     detail.sink = crate::sink::position(state.sink.as_ref(), id).await;
     Some(detail)
@@ -373,17 +376,20 @@ async fn timeline_view(
     Query(query): Query<TimelineQuery>,
 ) -> Response {
     let snapshot = state.collector.latest();
-    let page = state
-        .collector
-        .with_changes(|log| TimelinePage::new(&snapshot, log, query, refresh_ms(&state)));
+    let collector = &state.collector;
+    let page = collector.with_changes(|log| {
+        collector
+            .with_gaps(|gaps| TimelinePage::new(&snapshot, log, gaps, query, refresh_ms(&state)))
+    });
     html(page)
 }
 
 async fn timeline_api(State(state): State<Shared>, Query(query): Query<TimelineQuery>) -> Response {
     let snapshot = state.collector.latest();
-    let body = state
-        .collector
-        .with_changes(|log| timeline_body(&snapshot, log, &query));
+    let collector = &state.collector;
+    let body = collector.with_changes(|log| {
+        collector.with_gaps(|gaps| timeline_body(&snapshot, log, gaps, &query))
+    });
     Json(body).into_response()
 }
 

@@ -4,11 +4,14 @@
 //!
 //! A segment is a stretch of time with one owner and one fence token, or a
 //! gap with no valid owner (between a lease running out or being released
-//! and the next acquire). Fenced writes are marks on the lanes they hit.
+//! and the next acquire). Fenced writes are marks on the lanes they hit, and
+//! so are data gaps (ranges that will never reach the sink, [`crate::gaps`]),
+//! at the time they were recorded, on the reporting worker's lane per worker.
 
 use serde::Serialize;
 
 use crate::changes::{Change, ChangeKind, FencedWrite};
+use crate::gaps::{DataGap, GapLog};
 use crate::streams::StreamRow;
 
 /// Lanes drawn per page (the rest are paged).
@@ -57,6 +60,8 @@ pub struct Lane {
     pub segments: Vec<Segment>,
     /// Fenced writes.
     pub fenced: Vec<Mark>,
+    /// Data gaps recorded in the window, oldest first.
+    pub data_gaps: Vec<DataGap>,
     /// Last change in the lane, unix ms (lanes sort newest change first).
     pub last_change_ms: i64,
 }
@@ -191,6 +196,7 @@ pub fn lanes(
     rows: &[StreamRow],
     changes: &[Change],
     fenced: &[FencedWrite],
+    gaps: &GapLog,
     from_ms: i64,
     to_ms: i64,
     per_worker: bool,
@@ -201,7 +207,17 @@ pub fn lanes(
         per_worker,
     };
     let changes: Vec<&Change> = changes.iter().collect();
-    lane_page(rows, &changes, fenced, &window, None, 0, usize::MAX).1
+    let marked = Marked { fenced, gaps };
+    lane_page(rows, &changes, marked, &window, None, 0, usize::MAX).1
+}
+
+/// What [`lane_page`] marks on the lanes.
+#[derive(Debug, Clone, Copy)]
+pub struct Marked<'a> {
+    /// Fenced writes (on the lanes of the streams they are attributed to).
+    pub fenced: &'a [FencedWrite],
+    /// Data gaps (on their stream's lane).
+    pub gaps: &'a GapLog,
 }
 
 /// What [`lane_page`] draws.
@@ -219,11 +235,12 @@ pub struct Window {
 ///
 /// Lanes are ordered (latest change first per stream; by worker, then stream,
 /// per worker) and paged *before* any segment is cut, so a page of 50 lanes
-/// costs 50 lanes' work at 10,000 streams with 24 h of history.
+/// costs 50 lanes' work at 10,000 streams with 24 h of history (a lane's
+/// data gaps are looked up per lane: at most [`crate::gaps::GAPS_PER_STREAM`]).
 pub fn lane_page(
     rows: &[StreamRow],
     changes: &[&Change],
-    fenced: &[FencedWrite],
+    marked: Marked<'_>,
     window: &Window,
     search: Option<&str>,
     skip: usize,
@@ -235,6 +252,7 @@ pub fn lane_page(
         to_ms,
         per_worker,
     } = *window;
+    let Marked { fenced, gaps } = marked;
     let mut by_stream: HashMap<&str, Vec<&Change>> = HashMap::new();
     for &change in changes {
         by_stream
@@ -282,6 +300,7 @@ pub fn lane_page(
             worker: None,
             segments: segments(history, row, from_ms, to_ms),
             fenced: marks.get(id).cloned().unwrap_or_default(),
+            data_gaps: gaps.since(id, from_ms),
             last_change_ms: last_change(id),
         }
     };
@@ -334,6 +353,11 @@ pub fn lane_page(
                     .into_iter()
                     .filter(|m| m.owner == owner)
                     .collect(),
+                data_gaps: lane
+                    .data_gaps
+                    .into_iter()
+                    .filter(|g| g.worker.as_deref() == Some(owner))
+                    .collect(),
                 worker: Some(owner.to_owned()),
                 ..lane
             }
@@ -383,6 +407,8 @@ pub struct DrawnLane {
     pub segments: Vec<DrawnSegment>,
     /// Fenced writes.
     pub marks: Vec<DrawnMark>,
+    /// Data gaps.
+    pub data_gaps: Vec<DrawnMark>,
 }
 
 /// Height of one lane, view-box units.
@@ -471,6 +497,23 @@ pub fn draw(lanes: &[Lane], from_ms: i64, to_ms: i64) -> Vec<DrawnLane> {
                     ),
                 })
                 .collect();
+            let data_gaps = lane
+                .data_gaps
+                .iter()
+                .map(|g| DrawnMark {
+                    x: format!("{:.1}", x_of(g.at_ms.clamp(from_ms, to_ms))),
+                    describe: format!(
+                        "{}: data gap, {}{}, {}",
+                        lane.stream_id,
+                        g.range_text(),
+                        match &g.worker {
+                            Some(worker) => format!(", reported by {worker}"),
+                            None => String::new(),
+                        },
+                        when(g.at_ms.min(to_ms), to_ms)
+                    ),
+                })
+                .collect();
             DrawnLane {
                 title: match &lane.worker {
                     Some(worker) => format!("{worker} · {}", lane.stream_id),
@@ -480,6 +523,7 @@ pub fn draw(lanes: &[Lane], from_ms: i64, to_ms: i64) -> Vec<DrawnLane> {
                 y: i as u32 * LANE_HEIGHT,
                 segments,
                 marks,
+                data_gaps,
             }
         })
         .collect()
@@ -587,6 +631,7 @@ mod tests {
             &rows,
             std::slice::from_ref(&takeover),
             std::slice::from_ref(&fenced),
+            &GapLog::default(),
             0,
             100,
             false,
@@ -603,12 +648,97 @@ mod tests {
         assert_eq!(drawn[0].segments[0].label, "#4");
         assert_eq!(drawn[0].segments[1].label, "#5");
         // Per worker: w1's lane carries the mark, w2's does not.
-        let per_worker = lanes(&rows, &[takeover], &[fenced], 0, 100, true);
+        let per_worker = lanes(
+            &rows,
+            &[takeover],
+            &[fenced],
+            &GapLog::default(),
+            0,
+            100,
+            true,
+        );
         let titles: Vec<_> = per_worker
             .iter()
             .map(|l| (l.worker.as_deref(), l.fenced.len()))
             .collect();
         assert_eq!(titles, [(Some("w1"), 1), (Some("w2"), 0)]);
+    }
+
+    #[test]
+    fn data_gaps_are_marks_on_their_lane_beside_the_owner_bars() {
+        use leasehold_telemetry::labels::GapReason;
+        let takeover = change(60, ChangeKind::Takeover, Some("w1"), Some("w2"), 5, None);
+        let rows = [row(Some("w2"), 5)];
+        let mut gaps = GapLog::default();
+        let gap = |at_ms: i64, from_seq: u64, worker: &str| DataGap {
+            at_ms,
+            from_seq,
+            to_seq: from_seq + 9,
+            missing: 10,
+            reason: GapReason::Retention,
+            worker: Some(worker.into()),
+        };
+        gaps.record("s", gap(-50, 1, "w1")); // before the window: not drawn
+        gaps.record("s", gap(40, 100, "w1"));
+        gaps.record("s", gap(90, 200, "w2"));
+        gaps.record("other", gap(50, 7, "w2"));
+        let drawn_lanes = lanes(
+            &rows,
+            std::slice::from_ref(&takeover),
+            &[],
+            &gaps,
+            0,
+            100,
+            false,
+        );
+        let froms: Vec<u64> = drawn_lanes[0]
+            .data_gaps
+            .iter()
+            .map(|g| g.from_seq)
+            .collect();
+        assert_eq!(froms, [100, 200], "the window's, oldest first");
+        let drawn = draw(&drawn_lanes, 0, 100);
+        let segments = |lanes: &[DrawnLane]| -> Vec<(String, String)> {
+            lanes[0]
+                .segments
+                .iter()
+                .map(|s| (s.x.clone(), s.w.clone()))
+                .collect()
+        };
+        assert_eq!(
+            segments(&drawn),
+            segments(&draw(
+                &lanes(
+                    &rows,
+                    std::slice::from_ref(&takeover),
+                    &[],
+                    &GapLog::default(),
+                    0,
+                    100,
+                    false
+                ),
+                0,
+                100
+            )),
+            "the owner bars are the same with or without gaps"
+        );
+        assert_eq!(drawn[0].data_gaps[0].x, "400.0");
+        assert_eq!(
+            drawn[0].data_gaps[1].describe,
+            "s: data gap, seq 200–209 missing (10 events): retention, reported by w2, 10 ms before the snapshot"
+        );
+        // Per worker: each gap on the lane of the worker that reported it.
+        let per_worker = lanes(&rows, &[takeover], &[], &gaps, 0, 100, true);
+        let marks: Vec<_> = per_worker
+            .iter()
+            .map(|l| {
+                (
+                    l.worker.as_deref(),
+                    l.data_gaps.iter().map(|g| g.from_seq).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        assert_eq!(marks, [(Some("w1"), vec![100]), (Some("w2"), vec![200])]);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::changes::{Change, ChangeLog, FencedWrite};
 use crate::cluster::Snapshot;
+use crate::gaps::{DataGap, GapLog};
 use crate::pages::{Header, MAX_STREAM_ID_LEN, search_text, stream_href};
 use crate::streams::{StreamRow, StreamState, Verdict};
 use crate::timeline::{self, DrawnLane, LANE_HEIGHT, LANES_PER_PAGE};
@@ -93,7 +94,12 @@ fn window_ms(log: &ChangeLog, query: &TimelineQuery, to: i64) -> i64 {
 }
 
 /// Builds one page of lanes.
-pub fn timeline_body(snapshot: &Snapshot, log: &ChangeLog, query: &TimelineQuery) -> TimelineBody {
+pub fn timeline_body(
+    snapshot: &Snapshot,
+    log: &ChangeLog,
+    gaps: &GapLog,
+    query: &TimelineQuery,
+) -> TimelineBody {
     let to = snapshot.taken_at_ms;
     let from = to - window_ms(log, query, to);
     let changes = log.since_ref(from);
@@ -108,7 +114,10 @@ pub fn timeline_body(snapshot: &Snapshot, log: &ChangeLog, query: &TimelineQuery
         timeline::lane_page(
             &snapshot.streams,
             &changes,
-            &fenced,
+            timeline::Marked {
+                fenced: &fenced,
+                gaps,
+            },
             &window,
             search.as_deref(),
             (page - 1) * LANES_PER_PAGE,
@@ -199,10 +208,11 @@ impl TimelinePage {
     pub fn new(
         snapshot: &Snapshot,
         log: &ChangeLog,
+        gaps: &GapLog,
         query: TimelineQuery,
         refresh_ms: u64,
     ) -> TimelinePage {
-        let body = timeline_body(snapshot, log, &query);
+        let body = timeline_body(snapshot, log, gaps, &query);
         let lanes = timeline::draw(&body.lanes, body.from_ms, body.taken_at_ms);
         let span = body.taken_at_ms - body.from_ms;
         let ticks = (0..=4)
@@ -380,6 +390,9 @@ pub struct StreamDetail {
     pub problems: Vec<Problem>,
     /// Lag samples, oldest first.
     pub trend: Vec<StreamPoint>,
+    /// Data gaps the sidecars reported for it, newest first (the newest
+    /// [`crate::gaps::GAPS_PER_STREAM`] since the dashboard started).
+    pub gaps: Vec<DataGap>,
     /// The sink's last stored sequence (read by the handler, when configured).
     pub sink: crate::sink::SinkPosition,
 }
@@ -389,6 +402,7 @@ pub fn stream_detail(
     snapshot: &Snapshot,
     log: &ChangeLog,
     trends: &Trends,
+    gaps: &GapLog,
     id: &str,
 ) -> Option<StreamDetail> {
     if id.len() > MAX_STREAM_ID_LEN {
@@ -432,6 +446,7 @@ pub fn stream_detail(
         fenced,
         sidecars,
         trend: trends.stream(id),
+        gaps: gaps.for_stream(id),
         stream: row,
         sink: crate::sink::SinkPosition::NotConfigured,
     })
@@ -447,6 +462,10 @@ pub struct StreamDetailPage {
     pub detail: StreamDetail,
     /// Owner history, newest first, with times in words.
     pub owners: Vec<(String, Change)>,
+    /// Data gaps, newest first, with times in words.
+    pub gaps: Vec<(String, DataGap)>,
+    /// What the dashboard keeps of data gaps, in words.
+    pub gaps_kept: String,
     /// The stream's timeline lane over its history.
     pub lane: Vec<DrawnLane>,
     /// Timeline axis: (x, label, text-anchor).
@@ -464,6 +483,7 @@ impl StreamDetailPage {
     pub fn new(
         snapshot: &Snapshot,
         log: &ChangeLog,
+        gaps: &GapLog,
         detail: StreamDetail,
         refresh_ms: u64,
     ) -> StreamDetailPage {
@@ -479,6 +499,7 @@ impl StreamDetailPage {
             std::slice::from_ref(&detail.stream),
             &owners_ref,
             &detail.fenced,
+            gaps,
             from,
             to,
             false,
@@ -519,9 +540,25 @@ impl StreamDetailPage {
                 )
             })
             .collect();
+        let (per_stream, kept) = gaps.bounds();
+        let gaps_kept = format!(
+            "Ranges of sequences that will never reach the sink, as the workers' sidecars reported them since the dashboard started, newest first (it keeps the newest {per_stream} per stream and {kept} in all)."
+        );
+        let gaps = detail
+            .gaps
+            .iter()
+            .map(|g| {
+                (
+                    format!("{} ago", crate::table::duration_ms(to - g.at_ms)),
+                    g.clone(),
+                )
+            })
+            .collect();
         StreamDetailPage {
             header: Header::new("/streams", snapshot, refresh_ms),
             owners,
+            gaps,
+            gaps_kept,
             lane,
             ticks,
             charts: vec![
@@ -743,14 +780,73 @@ mod tests {
         snapshot.streams = vec![row("a"), row(&long)];
         let log = ChangeLog::new(10);
         let trends = Trends::new(1_000);
-        assert!(stream_detail(&snapshot, &log, &trends, "a").is_some());
-        assert!(stream_detail(&snapshot, &log, &trends, "b").is_none());
+        let gaps = GapLog::default();
+        assert!(stream_detail(&snapshot, &log, &trends, &gaps, "a").is_some());
+        assert!(stream_detail(&snapshot, &log, &trends, &gaps, "b").is_none());
         assert!(
-            stream_detail(&snapshot, &log, &trends, &long).is_none(),
+            stream_detail(&snapshot, &log, &trends, &gaps, &long).is_none(),
             "an id longer than the bound is refused before any lookup"
         );
-        let detail = stream_detail(&snapshot, &log, &trends, "a").unwrap();
+        let detail = stream_detail(&snapshot, &log, &trends, &gaps, "a").unwrap();
         assert_eq!(detail.problems[0].runbook, "LeaseholdStreamUnowned");
+    }
+
+    #[test]
+    fn the_stream_page_lists_data_gaps_newest_first_or_says_none() {
+        use leasehold_telemetry::labels::GapReason;
+        let mut snapshot = Snapshot::empty(100_000);
+        snapshot.streams = vec![row("a"), row("quiet")];
+        let log = ChangeLog::new(10);
+        let trends = Trends::new(1_000);
+        let mut gaps = GapLog::default();
+        for (at_ms, from_seq, to_seq, reason) in [
+            (40_000, 10, 19, GapReason::Retention),
+            (90_000, 500, 500, GapReason::SinkLost),
+        ] {
+            gaps.record(
+                "a",
+                DataGap {
+                    at_ms,
+                    from_seq,
+                    to_seq,
+                    missing: to_seq - from_seq + 1,
+                    reason,
+                    worker: Some("<i>w1</i>".into()),
+                },
+            );
+        }
+        let detail = stream_detail(&snapshot, &log, &trends, &gaps, "a").unwrap();
+        let json = serde_json::to_value(&detail).unwrap();
+        assert_eq!(json["gaps"][0]["from_seq"], 500, "newest first");
+        assert_eq!(json["gaps"][0]["reason"], "sink_lost");
+        assert_eq!(json["gaps"][1]["missing"], 10);
+        assert_eq!(json["gaps"][1]["worker"], "<i>w1</i>");
+        let page = StreamDetailPage::new(&snapshot, &log, &gaps, detail, 2_000)
+            .render()
+            .unwrap();
+        let table = page.split("id=\"stream-gaps\"").nth(1).unwrap();
+        let newest = table.find("500–500").unwrap();
+        let older = table.find("10–19").unwrap();
+        assert!(newest < older, "{table}");
+        for needle in [
+            "<td>10.0 s ago</td>",
+            "<td>1 m 0 s ago</td>",
+            "<td>10</td>",
+            "badge badge-gap-retention",
+            "badge badge-gap-sink_lost",
+            "&#60;i&#62;w1&#60;/i&#62;",
+        ] {
+            assert!(table.contains(needle), "{needle:?} in {table}");
+        }
+        assert!(!page.contains("<i>w1"), "the worker id is text");
+        assert!(page.contains("class=\"data-gap\""), "marked on the lane");
+        let quiet = stream_detail(&snapshot, &log, &trends, &gaps, "quiet").unwrap();
+        assert!(quiet.gaps.is_empty());
+        let page = StreamDetailPage::new(&snapshot, &log, &gaps, quiet, 2_000)
+            .render()
+            .unwrap();
+        assert!(page.contains("None recorded"), "{page}");
+        assert!(!page.contains("class=\"data-gap\""));
     }
 
     #[test]
