@@ -411,3 +411,66 @@ pub async fn write_pool(
     }
     Ok(())
 }
+
+/// A stream worker's `/status` body for `owner`, listing `gaps` as
+/// (seq, age_ms, stream, from_seq, to_seq, reason), oldest first.
+pub fn status_with_gaps(
+    owner: &str,
+    gaps: &[(u64, u64, &str, u64, u64, &str)],
+) -> serde_json::Value {
+    let gaps: Vec<serde_json::Value> = gaps
+        .iter()
+        .map(|(seq, age_ms, stream, from, to, reason)| {
+            serde_json::json!({"seq": seq, "age_ms": age_ms, "stream_id": stream,
+                "from_seq": from, "to_seq": to, "reason": reason})
+        })
+        .collect();
+    serde_json::json!({
+        "component": "stream-worker", "owner_id": owner, "worker_connected": true,
+        "last_event_age_ms": 10, "worker_up": true, "events_received": 1,
+        "events_dropped": 0, "leases": [], "lag": {}, "websocket_connections": 0,
+        "pool": null, "observer": false, "gaps": gaps,
+    })
+}
+
+/// A sidecar on 127.0.0.1 answering `/status` with what `status` holds at
+/// the time (a test changes it between refreshes); polled as a
+/// `DASHBOARD_SIDECARS` target. It serves until the runtime ends.
+pub async fn fake_sidecar(
+    status: std::sync::Arc<Mutex<serde_json::Value>>,
+) -> crate::sidecars::SidecarTarget {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind a fake sidecar");
+    let port = listener.local_addr().expect("its address").port();
+    let app = axum::Router::new().route(
+        "/status",
+        axum::routing::get(move || {
+            let body = status.lock().unwrap_or_else(|p| p.into_inner()).to_string();
+            async move { ([("content-type", "application/json")], body) }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    crate::sidecars::SidecarTarget {
+        host: "127.0.0.1".into(),
+        port,
+    }
+}
+
+/// [`collector_at`] polling `sidecars` (the `DASHBOARD_SIDECARS` override).
+pub fn collector_with_sidecars(
+    leases: std::sync::Arc<dyn leasehold_control::store::LeaseReader>,
+    sidecars: Vec<crate::sidecars::SidecarTarget>,
+    now_ms: i64,
+) -> std::sync::Arc<crate::Collector> {
+    std::sync::Arc::new(crate::Collector::new(
+        crate::Sources {
+            leases,
+            pool: None,
+            sidecars,
+            discovery: crate::sidecars::DiscoveryPolicy::default(),
+        },
+        crate::CollectorSettings::default(),
+        std::sync::Arc::new(leasehold_control::clock::PausedClock::starting_at(now_ms)),
+    ))
+}

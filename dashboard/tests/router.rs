@@ -21,7 +21,8 @@ use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_C
 use leasehold_dashboard::sink::{SinkReadError, SinkReader};
 use leasehold_dashboard::testing::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
-    collector_at, pool_entries, seed_leases, seed_many,
+    collector_at, collector_with_sidecars, fake_sidecar, pool_entries, seed_leases, seed_many,
+    status_with_gaps,
 };
 use leasehold_pool::read::PoolReader;
 use serde_json::Value;
@@ -47,6 +48,8 @@ const ROUTES: &[&str] = &[
     "/api/timeline",
     "/api/trends",
     "/api/streams/btc-usd",
+    "/streams?gaps=some&sort=last_gap",
+    "/api/streams?gaps=sink_lost&sort=gaps",
 ];
 
 struct Seeded {
@@ -984,4 +987,183 @@ async fn a_view_is_rendered_once_per_snapshot_and_shared_behind_the_access_check
         reads + 2,
         "served the prewarmed render"
     );
+}
+
+/// The data gaps a sidecar lists reach the streams view (two columns, a
+/// filter and two sorts, in the JSON too), the stream page (a list, newest
+/// first, or "None recorded") and the timeline (a mark on the lane), each
+/// once however often the sidecar lists it, and again after it restarts.
+/// Real time (not paused): the collector polls a real sidecar over TCP.
+#[tokio::test]
+async fn data_gaps_a_sidecar_reports_reach_every_view_once() {
+    let target = Arc::new(MemoryTarget::default());
+    seed_leases(target.as_ref(), NOW).await;
+    let status = Arc::new(std::sync::Mutex::new(status_with_gaps(
+        "worker-a",
+        &[
+            (1, 60_000, "btc-usd", 100, 149, "retention"),
+            (2, 5_000, "btc-usd", 300, 300, "sink_lost"),
+        ],
+    )));
+    let sidecar = fake_sidecar(status.clone()).await;
+    let collector = collector_with_sidecars(target.store(), vec![sidecar], NOW);
+    collector.refresh().await;
+    let router = router(&collector, None);
+
+    // The streams API: count, the newest, per reason; none elsewhere.
+    let all = json(&router, "/api/streams").await;
+    let row = |json: &Value, id: &str| -> Value {
+        json["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stream_id"] == id)
+            .cloned()
+            .unwrap()
+    };
+    let btc = row(&all, "btc-usd");
+    assert_eq!(btc["gaps"]["count"], 2, "{btc}");
+    assert_eq!(btc["gaps"]["missing"], 51);
+    assert_eq!(btc["gaps"]["last"]["from_seq"], 300);
+    assert_eq!(btc["gaps"]["last"]["reason"], "sink_lost");
+    assert_eq!(
+        btc["gaps"]["reasons"],
+        serde_json::json!({"retention": 1, "sink_lost": 1})
+    );
+    let eth = row(&all, "eth-usd");
+    assert_eq!(
+        (eth["gaps"]["count"].as_u64(), &eth["gaps"]["last"]),
+        (Some(0), &Value::Null)
+    );
+    // Filtered and sorted by them.
+    let with = json(&router, "/api/streams?gaps=some").await;
+    assert_eq!(with["total"], 1, "{with}");
+    assert_eq!(json(&router, "/api/streams?gaps=none").await["total"], 6);
+    assert_eq!(
+        json(&router, "/api/streams?gaps=sink_lost").await["total"],
+        1
+    );
+    assert_eq!(
+        json(&router, "/api/streams?gaps=no_replay").await["total"],
+        0
+    );
+    for sort in ["gaps", "last_gap"] {
+        let sorted = json(&router, &format!("/api/streams?sort={sort}")).await;
+        assert_eq!(sorted["streams"][0]["stream_id"], "btc-usd", "{sort}");
+    }
+    // The streams view: both columns, the last gap's range and reason as its title.
+    let page = get(&router, "/streams").await.2;
+    for needle in [
+        ">Data gaps</th>",
+        ">Last data gap</th>",
+        "title=\"seq 300–300 missing (1 event): sink_lost\"",
+        "<select name=\"gaps\">",
+        "<option value=\"last_gap\">data gap, newest first</option>",
+    ] {
+        assert!(page.contains(needle), "/streams lacks {needle:?}\n{page}");
+    }
+    let filtered = get(&router, "/streams?gaps=some&sort=last_gap").await.2;
+    assert!(filtered.contains("1 streams match"), "{filtered}");
+    assert!(filtered.contains("<option value=\"some\" selected>"));
+
+    // Listed again, and one more: only the new one is taken.
+    *status.lock().unwrap() = status_with_gaps(
+        "worker-a",
+        &[
+            (1, 62_000, "btc-usd", 100, 149, "retention"),
+            (2, 7_000, "btc-usd", 300, 300, "sink_lost"),
+            (3, 1_000, "btc-usd", 400, 409, "no_replay"),
+        ],
+    );
+    collector.refresh().await;
+    collector.refresh().await;
+    let api = json(&router, "/api/streams/btc-usd").await;
+    let listed: Vec<(u64, u64, &str, &str)> = api["gaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["from_seq"].as_u64().unwrap(),
+                g["missing"].as_u64().unwrap(),
+                g["reason"].as_str().unwrap(),
+                g["worker"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (400, 10, "no_replay", "worker-a"),
+            (300, 1, "sink_lost", "worker-a"),
+            (100, 50, "retention", "worker-a"),
+        ],
+        "each once, newest first"
+    );
+    assert_eq!(api["stream"]["gaps"]["count"], 3);
+    let at = api["gaps"][0]["at_ms"].as_i64().unwrap();
+    let taken = api["taken_at_ms"].as_i64().unwrap();
+    assert!(
+        (taken - 5_000..=taken + 2_000).contains(&at),
+        "{at} vs {taken}"
+    );
+
+    // The stream page: the list, newest first; an untouched stream says none.
+    let page = get(&router, "/streams/btc-usd").await.2;
+    let table = page.split("id=\"stream-gaps\"").nth(1).unwrap();
+    let table = &table[..table.find("</table>").unwrap()];
+    for needle in [
+        "<th>When</th><th>Missing sequences</th><th>Missing events</th><th>Reason</th><th>Worker</th>",
+        "<td>400–409</td><td>10</td>",
+        "<td>100–149</td><td>50</td>",
+        "badge badge-gap-no_replay",
+        "<td>worker-a</td>",
+    ] {
+        assert!(
+            table.contains(needle),
+            "stream page lacks {needle:?}\n{table}"
+        );
+    }
+    assert!(table.find("400–409") < table.find("300–300"), "{table}");
+    assert_eq!(table.matches("<tr data-from=").count(), 3, "{table}");
+    assert!(
+        page.contains("class=\"data-gap\""),
+        "the stream's lane marks them"
+    );
+    let quiet = get(&router, "/streams/eth-usd").await.2;
+    assert!(quiet.contains("None recorded"), "{quiet}");
+    assert_eq!(
+        json(&router, "/api/streams/eth-usd").await["gaps"],
+        Value::Array(vec![])
+    );
+
+    // The timeline: a mark per gap on btc-usd's lane, its range and reason
+    // in the title and the text equivalent; the owner bars are still there.
+    let timeline = get(&router, "/timeline?window=5m").await.2;
+    assert_eq!(
+        timeline.matches("class=\"data-gap\" d=").count(),
+        3,
+        "{timeline}"
+    );
+    assert!(timeline.contains("data-stream=\"btc-usd\"><title>btc-usd: data gap, seq 400–409 missing (10 events): no_replay, reported by worker-a,"), "{timeline}");
+    assert!(timeline.contains("class=\"data-gap-row\""));
+    assert!(timeline.contains("data-stream=\"btc-usd\" data-owner=\"worker-a\" data-token=\"1\""));
+    let lanes = json(&router, "/api/timeline?window=5m").await;
+    let lane = lanes["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["stream_id"] == "btc-usd")
+        .unwrap();
+    assert_eq!(lane["data_gaps"].as_array().unwrap().len(), 3, "{lane}");
+
+    // The sidecar restarted: its numbering is back at 1, with a new gap.
+    *status.lock().unwrap() = status_with_gaps(
+        "worker-a",
+        &[(1, 500, "btc-usd", 900, 900, "backfill_exhausted")],
+    );
+    collector.refresh().await;
+    let api = json(&router, "/api/streams/btc-usd").await;
+    assert_eq!(api["gaps"].as_array().unwrap().len(), 4, "{api}");
+    assert_eq!(api["gaps"][0]["reason"], "backfill_exhausted");
 }
