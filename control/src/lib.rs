@@ -18,6 +18,9 @@
 //! - [`pacing`]: how often a reader may scan the whole table ([`pacing::ScanPacing`]).
 //! - [`protocol`]: the protocol's decisions, free of I/O, shared by the runtime
 //!   and the model checker.
+//! - [`sequence`]: what an upstream's sequence numbers mean for the sink (replays,
+//!   holes, gap markers, backfill), free of I/O, shared by the runner and the
+//!   sequence model checker.
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency.
 //! - [`settings`]: the lease variables (table, timings, identity).
 //! - `conformance` (feature `testing`): the store conformance suite, run against
@@ -30,6 +33,7 @@ pub mod listing;
 pub mod pacing;
 pub mod protocol;
 pub mod schema;
+pub mod sequence;
 pub mod settings;
 pub mod store;
 

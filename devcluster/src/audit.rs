@@ -53,11 +53,7 @@ mod tests {
         let write = |token: u64, seqs: &[u64]| {
             let events: Vec<SinkEvent> = seqs
                 .iter()
-                .map(|seq| SinkEvent {
-                    seq: *seq,
-                    event_id: format!("s:{seq}"),
-                    payload: "{}".into(),
-                })
+                .map(|seq| SinkEvent::data(*seq, format!("s:{seq}"), "{}"))
                 .collect();
             (token, events)
         };

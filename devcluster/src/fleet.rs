@@ -131,6 +131,7 @@ impl Fleet {
             keeper,
             upstream: Arc::new(SilentUpstream),
             sink,
+            history: None,
             telemetry: Arc::new(LogSink),
             config: RunnerConfig::default(),
         });

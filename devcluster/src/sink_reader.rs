@@ -98,11 +98,7 @@ mod tests {
         assert_eq!(reader.last_seq("s").await, Ok(None));
         sink.open("s", 1).await.unwrap();
         let events: Vec<SinkEvent> = (1..=3)
-            .map(|seq| SinkEvent {
-                seq,
-                event_id: format!("e{seq}"),
-                payload: "{}".into(),
-            })
+            .map(|seq| SinkEvent::data(seq, format!("e{seq}"), "{}"))
             .collect();
         sink.write(SinkBatch {
             stream_id: "s",

@@ -195,6 +195,7 @@ async fn control_plane_cost(url: &str) {
             Arc::new(LogSink),
         )),
         sink: Arc::new(MemorySink::new(SinkOptions::default())) as Arc<dyn FencedSink>,
+        history: None,
         telemetry: Arc::new(LogSink),
         config: RunnerConfig::default(),
     });
@@ -658,6 +659,7 @@ async fn throughput(
     target: &Target<'_>,
     streams: &[String],
     per_stream: u64,
+    history: None,
     telemetry: Arc<dyn TelemetrySink>,
 ) -> Throughput {
     let total = per_stream * streams.len() as u64;

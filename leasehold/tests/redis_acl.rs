@@ -537,11 +537,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     let stream = unique_name("s");
     let opened = sink.open(&stream, 5).await.expect("sink open");
     assert!(!opened.fenced);
-    let events = [SinkEvent {
-        seq: 1,
-        event_id: "e1".into(),
-        payload: "{}".into(),
-    }];
+    let events = [SinkEvent::data(1, "e1", "{}")];
     let written = sink
         .write(SinkBatch {
             stream_id: &stream,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use leasehold_telemetry::{
-    ClaimResult, CommitResult, LossReason, OrphanKind, RECONNECT_REASONS, RequestResult,
+    ClaimResult, CommitResult, GapReason, LossReason, OrphanKind, RECONNECT_REASONS, RequestResult,
     ReservePath, SkipReason, TelemetryEvent,
 };
 use metrics::{counter, gauge, histogram};
@@ -58,6 +58,8 @@ pub const BUILD_INFO: &str = "leasehold_build_info";
 pub const UPSTREAM_FRAMES_SKIPPED: &str = "leasehold_upstream_frames_skipped_total";
 /// Extension: events the upstream could no longer deliver (retention exceeded).
 pub const STREAM_GAP_EVENTS: &str = "leasehold_stream_gap_events_total";
+/// `reason` = no_replay, retention, backfill_exhausted, sink_lost: gaps (not events).
+pub const STREAM_GAPS: &str = "leasehold_stream_gaps_total";
 /// Extension: sink write round trip.
 pub const SINK_WRITE_DURATION: &str = "leasehold_sink_write_duration_seconds";
 /// Extension: `reason` = preamble, frame, decode: connections the sidecar closed.
@@ -135,6 +137,7 @@ pub const ALL: &[&str] = &[
     BUILD_INFO,
     UPSTREAM_FRAMES_SKIPPED,
     STREAM_GAP_EVENTS,
+    STREAM_GAPS,
     SINK_WRITE_DURATION,
     TRANSPORT_ERRORS,
     LEASE_RENEW_LATENESS,
@@ -295,7 +298,11 @@ pub fn describe() {
     );
     describe_counter!(
         STREAM_GAP_EVENTS,
-        "Events the upstream could no longer deliver (retention exceeded)."
+        "Events that will never reach the sink (every gap reason)."
+    );
+    describe_counter!(
+        STREAM_GAPS,
+        "Gaps in a stream's data (each one gap marker in the sink), by reason."
     );
     describe_histogram!(
         SINK_WRITE_DURATION,
@@ -480,8 +487,14 @@ pub fn record(event: &TelemetryEvent) {
             counter!(UPSTREAM_FRAMES_SKIPPED, "reason" => reason.as_str()).increment(1)
         }
         StreamGap {
-            from_seq, to_seq, ..
-        } => counter!(STREAM_GAP_EVENTS).increment(to_seq.saturating_sub(*from_seq) + 1),
+            from_seq,
+            to_seq,
+            reason,
+            ..
+        } => {
+            counter!(STREAM_GAP_EVENTS).increment(to_seq.saturating_sub(*from_seq) + 1);
+            counter!(STREAM_GAPS, "reason" => reason.as_str()).increment(1);
+        }
         SinkWrite {
             accepted,
             duplicate,
@@ -617,6 +630,11 @@ pub fn zero_counters() {
         TRANSPORT_ERRORS,
         "reason",
         &TransportError::ALL.map(TransportError::as_str),
+    );
+    zero(
+        STREAM_GAPS,
+        "reason",
+        &GapReason::ALL.map(GapReason::as_str),
     );
     zero(WEBSOCKET_RECONNECTS, "reason", &RECONNECT_REASONS);
     for name in [

@@ -8,7 +8,7 @@ use std::time::Duration;
 use leasehold_control::schema::RESERVED_PREFIX;
 use leasehold_telemetry::TelemetryEvent;
 use leasehold_telemetry::status::{
-    ClaimSample, HeldLease, PoolState, RECENT_CLAIMS, Status, StreamLag,
+    ClaimSample, GapSample, HeldLease, PoolState, RECENT_CLAIMS, RECENT_GAPS, Status, StreamLag,
 };
 use tokio::time::Instant;
 
@@ -33,6 +33,10 @@ pub struct WorkerView {
     /// succession of pool workers), numbered by `claims_seen`.
     claims: VecDeque<(u64, Instant, f64)>,
     claims_seen: u64,
+    /// The newest data gaps (when, and the record with its seq), at most
+    /// [`RECENT_GAPS`], numbered by `gaps_seen`; kept across workers like claims.
+    gaps: VecDeque<(Instant, GapSample)>,
+    gaps_seen: u64,
     /// The worker process's CPU seconds at its last heartbeat, and the
     /// fraction of a second not yet added to the counter.
     cpu_seen: f64,
@@ -58,6 +62,8 @@ impl WorkerView {
             pool: None,
             claims: VecDeque::new(),
             claims_seen: 0,
+            gaps: VecDeque::new(),
+            gaps_seen: 0,
             cpu_seen: 0.0,
             cpu_carry: 0.0,
         }
@@ -112,6 +118,26 @@ impl WorkerView {
                 }
                 self.claims
                     .push_back((self.claims_seen, Instant::now(), duration.as_secs_f64()));
+            }
+            StreamGap {
+                stream_id,
+                from_seq,
+                to_seq,
+                reason,
+            } => {
+                self.gaps_seen += 1;
+                if self.gaps.len() == RECENT_GAPS {
+                    self.gaps.pop_front();
+                }
+                let sample = GapSample {
+                    seq: self.gaps_seen,
+                    age_ms: 0,
+                    stream_id: stream_id.clone(),
+                    from_seq: *from_seq,
+                    to_seq: *to_seq,
+                    reason: *reason,
+                };
+                self.gaps.push_back((Instant::now(), sample));
             }
             _ => {}
         }
@@ -276,6 +302,14 @@ impl WorkerView {
                     seconds: *seconds,
                 })
                 .collect(),
+            gaps: self
+                .gaps
+                .iter()
+                .map(|(at, sample)| GapSample {
+                    age_ms: at.elapsed().as_millis() as u64,
+                    ..sample.clone()
+                })
+                .collect(),
         }
     }
 }
@@ -422,5 +456,37 @@ mod tests {
         assert_eq!(claims.len(), RECENT_CLAIMS, "bounded");
         assert_eq!(claims.last().unwrap().seq, 1 + 2 * RECENT_CLAIMS as u64);
         assert_eq!(claims.first().unwrap().seq, 2 + RECENT_CLAIMS as u64);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recent_gaps_are_numbered_aged_and_bounded() {
+        use leasehold_telemetry::labels::GapReason;
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        let gap = |from: u64| TelemetryEvent::StreamGap {
+            stream_id: "btc-usd".into(),
+            from_seq: from,
+            to_seq: from + 9,
+            reason: GapReason::NoReplay,
+        };
+        view.apply(&gap(1));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let gaps = view.status().gaps;
+        assert_eq!(gaps.len(), 1);
+        assert_eq!(
+            (
+                gaps[0].seq,
+                gaps[0].age_ms,
+                gaps[0].from_seq,
+                gaps[0].to_seq
+            ),
+            (1, 3_000, 1, 10)
+        );
+        assert_eq!(gaps[0].reason, GapReason::NoReplay);
+        for n in 0..RECENT_GAPS as u64 * 2 {
+            view.apply(&gap(100 + n * 10));
+        }
+        let gaps = view.status().gaps;
+        assert_eq!(gaps.len(), RECENT_GAPS, "bounded");
+        assert_eq!(gaps.last().unwrap().seq, 1 + 2 * RECENT_GAPS as u64);
     }
 }

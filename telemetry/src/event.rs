@@ -115,8 +115,9 @@ pub enum TelemetryEvent {
         /// Why.
         reason: SkipReason,
     },
-    /// Events the upstream can no longer deliver (older than its retention): a
-    /// real, unrecoverable gap in the data.
+    /// Sequences that will never reach the sink: a real, unrecoverable gap in
+    /// the data (a gap marker records it in the sink, except in `replay`
+    /// mode, where only an upstream's retention can cause one).
     StreamGap {
         /// Stream with the gap.
         stream_id: String,
@@ -124,6 +125,9 @@ pub enum TelemetryEvent {
         from_seq: u64,
         /// Last missing sequence.
         to_seq: u64,
+        /// Why (older workers sent none: their only gap was retention).
+        #[serde(default = "GapReason::retention")]
+        reason: GapReason,
     },
     /// A batch reached the sink.
     SinkWrite {
@@ -404,6 +408,12 @@ impl TelemetryEvent {
                     tracing::warn!(stream_id, reason, suppressed, "upstream reconnecting")
                 }
             }
+            // Control frames (acknowledgements, heartbeats, ping replies) are
+            // expected, so not worth a warning.
+            UpstreamFrameSkipped {
+                stream_id,
+                reason: SkipReason::Control,
+            } => tracing::trace!(stream_id, "upstream control frame skipped"),
             UpstreamFrameSkipped { stream_id, reason } => {
                 let reason = reason.as_str();
                 if let Some(suppressed) = repeats().admit(&format!("skip:{stream_id}:{reason}")) {
@@ -414,11 +424,13 @@ impl TelemetryEvent {
                 stream_id,
                 from_seq,
                 to_seq,
+                reason,
             } => tracing::error!(
                 stream_id,
                 from_seq,
                 to_seq,
-                "upstream no longer has these events (retention exceeded): data gap"
+                reason = reason.as_str(),
+                "these events will never reach the sink: data gap"
             ),
             SinkWrite {
                 stream_id,

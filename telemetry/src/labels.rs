@@ -58,15 +58,20 @@ pub enum SkipReason {
     MissingField,
     /// A sequence number already delivered (the upstream replayed it).
     Duplicate,
+    /// Not a data frame (`UPSTREAM_DATA_MATCH` matched none of it): a
+    /// subscription acknowledgement, a heartbeat, a status or a ping reply.
+    /// Counted, never warned about.
+    Control,
 }
 
 impl SkipReason {
     /// Every value, for counters that exist at 0 from the start.
-    pub const ALL: [SkipReason; 4] = [
+    pub const ALL: [SkipReason; 5] = [
         SkipReason::TooLarge,
         SkipReason::NotJson,
         SkipReason::MissingField,
         SkipReason::Duplicate,
+        SkipReason::Control,
     ];
 
     /// The `reason` label value.
@@ -76,7 +81,57 @@ impl SkipReason {
             SkipReason::NotJson => "not_json",
             SkipReason::MissingField => "missing_field",
             SkipReason::Duplicate => "duplicate",
+            SkipReason::Control => "control",
         }
+    }
+}
+
+/// Why a range of sequences is missing from the sink
+/// (`leasehold_stream_gaps_total{reason}`, a gap marker's `reason` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapReason {
+    /// A `live` upstream started past what was confirmed, or skipped inside
+    /// a connection: it cannot replay, nothing was fetched.
+    NoReplay,
+    /// The upstream (replay) or its history (backfill) no longer holds the
+    /// start of the range: it aged out.
+    Retention,
+    /// A backfill could not close the range: the history kept failing or
+    /// ended before the range did.
+    BackfillExhausted,
+    /// The sink lost entries it had acknowledged (a Redis failover) and the
+    /// upstream cannot refill them.
+    SinkLost,
+}
+
+impl GapReason {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [GapReason; 4] = [
+        GapReason::NoReplay,
+        GapReason::Retention,
+        GapReason::BackfillExhausted,
+        GapReason::SinkLost,
+    ];
+
+    /// The `reason` label value, as a gap marker's `reason` field spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GapReason::NoReplay => "no_replay",
+            GapReason::Retention => "retention",
+            GapReason::BackfillExhausted => "backfill_exhausted",
+            GapReason::SinkLost => "sink_lost",
+        }
+    }
+
+    /// [`GapReason::Retention`], the reason of a gap an older worker reported.
+    pub fn retention() -> GapReason {
+        GapReason::Retention
+    }
+
+    /// The reason a marker's `reason` field names, if it is one of these.
+    pub fn parse(value: &str) -> Option<GapReason> {
+        GapReason::ALL.into_iter().find(|r| r.as_str() == value)
     }
 }
 

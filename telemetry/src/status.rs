@@ -58,6 +58,28 @@ pub struct ClaimSample {
     pub seconds: f64,
 }
 
+/// Data gaps a sidecar keeps for `/status` (the newest; older ones leave).
+pub const RECENT_GAPS: usize = 32;
+
+/// One data gap a worker behind this sidecar recorded (`StreamGap`): what the
+/// dashboard lists on the stream page, counts per stream and marks on the
+/// timeline. Raw records, numbered, so a poller can tell new ones apart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GapSample {
+    /// 1-based count of gaps this sidecar has seen (since it started).
+    pub seq: u64,
+    /// Milliseconds between the gap and this `/status` answer.
+    pub age_ms: u64,
+    /// Stream with the gap.
+    pub stream_id: String,
+    /// First missing sequence.
+    pub from_seq: u64,
+    /// Last missing sequence.
+    pub to_seq: u64,
+    /// `no_replay`, `retention`, `backfill_exhausted` or `sink_lost`.
+    pub reason: crate::GapReason,
+}
+
 /// What the sidecar knows about its worker (the worker part of `/status`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
@@ -93,6 +115,10 @@ pub struct Status {
     /// empty for stream workers and older sidecars.
     #[serde(default)]
     pub claims: Vec<ClaimSample>,
+    /// The newest data gaps (at most [`RECENT_GAPS`], oldest first); empty for
+    /// broker workers and older sidecars.
+    #[serde(default)]
+    pub gaps: Vec<GapSample>,
 }
 
 /// The `/status` body.

@@ -67,6 +67,7 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             stream_id: s(),
             from_seq: 5,
             to_seq: 9,
+            reason: crate::GapReason::NoReplay,
         },
         SinkWrite {
             stream_id: s(),
@@ -189,6 +190,14 @@ pub fn every_label_value() -> Vec<crate::TelemetryEvent> {
     events.extend(
         SkipReason::ALL.map(|reason| TelemetryEvent::UpstreamFrameSkipped {
             stream_id: stream(),
+            reason,
+        }),
+    );
+    events.extend(
+        crate::GapReason::ALL.map(|reason| TelemetryEvent::StreamGap {
+            stream_id: stream(),
+            from_seq: 1,
+            to_seq: 1,
             reason,
         }),
     );

@@ -26,7 +26,12 @@ use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
+use leasehold_control::sequence::{Arrival, ResumeMode, SeqStep, Sequencer, Step};
+use leasehold_telemetry::SkipReason;
+use tokio_util::task::AbortOnDropHandle;
+
 use crate::sink::{FencedSink, SinkBatch, SinkError, SinkEvent, WriteOutcome};
+use crate::upstream::history::{History, HistoryConfig, HistoryError, fetch_page};
 use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
 
 /// How a runner batches and retries.
@@ -50,7 +55,23 @@ pub struct RunnerConfig {
     pub sink_max_failures: u32,
     /// How often lag is reported while nothing else happens.
     pub lag_report_interval: Duration,
+    /// What a hole in the sequence becomes (`UPSTREAM_RESUME`).
+    pub resume: ResumeMode,
+    /// How the upstream's sequence advances (`UPSTREAM_SEQ_STEP`).
+    pub seq_step: SeqStep,
+    /// Most live events held while a backfill runs; when full, reading the
+    /// upstream pauses until the backfill has caught up.
+    pub backfill_hold_max: usize,
+    /// History pages that bring nothing new before the rest of a range is
+    /// given up (the history may lag the live feed by a moment).
+    pub backfill_empty_pages: u32,
+    /// Wait before asking again after such a page.
+    pub backfill_empty_wait: Duration,
 }
+
+/// [`RunnerConfig::backfill_hold_max`]'s default: ten seconds of a busy
+/// stream at 10,000 events/s (a few MiB at exchange frame sizes).
+pub const BACKFILL_HOLD_MAX: usize = 100_000;
 
 impl Default for RunnerConfig {
     fn default() -> Self {
@@ -68,6 +89,11 @@ impl Default for RunnerConfig {
             },
             sink_max_failures: 10,
             lag_report_interval: Duration::from_secs(1),
+            resume: ResumeMode::Replay,
+            seq_step: SeqStep::Contiguous,
+            backfill_hold_max: BACKFILL_HOLD_MAX,
+            backfill_empty_pages: 3,
+            backfill_empty_wait: Duration::from_millis(500),
         }
     }
 }
@@ -80,6 +106,8 @@ pub struct RunnerContext {
     pub upstream: Arc<dyn Upstream>,
     /// Where events go.
     pub sink: Arc<dyn FencedSink>,
+    /// Where missed events are read back (`backfill` mode), with its policy.
+    pub history: Option<(Arc<dyn History>, HistoryConfig)>,
     /// Where outcomes are reported.
     pub telemetry: Arc<dyn TelemetrySink>,
     /// Batching and retries.
@@ -104,8 +132,6 @@ pub enum StreamExit {
 struct Progress {
     /// Highest sequence the sink confirmed.
     confirmed: u64,
-    /// Next sequence to ask the upstream for.
-    next_seq: u64,
     /// Highest sequence received.
     received: u64,
     /// (first seq, received at) of each confirmed batch not yet persisted as
@@ -137,16 +163,21 @@ pub async fn run_stream(
 ) -> StreamExit {
     let stop = match open(&context, &lease).await {
         Err(stop) => stop,
-        Ok(start) => {
+        Ok((start, anchored)) => {
             let mut progress = Progress {
                 confirmed: start,
-                next_seq: start + 1,
                 received: start,
                 unpersisted: VecDeque::new(),
                 last_event_at: Instant::now(),
                 last_arrival_lag: None,
             };
-            consume(&context, &lease, &drain, &mut progress).await
+            // A replay upstream is asked for everything from the first
+            // sequence; a live one starts wherever it is when nothing was
+            // ever written (there is no "before" to record).
+            let config = &context.config;
+            let last = (anchored || config.resume == ResumeMode::Replay).then_some(start);
+            let mut sequencer = Sequencer::new(config.resume, config.seq_step, last);
+            consume(&context, &lease, &drain, &mut progress, &mut sequencer).await
         }
     };
     let exit = match stop {
@@ -178,8 +209,9 @@ pub async fn run_stream(
 /// appended sequence. Returns the sequence to resume after: the store's
 /// checkpoint or the sink's last sequence, whichever is further, so a replay
 /// of events the previous owner wrote but never checkpointed is not appended
-/// again. Retries sink errors while the lease is valid.
-async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, Stop> {
+/// again, and whether the stream was ever written (a checkpoint or an entry).
+/// Retries sink errors while the lease is valid.
+async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<(u64, bool), Stop> {
     let checkpoint = lease.acquired.checkpoint.unwrap_or(0);
     let mut failures = SinkFailures::default();
     loop {
@@ -199,7 +231,7 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<u64, Stop> {
                     // What the sink holds is confirmed: the checkpoint catches up.
                     lease.stage_checkpoint(resume);
                 }
-                return Ok(resume);
+                return Ok((resume, resume > 0 || opened.last_seq.is_some()));
             }
             Err(err) => failures.wait(context, lease, err, 0).await?,
         }
@@ -293,9 +325,18 @@ async fn consume(
     lease: &HeldLease,
     drain: &CancellationToken,
     progress: &mut Progress,
+    sequencer: &mut Sequencer<UpstreamEvent>,
 ) -> Stop {
     let mut window = Window::new(context, lease);
-    let stop = consume_in(context, lease, drain, progress, &mut window).await;
+    let mut intake = Intake {
+        context,
+        lease,
+        sequencer,
+        steps: Vec::new(),
+        fetch: None,
+        empty_pages: 0,
+    };
+    let stop = consume_in(context, lease, drain, progress, &mut window, &mut intake).await;
     window.settle(stop).await
 }
 
@@ -305,6 +346,7 @@ async fn consume_in(
     drain: &CancellationToken,
     progress: &mut Progress,
     window: &mut Window<'_>,
+    intake: &mut Intake<'_>,
 ) -> Stop {
     let stream_id = lease.stream_id.as_str();
     let max_events = context.config.batch_max_events.max(1);
@@ -317,7 +359,9 @@ async fn consume_in(
         if !lease.is_valid() {
             return loss(lease);
         }
-        let subscribe = context.upstream.subscribe(stream_id, progress.next_seq);
+        let subscribe = context
+            .upstream
+            .subscribe(stream_id, intake.sequencer.resume_from());
         tokio::pin!(subscribe);
         // A connect to a frozen upstream can hang until its timeout: keep
         // reporting, so the last-event age shows the silence meanwhile.
@@ -334,14 +378,23 @@ async fn consume_in(
         let mut subscription = match subscribed {
             Ok(subscription) => subscription,
             Err(err) => {
-                if let Some(stop) =
-                    reconnect_after(context, lease, drain, progress, &err, &mut reconnects).await
+                if let Some(stop) = reconnect_after(
+                    context,
+                    lease,
+                    drain,
+                    progress,
+                    intake,
+                    &err,
+                    &mut reconnects,
+                )
+                .await
                 {
                     return stop;
                 }
                 continue;
             }
         };
+        intake.sequencer.connected();
         let mut lag_tick = tokio::time::interval(context.config.lag_report_interval);
         let error = loop {
             let mut failed = None;
@@ -361,21 +414,24 @@ async fn consume_in(
                         return stop;
                     }
                 }
+                // History pages wait while the batch is full, like the upstream.
+                joined = intake.next_page(), if intake.fetch.is_some() && pending.len() < max_events => {
+                    intake.page_landed(progress, &mut pending, joined);
+                }
                 _ = lag_tick.tick() => report_lag(context, lease, progress),
                 // A full batch waits for a free write slot: reading stops (backpressure).
-                next = subscription.next(), if pending.len() < max_events => match next {
+                next = subscription.next(), if pending.len() < max_events && intake.may_read() => match next {
                     Ok(event) => {
                         reconnects = 0;
-                        accept(progress, &mut pending, event);
+                        failed = intake.arrive(progress, &mut pending, event).err();
                         // Take whatever else is already here into the same batch:
                         // under load batches grow, at a trickle each event goes at once.
-                        while pending.len() < max_events {
+                        while failed.is_none() && pending.len() < max_events && intake.may_read() {
                             match subscription.next().now_or_never() {
-                                Some(Ok(event)) => accept(progress, &mut pending, event),
-                                Some(Err(err)) => {
-                                    failed = Some(err);
-                                    break;
+                                Some(Ok(event)) => {
+                                    failed = intake.arrive(progress, &mut pending, event).err();
                                 }
+                                Some(Err(err)) => failed = Some(err),
                                 None => break,
                             }
                         }
@@ -386,23 +442,196 @@ async fn consume_in(
             if let Some(err) = failed {
                 break err;
             }
-            if window.has_room()
-                && let Err(stop) = window.submit(&mut pending)
-            {
-                subscription.close().await;
-                return stop;
+            while window.has_room() && !pending.is_empty() {
+                if let Err(stop) = window.submit(&mut pending) {
+                    subscription.close().await;
+                    return stop;
+                }
             }
         };
         subscription.close().await;
         // Events before a gap or a disconnect are good: write them first, then
-        // resume right after what the sink confirmed.
+        // resume right after what the sink confirmed. A backfill in progress
+        // goes on across the reconnect (its held events stay held).
         if let Err(stop) = window.flush(progress, &mut pending).await {
             return stop;
         }
-        if let Some(stop) =
-            reconnect_after(context, lease, drain, progress, &error, &mut reconnects).await
+        if let Some(stop) = reconnect_after(
+            context,
+            lease,
+            drain,
+            progress,
+            intake,
+            &error,
+            &mut reconnects,
+        )
+        .await
         {
             return stop;
+        }
+    }
+}
+
+/// A history page being fetched: its task ends with the page or the reason
+/// the range is given up (aborted when the stream stops).
+type PageFetch = AbortOnDropHandle<Result<Vec<UpstreamEvent>, HistoryError>>;
+
+/// Between the upstream and the sink: what each arrival means
+/// ([`Sequencer`], the rules) and the backfill those rules may ask for.
+struct Intake<'a> {
+    context: &'a RunnerContext,
+    lease: &'a HeldLease,
+    sequencer: &'a mut Sequencer<UpstreamEvent>,
+    /// Scratch for the sequencer's steps (kept to reuse its allocation).
+    steps: Vec<Step<UpstreamEvent>>,
+    fetch: Option<PageFetch>,
+    /// Pages in a row that brought the backfill no further.
+    empty_pages: u32,
+}
+
+impl Intake<'_> {
+    /// Reading the upstream pauses while the held events of a backfill are
+    /// at their bound.
+    fn may_read(&self) -> bool {
+        self.sequencer.held() < self.context.config.backfill_hold_max.max(1)
+    }
+
+    /// One live event, through the rules into `pending`. `Err` (replay mode):
+    /// the upstream skipped sequences and must be asked again.
+    fn arrive(
+        &mut self,
+        progress: &mut Progress,
+        pending: &mut Vec<SinkEvent>,
+        event: UpstreamEvent,
+    ) -> Result<(), UpstreamError> {
+        progress.last_event_at = event.received_at;
+        progress.last_arrival_lag = event.arrival_lag;
+        let mut steps = std::mem::take(&mut self.steps);
+        let arrival = self.sequencer.arrive(event.seq, event, &mut steps);
+        if arrival == Arrival::Replayed {
+            self.context
+                .telemetry
+                .emit(TelemetryEvent::UpstreamFrameSkipped {
+                    stream_id: self.lease.stream_id.clone(),
+                    reason: SkipReason::Duplicate,
+                });
+        }
+        self.apply(progress, pending, steps)
+    }
+
+    /// Carries out the sequencer's steps in order.
+    fn apply(
+        &mut self,
+        progress: &mut Progress,
+        pending: &mut Vec<SinkEvent>,
+        mut steps: Vec<Step<UpstreamEvent>>,
+    ) -> Result<(), UpstreamError> {
+        let mut result = Ok(());
+        for step in steps.drain(..) {
+            match step {
+                Step::Event(_, event) => accept(progress, pending, event),
+                Step::Gap { from, to, reason } => {
+                    if pending.is_empty() {
+                        progress.unpersisted.push_back((to, Instant::now()));
+                    }
+                    progress.received = progress.received.max(to);
+                    pending.push(SinkEvent::gap(from, to, reason));
+                }
+                Step::Backfill { from, to } => {
+                    tracing::info!(
+                        stream_id = self.lease.stream_id,
+                        from_seq = from,
+                        to_seq = to,
+                        "backfilling missed events from the history"
+                    );
+                    self.empty_pages = 0;
+                    self.start_fetch(Duration::ZERO);
+                }
+                Step::Reconnect { expected, got } => {
+                    result = Err(UpstreamError::Gap { expected, got });
+                }
+            }
+        }
+        self.steps = steps;
+        result
+    }
+
+    /// Starts fetching the next page of the running backfill after `delay`.
+    fn start_fetch(&mut self, delay: Duration) {
+        let Some((from, to)) = self.sequencer.backfill_range() else {
+            return;
+        };
+        let Some((history, config)) = self.context.history.clone() else {
+            // Settings require a history for `backfill`; a runner built
+            // without one has nothing to fetch from.
+            self.fetch = Some(AbortOnDropHandle::new(tokio::spawn(async {
+                Err(HistoryError::Refused("no history configured".into()))
+            })));
+            return;
+        };
+        let stream_id = self.lease.stream_id.clone();
+        self.fetch = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+            sleep(delay).await;
+            fetch_page(&*history, &config, &stream_id, from, to).await
+        })));
+    }
+
+    /// The running fetch's result (never resolves without one).
+    async fn next_page(
+        &mut self,
+    ) -> Result<Result<Vec<UpstreamEvent>, HistoryError>, tokio::task::JoinError> {
+        match self.fetch.as_mut() {
+            Some(fetch) => fetch.await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A page arrived, or the range was given up.
+    fn page_landed(
+        &mut self,
+        progress: &mut Progress,
+        pending: &mut Vec<SinkEvent>,
+        joined: Result<Result<Vec<UpstreamEvent>, HistoryError>, tokio::task::JoinError>,
+    ) {
+        self.fetch = None;
+        let range = self.sequencer.backfill_range();
+        let mut steps = std::mem::take(&mut self.steps);
+        let mut moved = true;
+        match joined {
+            Ok(Ok(events)) => {
+                let page = events.into_iter().map(|event| (event.seq, event)).collect();
+                moved = self.sequencer.backfilled(page, &mut steps);
+                self.empty_pages = if moved { 0 } else { self.empty_pages + 1 };
+                if !moved && self.empty_pages >= self.context.config.backfill_empty_pages {
+                    tracing::warn!(
+                        stream_id = self.lease.stream_id,
+                        ?range,
+                        "the history has nothing more for this range; recording the rest as a gap"
+                    );
+                    self.sequencer.backfill_gave_up(&mut steps);
+                }
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(stream_id = self.lease.stream_id, ?range, %error, "backfill gave up; recording the rest as a gap");
+                self.sequencer.backfill_gave_up(&mut steps);
+            }
+            Err(join) => {
+                tracing::warn!(stream_id = self.lease.stream_id, ?range, error = %join, "backfill task failed; recording the rest as a gap");
+                self.sequencer.backfill_gave_up(&mut steps);
+            }
+        }
+        // Replays do not come back from history; a hole in held events
+        // starts the next backfill inside `apply`.
+        let _ = self.apply(progress, pending, steps);
+        if self.sequencer.backfilling() && self.fetch.is_none() {
+            let wait = if moved {
+                Duration::ZERO
+            } else {
+                self.context.config.backfill_empty_wait
+            };
+            self.start_fetch(wait);
+        } else if !self.sequencer.backfilling() {
+            tracing::info!(stream_id = self.lease.stream_id, ?range, "backfill done");
         }
     }
 }
@@ -473,7 +702,12 @@ impl<'a> Window<'a> {
             return Err(loss(self.lease));
         }
         let capacity = self.context.config.batch_max_events.max(1);
-        let events = Arc::new(std::mem::replace(pending, Vec::with_capacity(capacity)));
+        // A backfill page can queue more than a batch holds.
+        let events = if pending.len() <= capacity {
+            Arc::new(std::mem::replace(pending, Vec::with_capacity(capacity)))
+        } else {
+            Arc::new(pending.drain(..capacity).collect())
+        };
         let after = if self.in_flight.is_empty() {
             None
         } else {
@@ -607,6 +841,18 @@ fn confirm(
         context.keeper.report_fenced(lease);
         return Err(Stop::Lost(LossReason::Fenced));
     }
+    // Only a batch's head can be a replay (batches are ordered): the markers
+    // after it were appended now, and each is one gap.
+    for event in events.iter().skip(outcome.duplicate as usize) {
+        if let Some(gap) = event.gap {
+            context.telemetry.emit(TelemetryEvent::StreamGap {
+                stream_id: lease.stream_id.clone(),
+                from_seq: gap.from,
+                to_seq: event.seq,
+                reason: gap.reason,
+            });
+        }
+    }
     let last = events.last().map_or(progress.confirmed, |e| e.seq);
     progress.confirmed = progress.confirmed.max(last);
     // Invariant 3: the checkpoint moves only now, and rides on the next renew.
@@ -622,14 +868,7 @@ fn accept(progress: &mut Progress, pending: &mut Vec<SinkEvent>, event: Upstream
             .push_back((event.seq, event.received_at));
     }
     progress.received = progress.received.max(event.seq);
-    progress.last_event_at = event.received_at;
-    progress.last_arrival_lag = event.arrival_lag;
-    progress.next_seq = event.seq + 1;
-    pending.push(SinkEvent {
-        seq: event.seq,
-        event_id: event.event_id,
-        payload: event.payload,
-    });
+    pending.push(SinkEvent::data(event.seq, event.event_id, event.payload));
 }
 
 /// Reports the error, decides where to resume, and waits the backoff. Returns
@@ -639,6 +878,7 @@ async fn reconnect_after(
     lease: &HeldLease,
     drain: &CancellationToken,
     progress: &mut Progress,
+    intake: &mut Intake<'_>,
     error: &UpstreamError,
     attempts: &mut u32,
 ) -> Option<Stop> {
@@ -649,7 +889,10 @@ async fn reconnect_after(
     });
     let mut delay = context.config.reconnect.delay(*attempts);
     *attempts = attempts.saturating_add(1);
-    progress.next_seq = progress.confirmed + 1;
+    if context.config.resume == ResumeMode::Replay {
+        // Ask again for everything after what the sink confirmed.
+        intake.sequencer.reposition(Some(progress.confirmed));
+    }
     match error {
         UpstreamError::RetentionExceeded {
             requested,
@@ -669,8 +912,9 @@ async fn reconnect_after(
                 stream_id,
                 from_seq: *requested,
                 to_seq: resume - 1,
+                reason: leasehold_telemetry::GapReason::Retention,
             });
-            progress.next_seq = resume;
+            intake.sequencer.reposition(Some(resume - 1));
             delay = Duration::ZERO;
         }
         UpstreamError::Gap { .. } if *attempts <= 1 => delay = Duration::ZERO,

@@ -10,8 +10,10 @@ use leasehold_telemetry::transport::ShipperConfig;
 
 use crate::runner::RunnerConfig;
 use crate::sink::SinkOptions;
-use crate::upstream::{FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
+use crate::upstream::history::HistoryConfig;
+use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
 use crate::worker::StreamWorkerConfig;
+use leasehold_control::sequence::{ResumeMode, SeqStep};
 
 /// `redis://…`, `rediss://…`, `redis+unix://…` or `memory:`. Never echoed: it may
 /// carry a password.
@@ -80,6 +82,104 @@ pub const UPSTREAM_IDLE_TIMEOUT_MS: Setting<Duration> = Setting::new(
     Fallback::Value(|| Duration::from_millis(15_000)),
     "The worker pings the upstream every third of this and reconnects (reason `idle`) when \
      nothing, data or pong, arrives for this long: a half-open connection or a frozen upstream.",
+);
+/// `replay`, `backfill` or `live`.
+const RESUME_PARSER: Parser<ResumeMode> = Parser {
+    parse: |raw| ResumeMode::parse(raw).ok_or_else(|| "must be replay, backfill or live".into()),
+    show: |mode| mode.as_str().to_owned(),
+};
+/// `contiguous` or `increasing`.
+const SEQ_STEP_PARSER: Parser<SeqStep> = Parser {
+    parse: |raw| SeqStep::parse(raw).ok_or_else(|| "must be contiguous or increasing".into()),
+    show: |step| step.as_str().to_owned(),
+};
+/// `/pointer=value[,/pointer=value…]`.
+const DATA_MATCH_PARSER: Parser<Vec<DataMatch>> = Parser {
+    parse: DataMatch::parse_list,
+    show: |list| {
+        list.iter()
+            .map(|m| format!("{}={}", m.pointer, m.value))
+            .collect::<Vec<_>>()
+            .join(",")
+    },
+};
+
+/// The `UPSTREAM_RESUME` variable.
+pub const UPSTREAM_RESUME: Setting<ResumeMode> = Setting::new(
+    "UPSTREAM_RESUME",
+    RESUME_PARSER,
+    Fallback::Value(|| ResumeMode::Replay),
+    "What a missed range becomes: `replay` (the upstream resumes from any sequence: ask again), \
+     `backfill` (read it from `UPSTREAM_BACKFILL_URL`, holding live events meanwhile) or `live` \
+     (the upstream starts live: record a gap marker and go on).",
+);
+/// The `UPSTREAM_SEQ_STEP` variable.
+pub const UPSTREAM_SEQ_STEP: Setting<SeqStep> = Setting::new(
+    "UPSTREAM_SEQ_STEP",
+    SEQ_STEP_PARSER,
+    Fallback::Value(|| SeqStep::Contiguous),
+    "`contiguous` (every sequence is used: a skipped one is missing) or `increasing` (holes are \
+     normal; only a sequence at or below the last one is a replay, and nothing is a gap).",
+);
+/// The `UPSTREAM_DATA_MATCH` variable.
+pub const UPSTREAM_DATA_MATCH: Setting<Vec<DataMatch>> = Setting::new(
+    "UPSTREAM_DATA_MATCH",
+    DATA_MATCH_PARSER,
+    Fallback::Unset,
+    "`/pointer=value[,/pointer=value…]`: a frame is data when one alternative holds; any other \
+     frame (acknowledgement, heartbeat, status, ping reply) is a control frame, counted and skipped.",
+);
+/// The `UPSTREAM_PING_TEXT` variable.
+pub const UPSTREAM_PING_TEXT: Setting<String> = Setting::new(
+    "UPSTREAM_PING_TEXT",
+    parse::TEXT,
+    Fallback::Unset,
+    "An application-level ping sent as a text frame every `UPSTREAM_PING_INTERVAL_MS` (e.g. \
+     `{\"op\":\"ping\"}`); its replies are control frames. WebSocket pings are sent regardless.",
+);
+/// The `UPSTREAM_PING_INTERVAL_MS` variable.
+pub const UPSTREAM_PING_INTERVAL_MS: Setting<Duration> = Setting::new(
+    "UPSTREAM_PING_INTERVAL_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(10_000)),
+    "How often `UPSTREAM_PING_TEXT` is sent.",
+);
+/// The `UPSTREAM_BACKFILL_URL` variable.
+pub const UPSTREAM_BACKFILL_URL: Setting<String> = Setting::secret(
+    "UPSTREAM_BACKFILL_URL",
+    parse::TEXT,
+    Fallback::Unset,
+    "History endpoint for `UPSTREAM_RESUME=backfill`: `http(s)://` with `{stream_id}`, \
+     `{stream_id_upper}`, `{from_seq}` and `{to_seq}`; read page by page until the range is closed. \
+     Never printed (it may carry an API key).",
+);
+/// The `UPSTREAM_BACKFILL_ITEMS_POINTER` variable.
+pub const UPSTREAM_BACKFILL_ITEMS_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_BACKFILL_ITEMS_POINTER",
+    parse::TEXT,
+    Fallback::Value(String::new),
+    "JSON pointer to the array of items in a history response (empty: the body is the array).",
+);
+/// The `UPSTREAM_BACKFILL_SEQ_POINTER` variable.
+pub const UPSTREAM_BACKFILL_SEQ_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_BACKFILL_SEQ_POINTER",
+    parse::TEXT,
+    Fallback::Derived("UPSTREAM_SEQ_POINTER's value"),
+    "JSON pointer to a history item's sequence.",
+);
+/// The `UPSTREAM_BACKFILL_ID_POINTER` variable.
+pub const UPSTREAM_BACKFILL_ID_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_BACKFILL_ID_POINTER",
+    parse::TEXT,
+    Fallback::Derived("UPSTREAM_ID_POINTER's value"),
+    "JSON pointer to a history item's id.",
+);
+/// The `UPSTREAM_BACKFILL_TS_POINTER` variable.
+pub const UPSTREAM_BACKFILL_TS_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_BACKFILL_TS_POINTER",
+    parse::TEXT,
+    Fallback::Derived("UPSTREAM_TS_POINTER's value"),
+    "JSON pointer to a history item's time in unix ms.",
 );
 /// The `SINK_URL` variable.
 pub const SINK_URL: Setting<String> = Setting::secret(
@@ -181,6 +281,16 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_MAX_FRAME_BYTES,
     &UPSTREAM_IDLE_TIMEOUT_MS,
     &UPSTREAM_TS_POINTER,
+    &UPSTREAM_RESUME,
+    &UPSTREAM_SEQ_STEP,
+    &UPSTREAM_DATA_MATCH,
+    &UPSTREAM_PING_TEXT,
+    &UPSTREAM_PING_INTERVAL_MS,
+    &UPSTREAM_BACKFILL_URL,
+    &UPSTREAM_BACKFILL_ITEMS_POINTER,
+    &UPSTREAM_BACKFILL_SEQ_POINTER,
+    &UPSTREAM_BACKFILL_ID_POINTER,
+    &UPSTREAM_BACKFILL_TS_POINTER,
     &SINK_URL,
     &SINK_MAX_LEN,
     &SINK_TIMEOUT_MS,
@@ -202,6 +312,8 @@ pub struct StreamWorkerSettings {
     pub lease: LeaseSettings,
     /// The upstream adapter.
     pub upstream: WebSocketUpstreamConfig,
+    /// The upstream's history (`UPSTREAM_RESUME=backfill` only).
+    pub history: Option<HistoryConfig>,
     /// `SINK_URL` (may hold a password: never print it).
     pub sink_url: leasehold_platform::settings::Redacted<String>,
     /// Sink sizing.
@@ -212,6 +324,50 @@ pub struct StreamWorkerSettings {
     pub runner: RunnerConfig,
     /// Where and how this worker ships its telemetry.
     pub shipper: ShipperConfig,
+}
+
+/// The history a `backfill` worker reads; its variables mean nothing otherwise
+/// (and a backfill URL without `backfill` is refused: it would be ignored).
+fn history_config(
+    env: &mut Env,
+    upstream: &WebSocketUpstreamConfig,
+    resume: ResumeMode,
+) -> Option<HistoryConfig> {
+    let url = env.optional(&UPSTREAM_BACKFILL_URL);
+    if resume != ResumeMode::Backfill {
+        if url.is_some() {
+            env.problem(
+                UPSTREAM_BACKFILL_URL.name,
+                "is set but UPSTREAM_RESUME is not backfill (it would be ignored)",
+            );
+        }
+        return None;
+    }
+    let Some(url_template) = url else {
+        env.problem(
+            UPSTREAM_BACKFILL_URL.name,
+            "is required with UPSTREAM_RESUME=backfill (where the history is read)",
+        );
+        return None;
+    };
+    let config = HistoryConfig {
+        url_template,
+        items_pointer: env.get(&UPSTREAM_BACKFILL_ITEMS_POINTER),
+        seq_pointer: env
+            .optional(&UPSTREAM_BACKFILL_SEQ_POINTER)
+            .unwrap_or_else(|| upstream.seq_pointer.clone()),
+        id_pointer: env
+            .optional(&UPSTREAM_BACKFILL_ID_POINTER)
+            .unwrap_or_else(|| upstream.id_pointer.clone()),
+        ts_pointer: env
+            .optional(&UPSTREAM_BACKFILL_TS_POINTER)
+            .or_else(|| upstream.ts_pointer.clone()),
+        ..HistoryConfig::default()
+    };
+    for problem in config.validate() {
+        env.problem("backfill", problem);
+    }
+    Some(config)
 }
 
 /// Reads the stream worker's settings; `lookup` gives flags precedence over the environment.
@@ -228,6 +384,11 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.max_frame_bytes = env.get(&UPSTREAM_MAX_FRAME_BYTES);
     upstream.idle_timeout = env.get(&UPSTREAM_IDLE_TIMEOUT_MS);
     upstream.ts_pointer = env.optional(&UPSTREAM_TS_POINTER);
+    upstream.data_match = env.optional(&UPSTREAM_DATA_MATCH).unwrap_or_default();
+    upstream.ping_text = env.optional(&UPSTREAM_PING_TEXT);
+    upstream.ping_interval = env.get(&UPSTREAM_PING_INTERVAL_MS);
+    let resume = env.get(&UPSTREAM_RESUME);
+    let history = history_config(&mut env, &upstream, resume);
     if !url.is_empty()
         && let Err(errors) = upstream.validate()
     {
@@ -267,6 +428,8 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         batch_max_delay: env.get(&BATCH_MAX_DELAY_MS),
         max_in_flight: env.get(&SINK_MAX_IN_FLIGHT),
         sink_max_failures: env.get(&SINK_MAX_FAILURES),
+        resume,
+        seq_step: env.get(&UPSTREAM_SEQ_STEP),
         ..RunnerConfig::default()
     };
     let shipper =
@@ -274,6 +437,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     env.finish(StreamWorkerSettings {
         lease,
         upstream,
+        history,
         sink_url,
         sink,
         worker,
@@ -306,6 +470,77 @@ mod tests {
             FEED_SUBSCRIBE_TEMPLATE
         );
         assert_eq!(settings.shipper.capacity, 65_536);
+    }
+
+    #[test]
+    fn backfill_reads_its_history_with_the_stream_pointers_by_default() {
+        let base = [
+            ("UPSTREAM_URL", "ws://127.0.0.1:9000/ws/{stream_id}@trade"),
+            ("SINK_URL", "memory:"),
+            ("OWNER_ID", "w"),
+            ("UPSTREAM_SEQ_POINTER", "/t"),
+            ("UPSTREAM_ID_POINTER", "/t"),
+            ("UPSTREAM_SUBSCRIBE", ""),
+            ("UPSTREAM_DATA_MATCH", "/e=trade"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut vars = base.to_vec();
+            vars.extend_from_slice(extra);
+            parse(&lookup(&vars))
+        };
+        let settings = with(&[
+            ("UPSTREAM_RESUME", "backfill"),
+            (
+                "UPSTREAM_BACKFILL_URL",
+                "http://127.0.0.1:9001/api?symbol={stream_id_upper}&fromId={from_seq}&key=hunter2",
+            ),
+            ("UPSTREAM_BACKFILL_SEQ_POINTER", "/id"),
+        ])
+        .unwrap();
+        let history = settings.history.expect("a history");
+        assert_eq!(
+            (history.seq_pointer.as_str(), history.id_pointer.as_str()),
+            ("/id", "/t")
+        );
+        assert_eq!(settings.runner.resume, ResumeMode::Backfill);
+        assert_eq!(settings.upstream.data_match.len(), 1);
+        let live = with(&[
+            ("UPSTREAM_RESUME", "live"),
+            ("UPSTREAM_SEQ_STEP", "increasing"),
+        ])
+        .unwrap();
+        assert!(live.history.is_none());
+        assert_eq!(live.runner.seq_step, SeqStep::Increasing);
+        // A backfill without a history, a history without backfill, bad names:
+        // each refused, and the URL (an API key) never echoed.
+        let text = with(&[("UPSTREAM_RESUME", "backfill")])
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("UPSTREAM_BACKFILL_URL"), "{text}");
+        let text = with(&[(
+            "UPSTREAM_BACKFILL_URL",
+            "http://h/api?fromId={from_seq}&key=hunter2",
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            text.contains("UPSTREAM_BACKFILL_URL") && !text.contains("hunter2"),
+            "{text}"
+        );
+        let text = with(&[
+            ("UPSTREAM_RESUME", "sometimes"),
+            ("UPSTREAM_SEQ_STEP", "up"),
+            ("UPSTREAM_DATA_MATCH", "type=match"),
+        ])
+        .unwrap_err()
+        .to_string();
+        for name in [
+            "UPSTREAM_RESUME",
+            "UPSTREAM_SEQ_STEP",
+            "UPSTREAM_DATA_MATCH",
+        ] {
+            assert!(text.contains(name), "{name}: {text}");
+        }
     }
 
     #[test]

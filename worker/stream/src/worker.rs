@@ -41,6 +41,7 @@ use crate::probes::ExpiryProbes;
 use crate::runner::{RunnerContext, StreamExit, run_stream};
 use crate::sink::FencedSink;
 use crate::upstream::WebSocketUpstream;
+use crate::upstream::history::{History, HttpHistory};
 
 /// How a stream worker discovers, balances and drains.
 #[derive(Debug, Clone)]
@@ -152,6 +153,17 @@ impl StreamWorker {
             telemetry.clone(),
             settings.lease.keeper.clone(),
         );
+        let history = settings.history.as_ref().and_then(|config| {
+            match HttpHistory::new(config.clone()) {
+                Ok(history) => Some((Arc::new(history) as Arc<dyn History>, config.clone())),
+                // Building a TLS client from the public roots does not fail in
+                // practice; without one, every backfill records a gap.
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot build the history client; backfills will record gaps");
+                    None
+                }
+            }
+        });
         let context = Arc::new(RunnerContext {
             keeper,
             upstream: Arc::new(WebSocketUpstream::new(
@@ -159,6 +171,7 @@ impl StreamWorker {
                 telemetry.clone(),
             )),
             sink,
+            history,
             telemetry,
             config: settings.runner.clone(),
         });

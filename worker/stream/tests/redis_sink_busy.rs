@@ -37,11 +37,7 @@ async fn redis_sink_waits_out_a_busy_moment() {
             .expect("busy script");
     });
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let events = [SinkEvent {
-        seq: 1,
-        event_id: format!("{stream}:1"),
-        payload: "{}".into(),
-    }];
+    let events = [SinkEvent::data(1, format!("{stream}:1"), "{}")];
     let written = target
         .sink()
         .write(SinkBatch {

@@ -22,11 +22,7 @@ async fn redis_sink_reloads_a_forgotten_script() {
         return;
     };
     let stream = leasehold_testkit::unique_name("sink");
-    let event = |seq: u64| SinkEvent {
-        seq,
-        event_id: format!("{stream}:{seq}"),
-        payload: "{}".into(),
-    };
+    let event = |seq: u64| SinkEvent::data(seq, format!("{stream}:{seq}"), "{}");
     let write = |events: Vec<SinkEvent>| {
         let sink = target.sink();
         let stream = stream.clone();

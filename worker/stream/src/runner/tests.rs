@@ -20,9 +20,21 @@ use crate::upstream::Subscription;
 /// What the next subscription does after delivering `after` events.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
-    Gap { after: u64 },
-    Close { after: u64 },
-    Retention { earliest: u64 },
+    Gap {
+        after: u64,
+    },
+    Close {
+        after: u64,
+    },
+    Retention {
+        earliest: u64,
+    },
+    /// The upstream skips `by` sequences after `after` events (a hole
+    /// inside the connection, delivered as a jump).
+    Skip {
+        after: u64,
+        by: u64,
+    },
 }
 
 #[derive(Default)]
@@ -31,10 +43,17 @@ struct FakeUpstream {
     faults: Mutex<VecDeque<Fault>>,
     subscribed_from: Mutex<Vec<u64>>,
     open: Arc<AtomicU64>,
+    /// Like an exchange: every connection starts after the head at connect
+    /// time, whatever it was asked for.
+    live: AtomicBool,
+    /// Only sequences divisible by this are sent (0 or 1: all), like a
+    /// sequence shared by several channels.
+    every: AtomicU64,
 }
 
 struct FakeSubscription {
     next: u64,
+    every: u64,
     head: Arc<AtomicU64>,
     fault: Option<Fault>,
     delivered: u64,
@@ -68,8 +87,14 @@ impl Upstream for FakeUpstream {
             });
         }
         self.open.fetch_add(1, Ordering::SeqCst);
+        let next = if self.live.load(Ordering::SeqCst) {
+            self.head.load(Ordering::SeqCst) + 1
+        } else {
+            from_seq
+        };
         Ok(Box::new(FakeSubscription {
-            next: from_seq,
+            next,
+            every: self.every.load(Ordering::SeqCst).max(1),
             head: self.head.clone(),
             fault,
             delivered: 0,
@@ -92,7 +117,14 @@ impl Subscription for FakeSubscription {
             Some(Fault::Close { after }) if self.delivered == after => {
                 return Err(UpstreamError::Closed("test".into()));
             }
+            Some(Fault::Skip { after, by }) if self.delivered == after => {
+                self.next += by;
+                self.fault = None;
+            }
             _ => {}
+        }
+        while self.next % self.every != 0 {
+            self.next += 1;
         }
         while self.next > self.head.load(Ordering::SeqCst) {
             sleep(Duration::from_millis(5)).await;
@@ -206,6 +238,7 @@ fn fixture(head: u64) -> Fixture {
         keeper,
         upstream: upstream.clone(),
         sink: sink.clone(),
+        history: None,
         telemetry: Arc::new(events.clone()),
         config: RunnerConfig {
             batch_max_events: 10,
@@ -601,11 +634,7 @@ async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
             after: None,
             stream_id: "s",
             fence_token: 0,
-            events: &[SinkEvent {
-                seq: 1,
-                event_id: "s:1".into(),
-                payload: "{}".into(),
-            }],
+            events: &[SinkEvent::data(1, "s:1", "{}")],
         })
         .await
         .unwrap();
@@ -623,11 +652,7 @@ async fn resumes_after_the_sinks_last_sequence_when_it_is_past_the_checkpoint() 
     let old = f.context.keeper.acquire("s").await.unwrap();
     f.context.keeper.commit_checkpoint(&old, 10).await.unwrap();
     let written: Vec<SinkEvent> = (1..=40)
-        .map(|seq| SinkEvent {
-            seq,
-            event_id: format!("s:{seq}"),
-            payload: "{}".into(),
-        })
+        .map(|seq| SinkEvent::data(seq, format!("s:{seq}"), "{}"))
         .collect();
     f.sink
         .inner
@@ -839,4 +864,336 @@ async fn past_its_deadline_a_holder_writes_nothing_even_before_the_loss_is_signa
         "nothing written past the deadline, though no loss was signalled"
     );
     task.abort();
+}
+
+/// A history that serves sequences `oldest..` (up to the upstream's head) in
+/// pages of `page`, failing the first `failures` requests.
+struct FakeHistory {
+    head: Arc<AtomicU64>,
+    oldest: AtomicU64,
+    page: u64,
+    failures: AtomicU64,
+    requests: Mutex<Vec<(u64, u64)>>,
+}
+
+#[async_trait]
+impl crate::upstream::history::History for FakeHistory {
+    async fn page(
+        &self,
+        _stream_id: &str,
+        from_seq: u64,
+        to_seq: u64,
+    ) -> Result<Vec<UpstreamEvent>, crate::upstream::history::HistoryError> {
+        self.requests.lock().unwrap().push((from_seq, to_seq));
+        sleep(Duration::from_millis(20)).await;
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(crate::upstream::history::HistoryError::Unavailable(
+                "HTTP 503".into(),
+            ));
+        }
+        let start = from_seq.max(self.oldest.load(Ordering::SeqCst));
+        let end = (start + self.page - 1).min(self.head.load(Ordering::SeqCst));
+        Ok((start..=end)
+            .map(|seq| UpstreamEvent {
+                seq,
+                event_id: format!("s:{seq}"),
+                payload: format!("{{\"history\":{seq}}}").into(),
+                received_at: Instant::now(),
+                arrival_lag: None,
+            })
+            .collect())
+    }
+}
+
+/// The fixture on a live-start upstream in `mode`, with a history when
+/// `backfill`.
+fn live_fixture(head: u64, mode: ResumeMode) -> (Fixture, Option<Arc<FakeHistory>>) {
+    let mut f = fixture(head);
+    f.upstream.live.store(true, Ordering::SeqCst);
+    let history = (mode == ResumeMode::Backfill).then(|| {
+        Arc::new(FakeHistory {
+            head: f.upstream.head.clone(),
+            oldest: AtomicU64::new(1),
+            page: 7,
+            failures: AtomicU64::new(0),
+            requests: Mutex::new(Vec::new()),
+        })
+    });
+    let context = Arc::get_mut(&mut f.context).expect("not shared yet");
+    context.config.resume = mode;
+    context.history = history.clone().map(|h| {
+        let config = crate::upstream::history::HistoryConfig {
+            max_attempts: 3,
+            ..Default::default()
+        };
+        (h as Arc<dyn crate::upstream::history::History>, config)
+    });
+    (f, history)
+}
+
+/// Waits until the runner opened its `n`th upstream connection (a live
+/// upstream starts wherever its head is then).
+async fn subscribed(f: &Fixture, n: usize) {
+    wait_for(|| f.upstream.subscribed_from.lock().unwrap().len() >= n).await;
+}
+
+/// Every stored sequence, markers as their ranges: (seq or gap_to, gap_from).
+fn entries(f: &Fixture) -> Vec<(u64, Option<u64>)> {
+    f.sink
+        .inner
+        .events("s")
+        .iter()
+        .map(|e| (e.seq, e.gap.map(|g| g.from)))
+        .collect()
+}
+
+/// Invariant 8 for a contiguous upstream: positions increase, and every
+/// sequence from the first stored one on is either an event or inside
+/// exactly one marker.
+fn assert_contiguous_cover(f: &Fixture) {
+    let stored = f.sink.inner.events("s");
+    let mut next = stored.first().map_or(0, |e| *e.covers().start());
+    for entry in &stored {
+        assert_eq!(
+            *entry.covers().start(),
+            next,
+            "covered exactly once: {:?}",
+            entries(f)
+        );
+        next = entry.seq + 1;
+    }
+}
+
+fn gaps_reported(f: &Fixture) -> Vec<(u64, u64, leasehold_telemetry::GapReason)> {
+    f.events
+        .snapshot()
+        .into_iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::StreamGap {
+                from_seq,
+                to_seq,
+                reason,
+                ..
+            } => Some((from_seq, to_seq, reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_mode_starts_at_the_live_position_and_marks_what_a_reconnect_missed() {
+    use leasehold_telemetry::GapReason::NoReplay;
+    let (f, _) = live_fixture(5_000, ResumeMode::Live);
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .extend([Fault::Close { after: 10 }, Fault::Skip { after: 5, by: 3 }]);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    // A never-written stream: the first event is wherever the upstream is.
+    for head in 5_001..=5_010 {
+        f.upstream.head.store(head, Ordering::SeqCst);
+        sleep(Duration::from_millis(10)).await;
+    }
+    wait_for(|| sink_seqs(&f).last() == Some(&5_010)).await;
+    // The server cut the connection; 20 events pass before the reconnect.
+    f.upstream.head.store(5_030, Ordering::SeqCst);
+    sleep(Duration::from_secs(6)).await;
+    for head in 5_031..=5_045 {
+        f.upstream.head.store(head, Ordering::SeqCst);
+        sleep(Duration::from_millis(10)).await;
+    }
+    wait_for(|| sink_seqs(&f).last() == Some(&5_045)).await;
+    let stored = entries(&f);
+    assert!(
+        stored[0].0 > 5_000 && stored[0].1.is_none(),
+        "no marker before the first event: {stored:?}"
+    );
+    let markers: Vec<_> = stored.iter().filter(|(_, from)| from.is_some()).collect();
+    assert_eq!(markers.len(), 2, "{stored:?}");
+    assert_contiguous_cover(&f);
+    let reported = gaps_reported(&f);
+    assert_eq!(reported.len(), 2, "each marker counted once: {reported:?}");
+    assert!(reported.iter().all(|(_, _, reason)| *reason == NoReplay));
+    let reconnects = f
+        .events
+        .snapshot()
+        .iter()
+        .filter(|e| matches!(e, TelemetryEvent::UpstreamReconnect { .. }))
+        .count();
+    assert_eq!(reconnects, 1, "a gap never reconnects in live mode");
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_mode_resumes_after_a_marker_and_marks_the_takeover_hole() {
+    let (f, _) = live_fixture(100, ResumeMode::Live);
+    f.sink
+        .inner
+        .write(SinkBatch {
+            stream_id: "s",
+            fence_token: 1,
+            events: &[
+                SinkEvent::data(40, "s:40", "{}"),
+                SinkEvent::gap(41, 60, leasehold_telemetry::GapReason::NoReplay),
+            ],
+            after: None,
+        })
+        .await
+        .unwrap();
+    f.store.register("s", 0).await.unwrap();
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    subscribed(&f, 1).await;
+    f.upstream.head.store(103, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).last() == Some(&103)).await;
+    assert_eq!(
+        entries(&f),
+        [
+            (40, None),
+            (60, Some(41)),
+            (100, Some(61)),
+            (101, None),
+            (102, None),
+            (103, None)
+        ]
+    );
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn increasing_sequences_never_mark_a_hole() {
+    let (f, _) = live_fixture(100, ResumeMode::Live);
+    f.upstream.every.store(3, Ordering::SeqCst);
+    let context = Arc::new(RunnerContext {
+        config: RunnerConfig {
+            seq_step: SeqStep::Increasing,
+            ..f.context.config.clone()
+        },
+        keeper: f.context.keeper.clone(),
+        upstream: f.context.upstream.clone(),
+        sink: f.context.sink.clone(),
+        history: None,
+        telemetry: f.context.telemetry.clone(),
+    });
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .push_back(Fault::Close { after: 4 });
+    let lease = context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(context, lease, CancellationToken::new()));
+    subscribed(&f, 1).await;
+    f.upstream.head.store(130, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).len() == 4).await;
+    f.upstream.head.store(145, Ordering::SeqCst);
+    subscribed(&f, 2).await;
+    f.upstream.head.store(160, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).last() == Some(&159)).await;
+    assert!(
+        entries(&f)
+            .iter()
+            .all(|(seq, gap)| gap.is_none() && seq % 3 == 0)
+    );
+    assert!(gaps_reported(&f).is_empty());
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn backfill_closes_the_hole_from_history_then_writes_the_held_events() {
+    let (f, history) = live_fixture(1_000, ResumeMode::Backfill);
+    let history = history.unwrap();
+    history.failures.store(1, Ordering::SeqCst);
+    f.upstream.faults.lock().unwrap().extend([
+        Fault::Close { after: 5 },
+        Fault::Close { after: 5 },
+        Fault::Close { after: 5 },
+    ]);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    // Three cuts, each followed by 20 events nobody read live.
+    for round in 0..4u64 {
+        for head in 0..5 {
+            f.upstream.head.fetch_add(1, Ordering::SeqCst);
+            let _ = head;
+            sleep(Duration::from_millis(10)).await;
+        }
+        let _ = round;
+        sleep(Duration::from_millis(200)).await;
+        f.upstream.head.fetch_add(20, Ordering::SeqCst);
+        sleep(Duration::from_secs(6)).await;
+    }
+    let head = f.upstream.head.load(Ordering::SeqCst);
+    f.upstream.head.fetch_add(3, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).last() == Some(&(head + 3))).await;
+    let first = sink_seqs(&f)[0];
+    assert_eq!(
+        sink_seqs(&f),
+        (first..=head + 3).collect::<Vec<_>>(),
+        "0 missing, 0 duplicates, no marker"
+    );
+    assert!(gaps_reported(&f).is_empty());
+    let requests = history.requests.lock().unwrap().clone();
+    assert!(requests.len() >= 4, "{requests:?}");
+    let stored = f.sink.inner.events("s");
+    assert!(
+        stored.iter().any(|e| e.payload.starts_with("{\"history\"")),
+        "backfilled items are the history's text"
+    );
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_history_without_the_start_marks_retention_and_a_failing_one_backfill_exhausted() {
+    use leasehold_telemetry::GapReason::{BackfillExhausted, Retention};
+    for (oldest, failures, reason) in [(25, 0, Retention), (1, 1_000, BackfillExhausted)] {
+        let (f, history) = live_fixture(10, ResumeMode::Backfill);
+        let history = history.unwrap();
+        history.oldest.store(oldest, Ordering::SeqCst);
+        history.failures.store(failures, Ordering::SeqCst);
+        f.upstream
+            .faults
+            .lock()
+            .unwrap()
+            .push_back(Fault::Close { after: 3 });
+        let lease = f.context.keeper.acquire("s").await.unwrap();
+        let task = tokio::spawn(run_stream(
+            f.context.clone(),
+            lease,
+            CancellationToken::new(),
+        ));
+        subscribed(&f, 1).await;
+        f.upstream.head.store(13, Ordering::SeqCst);
+        wait_for(|| sink_seqs(&f).len() == 3).await;
+        f.upstream.head.store(40, Ordering::SeqCst);
+        subscribed(&f, 2).await;
+        f.upstream.head.store(41, Ordering::SeqCst);
+        wait_for(|| sink_seqs(&f).last() == Some(&41)).await;
+        assert_contiguous_cover(&f);
+        let reported = gaps_reported(&f);
+        assert_eq!(reported.len(), 1, "{reported:?}");
+        assert_eq!(reported[0].2, reason);
+        if reason == Retention {
+            assert_eq!((reported[0].0, reported[0].1), (14, 24));
+            assert!(sink_seqs(&f).contains(&25), "the rest came from history");
+        }
+        task.abort();
+    }
 }

@@ -7,7 +7,10 @@ use leasehold_testkit::{redis_url, unique_name};
 
 use super::memory::{MemorySink, StoredEvent};
 use super::redis::RedisSink;
-use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkEvent, SinkOptions, WriteOutcome};
+use super::{
+    FencedSink, GapMark, OpenOutcome, SinkBatch, SinkError, SinkEvent, SinkOptions, WriteOutcome,
+};
+use leasehold_telemetry::GapReason;
 
 /// A sink under test, plus a way to read back what it stored.
 #[async_trait]
@@ -112,10 +115,12 @@ pub const OPTIONS: SinkOptions = SinkOptions {
 };
 
 fn events(stream: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<SinkEvent> {
-    seqs.map(|seq| SinkEvent {
-        seq,
-        event_id: format!("{stream}:{seq}"),
-        payload: format!(r#"{{"seq":{seq}}}"#).into(),
+    seqs.map(|seq| {
+        SinkEvent::data(
+            seq,
+            format!("{stream}:{seq}"),
+            format!(r#"{{"seq":{seq}}}"#),
+        )
     })
     .collect()
 }
@@ -377,6 +382,73 @@ pub async fn pipelined_batches_land_in_order_or_not_at_all(target: &dyn SinkTarg
     assert!(stored[9..].iter().all(|e| e.fence_token == 2));
 }
 
+/// A gap marker is an entry at its last missing sequence: read back with its
+/// range, reason and token and no payload, in order between the events; the
+/// next owner resumes after it; a replayed marker is dropped like an event.
+pub async fn gap_markers_stand_where_the_data_is_missing(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    let mut batch = events(&stream, 1..=2);
+    batch.push(SinkEvent::gap(3, 9, GapReason::NoReplay));
+    batch.extend(events(&stream, 10..=10));
+    let outcome = write(target, &stream, 2, &batch).await;
+    assert_eq!((outcome.accepted, outcome.duplicate), (4, 0));
+    let stored = target.stored(&stream).await;
+    assert_eq!(seqs(&stored), [1, 2, 9, 10]);
+    let marker = &stored[2];
+    assert_eq!(
+        marker.gap,
+        Some(GapMark {
+            from: 3,
+            reason: GapReason::NoReplay
+        })
+    );
+    assert_eq!((marker.covers(), marker.fence_token), (3..=9, 2));
+    assert!(marker.payload.is_empty() && marker.event_id.is_empty());
+    assert_eq!(stored[3].gap, None);
+    // A stream whose newest entry is a marker resumes after it.
+    write(
+        target,
+        &stream,
+        2,
+        &[SinkEvent::gap(11, 20, GapReason::Retention)],
+    )
+    .await;
+    let opened = target.sink().open(&stream, 3).await.expect("open");
+    assert_eq!(opened.last_seq, Some(20));
+    // A takeover's replay of a marker and the events before it appends nothing twice.
+    let mut replay = vec![SinkEvent::gap(11, 20, GapReason::Retention)];
+    replay.extend(events(&stream, 21..=21));
+    let outcome = write(target, &stream, 3, &replay).await;
+    assert_eq!((outcome.accepted, outcome.duplicate), (1, 1));
+    assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 9, 10, 20, 21]);
+    for reason in GapReason::ALL {
+        let stream = unique_name("sink-reason");
+        write(target, &stream, 1, &[SinkEvent::gap(1, 4, reason)]).await;
+        assert_eq!(
+            target.stored(&stream).await[0].gap.map(|g| g.reason),
+            Some(reason)
+        );
+    }
+}
+
+/// A zombie's gap marker is fenced like any write: nothing of it is stored.
+pub async fn a_zombie_marker_is_fenced(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    write(target, &stream, 1, &events(&stream, 1..=2)).await;
+    let opened = target.sink().open(&stream, 2).await.expect("open");
+    assert!(!opened.fenced);
+    let zombie = write(
+        target,
+        &stream,
+        1,
+        &[SinkEvent::gap(3, 7, GapReason::NoReplay)],
+    )
+    .await;
+    assert_eq!((zombie.fenced, zombie.accepted), (1, 0));
+    assert!(zombie.is_fenced());
+    assert_eq!(seqs(&target.stored(&stream).await), [1, 2]);
+}
+
 /// Streams have their own fence and sequence.
 pub async fn streams_are_independent(target: &dyn SinkTarget) {
     let a = unique_name("sink-a");
@@ -400,6 +472,8 @@ macro_rules! sink_conformance_suite {
             a_failed_write_records_nothing_it_did_not_append,
             streams_are_independent,
             pipelined_batches_land_in_order_or_not_at_all,
+            gap_markers_stand_where_the_data_is_missing,
+            a_zombie_marker_is_fenced,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -8,17 +8,30 @@ use leasehold_control::protocol;
 
 use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 
-/// One accepted event as stored.
+/// One accepted entry as stored: an event, or a gap marker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredEvent {
-    /// Upstream sequence.
+    /// Upstream sequence (a marker: `gap_to`, its position).
     pub seq: u64,
-    /// Upstream event id.
+    /// Upstream event id (empty for a marker).
     pub event_id: String,
     /// Token of the write that appended it.
     pub fence_token: u64,
-    /// The event as received.
+    /// The event as received (empty for a marker).
     pub payload: String,
+    /// `Some` for a gap marker.
+    pub gap: Option<super::GapMark>,
+}
+
+impl StoredEvent {
+    /// The sequences an entry stands for: one for an event, the missing
+    /// range for a marker.
+    pub fn covers(&self) -> std::ops::RangeInclusive<u64> {
+        match self.gap {
+            Some(gap) => gap.from..=self.seq,
+            None => self.seq..=self.seq,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -155,6 +168,7 @@ impl FencedSink for MemorySink {
                 // Stored as its own string: a shared payload would keep the
                 // whole read buffer it came in alive for as long as it is kept.
                 payload: event.payload.as_str().to_owned(),
+                gap: event.gap,
             });
             state.appended += 1;
             outcome.accepted += 1;

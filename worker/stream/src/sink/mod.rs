@@ -21,21 +21,57 @@ pub mod conformance;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use leasehold_telemetry::GapReason;
 
 /// An event's payload: the frame's text as received, sharing the frame's
 /// buffer (cloning it is a reference count, not a copy). Compares equal to
 /// `&str` and `String`; `.as_str()` reads it.
 pub type Payload = tokio_tungstenite::tungstenite::Utf8Bytes;
 
-/// One event to append.
+/// One entry to append: an event, or a gap marker recording sequences that
+/// will never arrive (at the position of the last of them, so a reader meets
+/// the marker exactly where the data is missing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SinkEvent {
-    /// Upstream sequence number.
+    /// Upstream sequence number (a marker: its last missing sequence, `gap_to`).
     pub seq: u64,
-    /// Upstream event id, the de-duplication key.
+    /// Upstream event id (empty for a marker: an event's id never is).
     pub event_id: String,
-    /// The event as received.
+    /// The event as received (empty for a marker).
     pub payload: Payload,
+    /// `Some` for a gap marker.
+    pub gap: Option<GapMark>,
+}
+
+/// What a gap marker records besides its position (`gap_to` = its `seq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GapMark {
+    /// First missing sequence.
+    pub from: u64,
+    /// Why they are missing.
+    pub reason: GapReason,
+}
+
+impl SinkEvent {
+    /// An event.
+    pub fn data(seq: u64, event_id: impl Into<String>, payload: impl Into<Payload>) -> Self {
+        SinkEvent {
+            seq,
+            event_id: event_id.into(),
+            payload: payload.into(),
+            gap: None,
+        }
+    }
+
+    /// A gap marker for `from..=to`.
+    pub fn gap(from: u64, to: u64, reason: GapReason) -> Self {
+        SinkEvent {
+            seq: to,
+            event_id: String::new(),
+            payload: Payload::default(),
+            gap: Some(GapMark { from, reason }),
+        }
+    }
 }
 
 /// A batch of one stream's events, under one fence token.

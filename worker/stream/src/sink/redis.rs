@@ -4,6 +4,7 @@
 
 use crate::sink::keys;
 use async_trait::async_trait;
+use leasehold_telemetry::GapReason;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
@@ -12,14 +13,15 @@ use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOut
 /// for a TLS endpoint across zones).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The `seq` of a stream's last entry, or -1. Shared by both scripts.
+/// The position of a stream's last entry (an event's `seq`, a gap marker's
+/// `gap_to`), or -1. Shared by both scripts.
 const LAST_SEQ: &str = r#"
 local function last_seq(stream)
   local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
   if not last then return -1 end
   local fields = last[2]
   for i = 1, #fields, 2 do
-    if fields[i] == 'seq' then return tonumber(fields[i + 1]) end
+    if fields[i] == 'seq' or fields[i] == 'gap_to' then return tonumber(fields[i + 1]) end
   end
   return -1
 end
@@ -41,8 +43,9 @@ return {0, token, last_seq(KEYS[2])}
 
 /// KEYS: fence, stream. ARGV: token, max len, after ('' or the sequence the
 /// stream must have reached: a pipelined batch's predecessor), then (seq,
-/// event_id, payload) per event. Returns {accepted, duplicate, fenced, highest,
-/// out_of_order}. The last sequence is
+/// event_id, payload) per event; a gap marker is (gap_to, '', '<gap_from>
+/// <reason>') – an event's id is never empty. Returns {accepted, duplicate,
+/// fenced, highest, out_of_order}. The last sequence is
 /// read from the stream before anything is written, and nothing but the append
 /// records an event: a script that fails part-way leaves only what it appended.
 /// Tokens and sequences stay below 2^53, so Lua's doubles hold them exactly.
@@ -70,15 +73,30 @@ end
 local duplicate = (first - 4) / 3
 local stream, fence = KEYS[2], ARGV[1]
 local max_len = tonumber(ARGV[2])
+-- Markers are rare: one function for both trims.
+local function add_marker(i)
+  local from, reason = string.match(ARGV[i + 2], '^(%d+) (.+)$')
+  if max_len > 0 then
+    redis.call('XADD', stream, 'MAXLEN', '~', max_len, '*',
+      'gap_from', from, 'gap_to', ARGV[i], 'fence_token', fence, 'reason', reason)
+  else
+    redis.call('XADD', stream, '*',
+      'gap_from', from, 'gap_to', ARGV[i], 'fence_token', fence, 'reason', reason)
+  end
+end
 if max_len > 0 then
   for i = first, #ARGV, 3 do
+    if ARGV[i + 1] == '' then add_marker(i) else
     redis.call('XADD', stream, 'MAXLEN', '~', max_len, '*',
       'seq', ARGV[i], 'event_id', ARGV[i + 1], 'fence_token', fence, 'payload', ARGV[i + 2])
+    end
   end
 else
   for i = first, #ARGV, 3 do
+    if ARGV[i + 1] == '' then add_marker(i) else
     redis.call('XADD', stream, '*',
       'seq', ARGV[i], 'event_id', ARGV[i + 1], 'fence_token', fence, 'payload', ARGV[i + 2])
+    end
   end
 end
 return {events - duplicate, duplicate, 0, token, 0}
@@ -192,7 +210,9 @@ impl RedisSink {
     }
 }
 
-/// One stream entry as a [`super::memory::StoredEvent`].
+/// One stream entry as a [`super::memory::StoredEvent`]: an event (`seq`,
+/// `event_id`, `fence_token`, `payload`) or a gap marker (`gap_from`,
+/// `gap_to`, `fence_token`, `reason`).
 fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::StoredEvent, SinkError> {
     let field = |name: &str| -> Result<String, SinkError> {
         entry
@@ -204,11 +224,28 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
             SinkError::Rejected(format!("entry {} field {name} is not a number", entry.id))
         })
     };
+    if entry.map.contains_key("gap_to") {
+        let reason = field("reason")?;
+        let reason = GapReason::parse(&reason).ok_or_else(|| {
+            SinkError::Rejected(format!("entry {} names an unknown gap reason", entry.id))
+        })?;
+        return Ok(super::memory::StoredEvent {
+            seq: number("gap_to")?,
+            event_id: String::new(),
+            fence_token: number("fence_token")?,
+            payload: String::new(),
+            gap: Some(super::GapMark {
+                from: number("gap_from")?,
+                reason,
+            }),
+        });
+    }
     Ok(super::memory::StoredEvent {
         seq: number("seq")?,
         event_id: field("event_id")?,
         fence_token: number("fence_token")?,
         payload: field("payload")?,
+        gap: None,
     })
 }
 
@@ -256,10 +293,13 @@ impl FencedSink for RedisSink {
             None => command.arg(""),
         };
         for event in batch.events {
-            command
-                .arg(event.seq)
-                .arg(&event.event_id)
-                .arg(event.payload.as_bytes());
+            command.arg(event.seq);
+            match event.gap {
+                None => command.arg(&event.event_id).arg(event.payload.as_bytes()),
+                Some(gap) => command
+                    .arg("")
+                    .arg(format!("{} {}", gap.from, gap.reason.as_str())),
+            };
         }
         let mut connection = self.connection.clone();
         let reply = match command.query_async(&mut connection).await {

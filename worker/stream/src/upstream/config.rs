@@ -31,7 +31,65 @@ pub struct WebSocketUpstreamConfig {
     /// Reconnect when nothing (data or a pong to the pings sent every third of
     /// it) arrives for this long (`UPSTREAM_IDLE_TIMEOUT_MS`).
     pub idle_timeout: Duration,
+    /// `UPSTREAM_DATA_MATCH`: a frame is data when one of these holds; a frame
+    /// that matches none is a control frame (empty: every frame is data).
+    pub data_match: Vec<DataMatch>,
+    /// `UPSTREAM_PING_TEXT`: an application-level ping sent as a text frame
+    /// every `ping_interval`, for upstreams that drop clients who do not.
+    pub ping_text: Option<String>,
+    /// `UPSTREAM_PING_INTERVAL_MS`.
+    pub ping_interval: Duration,
 }
+
+/// One alternative of `UPSTREAM_DATA_MATCH`: the value at `pointer` is `value`
+/// (a string as it is, a number, boolean or null as JSON writes it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataMatch {
+    /// JSON pointer (RFC 6901).
+    pub pointer: String,
+    /// The text the value must have.
+    pub value: String,
+}
+
+impl DataMatch {
+    /// Parses `/pointer=value[,/pointer=value…]` (split at each alternative's
+    /// first `=`; empty text: no condition).
+    pub fn parse_list(text: &str) -> Result<Vec<DataMatch>, String> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|part| !part.is_empty())
+            .map(|part| {
+                let (pointer, value) = part
+                    .split_once('=')
+                    .ok_or_else(|| format!("{part:?} is not /pointer=value"))?;
+                if !pointer.starts_with('/') {
+                    return Err(format!(
+                        "{pointer:?} must be a JSON pointer starting with /"
+                    ));
+                }
+                Ok(DataMatch {
+                    pointer: pointer.to_owned(),
+                    value: value.to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `found` (the value at the pointer, if any) is this value.
+    pub fn matches(&self, found: Option<&Value>) -> bool {
+        match found {
+            Some(Value::String(s)) => *s == self.value,
+            Some(Value::Number(n)) => n.to_string() == self.value,
+            Some(Value::Bool(b)) => (if *b { "true" } else { "false" }) == self.value,
+            Some(Value::Null) => self.value == "null",
+            _ => false,
+        }
+    }
+}
+
+/// Distinct data-match pointers one adapter reads at most (the extractor reads
+/// eight pointers per frame; three are the sequence, id and time).
+pub const MAX_DATA_MATCH_POINTERS: usize = super::extract::MAX_POINTERS - 3;
 
 impl WebSocketUpstreamConfig {
     /// The simulator's protocol at `url`.
@@ -45,7 +103,21 @@ impl WebSocketUpstreamConfig {
             max_frame_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(15),
+            data_match: Vec::new(),
+            ping_text: None,
+            ping_interval: Duration::from_secs(10),
         }
+    }
+
+    /// The distinct pointers `data_match` reads, in first-mention order.
+    pub fn data_match_pointers(&self) -> Vec<&str> {
+        let mut pointers: Vec<&str> = Vec::new();
+        for alternative in &self.data_match {
+            if !pointers.contains(&alternative.pointer.as_str()) {
+                pointers.push(&alternative.pointer);
+            }
+        }
+        pointers
     }
 
     /// Every problem with this configuration, not just the first.
@@ -93,6 +165,17 @@ impl WebSocketUpstreamConfig {
         if self.idle_timeout.is_zero() {
             problems.push("idle timeout must be positive".to_owned());
         }
+        if self.data_match_pointers().len() > MAX_DATA_MATCH_POINTERS {
+            problems.push(format!(
+                "data match names more than {MAX_DATA_MATCH_POINTERS} distinct pointers"
+            ));
+        }
+        if self.ping_text.as_deref() == Some("") {
+            problems.push("application ping text must not be empty".to_owned());
+        }
+        if self.ping_text.is_some() && self.ping_interval.is_zero() {
+            problems.push("application ping interval must be positive".to_owned());
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -116,9 +199,12 @@ mod tests {
             max_frame_bytes: 0,
             connect_timeout: Duration::ZERO,
             idle_timeout: Duration::ZERO,
+            data_match: DataMatch::parse_list("/a=1,/b=1,/c=1,/d=1,/e=1,/f=1").unwrap(),
+            ping_text: Some(String::new()),
+            ping_interval: Duration::ZERO,
         };
         let problems = config.validate().expect_err("invalid");
-        assert_eq!(problems.len(), 7, "{problems:?}");
+        assert_eq!(problems.len(), 10, "{problems:?}");
         assert!(!problems.join(" ").contains("secret"));
         assert_eq!(
             WebSocketUpstreamConfig::for_feed("ws://127.0.0.1:9/").validate(),
@@ -126,5 +212,25 @@ mod tests {
         );
         let templated = WebSocketUpstreamConfig::for_feed("wss://feed.example/{stream_id}?key=k");
         assert_eq!(templated.validate(), Ok(()));
+    }
+
+    #[test]
+    fn data_match_alternatives_parse_and_compare_as_text() {
+        let alternatives =
+            DataMatch::parse_list(" /type=match, /type=last_match ,/n=5,/ok=true").unwrap();
+        assert_eq!(alternatives.len(), 4);
+        assert_eq!(alternatives[0].pointer, "/type");
+        assert_eq!(alternatives[1].value, "last_match");
+        let value = |json: &str| serde_json::from_str::<Value>(json).unwrap();
+        assert!(alternatives[0].matches(Some(&value(r#""match""#))));
+        assert!(!alternatives[0].matches(Some(&value(r#""heartbeat""#))));
+        assert!(alternatives[2].matches(Some(&value("5"))));
+        assert!(alternatives[3].matches(Some(&value("true"))));
+        assert!(!alternatives[2].matches(None));
+        assert_eq!(DataMatch::parse_list("").unwrap(), Vec::new());
+        assert!(DataMatch::parse_list("type=match").is_err());
+        assert!(DataMatch::parse_list("/type").is_err());
+        // `=` inside the value is the value's.
+        assert_eq!(DataMatch::parse_list("/a=b=c").unwrap()[0].value, "b=c");
     }
 }

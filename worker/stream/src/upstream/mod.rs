@@ -9,11 +9,13 @@
 //! - [`config`]: [`WebSocketUpstreamConfig`] and its validation.
 //! - [`websocket`]: [`WebSocketUpstream`], frames to events.
 //! - [`extract`]: the sequence, id and time read from a frame without a JSON tree.
+//! - [`history`]: the upstream's REST history, for `UPSTREAM_RESUME=backfill`.
 //! - [`template`]: URL and subscribe-message templates.
 //! - [`redact`]: URLs as they may appear in logs and errors (no credentials).
 
 pub mod config;
 pub mod extract;
+pub mod history;
 pub mod redact;
 pub mod template;
 pub mod websocket;
@@ -23,7 +25,7 @@ mod tests;
 
 use tokio::time::Instant;
 
-pub use config::{FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
+pub use config::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
 pub use redact::redact_url;
 pub use websocket::WebSocketUpstream;
 
@@ -58,11 +60,12 @@ pub trait Upstream: Send + Sync + 'static {
 /// One live subscription.
 #[async_trait::async_trait]
 pub trait Subscription: Send {
-    /// The next event, in sequence order. Frames over the size limit, non-JSON or
-    /// binary frames, frames missing the seq/id fields, and already-delivered
-    /// sequence numbers (seq < expected) are skipped and reported
+    /// The next event, as the upstream sent it. Frames over the size limit,
+    /// non-JSON or binary frames, frames missing the seq/id fields and control
+    /// frames (`UPSTREAM_DATA_MATCH`) are skipped and reported
     /// (`TelemetryEvent::UpstreamFrameSkipped`) — never an error, never a panic.
-    /// A sequence jump (seq > expected) returns [`UpstreamError::Gap`]. After any
+    /// Replayed sequences and holes are delivered as they come: what they mean
+    /// is the runner's decision (`leasehold_control::sequence`). After any
     /// error the subscription is finished and keeps returning that error.
     async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError>;
     /// Closes the connection now (sends a close frame, best effort, bounded time).
@@ -78,7 +81,8 @@ pub enum UpstreamError {
     /// The server closed the connection or the socket failed.
     #[error("upstream connection closed: {0}")]
     Closed(String),
-    /// The upstream skipped sequence numbers.
+    /// The upstream skipped sequence numbers (`replay` mode: reconnect from
+    /// `expected`).
     #[error("sequence gap: expected {expected}, got {got}")]
     Gap {
         /// The sequence that should have come next.

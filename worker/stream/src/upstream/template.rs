@@ -23,6 +23,23 @@ pub fn render_url(template: &str, stream_id: &str) -> String {
     substitute(template, &[("{stream_id}", &encoded)])
 }
 
+/// A history page's URL: `{stream_id}` and `{stream_id_upper}` (upper-cased,
+/// as REST APIs often spell symbols) percent-encoded, `{from_seq}` and
+/// `{to_seq}` as numbers.
+pub fn render_history_url(template: &str, stream_id: &str, from_seq: u64, to_seq: u64) -> String {
+    let encoded = utf8_percent_encode(stream_id, NOT_UNRESERVED).to_string();
+    let upper = utf8_percent_encode(&stream_id.to_uppercase(), NOT_UNRESERVED).to_string();
+    substitute(
+        template,
+        &[
+            ("{stream_id_upper}", &upper),
+            ("{stream_id}", &encoded),
+            ("{from_seq}", &from_seq.to_string()),
+            ("{to_seq}", &to_seq.to_string()),
+        ],
+    )
+}
+
 /// The subscribe message for `stream_id` from `from_seq`.
 pub fn render_subscribe(template: &str, stream_id: &str, from_seq: u64) -> String {
     let stream_id = if looks_like_json(template) {
@@ -78,6 +95,19 @@ fn json_escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn history_urls_take_the_range_and_an_upper_case_symbol() {
+        assert_eq!(
+            render_history_url(
+                "https://h/api?symbol={stream_id_upper}&fromId={from_seq}&to={to_seq}&s={stream_id}",
+                "btc usdt",
+                11,
+                19
+            ),
+            "https://h/api?symbol=BTC%20USDT&fromId=11&to=19&s=btc%20usdt"
+        );
+    }
 
     #[test]
     fn templates_substitute_once_and_escape() {

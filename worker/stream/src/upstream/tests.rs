@@ -185,7 +185,7 @@ async fn retention_exceeded_carries_the_earliest_sequence() {
 }
 
 #[tokio::test]
-async fn bad_frames_are_skipped_and_reported_and_a_jump_is_a_gap() {
+async fn bad_frames_are_skipped_and_reported_and_sequences_pass_as_sent() {
     let event = |seq: u64| Message::text(format!(r#"{{"seq":{seq},"event_id":"s:{seq}"}}"#));
     let oversized = format!(
         r#"{{"seq":2,"event_id":"s:2","pad":"{}"}}"#,
@@ -215,13 +215,10 @@ async fn bad_frames_are_skipped_and_reported_and_a_jump_is_a_gap() {
     assert_eq!(next(&mut sub).await.expect("event").seq, 1);
     let second = next(&mut sub).await.expect("event");
     assert_eq!((second.seq, second.event_id.as_str()), (2, "s:2"));
-    assert_eq!(
-        next(&mut sub).await,
-        Err(UpstreamError::Gap {
-            expected: 3,
-            got: 5
-        })
-    );
+    // Replays and jumps are the runner's to judge: the adapter passes them on.
+    for expected in [1, 2, 5] {
+        assert_eq!(next(&mut sub).await.expect("event").seq, expected);
+    }
     drop(sub);
     let seen = timeout(WAIT, server)
         .await
@@ -243,8 +240,6 @@ async fn bad_frames_are_skipped_and_reported_and_a_jump_is_a_gap() {
             skipped("s", SkipReason::TooLarge),
             skipped("s", SkipReason::MissingField),
             skipped("s", SkipReason::MissingField),
-            skipped("s", SkipReason::Duplicate),
-            skipped("s", SkipReason::Duplicate),
             TelemetryEvent::UpstreamDisconnected {
                 stream_id: "s".into()
             },
@@ -528,4 +523,139 @@ async fn the_event_time_gives_the_arrival_lag_when_a_pointer_names_it() {
         }
         server.abort();
     }
+}
+
+#[tokio::test]
+async fn frames_matching_no_data_alternative_are_control_frames() {
+    let (addr, server) = scripted(
+        false,
+        vec![
+            Message::text(r#"{"type":"subscriptions","channels":[]}"#),
+            Message::text(r#"{"type":"heartbeat","sequence":90,"trade_id":1}"#),
+            Message::text(r#"{"type":"match","sequence":91,"trade_id":7}"#),
+            Message::text(r#"{"type":"last_match","sequence":95,"trade_id":8}"#),
+            // Data by its type, but without a sequence: still missing_field.
+            Message::text(r#"{"type":"match","trade_id":9}"#),
+            Message::text(r#"{"type":"error","error":"bad product","code":"bad_request"}"#),
+        ],
+    )
+    .await;
+    let config = WebSocketUpstreamConfig {
+        subscribe_template: String::new(),
+        seq_pointer: "/sequence".into(),
+        id_pointer: "/trade_id".into(),
+        data_match: crate::upstream::DataMatch::parse_list("/type=match,/type=last_match").unwrap(),
+        ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+    };
+    let (upstream, telemetry) = upstream(config);
+    let mut sub = subscribe(&upstream, "s", 0).await.unwrap();
+    assert_eq!(next(&mut sub).await.unwrap().seq, 91);
+    assert_eq!(next(&mut sub).await.unwrap().seq, 95);
+    assert!(matches!(
+        next(&mut sub).await,
+        Err(UpstreamError::Rejected(_))
+    ));
+    drop(sub);
+    server.abort();
+    let skips: Vec<TelemetryEvent> = telemetry
+        .take()
+        .into_iter()
+        .filter(|e| matches!(e, TelemetryEvent::UpstreamFrameSkipped { .. }))
+        .collect();
+    assert_eq!(
+        skips,
+        vec![
+            skipped("s", SkipReason::Control),
+            skipped("s", SkipReason::Control),
+            skipped("s", SkipReason::MissingField),
+        ]
+    );
+}
+
+/// A server that cuts a client whose last application ping is older than
+/// `silent`, answering each ping with `pong`; it sends one event per 100 ms
+/// when `busy`, so the client's ping must go out between frames too.
+async fn cuts_silent_clients(
+    silent: Duration,
+    busy: bool,
+) -> (SocketAddr, JoinHandle<(u64, bool)>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(socket).await.unwrap();
+        let mut last_ping = Instant::now();
+        let mut pings = 0;
+        let mut seq = 0;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            tokio::select! {
+                message = ws.next() => match message {
+                    Some(Ok(Message::Text(text))) if text.as_str() == "ping" => {
+                        pings += 1;
+                        last_ping = Instant::now();
+                        let _ = ws.send(Message::text("pong")).await;
+                    }
+                    Some(Ok(_)) => {}
+                    _ => return (pings, false),
+                },
+                _ = tick.tick() => {
+                    if last_ping.elapsed() > silent {
+                        let _ = ws.close(None).await;
+                        return (pings, true);
+                    }
+                    if Instant::now() > deadline {
+                        return (pings, false);
+                    }
+                    if busy {
+                        seq += 1;
+                        let _ = ws.send(Message::text(event_frame("s", seq, 0))).await;
+                    }
+                }
+            }
+        }
+    });
+    (addr, server)
+}
+
+#[tokio::test]
+async fn application_pings_keep_a_connection_the_server_would_cut() {
+    for busy in [false, true] {
+        let (addr, server) = cuts_silent_clients(Duration::from_millis(700), busy).await;
+        let config = WebSocketUpstreamConfig {
+            subscribe_template: String::new(),
+            ping_text: Some("ping".into()),
+            ping_interval: Duration::from_millis(200),
+            ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+        };
+        let (upstream, telemetry) = upstream(config);
+        let mut sub = subscribe(&upstream, "s", 0).await.unwrap();
+        let reader = tokio::spawn(async move { while sub.next().await.is_ok() {} });
+        let (pings, cut) = timeout(WAIT, server).await.unwrap().unwrap();
+        assert!(!cut, "busy={busy}: the server cut a pinging client");
+        assert!(pings >= 10, "busy={busy}: {pings} pings in 3 s");
+        reader.abort();
+        // `pong` is not JSON: with application pings on it is a control frame.
+        let events = telemetry.take();
+        assert!(
+            events.contains(&skipped("s", SkipReason::Control)),
+            "busy={busy}"
+        );
+        assert!(
+            !events.contains(&skipped("s", SkipReason::NotJson)),
+            "busy={busy}"
+        );
+    }
+    // Without them the same server cuts the client.
+    let (addr, server) = cuts_silent_clients(Duration::from_millis(700), false).await;
+    let (upstream, _) = upstream(WebSocketUpstreamConfig {
+        subscribe_template: String::new(),
+        ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+    });
+    let mut sub = subscribe(&upstream, "s", 0).await.unwrap();
+    let reader = tokio::spawn(async move { while sub.next().await.is_ok() {} });
+    let (_, cut) = timeout(WAIT, server).await.unwrap().unwrap();
+    assert!(cut, "a silent client is cut");
+    reader.abort();
 }

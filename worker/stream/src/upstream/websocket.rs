@@ -84,26 +84,58 @@ impl Upstream for WebSocketUpstream {
             stream_id: stream_id.to_owned(),
             from_seq,
         });
+        let match_pointers = self.config.data_match_pointers();
+        let mut pointers = vec![
+            self.config.seq_pointer.as_str(),
+            self.config.id_pointer.as_str(),
+            self.config.ts_pointer.as_deref().unwrap_or("none"),
+        ];
+        pointers.extend(&match_pointers);
+        let data_match = self
+            .config
+            .data_match
+            .iter()
+            .map(|alternative| {
+                let slot = match_pointers
+                    .iter()
+                    .position(|p| *p == alternative.pointer)
+                    .unwrap_or_default();
+                (FIRST_MATCH_SLOT + slot, alternative.clone())
+            })
+            .collect();
+        let now = Instant::now();
         Ok(Box::new(WebSocketSubscription {
             ws,
             url,
             stream_id: stream_id.to_owned(),
             from_seq,
-            expected: (from_seq > 0).then_some(from_seq),
             max_frame_bytes: self.config.max_frame_bytes,
-            extractor: Extractor::new(&[
-                self.config.seq_pointer.as_str(),
-                self.config.id_pointer.as_str(),
-                self.config.ts_pointer.as_deref().unwrap_or("none"),
-            ]),
+            extractor: Extractor::new(&pointers),
+            data_match,
+            app_ping: self.config.ping_text.clone().map(|text| AppPing {
+                text,
+                interval: self.config.ping_interval,
+                next: now + self.config.ping_interval,
+            }),
             telemetry: self.telemetry.clone(),
             failed: None,
             disconnected: false,
             idle_timeout: self.config.idle_timeout,
-            last_heard: Instant::now(),
-            next_ping: Instant::now() + self.config.idle_timeout / 3,
+            last_heard: now,
+            next_ping: now + self.config.idle_timeout / 3,
         }))
     }
+}
+
+/// Where the data-match pointers start in the extractor's output (after the
+/// sequence, id and time).
+const FIRST_MATCH_SLOT: usize = 3;
+
+/// An application-level ping: text the upstream wants on a schedule.
+struct AppPing {
+    text: String,
+    interval: Duration,
+    next: Instant,
 }
 
 struct WebSocketSubscription {
@@ -111,12 +143,13 @@ struct WebSocketSubscription {
     url: String,
     stream_id: String,
     from_seq: u64,
-    /// `None` until the first event when subscribed from 0.
-    expected: Option<u64>,
     max_frame_bytes: usize,
     /// The sequence, id and time pointers, in that order (a missing time
-    /// pointer is one that never resolves).
+    /// pointer is one that never resolves), then the data-match pointers.
     extractor: Extractor,
+    /// `UPSTREAM_DATA_MATCH`: (extractor slot, alternative); empty: all data.
+    data_match: Vec<(usize, super::config::DataMatch)>,
+    app_ping: Option<AppPing>,
     telemetry: Arc<dyn TelemetrySink>,
     failed: Option<UpstreamError>,
     disconnected: bool,
@@ -130,6 +163,7 @@ struct WebSocketSubscription {
 enum Wake {
     Message(Option<Result<Message, WsError>>),
     Ping,
+    AppPing,
     Idle,
 }
 
@@ -171,10 +205,30 @@ impl WebSocketSubscription {
         if text.len() > self.max_frame_bytes {
             return Frame::Skip(SkipReason::TooLarge);
         }
-        // Only the three fields are read; the payload stays the frame's text.
-        let Ok(fields) = self.extractor.extract(text) else {
-            return Frame::Skip(SkipReason::NotJson);
+        // Only the pointed-at fields are read; the payload stays the frame's text.
+        let Ok(mut fields) = self.extractor.extract(text) else {
+            // An application ping's reply is often plain text (`pong`).
+            return Frame::Skip(if self.app_ping.is_some() {
+                SkipReason::Control
+            } else {
+                SkipReason::NotJson
+            });
         };
+        if !self.data_match.is_empty()
+            && !self
+                .data_match
+                .iter()
+                .any(|(slot, alternative)| alternative.matches(fields[*slot].as_ref()))
+        {
+            // Acknowledgements, heartbeats, status and ping replies; an
+            // error frame still ends the subscription.
+            let value = serde_json::from_str::<Value>(text).unwrap_or_default();
+            return match server_error(&value, self.from_seq) {
+                Some(error) => Frame::Fail(error),
+                None => Frame::Skip(SkipReason::Control),
+            };
+        }
+        fields.truncate(FIRST_MATCH_SLOT);
         let [seq, event_id, ts] = <[Option<Value>; 3]>::try_from(fields).unwrap_or_default();
         let seq = seq.and_then(|v| match v {
             Value::Number(n) => n.as_u64(),
@@ -184,7 +238,7 @@ impl WebSocketSubscription {
         let Some(seq) = seq else {
             // Rare: an error frame (or a bad one) is worth a full parse.
             let value = serde_json::from_str::<Value>(text).unwrap_or_default();
-            return match server_error(&value, self.expected.unwrap_or(self.from_seq)) {
+            return match server_error(&value, self.from_seq) {
                 Some(error) => Frame::Fail(error),
                 None => Frame::Skip(SkipReason::MissingField),
             };
@@ -194,14 +248,7 @@ impl WebSocketSubscription {
             Some(Value::Number(n)) => n.to_string(),
             _ => return Frame::Skip(SkipReason::MissingField),
         };
-        let expected = *self.expected.get_or_insert(seq);
-        if seq < expected {
-            return Frame::Skip(SkipReason::Duplicate);
-        }
-        if seq > expected {
-            return Frame::Fail(UpstreamError::Gap { expected, got: seq });
-        }
-        self.expected = Some(seq + 1);
+        // Replays and holes are the runner's to judge (`leasehold_control::sequence`).
         let arrival_lag = ts.as_ref().and_then(Value::as_f64).map(|event_ms| {
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -235,14 +282,30 @@ impl Subscription for WebSocketSubscription {
                 Some(message) => Wake::Message(message),
                 None => {
                     let idle_at = self.last_heard + self.idle_timeout;
+                    // Without an application ping this timer never fires first.
+                    let app_ping_at = self.app_ping.as_ref().map_or(idle_at, |ping| ping.next);
                     tokio::select! {
                         biased;
                         message = self.ws.next() => Wake::Message(message),
                         _ = tokio::time::sleep_until(idle_at) => Wake::Idle,
                         _ = tokio::time::sleep_until(self.next_ping) => Wake::Ping,
+                        _ = tokio::time::sleep_until(app_ping_at), if self.app_ping.is_some() => Wake::AppPing,
                     }
                 }
             };
+            // Under a steady stream of frames the timers above are never
+            // armed: an application ping due is sent here.
+            if let Some(ping) = &mut self.app_ping
+                && (matches!(wake, Wake::AppPing) || ping.next <= Instant::now())
+            {
+                ping.next = Instant::now() + ping.interval;
+                let text = Message::text(ping.text.clone());
+                // A failed send shows up as a failed read next.
+                let _ = self.ws.send(text).await;
+                if matches!(wake, Wake::AppPing) {
+                    continue;
+                }
+            }
             let message = match wake {
                 Wake::Message(message) => message,
                 Wake::Ping => {
@@ -254,6 +317,7 @@ impl Subscription for WebSocketSubscription {
                 Wake::Idle => {
                     return Err(self.fail(UpstreamError::Idle(self.idle_timeout)));
                 }
+                Wake::AppPing => continue,
             };
             let received_at = Instant::now();
             self.last_heard = received_at;

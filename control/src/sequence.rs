@@ -1,0 +1,581 @@
+//! What an upstream's sequence numbers mean for the sink, free of I/O and of
+//! any clock: which arrivals are replays, which open a hole, and what a hole
+//! becomes: a reconnect that asks for it again (`replay`), a gap marker
+//! (`live`), or a backfill from history while live events are held (`backfill`).
+//!
+//! [`Sequencer`] is the one place these rules live. The stream runner is the
+//! shell around it (it reads frames, fetches history pages, writes what comes
+//! out in order); `control/tests/sequence_model.rs` model-checks it with
+//! stateright against upstreams that cannot replay and histories that run out.
+//!
+//! The promise it keeps (invariant 8, restated for every upstream): what it
+//! hands on has strictly increasing positions (an event at its sequence, a gap
+//! marker at its last missing sequence); with a contiguous sequence every
+//! sequence after the first one handed on is either an event or inside
+//! exactly one marker, never both; in `replay` mode it produces no markers.
+
+use std::collections::VecDeque;
+
+use leasehold_telemetry::GapReason;
+
+/// What the worker does about missed sequences (`UPSTREAM_RESUME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResumeMode {
+    /// The upstream resumes from any sequence on request: a hole is asked for
+    /// again by reconnecting from the last confirmed sequence.
+    Replay,
+    /// The upstream starts live; a hole is fetched from its history (HTTP)
+    /// while live events are held, then the held events follow.
+    Backfill,
+    /// The upstream starts live and cannot replay: a hole is recorded as a gap
+    /// marker and the stream goes on.
+    Live,
+}
+
+impl ResumeMode {
+    /// Every value, as `UPSTREAM_RESUME` spells it.
+    pub const ALL: [ResumeMode; 3] = [ResumeMode::Replay, ResumeMode::Backfill, ResumeMode::Live];
+
+    /// The `UPSTREAM_RESUME` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeMode::Replay => "replay",
+            ResumeMode::Backfill => "backfill",
+            ResumeMode::Live => "live",
+        }
+    }
+
+    /// The mode `UPSTREAM_RESUME` names.
+    pub fn parse(value: &str) -> Option<ResumeMode> {
+        ResumeMode::ALL.into_iter().find(|m| m.as_str() == value)
+    }
+}
+
+/// How an upstream's sequence advances (`UPSTREAM_SEQ_STEP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SeqStep {
+    /// Every sequence is used: a skipped one is missing data.
+    Contiguous,
+    /// Sequences only increase (shared by channels, or sparse ids): holes are
+    /// normal, and only a sequence at or below the last one is a replay.
+    Increasing,
+}
+
+impl SeqStep {
+    /// Every value, as `UPSTREAM_SEQ_STEP` spells it.
+    pub const ALL: [SeqStep; 2] = [SeqStep::Contiguous, SeqStep::Increasing];
+
+    /// The `UPSTREAM_SEQ_STEP` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeqStep::Contiguous => "contiguous",
+            SeqStep::Increasing => "increasing",
+        }
+    }
+
+    /// The step `UPSTREAM_SEQ_STEP` names.
+    pub fn parse(value: &str) -> Option<SeqStep> {
+        SeqStep::ALL.into_iter().find(|s| s.as_str() == value)
+    }
+}
+
+/// What the shell must do next, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<T> {
+    /// Write this event at this sequence.
+    Event(u64, T),
+    /// Write a gap marker for `from..=to`.
+    Gap {
+        /// First missing sequence.
+        from: u64,
+        /// Last missing sequence (the marker's position).
+        to: u64,
+        /// Why it is missing.
+        reason: GapReason,
+    },
+    /// Fetch `from..=to` from history and hand the pages to
+    /// [`Sequencer::backfilled`]; live events are held meanwhile.
+    Backfill {
+        /// First sequence to fetch.
+        from: u64,
+        /// Last sequence to fetch.
+        to: u64,
+    },
+    /// Replay mode: the upstream skipped `expected`; reconnect from it.
+    Reconnect {
+        /// The sequence that should have come next.
+        expected: u64,
+        /// The sequence that came.
+        got: u64,
+    },
+}
+
+/// How an arrival was taken (the shell counts replays as skipped frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// At or below what was already handed on: dropped.
+    Replayed,
+    /// Handed on (or, in replay mode, refused with a reconnect).
+    Taken,
+    /// Kept back until the running backfill is done.
+    Held,
+}
+
+/// A backfill in progress: the range asked for and how far it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Filling {
+    to: u64,
+    /// Something of the range has been handed on (a later hole is then not
+    /// the history's retention edge).
+    filled_any: bool,
+}
+
+/// The sequence decisions of one held stream, from open to release.
+#[derive(Debug, Clone)]
+pub struct Sequencer<T> {
+    mode: ResumeMode,
+    step: SeqStep,
+    /// Position of the last event or marker handed on; `None` until the first
+    /// (a stream never written: the first event sets the position, since there
+    /// is no "before" to record).
+    last: Option<u64>,
+    /// The next arrival is the first of a new connection.
+    fresh_connection: bool,
+    filling: Option<Filling>,
+    /// Live events that arrived during the backfill, in arrival order.
+    held: VecDeque<(u64, T)>,
+}
+
+impl<T> Sequencer<T> {
+    /// A stream whose sink or checkpoint ends at `last` (`None`: never written).
+    pub fn new(mode: ResumeMode, step: SeqStep, last: Option<u64>) -> Self {
+        Sequencer {
+            mode,
+            step,
+            last,
+            fresh_connection: true,
+            filling: None,
+            held: VecDeque::new(),
+        }
+    }
+
+    /// Position of the last event or marker handed on.
+    pub fn last(&self) -> Option<u64> {
+        self.last
+    }
+
+    /// Where a (re)connect asks the upstream to start: after what was handed
+    /// on (a `replay` upstream honours it; live upstreams ignore it). 0 when
+    /// nothing was: from wherever the upstream is.
+    pub fn resume_from(&self) -> u64 {
+        self.last.map_or(0, |last| last + 1)
+    }
+
+    /// A backfill is running (live events are held).
+    pub fn backfilling(&self) -> bool {
+        self.filling.is_some()
+    }
+
+    /// Live events held for the running backfill.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// A new upstream connection starts: in `increasing` `backfill` mode its
+    /// first event's distance from the last one is the only hole there can be.
+    pub fn connected(&mut self) {
+        self.fresh_connection = true;
+    }
+
+    /// The position is `last` from now on, whatever was handed on or held:
+    /// a `replay` reconnect asks again after what the sink confirmed, and an
+    /// upstream whose retention moved past a range continues after it.
+    pub fn reposition(&mut self, last: Option<u64>) {
+        self.last = last;
+        self.filling = None;
+        self.held.clear();
+        self.fresh_connection = true;
+    }
+
+    /// One live event arrived.
+    pub fn arrive(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
+        let fresh = std::mem::replace(&mut self.fresh_connection, false);
+        if self.filling.is_some() {
+            if self.held.back().is_some_and(|(held, _)| seq <= *held)
+                || self.last.is_some_and(|last| seq <= last)
+            {
+                return Arrival::Replayed;
+            }
+            self.held.push_back((seq, item));
+            return Arrival::Held;
+        }
+        self.take(seq, item, fresh, out)
+    }
+
+    fn take(&mut self, seq: u64, item: T, fresh: bool, out: &mut Vec<Step<T>>) -> Arrival {
+        let Some(last) = self.last else {
+            self.last = Some(seq);
+            out.push(Step::Event(seq, item));
+            return Arrival::Taken;
+        };
+        if seq <= last {
+            return Arrival::Replayed;
+        }
+        let hole = seq > last + 1
+            && match self.step {
+                SeqStep::Contiguous => true,
+                // Holes are normal; only a new connection's jump can hide
+                // missed events, and only a history can tell.
+                SeqStep::Increasing => fresh && self.mode == ResumeMode::Backfill,
+            };
+        if !hole {
+            self.last = Some(seq);
+            out.push(Step::Event(seq, item));
+            return Arrival::Taken;
+        }
+        let (from, to) = (last + 1, seq - 1);
+        match self.mode {
+            ResumeMode::Replay => {
+                out.push(Step::Reconnect {
+                    expected: from,
+                    got: seq,
+                });
+            }
+            ResumeMode::Live => {
+                out.push(Step::Gap {
+                    from,
+                    to,
+                    reason: GapReason::NoReplay,
+                });
+                self.last = Some(seq);
+                out.push(Step::Event(seq, item));
+            }
+            ResumeMode::Backfill => {
+                self.filling = Some(Filling {
+                    to,
+                    filled_any: false,
+                });
+                self.held.push_back((seq, item));
+                out.push(Step::Backfill { from, to });
+                return Arrival::Held;
+            }
+        }
+        Arrival::Taken
+    }
+
+    /// The sequence the running backfill needs next and the last one it
+    /// wants, or `None` when none runs.
+    pub fn backfill_range(&self) -> Option<(u64, u64)> {
+        let filling = self.filling?;
+        Some((self.resume_from(), filling.to))
+    }
+
+    /// One page of history, in the order the history gave it (sorted here by
+    /// sequence). Items outside the range are dropped; in a contiguous
+    /// sequence a hole before an item is a gap marker (`retention` while the
+    /// range has nothing yet: the history no longer starts there). Returns
+    /// whether the page brought the backfill forward (a page that did not is
+    /// the history having nothing more: the shell retries a few times, then
+    /// calls [`Sequencer::backfill_gave_up`]). When the range is closed the
+    /// held events follow, which may start the next backfill.
+    pub fn backfilled(&mut self, mut page: Vec<(u64, T)>, out: &mut Vec<Step<T>>) -> bool {
+        let Some(mut filling) = self.filling else {
+            return false;
+        };
+        page.sort_by_key(|(seq, _)| *seq);
+        let start = self.resume_from();
+        let mut moved = false;
+        let mut beyond = false;
+        for (seq, item) in page {
+            let next = self.resume_from();
+            if seq < next {
+                continue;
+            }
+            if seq > filling.to {
+                beyond = true;
+                break;
+            }
+            if seq > next && self.step == SeqStep::Contiguous {
+                out.push(Step::Gap {
+                    from: next,
+                    to: seq - 1,
+                    reason: if filling.filled_any {
+                        GapReason::BackfillExhausted
+                    } else {
+                        GapReason::Retention
+                    },
+                });
+            }
+            self.last = Some(seq);
+            filling.filled_any = true;
+            out.push(Step::Event(seq, item));
+            moved = true;
+        }
+        if beyond && self.step == SeqStep::Increasing {
+            // Past the range: whatever it held has been read.
+            self.filling = None;
+            self.finish_backfill(out);
+            return true;
+        }
+        if beyond && self.resume_from() <= filling.to {
+            // The history went past the rest of the range without it.
+            let reason = if filling.filled_any {
+                GapReason::BackfillExhausted
+            } else {
+                GapReason::Retention
+            };
+            self.close_range(filling.to, reason, out);
+            moved = true;
+        }
+        self.filling = Some(filling);
+        if self.resume_from() > filling.to {
+            self.finish_backfill(out);
+        }
+        moved || self.resume_from() > start
+    }
+
+    /// The history cannot close the range (errors past the retry budget, or
+    /// nothing more to give): the rest is a gap marker, then the held events.
+    pub fn backfill_gave_up(&mut self, out: &mut Vec<Step<T>>) {
+        let Some(filling) = self.filling else {
+            return;
+        };
+        if self.resume_from() <= filling.to {
+            self.close_range(filling.to, GapReason::BackfillExhausted, out);
+        }
+        self.finish_backfill(out);
+    }
+
+    fn close_range(&mut self, to: u64, reason: GapReason, out: &mut Vec<Step<T>>) {
+        let from = self.resume_from();
+        out.push(Step::Gap { from, to, reason });
+        self.last = Some(to);
+    }
+
+    fn finish_backfill(&mut self, out: &mut Vec<Step<T>>) {
+        self.filling = None;
+        while let Some((seq, item)) = self.held.pop_front() {
+            // Held events are the connection's own order: only the first can
+            // stand behind the backfilled range, later holes are plain holes.
+            if self.take(seq, item, false, out) == Arrival::Held {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(seq: &mut Sequencer<u64>, arrivals: &[u64]) -> Vec<Step<u64>> {
+        let mut out = Vec::new();
+        for &n in arrivals {
+            seq.arrive(n, n, &mut out);
+        }
+        out
+    }
+
+    fn gap(from: u64, to: u64, reason: GapReason) -> Step<u64> {
+        Step::Gap { from, to, reason }
+    }
+
+    #[test]
+    fn a_never_written_stream_starts_wherever_the_upstream_is() {
+        for mode in ResumeMode::ALL {
+            let mut s = Sequencer::new(mode, SeqStep::Contiguous, None);
+            assert_eq!(s.resume_from(), 0);
+            assert_eq!(
+                run(&mut s, &[5_000, 5_001]),
+                vec![Step::Event(5_000, 5_000), Step::Event(5_001, 5_001)]
+            );
+        }
+    }
+
+    #[test]
+    fn replay_mode_reconnects_on_a_hole_and_writes_no_marker() {
+        let mut s = Sequencer::new(ResumeMode::Replay, SeqStep::Contiguous, Some(10));
+        let out = run(&mut s, &[11, 14]);
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(11, 11),
+                Step::Reconnect {
+                    expected: 12,
+                    got: 14
+                }
+            ]
+        );
+        assert_eq!(s.resume_from(), 12);
+    }
+
+    #[test]
+    fn live_mode_marks_each_hole_once_and_goes_on() {
+        let mut s = Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(10));
+        let out = run(&mut s, &[11, 11, 9, 15, 16, 20]);
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(11, 11),
+                gap(12, 14, GapReason::NoReplay),
+                Step::Event(15, 15),
+                Step::Event(16, 16),
+                gap(17, 19, GapReason::NoReplay),
+                Step::Event(20, 20),
+            ]
+        );
+    }
+
+    #[test]
+    fn increasing_sequences_have_no_holes() {
+        for mode in [ResumeMode::Live, ResumeMode::Replay] {
+            let mut s = Sequencer::new(mode, SeqStep::Increasing, Some(10));
+            let out = run(&mut s, &[13, 13, 40, 41]);
+            assert_eq!(
+                out,
+                vec![
+                    Step::Event(13, 13),
+                    Step::Event(40, 40),
+                    Step::Event(41, 41)
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn backfill_holds_live_events_and_writes_them_after_the_history() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Contiguous, Some(10));
+        let mut out = Vec::new();
+        assert_eq!(s.arrive(14, 14, &mut out), Arrival::Held);
+        assert_eq!(out, vec![Step::Backfill { from: 11, to: 13 }]);
+        out.clear();
+        assert_eq!(s.arrive(15, 15, &mut out), Arrival::Held);
+        assert_eq!(s.arrive(15, 15, &mut out), Arrival::Replayed);
+        assert_eq!(s.held(), 2);
+        assert_eq!(s.backfill_range(), Some((11, 13)));
+        assert!(s.backfilled(vec![(12, 12), (11, 11), (10, 10)], &mut out));
+        assert_eq!(s.backfill_range(), Some((13, 13)));
+        assert!(s.backfilled(vec![(13, 13), (14, 14), (15, 15)], &mut out));
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(11, 11),
+                Step::Event(12, 12),
+                Step::Event(13, 13),
+                Step::Event(14, 14),
+                Step::Event(15, 15),
+            ]
+        );
+        assert!(!s.backfilling());
+    }
+
+    #[test]
+    fn a_history_that_no_longer_has_the_start_marks_it_as_retention() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Contiguous, Some(10));
+        let mut out = Vec::new();
+        s.arrive(20, 20, &mut out);
+        out.clear();
+        s.backfilled(vec![(15, 15), (16, 16)], &mut out);
+        s.backfilled(vec![(18, 18)], &mut out);
+        s.backfill_gave_up(&mut out);
+        assert_eq!(
+            out,
+            vec![
+                gap(11, 14, GapReason::Retention),
+                Step::Event(15, 15),
+                Step::Event(16, 16),
+                gap(17, 17, GapReason::BackfillExhausted),
+                Step::Event(18, 18),
+                gap(19, 19, GapReason::BackfillExhausted),
+                Step::Event(20, 20),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_history_past_the_whole_range_marks_all_of_it() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Contiguous, Some(10));
+        let mut out = Vec::new();
+        s.arrive(20, 20, &mut out);
+        out.clear();
+        assert!(s.backfilled(vec![(30, 30)], &mut out));
+        assert_eq!(
+            out,
+            vec![gap(11, 19, GapReason::Retention), Step::Event(20, 20)]
+        );
+    }
+
+    #[test]
+    fn an_empty_page_is_no_progress_and_giving_up_marks_the_rest() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Contiguous, Some(10));
+        let mut out = Vec::new();
+        s.arrive(13, 13, &mut out);
+        out.clear();
+        assert!(!s.backfilled(Vec::new(), &mut out));
+        s.backfill_gave_up(&mut out);
+        assert_eq!(
+            out,
+            vec![
+                gap(11, 12, GapReason::BackfillExhausted),
+                Step::Event(13, 13)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hole_among_the_held_events_starts_the_next_backfill() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Contiguous, Some(10));
+        let mut out = Vec::new();
+        for n in [12, 13, 16, 17] {
+            s.arrive(n, n, &mut out);
+        }
+        out.clear();
+        s.backfilled(vec![(11, 11)], &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(11, 11),
+                Step::Event(12, 12),
+                Step::Event(13, 13),
+                Step::Backfill { from: 14, to: 15 },
+            ]
+        );
+        assert_eq!(s.held(), 2);
+    }
+
+    #[test]
+    fn increasing_backfill_fills_only_a_new_connections_jump_and_marks_nothing() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Increasing, Some(10));
+        let mut out = Vec::new();
+        s.connected();
+        s.arrive(50, 50, &mut out);
+        assert_eq!(out, vec![Step::Backfill { from: 11, to: 49 }]);
+        out.clear();
+        s.backfilled(vec![(20, 20), (35, 35)], &mut out);
+        assert!(s.backfilling(), "the range is not known to be closed");
+        s.backfilled(vec![(60, 60)], &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(20, 20),
+                Step::Event(35, 35),
+                Step::Event(50, 50)
+            ]
+        );
+        // Inside a connection, a jump is just the next sequence.
+        out.clear();
+        s.arrive(90, 90, &mut out);
+        assert_eq!(out, vec![Step::Event(90, 90)]);
+    }
+
+    #[test]
+    fn mode_and_step_names_round_trip() {
+        for mode in ResumeMode::ALL {
+            assert_eq!(ResumeMode::parse(mode.as_str()), Some(mode));
+        }
+        for step in SeqStep::ALL {
+            assert_eq!(SeqStep::parse(step.as_str()), Some(step));
+        }
+        assert_eq!(ResumeMode::parse("Replay"), None);
+    }
+}
