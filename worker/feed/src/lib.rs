@@ -4,6 +4,10 @@
 //! Events are a pure function of `(stream_id, seq)` and the feed's start time, so
 //! nothing is stored: replay and live delivery both just compute frames. Each
 //! connection runs in its own task, so a slow client only slows itself.
+//!
+//! [`exchange`] holds fake servers in the shapes of real exchanges' public trade
+//! APIs (Binance, Coinbase, Kraken, Bybit): live start only, their own
+//! subscribe messages, pings and REST history.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +24,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
+
+pub mod exchange;
 
 /// Frames sent between flushes: large enough to amortise syscalls during replay,
 /// small enough that shutdown and client messages are noticed promptly.

@@ -1,0 +1,215 @@
+//! What an exchange server imitates and how it behaves: the shape, the rate,
+//! the first id, retention, cuts and forced history failures.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::FeedError;
+
+/// Ids stay exact in JSON readers that use doubles, and id arithmetic (ids
+/// times four for sequences) cannot overflow in a thousand years at
+/// [`MAX_RATE`].
+const MAX_FIRST_ID: u64 = 1 << 53;
+const MAX_RATE: f64 = 1_000_000.0;
+
+/// Which exchange's public trade API a server imitates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExchangeShape {
+    /// Binance spot raw trade stream and `historicalTrades`.
+    BinanceTrade,
+    /// Binance spot aggregate trade stream and `aggTrades`.
+    BinanceAggTrade,
+    /// Coinbase Exchange feed, `matches` and `heartbeat` channels.
+    CoinbaseMatches,
+    /// Kraken spot WebSocket v2, `trade` channel.
+    KrakenTrade,
+    /// Bybit v5 public spot, `publicTrade` topics.
+    BybitPublicTrade,
+}
+
+impl ExchangeShape {
+    /// Every shape.
+    pub const ALL: [ExchangeShape; 5] = [
+        ExchangeShape::BinanceTrade,
+        ExchangeShape::BinanceAggTrade,
+        ExchangeShape::CoinbaseMatches,
+        ExchangeShape::KrakenTrade,
+        ExchangeShape::BybitPublicTrade,
+    ];
+
+    /// The shape's name on command lines (`binance-trade` …).
+    pub fn name(self) -> &'static str {
+        match self {
+            ExchangeShape::BinanceTrade => "binance-trade",
+            ExchangeShape::BinanceAggTrade => "binance-agg-trade",
+            ExchangeShape::CoinbaseMatches => "coinbase-matches",
+            ExchangeShape::KrakenTrade => "kraken-trade",
+            ExchangeShape::BybitPublicTrade => "bybit-public-trade",
+        }
+    }
+
+    /// A stream id that works with the shape's worked settings (Binance:
+    /// lower case, so `{stream_id}` fits the stream URL and
+    /// `{stream_id_upper}` the REST symbol).
+    pub fn example_stream_id(self) -> &'static str {
+        match self {
+            ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade => "btcusdt",
+            ExchangeShape::CoinbaseMatches => "BTC-USD",
+            ExchangeShape::KrakenTrade => "BTC/USD",
+            ExchangeShape::BybitPublicTrade => "BTCUSDT",
+        }
+    }
+
+    /// Whether the shape has a REST history (the Binance shapes).
+    pub fn serves_history(self) -> bool {
+        matches!(
+            self,
+            ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade
+        )
+    }
+
+    /// Whether clients send application-level pings (Kraken, Bybit), which
+    /// [`ExchangeConfig::silent_cut_after`] watches.
+    pub fn has_app_ping(self) -> bool {
+        matches!(
+            self,
+            ExchangeShape::KrakenTrade | ExchangeShape::BybitPublicTrade
+        )
+    }
+}
+
+impl fmt::Display for ExchangeShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ExchangeShape {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        ExchangeShape::ALL
+            .into_iter()
+            .find(|shape| shape.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ExchangeShape::ALL.iter().map(|s| s.name()).collect();
+                format!(
+                    "unknown exchange shape {name:?} (one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// Makes the next `times` history requests fail with `status`, for tests of a
+/// client's backoff. 429 and 418 carry `Retry-After: retry_after_secs`, as
+/// Binance's do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryOverride {
+    /// The HTTP status (400 to 599).
+    pub status: u16,
+    /// How many requests it applies to.
+    pub times: u64,
+    /// `Retry-After` seconds on 429 and 418.
+    pub retry_after_secs: u64,
+}
+
+impl HistoryOverride {
+    /// `times` answers 429 with `Retry-After: 1`.
+    pub fn too_many_requests(times: u64) -> Self {
+        HistoryOverride {
+            status: 429,
+            times,
+            retry_after_secs: 1,
+        }
+    }
+
+    /// `times` answers 418 (an IP ban) with `Retry-After: 1`.
+    pub fn banned(times: u64) -> Self {
+        HistoryOverride {
+            status: 418,
+            ..HistoryOverride::too_many_requests(times)
+        }
+    }
+
+    /// `times` answers 500.
+    pub fn server_error(times: u64) -> Self {
+        HistoryOverride {
+            status: 500,
+            ..HistoryOverride::too_many_requests(times)
+        }
+    }
+}
+
+/// How an exchange server behaves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExchangeConfig {
+    /// Which exchange it imitates.
+    pub shape: ExchangeShape,
+    /// Ids (trades, aggregates) per second per symbol; positive.
+    pub rate: f64,
+    /// The first id (trade id, aggregate id); at least 1.
+    pub first_id: u64,
+    /// Newest ids the REST history serves (0: none); Binance shapes only.
+    pub history_retention: u64,
+    /// Cut each connection after this long.
+    pub cut_every: Option<Duration>,
+    /// Cut a client that sent no application ping for this long (Kraken and
+    /// Bybit only; Bybit documents 20 s between pings).
+    pub silent_cut_after: Option<Duration>,
+    /// Fail the first history requests (changed while running with
+    /// [`set_history_override`](super::ExchangeServer::set_history_override)).
+    pub history_status_override: Option<HistoryOverride>,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        ExchangeConfig {
+            shape: ExchangeShape::BinanceTrade,
+            rate: 10.0,
+            first_id: 5_000,
+            history_retention: 10_000,
+            cut_every: None,
+            silent_cut_after: None,
+            history_status_override: None,
+        }
+    }
+}
+
+impl ExchangeConfig {
+    pub(super) fn check(&self) -> Result<(), FeedError> {
+        let refuse = |message: String| Err(FeedError::Config(message));
+        if !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= MAX_RATE) {
+            return refuse(format!(
+                "rate must be a positive number of trades per second up to {MAX_RATE}, got {}",
+                self.rate
+            ));
+        }
+        if !(1..=MAX_FIRST_ID).contains(&self.first_id) {
+            return refuse(format!("first_id must be 1 to 2^53, got {}", self.first_id));
+        }
+        if self.cut_every.is_some_and(|d| d.is_zero()) {
+            return refuse("cut_every must be positive".into());
+        }
+        match self.silent_cut_after {
+            Some(d) if d.is_zero() => return refuse("silent_cut_after must be positive".into()),
+            Some(_) if !self.shape.has_app_ping() => {
+                return refuse(format!(
+                    "silent_cut_after needs a shape whose clients ping (Kraken, Bybit), not {}",
+                    self.shape
+                ));
+            }
+            _ => {}
+        }
+        if let Some(forced) = self.history_status_override
+            && !(400..=599).contains(&forced.status)
+        {
+            return refuse(format!(
+                "history_status_override.status must be 400 to 599, got {}",
+                forced.status
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,410 @@
+//! Exchange-shaped fake market-data servers: the trade streams, subscribe
+//! messages, acknowledgements, heartbeats, pings and REST history of five
+//! public exchange APIs, so tests, benchmarks and `leasehold dev --feed
+//! exchange` meet the frames the stream worker is configured for without the
+//! internet. Each is a real server: one port, each connection its own task,
+//! bounded memory, clean shutdown through a [`CancellationToken`].
+//!
+//! # What every shape does
+//!
+//! - **Live start, no replay.** Ids (trade ids, aggregate ids) advance at
+//!   [`ExchangeConfig::rate`] per second per symbol from the server's start, the
+//!   first being [`ExchangeConfig::first_id`] (so nothing starts at 1). Every
+//!   connection starts at the next id due and nothing a client asks for is
+//!   replayed: a client that reconnects after 2 s has missed about 2 s of ids.
+//!   The only way back is the Binance shapes' REST history.
+//! - **Computed, not stored.** A trade is a pure function of (symbol, id) and
+//!   the server's start time; [`ExchangeServer::frame`] and
+//!   [`ExchangeServer::history_item`] give the exact text served for any id.
+//! - **Any symbol** the exchange's own spelling rules allow (Binance: lower
+//!   case in stream names, upper case in REST; the others upper case, as
+//!   their documentation writes them); others are refused the exchange's way.
+//! - **Cuts.** [`ExchangeConfig::cut_every`] cuts each connection after that
+//!   long, [`ExchangeServer::cut_all`] cuts every open one now, and
+//!   [`ExchangeConfig::silent_cut_after`] cuts a Kraken or Bybit client that
+//!   sent no application ping for that long. The n-th connection accepted (in
+//!   [`ExchangeServer::connections_accepted`] order) is cut with a close frame
+//!   (1001) when n is odd and by dropping the socket, without one, when n is
+//!   even: real exchanges do both.
+//! - **Bounded.** Frames are computed when due, a client is not read while
+//!   more than 1,024 answers wait for it, client messages are limited to
+//!   64 KiB (larger ones end the connection), subscriptions to 64 symbols per
+//!   connection, sessions to 4,096, and a REST page to 1,000 items.
+//!
+//! # Shapes
+//!
+//! ## Binance trade and aggregate trade ([`ExchangeShape::BinanceTrade`], [`ExchangeShape::BinanceAggTrade`])
+//!
+//! Modelled on Binance's spot "WebSocket Streams" page (Trade Streams,
+//! Aggregate Trade Streams; trade frames without `b` and `a`, removed on
+//! 2024-06-18 per the changelog), the REST "Market Data endpoints" page (Old
+//! trade lookup `GET /api/v3/historicalTrades`, Compressed/Aggregate trades
+//! list `GET /api/v3/aggTrades`) and "General API Information" and "Error
+//! codes" (429 and 418 with `Retry-After`, `{"code","msg"}` errors).
+//! Simplified: raw streams only (`/ws/<symbol>@trade`; no combined
+//! `/stream?streams=`); stream requests sent on the socket (`SUBSCRIBE`,
+//! `LIST_SUBSCRIPTIONS`…) are answered but change nothing; no server ping
+//! frames every 20 s and no 24 h disconnect (use `cut_every`); one port serves
+//! both the stream and the REST API (Binance uses two hosts); an unknown
+//! stream name is refused with HTTP 400. History pages ascend from `fromId`
+//! (the newest `limit` without it), `limit` is clamped to 1..=1000 (default
+//! 500), ids past the head are not served (an empty page), and — Binance keeps
+//! every trade, so its documentation has no answer for this — a `fromId` older
+//! than [`ExchangeConfig::history_retention`] gets the page from the oldest id
+//! kept, as Binance answers for a `fromId` before a symbol's first trade: the
+//! first item's id is then above `fromId`, and a client can tell what it lost.
+//! `aggTrades` refuses `startTime`/`endTime` (not modelled); unknown
+//! parameters get `-1104`, as on Binance.
+//!
+//! ## Coinbase matches ([`ExchangeShape::CoinbaseMatches`])
+//!
+//! Modelled on Coinbase Exchange's "WebSocket Feed" overview and "WebSocket
+//! Channels" pages (`matches`, `heartbeat`). One endpoint `/`; a `subscribe`
+//! (channel names or `{"name","product_ids"}` objects) is answered with the
+//! `subscriptions` list, then a `last_match` per newly followed product, then
+//! `match` frames: `trade_id` contiguous per product, `sequence` increasing
+//! with holes (the product's sequence is shared with order-book events of
+//! channels the client does not follow), `heartbeat` frames once a second per
+//! product with their own `sequence` and `last_trade_id`; bad requests get
+//! `{"type":"error","message","reason"}` and the connection stays open; no
+//! subscribe within 5 s closes it. Simplified: only `matches` and `heartbeat`
+//! (other channels are refused as not modelled); no authentication fields;
+//! times are RFC 3339 strings, so the worked settings have no time pointer.
+//! No REST history: Coinbase's trades endpoint pages newest-first by `after`
+//! cursors, which is not the ascending-from-an-id backfill the worker does.
+//!
+//! ## Kraken trade, WebSocket v2 ([`ExchangeShape::KrakenTrade`])
+//!
+//! Modelled on Kraken's "Spot WebSocket v2" pages (trade, ping, heartbeat,
+//! status). Endpoint `/v2`; a `status` frame on connect; `subscribe` to
+//! `trade` answered per symbol with the `method`/`result`/`success`/`time_in`/
+//! `time_out` acknowledgement, then (unless `"snapshot":false`) a `snapshot` of
+//! the last up to 50 trades, then one trade per `update` frame, `trade_id`
+//! contiguous per symbol, prices and quantities as JSON numbers, timestamps as
+//! RFC 3339 strings; `{"channel":"heartbeat"}` after a second without other
+//! frames; `ping` answered with `pong` (with `req_id` when given).
+//! Simplified: only the `trade` channel; no batching of several trades in an
+//! update; an empty snapshot (no trade yet) is not sent; error texts follow
+//! Kraken's style but not every exact message.
+//!
+//! ## Bybit public trade, v5 spot ([`ExchangeShape::BybitPublicTrade`])
+//!
+//! Modelled on Bybit's v5 "Connect" and "Trade" (WebSocket public) pages.
+//! Endpoint `/v5/public/spot`; `{"op":"subscribe","args":["publicTrade.<SYMBOL>"]}`
+//! acknowledged with `success`/`ret_msg`/`conn_id`/`op` (and `req_id` when
+//! given); data frames `{"topic","type":"snapshot","ts","data":[…]}` whose
+//! items carry `T`, `s`, `S`, `v`, `p`, `i` (the trade id, a string, contiguous
+//! per symbol), `BT`, `RPI` and `seq` (the cross sequence: increasing with
+//! holes). Trades come in match packages of 1 to 4 trades that share `T` and
+//! `seq` and one frame, which goes out when its last trade is due (so the head
+//! moves a package at a time). `{"op":"ping"}` answered with
+//! `ret_msg":"pong"`. Bybit asks clients to ping every 20 s and cuts silent
+//! ones; here that is [`ExchangeConfig::silent_cut_after`]. Simplified: `L`
+//! is left out (Bybit documents it for derivatives only); only `publicTrade`
+//! topics; a request with one bad arg is refused whole; error texts follow
+//! Bybit's style but not every exact message.
+
+mod binance;
+mod bybit;
+mod coinbase;
+mod config;
+mod kraken;
+mod model;
+mod server;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::FeedError;
+pub use config::{ExchangeConfig, ExchangeShape, HistoryOverride};
+use server::Shared;
+
+/// A running exchange server.
+#[derive(Debug)]
+pub struct ExchangeServer {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExchangeServer {
+    /// Binds `addr` (port 0 in tests) and serves in a spawned task until
+    /// `shutdown` is cancelled.
+    pub async fn start(
+        addr: SocketAddr,
+        config: ExchangeConfig,
+        shutdown: CancellationToken,
+    ) -> Result<ExchangeServer, FeedError> {
+        config.check()?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| FeedError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| FeedError::Bind { addr, source })?;
+        let shared = Arc::new(Shared::new(config, shutdown));
+        let routes = match config.shape {
+            ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade => {
+                binance::routes(config.shape)
+            }
+            ExchangeShape::CoinbaseMatches => coinbase::routes(),
+            ExchangeShape::KrakenTrade => kraken::routes(),
+            ExchangeShape::BybitPublicTrade => bybit::routes(),
+        };
+        let router: Router = routes
+            .fallback(|| async { server::plain(StatusCode::NOT_FOUND, "not found") })
+            .with_state(shared.clone());
+        let task = tokio::spawn(server::accept_loop(listener, router, shared.clone()));
+        tracing::info!(%local_addr, shape = %config.shape, rate = config.rate, "exchange server listening");
+        Ok(ExchangeServer {
+            local_addr,
+            shared,
+            task,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &ExchangeConfig {
+        &self.shared.config
+    }
+
+    fn host(&self) -> SocketAddr {
+        let mut addr = self.local_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        addr
+    }
+
+    /// The WebSocket URL, with `{stream_id}` where the exchange puts the
+    /// symbol in the URL (Binance: `ws://HOST/ws/{stream_id}@trade`).
+    pub fn ws_url(&self) -> String {
+        let host = self.host();
+        match self.shared.config.shape {
+            ExchangeShape::BinanceTrade => format!("ws://{host}/ws/{{stream_id}}@trade"),
+            ExchangeShape::BinanceAggTrade => format!("ws://{host}/ws/{{stream_id}}@aggTrade"),
+            ExchangeShape::CoinbaseMatches => format!("ws://{host}/"),
+            ExchangeShape::KrakenTrade => format!("ws://{host}/v2"),
+            ExchangeShape::BybitPublicTrade => format!("ws://{host}/v5/public/spot"),
+        }
+    }
+
+    /// The REST history URL template (`{stream_id_upper}`, `{from_seq}`; a
+    /// page of 1,000), for shapes that serve history with a retention.
+    pub fn history_url(&self) -> Option<String> {
+        let config = &self.shared.config;
+        if !config.shape.serves_history() || config.history_retention == 0 {
+            return None;
+        }
+        let path = match config.shape {
+            ExchangeShape::BinanceAggTrade => "aggTrades",
+            _ => "historicalTrades",
+        };
+        Some(format!(
+            "http://{}/api/v3/{path}?symbol={{stream_id_upper}}&fromId={{from_seq}}&limit=1000",
+            self.host()
+        ))
+    }
+
+    /// The newest id served so far (the same for every symbol; `first_id - 1`
+    /// before the first). For Bybit, the last id of the newest complete match
+    /// package.
+    pub fn head(&self, _symbol: &str) -> u64 {
+        let timeline = &self.shared.timeline;
+        match self.shared.config.shape {
+            ExchangeShape::BybitPublicTrade => bybit::complete_head(timeline, timeline.head()),
+            _ => timeline.head(),
+        }
+    }
+
+    /// The oldest id the REST history serves now (`None`: it serves nothing).
+    pub fn oldest_kept(&self) -> Option<u64> {
+        if !self.shared.config.shape.serves_history() {
+            return None;
+        }
+        binance::oldest_kept(&self.shared, self.shared.timeline.head())
+    }
+
+    /// The exact WebSocket frame that carries id `id` of `symbol`: Binance's
+    /// trade or aggTrade frame, Coinbase's `match` (its `last_match` is the same
+    /// with that type), Kraken's `update`, Bybit's package frame. `symbol` as
+    /// the frames spell it (Binance also takes the lower-case stream spelling).
+    pub fn frame(&self, symbol: &str, id: u64) -> String {
+        let timeline = &self.shared.timeline;
+        match self.shared.config.shape {
+            shape @ (ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade) => {
+                binance::frame(timeline, shape, &symbol.to_ascii_uppercase(), id)
+            }
+            ExchangeShape::CoinbaseMatches => coinbase::frame(timeline, symbol, id),
+            ExchangeShape::KrakenTrade => kraken::frame(timeline, symbol, id),
+            ExchangeShape::BybitPublicTrade => bybit::frame(timeline, symbol, id),
+        }
+    }
+
+    /// The exact REST history item of id `id` of `symbol` (Binance shapes).
+    pub fn history_item(&self, symbol: &str, id: u64) -> Option<String> {
+        let shape = self.shared.config.shape;
+        shape.serves_history().then(|| {
+            binance::history_item(
+                &self.shared.timeline,
+                shape,
+                &symbol.to_ascii_uppercase(),
+                id,
+            )
+        })
+    }
+
+    /// The trade time of `id` in unix ms (Binance `T`, Bybit `T`; Coinbase and
+    /// Kraken write the same instant as RFC 3339 with µs).
+    pub fn ts_ms(&self, id: u64) -> u64 {
+        let timeline = &self.shared.timeline;
+        match self.shared.config.shape {
+            ExchangeShape::BybitPublicTrade => bybit::time_ms(timeline, id),
+            _ => timeline.time_us(id) / 1000,
+        }
+    }
+
+    /// Cuts every open connection now (see the module doc for how); returns
+    /// how many.
+    pub fn cut_all(&self) -> usize {
+        self.shared.cut_all()
+    }
+
+    /// Replaces the history override (`None` clears it).
+    pub fn set_history_override(&self, value: Option<HistoryOverride>) {
+        self.shared.set_history_override(value);
+    }
+
+    /// WebSocket connections accepted so far.
+    pub fn connections_accepted(&self) -> u64 {
+        self.shared.accepted()
+    }
+
+    /// WebSocket connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.open_sessions()
+    }
+
+    /// Connections the server cut (cut_all, cut_every, silent clients).
+    pub fn cuts(&self) -> u64 {
+        self.shared.cuts()
+    }
+
+    /// History requests answered (overridden ones included).
+    pub fn history_requests(&self) -> u64 {
+        self.shared.history_requests()
+    }
+
+    /// The leasehold environment a user would set for this shape (the
+    /// worker's variable names; stream ids like
+    /// [`ExchangeShape::example_stream_id`]).
+    pub fn worked_settings(&self) -> Vec<(&'static str, String)> {
+        let config = &self.shared.config;
+        let mut settings: Vec<(&'static str, String)> = vec![("UPSTREAM_URL", self.ws_url())];
+        let mut set = |name: &'static str, value: &str| settings.push((name, value.to_owned()));
+        // Kraken and Bybit clients ping; often enough that a silent cut never hits.
+        let ping_ms = config
+            .silent_cut_after
+            .map_or(10_000, |d| (d.as_millis() / 2).clamp(1, 10_000));
+        match config.shape {
+            shape @ (ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade) => {
+                let (id, event, item_id, item_ts) = match shape {
+                    ExchangeShape::BinanceAggTrade => ("/a", "aggTrade", "/a", "/T"),
+                    _ => ("/t", "trade", "/id", "/time"),
+                };
+                set("UPSTREAM_SUBSCRIBE", "");
+                set("UPSTREAM_SEQ_POINTER", id);
+                set("UPSTREAM_ID_POINTER", id);
+                set("UPSTREAM_TS_POINTER", "/T");
+                set("UPSTREAM_SEQ_STEP", "contiguous");
+                set("UPSTREAM_DATA_MATCH", &format!("/e={event}"));
+                match self.history_url() {
+                    Some(url) => {
+                        set("UPSTREAM_RESUME", "backfill");
+                        set("UPSTREAM_BACKFILL_URL", &url);
+                        set("UPSTREAM_BACKFILL_ITEMS_POINTER", "");
+                        set("UPSTREAM_BACKFILL_SEQ_POINTER", item_id);
+                        set("UPSTREAM_BACKFILL_ID_POINTER", item_id);
+                        set("UPSTREAM_BACKFILL_TS_POINTER", item_ts);
+                    }
+                    None => set("UPSTREAM_RESUME", "live"),
+                }
+            }
+            ExchangeShape::CoinbaseMatches => {
+                set(
+                    "UPSTREAM_SUBSCRIBE",
+                    r#"{"type":"subscribe","product_ids":["{stream_id}"],"channels":["matches","heartbeat"]}"#,
+                );
+                // trade_id is contiguous per product (sequence, with holes,
+                // would be /sequence with UPSTREAM_SEQ_STEP=increasing).
+                set("UPSTREAM_SEQ_POINTER", "/trade_id");
+                set("UPSTREAM_ID_POINTER", "/trade_id");
+                set("UPSTREAM_RESUME", "live");
+                set("UPSTREAM_SEQ_STEP", "contiguous");
+                set("UPSTREAM_DATA_MATCH", "/type=match,/type=last_match");
+            }
+            ExchangeShape::KrakenTrade => {
+                set(
+                    "UPSTREAM_SUBSCRIBE",
+                    r#"{"method":"subscribe","params":{"channel":"trade","symbol":["{stream_id}"],"snapshot":false}}"#,
+                );
+                // One sequence per frame: a frame of several trades is a hole.
+                set("UPSTREAM_SEQ_POINTER", "/data/0/trade_id");
+                set("UPSTREAM_ID_POINTER", "/data/0/trade_id");
+                set("UPSTREAM_RESUME", "live");
+                set("UPSTREAM_SEQ_STEP", "increasing");
+                set("UPSTREAM_DATA_MATCH", "/channel=trade");
+                set("UPSTREAM_PING_TEXT", r#"{"method":"ping"}"#);
+                set("UPSTREAM_PING_INTERVAL_MS", &ping_ms.to_string());
+            }
+            ExchangeShape::BybitPublicTrade => {
+                set(
+                    "UPSTREAM_SUBSCRIBE",
+                    r#"{"op":"subscribe","args":["publicTrade.{stream_id}"]}"#,
+                );
+                set("UPSTREAM_SEQ_POINTER", "/data/0/seq");
+                set("UPSTREAM_ID_POINTER", "/data/0/i");
+                set("UPSTREAM_TS_POINTER", "/data/0/T");
+                set("UPSTREAM_RESUME", "live");
+                set("UPSTREAM_SEQ_STEP", "increasing");
+                // The topic names the symbol; every data frame is a snapshot.
+                set("UPSTREAM_DATA_MATCH", "/type=snapshot");
+                set("UPSTREAM_PING_TEXT", r#"{"op":"ping"}"#);
+                set("UPSTREAM_PING_INTERVAL_MS", &ping_ms.to_string());
+            }
+        }
+        settings
+    }
+
+    /// Waits until the server task ended (after shutdown is cancelled),
+    /// including every connection it served.
+    pub async fn finished(self) {
+        if let Err(error) = self.task.await {
+            tracing::error!(%error, "exchange server task failed");
+        }
+    }
+}
+
