@@ -408,3 +408,5 @@ impl ExchangeServer {
     }
 }
 
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,374 @@
+//! What every shape shares: configuration, cuts, shutdown, hostile input, and
+//! the worked settings read the way the stream worker reads them.
+
+use super::*;
+
+/// The subscribe text and a frame that proves the subscription works.
+fn subscribe_for(shape: ExchangeShape) -> &'static str {
+    match shape {
+        ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade => "",
+        ExchangeShape::CoinbaseMatches => {
+            r#"{"type":"subscribe","product_ids":["BTC-USD"],"channels":["matches"]}"#
+        }
+        ExchangeShape::KrakenTrade => {
+            r#"{"method":"subscribe","params":{"channel":"trade","symbol":["BTC/USD"]}}"#
+        }
+        ExchangeShape::BybitPublicTrade => r#"{"op":"subscribe","args":["publicTrade.BTCUSDT"]}"#,
+    }
+}
+
+async fn connect_example(server: &ExchangeServer) -> Client {
+    let shape = server.config().shape;
+    let mut ws = connect(&url(server, shape.example_stream_id())).await;
+    let subscribe = subscribe_for(shape);
+    if !subscribe.is_empty() {
+        send(&mut ws, subscribe).await;
+    }
+    ws
+}
+
+#[tokio::test]
+async fn invalid_configs_are_refused() {
+    let base = ExchangeConfig::default();
+    for config in [
+        ExchangeConfig { rate: 0.0, ..base },
+        ExchangeConfig {
+            rate: f64::INFINITY,
+            ..base
+        },
+        ExchangeConfig {
+            first_id: 0,
+            ..base
+        },
+        ExchangeConfig {
+            first_id: u64::MAX,
+            ..base
+        },
+        ExchangeConfig { rate: 1e12, ..base },
+        ExchangeConfig {
+            cut_every: Some(Duration::ZERO),
+            ..base
+        },
+        // Binance clients do not ping: nothing could keep them.
+        ExchangeConfig {
+            silent_cut_after: Some(Duration::from_secs(1)),
+            ..base
+        },
+        ExchangeConfig {
+            shape: ExchangeShape::KrakenTrade,
+            silent_cut_after: Some(Duration::ZERO),
+            ..base
+        },
+        ExchangeConfig {
+            history_status_override: Some(HistoryOverride {
+                status: 200,
+                times: 1,
+                retry_after_secs: 1,
+            }),
+            ..base
+        },
+    ] {
+        let started =
+            ExchangeServer::start(([127, 0, 0, 1], 0).into(), config, CancellationToken::new())
+                .await;
+        assert!(matches!(started, Err(FeedError::Config(_))), "{config:?}");
+    }
+    for shape in ExchangeShape::ALL {
+        assert_eq!(shape.name().parse::<ExchangeShape>(), Ok(shape));
+    }
+    assert!("binance".parse::<ExchangeShape>().is_err());
+}
+
+#[tokio::test]
+async fn cut_all_cuts_with_and_without_a_close_frame() {
+    let (server, shutdown) = start(config(ExchangeShape::BinanceTrade, 20.0)).await;
+    let mut odd = connect(&url(&server, "btcusdt")).await;
+    next_json(&mut odd).await;
+    let mut even = connect(&url(&server, "btcusdt")).await;
+    next_json(&mut even).await;
+    assert_eq!(
+        (server.connections_accepted(), server.open_connections()),
+        (2, 2)
+    );
+    assert_eq!(server.cut_all(), 2);
+    assert_eq!(ending(&mut odd).await, Ending::CloseFrame);
+    assert_eq!(ending(&mut even).await, Ending::NoCloseFrame);
+    let deadline = Instant::now() + WAIT;
+    while server.cuts() < 2 || server.open_connections() > 0 {
+        assert!(Instant::now() < deadline, "cuts are counted");
+        sleep(Duration::from_millis(10)).await;
+    }
+    // The server goes on; the next connection starts live.
+    let mut again = connect(&url(&server, "btcusdt")).await;
+    assert!(next_json(&mut again).await["t"].is_u64());
+    assert_eq!(server.cut_all(), 1);
+    assert_eq!(
+        ending(&mut again).await,
+        Ending::CloseFrame,
+        "connection 3 is odd"
+    );
+    drop((odd, even));
+    stop(server, shutdown).await;
+}
+
+#[tokio::test]
+async fn cut_every_cuts_each_connection_after_its_lifetime() {
+    let (server, shutdown) = start(ExchangeConfig {
+        cut_every: Some(Duration::from_millis(400)),
+        ..config(ExchangeShape::KrakenTrade, 20.0)
+    })
+    .await;
+    for expected in [Ending::CloseFrame, Ending::NoCloseFrame] {
+        let opened = Instant::now();
+        let mut ws = connect_example(&server).await;
+        assert_eq!(ending(&mut ws).await, expected);
+        let lived = opened.elapsed();
+        assert!(
+            lived >= Duration::from_millis(350) && lived < Duration::from_secs(3),
+            "{lived:?}"
+        );
+    }
+    assert_eq!((server.connections_accepted(), server.cuts()), (2, 2));
+    stop(server, shutdown).await;
+}
+
+#[tokio::test]
+async fn silent_clients_are_cut_and_pinging_ones_are_not() {
+    for (shape, ping) in [
+        (ExchangeShape::KrakenTrade, r#"{"method":"ping"}"#),
+        (ExchangeShape::BybitPublicTrade, r#"{"op":"ping"}"#),
+    ] {
+        let (server, shutdown) = start(ExchangeConfig {
+            silent_cut_after: Some(Duration::from_millis(600)),
+            ..config(shape, 5.0)
+        })
+        .await;
+        let mut pinging = connect_example(&server).await;
+        let mut silent = connect_example(&server).await;
+        let opened = Instant::now();
+        let silent_ended = tokio::spawn(async move {
+            ending(&mut silent).await;
+            opened.elapsed()
+        });
+        // Protocol pings do not count; application pings do.
+        pinging
+            .send(Message::Ping(Vec::new().into()))
+            .await
+            .expect("ping");
+        while opened.elapsed() < Duration::from_millis(1_800) {
+            send(&mut pinging, ping).await;
+            sleep(Duration::from_millis(200)).await;
+        }
+        let lived = silent_ended.await.expect("silent client task");
+        assert!(
+            lived >= Duration::from_millis(550) && lived < Duration::from_millis(1_500),
+            "{shape}: {lived:?}"
+        );
+        send(&mut pinging, ping).await;
+        let (pong, _) = next_where(&mut pinging, |v| {
+            v["method"] == "pong" || v["ret_msg"] == "pong"
+        })
+        .await;
+        assert!(
+            pong.is_object(),
+            "{shape}: the pinging client is still served"
+        );
+        assert_eq!(server.cuts(), 1, "{shape}");
+        drop(pinging);
+        stop(server, shutdown).await;
+    }
+}
+
+#[tokio::test]
+async fn hostile_input_never_panics_any_shape() {
+    for shape in ExchangeShape::ALL {
+        let (server, shutdown) = start(config(shape, 20.0)).await;
+        let mut ws = connect(&url(&server, shape.example_stream_id())).await;
+        let nested = "[".repeat(30_000);
+        for text in [
+            "",
+            "garbage",
+            "{}",
+            "[]",
+            "null",
+            "7",
+            r#"{"op":null,"method":{},"type":[]}"#,
+            &nested,
+        ] {
+            send(&mut ws, text).await;
+        }
+        ws.send(Message::binary(vec![0xff; 1000]))
+            .await
+            .expect("binary");
+        // Still answering after all that.
+        let subscribe = subscribe_for(shape);
+        if !subscribe.is_empty() {
+            send(&mut ws, subscribe).await;
+        }
+        let frame = next_text(&mut ws).await;
+        assert!(
+            frame.is_some(),
+            "{shape}: the connection survives bad messages"
+        );
+        // A message over the limit ends that connection only.
+        let huge = "x".repeat(200_000);
+        let _ = ws.send(Message::text(huge)).await;
+        while next_text(&mut ws).await.is_some() {}
+        // Broken HTTP on the same port.
+        for request in [
+            &b"GARBAGE\r\n\r\n"[..],
+            b"GET /v2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"GET /ws/btcusdt@trade HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: upgrade, close\r\nUpgrade: websocket\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            if let Some(answer) = raw_http(&server, request).await {
+                assert!(answer.status >= 400, "{shape}: {answer:?}");
+            }
+        }
+        let long = format!(
+            "GET /{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "a".repeat(40_000)
+        );
+        if let Some(answer) = raw_http(&server, long.as_bytes()).await {
+            assert!(answer.status >= 400);
+        }
+        assert_eq!(http_get(&server, "/nowhere").await.status, 404);
+        // New connections are still served.
+        let mut fresh = connect_example(&server).await;
+        assert!(next_text(&mut fresh).await.is_some(), "{shape}");
+        drop(fresh);
+        stop(server, shutdown).await;
+    }
+}
+
+#[tokio::test]
+async fn shutdown_ends_sessions_and_the_listener() {
+    let (server, shutdown) = start(config(ExchangeShape::CoinbaseMatches, 1000.0)).await;
+    let ws_url = server.ws_url();
+    // One client reads, one never does, one is a bare TCP connection.
+    let mut reading = connect_example(&server).await;
+    let not_reading = connect_example(&server).await;
+    let _bare = TcpStream::connect(server.local_addr()).await.expect("tcp");
+    sleep(Duration::from_millis(300)).await;
+    let stopped = Instant::now();
+    stop(server, shutdown).await;
+    assert!(stopped.elapsed() < Duration::from_secs(5));
+    while next_text(&mut reading).await.is_some() {}
+    drop(not_reading);
+    assert!(tokio_tungstenite::connect_async(ws_url).await.is_err());
+}
+
+/// `UPSTREAM_DATA_MATCH` as the worker reads it.
+fn is_data(frame: &Value, data_match: &str) -> bool {
+    data_match.split(',').any(|alternative| {
+        let (pointer, value) = alternative.split_once('=').expect("pointer=value");
+        match frame.pointer(pointer) {
+            Some(Value::String(text)) => text == value,
+            Some(other) => {
+                let rendered = other.to_string();
+                rendered == value
+            }
+            None => false,
+        }
+    })
+}
+
+fn number_at(frame: &Value, pointer: &str) -> u64 {
+    match frame.pointer(pointer) {
+        Some(Value::Number(n)) => n.as_u64().expect("an unsigned number"),
+        Some(Value::String(s)) => s.parse().expect("digits"),
+        other => panic!("{pointer}: {other:?} in {frame}"),
+    }
+}
+
+#[tokio::test]
+async fn worked_settings_describe_the_frames_the_worker_sees() {
+    for shape in ExchangeShape::ALL {
+        let (server, shutdown) = start(config(shape, 40.0)).await;
+        let settings: std::collections::HashMap<&str, String> =
+            server.worked_settings().into_iter().collect();
+        let get = |name: &str| {
+            settings
+                .get(name)
+                .unwrap_or_else(|| panic!("{shape}: {name}"))
+                .clone()
+        };
+        let stream_id = shape.example_stream_id();
+        let mut ws = connect(&get("UPSTREAM_URL").replace("{stream_id}", stream_id)).await;
+        let subscribe = get("UPSTREAM_SUBSCRIBE").replace("{stream_id}", stream_id);
+        if !subscribe.is_empty() {
+            send(&mut ws, &subscribe).await;
+        }
+        let (seq_pointer, data_match) = (get("UPSTREAM_SEQ_POINTER"), get("UPSTREAM_DATA_MATCH"));
+        let contiguous = match get("UPSTREAM_SEQ_STEP").as_str() {
+            "contiguous" => true,
+            "increasing" => false,
+            other => panic!("{other}"),
+        };
+        let (mut data, mut control, mut previous) = (0, 0, None);
+        while data < 30 {
+            let frame = next_json(&mut ws).await;
+            if !is_data(&frame, &data_match) {
+                control += 1;
+                assert!(frame.pointer(&seq_pointer).is_none(), "{shape}: {frame}");
+                continue;
+            }
+            let seq = number_at(&frame, &seq_pointer);
+            assert!(frame.pointer(&get("UPSTREAM_ID_POINTER")).is_some());
+            if let Some(ts) = settings.get("UPSTREAM_TS_POINTER") {
+                let ms = number_at(&frame, ts);
+                assert!(ms > 1_600_000_000_000, "{shape}: unix ms");
+            }
+            if let Some(previous) = previous {
+                if contiguous {
+                    assert_eq!(seq, previous + 1, "{shape}");
+                } else {
+                    assert!(seq > previous, "{shape}");
+                }
+            }
+            previous = Some(seq);
+            data += 1;
+        }
+        // Acks (and Kraken's status) are control frames, not data.
+        if shape != ExchangeShape::BinanceTrade && shape != ExchangeShape::BinanceAggTrade {
+            assert!(control >= 1, "{shape}");
+        }
+        match get("UPSTREAM_RESUME").as_str() {
+            "backfill" => {
+                let url = get("UPSTREAM_BACKFILL_URL")
+                    .replace("{stream_id_upper}", &stream_id.to_ascii_uppercase())
+                    .replace("{from_seq}", "5003");
+                let target = url
+                    .split_once(&server.local_addr().to_string())
+                    .expect("same host")
+                    .1;
+                let answer = http_get(&server, target).await;
+                let items = answer.json();
+                let item_seq = get("UPSTREAM_BACKFILL_SEQ_POINTER");
+                assert_eq!(
+                    get("UPSTREAM_BACKFILL_ITEMS_POINTER"),
+                    "",
+                    "the body is the array"
+                );
+                let first = &items[0];
+                assert_eq!(number_at(first, &item_seq), 5003, "{shape}");
+                assert!(
+                    first
+                        .pointer(&get("UPSTREAM_BACKFILL_ID_POINTER"))
+                        .is_some()
+                );
+                assert!(number_at(first, &get("UPSTREAM_BACKFILL_TS_POINTER")) > 1_600_000_000_000);
+            }
+            "live" => assert!(!shape.serves_history(), "{shape}"),
+            other => panic!("{other}"),
+        }
+        if shape.has_app_ping() {
+            send(&mut ws, &get("UPSTREAM_PING_TEXT")).await;
+            let (pong, _) = next_where(&mut ws, |v| !is_data(v, &data_match)).await;
+            assert!(pong.pointer(&seq_pointer).is_none());
+            assert!(get("UPSTREAM_PING_INTERVAL_MS").parse::<u64>().expect("ms") > 0);
+        }
+        drop(ws);
+        stop(server, shutdown).await;
+    }
+}
