@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 
 mod binance;
+mod bybit;
+mod coinbase;
 mod common;
+mod kraken;
 
 /// Generous: only a broken server takes this long.
 const WAIT: Duration = Duration::from_secs(10);
