@@ -16,7 +16,7 @@
 //! tally the streams view shows ([`GapTally`]: count, missing events, the
 //! newest gap, counts per reason) lives as long as the stream keeps a gap.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use leasehold_telemetry::labels::GapReason;
@@ -79,6 +79,16 @@ pub struct LastGap {
 }
 
 impl LastGap {
+    fn of(gap: &DataGap) -> LastGap {
+        LastGap {
+            at_ms: gap.at_ms,
+            from_seq: gap.from_seq,
+            to_seq: gap.to_seq,
+            missing: gap.missing,
+            reason: gap.reason,
+        }
+    }
+
     /// The tooltip text ([`DataGap::range_text`]).
     pub fn range_text(&self) -> String {
         range_text(self.from_seq, self.to_seq, self.missing, self.reason)
@@ -94,15 +104,16 @@ fn range_text(from: u64, to: u64, missing: u64, reason: GapReason) -> String {
 }
 
 /// What the streams view shows of one stream's gaps (O(1) per row: kept up
-/// to date as gaps are recorded, never counted at render time).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// to date as gaps are recorded, never counted at render time). A stream
+/// that keeps no gap has none (its row's `gaps` is null).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct GapTally {
     /// Gaps recorded since the dashboard started (while it keeps one of them).
     pub count: u64,
     /// Missing events over those gaps.
     pub missing: u64,
     /// The newest gap.
-    pub last: Option<LastGap>,
+    pub last: LastGap,
     /// Of `count`, how many per reason (JSON: reason → count, non-zero only).
     #[serde(serialize_with = "reason_counts")]
     pub reasons: [u64; GapReason::ALL.len()],
@@ -117,20 +128,25 @@ impl GapTally {
             .map_or(0, |i| self.reasons[i])
     }
 
+    fn first(gap: &DataGap) -> GapTally {
+        let mut tally = GapTally {
+            count: 0,
+            missing: 0,
+            last: LastGap::of(gap),
+            reasons: [0; GapReason::ALL.len()],
+        };
+        tally.add(gap);
+        tally
+    }
+
     fn add(&mut self, gap: &DataGap) {
         self.count += 1;
         self.missing = self.missing.saturating_add(gap.missing);
         if let Some(i) = GapReason::ALL.iter().position(|r| *r == gap.reason) {
             self.reasons[i] += 1;
         }
-        if self.last.is_none_or(|last| gap.at_ms >= last.at_ms) {
-            self.last = Some(LastGap {
-                at_ms: gap.at_ms,
-                from_seq: gap.from_seq,
-                to_seq: gap.to_seq,
-                missing: gap.missing,
-                reason: gap.reason,
-            });
+        if gap.at_ms >= self.last.at_ms {
+            self.last = LastGap::of(gap);
         }
     }
 }
@@ -148,7 +164,7 @@ fn reason_counts<S: Serializer>(
     )
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct StreamGaps {
     /// Kept gaps in the order recorded (oldest first), with their numbers.
     kept: VecDeque<(u64, DataGap)>,
@@ -254,8 +270,8 @@ impl GapLog {
                 },
             );
         }
-        self.seen
-            .retain(|url, _| sidecars.iter().any(|report| &report.url == url));
+        let polled: HashSet<&str> = sidecars.iter().map(|r| r.url.as_str()).collect();
+        self.seen.retain(|url, _| polled.contains(url.as_str()));
         taken
     }
 
@@ -281,8 +297,14 @@ impl GapLog {
             Some((key, _)) => key.clone(),
             None => Arc::from(stream_id),
         };
-        let stream = self.streams.entry(key.clone()).or_default();
-        stream.tally.add(&gap);
+        let stream = self
+            .streams
+            .entry(key.clone())
+            .and_modify(|s| s.tally.add(&gap))
+            .or_insert_with(|| StreamGaps {
+                kept: VecDeque::new(),
+                tally: GapTally::first(&gap),
+            });
         stream.kept.push_back((number, gap));
         self.order.insert(number, key);
         if stream.kept.len() > self.per_stream_cap
@@ -334,12 +356,9 @@ impl GapLog {
         gaps
     }
 
-    /// What one stream's row shows (zero when it keeps no gap).
-    pub fn tally(&self, stream_id: &str) -> GapTally {
-        self.streams
-            .get(stream_id)
-            .map(|s| s.tally)
-            .unwrap_or_default()
+    /// What one stream's row shows (none when it keeps no gap).
+    pub fn tally(&self, stream_id: &str) -> Option<GapTally> {
+        self.streams.get(stream_id).map(|s| s.tally)
     }
 
     /// Gaps kept now, over all streams.

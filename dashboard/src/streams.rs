@@ -118,8 +118,9 @@ pub struct StreamRow {
     pub verdict: Verdict,
     /// Why a malformed record cannot be read (attribute and problem, never a value).
     pub problem: Option<String>,
-    /// Data gaps the sidecars reported for it (count, the newest, per reason).
-    pub gaps: GapTally,
+    /// Data gaps the sidecars reported for it (count, missing events, the
+    /// newest, per reason); null when none is recorded.
+    pub gaps: Option<GapTally>,
 }
 
 /// Lag numbers for one stream, as a sidecar reported them.
@@ -243,7 +244,7 @@ impl LagHistory {
                 .filter(|owner| !owner.is_empty()),
             verdict,
             problem: None,
-            gaps: GapTally::default(),
+            gaps: None,
         }
     }
 
@@ -272,7 +273,7 @@ impl StreamRow {
             previous_owner: None,
             verdict: Verdict::Ok,
             problem: None,
-            gaps: GapTally::default(),
+            gaps: None,
         }
     }
 }
