@@ -2,7 +2,8 @@
 //! page, its first (paginated) page, `/api/streams`, and one collector refresh
 //! (scan + classification) on the in-memory store; then, with 24 h of history
 //! (50,000 ownership changes, the count bound, spread over 24 h; 1,000 fenced
-//! writes; full trend rings), the timeline, the per-stream page and the trends,
+//! writes; full trend rings; the gap log full, 20,000 data gaps over the
+//! streams, each row carrying its tally), the timeline, the per-stream page and the trends,
 //! and what one live update costs: a 304 when nothing changed, and the bytes of
 //! a changed page with gzip and br.
 //!
@@ -18,6 +19,7 @@ use http_body_util::BodyExt;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
 use leasehold_dashboard::Collector;
 use leasehold_dashboard::changes::{Change, ChangeKind, FencedWrite};
+use leasehold_dashboard::gaps::{DataGap, GAPS_KEPT, GAPS_PER_STREAM};
 use leasehold_dashboard::http::{DashboardState, app};
 use leasehold_dashboard::testing::{collector_at, seed_many};
 use leasehold_testkit::measure::{arg, percentile};
@@ -104,6 +106,8 @@ async fn main() {
         refreshes.push(started.elapsed());
     }
     fill_history(&collector, streams);
+    // One more refresh carries the gaps' tallies into the rows.
+    collector.refresh().await;
     let state = Arc::new(DashboardState {
         collector: collector.clone(),
         token: None,
@@ -136,7 +140,9 @@ async fn main() {
         let (mut times, bytes) = time_route(&router, &collector, &path, rounds).await;
         report(name, &mut times, bytes);
     }
-    println!("with 24 h of history (50,000 changes, 1,000 fenced writes, full trend rings):");
+    println!(
+        "with 24 h of history (50,000 changes, 1,000 fenced writes, full trend rings, 20,000 data gaps):"
+    );
     for (name, path) in [
         (
             "timeline, 24 h, per stream (50 lanes)",
@@ -151,6 +157,11 @@ async fn main() {
         ("per-stream page", "/streams/stream-04242"),
         ("/api/streams/{id}", "/api/streams/stream-04242"),
         ("trends page", "/trends"),
+        (
+            "streams view, sorted by data gaps, first page",
+            "/streams?sort=gaps",
+        ),
+        ("streams view, with data gaps only", "/streams?gaps=some"),
     ] {
         let (mut times, bytes) = time_route(&router, &collector, path, rounds).await;
         report(name, &mut times, bytes);
@@ -207,7 +218,9 @@ async fn main() {
 
 /// 24 h of history as the collector would have kept it: the count bound's
 /// 50,000 changes (takeovers with a gap) spread over 24 h, 1,000 fenced writes,
-/// and every trend ring full (one sample per minute, lag on every stream).
+/// every trend ring full (one sample per minute, lag on every stream), and
+/// the gap log at its bound ([`GAPS_KEPT`] gaps over 24 h; `stream-04242`, the
+/// page timed, with [`GAPS_PER_STREAM`] of them).
 fn fill_history(collector: &leasehold_dashboard::Collector, streams: usize) {
     const DAY: i64 = 24 * 3_600_000;
     let kept = collector.settings().changes_kept;
@@ -235,6 +248,23 @@ fn fill_history(collector: &leasehold_dashboard::Collector, streams: usize) {
                 writes: 2,
                 streams: vec![format!("stream-{:05}", (k * 7) % streams)],
             });
+        }
+    });
+    collector.with_gaps_mut(|gaps| {
+        let reasons = leasehold_telemetry::labels::GapReason::ALL;
+        let gap = |k: usize| DataGap {
+            at_ms: start + k as i64 * (DAY / GAPS_KEPT as i64),
+            from_seq: k as u64 * 100,
+            to_seq: k as u64 * 100 + 9,
+            missing: 10,
+            reason: reasons[k % reasons.len()],
+            worker: Some(format!("worker-{:02}", k % 20)),
+        };
+        for k in 0..GAPS_KEPT - GAPS_PER_STREAM {
+            gaps.record(&format!("stream-{:05}", (k * 7) % streams), gap(k));
+        }
+        for k in GAPS_KEPT - GAPS_PER_STREAM..GAPS_KEPT {
+            gaps.record("stream-04242", gap(k));
         }
     });
     let mut rows = collector.latest().streams.clone();
