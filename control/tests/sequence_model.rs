@@ -1,0 +1,946 @@
+//! The upstream-sequence rules, model-checked with stateright.
+//!
+//! One stream, explicit discrete time. The upstream produces one event per
+//! tick (contiguous sequences, or, for the `increasing` step, sequences that
+//! may skip one). A worker connects (a `replay` upstream delivers from the
+//! sequence it is asked for; a live upstream, in `live` and `backfill` mode,
+//! starts at its current head and cannot replay), is cut by the server at any
+//! time, may miss an event inside a connection (a live hole), and crashes: a
+//! new owner then opens the sink and resumes from it. A history (`backfill`)
+//! holds what was produced from a retention edge that moves forward, and may
+//! fail a fetch. Every decision about sequences is taken by the `Sequencer`
+//! the runtime uses (`leasehold_control::sequence`); the model plays the
+//! runner's shell around it (worker/stream/src/runner.rs, `Intake`): it feeds
+//! the arrivals, calls `connected()` on each connection, fetches a page for a
+//! running backfill and gives the range up after three pages without
+//! progress or a failed fetch, answers `Step::Reconnect` in replay mode by
+//! reconnecting after the confirmed position, and queues every event and gap
+//! marker, in order, for a sink that drops an entry at or below its last
+//! position (`protocol::already_appended`). Queued writes land one at a time;
+//! a cut flushes them (the runner writes what it has before it reconnects), a
+//! crash loses them. One owner at a time: fencing is the lease model's
+//! business (`protocol_model.rs`).
+//!
+//! The invariants are checked on the sink. Each rule has a switch in
+//! [`Fixes`]; a test turns each off and checks that the model finds a
+//! counterexample, which is how we know the model can fail. What the model
+//! found in the shipped rules is in [`Known`]: the shipped check excuses
+//! exactly those, and a test per finding shows it. `LEASEHOLD_MODEL_DEPTH`
+//! bounds the search depth (by default every state is explored).
+//!
+//! Bounds, and what is left out:
+//! - In `increasing` mode the upstream's own holes inside a connection are
+//!   not modelled: a sequence that skips is normal there, so nothing can tell
+//!   a lost event from an unused sequence. What is checkable is a new
+//!   connection's jump, which `backfill` fills from the history.
+//! - A `replay` upstream keeps everything: its retention edge is the runner's
+//!   `RetentionExceeded` path (telemetry and a reposition), not the
+//!   sequencer's.
+//! - The bound on held events (`backfill_hold_max`) only pauses reading; it
+//!   is left out, as are the waits between pages.
+//! - The history is up to date with the upstream (a lagging one is what the
+//!   empty-page retries are for; here an empty page means the history has
+//!   nothing more). It answers a page in one of two shapes ([`Shape`]): from
+//!   the requested sequence on, past the range (`fromId`-style), or bounded
+//!   by the range (a server that honours `{to_seq}`).
+//! - In replay mode a reconnect repositions after the confirmed sequence;
+//!   the runner flushes its writes first, so that is where the sequencer
+//!   already stands and no switch can show the reposition matters here.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use leasehold_control::protocol;
+use leasehold_control::sequence::{Arrival, ResumeMode, SeqStep, Sequencer, Step};
+use leasehold_telemetry::GapReason;
+use stateright::{Checker, HasDiscoveries, Model, Property};
+
+/// The upstream produces one event per tick; the model stops time here.
+const MAX_TIME: u64 = 5;
+/// Items a history page holds at most.
+const PAGE: usize = 2;
+/// Pages in a row without progress before the shell gives a range up
+/// (`RunnerConfig::backfill_empty_pages`'s default).
+const EMPTY_PAGES: u8 = 3;
+const MAX_CUTS: u8 = 1;
+const MAX_SKIPS: u8 = 1;
+const MAX_CRASHES: u8 = 1;
+const MAX_FETCH_FAILURES: u8 = 1;
+const MAX_RESENDS: u8 = 1;
+
+/// Which rules are in place. `ALL` is the shipped behaviour.
+#[derive(Clone, Copy, Debug)]
+struct Fixes {
+    /// A live hole becomes a gap marker (else the shell drops `Step::Gap` in
+    /// `live` mode).
+    live_holes_marked: bool,
+    /// Live events that arrive during a backfill are held and written after
+    /// it (else the shell writes them at once, bypassing the sequencer).
+    hold_during_backfill: bool,
+    /// The sequencer drops an arrival at or below what it handed on or holds
+    /// (else the shell writes an arrival the sequencer calls `Replayed`).
+    sequencer_drops_replays: bool,
+    /// The sink drops an entry at or below its last position (else it
+    /// appends it). With the other rules on, a single owner hands the sink a
+    /// replay only by resending a write whose reply was lost; a lagging
+    /// resume (`resume_from_sink` off) or a zombie (the lease model) are the
+    /// other ways.
+    sink_drops_replays: bool,
+    /// A new owner resumes after the further of the sink's last position and
+    /// the checkpoint (else after its own checkpoint, which may lag).
+    resume_from_sink: bool,
+    /// The shell calls `connected()` on each new connection (else never: only
+    /// a new sequencer or a reposition starts a fresh connection). Only
+    /// `increasing` + `backfill` reads it.
+    connected_called: bool,
+    /// A gap marker sits at its last missing sequence (else at its first:
+    /// a new owner that resumes after a marker whose event was lost in the
+    /// crash marks part of it again).
+    marker_at_last_missing: bool,
+}
+
+impl Fixes {
+    const ALL: Fixes = Fixes {
+        live_holes_marked: true,
+        hold_during_backfill: true,
+        sequencer_drops_replays: true,
+        sink_drops_replays: true,
+        resume_from_sink: true,
+        connected_called: true,
+        marker_at_last_missing: true,
+    };
+}
+
+/// What this model found in the shipped rules (reported, not yet fixed in
+/// `sequence.rs`). `ALL` excuses each: the shipped check then holds every
+/// other promise; a test per finding turns its excuse off and shows it.
+#[derive(Clone, Copy, Debug)]
+struct Known {
+    /// `increasing` + `backfill`: a connection that starts while a backfill
+    /// runs has its first event held, which spends the sequencer's
+    /// "fresh connection" flag; the held events are later taken as not
+    /// fresh, so that connection's jump is never backfilled and the events
+    /// the history holds in it are lost without a marker.
+    reconnect_during_increasing_backfill: bool,
+    /// `increasing` + `backfill` with a history bounded by the range: once
+    /// the range's events are read, a page for the rest is empty (there is
+    /// nothing in it), so the range never closes by itself; after three
+    /// empty pages the shell gives it up and a `backfill_exhausted` marker
+    /// covers sequences that never existed.
+    empty_increasing_range_marked: bool,
+}
+
+impl Known {
+    const ALL: Known = Known {
+        reconnect_during_increasing_backfill: true,
+        empty_increasing_range_marked: true,
+    };
+}
+
+/// How the history answers a page request for `from..=to`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Shape {
+    /// Up to [`PAGE`] items from `from` on, whatever `to` is (`fromId`-style).
+    FromId,
+    /// Up to [`PAGE`] items of `from..=to` (the server honours `{to_seq}`).
+    Bounded,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Setup {
+    mode: ResumeMode,
+    step: SeqStep,
+    /// Only `backfill` reads the history (the others have `FromId`).
+    shape: Shape,
+}
+
+impl Setup {
+    fn all() -> Vec<Setup> {
+        let mut setups = Vec::new();
+        for mode in ResumeMode::ALL {
+            for step in SeqStep::ALL {
+                let shapes: &[Shape] = if mode == ResumeMode::Backfill {
+                    &[Shape::FromId, Shape::Bounded]
+                } else {
+                    &[Shape::FromId]
+                };
+                for &shape in shapes {
+                    setups.push(Setup { mode, step, shape });
+                }
+            }
+        }
+        setups
+    }
+
+    fn increasing_backfill(&self) -> bool {
+        self.mode == ResumeMode::Backfill && self.step == SeqStep::Increasing
+    }
+}
+
+/// The sequencer, compared and hashed by its derived `Debug` (it has no
+/// `Eq`/`Hash` of its own; `Debug` shows every field, the private ones
+/// included, so equal text is equal state).
+#[derive(Clone)]
+struct Seq(Sequencer<u64>);
+
+impl fmt::Debug for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq for Seq {
+    fn eq(&self, other: &Seq) -> bool {
+        format!("{:?}", self.0) == format!("{:?}", other.0)
+    }
+}
+
+impl Eq for Seq {}
+
+impl Hash for Seq {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        format!("{:?}", self.0).hash(state);
+    }
+}
+
+/// One sink entry: an event at its sequence, or a gap marker covering
+/// `from..=to`, stored at `at`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Entry {
+    Event(u64),
+    Marker {
+        from: u64,
+        to: u64,
+        at: u64,
+        reason: GapReason,
+        /// The reason the model says is right (`None`: no such marker
+        /// should exist).
+        right: Option<GapReason>,
+    },
+}
+
+impl Entry {
+    /// Where the sink stores it (what its drop compares).
+    fn position(&self) -> u64 {
+        match *self {
+            Entry::Event(seq) => seq,
+            Entry::Marker { at, .. } => at,
+        }
+    }
+
+    /// The sequences it stands for.
+    fn covers(&self) -> (u64, u64) {
+        match *self {
+            Entry::Event(seq) => (seq, seq),
+            Entry::Marker { from, to, .. } => (from, to),
+        }
+    }
+
+    fn is_marker(&self) -> bool {
+        matches!(self, Entry::Marker { .. })
+    }
+}
+
+/// What produced a batch of steps (for the right reason of a marker).
+#[derive(Clone, Copy, Debug)]
+enum Cause {
+    /// A live arrival.
+    Arrival,
+    /// A history page, read while the history's edge was here.
+    Page { edge: u64 },
+    /// The shell gave the range up.
+    GaveUp,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Connection {
+    /// The lowest sequence it delivers next.
+    next: u64,
+    /// Nothing was delivered on it yet.
+    first: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct State {
+    setup: Setup,
+    now: u64,
+    /// Bit `s`: sequence `s` was produced.
+    produced: u64,
+    /// The newest produced sequence (0: none yet).
+    head: u64,
+    /// The history holds the produced sequences from here on.
+    edge: u64,
+    connection: Option<Connection>,
+    sequencer: Seq,
+    /// Written by the shell, not landed yet, in order.
+    pending: Vec<Entry>,
+    /// The highest position the sink acknowledged to this owner.
+    confirmed: u64,
+    /// The running backfill's range, as its `Step::Backfill` gave it.
+    range: (u64, u64),
+    /// Pages in a row that brought the backfill no further.
+    empty_pages: u8,
+    /// The stored checkpoint (only moved when the resume ignores the sink).
+    checkpoint: u64,
+    sink: Vec<Entry>,
+    /// The last write that landed (what a resend repeats).
+    last_landed: Option<Entry>,
+    /// A page asked for a produced sequence the history had forgotten, or a
+    /// fetch failed.
+    history_lost: bool,
+    /// A backfill page queued an event from inside its range.
+    filled_from_history: bool,
+    /// Sink entries when the owner crashed.
+    crashed_at: Option<usize>,
+    /// [`Known::reconnect_during_increasing_backfill`] happened.
+    fresh_arrival_held: bool,
+    /// [`Known::empty_increasing_range_marked`] happened.
+    empty_range_given_up: bool,
+    cuts: u8,
+    skips: u8,
+    crashes: u8,
+    fetch_failures: u8,
+    resends: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    /// The upstream produces its next event (`true`: skipping a sequence,
+    /// `increasing` only).
+    Tick(bool),
+    Connect,
+    /// The connection delivers its next event.
+    Deliver,
+    /// The connection loses its next event (a live hole).
+    Skip,
+    /// The server closes the connection.
+    Cut,
+    /// The oldest queued write lands.
+    Land,
+    /// The running backfill's page arrives.
+    Page,
+    /// The running backfill's fetch fails past its retries.
+    FetchFails,
+    /// The history forgets its oldest sequence.
+    Forget,
+    /// The owner crashes; a new one opens the sink.
+    Crash,
+    /// The owner's confirmed position reaches the stored checkpoint.
+    Checkpoint,
+    /// The sink applied the last write but its reply was lost: written again.
+    Resend,
+}
+
+struct SequenceModel {
+    fixes: Fixes,
+    known: Known,
+    setups: Vec<Setup>,
+}
+
+impl State {
+    fn produced(&self, seq: u64) -> bool {
+        seq < 64 && self.produced & (1 << seq) != 0
+    }
+
+    /// The next produced sequence at or after `from`, if any.
+    fn next_produced(&self, from: u64) -> Option<u64> {
+        (from.max(1)..=self.head).find(|&s| self.produced(s))
+    }
+
+    fn sink_last(&self) -> Option<u64> {
+        self.sink.last().map(Entry::position)
+    }
+
+    fn markers(&self) -> impl Iterator<Item = &Entry> {
+        self.sink.iter().filter(|e| e.is_marker())
+    }
+
+    fn marked(&self, reason: GapReason) -> bool {
+        self.markers()
+            .any(|e| matches!(*e, Entry::Marker { reason: r, .. } if r == reason))
+    }
+
+    /// The lowest and highest sequence the sink stands for.
+    fn span(&self) -> Option<(u64, u64)> {
+        let first = self.sink.iter().map(|e| e.covers().0).min()?;
+        let last = self.sink.iter().map(|e| e.covers().1).max()?;
+        Some((first, last))
+    }
+
+    /// Every produced sequence in `from..=to` is an event in the sink.
+    fn nothing_missing(&self, from: u64, to: u64) -> bool {
+        (from..=to)
+            .filter(|&s| self.produced(s))
+            .all(|s| self.sink.contains(&Entry::Event(s)))
+    }
+
+    /// The page the history answers for `from..=to`.
+    fn page(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
+        (from.max(self.edge)..=self.head)
+            .filter(|&s| self.produced(s))
+            .filter(|&s| self.setup.shape == Shape::FromId || s <= to)
+            .take(PAGE)
+            .map(|s| (s, s))
+            .collect()
+    }
+
+    /// The runner's open: where a new owner resumes, and its sequencer.
+    fn open(&mut self, fixes: &Fixes) {
+        let sink_last = self.sink_last();
+        let (resume, anchored) = if fixes.resume_from_sink {
+            let resume = protocol::resume_after(Some(self.checkpoint), sink_last);
+            (resume, resume > 0 || sink_last.is_some())
+        } else {
+            (self.checkpoint, self.checkpoint > 0)
+        };
+        let mode = self.setup.mode;
+        // A never-written stream: `None` for a live start, `Some(0)` for replay.
+        let last = (anchored || mode == ResumeMode::Replay).then_some(resume);
+        self.sequencer = Seq(Sequencer::new(mode, self.setup.step, last));
+        self.confirmed = resume;
+        self.connection = None;
+        self.pending.clear();
+        self.range = (0, 0);
+        self.empty_pages = 0;
+        self.last_landed = None;
+    }
+
+    /// The sink's write: dropped at or below the last position, else appended.
+    fn land(&mut self, entry: Entry, fixes: &Fixes) -> bool {
+        let position = entry.position();
+        let appended =
+            !(fixes.sink_drops_replays && protocol::already_appended(self.sink_last(), position));
+        if appended {
+            self.sink.push(entry);
+        }
+        // Dropped or appended, the sink acknowledges it.
+        self.confirmed = self.confirmed.max(position);
+        self.last_landed = Some(entry);
+        appended
+    }
+
+    /// Everything queued lands (the runner flushes before it reconnects).
+    fn flush(&mut self, fixes: &Fixes) {
+        for entry in std::mem::take(&mut self.pending) {
+            self.land(entry, fixes);
+        }
+    }
+
+    /// The reason a marker from `from` should carry.
+    fn right_reason(&self, from: u64, cause: Cause) -> Option<GapReason> {
+        match (self.setup.mode, cause) {
+            (ResumeMode::Live, Cause::Arrival) => Some(GapReason::NoReplay),
+            (ResumeMode::Backfill, Cause::Page { edge }) => {
+                // A page marks only what the history had forgotten: the
+                // range's first sequence is `retention`, a later one (the
+                // edge moved while the range was read) `backfill_exhausted`.
+                (from < edge).then_some(if from == self.range.0 {
+                    GapReason::Retention
+                } else {
+                    GapReason::BackfillExhausted
+                })
+            }
+            // Failed, or the history had nothing more.
+            (ResumeMode::Backfill, Cause::GaveUp) => Some(GapReason::BackfillExhausted),
+            _ => None,
+        }
+    }
+
+    /// The shell carries out the sequencer's steps, in order.
+    fn apply(&mut self, steps: Vec<Step<u64>>, cause: Cause, fixes: &Fixes) {
+        for step in steps {
+            match step {
+                Step::Event(seq, item) => {
+                    assert_eq!(seq, item, "an event is written at its own sequence");
+                    // Held live events follow a closed range in the same batch.
+                    if matches!(cause, Cause::Page { .. }) && seq <= self.range.1 {
+                        self.filled_from_history = true;
+                    }
+                    self.pending.push(Entry::Event(seq));
+                }
+                Step::Gap { from, to, reason } => {
+                    if !fixes.live_holes_marked && self.setup.mode == ResumeMode::Live {
+                        continue;
+                    }
+                    self.pending.push(Entry::Marker {
+                        from,
+                        to,
+                        at: if fixes.marker_at_last_missing {
+                            to
+                        } else {
+                            from
+                        },
+                        reason,
+                        right: self.right_reason(from, cause),
+                    });
+                }
+                Step::Backfill { from, to } => {
+                    self.range = (from, to);
+                    self.empty_pages = 0;
+                }
+                Step::Reconnect { .. } => self.disconnect(fixes),
+            }
+        }
+    }
+
+    /// The connection ends (cut, or a reconnect step): what is queued is
+    /// written first, then a replay shell asks again after what the sink
+    /// confirmed.
+    fn disconnect(&mut self, fixes: &Fixes) {
+        self.flush(fixes);
+        self.connection = None;
+        if self.setup.mode == ResumeMode::Replay {
+            self.sequencer.0.reposition(Some(self.confirmed));
+        }
+    }
+
+    /// One live event reaches the shell.
+    fn arrive(&mut self, seq: u64, first: bool, fixes: &Fixes) {
+        let backfilling = self.sequencer.0.backfilling();
+        if !fixes.hold_during_backfill && backfilling {
+            self.pending.push(Entry::Event(seq));
+            return;
+        }
+        let mut out = Vec::new();
+        let arrival = self.sequencer.0.arrive(seq, seq, &mut out);
+        if arrival == Arrival::Replayed && !fixes.sequencer_drops_replays {
+            self.pending.push(Entry::Event(seq));
+        }
+        if arrival == Arrival::Held && backfilling && first && self.setup.increasing_backfill() {
+            self.fresh_arrival_held = true;
+        }
+        self.apply(out, Cause::Arrival, fixes);
+    }
+}
+
+impl Model for SequenceModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        self.setups
+            .iter()
+            .map(|&setup| {
+                let mut state = State {
+                    setup,
+                    now: 0,
+                    produced: 0,
+                    head: 0,
+                    edge: 1,
+                    connection: None,
+                    sequencer: Seq(Sequencer::new(setup.mode, setup.step, None)),
+                    pending: Vec::new(),
+                    confirmed: 0,
+                    range: (0, 0),
+                    empty_pages: 0,
+                    checkpoint: 0,
+                    sink: Vec::new(),
+                    last_landed: None,
+                    history_lost: false,
+                    filled_from_history: false,
+                    crashed_at: None,
+                    fresh_arrival_held: false,
+                    empty_range_given_up: false,
+                    cuts: 0,
+                    skips: 0,
+                    crashes: 0,
+                    fetch_failures: 0,
+                    resends: 0,
+                };
+                state.open(&self.fixes);
+                state
+            })
+            .collect()
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        let setup = state.setup;
+        if state.now < MAX_TIME {
+            actions.push(Action::Tick(false));
+            if setup.step == SeqStep::Increasing {
+                actions.push(Action::Tick(true));
+            }
+        }
+        match state.connection {
+            None => actions.push(Action::Connect),
+            Some(connection) => {
+                if state.next_produced(connection.next).is_some() {
+                    actions.push(Action::Deliver);
+                    if setup.step == SeqStep::Contiguous && state.skips < MAX_SKIPS {
+                        actions.push(Action::Skip);
+                    }
+                }
+                if state.cuts < MAX_CUTS {
+                    actions.push(Action::Cut);
+                }
+            }
+        }
+        if !state.pending.is_empty() {
+            actions.push(Action::Land);
+        }
+        if state.sequencer.0.backfilling() {
+            actions.push(Action::Page);
+            if state.fetch_failures < MAX_FETCH_FAILURES {
+                actions.push(Action::FetchFails);
+            }
+        }
+        if setup.mode == ResumeMode::Backfill && state.edge < state.head {
+            actions.push(Action::Forget);
+        }
+        if state.crashes < MAX_CRASHES {
+            actions.push(Action::Crash);
+        }
+        // With the resume from the sink, the checkpoint (never past the
+        // sink) is never read beyond `resume_after`'s maximum: it only
+        // matters without that rule.
+        if !self.fixes.resume_from_sink && state.checkpoint != state.confirmed {
+            actions.push(Action::Checkpoint);
+        }
+        if state.last_landed.is_some() && state.resends < MAX_RESENDS {
+            actions.push(Action::Resend);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let fixes = &self.fixes;
+        let mut s = last.clone();
+        match action {
+            Action::Tick(skip) => {
+                s.now += 1;
+                s.head += if skip { 2 } else { 1 };
+                s.produced |= 1 << s.head;
+            }
+            Action::Connect => {
+                let asked = s.sequencer.0.resume_from();
+                let next = match s.setup.mode {
+                    // A replay upstream honours the request (0: wherever it is).
+                    ResumeMode::Replay if asked > 0 => asked,
+                    // A live upstream starts at its current head.
+                    _ => s.head.max(1),
+                };
+                s.connection = Some(Connection { next, first: true });
+                if fixes.connected_called {
+                    s.sequencer.0.connected();
+                }
+            }
+            Action::Deliver => {
+                let connection = s.connection?;
+                let seq = s.next_produced(connection.next)?;
+                s.connection = Some(Connection {
+                    next: seq + 1,
+                    first: false,
+                });
+                s.arrive(seq, connection.first, fixes);
+            }
+            Action::Skip => {
+                let connection = s.connection?;
+                let seq = s.next_produced(connection.next)?;
+                s.connection = Some(Connection {
+                    next: seq + 1,
+                    ..connection
+                });
+                s.skips += 1;
+            }
+            Action::Cut => {
+                s.cuts += 1;
+                s.disconnect(fixes);
+            }
+            Action::Land => {
+                let entry = s.pending.remove(0);
+                s.land(entry, fixes);
+            }
+            Action::Page => {
+                let (from, to) = s.sequencer.0.backfill_range()?;
+                if (from..s.edge).any(|seq| s.produced(seq)) {
+                    s.history_lost = true;
+                }
+                let page = s.page(from, to);
+                let mut out = Vec::new();
+                let moved = s.sequencer.0.backfilled(page, &mut out);
+                s.empty_pages = if moved { 0 } else { s.empty_pages + 1 };
+                let edge = s.edge;
+                s.apply(out, Cause::Page { edge }, fixes);
+                if !moved && s.empty_pages >= EMPTY_PAGES {
+                    if s.setup.increasing_backfill() {
+                        s.empty_range_given_up = true;
+                    }
+                    let mut out = Vec::new();
+                    s.sequencer.0.backfill_gave_up(&mut out);
+                    s.apply(out, Cause::GaveUp, fixes);
+                }
+            }
+            Action::FetchFails => {
+                s.fetch_failures += 1;
+                s.history_lost = true;
+                let mut out = Vec::new();
+                s.sequencer.0.backfill_gave_up(&mut out);
+                s.apply(out, Cause::GaveUp, fixes);
+            }
+            Action::Forget => s.edge += 1,
+            Action::Crash => {
+                s.crashes += 1;
+                s.crashed_at = Some(s.sink.len());
+                s.open(fixes);
+            }
+            Action::Checkpoint => s.checkpoint = s.confirmed,
+            Action::Resend => {
+                let entry = s.last_landed?;
+                // A resend the sink drops changes nothing: only one it
+                // appends spends the budget.
+                if s.land(entry, fixes) {
+                    s.resends += 1;
+                }
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(POSITIONS, |_, s: &State| {
+                s.sink.windows(2).all(|w| w[0].position() < w[1].position())
+            }),
+            Property::always(ONCE, |_, s: &State| {
+                s.sink.iter().enumerate().all(|(i, a)| {
+                    let (a_from, a_to) = a.covers();
+                    s.sink[i + 1..].iter().all(|b| {
+                        let (b_from, b_to) = b.covers();
+                        a_to < b_from || b_to < a_from
+                    })
+                })
+            }),
+            Property::always(CONTIGUOUS, |_, s: &State| {
+                s.setup.step != SeqStep::Contiguous
+                    || s.span().is_none_or(|(first, last)| {
+                        (first..=last).all(|seq| {
+                            s.sink.iter().any(|e| {
+                                let (from, to) = e.covers();
+                                (from..=to).contains(&seq)
+                            })
+                        })
+                    })
+            }),
+            Property::always(REPLAY, |_, s: &State| {
+                s.setup.mode != ResumeMode::Replay
+                    || (s.markers().next().is_none()
+                        && s.span().is_none_or(|(_, last)| s.nothing_missing(1, last)))
+            }),
+            Property::always(BACKFILL, |m: &SequenceModel, s: &State| {
+                let excused_marker =
+                    m.known.empty_increasing_range_marked && s.empty_range_given_up;
+                let excused_missing =
+                    m.known.reconnect_during_increasing_backfill && s.fresh_arrival_held;
+                s.setup.mode != ResumeMode::Backfill
+                    || s.history_lost
+                    || ((excused_marker || s.markers().next().is_none())
+                        && (excused_missing
+                            || s.span()
+                                .is_none_or(|(first, last)| s.nothing_missing(first, last))))
+            }),
+            Property::always(REASON, |_, s: &State| {
+                s.sink.iter().all(|e| match *e {
+                    Entry::Marker { reason, right, .. } => right == Some(reason),
+                    Entry::Event(_) => true,
+                })
+            }),
+            Property::always(INCREASING_LIVE, |_, s: &State| {
+                s.setup.step != SeqStep::Increasing
+                    || s.setup.mode != ResumeMode::Live
+                    || s.markers().next().is_none()
+            }),
+            Property::sometimes("a live hole is marked no_replay", |_, s: &State| {
+                s.marked(GapReason::NoReplay)
+            }),
+            Property::sometimes(
+                "a forgotten range start is marked retention",
+                |_, s: &State| s.marked(GapReason::Retention),
+            ),
+            Property::sometimes(
+                "a range given up is marked backfill_exhausted",
+                |_, s: &State| s.marked(GapReason::BackfillExhausted),
+            ),
+            Property::sometimes(
+                "a contiguous backfill fills a hole from history",
+                |_, s: &State| s.setup.step == SeqStep::Contiguous && s.filled_from_history,
+            ),
+            Property::sometimes(
+                "an increasing backfill fills a jump from history",
+                |_, s: &State| s.setup.step == SeqStep::Increasing && s.filled_from_history,
+            ),
+            Property::sometimes("a new owner continues the sink", |_, s: &State| {
+                s.crashed_at.is_some_and(|at| at > 0 && s.sink.len() > at)
+            }),
+        ]
+    }
+}
+
+/// Invariant (1).
+const POSITIONS: &str = "positions strictly increase";
+/// Invariant (2), for both steps: nothing stands for a sequence twice.
+const ONCE: &str = "no sequence is both an event and in a marker, or in two markers";
+/// Invariant (2), contiguous: nothing is left out.
+const CONTIGUOUS: &str = "contiguous: every sequence from the first to the last is stored";
+/// Invariant (3).
+const REPLAY: &str = "replay: no marker and nothing missing";
+/// Invariants (4) and (6) for backfill, both steps.
+const BACKFILL: &str = "backfill from a working history: no marker and nothing missing";
+/// Invariant (5).
+const REASON: &str = "every marker has the right reason";
+/// Invariant (6) for live.
+const INCREASING_LIVE: &str = "increasing live: no marker";
+
+fn depth() -> usize {
+    std::env::var("LEASEHOLD_MODEL_DEPTH")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// Explores breadth-first until `finish_when` holds or the depth is reached.
+fn check(fixes: Fixes, known: Known, finish_when: HasDiscoveries) -> impl Checker<SequenceModel> {
+    SequenceModel {
+        fixes,
+        known,
+        setups: Setup::all(),
+    }
+    .checker()
+    .threads(2)
+    .target_max_depth(depth())
+    .finish_when(finish_when)
+    .spawn_bfs()
+    .join()
+}
+
+#[test]
+fn the_shipped_rules_keep_every_promise() {
+    let started = std::time::Instant::now();
+    let checker = check(Fixes::ALL, Known::ALL, HasDiscoveries::AnyFailures);
+    eprintln!(
+        "sequence model: {} states explored ({} unique), depth {}, in {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+    checker.assert_properties();
+}
+
+/// Explores with `fixes` and `known` and expects a counterexample to
+/// `broken`; the search stops at the first (breadth-first: a short one).
+fn counterexample(fixes: Fixes, known: Known, broken: &'static str) -> State {
+    let started = std::time::Instant::now();
+    let checker = check(fixes, known, HasDiscoveries::AnyOf([broken].into()));
+    let path = checker
+        .discovery(broken)
+        .unwrap_or_else(|| panic!("no counterexample to {broken:?}"));
+    let last = path.last_state().clone();
+    let actions = path.into_actions();
+    eprintln!(
+        "counterexample to {broken:?} ({} states, {:.1?}): {} actions\n  {:?}\n  {:?}\n  sink {:?}",
+        checker.state_count(),
+        started.elapsed(),
+        actions.len(),
+        last.setup,
+        actions,
+        last.sink,
+    );
+    last
+}
+
+/// Turns rules off and expects the model to find a counterexample to `broken`.
+fn finds_without(fixes: Fixes, broken: &'static str) -> State {
+    counterexample(fixes, Known::ALL, broken)
+}
+
+#[test]
+fn without_live_hole_markers_a_missed_event_leaves_no_trace() {
+    let fixes = Fixes {
+        live_holes_marked: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, CONTIGUOUS);
+}
+
+#[test]
+fn without_holding_live_events_the_backfill_lands_below_the_sink_and_is_dropped() {
+    let fixes = Fixes {
+        hold_during_backfill: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, BACKFILL);
+}
+
+#[test]
+fn without_the_sequencers_replay_drop_a_repeated_live_event_overtakes_the_backfill() {
+    let fixes = Fixes {
+        sequencer_drops_replays: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, BACKFILL);
+}
+
+#[test]
+fn without_the_sinks_replay_drop_a_resent_write_is_appended_twice() {
+    let fixes = Fixes {
+        sink_drops_replays: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, POSITIONS);
+}
+
+#[test]
+fn without_resuming_from_the_sink_a_new_owner_marks_events_it_already_wrote() {
+    let fixes = Fixes {
+        resume_from_sink: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, ONCE);
+}
+
+#[test]
+fn without_connected_an_increasing_reconnects_jump_is_not_backfilled() {
+    let fixes = Fixes {
+        connected_called: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, BACKFILL);
+}
+
+#[test]
+fn without_markers_at_their_last_sequence_a_new_owner_marks_a_range_twice() {
+    let fixes = Fixes {
+        marker_at_last_missing: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, ONCE);
+}
+
+/// A finding (see [`Known`]). When `sequence.rs` fixes it, this test fails:
+/// delete it and the excuse.
+#[test]
+fn finding_an_increasing_backfill_loses_the_jump_of_a_connection_made_during_it() {
+    let known = Known {
+        reconnect_during_increasing_backfill: false,
+        ..Known::ALL
+    };
+    let last = counterexample(Fixes::ALL, known, BACKFILL);
+    assert!(
+        last.fresh_arrival_held,
+        "the counterexample is not the known finding"
+    );
+}
+
+/// A finding (see [`Known`]). When `sequence.rs` fixes it, this test fails:
+/// delete it and the excuse.
+#[test]
+fn finding_an_increasing_backfill_marks_the_empty_end_of_a_bounded_range() {
+    let known = Known {
+        empty_increasing_range_marked: false,
+        ..Known::ALL
+    };
+    let last = counterexample(Fixes::ALL, known, BACKFILL);
+    assert!(
+        last.empty_range_given_up,
+        "the counterexample is not the known finding"
+    );
+}
