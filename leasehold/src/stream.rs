@@ -102,16 +102,24 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     // StopTask name), else the host name.
     // The task metadata also gives the address of this task's sidecar.
     let task = leasehold_platform::ecs::task_metadata().await;
-    let ecs_task_id = match args.flag("OWNER_ID").or_else(|| process_env("OWNER_ID")) {
+    let explicit_owner = args
+        .flag("OWNER_ID")
+        .or_else(|| process_env("OWNER_ID"))
+        .filter(|owner| !owner.is_empty());
+    let ecs_task_id = match explicit_owner {
         Some(_) => None,
         None => task
             .as_ref()
             .and_then(|metadata| metadata.task_id().map(str::to_owned)),
     };
     let lookup = |name: &str| {
-        args.flag(name)
-            .or_else(|| process_env(name))
-            .or_else(|| (name == "OWNER_ID").then(|| ecs_task_id.clone()).flatten())
+        let value = args.flag(name).or_else(|| process_env(name));
+        match value {
+            // An empty OWNER_ID is unset: the ECS task id stands in.
+            Some(owner) if name == "OWNER_ID" && owner.is_empty() => ecs_task_id.clone(),
+            None if name == "OWNER_ID" => ecs_task_id.clone(),
+            other => other,
+        }
     };
     let sdk = sdk_config(RetryPolicy::CallerRetries).await;
     let mut settings = require_region(&sdk, settings::parse(&lookup))?;

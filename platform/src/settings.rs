@@ -41,6 +41,9 @@ pub struct Setting<T: 'static> {
     pub parser: Parser<T>,
     /// Its value may hold a password or key: errors never echo it.
     pub secret: bool,
+    /// Set to the empty text, it has that value (a template that sends
+    /// nothing) instead of counting as unset, as every other setting does.
+    pub empty_is_a_value: bool,
 }
 
 impl<T: 'static> Setting<T> {
@@ -57,6 +60,7 @@ impl<T: 'static> Setting<T> {
             fallback,
             parser,
             secret: false,
+            empty_is_a_value: false,
         }
     }
 
@@ -73,7 +77,15 @@ impl<T: 'static> Setting<T> {
             fallback,
             parser,
             secret: true,
+            empty_is_a_value: false,
         }
+    }
+
+    /// The same setting, for which the empty text is a value (see
+    /// [`Setting::empty_is_a_value`]).
+    pub const fn with_empty_as_a_value(mut self) -> Self {
+        self.empty_is_a_value = true;
+        self
     }
 
     /// The default, as a typed value, when there is one.
@@ -157,7 +169,8 @@ pub struct Env<'a> {
 }
 
 impl<'a> Env<'a> {
-    /// Reads from `lookup`; empty values count as unset (see [`process_env`]).
+    /// Reads from `lookup`; empty values count as unset, except for settings
+    /// whose empty text is a value ([`Setting::with_empty_as_a_value`]).
     pub fn new(lookup: Lookup<'a>) -> Self {
         Env {
             lookup,
@@ -165,14 +178,15 @@ impl<'a> Env<'a> {
         }
     }
 
-    /// The raw text of a variable, if set.
+    /// The raw text of a variable, if set and not empty.
     pub fn raw(&self, name: &str) -> Option<String> {
-        (self.lookup)(name)
+        (self.lookup)(name).filter(|value| !value.is_empty())
     }
 
     /// The parsed value, or `None` when unset or invalid (the problem is recorded).
     pub fn optional<T>(&mut self, setting: &Setting<T>) -> Option<T> {
-        let raw = self.raw(setting.name)?;
+        let raw = (self.lookup)(setting.name)
+            .filter(|value| setting.empty_is_a_value || !value.is_empty())?;
         match (setting.parser.parse)(raw.trim()) {
             Ok(value) => Some(value),
             Err(problem) if setting.secret => {
@@ -236,9 +250,11 @@ impl<'a> Env<'a> {
     }
 }
 
-/// Reads variables from the process environment; empty values count as unset.
+/// Reads variables from the process environment as they are: an empty value
+/// is `Some("")`, which [`Env`] counts as unset except for the settings whose
+/// empty text is a value (`UPSTREAM_SUBSCRIBE=""` sends nothing).
 pub fn process_env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|value| !value.is_empty())
+    std::env::var(name).ok()
 }
 
 /// A lookup over fixed values: tests, and embedders that configure components
@@ -248,7 +264,7 @@ pub fn fixed_lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> +
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    move |name| map.get(name).cloned().filter(|value| !value.is_empty())
+    move |name| map.get(name).cloned()
 }
 
 /// A setting's value that must never be printed (a URL that may hold a
@@ -475,6 +491,22 @@ mod tests {
         let lookup = fixed_lookup(&[("URL", "")]);
         let mut env = Env::new(&lookup);
         assert_eq!(env.optional(&URL), None);
+        assert_eq!(env.raw("URL"), None);
         assert!(!env.has_problems());
+    }
+
+    #[test]
+    fn an_empty_template_is_a_value_where_the_setting_says_so() {
+        const SUBSCRIBE: Setting<String> = Setting::new(
+            "SUBSCRIBE",
+            parse::TEXT,
+            Fallback::Value(|| "hello".to_owned()),
+            "Sent after connecting.",
+        )
+        .with_empty_as_a_value();
+        let empty = fixed_lookup(&[("SUBSCRIBE", "")]);
+        assert_eq!(Env::new(&empty).get(&SUBSCRIBE), "");
+        let unset = fixed_lookup(&[]);
+        assert_eq!(Env::new(&unset).get(&SUBSCRIBE), "hello");
     }
 }

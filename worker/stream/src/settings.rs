@@ -44,8 +44,9 @@ pub const UPSTREAM_SUBSCRIBE: Setting<String> = Setting::new(
     "UPSTREAM_SUBSCRIBE",
     parse::TEXT,
     Fallback::Value(|| FEED_SUBSCRIBE_TEMPLATE.to_owned()),
-    "Text sent after connecting; `{stream_id}` and `{from_seq}` are substituted (empty: send nothing).",
-);
+    "Text sent after connecting; `{stream_id}` and `{from_seq}` are substituted (set but empty: send nothing).",
+)
+.with_empty_as_a_value();
 /// The `UPSTREAM_SEQ_POINTER` variable.
 pub const UPSTREAM_SEQ_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_SEQ_POINTER",
@@ -488,6 +489,8 @@ mod tests {
             vars.extend_from_slice(extra);
             parse(&lookup(&vars))
         };
+        // Set but empty: an exchange's raw stream wants no subscribe message.
+        assert_eq!(with(&[]).unwrap().upstream.subscribe_template, "");
         let settings = with(&[
             ("UPSTREAM_RESUME", "backfill"),
             (
