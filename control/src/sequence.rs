@@ -142,8 +142,10 @@ pub struct Sequencer<T> {
     /// The next arrival is the first of a new connection.
     fresh_connection: bool,
     filling: Option<Filling>,
-    /// Live events that arrived during the backfill, in arrival order.
-    held: VecDeque<(u64, T)>,
+    /// Live events that arrived during the backfill, in arrival order, each
+    /// with whether it was the first of its connection (a backfill outlives a
+    /// reconnect: a new connection's jump is judged when its event is taken).
+    held: VecDeque<(u64, T, bool)>,
 }
 
 impl<T> Sequencer<T> {
@@ -201,12 +203,12 @@ impl<T> Sequencer<T> {
     pub fn arrive(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
         let fresh = std::mem::replace(&mut self.fresh_connection, false);
         if self.filling.is_some() {
-            if self.held.back().is_some_and(|(held, _)| seq <= *held)
+            if self.held.back().is_some_and(|(held, _, _)| seq <= *held)
                 || self.last.is_some_and(|last| seq <= last)
             {
                 return Arrival::Replayed;
             }
-            self.held.push_back((seq, item));
+            self.held.push_back((seq, item, fresh));
             return Arrival::Held;
         }
         self.take(seq, item, fresh, out)
@@ -255,7 +257,9 @@ impl<T> Sequencer<T> {
                     to,
                     filled_any: false,
                 });
-                self.held.push_back((seq, item));
+                // Its own jump is the range being filled. At the front: when
+                // a held event starts this backfill, later ones are still held.
+                self.held.push_front((seq, item, false));
                 out.push(Step::Backfill { from, to });
                 return Arrival::Held;
             }
@@ -274,10 +278,13 @@ impl<T> Sequencer<T> {
     /// sequence). Items outside the range are dropped; in a contiguous
     /// sequence a hole before an item is a gap marker (`retention` while the
     /// range has nothing yet: the history no longer starts there). Returns
-    /// whether the page brought the backfill forward (a page that did not is
-    /// the history having nothing more: the shell retries a few times, then
-    /// calls [`Sequencer::backfill_gave_up`]). When the range is closed the
-    /// held events follow, which may start the next backfill.
+    /// whether the page brought the backfill forward (a contiguous range must
+    /// hold events, so a page that did not is the history having nothing
+    /// more: the shell retries a few times, then calls
+    /// [`Sequencer::backfill_gave_up`]). With increasing sequences a range may
+    /// hold nothing at all: a page with nothing new closes it, unmarked. When
+    /// the range is closed the held events follow, which may start the next
+    /// backfill.
     pub fn backfilled(&mut self, mut page: Vec<(u64, T)>, out: &mut Vec<Step<T>>) -> bool {
         let Some(mut filling) = self.filling else {
             return false;
@@ -311,8 +318,9 @@ impl<T> Sequencer<T> {
             out.push(Step::Event(seq, item));
             moved = true;
         }
-        if beyond && self.step == SeqStep::Increasing {
-            // Past the range: whatever it held has been read.
+        if self.step == SeqStep::Increasing && (beyond || !moved) {
+            // Past the range, or nothing more in it: whatever it held has been
+            // read (an increasing range may hold nothing).
             self.filling = None;
             self.finish_backfill(out);
             return true;
@@ -354,10 +362,8 @@ impl<T> Sequencer<T> {
 
     fn finish_backfill(&mut self, out: &mut Vec<Step<T>>) {
         self.filling = None;
-        while let Some((seq, item)) = self.held.pop_front() {
-            // Held events are the connection's own order: only the first can
-            // stand behind the backfilled range, later holes are plain holes.
-            if self.take(seq, item, false, out) == Arrival::Held {
+        while let Some((seq, item, fresh)) = self.held.pop_front() {
+            if self.take(seq, item, fresh, out) == Arrival::Held {
                 return;
             }
         }
@@ -541,6 +547,18 @@ mod tests {
             ]
         );
         assert_eq!(s.held(), 2);
+        out.clear();
+        s.backfilled(vec![(14, 14), (15, 15)], &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(14, 14),
+                Step::Event(15, 15),
+                Step::Event(16, 16),
+                Step::Event(17, 17),
+            ],
+            "the held events keep their order"
+        );
     }
 
     #[test]
@@ -566,6 +584,43 @@ mod tests {
         out.clear();
         s.arrive(90, 90, &mut out);
         assert_eq!(out, vec![Step::Event(90, 90)]);
+    }
+
+    #[test]
+    fn a_reconnect_during_a_backfill_has_its_own_jump_filled() {
+        // Found by the sequence model: the second connection's first event
+        // was held with its jump forgotten.
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Increasing, Some(10));
+        let mut out = Vec::new();
+        s.connected();
+        s.arrive(50, 50, &mut out);
+        s.connected();
+        assert_eq!(s.arrive(60, 60, &mut out), Arrival::Held);
+        out.clear();
+        s.backfilled(vec![(20, 20), (50, 50)], &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(20, 20),
+                Step::Event(50, 50),
+                Step::Backfill { from: 51, to: 59 }
+            ]
+        );
+    }
+
+    #[test]
+    fn an_increasing_range_the_history_has_nothing_for_closes_unmarked() {
+        // Found by the sequence model: an empty answer was taken for a
+        // failing history and marked `backfill_exhausted`.
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Increasing, Some(10));
+        let mut out = Vec::new();
+        s.connected();
+        s.arrive(50, 50, &mut out);
+        out.clear();
+        assert!(s.backfilled(vec![(20, 20)], &mut out));
+        assert!(s.backfilled(Vec::new(), &mut out), "closes the range");
+        assert_eq!(out, vec![Step::Event(20, 20), Step::Event(50, 50)]);
+        assert!(!s.backfilling());
     }
 
     #[test]

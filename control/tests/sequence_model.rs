@@ -23,10 +23,14 @@
 //!
 //! The invariants are checked on the sink. Each rule has a switch in
 //! [`Fixes`]; a test turns each off and checks that the model finds a
-//! counterexample, which is how we know the model can fail. What the model
-//! found in the shipped rules is in [`Known`]: the shipped check excuses
-//! exactly those, and a test per finding shows it. `LEASEHOLD_MODEL_DEPTH`
-//! bounds the search depth (by default every state is explored).
+//! counterexample, which is how we know the model can fail. Its first runs
+//! found three bugs of the first `Sequencer`, all fixed (each has a unit
+//! test in `sequence.rs` now): a connection made while a backfill ran had its
+//! own jump never filled; a range the history had nothing for was given up
+//! with a false `backfill_exhausted` marker; and a held event that started
+//! the next backfill went behind the events held after it, which were then
+//! written first and it dropped as a replay. `LEASEHOLD_MODEL_DEPTH` bounds the search
+//! depth (by default every state is explored).
 //!
 //! Bounds, and what is left out:
 //! - In `increasing` mode the upstream's own holes inside a connection are
@@ -111,32 +115,6 @@ impl Fixes {
     };
 }
 
-/// What this model found in the shipped rules (reported, not yet fixed in
-/// `sequence.rs`). `ALL` excuses each: the shipped check then holds every
-/// other promise; a test per finding turns its excuse off and shows it.
-#[derive(Clone, Copy, Debug)]
-struct Known {
-    /// `increasing` + `backfill`: a connection that starts while a backfill
-    /// runs has its first event held, which spends the sequencer's
-    /// "fresh connection" flag; the held events are later taken as not
-    /// fresh, so that connection's jump is never backfilled and the events
-    /// the history holds in it are lost without a marker.
-    reconnect_during_increasing_backfill: bool,
-    /// `increasing` + `backfill` with a history bounded by the range: once
-    /// the range's events are read, a page for the rest is empty (there is
-    /// nothing in it), so the range never closes by itself; after three
-    /// empty pages the shell gives it up and a `backfill_exhausted` marker
-    /// covers sequences that never existed.
-    empty_increasing_range_marked: bool,
-}
-
-impl Known {
-    const ALL: Known = Known {
-        reconnect_during_increasing_backfill: true,
-        empty_increasing_range_marked: true,
-    };
-}
-
 /// How the history answers a page request for `from..=to`.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 enum Shape {
@@ -170,10 +148,6 @@ impl Setup {
             }
         }
         setups
-    }
-
-    fn increasing_backfill(&self) -> bool {
-        self.mode == ResumeMode::Backfill && self.step == SeqStep::Increasing
     }
 }
 
@@ -292,10 +266,6 @@ struct State {
     filled_from_history: bool,
     /// Sink entries when the owner crashed.
     crashed_at: Option<usize>,
-    /// [`Known::reconnect_during_increasing_backfill`] happened.
-    fresh_arrival_held: bool,
-    /// [`Known::empty_increasing_range_marked`] happened.
-    empty_range_given_up: bool,
     cuts: u8,
     skips: u8,
     crashes: u8,
@@ -333,7 +303,6 @@ enum Action {
 
 struct SequenceModel {
     fixes: Fixes,
-    known: Known,
     setups: Vec<Setup>,
 }
 
@@ -495,7 +464,7 @@ impl State {
     }
 
     /// One live event reaches the shell.
-    fn arrive(&mut self, seq: u64, first: bool, fixes: &Fixes) {
+    fn arrive(&mut self, seq: u64, fixes: &Fixes) {
         let backfilling = self.sequencer.0.backfilling();
         if !fixes.hold_during_backfill && backfilling {
             self.pending.push(Entry::Event(seq));
@@ -505,9 +474,6 @@ impl State {
         let arrival = self.sequencer.0.arrive(seq, seq, &mut out);
         if arrival == Arrival::Replayed && !fixes.sequencer_drops_replays {
             self.pending.push(Entry::Event(seq));
-        }
-        if arrival == Arrival::Held && backfilling && first && self.setup.increasing_backfill() {
-            self.fresh_arrival_held = true;
         }
         self.apply(out, Cause::Arrival, fixes);
     }
@@ -539,8 +505,6 @@ impl Model for SequenceModel {
                     history_lost: false,
                     filled_from_history: false,
                     crashed_at: None,
-                    fresh_arrival_held: false,
-                    empty_range_given_up: false,
                     cuts: 0,
                     skips: 0,
                     crashes: 0,
@@ -630,7 +594,7 @@ impl Model for SequenceModel {
                     next: seq + 1,
                     first: false,
                 });
-                s.arrive(seq, connection.first, fixes);
+                s.arrive(seq, fixes);
             }
             Action::Skip => {
                 let connection = s.connection?;
@@ -661,9 +625,6 @@ impl Model for SequenceModel {
                 let edge = s.edge;
                 s.apply(out, Cause::Page { edge }, fixes);
                 if !moved && s.empty_pages >= EMPTY_PAGES {
-                    if s.setup.increasing_backfill() {
-                        s.empty_range_given_up = true;
-                    }
                     let mut out = Vec::new();
                     s.sequencer.0.backfill_gave_up(&mut out);
                     s.apply(out, Cause::GaveUp, fixes);
@@ -725,17 +686,12 @@ impl Model for SequenceModel {
                     || (s.markers().next().is_none()
                         && s.span().is_none_or(|(_, last)| s.nothing_missing(1, last)))
             }),
-            Property::always(BACKFILL, |m: &SequenceModel, s: &State| {
-                let excused_marker =
-                    m.known.empty_increasing_range_marked && s.empty_range_given_up;
-                let excused_missing =
-                    m.known.reconnect_during_increasing_backfill && s.fresh_arrival_held;
+            Property::always(BACKFILL, |_, s: &State| {
                 s.setup.mode != ResumeMode::Backfill
                     || s.history_lost
-                    || ((excused_marker || s.markers().next().is_none())
-                        && (excused_missing
-                            || s.span()
-                                .is_none_or(|(first, last)| s.nothing_missing(first, last))))
+                    || (s.markers().next().is_none()
+                        && s.span()
+                            .is_none_or(|(first, last)| s.nothing_missing(first, last)))
             }),
             Property::always(REASON, |_, s: &State| {
                 s.sink.iter().all(|e| match *e {
@@ -797,10 +753,9 @@ fn depth() -> usize {
 }
 
 /// Explores breadth-first until `finish_when` holds or the depth is reached.
-fn check(fixes: Fixes, known: Known, finish_when: HasDiscoveries) -> impl Checker<SequenceModel> {
+fn check(fixes: Fixes, finish_when: HasDiscoveries) -> impl Checker<SequenceModel> {
     SequenceModel {
         fixes,
-        known,
         setups: Setup::all(),
     }
     .checker()
@@ -814,7 +769,7 @@ fn check(fixes: Fixes, known: Known, finish_when: HasDiscoveries) -> impl Checke
 #[test]
 fn the_shipped_rules_keep_every_promise() {
     let started = std::time::Instant::now();
-    let checker = check(Fixes::ALL, Known::ALL, HasDiscoveries::AnyFailures);
+    let checker = check(Fixes::ALL, HasDiscoveries::AnyFailures);
     eprintln!(
         "sequence model: {} states explored ({} unique), depth {}, in {:.1?}",
         checker.state_count(),
@@ -825,11 +780,11 @@ fn the_shipped_rules_keep_every_promise() {
     checker.assert_properties();
 }
 
-/// Explores with `fixes` and `known` and expects a counterexample to
-/// `broken`; the search stops at the first (breadth-first: a short one).
-fn counterexample(fixes: Fixes, known: Known, broken: &'static str) -> State {
+/// Explores with `fixes` and expects a counterexample to `broken`; the
+/// search stops at the first (breadth-first: a short one).
+fn counterexample(fixes: Fixes, broken: &'static str) -> State {
     let started = std::time::Instant::now();
-    let checker = check(fixes, known, HasDiscoveries::AnyOf([broken].into()));
+    let checker = check(fixes, HasDiscoveries::AnyOf([broken].into()));
     let path = checker
         .discovery(broken)
         .unwrap_or_else(|| panic!("no counterexample to {broken:?}"));
@@ -849,7 +804,7 @@ fn counterexample(fixes: Fixes, known: Known, broken: &'static str) -> State {
 
 /// Turns rules off and expects the model to find a counterexample to `broken`.
 fn finds_without(fixes: Fixes, broken: &'static str) -> State {
-    counterexample(fixes, Known::ALL, broken)
+    counterexample(fixes, broken)
 }
 
 #[test]
@@ -913,34 +868,4 @@ fn without_markers_at_their_last_sequence_a_new_owner_marks_a_range_twice() {
         ..Fixes::ALL
     };
     finds_without(fixes, ONCE);
-}
-
-/// A finding (see [`Known`]). When `sequence.rs` fixes it, this test fails:
-/// delete it and the excuse.
-#[test]
-fn finding_an_increasing_backfill_loses_the_jump_of_a_connection_made_during_it() {
-    let known = Known {
-        reconnect_during_increasing_backfill: false,
-        ..Known::ALL
-    };
-    let last = counterexample(Fixes::ALL, known, BACKFILL);
-    assert!(
-        last.fresh_arrival_held,
-        "the counterexample is not the known finding"
-    );
-}
-
-/// A finding (see [`Known`]). When `sequence.rs` fixes it, this test fails:
-/// delete it and the excuse.
-#[test]
-fn finding_an_increasing_backfill_marks_the_empty_end_of_a_bounded_range() {
-    let known = Known {
-        empty_increasing_range_marked: false,
-        ..Known::ALL
-    };
-    let last = counterexample(Fixes::ALL, known, BACKFILL);
-    assert!(
-        last.empty_range_given_up,
-        "the counterexample is not the known finding"
-    );
 }
