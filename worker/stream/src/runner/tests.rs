@@ -49,10 +49,13 @@ struct FakeUpstream {
     /// Only sequences divisible by this are sent (0 or 1: all), like a
     /// sequence shared by several channels.
     every: AtomicU64,
+    /// Events delivered by every subscription so far.
+    delivered_total: Arc<AtomicU64>,
 }
 
 struct FakeSubscription {
     next: u64,
+    delivered_total: Arc<AtomicU64>,
     every: u64,
     head: Arc<AtomicU64>,
     fault: Option<Fault>,
@@ -94,6 +97,7 @@ impl Upstream for FakeUpstream {
         };
         Ok(Box::new(FakeSubscription {
             next,
+            delivered_total: self.delivered_total.clone(),
             every: self.every.load(Ordering::SeqCst).max(1),
             head: self.head.clone(),
             fault,
@@ -123,7 +127,7 @@ impl Subscription for FakeSubscription {
             }
             _ => {}
         }
-        while self.next % self.every != 0 {
+        while !self.next.is_multiple_of(self.every) {
             self.next += 1;
         }
         while self.next > self.head.load(Ordering::SeqCst) {
@@ -132,6 +136,7 @@ impl Subscription for FakeSubscription {
         let seq = self.next;
         self.next += 1;
         self.delivered += 1;
+        self.delivered_total.fetch_add(1, Ordering::SeqCst);
         Ok(UpstreamEvent {
             seq,
             event_id: format!("s:{seq}"),
@@ -1106,7 +1111,7 @@ async fn increasing_sequences_never_mark_a_hole() {
     assert!(
         entries(&f)
             .iter()
-            .all(|(seq, gap)| gap.is_none() && seq % 3 == 0)
+            .all(|(seq, gap)| gap.is_none() && seq.is_multiple_of(3))
     );
     assert!(gaps_reported(&f).is_empty());
     task.abort();
@@ -1196,4 +1201,103 @@ async fn a_history_without_the_start_marks_retention_and_a_failing_one_backfill_
         }
         task.abort();
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn reading_pauses_while_the_held_events_are_at_their_bound() {
+    let (mut f, history) = live_fixture(1_000, ResumeMode::Backfill);
+    let history = history.unwrap();
+    // A history that fails for a long while (and is retried): the hole stays open.
+    history.failures.store(u64::MAX, Ordering::SeqCst);
+    let context = Arc::get_mut(&mut f.context).unwrap();
+    context.config.backfill_hold_max = 5;
+    context.history.as_mut().unwrap().1.max_attempts = 1_000;
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    f.sink
+        .inner
+        .write(SinkBatch {
+            stream_id: "s",
+            fence_token: lease.fence_token,
+            events: &[SinkEvent::data(900, "s:900", "{}")],
+            after: None,
+        })
+        .await
+        .unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    subscribed(&f, 1).await;
+    f.upstream.head.store(1_100, Ordering::SeqCst);
+    sleep(Duration::from_millis(500)).await;
+    let asked = history.requests.lock().unwrap().clone();
+    assert_eq!(asked.first(), Some(&(901, 1_000)), "the hole is fetched");
+    // The first live event opened the hole; four more are held, then reading stops.
+    let delivered = f.upstream.delivered_total.load(Ordering::SeqCst);
+    assert!(
+        delivered <= 6,
+        "{delivered} live events read while 5 may be held"
+    );
+    assert_eq!(sink_seqs(&f), [900], "nothing written past the hole");
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_marker_the_sink_dropped_as_a_replay_is_not_counted_again() {
+    let f = fixture(0);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let batch = [
+        SinkEvent::gap(5, 9, leasehold_telemetry::GapReason::NoReplay),
+        SinkEvent::data(10, "s:10", "{}"),
+    ];
+    let mut progress = Progress {
+        confirmed: 4,
+        received: 10,
+        unpersisted: VecDeque::new(),
+        last_event_at: Instant::now(),
+        last_arrival_lag: None,
+    };
+    let replayed = WriteOutcome {
+        accepted: 1,
+        duplicate: 1,
+        highest_token: 1,
+        ..WriteOutcome::default()
+    };
+    assert!(
+        confirm(
+            &f.context,
+            &lease,
+            &mut progress,
+            &batch,
+            replayed,
+            Instant::now()
+        )
+        .is_ok()
+    );
+    assert!(
+        gaps_reported(&f).is_empty(),
+        "the marker was already stored"
+    );
+    let appended = WriteOutcome {
+        accepted: 2,
+        duplicate: 0,
+        ..replayed
+    };
+    assert!(
+        confirm(
+            &f.context,
+            &lease,
+            &mut progress,
+            &batch,
+            appended,
+            Instant::now()
+        )
+        .is_ok()
+    );
+    assert_eq!(
+        gaps_reported(&f),
+        [(5, 9, leasehold_telemetry::GapReason::NoReplay)]
+    );
+    assert_eq!(progress.confirmed, 10);
 }
