@@ -1,5 +1,6 @@
-//! The sink audit `dev` prints when it stops: every stream's events must be
-//! consecutive sequences with non-decreasing fence tokens.
+//! The sink audit `dev` prints when it stops: every stream's entries must
+//! cover consecutive sequences (an event its own, a gap marker its range) with
+//! non-decreasing fence tokens.
 
 use leasehold_stream::sink::memory::MemorySink;
 
@@ -10,15 +11,18 @@ pub struct Audit {
     pub streams: usize,
     /// Events checked.
     pub events: usize,
-    /// Places where a sequence was skipped.
+    /// Places where a sequence was skipped without a gap marker.
     pub gaps: usize,
+    /// Gap markers: ranges recorded as lost (a live upstream, a history
+    /// that no longer had them).
+    pub marked_gaps: usize,
     /// Places where a sequence repeated or went back.
     pub duplicates: usize,
     /// Places where the fence token went down.
     pub token_regressions: usize,
 }
 
-/// Every stream's events must be consecutive sequences with non-decreasing tokens.
+/// Every stream's entries must cover consecutive sequences with non-decreasing tokens.
 pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
     let mut audit = Audit::default();
     for stream in streams {
@@ -27,9 +31,10 @@ pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
             continue;
         }
         audit.streams += 1;
-        audit.events += events.len();
+        audit.marked_gaps += events.iter().filter(|e| e.gap.is_some()).count();
+        audit.events += events.iter().filter(|e| e.gap.is_none()).count();
         for pair in events.windows(2) {
-            match pair[1].seq.cmp(&(pair[0].seq + 1)) {
+            match pair[1].covers().start().cmp(&(pair[0].seq + 1)) {
                 std::cmp::Ordering::Equal => {}
                 std::cmp::Ordering::Greater => audit.gaps += 1,
                 std::cmp::Ordering::Less => audit.duplicates += 1,
@@ -57,7 +62,13 @@ mod tests {
                 .collect();
             (token, events)
         };
-        for (token, events) in [write(1, &[1, 2]), write(2, &[3, 5])] {
+        let (_, mut marked) = write(2, &[6]);
+        marked.insert(
+            0,
+            SinkEvent::gap(6, 9, leasehold_telemetry::GapReason::NoReplay),
+        );
+        marked[1].seq = 10;
+        for (token, events) in [write(1, &[1, 2]), write(2, &[3, 5]), (2, marked)] {
             sink.write(SinkBatch {
                 after: None,
                 stream_id: "s",
@@ -68,7 +79,11 @@ mod tests {
             .unwrap();
         }
         let audit = audit(&sink, &["s".to_owned(), "empty".to_owned()]);
-        assert_eq!((audit.streams, audit.events, audit.gaps), (1, 4, 1));
+        assert_eq!((audit.streams, audit.events, audit.gaps), (1, 5, 1));
+        assert_eq!(
+            audit.marked_gaps, 1,
+            "a marked range is not an unmarked gap"
+        );
         assert_eq!((audit.duplicates, audit.token_regressions), (0, 0));
     }
 }

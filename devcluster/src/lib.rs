@@ -40,6 +40,7 @@ use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_dashboard::sidecars::SidecarTarget;
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
+use leasehold_feed::exchange::{ExchangeConfig, ExchangeServer, ExchangeShape};
 use leasehold_feed::{FeedConfig, FeedServer};
 use leasehold_platform::aws::{RetryPolicy, local_sdk_config};
 use leasehold_platform::settings::{ConfigError, Env, fixed_lookup};
@@ -106,6 +107,101 @@ pub struct DevOptions {
     pub dynamodb_endpoint: Option<String>,
     /// A Redis for the sink and the pool bus instead of the in-memory ones.
     pub redis_url: Option<String>,
+    /// What the stream workers read.
+    pub feed: DevFeed,
+}
+
+/// The upstream `dev` runs (`--feed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DevFeed {
+    /// Our feed simulator: replays from any sequence (`UPSTREAM_RESUME=replay`).
+    #[default]
+    Simulator,
+    /// A Binance-shaped fake exchange: live start, no replay, a REST history
+    /// that keeps only the newest trades, connections cut every 20 s; the
+    /// workers backfill short holes and record longer ones (a crash's
+    /// takeover) as gap markers.
+    Exchange,
+}
+
+/// Trades the dev exchange's history keeps per symbol: a reconnect's hole is
+/// backfilled, a crash takeover's (a lease and more) mostly outlives it.
+const DEV_EXCHANGE_HISTORY: u64 = 25;
+/// How often the dev exchange cuts each connection.
+const DEV_EXCHANGE_CUT_EVERY: Duration = Duration::from_secs(20);
+
+/// The running upstream.
+enum Upstream {
+    Simulator(FeedServer),
+    Exchange(ExchangeServer),
+}
+
+impl Upstream {
+    async fn start(
+        options: &DevOptions,
+        shutdown: CancellationToken,
+    ) -> Result<(Upstream, Vec<(String, String)>), DevError> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        Ok(match options.feed {
+            DevFeed::Simulator => {
+                let feed = FeedServer::start(
+                    addr,
+                    FeedConfig {
+                        rate: options.rate,
+                        retention: 1_000_000,
+                        backlog: 0,
+                    },
+                    shutdown,
+                )
+                .await
+                .map_err(start_error("the feed simulator"))?;
+                let settings = vec![
+                    (settings::UPSTREAM_URL.name.to_owned(), feed.url()),
+                    (
+                        settings::UPSTREAM_TS_POINTER.name.to_owned(),
+                        "/ts_ms".into(),
+                    ),
+                ];
+                (Upstream::Simulator(feed), settings)
+            }
+            DevFeed::Exchange => {
+                let exchange = ExchangeServer::start(
+                    addr,
+                    ExchangeConfig {
+                        shape: ExchangeShape::BinanceTrade,
+                        rate: options.rate,
+                        history_retention: DEV_EXCHANGE_HISTORY,
+                        cut_every: Some(DEV_EXCHANGE_CUT_EVERY),
+                        ..ExchangeConfig::default()
+                    },
+                    shutdown,
+                )
+                .await
+                .map_err(start_error("the fake exchange"))?;
+                let settings = exchange
+                    .worked_settings()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect();
+                (Upstream::Exchange(exchange), settings)
+            }
+        })
+    }
+
+    /// What `dev` prints as the feed's address.
+    fn url(&self) -> String {
+        match self {
+            Upstream::Simulator(feed) => feed.url(),
+            Upstream::Exchange(exchange) => exchange.ws_url(),
+        }
+    }
+
+    async fn finished(self) {
+        match self {
+            Upstream::Simulator(feed) => feed.finished().await,
+            Upstream::Exchange(exchange) => exchange.finished().await,
+        }
+    }
 }
 
 /// Where the running cluster can be reached.
@@ -113,7 +209,8 @@ pub struct DevOptions {
 pub struct DevAddresses {
     /// The dashboard.
     pub dashboard: SocketAddr,
-    /// The feed simulator's WebSocket URL.
+    /// The upstream's WebSocket URL (the simulator's, or the fake exchange's
+    /// template with `{stream_id}`).
     pub feed: String,
     /// Each stream worker's sidecar (`/metrics`, `/status`).
     pub sidecars: Vec<SocketAddr>,
@@ -132,7 +229,7 @@ pub struct DevCluster {
     memory_sink: Arc<MemorySink>,
     stream_ids: Vec<String>,
     dashboard: Dashboard,
-    feed: FeedServer,
+    feed: Upstream,
     background: CancellationToken,
 }
 
@@ -284,20 +381,14 @@ impl DevCluster {
         };
 
         // The upstream.
-        let feed = FeedServer::start(
-            SocketAddr::from(([127, 0, 0, 1], 0)),
-            FeedConfig {
-                rate: options.rate,
-                retention: 1_000_000,
-                backlog: 0,
-            },
-            background.clone(),
-        )
-        .await
-        .map_err(start_error("the feed simulator"))?;
+        let (feed, upstream_settings) = Upstream::start(&options, background.clone()).await?;
         let now = SystemClock.now_ms();
         let stream_ids: Vec<String> = (1..=options.streams)
-            .map(|i| format!("stream-{i:03}"))
+            .map(|i| match options.feed {
+                DevFeed::Simulator => format!("stream-{i:03}"),
+                // Exchange symbols: lower case in the stream URL, upper in REST.
+                DevFeed::Exchange => format!("sym{i:03}usdt"),
+            })
             .collect();
         for stream in &stream_ids {
             store
@@ -311,14 +402,15 @@ impl DevCluster {
         let shared = Arc::new(StreamShared {
             store: store.clone(),
             sink: sink.clone(),
-            lookup_pairs: vec![
-                ("UPSTREAM_URL".into(), feed.url()),
-                ("SINK_URL".into(), "memory:".into()),
-                ("LEASE_SECONDS".into(), lease.as_secs().to_string()),
-                ("DISCOVERY_INTERVAL_MS".into(), "1000".into()),
-                ("DRAIN_TIMEOUT_MS".into(), "5000".into()),
-                ("UPSTREAM_TS_POINTER".into(), "/ts_ms".into()),
-            ],
+            lookup_pairs: upstream_settings
+                .into_iter()
+                .chain([
+                    ("SINK_URL".into(), "memory:".into()),
+                    ("LEASE_SECONDS".into(), lease.as_secs().to_string()),
+                    ("DISCOVERY_INTERVAL_MS".into(), "1000".into()),
+                    ("DRAIN_TIMEOUT_MS".into(), "5000".into()),
+                ])
+                .collect(),
         });
         let mut slots = Vec::with_capacity(options.workers.max(1));
         for index in 0..options.workers.max(1) {

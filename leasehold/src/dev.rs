@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Args;
-use leasehold_devcluster::{DevCluster, DevOptions};
+use leasehold_devcluster::{DevCluster, DevFeed, DevOptions};
 
 use crate::{Failure, shutdown_on_signal};
 
@@ -44,6 +44,18 @@ pub struct DevArgs {
     /// Use this Redis for the sink and the pool bus instead of the in-memory ones.
     #[arg(long)]
     redis_url: Option<String>,
+    /// What the stream workers read: `simulator` (replays on request) or
+    /// `exchange` (a Binance-shaped fake: live start, a short REST history,
+    /// connections cut every 20 s; the dashboard shows backfills and gaps).
+    #[arg(long, value_enum, default_value_t = Feed::Simulator)]
+    feed: Feed,
+}
+
+/// `--feed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Feed {
+    Simulator,
+    Exchange,
 }
 
 /// Runs the embedded cluster until Ctrl-C, then drains it and checks the sink.
@@ -60,6 +72,10 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
         chaos_every: args.chaos.then(|| Duration::from_secs(args.chaos_every)),
         dynamodb_endpoint: args.dynamodb_endpoint.clone(),
         redis_url: args.redis_url.clone(),
+        feed: match args.feed {
+            Feed::Simulator => DevFeed::Simulator,
+            Feed::Exchange => DevFeed::Exchange,
+        },
     };
     let shutdown = shutdown_on_signal();
     let cluster = DevCluster::start(options).await.map_err(|err| match err {
@@ -73,8 +89,14 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
     );
     println!("  dashboard     http://{}/", at.dashboard);
     println!(
-        "  feed          {} ({} streams at {}/s)",
-        at.feed, args.streams, args.rate
+        "  feed          {} ({} streams at {}/s{})",
+        at.feed,
+        args.streams,
+        args.rate,
+        match args.feed {
+            Feed::Simulator => "",
+            Feed::Exchange => ", an exchange-shaped fake: live start, short history",
+        }
     );
     for (index, sidecar) in at.sidecars.iter().enumerate() {
         println!(
@@ -120,8 +142,13 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
     });
     match cluster.run_until(shutdown).await {
         Some(audit) => println!(
-            "sink check: {} streams, {} events, {} gaps, {} duplicates, {} token regressions",
-            audit.streams, audit.events, audit.gaps, audit.duplicates, audit.token_regressions
+            "sink check: {} streams, {} events, {} gaps, {} duplicates, {} token regressions, {} gap markers",
+            audit.streams,
+            audit.events,
+            audit.gaps,
+            audit.duplicates,
+            audit.token_regressions,
+            audit.marked_gaps
         ),
         None => println!(
             "sink check: skipped (Redis sink; read leasehold:sink:* with redis-cli XRANGE)"

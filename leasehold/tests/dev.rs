@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_testkit::http_get;
 use serde_json::Value;
-use support::{serial, spawn_dev_chaos};
+use support::{serial, spawn_dev_chaos, spawn_dev_chaos_with};
 
 async fn api(addr: &str, path: &str) -> Value {
     let (status, _, body) = http_get(addr, path).await.expect("dashboard answers");
@@ -78,7 +78,56 @@ async fn dev_runs_the_cluster_and_heals_under_chaos() {
         .find(|l| l.starts_with("sink check:"))
         .unwrap_or_else(|| panic!("no sink check\n{output}"));
     assert!(
-        check.ends_with("0 gaps, 0 duplicates, 0 token regressions"),
+        check.contains(" 0 gaps, 0 duplicates, 0 token regressions, 0 gap markers"),
+        "{check}"
+    );
+    assert!(!check.starts_with("sink check: 0 streams"), "{check}");
+}
+
+/// `dev --feed exchange`: the same cluster on a Binance-shaped fake exchange
+/// (live start, a short history, cuts). Under chaos, streams keep flowing;
+/// every range the sink lacks is a gap marker (the audit's unmarked gaps stay
+/// 0) and the dashboard's stream view carries the gap columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_on_an_exchange_shaped_feed_marks_what_it_cannot_backfill() {
+    let _serial = serial().await;
+    let (mut dev, addr) = spawn_dev_chaos_with(
+        "dev-exchange",
+        Duration::from_secs(20),
+        &["--feed", "exchange"],
+    );
+    let line = dev.wait_line("feed          ws://", Duration::from_secs(1));
+    assert!(line.contains("@trade"), "{line}");
+    wait_for("every stream owned", Duration::from_secs(20), async || {
+        api(&addr, "/api/streams").await["counts"]["owned"].as_u64() == Some(6)
+    })
+    .await;
+    wait_for(
+        "a stream whose checkpoint moved",
+        Duration::from_secs(30),
+        async || {
+            api(&addr, "/api/streams").await["streams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["checkpoint"].as_u64().is_some_and(|c| c > 5_000))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    dev.signal("INT");
+    let status = dev.wait_exit(Duration::from_secs(30));
+    let output = dev.output();
+    assert!(
+        status.success(),
+        "dev did not exit cleanly: {status}\n{output}"
+    );
+    let check = output
+        .lines()
+        .find(|l| l.starts_with("sink check:"))
+        .unwrap_or_else(|| panic!("no sink check\n{output}"));
+    assert!(
+        check.contains(" 0 gaps, 0 duplicates, 0 token regressions"),
         "{check}"
     );
     assert!(!check.starts_with("sink check: 0 streams"), "{check}");
