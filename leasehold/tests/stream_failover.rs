@@ -372,7 +372,7 @@ async fn a_frozen_upstream_is_reconnected_as_idle_and_its_silence_shows() {
         }
     };
     flowing("no age published").await;
-    cluster.feed.signal("STOP");
+    cluster.feed().signal("STOP");
     let frozen = Instant::now();
     let worker = &cluster.workers["w1"];
     let noticed = loop {
@@ -405,7 +405,7 @@ async fn a_frozen_upstream_is_reconnected_as_idle_and_its_silence_shows() {
         "frozen upstream: idle reconnect after {noticed:?}; last-event age {silence:.1} s at {:?}",
         frozen.elapsed()
     );
-    cluster.feed.signal("CONT");
+    cluster.feed().signal("CONT");
     flowing("events never resumed after SIGCONT").await;
     cluster.stop_workers();
     cluster.verify_sink(&stream).await;

@@ -184,7 +184,8 @@ pub struct Cluster {
     pub endpoint: String,
     pub table: String,
     pub redis: String,
-    pub feed: Proc,
+    /// The feed simulator process (`None` when the test serves the upstream itself).
+    feed: Option<Proc>,
     pub feed_url: String,
     pub streams: Vec<String>,
     pub workers: BTreeMap<String, Proc>,
@@ -210,6 +211,38 @@ impl Cluster {
     /// Against a given DynamoDB endpoint (a private server).
     pub async fn start_with(endpoint: String, streams: usize, rate: u32) -> Option<Cluster> {
         Self::start_at_rate(endpoint, streams, &rate.to_string()).await
+    }
+
+    /// A lease table and the Redis sink for `streams`, the workers reading
+    /// `upstream_url` (an upstream the test serves itself).
+    pub async fn start_on(upstream_url: String, streams: Vec<String>) -> Option<Cluster> {
+        let endpoint = dynamodb_endpoint()?;
+        let redis = redis_url()?;
+        let table = unique_name("e2e");
+        let store = DynamoLeaseStore::new(dynamodb_client(&endpoint), table.clone());
+        store.create_table().await.unwrap();
+        let sink = RedisSink::connect(&redis, SinkOptions::default())
+            .await
+            .unwrap();
+        Some(Cluster {
+            endpoint,
+            table,
+            redis,
+            feed: None,
+            feed_url: upstream_url,
+            streams,
+            workers: BTreeMap::new(),
+            sidecars: BTreeMap::new(),
+            store,
+            sink,
+        })
+    }
+
+    /// The feed simulator process.
+    pub fn feed(&self) -> &Proc {
+        self.feed
+            .as_ref()
+            .expect("this cluster runs the feed simulator")
     }
 
     async fn start_at_rate(endpoint: String, streams: usize, rate: &str) -> Option<Cluster> {
@@ -241,7 +274,7 @@ impl Cluster {
             endpoint,
             table,
             redis,
-            feed,
+            feed: Some(feed),
             feed_url,
             streams,
             workers: BTreeMap::new(),
@@ -518,26 +551,33 @@ pub fn spawn_leasehold(name: &str, args: &[&str], envs: &[(String, String)]) -> 
 /// and a fault every 2 s (takeovers within seconds); returns the process and
 /// its dashboard address (`host:port`) once the dashboard line is printed.
 pub fn spawn_dev_chaos(name: &str, dashboard_within: Duration) -> (Proc, String) {
-    let dev = spawn_leasehold(
-        name,
-        &[
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--streams",
-            "6",
-            "--workers",
-            "3",
-            "--pool",
-            "2",
-            "--lease-seconds",
-            "3",
-            "--chaos",
-            "--chaos-every",
-            "2",
-        ],
-        &[],
-    );
+    spawn_dev_chaos_with(name, dashboard_within, &[])
+}
+
+/// [`spawn_dev_chaos`] with more `dev` arguments (e.g. `--feed exchange`).
+pub fn spawn_dev_chaos_with(
+    name: &str,
+    dashboard_within: Duration,
+    extra: &[&str],
+) -> (Proc, String) {
+    let mut args = vec![
+        "dev",
+        "--listen",
+        "127.0.0.1:0",
+        "--streams",
+        "6",
+        "--workers",
+        "3",
+        "--pool",
+        "2",
+        "--lease-seconds",
+        "3",
+        "--chaos",
+        "--chaos-every",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let dev = spawn_leasehold(name, &args, &[]);
     let line = dev.wait_line("dashboard     http://", dashboard_within);
     let addr = line
         .split("http://")

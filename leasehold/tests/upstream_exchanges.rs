@@ -1,0 +1,352 @@
+//! The stream worker against exchange-shaped upstreams, as a user points it at
+//! one: a real `leasehold stream-worker` (with its sidecar), moto and Redis,
+//! and a fake exchange (`leasehold_feed::exchange`) served by this test with
+//! the shape's worked settings (docs/upstreams.md). Each fake starts every
+//! connection live, replays nothing, and is cut by the test three times.
+//!
+//! Checked for every shape: the first event reaches the sink within 2 s of the
+//! acquire; reconnects equal the server's cuts (no loop); and what the sink
+//! holds, by mode — `live`: every hole covered by exactly one marker with the
+//! right bounds, no event inside one; `backfill`: no missing and no duplicate
+//! sequence, no marker; `increasing`: no marker, no `gap` reconnect, no
+//! control frame stored. Kraken and Bybit cut clients that send no
+//! application ping for 2 s: the worker's pings keep the connection.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use leasehold_feed::exchange::{ExchangeConfig, ExchangeServer, ExchangeShape, HistoryOverride};
+use leasehold_stream::sink::memory::StoredEvent;
+use leasehold_telemetry::GapReason;
+use support::{Cluster, serial};
+use tokio_util::sync::CancellationToken;
+
+/// Trades per second per symbol: busy enough that a reconnect always misses some.
+const RATE: f64 = 100.0;
+const CUTS: u64 = 3;
+
+/// A symbol never used before, in the shape's spelling (Binance lower case,
+/// the others upper case; Coinbase `BASE-QUOTE`, Kraken `BASE/QUOTE`).
+fn unique_symbol(shape: ExchangeShape) -> String {
+    let n = leasehold_testkit::unique_name("x")
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64))
+        % 1_000_000_000;
+    match shape {
+        ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade => format!("x{n}usdt"),
+        ExchangeShape::CoinbaseMatches => format!("X{n}-USD"),
+        ExchangeShape::KrakenTrade => format!("X{n}/USD"),
+        ExchangeShape::BybitPublicTrade => format!("X{n}USDT"),
+    }
+}
+
+/// One shape's run: the sink's entries and what the worker's sidecar counted.
+struct Run {
+    entries: Vec<StoredEvent>,
+    reconnects: BTreeMap<String, u64>,
+    control_frames: u64,
+    first_event_after_acquire: Duration,
+    cuts: u64,
+    server: ExchangeServer,
+    symbol: String,
+    logs: String,
+}
+
+/// The value of every sample of `name` in a Prometheus text body, by its
+/// `reason` label (or "" without one).
+fn samples(body: &str, name: &str) -> BTreeMap<String, u64> {
+    body.lines()
+        .filter(|line| line.starts_with(name) && !line.starts_with('#'))
+        .filter_map(|line| {
+            let (labels, value) = line.rsplit_once(' ')?;
+            let reason = labels
+                .split("reason=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("")
+                .to_owned();
+            Some((reason, value.parse::<f64>().ok()? as u64))
+        })
+        .collect()
+}
+
+async fn metrics(cluster: &Cluster, owner: &str) -> String {
+    let (_, _, body) = leasehold_testkit::http_get(&cluster.sidecars[owner].http, "/metrics")
+        .await
+        .expect("sidecar answers");
+    body
+}
+
+/// Serves `config`, runs one worker on one stream with the shape's worked
+/// settings (plus `overrides`), cuts the connection three times, stops the
+/// worker and returns what happened.
+async fn run(config: ExchangeConfig, overrides: &[(&str, &str)]) -> Option<Run> {
+    let shutdown = CancellationToken::new();
+    let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), config, shutdown.clone())
+        .await
+        .expect("fake exchange starts");
+    // A symbol of its own per run: the Redis sink outlives the run, and a
+    // new fake starts its ids over.
+    let stream = unique_symbol(config.shape);
+    let mut cluster = Cluster::start_on(server.ws_url(), vec![stream.clone()]).await?;
+    let mut settings: Vec<(&str, String)> = server.worked_settings();
+    settings.extend(overrides.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    cluster.start_worker_with_sidecar("w1", &settings);
+
+    // From the acquire (the record names w1) to the first entry in the sink.
+    let started = Instant::now();
+    let mut acquired = None;
+    let first_event_after_acquire = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{}: nothing reached the sink\n{}",
+            config.shape,
+            cluster.logs()
+        );
+        if acquired.is_none() && cluster.owners().await.contains_key(&stream) {
+            acquired = Some(Instant::now());
+        }
+        if let Some(at) = acquired
+            && !cluster.sink_entries(&stream).await.is_empty()
+        {
+            break at.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    for _ in 0..CUTS {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            server.cut_all(),
+            1,
+            "{}: one connection to cut",
+            config.shape
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let body = metrics(&cluster, "w1").await;
+    let reconnects = samples(&body, "leasehold_websocket_reconnects_total");
+    let control_frames = samples(&body, "leasehold_upstream_frames_skipped_total")
+        .get("control")
+        .copied()
+        .unwrap_or(0);
+    let gaps_counted: u64 = samples(&body, "leasehold_stream_gaps_total").values().sum();
+    cluster.stop_workers();
+    let entries = cluster.sink_entries(&stream).await;
+    let markers = entries.iter().filter(|e| e.gap.is_some()).count() as u64;
+    assert_eq!(
+        gaps_counted, markers,
+        "{}: leasehold_stream_gaps_total counts each marker once",
+        config.shape
+    );
+    let logs = cluster.logs();
+    let cuts = server.cuts();
+    shutdown.cancel();
+    Some(Run {
+        entries,
+        reconnects,
+        control_frames,
+        first_event_after_acquire,
+        cuts,
+        server,
+        symbol: stream,
+        logs,
+    })
+}
+
+impl Run {
+    fn common_checks(&self, shape: ExchangeShape) {
+        assert!(
+            self.first_event_after_acquire <= Duration::from_secs(2),
+            "{shape}: first event {:?} after the acquire",
+            self.first_event_after_acquire
+        );
+        assert_eq!(self.cuts, CUTS, "{shape}: the server cut only when told to");
+        let reconnects: u64 = self.reconnects.values().sum();
+        assert_eq!(
+            reconnects, CUTS,
+            "{shape}: one reconnect per cut, no loop: {:?}\n{}",
+            self.reconnects, self.logs
+        );
+        assert_eq!(
+            self.reconnects.get("gap").copied().unwrap_or(0),
+            0,
+            "{shape}: a live upstream never reconnects for a gap"
+        );
+        let positions: Vec<u64> = self.entries.iter().map(|e| e.seq).collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "{shape}: positions strictly increase"
+        );
+        assert!(
+            self.entries.len() > 100,
+            "{shape}: only {} entries",
+            self.entries.len()
+        );
+    }
+
+    fn markers(&self) -> Vec<&StoredEvent> {
+        self.entries.iter().filter(|e| e.gap.is_some()).collect()
+    }
+
+    /// Contiguous ids: every id from the first entry on is an event or in
+    /// exactly one marker.
+    fn assert_covered(&self, shape: ExchangeShape) {
+        let mut next = *self.entries[0].covers().start();
+        for entry in &self.entries {
+            assert_eq!(
+                *entry.covers().start(),
+                next,
+                "{shape}: a hole without a marker, or an event inside one, before {entry:?}"
+            );
+            next = entry.seq + 1;
+        }
+    }
+
+    /// Events stored are the server's frames (or history items) as sent.
+    fn assert_payloads(&self, shape: ExchangeShape, symbol: &str) {
+        for entry in self.entries.iter().filter(|e| e.gap.is_none()) {
+            let live = self.server.frame(symbol, entry.seq);
+            // Coinbase's first frame of a subscription is the same trade as `last_match`.
+            let last_match = live.replacen("\"type\":\"match\"", "\"type\":\"last_match\"", 1);
+            let history = self.server.history_item(symbol, entry.seq);
+            assert!(
+                entry.payload == live
+                    || entry.payload == last_match
+                    || Some(&entry.payload) == history.as_ref(),
+                "{shape}: entry {} is neither the frame nor the history item: {}",
+                entry.seq,
+                entry.payload
+            );
+        }
+    }
+}
+
+fn config(shape: ExchangeShape) -> ExchangeConfig {
+    ExchangeConfig {
+        shape,
+        rate: RATE,
+        first_id: 5_000,
+        history_retention: 100_000,
+        ..ExchangeConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binance_trades_backfill_every_cut_from_the_rest_history() {
+    let _serial = serial().await;
+    for shape in [ExchangeShape::BinanceTrade, ExchangeShape::BinanceAggTrade] {
+        let mut config = config(shape);
+        // The history rate-limits once: the worker waits its Retry-After.
+        config.history_status_override = Some(HistoryOverride::too_many_requests(1));
+        let Some(run) = run(config, &[]).await else {
+            return;
+        };
+        run.common_checks(shape);
+        assert!(run.markers().is_empty(), "{shape}: {:?}", run.markers());
+        run.assert_covered(shape);
+        run.assert_payloads(shape, &run.symbol);
+        assert!(
+            run.server.history_requests() >= CUTS,
+            "{shape}: each cut's hole was fetched"
+        );
+        assert!(
+            run.entries
+                .iter()
+                .any(|e| e.payload.contains("\"isBuyerMaker\"")
+                    || (shape == ExchangeShape::BinanceAggTrade && !e.payload.contains("\"e\""))),
+            "{shape}: some entries are history items"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_upstreams_record_each_missed_range_as_one_marker() {
+    let _serial = serial().await;
+    // Binance without its history, and Coinbase by contiguous trade_id.
+    for (shape, overrides) in [
+        (
+            ExchangeShape::BinanceTrade,
+            &[("UPSTREAM_RESUME", "live")][..],
+        ),
+        (ExchangeShape::CoinbaseMatches, &[][..]),
+    ] {
+        let mut config = config(shape);
+        config.history_retention = 0;
+        let Some(run) = run(config, overrides).await else {
+            return;
+        };
+        run.common_checks(shape);
+        run.assert_covered(shape);
+        let markers = run.markers();
+        assert!(
+            !markers.is_empty() && markers.len() as u64 <= CUTS,
+            "{shape}: one marker per cut at most: {markers:?}"
+        );
+        assert!(
+            markers
+                .iter()
+                .all(|m| m.gap.unwrap().reason == GapReason::NoReplay && m.payload.is_empty()),
+            "{shape}: {markers:?}"
+        );
+        assert_eq!(
+            run.entries.first().and_then(|e| e.gap),
+            None,
+            "{shape}: a stream never written starts at the live position, no marker first"
+        );
+        run.assert_payloads(shape, &run.symbol);
+        if shape == ExchangeShape::CoinbaseMatches {
+            assert!(
+                run.control_frames > 0,
+                "subscriptions and heartbeats are control frames"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn increasing_sequences_store_data_only_and_pings_keep_the_connection() {
+    let _serial = serial().await;
+    for (shape, overrides) in [
+        // Coinbase by its shared `sequence`, which has holes.
+        (
+            ExchangeShape::CoinbaseMatches,
+            &[
+                ("UPSTREAM_SEQ_POINTER", "/sequence"),
+                ("UPSTREAM_SEQ_STEP", "increasing"),
+            ][..],
+        ),
+        (ExchangeShape::KrakenTrade, &[][..]),
+        (ExchangeShape::BybitPublicTrade, &[][..]),
+    ] {
+        let mut config = config(shape);
+        config.history_retention = 0;
+        if shape.has_app_ping() {
+            // Cut any client silent for 2 s: the worked settings ping every 1 s.
+            config.silent_cut_after = Some(Duration::from_secs(2));
+        }
+        let Some(run) = run(config, overrides).await else {
+            return;
+        };
+        run.common_checks(shape);
+        assert!(run.markers().is_empty(), "{shape}: {:?}", run.markers());
+        assert!(
+            run.control_frames > 0,
+            "{shape}: acknowledgements, heartbeats, pongs"
+        );
+        let data: &[&str] = match shape {
+            ExchangeShape::CoinbaseMatches => &["\"type\":\"match\"", "\"type\":\"last_match\""],
+            ExchangeShape::KrakenTrade => &["\"channel\":\"trade\""],
+            _ => &["\"topic\":\"publicTrade."],
+        };
+        for entry in &run.entries {
+            assert!(
+                data.iter().any(|marker| entry.payload.contains(marker)),
+                "{shape}: a control frame reached the sink: {}",
+                entry.payload
+            );
+        }
+    }
+}
