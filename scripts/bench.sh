@@ -9,6 +9,8 @@ log "keeper: 10,000 leases on the in-memory store"
 cargo bench -p leasehold-control --bench keeper
 log "stream throughput: raw read, parse only, a pipelined-XADD peer and leasehold into memory and Redis, on 1 and 100 streams; RSS per held stream; control-plane writes"
 cargo bench -p leasehold --bench stream_throughput
+log "backfill: a 10 s gap at 1,000 events/s read back from a Binance-shaped history"
+cargo bench -p leasehold --bench backfill
 log "fail-over: graceful hand-off and crash takeover"
 cargo bench -p leasehold --bench failover
 log "balancing: lease moves on scale-out, crash and cold start"

@@ -616,6 +616,7 @@ async fn start_case(
                     inner,
                     probe: probe.clone(),
                 }),
+                history: None,
                 telemetry,
                 config: RunnerConfig::default(),
             });
@@ -659,7 +660,6 @@ async fn throughput(
     target: &Target<'_>,
     streams: &[String],
     per_stream: u64,
-    history: None,
     telemetry: Arc<dyn TelemetrySink>,
 ) -> Throughput {
     let total = per_stream * streams.len() as u64;
