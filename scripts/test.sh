@@ -48,6 +48,12 @@ log "cargo fmt --check"
 cargo fmt --all --check
 log "cargo deny check bans licenses sources"
 cargo deny --log-level error check bans licenses sources
+log "cargo tree: the dashboard pulls in no stream worker, dev cluster or WebSocket crate"
+dashboard_tree="$(cargo tree --locked -p leasehold-dashboard -e normal --prefix none)"
+if grep -E '^(leasehold-stream|leasehold-devcluster|tokio-tungstenite|tungstenite) ' <<<"$dashboard_tree"; then
+    echo "error: leasehold-dashboard depends on the crates above" >&2
+    exit 1
+fi
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test"

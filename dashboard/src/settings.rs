@@ -59,21 +59,7 @@ const NETWORKS: Parser<Vec<Network>> = Parser {
 /// A Redis URL for the sink (the stream workers' `SINK_URL` forms, without
 /// `memory:`, which only `leasehold dev` can share). Never echoed: it may hold
 /// a password.
-const SINK_URL: Parser<String> = Parser {
-    parse: |raw| {
-        if raw == "memory:" {
-            Err("memory: is an in-process sink; only `leasehold dev` has one, and it shares it with its dashboard by itself".into())
-        } else if ["redis://", "rediss://", "redis+unix://"]
-            .iter()
-            .any(|scheme| raw.starts_with(scheme))
-        {
-            Ok(raw.to_owned())
-        } else {
-            Err("must be redis://…, rediss://… or redis+unix://…".into())
-        }
-    },
-    show: Clone::clone,
-};
+const SINK_URL: Parser<String> = leasehold_sink::url::REDIS_SINK_URL_PARSER;
 
 /// Longest Grafana link accepted.
 pub const GRAFANA_URL_MAX: usize = 2_048;

@@ -2,39 +2,18 @@
 //! (what the lease record says the sink confirmed) versus the sink's last
 //! stored sequence.
 //!
-//! Optional (`DASHBOARD_SINK_URL`). The dashboard does not depend on the stream
-//! worker's crate (no WebSocket code in it): the binary and `leasehold dev`
-//! hand it a [`SinkReader`] over the stream worker's own sink, which names the
-//! keys. Only the per-stream page reads it, one stream at a time, within
+//! Optional (`DASHBOARD_SINK_URL`). The read itself is the sink crate's
+//! ([`SinkReader`], `leasehold_sink::reader`), which names the keys; the
+//! dashboard depends on it, not on the stream worker (no WebSocket code in
+//! it). Only the per-stream page reads it, one stream at a time, within
 //! [`SINK_READ_TIMEOUT`]; what goes wrong is shown as a fixed category, never
 //! an error text (which could carry a URL or a password).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
 use serde::Serialize;
 
-/// Longest a page waits for the sink.
-pub const SINK_READ_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// Why a sink read failed (categories only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum SinkReadError {
-    /// Not reachable (connection refused, dropped, timed out).
-    #[error("unreachable")]
-    Unavailable,
-    /// Reachable, but the read was refused (permissions, wrong key type).
-    #[error("refused the read")]
-    Refused,
-}
-
-/// Reads the last sequence the sink stored for a stream.
-#[async_trait]
-pub trait SinkReader: Send + Sync {
-    /// `None`: nothing stored for the stream.
-    async fn last_seq(&self, stream_id: &str) -> Result<Option<u64>, SinkReadError>;
-}
+pub use leasehold_sink::reader::{SINK_READ_TIMEOUT, SinkReadError, SinkReader};
 
 /// What the page shows next to the checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -105,6 +84,10 @@ pub async fn position(reader: Option<&Arc<dyn SinkReader>>, stream_id: &str) -> 
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
     use super::*;
 
     struct Fixed(Result<Option<u64>, SinkReadError>, Duration);

@@ -2,7 +2,7 @@
 //! cover consecutive sequences (an event its own, a gap marker its range) with
 //! non-decreasing fence tokens.
 
-use leasehold_stream::sink::memory::MemorySink;
+use leasehold_sink::memory::MemorySink;
 
 /// What the sink holds, checked.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold_stream::sink::{FencedSink, SinkBatch, SinkEvent, SinkOptions};
+    use leasehold_sink::{FencedSink, SinkBatch, SinkEvent, SinkOptions};
 
     #[tokio::test]
     async fn the_audit_finds_gaps_duplicates_and_token_regressions() {

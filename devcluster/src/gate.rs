@@ -12,7 +12,7 @@ use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, Consistency, LeasePage, LeaseReader, LeaseStore,
     LiftRequest, ReleaseRequest, RenewRequest,
 };
-use leasehold_stream::sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, WriteOutcome};
+use leasehold_sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, WriteOutcome};
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,6 @@ pub mod fleet;
 mod gate;
 mod launcher;
 mod pool;
-pub mod sink_reader;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,10 +48,10 @@ use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusConnector, PoolBus};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
+use leasehold_sink::memory::MemorySink;
+use leasehold_sink::redis::RedisSink;
+use leasehold_sink::{FencedSink, SinkOptions};
 use leasehold_stream::settings;
-use leasehold_stream::sink::memory::MemorySink;
-use leasehold_stream::sink::redis::RedisSink;
-use leasehold_stream::sink::{FencedSink, SinkOptions};
 use leasehold_stream::worker::StreamWorker;
 use leasehold_telemetry::LogSink;
 use leasehold_telemetry::transport::BufferedShipper;
@@ -362,7 +361,9 @@ impl DevCluster {
             None => (
                 memory_sink.clone(),
                 Arc::new(MemoryPoolBus::new()),
-                Arc::new(sink_reader::MemorySinkReader(memory_sink.clone())),
+                Arc::new(leasehold_sink::reader::MemorySinkReader(
+                    memory_sink.clone(),
+                )),
             ),
             Some(url) => {
                 let redis_sink = RedisSink::connect(url, sink_options)
@@ -375,7 +376,9 @@ impl DevCluster {
                             .await
                             .map_err(start_error("the Redis pool bus"))?,
                     ),
-                    Arc::new(sink_reader::RedisSinkReader::connected(redis_sink)),
+                    Arc::new(leasehold_sink::reader::RedisSinkReader::connected(
+                        redis_sink,
+                    )),
                 )
             }
         };

@@ -41,11 +41,9 @@ use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
     LiftRequest, ReleaseRequest, RenewRequest,
 };
-use leasehold_stream::sink::memory::MemorySink;
-use leasehold_stream::sink::redis::RedisSink;
-use leasehold_stream::sink::{
-    FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome,
-};
+use leasehold_sink::memory::MemorySink;
+use leasehold_sink::redis::RedisSink;
+use leasehold_sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 use leasehold_stream::upstream::extract::Extractor;
 use leasehold_stream::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
 use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig, run_stream};
@@ -501,7 +499,7 @@ impl FencedSink for ProbeSink {
         let outcome = self.inner.write(batch).await?;
         if outcome.accepted > 0 && outcome.out_of_order == 0 && !outcome.is_fenced() {
             self.probe
-                .record(batch.events.iter().map(|e| e.payload.as_str()));
+                .record(batch.events.iter().filter_map(|e| e.payload.text()));
             self.probe
                 .done
                 .fetch_add(outcome.accepted, Ordering::Relaxed);
@@ -643,8 +641,8 @@ async fn clean_redis(redis: &str, streams: &[String]) {
     let mut del = redis::cmd("DEL");
     for stream in streams {
         del.arg(format!("peer:{stream}"))
-            .arg(leasehold_stream::sink::keys::sink_stream(stream))
-            .arg(leasehold_stream::sink::keys::sink_fence(stream));
+            .arg(leasehold_sink::keys::sink_stream(stream))
+            .arg(leasehold_sink::keys::sink_fence(stream));
     }
     let _: redis::RedisResult<u64> = del.query_async(&mut connection).await;
 }

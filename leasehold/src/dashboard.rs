@@ -6,11 +6,11 @@ use clap::Args;
 use leasehold_control::clock::SystemClock;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_dashboard::{Dashboard, DashboardConfig, Sources, settings};
-use leasehold_devcluster::sink_reader::RedisSinkReader;
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
 use leasehold_platform::settings::{ConfigError, process_env};
 use leasehold_pool::bus::BusConnector;
 use leasehold_pool::read::PoolReader;
+use leasehold_sink::reader::RedisSinkReader;
 
 use crate::{Failure, shutdown_on_signal};
 

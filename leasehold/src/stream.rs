@@ -11,7 +11,8 @@ use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_feed::{FeedConfig, FeedServer};
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
 use leasehold_platform::settings::{ConfigError, Env, process_env};
-use leasehold_stream::{StreamWorker, settings, sink};
+
+use leasehold_stream::{StreamWorker, settings};
 use leasehold_telemetry::transport::BufferedShipper;
 use tokio_util::sync::CancellationToken;
 
@@ -130,7 +131,7 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     settings.worker.sidecar_url = env.finish(derived)?;
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
     store.check_table().await?;
-    let sink = sink::open(settings.sink_url.expose(), settings.sink)
+    let sink = leasehold_sink::open(settings.sink_url.expose(), settings.sink)
         .await
         .context("cannot open the sink")?;
     // Telemetry outlives the drain so the final releases reach the sidecar.

@@ -19,7 +19,7 @@ use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{Inspect, PoolBus};
 use leasehold_pool::keys;
 use leasehold_pool::read::PoolReader;
-use leasehold_stream::sink::{SinkBatch, SinkEvent, SinkOptions};
+use leasehold_sink::{SinkBatch, SinkEvent, SinkOptions};
 use leasehold_testkit::{repo_root, unique_name};
 use redis::AsyncCommands;
 use support::{Proc, free_port, run_leasehold, serial, spawn_command, spawn_leasehold};
@@ -491,7 +491,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         loop {
             let len: u64 = redis
                 .admin
-                .xlen(leasehold_stream::sink::keys::sink_stream(&stream_id))
+                .xlen(leasehold_sink::keys::sink_stream(&stream_id))
                 .await
                 .unwrap();
             if len >= 10 {
@@ -506,7 +506,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         }
         let fence: Option<u64> = redis
             .admin
-            .get(leasehold_stream::sink::keys::sink_fence(&stream_id))
+            .get(leasehold_sink::keys::sink_fence(&stream_id))
             .await
             .unwrap();
         assert!(fence.is_some_and(|f| f >= 1), "no fence: {fence:?}");
@@ -531,7 +531,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
 
     // Stream worker: the sink opens (fence raised), appends, and fences a
     // lower token, under its own user.
-    let sink = leasehold_stream::sink::open(&redis.url("stream-worker"), SinkOptions::default())
+    let sink = leasehold_sink::open(&redis.url("stream-worker"), SinkOptions::default())
         .await
         .unwrap();
     let stream = unique_name("s");
@@ -561,8 +561,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
 
     // Dashboard: a stream page's "sink last seq", through the reader the
     // `leasehold dashboard` process builds from DASHBOARD_SINK_URL.
-    let sink_reader =
-        leasehold_devcluster::sink_reader::RedisSinkReader::lazy(redis.url("dashboard"));
+    let sink_reader = leasehold_sink::reader::RedisSinkReader::lazy(redis.url("dashboard"));
     assert_eq!(
         leasehold_dashboard::sink::SinkReader::last_seq(&sink_reader, &stream).await,
         Ok(Some(1)),
@@ -614,8 +613,8 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         .await;
     }
     // The dashboard reads the sink, never writes it (or reads its fence).
-    let sink_key = leasehold_stream::sink::keys::sink_stream(&stream);
-    let fence_key = leasehold_stream::sink::keys::sink_fence(&stream);
+    let sink_key = leasehold_sink::keys::sink_stream(&stream);
+    let fence_key = leasehold_sink::keys::sink_fence(&stream);
     refused(
         &redis,
         "dashboard",
@@ -679,10 +678,9 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         "broker-worker writes credentials",
         broker_as_bus.put_credentials(&user, "x").await,
     );
-    let broker_as_sink =
-        leasehold_stream::sink::open(&redis.url("broker-worker"), SinkOptions::default())
-            .await
-            .unwrap();
+    let broker_as_sink = leasehold_sink::open(&redis.url("broker-worker"), SinkOptions::default())
+        .await
+        .unwrap();
     assert_refused(
         "broker-worker opens a sink stream",
         broker_as_sink.open(&stream, 9).await,

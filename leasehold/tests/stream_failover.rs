@@ -208,7 +208,7 @@ async fn a_store_outage_stops_side_effects_before_the_deadline() {
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     for stream in &cluster.streams {
         let late: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(leasehold_stream::sink::keys::sink_stream(stream))
+            .arg(leasehold_sink::keys::sink_stream(stream))
             .arg(format!("{quiet_from}-0"))
             .arg(format!("{outage_end}-0"))
             .query_async(&mut connection)

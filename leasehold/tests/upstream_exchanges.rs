@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use leasehold_feed::exchange::{ExchangeConfig, ExchangeServer, ExchangeShape, HistoryOverride};
-use leasehold_stream::sink::memory::StoredEvent;
+use leasehold_sink::memory::StoredEvent;
 use leasehold_telemetry::GapReason;
 use support::{Cluster, serial};
 use tokio_util::sync::CancellationToken;

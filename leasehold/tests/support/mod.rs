@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_control::store::{Consistency, list_all};
-use leasehold_stream::sink::SinkOptions;
-use leasehold_stream::sink::memory::StoredEvent;
-use leasehold_stream::sink::redis::RedisSink;
+use leasehold_sink::SinkOptions;
+use leasehold_sink::memory::StoredEvent;
+use leasehold_sink::redis::RedisSink;
 use leasehold_testkit::{dynamodb_client, dynamodb_endpoint, redis_url, unique_name};
 
 /// Process-heavy tests run one at a time: the machine has two cores, and lease
@@ -418,7 +418,7 @@ impl Cluster {
         let client = redis::Client::open(self.redis.as_str()).unwrap();
         let mut connection = client.get_multiplexed_async_connection().await.unwrap();
         let fence: Option<u64> = redis::cmd("GET")
-            .arg(leasehold_stream::sink::keys::sink_fence(stream))
+            .arg(leasehold_sink::keys::sink_fence(stream))
             .query_async(&mut connection)
             .await
             .unwrap();

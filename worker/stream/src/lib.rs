@@ -6,8 +6,7 @@
 //! - [`upstream`]: "connect to stream X from sequence N": the [`upstream::Upstream`]
 //!   seam and the generic WebSocket JSON adapter (URL and subscribe templates,
 //!   JSON pointers, frame limit).
-//! - [`sink`]: fenced sinks (Redis Streams, in-memory) behind one trait, their key
-//!   names, and one conformance suite.
+//! - the fenced sinks are their own crate, `leasehold_sink` (`worker/sink`).
 //! - [`runner`]: one held stream, from subscribe to release: the order of checks
 //!   (valid lease → write with token → stage checkpoint) lives here.
 //! - [`worker`]: presence, discovery, fair share, hand-back, drain.
@@ -19,7 +18,6 @@ pub mod balance;
 pub mod probes;
 pub mod runner;
 pub mod settings;
-pub mod sink;
 pub mod upstream;
 pub mod worker;
 

@@ -30,9 +30,9 @@ use leasehold_control::sequence::{Arrival, ResumeMode, SeqStep, Sequencer, Step}
 use leasehold_telemetry::SkipReason;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::sink::{FencedSink, SinkBatch, SinkError, SinkEvent, WriteOutcome};
 use crate::upstream::history::{History, HistoryConfig, HistoryError, fetch_page};
 use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
+use leasehold_sink::{FencedSink, SinkBatch, SinkError, SinkEvent, WriteOutcome};
 
 /// How a runner batches and retries.
 #[derive(Debug, Clone)]

@@ -9,28 +9,11 @@ use leasehold_platform::settings::{
 use leasehold_telemetry::transport::ShipperConfig;
 
 use crate::runner::RunnerConfig;
-use crate::sink::SinkOptions;
 use crate::upstream::history::HistoryConfig;
 use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
 use crate::worker::StreamWorkerConfig;
 use leasehold_control::sequence::{ResumeMode, SeqStep};
-
-/// `redis://…`, `rediss://…`, `redis+unix://…` or `memory:`. Never echoed: it may
-/// carry a password.
-const SINK_URL_PARSER: Parser<String> = Parser {
-    parse: |raw| {
-        let valid = raw == "memory:"
-            || ["redis://", "rediss://", "redis+unix://"]
-                .iter()
-                .any(|p| raw.starts_with(p));
-        if valid {
-            Ok(raw.to_owned())
-        } else {
-            Err("must be redis://…, rediss://… or memory:".into())
-        }
-    },
-    show: Clone::clone,
-};
+use leasehold_sink::SinkOptions;
 
 /// The `UPSTREAM_URL` variable.
 pub const UPSTREAM_URL: Setting<String> = Setting::new(
@@ -185,7 +168,7 @@ pub const UPSTREAM_BACKFILL_TS_POINTER: Setting<String> = Setting::new(
 /// The `SINK_URL` variable.
 pub const SINK_URL: Setting<String> = Setting::secret(
     "SINK_URL",
-    SINK_URL_PARSER,
+    leasehold_sink::url::SINK_URL_PARSER,
     Fallback::Unset,
     "`redis://…` (Redis Streams sink) or `memory:` (in-process); required by `stream-worker`.",
 );
@@ -259,7 +242,7 @@ pub const BATCH_MAX_DELAY_MS: Setting<Duration> = Setting::new(
 pub const SINK_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "SINK_TIMEOUT_MS",
     parse::MILLIS,
-    Fallback::Value(|| crate::sink::DEFAULT_REPLY_TIMEOUT),
+    Fallback::Value(|| leasehold_sink::DEFAULT_REPLY_TIMEOUT),
     "How long a sink write may wait for its reply before it counts as failed and is retried \
      (retries are de-duplicated). Every stream's batches queue on one Redis, so keep it well \
      above a busy moment's queue.",

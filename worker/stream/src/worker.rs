@@ -39,9 +39,9 @@ use super::settings::StreamWorkerSettings;
 use crate::balance::{Census, GiftFate, Gifts, Share};
 use crate::probes::ExpiryProbes;
 use crate::runner::{RunnerContext, StreamExit, run_stream};
-use crate::sink::FencedSink;
 use crate::upstream::WebSocketUpstream;
 use crate::upstream::history::{History, HttpHistory};
+use leasehold_sink::FencedSink;
 
 /// How a stream worker discovers, balances and drains.
 #[derive(Debug, Clone)]

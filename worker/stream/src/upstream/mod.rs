@@ -37,7 +37,7 @@ pub struct UpstreamEvent {
     /// Event id read at the id pointer (numbers are stringified).
     pub event_id: String,
     /// The frame's text as received (not copied out of the frame).
-    pub payload: crate::sink::Payload,
+    pub payload: leasehold_sink::Payload,
     /// When the frame was read off the socket.
     pub received_at: Instant,
     /// Seconds from the event's own time (`UPSTREAM_TS_POINTER`, unix ms) to its

@@ -258,7 +258,7 @@ impl WebSocketSubscription {
         Frame::Event(UpstreamEvent {
             seq,
             event_id,
-            payload: frame,
+            payload: leasehold_sink::Payload::from_shared(frame.into()),
             received_at,
             arrival_lag,
         })

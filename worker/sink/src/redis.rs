@@ -2,7 +2,7 @@
 //! the last sequence), one per batch checks the fence, drops replayed sequences
 //! and appends (docs/redis.md fixes the layout).
 
-use crate::sink::keys;
+use crate::keys;
 use async_trait::async_trait;
 use leasehold_telemetry::GapReason;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};

@@ -10,10 +10,21 @@
 //! The last sequence is read from the stream itself, so a write that fails
 //! part-way records nothing it did not append. Both sinks pass one conformance
 //! suite.
+//!
+//! Module map:
+//! - this module: [`FencedSink`], [`SinkEvent`] (an event or a gap marker),
+//!   the outcomes and errors, [`Payload`], [`open`] (a `SINK_URL` to a sink).
+//! - [`keys`]: the sink's Redis key names.
+//! - [`memory`], [`redis`]: the two sinks.
+//! - [`url`]: the one `SINK_URL` parser.
+//! - [`reader`]: the read-only position the dashboard shows (`SinkReader`).
+//! - `conformance` (feature `testing`): the suite both sinks pass.
 
 pub mod keys;
 pub mod memory;
+pub mod reader;
 pub mod redis;
+pub mod url;
 
 #[cfg(feature = "testing")]
 pub mod conformance;
@@ -21,12 +32,78 @@ pub mod conformance;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use leasehold_telemetry::GapReason;
 
-/// An event's payload: the frame's text as received, sharing the frame's
-/// buffer (cloning it is a reference count, not a copy). Compares equal to
-/// `&str` and `String`; `.as_str()` reads it.
-pub type Payload = tokio_tungstenite::tungstenite::Utf8Bytes;
+/// An event's payload: the text as received (a frame, a history item),
+/// sharing the buffer it was read into (cloning it is a reference count, not
+/// a copy). Compares equal to `&str` and `String`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Payload(Bytes);
+
+impl Payload {
+    /// A payload over `bytes`, which its reader already knows to be text
+    /// (a WebSocket text frame, a JSON item): no copy, no second check.
+    pub fn from_shared(bytes: Bytes) -> Self {
+        Payload(bytes)
+    }
+
+    /// The bytes, as sent to the sink.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Nothing in it (a gap marker's).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The text, checked (`None` for bytes that are not UTF-8, which a text
+    /// frame never has).
+    pub fn text(&self) -> Option<&str> {
+        std::str::from_utf8(&self.0).ok()
+    }
+
+    /// As text (an invalid byte, which a text frame never has, becomes U+FFFD).
+    pub fn to_text(&self) -> String {
+        String::from_utf8_lossy(&self.0).into_owned()
+    }
+}
+
+impl From<&str> for Payload {
+    fn from(text: &str) -> Self {
+        Payload(Bytes::copy_from_slice(text.as_bytes()))
+    }
+}
+
+impl From<String> for Payload {
+    fn from(text: String) -> Self {
+        Payload(Bytes::from(text))
+    }
+}
+
+impl PartialEq<str> for Payload {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl PartialEq<&str> for Payload {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl PartialEq<String> for Payload {
+    fn eq(&self, other: &String) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
 
 /// One entry to append: an event, or a gap marker recording sequences that
 /// will never arrive (at the position of the last of them, so a reader meets
@@ -197,18 +274,10 @@ impl Default for SinkOptions {
     }
 }
 
-/// Opens the sink a `SINK_URL` names: `redis://…`/`rediss://…` or `memory:`.
+/// Opens the sink a `SINK_URL` names ([`url::SinkUrl`]).
 pub async fn open(url: &str, options: SinkOptions) -> Result<Arc<dyn FencedSink>, SinkError> {
-    if url == "memory:" {
-        return Ok(Arc::new(memory::MemorySink::new(options)));
+    match url::SinkUrl::parse(url).map_err(SinkError::Config)? {
+        url::SinkUrl::Memory => Ok(Arc::new(memory::MemorySink::new(options))),
+        url::SinkUrl::Redis(url) => Ok(Arc::new(redis::RedisSink::connect(&url, options).await?)),
     }
-    if url.starts_with("redis://")
-        || url.starts_with("rediss://")
-        || url.starts_with("redis+unix://")
-    {
-        return Ok(Arc::new(redis::RedisSink::connect(url, options).await?));
-    }
-    Err(SinkError::Config(
-        "SINK_URL must be redis://…, rediss://… or memory:".into(),
-    ))
 }

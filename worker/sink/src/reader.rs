@@ -1,17 +1,39 @@
-//! The dashboard's read of the sink ([`leasehold_dashboard::sink::SinkReader`])
-//! over the stream worker's own sinks, which name the keys: `leasehold dev`
-//! shares its in-process or Redis sink, and `leasehold dashboard` connects to
-//! `DASHBOARD_SINK_URL` lazily (a Redis that is down at start shows on the
-//! page as unreachable instead of stopping the dashboard).
+//! The read-only position of a stream in the sink, as the dashboard's stream
+//! page shows it next to the checkpoint: one `XREVRANGE … + - COUNT 1` (a
+//! Redis user that may only read), or the in-process sink `leasehold dev`
+//! shares. Failures are categories, never error texts (which could carry a
+//! URL or a password).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_dashboard::sink::{SINK_READ_TIMEOUT, SinkReadError, SinkReader};
-use leasehold_stream::sink::memory::MemorySink;
-use leasehold_stream::sink::redis::RedisSink;
-use leasehold_stream::sink::{SinkError, SinkOptions};
 use tokio::sync::OnceCell;
+
+use crate::memory::MemorySink;
+use crate::redis::RedisSink;
+use crate::{SinkError, SinkOptions};
+
+/// Longest a page waits for the sink.
+pub const SINK_READ_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Why a sink read failed (categories only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SinkReadError {
+    /// Not reachable (connection refused, dropped, timed out).
+    #[error("unreachable")]
+    Unavailable,
+    /// Reachable, but the read was refused (permissions, wrong key type).
+    #[error("refused the read")]
+    Refused,
+}
+
+/// Reads the last position the sink stored for a stream.
+#[async_trait]
+pub trait SinkReader: Send + Sync {
+    /// `None`: nothing stored for the stream.
+    async fn last_seq(&self, stream_id: &str) -> Result<Option<u64>, SinkReadError>;
+}
 
 fn category(err: SinkError) -> SinkReadError {
     match err {
@@ -31,7 +53,8 @@ impl SinkReader for MemorySinkReader {
 }
 
 /// A Redis sink, connected on first use (and retried on the next read while
-/// the connection cannot be made).
+/// the connection cannot be made): a Redis that is down when the dashboard
+/// starts shows on the page as unreachable instead of stopping it.
 pub struct RedisSinkReader {
     url: String,
     sink: OnceCell<RedisSink>,
@@ -87,9 +110,8 @@ impl SinkReader for RedisSinkReader {
 
 #[cfg(test)]
 mod tests {
-    use leasehold_stream::sink::{FencedSink, SinkBatch, SinkEvent};
-
     use super::*;
+    use crate::{FencedSink, SinkBatch, SinkEvent};
 
     #[tokio::test]
     async fn the_memory_reader_gives_the_newest_stored_seq() {

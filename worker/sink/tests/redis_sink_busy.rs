@@ -2,7 +2,7 @@
 //! the shared test Redis for most of a second, which must not hit other tests
 //! (cargo runs test binaries one after another).
 
-use leasehold_stream::sink::conformance::{OPTIONS, RedisTarget};
+use leasehold_sink::conformance::{OPTIONS, RedisTarget};
 
 /// A write that waits behind a busy Redis for longer than the Redis client's
 /// own 500 ms default still lands: the sink's reply timeout is its own
@@ -10,8 +10,8 @@ use leasehold_stream::sink::conformance::{OPTIONS, RedisTarget};
 /// into a failure and a resend.
 #[tokio::test]
 async fn redis_sink_waits_out_a_busy_moment() {
-    use leasehold_stream::sink::conformance::SinkTarget;
-    use leasehold_stream::sink::{SinkBatch, SinkEvent};
+    use leasehold_sink::conformance::SinkTarget;
+    use leasehold_sink::{SinkBatch, SinkEvent};
     let Some(target) = RedisTarget::connect(OPTIONS).await else {
         return;
     };

@@ -167,7 +167,7 @@ impl FencedSink for MemorySink {
                 fence_token: batch.fence_token,
                 // Stored as its own string: a shared payload would keep the
                 // whole read buffer it came in alive for as long as it is kept.
-                payload: event.payload.as_str().to_owned(),
+                payload: event.payload.to_text(),
                 gap: event.gap,
             });
             state.appended += 1;

@@ -481,7 +481,7 @@ macro_rules! sink_conformance_suite {
             #[tokio::test]
             async fn $case() {
                 if let Some(target) = $make.await {
-                    $crate::sink::conformance::$case(&target).await;
+                    $crate::conformance::$case(&target).await;
                 }
             }
         )*

@@ -1,23 +1,23 @@
 //! One sink conformance suite, run against both sinks (docs/invariants.md, invariant 2).
 
-use leasehold_stream::sink::conformance::{MemoryTarget, OPTIONS, RedisTarget};
+use leasehold_sink::conformance::{MemoryTarget, OPTIONS, RedisTarget};
 
 mod memory {
     use super::*;
-    leasehold_stream::sink_conformance_suite!(async { Some(MemoryTarget::new(OPTIONS)) });
+    leasehold_sink::sink_conformance_suite!(async { Some(MemoryTarget::new(OPTIONS)) });
 }
 
 mod redis {
     use super::*;
-    leasehold_stream::sink_conformance_suite!(RedisTarget::connect(OPTIONS));
+    leasehold_sink::sink_conformance_suite!(RedisTarget::connect(OPTIONS));
 }
 
 /// The Redis sink sends `EVALSHA` itself: a Redis that forgot the script
 /// (restarted, `SCRIPT FLUSH`) gets it loaded again and the batch lands.
 #[tokio::test]
 async fn redis_sink_reloads_a_forgotten_script() {
-    use leasehold_stream::sink::conformance::SinkTarget;
-    use leasehold_stream::sink::{SinkBatch, SinkEvent};
+    use leasehold_sink::conformance::SinkTarget;
+    use leasehold_sink::{SinkBatch, SinkEvent};
     let Some(target) = RedisTarget::connect(OPTIONS).await else {
         return;
     };
