@@ -412,14 +412,18 @@ pub struct MaintenanceArgs {
 /// The orphan / stale / duplicate sweep, the re-queue of dead pool workers'
 /// claims, and supervision (users whose worker died with work pending get a
 /// new one). With `--every`, supervision also runs on its own, shorter
-/// period (`SUPERVISE_INTERVAL_SECONDS`) between sweeps.
+/// period (`SUPERVISE_INTERVAL_SECONDS`) between sweeps, under the sweep's
+/// guard rails (`SWEEP_MAX_FRACTION`, a second look).
 pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
-    let (url, launcher_settings, sweep, interval) = read(|env| {
+    let (url, launcher_settings, sweep, interval, heartbeat) = read(|env| {
         (
             env.get(&REDIS_URL),
             settings::launcher_settings(env),
             settings::sweep_config(env, args.dry_run),
             settings::supervise_interval(env),
+            // Assumed for marks that do not carry their own heartbeat (written
+            // before marks did): how long the second look waits.
+            env.get(&settings::WORKER_HEARTBEAT_MS),
         )
     })?;
     let bus = pool_bus(&url).await?;
@@ -427,19 +431,24 @@ pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
     let every: Option<Duration> = args.every.map(Into::into);
     let stop = shutdown_on_signal();
     let sweeps = try_once_or_every(every, stop.clone(), || async {
-        let report = maintenance::sweep(bus.as_ref(), launcher.as_ref(), &sweep, &LogSink)
-            .await
-            .map_err(anyhow::Error::from)?;
+        let report = maintenance::sweep_with_heartbeat(
+            bus.as_ref(),
+            launcher.as_ref(),
+            &sweep,
+            heartbeat,
+            &LogSink,
+        )
+        .await
+        .map_err(anyhow::Error::from)?;
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
         Ok(())
     });
     let (Some(lock), Some(_)) = (sweep.supervise, every) else {
         return sweeps.await;
     };
-    let config = SuperviseConfig {
-        lock,
-        dry_run: args.dry_run,
-    };
+    // The sweep's guard rails (its valve, the mark's own TTL and heartbeat, a
+    // second look) apply to these passes too: they release marks as well.
+    let config = SuperviseConfig::for_sweep(&sweep, lock, heartbeat);
     let supervision = leasehold_platform::periodic::every(interval, stop.clone(), || async {
         if !args.dry_run
             && let Err(err) = requeue_dead_claims(bus.as_ref()).await
@@ -450,6 +459,9 @@ pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
             Ok(pass) => {
                 for (user, path) in &pass.reserved {
                     println!("supervise {user}: {path}");
+                }
+                if let Some(reason) = &pass.held {
+                    println!("supervise held: {reason}");
                 }
                 for error in &pass.errors {
                     tracing::warn!(error, "supervision");

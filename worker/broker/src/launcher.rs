@@ -5,9 +5,11 @@
 //! A task's identity is what the worker writes as `task_id` in its mark, so the
 //! sweeper can compare marks with tasks: `local-{pid}` or the ECS task ARN.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
+use aws_sdk_ecs::operation::describe_tasks::DescribeTasksOutput;
 use aws_sdk_ecs::types::{
     AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
     LaunchType, NetworkConfiguration, TaskOverride,
@@ -342,33 +344,71 @@ impl TaskLauncher for EcsLauncher {
                 .send()
                 .await
                 .map_err(|err| LaunchError::List(sdk_error(err)))?;
-            for task in described.tasks() {
-                let Some(arn) = task.task_arn() else { continue };
-                if task.last_status() == Some("STOPPED") {
-                    continue;
-                }
-                let started = task.started_at().or(task.created_at());
-                let user_id = task
-                    .overrides()
-                    .map(|o| o.container_overrides())
-                    .unwrap_or_default()
-                    .iter()
-                    .flat_map(|c| c.environment())
-                    .find(|kv| kv.name() == Some(crate::settings::USER_ID.name))
-                    .and_then(|kv| kv.value())
-                    .filter(|u| *u != leasehold_pool::keys::POOL_USER_ID)
-                    .map(str::to_owned);
-                tasks.push(RunningTask {
-                    task_id: arn.to_owned(),
-                    started_at: started
-                        .and_then(|t| u64::try_from(t.to_millis().ok()?).ok())
-                        .unwrap_or(0),
-                    user_id,
-                });
-            }
+            tasks.extend(described_tasks(chunk, &described)?);
         }
         Ok(tasks)
     }
+}
+
+/// The running tasks of one DescribeTasks answer for `requested` (pure). Any
+/// failure, or a requested task the answer leaves out, makes the whole
+/// listing unusable: the sweep and supervision take a task missing from a
+/// listing for a dead one, so a partial list must never pass for a whole one.
+fn described_tasks(
+    requested: &[String],
+    described: &DescribeTasksOutput,
+) -> Result<Vec<RunningTask>, LaunchError> {
+    if let Some(failure) = described.failures().first() {
+        return Err(LaunchError::List(format!(
+            "DescribeTasks failed for {} of {} tasks (first {}: {} {})",
+            described.failures().len(),
+            requested.len(),
+            failure.arn().unwrap_or("?"),
+            failure.reason().unwrap_or("failure"),
+            failure.detail().unwrap_or(""),
+        )));
+    }
+    let answered: HashSet<&str> = described
+        .tasks()
+        .iter()
+        .filter_map(|task| task.task_arn())
+        .collect();
+    if let Some(missing) = requested
+        .iter()
+        .find(|arn| !answered.contains(arn.as_str()))
+    {
+        return Err(LaunchError::List(format!(
+            "DescribeTasks left out {missing} (described {} of {})",
+            answered.len(),
+            requested.len()
+        )));
+    }
+    let mut tasks = Vec::new();
+    for task in described.tasks() {
+        let Some(arn) = task.task_arn() else { continue };
+        if task.last_status() == Some("STOPPED") {
+            continue;
+        }
+        let started = task.started_at().or(task.created_at());
+        let user_id = task
+            .overrides()
+            .map(|o| o.container_overrides())
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|c| c.environment())
+            .find(|kv| kv.name() == Some(crate::settings::USER_ID.name))
+            .and_then(|kv| kv.value())
+            .filter(|u| *u != leasehold_pool::keys::POOL_USER_ID)
+            .map(str::to_owned);
+        tasks.push(RunningTask {
+            task_id: arn.to_owned(),
+            started_at: started
+                .and_then(|t| u64::try_from(t.to_millis().ok()?).ok())
+                .unwrap_or(0),
+            user_id,
+        });
+    }
+    Ok(tasks)
 }
 
 /// A launcher for race tests: its tasks are what the test says runs, its
@@ -376,7 +416,7 @@ impl TaskLauncher for EcsLauncher {
 /// its snapshot (a task that starts between two reads of a sweep).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::sync::{Arc, Mutex};
 
     use async_trait::async_trait;
@@ -395,6 +435,7 @@ pub mod testing {
         pub stopped: Mutex<Vec<String>>,
         hooks: Mutex<BTreeMap<u32, Hook>>,
         lists: Mutex<u32>,
+        failing: Mutex<BTreeSet<u32>>,
     }
 
     impl ScriptedLauncher {
@@ -414,6 +455,15 @@ pub mod testing {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(call, Box::new(hook));
+        }
+
+        /// Makes the `call`-th `list` (from 1) fail, as a listing the
+        /// launcher cannot complete (ECS `DescribeTasks` failures) does.
+        pub fn fail_list(&self, call: u32) {
+            self.failing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(call);
         }
 
         /// The stopped task ids.
@@ -465,7 +515,75 @@ pub mod testing {
             if let Some(hook) = hook {
                 hook().await;
             }
+            let failing = self
+                .failing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&call);
+            if failing {
+                return Err(LaunchError::List(format!(
+                    "scripted failure of list {call}"
+                )));
+            }
             Ok(listed)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_ecs::types::{Failure, Task};
+
+    fn arns(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|id| format!("arn:task/{id}")).collect()
+    }
+
+    fn task(id: &str, status: &str) -> Task {
+        Task::builder()
+            .task_arn(format!("arn:task/{id}"))
+            .last_status(status)
+            .build()
+    }
+
+    #[test]
+    fn a_whole_describe_answer_lists_its_running_tasks() {
+        let answer = DescribeTasksOutput::builder()
+            .tasks(task("t1", "RUNNING"))
+            .tasks(task("t2", "STOPPED"))
+            .build();
+        let tasks = described_tasks(&arns(&["t1", "t2"]), &answer).unwrap();
+        let ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+        assert_eq!(ids, ["arn:task/t1"]);
+    }
+
+    /// Guard: a DescribeTasks failure makes the listing an error, never a
+    /// list without the task (which supervision and the sweep would take
+    /// for a dead worker).
+    #[test]
+    fn describe_failures_make_the_listing_an_error() {
+        let answer = DescribeTasksOutput::builder()
+            .tasks(task("t1", "RUNNING"))
+            .failures(
+                Failure::builder()
+                    .arn("arn:task/t2")
+                    .reason("ThrottlingException")
+                    .build(),
+            )
+            .build();
+        let err = described_tasks(&arns(&["t1", "t2"]), &answer).unwrap_err();
+        assert!(err.to_string().contains("1 of 2 tasks"), "{err}");
+        assert!(err.to_string().contains("ThrottlingException"), "{err}");
+    }
+
+    /// Guard: an answer that leaves out a requested task (with no failure
+    /// either) is as unusable as one with failures.
+    #[test]
+    fn a_describe_answer_that_leaves_a_task_out_is_an_error() {
+        let answer = DescribeTasksOutput::builder()
+            .tasks(task("t1", "RUNNING"))
+            .build();
+        let err = described_tasks(&arns(&["t1", "t2"]), &answer).unwrap_err();
+        assert!(err.to_string().contains("left out arn:task/t2"), "{err}");
     }
 }

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | orphan mark | a mark names a task that is not running | deleting the mark (and metadata), if unchanged |
 //! | orphan task | a task older than the grace period has no mark | stopping the task |
-//! | stale mark | a mark without a TTL, with a TTL longer than any worker writes, or unreadable | deleting it, if unchanged, and stopping its task |
+//! | stale mark | a mark without a TTL, with a TTL longer than its writer gives it, or unreadable | deleting it, if unchanged, and stopping its task |
 //! | duplicate worker | two tasks for one user | stopping every task but the mark holder |
 //!
 //! It also puts back in `pool:claims` the claims a dead pool worker had taken
@@ -16,6 +16,13 @@
 //! - **two snapshots**: tasks, then marks, then tasks and marks again; only a
 //!   finding present in both, on an unchanged mark, is acted on (a task that
 //!   starts between listing tasks and reading marks is listed the second time);
+//!   the second is taken at least one heartbeat and a half after the first
+//!   (the heartbeat the marks carry, else `WORKER_HEARTBEAT_MS`), so a live
+//!   worker has rewritten its mark in between and no finding on it is confirmed;
+//! - **each mark judged by its own TTL**: a mark says the TTL its writer gives
+//!   it, so a sweeper configured with another `WORKER_MARK_TTL_SECONDS` never
+//!   takes a fresh mark for a stale one (marks that do not say are judged by
+//!   this process's setting);
 //! - **compare-and-delete**: a mark is deleted in one step only while it still
 //!   holds the value the snapshots saw (a claim or heartbeat since then wins);
 //! - **the pool bus's clock**: ages (the grace period) are measured against
@@ -50,6 +57,75 @@ pub const DEFAULT_MAX_FRACTION: f64 = 0.2;
 /// rounding, a worker configured a little differently) before it is stale.
 const TTL_SLACK: Duration = Duration::from_secs(5);
 
+/// The longest a second look waits, whatever heartbeat a mark claims.
+pub const MAX_SECOND_LOOK: Duration = Duration::from_secs(300);
+
+/// How a mark is kept alive: the TTL its writer gives it and how often the
+/// writer refreshes it. Read from the mark itself; marks written before they
+/// carried it get this process's own settings (`WORKER_MARK_TTL_SECONDS`,
+/// `WORKER_HEARTBEAT_MS`), the `fallback`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarkTiming {
+    /// The TTL the writer sets on every refresh.
+    pub ttl: Duration,
+    /// How often the writer refreshes the mark.
+    pub heartbeat: Duration,
+}
+
+impl MarkTiming {
+    /// The timing `value` says it was written with, `fallback` where it does
+    /// not say. A heartbeat is never longer than the TTL (a writer refreshing
+    /// less often than its mark lives is no writer to wait for).
+    pub fn of(value: &MarkValue, fallback: MarkTiming) -> MarkTiming {
+        let ttl = value
+            .ttl_ms
+            .map(Duration::from_millis)
+            .unwrap_or(fallback.ttl);
+        let heartbeat = value
+            .heartbeat_interval_ms
+            .map(Duration::from_millis)
+            .unwrap_or(fallback.heartbeat);
+        MarkTiming {
+            ttl,
+            heartbeat: heartbeat.min(ttl),
+        }
+    }
+
+    /// Whether Redis says the mark was refreshed lately: a remaining TTL of at
+    /// least TTL − 2 × heartbeat. A live writer's mark never drops below
+    /// TTL − heartbeat; one more heartbeat of slack absorbs a late refresh.
+    /// How the mark looks in a task listing has no part in it.
+    pub fn refreshed(&self, remaining_ms: u64) -> bool {
+        let slack = millis(self.heartbeat).saturating_mul(2);
+        remaining_ms >= millis(self.ttl).saturating_sub(slack)
+    }
+
+    /// How long a second look waits after the first: a heartbeat and a half,
+    /// so a live writer's refresh (its write may be slow to land) falls
+    /// between the two reads and changes the mark. At most
+    /// [`MAX_SECOND_LOOK`]: a mark claiming an absurd heartbeat must not
+    /// stall the sweep.
+    pub fn second_look(&self) -> Duration {
+        (self.heartbeat + self.heartbeat / 2).min(MAX_SECOND_LOOK)
+    }
+}
+
+/// A duration as whole milliseconds, saturating.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The heartbeat assumed for marks that do not carry one when the caller
+/// names none ([`sweep`]): `WORKER_HEARTBEAT_MS`'s default, or a third of
+/// the mark TTL when that is shorter (a worker's heartbeat is always shorter
+/// than its TTL).
+pub fn default_heartbeat(mark_ttl: Duration) -> Duration {
+    let default = crate::settings::WORKER_HEARTBEAT_MS
+        .default_value()
+        .unwrap_or(Duration::from_secs(5));
+    default.min(mark_ttl / 3)
+}
+
 /// One `worker:active:…` key as the sweep reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mark {
@@ -68,7 +144,8 @@ pub struct Mark {
 /// Sweep settings.
 #[derive(Debug, Clone, Copy)]
 pub struct SweepConfig {
-    /// Mark TTL: a mark with a longer remaining TTL is stale.
+    /// Mark TTL assumed for marks that do not carry theirs: a mark with a
+    /// longer remaining TTL than its own is stale.
     pub mark_ttl: Duration,
     /// Tasks younger than this (by the pool bus's clock) are not orphans yet.
     pub grace: Duration,
@@ -94,7 +171,9 @@ fn user_of(key: &str) -> String {
 
 /// Classifies marks and tasks into findings (pure). `now_ms` is the pool
 /// bus's clock; marks are judged by their TTL alone (the heartbeat time in a
-/// mark is the writer's clock, not comparable with any other).
+/// mark is the writer's clock, not comparable with any other), against the
+/// TTL the mark says its writer gives it (`config.mark_ttl` when it does not
+/// say).
 pub fn classify(
     marks: &[Mark],
     tasks: &[RunningTask],
@@ -103,7 +182,6 @@ pub fn classify(
 ) -> Vec<Finding> {
     let running: HashMap<&str, &RunningTask> =
         tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
-    let longest_ttl_ms = (config.mark_ttl + TTL_SLACK).as_millis() as u64;
     let mut findings = Vec::new();
     let mut marked: HashSet<&str> = HashSet::new();
     // Tasks serving each user: launched for it, or named by its mark.
@@ -121,6 +199,15 @@ pub fn classify(
             marked.insert(task_id);
         }
         let user_id = Some(mark.user_id.clone());
+        // Its own TTL, not this sweeper's: a worker configured with a longer
+        // WORKER_MARK_TTL_SECONDS than the sweeper's writes fresh marks that
+        // would otherwise look as if they never expire.
+        let own_ttl_ms = mark
+            .value
+            .as_ref()
+            .and_then(|value| value.ttl_ms)
+            .unwrap_or_else(|| millis(config.mark_ttl));
+        let longest_ttl_ms = own_ttl_ms.saturating_add(millis(TTL_SLACK));
         let stale = match mark.ttl_ms {
             None => true,
             Some(ttl) => ttl > longest_ttl_ms || mark.value.is_none(),
@@ -228,7 +315,8 @@ pub fn valve(
     None
 }
 
-async fn read_marks(bus: &dyn PoolBus) -> Result<Vec<Mark>, BusError> {
+/// Every liveness mark (pool and user) with its value and remaining TTL.
+pub(crate) async fn read_marks(bus: &dyn PoolBus) -> Result<Vec<Mark>, BusError> {
     let marks = bus.marks(keys::WORKER_ACTIVE_PATTERN).await?;
     Ok(marks
         .into_iter()
@@ -334,14 +422,61 @@ async fn resolve(
     Ok(Resolved::Done)
 }
 
-/// One sweep: two snapshots, classify, the safety valve, resolve what both
-/// snapshots confirm (unless dry run), report.
+/// How long the second snapshot waits after the first: a heartbeat and a
+/// half of the slowest writer among the marks the first snapshot's findings
+/// name (`fallback` for marks that do not say, and for findings on tasks).
+fn second_look(first: &Snapshot, fallback: MarkTiming) -> Duration {
+    let timing: HashMap<&str, MarkTiming> = first
+        .marks
+        .iter()
+        .filter_map(|mark| {
+            let value = mark.value.as_ref()?;
+            Some((mark.key.as_str(), MarkTiming::of(value, fallback)))
+        })
+        .collect();
+    first
+        .findings
+        .iter()
+        .map(|finding| {
+            finding
+                .delete_key
+                .as_deref()
+                .and_then(|key| timing.get(key))
+                .copied()
+                .unwrap_or(fallback)
+                .second_look()
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+/// [`sweep_with_heartbeat`] assuming [`default_heartbeat`] for marks that do
+/// not carry their own.
 pub async fn sweep(
     bus: &dyn PoolBus,
     launcher: &dyn TaskLauncher,
     config: &SweepConfig,
     telemetry: &dyn TelemetrySink,
 ) -> Result<SweepReport, PoolError> {
+    let heartbeat = default_heartbeat(config.mark_ttl);
+    sweep_with_heartbeat(bus, launcher, config, heartbeat, telemetry).await
+}
+
+/// One sweep: two snapshots at least a heartbeat and a half apart, classify,
+/// the safety valve, resolve what both snapshots confirm (unless dry run),
+/// report. `heartbeat` is this process's `WORKER_HEARTBEAT_MS`, assumed for
+/// marks that do not carry their own.
+pub async fn sweep_with_heartbeat(
+    bus: &dyn PoolBus,
+    launcher: &dyn TaskLauncher,
+    config: &SweepConfig,
+    heartbeat: Duration,
+    telemetry: &dyn TelemetrySink,
+) -> Result<SweepReport, PoolError> {
+    let fallback = MarkTiming {
+        ttl: config.mark_ttl,
+        heartbeat,
+    };
     let first = snapshot(bus, launcher, config).await?;
     let held = valve(
         &first.findings,
@@ -353,11 +488,16 @@ pub async fn sweep(
         tracing::error!(reason, "maintenance sweep held by its safety valve");
     }
     // Act only on what a second look confirms: a task that started, a claim
-    // or a heartbeat since the first look drops the finding.
+    // or a heartbeat since the first look drops the finding. Taken after
+    // every live writer has refreshed its mark at least once: back to back,
+    // both looks would see a live worker's mark unchanged.
     let (findings, unconfirmed) = if held.is_some() || config.dry_run {
         let all = first.findings.iter().cloned().map(|f| (f, None)).collect();
         (all, 0)
+    } else if first.findings.is_empty() {
+        (Vec::new(), 0)
     } else {
+        tokio::time::sleep(second_look(&first, fallback)).await;
         let second = snapshot(bus, launcher, config).await?;
         let confirmed = confirmed(&first, &second);
         let dropped = first.findings.len() - confirmed.len();
@@ -404,10 +544,7 @@ pub async fn sweep(
     // Last: an orphaned mark deleted above no longer hides a dead worker.
     let mut reserved = Vec::new();
     if let (Some(lock), None) = (config.supervise, &held) {
-        let supervise = SuperviseConfig {
-            lock,
-            dry_run: config.dry_run,
-        };
+        let supervise = SuperviseConfig::for_sweep(config, lock, heartbeat);
         match crate::supervise::supervise(bus, launcher, &supervise, telemetry).await {
             Ok(pass) => {
                 reserved = pass.reserved.into_iter().map(|(user, _)| user).collect();
@@ -477,6 +614,8 @@ mod tests {
             heartbeat_at: NOW - heartbeat_ago_ms,
             started_at: 0,
             sidecar_url: None,
+            ttl_ms: None,
+            heartbeat_interval_ms: None,
         };
         Mark {
             user_id: user_of(&key),
@@ -569,6 +708,35 @@ mod tests {
         );
     }
 
+    /// Guard: each mark judged by its own TTL. A worker configured with a
+    /// 60 s mark TTL under a sweeper configured with 30 s: its fresh mark's
+    /// 58 s would be longer than any TTL the sweeper expects (stale: deleted
+    /// and its task stopped).
+    #[test]
+    fn a_mark_carrying_a_longer_ttl_than_the_sweepers_is_not_stale() {
+        let mut long = mark("u1", "t1", 0, Some(58_000));
+        if let Some(value) = long.value.as_mut() {
+            value.ttl_ms = Some(60_000);
+            value.heartbeat_interval_ms = Some(5_000);
+            long.raw = value.to_json();
+        }
+        let tasks = [task("t1", 600_000, None)];
+        assert_eq!(classify(&[long.clone()], &tasks, NOW, &config()), vec![]);
+        // Longer than even its own TTL: stale.
+        let beyond = Mark {
+            ttl_ms: Some(70_000),
+            ..long
+        };
+        assert_eq!(
+            kinds(&classify(&[beyond], &tasks, NOW, &config())),
+            vec![(
+                OrphanKind::StaleMark,
+                Some("worker:active:u1".into()),
+                Some("t1".into())
+            )]
+        );
+    }
+
     #[test]
     fn two_tasks_for_one_user_keep_the_mark_holder() {
         let tasks = [
@@ -642,6 +810,8 @@ mod tests {
             heartbeat_at: 1,
             started_at: 1,
             sidecar_url: None,
+            ttl_ms: None,
+            heartbeat_interval_ms: None,
         }
         .to_json();
         let claimed = bus
@@ -665,6 +835,8 @@ mod tests {
             heartbeat_at: 1,
             started_at: 1,
             sidecar_url: None,
+            ttl_ms: None,
+            heartbeat_interval_ms: None,
         }
         .to_json();
         bus.set_pool_mark(task, &value, Duration::from_secs(30))
@@ -690,7 +862,7 @@ mod tests {
 
     /// Guard: compare-and-delete. The mark the snapshots saw as an orphan's
     /// is replaced by a claim before the delete: the new mark stays.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_claim_after_the_snapshot_keeps_its_mark() {
         let bus = Arc::new(MemoryPoolBus::new());
         claim(&bus, "u1", "t-dead").await;
@@ -725,7 +897,7 @@ mod tests {
 
     /// Guard: the second look. A task that starts (and claims) between the
     /// task list and the marks read keeps its mark and is not stopped.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_task_started_between_listing_and_reading_marks_is_left_alone() {
         let bus = Arc::new(MemoryPoolBus::new());
         let launcher = ScriptedLauncher::with(vec![]);
@@ -757,7 +929,7 @@ mod tests {
     /// Guard: the second look, for tasks. An old task whose mark appears
     /// right after the first marks read (its first heartbeat was late) is
     /// not stopped.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_task_marked_after_the_first_look_is_not_stopped() {
         let bus = Arc::new(MemoryPoolBus::new());
         let launcher = ScriptedLauncher::with(vec![running(&bus, "t-slow", 600_000).await]);
@@ -774,7 +946,7 @@ mod tests {
     /// ahead of Redis's: a task Redis's clock says started 5 s ago has not
     /// written its first mark yet, and a mark whose writer's clock lags a
     /// minute is healthy by its TTL. Nothing is stopped or deleted.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_sweeper_clock_60_s_ahead_stops_nothing_healthy() {
         let bus = Arc::new(MemoryPoolBus::new());
         bus.skew_clock(-60_000);
@@ -792,7 +964,7 @@ mod tests {
     /// Guard: the safety valve. A launcher of the wrong `POOL_GROUP` lists
     /// none of the pool's tasks: every mark looks orphaned, and the sweep
     /// reports and acts on nothing.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_wrong_pool_group_holds_the_sweep() {
         let bus = MemoryPoolBus::new();
         for n in 0..4 {
@@ -828,8 +1000,118 @@ mod tests {
         assert_eq!(stored.held, Some(reason));
     }
 
+    /// A live worker beating every `every` on `user`'s mark (as its
+    /// heartbeat task does), with marks of `timing` (`None`: marks that do
+    /// not carry it) and TTL `ttl`.
+    fn beating(
+        bus: &Arc<MemoryPoolBus>,
+        user: &str,
+        task: &str,
+        every: Duration,
+        ttl: Duration,
+        timing: Option<MarkTiming>,
+    ) -> tokio::task::JoinHandle<()> {
+        let (bus, user, task) = (bus.clone(), user.to_owned(), task.to_owned());
+        tokio::spawn(async move {
+            for beat in 1.. {
+                let value = MarkValue {
+                    worker_id: task.clone(),
+                    task_id: task.clone(),
+                    user_id: user.clone(),
+                    heartbeat_at: beat,
+                    started_at: 1,
+                    sidecar_url: None,
+                    ttl_ms: timing.map(|t| millis(t.ttl)),
+                    heartbeat_interval_ms: timing.map(|t| millis(t.heartbeat)),
+                }
+                .to_json();
+                let write = MarkWrite {
+                    user_id: &user,
+                    worker_id: &task,
+                    value: &value,
+                    ttl,
+                    metadata: &metadata(&task),
+                };
+                if beat == 1 {
+                    assert!(bus.claim_user(&write).await.unwrap());
+                } else {
+                    assert!(bus.refresh_user_mark(&write).await.unwrap());
+                }
+                tokio::time::sleep(every).await;
+            }
+        })
+    }
+
+    /// Guard: the two snapshots a heartbeat and a half apart. A live worker
+    /// configured with a 60 s mark TTL writes marks that do not carry it
+    /// (an older worker): to a sweeper configured with 30 s its mark looks
+    /// stale at every look; only the heartbeat between the two looks shows
+    /// it alive. Back to back, both looks would confirm it and stop it.
+    #[tokio::test(start_paused = true)]
+    async fn a_live_worker_whose_mark_looks_stale_is_not_stopped() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let heartbeat = Duration::from_secs(1);
+        let worker = beating(&bus, "u1", "t1", heartbeat, Duration::from_secs(60), None);
+        tokio::task::yield_now().await;
+        let launcher = ScriptedLauncher::with(vec![running(&bus, "t1", 600_000).await]);
+        let report = sweep_with_heartbeat(
+            bus.as_ref(),
+            &launcher,
+            &config(),
+            heartbeat,
+            &RecordingSink::new(),
+        )
+        .await
+        .unwrap();
+        worker.abort();
+        assert!(launcher.stopped().is_empty(), "{:?}", launcher.stopped());
+        assert!(bus.user_is_active("u1").await.unwrap());
+        assert_eq!(report.resolved[&OrphanKind::StaleMark], 0);
+        assert_eq!(report.unconfirmed, 1, "seen once as stale");
+    }
+
+    /// Guard: the second snapshot waits for the mark's own heartbeat. The
+    /// listing misses a live worker's task; the worker beats every 10 s, a
+    /// sweeper going by its own 1 s would look again before the next beat.
+    #[tokio::test(start_paused = true)]
+    async fn the_second_snapshot_waits_for_the_marks_own_heartbeat() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let own = MarkTiming {
+            ttl: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
+        };
+        let worker = beating(&bus, "u1", "t1", own.heartbeat, own.ttl, Some(own));
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let launcher = ScriptedLauncher::with(vec![]);
+        let report = sweep_with_heartbeat(
+            bus.as_ref(),
+            &launcher,
+            &config(),
+            Duration::from_secs(1),
+            &RecordingSink::new(),
+        )
+        .await
+        .unwrap();
+        worker.abort();
+        assert!(bus.user_is_active("u1").await.unwrap(), "{report:?}");
+        assert_eq!(report.resolved[&OrphanKind::OrphanMark], 0);
+        assert_eq!(report.unconfirmed, 1);
+    }
+
+    /// A sweep that finds nothing takes no second look, so waits for nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_sweep_does_not_wait() {
+        let bus = MemoryPoolBus::new();
+        let launcher = ScriptedLauncher::with(vec![]);
+        let started = tokio::time::Instant::now();
+        let report = sweep_once(&bus, &launcher).await;
+        assert!(report.findings.is_empty());
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
     /// The valve does not stop the ordinary case: one dead worker of five.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn one_dead_worker_of_five_is_still_swept() {
         let bus = MemoryPoolBus::new();
         let mut tasks = Vec::new();
@@ -857,7 +1139,7 @@ mod tests {
     }
 
     /// Duplicates on the bus: the mark holder stays, the other is stopped.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_duplicate_is_stopped_and_the_mark_holder_kept() {
         let bus = MemoryPoolBus::new();
         claim(&bus, "u1", "t-holder").await;

@@ -4,22 +4,42 @@
 //! failed worker within 60 s. Here a user is *unserved* when it has work (a
 //! non-empty `trading:user:{id}:requests` or `…:processing`, or the optional
 //! `pool:wanted:{id}` mark) and no live worker: no `worker:active:{id}`, or a
-//! mark naming a task the launcher no longer runs (`kill -9`, OOM). Such a
-//! user is re-served through the claim path (an idle pool worker is claimed,
-//! else a worker is cold-started), at most once per lock period: the lock
-//! `pool:reserve:{id}` (`SET NX EX`) is what keeps a user to one pending
-//! re-serve, and what the dashboard lists as "being re-served".
+//! mark whose holder is dead (`kill -9`, OOM). Such a user is re-served
+//! through the claim path (an idle pool worker is claimed, else a worker is
+//! cold-started), at most once per lock period: the lock `pool:reserve:{id}`
+//! (`SET NX EX`) is what keeps a user to one pending re-serve, and what the
+//! dashboard lists as "being re-served".
+//!
+//! Releasing a holder's mark displaces it, so supervision takes it under the
+//! same guard rails as the maintenance sweep:
+//!
+//! - **Redis says the holder is dead, never a listing alone**: a holder is
+//!   dead only when its mark was not refreshed (remaining TTL below
+//!   TTL − 2 × heartbeat, by the TTL and heartbeat the mark carries), *and*
+//!   its task is missing from the launcher's listing. A listing that misses a
+//!   task (a wrong `POOL_GROUP`, an eventually consistent API) displaces
+//!   nobody whose mark is fresh;
+//! - **a second look**: marks and tasks are read twice, a heartbeat and a half
+//!   apart; the holder is dead only if both looks agree on an unchanged mark
+//!   and a task missing from both listings;
+//! - **compare-and-delete**: the mark is released only while it still holds
+//!   the value both looks saw (a refresh or a new claim since then wins);
+//! - **the safety valve** (`SWEEP_MAX_FRACTION`): when more than that share of
+//!   the marks would be released, the pass releases none and says why.
+//!
+//! A user without any mark displaces nobody: it is re-served at once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, SystemTime};
 
 use leasehold_control::clock::unix_ms;
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::keys;
-use leasehold_pool::protocol::MarkValue;
-use leasehold_telemetry::{ReservePath, TelemetryEvent, TelemetrySink};
+use leasehold_pool::read::Finding;
+use leasehold_telemetry::{OrphanKind, ReservePath, TelemetryEvent, TelemetrySink};
 
-use crate::launcher::TaskLauncher;
+use crate::launcher::{RunningTask, TaskLauncher};
+use crate::maintenance::{self, Mark, MarkTiming, SweepConfig};
 use crate::manager::{self, ClaimPath, PoolError};
 
 /// Supervision settings.
@@ -30,6 +50,28 @@ pub struct SuperviseConfig {
     pub lock: Duration,
     /// Only report.
     pub dry_run: bool,
+    /// The mark TTL and heartbeat assumed for marks that do not carry theirs
+    /// (`WORKER_MARK_TTL_SECONDS`, `WORKER_HEARTBEAT_MS`).
+    pub fallback: MarkTiming,
+    /// The safety valve: above this share of the marks looking dead, release
+    /// none (`SWEEP_MAX_FRACTION`).
+    pub max_fraction: f64,
+}
+
+impl SuperviseConfig {
+    /// Supervision with the sweep's settings: its mark TTL and valve, this
+    /// `lock` and `heartbeat` (`WORKER_HEARTBEAT_MS`).
+    pub fn for_sweep(sweep: &SweepConfig, lock: Duration, heartbeat: Duration) -> Self {
+        SuperviseConfig {
+            lock,
+            dry_run: sweep.dry_run,
+            fallback: MarkTiming {
+                ttl: sweep.mark_ttl,
+                heartbeat,
+            },
+            max_fraction: sweep.max_fraction,
+        }
+    }
 }
 
 /// What one supervision pass did.
@@ -39,6 +81,12 @@ pub struct Supervised {
     pub unserved: Vec<String>,
     /// Users given a worker in this pass, with the path taken.
     pub reserved: Vec<(String, ClaimPath)>,
+    /// Users whose mark looked unrefreshed at the first look but whose holder
+    /// the second look did not confirm dead (refreshed, re-claimed, or its
+    /// task listed): left alone.
+    pub unconfirmed: Vec<String>,
+    /// Why the safety valve kept this pass from releasing any mark, if it did.
+    pub held: Option<String>,
     /// Failures (no secrets).
     pub errors: Vec<String>,
 }
@@ -62,6 +110,112 @@ async fn users_with_work(bus: &dyn PoolBus) -> Result<BTreeSet<String>, PoolErro
     Ok(users)
 }
 
+/// How one look sees a user's mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// No mark: nobody serves the user.
+    Absent,
+    /// A mark Redis says was refreshed lately (or one supervision does not
+    /// judge: unreadable or without a TTL, left to the sweep): served.
+    Live,
+    /// A readable mark whose remaining TTL says it was not refreshed: its
+    /// holder may be dead, which only a second look can confirm.
+    NotRefreshed,
+}
+
+/// How `mark` looks (pure): by its remaining TTL against the TTL and
+/// heartbeat it carries (`fallback` where it carries none).
+pub fn holder(mark: Option<&Mark>, fallback: MarkTiming) -> Holder {
+    let Some(mark) = mark else {
+        return Holder::Absent;
+    };
+    match (&mark.value, mark.ttl_ms) {
+        (Some(value), Some(remaining)) if !MarkTiming::of(value, fallback).refreshed(remaining) => {
+            Holder::NotRefreshed
+        }
+        _ => Holder::Live,
+    }
+}
+
+/// One look: the launcher's tasks, then the marks.
+pub struct Look {
+    /// Every task the launcher listed.
+    pub tasks: Vec<RunningTask>,
+    /// Every liveness mark (pool and user), with its remaining TTL.
+    pub marks: Vec<Mark>,
+}
+
+impl Look {
+    fn user_mark(&self, user: &str) -> Option<&Mark> {
+        let key = keys::worker_active(user);
+        self.marks.iter().find(|mark| mark.key == key)
+    }
+
+    fn runs(&self, task_id: &str) -> bool {
+        self.tasks.iter().any(|task| task.task_id == task_id)
+    }
+}
+
+/// The suspects' marks both looks confirm dead (pure): in both, the same
+/// unrefreshed value, naming a task neither listing has. With the value to
+/// compare before releasing it.
+pub fn dead_holders(
+    suspects: &[String],
+    first: &Look,
+    second: &Look,
+    fallback: MarkTiming,
+) -> BTreeMap<String, String> {
+    suspects
+        .iter()
+        .filter_map(|user| {
+            let before = first.user_mark(user)?;
+            let after = second.user_mark(user)?;
+            let unchanged = before.raw == after.raw;
+            let not_refreshed = [before, after]
+                .iter()
+                .all(|mark| holder(Some(mark), fallback) == Holder::NotRefreshed);
+            let task = &after.value.as_ref()?.task_id;
+            let gone = !first.runs(task) && !second.runs(task);
+            (unchanged && not_refreshed && gone).then(|| (user.clone(), after.raw.clone()))
+        })
+        .collect()
+}
+
+/// How long the second look waits: a heartbeat and a half of the slowest
+/// suspect's writer.
+fn second_look(suspects: &[String], first: &Look, fallback: MarkTiming) -> Duration {
+    suspects
+        .iter()
+        .filter_map(|user| first.user_mark(user)?.value.as_ref())
+        .map(|value| MarkTiming::of(value, fallback).second_look())
+        .max()
+        .unwrap_or_else(|| fallback.second_look())
+}
+
+/// The second look (only taken when some mark looks unrefreshed): tasks,
+/// then the wait, then tasks and marks again. `marks` are the first look's.
+async fn look_twice(
+    bus: &dyn PoolBus,
+    launcher: &dyn TaskLauncher,
+    marks: Vec<Mark>,
+    suspects: &[String],
+    fallback: MarkTiming,
+) -> Result<(Look, Look), PoolError> {
+    // A failed listing (ECS DescribeTasks failures included) fails the pass:
+    // an empty or partial list would make every suspect's task look gone.
+    let first = Look {
+        tasks: launcher.list().await?,
+        marks,
+    };
+    tokio::time::sleep(second_look(suspects, &first, fallback)).await;
+    let tasks = launcher.list().await?;
+    let second = Look {
+        tasks,
+        marks: maintenance::read_marks(bus).await?,
+    };
+    Ok((first, second))
+}
+
 /// One pass: find unserved users and re-serve each (unless dry run).
 pub async fn supervise(
     bus: &dyn PoolBus,
@@ -74,27 +228,61 @@ pub async fn supervise(
     if users.is_empty() {
         return Ok(outcome);
     }
-    let running: BTreeSet<String> = launcher
-        .list()
-        .await?
-        .into_iter()
-        .map(|task| task.task_id)
-        .collect();
+    let marks = maintenance::read_marks(bus).await?;
+    let first = Look {
+        tasks: Vec::new(),
+        marks,
+    };
+    let mut absent = Vec::new();
+    let mut suspects = Vec::new();
     for user in users {
-        let mark = bus.get(&keys::worker_active(&user)).await?;
-        // A mark whose task is gone is a dead worker (its TTL has not run out
-        // yet); one that is not leasehold's JSON is left to the sweep.
-        let dead_holder = match mark.as_deref().map(MarkValue::parse) {
-            None => None,
-            Some(Some(mark)) if !running.contains(&mark.task_id) => Some(mark.worker_id),
-            Some(_) => {
-                // Served: a "wants a worker" mark has done its job.
+        match holder(first.user_mark(&user), config.fallback) {
+            Holder::Absent => absent.push(user),
+            Holder::NotRefreshed => suspects.push(user),
+            // Served: a "wants a worker" mark has done its job.
+            Holder::Live => {
                 bus.delete_keys(&[keys::user_wanted(&user)]).await?;
-                continue;
             }
-        };
-        outcome.unserved.push(user.clone());
+        }
+    }
+    let mut dead = BTreeMap::new();
+    if !suspects.is_empty() {
+        let (first, second) =
+            look_twice(bus, launcher, first.marks, &suspects, config.fallback).await?;
+        dead = dead_holders(&suspects, &first, &second, config.fallback);
+        let findings: Vec<Finding> = dead
+            .keys()
+            .map(|user| Finding {
+                kind: OrphanKind::OrphanMark,
+                user_id: Some(user.clone()),
+                delete_key: Some(keys::worker_active(user)),
+                stop_task: None,
+            })
+            .collect();
+        outcome.held = maintenance::valve(
+            &findings,
+            second.marks.len(),
+            second.tasks.len(),
+            config.max_fraction,
+        );
+        let confirmed: HashSet<&String> = dead.keys().collect();
+        outcome.unconfirmed = suspects
+            .iter()
+            .filter(|user| !confirmed.contains(user))
+            .cloned()
+            .collect();
+        if let Some(reason) = &outcome.held {
+            tracing::error!(reason, "supervision held by its safety valve");
+            dead.clear();
+        }
+    }
+    let mut unserved: Vec<(String, Option<String>)> =
+        absent.into_iter().map(|user| (user, None)).collect();
+    unserved.extend(dead.into_iter().map(|(user, raw)| (user, Some(raw))));
+    unserved.sort();
+    for (user, dead_mark) in unserved {
         if config.dry_run {
+            outcome.unserved.push(user);
             continue;
         }
         let now = unix_ms(SystemTime::now()).to_string();
@@ -103,12 +291,26 @@ pub async fn supervise(
             .await?
         {
             // A re-serve for this user is pending already.
+            outcome.unserved.push(user);
             continue;
         }
-        if let Some(worker_id) = dead_holder {
-            // Guarded: only that worker's mark goes, never a new holder's.
-            bus.release_user_mark(&user, &worker_id).await?;
+        if let Some(seen) = dead_mark {
+            // Only the value both looks saw goes: a refresh or a new holder's
+            // claim since then keeps the mark, and the user is served.
+            let released = bus
+                .delete_mark_if(
+                    &keys::worker_active(&user),
+                    &seen,
+                    &[keys::worker_metadata(&user)],
+                )
+                .await?;
+            if !released {
+                bus.delete_keys(&[keys::reserve_lock(&user)]).await?;
+                outcome.unconfirmed.push(user);
+                continue;
+            }
         }
+        outcome.unserved.push(user.clone());
         match manager::claim_user(bus, launcher, &user).await {
             Ok(path) => {
                 let label = match &path {
@@ -134,12 +336,14 @@ pub async fn supervise(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launcher::testing::ScriptedLauncher;
     use crate::launcher::{LaunchError, RunningTask};
     use async_trait::async_trait;
-    use leasehold_pool::bus::Inspect;
-    use leasehold_pool::bus::memory::MemoryPoolBus;
+    use leasehold_pool::bus::memory::{MemoryPoolBus, SnapshotRead};
+    use leasehold_pool::bus::{Inspect, MarkWrite, WorkerMetadata};
+    use leasehold_pool::protocol::MarkValue;
     use leasehold_telemetry::RecordingSink;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     /// Runs what the test says; records cold starts.
     #[derive(Default)]
@@ -175,48 +379,121 @@ mod tests {
         }
     }
 
+    /// A mark as written before marks carried their timing.
     fn mark(user: &str, task: &str) -> String {
+        timed_mark(user, task, 1, None)
+    }
+
+    /// A mark of `task` for `user`, written at `heartbeat_at`, carrying
+    /// `timing` (TTL, heartbeat) when given.
+    fn timed_mark(user: &str, task: &str, heartbeat_at: u64, timing: Option<MarkTiming>) -> String {
         MarkValue {
             worker_id: task.into(),
             task_id: task.into(),
             user_id: user.into(),
-            heartbeat_at: 1,
+            heartbeat_at,
             started_at: 1,
             sidecar_url: None,
+            ttl_ms: timing.map(|t| t.ttl.as_millis() as u64),
+            heartbeat_interval_ms: timing.map(|t| t.heartbeat.as_millis() as u64),
         }
         .to_json()
     }
 
+    fn metadata(task: &str) -> WorkerMetadata {
+        WorkerMetadata {
+            task_arn: task.into(),
+            instance_id: "h".into(),
+            launched_at: 1,
+            sidecar_url: None,
+        }
+    }
+
+    /// `task` claims `user` with a mark of `value` and TTL `ttl`.
+    async fn claim(bus: &MemoryPoolBus, user: &str, task: &str, value: &str, ttl: Duration) {
+        let write = MarkWrite {
+            user_id: user,
+            worker_id: task,
+            value,
+            ttl,
+            metadata: &metadata(task),
+        };
+        assert!(bus.claim_user(&write).await.unwrap());
+    }
+
+    /// `task` refreshes its mark on `user`, as its heartbeat does.
+    async fn refresh(bus: &MemoryPoolBus, user: &str, task: &str, value: &str, ttl: Duration) {
+        let write = MarkWrite {
+            user_id: user,
+            worker_id: task,
+            value,
+            ttl,
+            metadata: &metadata(task),
+        };
+        assert!(bus.refresh_user_mark(&write).await.unwrap());
+    }
+
+    /// A user with credentials, a queued request and a mark of `task`
+    /// (old-style, 30 s TTL).
+    async fn busy_user(bus: &MemoryPoolBus, user: &str, task: &str) {
+        bus.put_credentials(user, "blob").await.unwrap();
+        bus.push_request(user, "r1").await.unwrap();
+        claim(bus, user, task, &mark(user, task), MARK_TTL).await;
+    }
+
+    const MARK_TTL: Duration = Duration::from_secs(30);
+    const HEARTBEAT: Duration = Duration::from_secs(5);
+
+    /// How long after its last refresh a 30 s mark with a 5 s heartbeat
+    /// looks unrefreshed (remaining TTL below 30 − 2 × 5 = 20 s).
+    const UNREFRESHED_AFTER: Duration = Duration::from_secs(11);
+
     const CONFIG: SuperviseConfig = SuperviseConfig {
         lock: Duration::from_secs(60),
         dry_run: false,
+        fallback: MarkTiming {
+            ttl: MARK_TTL,
+            heartbeat: HEARTBEAT,
+        },
+        max_fraction: crate::maintenance::DEFAULT_MAX_FRACTION,
     };
+
+    async fn pass(bus: &MemoryPoolBus, launcher: &dyn TaskLauncher) -> Supervised {
+        supervise(bus, launcher, &CONFIG, &RecordingSink::new())
+            .await
+            .unwrap()
+    }
+
+    /// Asserts `user` is still held by `task` and nothing was set in motion
+    /// to re-serve it.
+    async fn still_served(bus: &MemoryPoolBus, user: &str, task: &str, outcome: &Supervised) {
+        let mark = bus.get(&keys::worker_active(user)).await.unwrap();
+        assert!(
+            mark.as_deref()
+                .and_then(MarkValue::parse)
+                .map(|m| m.task_id)
+                == Some(task.into()),
+            "the mark was released: {mark:?} {outcome:?}"
+        );
+        assert!(outcome.unserved.is_empty(), "{outcome:?}");
+        assert!(outcome.reserved.is_empty(), "{outcome:?}");
+        assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.unwrap(), 0);
+        assert_eq!(bus.get(&keys::reserve_lock(user)).await.unwrap(), None);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_user_whose_worker_died_with_requests_is_reserved_once_per_lock() {
         let bus = MemoryPoolBus::new();
         let launcher = Launcher::default();
         let telemetry = RecordingSink::new();
-        bus.put_credentials("u1", "blob").await.unwrap();
-        bus.push_request("u1", "r1").await.unwrap();
-        // u1's worker was killed: its mark outlives it, naming a task that is gone.
-        bus.set_pool_mark("idle", &mark("-1", "idle"), Duration::from_secs(30))
+        // u1's worker was killed: its mark outlives it, naming a task that is
+        // gone, and nothing refreshes it any more.
+        busy_user(&bus, "u1", "dead").await;
+        tokio::time::advance(UNREFRESHED_AFTER).await;
+        bus.set_pool_mark("idle", &mark("-1", "idle"), MARK_TTL)
             .await
             .unwrap();
         launcher.running.lock().unwrap().push("idle".into());
-        let write = leasehold_pool::bus::MarkWrite {
-            user_id: "u1",
-            worker_id: "dead",
-            value: &mark("u1", "dead"),
-            ttl: Duration::from_secs(30),
-            metadata: &leasehold_pool::bus::WorkerMetadata {
-                task_arn: "dead".into(),
-                instance_id: "h".into(),
-                launched_at: 1,
-                sidecar_url: None,
-            },
-        };
-        assert!(bus.claim_user(&write).await.unwrap());
         let first = supervise(&bus, &launcher, &CONFIG, &telemetry)
             .await
             .unwrap();
@@ -264,21 +541,7 @@ mod tests {
         let launcher = Launcher::default();
         let telemetry = RecordingSink::new();
         launcher.running.lock().unwrap().push("t1".into());
-        let metadata = leasehold_pool::bus::WorkerMetadata {
-            task_arn: "t1".into(),
-            instance_id: "h".into(),
-            launched_at: 1,
-            sidecar_url: None,
-        };
-        let value = mark("u1", "t1");
-        let write = leasehold_pool::bus::MarkWrite {
-            user_id: "u1",
-            worker_id: "t1",
-            value: &value,
-            ttl: Duration::from_secs(30),
-            metadata: &metadata,
-        };
-        assert!(bus.claim_user(&write).await.unwrap());
+        claim(&bus, "u1", "t1", &mark("u1", "t1"), MARK_TTL).await;
         bus.push_request("u1", "r1").await.unwrap();
         bus.set_if_absent(&keys::user_wanted("u1"), "1", Duration::from_secs(300))
             .await
@@ -302,5 +565,253 @@ mod tests {
             [(_, ClaimPath::ColdStart { .. })]
         ));
         assert!(telemetry.snapshot().len() == 1);
+    }
+
+    /// Guard: a holder is dead only when Redis says its mark was not
+    /// refreshed. The launcher lists none of the pool's tasks (a wrong
+    /// `POOL_GROUP`): a busy user whose mark is fresh keeps its worker, pass
+    /// after pass.
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_mark_whose_task_no_listing_has_keeps_its_worker() {
+        let bus = MemoryPoolBus::new();
+        let launcher = ScriptedLauncher::with(vec![]);
+        busy_user(&bus, "u1", "t1").await;
+        for _ in 0..3 {
+            let outcome = pass(&bus, &launcher).await;
+            still_served(&bus, "u1", "t1", &outcome).await;
+            // The worker's heartbeat: the mark stays fresh.
+            tokio::time::advance(HEARTBEAT).await;
+            refresh(&bus, "u1", "t1", &mark("u1", "t1"), MARK_TTL).await;
+        }
+    }
+
+    /// Guard: the mark's own TTL. A worker configured with a 10 s mark TTL
+    /// (1 s heartbeat) under a supervisor configured with 30 s: its fresh
+    /// mark's 10 s would be below 30 − 2 × 5 s, as if unrefreshed for 20 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_mark_with_a_shorter_ttl_than_the_supervisors_is_judged_by_its_own() {
+        let bus = MemoryPoolBus::new();
+        let launcher = ScriptedLauncher::with(vec![]);
+        bus.put_credentials("u1", "blob").await.unwrap();
+        bus.push_request("u1", "r1").await.unwrap();
+        let own = MarkTiming {
+            ttl: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(1),
+        };
+        let value = timed_mark("u1", "t1", 1, Some(own));
+        claim(&bus, "u1", "t1", &value, own.ttl).await;
+        let outcome = pass(&bus, &launcher).await;
+        still_served(&bus, "u1", "t1", &outcome).await;
+        assert!(outcome.unconfirmed.is_empty(), "not even a suspect");
+    }
+
+    /// Guard: the confirmed task set. The first listing misses the holder's
+    /// task (an eventually consistent listing), the second has it: a worker
+    /// whose mark is late but whose task runs is not displaced.
+    #[tokio::test(start_paused = true)]
+    async fn a_task_only_the_first_listing_misses_is_not_dead() {
+        let bus = MemoryPoolBus::new();
+        let launcher = ScriptedLauncher::with(vec![]);
+        busy_user(&bus, "u1", "t1").await;
+        tokio::time::advance(UNREFRESHED_AFTER).await;
+        let running = launcher.running.clone();
+        launcher.after_list(1, move || {
+            Box::pin(async move {
+                running.lock().unwrap().push(RunningTask {
+                    task_id: "t1".into(),
+                    started_at: 0,
+                    user_id: None,
+                });
+            })
+        });
+        let outcome = pass(&bus, &launcher).await;
+        still_served(&bus, "u1", "t1", &outcome).await;
+        assert_eq!(outcome.unconfirmed, ["u1"]);
+    }
+
+    /// Guard: the second look waits a heartbeat and a half. The holder's
+    /// heartbeat was late (its mark looks unrefreshed) and lands one
+    /// heartbeat later; the listing misses its task throughout.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_heartbeat_within_the_second_look_keeps_the_worker() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let launcher = ScriptedLauncher::with(vec![]);
+        busy_user(&bus, "u1", "t1").await;
+        tokio::time::advance(UNREFRESHED_AFTER).await;
+        let late = bus.clone();
+        let heartbeat = tokio::spawn(async move {
+            tokio::time::sleep(HEARTBEAT).await;
+            refresh(
+                &late,
+                "u1",
+                "t1",
+                &timed_mark("u1", "t1", 2, None),
+                MARK_TTL,
+            )
+            .await;
+        });
+        let outcome = pass(&bus, &launcher).await;
+        heartbeat.await.unwrap();
+        still_served(&bus, "u1", "t1", &outcome).await;
+        assert_eq!(outcome.unconfirmed, ["u1"]);
+    }
+
+    /// Guard: the second look waits for the mark's own heartbeat. The holder
+    /// beats every 10 s and its beat is late; it lands 5 s after the first
+    /// look (a supervisor going by its own 1 s would look again after 1.5 s,
+    /// before it).
+    #[tokio::test(start_paused = true)]
+    async fn the_second_look_waits_for_the_marks_own_heartbeat() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let launcher = ScriptedLauncher::with(vec![]);
+        bus.put_credentials("u1", "blob").await.unwrap();
+        bus.push_request("u1", "r1").await.unwrap();
+        let own = MarkTiming {
+            ttl: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
+        };
+        claim(
+            &bus,
+            "u1",
+            "t1",
+            &timed_mark("u1", "t1", 1, Some(own)),
+            own.ttl,
+        )
+        .await;
+        // Remaining TTL 9 s: below 30 − 2 × 10 s, a beat is overdue.
+        tokio::time::advance(Duration::from_secs(21)).await;
+        let late = bus.clone();
+        let heartbeat = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let value = timed_mark("u1", "t1", 2, Some(own));
+            refresh(&late, "u1", "t1", &value, own.ttl).await;
+        });
+        let config = SuperviseConfig {
+            fallback: MarkTiming {
+                ttl: MARK_TTL,
+                heartbeat: Duration::from_secs(1),
+            },
+            ..CONFIG
+        };
+        let outcome = supervise(bus.as_ref(), &launcher, &config, &RecordingSink::new())
+            .await
+            .unwrap();
+        heartbeat.await.unwrap();
+        still_served(&bus, "u1", "t1", &outcome).await;
+    }
+
+    /// Guard: an unchanged mark in both looks. A worker writing marks that
+    /// do not carry their timing, with a 10 s TTL, under a supervisor that
+    /// assumes 30 s: its fresh mark looks unrefreshed at every look, but it
+    /// changes between the looks, so its writer is alive.
+    #[tokio::test(start_paused = true)]
+    async fn an_old_style_mark_rewritten_between_the_looks_is_alive() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let launcher = ScriptedLauncher::with(vec![]);
+        bus.put_credentials("u1", "blob").await.unwrap();
+        bus.push_request("u1", "r1").await.unwrap();
+        let ttl = Duration::from_secs(10);
+        claim(&bus, "u1", "t1", &timed_mark("u1", "t1", 0, None), ttl).await;
+        let beating = bus.clone();
+        let heartbeat = tokio::spawn(async move {
+            for beat in 1..=10 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let value = timed_mark("u1", "t1", beat, None);
+                refresh(&beating, "u1", "t1", &value, ttl).await;
+            }
+        });
+        let outcome = pass(&bus, &launcher).await;
+        heartbeat.abort();
+        still_served(&bus, "u1", "t1", &outcome).await;
+        assert_eq!(outcome.unconfirmed, ["u1"]);
+    }
+
+    /// Guard: compare-and-delete. The holder refreshes right after the
+    /// second look read the marks: the release finds another value and
+    /// leaves it.
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_after_the_second_look_keeps_the_mark() {
+        let bus = Arc::new(MemoryPoolBus::new());
+        let launcher = ScriptedLauncher::with(vec![]);
+        busy_user(&bus, "u1", "t1").await;
+        tokio::time::advance(UNREFRESHED_AFTER).await;
+        let hooked = bus.clone();
+        bus.after_read(SnapshotRead::Marks, 2, move || {
+            Box::pin(async move {
+                let value = timed_mark("u1", "t1", 2, None);
+                refresh(&hooked, "u1", "t1", &value, MARK_TTL).await;
+            })
+        });
+        let outcome = pass(&bus, &launcher).await;
+        still_served(&bus, "u1", "t1", &outcome).await;
+        assert_eq!(outcome.unconfirmed, ["u1"]);
+    }
+
+    /// Guard: the safety valve. Three of four marks look dead at once (their
+    /// workers lost Redis together, and the listing misses their tasks):
+    /// supervision releases none and says why.
+    #[tokio::test(start_paused = true)]
+    async fn many_dead_looking_holders_at_once_hold_the_pass() {
+        let bus = MemoryPoolBus::new();
+        let launcher = ScriptedLauncher::with(vec![]);
+        for n in 1..=3 {
+            busy_user(&bus, &format!("u{n}"), &format!("t{n}")).await;
+        }
+        tokio::time::advance(UNREFRESHED_AFTER).await;
+        busy_user(&bus, "u4", "t4").await;
+        let outcome = pass(&bus, &launcher).await;
+        let reason = outcome.held.clone().expect("held");
+        assert!(reason.contains("3 of 4 marks"), "{reason}");
+        for n in 1..=3 {
+            assert!(bus.user_is_active(&format!("u{n}")).await.unwrap());
+        }
+        assert!(outcome.reserved.is_empty(), "{outcome:?}");
+        assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.unwrap(), 0);
+    }
+
+    /// Guard: a listing that fails is no listing. The launcher cannot list
+    /// (ECS `DescribeTasks` failures): the pass fails and releases nothing,
+    /// rather than take the holder's task for gone.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_listing_fails_the_pass_and_releases_nothing() {
+        let bus = MemoryPoolBus::new();
+        let launcher = ScriptedLauncher::with(vec![]);
+        busy_user(&bus, "u1", "t1").await;
+        tokio::time::advance(UNREFRESHED_AFTER).await;
+        // The first look's listing fails in one pass, the second look's in
+        // the next (lists 2 and 3).
+        for failing in [1, 3] {
+            launcher.fail_list(failing);
+            let failed = supervise(&bus, &launcher, &CONFIG, &RecordingSink::new()).await;
+            assert!(
+                matches!(failed, Err(PoolError::Launch(LaunchError::List(_)))),
+                "list {failing}: {failed:?}"
+            );
+            assert!(bus.user_is_active("u1").await.unwrap());
+            assert_eq!(bus.list_len(keys::POOL_CLAIMS).await.unwrap(), 0);
+        }
+    }
+
+    #[test]
+    fn a_mark_is_unrefreshed_below_its_ttl_less_two_heartbeats() {
+        let timing = MarkTiming {
+            ttl: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(5),
+        };
+        assert!(timing.refreshed(20_000));
+        assert!(!timing.refreshed(19_999));
+        // A writer beating no faster than its mark lives is never judged by it.
+        let odd = MarkTiming {
+            ttl: Duration::from_secs(2),
+            heartbeat: Duration::from_secs(5),
+        };
+        assert!(odd.refreshed(0));
+        // A mark claiming absurd timing neither overflows nor stalls a look.
+        let absurd = MarkTiming {
+            ttl: Duration::from_millis(u64::MAX),
+            heartbeat: Duration::from_millis(u64::MAX),
+        };
+        assert!(absurd.refreshed(0));
+        assert_eq!(absurd.second_look(), maintenance::MAX_SECOND_LOOK);
     }
 }
