@@ -178,6 +178,8 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         heartbeat_at: now - 3_000,
         started_at: now - 600_000,
         sidecar_url: None,
+        ttl_ms: None,
+        heartbeat_interval_ms: None,
     };
     let claimed = MarkValue {
         worker_id: "pool-3".into(),
@@ -186,6 +188,8 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         heartbeat_at: now - 2_000,
         started_at: now - 900_000,
         sidecar_url: None,
+        ttl_ms: None,
+        heartbeat_interval_ms: None,
     };
     let mut found: BTreeMap<OrphanKind, u64> = OrphanKind::ALL.iter().map(|k| (*k, 0)).collect();
     found.insert(OrphanKind::OrphanMark, 1);

@@ -131,6 +131,8 @@ async fn the_dashboard_finds_200_sidecars_from_presence_records_and_broker_metad
         heartbeat_at: now as u64,
         started_at: now as u64,
         sidecar_url,
+        ttl_ms: None,
+        heartbeat_interval_ms: None,
     };
     for i in 0..IDLE_BROKERS {
         let worker = format!("idle-{i:03}");

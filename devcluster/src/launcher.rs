@@ -89,6 +89,7 @@ impl TaskLauncher for InProcessLauncher {
                 health_check: Duration::from_secs(30),
                 connect: ConnectPolicy::default(),
                 queue_max: leasehold_broker::worker::DEFAULT_QUEUE_MAX,
+                bounds: leasehold_broker::worker::RequestBounds::DEFAULT,
                 metadata: WorkerMetadata {
                     task_arn: task_id.clone(),
                     instance_id: "dev".into(),

@@ -34,6 +34,7 @@ fn config(worker_id: String, user_id: Option<String>) -> BrokerWorkerConfig {
         health_check: Duration::from_secs(60),
         connect: ConnectPolicy::default(),
         queue_max: leasehold_broker::worker::DEFAULT_QUEUE_MAX,
+        bounds: leasehold_broker::worker::RequestBounds::DEFAULT,
         metadata: WorkerMetadata {
             task_arn: "bench".into(),
             instance_id: "bench".into(),

@@ -689,3 +689,197 @@ fn on_ecs_a_failed_task_arn_lookup_ends_the_worker() {
     );
     assert!(!output.contains("started"), "never ran: {output}");
 }
+
+/// Waits until `request_id`'s record says `state` (the worker reached it).
+async fn wait_record_state(pool: &mut Pool, request_id: &str, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now: Option<String> = pool
+            .redis
+            .hget(keys::request_record(request_id), "state")
+            .await
+            .unwrap();
+        if now.as_deref() == Some(state) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{request_id} never reached {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A worker frozen mid-order (SIGSTOP) whose user is served elsewhere in the
+/// meantime: when it wakes (SIGCONT) its late "not executed" cannot replace
+/// the successor's answer, and the ledger holds the order once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_displaced_mid_order_cannot_overwrite_its_successors_answer() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(14).await else {
+        return;
+    };
+    let (user, envs) = pool.user_with_credentials();
+    // The victim's broker is slow and fails every order it sends: if its
+    // answer landed, it would say `broker`, not executed.
+    let mut victim_envs = envs.clone();
+    victim_envs.push(("PAPER_LATENCY_MS".into(), "1500".into()));
+    victim_envs.push(("PAPER_FAILURE_RATE".into(), "1".into()));
+    let mut victim = spawn_leasehold("victim", &["broker-worker"], &victim_envs);
+    let victim_mark = pool.wait_mark(&keys::worker_active(&user)).await;
+    let request_id = unique_name("r");
+    pool.push_order(&user, &request_id).await;
+    wait_record_state(&mut pool, &request_id, "executing").await;
+    victim.signal("STOP");
+
+    // Its mark expires (5 s); a successor is started for the user and settles
+    // the order by lookup: absent, so it places it once and answers `ok`.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let marked: bool = pool.redis.exists(keys::worker_active(&user)).await.unwrap();
+        if !marked {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the paused worker's mark never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
+    let response = pool
+        .wait_response(&request_id, Duration::from_secs(30), Some(&successor))
+        .await;
+    let parsed: Value = serde_json::from_str(&response).unwrap();
+    assert_eq!(parsed["status"], "ok", "{parsed}");
+    assert_eq!(parsed["user_id"], user.as_str());
+    let holder = pool.wait_mark(&keys::worker_active(&user)).await;
+    assert_ne!(holder.worker_id, victim_mark.worker_id);
+
+    victim.signal("CONT");
+    // The victim finds another holder and stops; whatever it tried meanwhile
+    // left the successor's answer alone.
+    let exit = victim.wait_exit(Duration::from_secs(20));
+    assert!(exit.success(), "{exit}\n{}", victim.output());
+    let after: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    assert_eq!(
+        after.as_deref(),
+        Some(response.as_str()),
+        "{}",
+        victim.output()
+    );
+    let stored: Option<String> = pool
+        .redis
+        .hget(keys::request_record(&request_id), "response")
+        .await
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some(response.as_str()));
+    let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
+    assert_eq!(ledger, 1, "executed once");
+    successor.signal("TERM");
+    assert!(successor.wait_exit(Duration::from_secs(5)).success());
+}
+
+/// u2 pushes a request under u1's request id: dead-lettered with
+/// `foreign_request_id`, nothing executed for u2, u1's response unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_request_id_is_dead_lettered_and_the_first_answer_stays() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(15).await else {
+        return;
+    };
+    let (u1, u1_envs) = pool.user_with_credentials();
+    let (u2, u2_envs) = pool.user_with_credentials();
+    let mut w1 = spawn_leasehold("w1", &["broker-worker"], &u1_envs);
+    let mut w2 = spawn_leasehold("w2", &["broker-worker"], &u2_envs);
+    pool.wait_mark(&keys::worker_active(&u1)).await;
+    pool.wait_mark(&keys::worker_active(&u2)).await;
+    let request_id = unique_name("r");
+    pool.push_order(&u1, &request_id).await;
+    let first = pool
+        .wait_response(&request_id, Duration::from_secs(10), Some(&w1))
+        .await;
+    let record_before: std::collections::HashMap<String, String> = pool
+        .redis
+        .hgetall(keys::request_record(&request_id))
+        .await
+        .unwrap();
+    pool.push_order(&u2, &request_id).await;
+    let dead_key = keys::dead_letter(&keys::user_requests(&u2));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        let dead = pool.list(&dead_key).await;
+        if !dead.is_empty() {
+            break dead;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never dead-lettered\n{}",
+            w2.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let letter: Value = serde_json::from_str(&dead[0]).unwrap();
+    assert_eq!(letter["reason"], "foreign_request_id", "{letter}");
+    let response: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    assert_eq!(response.as_deref(), Some(first.as_str()));
+    let record_after: std::collections::HashMap<String, String> = pool
+        .redis
+        .hgetall(keys::request_record(&request_id))
+        .await
+        .unwrap();
+    assert_eq!(record_after, record_before);
+    let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
+    assert_eq!(ledger, 1, "nothing executed for u2");
+    assert!(pool.list(&keys::user_processing(&u2)).await.is_empty());
+    // u2's own requests are still served.
+    assert_eq!(pool.round_trip(&u2).await["status"], "ok");
+    for worker in [&mut w1, &mut w2] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(5)).success());
+    }
+}
+
+/// A 2 MiB request is answered `too_large` without being parsed or executed
+/// (`REQUEST_MAX_BYTES` 64 KiB by default), and the next one is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_mebibyte_request_is_answered_too_large_and_the_next_is_served() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(1).await else {
+        return;
+    };
+    let (user, envs) = pool.user_with_credentials();
+    let mut worker = spawn_leasehold("worker", &["broker-worker"], &envs);
+    pool.wait_mark(&keys::worker_active(&user)).await;
+    let request_id = unique_name("big");
+    // The id first: the worker reads it from the first 4 KiB only.
+    let huge = format!(
+        r#"{{"request_id": "{request_id}", "action": "place_order",
+            "account": {{"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"}},
+            "order": {{"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}},
+            "note": "{}"}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let _: () = pool
+        .redis
+        .lpush(keys::user_requests(&user), &huge)
+        .await
+        .unwrap();
+    let response = pool
+        .wait_response(&request_id, Duration::from_secs(10), Some(&worker))
+        .await;
+    let parsed: Value = serde_json::from_str(&response).unwrap();
+    assert_eq!(parsed["error_code"], "too_large", "{parsed}");
+    let dead = pool
+        .list(&keys::dead_letter(&keys::user_requests(&user)))
+        .await;
+    assert_eq!(dead.len(), 1);
+    let letter: Value = serde_json::from_str(&dead[0]).unwrap();
+    assert_eq!(letter["length"], huge.len() as u64);
+    assert!(dead[0].len() < 8 * 1024, "kept truncated");
+    let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
+    assert_eq!(ledger, 0, "not executed");
+    assert_eq!(pool.round_trip(&user).await["status"], "ok");
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(5)).success());
+}

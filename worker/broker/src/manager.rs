@@ -217,6 +217,8 @@ mod tests {
             heartbeat_at: 1,
             started_at,
             sidecar_url: None,
+            ttl_ms: None,
+            heartbeat_interval_ms: None,
         };
         assert!(
             bus.set_pool_mark(worker, &mark.to_json(), Duration::from_secs(30))

@@ -18,7 +18,7 @@ use crate::credentials::{AesGcmCipher, Keyring, KmsEnvelope};
 use crate::launcher::EcsSettings;
 use crate::maintenance::SweepConfig;
 use crate::paper::PaperConfig;
-use crate::worker::{BrokerWorkerConfig, DEFAULT_QUEUE_MAX, WorkerMetadata};
+use crate::worker::{BrokerWorkerConfig, DEFAULT_QUEUE_MAX, RequestBounds, WorkerMetadata};
 
 /// One of the ECS launch types.
 const LAUNCH_TYPE: Parser<String> = Parser {
@@ -217,6 +217,20 @@ pub const USER_QUEUE_MAX: Setting<u64> = Setting::new(
     Fallback::Value(|| DEFAULT_QUEUE_MAX),
     "Most requests a user's queue may hold: each time the worker takes a request, the newest beyond this are answered `overloaded` (not executed).",
 );
+/// The `REQUEST_MAX_BYTES` variable.
+pub const REQUEST_MAX_BYTES: Setting<usize> = Setting::new(
+    "REQUEST_MAX_BYTES",
+    parse::SIZE,
+    Fallback::Value(|| RequestBounds::DEFAULT.max_bytes),
+    "Longest request (and control message, and claim) a worker takes, in bytes: a longer one is answered `too_large` without being parsed (not executed) and dead-lettered truncated to 4 KiB with its length.",
+);
+/// The `REQUEST_MAX_DELIVERIES` variable.
+pub const REQUEST_MAX_DELIVERIES: Setting<u32> = Setting::new(
+    "REQUEST_MAX_DELIVERIES",
+    parse::ATTEMPTS,
+    Fallback::Value(|| RequestBounds::DEFAULT.max_deliveries),
+    "Most workers that may take one request without a final answer (each stopped by it): the next looks the order up and answers from the broker's record, or `poison` (not executed), and the request leaves the queue.",
+);
 /// The `PAPER_LATENCY_MS` variable.
 pub const PAPER_LATENCY_MS: Setting<Duration> = Setting::new(
     "PAPER_LATENCY_MS",
@@ -309,6 +323,8 @@ pub const ALL: &[&dyn Documented] = &[
     &BROKER_LOOKUP_TIMEOUT_MS,
     &BROKER_PING_TIMEOUT_MS,
     &USER_QUEUE_MAX,
+    &REQUEST_MAX_BYTES,
+    &REQUEST_MAX_DELIVERIES,
     &PAPER_LATENCY_MS,
     &PAPER_FAILURE_RATE,
     &PAPER_HANG_RATE,
@@ -447,6 +463,10 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
             },
         },
         queue_max: env.get(&USER_QUEUE_MAX),
+        bounds: RequestBounds {
+            max_bytes: env.get(&REQUEST_MAX_BYTES),
+            max_deliveries: env.get(&REQUEST_MAX_DELIVERIES),
+        },
         metadata: WorkerMetadata {
             task_arn: task_id,
             instance_id: leasehold_control::settings::default_owner_id(),
@@ -574,6 +594,7 @@ mod tests {
         assert_eq!(timeouts.lookup, Duration::from_secs(5));
         assert_eq!(timeouts.ping, Duration::from_secs(5));
         assert_eq!(settings.worker.queue_max, 1_000);
+        assert_eq!(settings.worker.bounds, RequestBounds::DEFAULT);
     }
 
     #[test]

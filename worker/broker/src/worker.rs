@@ -67,6 +67,31 @@ pub async fn requeue_dead_claims(bus: &dyn PoolBus) -> Result<u64, BusError> {
 /// paper broker's pace, and far more than an API should ever queue for one user.
 pub const DEFAULT_QUEUE_MAX: u64 = 1_000;
 
+/// What a worker takes from a user's lists (`REQUEST_MAX_BYTES`,
+/// `REQUEST_MAX_DELIVERIES`): a message that would stop every worker that
+/// takes it must end after a few, answered, instead of wedging the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestBounds {
+    /// Longest message taken whole, in bytes.
+    pub max_bytes: usize,
+    /// Most workers that take one request without a final answer.
+    pub max_deliveries: u32,
+}
+
+impl RequestBounds {
+    /// 64 KiB (an order is a few hundred bytes) and three workers.
+    pub const DEFAULT: RequestBounds = RequestBounds {
+        max_bytes: 65_536,
+        max_deliveries: 3,
+    };
+}
+
+impl Default for RequestBounds {
+    fn default() -> Self {
+        RequestBounds::DEFAULT
+    }
+}
+
 /// A broker worker's settings.
 #[derive(Debug, Clone)]
 pub struct BrokerWorkerConfig {
@@ -91,6 +116,8 @@ pub struct BrokerWorkerConfig {
     /// Most requests a user's queue may hold; the newest beyond it are
     /// answered `overloaded` (`USER_QUEUE_MAX`).
     pub queue_max: u64,
+    /// Size and delivery bounds of what the worker takes.
+    pub bounds: RequestBounds,
     /// For the metadata hash.
     pub metadata: WorkerMetadata,
 }
@@ -111,6 +138,7 @@ impl BrokerWorkerConfig {
             health_check: Duration::from_secs(60),
             connect: ConnectPolicy::default(),
             queue_max: DEFAULT_QUEUE_MAX,
+            bounds: RequestBounds::DEFAULT,
             metadata: WorkerMetadata {
                 task_arn: format!("task-{worker_id}"),
                 instance_id: "test-host".into(),
@@ -186,6 +214,44 @@ struct Claimed {
     credentials: Credentials,
 }
 
+/// The holder deadline: how long this worker may still act on its mark.
+/// Refreshed by each heartbeat Redis confirmed, from the moment it was sent
+/// (the mark's TTL ran from some time after that). Once heartbeats have
+/// failed for `mark TTL − heartbeat interval` the mark may have expired and
+/// the user may be served elsewhere: the worker places no more orders until a
+/// heartbeat is confirmed again.
+#[derive(Debug)]
+struct Holder {
+    confirmed: std::sync::Mutex<Instant>,
+    grace: Duration,
+}
+
+impl Holder {
+    /// A holder whose mark was written at `claimed_at`.
+    fn new(claimed_at: Instant, mark_ttl: Duration, heartbeat: Duration) -> Self {
+        Holder {
+            confirmed: std::sync::Mutex::new(claimed_at),
+            // A heartbeat longer than the TTL is refused by the settings; the
+            // floor keeps a zero grace from stopping every order.
+            grace: mark_ttl
+                .saturating_sub(heartbeat)
+                .max(Duration::from_millis(1)),
+        }
+    }
+
+    /// A heartbeat sent at `sent_at` was confirmed.
+    fn confirmed(&self, sent_at: Instant) {
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        *confirmed = (*confirmed).max(sent_at);
+    }
+
+    /// Whether the mark is surely still this worker's at `now`.
+    fn may_act(&self, now: Instant) -> bool {
+        let confirmed = *self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        now.saturating_duration_since(confirmed) < self.grace
+    }
+}
+
 enum Handled {
     Continue,
     Exit(WorkerExit),
@@ -198,6 +264,11 @@ const RETRY: Backoff = Backoff {
     base: Duration::from_millis(100),
     cap: Duration::from_secs(5),
 };
+
+/// A duration as whole milliseconds, saturating.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
 
 fn now_ms() -> u64 {
     u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0)
@@ -252,6 +323,8 @@ impl BrokerWorker {
             heartbeat_at: now_ms(),
             started_at: self.config.metadata.launched_at,
             sidecar_url: self.config.metadata.sidecar_url.clone(),
+            ttl_ms: Some(millis(self.config.mark_ttl)),
+            heartbeat_interval_ms: Some(millis(self.config.heartbeat)),
         }
     }
 
@@ -277,7 +350,13 @@ impl BrokerWorker {
         };
         let user_id = claimed.user_id.clone();
         let lost = CancellationToken::new();
-        let heartbeat = AbortOnDrop(self.spawn_user_heartbeat(&user_id, lost.clone()));
+        let holder = Arc::new(Holder::new(
+            Instant::now(),
+            self.config.mark_ttl,
+            self.config.heartbeat,
+        ));
+        let heartbeat =
+            AbortOnDrop(self.spawn_user_heartbeat(&user_id, lost.clone(), holder.clone()));
         let stop = CancellationToken::new();
         let forward = {
             let (stop, shutdown, lost) = (stop.clone(), shutdown.clone(), lost.clone());
@@ -296,7 +375,7 @@ impl BrokerWorker {
             self.telemetry.clone(),
         );
         let outcome = self
-            .serve(claimed, &mut cache, &stop, &shutdown, &lost)
+            .serve(claimed, &holder, &mut cache, &stop, &shutdown, &lost)
             .await;
         forward.stop().await;
         heartbeat.stop().await;
@@ -483,6 +562,25 @@ impl BrokerWorker {
     /// Parses and decrypts a claim; a bad one is dead-lettered with a
     /// `failed` outcome (when its claim id is readable) and `None` returned.
     async fn check_claim(&mut self, raw: &[u8]) -> Option<(ClaimMessage, Credentials)> {
+        if raw.len() > self.config.bounds.max_bytes {
+            // Never parsed: the claim id, if plain, is read from the head.
+            let head = &raw[..raw.len().min(protocol::DEAD_LETTER_HEAD_BYTES)];
+            let claim_id = protocol::sniff_id(head, "claim_id");
+            tracing::warn!(
+                length = raw.len(),
+                max = self.config.bounds.max_bytes,
+                "a claim over REQUEST_MAX_BYTES is dead-lettered unparsed"
+            );
+            self.reject_claim(
+                raw,
+                claim_id.as_deref(),
+                None,
+                ClaimResult::Invalid,
+                protocol::dead_reason::TOO_LARGE,
+            )
+            .await;
+            return None;
+        }
         let body = String::from_utf8_lossy(raw);
         let claim = match protocol::parse_claim(&body) {
             Ok(claim) => claim,
@@ -651,6 +749,7 @@ impl BrokerWorker {
         &self,
         user_id: &str,
         lost: CancellationToken,
+        holder: Arc<Holder>,
     ) -> tokio::task::JoinHandle<()> {
         let bus = self.bus.clone();
         let user_id = user_id.to_owned();
@@ -663,6 +762,7 @@ impl BrokerWorker {
             ticks.tick().await; // the claim just wrote the mark
             loop {
                 ticks.tick().await;
+                let sent_at = Instant::now();
                 let mark = MarkValue {
                     heartbeat_at: now_ms(),
                     ..template.clone()
@@ -678,7 +778,7 @@ impl BrokerWorker {
                     })
                     .await;
                 match refreshed {
-                    Ok(true) => {}
+                    Ok(true) => holder.confirmed(sent_at),
                     Ok(false) => {
                         tracing::warn!(user_id, "another worker holds this user's mark; stopping");
                         lost.cancel();

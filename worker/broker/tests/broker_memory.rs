@@ -192,6 +192,19 @@ async fn serve_u1() -> Served {
 /// `queued` requests were pushed.
 async fn serve(user: &str, tune: impl FnOnce(&mut BrokerWorkerConfig), queued: &[&str]) -> Served {
     let bus = Arc::new(MemoryPoolBus::new());
+    serve_on(bus, user, "w1", PaperConfig::default(), tune, queued).await
+}
+
+/// [`serve`] on a given bus, as worker `worker_id`, with a paper broker of
+/// its own configured by `paper` (the ledger is the bus's, shared).
+async fn serve_on(
+    bus: Arc<MemoryPoolBus>,
+    user: &str,
+    worker_id: &str,
+    paper: PaperConfig,
+    tune: impl FnOnce(&mut BrokerWorkerConfig),
+    queued: &[&str],
+) -> Served {
     let key = AesGcmCipher::generate_key();
     let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
     let blob = cipher
@@ -203,13 +216,14 @@ async fn serve(user: &str, tune: impl FnOnce(&mut BrokerWorkerConfig), queued: &
             .await
             .unwrap();
     }
-    let broker = PaperBroker::new(PaperConfig::default(), bus.clone());
+    let broker = PaperBroker::new(paper, bus.clone());
     let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
         "paper".to_owned(),
         Arc::new(broker.clone()) as Arc<dyn Broker>,
     )]);
     let telemetry = RecordingSink::new();
-    let mut config = BrokerWorkerConfig::for_tests("w1", Some(user), Duration::from_millis(100));
+    let mut config =
+        BrokerWorkerConfig::for_tests(worker_id, Some(user), Duration::from_millis(100));
     tune(&mut config);
     let worker = BrokerWorker::new(
         config,
@@ -597,4 +611,246 @@ async fn an_unknown_claim_outcome_is_resolved_from_the_mark() {
     );
     shutdown.cancel();
     running.await.unwrap().unwrap();
+}
+
+/// A request id reused by another user: that user's worker dead-letters it
+/// (`foreign_request_id`), executes nothing and leaves the first user's record
+/// and response as they were; responses name their user.
+#[tokio::test(start_paused = true)]
+async fn a_request_id_of_another_user_is_dead_lettered_never_answered() {
+    let u1 = serve_u1().await;
+    let first = u1.ask("r1").await;
+    assert_eq!(first["status"], "ok", "{first}");
+    assert_eq!(first["user_id"], "u1", "a response names its user");
+    let record_before = u1
+        .bus
+        .hash_get_all(&keys::request_record("r1"))
+        .await
+        .unwrap();
+    let u2 = serve_on(
+        u1.bus.clone(),
+        "u2",
+        "w2",
+        PaperConfig::default(),
+        |_| {},
+        &[],
+    )
+    .await;
+    u2.bus
+        .push_request("u2", &request_body("r1", "A1"))
+        .await
+        .unwrap();
+    let dead = keys::dead_letter(&keys::user_requests("u2"));
+    while u2.bus.list_len(&dead).await.unwrap() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let letter: serde_json::Value =
+        serde_json::from_str(&u2.bus.list_items(&dead).await.unwrap()[0]).unwrap();
+    assert_eq!(letter["reason"], "foreign_request_id");
+    assert_eq!(u2.results("r1"), [RequestResult::Invalid]);
+    assert_eq!(
+        u2.bus
+            .hash_get_all(&keys::request_record("r1"))
+            .await
+            .unwrap(),
+        record_before
+    );
+    assert_eq!(u2.response("r1").await, first, "u1's response is untouched");
+    assert_eq!(u1.ledger_len().await, 1, "nothing executed for u2");
+    assert_eq!(
+        u2.bus.list_len(&keys::user_processing("u2")).await.unwrap(),
+        0
+    );
+    u2.stop().await;
+    u1.stop().await;
+}
+
+/// A request over `REQUEST_MAX_BYTES` is answered `too_large` from its head,
+/// never parsed or executed, dead-lettered truncated with its length; the
+/// next request is served.
+#[tokio::test(start_paused = true)]
+async fn a_request_over_the_size_bound_is_answered_too_large_unparsed() {
+    let served = serve("u1", |config| config.bounds.max_bytes = 1_024, &[]).await;
+    // The id first, as the worker reads it from the first 4 KiB only (a
+    // JSON map serialised by serde_json would put it last).
+    let huge = format!(
+        r#"{{"request_id": "big", "action": "place_order",
+            "account": {{"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"}},
+            "order": {{"symbol": "2330{}", "side": "buy", "quantity": 1}}}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    assert!(huge.len() > 2 * 1024 * 1024);
+    served.bus.push_request("u1", &huge).await.unwrap();
+    let response = served.response("big").await;
+    assert_eq!(response["error_code"], "too_large", "{response}");
+    assert_eq!(response["user_id"], "u1");
+    let dead = served
+        .bus
+        .list_items(&keys::dead_letter(&keys::user_requests("u1")))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].len() < 8 * 1024,
+        "kept truncated: {} bytes",
+        dead[0].len()
+    );
+    let letter: serde_json::Value = serde_json::from_str(&dead[0]).unwrap();
+    assert_eq!(letter["reason"], "too_large");
+    assert_eq!(letter["length"], huge.len() as u64);
+    assert_eq!(served.results("big"), [RequestResult::Invalid]);
+    assert_eq!(served.ask("r2").await["status"], "ok");
+    assert_eq!(served.ledger_len().await, 1, "only r2 executed");
+    served.stop().await;
+}
+
+/// A request three workers took without a final answer (each stopped by it)
+/// is settled by the fourth without placing it: looked up, absent, `poison`.
+#[tokio::test(start_paused = true)]
+async fn a_request_taken_too_often_is_settled_as_poison_never_placed() {
+    let bus = Arc::new(MemoryPoolBus::new());
+    bus.push_request("u1", &request_body("p1", "A1"))
+        .await
+        .unwrap();
+    for (round, crashed) in ["c1", "c2", "c3"].iter().enumerate() {
+        let mark = leasehold_pool::protocol::MarkValue {
+            worker_id: (*crashed).into(),
+            task_id: format!("task-{crashed}"),
+            user_id: "u1".into(),
+            heartbeat_at: 1,
+            started_at: 1,
+            sidecar_url: None,
+            ttl_ms: None,
+            heartbeat_interval_ms: None,
+        }
+        .to_json();
+        let metadata = leasehold_pool::bus::WorkerMetadata {
+            task_arn: format!("task-{crashed}"),
+            instance_id: "h".into(),
+            launched_at: 1,
+            sidecar_url: None,
+        };
+        let write = leasehold_pool::bus::MarkWrite {
+            user_id: "u1",
+            worker_id: crashed,
+            value: &mark,
+            ttl: Duration::from_secs(30),
+            metadata: &metadata,
+        };
+        assert!(bus.claim_user(&write).await.unwrap());
+        let begun = bus.begin_request("p1", "u1", crashed, 1).await.unwrap();
+        assert!(
+            !matches!(begun, leasehold_pool::bus::Begun::NotHolder),
+            "round {round}: {begun:?}"
+        );
+        // It dies with the request in processing, executing.
+        bus.release_user_mark("u1", crashed).await.unwrap();
+    }
+    let served = serve_on(bus, "u1", "w1", PaperConfig::default(), |_| {}, &["p1"]).await;
+    let response = served.response("p1").await;
+    assert_eq!(response["error_code"], "poison", "{response}");
+    assert_eq!(served.ledger_len().await, 0, "never placed");
+    assert_eq!(
+        served
+            .bus
+            .hash_get_all(&keys::request_record("p1"))
+            .await
+            .unwrap()["deliveries"],
+        "4"
+    );
+    assert_eq!(served.ask("r2").await["status"], "ok", "the queue moves on");
+    served.stop().await;
+}
+
+/// A record lost in a failover: the repeated client order id is looked up
+/// and answered from the broker's record, not `duplicate`, and not placed twice.
+#[tokio::test(start_paused = true)]
+async fn a_repeated_client_order_id_is_looked_up_after_a_lost_record() {
+    let served = serve_u1().await;
+    let first = served.ask("r1").await;
+    assert_eq!(first["status"], "ok", "{first}");
+    served
+        .bus
+        .delete_keys(&[keys::request_record("r1"), keys::response("r1")])
+        .await
+        .unwrap();
+    let again = served.ask("r1").await;
+    assert_eq!(again["status"], "ok", "{again}");
+    assert_eq!(
+        again["result"]["broker_order_id"],
+        first["result"]["broker_order_id"]
+    );
+    assert_eq!(served.ledger_len().await, 1, "executed once");
+    served.stop().await;
+}
+
+/// `expires_at` is checked again once the broker connection is ready: an
+/// order whose connect outlasted it is answered `expired`, never sent.
+/// (Real time: expiry is wall-clock, which a paused tokio clock does not move.)
+#[tokio::test]
+async fn an_order_that_expires_while_connecting_is_not_sent() {
+    let paper = PaperConfig {
+        latency: Duration::from_millis(600),
+        ..PaperConfig::default()
+    };
+    let served = serve_on(
+        Arc::new(MemoryPoolBus::new()),
+        "u1",
+        "w1",
+        paper,
+        |_| {},
+        &[],
+    )
+    .await;
+    let now = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let mut body: serde_json::Value = serde_json::from_str(&request_body("e1", "A1")).unwrap();
+    body["expires_at"] = serde_json::json!(now + 300);
+    served
+        .bus
+        .push_request("u1", &body.to_string())
+        .await
+        .unwrap();
+    let response = served.response("e1").await;
+    assert_eq!(response["error_code"], "expired", "{response}");
+    assert_eq!(served.ledger_len().await, 0, "never sent");
+    served.stop().await;
+}
+
+/// Heartbeats that reach the bus but whose replies are lost: the mark stays
+/// fresh, but the worker cannot show it still holds the user, so past its
+/// holder deadline (mark TTL − heartbeat) it places nothing; once a
+/// heartbeat is confirmed again the order runs, once.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_cannot_confirm_its_mark_places_no_order() {
+    let served = serve_u1().await;
+    served.bus.lose_refresh_replies(u32::MAX);
+    // 2 s mark TTL, 100 ms heartbeat: the deadline passes after 1.9 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    served
+        .bus
+        .push_request("u1", &request_body("h1", "A1"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        served.ledger_len().await,
+        0,
+        "placed past the holder deadline"
+    );
+    assert_eq!(
+        served.bus.get(&keys::response("h1")).await.unwrap(),
+        None,
+        "nothing answered"
+    );
+    served.bus.lose_refresh_replies(0);
+    let response = served.response("h1").await;
+    assert_eq!(response["status"], "ok", "{response}");
+    assert_eq!(served.ledger_len().await, 1);
+    served.stop().await;
 }

@@ -8,6 +8,9 @@
 //!   never values.
 //! - [`bus`]: [`bus::PoolBus`], every atomic step on the shared state, with the
 //!   Redis and in-memory backends and one conformance suite.
+//! - [`settlement`]: the order path's decisions and the two bus rules (who may
+//!   begin a request, who may store its final answer), pure, for the serve
+//!   loop, both buses and the request model checker.
 //! - [`read`]: [`read::PoolReader`], the one read model (idle workers, claimed
 //!   users and their queues, the sweep report) for the dashboard and observer.
 //! - [`settings`]: where the pool lives (`REDIS_URL`).
@@ -17,3 +20,4 @@ pub mod keys;
 pub mod protocol;
 pub mod read;
 pub mod settings;
+pub mod settlement;

@@ -359,16 +359,15 @@ fn order(map: &Map<String, Value>) -> Result<Order, ParseError> {
             field: "order.quantity",
             problem: "must be a number greater than 0",
         })?;
-    let price =
-        match order.get("price") {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(value.as_f64().filter(|p| *p > 0.0).ok_or(
-                ParseError::BadField {
-                    field: "order.price",
-                    problem: "must be a number greater than 0",
-                },
-            )?),
-        };
+    let price = match order.get("price") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(value.as_f64().filter(|p| *p > 0.0 && p.is_finite()).ok_or(
+            ParseError::BadField {
+                field: "order.price",
+                problem: "must be a number greater than 0",
+            },
+        )?),
+    };
     Ok(Order {
         symbol: string(order, "symbol").map_err(|err| rename(err, "order.symbol"))?,
         side,
@@ -445,6 +444,32 @@ pub fn parse_request(text: &str) -> Result<Request, InvalidRequest> {
     parse().map_err(invalid(Some(request_id.clone())))
 }
 
+/// The `request_id` of a request too long to parse, read from its first
+/// bytes without parsing the body: the first `"request_id"` key followed by a
+/// plain JSON string (no escapes) that is a valid id. `None` when there is no
+/// such thing in `head`; the request is then only dead-lettered.
+pub fn sniff_request_id(head: &[u8]) -> Option<String> {
+    sniff_id(head, "request_id")
+}
+
+/// [`sniff_request_id`] for any id field (a claim's `claim_id`).
+pub fn sniff_id(head: &[u8], field: &str) -> Option<String> {
+    let text = String::from_utf8_lossy(head);
+    let key = format!("\"{field}\"");
+    let after = &text[text.find(&key)? + key.len()..];
+    let after = after.trim_start().strip_prefix(':')?.trim_start();
+    let value = after.strip_prefix('"')?;
+    let end = value.find('"')?;
+    let candidate = &value[..end];
+    let valid = !candidate.is_empty()
+        && candidate.len() <= 200
+        && !candidate.contains('\\')
+        && !candidate
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == char::REPLACEMENT_CHARACTER);
+    valid.then(|| candidate.to_owned())
+}
+
 /// Answer status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -456,7 +481,7 @@ pub enum Status {
 }
 
 /// Why a request failed, for programs (`error` is for people).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// Its `expires_at` passed before it ran; not executed.
@@ -477,6 +502,13 @@ pub enum ErrorCode {
     /// The broker already holds an order with this client order id (an earlier
     /// request with the same id whose record has expired); not executed again.
     Duplicate,
+    /// The request was longer than `REQUEST_MAX_BYTES`: answered without being
+    /// parsed; not executed.
+    TooLarge,
+    /// The request was taken `REQUEST_MAX_DELIVERIES` times without a final
+    /// answer (it stops every worker that takes it) and the broker holds no
+    /// order under its id: settled without running it again; not executed.
+    Poison,
 }
 
 impl ErrorCode {
@@ -490,6 +522,8 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::Duplicate => "duplicate",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::Poison => "poison",
         }
     }
 }
@@ -499,6 +533,12 @@ impl ErrorCode {
 pub struct Response {
     /// The request answered.
     pub request_id: String,
+    /// The user whose request this answers: request ids are chosen by the API,
+    /// so an API that reads `trading:response:{request_id}` checks it is its
+    /// own user's (docs/messages.md). Absent only on responses written before
+    /// it existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
     /// `ok` or `error`.
     pub status: Status,
     /// What the broker returned (on `ok`).
@@ -517,6 +557,7 @@ impl Response {
     pub fn ok(request_id: &str, result: Value) -> Self {
         Response {
             request_id: request_id.to_owned(),
+            user_id: None,
             status: Status::Ok,
             result: Some(result),
             error: None,
@@ -528,11 +569,18 @@ impl Response {
     pub fn error(request_id: &str, code: ErrorCode, error: impl Into<String>) -> Self {
         Response {
             request_id: request_id.to_owned(),
+            user_id: None,
             status: Status::Error,
             result: None,
             error: Some(error.into()),
             error_code: Some(code),
         }
+    }
+
+    /// The same answer, naming the user it belongs to.
+    pub fn for_user(mut self, user_id: &str) -> Self {
+        self.user_id = Some(user_id.to_owned());
+        self
     }
 
     /// The JSON body.
@@ -573,6 +621,10 @@ pub fn dead_letter(reason: &str, message: &str, at_unix_ms: u64) -> String {
 /// such a body keeps a readable `message` (invalid bytes replaced) and the
 /// exact bytes in `message_base64`, so nothing is lost.
 pub fn dead_letter_raw(reason: &str, message: &[u8], at_unix_ms: u64) -> String {
+    if reason == dead_reason::TOO_LARGE {
+        // Whatever step dead-letters an over-long message keeps its head only.
+        return dead_letter_truncated(reason, message, message.len() as u64, at_unix_ms);
+    }
     match std::str::from_utf8(message) {
         Ok(text) => dead_letter(reason, text, at_unix_ms),
         Err(_) => {
@@ -588,6 +640,36 @@ pub fn dead_letter_raw(reason: &str, message: &[u8], at_unix_ms: u64) -> String 
     }
 }
 
+/// Dead-letter reasons that programs match on exactly (the others are text
+/// for people, naming fields, never values).
+pub mod dead_reason {
+    /// A request whose id has a record of another user's request: nothing of
+    /// that request changes, nothing is executed, nothing is answered.
+    pub const FOREIGN_REQUEST_ID: &str = "foreign_request_id";
+    /// A message longer than `REQUEST_MAX_BYTES`, kept truncated to
+    /// [`super::DEAD_LETTER_HEAD_BYTES`] with its original `length`.
+    pub const TOO_LARGE: &str = "too_large";
+}
+
+/// How much of an over-long message a dead letter keeps: enough to see what
+/// it was, never enough to grow Redis by the message's size.
+pub const DEAD_LETTER_HEAD_BYTES: usize = 4096;
+
+/// [`dead_letter_raw`] for a message longer than the bound: `head` is its
+/// first bytes (at most [`DEAD_LETTER_HEAD_BYTES`]), `length` its full size;
+/// `truncated` says the message is not whole.
+pub fn dead_letter_truncated(reason: &str, head: &[u8], length: u64, at_unix_ms: u64) -> String {
+    let head = &head[..head.len().min(DEAD_LETTER_HEAD_BYTES)];
+    serde_json::json!({
+        "reason": reason,
+        "message": String::from_utf8_lossy(head),
+        "length": length,
+        "truncated": true,
+        "at": at_unix_ms,
+    })
+    .to_string()
+}
+
 /// The request record `trading:request:{request_id}` (a hash): its field names
 /// and `state` values, spelled once for both buses and their scripts.
 pub mod record {
@@ -601,6 +683,9 @@ pub mod record {
     pub const WORKER_ID: &str = "worker_id";
     /// When it began (unix ms).
     pub const STARTED_AT: &str = "started_at";
+    /// How many workers have taken it without a final answer (one per worker:
+    /// a worker retrying its own bus step does not count).
+    pub const DELIVERIES: &str = "deliveries";
     /// `state` before the broker call: the outcome is not known yet.
     pub const EXECUTING: &str = "executing";
     /// `state` once the final response is stored.
@@ -658,6 +743,15 @@ pub struct MarkValue {
     /// sidecars of idle pool workers. Absent when the worker has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidecar_url: Option<String>,
+    /// The TTL its writer gives the mark (ms): a sweeper or supervisor judges
+    /// the mark by its own TTL, not by its own setting, so a tool configured
+    /// with another `WORKER_MARK_TTL_SECONDS` never takes a fresh mark for a
+    /// dead one. Absent in marks written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// How often its writer refreshes the mark (ms); absent as `ttl_ms` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_ms: Option<u64>,
 }
 
 impl MarkValue {
@@ -679,6 +773,17 @@ mod tests {
     const REQUEST: &str = r#"{"request_id": "r1", "action": "place_order",
         "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A1"},
         "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}}"#;
+
+    #[test]
+    fn an_oversized_request_id_is_read_from_its_head_only_when_plain() {
+        let head = br#"{"action": "place_order", "request_id" : "r-77", "order": {"#;
+        assert_eq!(sniff_request_id(head).as_deref(), Some("r-77"));
+        assert_eq!(sniff_request_id(br#"{"request_id": "a\"b"}"#), None);
+        assert_eq!(sniff_request_id(br#"{"request_id": 7}"#), None);
+        assert_eq!(sniff_request_id(br#"{"request_id": "unterminated"#), None);
+        assert_eq!(sniff_request_id(br#"{"order": {}}"#), None);
+        assert_eq!(sniff_request_id(br#"{"request_id": "has space"}"#), None);
+    }
 
     #[test]
     fn the_design_request_parses() {

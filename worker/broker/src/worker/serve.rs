@@ -1,5 +1,7 @@
 //! The claimed loop: control messages first, then the user's requests oldest
-//! first, each with exactly one final response.
+//! first, each with exactly one final response. The decisions are
+//! `leasehold_pool::settlement`'s (pure, model-checked in
+//! `worker/pool/tests/request_model.rs`); this module performs each step.
 //!
 //! A request waits in the user's processing list until its final response is
 //! stored, which removes it in the same bus step: a worker that dies
@@ -9,28 +11,47 @@
 //! order id (= request id) and never sends it blindly again. A Redis error
 //! leaves the request where it is, to be retried after a jittered backoff.
 //!
-//! Every broker call is bounded ([`crate::connections::CallTimeouts`]). An
-//! order that times out is looked up by its client order id: found → answered
-//! from the broker's record; not found → `timeout` (not executed); the lookup
-//! failing too → `in_doubt`. A stopping worker does not wait for a broker
-//! call: it leaves the request `executing` in the processing list, and its
-//! successor settles it by lookup. A broker or account that fails answers
-//! that account's requests `broker`; the worker stays up.
+//! Only the mark holder acts: the bus refuses to begin a request or store a
+//! final answer for a worker that does not hold the user's mark (and, for
+//! the answer, that did not begin or take over the request), and a worker
+//! whose heartbeats have failed past its holder deadline sends no order. A
+//! displaced worker therefore cannot replace its successor's answer. A
+//! request id of another user's request is dead-lettered
+//! (`foreign_request_id`), never answered.
 //!
-//! Before each request the queue's length is checked against
+//! Every broker call is bounded ([`crate::connections::CallTimeouts`]), and an
+//! order call also by the time left before `expires_at` (checked again once
+//! the connection is ready). An order that may be at the broker — timed out,
+//! connection lost, client order id refused as used — is looked up by its
+//! client order id: found → answered from the broker's record; not found →
+//! `timeout` / `broker` / `in_doubt`; the lookup failing too → `in_doubt`. A
+//! stopping worker does not wait for a broker call: it leaves the request
+//! `executing` in the processing list, and its successor settles it by
+//! lookup. A broker or account that fails answers that account's requests
+//! `broker`; the worker stays up.
+//!
+//! Bounds: a message over `REQUEST_MAX_BYTES` arrives as its head only and is
+//! answered `too_large` unparsed; a request taken by more than
+//! `REQUEST_MAX_DELIVERIES` workers is settled by lookup, `poison` when
+//! absent. Before each request the queue's length is checked against
 //! `USER_QUEUE_MAX`: the newest requests beyond it are answered `overloaded`
 //! in the same bus step that takes them out of the queue, so none is lost.
 
-use leasehold_pool::bus::{Answer, AnswerMode, Begun, BusError, Shed, UserMessage};
+use std::time::Duration;
+
+use leasehold_pool::bus::{
+    Answer, AnswerMode, Answered, Begun, BusError, MessageKind, Oversized, Shed, UserMessage,
+};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::{self, Action, ControlMessage, ErrorCode, Request, Response};
+use leasehold_pool::settlement::{self, Final, Looked, Sent, Step};
 use leasehold_telemetry::{RequestResult, TelemetryEvent};
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BrokerWorker, Claimed, Due, Handled, RETRY, Schedule, WorkerError, WorkerExit, now_ms,
+    BrokerWorker, Claimed, Due, Handled, Holder, RETRY, Schedule, WorkerError, WorkerExit, now_ms,
 };
 use crate::connections::{ConnectError, ConnectionCache};
 use crate::paper::BrokerError;
@@ -41,6 +62,11 @@ enum Unfinished {
     Bus(BusError),
     /// The worker is stopping; its successor finishes the request.
     Stopped,
+    /// This worker cannot show it still holds the user (its heartbeats have
+    /// failed past the holder deadline, or the bus refused it as holder): it
+    /// places nothing and stores no answer until the heartbeat confirms the
+    /// mark again, or stops when another worker has it.
+    NotHolder,
 }
 
 /// What a request came to: its final response and how it is counted.
@@ -50,35 +76,25 @@ struct Outcome {
 }
 
 impl Outcome {
-    fn ok(request_id: &str, result: Value) -> Self {
-        Outcome {
-            response: Response::ok(request_id, result),
-            result: RequestResult::Ok,
-        }
-    }
-
-    fn error(request_id: &str, code: ErrorCode, error: impl Into<String>) -> Self {
-        Outcome {
-            response: Response::error(request_id, code, error),
-            result: match code {
-                ErrorCode::InDoubt => RequestResult::InDoubt,
-                ErrorCode::Expired => RequestResult::Expired,
-                ErrorCode::Timeout => RequestResult::Timeout,
-                ErrorCode::Overloaded => RequestResult::Overloaded,
-                _ => RequestResult::Error,
+    /// The response for a settled request of `user_id`.
+    fn of(request_id: &str, user_id: &str, answer: Final<Value>) -> Self {
+        match answer {
+            Final::Ok(result) => Outcome {
+                response: Response::ok(request_id, result).for_user(user_id),
+                result: RequestResult::Ok,
+            },
+            Final::Error(code, error) => Outcome {
+                response: Response::error(request_id, code, error).for_user(user_id),
+                result: match code {
+                    ErrorCode::InDoubt => RequestResult::InDoubt,
+                    ErrorCode::Expired => RequestResult::Expired,
+                    ErrorCode::Timeout => RequestResult::Timeout,
+                    ErrorCode::Overloaded => RequestResult::Overloaded,
+                    ErrorCode::Invalid | ErrorCode::TooLarge => RequestResult::Invalid,
+                    _ => RequestResult::Error,
+                },
             },
         }
-    }
-
-    fn in_doubt(request_id: &str, why: impl std::fmt::Display) -> Self {
-        Outcome::error(
-            request_id,
-            ErrorCode::InDoubt,
-            format!(
-                "{why}; the order may have been executed: look it up at the broker by its \
-                 client order id (the request id) before sending it again"
-            ),
-        )
     }
 }
 
@@ -100,6 +116,7 @@ impl BrokerWorker {
     pub(super) async fn serve(
         &mut self,
         mut claimed: Claimed,
+        holder: &Holder,
         cache: &mut ConnectionCache,
         stop: &CancellationToken,
         shutdown: &CancellationToken,
@@ -133,7 +150,10 @@ impl BrokerWorker {
                 }
                 Due::Wait(wait) => wait.min(self.config.block),
             };
-            let popped = self.bus.pop_user_message(&user_id, wait, stop).await;
+            let popped = self
+                .bus
+                .pop_user_message(&user_id, self.config.bounds.max_bytes, wait, stop)
+                .await;
             let message = match popped {
                 Ok(Some(message)) => message,
                 Ok(None) => continue,
@@ -151,12 +171,26 @@ impl BrokerWorker {
                     let body = String::from_utf8_lossy(&body);
                     self.control(&mut claimed, cache, &body).await
                 }
+                UserMessage::Oversized { kind, head, length } => {
+                    match self.oversized(&user_id, kind, &head, length, stop).await {
+                        Ok(()) => Handled::Continue,
+                        Err(_) => continue,
+                    }
+                }
                 UserMessage::Request(raw) => {
                     self.shed_excess(&user_id).await;
-                    match self.request(&claimed, cache, &raw, stop).await {
+                    match self.request(&claimed, holder, cache, &raw, stop).await {
                         Ok(handled) => handled,
                         Err(Unfinished::Bus(err)) => {
                             tracing::warn!(user_id, error = %err, "pool bus failed mid-request; the request stays in processing and is retried");
+                            pause(&mut retries, stop).await;
+                            continue;
+                        }
+                        Err(Unfinished::NotHolder) => {
+                            tracing::warn!(
+                                user_id,
+                                "cannot show this worker still holds the user; nothing placed or answered until a heartbeat confirms the mark (the request stays in processing)"
+                            );
                             pause(&mut retries, stop).await;
                             continue;
                         }
@@ -266,6 +300,7 @@ impl BrokerWorker {
                      the newest are answered at once; not executed"
                 ),
             )
+            .for_user(user_id)
             .to_json();
             let shed = Shed {
                 user_id,
@@ -307,10 +342,85 @@ impl BrokerWorker {
     }
 
     fn report_dead_letter(&self, user_id: &str, reason: &str) {
+        self.report_dead_letter_on(keys::user_requests(user_id), reason);
+    }
+
+    fn report_dead_letter_on(&self, queue: String, reason: &str) {
         self.telemetry.emit(TelemetryEvent::MessageDeadLettered {
-            queue: keys::user_requests(user_id),
+            queue,
             reason: reason.to_owned(),
         });
+    }
+
+    /// Ends a message over `REQUEST_MAX_BYTES` from its head alone: a request
+    /// with a readable id is answered `too_large` (unless the id has a
+    /// record), and either kind is dead-lettered truncated, with its length.
+    async fn oversized(
+        &self,
+        user_id: &str,
+        kind: MessageKind,
+        head: &[u8],
+        length: u64,
+        stop: &CancellationToken,
+    ) -> Result<(), Unfinished> {
+        let started = Instant::now();
+        let max = self.config.bounds.max_bytes;
+        let (queue, request_id) = match kind {
+            MessageKind::Request => (
+                keys::user_requests(user_id),
+                protocol::sniff_request_id(head),
+            ),
+            MessageKind::Control => (keys::worker_control(user_id), None),
+        };
+        let response = request_id.as_deref().map(|id| {
+            Response::error(
+                id,
+                ErrorCode::TooLarge,
+                format!(
+                    "the message is {length} bytes, over REQUEST_MAX_BYTES ({max}); \
+                     not parsed, not executed"
+                ),
+            )
+            .for_user(user_id)
+            .to_json()
+        });
+        tracing::warn!(
+            user_id,
+            queue,
+            length,
+            max,
+            "a message over REQUEST_MAX_BYTES is dead-lettered from its head, unparsed"
+        );
+        self.report_dead_letter_on(queue, protocol::dead_reason::TOO_LARGE);
+        let oversized = Oversized {
+            user_id,
+            head,
+            length,
+            kind,
+            answer: request_id.as_deref().zip(response.as_deref()),
+            at_unix_ms: now_ms(),
+        };
+        let mut retries = 0;
+        loop {
+            match self.bus.drop_oversized(&oversized).await {
+                Ok(_) => break,
+                Err(err) => {
+                    tracing::warn!(user_id, error = %err, "cannot dead-letter an over-long message; retrying");
+                }
+            }
+            if !pause(&mut retries, stop).await {
+                return Err(Unfinished::Stopped);
+            }
+        }
+        if kind == MessageKind::Request {
+            self.report(
+                user_id,
+                request_id.as_deref(),
+                RequestResult::Invalid,
+                started,
+            );
+        }
+        Ok(())
     }
 
     /// Stores a request's final step, retrying bus failures until it holds or
@@ -319,7 +429,7 @@ impl BrokerWorker {
         &self,
         answer: &Answer<'_>,
         stop: &CancellationToken,
-    ) -> Result<bool, Unfinished> {
+    ) -> Result<Answered, Unfinished> {
         let mut retries = 0;
         loop {
             match self.bus.answer_request(answer).await {
@@ -360,16 +470,19 @@ impl BrokerWorker {
     }
 
     /// Handles the oldest request in processing: exactly one final response,
-    /// at most one execution.
+    /// at most one execution. The decisions are `settlement`'s; this performs
+    /// them.
     async fn request(
         &mut self,
         claimed: &Claimed,
+        holder: &Holder,
         cache: &mut ConnectionCache,
         raw: &[u8],
         stop: &CancellationToken,
     ) -> Result<Handled, Unfinished> {
         let started = Instant::now();
         let user_id = claimed.user_id.as_str();
+        let worker_id = self.config.worker_id.clone();
         let Ok(text) = std::str::from_utf8(raw) else {
             self.drop_request(user_id, raw, "invalid request: not UTF-8", stop)
                 .await?;
@@ -389,36 +502,7 @@ impl BrokerWorker {
         let request = match parsed {
             Ok(request) => request,
             Err(invalid) => {
-                let reason = format!("invalid request: {}", invalid.error);
-                match invalid.request_id.as_deref() {
-                    None => self.drop_request(user_id, raw, &reason, stop).await?,
-                    Some(request_id) => {
-                        self.report_dead_letter(user_id, &reason);
-                        let response =
-                            Response::error(request_id, ErrorCode::Invalid, &reason).to_json();
-                        let answered = self
-                            .answer(
-                                &Answer {
-                                    user_id,
-                                    raw,
-                                    request_id,
-                                    response: &response,
-                                    // The id may be a real request's: never overwrite its answer.
-                                    mode: AnswerMode::FirstOnly,
-                                    dead_letter: Some((&reason, now_ms())),
-                                },
-                                stop,
-                            )
-                            .await?;
-                        if !answered {
-                            tracing::warn!(
-                                user_id,
-                                request_id,
-                                "an invalid message reuses a known request id; dead-lettered, the request's own response is kept"
-                            );
-                        }
-                    }
-                }
+                self.invalid(user_id, raw, &invalid, stop).await?;
                 self.report(
                     user_id,
                     invalid.request_id.as_deref(),
@@ -431,116 +515,151 @@ impl BrokerWorker {
         let request_id = request.request_id.as_str();
         let begun = self
             .bus
-            .begin_request(request_id, user_id, &self.config.worker_id, now_ms())
+            .begin_request(request_id, user_id, &worker_id, now_ms())
             .await
             .map_err(Unfinished::Bus)?;
-        let outcome = match begun {
-            Begun::Done { response } => {
-                tracing::info!(
-                    user_id,
-                    request_id,
-                    "repeated request id; answered with its stored response, not executed again"
-                );
-                let replay = Answer {
-                    user_id,
-                    raw,
-                    request_id,
-                    response: &response,
-                    mode: AnswerMode::Replay,
-                    dead_letter: None,
-                };
-                self.answer(&replay, stop).await?;
-                self.report(user_id, Some(request_id), RequestResult::Duplicate, started);
-                return Ok(Handled::Continue);
-            }
-            Begun::Executing { user_id: owner, .. } if owner != user_id => {
-                // Another user's request holds this id; answering would
-                // overwrite that request's response.
-                self.drop_request(
-                    user_id,
-                    raw,
-                    "request id is in use by another user's request; not executed",
-                    stop,
-                )
-                .await?;
-                self.report(user_id, Some(request_id), RequestResult::Duplicate, started);
-                return Ok(Handled::Continue);
-            }
-            Begun::Executing { worker_id, .. } => {
-                tracing::warn!(
-                    user_id,
-                    request_id,
-                    began_by = worker_id,
-                    "request found executing; settling it with the broker by client order id"
-                );
-                until_stopped(self.settle(&request, claimed, cache), stop).await?
-            }
-            Begun::Started => {
-                until_stopped(self.execute(&request, claimed, cache, false), stop).await?
-            }
+        if let Begun::Executing {
+            worker_id: began_by,
+            deliveries,
+            ..
+        } = &begun
+        {
+            tracing::warn!(
+                user_id,
+                request_id,
+                began_by,
+                deliveries,
+                "request found executing; settling it with the broker by client order id"
+            );
+        }
+        let mut step = settlement::after_begin(&begun, user_id, self.config.bounds.max_deliveries);
+        let answer = loop {
+            step = match step {
+                Step::Stop => return Err(Unfinished::NotHolder),
+                Step::Answer(answer) => break answer,
+                Step::Replay(response) => {
+                    tracing::info!(
+                        user_id,
+                        request_id,
+                        "repeated request id; answered with its stored response, not executed again"
+                    );
+                    let replay = Answer {
+                        user_id,
+                        worker_id: &worker_id,
+                        raw,
+                        request_id,
+                        response: &response,
+                        mode: AnswerMode::Replay,
+                        dead_letter: None,
+                    };
+                    self.answer(&replay, stop).await?;
+                    self.report(user_id, Some(request_id), RequestResult::Duplicate, started);
+                    return Ok(Handled::Continue);
+                }
+                Step::DeadLetter(reason) => {
+                    // Another user's request holds this id: answering would
+                    // overwrite or leak that request's response.
+                    tracing::warn!(
+                        user_id,
+                        request_id,
+                        reason,
+                        "request id belongs to another user's request; dead-lettered, not executed, not answered"
+                    );
+                    self.drop_request(user_id, raw, reason, stop).await?;
+                    self.report(user_id, Some(request_id), RequestResult::Invalid, started);
+                    return Ok(Handled::Continue);
+                }
+                Step::LookUp(why) => {
+                    let looked = until_stopped(self.lookup(&request, claimed, cache), stop).await?;
+                    settlement::after_lookup(why, looked)
+                }
+                Step::Place => {
+                    until_stopped(self.place(&request, claimed, holder, cache), stop).await??
+                }
+            };
         };
+        let outcome = Outcome::of(request_id, user_id, answer);
         let response = outcome.response.to_json();
         let done = Answer {
             user_id,
+            worker_id: &worker_id,
             raw,
             request_id,
             response: &response,
             mode: AnswerMode::Final,
             dead_letter: None,
         };
-        self.answer(&done, stop).await?;
+        if self.answer(&done, stop).await? == Answered::Fenced {
+            // Displaced: the holder settles this request, by lookup.
+            return Err(Unfinished::NotHolder);
+        }
         self.report(user_id, Some(request_id), outcome.result, started);
         Ok(Handled::Continue)
     }
 
-    /// A request found `executing`: whatever began it may have sent the order,
-    /// so the broker is asked first; only an order it does not hold is sent.
-    async fn settle(
-        &mut self,
-        request: &Request,
-        claimed: &Claimed,
-        cache: &mut ConnectionCache,
-    ) -> Outcome {
-        match self.lookup(request, claimed, cache).await {
-            Ok(Some(order)) => {
-                tracing::info!(
-                    request_id = request.request_id,
-                    "the broker holds the order; answered from its record"
-                );
-                Outcome::ok(&request.request_id, order)
-            }
-            Ok(None) => self.execute(request, claimed, cache, true).await,
-            Err(outcome) => outcome,
+    /// A request that does not parse: answered `invalid` when its id is
+    /// readable and has no record yet, dead-lettered either way.
+    async fn invalid(
+        &self,
+        user_id: &str,
+        raw: &[u8],
+        invalid: &protocol::InvalidRequest,
+        stop: &CancellationToken,
+    ) -> Result<(), Unfinished> {
+        let reason = format!("invalid request: {}", invalid.error);
+        let Some(request_id) = invalid.request_id.as_deref() else {
+            return self.drop_request(user_id, raw, &reason, stop).await;
+        };
+        self.report_dead_letter(user_id, &reason);
+        let response = Response::error(request_id, ErrorCode::Invalid, &reason)
+            .for_user(user_id)
+            .to_json();
+        let answered = self
+            .answer(
+                &Answer {
+                    user_id,
+                    worker_id: &self.config.worker_id,
+                    raw,
+                    request_id,
+                    response: &response,
+                    // The id may be a real request's: never overwrite its answer.
+                    mode: AnswerMode::FirstOnly,
+                    dead_letter: Some((&reason, now_ms())),
+                },
+                stop,
+            )
+            .await?;
+        if answered == Answered::Kept {
+            tracing::warn!(
+                user_id,
+                request_id,
+                "an invalid message reuses a known request id; dead-lettered, the request's own response is kept"
+            );
         }
+        Ok(())
     }
 
     /// Asks the broker for the order under the request's client order id.
-    /// `Err` is the in-doubt answer: the broker could not tell.
     async fn lookup(
         &mut self,
         request: &Request,
         claimed: &Claimed,
         cache: &mut ConnectionCache,
-    ) -> Result<Option<Value>, Outcome> {
-        let id = &request.request_id;
+    ) -> Looked<Value> {
         let timeout = cache.timeouts().lookup;
         let connection = match cache.get(&request.account, &claimed.credentials).await {
             Ok(connection) => connection,
-            Err(err) => {
-                return Err(Outcome::in_doubt(
-                    id,
-                    format!("cannot reach the broker: {err}"),
-                ));
-            }
+            Err(err) => return Looked::Failed(format!("cannot reach the broker: {err}")),
         };
-        let looked_up = tokio::time::timeout(timeout, connection.lookup_order(id))
+        let looked_up = tokio::time::timeout(timeout, connection.lookup_order(&request.request_id))
             .await
             .unwrap_or(Err(BrokerError::TimedOut {
                 call: "lookup_order",
                 after: timeout,
             }));
         match looked_up {
-            Ok(found) => Ok(found),
+            Ok(Some(order)) => Looked::Found(order),
+            Ok(None) => Looked::Absent,
             Err(err) => {
                 if matches!(
                     err,
@@ -548,103 +667,78 @@ impl BrokerWorker {
                 ) {
                     cache.invalidate(&request.account).await;
                 }
-                Err(Outcome::in_doubt(
-                    id,
-                    format!("the broker could not tell: {err}"),
-                ))
+                Looked::Failed(err.to_string())
             }
         }
     }
 
-    /// Sends the order once. `settling`: a lookup just found no such order.
-    async fn execute(
+    /// Sends the order once: only before `expires_at` (checked again once
+    /// the connection is ready, the call bounded by the time left) and only
+    /// within the holder deadline.
+    async fn place(
         &mut self,
         request: &Request,
         claimed: &Claimed,
+        holder: &Holder,
         cache: &mut ConnectionCache,
-        settling: bool,
-    ) -> Outcome {
+    ) -> Result<Step<Value>, Unfinished> {
         let id = &request.request_id;
-        if request.is_expired(now_ms()) {
-            return Outcome::error(
-                id,
-                ErrorCode::Expired,
-                "expires_at passed before the request ran; not executed",
-            );
+        let order_timeout = cache.timeouts().order;
+        let order_timeout_ms = u64::try_from(order_timeout.as_millis()).unwrap_or(u64::MAX);
+        // Before connecting too: an expired request needs no connection.
+        if let Err(instead) =
+            settlement::send_budget(request.expires_at, now_ms(), order_timeout_ms)
+        {
+            return Ok(instead);
         }
         let Action::PlaceOrder(order) = &request.action;
-        let timeout = cache.timeouts().order;
         let connection = match cache.get(&request.account, &claimed.credentials).await {
             Ok(connection) => connection,
             Err(ConnectError::UnknownBroker(name)) => {
-                return Outcome::error(id, ErrorCode::Invalid, format!("unknown broker {name:?}"));
+                return Ok(settlement::after_send(Sent::NotSent(
+                    ErrorCode::Invalid,
+                    format!("unknown broker {name:?}"),
+                )));
             }
             // This account only: the worker goes on serving the others.
             Err(err) => {
-                return Outcome::error(id, ErrorCode::Broker, format!("{err}; not executed"));
+                return Ok(settlement::after_send(Sent::NotSent(
+                    ErrorCode::Broker,
+                    err.to_string(),
+                )));
             }
         };
-        let placed = tokio::time::timeout(timeout, connection.place_order(id, order))
+        // A connect can take many seconds: the deadline is checked again now.
+        let budget = match settlement::send_budget(request.expires_at, now_ms(), order_timeout_ms) {
+            Ok(budget) => Duration::from_millis(budget),
+            Err(instead) => return Ok(instead),
+        };
+        if !holder.may_act(Instant::now()) {
+            return Err(Unfinished::NotHolder);
+        }
+        let placed = tokio::time::timeout(budget, connection.place_order(id, order))
             .await
             .unwrap_or(Err(BrokerError::TimedOut {
                 call: "place_order",
-                after: timeout,
+                after: budget,
             }));
-        match placed {
-            Ok(result) => Outcome::ok(id, result),
+        let sent = match placed {
+            Ok(result) => Sent::Placed(result),
             Err(err @ BrokerError::TimedOut { .. }) => {
-                // The order may be at the broker: ask by client order id on a
-                // fresh connection (this one is suspect), never resend.
+                // The order may be at the broker; the lookup goes over a
+                // fresh connection (this one is suspect), never a resend.
                 tracing::warn!(request_id = id, error = %err, "order timed out; looking it up by client order id");
                 cache.invalidate(&request.account).await;
-                match self.lookup(request, claimed, cache).await {
-                    Ok(Some(order)) => Outcome::ok(id, order),
-                    Ok(None) => Outcome::error(
-                        id,
-                        ErrorCode::Timeout,
-                        format!(
-                            "{err}; asked afterwards by client order id, the broker holds no such order: not executed"
-                        ),
-                    ),
-                    Err(outcome) => outcome,
-                }
+                Sent::TimedOut(err.to_string())
             }
-            Err(BrokerError::DuplicateClientOrderId(_)) if settling => {
-                // Placed between the lookup and now (whoever began it was
-                // still running): the broker's record is the answer.
-                match self.lookup(request, claimed, cache).await {
-                    Ok(Some(order)) => Outcome::ok(id, order),
-                    Ok(None) => Outcome::in_doubt(
-                        id,
-                        "the broker refused the client order id as used but holds no such order",
-                    ),
-                    Err(outcome) => outcome,
-                }
-            }
-            Err(BrokerError::DuplicateClientOrderId(_)) => Outcome::error(
-                id,
-                ErrorCode::Duplicate,
-                "the broker already holds an order with this client order id (the request id, \
-                 used by an earlier request whose record has expired); not executed again",
-            ),
+            Err(BrokerError::DuplicateClientOrderId(_)) => Sent::Duplicate,
             Err(BrokerError::Connection(problem)) => {
-                // The order may have reached the broker before the connection
-                // broke: ask, never guess and never resend.
                 cache.invalidate(&request.account).await;
-                match self.lookup(request, claimed, cache).await {
-                    Ok(Some(order)) => Outcome::ok(id, order),
-                    Ok(None) => Outcome::error(
-                        id,
-                        ErrorCode::Broker,
-                        format!(
-                            "broker connection lost: {problem}; the broker holds no such order: not executed"
-                        ),
-                    ),
-                    Err(outcome) => outcome,
-                }
+                Sent::ConnectionLost(problem)
             }
-            Err(err) => Outcome::error(id, ErrorCode::Broker, err.to_string()),
-        }
+            Err(err) => Sent::Refused(err.to_string()),
+        };
+        Ok(settlement::after_send(sent))
     }
 }
 

@@ -15,10 +15,11 @@ use tokio_util::sync::CancellationToken;
 use super::memory::MemoryPoolBus;
 use super::redis::RedisPoolBus;
 use super::{
-    Answer, AnswerMode, Begun, BusError, ClaimSettle, DEAD_LETTER_MAX, DEAD_LETTER_TTL,
-    LedgerWrite, MarkWrite, PoolBus, SHED_BATCH, Settled, Shed, Take, UserMessage, WorkerMetadata,
+    Answer, AnswerMode, Answered, Begun, BusError, ClaimSettle, DEAD_LETTER_MAX, DEAD_LETTER_TTL,
+    LedgerWrite, MarkWrite, MessageKind, Oversized, PoolBus, SHED_BATCH, Settled, Shed, Take,
+    UserMessage, WorkerMetadata,
 };
-use crate::protocol::{MarkValue, record};
+use crate::protocol::{self, MarkValue, record};
 
 /// A bus under test.
 #[async_trait]
@@ -91,6 +92,8 @@ fn mark_value(user_id: &str, worker_id: &str, heartbeat_at: u64) -> String {
         heartbeat_at,
         started_at: 7,
         sidecar_url: None,
+        ttl_ms: None,
+        heartbeat_interval_ms: None,
     }
     .to_json()
 }
@@ -349,10 +352,28 @@ pub async fn marks_expire_with_their_ttl(target: &dyn BusTarget) {
     );
 }
 
+/// The size bound the conformance pops use (the worker's default).
+const MAX_BYTES: usize = 65_536;
+
 async fn pop_user(bus: &dyn PoolBus, user: &str) -> Option<UserMessage> {
-    bus.pop_user_message(user, Duration::from_secs(1), &CancellationToken::new())
-        .await
-        .expect("pop")
+    bus.pop_user_message(
+        user,
+        MAX_BYTES,
+        Duration::from_secs(1),
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("pop")
+}
+
+/// The worker the request tests answer as.
+const ANSWERING: &str = "w1";
+
+/// Makes `worker` the user's mark holder (if no one else is).
+async fn hold(bus: &dyn PoolBus, user: &str, worker: &str) -> Writer {
+    let writer = Writer::new(user, worker);
+    claim(bus, &writer).await;
+    writer
 }
 
 fn request(body: &str) -> Option<UserMessage> {
@@ -363,7 +384,8 @@ fn control(body: &str) -> Option<UserMessage> {
     Some(UserMessage::Control(body.as_bytes().to_vec()))
 }
 
-/// Ends a request the way a worker does once it answered it.
+/// Ends a request the way a worker does once it answered it: a final answer
+/// from the mark holder that began it. `true` when stored.
 async fn answer(
     bus: &dyn PoolBus,
     user: &str,
@@ -371,8 +393,23 @@ async fn answer(
     request_id: &str,
     mode: AnswerMode,
 ) -> bool {
+    if mode == AnswerMode::Final {
+        hold(bus, user, ANSWERING).await;
+        let begun = bus
+            .begin_request(request_id, user, ANSWERING, 1)
+            .await
+            .expect("begin");
+        assert!(
+            matches!(
+                begun,
+                Begun::Started | Begun::Executing { .. } | Begun::Done { .. }
+            ),
+            "{begun:?}"
+        );
+    }
     bus.answer_request(&Answer {
         user_id: user,
+        worker_id: ANSWERING,
         raw: raw.as_bytes(),
         request_id,
         response: &format!(r#"{{"request_id":"{request_id}","status":"ok"}}"#),
@@ -381,6 +418,7 @@ async fn answer(
     })
     .await
     .expect("answer")
+        == Answered::Stored
 }
 
 /// Requests are served oldest first (LPUSH, then `LMOVE`/`BLMOVE … RIGHT
@@ -908,7 +946,9 @@ async fn settling_claims(bus: &dyn PoolBus) {
         bus.get(&outcome_key).await.expect("get"),
         Some(claimed.clone())
     );
-    // Another worker with the same claim: refused, outcome failed, its pool mark kept.
+    // Another worker with the same claim (re-queued after a failover lost the
+    // first step's removal): refused, its pool mark kept, and the claim keeps
+    // the `claimed` of the worker that serves the user.
     let refused_by_loser =
         crate::protocol::ClaimOutcome::failed(&loser.worker_id, "user already served").to_json();
     let settle = ClaimSettle {
@@ -930,6 +970,27 @@ async fn settling_claims(bus: &dyn PoolBus) {
     );
     assert_eq!(
         bus.get(&outcome_key).await.expect("get"),
+        Some(claimed.clone()),
+        "a second settle of one claim never turns `claimed` into `failed`"
+    );
+    // A new claim for the served user: refused, outcome failed.
+    file_claim(bus, &loser.worker_id, "body-2").await;
+    let second_id = unique_name("c");
+    let second = ClaimSettle {
+        raw: b"body-2",
+        claim_id: &second_id,
+        ..settle
+    };
+    assert_eq!(
+        bus.settle_claim(&loser.mark(), &second)
+            .await
+            .expect("settle"),
+        Settled::Refused
+    );
+    assert_eq!(
+        bus.get(&keys::claim_outcome(&second_id))
+            .await
+            .expect("get"),
         Some(refused_by_loser)
     );
     // An unusable claim: dead-lettered and answered `failed` in one step.
@@ -1045,7 +1106,12 @@ pub async fn blocking_pop_times_out(target: &dyn BusTarget) {
     let user = unique_name("u");
     let started = Instant::now();
     let popped = bus
-        .pop_user_message(&user, Duration::from_millis(300), &CancellationToken::new())
+        .pop_user_message(
+            &user,
+            MAX_BYTES,
+            Duration::from_millis(300),
+            &CancellationToken::new(),
+        )
         .await
         .expect("pop");
     let waited = started.elapsed();
@@ -1065,7 +1131,12 @@ pub async fn blocking_pop_wakes_on_push(target: &dyn BusTarget) {
         let (bus, user) = (bus.clone(), user.clone());
         tokio::spawn(async move {
             let popped = bus
-                .pop_user_message(&user, Duration::from_secs(20), &CancellationToken::new())
+                .pop_user_message(
+                    &user,
+                    MAX_BYTES,
+                    Duration::from_secs(20),
+                    &CancellationToken::new(),
+                )
                 .await;
             (popped, Instant::now())
         })
@@ -1106,8 +1177,13 @@ pub async fn blocking_pop_wakes_on_push(target: &dyn BusTarget) {
                 )
                 .await
             );
-            bus.pop_user_message(&user, Duration::from_secs(20), &CancellationToken::new())
-                .await
+            bus.pop_user_message(
+                &user,
+                MAX_BYTES,
+                Duration::from_secs(20),
+                &CancellationToken::new(),
+            )
+            .await
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1135,7 +1211,7 @@ pub async fn interrupt_ends_a_blocked_pop(target: &dyn BusTarget) {
     let pop = {
         let (bus, user, interrupt) = (bus.clone(), user.clone(), interrupt.clone());
         tokio::spawn(async move {
-            bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
+            bus.pop_user_message(&user, MAX_BYTES, Duration::from_secs(30), &interrupt)
                 .await
         })
     };
@@ -1157,7 +1233,7 @@ pub async fn interrupt_ends_a_blocked_pop(target: &dyn BusTarget) {
 
     let started = Instant::now();
     assert_eq!(
-        bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
+        bus.pop_user_message(&user, MAX_BYTES, Duration::from_secs(30), &interrupt)
             .await
             .expect("pop"),
         request("r1"),
@@ -1174,7 +1250,7 @@ pub async fn interrupt_ends_a_blocked_pop(target: &dyn BusTarget) {
         .await
     );
     assert_eq!(
-        bus.pop_user_message(&user, Duration::from_secs(30), &interrupt)
+        bus.pop_user_message(&user, MAX_BYTES, Duration::from_secs(30), &interrupt)
             .await
             .expect("pop"),
         None
@@ -1192,6 +1268,7 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
     let user = unique_name("u");
     let id = unique_name("r");
     let record_key = keys::request_record(&id);
+    hold(bus.as_ref(), &user, "w1").await;
     assert_eq!(
         bus.begin_request(&id, &user, "w1", 5).await.expect("begin"),
         Begun::Started
@@ -1210,18 +1287,23 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
         stored.get(record::STARTED_AT).map(String::as_str),
         Some("5")
     );
+    assert_eq!(
+        stored.get(record::DELIVERIES).map(String::as_str),
+        Some("1")
+    );
     let ttl = bus.ttl_ms(&record_key).await.expect("pttl");
     assert!(
         matches!(ttl, Some(86_300_000..=86_400_000)),
         "record TTL {ttl:?}"
     );
     assert_eq!(
-        bus.begin_request(&id, &user, "w2", 6).await.expect("begin"),
+        bus.begin_request(&id, &user, "w1", 6).await.expect("begin"),
         Begun::Executing {
             user_id: user.clone(),
-            worker_id: "w1".into()
+            worker_id: "w1".into(),
+            deliveries: 1,
         },
-        "a second begin changes nothing"
+        "the same worker beginning again changes nothing"
     );
 
     bus.push_request(&user, "body-1").await.expect("push");
@@ -1247,28 +1329,22 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
         0
     );
     assert_eq!(
-        bus.begin_request(&id, &user, "w2", 7).await.expect("begin"),
+        bus.begin_request(&id, &user, "w1", 7).await.expect("begin"),
         Begun::Done {
+            user_id: user.clone(),
             response: response.clone()
         }
+    );
+    assert!(
+        answer(bus.as_ref(), &user, "body-1", &id, AnswerMode::Final).await,
+        "a final answer repeated after a lost reply is already stored"
     );
 
     // A repeated id: its stored response is written again.
     bus.delete_keys(&[keys::response(&id)]).await.expect("del");
     bus.push_request(&user, "body-1").await.expect("push");
     assert_eq!(pop_user(bus.as_ref(), &user).await, request("body-1"));
-    assert!(
-        bus.answer_request(&Answer {
-            user_id: &user,
-            raw: b"body-1",
-            request_id: &id,
-            response: &response,
-            mode: AnswerMode::Replay,
-            dead_letter: None,
-        })
-        .await
-        .expect("replay")
-    );
+    assert!(answer(bus.as_ref(), &user, "body-1", &id, AnswerMode::Replay).await);
     assert_eq!(
         bus.get(&keys::response(&id)).await.expect("get"),
         Some(response.clone())
@@ -1280,6 +1356,7 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
     let answered = bus
         .answer_request(&Answer {
             user_id: &user,
+            worker_id: "w1",
             raw: b"bad-1",
             request_id: &id,
             response: r#"{"status":"error"}"#,
@@ -1288,7 +1365,7 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
         })
         .await
         .expect("first only");
-    assert!(!answered);
+    assert_eq!(answered, Answered::Kept);
     assert_eq!(
         bus.get(&keys::response(&id)).await.expect("get"),
         Some(response.clone())
@@ -1315,17 +1392,307 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
         "processing is empty"
     );
 
-    // First-only on a fresh id answers and records it.
+    // First-only on a fresh id answers and records it, as this user's.
     let fresh = unique_name("r");
     bus.push_request(&user, "bad-2").await.expect("push");
     assert_eq!(pop_user(bus.as_ref(), &user).await, request("bad-2"));
     assert!(answer(bus.as_ref(), &user, "bad-2", &fresh, AnswerMode::FirstOnly).await);
-    assert!(matches!(
+    assert_eq!(
         bus.begin_request(&fresh, &user, "w1", 8)
             .await
             .expect("begin"),
-        Begun::Done { .. }
+        Begun::Done {
+            user_id: user.clone(),
+            response: format!(r#"{{"request_id":"{fresh}","status":"ok"}}"#),
+        }
+    );
+}
+
+/// Only the worker holding the user's mark begins a request; a successor
+/// takes an `executing` record over and counts a delivery; another user's
+/// record is reported, never taken over.
+pub async fn only_the_mark_holder_begins_a_request(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let id = unique_name("r");
+    assert_eq!(
+        bus.begin_request(&id, &user, "w1", 1).await.expect("begin"),
+        Begun::NotHolder,
+        "no mark: no one holds the user"
+    );
+    assert!(
+        bus.hash_get_all(&keys::request_record(&id))
+            .await
+            .expect("hgetall")
+            .is_empty(),
+        "nothing written"
+    );
+    hold(bus.as_ref(), &user, "w1").await;
+    assert_eq!(
+        bus.begin_request(&id, &user, "w2", 1).await.expect("begin"),
+        Begun::NotHolder
+    );
+    assert_eq!(
+        bus.begin_request(&id, &user, "w1", 1).await.expect("begin"),
+        Begun::Started
+    );
+    // w1 is displaced; w2 holds the user now.
+    bus.release_user_mark(&user, "w1").await.expect("release");
+    hold(bus.as_ref(), &user, "w2").await;
+    assert_eq!(
+        bus.begin_request(&id, &user, "w2", 2).await.expect("begin"),
+        Begun::Executing {
+            user_id: user.clone(),
+            worker_id: "w1".into(),
+            deliveries: 2,
+        }
+    );
+    let stored = bus
+        .hash_get_all(&keys::request_record(&id))
+        .await
+        .expect("hgetall");
+    assert_eq!(
+        stored.get(record::WORKER_ID).map(String::as_str),
+        Some("w2")
+    );
+    assert_eq!(
+        stored.get(record::DELIVERIES).map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(
+        bus.begin_request(&id, &user, "w1", 3).await.expect("begin"),
+        Begun::NotHolder,
+        "the displaced worker cannot take it back"
+    );
+
+    // Another user's worker reusing the id learns whose it is, and changes nothing.
+    let other = unique_name("u");
+    hold(bus.as_ref(), &other, "w9").await;
+    assert_eq!(
+        bus.begin_request(&id, &other, "w9", 4)
+            .await
+            .expect("begin"),
+        Begun::Executing {
+            user_id: user.clone(),
+            worker_id: "w2".into(),
+            deliveries: 2,
+        }
+    );
+    let unchanged = bus
+        .hash_get_all(&keys::request_record(&id))
+        .await
+        .expect("hgetall");
+    assert_eq!(unchanged, stored);
+}
+
+/// A final answer is stored only by the worker that holds the user's mark
+/// and began (or took over) the request: a displaced worker's late answer
+/// writes nothing and leaves the entry in processing.
+pub async fn a_displaced_workers_final_answer_is_fenced(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let id = unique_name("r");
+    hold(bus.as_ref(), &user, "w1").await;
+    bus.push_request(&user, "order").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("order"));
+    assert_eq!(
+        bus.begin_request(&id, &user, "w1", 1).await.expect("begin"),
+        Begun::Started
+    );
+    let final_answer = |worker: &'static str, body: &'static str| Answer {
+        user_id: &user,
+        worker_id: worker,
+        raw: b"order",
+        request_id: &id,
+        response: body,
+        mode: AnswerMode::Final,
+        dead_letter: None,
+    };
+    // w1 is cut off; its mark expires and w2 serves the user.
+    bus.release_user_mark(&user, "w1").await.expect("release");
+    assert_eq!(
+        bus.answer_request(&final_answer("w1", "late"))
+            .await
+            .expect("answer"),
+        Answered::Fenced,
+        "no mark: the answer is refused"
+    );
+    hold(bus.as_ref(), &user, "w2").await;
+    assert!(matches!(
+        bus.begin_request(&id, &user, "w2", 2).await.expect("begin"),
+        Begun::Executing { .. }
     ));
+    assert_eq!(
+        bus.answer_request(&final_answer("w1", "late"))
+            .await
+            .expect("answer"),
+        Answered::Fenced,
+        "another worker's mark: refused"
+    );
+    assert_eq!(
+        bus.list_items(&keys::user_processing(&user))
+            .await
+            .expect("lrange"),
+        ["order"],
+        "a fenced answer leaves the entry for the holder"
+    );
+    assert_eq!(
+        bus.answer_request(&final_answer("w2", "successor"))
+            .await
+            .expect("answer"),
+        Answered::Stored
+    );
+    // w2 exits; w1 comes back and takes the absent mark again.
+    bus.release_user_mark(&user, "w2").await.expect("release");
+    hold(bus.as_ref(), &user, "w1").await;
+    assert_eq!(
+        bus.answer_request(&final_answer("w1", "late"))
+            .await
+            .expect("answer"),
+        Answered::Fenced,
+        "the record is the successor's: refused even to the holder"
+    );
+    assert_eq!(
+        bus.get(&keys::response(&id)).await.expect("get").as_deref(),
+        Some("successor")
+    );
+    assert_eq!(
+        bus.hash_get_all(&keys::request_record(&id))
+            .await
+            .expect("hgetall")
+            .get(record::RESPONSE)
+            .map(String::as_str),
+        Some("successor")
+    );
+    assert_eq!(
+        bus.list_len(&keys::user_processing(&user))
+            .await
+            .expect("llen"),
+        0
+    );
+}
+
+/// A message over the size bound is handed out as its head and length only,
+/// and ends by [`PoolBus::drop_oversized`]: out of processing only while it
+/// is still the tail, dead-lettered truncated with its length, a request
+/// with an id answered once (and recorded as its user's).
+pub async fn oversized_messages_are_ended_from_their_head(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let id = unique_name("r");
+    let big = format!(
+        r#"{{"request_id": "{id}", "padding": "{}"}}"#,
+        "x".repeat(protocol::DEAD_LETTER_HEAD_BYTES * 2)
+    );
+    bus.push_request(&user, &big).await.expect("push");
+    let popped = bus
+        .pop_user_message(
+            &user,
+            1_000,
+            Duration::from_secs(1),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("pop");
+    let Some(UserMessage::Oversized {
+        kind: MessageKind::Request,
+        head,
+        length,
+    }) = popped
+    else {
+        panic!("not handed out as oversized: {popped:?}");
+    };
+    assert_eq!(head.len(), protocol::DEAD_LETTER_HEAD_BYTES);
+    assert_eq!(length, big.len() as u64);
+    assert!(big.as_bytes().starts_with(&head));
+    let response = format!(r#"{{"request_id":"{id}","status":"error"}}"#);
+    let mut oversized = Oversized {
+        user_id: &user,
+        head: &head,
+        length,
+        kind: MessageKind::Request,
+        answer: Some((&id, &response)),
+        at_unix_ms: 9,
+    };
+    let wrong_length = Oversized {
+        length: length + 1,
+        ..oversized
+    };
+    assert!(
+        !bus.drop_oversized(&wrong_length).await.expect("drop"),
+        "not the tail it names: nothing written"
+    );
+    assert!(bus.drop_oversized(&oversized).await.expect("drop"));
+    assert_eq!(
+        bus.list_len(&keys::user_processing(&user))
+            .await
+            .expect("llen"),
+        0
+    );
+    assert_eq!(
+        bus.get(&keys::response(&id)).await.expect("get"),
+        Some(response.clone())
+    );
+    assert_eq!(
+        bus.hash_get_all(&keys::request_record(&id))
+            .await
+            .expect("hgetall")
+            .get(record::USER_ID),
+        Some(&user)
+    );
+    let dead = bus
+        .list_items(&keys::dead_letter(&keys::user_requests(&user)))
+        .await
+        .expect("lrange");
+    assert_eq!(dead.len(), 1);
+    let letter: serde_json::Value = serde_json::from_str(&dead[0]).expect("json");
+    assert_eq!(letter["reason"], "too_large");
+    assert_eq!(letter["length"], big.len() as u64);
+    assert_eq!(letter["truncated"], true);
+    assert!(
+        dead[0].len() < protocol::DEAD_LETTER_HEAD_BYTES * 2,
+        "kept truncated"
+    );
+    assert!(
+        !bus.drop_oversized(&oversized).await.expect("drop"),
+        "a second drop finds nothing"
+    );
+
+    // A control message over the bound: popped, its head dead-lettered.
+    bus.push_control(&user, &big).await.expect("push");
+    let Some(UserMessage::Oversized {
+        kind: MessageKind::Control,
+        head,
+        length,
+    }) = bus
+        .pop_user_message(
+            &user,
+            1_000,
+            Duration::from_secs(1),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("pop")
+    else {
+        panic!("control not handed out as oversized");
+    };
+    oversized = Oversized {
+        head: &head,
+        length,
+        kind: MessageKind::Control,
+        answer: None,
+        ..oversized
+    };
+    assert!(bus.drop_oversized(&oversized).await.expect("drop"));
+    assert_eq!(
+        bus.list_len(&keys::dead_letter(&keys::worker_control(&user)))
+            .await
+            .expect("llen"),
+        1
+    );
+    // Within the bound, the same pop hands the body out whole.
+    bus.push_request(&user, "small").await.expect("push");
+    assert_eq!(pop_user(bus.as_ref(), &user).await, request("small"));
 }
 
 /// A request that cannot be answered is dead-lettered and leaves processing
@@ -1516,6 +1883,7 @@ pub async fn dead_letter_lists_are_capped_and_expire(target: &dyn BusTarget) {
     let request_id = unique_name("r");
     bus.answer_request(&Answer {
         user_id: &user,
+        worker_id: ANSWERING,
         raw: raw.as_bytes(),
         request_id: &request_id,
         response: "{}",
@@ -1588,6 +1956,7 @@ pub async fn over_cap_requests_are_shed_newest_first(target: &dyn BusTarget) {
         "no longer queued"
     );
     // An id with a record is answered from it by the worker, never shed.
+    hold(bus.as_ref(), &user, "w").await;
     assert!(matches!(
         bus.begin_request(&ids[3], &user, "w", 1)
             .await
@@ -1789,6 +2158,9 @@ macro_rules! pool_bus_conformance_suite {
             blocking_pop_wakes_on_push,
             interrupt_ends_a_blocked_pop,
             request_records_keep_one_final_response,
+            only_the_mark_holder_begins_a_request,
+            a_displaced_workers_final_answer_is_fenced,
+            oversized_messages_are_ended_from_their_head,
             dropped_requests_are_dead_lettered,
             paper_ledger_refuses_repeated_client_order_ids,
             responses_expire_after_a_minute,

@@ -16,12 +16,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
-    DEAD_LETTER_TTL, IdleEntry, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
-    REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, Take, TakenClaim,
-    UserMessage, ledger_entry_parts, whole_seconds,
+    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
+    DEAD_LETTER_TTL, IdleEntry, Inspect, LedgerWrite, MarkWrite, MessageKind, Oversized,
+    PaperLedger, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark,
+    Take, TakenClaim, UserMessage, ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
+use crate::settlement::{self, BeginWrite, FinalVerdict, RecordView};
 
 mod glob;
 pub use glob::glob_match;
@@ -55,6 +56,45 @@ enum End {
     Head,
     /// `RPOP` / `BRPOP`: the other end (oldest first).
     Tail,
+}
+
+/// A request record as read for the settlement rules.
+struct StoredRecord {
+    state: String,
+    user_id: String,
+    worker_id: String,
+    deliveries: u32,
+    response: String,
+}
+
+impl StoredRecord {
+    fn view(&self) -> RecordView<'_> {
+        RecordView {
+            state: &self.state,
+            user_id: &self.user_id,
+            worker_id: &self.worker_id,
+            deliveries: self.deliveries,
+        }
+    }
+}
+
+/// A message handed out whole, or only its head when over the bound (as the
+/// Redis script does).
+fn bounded(kind: MessageKind, body: String, max_bytes: usize) -> UserMessage {
+    let mut body = body.into_bytes();
+    if body.len() <= max_bytes {
+        return match kind {
+            MessageKind::Control => UserMessage::Control(body),
+            MessageKind::Request => UserMessage::Request(body),
+        };
+    }
+    let length = body.len() as u64;
+    body.truncate(protocol::DEAD_LETTER_HEAD_BYTES);
+    UserMessage::Oversized {
+        kind,
+        head: body,
+        length,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -374,6 +414,39 @@ impl Keyspace {
         Ok(())
     }
 
+    /// The `worker_id` of the user's liveness mark, as the request scripts'
+    /// `holder()` reads it: `None` when absent or not a mark.
+    fn mark_holder(&mut self, user_id: &str, now: Instant) -> Result<Option<String>, BusError> {
+        let Some(current) = self.get(&keys::worker_active(user_id), now)? else {
+            return Ok(None);
+        };
+        let mark: Option<serde_json::Value> = serde_json::from_str(&current).ok();
+        Ok(mark
+            .as_ref()
+            .and_then(|mark| mark.get("worker_id"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned))
+    }
+
+    /// A request record's fields the settlement rules read, owned.
+    fn record(&mut self, key: &str, now: Instant) -> Result<Option<StoredRecord>, BusError> {
+        let Some(state) = self.hash_field(key, record::STATE, now)? else {
+            return Ok(None);
+        };
+        let mut field = |name| {
+            self.hash_field(key, name, now)
+                .map(Option::unwrap_or_default)
+        };
+        Ok(Some(StoredRecord {
+            state,
+            user_id: field(record::USER_ID)?,
+            worker_id: field(record::WORKER_ID)?,
+            // Records older than the count had one delivery, as in Lua.
+            deliveries: field(record::DELIVERIES)?.parse().unwrap_or(1),
+            response: field(record::RESPONSE)?,
+        }))
+    }
+
     /// The Lua guard: the mark is absent or names `worker_id`.
     fn mark_is_mine_or_absent(
         &mut self,
@@ -414,6 +487,9 @@ pub struct MemoryPoolBus {
     /// The next this many `settle_claim` calls run, then fail as if the
     /// reply were lost.
     lost_settle_replies: AtomicU32,
+    /// The next this many `refresh_user_mark` calls run, then fail as if
+    /// the reply were lost.
+    lost_refresh_replies: AtomicU32,
     /// The bus clock's offset from this host's, in ms ([`Self::skew_clock`]).
     clock_skew_ms: AtomicI64,
     /// Test hooks run after a read took its snapshot ([`Self::after_read`]).
@@ -490,6 +566,13 @@ impl MemoryPoolBus {
     /// outcome is resolved, never taken for a failure.
     pub fn lose_settle_replies(&self, count: u32) {
         self.lost_settle_replies.store(count, Ordering::SeqCst);
+    }
+
+    /// Makes the next `count` [`PoolBus::refresh_user_mark`] calls take
+    /// effect and then fail, as heartbeats whose replies are lost: the mark
+    /// stays fresh, but its worker cannot tell.
+    pub fn lose_refresh_replies(&self, count: u32) {
+        self.lost_refresh_replies.store(count, Ordering::SeqCst);
     }
 
     /// Moves this bus's clock ([`Inspect::server_time_ms`], the `pool:idle`
@@ -577,6 +660,8 @@ impl PoolBus for MemoryPoolBus {
             now,
         );
         keyspace.write_metadata(mark, ttl, now)?;
+        drop(keyspace);
+        Self::inject_fault(&self.lost_refresh_replies)?;
         Ok(true)
     }
 
@@ -729,7 +814,12 @@ impl PoolBus for MemoryPoolBus {
         let outcome = keys::claim_outcome(claim.claim_id);
         let user_mark = keys::worker_active(mark.user_id);
         if keyspace.exists(&user_mark, now) {
-            keyspace.set(&outcome, claim.refused, Some(CLAIM_OUTCOME_TTL), now);
+            // A claim settled before (a re-queue after a failover lost the
+            // step's removal) keeps its outcome: `failed` must not replace the
+            // `claimed` of the worker that serves the user.
+            if !keyspace.exists(&outcome, now) {
+                keyspace.set(&outcome, claim.refused, Some(CLAIM_OUTCOME_TTL), now);
+            }
             return Ok(Settled::Refused);
         }
         keyspace.set(&user_mark, mark.value, Some(ttl), now);
@@ -838,6 +928,7 @@ impl PoolBus for MemoryPoolBus {
     async fn pop_user_message(
         &self,
         user_id: &str,
+        max_bytes: usize,
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
@@ -859,16 +950,16 @@ impl PoolBus for MemoryPoolBus {
                 if let Some((_, body)) =
                     keyspace.pop_first(std::slice::from_ref(&control), End::Tail, now)?
                 {
-                    return Ok(Some(UserMessage::Control(body.into_bytes())));
+                    return Ok(Some(bounded(MessageKind::Control, body, max_bytes)));
                 }
                 if let Some(oldest) = keyspace
                     .list(&processing, now)?
                     .and_then(|list| list.back().cloned())
                 {
-                    return Ok(Some(UserMessage::Request(oldest.into_bytes())));
+                    return Ok(Some(bounded(MessageKind::Request, oldest, max_bytes)));
                 }
                 if let Some(moved) = keyspace.move_oldest(&requests, &processing, now)? {
-                    return Ok(Some(UserMessage::Request(moved.into_bytes())));
+                    return Ok(Some(bounded(MessageKind::Request, moved, max_bytes)));
                 }
             }
             if !wait_for_push(pushed, deadline, interrupt).await {
@@ -902,38 +993,53 @@ impl PoolBus for MemoryPoolBus {
         let now = Instant::now();
         let key = keys::request_record(request_id);
         let mut keyspace = self.lock();
-        let Some(state) = keyspace.hash_field(&key, record::STATE, now)? else {
-            keyspace.hash_set(
-                &key,
-                &[
-                    (record::STATE, record::EXECUTING.to_owned()),
-                    (record::USER_ID, user_id.to_owned()),
-                    (record::WORKER_ID, worker_id.to_owned()),
-                    (record::STARTED_AT, at_unix_ms.to_string()),
-                ],
-                now,
-            )?;
-            keyspace.expire(&key, REQUEST_RECORD_TTL, now);
-            return Ok(Begun::Started);
-        };
-        let mut field = |name| {
-            keyspace
-                .hash_field(&key, name, now)
-                .map(Option::unwrap_or_default)
-        };
-        Ok(if state == record::DONE {
-            Begun::Done {
-                response: field(record::RESPONSE)?,
+        let holder = keyspace.mark_holder(user_id, now)?;
+        let stored = keyspace.record(&key, now)?;
+        let (begun, write) = settlement::begin_rule(
+            stored.as_ref().map(StoredRecord::view),
+            holder.as_deref(),
+            user_id,
+            worker_id,
+        );
+        match write {
+            BeginWrite::Nothing => {}
+            BeginWrite::Create => {
+                keyspace.hash_set(
+                    &key,
+                    &[
+                        (record::STATE, record::EXECUTING.to_owned()),
+                        (record::USER_ID, user_id.to_owned()),
+                        (record::WORKER_ID, worker_id.to_owned()),
+                        (record::STARTED_AT, at_unix_ms.to_string()),
+                        (record::DELIVERIES, "1".to_owned()),
+                    ],
+                    now,
+                )?;
+                keyspace.expire(&key, REQUEST_RECORD_TTL, now);
             }
-        } else {
-            Begun::Executing {
-                user_id: field(record::USER_ID)?,
-                worker_id: field(record::WORKER_ID)?,
+            BeginWrite::TakeOver => {
+                let deliveries = stored.as_ref().map_or(1, |r| r.deliveries) + 1;
+                keyspace.hash_set(
+                    &key,
+                    &[
+                        (record::WORKER_ID, worker_id.to_owned()),
+                        (record::DELIVERIES, deliveries.to_string()),
+                    ],
+                    now,
+                )?;
             }
+        }
+        Ok(match begun {
+            // The rule decides; the stored response comes from the record.
+            Begun::Done { user_id, .. } => Begun::Done {
+                user_id,
+                response: stored.map(|r| r.response).unwrap_or_default(),
+            },
+            other => other,
         })
     }
 
-    async fn answer_request(&self, answer: &Answer<'_>) -> Result<bool, BusError> {
+    async fn answer_request(&self, answer: &Answer<'_>) -> Result<Answered, BusError> {
         Self::inject_fault(&self.failing_answers)?;
         let now = Instant::now();
         let record_key = keys::request_record(answer.request_id);
@@ -941,20 +1047,33 @@ impl PoolBus for MemoryPoolBus {
         // Checked before anything is written, as Redis fails the script's
         // first command on a wrong type.
         keyspace.check_hash(&record_key, now)?;
+        let mut fields = vec![
+            (record::STATE, record::DONE.to_owned()),
+            (record::RESPONSE, answer.response.to_owned()),
+        ];
         let answered = match answer.mode {
-            AnswerMode::Final => true,
-            AnswerMode::FirstOnly => !keyspace.exists(&record_key, now),
+            AnswerMode::Final => {
+                let holder = keyspace.mark_holder(answer.user_id, now)?;
+                let stored = keyspace.record(&record_key, now)?;
+                match settlement::final_answer_rule(
+                    stored.as_ref().map(StoredRecord::view),
+                    holder.as_deref(),
+                    answer.worker_id,
+                ) {
+                    FinalVerdict::Store => true,
+                    FinalVerdict::AlreadyStored => return Ok(Answered::Stored),
+                    FinalVerdict::Fenced => return Ok(Answered::Fenced),
+                }
+            }
+            AnswerMode::FirstOnly => {
+                fields.push((record::USER_ID, answer.user_id.to_owned()));
+                fields.push((record::WORKER_ID, answer.worker_id.to_owned()));
+                !keyspace.exists(&record_key, now)
+            }
             AnswerMode::Replay => false,
         };
         if answered {
-            keyspace.hash_set(
-                &record_key,
-                &[
-                    (record::STATE, record::DONE.to_owned()),
-                    (record::RESPONSE, answer.response.to_owned()),
-                ],
-                now,
-            )?;
+            keyspace.hash_set(&record_key, &fields, now)?;
             keyspace.expire(&record_key, REQUEST_RECORD_TTL, now);
         }
         let answered = answered || answer.mode == AnswerMode::Replay;
@@ -975,7 +1094,67 @@ impl PoolBus for MemoryPoolBus {
             )?;
         }
         keyspace.remove_last(&keys::user_processing(answer.user_id), answer.raw, now)?;
-        Ok(answered)
+        Ok(if answered {
+            Answered::Stored
+        } else {
+            Answered::Kept
+        })
+    }
+
+    async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError> {
+        Self::inject_fault(&self.failing_answers)?;
+        let now = Instant::now();
+        let mut keyspace = self.lock();
+        let list = match oversized.kind {
+            MessageKind::Request => {
+                let processing = keys::user_processing(oversized.user_id);
+                let tail = keyspace
+                    .list(&processing, now)?
+                    .and_then(|list| list.back().cloned())
+                    .filter(|tail| {
+                        tail.len() as u64 == oversized.length
+                            && tail.as_bytes().starts_with(oversized.head)
+                    });
+                let Some(tail) = tail else {
+                    return Ok(false);
+                };
+                keyspace.remove_last(&processing, tail.as_bytes(), now)?;
+                keys::user_requests(oversized.user_id)
+            }
+            MessageKind::Control => keys::worker_control(oversized.user_id),
+        };
+        keyspace.push_dead(
+            &keys::dead_letter(&list),
+            &protocol::dead_letter_truncated(
+                protocol::dead_reason::TOO_LARGE,
+                oversized.head,
+                oversized.length,
+                oversized.at_unix_ms,
+            ),
+            now,
+        )?;
+        if let Some((request_id, response)) = oversized.answer {
+            let record_key = keys::request_record(request_id);
+            if !keyspace.exists(&record_key, now) {
+                keyspace.hash_set(
+                    &record_key,
+                    &[
+                        (record::STATE, record::DONE.to_owned()),
+                        (record::RESPONSE, response.to_owned()),
+                        (record::USER_ID, oversized.user_id.to_owned()),
+                    ],
+                    now,
+                )?;
+                keyspace.expire(&record_key, REQUEST_RECORD_TTL, now);
+                keyspace.set(
+                    &keys::response(request_id),
+                    response,
+                    Some(RESPONSE_TTL),
+                    now,
+                );
+            }
+        }
+        Ok(true)
     }
 
     async fn drop_request(
@@ -1025,6 +1204,7 @@ impl PoolBus for MemoryPoolBus {
             &[
                 (record::STATE, record::DONE.to_owned()),
                 (record::RESPONSE, shed.response.to_owned()),
+                (record::USER_ID, shed.user_id.to_owned()),
             ],
             now,
         )?;

@@ -114,6 +114,17 @@ pub enum UserMessage {
     /// The oldest entry of `trading:user:{user_id}:processing`, which stays
     /// there until [`PoolBus::answer_request`] or [`PoolBus::drop_request`].
     Request(Vec<u8>),
+    /// A message longer than the bound the pop was given: only its head was
+    /// read (a request stays in processing until
+    /// [`PoolBus::drop_oversized`]; a control message is gone from its list).
+    Oversized {
+        /// Which list.
+        kind: MessageKind,
+        /// Its first bytes, at most [`crate::protocol::DEAD_LETTER_HEAD_BYTES`].
+        head: Vec<u8>,
+        /// Its full length.
+        length: u64,
+    },
 }
 
 /// A claim a pool worker took: moved into its own processing list
@@ -194,24 +205,31 @@ pub enum Settled {
 }
 
 /// What a request's record said when a worker began it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Begun {
-    /// No record: it now says `executing` for this worker. Run it.
+    /// No record: it now says `executing` for this user and worker. Run it.
     Started,
     /// Already `executing`: a worker began it and its outcome is unknown (it
     /// died, or a Redis reply was lost). Resolve it at the broker, never rerun
-    /// it blindly.
+    /// it blindly. When it was another worker's and this user's, this worker
+    /// has taken it over (`worker_id` becomes this one, `deliveries` + 1).
     Executing {
         /// The user whose worker began it.
         user_id: String,
-        /// That worker.
+        /// The worker that began it (before any take-over).
         worker_id: String,
+        /// How many workers have taken it, this one included.
+        deliveries: u32,
     },
-    /// Already `done`: answer with the stored response.
+    /// Already `done`: answer with the stored response, if it is this user's.
     Done {
+        /// The user whose request it was (empty in records older than this field).
+        user_id: String,
         /// The stored response JSON.
         response: String,
     },
+    /// This worker does not hold the user's mark: nothing was read or written.
+    NotHolder,
 }
 
 /// How [`PoolBus::answer_request`] treats the request's record.
@@ -226,11 +244,29 @@ pub enum AnswerMode {
     Replay,
 }
 
+/// How [`PoolBus::answer_request`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// The response is stored (now, or before: a lost reply) and the request
+    /// left processing.
+    Stored,
+    /// [`AnswerMode::FirstOnly`] found a record: nothing answered (a dead
+    /// letter asked for is written, the entry left processing).
+    Kept,
+    /// [`AnswerMode::Final`] from a worker that does not hold the user or the
+    /// request ([`crate::settlement::final_answer_rule`]): nothing written,
+    /// the entry stays for the holder.
+    Fenced,
+}
+
 /// The final step of one request, atomic on the bus.
 #[derive(Debug, Clone, Copy)]
 pub struct Answer<'a> {
     /// Whose processing list holds the request.
     pub user_id: &'a str,
+    /// The answering worker: a final answer is stored only while it holds the
+    /// user's mark and the request's record.
+    pub worker_id: &'a str,
     /// The processing-list entry exactly as handed out; removed.
     pub raw: &'a [u8],
     /// The request answered.
@@ -242,6 +278,32 @@ pub struct Answer<'a> {
     /// Also dead-letter the entry to `trading:user:{user_id}:requests:dead`
     /// with this reason and time (unix ms).
     pub dead_letter: Option<(&'a str, u64)>,
+}
+
+/// A message over the size bound, as [`PoolBus::drop_oversized`] ends it.
+#[derive(Debug, Clone, Copy)]
+pub struct Oversized<'a> {
+    /// Whose list held it.
+    pub user_id: &'a str,
+    /// Its first bytes, as [`UserMessage::Oversized`] handed them out.
+    pub head: &'a [u8],
+    /// Its full length in bytes.
+    pub length: u64,
+    /// A request (in processing) or a control message (already popped).
+    pub kind: MessageKind,
+    /// For a request with a readable id: the id and the response JSON.
+    pub answer: Option<(&'a str, &'a str)>,
+    /// When (unix ms), for the dead letter.
+    pub at_unix_ms: u64,
+}
+
+/// Which list a user message came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageKind {
+    /// `trading:user:{user_id}:requests` (through processing).
+    Request,
+    /// `worker:control:{user_id}:messages`.
+    Control,
 }
 
 /// A queued request answered without running it: the user's queue is over
@@ -413,13 +475,17 @@ pub trait PoolBus: Inspect + PaperLedger {
     /// order: the oldest control message (popped); the oldest request already
     /// in the processing list (a predecessor's, or one not yet answered);
     /// the oldest queued request, moved into the processing list in the same
-    /// step (`LMOVE`/`BLMOVE requests processing RIGHT LEFT`). While waiting,
+    /// step (`LMOVE`/`BLMOVE requests processing RIGHT LEFT`). A message longer
+    /// than `max_bytes` is handed out as [`UserMessage::Oversized`], its head
+    /// only (read whole only when it arrives during a blocking wait, so a
+    /// message that stopped one worker never reaches the next). While waiting,
     /// a control message still wins within milliseconds. `interrupt` behaves
     /// as in [`PoolBus::pop_claim`]; a request moved when interrupted stays in
     /// the processing list, never lost.
     async fn pop_user_message(
         &self,
         user_id: &str,
+        max_bytes: usize,
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError>;
@@ -438,9 +504,12 @@ pub trait PoolBus: Inspect + PaperLedger {
 
     // --- requests and responses ---
 
-    /// Begins a request: with no record, records `executing` for this user and
-    /// worker ([`REQUEST_RECORD_TTL`]) and says [`Begun::Started`]; otherwise
-    /// changes nothing and says what the record holds.
+    /// Begins a request, by [`crate::settlement::begin_rule`]: only while
+    /// `worker_id` holds the user's mark; with no record, records `executing`
+    /// for this user and worker ([`REQUEST_RECORD_TTL`], one delivery) and
+    /// says [`Begun::Started`]; an `executing` record of this user and another
+    /// worker is taken over (worker, deliveries + 1); otherwise nothing
+    /// changes. Says what the record held.
     async fn begin_request(
         &self,
         request_id: &str,
@@ -450,10 +519,18 @@ pub trait PoolBus: Inspect + PaperLedger {
     ) -> Result<Begun, BusError>;
 
     /// Ends a request in one step: per [`AnswerMode`], records it `done` with
-    /// the response and stores the response for [`RESPONSE_TTL`]; dead-letters
-    /// it if asked; removes its entry from the processing list. `false` when
-    /// [`AnswerMode::FirstOnly`] found a record (then no response was written).
-    async fn answer_request(&self, answer: &Answer<'_>) -> Result<bool, BusError>;
+    /// the response (and the user) and stores the response for
+    /// [`RESPONSE_TTL`]; dead-letters it if asked; removes its entry from the
+    /// processing list. A final answer follows
+    /// [`crate::settlement::final_answer_rule`]: fenced, nothing is written.
+    async fn answer_request(&self, answer: &Answer<'_>) -> Result<Answered, BusError>;
+
+    /// Ends a message longer than the bound without reading it whole, in one
+    /// step, only while it is still there (the tail of the user's processing
+    /// list for a request): dead-letters its head with its length, and for a
+    /// request with a readable id and no record, records it `done` with
+    /// `answer` and stores that response. `false`: it was not there.
+    async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError>;
 
     /// Ends a request that cannot be answered (no readable id, not UTF-8, or
     /// an id that belongs to another user's request) in one step: dead-letters

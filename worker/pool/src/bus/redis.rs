@@ -19,51 +19,98 @@ use redis::aio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
-    DEAD_LETTER_TTL, IdleEntry, Inspect, LedgerWrite, MarkWrite, PaperLedger, PoolBus,
-    REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark, Take, TakenClaim,
-    UserMessage, ledger_entry_parts, whole_seconds,
+    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
+    DEAD_LETTER_TTL, IdleEntry, Inspect, LedgerWrite, MarkWrite, MessageKind, Oversized,
+    PaperLedger, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, StoredMark,
+    Take, TakenClaim, UserMessage, ledger_entry_parts, whole_seconds,
 };
 use crate::protocol::{self, record};
 
-/// KEYS: control list, processing list, request list. What a user's worker
-/// does next, without blocking: the oldest control message (popped), else the
-/// oldest request already in processing (left there), else the oldest queued
-/// request moved into processing. Returns {1, control} | {2, request} | {0, ''}.
+/// KEYS: control list, processing list, request list. ARGV: the size bound,
+/// the head length. What a user's worker does next, without blocking: the
+/// oldest control message (popped), else the oldest request already in
+/// processing (left there), else the oldest queued request moved into
+/// processing. Returns {1, control} | {2, request} | {0, '', 0}, and for a
+/// message over the bound only its head and length: {3, head, length} (a
+/// control message, popped) | {4, head, length} (a request, in processing),
+/// so a body too large for a worker's memory never reaches one.
 const NEXT_USER_MESSAGE: &str = r#"
+local max, head = tonumber(ARGV[1]), tonumber(ARGV[2])
 local control = redis.call('RPOP', KEYS[1])
-if control then return {1, control} end
+if control then
+  if #control > max then return {3, string.sub(control, 1, head), #control} end
+  return {1, control, 0}
+end
 local oldest = redis.call('LINDEX', KEYS[2], -1)
-if oldest then return {2, oldest} end
-local moved = redis.call('LMOVE', KEYS[3], KEYS[2], 'RIGHT', 'LEFT')
-if moved then return {2, moved} end
-return {0, ''}
+if not oldest then oldest = redis.call('LMOVE', KEYS[3], KEYS[2], 'RIGHT', 'LEFT') end
+if oldest then
+  if #oldest > max then return {4, string.sub(oldest, 1, head), #oldest} end
+  return {2, oldest, 0}
+end
+return {0, '', 0}
 "#;
 
-/// KEYS: request record. ARGV: user id, worker id, unix ms, record ttl.
-/// Without a record, records `executing` and returns {'', …}; otherwise
-/// returns {state, user_id, worker_id, response} and changes nothing.
+/// Lua prefix of the request scripts: `holder(key)` is the `worker_id` of
+/// the liveness mark at `key`, `nil` when there is none, `false` when it is
+/// not a mark. The same reading as [`UNLESS_MARK_IS_MINE`].
+const MARK_HOLDER: &str = r#"
+local function holder(key)
+  local current = redis.call('GET', key)
+  if not current then return nil end
+  local ok, mark = pcall(cjson.decode, current)
+  if ok and type(mark) == 'table' and type(mark['worker_id']) == 'string' then return mark['worker_id'] end
+  return false
+end
+"#;
+
+/// KEYS: request record, the user's mark. ARGV: user id, worker id, unix
+/// ms, record ttl. `settlement::begin_rule` in Lua: unless this worker holds
+/// the mark, {'not_holder', …} and nothing read or written; without a record,
+/// records `executing` (one delivery) and returns {'', …}; an `executing`
+/// record of this user begun by another worker is taken over (worker,
+/// deliveries + 1). Returns {state, user_id, worker_id (before a take-over),
+/// response, deliveries}.
 const BEGIN_REQUEST: &str = r#"
+if holder(KEYS[2]) ~= ARGV[2] then return {'not_holder', '', '', '', 0} end
 local state = redis.call('HGET', KEYS[1], '{state}')
 if not state then
-  redis.call('HSET', KEYS[1], '{state}', '{executing}', '{user_id}', ARGV[1], '{worker_id}', ARGV[2], '{started_at}', ARGV[3])
+  redis.call('HSET', KEYS[1], '{state}', '{executing}', '{user_id}', ARGV[1], '{worker_id}', ARGV[2], '{started_at}', ARGV[3], '{deliveries}', 1)
   redis.call('EXPIRE', KEYS[1], ARGV[4])
-  return {'', '', '', ''}
+  return {'', '', '', '', 1}
 end
-return {state, redis.call('HGET', KEYS[1], '{user_id}') or '', redis.call('HGET', KEYS[1], '{worker_id}') or '',
-        redis.call('HGET', KEYS[1], '{response}') or ''}
+local owner = redis.call('HGET', KEYS[1], '{user_id}') or ''
+local began = redis.call('HGET', KEYS[1], '{worker_id}') or ''
+local deliveries = tonumber(redis.call('HGET', KEYS[1], '{deliveries}') or '1') or 1
+if state == '{done}' then
+  return {state, owner, began, redis.call('HGET', KEYS[1], '{response}') or '', deliveries}
+end
+if owner == ARGV[1] and began ~= ARGV[2] then
+  deliveries = deliveries + 1
+  redis.call('HSET', KEYS[1], '{worker_id}', ARGV[2], '{deliveries}', deliveries)
+end
+return {state, owner, began, '', deliveries}
 "#;
 
-/// KEYS: request record, response, processing list, dead list. ARGV: the
-/// processing entry, mode (final | first_only | replay), response, dead
-/// letter ('' for none), record ttl, response ttl, dead list cap, dead list
-/// ttl. Returns 1 when answered.
+/// KEYS: request record, response, processing list, dead list, the user's
+/// mark. ARGV: the processing entry, mode (final | first_only | replay),
+/// response, dead letter ('' for none), record ttl, response ttl, dead list
+/// cap, dead list ttl, worker id, user id. Returns 1 when answered, 0 when
+/// first_only found a record, 2 when a final answer is fenced
+/// (`settlement::final_answer_rule`: nothing written, the entry stays).
 /// One step, so a request leaves the processing list exactly when its final
 /// response is stored.
 const ANSWER_REQUEST: &str = r#"
 local answered = 0
-if ARGV[2] == 'final' or (ARGV[2] == 'first_only' and redis.call('EXISTS', KEYS[1]) == 0) then
+if ARGV[2] == 'final' then
+  local state = redis.call('HGET', KEYS[1], '{state}')
+  if not state or redis.call('HGET', KEYS[1], '{worker_id}') ~= ARGV[9] then return 2 end
+  if state == '{done}' then return 1 end
+  if holder(KEYS[5]) ~= ARGV[9] then return 2 end
   redis.call('HSET', KEYS[1], '{state}', '{done}', '{response}', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  answered = 1
+elseif ARGV[2] == 'first_only' and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], '{state}', '{done}', '{response}', ARGV[3], '{user_id}', ARGV[10], '{worker_id}', ARGV[9])
   redis.call('EXPIRE', KEYS[1], ARGV[5])
   answered = 1
 elseif ARGV[2] == 'replay' then
@@ -88,15 +135,39 @@ return redis.call('LRANGE', KEYS[1], 0, math.min(excess, tonumber(ARGV[2])) - 1)
 "#;
 
 /// KEYS: request list, request record, response. ARGV: the queued entry,
-/// response, record ttl, response ttl. Returns 1 when the entry left the
-/// queue with its response; 0 (nothing changed) when its id has a record or
-/// it is no longer queued.
+/// response, record ttl, response ttl, user id. Returns 1 when the entry left
+/// the queue with its response; 0 (nothing changed) when its id has a record
+/// or it is no longer queued.
 const SHED_REQUEST: &str = r#"
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], '{state}', '{done}', '{response}', ARGV[2])
+redis.call('HSET', KEYS[2], '{state}', '{done}', '{response}', ARGV[2], '{user_id}', ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
+return 1
+"#;
+
+/// KEYS: processing list, dead list, request record, response. ARGV: kind
+/// (request | control), head, length, dead letter, request id ('' for none),
+/// response, record ttl, response ttl, dead-list cap, dead-list ttl, user id.
+/// A request must still be the processing list's tail with that head and
+/// length (else 0, nothing written); it leaves the list. The dead letter is
+/// pushed; with an id and no record, the id is recorded `done` with the
+/// response, which is stored. 1 = done.
+const DROP_OVERSIZED: &str = r#"
+if ARGV[1] == 'request' then
+  local tail = redis.call('LINDEX', KEYS[1], -1)
+  if not tail or #tail ~= tonumber(ARGV[3]) or string.sub(tail, 1, #ARGV[2]) ~= ARGV[2] then return 0 end
+  redis.call('RPOP', KEYS[1])
+end
+redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[9]), -1)
+redis.call('EXPIRE', KEYS[2], ARGV[10])
+if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('HSET', KEYS[3], '{state}', '{done}', '{response}', ARGV[6], '{user_id}', ARGV[11])
+  redis.call('EXPIRE', KEYS[3], ARGV[7])
+  redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[8])
+end
 return 1
 "#;
 
@@ -121,6 +192,7 @@ fn with_record_fields(script: &str) -> String {
         .replace("{user_id}", record::USER_ID)
         .replace("{worker_id}", record::WORKER_ID)
         .replace("{started_at}", record::STARTED_AT)
+        .replace("{deliveries}", record::DELIVERIES)
         .replace("{executing}", record::EXECUTING)
         .replace("{done}", record::DONE)
 }
@@ -144,7 +216,9 @@ return 0
 /// launched_at, claimed outcome, refused outcome, outcome ttl, sidecar_url
 /// ('' = none).
 /// -1 = the entry is not in the list (settled already, or re-queued): nothing
-/// written; 1 = claimed; 0 = the user already has a worker (outcome failed).
+/// written; 1 = claimed; 0 = the user already has a worker (outcome failed,
+/// unless this claim has an outcome already: a claim settled once and
+/// re-queued after a failover keeps its `claimed`).
 /// The entry leaves the list in the step that writes the outcome, so a claim
 /// is never lost between taking and marking.
 const SETTLE_CLAIM: &str = r#"
@@ -158,7 +232,7 @@ if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', ARGV[3]) then
   redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[9])
   return 1
 end
-redis.call('SET', KEYS[5], ARGV[8], 'EX', ARGV[9])
+if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], ARGV[8], 'EX', ARGV[9]) end
 return 0
 "#;
 
@@ -345,6 +419,21 @@ fn push_dead<'p>(
         .ignore()
 }
 
+/// A message a blocking wait handed out whole, checked against the bound as
+/// the non-blocking script checks it.
+fn bounded(kind: MessageKind, body: Vec<u8>, max_bytes: usize) -> UserMessage {
+    if body.len() <= max_bytes {
+        return match kind {
+            MessageKind::Control => UserMessage::Control(body),
+            MessageKind::Request => UserMessage::Request(body),
+        };
+    }
+    let length = body.len() as u64;
+    let mut head = body;
+    head.truncate(protocol::DEAD_LETTER_HEAD_BYTES);
+    UserMessage::Oversized { kind, head, length }
+}
+
 /// Keys SCAN asks for per call: large enough for few round trips, small
 /// enough that no single call blocks a shared Redis.
 const SCAN_COUNT: u64 = 500;
@@ -418,6 +507,7 @@ pub struct RedisPoolBus {
     next_user_message: redis::Script,
     begin_request: redis::Script,
     answer_request: redis::Script,
+    drop_oversized: redis::Script,
     excess_requests: redis::Script,
     shed_request: redis::Script,
     record_paper_order: redis::Script,
@@ -461,8 +551,13 @@ impl RedisPoolBus {
             heartbeat: redis::Script::new(&guarded(HEARTBEAT)),
             release: redis::Script::new(&guarded(RELEASE)),
             next_user_message: redis::Script::new(NEXT_USER_MESSAGE),
-            begin_request: redis::Script::new(&with_record_fields(BEGIN_REQUEST)),
-            answer_request: redis::Script::new(&with_record_fields(ANSWER_REQUEST)),
+            begin_request: redis::Script::new(&with_record_fields(&format!(
+                "{MARK_HOLDER}{BEGIN_REQUEST}"
+            ))),
+            answer_request: redis::Script::new(&with_record_fields(&format!(
+                "{MARK_HOLDER}{ANSWER_REQUEST}"
+            ))),
+            drop_oversized: redis::Script::new(&with_record_fields(DROP_OVERSIZED)),
             excess_requests: redis::Script::new(EXCESS_REQUESTS),
             shed_request: redis::Script::new(&with_record_fields(SHED_REQUEST)),
             record_paper_order: redis::Script::new(RECORD_PAPER_ORDER),
@@ -914,6 +1009,7 @@ impl PoolBus for RedisPoolBus {
     async fn pop_user_message(
         &self,
         user_id: &str,
+        max_bytes: usize,
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
@@ -922,17 +1018,31 @@ impl PoolBus for RedisPoolBus {
             keys::user_processing(user_id),
             keys::user_requests(user_id),
         );
-        let (kind, body): (i64, Vec<u8>) = self
+        let (kind, body, length): (i64, Vec<u8>, u64) = self
             .next_user_message
             .key(&control)
             .key(&processing)
             .key(&requests)
+            .arg(max_bytes)
+            .arg(protocol::DEAD_LETTER_HEAD_BYTES)
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;
         match kind {
             1 => return Ok(Some(UserMessage::Control(body))),
             2 => return Ok(Some(UserMessage::Request(body))),
+            3 | 4 => {
+                let kind = if kind == 3 {
+                    MessageKind::Control
+                } else {
+                    MessageKind::Request
+                };
+                return Ok(Some(UserMessage::Oversized {
+                    kind,
+                    head: body,
+                    length,
+                }));
+            }
             _ => {}
         }
         if interrupt.is_cancelled() {
@@ -967,8 +1077,8 @@ impl PoolBus for RedisPoolBus {
             }
         };
         match (control, request) {
-            (Ok(Some((_, body))), _) => Ok(Some(UserMessage::Control(body))),
-            (_, Ok(Some(body))) => Ok(Some(UserMessage::Request(body))),
+            (Ok(Some((_, body))), _) => Ok(Some(bounded(MessageKind::Control, body, max_bytes))),
+            (_, Ok(Some(body))) => Ok(Some(bounded(MessageKind::Request, body, max_bytes))),
             (Err(err), _) | (_, Err(err)) => Err(err),
             (Ok(None), Ok(None)) => Ok(None),
         }
@@ -1002,24 +1112,33 @@ impl PoolBus for RedisPoolBus {
         worker_id: &str,
         at_unix_ms: u64,
     ) -> Result<Begun, BusError> {
-        let (state, user_id, worker_id, response): (String, String, String, String) = self
-            .begin_request
-            .key(keys::request_record(request_id))
-            .arg(user_id)
-            .arg(worker_id)
-            .arg(at_unix_ms)
-            .arg(REQUEST_RECORD_TTL.as_secs())
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let (state, owner, worker_id, response, deliveries): (String, String, String, String, u32) =
+            self.begin_request
+                .key(keys::request_record(request_id))
+                .key(keys::worker_active(user_id))
+                .arg(user_id)
+                .arg(worker_id)
+                .arg(at_unix_ms)
+                .arg(REQUEST_RECORD_TTL.as_secs())
+                .invoke_async(&mut self.commands())
+                .await
+                .map_err(classify)?;
         Ok(match state.as_str() {
             "" => Begun::Started,
-            record::DONE => Begun::Done { response },
-            _ => Begun::Executing { user_id, worker_id },
+            "not_holder" => Begun::NotHolder,
+            record::DONE => Begun::Done {
+                user_id: owner,
+                response,
+            },
+            _ => Begun::Executing {
+                user_id: owner,
+                worker_id,
+                deliveries,
+            },
         })
     }
 
-    async fn answer_request(&self, answer: &Answer<'_>) -> Result<bool, BusError> {
+    async fn answer_request(&self, answer: &Answer<'_>) -> Result<Answered, BusError> {
         let requests = keys::user_requests(answer.user_id);
         let dead = answer
             .dead_letter
@@ -1036,6 +1155,7 @@ impl PoolBus for RedisPoolBus {
             .key(keys::response(answer.request_id))
             .key(keys::user_processing(answer.user_id))
             .key(keys::dead_letter(&requests))
+            .key(keys::worker_active(answer.user_id))
             .arg(answer.raw)
             .arg(mode)
             .arg(answer.response)
@@ -1044,10 +1164,51 @@ impl PoolBus for RedisPoolBus {
             .arg(RESPONSE_TTL.as_secs())
             .arg(DEAD_LETTER_MAX)
             .arg(DEAD_LETTER_TTL.as_secs())
+            .arg(answer.worker_id)
+            .arg(answer.user_id)
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;
-        Ok(answered == 1)
+        Ok(match answered {
+            1 => Answered::Stored,
+            2 => Answered::Fenced,
+            _ => Answered::Kept,
+        })
+    }
+
+    async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError> {
+        let (list, kind) = match oversized.kind {
+            MessageKind::Request => (keys::user_requests(oversized.user_id), "request"),
+            MessageKind::Control => (keys::worker_control(oversized.user_id), "control"),
+        };
+        let dead = protocol::dead_letter_truncated(
+            protocol::dead_reason::TOO_LARGE,
+            oversized.head,
+            oversized.length,
+            oversized.at_unix_ms,
+        );
+        let (request_id, response) = oversized.answer.unwrap_or(("", ""));
+        let done: i64 = self
+            .drop_oversized
+            .key(keys::user_processing(oversized.user_id))
+            .key(keys::dead_letter(&list))
+            .key(keys::request_record(request_id))
+            .key(keys::response(request_id))
+            .arg(kind)
+            .arg(oversized.head)
+            .arg(oversized.length)
+            .arg(dead)
+            .arg(request_id)
+            .arg(response)
+            .arg(REQUEST_RECORD_TTL.as_secs())
+            .arg(RESPONSE_TTL.as_secs())
+            .arg(DEAD_LETTER_MAX)
+            .arg(DEAD_LETTER_TTL.as_secs())
+            .arg(oversized.user_id)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(done == 1)
     }
 
     async fn drop_request(
@@ -1096,6 +1257,7 @@ impl PoolBus for RedisPoolBus {
             .arg(shed.response)
             .arg(REQUEST_RECORD_TTL.as_secs())
             .arg(RESPONSE_TTL.as_secs())
+            .arg(shed.user_id)
             .invoke_async(&mut self.commands())
             .await
             .map_err(classify)?;

@@ -130,7 +130,7 @@ async fn a_blocked_pop_times_out_on_the_paused_clock_and_wakes_on_push() {
         tokio::spawn(async move {
             let never = CancellationToken::new();
             let popped = bus
-                .pop_user_message("u1", Duration::from_secs(30), &never)
+                .pop_user_message("u1", 65_536, Duration::from_secs(30), &never)
                 .await;
             (popped, Instant::now())
         })
