@@ -126,6 +126,18 @@ pub enum CipherError {
     },
 }
 
+impl CipherError {
+    /// Whether trying again later may succeed: KMS throttled or could not be
+    /// reached. Everything else is about the blob, the key or the role, and
+    /// stays wrong until someone changes it.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            CipherError::KmsThrottled { .. } | CipherError::KmsFailed { .. }
+        )
+    }
+}
+
 /// A secret string: zeroized on drop, `[redacted]` in `Debug`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretString(Zeroizing<String>);

@@ -63,6 +63,11 @@ pub async fn requeue_dead_claims(bus: &dyn PoolBus) -> Result<u64, BusError> {
     Ok(requeued)
 }
 
+/// How long a pool worker waits after putting back a claim whose credentials
+/// KMS could not decrypt for now (throttled, unreachable): long enough not to
+/// spin on KMS, short against a claim's patience.
+const TRANSIENT_CREDENTIALS_PAUSE: Duration = Duration::from_secs(1);
+
 /// `USER_QUEUE_MAX`'s default: a backlog a worker clears in about a minute at a
 /// paper broker's pace, and far more than an API should ever queue for one user.
 pub const DEFAULT_QUEUE_MAX: u64 = 1_000;
@@ -603,6 +608,17 @@ impl BrokerWorker {
             .await
         {
             Ok(credentials) => Some((claim, credentials)),
+            Err(err) if err.is_transient() => {
+                // KMS throttled or unreachable: the claim is fine, so it goes
+                // back first in line rather than failing for good; this
+                // worker waits before it takes one again.
+                tracing::warn!(user_id = claim.user_id, error = %err, "credentials cannot be decrypted now; the claim is put back");
+                if let Err(err) = self.bus.return_claim(&self.config.worker_id, raw).await {
+                    tracing::warn!(error = %err, "cannot put the claim back; it is taken again from this worker's list");
+                }
+                tokio::time::sleep(TRANSIENT_CREDENTIALS_PAUSE).await;
+                None
+            }
             Err(err) => {
                 self.reject_claim(
                     raw,

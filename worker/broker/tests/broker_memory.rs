@@ -854,3 +854,83 @@ async fn a_worker_that_cannot_confirm_its_mark_places_no_order() {
     assert_eq!(served.ledger_len().await, 1);
     served.stop().await;
 }
+
+/// A cipher whose first `throttled` decrypts fail as KMS throttling does.
+struct ThrottledOnce {
+    inner: AesGcmCipher,
+    throttled: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait]
+impl leasehold_broker::credentials::CredentialsCipher for ThrottledOnce {
+    async fn encrypt(
+        &self,
+        user_id: &str,
+        plaintext: &[u8],
+    ) -> Result<String, leasehold_broker::credentials::CipherError> {
+        self.inner.encrypt(user_id, plaintext)
+    }
+    async fn decrypt(
+        &self,
+        user_id: &str,
+        blob: &str,
+    ) -> Result<
+        leasehold_broker::credentials::Credentials,
+        leasehold_broker::credentials::CipherError,
+    > {
+        if self
+            .throttled
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(leasehold_broker::credentials::CipherError::KmsThrottled {
+                operation: "Decrypt",
+            });
+        }
+        self.inner.decrypt(user_id, blob)
+    }
+}
+
+/// KMS throttling a claim's decrypt is not the claim's fault: the claim goes
+/// back first in line and is served once KMS answers, never failed for good.
+#[tokio::test]
+async fn a_claim_whose_decrypt_is_throttled_is_put_back_and_served() {
+    let bus: Arc<dyn PoolBus> = Arc::new(MemoryPoolBus::new());
+    let key = AesGcmCipher::generate_key();
+    let cipher = ThrottledOnce {
+        inner: AesGcmCipher::from_base64_key(&key).unwrap(),
+        throttled: std::sync::atomic::AtomicU32::new(2),
+    };
+    let worker = BrokerWorker::new(
+        config("w1"),
+        bus.clone(),
+        Arc::new(cipher),
+        HashMap::new(),
+        Arc::new(RecordingSink::new()),
+    );
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for(bus.as_ref(), &keys::pool_worker_active("w1")).await;
+    let blob = AesGcmCipher::from_base64_key(&key)
+        .unwrap()
+        .encrypt("u1", br#"{"api_key": "k"}"#)
+        .unwrap();
+    let claim = leasehold_pool::protocol::ClaimMessage {
+        user_id: "u1".into(),
+        encrypted_credentials: blob,
+        claim_id: "c-throttled".into(),
+        enqueued_at: 1,
+    };
+    bus.push_claim(&claim.to_json()).await.unwrap();
+    let outcome = wait_for(bus.as_ref(), &keys::claim_outcome("c-throttled")).await;
+    assert_eq!(outcome, r#"{"status":"claimed","worker_id":"w1"}"#);
+    assert_eq!(
+        bus.list_len(&keys::dead_letter(keys::POOL_CLAIMS))
+            .await
+            .unwrap(),
+        0,
+        "not dead-lettered"
+    );
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+}

@@ -198,6 +198,13 @@ pub fn worker_control(user_id: &str) -> String {
     format!("worker:control:{user_id}:messages")
 }
 
+/// The control message a user's worker is handling: moved here atomically
+/// from [`worker_control`] and removed once handled, so a worker that dies
+/// right after taking a `reload_credentials` leaves it for its successor.
+pub fn worker_control_processing(user_id: &str) -> String {
+    format!("worker:control:{user_id}:processing")
+}
+
 /// A user's encrypted credentials blob.
 pub fn credentials(user_id: &str) -> String {
     format!("credentials:{user_id}")

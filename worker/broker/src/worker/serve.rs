@@ -165,11 +165,20 @@ impl BrokerWorker {
             };
             schedule.activity(Instant::now());
             let handled = match message {
-                UserMessage::Control(body) => {
+                UserMessage::Control(raw) => {
                     // Control bodies are plain JSON; bytes that are not UTF-8
                     // fail to parse and are dead-lettered as such.
-                    let body = String::from_utf8_lossy(&body);
-                    self.control(&mut claimed, cache, &body).await
+                    let body = String::from_utf8_lossy(&raw).into_owned();
+                    let handled = self.control(&mut claimed, cache, &body).await;
+                    // Handled (or dead-lettered): out of control processing.
+                    // A worker that dies before this leaves it to its
+                    // successor, which handles it again (each is idempotent).
+                    if let Err(Unfinished::Stopped) =
+                        self.finish_control(&user_id, &raw, stop).await
+                    {
+                        continue;
+                    }
+                    handled
                 }
                 UserMessage::Oversized { kind, head, length } => {
                     match self.oversized(&user_id, kind, &head, length, stop).await {
@@ -322,6 +331,28 @@ impl BrokerWorker {
                     tracing::warn!(user_id, error = %err, "cannot answer an over-cap request; it stays queued");
                     return;
                 }
+            }
+        }
+    }
+
+    /// Takes a handled control message out of control processing, retrying
+    /// bus failures until it holds or the worker stops.
+    async fn finish_control(
+        &self,
+        user_id: &str,
+        raw: &[u8],
+        stop: &CancellationToken,
+    ) -> Result<(), Unfinished> {
+        let mut retries = 0;
+        loop {
+            match self.bus.finish_control(user_id, raw).await {
+                Ok(()) => return Ok(()),
+                Err(err) => {
+                    tracing::warn!(user_id, error = %err, "cannot take a handled control message out of processing; retrying");
+                }
+            }
+            if !pause(&mut retries, stop).await {
+                return Err(Unfinished::Stopped);
             }
         }
     }

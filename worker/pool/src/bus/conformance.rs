@@ -471,13 +471,33 @@ pub async fn requests_are_served_oldest_first_through_processing(target: &dyn Bu
         2
     );
     assert_eq!(pop_user(bus.as_ref(), &user).await, control("k1"));
+    assert_eq!(
+        bus.list_items(&keys::worker_control_processing(&user))
+            .await
+            .expect("lrange"),
+        ["k1"],
+        "moved, not removed"
+    );
+    assert_eq!(
+        pop_user(bus.as_ref(), &user).await,
+        control("k1"),
+        "an unfinished control message is handed out again (a crashed worker's successor)"
+    );
+    bus.finish_control(&user, b"k1").await.expect("finish");
     assert_eq!(pop_user(bus.as_ref(), &user).await, control("k2"));
+    bus.finish_control(&user, b"k2").await.expect("finish");
     assert_eq!(
         bus.list_len(&keys::worker_control(&user))
             .await
             .expect("llen"),
         0,
-        "control messages are popped"
+    );
+    assert_eq!(
+        bus.list_len(&keys::worker_control_processing(&user))
+            .await
+            .expect("llen"),
+        0,
+        "finished control messages leave processing"
     );
     assert_eq!(
         pop_user(bus.as_ref(), &user).await,
@@ -1194,6 +1214,13 @@ pub async fn blocking_pop_wakes_on_push(target: &dyn BusTarget) {
         .expect("pop task");
     assert_eq!(popped, Ok(control("k1")));
     assert_eq!(
+        bus.list_items(&keys::worker_control_processing(&user))
+            .await
+            .expect("lrange"),
+        ["k1"],
+        "the blocking wait moves it too"
+    );
+    assert_eq!(
         bus.list_len(&keys::user_processing(&user))
             .await
             .expect("llen"),
@@ -1658,7 +1685,7 @@ pub async fn oversized_messages_are_ended_from_their_head(target: &dyn BusTarget
         "a second drop finds nothing"
     );
 
-    // A control message over the bound: popped, its head dead-lettered.
+    // A control message over the bound: its head dead-lettered, out of processing.
     bus.push_control(&user, &big).await.expect("push");
     let Some(UserMessage::Oversized {
         kind: MessageKind::Control,
@@ -1689,6 +1716,13 @@ pub async fn oversized_messages_are_ended_from_their_head(target: &dyn BusTarget
             .await
             .expect("llen"),
         1
+    );
+    assert_eq!(
+        bus.list_len(&keys::worker_control_processing(&user))
+            .await
+            .expect("llen"),
+        0,
+        "out of control processing"
     );
     // Within the bound, the same pop hands the body out whole.
     bus.push_request(&user, "small").await.expect("push");

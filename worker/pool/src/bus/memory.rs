@@ -932,10 +932,11 @@ impl PoolBus for MemoryPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let (control, processing, requests) = (
+        let (control, processing, requests, control_processing) = (
             keys::worker_control(user_id),
             keys::user_processing(user_id),
             keys::user_requests(user_id),
+            keys::worker_control_processing(user_id),
         );
         let deadline = Instant::now() + timeout;
         loop {
@@ -947,10 +948,14 @@ impl PoolBus for MemoryPoolBus {
             {
                 let now = Instant::now();
                 let mut keyspace = self.lock();
-                if let Some((_, body)) =
-                    keyspace.pop_first(std::slice::from_ref(&control), End::Tail, now)?
+                if let Some(handling) = keyspace
+                    .list(&control_processing, now)?
+                    .and_then(|list| list.back().cloned())
                 {
-                    return Ok(Some(bounded(MessageKind::Control, body, max_bytes)));
+                    return Ok(Some(bounded(MessageKind::Control, handling, max_bytes)));
+                }
+                if let Some(moved) = keyspace.move_oldest(&control, &control_processing, now)? {
+                    return Ok(Some(bounded(MessageKind::Control, moved, max_bytes)));
                 }
                 if let Some(oldest) = keyspace
                     .list(&processing, now)?
@@ -966,6 +971,15 @@ impl PoolBus for MemoryPoolBus {
                 return Ok(None);
             }
         }
+    }
+
+    async fn finish_control(&self, user_id: &str, raw: &[u8]) -> Result<(), BusError> {
+        self.lock().remove_last(
+            &keys::worker_control_processing(user_id),
+            raw,
+            Instant::now(),
+        )?;
+        Ok(())
     }
 
     async fn dead_letter(
@@ -1105,24 +1119,26 @@ impl PoolBus for MemoryPoolBus {
         Self::inject_fault(&self.failing_answers)?;
         let now = Instant::now();
         let mut keyspace = self.lock();
-        let list = match oversized.kind {
-            MessageKind::Request => {
-                let processing = keys::user_processing(oversized.user_id);
-                let tail = keyspace
-                    .list(&processing, now)?
-                    .and_then(|list| list.back().cloned())
-                    .filter(|tail| {
-                        tail.len() as u64 == oversized.length
-                            && tail.as_bytes().starts_with(oversized.head)
-                    });
-                let Some(tail) = tail else {
-                    return Ok(false);
-                };
-                keyspace.remove_last(&processing, tail.as_bytes(), now)?;
-                keys::user_requests(oversized.user_id)
-            }
-            MessageKind::Control => keys::worker_control(oversized.user_id),
+        let (list, processing) = match oversized.kind {
+            MessageKind::Request => (
+                keys::user_requests(oversized.user_id),
+                keys::user_processing(oversized.user_id),
+            ),
+            MessageKind::Control => (
+                keys::worker_control(oversized.user_id),
+                keys::worker_control_processing(oversized.user_id),
+            ),
         };
+        let tail = keyspace
+            .list(&processing, now)?
+            .and_then(|list| list.back().cloned())
+            .filter(|tail| {
+                tail.len() as u64 == oversized.length && tail.as_bytes().starts_with(oversized.head)
+            });
+        let Some(tail) = tail else {
+            return Ok(false);
+        };
+        keyspace.remove_last(&processing, tail.as_bytes(), now)?;
         keyspace.push_dead(
             &keys::dead_letter(&list),
             &protocol::dead_letter_truncated(

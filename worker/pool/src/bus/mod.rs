@@ -14,12 +14,13 @@
 //!
 //! Queue directions are part of the contract and are fixed here, not by
 //! callers: producers push claims, requests and control messages at the head
-//! (Redis `LPUSH`); everything is served oldest first, from the tail. Control
-//! messages are popped (`BRPOP`, `RPOP`); a claim is *moved* into the pool
-//! worker's own claim processing list and leaves it only in the step that
-//! settles it, and a request into the user's processing list (`BLMOVE … RIGHT
-//! LEFT`), leaving it only with its final response: no claim and no request is
-//! lost with a worker. Control messages come before requests.
+//! (Redis `LPUSH`); everything is served oldest first, from the tail, and
+//! *moved* rather than popped: a claim into the pool worker's own claim
+//! processing list, leaving it only in the step that settles it; a request
+//! into the user's processing list (`BLMOVE … RIGHT LEFT`), leaving it only
+//! with its final response; a control message into the user's control
+//! processing list, leaving it once handled. No claim, request or control
+//! message is lost with a worker. Control messages come before requests.
 //!
 //! The paper broker's ledger ([`PaperLedger`]) lives on the same bus: it is
 //! what a real broker keeps on its side, and both buses must agree on it too.
@@ -109,7 +110,10 @@ pub struct MarkWrite<'a> {
 /// rather than lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserMessage {
-    /// Popped from `worker:control:{user_id}:messages` (gone from the list).
+    /// The oldest entry of `worker:control:{user_id}:processing` (moved
+    /// there from `worker:control:{user_id}:messages`), which stays there
+    /// until [`PoolBus::finish_control`]: a worker that dies right after
+    /// taking it leaves it for its successor.
     Control(Vec<u8>),
     /// The oldest entry of `trading:user:{user_id}:processing`, which stays
     /// there until [`PoolBus::answer_request`] or [`PoolBus::drop_request`].
@@ -472,7 +476,8 @@ pub trait PoolBus: Inspect + PaperLedger {
     async fn push_control(&self, user_id: &str, body: &str) -> Result<(), BusError>;
 
     /// Waits up to `timeout` for what the user's worker does next, in this
-    /// order: the oldest control message (popped); the oldest request already
+    /// order: the oldest control message (one already in control processing,
+    /// else the oldest queued, moved there: `LMOVE … RIGHT LEFT`); the oldest request already
     /// in the processing list (a predecessor's, or one not yet answered);
     /// the oldest queued request, moved into the processing list in the same
     /// step (`LMOVE`/`BLMOVE requests processing RIGHT LEFT`). A message longer
@@ -489,6 +494,10 @@ pub trait PoolBus: Inspect + PaperLedger {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError>;
+
+    /// Removes a handled control message from
+    /// `worker:control:{user_id}:processing` (the oldest equal entry).
+    async fn finish_control(&self, user_id: &str, raw: &[u8]) -> Result<(), BusError>;
 
     /// Appends an invalid message to `{list_key}:dead` with the reason and the
     /// time (`RPUSH`, so the dead list reads oldest first). Every push to a

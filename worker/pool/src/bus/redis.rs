@@ -26,17 +26,19 @@ use super::{
 };
 use crate::protocol::{self, record};
 
-/// KEYS: control list, processing list, request list. ARGV: the size bound,
-/// the head length. What a user's worker does next, without blocking: the
-/// oldest control message (popped), else the oldest request already in
-/// processing (left there), else the oldest queued request moved into
-/// processing. Returns {1, control} | {2, request} | {0, '', 0}, and for a
-/// message over the bound only its head and length: {3, head, length} (a
-/// control message, popped) | {4, head, length} (a request, in processing),
-/// so a body too large for a worker's memory never reaches one.
+/// KEYS: control list, processing list, request list, control processing
+/// list. ARGV: the size bound, the head length. What a user's worker does
+/// next, without blocking: the oldest control message already in control
+/// processing (left there), else the oldest queued one moved in; else the
+/// oldest request already in processing (left there), else the oldest queued
+/// request moved into processing. Returns {1, control} | {2, request} |
+/// {0, '', 0}, and for a message over the bound only its head and length:
+/// {3, head, length} (a control message) | {4, head, length} (a request), so
+/// a body too large for a worker's memory never reaches one.
 const NEXT_USER_MESSAGE: &str = r#"
 local max, head = tonumber(ARGV[1]), tonumber(ARGV[2])
-local control = redis.call('RPOP', KEYS[1])
+local control = redis.call('LINDEX', KEYS[4], -1)
+if not control then control = redis.call('LMOVE', KEYS[1], KEYS[4], 'RIGHT', 'LEFT') end
 if control then
   if #control > max then return {3, string.sub(control, 1, head), #control} end
   return {1, control, 0}
@@ -147,19 +149,17 @@ redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
 return 1
 "#;
 
-/// KEYS: processing list, dead list, request record, response. ARGV: kind
-/// (request | control), head, length, dead letter, request id ('' for none),
-/// response, record ttl, response ttl, dead-list cap, dead-list ttl, user id.
-/// A request must still be the processing list's tail with that head and
-/// length (else 0, nothing written); it leaves the list. The dead letter is
-/// pushed; with an id and no record, the id is recorded `done` with the
-/// response, which is stored. 1 = done.
+/// KEYS: processing list (the request or the control one), dead list,
+/// request record, response. ARGV: kind (request | control), head, length,
+/// dead letter, request id ('' for none), response, record ttl, response
+/// ttl, dead-list cap, dead-list ttl, user id. The message must still be the
+/// processing list's tail with that head and length (else 0, nothing
+/// written); it leaves the list. The dead letter is pushed; with an id and no
+/// record, the id is recorded `done` with the response, which is stored. 1 = done.
 const DROP_OVERSIZED: &str = r#"
-if ARGV[1] == 'request' then
-  local tail = redis.call('LINDEX', KEYS[1], -1)
-  if not tail or #tail ~= tonumber(ARGV[3]) or string.sub(tail, 1, #ARGV[2]) ~= ARGV[2] then return 0 end
-  redis.call('RPOP', KEYS[1])
-end
+local tail = redis.call('LINDEX', KEYS[1], -1)
+if not tail or #tail ~= tonumber(ARGV[3]) or string.sub(tail, 1, #ARGV[2]) ~= ARGV[2] then return 0 end
+redis.call('RPOP', KEYS[1])
 redis.call('RPUSH', KEYS[2], ARGV[4])
 redis.call('LTRIM', KEYS[2], -tonumber(ARGV[9]), -1)
 redis.call('EXPIRE', KEYS[2], ARGV[10])
@@ -1013,16 +1013,18 @@ impl PoolBus for RedisPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let (control, processing, requests) = (
+        let (control, processing, requests, control_processing) = (
             keys::worker_control(user_id),
             keys::user_processing(user_id),
             keys::user_requests(user_id),
+            keys::worker_control_processing(user_id),
         );
         let (kind, body, length): (i64, Vec<u8>, u64) = self
             .next_user_message
             .key(&control)
             .key(&processing)
             .key(&requests)
+            .key(&control_processing)
             .arg(max_bytes)
             .arg(protocol::DEAD_LETTER_HEAD_BYTES)
             .invoke_async(&mut self.commands())
@@ -1053,8 +1055,12 @@ impl PoolBus for RedisPoolBus {
         // and end the other wait as soon as one returns. A request the other
         // wait moved meanwhile is in the processing list: handed out next.
         let (control_stop, request_stop) = (interrupt.child_token(), interrupt.child_token());
-        let mut brpop = redis::cmd("BRPOP");
-        brpop.arg(&control);
+        let mut control_move = redis::cmd("BLMOVE");
+        control_move
+            .arg(&control)
+            .arg(&control_processing)
+            .arg("RIGHT")
+            .arg("LEFT");
         let mut blmove = redis::cmd("BLMOVE");
         blmove
             .arg(&requests)
@@ -1062,7 +1068,7 @@ impl PoolBus for RedisPoolBus {
             .arg("RIGHT")
             .arg("LEFT");
         let control_wait =
-            self.blocking::<Option<(String, Vec<u8>)>>(brpop, "BRPOP", timeout, &control_stop);
+            self.blocking::<Option<Vec<u8>>>(control_move, "BLMOVE", timeout, &control_stop);
         let request_wait =
             self.blocking::<Option<Vec<u8>>>(blmove, "BLMOVE", timeout, &request_stop);
         tokio::pin!(control_wait, request_wait);
@@ -1077,11 +1083,23 @@ impl PoolBus for RedisPoolBus {
             }
         };
         match (control, request) {
-            (Ok(Some((_, body))), _) => Ok(Some(bounded(MessageKind::Control, body, max_bytes))),
+            (Ok(Some(body)), _) => Ok(Some(bounded(MessageKind::Control, body, max_bytes))),
             (_, Ok(Some(body))) => Ok(Some(bounded(MessageKind::Request, body, max_bytes))),
             (Err(err), _) | (_, Err(err)) => Err(err),
             (Ok(None), Ok(None)) => Ok(None),
         }
+    }
+
+    async fn finish_control(&self, user_id: &str, raw: &[u8]) -> Result<(), BusError> {
+        let _: i64 = self
+            .query(
+                redis::cmd("LREM")
+                    .arg(keys::worker_control_processing(user_id))
+                    .arg(-1)
+                    .arg(raw),
+            )
+            .await?;
+        Ok(())
     }
 
     async fn dead_letter(
@@ -1177,9 +1195,17 @@ impl PoolBus for RedisPoolBus {
     }
 
     async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError> {
-        let (list, kind) = match oversized.kind {
-            MessageKind::Request => (keys::user_requests(oversized.user_id), "request"),
-            MessageKind::Control => (keys::worker_control(oversized.user_id), "control"),
+        let (list, processing, kind) = match oversized.kind {
+            MessageKind::Request => (
+                keys::user_requests(oversized.user_id),
+                keys::user_processing(oversized.user_id),
+                "request",
+            ),
+            MessageKind::Control => (
+                keys::worker_control(oversized.user_id),
+                keys::worker_control_processing(oversized.user_id),
+                "control",
+            ),
         };
         let dead = protocol::dead_letter_truncated(
             protocol::dead_reason::TOO_LARGE,
@@ -1190,7 +1216,7 @@ impl PoolBus for RedisPoolBus {
         let (request_id, response) = oversized.answer.unwrap_or(("", ""));
         let done: i64 = self
             .drop_oversized
-            .key(keys::user_processing(oversized.user_id))
+            .key(processing)
             .key(keys::dead_letter(&list))
             .key(keys::request_record(request_id))
             .key(keys::response(request_id))
