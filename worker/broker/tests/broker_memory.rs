@@ -641,7 +641,12 @@ async fn a_request_id_of_another_user_is_dead_lettered_never_answered() {
         .await
         .unwrap();
     let dead = keys::dead_letter(&keys::user_requests("u2"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while u2.bus.list_len(&dead).await.unwrap() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "u2's request under u1's id was never dead-lettered"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let letter: serde_json::Value =
