@@ -116,6 +116,55 @@ pub fn already_appended(last_seq: Option<u64>, seq: u64) -> bool {
     last_seq.is_some_and(|last| seq <= last)
 }
 
+/// A sink entry's id in layout v2, `<fence token>-<seq>`, ordered as Redis
+/// orders stream ids (token first). The stream's last id is the fence and the
+/// high-water mark at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct EntryId {
+    /// The token of the write (or open) that set it.
+    pub token: u64,
+    /// The sequence (a marker: `gap_to`; an opened, empty stream: 0).
+    pub seq: u64,
+}
+
+/// The store appends an entry only above the stream's last id.
+pub fn admits(last: Option<EntryId>, entry: EntryId) -> bool {
+    last.is_none_or(|last| entry > last)
+}
+
+/// A refused entry is fenced when the last id carries a newer token, and a
+/// duplicate (a replayed sequence) otherwise.
+pub fn refused_as_fenced(last: EntryId, token: u64) -> bool {
+    fenced(last.token, token)
+}
+
+/// Opening a stream under `token`: `Err(fence)` when the last id carries a
+/// newer token; else the raised last id `<token>-<last seq>` (created as
+/// `<token>-0` for a stream that does not exist, so no zombie can create it
+/// under its lower token).
+pub fn opened_id(last: Option<EntryId>, token: u64) -> Result<EntryId, u64> {
+    match last {
+        Some(last) if fenced(last.token, token) => Err(last.token),
+        Some(last) => Ok(EntryId {
+            token,
+            seq: last.seq,
+        }),
+        None => Ok(EntryId { token, seq: 0 }),
+    }
+}
+
+/// The last sequence an id stands for (`None` for an opened, empty stream).
+pub fn last_seq_of(last: Option<EntryId>) -> Option<u64> {
+    last.map(|id| id.seq).filter(|seq| *seq > 0)
+}
+
+/// After a lost connection the sink holds less than was confirmed (an
+/// asynchronous replica was promoted without the tail): `Some(lost range)`.
+pub fn lost_tail(confirmed: u64, sink_last: Option<u64>) -> Option<std::ops::RangeInclusive<u64>> {
+    let kept = sink_last.unwrap_or(0);
+    (kept < confirmed).then(|| kept + 1..=confirmed)
+}
+
 /// Where a new owner resumes: after the further of the stored checkpoint and
 /// the sink's last appended sequence.
 pub fn resume_after(checkpoint: Option<u64>, last_seq: Option<u64>) -> u64 {

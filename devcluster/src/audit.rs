@@ -69,8 +69,8 @@ mod tests {
         );
         marked[1].seq = 10;
         for (token, events) in [write(1, &[1, 2]), write(2, &[3, 5]), (2, marked)] {
+            sink.open("s", token).await.unwrap();
             sink.write(SinkBatch {
-                after: None,
                 stream_id: "s",
                 fence_token: token,
                 events: &events,

@@ -110,11 +110,11 @@ async fn round(server: &ExchangeServer, index: usize, rate: f64, gap_seconds: f6
     // event opens that hole.
     let missed = (rate * gap_seconds) as u64;
     let anchor = server.head(&stream) - missed;
+    sink.open(&stream, 1).await.unwrap();
     sink.write(SinkBatch {
         stream_id: &stream,
         fence_token: 1,
         events: &[SinkEvent::data(anchor, anchor.to_string(), "{}")],
-        after: None,
     })
     .await
     .unwrap();

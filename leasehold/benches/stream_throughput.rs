@@ -497,7 +497,7 @@ impl FencedSink for ProbeSink {
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         let outcome = self.inner.write(batch).await?;
-        if outcome.accepted > 0 && outcome.out_of_order == 0 && !outcome.is_fenced() {
+        if outcome.accepted > 0 && !outcome.is_fenced() {
             self.probe
                 .record(batch.events.iter().filter_map(|e| e.payload.text()));
             self.probe

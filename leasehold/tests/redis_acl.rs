@@ -543,7 +543,6 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             stream_id: &stream,
             fence_token: 5,
             events: &events,
-            after: None,
         })
         .await
         .expect("sink write");
@@ -553,7 +552,6 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             stream_id: &stream,
             fence_token: 4,
             events: &events,
-            after: None,
         })
         .await
         .expect("sink write");

@@ -46,6 +46,9 @@ pub const WEBSOCKET_RECONNECTS: &str = "leasehold_websocket_reconnects_total";
 pub const SINK_WRITES: &str = "leasehold_sink_writes_total";
 /// Streams released because the sink refused `SINK_MAX_FAILURES` calls in a row.
 pub const SINK_GIVE_UPS: &str = "leasehold_sink_give_ups_total";
+/// Streams whose sink, opened again after a lost connection, ended below what
+/// it had confirmed (a failover lost its tail).
+pub const SINK_REGRESSIONS: &str = "leasehold_sink_regressions_total";
 /// Lease tokens lifted past a sink's higher fence (a re-created lease record).
 pub const FENCE_REGRESSIONS: &str = "leasehold_fence_regressions_total";
 /// `leasehold_worker_up`: 1 while the worker reports, 0 when silent or gone.
@@ -131,6 +134,7 @@ pub const ALL: &[&str] = &[
     WEBSOCKET_RECONNECTS,
     SINK_WRITES,
     SINK_GIVE_UPS,
+    SINK_REGRESSIONS,
     FENCE_REGRESSIONS,
     WORKER_UP,
     TELEMETRY_EVENTS_DROPPED,
@@ -278,6 +282,10 @@ pub fn describe() {
     describe_counter!(
         FENCE_REGRESSIONS,
         "Lease tokens lifted past a sink's higher fence (the lease record was re-created)."
+    );
+    describe_counter!(
+        SINK_REGRESSIONS,
+        "Sink streams found behind what they had confirmed when opened again after a lost connection."
     );
     describe_counter!(
         SINK_GIVE_UPS,
@@ -511,6 +519,7 @@ pub fn record(event: &TelemetryEvent) {
             counter!(SINK_WRITES, "result" => "error").increment(*events)
         }
         SinkGaveUp { .. } => counter!(SINK_GIVE_UPS).increment(1),
+        SinkRegression { .. } => counter!(SINK_REGRESSIONS).increment(1),
         FenceLifted { .. } => counter!(FENCE_REGRESSIONS).increment(1),
         EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
         PoolClaim {
@@ -641,6 +650,7 @@ pub fn zero_counters() {
         LEASE_RELEASES,
         STREAM_GAP_EVENTS,
         SINK_GIVE_UPS,
+        SINK_REGRESSIONS,
         FENCE_REGRESSIONS,
         TELEMETRY_EVENTS_DROPPED,
         BROKER_RECONNECTS,

@@ -402,6 +402,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         SinkWrite { .. } => "SinkWrite",
         SinkWriteFailed { .. } => "SinkWriteFailed",
         SinkGaveUp { .. } => "SinkGaveUp",
+        SinkRegression { .. } => "SinkRegression",
         FenceLifted { .. } => "FenceLifted",
         CheckpointCommit { .. } => "CheckpointCommit",
         StreamLag { .. } => "StreamLag",

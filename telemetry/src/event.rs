@@ -165,6 +165,18 @@ pub enum TelemetryEvent {
         /// The last refusal (the sink's message; no URL).
         error: String,
     },
+    /// Opened again after a lost connection, the sink's stream ended below
+    /// what it had confirmed (a failover to a replica without the tail): the
+    /// lost range is refilled from the upstream, or recorded as a gap marker
+    /// with reason `sink_lost`.
+    SinkRegression {
+        /// Stream.
+        stream_id: String,
+        /// First lost sequence (the sink's last + 1).
+        from_seq: u64,
+        /// Last lost sequence (what had been confirmed).
+        to_seq: u64,
+    },
     /// The sink's fence was above the token the store gave this holder (the
     /// lease record was re-created): the stored token was lifted past it.
     FenceLifted {
@@ -464,6 +476,16 @@ impl TelemetryEvent {
                 from,
                 to,
                 "the sink's fence was above the lease's token (lease record re-created?): token lifted past it"
+            ),
+            SinkRegression {
+                stream_id,
+                from_seq,
+                to_seq,
+            } => tracing::error!(
+                stream_id,
+                from_seq,
+                to_seq,
+                "the sink lost confirmed events (failover to a replica without them?): refilling or marking the range"
             ),
             SinkGaveUp {
                 stream_id,

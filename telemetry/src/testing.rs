@@ -87,6 +87,11 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             from: 2,
             to: 41,
         },
+        SinkRegression {
+            stream_id: s(),
+            from_seq: 7,
+            to_seq: 10,
+        },
         SinkGaveUp {
             stream_id: s(),
             failures: 10,

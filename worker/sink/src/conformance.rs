@@ -22,6 +22,10 @@ pub trait SinkTarget: Send + Sync {
     /// Makes every call on the stream fail (Redis: its stream key holds a
     /// string), or work again.
     async fn break_stream(&self, stream_id: &str, broken: bool);
+    /// What a failover to an asynchronous replica that lacked the stream's
+    /// newest `entries` entries leaves: they are gone, the last id is the
+    /// newest kept entry's, and the sink's connection is lost.
+    async fn fail_over(&self, stream_id: &str, entries: usize);
 }
 
 /// The in-memory sink as a target.
@@ -44,6 +48,9 @@ impl SinkTarget for MemoryTarget {
     }
     async fn break_stream(&self, stream_id: &str, broken: bool) {
         self.0.set_broken(stream_id, broken);
+    }
+    async fn fail_over(&self, stream_id: &str, entries: usize) {
+        self.0.lose_tail(stream_id, entries);
     }
 }
 
@@ -106,6 +113,41 @@ impl SinkTarget for RedisTarget {
                 .unwrap_or(());
         }
     }
+    async fn fail_over(&self, stream_id: &str, entries: usize) {
+        // The stream as the replica had it: written again without its tail
+        // (ids only go up, so a new key), then every other connection dropped
+        // as a failover drops them.
+        let key = super::keys::sink_stream(stream_id);
+        let mut raw = self.raw.clone();
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut raw)
+            .await
+            .expect("XRANGE");
+        let kept = reply.ids.len().saturating_sub(entries);
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("DEL").arg(&key).ignore();
+        for entry in &reply.ids[..kept] {
+            let command = pipe.cmd("XADD").arg(&key).arg(&entry.id);
+            for (field, value) in &entry.map {
+                let value: Vec<u8> = redis::from_redis_value(value.clone()).expect("field");
+                command.arg(field).arg(value);
+            }
+            command.ignore();
+        }
+        let _: () = pipe.query_async(&mut raw).await.expect("rewrite");
+        let _: () = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut raw)
+            .await
+            .expect("CLIENT KILL");
+    }
 }
 
 /// Options every check runs with.
@@ -134,13 +176,19 @@ async fn write(
     target
         .sink()
         .write(SinkBatch {
-            after: None,
             stream_id: stream,
             fence_token: token,
             events,
         })
         .await
         .expect("write")
+}
+
+/// Opens a stream as a new owner does before its first write.
+async fn open(target: &dyn SinkTarget, stream: &str, token: u64) -> OpenOutcome {
+    let opened = target.sink().open(stream, token).await.expect("open");
+    assert!(!opened.fenced, "{opened:?}");
+    opened
 }
 
 fn seqs(stored: &[StoredEvent]) -> Vec<u64> {
@@ -150,6 +198,7 @@ fn seqs(stored: &[StoredEvent]) -> Vec<u64> {
 /// Events are appended in order with their id, token and payload.
 pub async fn appends_in_order(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 3).await;
     let outcome = write(target, &stream, 3, &events(&stream, 1..=3)).await;
     assert_eq!(
         outcome,
@@ -158,7 +207,6 @@ pub async fn appends_in_order(target: &dyn SinkTarget) {
             duplicate: 0,
             fenced: 0,
             highest_token: 3,
-            out_of_order: 0,
         }
     );
     let stored = target.stored(&stream).await;
@@ -171,6 +219,7 @@ pub async fn appends_in_order(target: &dyn SinkTarget) {
 /// A lower token is rejected as a whole; equal and higher tokens are accepted.
 pub async fn lower_tokens_are_fenced(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 5).await;
     write(target, &stream, 5, &events(&stream, 1..=2)).await;
     let stale = write(target, &stream, 4, &events(&stream, 3..=4)).await;
     assert_eq!(
@@ -180,7 +229,6 @@ pub async fn lower_tokens_are_fenced(target: &dyn SinkTarget) {
             duplicate: 0,
             fenced: 2,
             highest_token: 5,
-            out_of_order: 0,
         }
     );
     assert!(stale.is_fenced());
@@ -190,6 +238,7 @@ pub async fn lower_tokens_are_fenced(target: &dyn SinkTarget) {
             .accepted,
         1
     );
+    open(target, &stream, 6).await;
     let newer = write(target, &stream, 6, &events(&stream, 4..=4)).await;
     assert_eq!((newer.accepted, newer.highest_token), (1, 6));
     assert_eq!(
@@ -210,7 +259,9 @@ pub async fn lower_tokens_are_fenced(target: &dyn SinkTarget) {
 /// A replay after a takeover drops sequences already appended, appends the rest.
 pub async fn replays_are_deduplicated(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 1).await;
     write(target, &stream, 1, &events(&stream, 1..=4)).await;
+    assert_eq!(open(target, &stream, 2).await.last_seq, Some(4));
     let replay = write(target, &stream, 2, &events(&stream, 3..=6)).await;
     assert_eq!((replay.accepted, replay.duplicate), (2, 2));
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
@@ -221,15 +272,16 @@ pub async fn replays_are_deduplicated(target: &dyn SinkTarget) {
 /// stream's end.
 pub async fn unordered_batches_are_refused_whole(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 1).await;
     write(target, &stream, 1, &events(&stream, 1..=2)).await;
     let mut unordered = events(&stream, 3..=5);
     unordered.swap(1, 2);
     let repeated = [events(&stream, 3..=3), events(&stream, 3..=3)].concat();
-    for batch in [&unordered[..], &repeated[..]] {
+    let zero = events(&stream, 0..=3);
+    for batch in [&unordered[..], &repeated[..], &zero[..]] {
         let refused = target
             .sink()
             .write(SinkBatch {
-                after: None,
                 stream_id: &stream,
                 fence_token: 1,
                 events: batch,
@@ -248,7 +300,9 @@ pub async fn unordered_batches_are_refused_whole(target: &dyn SinkTarget) {
 /// re-appended them out of order).
 pub async fn replays_of_any_length_are_dropped(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 1).await;
     write(target, &stream, 1, &events(&stream, 1..=20_000)).await;
+    open(target, &stream, 2).await;
     let replay = write(target, &stream, 2, &events(&stream, 1..=20_010)).await;
     assert_eq!((replay.accepted, replay.duplicate), (10, 20_000));
     let old = write(target, &stream, 2, &events(&stream, 3..=3)).await;
@@ -295,12 +349,12 @@ pub async fn opening_raises_the_fence_and_returns_the_last_sequence(target: &dyn
 /// every event (an id recorded before a failed append made the retry drop it).
 pub async fn a_failed_write_records_nothing_it_did_not_append(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 1).await;
     write(target, &stream, 1, &events(&stream, 1..=3)).await;
     target.break_stream(&stream, true).await;
     let failed = target
         .sink()
         .write(SinkBatch {
-            after: None,
             stream_id: &stream,
             fence_token: 1,
             events: &events(&stream, 4..=6),
@@ -313,73 +367,91 @@ pub async fn a_failed_write_records_nothing_it_did_not_append(target: &dyn SinkT
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
 }
 
-fn batch<'a>(
-    stream: &'a str,
-    token: u64,
-    events: &'a [SinkEvent],
-    after: Option<u64>,
-) -> SinkBatch<'a> {
-    SinkBatch {
-        stream_id: stream,
-        fence_token: token,
-        events,
-        after,
-    }
+/// A write before the open (or under a higher token than the open's) is
+/// refused and sends nothing: with the fence in the id, a higher token is
+/// appended whatever its sequence, so it would store a replay twice.
+pub async fn a_write_before_the_open_is_refused(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    let refused = target
+        .sink()
+        .write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 1,
+            events: &events(&stream, 1..=2),
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(SinkError::NotOpen { fence_token: 1, .. })),
+        "{refused:?}"
+    );
+    open(target, &stream, 1).await;
+    write(target, &stream, 1, &events(&stream, 1..=2)).await;
+    let higher = target
+        .sink()
+        .write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 2,
+            events: &events(&stream, 1..=3),
+        })
+        .await;
+    assert!(
+        matches!(higher, Err(SinkError::NotOpen { fence_token: 2, .. })),
+        "{higher:?}"
+    );
+    assert_eq!(seqs(&target.stored(&stream).await), [1, 2]);
 }
 
-/// Pipelined writes across a takeover: batches sent together on one
-/// connection land in order or not at all, and none lands past the fence.
-/// A batch that overtakes its predecessor (which failed or has not arrived)
-/// is refused whole; once a newer owner opened the stream, both of the old
-/// owner's batches in flight are fenced, whatever their order.
-pub async fn pipelined_batches_land_in_order_or_not_at_all(target: &dyn SinkTarget) {
+/// After a failover that lost the stream's tail, the next write asks for a
+/// new open (nothing is written above the hole), the open tells where the
+/// stream really ends, and the owner fills the hole from there: each
+/// sequence once, in order, no gap.
+pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
-    let sink = target.sink();
-    sink.open(&stream, 1).await.expect("open");
-    write(target, &stream, 1, &events(&stream, 1..=3)).await;
-    let (first, second) = (events(&stream, 4..=6), events(&stream, 7..=9));
-    // The second batch arrives first: refused, nothing appended.
-    let (overtaking, first_outcome) = tokio::join!(
-        sink.write(batch(&stream, 1, &second, Some(6))),
-        sink.write(batch(&stream, 1, &first, Some(3))),
-    );
-    let overtaking = overtaking.expect("write");
-    assert_eq!((overtaking.out_of_order, overtaking.accepted), (3, 0));
-    assert_eq!(first_outcome.expect("write").accepted, 3);
-    assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6]);
-    // Two batches in flight, in order, with a takeover sent between them:
-    // the first lands, the open raises the fence, the second is fenced.
-    let (third, fourth) = (events(&stream, 7..=9), events(&stream, 10..=12));
-    let (landed, opened, late) = tokio::join!(
-        sink.write(batch(&stream, 1, &third, Some(6))),
-        sink.open(&stream, 2),
-        sink.write(batch(&stream, 1, &fourth, Some(9))),
-    );
-    assert_eq!(landed.expect("write").accepted, 3);
-    assert_eq!(opened.expect("open").last_seq, Some(9));
-    let late = late.expect("write");
-    assert!(late.is_fenced(), "{late:?}");
-    assert_eq!(late.accepted, 0);
-    // After the takeover, the old owner's batches are fenced in either order,
-    // the overtaking one included (the fence is checked first).
-    let (fifth, sixth) = (events(&stream, 13..=15), events(&stream, 10..=12));
-    let (out_of_order, in_order) = tokio::join!(
-        sink.write(batch(&stream, 1, &fifth, Some(12))),
-        sink.write(batch(&stream, 1, &sixth, Some(9))),
-    );
-    assert!(out_of_order.expect("write").is_fenced());
-    assert!(in_order.expect("write").is_fenced());
-    // The new owner resumes after 9.
-    assert_eq!(
-        write(target, &stream, 2, &events(&stream, 10..=12))
+    open(target, &stream, 1).await;
+    write(target, &stream, 1, &events(&stream, 1..=10)).await;
+    target.fail_over(&stream, 4).await;
+    // The first call after a lost connection may fail on it (Redis); then
+    // the sink refuses to write until the stream is opened again.
+    let mut refused = None;
+    for _ in 0..5 {
+        match target
+            .sink()
+            .write(SinkBatch {
+                stream_id: &stream,
+                fence_token: 1,
+                events: &events(&stream, 11..=12),
+            })
             .await
-            .accepted,
-        3
+        {
+            Err(SinkError::Unavailable(_)) => continue,
+            other => {
+                refused = Some(other);
+                break;
+            }
+        }
+    }
+    assert!(
+        matches!(refused, Some(Err(SinkError::NotOpen { .. }))),
+        "{refused:?}"
     );
-    let stored = target.stored(&stream).await;
-    assert_eq!(seqs(&stored), (1..=12).collect::<Vec<_>>());
-    assert!(stored[..9].iter().all(|e| e.fence_token == 1));
-    assert!(stored[9..].iter().all(|e| e.fence_token == 2));
+    let mut reopened = None;
+    for _ in 0..5 {
+        match target.sink().open(&stream, 1).await {
+            Err(SinkError::Unavailable(_)) => continue,
+            other => {
+                reopened = Some(other.expect("open"));
+                break;
+            }
+        }
+    }
+    let reopened = reopened.expect("opened again");
+    assert_eq!((reopened.last_seq, reopened.fenced), (Some(6), false));
+    let refill = write(target, &stream, 1, &events(&stream, 7..=12)).await;
+    assert_eq!((refill.accepted, refill.duplicate), (6, 0));
+    assert_eq!(
+        seqs(&target.stored(&stream).await),
+        (1..=12).collect::<Vec<_>>()
+    );
 }
 
 /// A gap marker is an entry at its last missing sequence: read back with its
@@ -387,6 +459,7 @@ pub async fn pipelined_batches_land_in_order_or_not_at_all(target: &dyn SinkTarg
 /// next owner resumes after it; a replayed marker is dropped like an event.
 pub async fn gap_markers_stand_where_the_data_is_missing(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 2).await;
     let mut batch = events(&stream, 1..=2);
     batch.push(SinkEvent::gap(3, 9, GapReason::NoReplay));
     batch.extend(events(&stream, 10..=10));
@@ -423,6 +496,7 @@ pub async fn gap_markers_stand_where_the_data_is_missing(target: &dyn SinkTarget
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 9, 10, 20, 21]);
     for reason in GapReason::ALL {
         let stream = unique_name("sink-reason");
+        open(target, &stream, 1).await;
         write(target, &stream, 1, &[SinkEvent::gap(1, 4, reason)]).await;
         assert_eq!(
             target.stored(&stream).await[0].gap.map(|g| g.reason),
@@ -434,9 +508,9 @@ pub async fn gap_markers_stand_where_the_data_is_missing(target: &dyn SinkTarget
 /// A zombie's gap marker is fenced like any write: nothing of it is stored.
 pub async fn a_zombie_marker_is_fenced(target: &dyn SinkTarget) {
     let stream = unique_name("sink");
+    open(target, &stream, 1).await;
     write(target, &stream, 1, &events(&stream, 1..=2)).await;
-    let opened = target.sink().open(&stream, 2).await.expect("open");
-    assert!(!opened.fenced);
+    open(target, &stream, 2).await;
     let zombie = write(
         target,
         &stream,
@@ -453,6 +527,8 @@ pub async fn a_zombie_marker_is_fenced(target: &dyn SinkTarget) {
 pub async fn streams_are_independent(target: &dyn SinkTarget) {
     let a = unique_name("sink-a");
     let b = unique_name("sink-b");
+    open(target, &a, 9).await;
+    open(target, &b, 1).await;
     write(target, &a, 9, &events(&a, 1..=1)).await;
     assert_eq!(write(target, &b, 1, &events(&b, 1..=1)).await.accepted, 1);
     assert_eq!(seqs(&target.stored(&b).await), [1]);
@@ -471,7 +547,8 @@ macro_rules! sink_conformance_suite {
             opening_raises_the_fence_and_returns_the_last_sequence,
             a_failed_write_records_nothing_it_did_not_append,
             streams_are_independent,
-            pipelined_batches_land_in_order_or_not_at_all,
+            a_write_before_the_open_is_refused,
+            a_lost_tail_is_found_by_the_next_open,
             gap_markers_stand_where_the_data_is_missing,
             a_zombie_marker_is_fenced,
         );

@@ -1,19 +1,26 @@
 //! Fenced sinks: where a stream's events go, guarded by the fence token.
 //!
-//! A new owner first *opens* the stream: one atomic call raises the sink's fence
-//! to its token (so a zombie's delayed write is refused from that moment, even on
-//! a stream with no traffic) and returns the last appended sequence, where the
-//! owner resumes. Every write then carries `stream_id` and `fence_token`; a sink
-//! rejects a whole batch whose token is lower than the highest it has accepted
-//! for that stream, drops events whose sequence is at or below the last one it
-//! appended (a takeover's replay, however long), and appends the rest in order.
-//! The last sequence is read from the stream itself, so a write that fails
-//! part-way records nothing it did not append. Both sinks pass one conformance
-//! suite.
+//! Layout v2 (docs/redis.md): every entry's id is `<fence token>-<seq>`, so
+//! the stream's last generated id is at once the fence and the high-water mark,
+//! and the store itself refuses an entry whose id is not above it: a zombie's
+//! lower token and any replayed sequence, at any replay length.
+//!
+//! A new owner first *opens* the stream: one atomic call raises the last id to
+//! `<its token>-<last seq>` (so a zombie's delayed write is refused from that
+//! moment, even on a stream with no traffic; the stream is created if it does
+//! not exist, so no zombie can create it under its lower token) and returns the
+//! last sequence, where the owner resumes. A write is a batch of explicit-id
+//! appends admitted whole or not at all; its refusals are a head of duplicates
+//! (a takeover's replay) or the whole batch (fenced). A sink writes a stream only
+//! under a token it opened on this connection: after a lost connection (which is
+//! how a failover shows) every stream is opened again before its next write, so
+//! a tail the new primary lacks is found instead of written over
+//! ([`SinkError::NotOpen`]). Both sinks pass one conformance suite.
 //!
 //! Module map:
 //! - this module: [`FencedSink`], [`SinkEvent`] (an event or a gap marker),
-//!   the outcomes and errors, [`Payload`], [`open`] (a `SINK_URL` to a sink).
+//!   the outcomes and errors, [`Payload`], [`open`] (a `SINK_URL` to a sink),
+//!   [`OpenedStreams`] (which streams may be written under which token).
 //! - [`keys`]: the sink's Redis key names.
 //! - [`memory`], [`redis`]: the two sinks.
 //! - [`url`]: the one `SINK_URL` parser.
@@ -160,19 +167,20 @@ pub struct SinkBatch<'a> {
     pub fence_token: u64,
     /// Events in sequence order.
     pub events: &'a [SinkEvent],
-    /// For a batch sent while an earlier one may still be on its way: the
-    /// last sequence of that earlier batch. A sink whose stream ends below it
-    /// refuses the whole batch (`out_of_order`) rather than append past a hole.
-    pub after: Option<u64>,
 }
 
 impl SinkBatch<'_> {
-    /// Refuses a batch whose sequences do not strictly increase. The sinks
-    /// de-duplicate by comparing only the head of a batch with the stream's
-    /// last sequence (the Redis script's per-event work is most of its cost),
-    /// which is right only for ordered batches; an unordered one is a
-    /// caller's bug and would store events out of order.
+    /// Refuses a batch whose sequences do not strictly increase, or that
+    /// holds sequence 0 (the id `<token>-0` marks an opened, empty stream).
+    /// Ids only go up: an unordered batch would lose the events after its
+    /// first step back, and the sinks classify refusals as a batch's head.
     pub fn check_order(&self) -> Result<(), SinkError> {
+        if self.events.first().is_some_and(|event| event.seq == 0) {
+            return Err(SinkError::Rejected(format!(
+                "batch for {} holds sequence 0 (sequences start at 1)",
+                self.stream_id
+            )));
+        }
         match self
             .events
             .windows(2)
@@ -190,9 +198,10 @@ impl SinkBatch<'_> {
 /// What a new owner learns when it opens a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OpenOutcome {
-    /// Highest token the sink has accepted for this stream after the call.
+    /// The token of the stream's last id after the call (the fence).
     pub highest_token: u64,
-    /// Sequence of the last event appended, if any.
+    /// The sequence of the stream's last id (the last appended entry's, even
+    /// if trimmed since), if any entry was ever appended.
     pub last_seq: Option<u64>,
     /// A newer token already exists: the caller is not the owner (or its lease
     /// record was re-created behind the sink's back).
@@ -208,11 +217,8 @@ pub struct WriteOutcome {
     pub duplicate: u64,
     /// Events rejected because a newer fence token exists (all of the batch, or none).
     pub fenced: u64,
-    /// Highest token the sink has accepted for this stream after the write.
+    /// The token of the stream's last id after the write (the fence).
     pub highest_token: u64,
-    /// Events refused (all of the batch, or none) because the stream ends
-    /// below the batch's `after`: an earlier batch has not landed.
-    pub out_of_order: u64,
 }
 
 impl WriteOutcome {
@@ -226,6 +232,19 @@ impl WriteOutcome {
 /// retrying the same batch is safe, since appended sequences are dropped.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
+    /// The stream was not opened under this token on this sink, or the
+    /// connection was lost since it was (a failover may have lost its tail):
+    /// open it again, compare its last sequence with what was confirmed, then
+    /// write. Nothing was sent.
+    #[error(
+        "stream {stream_id} must be opened (again) under token {fence_token} before it is written"
+    )]
+    NotOpen {
+        /// Stream written.
+        stream_id: String,
+        /// The writer's token.
+        fence_token: u64,
+    },
     /// The sink could not be reached or timed out.
     #[error("sink unavailable: {0}")]
     Unavailable(String),
@@ -241,10 +260,15 @@ pub enum SinkError {
 #[async_trait]
 pub trait FencedSink: Send + Sync + 'static {
     /// Raises the stream's fence to `fence_token` (unless a higher one exists)
-    /// and returns the last appended sequence, in one atomic step.
+    /// and returns the last appended sequence, in one atomic step. A stream
+    /// may be opened again under the same token (after a reconnect).
     async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError>;
 
-    /// Writes one batch: fenced as a whole, de-duplicated by sequence, in order.
+    /// Writes one batch: fenced as a whole, de-duplicated by sequence, in
+    /// order. Only under a token this sink opened the stream with since its
+    /// last lost connection ([`SinkError::NotOpen`] otherwise). One batch per
+    /// stream at a time: a batch sent past one that failed would land above
+    /// the hole, and ids only go up.
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError>;
 }
 
@@ -271,6 +295,51 @@ impl Default for SinkOptions {
             max_len: 0,
             reply_timeout: DEFAULT_REPLY_TIMEOUT,
         }
+    }
+}
+
+/// The streams a sink may write, each with the token it was opened under.
+///
+/// Why the sink keeps this: with the fence in the entry id, a write under a
+/// token above the stream's last id is appended whatever its sequence, so a
+/// write before the open would store a replay twice; and after a lost
+/// connection (a failover) the stream may have lost its tail, which only an
+/// open finds. So a write is refused ([`SinkError::NotOpen`]) until the
+/// stream was opened under its token, and every stream must be opened again
+/// after a lost connection ([`OpenedStreams::forget_all`]).
+#[derive(Debug, Default)]
+pub struct OpenedStreams(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl OpenedStreams {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records an open that was not fenced.
+    pub fn opened(&self, stream_id: &str, fence_token: u64) {
+        let mut streams = self.lock();
+        let token = streams.entry(stream_id.to_owned()).or_default();
+        *token = (*token).max(fence_token);
+    }
+
+    /// `Err(NotOpen)` unless the stream was opened under `fence_token` or a
+    /// higher one (a lower token is sent: the store fences it, and the
+    /// verdict is counted as any zombie's).
+    pub fn check(&self, stream_id: &str, fence_token: u64) -> Result<(), SinkError> {
+        match self.lock().get(stream_id) {
+            Some(opened) if *opened >= fence_token => Ok(()),
+            _ => Err(SinkError::NotOpen {
+                stream_id: stream_id.to_owned(),
+                fence_token,
+            }),
+        }
+    }
+
+    /// After a lost connection: every stream must be opened again.
+    pub fn forget_all(&self) {
+        self.lock().clear();
     }
 }
 

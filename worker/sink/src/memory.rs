@@ -6,7 +6,11 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use leasehold_control::protocol;
 
-use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
+use leasehold_control::protocol::EntryId;
+
+use super::{
+    FencedSink, OpenOutcome, OpenedStreams, SinkBatch, SinkError, SinkOptions, WriteOutcome,
+};
 
 /// One accepted entry as stored: an event, or a gap marker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +40,8 @@ impl StoredEvent {
 
 #[derive(Debug, Default)]
 struct StreamState {
-    highest_token: u64,
+    /// The stream's last generated id (`None`: the key does not exist).
+    last_id: Option<EntryId>,
     /// The newest `max_len` events (all when uncapped); the last one always stays.
     entries: VecDeque<StoredEvent>,
     appended: u64,
@@ -44,17 +49,13 @@ struct StreamState {
     broken: bool,
 }
 
-impl StreamState {
-    fn last_seq(&self) -> Option<u64> {
-        self.entries.back().map(|event| event.seq)
-    }
-}
-
-/// Events per stream in memory, fenced and de-duplicated.
+/// Events per stream in memory, fenced and de-duplicated by entry id as the
+/// Redis sink's layout v2 is ([`protocol::admits`]).
 #[derive(Debug, Default)]
 pub struct MemorySink {
     options: SinkOptions,
     streams: Mutex<HashMap<String, StreamState>>,
+    opened: OpenedStreams,
 }
 
 impl MemorySink {
@@ -63,6 +64,7 @@ impl MemorySink {
         MemorySink {
             options,
             streams: Mutex::default(),
+            opened: OpenedStreams::default(),
         }
     }
 
@@ -81,7 +83,9 @@ impl MemorySink {
     /// The sequence of a stream's newest stored event (what the dashboard's
     /// stream page shows), without copying the stream.
     pub fn last_seq(&self, stream_id: &str) -> Option<u64> {
-        self.lock().get(stream_id).and_then(StreamState::last_seq)
+        self.lock()
+            .get(stream_id)
+            .and_then(|s| s.entries.back().map(|event| event.seq))
     }
 
     /// Every event ever appended for a stream (including trimmed ones).
@@ -95,9 +99,31 @@ impl MemorySink {
         self.lock().entry(stream_id.to_owned()).or_default().broken = broken;
     }
 
-    /// Highest token accepted for a stream.
+    /// The token of a stream's last id (0: no stream).
     pub fn highest_token(&self, stream_id: &str) -> u64 {
-        self.lock().get(stream_id).map_or(0, |s| s.highest_token)
+        self.lock()
+            .get(stream_id)
+            .and_then(|s| s.last_id)
+            .map_or(0, |id| id.token)
+    }
+
+    /// What a failover to a replica that lacked the newest `entries` entries
+    /// leaves (tests): they are gone, the last id is the newest kept entry's
+    /// (the replica never saw the later appends, nor an open that raised the
+    /// id since), and the connection is lost, so every stream must be opened
+    /// again before its next write.
+    pub fn lose_tail(&self, stream_id: &str, entries: usize) {
+        let mut streams = self.lock();
+        let state = streams.entry(stream_id.to_owned()).or_default();
+        for _ in 0..entries.min(state.entries.len()) {
+            state.entries.pop_back();
+        }
+        state.last_id = state.entries.back().map(|kept| EntryId {
+            token: kept.fence_token,
+            seq: kept.seq,
+        });
+        drop(streams);
+        self.opened.forget_all();
     }
 }
 
@@ -113,54 +139,43 @@ impl FencedSink for MemorySink {
         if state.broken {
             return Err(broken());
         }
-        if protocol::fenced(state.highest_token, fence_token) {
-            return Ok(OpenOutcome {
-                highest_token: state.highest_token,
-                last_seq: state.last_seq(),
+        match protocol::opened_id(state.last_id, fence_token) {
+            Err(fence) => Ok(OpenOutcome {
+                highest_token: fence,
+                last_seq: protocol::last_seq_of(state.last_id),
                 fenced: true,
-            });
+            }),
+            Ok(raised) => {
+                state.last_id = Some(raised);
+                self.opened.opened(stream_id, fence_token);
+                Ok(OpenOutcome {
+                    highest_token: fence_token,
+                    last_seq: protocol::last_seq_of(state.last_id),
+                    fenced: false,
+                })
+            }
         }
-        state.highest_token = protocol::raised_fence(state.highest_token, fence_token);
-        Ok(OpenOutcome {
-            highest_token: fence_token,
-            last_seq: state.last_seq(),
-            fenced: false,
-        })
     }
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         batch.check_order()?;
+        self.opened.check(batch.stream_id, batch.fence_token)?;
         let mut streams = self.lock();
         let state = streams.entry(batch.stream_id.to_owned()).or_default();
-        if protocol::fenced(state.highest_token, batch.fence_token) {
-            return Ok(WriteOutcome {
-                fenced: batch.events.len() as u64,
-                highest_token: state.highest_token,
-                ..WriteOutcome::default()
-            });
-        }
         if state.broken {
             return Err(broken());
         }
-        if let Some(after) = batch.after
-            && state.last_seq().is_none_or(|last| last < after)
-        {
-            return Ok(WriteOutcome {
-                out_of_order: batch.events.len() as u64,
-                highest_token: state.highest_token,
-                ..WriteOutcome::default()
-            });
-        }
-        state.highest_token = protocol::raised_fence(state.highest_token, batch.fence_token);
-        let mut outcome = WriteOutcome {
-            highest_token: batch.fence_token,
-            ..WriteOutcome::default()
-        };
+        let mut outcome = WriteOutcome::default();
         for event in batch.events {
-            if protocol::already_appended(state.last_seq(), event.seq) {
+            let id = EntryId {
+                token: batch.fence_token,
+                seq: event.seq,
+            };
+            if !protocol::admits(state.last_id, id) {
                 outcome.duplicate += 1;
                 continue;
             }
+            state.last_id = Some(id);
             state.entries.push_back(StoredEvent {
                 seq: event.seq,
                 event_id: event.event_id.clone(),
@@ -173,6 +188,15 @@ impl FencedSink for MemorySink {
             state.appended += 1;
             outcome.accepted += 1;
         }
+        // Refusals are a head (ids increase): all of them a newer owner's
+        // fence, or a replay of stored sequences.
+        if let Some(last) = state.last_id
+            && outcome.accepted == 0
+            && protocol::refused_as_fenced(last, batch.fence_token)
+        {
+            outcome.fenced = std::mem::take(&mut outcome.duplicate);
+        }
+        outcome.highest_token = state.last_id.map_or(batch.fence_token, |id| id.token);
         if self.options.max_len > 0 {
             while state.entries.len() as u64 > self.options.max_len.max(1) {
                 state.entries.pop_front();

@@ -38,7 +38,9 @@ pub trait SinkReader: Send + Sync {
 fn category(err: SinkError) -> SinkReadError {
     match err {
         SinkError::Unavailable(_) => SinkReadError::Unavailable,
-        SinkError::Rejected(_) | SinkError::Config(_) => SinkReadError::Refused,
+        SinkError::Rejected(_) | SinkError::Config(_) | SinkError::NotOpen { .. } => {
+            SinkReadError::Refused
+        }
     }
 }
 
@@ -126,7 +128,6 @@ mod tests {
             stream_id: "s",
             fence_token: 1,
             events: &events,
-            after: None,
         })
         .await
         .unwrap();

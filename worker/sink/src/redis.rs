@@ -1,114 +1,69 @@
-//! Redis Streams sink: one Lua script opens a stream (raises the fence, reads
-//! the last sequence), one per batch checks the fence, drops replayed sequences
-//! and appends (docs/redis.md fixes the layout).
+//! Redis Streams sink, layout v2 (docs/redis.md): entry ids `<token>-<seq>`.
+//! One small script opens a stream at acquire (raises its last id to the
+//! owner's token, reads the last sequence); a batch is one `MULTI`/`EXEC` of
+//! explicit-id `XADD`s, no Lua, whose refusals Redis itself decides.
 
 use crate::keys;
 use async_trait::async_trait;
+use leasehold_control::protocol::{self, EntryId};
 use leasehold_telemetry::GapReason;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
+use super::{
+    FencedSink, OpenOutcome, OpenedStreams, SinkBatch, SinkError, SinkOptions, WriteOutcome,
+};
 
 /// How long connecting to Redis may take (the client's default is 1 s: tight
 /// for a TLS endpoint across zones).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The position of a stream's last entry (an event's `seq`, a gap marker's
-/// `gap_to`), or -1. Shared by both scripts.
-const LAST_SEQ: &str = r#"
-local function last_seq(stream)
-  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-  if not last then return -1 end
-  local fields = last[2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'seq' or fields[i] == 'gap_to' then return tonumber(fields[i + 1]) end
-  end
-  return -1
-end
-"#;
-
-/// KEYS: fence, stream. ARGV: token. Raises the fence unless a higher token
-/// exists. Returns {fenced (0/1), highest, last seq or -1}.
+/// KEYS: stream. ARGV: token, the v1 id floor ([`V1_ID_FLOOR`]). The only script: run once per acquire (and per
+/// reconnect), never per batch. Returns {verdict, token, seq} of the stream's
+/// last id after the call; verdict 0 = opened, 1 = fenced (a newer token's
+/// id), 2 = layout v1 (the id is a unix-ms time: ids written by Redis, not
+/// `<token>-<seq>`; nothing is changed). A stream that does not exist is
+/// created at `<token>-0` (an entry added and deleted: the id stays), so no
+/// zombie can create it under its lower token.
 const OPEN: &str = r#"
-local token = tonumber(ARGV[1])
-local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
-if token < highest then
-  return {1, highest, last_seq(KEYS[2])}
+local stream, token = KEYS[1], tonumber(ARGV[1])
+if redis.call('EXISTS', stream) == 0 then
+  redis.call('XADD', stream, ARGV[1] .. '-0', 'opened', ARGV[1])
+  redis.call('XDEL', stream, ARGV[1] .. '-0')
+  return {0, token, 0}
 end
-if token > highest then
-  redis.call('SET', KEYS[1], ARGV[1])
+local info = redis.call('XINFO', 'STREAM', stream)
+local last = '0-0'
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then last = info[i + 1] end
 end
-return {0, token, last_seq(KEYS[2])}
+local t, s = string.match(last, '^(%d+)-(%d+)$')
+t, s = tonumber(t), tonumber(s)
+if t >= tonumber(ARGV[2]) then return {2, t, s} end
+if t > token then return {1, t, s} end
+if t < token then redis.call('XSETID', stream, ARGV[1] .. '-' .. s) end
+return {0, token, s}
 "#;
 
-/// KEYS: fence, stream. ARGV: token, max len, after ('' or the sequence the
-/// stream must have reached: a pipelined batch's predecessor), then (seq,
-/// event_id, payload) per event; a gap marker is (gap_to, '', '<gap_from>
-/// <reason>') – an event's id is never empty. Returns {accepted, duplicate,
-/// fenced, highest, out_of_order}. The last sequence is
-/// read from the stream before anything is written, and nothing but the append
-/// records an event: a script that fails part-way leaves only what it appended.
-/// Tokens and sequences stay below 2^53, so Lua's doubles hold them exactly.
-const WRITE_BATCH: &str = r#"
-local token = tonumber(ARGV[1])
-local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
-local events = (#ARGV - 3) / 3
-if token < highest then
-  return {0, 0, events, highest, 0}
-end
-local last = last_seq(KEYS[2])
-if ARGV[3] ~= '' and last < tonumber(ARGV[3]) then
-  return {0, 0, 0, highest, events}
-end
-if token > highest then
-  redis.call('SET', KEYS[1], ARGV[1])
-end
--- Events come in sequence order: only a takeover's replay at the head can be
--- a duplicate, so the loop that appends compares nothing (per-event Lua work
--- is most of the script's cost).
-local first = 4
-while first <= #ARGV and tonumber(ARGV[first]) <= last do
-  first = first + 3
-end
-local duplicate = (first - 4) / 3
-local stream, fence = KEYS[2], ARGV[1]
-local max_len = tonumber(ARGV[2])
--- Markers are rare: one function for both trims.
-local function add_marker(i)
-  local from, reason = string.match(ARGV[i + 2], '^(%d+) (.+)$')
-  if max_len > 0 then
-    redis.call('XADD', stream, 'MAXLEN', '~', max_len, '*',
-      'gap_from', from, 'gap_to', ARGV[i], 'fence_token', fence, 'reason', reason)
-  else
-    redis.call('XADD', stream, '*',
-      'gap_from', from, 'gap_to', ARGV[i], 'fence_token', fence, 'reason', reason)
-  end
-end
-if max_len > 0 then
-  for i = first, #ARGV, 3 do
-    if ARGV[i + 1] == '' then add_marker(i) else
-    redis.call('XADD', stream, 'MAXLEN', '~', max_len, '*',
-      'seq', ARGV[i], 'event_id', ARGV[i + 1], 'fence_token', fence, 'payload', ARGV[i + 2])
-    end
-  end
-else
-  for i = first, #ARGV, 3 do
-    if ARGV[i + 1] == '' then add_marker(i) else
-    redis.call('XADD', stream, '*',
-      'seq', ARGV[i], 'event_id', ARGV[i + 1], 'fence_token', fence, 'payload', ARGV[i + 2])
-    end
-  end
-end
-return {events - duplicate, duplicate, 0, token, 0}
-"#;
+/// A first id part at or above this is a unix-ms time (2001-09-09 onwards),
+/// not a fence token: the stream was written in layout v1.
+const V1_ID_FLOOR: u64 = 1_000_000_000_000;
+
+/// Redis's refusal of an explicit id that is not above the stream's last:
+/// in layout v2 a duplicate or a fenced entry, never a failure.
+fn is_id_refusal(error: &redis::ServerError) -> bool {
+    error
+        .details()
+        .is_some_and(|details| details.contains("equal or smaller than the target stream top item"))
+}
 
 /// The Redis Streams sink. Cheap to clone; reconnects by itself.
 #[derive(Clone)]
 pub struct RedisSink {
     connection: ConnectionManager,
     open: redis::Script,
-    write: redis::Script,
     options: SinkOptions,
+    /// Shared by clones: one connection, one set of opened streams.
+    opened: std::sync::Arc<OpenedStreams>,
 }
 
 impl std::fmt::Debug for RedisSink {
@@ -183,9 +138,9 @@ impl RedisSink {
         .map_err(classify)?;
         Ok(RedisSink {
             connection,
-            open: redis::Script::new(&format!("{LAST_SEQ}{OPEN}")),
-            write: redis::Script::new(&format!("{LAST_SEQ}{WRITE_BATCH}")),
+            open: redis::Script::new(OPEN),
             options,
+            opened: std::sync::Arc::default(),
         })
     }
 
@@ -249,80 +204,184 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
     })
 }
 
+impl RedisSink {
+    /// A failed call may mean a lost connection, and a lost connection may
+    /// mean a failover to a replica without the newest entries: every stream
+    /// is opened again before its next write. `READONLY` (a demoted primary)
+    /// and `MOVED` count as lost connections too.
+    fn failed(&self, err: redis::RedisError) -> SinkError {
+        let lost = err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || matches!(
+                err.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::Moved
+                )
+            );
+        if lost {
+            self.opened.forget_all();
+            return SinkError::Unavailable(err.to_string());
+        }
+        classify(err)
+    }
+
+    /// The stream's last id, read after a batch was refused whole.
+    async fn last_id(&self, stream_id: &str) -> Result<Option<EntryId>, SinkError> {
+        let mut connection = self.connection.clone();
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(keys::sink_stream(stream_id))
+            .query_async(&mut connection)
+            .await
+            .map_err(|err| self.failed(err))?;
+        let last = match info {
+            redis::Value::Map(pairs) => pairs
+                .into_iter()
+                .find(|(key, _)| is_text(key, "last-generated-id"))
+                .map(|(_, value)| value),
+            redis::Value::Array(items) => items
+                .chunks(2)
+                .find(|pair| is_text(&pair[0], "last-generated-id"))
+                .and_then(|pair| pair.get(1).cloned()),
+            _ => None,
+        };
+        let text: Option<String> = last
+            .map(redis::from_redis_value)
+            .transpose()
+            .map_err(|err| SinkError::Rejected(err.to_string()))?;
+        Ok(text.as_deref().and_then(parse_id))
+    }
+}
+
+fn is_text(value: &redis::Value, text: &str) -> bool {
+    match value {
+        redis::Value::BulkString(bytes) => bytes == text.as_bytes(),
+        redis::Value::SimpleString(value) => value == text,
+        _ => false,
+    }
+}
+
+/// `<token>-<seq>` as an [`EntryId`].
+fn parse_id(id: &str) -> Option<EntryId> {
+    let (token, seq) = id.split_once('-')?;
+    Some(EntryId {
+        token: token.parse().ok()?,
+        seq: seq.parse().ok()?,
+    })
+}
+
 #[async_trait]
 impl FencedSink for RedisSink {
     async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
         let mut connection = self.connection.clone();
-        let (fenced, highest_token, last_seq): (u8, u64, i64) = self
+        let (verdict, token, seq): (u8, u64, u64) = self
             .open
-            .key(keys::sink_fence(stream_id))
             .key(keys::sink_stream(stream_id))
             .arg(fence_token)
+            .arg(V1_ID_FLOOR)
             .invoke_async(&mut connection)
             .await
-            .map_err(classify)?;
-        Ok(OpenOutcome {
-            highest_token,
-            last_seq: u64::try_from(last_seq).ok(),
-            fenced: fenced == 1,
-        })
+            .map_err(|err| self.failed(err))?;
+        let last = Some(EntryId { token, seq });
+        match verdict {
+            0 => {
+                self.opened.opened(stream_id, fence_token);
+                Ok(OpenOutcome {
+                    highest_token: token,
+                    last_seq: protocol::last_seq_of(last),
+                    fenced: false,
+                })
+            }
+            1 => Ok(OpenOutcome {
+                highest_token: token,
+                last_seq: protocol::last_seq_of(last),
+                fenced: true,
+            }),
+            _ => Err(SinkError::Rejected(format!(
+                "{key} was written in sink layout v1 (time-based entry ids, last id {token}-{seq}): \
+                 stop every worker of the old version, then RENAME {key} to keep its events \
+                 (or DEL it) and DEL {fence}; the next owner resumes from the checkpoint",
+                key = keys::sink_stream(stream_id),
+                fence = keys::sink_fence(stream_id),
+            ))),
+        }
     }
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
-        // The script compares only the batch's head with the stream's end.
         batch.check_order()?;
-        // EVALSHA built directly, sized once: a `ScriptInvocation` serialises
-        // every argument into its own buffer first (three allocations and a
-        // payload copy per event), and a growing command reallocates.
-        let bytes: usize = batch
-            .events
-            .iter()
-            .map(|event| event.event_id.len() + event.payload.len() + 48)
-            .sum();
-        let mut command = redis::Cmd::with_capacity(7 + 3 * batch.events.len(), 256 + bytes);
-        command
-            .arg("EVALSHA")
-            .arg(self.write.get_hash())
-            .arg(2)
-            .arg(keys::sink_fence(batch.stream_id))
-            .arg(keys::sink_stream(batch.stream_id))
-            .arg(batch.fence_token)
-            .arg(self.options.max_len);
-        match batch.after {
-            Some(after) => command.arg(after),
-            None => command.arg(""),
-        };
+        self.opened.check(batch.stream_id, batch.fence_token)?;
+        if batch.events.is_empty() {
+            return Ok(WriteOutcome {
+                highest_token: batch.fence_token,
+                ..WriteOutcome::default()
+            });
+        }
+        let key = keys::sink_stream(batch.stream_id);
+        let token = batch.fence_token.to_string();
+        let mut pipe = redis::pipe();
+        pipe.atomic().ignore_errors();
+        let mut id = String::with_capacity(token.len() + 21);
         for event in batch.events {
-            command.arg(event.seq);
+            use std::fmt::Write as _;
+            id.clear();
+            let _ = write!(id, "{token}-{}", event.seq);
+            let command = pipe.cmd("XADD").arg(&key);
+            if self.options.max_len > 0 {
+                command.arg("MAXLEN").arg("~").arg(self.options.max_len);
+            }
+            command.arg(&id);
             match event.gap {
-                None => command.arg(&event.event_id).arg(event.payload.as_bytes()),
+                None => command
+                    .arg("seq")
+                    .arg(event.seq)
+                    .arg("event_id")
+                    .arg(&event.event_id)
+                    .arg("fence_token")
+                    .arg(&token)
+                    .arg("payload")
+                    .arg(event.payload.as_bytes()),
                 Some(gap) => command
-                    .arg("")
-                    .arg(format!("{} {}", gap.from, gap.reason.as_str())),
+                    .arg("gap_from")
+                    .arg(gap.from)
+                    .arg("gap_to")
+                    .arg(event.seq)
+                    .arg("fence_token")
+                    .arg(&token)
+                    .arg("reason")
+                    .arg(gap.reason.as_str()),
             };
         }
         let mut connection = self.connection.clone();
-        let reply = match command.query_async(&mut connection).await {
-            Err(err)
-                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                // A restarted or flushed Redis forgot the script: load it, send again.
-                self.write
-                    .load_async(&mut connection)
-                    .await
-                    .map_err(classify)?;
-                command.query_async(&mut connection).await
-            }
-            reply => reply,
+        let replies: Vec<redis::Value> = pipe
+            .query_async(&mut connection)
+            .await
+            .map_err(|err| self.failed(err))?;
+        let mut outcome = WriteOutcome {
+            highest_token: batch.fence_token,
+            ..WriteOutcome::default()
         };
-        let (accepted, duplicate, fenced, highest_token, out_of_order): (u64, u64, u64, u64, u64) =
-            reply.map_err(classify)?;
-        Ok(WriteOutcome {
-            accepted,
-            duplicate,
-            fenced,
-            highest_token,
-            out_of_order,
-        })
+        for reply in &replies {
+            match reply {
+                redis::Value::ServerError(error) if is_id_refusal(error) => outcome.duplicate += 1,
+                redis::Value::ServerError(error) => {
+                    // Another refusal (a wrong key type): nothing else of the
+                    // batch can have been appended, as every XADD meets it.
+                    return Err(SinkError::Rejected(error.to_string()));
+                }
+                _ => outcome.accepted += 1,
+            }
+        }
+        if outcome.accepted == 0 {
+            // Refused whole: a newer owner's id, or all of it a replay.
+            if let Some(last) = self.last_id(batch.stream_id).await? {
+                outcome.highest_token = last.token;
+                if protocol::refused_as_fenced(last, batch.fence_token) {
+                    outcome.fenced = std::mem::take(&mut outcome.duplicate);
+                }
+            }
+        }
+        Ok(outcome)
     }
 }

@@ -16,6 +16,7 @@ async fn redis_sink_waits_out_a_busy_moment() {
         return;
     };
     let stream = leasehold_testkit::unique_name("sink");
+    target.sink().open(&stream, 1).await.expect("open");
     let url = leasehold_testkit::redis_url().expect("redis URL");
     let mut busy = ::redis::Client::open(url.as_str())
         .expect("redis URL")
@@ -44,7 +45,6 @@ async fn redis_sink_waits_out_a_busy_moment() {
             stream_id: &stream,
             fence_token: 1,
             events: &events,
-            after: None,
         })
         .await
         .expect("a busy Redis is waited out");

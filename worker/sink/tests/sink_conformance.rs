@@ -12,8 +12,17 @@ mod redis {
     leasehold_sink::sink_conformance_suite!(RedisTarget::connect(OPTIONS));
 }
 
-/// The Redis sink sends `EVALSHA` itself: a Redis that forgot the script
-/// (restarted, `SCRIPT FLUSH`) gets it loaded again and the batch lands.
+async fn raw_redis() -> ::redis::aio::MultiplexedConnection {
+    let url = leasehold_testkit::redis_url().expect("redis URL");
+    ::redis::Client::open(url.as_str())
+        .expect("redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}
+
+/// A Redis that forgot the open script (restarted, `SCRIPT FLUSH`) gets it
+/// loaded again; writes use no script at all.
 #[tokio::test]
 async fn redis_sink_reloads_a_forgotten_script() {
     use leasehold_sink::conformance::SinkTarget;
@@ -22,34 +31,116 @@ async fn redis_sink_reloads_a_forgotten_script() {
         return;
     };
     let stream = leasehold_testkit::unique_name("sink");
-    let event = |seq: u64| SinkEvent::data(seq, format!("{stream}:{seq}"), "{}");
-    let write = |events: Vec<SinkEvent>| {
-        let sink = target.sink();
-        let stream = stream.clone();
-        async move {
-            sink.write(SinkBatch {
-                stream_id: &stream,
-                fence_token: 1,
-                events: &events,
-                after: None,
-            })
-            .await
-            .expect("write")
-        }
-    };
-    assert_eq!(write(vec![event(1)]).await.accepted, 1);
-    let url = leasehold_testkit::redis_url().expect("redis URL");
-    let mut raw = ::redis::Client::open(url.as_str())
-        .expect("redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut raw = raw_redis().await;
     let _: () = ::redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut raw)
         .await
         .expect("SCRIPT FLUSH");
-    assert_eq!(write(vec![event(2)]).await.accepted, 1);
-    let stored = target.stored(&stream).await;
-    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+    let opened = target.sink().open(&stream, 1).await.expect("open");
+    assert!(!opened.fenced);
+    let events = [SinkEvent::data(1, format!("{stream}:1"), "{}")];
+    let written = target
+        .sink()
+        .write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 1,
+            events: &events,
+        })
+        .await
+        .expect("write");
+    assert_eq!(written.accepted, 1);
+}
+
+/// The open leaves the stream's last id at `<token>-<last seq>` (created
+/// empty at `<token>-0`): the id is the fence, no `leasehold:fence:*` key is
+/// written, and entries carry `<token>-<seq>` ids (docs/redis.md, layout v2).
+#[tokio::test]
+async fn redis_sink_ids_are_token_and_sequence() {
+    use leasehold_sink::conformance::SinkTarget;
+    use leasehold_sink::{SinkBatch, SinkEvent, keys};
+    let Some(target) = RedisTarget::connect(OPTIONS).await else {
+        return;
+    };
+    let stream = leasehold_testkit::unique_name("sink");
+    let mut raw = raw_redis().await;
+    let last_id = |info: ::redis::Value| -> String {
+        let map: std::collections::HashMap<String, ::redis::Value> =
+            ::redis::from_redis_value(info).expect("XINFO map");
+        ::redis::from_redis_value(map["last-generated-id"].clone()).expect("id")
+    };
+    target.sink().open(&stream, 7).await.expect("open");
+    let info = ::redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(keys::sink_stream(&stream))
+        .query_async(&mut raw)
+        .await
+        .expect("XINFO");
+    assert_eq!(last_id(info), "7-0");
+    let events = [
+        SinkEvent::data(4, format!("{stream}:4"), "{}"),
+        SinkEvent::data(5, format!("{stream}:5"), "{}"),
+    ];
+    target
+        .sink()
+        .write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 7,
+            events: &events,
+        })
+        .await
+        .expect("write");
+    let ids: ::redis::streams::StreamRangeReply = ::redis::cmd("XRANGE")
+        .arg(keys::sink_stream(&stream))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut raw)
+        .await
+        .expect("XRANGE");
+    let ids: Vec<&str> = ids.ids.iter().map(|entry| entry.id.as_str()).collect();
+    assert_eq!(ids, ["7-4", "7-5"]);
+    target.sink().open(&stream, 9).await.expect("open");
+    let info = ::redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(keys::sink_stream(&stream))
+        .query_async(&mut raw)
+        .await
+        .expect("XINFO");
+    assert_eq!(last_id(info), "9-5");
+    let fence: bool = ::redis::cmd("EXISTS")
+        .arg(keys::sink_fence(&stream))
+        .query_async(&mut raw)
+        .await
+        .expect("EXISTS");
+    assert!(!fence, "layout v2 writes no fence key");
+}
+
+/// A stream written in layout v1 (ids Redis generated from its clock) is
+/// refused on open with an error naming the stream and what to do; its time
+/// id is never taken for a fence token (which would fence every owner).
+#[tokio::test]
+async fn redis_sink_refuses_a_layout_v1_stream() {
+    use leasehold_sink::conformance::SinkTarget;
+    use leasehold_sink::{SinkError, keys};
+    let Some(target) = RedisTarget::connect(OPTIONS).await else {
+        return;
+    };
+    let stream = leasehold_testkit::unique_name("sink");
+    let mut raw = raw_redis().await;
+    let _: String = ::redis::cmd("XADD")
+        .arg(keys::sink_stream(&stream))
+        .arg("*")
+        .arg("seq")
+        .arg(1)
+        .query_async(&mut raw)
+        .await
+        .expect("XADD");
+    let refused = target.sink().open(&stream, 3).await;
+    match refused {
+        Err(SinkError::Rejected(message)) => {
+            assert!(message.contains(&keys::sink_stream(&stream)), "{message}");
+            assert!(message.contains("layout v1"), "{message}");
+        }
+        other => panic!("a v1 stream must be refused, got {other:?}"),
+    }
 }

@@ -40,12 +40,9 @@ pub struct RunnerConfig {
     /// Most events per sink write.
     pub batch_max_events: usize,
     /// Kept for configuration compatibility: batches no longer wait to fill.
-    /// A batch is written as soon as a write slot is free (see `max_in_flight`),
-    /// so it holds whatever arrived while the earlier writes were on their way.
+    /// A batch is written as soon as the stream's previous one landed, so it
+    /// holds whatever arrived while that write was on its way.
     pub batch_max_delay: Duration,
-    /// Most batches of one stream in flight to the sink at once
-    /// (`SINK_MAX_IN_FLIGHT`; 1 writes one batch at a time).
-    pub max_in_flight: usize,
     /// Reconnect schedule after upstream errors.
     pub reconnect: Backoff,
     /// Retry schedule after sink errors (the batch is kept and retried).
@@ -78,7 +75,6 @@ impl Default for RunnerConfig {
         RunnerConfig {
             batch_max_events: 500,
             batch_max_delay: Duration::from_millis(20),
-            max_in_flight: 4,
             reconnect: Backoff {
                 base: Duration::from_millis(100),
                 cap: Duration::from_secs(5),
@@ -141,6 +137,9 @@ struct Progress {
     last_event_at: Instant,
     /// The last event's arrival lag behind its own time, if the upstream names it.
     last_arrival_lag: Option<f64>,
+    /// What had been confirmed before the sink lost its tail, while the
+    /// upstream refills it.
+    refill_to: Option<u64>,
 }
 
 /// Why consuming stopped.
@@ -170,6 +169,7 @@ pub async fn run_stream(
                 unpersisted: VecDeque::new(),
                 last_event_at: Instant::now(),
                 last_arrival_lag: None,
+                refill_to: None,
             };
             // A replay upstream is asked for everything from the first
             // sequence; a live one starts wherever it is when nothing was
@@ -396,6 +396,7 @@ async fn consume_in(
         };
         intake.sequencer.connected();
         let mut lag_tick = tokio::time::interval(context.config.lag_report_interval);
+        // `None`: the sink lost confirmed events, consuming starts over.
         let error = loop {
             let mut failed = None;
             tokio::select! {
@@ -412,6 +413,9 @@ async fn consume_in(
                     if let Err(stop) = window.land(progress, landed).await {
                         subscription.close().await;
                         return stop;
+                    }
+                    if window.rewind.is_some() {
+                        break None;
                     }
                 }
                 // History pages wait while the batch is full, like the upstream.
@@ -440,7 +444,7 @@ async fn consume_in(
                 },
             }
             if let Some(err) = failed {
-                break err;
+                break Some(err);
             }
             while window.has_room() && !pending.is_empty() {
                 if let Err(stop) = window.submit(&mut pending) {
@@ -450,11 +454,19 @@ async fn consume_in(
             }
         };
         subscription.close().await;
+        let Some(error) = error else {
+            rewind(window, progress, intake, &mut pending);
+            continue;
+        };
         // Events before a gap or a disconnect are good: write them first, then
         // resume right after what the sink confirmed. A backfill in progress
         // goes on across the reconnect (its held events stay held).
         if let Err(stop) = window.flush(progress, &mut pending).await {
             return stop;
+        }
+        if window.rewind.is_some() {
+            rewind(window, progress, intake, &mut pending);
+            continue;
         }
         if let Some(stop) = reconnect_after(
             context,
@@ -470,6 +482,27 @@ async fn consume_in(
             return stop;
         }
     }
+}
+
+/// The sink lost confirmed events and the upstream can send them again:
+/// what is pending is dropped and consuming starts over after the sink's
+/// end (a `replay` upstream is asked from there; a `backfill` one sees the
+/// hole at its next event and fetches it from the history). Until the
+/// refill passes what had been confirmed, a drain marks the rest.
+fn rewind(
+    window: &mut Window<'_>,
+    progress: &mut Progress,
+    intake: &mut Intake<'_>,
+    pending: &mut Vec<SinkEvent>,
+) {
+    let Some(sink_last) = window.rewind.take() else {
+        return;
+    };
+    pending.clear();
+    progress.refill_to = Some(progress.refill_to.unwrap_or(0).max(progress.confirmed));
+    progress.confirmed = sink_last;
+    intake.fetch = None;
+    intake.sequencer.reposition(Some(sink_last));
 }
 
 /// A history page being fetched: its task ends with the page or the reason
@@ -643,19 +676,19 @@ struct Landed {
     result: Result<WriteOutcome, SinkError>,
 }
 
-/// One stream's batches in flight to the sink, oldest first (at most
-/// `max_in_flight`). They are sent in order on the sink's connection; each one
-/// after the first names the last sequence of the one before it, so a batch
-/// that overtakes a failed or unfinished predecessor is refused by the sink
-/// instead of appended past a hole. Outcomes are taken in submission order, so
-/// the confirmed sequence (and with it the checkpoint) only ever covers
-/// batches that landed and every batch before them.
+/// One stream's batch in flight to the sink, if any. One at a time: with
+/// the fence in the entry id, a batch sent past one that failed would land
+/// above the hole, and no retry could fill it (ids only go up). Many streams'
+/// batches are still pipelined on the sink's one connection.
 struct Window<'a> {
     context: &'a RunnerContext,
     lease: &'a HeldLease,
     in_flight: FuturesOrdered<BoxFuture<'a, Landed>>,
-    /// Last sequence of the newest batch in flight.
-    newest: Option<u64>,
+    /// The sink lost confirmed events and the upstream can send them again:
+    /// consuming starts over after this sequence (the sink's last).
+    rewind: Option<u64>,
+    /// Draining: a lost tail cannot be refilled any more, so it is marked.
+    draining: bool,
 }
 
 impl<'a> Window<'a> {
@@ -664,12 +697,13 @@ impl<'a> Window<'a> {
             context,
             lease,
             in_flight: FuturesOrdered::new(),
-            newest: None,
+            rewind: None,
+            draining: false,
         }
     }
 
-    /// After the stream stopped (lost, fenced, given up): waits for the writes
-    /// already sent and counts their verdicts, so a zombie's write the sink
+    /// After the stream stopped (lost, fenced, given up): waits for the write
+    /// already sent and counts its verdict, so a zombie's write the sink
     /// refused still shows as fenced (`sink_events_fenced`) and is reported to
     /// the keeper. Nothing new is sent; a Redis command already on the wire
     /// runs whether or not its reply is awaited.
@@ -689,7 +723,7 @@ impl<'a> Window<'a> {
     }
 
     fn has_room(&self) -> bool {
-        self.in_flight.len() < self.context.config.max_in_flight.max(1)
+        self.in_flight.is_empty() && self.rewind.is_none()
     }
 
     /// Starts writing everything pending as one batch.
@@ -708,12 +742,6 @@ impl<'a> Window<'a> {
         } else {
             Arc::new(pending.drain(..capacity).collect())
         };
-        let after = if self.in_flight.is_empty() {
-            None
-        } else {
-            self.newest
-        };
-        self.newest = events.last().map(|event| event.seq);
         let sink = &self.context.sink;
         let stream_id = self.lease.stream_id.as_str();
         let fence_token = self.lease.fence_token;
@@ -724,7 +752,6 @@ impl<'a> Window<'a> {
                     stream_id,
                     fence_token,
                     events: &events,
-                    after,
                 })
                 .await;
             Landed {
@@ -736,61 +763,105 @@ impl<'a> Window<'a> {
         Ok(())
     }
 
-    /// Takes the oldest write's outcome. A failed or overtaking write makes
-    /// every batch from it on be written again, one at a time, in order
-    /// (already appended sequences are dropped by the sink).
+    /// Takes the write's outcome; a failed one is written again on its own
+    /// until it lands (already appended sequences are dropped by the sink).
     async fn land(&mut self, progress: &mut Progress, landed: Landed) -> Result<(), Stop> {
         let mut failures = SinkFailures::default();
         match landed.result {
-            Ok(outcome) if outcome.out_of_order == 0 => {
-                return confirm(
-                    self.context,
-                    self.lease,
-                    progress,
-                    &landed.events,
-                    outcome,
-                    landed.started,
-                );
-            }
-            Ok(_) => {}
+            Ok(outcome) => confirm(
+                self.context,
+                self.lease,
+                progress,
+                &landed.events,
+                outcome,
+                landed.started,
+            ),
             Err(err) => {
-                failures
-                    .wait(self.context, self.lease, err, landed.events.len() as u64)
-                    .await?
+                if !matches!(err, SinkError::NotOpen { .. }) {
+                    failures
+                        .wait(self.context, self.lease, err, landed.events.len() as u64)
+                        .await?;
+                }
+                self.write_serially(progress, &landed.events, &mut failures)
+                    .await
             }
         }
-        let mut batches = vec![landed.events];
-        loop {
-            let next = tokio::select! {
-                biased;
-                _ = self.lease.cancelled() => return Err(loss(self.lease)),
-                next = self.in_flight.next() => next,
-            };
-            let Some(next) = next else { break };
-            if let Ok(outcome) = &next.result
-                && outcome.is_fenced()
-            {
-                // Counted like any fenced write (`sink_events_fenced`).
-                emit_write(self.context, self.lease, outcome, next.started);
-                self.context.keeper.report_fenced(self.lease);
-                return Err(Stop::Lost(LossReason::Fenced));
-            }
-            batches.push(next.events);
-        }
-        self.newest = None;
-        for events in batches {
-            write_serially(self.context, self.lease, progress, &events, &mut failures).await?;
-        }
-        Ok(())
     }
 
-    /// Writes what is pending and waits until every write has landed.
+    /// Writes one batch on its own, retrying sink errors while the lease is
+    /// valid. A sink that asks for a new open (its connection was lost) is
+    /// opened again; if it lost confirmed events, the batch is dropped and
+    /// consuming starts over after the sink's end (`rewind`: the upstream
+    /// sends them again), or, for a `live` upstream or while draining, a
+    /// `sink_lost` gap marker goes in front of the batch.
+    async fn write_serially(
+        &mut self,
+        progress: &mut Progress,
+        events: &[SinkEvent],
+        failures: &mut SinkFailures,
+    ) -> Result<(), Stop> {
+        let mut marked: Option<Vec<SinkEvent>> = None;
+        loop {
+            // Invariant 4: no side effect past the holder's deadline.
+            if !self.lease.is_valid() {
+                return Err(loss(self.lease));
+            }
+            let sending = marked.as_deref().unwrap_or(events);
+            let batch = SinkBatch {
+                stream_id: &self.lease.stream_id,
+                fence_token: self.lease.fence_token,
+                events: sending,
+            };
+            let started = Instant::now();
+            match self.context.sink.write(batch).await {
+                Ok(outcome) => {
+                    return confirm(
+                        self.context,
+                        self.lease,
+                        progress,
+                        sending,
+                        outcome,
+                        started,
+                    );
+                }
+                Err(SinkError::NotOpen { .. }) => {
+                    let Some(lost) = reopen(self.context, self.lease, progress, failures).await?
+                    else {
+                        continue;
+                    };
+                    if self.context.config.resume != ResumeMode::Live && !self.draining {
+                        self.rewind = Some(lost.start() - 1);
+                        return Ok(());
+                    }
+                    let mut with_marker = vec![SinkEvent::gap(
+                        *lost.start(),
+                        *lost.end(),
+                        leasehold_telemetry::GapReason::SinkLost,
+                    )];
+                    with_marker.extend(events.iter().filter(|e| e.seq > *lost.end()).cloned());
+                    marked = Some(with_marker);
+                }
+                Err(err) => {
+                    failures
+                        .wait(self.context, self.lease, err, sending.len() as u64)
+                        .await?
+                }
+            }
+        }
+    }
+
+    /// Writes what is pending and waits until every write has landed (or a
+    /// rewind dropped what was pending).
     async fn flush(
         &mut self,
         progress: &mut Progress,
         pending: &mut Vec<SinkEvent>,
     ) -> Result<(), Stop> {
         loop {
+            if self.rewind.is_some() {
+                pending.clear();
+                return Ok(());
+            }
             if !pending.is_empty() && self.has_room() {
                 self.submit(pending)?;
             }
@@ -804,6 +875,41 @@ impl<'a> Window<'a> {
                 None if pending.is_empty() => return Ok(()),
                 None => {}
             }
+        }
+    }
+}
+
+/// Opens the stream again after the sink lost its connection (a failover
+/// shows that way) and compares its end with what it had confirmed.
+/// `Some(lost range)` when the sink is behind, counted and logged; a fenced
+/// open stops the stream.
+async fn reopen(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    progress: &Progress,
+    failures: &mut SinkFailures,
+) -> Result<Option<std::ops::RangeInclusive<u64>>, Stop> {
+    loop {
+        if !lease.is_valid() {
+            return Err(loss(lease));
+        }
+        match context.sink.open(&lease.stream_id, lease.fence_token).await {
+            Ok(opened) if opened.fenced => {
+                context.keeper.report_fenced(lease);
+                return Err(Stop::Lost(LossReason::Fenced));
+            }
+            Ok(opened) => {
+                let lost = protocol::lost_tail(progress.confirmed, opened.last_seq);
+                if let Some(lost) = &lost {
+                    context.telemetry.emit(TelemetryEvent::SinkRegression {
+                        stream_id: lease.stream_id.clone(),
+                        from_seq: *lost.start(),
+                        to_seq: *lost.end(),
+                    });
+                }
+                return Ok(lost);
+            }
+            Err(err) => failures.wait(context, lease, err, 0).await?,
         }
     }
 }
@@ -934,38 +1040,6 @@ async fn reconnect_after(
     }
 }
 
-/// Writes one batch on its own (nothing else in flight), retrying sink errors
-/// while the lease is valid.
-async fn write_serially(
-    context: &RunnerContext,
-    lease: &HeldLease,
-    progress: &mut Progress,
-    events: &[SinkEvent],
-    failures: &mut SinkFailures,
-) -> Result<(), Stop> {
-    loop {
-        // Invariant 4: no side effect past the holder's deadline.
-        if !lease.is_valid() {
-            return Err(loss(lease));
-        }
-        let batch = SinkBatch {
-            stream_id: &lease.stream_id,
-            fence_token: lease.fence_token,
-            events,
-            after: None,
-        };
-        let started = Instant::now();
-        match context.sink.write(batch).await {
-            Ok(outcome) => return confirm(context, lease, progress, events, outcome, started),
-            Err(err) => {
-                failures
-                    .wait(context, lease, err, events.len() as u64)
-                    .await?
-            }
-        }
-    }
-}
-
 /// Drain: write what is pending (if the lease still allows), wait for every
 /// write in flight, then stop.
 async fn finish(
@@ -973,10 +1047,26 @@ async fn finish(
     progress: &mut Progress,
     pending: &mut Vec<SinkEvent>,
 ) -> Stop {
-    match window.flush(progress, pending).await {
-        Ok(()) => Stop::Drain,
-        Err(stop) => stop,
+    window.draining = true;
+    if let Err(stop) = window.flush(progress, pending).await {
+        return stop;
     }
+    // A refill was under way: the rest of what the sink lost can no longer
+    // come from this holder, and the next owner resumes after the checkpoint
+    // (which had passed it), so the range is marked, not left a silent hole.
+    if let Some(to) = progress.refill_to
+        && to > progress.confirmed
+    {
+        pending.push(SinkEvent::gap(
+            progress.confirmed + 1,
+            to,
+            leasehold_telemetry::GapReason::SinkLost,
+        ));
+        if let Err(stop) = window.flush(progress, pending).await {
+            return stop;
+        }
+    }
+    Stop::Drain
 }
 
 fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progress) {

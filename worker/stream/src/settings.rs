@@ -235,8 +235,8 @@ pub const BATCH_MAX_DELAY_MS: Setting<Duration> = Setting::new(
     "BATCH_MAX_DELAY_MS",
     parse::MILLIS,
     Fallback::Value(|| Duration::from_millis(20)),
-    "Accepted for compatibility, no longer used: a batch is written as soon as a write slot is \
-     free (`SINK_MAX_IN_FLIGHT`), holding whatever arrived meanwhile (at most `BATCH_MAX_EVENTS`).",
+    "Accepted for compatibility, no longer used: a batch is written as soon as the stream's \
+     previous one landed, holding whatever arrived meanwhile (at most `BATCH_MAX_EVENTS`).",
 );
 /// The `SINK_TIMEOUT_MS` variable.
 pub const SINK_TIMEOUT_MS: Setting<Duration> = Setting::new(
@@ -247,15 +247,6 @@ pub const SINK_TIMEOUT_MS: Setting<Duration> = Setting::new(
      (retries are de-duplicated). Every stream's batches queue on one Redis, so keep it well \
      above a busy moment's queue.",
 );
-/// The `SINK_MAX_IN_FLIGHT` variable.
-pub const SINK_MAX_IN_FLIGHT: Setting<usize> = Setting::new(
-    "SINK_MAX_IN_FLIGHT",
-    parse::SIZE,
-    Fallback::Value(|| 4),
-    "Most batches of one stream on their way to the sink at once (still fenced, landing in \
-     order; the checkpoint covers only confirmed batches). 1 writes one batch at a time.",
-);
-
 /// Every variable of this part, in documentation order.
 pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_URL,
@@ -286,7 +277,6 @@ pub const ALL: &[&dyn Documented] = &[
     &DRAIN_TIMEOUT_MS,
     &BATCH_MAX_EVENTS,
     &BATCH_MAX_DELAY_MS,
-    &SINK_MAX_IN_FLIGHT,
 ];
 
 /// Everything `leasehold stream-worker` needs.
@@ -410,7 +400,6 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     let runner = RunnerConfig {
         batch_max_events: env.get(&BATCH_MAX_EVENTS),
         batch_max_delay: env.get(&BATCH_MAX_DELAY_MS),
-        max_in_flight: env.get(&SINK_MAX_IN_FLIGHT),
         sink_max_failures: env.get(&SINK_MAX_FAILURES),
         resume,
         seq_step: env.get(&UPSTREAM_SEQ_STEP),

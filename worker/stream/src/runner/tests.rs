@@ -163,8 +163,6 @@ struct FlakySink {
     reply_delay: Mutex<Duration>,
     /// The batch holding this seq is lost once (not applied, an error replied).
     lose_once_at: AtomicU64,
-    /// Batches refused because they overtook their predecessor.
-    out_of_order: AtomicU64,
 }
 
 #[async_trait]
@@ -197,9 +195,6 @@ impl FencedSink for FlakySink {
             return Err(SinkError::Unavailable("lost on the way".into()));
         }
         let outcome = self.inner.write(batch).await;
-        if outcome.as_ref().is_ok_and(|o| o.out_of_order > 0) {
-            self.out_of_order.fetch_add(1, Ordering::SeqCst);
-        }
         if !delay.is_zero() {
             sleep(delay).await;
         }
@@ -237,7 +232,6 @@ fn fixture(head: u64) -> Fixture {
         refuse: AtomicBool::new(false),
         reply_delay: Mutex::new(Duration::ZERO),
         lose_once_at: AtomicU64::new(0),
-        out_of_order: AtomicU64::new(0),
     });
     let context = Arc::new(RunnerContext {
         keeper,
@@ -298,11 +292,11 @@ async fn writes_in_order_with_the_token_and_checkpoints_on_renew() {
     );
 }
 
-/// Several batches in flight and the one holding seq 5 lost on the way: the
-/// batches sent after it must not land past the hole. They are refused, all are
-/// written again in order, and the checkpoint never passes what landed.
+/// The batch holding seq 5 lost on the way: no later batch is sent before it
+/// landed (ids only go up, so one sent past it would leave a hole no retry
+/// fills), it is written again, and the checkpoint never passes what landed.
 #[tokio::test(start_paused = true)]
-async fn batches_in_flight_never_land_past_a_lost_one() {
+async fn no_batch_is_sent_past_a_lost_one() {
     let f = fixture(0);
     *f.sink.reply_delay.lock().unwrap() = Duration::from_millis(50);
     f.sink.lose_once_at.store(5, Ordering::SeqCst);
@@ -326,9 +320,10 @@ async fn batches_in_flight_never_land_past_a_lost_one() {
     }
     wait_for(|| sink_seqs(&f).len() == 40).await;
     assert_eq!(sink_seqs(&f), (1..=40).collect::<Vec<_>>());
-    assert!(
-        f.sink.out_of_order.load(Ordering::SeqCst) > 0,
-        "a batch in flight behind the lost one was refused"
+    assert_eq!(
+        f.sink.lose_once_at.load(Ordering::SeqCst),
+        0,
+        "a batch was lost"
     );
     drain.cancel();
     assert_eq!(task.await.unwrap(), StreamExit::Released);
@@ -362,22 +357,14 @@ async fn resumes_from_the_stored_checkpoint() {
 async fn a_fenced_write_stops_the_stream_at_once() {
     let f = fixture(0);
     let lease = f.context.keeper.acquire("s").await.unwrap();
-    // A newer owner already wrote with token 2.
-    f.sink
-        .inner
-        .write(SinkBatch {
-            after: None,
-            stream_id: "s",
-            fence_token: 2,
-            events: &[],
-        })
-        .await
-        .unwrap();
     let task = tokio::spawn(run_stream(
         f.context.clone(),
         lease.clone(),
         CancellationToken::new(),
     ));
+    wait_for(|| f.sink.inner.highest_token("s") == 1).await;
+    // A newer owner opens the stream with token 2; then events arrive.
+    f.sink.inner.open("s", 2).await.unwrap();
     f.upstream.head.store(5, Ordering::SeqCst);
     assert_eq!(task.await.unwrap(), StreamExit::Lost(LossReason::Fenced));
     assert!(
@@ -614,16 +601,6 @@ async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
     // A quiet stream: no event ever comes, yet the fence must move at once, or
     // a zombie's delayed write would still be accepted.
     let f = fixture(0);
-    f.sink
-        .inner
-        .write(SinkBatch {
-            after: None,
-            stream_id: "s",
-            fence_token: 0,
-            events: &[],
-        })
-        .await
-        .unwrap();
     let lease = f.context.keeper.acquire("s").await.unwrap();
     assert_eq!(lease.fence_token, 1);
     let task = tokio::spawn(run_stream(
@@ -636,7 +613,6 @@ async fn a_new_owner_raises_the_fence_before_any_event_arrives() {
         .sink
         .inner
         .write(SinkBatch {
-            after: None,
             stream_id: "s",
             fence_token: 0,
             events: &[SinkEvent::data(1, "s:1", "{}")],
@@ -659,10 +635,10 @@ async fn resumes_after_the_sinks_last_sequence_when_it_is_past_the_checkpoint() 
     let written: Vec<SinkEvent> = (1..=40)
         .map(|seq| SinkEvent::data(seq, format!("s:{seq}"), "{}"))
         .collect();
+    f.sink.inner.open("s", old.fence_token).await.unwrap();
     f.sink
         .inner
         .write(SinkBatch {
-            after: None,
             stream_id: "s",
             fence_token: old.fence_token,
             events: &written,
@@ -1042,6 +1018,7 @@ async fn live_mode_starts_at_the_live_position_and_marks_what_a_reconnect_missed
 #[tokio::test(start_paused = true)]
 async fn live_mode_resumes_after_a_marker_and_marks_the_takeover_hole() {
     let (f, _) = live_fixture(100, ResumeMode::Live);
+    f.sink.inner.open("s", 1).await.unwrap();
     f.sink
         .inner
         .write(SinkBatch {
@@ -1051,7 +1028,6 @@ async fn live_mode_resumes_after_a_marker_and_marks_the_takeover_hole() {
                 SinkEvent::data(40, "s:40", "{}"),
                 SinkEvent::gap(41, 60, leasehold_telemetry::GapReason::NoReplay),
             ],
-            after: None,
         })
         .await
         .unwrap();
@@ -1216,13 +1192,13 @@ async fn reading_pauses_while_the_held_events_are_at_their_bound() {
     context.config.backfill_hold_max = 5;
     context.history.as_mut().unwrap().1.max_attempts = 1_000;
     let lease = f.context.keeper.acquire("s").await.unwrap();
+    f.sink.inner.open("s", lease.fence_token).await.unwrap();
     f.sink
         .inner
         .write(SinkBatch {
             stream_id: "s",
             fence_token: lease.fence_token,
             events: &[SinkEvent::data(900, "s:900", "{}")],
-            after: None,
         })
         .await
         .unwrap();
@@ -1260,6 +1236,7 @@ async fn a_marker_the_sink_dropped_as_a_replay_is_not_counted_again() {
         unpersisted: VecDeque::new(),
         last_event_at: Instant::now(),
         last_arrival_lag: None,
+        refill_to: None,
     };
     let replayed = WriteOutcome {
         accepted: 1,
@@ -1303,4 +1280,114 @@ async fn a_marker_the_sink_dropped_as_a_replay_is_not_counted_again() {
         [(5, 9, leasehold_telemetry::GapReason::NoReplay)]
     );
     assert_eq!(progress.confirmed, 10);
+}
+
+/// The ranges the runner reported the sink lost (`SinkRegression`).
+fn regressions(f: &Fixture) -> Vec<(u64, u64)> {
+    f.events
+        .snapshot()
+        .into_iter()
+        .filter_map(|event| match event {
+            TelemetryEvent::SinkRegression {
+                from_seq, to_seq, ..
+            } => Some((from_seq, to_seq)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A failover lost the sink's newest six entries: the next write asks for a
+/// new open, the open finds the stream behind what was confirmed, the
+/// regression is reported, and a `replay` upstream is asked again from the
+/// sink's end: each sequence once, in order, nothing silently missing.
+#[tokio::test(start_paused = true)]
+async fn a_tail_the_sink_lost_in_a_failover_is_refilled_from_the_upstream() {
+    let f = fixture(20);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    wait_for(|| sink_seqs(&f).len() == 20).await;
+    f.sink.inner.lose_tail("s", 6);
+    f.upstream.head.store(30, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).last() == Some(&30)).await;
+    assert_eq!(sink_seqs(&f), (1..=30).collect::<Vec<_>>());
+    assert_eq!(regressions(&f), [(15, 20)]);
+    assert_eq!(
+        f.upstream.subscribed_from.lock().unwrap().last(),
+        Some(&15),
+        "asked again from the sink's end"
+    );
+    task.abort();
+}
+
+/// A `live` upstream cannot send the lost tail again: it becomes a
+/// `sink_lost` marker in front of the next batch, never a silent hole.
+#[tokio::test(start_paused = true)]
+async fn a_tail_a_live_upstream_cannot_refill_is_marked_sink_lost() {
+    use leasehold_telemetry::GapReason::SinkLost;
+    let (f, _) = live_fixture(100, ResumeMode::Live);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    subscribed(&f, 1).await;
+    for head in 101..=110 {
+        f.upstream.head.store(head, Ordering::SeqCst);
+        sleep(Duration::from_millis(10)).await;
+    }
+    wait_for(|| sink_seqs(&f).last() == Some(&110)).await;
+    f.sink.inner.lose_tail("s", 4);
+    f.upstream.head.store(111, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).last() == Some(&111)).await;
+    assert_eq!(
+        entries(&f),
+        [
+            (101, None),
+            (102, None),
+            (103, None),
+            (104, None),
+            (105, None),
+            (106, None),
+            (110, Some(107)),
+            (111, None)
+        ]
+    );
+    assert_eq!(regressions(&f), [(107, 110)]);
+    assert!(gaps_reported(&f).contains(&(107, 110, SinkLost)));
+    task.abort();
+}
+
+/// Draining while a refill is under way: what was not refilled yet is marked
+/// `sink_lost` before the release (the next owner resumes after the
+/// checkpoint, which had passed it).
+#[tokio::test(start_paused = true)]
+async fn a_drain_during_a_refill_marks_what_was_not_refilled() {
+    use leasehold_telemetry::GapReason::SinkLost;
+    let f = fixture(20);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let drain = CancellationToken::new();
+    let task = tokio::spawn(run_stream(f.context.clone(), lease, drain.clone()));
+    wait_for(|| sink_seqs(&f).len() == 20).await;
+    sleep(Duration::from_secs(11)).await;
+    assert_eq!(f.store.get("s").await.unwrap().checkpoint, Some(20));
+    f.sink.inner.lose_tail("s", 6);
+    // Every connection from now on closes at once: the refill cannot start.
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .extend((0..50).map(|_| Fault::Close { after: 0 }));
+    f.upstream.head.store(21, Ordering::SeqCst);
+    wait_for(|| !regressions(&f).is_empty()).await;
+    drain.cancel();
+    assert_eq!(task.await.unwrap(), StreamExit::Released);
+    let stored = f.sink.inner.events("s");
+    let last = stored.last().expect("stored");
+    assert_eq!(last.seq, 20);
+    assert_eq!(last.gap.map(|g| (g.from, g.reason)), Some((15, SinkLost)));
 }
