@@ -4,7 +4,8 @@
 #      and the server, prometheus-alertmanager for amtool, chromium; Python:
 #      moto[server], and cfn-lint for the CloudWatch alarms and deploy/, in a
 #      venv under ~/.cache/leasehold when not importable),
-#   2. starts a DynamoDB-compatible server (moto, serialised) and redis-server on
+#   2. starts a DynamoDB-compatible server (moto, serialised), redis-server and a
+#      three-primary Redis Cluster on
 #      free loopback ports, exports their addresses, and stops them on exit.
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -98,11 +99,36 @@ redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
     >"$repo/test-output/redis.log" 2>&1 &
 pids+=($!)
+# A three-primary Redis Cluster on loopback for the sink's cluster tests
+# (each node with its own directory for nodes.conf, and its bus port chosen
+# like the others instead of port + 10000).
+cluster_nodes=()
+for i in 1 2 3; do
+    node_port=$(free_port)
+    bus_port=$(free_port)
+    node_dir="$repo/test-output/redis-cluster/$i"
+    rm -rf "$node_dir" && mkdir -p "$node_dir"
+    (cd "$node_dir" && exec redis-server --port "$node_port" --cluster-port "$bus_port" \
+        --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes.conf \
+        --save '' --appendonly no) >"$repo/test-output/redis-cluster-$i.log" 2>&1 &
+    pids+=($!)
+    cluster_nodes+=("127.0.0.1:$node_port")
+done
 wait_for_port moto "$moto_port"
 wait_for_port redis "$redis_port"
+for i in 1 2 3; do wait_for_port "redis-cluster-$i" "${cluster_nodes[$((i - 1))]#*:}"; done
+redis-cli --cluster create "${cluster_nodes[@]}" --cluster-replicas 0 --cluster-yes \
+    >"$repo/test-output/redis-cluster-create.log" 2>&1
+for _ in $(seq 1 100); do
+    if redis-cli -p "${cluster_nodes[0]#*:}" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; then
+        break
+    fi
+    sleep 0.1
+done
 
 export LEASEHOLD_TEST_DYNAMODB_ENDPOINT="http://127.0.0.1:$moto_port"
 export LEASEHOLD_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
+export LEASEHOLD_TEST_REDIS_CLUSTER_URL="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")"
 export LEASEHOLD_REQUIRE_SERVICES=1
 export LEASEHOLD_TEST_PYTHON="$python"
 # leasehold/tests/redis_acl.rs starts its own redis-server with deploy/redis-acl.conf.
@@ -112,5 +138,5 @@ export LEASEHOLD_CHROMIUM="$(command -v chromium)"
 export LEASEHOLD_PROMETHEUS="$(command -v prometheus)"
 # Nothing in the tests may reach a real AWS account.
 unset AWS_PROFILE AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
-log "moto on :$moto_port, redis on :$redis_port"
+log "moto on :$moto_port, redis on :$redis_port, redis cluster on ${cluster_nodes[*]}"
 

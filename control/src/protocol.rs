@@ -106,11 +106,6 @@ pub fn fenced(fence: u64, token: u64) -> bool {
     token < fence
 }
 
-/// The fence after accepting `token`.
-pub fn raised_fence(fence: u64, token: u64) -> u64 {
-    fence.max(token)
-}
-
 /// An event the sink already holds: its sequence is at or below the last appended.
 pub fn already_appended(last_seq: Option<u64>, seq: u64) -> bool {
     last_seq.is_some_and(|last| seq <= last)
@@ -165,15 +160,50 @@ pub fn lost_tail(confirmed: u64, sink_last: Option<u64>) -> Option<std::ops::Ran
     (kept < confirmed).then(|| kept + 1..=confirmed)
 }
 
-/// Where a new owner resumes: after the further of the stored checkpoint and
-/// the sink's last appended sequence.
-pub fn resume_after(checkpoint: Option<u64>, last_seq: Option<u64>) -> u64 {
-    checkpoint.unwrap_or(0).max(last_seq.unwrap_or(0))
+/// Where a new owner resumes in sink layout v2: after the sink's end when
+/// the stream exists (past the checkpoint: the previous owner wrote more than
+/// it checkpointed; below it: a failover lost a tail the checkpoint had
+/// already covered, since the checkpoint only moves after the sink confirmed,
+/// and the upstream refills it), else after the checkpoint (a stream deleted
+/// or moved aside by an operator: nothing to refill into).
+pub fn resume_point(checkpoint: Option<u64>, last_seq: Option<u64>) -> u64 {
+    last_seq.unwrap_or_else(|| checkpoint.unwrap_or(0))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entry_ids_order_by_token_then_sequence() {
+        let id = |token, seq| EntryId { token, seq };
+        assert!(admits(None, id(1, 1)));
+        assert!(admits(Some(id(2, 5)), id(2, 6)));
+        assert!(!admits(Some(id(2, 5)), id(2, 5)), "a replayed sequence");
+        assert!(!admits(Some(id(2, 5)), id(1, 9)), "a zombie's lower token");
+        assert!(refused_as_fenced(id(2, 5), 1));
+        assert!(!refused_as_fenced(id(2, 5), 2));
+        assert_eq!(opened_id(None, 3), Ok(id(3, 0)));
+        assert_eq!(opened_id(Some(id(2, 7)), 3), Ok(id(3, 7)));
+        assert_eq!(opened_id(Some(id(4, 7)), 3), Err(4));
+        assert_eq!(last_seq_of(Some(id(3, 0))), None);
+        assert_eq!(last_seq_of(Some(id(3, 7))), Some(7));
+    }
+
+    #[test]
+    fn a_sink_behind_what_was_confirmed_lost_its_tail() {
+        assert_eq!(lost_tail(10, Some(6)), Some(7..=10));
+        assert_eq!(lost_tail(10, None), Some(1..=10));
+        assert_eq!(lost_tail(10, Some(10)), None);
+        assert_eq!(lost_tail(10, Some(12)), None);
+        assert_eq!(
+            resume_point(Some(10), Some(6)),
+            6,
+            "refilled from the sink's end"
+        );
+        assert_eq!(resume_point(Some(10), Some(40)), 40);
+        assert_eq!(resume_point(Some(10), None), 10, "a deleted stream");
+    }
 
     #[test]
     fn a_taker_waits_for_expiry_plus_skew_and_an_owner_may_always_reacquire() {
@@ -188,12 +218,8 @@ mod tests {
     #[test]
     fn the_sink_rules() {
         assert!(fenced(5, 4) && !fenced(5, 5) && !fenced(5, 6));
-        assert_eq!(raised_fence(5, 7), 7);
-        assert_eq!(raised_fence(5, 3), 5);
         assert!(already_appended(Some(7), 7) && !already_appended(Some(7), 8));
         assert!(!already_appended(None, 1));
-        assert_eq!(resume_after(Some(10), Some(40)), 40);
-        assert_eq!(resume_after(Some(50), None), 50);
         assert_eq!(renewed_expiry(100, 90), 100);
         let deadline = holder_deadline(
             std::time::Instant::now(),

@@ -74,6 +74,14 @@ struct Fixes {
     /// stored token past the fence (else the stream stays fenced until
     /// takeovers climb back past it).
     lift_after_regression: bool,
+    /// After a lost sink connection (a failover) a holder opens the stream
+    /// again before its next write and goes on after the sink's end (else it
+    /// writes on above whatever the new primary lacks).
+    reopen_after_reconnect: bool,
+    /// A new owner resumes after the sink's end even when it is below the
+    /// checkpoint (a lost tail the checkpoint covered; else it resumes after
+    /// the checkpoint and leaves the lost range a hole).
+    refill_below_checkpoint: bool,
 }
 
 impl Fixes {
@@ -85,6 +93,8 @@ impl Fixes {
         renew_never_shortens: true,
         unconfirmed_renew_keeps_deadline: true,
         lift_after_regression: true,
+        reopen_after_reconnect: true,
+        refill_below_checkpoint: true,
     };
 }
 
@@ -122,6 +132,8 @@ struct Belief {
     checkpoint: u64,
     next_seq: u64,
     opened: bool,
+    /// The sink connection was lost since the open: open again first.
+    reopen: bool,
     /// An operator cleared or re-created the record under this holder.
     overridden: bool,
 }
@@ -148,6 +160,9 @@ struct Appended {
     token: u64,
     /// The highest token whose owner had opened the sink when this landed.
     opened: u64,
+    /// It landed after a failover lost part of the sink: the open that had
+    /// raised the id may have been lost with it.
+    after_tail_loss: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -156,7 +171,9 @@ struct State {
     record: Record,
     workers: Vec<Worker>,
     in_flight: Vec<Write>,
-    fence: u64,
+    /// The sink stream's last generated id (layout v2: the fence and the
+    /// high-water mark); `None` while the stream does not exist.
+    last_id: Option<protocol::EntryId>,
     sink: Vec<Appended>,
     opened: u64,
     pauses: u8,
@@ -165,6 +182,8 @@ struct State {
     interventions: u8,
     /// Renews whose outcome was never learned so far.
     timeouts: u8,
+    /// Failovers that lost the sink's newest entry so far.
+    tail_losses: u8,
     /// A holder's open was fenced while the record named it with its token:
     /// the record regressed below the sink's fence (cleared by a re-create).
     regression_found: bool,
@@ -190,6 +209,10 @@ enum Action {
     Resume(usize),
     Crash(usize),
     StepClockBack(usize),
+    /// A failover to a replica without the sink's newest entry: it is gone,
+    /// the last id is the newest kept entry's (opens since are lost too),
+    /// writes in flight are lost, every connection breaks.
+    SinkLosesTail,
 }
 
 struct Protocol {
@@ -204,7 +227,12 @@ impl State {
     }
 
     fn last_seq(&self) -> Option<u64> {
-        self.sink.last().map(|a| a.seq)
+        protocol::last_seq_of(self.last_id)
+    }
+
+    /// The sink's fence: the token of its last id.
+    fn fence(&self) -> u64 {
+        self.last_id.map_or(0, |id| id.token)
     }
 
     /// Running workers that believe they hold the stream and may act on it.
@@ -276,7 +304,7 @@ impl State {
             .iter()
             .filter_map(|w| w.belief.as_ref())
             .any(|b| b.overridden);
-        !self.regression_found || cut_off || self.record.token >= self.fence
+        !self.regression_found || cut_off || self.record.token >= self.fence()
     }
 }
 
@@ -307,13 +335,14 @@ impl Model for Protocol {
                     })
                     .collect(),
                 in_flight: Vec::new(),
-                fence: 0,
+                last_id: None,
                 sink: Vec::new(),
                 opened: 0,
                 pauses: 0,
                 crashes: 0,
                 interventions: 0,
                 timeouts: 0,
+                tail_losses: 0,
                 regression_found: false,
             })
             .collect()
@@ -328,7 +357,9 @@ impl Model for Protocol {
                 Status::Running => {
                     match &worker.belief {
                         None => actions.push(Action::Acquire(i)),
-                        Some(belief) if !belief.opened => actions.push(Action::Open(i)),
+                        Some(belief) if !belief.opened || belief.reopen => {
+                            actions.push(Action::Open(i))
+                        }
                         Some(belief) => {
                             // One batch in flight per stream: the runner awaits
                             // each write's outcome before the next.
@@ -363,6 +394,9 @@ impl Model for Protocol {
         for i in 0..state.in_flight.len() {
             actions.push(Action::Deliver(i));
         }
+        if state.tail_losses == 0 && !state.sink.is_empty() {
+            actions.push(Action::SinkLosesTail);
+        }
         if state.interventions == 0 {
             if state.record.owner.is_some() {
                 actions.push(Action::ForceRelease);
@@ -392,6 +426,7 @@ impl Model for Protocol {
                     checkpoint: s.record.checkpoint,
                     next_seq: 0,
                     opened: false,
+                    reopen: false,
                     overridden: false,
                 });
             }
@@ -402,7 +437,7 @@ impl Model for Protocol {
                     return Some(s);
                 }
                 if self.fixes.fence_on_acquire {
-                    if protocol::fenced(s.fence, belief.token) {
+                    if protocol::fenced(s.fence(), belief.token) {
                         // The runner's fence-regression recovery: read the
                         // record, and lift its token if it still names this
                         // holder with this token (one conditional write).
@@ -414,7 +449,7 @@ impl Model for Protocol {
                             s.record.token,
                             NAMES[w],
                             belief.token,
-                            s.fence,
+                            s.fence(),
                         );
                         if self.fixes.lift_after_regression
                             && let Some(to) = to
@@ -428,17 +463,24 @@ impl Model for Protocol {
                         s.workers[w].belief = None;
                         return Some(s);
                     }
-                    s.fence = protocol::raised_fence(s.fence, belief.token);
+                    // The open script (the model's sink is the store: one step).
+                    s.last_id = protocol::opened_id(s.last_id, belief.token).ok();
                 }
-                let resume = if self.fixes.resume_from_sink {
-                    protocol::resume_after(Some(belief.checkpoint), s.last_seq())
-                } else {
+                let resume = if belief.reopen {
+                    // Going on after the sink's end: a lost tail is refilled.
+                    s.last_seq().unwrap_or(0)
+                } else if !self.fixes.resume_from_sink {
                     belief.checkpoint
+                } else if self.fixes.refill_below_checkpoint {
+                    protocol::resume_point(Some(belief.checkpoint), s.last_seq())
+                } else {
+                    belief.checkpoint.max(s.last_seq().unwrap_or(0))
                 };
                 s.opened = s.opened.max(belief.token);
                 let held = s.workers[w].belief.as_mut()?;
                 held.next_seq = resume + 1;
                 held.opened = true;
+                held.reopen = false;
             }
             Action::Send(w) => {
                 let belief = s.workers[w].belief.clone()?;
@@ -455,7 +497,17 @@ impl Model for Protocol {
             }
             Action::Deliver(i) => {
                 let write = s.in_flight.remove(i);
-                if protocol::fenced(s.fence, write.token) {
+                let id = protocol::EntryId {
+                    token: write.token,
+                    seq: write.seq,
+                };
+                // Without de-duplication the sink admits by token alone.
+                let admitted = if self.fixes.sequence_dedup {
+                    protocol::admits(s.last_id, id)
+                } else {
+                    !protocol::fenced(s.fence(), write.token)
+                };
+                if !admitted && protocol::fenced(s.fence(), write.token) {
                     // The writer learns it is fenced and stops.
                     if let Some(b) = &s.workers[write.worker].belief
                         && b.token == write.token
@@ -464,14 +516,13 @@ impl Model for Protocol {
                     }
                     return Some(s);
                 }
-                s.fence = protocol::raised_fence(s.fence, write.token);
-                let duplicate = self.fixes.sequence_dedup
-                    && protocol::already_appended(s.last_seq(), write.seq);
-                if !duplicate {
+                if admitted {
+                    s.last_id = Some(s.last_id.map_or(id, |last| last.max(id)));
                     s.sink.push(Appended {
                         seq: write.seq,
                         token: write.token,
                         opened: s.opened,
+                        after_tail_loss: s.tail_losses > 0,
                     });
                 }
                 // The confirmed sequence becomes the checkpoint (owner and token).
@@ -532,6 +583,20 @@ impl Model for Protocol {
                 s.workers[w].belief = None;
                 s.crashes += 1;
             }
+            Action::SinkLosesTail => {
+                s.sink.pop();
+                s.last_id = s.sink.last().map(|kept| protocol::EntryId {
+                    token: kept.token,
+                    seq: kept.seq,
+                });
+                s.in_flight.clear();
+                s.tail_losses += 1;
+                if self.fixes.reopen_after_reconnect {
+                    for belief in s.workers.iter_mut().filter_map(|w| w.belief.as_mut()) {
+                        belief.reopen = true;
+                    }
+                }
+            }
             Action::StepClockBack(w) => {
                 // As far back as the safety and skew margins absorb together;
                 // a larger step is outside what leases can promise.
@@ -556,12 +621,19 @@ impl Model for Protocol {
                     .enumerate()
                     .all(|(i, a)| a.seq == i as u64 + 1)
             }),
+            // Replication is asynchronous: a failover can lose the open that
+            // raised the id, and a zombie's write can land until the owner
+            // opens again (SINK_WAIT_REPLICAS closes that window).
             Property::always(
                 "no write of an older token lands after a newer owner opened",
-                |_, s: &State| s.sink.iter().all(|a| a.token >= a.opened),
+                |_, s: &State| {
+                    s.sink
+                        .iter()
+                        .all(|a| a.token >= a.opened || a.after_tail_loss)
+                },
             ),
             Property::always("the checkpoint never passes the sink", |_, s: &State| {
-                s.record.checkpoint <= s.last_seq().unwrap_or(0)
+                s.tail_losses > 0 || s.record.checkpoint <= s.last_seq().unwrap_or(0)
             }),
             Property::always(
                 "the store token is at or above the sink fence after recovery",
@@ -570,6 +642,9 @@ impl Model for Protocol {
             Property::sometimes("a takeover with data on both sides", |_, s: &State| {
                 s.sink.first().is_some_and(|a| a.token == 1)
                     && s.sink.last().is_some_and(|a| a.token >= 2)
+            }),
+            Property::sometimes("a lost tail refilled", |_, s: &State| {
+                s.tail_losses > 0 && s.sink.iter().any(|a| a.after_tail_loss)
             }),
         ]
     }
@@ -670,5 +745,27 @@ fn without_the_holder_deadline_two_holders_act_at_once() {
             ..Fixes::ALL
         },
         "one holder acts at a time",
+    );
+}
+
+#[test]
+fn without_the_reopen_a_lost_tail_becomes_a_silent_gap() {
+    finds_without(
+        Fixes {
+            reopen_after_reconnect: false,
+            ..Fixes::ALL
+        },
+        "each seq once, in order",
+    );
+}
+
+#[test]
+fn without_refilling_below_the_checkpoint_a_takeover_leaves_a_lost_tail_a_gap() {
+    finds_without(
+        Fixes {
+            refill_below_checkpoint: false,
+            ..Fixes::ALL
+        },
+        "each seq once, in order",
     );
 }

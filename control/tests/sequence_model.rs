@@ -357,7 +357,7 @@ impl State {
     fn open(&mut self, fixes: &Fixes) {
         let sink_last = self.sink_last();
         let (resume, anchored) = if fixes.resume_from_sink {
-            let resume = protocol::resume_after(Some(self.checkpoint), sink_last);
+            let resume = protocol::resume_point(Some(self.checkpoint), sink_last);
             (resume, resume > 0 || sink_last.is_some())
         } else {
             (self.checkpoint, self.checkpoint > 0)

@@ -504,12 +504,22 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // Layout v2: the fence is the last id's token, no fence key.
+        let info: std::collections::HashMap<String, ::redis::Value> = ::redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(leasehold_sink::keys::sink_stream(&stream_id))
+            .query_async(&mut redis.admin.clone())
+            .await
+            .unwrap();
+        let last: String = ::redis::from_redis_value(info["last-generated-id"].clone()).unwrap();
+        let token: u64 = last.split('-').next().unwrap().parse().unwrap();
+        assert!((1..1_000_000_000_000).contains(&token), "last id {last}");
         let fence: Option<u64> = redis
             .admin
             .get(leasehold_sink::keys::sink_fence(&stream_id))
             .await
             .unwrap();
-        assert!(fence.is_some_and(|f| f >= 1), "no fence: {fence:?}");
+        assert_eq!(fence, None, "layout v2 writes no fence key");
         stream_worker.signal("TERM");
         let status = stream_worker.wait_exit(Duration::from_secs(15));
         assert!(status.success(), "{status}\n{}", stream_worker.output());
@@ -610,9 +620,8 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         )
         .await;
     }
-    // The dashboard reads the sink, never writes it (or reads its fence).
+    // The dashboard reads the sink, never writes it or raises its fence.
     let sink_key = leasehold_sink::keys::sink_stream(&stream);
-    let fence_key = leasehold_sink::keys::sink_fence(&stream);
     refused(
         &redis,
         "dashboard",
@@ -631,8 +640,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         ],
     )
     .await;
-    refused(&redis, "dashboard", &["SET", &fence_key, "99"]).await;
-    refused(&redis, "dashboard", &["GET", &fence_key]).await;
+    refused(&redis, "dashboard", &["XSETID", &sink_key, "99-0"]).await;
     refused(&redis, "dashboard", &["DEL", &sink_key]).await;
     refused(&redis, "dashboard", &["XTRIM", &sink_key, "MAXLEN", "0"]).await;
     // The sidecar has no business with the sink at all.

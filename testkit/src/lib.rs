@@ -16,6 +16,9 @@ pub mod measure;
 pub const DYNAMODB_ENDPOINT_VAR: &str = "LEASEHOLD_TEST_DYNAMODB_ENDPOINT";
 /// URL of the test Redis server (e.g. `redis://127.0.0.1:6390`).
 pub const REDIS_URL_VAR: &str = "LEASEHOLD_TEST_REDIS_URL";
+/// URL of the test Redis Cluster (`redis+cluster://127.0.0.1:p1,127.0.0.1:p2,…`,
+/// three primaries).
+pub const REDIS_CLUSTER_URL_VAR: &str = "LEASEHOLD_TEST_REDIS_CLUSTER_URL";
 /// Python interpreter that can import moto (for tests that run a private server).
 pub const PYTHON_VAR: &str = "LEASEHOLD_TEST_PYTHON";
 /// When set to `1`, tests fail instead of skipping when a server is not configured.
@@ -43,6 +46,12 @@ pub fn dynamodb_endpoint() -> Option<String> {
 /// command said services are required).
 pub fn redis_url() -> Option<String> {
     required_var(REDIS_URL_VAR)
+}
+
+/// The URL of the test Redis Cluster, or `None` to skip (panics when the
+/// test command said services are required).
+pub fn redis_cluster_url() -> Option<String> {
+    required_var(REDIS_CLUSTER_URL_VAR)
 }
 
 fn required_var(name: &str) -> Option<String> {

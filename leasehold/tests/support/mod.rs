@@ -413,16 +413,11 @@ impl Cluster {
             .await
     }
 
-    /// The sink's fence for a stream (`leasehold:fence:{stream_id}`), 0 if unset.
+    /// The sink's fence for a stream: the token of its last id (layout v2),
+    /// 0 when the stream does not exist.
     pub async fn sink_fence(&self, stream: &str) -> u64 {
-        let client = redis::Client::open(self.redis.as_str()).unwrap();
-        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-        let fence: Option<u64> = redis::cmd("GET")
-            .arg(leasehold_sink::keys::sink_fence(stream))
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        fence.unwrap_or(0)
+        let last = self.sink.last_id(stream).await.unwrap();
+        last.map_or(0, |id| id.token)
     }
 
     /// What the sink holds for a stream.

@@ -6,11 +6,13 @@ use async_trait::async_trait;
 use leasehold_testkit::{redis_url, unique_name};
 
 use super::memory::{MemorySink, StoredEvent};
-use super::redis::RedisSink;
+use super::redis::{RedisConnection, RedisSink};
+use super::url::SinkUrl;
 use super::{
     FencedSink, GapMark, OpenOutcome, SinkBatch, SinkError, SinkEvent, SinkOptions, WriteOutcome,
 };
 use leasehold_telemetry::GapReason;
+use redis::streams::StreamId;
 
 /// A sink under test, plus a way to read back what it stored.
 #[async_trait]
@@ -54,23 +56,106 @@ impl SinkTarget for MemoryTarget {
     }
 }
 
-/// The Redis sink on the test server as a target.
+/// A broken stream's entries and last id (`<token>-<seq>`), kept to put back.
+type SetAside = (Vec<StreamId>, Option<String>);
+
+/// The Redis sink on the test server (or the test cluster) as a target.
 pub struct RedisTarget {
     sink: Arc<RedisSink>,
-    raw: redis::aio::ConnectionManager,
+    /// A connection of the test's own (with the client's usual retries).
+    raw: RedisConnection,
+    /// One plain URL per node: a failover breaks the sink's connections on each.
+    nodes: Vec<String>,
+    /// The Redis user the sink connects as (its own, so a failover can
+    /// break exactly its connections while other tests run).
+    user: String,
+    /// A broken stream's entries and last id, while a string holds its key.
+    aside: std::sync::Mutex<std::collections::HashMap<String, SetAside>>,
 }
 
 impl RedisTarget {
     /// Connects to the test Redis; `None` when no server is configured.
     pub async fn connect(options: SinkOptions) -> Option<Self> {
-        let url = redis_url()?;
-        let client = redis::Client::open(url.as_str()).expect("redis URL");
-        Some(RedisTarget {
-            sink: Arc::new(RedisSink::connect(&url, options).await.expect("connect")),
-            raw: redis::aio::ConnectionManager::new(client)
+        Some(Self::connect_to(&redis_url()?, options).await)
+    }
+
+    /// Connects to the test Redis Cluster; `None` when none is configured.
+    pub async fn connect_cluster(options: SinkOptions) -> Option<Self> {
+        Some(Self::connect_to(&leasehold_testkit::redis_cluster_url()?, options).await)
+    }
+
+    async fn connect_to(url: &str, options: SinkOptions) -> Self {
+        let nodes = match SinkUrl::parse(url).expect("sink URL") {
+            SinkUrl::RedisCluster(nodes) => nodes,
+            _ => vec![url.to_owned()],
+        };
+        let user = unique_name("sink-test");
+        for node in &nodes {
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg(&user)
+                .arg("on")
+                .arg(">sink-test")
+                .arg("~*")
+                .arg("&*")
+                .arg("+@all")
+                .query_async(&mut node_connection(node).await)
+                .await
+                .expect("ACL SETUSER");
+        }
+        let (scheme, rest) = url.split_once("://").expect("scheme");
+        let sink_url = format!("{scheme}://{user}:sink-test@{rest}");
+        RedisTarget {
+            sink: Arc::new(
+                RedisSink::connect(&sink_url, options)
+                    .await
+                    .expect("connect"),
+            ),
+            raw: RedisConnection::connect(url, super::DEFAULT_REPLY_TIMEOUT, 16)
                 .await
                 .expect("connect"),
-        })
+            nodes,
+            user,
+            aside: Default::default(),
+        }
+    }
+
+    /// The sink under test, as its own type.
+    pub fn redis_sink(&self) -> &RedisSink {
+        &self.sink
+    }
+
+    async fn entries(&self, key: &str) -> Vec<StreamId> {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.raw.clone())
+            .await
+            .expect("XRANGE");
+        reply.ids
+    }
+
+    /// Writes a stream again from `entries` (one transaction, one key), its
+    /// last id raised to `last` when given.
+    async fn rewrite(&self, key: &str, entries: &[StreamId], last: Option<&str>) {
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("DEL").arg(key).ignore();
+        for entry in entries {
+            let command = pipe.cmd("XADD").arg(key).arg(&entry.id);
+            for (field, value) in &entry.map {
+                let value: Vec<u8> = redis::from_redis_value(value.clone()).expect("field");
+                command.arg(field).arg(value);
+            }
+            command.ignore();
+        }
+        if let Some(last) = last {
+            pipe.cmd("XSETID").arg(key).arg(last).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.raw.clone())
+            .await
+            .expect("rewrite");
     }
 }
 
@@ -83,71 +168,62 @@ impl SinkTarget for RedisTarget {
         self.sink.stored(stream_id).await.expect("read back")
     }
     async fn break_stream(&self, stream_id: &str, broken: bool) {
+        // Copied aside, not renamed: a cluster refuses a RENAME across slots.
         let key = super::keys::sink_stream(stream_id);
-        let mut raw = self.raw.clone();
         if broken {
-            // Appended events move aside; a string takes the stream's key.
-            let _: () = redis::cmd("RENAME")
-                .arg(&key)
-                .arg(format!("{key}:aside"))
-                .query_async(&mut raw)
+            let entries = self.entries(&key).await;
+            let last = self
+                .sink
+                .last_id(stream_id)
                 .await
-                .unwrap_or(());
-            let _: () = redis::cmd("SET")
+                .expect("last id")
+                .map(|id| format!("{}-{}", id.token, id.seq));
+            self.aside
+                .lock()
+                .unwrap()
+                .insert(stream_id.to_owned(), (entries, last));
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .cmd("DEL")
+                .arg(&key)
+                .ignore()
+                .cmd("SET")
                 .arg(&key)
                 .arg("not a stream")
-                .query_async(&mut raw)
-                .await
-                .expect("SET");
+                .ignore();
+            let _: () = pipe.query_async(&mut self.raw.clone()).await.expect("SET");
         } else {
-            let _: () = redis::cmd("DEL")
-                .arg(&key)
-                .query_async(&mut raw)
-                .await
-                .expect("DEL");
-            let _: () = redis::cmd("RENAME")
-                .arg(format!("{key}:aside"))
-                .arg(&key)
-                .query_async(&mut raw)
-                .await
-                .unwrap_or(());
+            let aside = self.aside.lock().unwrap().remove(stream_id);
+            let (entries, last) = aside.unwrap_or_default();
+            self.rewrite(&key, &entries, last.as_deref()).await;
         }
     }
     async fn fail_over(&self, stream_id: &str, entries: usize) {
         // The stream as the replica had it: written again without its tail
-        // (ids only go up, so a new key), then every other connection dropped
-        // as a failover drops them.
+        // (ids only go up, so a new key), then every other connection on
+        // every node dropped, as a failover drops them.
         let key = super::keys::sink_stream(stream_id);
-        let mut raw = self.raw.clone();
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(&key)
-            .arg("-")
-            .arg("+")
-            .query_async(&mut raw)
-            .await
-            .expect("XRANGE");
-        let kept = reply.ids.len().saturating_sub(entries);
-        let mut pipe = redis::pipe();
-        pipe.atomic().cmd("DEL").arg(&key).ignore();
-        for entry in &reply.ids[..kept] {
-            let command = pipe.cmd("XADD").arg(&key).arg(&entry.id);
-            for (field, value) in &entry.map {
-                let value: Vec<u8> = redis::from_redis_value(value.clone()).expect("field");
-                command.arg(field).arg(value);
-            }
-            command.ignore();
+        let stored = self.entries(&key).await;
+        let kept = stored.len().saturating_sub(entries);
+        self.rewrite(&key, &stored[..kept], None).await;
+        for node in &self.nodes {
+            let _: () = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("USER")
+                .arg(&self.user)
+                .query_async(&mut node_connection(node).await)
+                .await
+                .expect("CLIENT KILL");
         }
-        let _: () = pipe.query_async(&mut raw).await.expect("rewrite");
-        let _: () = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("normal")
-            .arg("SKIPME")
-            .arg("yes")
-            .query_async(&mut raw)
-            .await
-            .expect("CLIENT KILL");
     }
+}
+
+async fn node_connection(node: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(node)
+        .expect("node URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
 }
 
 /// Options every check runs with.
@@ -413,7 +489,7 @@ pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
     // The first call after a lost connection may fail on it (Redis); then
     // the sink refuses to write until the stream is opened again.
     let mut refused = None;
-    for _ in 0..5 {
+    for _ in 0..20 {
         match target
             .sink()
             .write(SinkBatch {
@@ -423,7 +499,9 @@ pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
             })
             .await
         {
-            Err(SinkError::Unavailable(_)) => continue,
+            Err(SinkError::Unavailable(_)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
             other => {
                 refused = Some(other);
                 break;
@@ -435,9 +513,11 @@ pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
         "{refused:?}"
     );
     let mut reopened = None;
-    for _ in 0..5 {
+    for _ in 0..20 {
         match target.sink().open(&stream, 1).await {
-            Err(SinkError::Unavailable(_)) => continue,
+            Err(SinkError::Unavailable(_)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
             other => {
                 reopened = Some(other.expect("open"));
                 break;

@@ -347,6 +347,8 @@ impl OpenedStreams {
 pub async fn open(url: &str, options: SinkOptions) -> Result<Arc<dyn FencedSink>, SinkError> {
     match url::SinkUrl::parse(url).map_err(SinkError::Config)? {
         url::SinkUrl::Memory => Ok(Arc::new(memory::MemorySink::new(options))),
-        url::SinkUrl::Redis(url) => Ok(Arc::new(redis::RedisSink::connect(&url, options).await?)),
+        url::SinkUrl::Redis(_) | url::SinkUrl::RedisCluster(_) => {
+            Ok(Arc::new(redis::RedisSink::connect(url, options).await?))
+        }
     }
 }

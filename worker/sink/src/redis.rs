@@ -7,7 +7,8 @@ use crate::keys;
 use async_trait::async_trait;
 use leasehold_control::protocol::{self, EntryId};
 use leasehold_telemetry::GapReason;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 
 use super::{
     FencedSink, OpenOutcome, OpenedStreams, SinkBatch, SinkError, SinkOptions, WriteOutcome,
@@ -59,11 +60,101 @@ fn is_id_refusal(error: &redis::ServerError) -> bool {
 /// The Redis Streams sink. Cheap to clone; reconnects by itself.
 #[derive(Clone)]
 pub struct RedisSink {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     open: redis::Script,
     options: SinkOptions,
     /// Shared by clones: one connection, one set of opened streams.
     opened: std::sync::Arc<OpenedStreams>,
+}
+
+/// A single Redis primary or a Redis Cluster: every sink command names one
+/// key, so both run the same code. Cheap to clone (one connection shared).
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// `redis://…`, `rediss://…`, `redis+unix://…`: reconnects by itself.
+    Single(ConnectionManager),
+    /// `redis+cluster://…`: routes each command to its key's primary.
+    Cluster(ClusterConnection),
+}
+
+impl RedisConnection {
+    /// Connects to what a Redis sink URL names; `retries` is how often a
+    /// cluster connection follows a redirect or retries a broken node by
+    /// itself (the sink passes 0: see [`RedisSink::connect`]).
+    pub async fn connect(
+        url: &str,
+        reply_timeout: std::time::Duration,
+        retries: u32,
+    ) -> Result<Self, SinkError> {
+        // The URL may hold a password: report only the kind of problem.
+        let invalid = |err: redis::RedisError| {
+            SinkError::Config(format!("invalid Redis URL ({:?})", err.kind()))
+        };
+        match crate::url::SinkUrl::parse(url).map_err(SinkError::Config)? {
+            crate::url::SinkUrl::Memory => {
+                Err(SinkError::Config("memory: is not a Redis URL".into()))
+            }
+            crate::url::SinkUrl::Redis(url) => {
+                let client = redis::Client::open(url).map_err(invalid)?;
+                Ok(RedisConnection::Single(
+                    ConnectionManager::new_with_config(
+                        client,
+                        ConnectionManagerConfig::new()
+                            .set_response_timeout(Some(reply_timeout))
+                            .set_connection_timeout(Some(CONNECT_TIMEOUT)),
+                    )
+                    .await
+                    .map_err(classify)?,
+                ))
+            }
+            crate::url::SinkUrl::RedisCluster(nodes) => {
+                let client = redis::cluster::ClusterClient::builder(nodes)
+                    .retries(retries)
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(reply_timeout)
+                    .build()
+                    .map_err(invalid)?;
+                Ok(RedisConnection::Cluster(
+                    client.get_async_connection().await.map_err(classify)?,
+                ))
+            }
+        }
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            RedisConnection::Single(connection) => connection.req_packed_command(cmd),
+            RedisConnection::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            RedisConnection::Single(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+            RedisConnection::Cluster(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Single(connection) => connection.get_db(),
+            RedisConnection::Cluster(connection) => connection.get_db(),
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisSink {
@@ -123,19 +214,17 @@ impl RedisSink {
         }
     }
 
-    /// Connects (the connection manager reconnects after failures).
+    /// Connects to the Redis a sink URL names: `redis://…` (and `rediss://`,
+    /// `redis+unix://`) through a connection manager that reconnects after
+    /// failures, or `redis+cluster://…` (`rediss+cluster://`) through a
+    /// cluster connection.
+    ///
+    /// A cluster connection gets no retries of its own: a redirect or a
+    /// broken node connection must reach the sink, which then opens every
+    /// stream again (a failover shows as exactly these), and the runner's
+    /// own retry sends the batch again.
     pub async fn connect(url: &str, options: SinkOptions) -> Result<Self, SinkError> {
-        // The URL may hold a password: report only the kind of problem.
-        let client = redis::Client::open(url)
-            .map_err(|err| SinkError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
-        let connection = ConnectionManager::new_with_config(
-            client,
-            ConnectionManagerConfig::new()
-                .set_response_timeout(Some(options.reply_timeout))
-                .set_connection_timeout(Some(CONNECT_TIMEOUT)),
-        )
-        .await
-        .map_err(classify)?;
+        let connection = RedisConnection::connect(url, options.reply_timeout, 0).await?;
         Ok(RedisSink {
             connection,
             open: redis::Script::new(OPEN),
@@ -210,25 +299,32 @@ impl RedisSink {
     /// is opened again before its next write. `READONLY` (a demoted primary)
     /// and `MOVED` count as lost connections too.
     fn failed(&self, err: redis::RedisError) -> SinkError {
+        use redis::ServerErrorKind::{Ask, ClusterDown, ExecAbort, Moved, ReadOnly, TryAgain};
         let lost = err.is_io_error()
             || err.is_timeout()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
-            || matches!(
-                err.kind(),
-                redis::ErrorKind::Server(
-                    redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::Moved
-                )
-            );
+            || matches!(err.kind(), redis::ErrorKind::Server(ReadOnly | Moved | Ask));
         if lost {
             self.opened.forget_all();
+            return SinkError::Unavailable(err.to_string());
+        }
+        // A slot in migration, a cluster without quorum, a transaction
+        // refused whole (OOM, a busy script): nothing was appended, and the
+        // same batch may land a moment later.
+        if matches!(
+            err.kind(),
+            redis::ErrorKind::Server(TryAgain | ClusterDown | ExecAbort)
+        ) {
             return SinkError::Unavailable(err.to_string());
         }
         classify(err)
     }
 
-    /// The stream's last id, read after a batch was refused whole.
-    async fn last_id(&self, stream_id: &str) -> Result<Option<EntryId>, SinkError> {
+    /// The stream's last generated id (layout v2: the fence and the
+    /// high-water mark), `None` when the stream does not exist. Read after a
+    /// batch was refused whole, and by tests and verification tools.
+    pub async fn last_id(&self, stream_id: &str) -> Result<Option<EntryId>, SinkError> {
         let mut connection = self.connection.clone();
         let info: redis::Value = redis::cmd("XINFO")
             .arg("STREAM")

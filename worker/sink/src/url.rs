@@ -11,6 +11,11 @@ pub enum SinkUrl {
     /// `redis://…`, `rediss://…` or `redis+unix://…`: a Redis (or Valkey)
     /// primary; the URL may hold a password.
     Redis(String),
+    /// `redis+cluster://[user:password@]host:port[,host:port…][/]` (or
+    /// `rediss+cluster://`, TLS): a Redis Cluster (or ElastiCache with cluster
+    /// mode, or Serverless), as one `redis://` (`rediss://`) URL per seed
+    /// node, each with the credentials.
+    RedisCluster(Vec<String>),
 }
 
 impl std::fmt::Debug for SinkUrl {
@@ -18,6 +23,9 @@ impl std::fmt::Debug for SinkUrl {
         match self {
             SinkUrl::Memory => f.write_str("Memory"),
             SinkUrl::Redis(_) => f.write_str("Redis([redacted])"),
+            SinkUrl::RedisCluster(nodes) => {
+                write!(f, "RedisCluster({} nodes, [redacted])", nodes.len())
+            }
         }
     }
 }
@@ -35,8 +43,48 @@ impl SinkUrl {
         if REDIS_SCHEMES.iter().any(|scheme| raw.starts_with(scheme)) {
             return Ok(SinkUrl::Redis(raw.to_owned()));
         }
-        Err("must be redis://…, rediss://…, redis+unix://… or memory:".into())
+        for (cluster, node) in [
+            ("redis+cluster://", "redis://"),
+            ("rediss+cluster://", "rediss://"),
+        ] {
+            if let Some(rest) = raw.strip_prefix(cluster) {
+                return cluster_nodes(rest, node).map(SinkUrl::RedisCluster);
+            }
+        }
+        Err(
+            "must be redis://…, rediss://…, redis+unix://…, redis+cluster://…, rediss+cluster://… or memory:"
+                .into(),
+        )
     }
+}
+
+/// `[user:password@]host:port[,host:port…][/]` as one node URL each.
+fn cluster_nodes(rest: &str, scheme: &str) -> Result<Vec<String>, String> {
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (credentials, hosts) = match rest.rsplit_once('@') {
+        Some((credentials, hosts)) => (Some(credentials), hosts),
+        None => (None, rest),
+    };
+    if hosts.contains('/') || hosts.contains('?') {
+        return Err(
+            "a cluster URL names no database and no options: host:port[,host:port…]".into(),
+        );
+    }
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(|host| match credentials {
+            Some(credentials) => format!("{scheme}{credentials}@{host}"),
+            None => format!("{scheme}{host}"),
+        })
+        .collect();
+    let well_formed = hosts.split(',').all(|host| {
+        host.rsplit_once(':')
+            .is_some_and(|(name, port)| !name.is_empty() && port.parse::<u16>().is_ok())
+    });
+    if !well_formed {
+        return Err("a cluster URL lists host:port pairs separated by commas".into());
+    }
+    Ok(nodes)
 }
 
 /// `SINK_URL` as a setting's parser: any form [`SinkUrl::parse`] takes.
@@ -50,7 +98,7 @@ pub const SINK_URL_PARSER: Parser<String> = Parser {
 pub const REDIS_SINK_URL_PARSER: Parser<String> = Parser {
     parse: |raw| {
         match SinkUrl::parse(raw) {
-        Ok(SinkUrl::Redis(_)) => Ok(raw.to_owned()),
+        Ok(SinkUrl::Redis(_) | SinkUrl::RedisCluster(_)) => Ok(raw.to_owned()),
         Ok(SinkUrl::Memory) => Err(
             "memory: is an in-process sink; only `leasehold dev` has one, and it shares it with its dashboard by itself"
                 .into(),
@@ -78,6 +126,27 @@ mod tests {
                 "{url}"
             );
         }
+        assert_eq!(
+            SinkUrl::parse("redis+cluster://u:pw@a:7000,b:7001/"),
+            Ok(SinkUrl::RedisCluster(vec![
+                "redis://u:pw@a:7000".into(),
+                "redis://u:pw@b:7001".into()
+            ]))
+        );
+        assert_eq!(
+            SinkUrl::parse("rediss+cluster://c:7000"),
+            Ok(SinkUrl::RedisCluster(vec!["rediss://c:7000".into()]))
+        );
+        for bad in [
+            "redis+cluster://a",
+            "redis+cluster://a:1/0",
+            "redis+cluster://:pw@",
+        ] {
+            assert!(SinkUrl::parse(bad).is_err(), "{bad}");
+        }
+        assert!(
+            !format!("{:?}", SinkUrl::parse("redis+cluster://:pw@a:1").unwrap()).contains("pw")
+        );
         let refused = SinkUrl::parse("postgres://user:hunter2@db/x").unwrap_err();
         assert!(!refused.contains("hunter2"));
         assert!((REDIS_SINK_URL_PARSER.parse)("memory:").is_err());

@@ -162,7 +162,12 @@ pub async fn run_stream(
 ) -> StreamExit {
     let stop = match open(&context, &lease).await {
         Err(stop) => stop,
-        Ok((start, anchored)) => {
+        Ok(Opened {
+            resume: start,
+            anchored,
+            lost,
+        }) => {
+            let config = &context.config;
             let mut progress = Progress {
                 confirmed: start,
                 received: start,
@@ -171,13 +176,36 @@ pub async fn run_stream(
                 last_arrival_lag: None,
                 refill_to: None,
             };
+            // The sink lost a tail the checkpoint had covered: the upstream
+            // refills it, or (live) it is marked where it is missing.
+            let mut first = Vec::new();
+            if let Some(lost) = lost {
+                if config.resume == ResumeMode::Live {
+                    first.push(SinkEvent::gap(
+                        *lost.start(),
+                        *lost.end(),
+                        leasehold_telemetry::GapReason::SinkLost,
+                    ));
+                    progress.received = *lost.end();
+                } else {
+                    progress.refill_to = Some(*lost.end());
+                }
+            }
             // A replay upstream is asked for everything from the first
             // sequence; a live one starts wherever it is when nothing was
             // ever written (there is no "before" to record).
-            let config = &context.config;
-            let last = (anchored || config.resume == ResumeMode::Replay).then_some(start);
+            let last =
+                (anchored || config.resume == ResumeMode::Replay).then_some(progress.received);
             let mut sequencer = Sequencer::new(config.resume, config.seq_step, last);
-            consume(&context, &lease, &drain, &mut progress, &mut sequencer).await
+            consume(
+                &context,
+                &lease,
+                &drain,
+                &mut progress,
+                &mut sequencer,
+                first,
+            )
+            .await
         }
     };
     let exit = match stop {
@@ -204,14 +232,24 @@ pub async fn run_stream(
     exit
 }
 
+/// Where a new owner starts, from its open of the sink.
+struct Opened {
+    /// The sequence to resume after.
+    resume: u64,
+    /// The stream was ever written (a checkpoint or an entry).
+    anchored: bool,
+    /// What the sink lost of what the checkpoint covered.
+    lost: Option<std::ops::RangeInclusive<u64>>,
+}
+
 /// A new owner's first act: raise the sink's fence to its token (from here on a
 /// zombie's delayed write is refused, traffic or not) and learn the last
-/// appended sequence. Returns the sequence to resume after: the store's
-/// checkpoint or the sink's last sequence, whichever is further, so a replay
-/// of events the previous owner wrote but never checkpointed is not appended
-/// again, and whether the stream was ever written (a checkpoint or an entry).
-/// Retries sink errors while the lease is valid.
-async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<(u64, bool), Stop> {
+/// appended sequence. Resumes after the sink's end ([`protocol::resume_point`]):
+/// past the checkpoint, a replay of events the previous owner wrote but never
+/// checkpointed is not appended again; below it, a failover lost a tail the
+/// checkpoint covered (counted as a regression). Retries sink errors while
+/// the lease is valid.
+async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<Opened, Stop> {
     let checkpoint = lease.acquired.checkpoint.unwrap_or(0);
     let mut failures = SinkFailures::default();
     loop {
@@ -226,12 +264,26 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<(u64, bool),
                 return Err(Stop::Lost(LossReason::Fenced));
             }
             Ok(opened) => {
-                let resume = protocol::resume_after(Some(checkpoint), opened.last_seq);
+                let resume = protocol::resume_point(Some(checkpoint), opened.last_seq);
                 if resume > checkpoint {
                     // What the sink holds is confirmed: the checkpoint catches up.
                     lease.stage_checkpoint(resume);
                 }
-                return Ok((resume, resume > 0 || opened.last_seq.is_some()));
+                let lost = opened
+                    .last_seq
+                    .and_then(|last| protocol::lost_tail(checkpoint, Some(last)));
+                if let Some(lost) = &lost {
+                    context.telemetry.emit(TelemetryEvent::SinkRegression {
+                        stream_id: lease.stream_id.clone(),
+                        from_seq: *lost.start(),
+                        to_seq: *lost.end(),
+                    });
+                }
+                return Ok(Opened {
+                    resume,
+                    anchored: resume > 0 || checkpoint > 0 || opened.last_seq.is_some(),
+                    lost,
+                });
             }
             Err(err) => failures.wait(context, lease, err, 0).await?,
         }
@@ -326,6 +378,7 @@ async fn consume(
     drain: &CancellationToken,
     progress: &mut Progress,
     sequencer: &mut Sequencer<UpstreamEvent>,
+    first: Vec<SinkEvent>,
 ) -> Stop {
     let mut window = Window::new(context, lease);
     let mut intake = Intake {
@@ -336,7 +389,16 @@ async fn consume(
         fetch: None,
         empty_pages: 0,
     };
-    let stop = consume_in(context, lease, drain, progress, &mut window, &mut intake).await;
+    let stop = consume_in(
+        context,
+        lease,
+        drain,
+        progress,
+        &mut window,
+        &mut intake,
+        first,
+    )
+    .await;
     window.settle(stop).await
 }
 
@@ -347,10 +409,12 @@ async fn consume_in(
     progress: &mut Progress,
     window: &mut Window<'_>,
     intake: &mut Intake<'_>,
+    first: Vec<SinkEvent>,
 ) -> Stop {
     let stream_id = lease.stream_id.as_str();
     let max_events = context.config.batch_max_events.max(1);
     let mut pending: Vec<SinkEvent> = Vec::with_capacity(max_events);
+    pending.extend(first);
     let mut reconnects = 0u32;
     loop {
         if drain.is_cancelled() {
