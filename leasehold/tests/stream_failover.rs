@@ -410,3 +410,62 @@ async fn a_frozen_upstream_is_reconnected_as_idle_and_its_silence_shows() {
     cluster.stop_workers();
     cluster.verify_sink(&stream).await;
 }
+
+/// On a three-primary Redis Cluster (`SINK_URL=redis+cluster://…`), streams
+/// spread over the primaries, some of them in slots a reshard moves while
+/// an owner is killed: every sequence once, in order, nothing missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_a_crash_and_a_reshard_lose_and_repeat_nothing() {
+    use leasehold_testkit::redis_cluster;
+    let _serial = serial().await;
+    let Some(mut cluster) = Cluster::start_on_redis_cluster(6, 100).await else {
+        return;
+    };
+    let nodes = redis_cluster::nodes(&cluster.redis);
+    let key = |name: &str| leasehold_sink::keys::sink_stream(name);
+    let prefix = leasehold_testkit::unique_name("c");
+    // Three streams in the slots the reshard moves (the first node's
+    // lowest), three anywhere else.
+    let mut streams =
+        redis_cluster::names_in_slots(&nodes[0], &format!("{prefix}-m"), 3, 0..500, key);
+    streams.extend(redis_cluster::names_in_slots(
+        &nodes[0],
+        &format!("{prefix}-o"),
+        3,
+        5461..16384,
+        key,
+    ));
+    cluster.streams = streams;
+    for owner in ["w1", "w2", "w3"] {
+        cluster.start_worker(owner);
+    }
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| o.len() == 6)
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (a, b) = (
+        redis_cluster::node_id(&nodes[0]),
+        redis_cluster::node_id(&nodes[1]),
+    );
+    let entry = nodes[0].clone();
+    let reshard = tokio::task::spawn_blocking(move || {
+        redis_cluster::reshard(&entry, &a, &b, 500);
+        redis_cluster::reshard(&entry, &b, &a, 500);
+    });
+    cluster.workers["w1"].signal("KILL");
+    cluster
+        .wait_owners(Duration::from_secs(20), |o| {
+            o.len() == 6 && owned_by(o, "w1") == 0
+        })
+        .await;
+    reshard.await.expect("reshard");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let logs = cluster.logs();
+    assert!(
+        logs.to_lowercase().contains("error: moved"),
+        "the reshard redirected no worker's write (the test proves nothing)\n{logs}"
+    );
+    cluster.workers.remove("w1");
+    cluster.stop_workers();
+    verify_all(&cluster).await;
+}

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use leasehold_platform::aws::RetryPolicy;
 
 pub mod measure;
+pub mod redis_cluster;
 
 /// Address of the local DynamoDB-compatible server (e.g. `http://127.0.0.1:4566`).
 pub const DYNAMODB_ENDPOINT_VAR: &str = "LEASEHOLD_TEST_DYNAMODB_ENDPOINT";

@@ -245,8 +245,24 @@ impl Cluster {
             .expect("this cluster runs the feed simulator")
     }
 
+    /// Against the test Redis Cluster (`SINK_URL=redis+cluster://…`).
+    pub async fn start_on_redis_cluster(streams: usize, rate: u32) -> Option<Cluster> {
+        let endpoint = dynamodb_endpoint()?;
+        let redis = leasehold_testkit::redis_cluster_url()?;
+        Self::start_at(endpoint, redis, streams, &rate.to_string()).await
+    }
+
     async fn start_at_rate(endpoint: String, streams: usize, rate: &str) -> Option<Cluster> {
         let redis = redis_url()?;
+        Self::start_at(endpoint, redis, streams, rate).await
+    }
+
+    async fn start_at(
+        endpoint: String,
+        redis: String,
+        streams: usize,
+        rate: &str,
+    ) -> Option<Cluster> {
         let table = unique_name("e2e");
         let store = DynamoLeaseStore::new(dynamodb_client(&endpoint), table.clone());
         store.create_table().await.unwrap();

@@ -4,14 +4,13 @@
 //! retry when it is unavailable) store each sequence once, in order. A binary
 //! of its own: resharding moves every test's keys.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold_sink::redis::RedisSink;
-use leasehold_sink::url::SinkUrl;
 use leasehold_sink::{FencedSink, SinkBatch, SinkError, SinkEvent, SinkOptions};
+use leasehold_testkit::redis_cluster;
 
 /// What one writer saw: sequences written, re-opens the sink asked for,
 /// and how many calls were unavailable (redirects, a slot in migration).
@@ -64,47 +63,22 @@ async fn write_until(sink: &RedisSink, stream: &str, done: &AtomicBool) -> Write
     seen
 }
 
-/// `redis-cli --cluster reshard`: moves `slots` slots from `from` to `to`.
-fn reshard(entry: &str, from: &str, to: &str, slots: u32) {
-    let output = Command::new("redis-cli")
-        .args(["--cluster", "reshard", entry])
-        .args(["--cluster-from", from, "--cluster-to", to])
-        .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
-        .output()
-        .expect("redis-cli");
-    assert!(
-        output.status.success(),
-        "reshard failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-fn node_id(node: &str) -> String {
-    let (host, port) = node.rsplit_once(':').expect("host:port");
-    let output = Command::new("redis-cli")
-        .args(["-h", host, "-p", port, "CLUSTER", "MYID"])
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_spread_over_the_primaries_survive_a_reshard_during_traffic() {
     let Some(url) = leasehold_testkit::redis_cluster_url() else {
         return;
     };
-    let Ok(SinkUrl::RedisCluster(nodes)) = SinkUrl::parse(&url) else {
-        panic!("not a cluster URL");
-    };
-    let nodes: Vec<String> = nodes
-        .iter()
-        .map(|node| node.trim_start_matches("redis://").to_owned())
-        .collect();
+    let nodes = redis_cluster::nodes(&url);
     let sink = RedisSink::connect(&url, SinkOptions::default())
         .await
         .expect("connect");
     let prefix = leasehold_testkit::unique_name("reshard");
-    let streams: Vec<String> = (0..24).map(|i| format!("{prefix}-{i}")).collect();
+    // Eight streams in the slots the reshard moves (the lowest of the first
+    // node's), sixteen anywhere.
+    let key = |name: &str| leasehold_sink::keys::sink_stream(name);
+    let mut streams =
+        redis_cluster::names_in_slots(&nodes[0], &format!("{prefix}-moved"), 8, 0..600, key);
+    streams.extend((0..16).map(|i| format!("{prefix}-{i}")));
     let done = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = streams
         .iter()
@@ -115,12 +89,15 @@ async fn streams_spread_over_the_primaries_survive_a_reshard_during_traffic() {
             tokio::spawn(async move { write_until(&sink, &stream, &done).await })
         })
         .collect();
-    let (a, b) = (node_id(&nodes[0]), node_id(&nodes[1]));
+    let (a, b) = (
+        redis_cluster::node_id(&nodes[0]),
+        redis_cluster::node_id(&nodes[1]),
+    );
     let entry = nodes[0].clone();
     tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_millis(500));
-        reshard(&entry, &a, &b, 600);
-        reshard(&entry, &b, &a, 600);
+        redis_cluster::reshard(&entry, &a, &b, 600);
+        redis_cluster::reshard(&entry, &b, &a, 600);
         std::thread::sleep(Duration::from_millis(300));
     })
     .await
