@@ -230,6 +230,8 @@ async fn node_connection(node: &str) -> redis::aio::MultiplexedConnection {
 pub const OPTIONS: SinkOptions = SinkOptions {
     max_len: 0,
     reply_timeout: super::DEFAULT_REPLY_TIMEOUT,
+    wait_replicas: 0,
+    wait_timeout: super::DEFAULT_WAIT_TIMEOUT,
 };
 
 fn events(stream: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<SinkEvent> {

@@ -281,6 +281,12 @@ pub struct SinkOptions {
     /// How long a reply may take before the write counts as failed and is
     /// retried (`SINK_TIMEOUT_MS`; the Redis sink only).
     pub reply_timeout: std::time::Duration,
+    /// Replicas that must have a batch before it is confirmed
+    /// (`SINK_WAIT_REPLICAS`, `WAIT n`; 0: confirmed by the primary alone).
+    pub wait_replicas: u32,
+    /// How long a batch waits for them (`SINK_WAIT_TIMEOUT_MS`); fewer in
+    /// time and the write counts as failed and is sent again.
+    pub wait_timeout: std::time::Duration,
 }
 
 /// Default [`SinkOptions::reply_timeout`]. Generous on purpose: every stream's
@@ -289,11 +295,17 @@ pub struct SinkOptions {
 /// when Redis has least time for it. The Redis client's own default is 500 ms.
 pub const DEFAULT_REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Default [`SinkOptions::wait_timeout`]: a replica on the same network
+/// acknowledges within milliseconds; a second means it is not keeping up.
+pub const DEFAULT_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Default for SinkOptions {
     fn default() -> Self {
         SinkOptions {
             max_len: 0,
             reply_timeout: DEFAULT_REPLY_TIMEOUT,
+            wait_replicas: 0,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
         }
     }
 }

@@ -416,8 +416,11 @@ impl FencedSink for RedisSink {
         }
         let key = keys::sink_stream(batch.stream_id);
         let token = batch.fence_token.to_string();
+        // MULTI, the XADDs, EXEC (and WAIT) written out rather than as an
+        // atomic pipeline, so WAIT rides in the same round trip to the same
+        // node (a cluster routes the pipeline by its first key).
         let mut pipe = redis::pipe();
-        pipe.atomic().ignore_errors();
+        pipe.ignore_errors().cmd("MULTI");
         let mut id = String::with_capacity(token.len() + 21);
         for event in batch.events {
             use std::fmt::Write as _;
@@ -449,11 +452,33 @@ impl FencedSink for RedisSink {
                     .arg(gap.reason.as_str()),
             };
         }
+        pipe.cmd("EXEC");
+        let waits = self.options.wait_replicas > 0;
+        if waits {
+            pipe.cmd("WAIT")
+                .arg(self.options.wait_replicas)
+                .arg(self.options.wait_timeout.as_millis() as u64);
+        }
         let mut connection = self.connection.clone();
-        let replies: Vec<redis::Value> = pipe
+        let mut replies: Vec<redis::Value> = pipe
             .query_async(&mut connection)
             .await
             .map_err(|err| self.failed(err))?;
+        let acknowledged = if waits { replies.pop() } else { None };
+        let exec = replies.pop();
+        // A command refused while queued (a wrong number of arguments, OOM)
+        // makes EXEC refuse the whole transaction: nothing was appended.
+        let replies = match exec {
+            Some(redis::Value::Array(replies)) => replies,
+            Some(redis::Value::ServerError(error)) => {
+                return Err(self.failed(redis::RedisError::from(error)));
+            }
+            other => {
+                return Err(SinkError::Rejected(format!(
+                    "unexpected reply to EXEC: {other:?}"
+                )));
+            }
+        };
         let mut outcome = WriteOutcome {
             highest_token: batch.fence_token,
             ..WriteOutcome::default()
@@ -467,6 +492,20 @@ impl FencedSink for RedisSink {
                     return Err(SinkError::Rejected(error.to_string()));
                 }
                 _ => outcome.accepted += 1,
+            }
+        }
+        if let Some(acknowledged) = acknowledged {
+            let replicas: i64 = redis::from_redis_value(acknowledged)
+                .map_err(|err| SinkError::Rejected(err.to_string()))?;
+            if replicas < i64::from(self.options.wait_replicas) {
+                // Appended on the primary, not yet where a failover keeps
+                // it: not confirmed. Sent again, it is de-duplicated and
+                // waited for again.
+                return Err(SinkError::Unavailable(format!(
+                    "{replicas} of {} replicas acknowledged the batch within {} ms",
+                    self.options.wait_replicas,
+                    self.options.wait_timeout.as_millis()
+                )));
             }
         }
         if outcome.accepted == 0 {

@@ -238,6 +238,23 @@ pub const BATCH_MAX_DELAY_MS: Setting<Duration> = Setting::new(
     "Accepted for compatibility, no longer used: a batch is written as soon as the stream's \
      previous one landed, holding whatever arrived meanwhile (at most `BATCH_MAX_EVENTS`).",
 );
+/// The `SINK_WAIT_REPLICAS` variable.
+pub const SINK_WAIT_REPLICAS: Setting<u64> = Setting::new(
+    "SINK_WAIT_REPLICAS",
+    parse::COUNT,
+    Fallback::Value(|| 0),
+    "Replicas that must have a batch (`WAIT n`) before it is confirmed and the checkpoint may \
+     cover it; fewer within `SINK_WAIT_TIMEOUT_MS` and the batch is sent again (de-duplicated). \
+     0 confirms on the primary's reply: a failover can then lose a tail, which is found and \
+     refilled or marked `sink_lost`.",
+);
+/// The `SINK_WAIT_TIMEOUT_MS` variable.
+pub const SINK_WAIT_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "SINK_WAIT_TIMEOUT_MS",
+    parse::MILLIS,
+    Fallback::Value(|| leasehold_sink::DEFAULT_WAIT_TIMEOUT),
+    "How long a batch waits for `SINK_WAIT_REPLICAS` replicas.",
+);
 /// The `SINK_TIMEOUT_MS` variable.
 pub const SINK_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "SINK_TIMEOUT_MS",
@@ -269,6 +286,8 @@ pub const ALL: &[&dyn Documented] = &[
     &SINK_URL,
     &SINK_MAX_LEN,
     &SINK_TIMEOUT_MS,
+    &SINK_WAIT_REPLICAS,
+    &SINK_WAIT_TIMEOUT_MS,
     &SINK_MAX_FAILURES,
     &STREAM_IDS,
     &MAX_STREAMS,
@@ -377,6 +396,8 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     let sink = SinkOptions {
         max_len: env.get(&SINK_MAX_LEN),
         reply_timeout: env.get(&SINK_TIMEOUT_MS),
+        wait_replicas: u32::try_from(env.get(&SINK_WAIT_REPLICAS)).unwrap_or(u32::MAX),
+        wait_timeout: env.get(&SINK_WAIT_TIMEOUT_MS),
     };
     let register = env.optional(&STREAM_IDS).unwrap_or_default();
     if register
