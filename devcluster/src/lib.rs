@@ -369,13 +369,24 @@ impl DevCluster {
                 let redis_sink = RedisSink::connect(url, sink_options)
                     .await
                     .map_err(start_error("the Redis sink"))?;
-                (
-                    Arc::new(redis_sink.clone()),
-                    Arc::new(
+                // The broker pool needs one primary (docs/redis.md): on a
+                // Redis Cluster only the sink runs there.
+                let bus: Arc<dyn PoolBus> = match leasehold_sink::url::SinkUrl::parse(url) {
+                    Ok(leasehold_sink::url::SinkUrl::RedisCluster(_)) => {
+                        tracing::info!(
+                            "Redis Cluster: the sink runs on it, the broker pool in memory (it needs one primary)"
+                        );
+                        Arc::new(MemoryPoolBus::new())
+                    }
+                    _ => Arc::new(
                         RedisPoolBus::connect(url)
                             .await
                             .map_err(start_error("the Redis pool bus"))?,
                     ),
+                };
+                (
+                    Arc::new(redis_sink.clone()),
+                    bus,
                     Arc::new(leasehold_sink::reader::RedisSinkReader::connected(
                         redis_sink,
                     )),

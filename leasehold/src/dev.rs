@@ -41,7 +41,9 @@ pub struct DevArgs {
     /// Use this DynamoDB-compatible endpoint (table `leasehold-dev`) instead of the in-memory store.
     #[arg(long)]
     dynamodb_endpoint: Option<String>,
-    /// Use this Redis for the sink and the pool bus instead of the in-memory ones.
+    /// Use this Redis for the sink and the pool bus instead of the in-memory
+    /// ones (`redis://…`; `redis+cluster://h:p,h:p` puts the sink on a Redis
+    /// Cluster and keeps the pool bus in memory).
     #[arg(long)]
     redis_url: Option<String>,
     /// What the stream workers read: `simulator` (replays on request) or

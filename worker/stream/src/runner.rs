@@ -66,6 +66,12 @@ pub struct RunnerConfig {
     pub backfill_empty_wait: Duration,
 }
 
+/// [`RunnerConfig::batch_max_events`]'s default (`BATCH_MAX_EVENTS`). One
+/// batch is in flight per stream, so a busy stream's batch holds what a
+/// pipelining client would spread over four (four of 500): the same events
+/// on their way per round trip, a few hundred KiB at exchange frame sizes.
+pub const BATCH_MAX_EVENTS: usize = 2_000;
+
 /// [`RunnerConfig::backfill_hold_max`]'s default: ten seconds of a busy
 /// stream at 10,000 events/s (a few MiB at exchange frame sizes).
 pub const BACKFILL_HOLD_MAX: usize = 100_000;
@@ -73,7 +79,7 @@ pub const BACKFILL_HOLD_MAX: usize = 100_000;
 impl Default for RunnerConfig {
     fn default() -> Self {
         RunnerConfig {
-            batch_max_events: 500,
+            batch_max_events: BATCH_MAX_EVENTS,
             batch_max_delay: Duration::from_millis(20),
             reconnect: Backoff {
                 base: Duration::from_millis(100),
@@ -831,8 +837,9 @@ impl<'a> Window<'a> {
     /// until it lands (already appended sequences are dropped by the sink).
     async fn land(&mut self, progress: &mut Progress, landed: Landed) -> Result<(), Stop> {
         let mut failures = SinkFailures::default();
-        match landed.result {
-            Ok(outcome) => confirm(
+        let next = slot::after_write(&landed.result);
+        match (landed.result, next) {
+            (Ok(outcome), _) => confirm(
                 self.context,
                 self.lease,
                 progress,
@@ -840,12 +847,14 @@ impl<'a> Window<'a> {
                 outcome,
                 landed.started,
             ),
-            Err(err) => {
-                if !matches!(err, SinkError::NotOpen { .. }) {
-                    failures
-                        .wait(self.context, self.lease, err, landed.events.len() as u64)
-                        .await?;
-                }
+            (Err(_), slot::AfterWrite::Reopen) => {
+                self.write_serially(progress, &landed.events, &mut failures)
+                    .await
+            }
+            (Err(err), _) => {
+                failures
+                    .wait(self.context, self.lease, err, landed.events.len() as u64)
+                    .await?;
                 self.write_serially(progress, &landed.events, &mut failures)
                     .await
             }
@@ -877,8 +886,10 @@ impl<'a> Window<'a> {
                 events: sending,
             };
             let started = Instant::now();
-            match self.context.sink.write(batch).await {
-                Ok(outcome) => {
+            let reply = self.context.sink.write(batch).await;
+            let next = slot::after_write(&reply);
+            match (reply, next) {
+                (Ok(outcome), _) => {
                     return confirm(
                         self.context,
                         self.lease,
@@ -888,24 +899,27 @@ impl<'a> Window<'a> {
                         started,
                     );
                 }
-                Err(SinkError::NotOpen { .. }) => {
-                    let Some(lost) = reopen(self.context, self.lease, progress, failures).await?
-                    else {
-                        continue;
-                    };
-                    if self.context.config.resume != ResumeMode::Live && !self.draining {
-                        self.rewind = Some(lost.start() - 1);
-                        return Ok(());
+                (Err(_), slot::AfterWrite::Reopen) => {
+                    let lost = reopen(self.context, self.lease, progress, failures).await?;
+                    match slot::after_reopen(lost, self.context.config.resume, self.draining) {
+                        slot::AfterReopen::Resend => {}
+                        slot::AfterReopen::Rewind { sink_last } => {
+                            self.rewind = Some(sink_last);
+                            return Ok(());
+                        }
+                        slot::AfterReopen::Mark(lost) => {
+                            let mut with_marker = vec![SinkEvent::gap(
+                                *lost.start(),
+                                *lost.end(),
+                                leasehold_telemetry::GapReason::SinkLost,
+                            )];
+                            with_marker
+                                .extend(events.iter().filter(|e| e.seq > *lost.end()).cloned());
+                            marked = Some(with_marker);
+                        }
                     }
-                    let mut with_marker = vec![SinkEvent::gap(
-                        *lost.start(),
-                        *lost.end(),
-                        leasehold_telemetry::GapReason::SinkLost,
-                    )];
-                    with_marker.extend(events.iter().filter(|e| e.seq > *lost.end()).cloned());
-                    marked = Some(with_marker);
                 }
-                Err(err) => {
+                (Err(err), _) => {
                     failures
                         .wait(self.context, self.lease, err, sending.len() as u64)
                         .await?
@@ -1157,6 +1171,8 @@ fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progres
             .map(|lag| lag + progress.last_event_at.elapsed().as_secs_f64()),
     });
 }
+
+mod slot;
 
 #[cfg(test)]
 mod tests;

@@ -227,7 +227,7 @@ pub const DRAIN_TIMEOUT_MS: Setting<Duration> = Setting::new(
 pub const BATCH_MAX_EVENTS: Setting<usize> = Setting::new(
     "BATCH_MAX_EVENTS",
     parse::SIZE,
-    Fallback::Value(|| 500),
+    Fallback::Value(|| crate::runner::BATCH_MAX_EVENTS),
     "Most events per sink write.",
 );
 /// The `BATCH_MAX_DELAY_MS` variable.
