@@ -662,7 +662,7 @@ async fn throughput(
 ) -> Throughput {
     let total = per_stream * streams.len() as u64;
     let redis_start = redis_cpu_seconds(target.redis).await;
-    let calls_start = script_calls(target.redis).await;
+    let transactions_start = transactions(target.redis).await;
     let cpu_start = process_cpu_seconds();
     let started = Instant::now();
     let (probe, stop, tasks) = start_case(case, target, streams, Some(per_stream), telemetry).await;
@@ -680,7 +680,7 @@ async fn throughput(
     let wall = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
     let redis_cpu = redis_cpu_seconds(target.redis).await - redis_start;
-    let calls = script_calls(target.redis).await - calls_start;
+    let calls = transactions(target.redis).await - transactions_start;
     stop_case(stop, tasks).await;
     clean_redis(target.redis, streams).await;
     Throughput {
@@ -700,7 +700,7 @@ struct Throughput {
     per_cpu: f64,
     /// Redis CPU µs per event (meaningful for the rows that write to Redis).
     redis_us: f64,
-    /// Events per script call (the Redis sink's batch size; infinite without scripts).
+    /// Events per transaction (the Redis sink's batch size; infinite without them).
     per_call: f64,
 }
 
@@ -718,12 +718,13 @@ async fn redis_info(redis: &str, section: &str) -> String {
         .expect("INFO")
 }
 
-/// Script calls Redis has run (`EVALSHA`).
-async fn script_calls(redis: &str) -> u64 {
+/// Batch transactions Redis has run (`EXEC`: the Redis sink sends one per
+/// batch, layout v2; the peer sends none).
+async fn transactions(redis: &str) -> u64 {
     redis_info(redis, "commandstats")
         .await
         .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|line| line.strip_prefix("cmdstat_exec:calls="))
         .and_then(|rest| rest.split(',').next()?.parse().ok())
         .unwrap_or(0)
 }
@@ -942,7 +943,7 @@ fn main() {
              of each row's own median maximum, median p99 of {rounds} live feeds"
         );
         println!(
-            "| consumer | streams | events/s | events per CPU-second | Redis CPU µs per event | events per script call | p99 latency at 50 % (ms) | samples |"
+            "| consumer | streams | events/s | events per CPU-second | Redis CPU µs per event | events per transaction | p99 latency at 50 % (ms) | samples |"
         );
         println!("|---|---|---|---|---|---|---|---|");
         for (case, streams, row) in &table {

@@ -66,11 +66,11 @@ pub struct RunnerConfig {
     pub backfill_empty_wait: Duration,
 }
 
-/// [`RunnerConfig::batch_max_events`]'s default (`BATCH_MAX_EVENTS`). One
-/// batch is in flight per stream, so a busy stream's batch holds what a
-/// pipelining client would spread over four (four of 500): the same events
-/// on their way per round trip, a few hundred KiB at exchange frame sizes.
-pub const BATCH_MAX_EVENTS: usize = 2_000;
+/// [`RunnerConfig::batch_max_events`]'s default (`BATCH_MAX_EVENTS`).
+/// Larger batches did not help one stream's throughput with one batch in
+/// flight (2,000 measured against 500: within the noise on one stream, lower
+/// on 100; BENCHMARKS.md), so the default stays.
+pub const BATCH_MAX_EVENTS: usize = 500;
 
 /// [`RunnerConfig::backfill_hold_max`]'s default: ten seconds of a busy
 /// stream at 10,000 events/s (a few MiB at exchange frame sizes).
