@@ -9,7 +9,9 @@ pub fn sink_stream(stream_id: &str) -> String {
     format!("leasehold:sink:{stream_id}")
 }
 
-/// Highest fence token the sink accepted for a stream.
+/// Layout v1's fence (the highest token accepted for a stream): no longer
+/// written; named in the error that refuses a v1 stream, and in tests that
+/// check it stays absent.
 pub fn sink_fence(stream_id: &str) -> String {
     format!("leasehold:fence:{stream_id}")
 }
