@@ -61,6 +61,9 @@ impl Default for KeeperConfig {
     }
 }
 
+/// A backward step this large is logged (smaller ones are NTP's slewing).
+const CLOCK_STEP_WORTH_A_WARNING: Duration = Duration::from_millis(500);
+
 fn ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -370,7 +373,11 @@ impl LeaseKeeper {
             },
         );
         if let Some(old) = replaced {
-            // Only reachable when the old lease had already ended; make sure its task is gone.
+            // Reachable when the old lease had already ended, or when two
+            // acquires of one stream raced in this process: both succeeded
+            // (an owner may always re-acquire, with a new token), and the
+            // older token's handle must not stay valid beside the newer one.
+            self.inner.lose(&old.lease, LossReason::Fenced);
             old.stop.cancel();
         }
         Ok(lease)
@@ -534,7 +541,7 @@ async fn renew_loop(
             _ = sleep_until(scheduled) => {}
         }
         let lateness = Instant::now().saturating_duration_since(scheduled);
-        match renew_with_retries(&inner, &lease, &stop, lateness).await {
+        match renew_with_retries(&inner, &lease, &stop, lateness, acquire_sent).await {
             (Attempt::Renewed, sent) => scheduled = sent + config.renew_interval,
             (Attempt::Lost(reason), _) => {
                 inner.lose(&lease, reason);
@@ -553,8 +560,12 @@ async fn renew_with_retries(
     lease: &HeldLease,
     stop: &CancellationToken,
     lateness: Duration,
+    acquire_sent: Instant,
 ) -> (Attempt, Instant) {
     let config = &inner.config;
+    // The wall time the acquire wrote its expiry from: the origin against
+    // which a backward step of this host's clock is measured.
+    let acquire_wall_ms = lease.acquired.lease_expires_at - ms(config.lease);
     let mut attempt = 0u32;
     let mut carry_checkpoint = true;
     loop {
@@ -582,8 +593,11 @@ async fn renew_with_retries(
         // Only a confirmed renew moves the deadline: one whose outcome is
         // unknown (a timeout, throttling, an error) may not have been applied,
         // so the holder retries and still stops at the deadline it had.
+        // A kept later expiry (`ExpiryAhead`) is unconfirmed too.
         let outcome = match &result {
-            Ok(_) => protocol::RenewOutcome::Confirmed,
+            Ok(record) => {
+                protocol::renew_outcome(record.lease_expires_at, request.now_ms + request.lease_ms)
+            }
             Err(err) if err.is_ownership_lost() => protocol::RenewOutcome::Refused,
             Err(_) => protocol::RenewOutcome::Unconfirmed,
         };
@@ -597,7 +611,26 @@ async fn renew_with_retries(
         let Some(next) = next else {
             return (Attempt::Lost(LossReason::RenewRejected), sent);
         };
-        lease.signal.extend(next);
+        // The expiry just written reads early by however far this host's
+        // wall clock fell behind since the acquire: so does the deadline.
+        let behind = protocol::wall_clock_behind(
+            sent.saturating_duration_since(acquire_sent),
+            request.now_ms - acquire_wall_ms,
+        );
+        if outcome == protocol::RenewOutcome::Confirmed && behind > Duration::ZERO {
+            if behind >= CLOCK_STEP_WORTH_A_WARNING {
+                tracing::warn!(
+                    stream_id = lease.stream_id,
+                    behind_ms = ms(behind),
+                    "this host's wall clock fell behind since the acquire (stepped back?): the lease's deadline comes that much earlier"
+                );
+            }
+            lease
+                .signal
+                .extend(next.checked_sub(behind).unwrap_or(sent).min(next));
+        } else {
+            lease.signal.extend(next);
+        }
         let error = match result {
             Ok(record) => {
                 lease.signal.persisted(record.checkpoint);

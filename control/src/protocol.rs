@@ -79,6 +79,29 @@ pub fn deadline_after_renew<T: Add<Duration, Output = T>>(
     }
 }
 
+/// What a renew the store answered with a record proves. A stored expiry
+/// later than the one asked for is a refused shortening (`ExpiryAhead`: the
+/// holder's clock is behind the one that wrote it), which says nothing about
+/// how long the record runs by this holder's clock: unconfirmed, not a
+/// success, so the holder's deadline does not move on it.
+pub fn renew_outcome(stored_expiry_ms: i64, asked_expiry_ms: i64) -> RenewOutcome {
+    if stored_expiry_ms > asked_expiry_ms {
+        RenewOutcome::Unconfirmed
+    } else {
+        RenewOutcome::Confirmed
+    }
+}
+
+/// How far a holder's wall clock fell behind its monotonic clock since the
+/// acquire (a backward step, or a slew): the expiries it writes read that much
+/// early to every other host, so its deadline must come that much earlier.
+/// Zero when the wall clock kept pace or ran ahead (ahead only makes takers
+/// wait longer).
+pub fn wall_clock_behind(monotonic_elapsed: Duration, wall_elapsed_ms: i64) -> Duration {
+    let monotonic_ms = i64::try_from(monotonic_elapsed.as_millis()).unwrap_or(i64::MAX);
+    Duration::from_millis(u64::try_from(monotonic_ms.saturating_sub(wall_elapsed_ms)).unwrap_or(0))
+}
+
 /// Fence-regression recovery. A holder whose sink open was fenced (the sink
 /// accepted `sink_fence`, above its `held_token`) reads the record: if it
 /// still says `caller` holds the stream with that very token, no newer owner

@@ -16,6 +16,8 @@ struct FaultyStore {
     inner: MemoryLeaseStore,
     mode: AtomicU8,
     renews: AtomicUsize,
+    /// Acquires take this long (so two can race).
+    acquire_delay: std::sync::Mutex<Duration>,
 }
 
 impl FaultyStore {
@@ -27,6 +29,8 @@ impl FaultyStore {
 #[async_trait]
 impl LeaseStore for FaultyStore {
     async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+        let delay = *self.acquire_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
         self.inner.acquire(r).await
     }
     async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
@@ -389,4 +393,131 @@ async fn a_conflict_is_reported_with_the_holder() {
         &events[..],
         [TelemetryEvent::LeaseAcquireConflict { holder: Some(h), holder_token: 1, .. }] if h == "other"
     ));
+}
+
+/// A wall clock that follows tokio's and can be stepped back, as NTP steps a
+/// host's clock.
+#[derive(Clone)]
+struct SteppedClock {
+    paused: PausedClock,
+    offset_ms: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Clock for SteppedClock {
+    fn now_ms(&self) -> i64 {
+        self.paused.now_ms() + self.offset_ms.load(Ordering::SeqCst)
+    }
+}
+
+/// Review finding D8/N8: this host's clock steps 20 s back right after the
+/// acquire. Its renews then ask for expiries below the stored one (refused as
+/// shortening: `ExpiryAhead`), and later ones write expiries that read 20 s
+/// early to every other host. The holder's deadline must never pass the
+/// moment a taker with a correct clock could acquire: the stored expiry, read
+/// on the clock the acquire used.
+#[tokio::test(start_paused = true)]
+async fn a_backward_clock_step_never_leaves_the_deadline_past_the_stored_expiry() {
+    let store = Arc::new(FaultyStore::default());
+    let clock = SteppedClock {
+        paused: PausedClock::starting_at(1_700_000_000_000),
+        offset_ms: Arc::default(),
+    };
+    let keeper = LeaseKeeper::new(
+        store.clone(),
+        Arc::new(clock.clone()),
+        Arc::new(RecordingSink::new()),
+        KeeperConfig {
+            owner_id: "me".into(),
+            ..KeeperConfig::default()
+        },
+    );
+    let acquired_at = Instant::now();
+    let acquire_wall = clock.now_ms();
+    let lease = keeper.acquire("s").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    clock.offset_ms.store(-20_000, Ordering::SeqCst);
+    for second in 1..=70 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if !lease.is_valid() {
+            break;
+        }
+        let stored = store.get("s").await.unwrap().lease_expires_at;
+        // The stored expiry on the acquire's (correct) clock.
+        let expires = acquired_at + Duration::from_millis((stored - acquire_wall) as u64);
+        assert!(
+            lease.deadline() <= expires,
+            "after {second} s the deadline is {:?} past the stored expiry",
+            lease.deadline() - expires
+        );
+    }
+}
+
+/// A renew the store answers with an expiry later than the one asked for
+/// (`ExpiryAhead`: it kept what a clock running ahead once wrote) is not a
+/// confirmation: the deadline stays where the last confirmed renew put it.
+#[tokio::test(start_paused = true)]
+async fn a_renew_that_kept_a_later_expiry_does_not_move_the_deadline() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    let first_deadline = lease.deadline();
+    // An earlier write by a clock 20 s ahead left the record running until
+    // +50 s; the keeper's renew at +10 s asks for +40 s.
+    f.store
+        .inner
+        .renew(&RenewRequest {
+            stream_id: "s".into(),
+            owner_id: "me".into(),
+            fence_token: lease.fence_token,
+            now_ms: f.clock.now_ms() + 20_000,
+            lease_ms: 30_000,
+            checkpoint: None,
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        f.store.renews.load(Ordering::SeqCst),
+        1,
+        "one renew, at +10 s"
+    );
+    assert!(lease.is_valid());
+    assert_eq!(
+        lease.deadline(),
+        first_deadline,
+        "the renew that kept the later expiry did not move the deadline"
+    );
+}
+
+/// Two acquires of one stream racing in one process both succeed (an owner
+/// may re-acquire, with a new token): the older token's handle ends, so at
+/// most one valid lease of the stream exists in the process.
+#[tokio::test(start_paused = true)]
+async fn racing_acquires_leave_one_valid_lease() {
+    let f = fixture();
+    f.store.register("s", 0).await.unwrap();
+    *f.store.acquire_delay.lock().unwrap() = Duration::from_millis(10);
+    let (first, second) = tokio::join!(f.keeper.acquire("s"), f.keeper.acquire("s"));
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_ne!(
+        first.fence_token, second.fence_token,
+        "both acquires reached the store"
+    );
+    let valid: Vec<u64> = [&first, &second]
+        .iter()
+        .filter(|lease| lease.is_valid())
+        .map(|lease| lease.fence_token)
+        .collect();
+    assert_eq!(
+        valid.len(),
+        1,
+        "tokens {} and {}",
+        first.fence_token,
+        second.fence_token
+    );
+    let held = f.keeper.held();
+    assert_eq!(held.len(), 1);
+    assert_eq!(
+        held[0].fence_token, valid[0],
+        "the one kept is the valid one"
+    );
 }
