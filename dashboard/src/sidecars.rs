@@ -15,8 +15,9 @@
 //! of [`leasehold_telemetry::sidecar_url`]: plain HTTP, no userinfo, no path, an
 //! IP literal, never a name) and its address (an IPv4-mapped IPv6 address counts
 //! as the IPv4 address it reaches) is not link-local (169.254.0.0/16 holds the
-//! ECS credentials and metadata endpoints; fe80::/10), unspecified, multicast or
-//! broadcast, is loopback only in `dev`, and lies in one of
+//! ECS credentials and metadata endpoints; fe80::/10), not EC2's IPv6 metadata
+//! range or a NAT64 prefix, not unspecified, multicast or broadcast, is loopback
+//! only in `dev`, and lies in one of
 //! `DASHBOARD_SIDECAR_NETWORKS` (default: the RFC 1918 private ranges). The
 //! dashboard connects to the parsed address, never to the text; it follows no
 //! redirect, bounds each poll's time and body, polls at most
@@ -179,6 +180,11 @@ pub enum Refusal {
     Form(UrlProblem),
     /// 169.254.0.0/16 or fe80::/10 (the ECS credentials endpoint lives there).
     LinkLocal,
+    /// `fd00:ec2::/32` (EC2's IPv6 instance metadata, `fd00:ec2::254`) or a
+    /// NAT64 prefix (`64:ff9b::/96`, `64:ff9b:1::/48`), which reaches any IPv4
+    /// address, the metadata endpoint included: refused whatever
+    /// `DASHBOARD_SIDECAR_NETWORKS` says.
+    MetadataOrNat64,
     /// Loopback outside `dev`.
     Loopback,
     /// 0.0.0.0 or `::`.
@@ -198,6 +204,7 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::Form(problem) => write!(f, "malformed ({problem})"),
             Refusal::LinkLocal => f.write_str("link-local"),
+            Refusal::MetadataOrNat64 => f.write_str("instance metadata or NAT64"),
             Refusal::Loopback => f.write_str("loopback"),
             Refusal::Unspecified => f.write_str("unspecified address"),
             Refusal::Multicast => f.write_str("multicast"),
@@ -206,6 +213,18 @@ impl fmt::Display for Refusal {
             Refusal::OverLimit => f.write_str("over the per-refresh limit"),
         }
     }
+}
+
+/// EC2's IPv6 metadata range or a NAT64 prefix (see [`Refusal::MetadataOrNat64`]).
+fn is_metadata_or_nat64(ip: IpAddr) -> bool {
+    let IpAddr::V6(v6) = ip else {
+        return false;
+    };
+    let s = v6.segments();
+    let ec2_metadata = s[0] == 0xfd00 && s[1] == 0x0ec2;
+    let well_known_nat64 = s[0] == 0x0064 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0];
+    let local_nat64 = s[0] == 0x0064 && s[1] == 0xff9b && s[2] == 0x0001;
+    ec2_metadata || well_known_nat64 || local_nat64
 }
 
 fn is_link_local(ip: IpAddr) -> bool {
@@ -240,6 +259,9 @@ impl DiscoveryPolicy {
         }
         if is_link_local(ip) {
             return Err(Refusal::LinkLocal);
+        }
+        if is_metadata_or_nat64(ip) {
+            return Err(Refusal::MetadataOrNat64);
         }
         if ip.is_multicast() {
             return Err(Refusal::Multicast);

@@ -71,6 +71,12 @@ fn hostile_urls_are_refused_each_by_its_own_check() {
         ("http://[::ffff:169.254.169.254]:80", Refusal::LinkLocal),
         ("http://[fe80::1]:80", Refusal::LinkLocal),
         ("http://[febf::1]:80", Refusal::LinkLocal),
+        // EC2's IPv6 metadata endpoint, and 169.254.169.254 through NAT64
+        // (well-known and local-use prefixes): allowed networks or not.
+        ("http://[fd00:ec2::254]:80", Refusal::MetadataOrNat64),
+        ("http://[fd00:ec2:0:1::9]:80", Refusal::MetadataOrNat64),
+        ("http://[64:ff9b::a9fe:a9fe]:80", Refusal::MetadataOrNat64),
+        ("http://[64:ff9b:1::a9fe:a9fe]:80", Refusal::MetadataOrNat64),
         // Loopback and unspecified (0.0.0.0 reaches the local host on Linux).
         ("http://127.0.0.1:9464", Refusal::Loopback),
         ("http://127.1.2.3:9464", Refusal::Loopback),
@@ -129,6 +135,22 @@ fn hostile_urls_are_refused_each_by_its_own_check() {
     ] {
         assert!(production.check(good).is_ok(), "{good}");
     }
+    // Not even when the operator widened the networks to every ULA and NAT64.
+    let widened = DiscoveryPolicy {
+        networks: vec![
+            Network::parse("fd00::/8").unwrap(),
+            Network::parse("64:ff9b::/32").unwrap(),
+        ],
+        allow_loopback: false,
+    };
+    assert_eq!(
+        widened.check("http://[fd00:ec2::254]:80"),
+        Err(Refusal::MetadataOrNat64)
+    );
+    assert!(
+        widened.check("http://[fd00:1::5]:9464").is_ok(),
+        "other ULAs pass"
+    );
     // Loopback only in dev.
     assert!(
         DiscoveryPolicy::dev()
