@@ -479,6 +479,26 @@ pub async fn a_write_before_the_open_is_refused(target: &dyn SinkTarget) {
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2]);
 }
 
+/// Calls `call` until it is not `Unavailable` (the first calls after a lost
+/// connection may fail on it while the client reconnects), at most 20 times.
+async fn past_the_reconnect<T, F, Fut>(mut call: F) -> Result<T, SinkError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, SinkError>>,
+{
+    let mut last = None;
+    for _ in 0..20 {
+        match call().await {
+            Err(SinkError::Unavailable(why)) => {
+                last = Some(why);
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            other => return other,
+        }
+    }
+    Err(SinkError::Unavailable(last.unwrap_or_default()))
+}
+
 /// After a failover that lost the stream's tail, the next write asks for a
 /// new open (nothing is written above the hole), the open tells where the
 /// stream really ends, and the owner fills the hole from there: each
@@ -490,42 +510,21 @@ pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
     target.fail_over(&stream, 4).await;
     // The first call after a lost connection may fail on it (Redis); then
     // the sink refuses to write until the stream is opened again.
-    let mut refused = None;
-    for _ in 0..20 {
-        match target
-            .sink()
-            .write(SinkBatch {
-                stream_id: &stream,
-                fence_token: 1,
-                events: &events(&stream, 11..=12),
-            })
-            .await
-        {
-            Err(SinkError::Unavailable(_)) => {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await
-            }
-            other => {
-                refused = Some(other);
-                break;
-            }
-        }
-    }
+    let sink = target.sink();
+    let next = events(&stream, 11..=12);
+    let refused = past_the_reconnect(|| {
+        sink.write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 1,
+            events: &next,
+        })
+    })
+    .await;
     assert!(
-        matches!(refused, Some(Err(SinkError::NotOpen { .. }))),
+        matches!(refused, Err(SinkError::NotOpen { .. })),
         "{refused:?}"
     );
-    let mut reopened = None;
-    for _ in 0..20 {
-        match target.sink().open(&stream, 1).await {
-            Err(SinkError::Unavailable(_)) => {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await
-            }
-            other => {
-                reopened = Some(other.expect("open"));
-                break;
-            }
-        }
-    }
+    let reopened = past_the_reconnect(|| sink.open(&stream, 1)).await;
     let reopened = reopened.expect("opened again");
     assert_eq!((reopened.last_seq, reopened.fenced), (Some(6), false));
     let refill = write(target, &stream, 1, &events(&stream, 7..=12)).await;
