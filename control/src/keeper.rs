@@ -161,11 +161,6 @@ impl HeldLease {
         self.signal.ended.cancelled().await
     }
 
-    /// A token cancelled together with the lease, to hand to code that takes one.
-    pub fn cancellation(&self) -> CancellationToken {
-        self.signal.ended.child_token()
-    }
-
     /// Why the lease was lost; `None` while held or after a deliberate release.
     pub fn loss_reason(&self) -> Option<LossReason> {
         *self.signal.loss.lock().unwrap_or_else(|p| p.into_inner())
@@ -500,17 +495,6 @@ impl LeaseKeeper {
             fence_token: lease.fence_token,
         });
         Ok(record)
-    }
-
-    /// Releases every held lease; returns the errors of those that failed.
-    pub async fn release_all(&self) -> Vec<(String, LeaseError)> {
-        let mut failures = Vec::new();
-        for lease in self.held() {
-            if let Err(err) = self.release(&lease).await {
-                failures.push((lease.stream_id.clone(), err));
-            }
-        }
-        failures
     }
 }
 

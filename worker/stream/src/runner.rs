@@ -39,10 +39,6 @@ use leasehold_sink::{FencedSink, SinkBatch, SinkError, SinkEvent, WriteOutcome};
 pub struct RunnerConfig {
     /// Most events per sink write.
     pub batch_max_events: usize,
-    /// Kept for configuration compatibility: batches no longer wait to fill.
-    /// A batch is written as soon as the stream's previous one landed, so it
-    /// holds whatever arrived while that write was on its way.
-    pub batch_max_delay: Duration,
     /// Reconnect schedule after upstream errors.
     pub reconnect: Backoff,
     /// Retry schedule after sink errors (the batch is kept and retried).
@@ -80,7 +76,6 @@ impl Default for RunnerConfig {
     fn default() -> Self {
         RunnerConfig {
             batch_max_events: BATCH_MAX_EVENTS,
-            batch_max_delay: Duration::from_millis(20),
             reconnect: Backoff {
                 base: Duration::from_millis(100),
                 cap: Duration::from_secs(5),

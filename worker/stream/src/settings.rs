@@ -420,7 +420,6 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     };
     let runner = RunnerConfig {
         batch_max_events: env.get(&BATCH_MAX_EVENTS),
-        batch_max_delay: env.get(&BATCH_MAX_DELAY_MS),
         sink_max_failures: env.get(&SINK_MAX_FAILURES),
         resume,
         seq_step: env.get(&UPSTREAM_SEQ_STEP),
