@@ -148,3 +148,33 @@ async fn a_peer_that_cannot_take_gets_no_stream_again_and_none_stays_unowned() {
     assert_eq!(churn, 0, "a hand-back nobody can take is not repeated");
     fleet.stop_all().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_worker_gets_the_richest_peers_gift_and_the_gift_is_not_passed_around() {
+    // Eight streams on six workers (2, 2, 1, 1, 1, 1): a seventh worker is owed
+    // one. Five peers have room for a second stream, and all of them hear the
+    // doorbell when the richest releases its gift; the new worker must still
+    // get it, at once, and nothing else may move.
+    let mut fleet = fleet(8).await;
+    for (index, owner) in ["w1", "w2", "w3", "w4", "w5", "w6"].into_iter().enumerate() {
+        if index > 0 {
+            tokio::time::sleep(Duration::from_millis(37)).await;
+        }
+        fleet.start(owner, 100);
+    }
+    wait_for(&fleet, 6 * DISCOVERY, |h| h.balanced(8, 6)).await;
+    moves_while_idle(&fleet, 2 * DISCOVERY, |h| h.balanced(8, 6)).await;
+    let before = fleet.holdings().await.expect("holdings").acquisitions;
+    fleet.start("n1", 100);
+    let (_, took) = wait_for(&fleet, 4 * DISCOVERY, |h| h.held_by.get("n1") == Some(&1)).await;
+    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(8, 7)).await;
+    let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
+    println!("scale-out 6 → 7, 8 streams: {moves} lease moves (ideal 1), n1 served after {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "n1 waited {took:?} for its stream"
+    );
+    assert_eq!(churn, 0, "no churn once balanced");
+    assert_eq!(moves, 1, "only the new worker's one stream moves");
+    fleet.stop_all().await;
+}

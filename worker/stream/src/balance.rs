@@ -18,6 +18,11 @@
 //!   free a discovery interval later means the peers cannot take (a lower
 //!   `MAX_STREAMS` during a roll-out, a broken peer); hand-backs stop until the
 //!   live workers change or one of the peers takes something;
+//! - **the starving choose first**: while a peer is below the rounded-down
+//!   share, a worker at or above it leaves a free stream for a short grace
+//!   before taking it, or a gift to a new worker is won as often as not by a
+//!   peer with room, the richest gives again, and the new worker can go
+//!   without a stream for minutes while one stream is passed around;
 //! - **unowned is worse than unbalanced**: a stream free for a whole discovery
 //!   interval is one nobody else takes; a worker takes it up to `MAX_STREAMS`,
 //!   above its share.
@@ -79,6 +84,13 @@ impl Share {
             someone_starving: census.held_by.values().any(|held| *held < least),
             richest,
         }
+    }
+
+    /// Whether a free stream waits a grace before this worker, holding `held`,
+    /// takes it: some peer is below the rounded-down share and this one is not,
+    /// so the starving peer gets the first try (after the grace anyone may).
+    pub fn defers_to_starving(&self, held: usize) -> bool {
+        self.someone_starving && held >= self.least
     }
 
     /// Streams to hand back now, holding `held` (not counting those already
@@ -192,6 +204,31 @@ mod tests {
             .collect();
         assert_eq!(gifts, [("old2", 1)]);
         assert_eq!(Share::of(&counts, "new1", 100).to_hand_back(0), 0);
+    }
+
+    #[test]
+    fn only_the_starving_take_free_streams_at_once() {
+        let c = census(
+            8,
+            &[
+                ("n1", 0),
+                ("w1", 1),
+                ("w2", 2),
+                ("w3", 1),
+                ("w4", 2),
+                ("w5", 1),
+                ("w6", 1),
+            ],
+        );
+        let share = Share::of(&c, "w1", 10);
+        assert!(
+            !share.defers_to_starving(0),
+            "a starving worker takes at once"
+        );
+        assert!(share.defers_to_starving(1));
+        assert!(share.defers_to_starving(2));
+        let balanced = census(8, &[("w1", 2), ("w2", 2), ("w3", 2), ("w4", 2)]);
+        assert!(!Share::of(&balanced, "w1", 10).defers_to_starving(1));
     }
 
     #[test]

@@ -387,6 +387,9 @@ impl StreamWorker {
             self.free_since.entry(stream.clone()).or_insert(seen);
         }
         free.shuffle(&mut rand::rng());
+        // Time enough for a starving peer to hear the doorbell and rescan.
+        let grace = self.config.handoff_poll * 2;
+        let mut left_to_starving = Vec::new();
         for lease in free {
             // Free for a whole interval: nobody else takes it, and unowned is
             // worse than unbalanced, so fill up to the maximum.
@@ -399,14 +402,27 @@ impl StreamWorker {
             } else {
                 share.most
             };
-            if self.running.len() < target {
-                self.try_acquire(&lease.stream_id).await;
+            if self.running.len() >= target {
+                continue;
             }
+            let since = self
+                .free_since
+                .get(&lease.stream_id)
+                .copied()
+                .unwrap_or(seen);
+            if share.defers_to_starving(self.running.len()) && seen < since + grace {
+                left_to_starving.push((since + grace, lease.stream_id.clone()));
+                continue;
+            }
+            self.try_acquire(&lease.stream_id).await;
         }
         self.census = census;
         // Another owner's lease running out before the next scan: be there when
         // the protocol allows a takeover, not an interval later.
         self.probes.clear();
+        for (at, stream) in left_to_starving {
+            self.probes.schedule(at, stream, None);
+        }
         let horizon =
             now + i64::try_from(self.config.discovery_interval.as_millis()).unwrap_or(i64::MAX);
         for lease in &streams {
@@ -420,7 +436,7 @@ impl StreamWorker {
                 self.probes.schedule(
                     Instant::now() + wait,
                     lease.stream_id.clone(),
-                    owner.clone(),
+                    Some(owner.clone()),
                 );
             }
         }
@@ -428,13 +444,17 @@ impl StreamWorker {
     }
 
     /// An expiry probe: take the stream if this worker is below the share it
-    /// has once the lapsing owner is gone.
+    /// has once the lapsing owner is gone (or, for a stream left to a starving
+    /// peer, below its share; the acquire fails if the peer took it).
     async fn probe(&mut self) {
         let Some(probe) = self.probes.pop() else {
             return;
         };
         let me = &self.context.keeper.config().owner_id;
-        let census = self.census.without(&probe.lapsing_owner);
+        let census = match &probe.lapsing_owner {
+            Some(owner) => self.census.without(owner),
+            None => self.census.clone(),
+        };
         let target = Share::of(&census, me, self.config.max_streams).most;
         if self.running.len() < target && !self.running.contains_key(&probe.stream) {
             self.try_acquire(&probe.stream).await;
