@@ -9,6 +9,7 @@ mod broker;
 mod dashboard;
 mod dev;
 mod operator;
+mod redis_admin;
 mod sidecar;
 mod stream;
 
@@ -55,6 +56,9 @@ enum Command {
     PoolManager(broker::PoolManagerArgs),
     /// Orphan / stale / duplicate sweep (one pass, or `--every 60s`).
     Maintenance(broker::MaintenanceArgs),
+    /// Deploy-time Redis administration: load leasehold's functions.
+    #[command(subcommand)]
+    Redis(redis_admin::RedisCommand),
 }
 
 /// Why a command failed, deciding the exit code.
@@ -137,6 +141,7 @@ async fn main() -> ExitCode {
         Command::Claim(args) => broker::claim(args).await,
         Command::PoolManager(args) => broker::pool_manager(args).await,
         Command::Maintenance(args) => broker::maintenance(args).await,
+        Command::Redis(command) => redis_admin::redis(command).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

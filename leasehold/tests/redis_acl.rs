@@ -4,8 +4,9 @@
 //! own user and nothing is refused (the ACL log stays empty), and the
 //! operations a role must not do are refused with NOPERM: the dashboard and the
 //! sidecar cannot read `credentials:*`, the stream worker cannot touch the
-//! pool, the broker worker cannot write credentials or the sink, and so on. No
-//! process prints a password, whatever the URL (`redis://`, `rediss://`, a
+//! pool, the broker worker cannot write credentials or the sink, no role but
+//! admin may switch databases or send or load Lua (a loaded function runs with
+//! the caller's rights), and so on. No process prints a password, whatever the URL (`redis://`, `rediss://`, a
 //! wrong password).
 
 mod support;
@@ -23,9 +24,6 @@ use leasehold_sink::{SinkBatch, SinkEvent, SinkOptions};
 use leasehold_testkit::{repo_root, unique_name};
 use redis::AsyncCommands;
 use support::{Proc, free_port, run_leasehold, serial, spawn_command, spawn_leasehold};
-
-/// The database the roles' URLs name (not 0, so `+select` is exercised).
-const DB: u8 = 2;
 
 /// A role's test password: URL-safe, 16+ characters, unique per role.
 fn password(role: &str) -> String {
@@ -200,7 +198,7 @@ impl AclRedis {
 }
 
 fn url_for(port: u16, role: &str) -> String {
-    format!("redis://{role}:{}@127.0.0.1:{port}/{DB}", password(role))
+    format!("redis://{role}:{}@127.0.0.1:{port}", password(role))
 }
 
 fn envs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -257,6 +255,30 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     let log_dir = std::env::temp_dir().join(unique_name("acl-logs"));
     std::fs::create_dir_all(&log_dir).unwrap();
     let api_url = redis.url("api");
+
+    // ---- Deploy step: no role but admin loads Lua. ----
+    // Before it, a worker role's first function call fails and says what to
+    // run (it may not load the function itself).
+    let unloaded = leasehold_sink::open(&redis.url("stream-worker"), SinkOptions::default())
+        .await
+        .unwrap();
+    let err = unloaded
+        .open(&unique_name("early"), 1)
+        .await
+        .expect_err("a stream-worker loaded its own function");
+    assert!(
+        err.to_string().contains("leasehold redis load-functions"),
+        "{err}"
+    );
+    let out = run_ok(
+        &["redis", "load-functions"],
+        &envs(&[("REDIS_URL", &redis.url("admin"))]),
+        None,
+    );
+    let loaded = leasehold_pool::bus::redis::stored_functions().len()
+        + leasehold_sink::redis::stored_functions().len();
+    assert!(out.contains(&format!("{loaded} functions loaded")), "{out}");
+    outputs.push(out);
 
     // ---- Allowed: each role does its real work; Redis refuses nothing. ----
     redis.reset_log().await;
@@ -737,12 +759,58 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         &["GET", &keys::response(&request_id)],
     )
     .await;
-    // No role but admin may run server-wide commands.
+    // No role but admin may run server-wide commands, switch databases, or
+    // send or load Lua of its own; a loaded function runs with the caller's
+    // rights, so one that reads a key outside the role's patterns is refused.
+    let reads_credentials = "return redis.call('GET', 'credentials:x')";
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(reads_credentials)
+        .query_async(&mut redis.admin)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg("#!lua name=acl_probe\nredis.register_function('acl_probe_get', function(KEYS, ARGV) return redis.call('GET', KEYS[1]) end)")
+        .query_async(&mut redis.admin)
+        .await
+        .unwrap();
     for role in redis.roles.iter().filter(|r| *r != "admin") {
         refused(&redis, role, &["KEYS", "*"]).await;
         refused(&redis, role, &["FLUSHALL"]).await;
         refused(&redis, role, &["CONFIG", "GET", "maxmemory"]).await;
         refused(&redis, role, &["ACL", "LIST"]).await;
+        refused(&redis, role, &["SELECT", "1"]).await;
+        refused(&redis, role, &["SCRIPT", "LOAD", reads_credentials]).await;
+        refused(&redis, role, &["EVAL", reads_credentials, "0"]).await;
+        refused(&redis, role, &["EVALSHA", &sha, "0"]).await;
+        refused(
+            &redis,
+            role,
+            &[
+                "FUNCTION",
+                "LOAD",
+                "#!lua name=mine\nredis.register_function('mine', function() return 1 end)",
+            ],
+        )
+        .await;
+        refused(&redis, role, &["FUNCTION", "DELETE", "acl_probe"]).await;
+        refused(&redis, role, &["FUNCTION", "FLUSH"]).await;
+        refused(
+            &redis,
+            role,
+            &["FCALL", "acl_probe_get", "1", "outside:probe"],
+        )
+        .await;
+    }
+    for role in ["stream-worker", "pool-manager"] {
+        refused(
+            &redis,
+            role,
+            &["FCALL", "acl_probe_get", "1", &keys::credentials(&user)],
+        )
+        .await;
     }
     // The default user (no AUTH) can do nothing.
     let anonymous = redis::Client::open(format!("redis://127.0.0.1:{}/", redis.port).as_str())
@@ -758,15 +826,11 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
 
     // ---- No password in any output, whatever the URL. ----
     let wrong = format!(
-        "redis://api:wrong-{}@127.0.0.1:{}/{DB}",
+        "redis://api:wrong-{}@127.0.0.1:{}",
         password("x"),
         redis.port
     );
-    let tls = format!(
-        "rediss://api:{}@127.0.0.1:{}/{DB}",
-        password("api"),
-        redis.port
-    );
+    let tls = format!("rediss://api:{}@127.0.0.1:{}", password("api"), redis.port);
     for url in [&wrong, &tls] {
         let env = envs(&[
             ("REDIS_URL", url),

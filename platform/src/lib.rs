@@ -11,6 +11,8 @@
 //! - [`backoff`]: exponential backoff with full jitter, for every retry loop.
 //! - [`periodic`]: "every period until cancelled", the one periodic loop.
 //! - [`hardening`]: no core dumps for processes that hold secrets.
+//! - [`redis_functions`]: leasehold's Lua as Redis functions (`FCALL`), loaded
+//!   by the admin role, so no worker role may load code.
 
 pub mod aws;
 pub mod backoff;
@@ -18,6 +20,7 @@ pub mod ecs;
 pub mod hardening;
 pub mod logging;
 pub mod periodic;
+pub mod redis_functions;
 pub mod settings;
 
 pub use backoff::Backoff;

@@ -6,6 +6,7 @@
 use crate::keys;
 use async_trait::async_trait;
 use leasehold_control::protocol::{self, EntryId};
+use leasehold_platform::redis_functions::StoredFunction;
 use leasehold_telemetry::GapReason;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -18,7 +19,7 @@ use super::{
 /// for a TLS endpoint across zones).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// KEYS: stream. ARGV: token, the v1 id floor ([`V1_ID_FLOOR`]). The only script: run once per acquire (and per
+/// KEYS: stream. ARGV: token, the v1 id floor ([`V1_ID_FLOOR`]). The only Lua (a Redis function): run once per acquire (and per
 /// reconnect), never per batch. Returns {verdict, token, seq} of the stream's
 /// last id after the call; verdict 0 = opened, 1 = fenced (a newer token's
 /// id), 2 = layout v1 (the id is a unix-ms time: ids written by Redis, not
@@ -45,6 +46,12 @@ if t < token then redis.call('XSETID', stream, ARGV[1] .. '-' .. s) end
 return {0, token, s}
 "#;
 
+/// The functions the sink calls (the open script alone), for `leasehold redis
+/// load-functions`: the stream-worker role may call but not load them.
+pub fn stored_functions() -> Vec<StoredFunction> {
+    vec![StoredFunction::new(OPEN)]
+}
+
 /// A first id part at or above this is a unix-ms time (2001-09-09 onwards),
 /// not a fence token: the stream was written in layout v1.
 const V1_ID_FLOOR: u64 = 1_000_000_000_000;
@@ -61,7 +68,7 @@ fn is_id_refusal(error: &redis::ServerError) -> bool {
 #[derive(Clone)]
 pub struct RedisSink {
     connection: RedisConnection,
-    open: redis::Script,
+    open: StoredFunction,
     options: SinkOptions,
     /// Shared by clones: one connection, one set of opened streams.
     opened: std::sync::Arc<OpenedStreams>,
@@ -227,7 +234,7 @@ impl RedisSink {
         let connection = RedisConnection::connect(url, options.reply_timeout, 0).await?;
         Ok(RedisSink {
             connection,
-            open: redis::Script::new(OPEN),
+            open: StoredFunction::new(OPEN),
             options,
             opened: std::sync::Arc::default(),
         })

@@ -28,10 +28,11 @@ async fn raw_redis() -> ::redis::aio::MultiplexedConnection {
         .expect("connect")
 }
 
-/// A Redis that forgot the open script (restarted, `SCRIPT FLUSH`) gets it
-/// loaded again; writes use no script at all.
+/// A Redis that lost the open function (`FUNCTION FLUSH`, a new server with
+/// no deploy step) gets it loaded again by a user allowed to; writes use no
+/// Lua at all.
 #[tokio::test]
-async fn redis_sink_reloads_a_forgotten_script() {
+async fn redis_sink_reloads_a_lost_function() {
     use leasehold_sink::conformance::SinkTarget;
     use leasehold_sink::{SinkBatch, SinkEvent};
     let Some(target) = RedisTarget::connect(OPTIONS).await else {
@@ -39,11 +40,11 @@ async fn redis_sink_reloads_a_forgotten_script() {
     };
     let stream = leasehold_testkit::unique_name("sink");
     let mut raw = raw_redis().await;
-    let _: () = ::redis::cmd("SCRIPT")
+    let _: () = ::redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query_async(&mut raw)
         .await
-        .expect("SCRIPT FLUSH");
+        .expect("FUNCTION FLUSH");
     let opened = target.sink().open(&stream, 1).await.expect("open");
     assert!(!opened.fenced);
     let events = [SinkEvent::data(1, format!("{stream}:1"), "{}")];

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::keys;
 use async_trait::async_trait;
+use leasehold_platform::redis_functions::StoredFunction;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -494,6 +495,93 @@ struct Blocking {
     id: i64,
 }
 
+/// Every Lua body the bus runs, as Redis functions
+/// ([`leasehold_platform::redis_functions`]): built once per bus.
+struct Functions {
+    claim: StoredFunction,
+    heartbeat: StoredFunction,
+    release: StoredFunction,
+    next_user_message: StoredFunction,
+    begin_request: StoredFunction,
+    answer_request: StoredFunction,
+    drop_oversized: StoredFunction,
+    excess_requests: StoredFunction,
+    shed_request: StoredFunction,
+    record_paper_order: StoredFunction,
+    settle_claim: StoredFunction,
+    fail_claim: StoredFunction,
+    return_claim: StoredFunction,
+    requeue_claims: StoredFunction,
+    next_claim: StoredFunction,
+    keep_claim: StoredFunction,
+    set_pool_mark: StoredFunction,
+    idle_workers: StoredFunction,
+    retire_idle: StoredFunction,
+    delete_mark_if: StoredFunction,
+}
+
+impl Functions {
+    fn new() -> Self {
+        Functions {
+            claim: StoredFunction::new(CLAIM),
+            heartbeat: StoredFunction::new(&guarded(HEARTBEAT)),
+            release: StoredFunction::new(&guarded(RELEASE)),
+            next_user_message: StoredFunction::new(NEXT_USER_MESSAGE),
+            begin_request: StoredFunction::new(&with_record_fields(&format!(
+                "{MARK_HOLDER}{BEGIN_REQUEST}"
+            ))),
+            answer_request: StoredFunction::new(&with_record_fields(&format!(
+                "{MARK_HOLDER}{ANSWER_REQUEST}"
+            ))),
+            drop_oversized: StoredFunction::new(&with_record_fields(DROP_OVERSIZED)),
+            excess_requests: StoredFunction::new(EXCESS_REQUESTS),
+            shed_request: StoredFunction::new(&with_record_fields(SHED_REQUEST)),
+            record_paper_order: StoredFunction::new(RECORD_PAPER_ORDER),
+            settle_claim: StoredFunction::new(SETTLE_CLAIM),
+            fail_claim: StoredFunction::new(FAIL_CLAIM),
+            return_claim: StoredFunction::new(RETURN_CLAIM),
+            requeue_claims: StoredFunction::new(REQUEUE_CLAIMS),
+            next_claim: StoredFunction::new(&unless_retired(NEXT_CLAIM)),
+            keep_claim: StoredFunction::new(&unless_retired(KEEP_CLAIM)),
+            set_pool_mark: StoredFunction::new(SET_POOL_MARK),
+            idle_workers: StoredFunction::new(IDLE_WORKERS),
+            retire_idle: StoredFunction::new(RETIRE_IDLE),
+            delete_mark_if: StoredFunction::new(DELETE_MARK_IF),
+        }
+    }
+
+    fn all(&self) -> Vec<&StoredFunction> {
+        vec![
+            &self.claim,
+            &self.heartbeat,
+            &self.release,
+            &self.next_user_message,
+            &self.begin_request,
+            &self.answer_request,
+            &self.drop_oversized,
+            &self.excess_requests,
+            &self.shed_request,
+            &self.record_paper_order,
+            &self.settle_claim,
+            &self.fail_claim,
+            &self.return_claim,
+            &self.requeue_claims,
+            &self.next_claim,
+            &self.keep_claim,
+            &self.set_pool_mark,
+            &self.idle_workers,
+            &self.retire_idle,
+            &self.delete_mark_if,
+        ]
+    }
+}
+
+/// The functions the pool bus calls, for `leasehold redis load-functions`:
+/// loaded by the admin role at deploy time, so no pool role needs to load code.
+pub fn stored_functions() -> Vec<StoredFunction> {
+    Functions::new().all().into_iter().cloned().collect()
+}
+
 /// The pool bus on Redis. Reconnects by itself.
 pub struct RedisPoolBus {
     client: redis::Client,
@@ -501,26 +589,7 @@ pub struct RedisPoolBus {
     /// Idle blocking connections; each pop takes one, so concurrent pops never
     /// queue behind each other on one connection.
     blocking: Mutex<Vec<Blocking>>,
-    claim: redis::Script,
-    heartbeat: redis::Script,
-    release: redis::Script,
-    next_user_message: redis::Script,
-    begin_request: redis::Script,
-    answer_request: redis::Script,
-    drop_oversized: redis::Script,
-    excess_requests: redis::Script,
-    shed_request: redis::Script,
-    record_paper_order: redis::Script,
-    settle_claim: redis::Script,
-    fail_claim: redis::Script,
-    return_claim: redis::Script,
-    requeue_claims: redis::Script,
-    next_claim: redis::Script,
-    keep_claim: redis::Script,
-    set_pool_mark: redis::Script,
-    idle_workers: redis::Script,
-    retire_idle: redis::Script,
-    delete_mark_if: redis::Script,
+    functions: Functions,
 }
 
 impl std::fmt::Debug for RedisPoolBus {
@@ -547,30 +616,7 @@ impl RedisPoolBus {
             client,
             commands,
             blocking: Mutex::default(),
-            claim: redis::Script::new(CLAIM),
-            heartbeat: redis::Script::new(&guarded(HEARTBEAT)),
-            release: redis::Script::new(&guarded(RELEASE)),
-            next_user_message: redis::Script::new(NEXT_USER_MESSAGE),
-            begin_request: redis::Script::new(&with_record_fields(&format!(
-                "{MARK_HOLDER}{BEGIN_REQUEST}"
-            ))),
-            answer_request: redis::Script::new(&with_record_fields(&format!(
-                "{MARK_HOLDER}{ANSWER_REQUEST}"
-            ))),
-            drop_oversized: redis::Script::new(&with_record_fields(DROP_OVERSIZED)),
-            excess_requests: redis::Script::new(EXCESS_REQUESTS),
-            shed_request: redis::Script::new(&with_record_fields(SHED_REQUEST)),
-            record_paper_order: redis::Script::new(RECORD_PAPER_ORDER),
-            settle_claim: redis::Script::new(SETTLE_CLAIM),
-            fail_claim: redis::Script::new(FAIL_CLAIM),
-            return_claim: redis::Script::new(RETURN_CLAIM),
-            requeue_claims: redis::Script::new(REQUEUE_CLAIMS),
-            next_claim: redis::Script::new(&unless_retired(NEXT_CLAIM)),
-            keep_claim: redis::Script::new(&unless_retired(KEEP_CLAIM)),
-            set_pool_mark: redis::Script::new(SET_POOL_MARK),
-            idle_workers: redis::Script::new(IDLE_WORKERS),
-            retire_idle: redis::Script::new(RETIRE_IDLE),
-            delete_mark_if: redis::Script::new(DELETE_MARK_IF),
+            functions: Functions::new(),
         })
     }
 
@@ -689,7 +735,7 @@ impl RedisPoolBus {
 
     async fn invoke_mark_script(
         &self,
-        script: &redis::Script,
+        script: &StoredFunction,
         mark: &MarkWrite<'_>,
     ) -> Result<bool, BusError> {
         let metadata = mark.metadata;
@@ -715,6 +761,7 @@ impl PoolBus for RedisPoolBus {
     async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
         let metadata = mark.metadata;
         let claimed: i64 = self
+            .functions
             .claim
             .key(keys::worker_active(mark.user_id))
             .key(keys::pool_worker_active(mark.worker_id))
@@ -732,11 +779,13 @@ impl PoolBus for RedisPoolBus {
     }
 
     async fn refresh_user_mark(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
-        self.invoke_mark_script(&self.heartbeat, mark).await
+        self.invoke_mark_script(&self.functions.heartbeat, mark)
+            .await
     }
 
     async fn release_user_mark(&self, user_id: &str, worker_id: &str) -> Result<bool, BusError> {
         let released: i64 = self
+            .functions
             .release
             .key(keys::worker_active(user_id))
             .key(keys::worker_metadata(user_id))
@@ -759,6 +808,7 @@ impl PoolBus for RedisPoolBus {
         ttl: Duration,
     ) -> Result<bool, BusError> {
         let idle: i64 = self
+            .functions
             .set_pool_mark
             .key(keys::pool_worker_active(worker_id))
             .key(keys::POOL_IDLE)
@@ -789,6 +839,7 @@ impl PoolBus for RedisPoolBus {
 
     async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError> {
         let flat: Vec<String> = self
+            .functions
             .idle_workers
             .key(keys::POOL_IDLE)
             .key(keys::POOL_CLAIMS)
@@ -809,6 +860,7 @@ impl PoolBus for RedisPoolBus {
 
     async fn retire_idle(&self, worker_id: &str) -> Result<bool, BusError> {
         let retired: i64 = self
+            .functions
             .retire_idle
             .key(keys::POOL_IDLE)
             .key(keys::claims_processing(worker_id))
@@ -826,7 +878,7 @@ impl PoolBus for RedisPoolBus {
         expected: &str,
         also: &[String],
     ) -> Result<bool, BusError> {
-        let mut invocation = self.delete_mark_if.key(key);
+        let mut invocation = self.functions.delete_mark_if.key(key);
         for other in also {
             invocation.key(other);
         }
@@ -850,6 +902,7 @@ impl PoolBus for RedisPoolBus {
     ) -> Result<Take, BusError> {
         let processing = keys::claims_processing(worker_id);
         let (found, raw): (i64, Vec<u8>) = self
+            .functions
             .next_claim
             .key(&processing)
             .key(keys::POOL_CLAIMS)
@@ -881,6 +934,7 @@ impl PoolBus for RedisPoolBus {
         // The move could not check the retirement: the check, and the hand
         // back if the retirement came first, is one step of its own.
         let (kept, raw): (i64, Vec<u8>) = self
+            .functions
             .keep_claim
             .key(&processing)
             .key(keys::POOL_CLAIMS)
@@ -904,6 +958,7 @@ impl PoolBus for RedisPoolBus {
     ) -> Result<Settled, BusError> {
         let metadata = mark.metadata;
         let settled: i64 = self
+            .functions
             .settle_claim
             .key(keys::claims_processing(mark.worker_id))
             .key(keys::worker_active(mark.user_id))
@@ -944,6 +999,7 @@ impl PoolBus for RedisPoolBus {
             None => (keys::claim_outcome(""), ""),
         };
         let failed: i64 = self
+            .functions
             .fail_claim
             .key(keys::claims_processing(worker_id))
             .key(keys::dead_letter(keys::POOL_CLAIMS))
@@ -962,6 +1018,7 @@ impl PoolBus for RedisPoolBus {
 
     async fn return_claim(&self, worker_id: &str, raw: &[u8]) -> Result<bool, BusError> {
         let returned: i64 = self
+            .functions
             .return_claim
             .key(keys::claims_processing(worker_id))
             .key(keys::POOL_CLAIMS)
@@ -974,6 +1031,7 @@ impl PoolBus for RedisPoolBus {
 
     async fn requeue_claims(&self, worker_id: &str) -> Result<u64, BusError> {
         let moved: u64 = self
+            .functions
             .requeue_claims
             .key(keys::claims_processing(worker_id))
             .key(keys::pool_worker_active(worker_id))
@@ -1020,6 +1078,7 @@ impl PoolBus for RedisPoolBus {
             keys::worker_control_processing(user_id),
         );
         let (kind, body, length): (i64, Vec<u8>, u64) = self
+            .functions
             .next_user_message
             .key(&control)
             .key(&processing)
@@ -1131,7 +1190,8 @@ impl PoolBus for RedisPoolBus {
         at_unix_ms: u64,
     ) -> Result<Begun, BusError> {
         let (state, owner, worker_id, response, deliveries): (String, String, String, String, u32) =
-            self.begin_request
+            self.functions
+                .begin_request
                 .key(keys::request_record(request_id))
                 .key(keys::worker_active(user_id))
                 .arg(user_id)
@@ -1168,6 +1228,7 @@ impl PoolBus for RedisPoolBus {
             AnswerMode::Replay => "replay",
         };
         let answered: i64 = self
+            .functions
             .answer_request
             .key(keys::request_record(answer.request_id))
             .key(keys::response(answer.request_id))
@@ -1215,6 +1276,7 @@ impl PoolBus for RedisPoolBus {
         );
         let (request_id, response) = oversized.answer.unwrap_or(("", ""));
         let done: i64 = self
+            .functions
             .drop_oversized
             .key(processing)
             .key(keys::dead_letter(&list))
@@ -1264,7 +1326,8 @@ impl PoolBus for RedisPoolBus {
     }
 
     async fn excess_requests(&self, user_id: &str, max: u64) -> Result<Vec<Vec<u8>>, BusError> {
-        self.excess_requests
+        self.functions
+            .excess_requests
             .key(keys::user_requests(user_id))
             .arg(max)
             .arg(SHED_BATCH)
@@ -1275,6 +1338,7 @@ impl PoolBus for RedisPoolBus {
 
     async fn shed_request(&self, shed: &Shed<'_>) -> Result<bool, BusError> {
         let shed_one: i64 = self
+            .functions
             .shed_request
             .key(keys::user_requests(shed.user_id))
             .key(keys::request_record(shed.request_id))
@@ -1337,6 +1401,7 @@ impl PaperLedger for RedisPoolBus {
     ) -> Result<LedgerWrite, BusError> {
         let (prefix, suffix) = ledger_entry_parts(order);
         let (recorded, stored): (i64, String) = self
+            .functions
             .record_paper_order
             .key(keys::paper_orders(account_id))
             .key(keys::paper_order_ids(account_id))
