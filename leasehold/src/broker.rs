@@ -2,14 +2,16 @@
 //! `maintenance`: the broker worker pool's commands.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCipher, Keyring};
-use leasehold_broker::launcher::{EcsLauncher, LocalLauncher, TaskLauncher};
+use leasehold_broker::launcher::{
+    EcsLauncher, LOCAL_GROUP_VAR, LocalLauncher, TaskLauncher, register_local_worker,
+};
 use leasehold_broker::paper::{Broker, PaperBroker};
 use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
@@ -61,6 +63,15 @@ fn harden() -> anyhow::Result<()> {
 pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     harden()?;
     let mut settings = settings::worker_settings(&lookup)?;
+    // Started by a local launcher: register where it lists its workers (a
+    // hardened process's environ is readable by root only).
+    let _registered = match lookup(LOCAL_GROUP_VAR) {
+        Some(group) => Some(
+            register_local_worker(&group, lookup(settings::USER_ID.name).as_deref())
+                .map_err(|err| anyhow::anyhow!("cannot register with the local launcher: {err}"))?,
+        ),
+        None => None,
+    };
     // On ECS the task ARN is the worker's identity in its marks: without it the
     // maintenance sweep would take this healthy worker for an orphan, so a
     // failed lookup ends the worker rather than fall back to `local-{pid}`.
@@ -179,10 +190,13 @@ pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
 
 async fn put_credentials(user_id: &str) -> Result<(), Failure> {
     let (url, cipher) = read(|env| (env.get(&REDIS_URL), settings::keyring(env)))?;
-    let mut plaintext = zeroize::Zeroizing::new(Vec::new());
-    std::io::stdin()
-        .read_to_end(&mut plaintext)
+    // The descriptor itself, unbuffered: std's stdin buffer would keep a copy.
+    let stdin = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
         .context("cannot read stdin")?;
+    let plaintext = creds::read_plaintext(std::fs::File::from(stdin))
+        .map_err(|err| anyhow::anyhow!("stdin: {err}"))?;
     // Refuse what the worker could not use, before storing it.
     Credentials::from_json(&plaintext).map_err(|err| anyhow::anyhow!("stdin: {err}"))?;
     let blob = cipher
@@ -201,7 +215,7 @@ async fn put_credentials(user_id: &str) -> Result<(), Failure> {
 
 /// What `rotate` did with one blob.
 enum Rotated {
-    Done { reloaded: bool },
+    Done { reloaded: bool, migrated: bool },
     Changed,
 }
 
@@ -213,15 +227,17 @@ async fn rotate_one(
     let Some(blob) = bus.credentials(user_id).await? else {
         return Ok(Rotated::Changed);
     };
-    // Decrypt with the old key and this user's context, encrypt under the new
-    // key: the plaintext exists only in zeroized buffers for this step.
-    let plaintext = cipher.decrypt(user_id, &blob).await?.to_json();
-    let rotated = cipher.encrypt(user_id, &plaintext).await?;
-    // A `put` may have replaced the blob meanwhile: keep the newer one.
-    if bus.credentials(user_id).await?.as_deref() != Some(blob.as_str()) {
+    // Version 2: KMS re-wraps the data key (no plaintext here). Version 1:
+    // decrypted with the local key, encrypted as version 2.
+    let rotated = cipher.rotate(user_id, &blob).await?;
+    // A `put` may replace the blob meanwhile: compare-and-set keeps the newer one.
+    if !bus
+        .replace_credentials(user_id, &blob, rotated.blob())
+        .await?
+    {
         return Ok(Rotated::Changed);
     }
-    bus.put_credentials(user_id, &rotated).await?;
+    let migrated = matches!(rotated, creds::Rewrapped::Migrated(_));
     let active = Inspect::get(bus, &keys::worker_active(user_id))
         .await?
         .is_some();
@@ -229,7 +245,10 @@ async fn rotate_one(
         bus.push_control(user_id, r#"{"type": "reload_credentials"}"#)
             .await?;
     }
-    Ok(Rotated::Done { reloaded: active })
+    Ok(Rotated::Done {
+        reloaded: active,
+        migrated,
+    })
 }
 
 async fn rotate_credentials() -> Result<(), Failure> {
@@ -245,14 +264,18 @@ async fn rotate_credentials() -> Result<(), Failure> {
         .scan_keys(&keys::credentials("*"))
         .await
         .context("cannot list credentials keys")?;
-    let (mut rotated, mut reloaded, mut skipped, mut failed) = (0, 0, 0, 0);
+    let (mut rotated, mut migrated, mut reloaded, mut skipped, mut failed) = (0, 0, 0, 0, 0);
     for name in &names {
         let Some(user_id) = name.strip_prefix(&keys::credentials("")) else {
             continue;
         };
         match rotate_one(&bus, &cipher, user_id).await {
-            Ok(Rotated::Done { reloaded: sent }) => {
+            Ok(Rotated::Done {
+                reloaded: sent,
+                migrated: local,
+            }) => {
                 rotated += 1;
+                migrated += usize::from(local);
                 reloaded += usize::from(sent);
             }
             Ok(Rotated::Changed) => {
@@ -266,7 +289,7 @@ async fn rotate_credentials() -> Result<(), Failure> {
         }
     }
     println!(
-        "rotated {rotated} of {} blobs; reload_credentials sent to {reloaded} active workers; {skipped} changed meanwhile; {failed} failed",
+        "rotated {rotated} of {} blobs ({migrated} from the local key); reload_credentials sent to {reloaded} active workers; {skipped} changed meanwhile; {failed} failed",
         names.len()
     );
     if failed > 0 {

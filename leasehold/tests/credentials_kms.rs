@@ -316,13 +316,29 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_cannot_open_another_u
     );
     drop(memory);
 
-    // Rotation to a new key while the worker runs.
+    // Rotation to a new key while the worker runs: KMS re-wraps each data
+    // key (ReEncrypt), so nonce and ciphertext stay and no plaintext is made.
+    let field = |blob: &str, name: &str| -> String {
+        let envelope: serde_json::Value =
+            serde_json::from_slice(&STANDARD.decode(blob).unwrap()).unwrap();
+        envelope[name].as_str().unwrap().to_owned()
+    };
+    let before: String = redis.get(keys::credentials(&bob)).await.unwrap();
     envs.retain(|(k, _)| k != "CREDENTIALS_KMS_KEY_ID");
     envs.push(("CREDENTIALS_KMS_KEY_ID".into(), new_key.clone()));
     let text = run(&["credentials", "rotate"], &envs, None);
     assert!(
-        text.contains("rotated 2 of 2 blobs; reload_credentials sent to 1 active workers"),
+        text.contains(
+            "rotated 2 of 2 blobs (0 from the local key); reload_credentials sent to 1 active workers"
+        ),
         "{text}"
+    );
+    let after: String = redis.get(keys::credentials(&bob)).await.unwrap();
+    assert_eq!(field(&after, "ciphertext"), field(&before, "ciphertext"));
+    assert_eq!(field(&after, "nonce"), field(&before, "nonce"));
+    assert_ne!(
+        field(&after, "encrypted_data_key"),
+        field(&before, "encrypted_data_key")
     );
     for user in [&alice, &bob] {
         let blob: String = redis.get(keys::credentials(user)).await.unwrap();

@@ -25,6 +25,10 @@ pub enum HardeningError {
     /// `prctl(PR_SET_DUMPABLE, 0)` failed.
     #[error("cannot clear the dumpable flag: {0}")]
     Dumpable(String),
+    /// The calls succeeded but reading back shows they did not take (a
+    /// sandbox that fakes them, a kernel that ignores them).
+    #[error("hardening did not take effect: {0}")]
+    NotEffective(&'static str),
 }
 
 /// Sets `RLIMIT_CORE` to 0 (soft and hard: the process cannot raise it again)
@@ -43,14 +47,60 @@ pub fn disable_core_dumps() -> Result<Hardened, HardeningError> {
     };
     #[cfg(not(target_os = "linux"))]
     let not_dumpable = false;
-    Ok(Hardened {
+    let hardened = Hardened {
         core_limit_zero,
         not_dumpable,
-    })
+    };
+    check(hardened, cfg!(target_os = "linux"))?;
+    Ok(hardened)
+}
+
+/// A process that could still dump core, or (Linux) be read through `/proc`
+/// by its user's other processes, must not go on to decrypt anything.
+fn check(hardened: Hardened, dumpable_flag_exists: bool) -> Result<(), HardeningError> {
+    if !hardened.core_limit_zero {
+        return Err(HardeningError::NotEffective(
+            "RLIMIT_CORE is not 0 after setting it",
+        ));
+    }
+    if dumpable_flag_exists && !hardened.not_dumpable {
+        return Err(HardeningError::NotEffective(
+            "the process is still dumpable after PR_SET_DUMPABLE 0",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use super::{Hardened, HardeningError, check};
+
+    #[test]
+    fn a_check_that_did_not_take_is_an_error() {
+        let both = Hardened {
+            core_limit_zero: true,
+            not_dumpable: true,
+        };
+        assert!(check(both, true).is_ok());
+        let core = Hardened {
+            core_limit_zero: false,
+            ..both
+        };
+        assert!(matches!(
+            check(core, true),
+            Err(HardeningError::NotEffective(_))
+        ));
+        let dumpable = Hardened {
+            not_dumpable: false,
+            ..both
+        };
+        assert!(matches!(
+            check(dumpable, true),
+            Err(HardeningError::NotEffective(_))
+        ));
+        assert!(check(dumpable, false).is_ok(), "no dumpable flag off Linux");
+    }
+
     /// Changes this test process only (a test binary of its own crate).
     #[test]
     fn core_dumps_are_off_afterwards() {

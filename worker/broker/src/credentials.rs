@@ -138,6 +138,47 @@ impl CipherError {
     }
 }
 
+/// Most bytes `credentials put` accepts (a broker's credentials are a few
+/// hundred bytes; the cap is what lets the buffer be sized once).
+pub const PLAINTEXT_MAX_BYTES: usize = 65_536;
+
+/// Why plaintext credentials could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaintextError {
+    /// More than [`PLAINTEXT_MAX_BYTES`].
+    #[error("credentials are larger than {PLAINTEXT_MAX_BYTES} bytes")]
+    TooLarge,
+    /// The reader failed.
+    #[error("cannot read the credentials: {0}")]
+    Read(std::io::Error),
+}
+
+/// Reads at most [`PLAINTEXT_MAX_BYTES`] of plaintext into one zeroizing
+/// buffer allocated once, up front: no reallocation leaves a copy of the
+/// secret behind in freed memory. Pass an unbuffered reader (the raw stdin
+/// descriptor), or the reader's own buffer keeps a copy.
+pub fn read_plaintext(
+    mut reader: impl std::io::Read,
+) -> Result<Zeroizing<Vec<u8>>, PlaintextError> {
+    // One byte more than allowed, to tell "exactly the limit" from "over it".
+    let mut buffer = Zeroizing::new(vec![0u8; PLAINTEXT_MAX_BYTES + 1]);
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match reader.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(read) => filled += read,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(PlaintextError::Read(err)),
+        }
+    }
+    if filled > PLAINTEXT_MAX_BYTES {
+        return Err(PlaintextError::TooLarge);
+    }
+    // Truncating keeps the allocation (and zeroizes it all on drop).
+    buffer.truncate(filled);
+    Ok(buffer)
+}
+
 /// A secret string: zeroized on drop, `[redacted]` in `Debug`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretString(Zeroizing<String>);
@@ -525,6 +566,43 @@ impl KmsEnvelope {
         Ok(key)
     }
 
+    /// The same blob with its data key re-wrapped under this envelope's key
+    /// (KMS `ReEncrypt`, source and destination both bound to `user_id`): the
+    /// data key and the plaintext never reach this process, so rotating needs
+    /// no right to read anyone's credentials. The nonce and ciphertext stay.
+    async fn rewrap(&self, user_id: &str, envelope: &EnvelopeV2) -> Result<String, CipherError> {
+        let key_id = self.key_id.as_deref().ok_or(CipherError::NoEncryptionKey)?;
+        let wrapped = STANDARD
+            .decode(&envelope.encrypted_data_key)
+            .map_err(|_| CipherError::BadEnvelope("encrypted_data_key"))?;
+        let output = self
+            .client()
+            .await
+            .re_encrypt()
+            .ciphertext_blob(Blob::new(wrapped))
+            .source_key_id(&envelope.key_id)
+            .source_encryption_context(CONTEXT_KEY, user_id)
+            .destination_key_id(key_id)
+            .destination_encryption_context(CONTEXT_KEY, user_id)
+            .send()
+            .await
+            .map_err(|err| kms_error("ReEncrypt", &envelope.key_id, err))?;
+        let rewrapped = output.ciphertext_blob.ok_or(CipherError::KmsFailed {
+            operation: "ReEncrypt",
+            problem: "no CiphertextBlob in the answer".into(),
+        })?;
+        let rotated = EnvelopeV2 {
+            v: 2,
+            // The key's ARN, as `encrypt` stores it.
+            key_id: output.key_id.unwrap_or_else(|| key_id.to_owned()),
+            encrypted_data_key: STANDARD.encode(rewrapped.as_ref()),
+            nonce: envelope.nonce.clone(),
+            ciphertext: envelope.ciphertext.clone(),
+        };
+        let json = serde_json::to_vec(&rotated).map_err(|_| CipherError::Encrypt)?;
+        Ok(STANDARD.encode(json))
+    }
+
     /// Decrypts a parsed version 2 blob.
     async fn open_envelope(
         &self,
@@ -603,6 +681,27 @@ impl CredentialsCipher for KmsEnvelope {
     }
 }
 
+/// How `credentials rotate` moved one blob to the current KMS key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rewrapped {
+    /// A version 2 blob whose data key KMS re-wrapped: no plaintext and no
+    /// data key were in this process.
+    KeyOnly(String),
+    /// A version 1 blob, decrypted with the local key and encrypted anew as
+    /// version 2 (the only way off a local key; the plaintext was in
+    /// zeroized buffers for this step).
+    Migrated(String),
+}
+
+impl Rewrapped {
+    /// The new blob.
+    pub fn blob(&self) -> &str {
+        match self {
+            Rewrapped::KeyOnly(blob) | Rewrapped::Migrated(blob) => blob,
+        }
+    }
+}
+
 /// Both blob versions: version 2 through KMS, version 1 with the local key
 /// when one is configured. Encrypts version 2 when a KMS key id is set, else
 /// version 1.
@@ -612,6 +711,28 @@ pub struct Keyring {
     pub local: Option<AesGcmCipher>,
     /// Version 2.
     pub kms: Option<KmsEnvelope>,
+}
+
+impl Keyring {
+    /// `blob` under the configured KMS key, for `user_id`: a version 2 blob
+    /// by `ReEncrypt` alone, a version 1 blob by decrypting it locally.
+    pub async fn rotate(&self, user_id: &str, blob: &str) -> Result<Rewrapped, CipherError> {
+        let kms = self
+            .kms
+            .as_ref()
+            .filter(|kms| kms.key_id().is_some())
+            .ok_or(CipherError::NoEncryptionKey)?;
+        match blob_version(blob)? {
+            Blob2OrNot::V2(envelope) => {
+                Ok(Rewrapped::KeyOnly(kms.rewrap(user_id, &envelope).await?))
+            }
+            Blob2OrNot::V1 => {
+                let local = self.local.as_ref().ok_or(CipherError::NoLocalKey)?;
+                let plaintext = local.decrypt(user_id, blob)?.to_json();
+                Ok(Rewrapped::Migrated(kms.encrypt(user_id, &plaintext).await?))
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -644,6 +765,40 @@ mod tests {
     use super::*;
 
     const CANARY: &str = "CANARY-7d1f-secret";
+
+    #[test]
+    fn plaintext_is_read_into_one_allocation_up_to_the_limit() {
+        let json = br#"{"api_key": "k", "account_id": "A1"}"#;
+        // A reader that hands out one byte at a time: many reads, one buffer.
+        struct Trickle<'a>(&'a [u8]);
+        impl std::io::Read for Trickle<'_> {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                let Some((first, rest)) = self.0.split_first() else {
+                    return Ok(0);
+                };
+                out[0] = *first;
+                self.0 = rest;
+                Ok(1)
+            }
+        }
+        let read = read_plaintext(Trickle(json)).unwrap();
+        assert_eq!(&read[..], json);
+        assert_eq!(
+            read.capacity(),
+            PLAINTEXT_MAX_BYTES + 1,
+            "sized once, never grown"
+        );
+        let exact = vec![b'x'; PLAINTEXT_MAX_BYTES];
+        assert_eq!(
+            read_plaintext(&exact[..]).unwrap().len(),
+            PLAINTEXT_MAX_BYTES
+        );
+        let over = vec![b'x'; PLAINTEXT_MAX_BYTES + 1];
+        assert!(matches!(
+            read_plaintext(&over[..]),
+            Err(PlaintextError::TooLarge)
+        ));
+    }
 
     fn plaintext() -> String {
         format!(r#"{{"api_key": "{CANARY}", "account_id": "A1"}}"#)

@@ -84,13 +84,10 @@ fn clock_ticks_to_unix_ms(start_ticks: u64) -> Option<u64> {
     Some(boot_secs * 1000 + start_ticks * 10)
 }
 
-fn local_task(pid: u32, group: &str) -> Option<RunningTask> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-    let tag = format!("{LOCAL_GROUP_VAR}={group}");
-    if !vars.contains(&tag.as_bytes()) {
-        return None;
-    }
+/// A live process's start time in clock ticks since boot (`/proc/{pid}/stat`,
+/// readable for every process, hardened or not); `None` if it is gone or a
+/// zombie.
+fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name: state is 3rd, starttime 22nd.
     let after = stat.rsplit_once(')')?.1;
@@ -98,16 +95,109 @@ fn local_task(pid: u32, group: &str) -> Option<RunningTask> {
     if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
         return None;
     }
-    let start_ticks: u64 = fields.get(19)?.parse().ok()?;
-    let user_id = vars
-        .iter()
-        .find_map(|v| v.strip_prefix(b"USER_ID="))
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-        .filter(|u| u != leasehold_pool::keys::POOL_USER_ID);
+    fields.get(19)?.parse().ok()
+}
+
+/// What a local worker writes about itself in its group's registry.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct LocalEntry {
+    group: String,
+    pid: u32,
+    /// With the pid, tells this process from a later one given the same pid.
+    start_ticks: u64,
+    /// `USER_ID` of a cold start; `None` for a pool worker.
+    user_id: Option<String>,
+}
+
+/// The directory where a group's local workers register: one file per
+/// worker, `{pid}.json`. Finding workers there instead of in
+/// `/proc/{pid}/environ` is what lets a normal user list them: a hardened
+/// (not dumpable) process's environ is readable by root only. Private to this
+/// uid (0700, owned by it, checked), or anyone could plant an entry and have
+/// the launcher signal a process of theirs choosing.
+fn registry_dir(group: &str) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let uid = nix::unistd::geteuid().as_raw();
+    let name: String = group
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("leasehold-{uid}-workers-{name}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(format!("{}: {err}", dir.display())),
+    }
+    let meta =
+        std::fs::symlink_metadata(&dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a private directory of this user (0700, owned by uid {uid})",
+            dir.display()
+        ));
+    }
+    Ok(dir)
+}
+
+/// Registers this process as a local worker of `group` (the launcher's
+/// [`LOCAL_GROUP_VAR`]); the entry goes when the returned guard drops. A
+/// crashed worker's entry stays until a launcher sees its pid gone.
+pub fn register_local_worker(
+    group: &str,
+    user_id: Option<&str>,
+) -> Result<LocalRegistration, String> {
+    let pid = std::process::id();
+    let entry = LocalEntry {
+        group: group.to_owned(),
+        pid,
+        start_ticks: start_ticks(pid).ok_or("cannot read this process's /proc stat")?,
+        user_id: user_id
+            .filter(|u| *u != leasehold_pool::keys::POOL_USER_ID)
+            .map(str::to_owned),
+    };
+    let path = registry_dir(group)?.join(format!("{pid}.json"));
+    let json = serde_json::to_vec(&entry).map_err(|err| err.to_string())?;
+    std::fs::write(&path, json).map_err(|err| format!("{}: {err}", path.display()))?;
+    Ok(LocalRegistration { path })
+}
+
+/// A local worker's registry entry; removed on drop.
+#[derive(Debug)]
+pub struct LocalRegistration {
+    path: PathBuf,
+}
+
+impl Drop for LocalRegistration {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// `pid`'s entry if it is a live worker of `group`; a stale entry (its
+/// process gone, or the pid reused) is removed.
+fn local_task(dir: &std::path::Path, pid: u32, group: &str) -> Option<RunningTask> {
+    let path = dir.join(format!("{pid}.json"));
+    let entry: LocalEntry = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+    if entry.group != group || entry.pid != pid {
+        return None;
+    }
+    if start_ticks(pid) != Some(entry.start_ticks) {
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
     Some(RunningTask {
         task_id: format!("local-{pid}"),
-        started_at: clock_ticks_to_unix_ms(start_ticks)?,
-        user_id,
+        started_at: clock_ticks_to_unix_ms(entry.start_ticks)?,
+        user_id: entry.user_id,
     })
 }
 
@@ -166,7 +256,8 @@ impl TaskLauncher for LocalLauncher {
             .and_then(|pid| pid.parse().ok())
             .ok_or_else(|| stop_error("not a local task id".into()))?;
         // Only ever signal our own workers, never a recycled pid.
-        if local_task(pid, &self.group).is_none() {
+        let dir = registry_dir(&self.group).map_err(stop_error)?;
+        if local_task(&dir, pid, &self.group).is_none() {
             return Ok(());
         }
         let status = std::process::Command::new("kill")
@@ -182,12 +273,19 @@ impl TaskLauncher for LocalLauncher {
     }
 
     async fn list(&self) -> Result<Vec<RunningTask>, LaunchError> {
-        let entries =
-            std::fs::read_dir("/proc").map_err(|err| LaunchError::List(err.to_string()))?;
+        let dir = registry_dir(&self.group).map_err(LaunchError::List)?;
+        let entries = std::fs::read_dir(&dir).map_err(|err| LaunchError::List(err.to_string()))?;
         let mut tasks: Vec<RunningTask> = entries
             .filter_map(Result::ok)
-            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-            .filter_map(|pid| local_task(pid, &self.group))
+            .filter_map(|entry| {
+                entry
+                    .file_name()
+                    .to_str()?
+                    .strip_suffix(".json")?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .filter_map(|pid| local_task(&dir, pid, &self.group))
             .collect();
         tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
         Ok(tasks)
@@ -534,6 +632,123 @@ pub mod testing {
 mod tests {
     use super::*;
     use aws_sdk_ecs::types::{Failure, Task};
+
+    /// Writes `pid`'s registry entry the way a worker does for itself.
+    fn enter(group: &str, pid: u32, start: u64, user_id: Option<&str>) {
+        let entry = LocalEntry {
+            group: group.to_owned(),
+            pid,
+            start_ticks: start,
+            user_id: user_id.map(str::to_owned),
+        };
+        let path = registry_dir(group).unwrap().join(format!("{pid}.json"));
+        std::fs::write(path, serde_json::to_vec(&entry).unwrap()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn local_workers_are_found_by_their_registry_entry_not_their_environment() {
+        let group = format!("test-{}", rand::random::<u64>());
+        let launcher = LocalLauncher {
+            program: PathBuf::from("leasehold"),
+            group: group.clone(),
+            log_dir: None,
+        };
+        // A process with no group variable in its environment: only its entry
+        // says it is a worker of this group.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        enter(&group, pid, start_ticks(pid).unwrap(), Some("alice"));
+        let this = register_local_worker(&group, Some(leasehold_pool::keys::POOL_USER_ID)).unwrap();
+        let listed = launcher.list().await.unwrap();
+        let ids: Vec<&str> = listed.iter().map(|t| t.task_id.as_str()).collect();
+        let me = format!("local-{}", std::process::id());
+        let mut expected = vec![format!("local-{pid}"), me.clone()];
+        expected.sort();
+        assert_eq!(ids, expected);
+        let sleeper = listed
+            .iter()
+            .find(|t| t.task_id == format!("local-{pid}"))
+            .unwrap();
+        assert_eq!(sleeper.user_id.as_deref(), Some("alice"));
+        assert!(
+            listed
+                .iter()
+                .find(|t| t.task_id == me)
+                .unwrap()
+                .user_id
+                .is_none()
+        );
+
+        // Stop signals it; once it is gone, its entry is stale and dropped.
+        launcher
+            .stop(&format!("local-{pid}"), "test")
+            .await
+            .unwrap();
+        child.wait().unwrap();
+        let ids: Vec<String> = launcher
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.task_id)
+            .collect();
+        assert_eq!(ids, std::slice::from_ref(&me));
+        let dir = registry_dir(&group).unwrap();
+        assert!(
+            !dir.join(format!("{pid}.json")).exists(),
+            "a stale entry stays"
+        );
+
+        // An entry whose start time is not the process's (a reused pid) is
+        // no worker: listing skips it and stopping leaves the process alone.
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        enter(
+            &group,
+            other.id(),
+            start_ticks(other.id()).unwrap() + 1,
+            None,
+        );
+        launcher
+            .stop(&format!("local-{}", other.id()), "test")
+            .await
+            .unwrap();
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "a reused pid was signalled"
+        );
+        let ids: Vec<String> = launcher
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.task_id)
+            .collect();
+        assert_eq!(ids, [me]);
+        other.kill().unwrap();
+        other.wait().unwrap();
+
+        // A worker's own entry goes when it exits.
+        drop(this);
+        assert!(launcher.list().await.unwrap().is_empty());
+        let _ = std::fs::remove_dir(dir);
+    }
+
+    #[test]
+    fn a_registry_directory_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let group = format!("test-{}", rand::random::<u64>());
+        let dir = registry_dir(&group).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = registry_dir(&group).unwrap_err();
+        assert!(err.contains("not a private directory"), "{err}");
+        std::fs::remove_dir(dir).unwrap();
+    }
 
     fn arns(ids: &[&str]) -> Vec<String> {
         ids.iter().map(|id| format!("arn:task/{id}")).collect()

@@ -2115,7 +2115,8 @@ pub async fn list_len_counts_queued_messages(target: &dyn BusTarget) {
     ));
 }
 
-/// Credentials and the maintenance report are stored without TTL and replaced.
+/// Credentials and the maintenance report are stored without TTL and replaced;
+/// credentials also by compare-and-set.
 pub async fn credentials_and_report_round_trip(target: &dyn BusTarget) {
     let bus = target.bus();
     let user = unique_name("u");
@@ -2130,6 +2131,28 @@ pub async fn credentials_and_report_round_trip(target: &dyn BusTarget) {
         bus.ttl_ms(&keys::credentials(&user)).await.expect("pttl"),
         Some(-1)
     );
+    // Compare-and-set: a stale expectation writes nothing.
+    assert!(
+        !bus.replace_credentials(&user, "blob-1", "blob-3")
+            .await
+            .expect("cas")
+    );
+    assert!(
+        bus.replace_credentials(&user, "blob-2", "blob-3")
+            .await
+            .expect("cas")
+    );
+    assert_eq!(
+        bus.credentials(&user).await.expect("get").as_deref(),
+        Some("blob-3")
+    );
+    let gone = unique_name("u");
+    assert!(
+        !bus.replace_credentials(&gone, "blob-1", "x")
+            .await
+            .expect("cas")
+    );
+    assert_eq!(bus.credentials(&gone).await.expect("get"), None);
     let report = format!(r#"{{"at": 1, "run": "{user}"}}"#);
     bus.put_maintenance_report(&report).await.expect("set");
     assert_eq!(

@@ -1254,6 +1254,22 @@ impl PoolBus for MemoryPoolBus {
         Ok(())
     }
 
+    async fn replace_credentials(
+        &self,
+        user_id: &str,
+        expected: &str,
+        blob: &str,
+    ) -> Result<bool, BusError> {
+        let key = keys::credentials(user_id);
+        let now = Instant::now();
+        let mut state = self.lock();
+        if state.get(&key, now)?.as_deref() != Some(expected) {
+            return Ok(false);
+        }
+        state.set(&key, blob, None, now);
+        Ok(true)
+    }
+
     async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
         self.lock()
             .get(keys::MAINTENANCE_LAST_REPORT, Instant::now())

@@ -576,6 +576,16 @@ pub trait PoolBus: Inspect + PaperLedger {
     /// Stores a user's encrypted credentials blob (no TTL).
     async fn put_credentials(&self, user_id: &str, blob: &str) -> Result<(), BusError>;
 
+    /// Replaces a user's blob with `blob` only if it is still `expected`, in
+    /// one step (`credentials rotate`: a `put` meanwhile wins). `false`: it
+    /// changed or is gone, nothing written.
+    async fn replace_credentials(
+        &self,
+        user_id: &str,
+        expected: &str,
+        blob: &str,
+    ) -> Result<bool, BusError>;
+
     /// The last maintenance sweep report (JSON).
     async fn maintenance_report(&self) -> Result<Option<String>, BusError>;
 

@@ -349,6 +349,14 @@ redis.call('ZADD', KEYS[1], -1, ARGV[1])
 return 1
 "#;
 
+/// KEYS: a credentials key. ARGV: the blob expected there, its replacement.
+/// 1 = replaced; 0 = it changed or is gone, nothing written.
+const REPLACE_IF: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"#;
+
 /// KEYS: the mark, then keys deleted with it. ARGV: the value a snapshot
 /// saw. 1 = deleted; 0 = the mark changed or is gone, nothing deleted.
 const DELETE_MARK_IF: &str = r#"
@@ -518,6 +526,7 @@ struct Functions {
     idle_workers: StoredFunction,
     retire_idle: StoredFunction,
     delete_mark_if: StoredFunction,
+    replace_if: StoredFunction,
 }
 
 impl Functions {
@@ -547,6 +556,7 @@ impl Functions {
             idle_workers: StoredFunction::new(IDLE_WORKERS),
             retire_idle: StoredFunction::new(RETIRE_IDLE),
             delete_mark_if: StoredFunction::new(DELETE_MARK_IF),
+            replace_if: StoredFunction::new(REPLACE_IF),
         }
     }
 
@@ -572,6 +582,7 @@ impl Functions {
             &self.idle_workers,
             &self.retire_idle,
             &self.delete_mark_if,
+            &self.replace_if,
         ]
     }
 }
@@ -1373,6 +1384,24 @@ impl PoolBus for RedisPoolBus {
 
     async fn put_credentials(&self, user_id: &str, blob: &str) -> Result<(), BusError> {
         self.set(&keys::credentials(user_id), blob).await
+    }
+
+    async fn replace_credentials(
+        &self,
+        user_id: &str,
+        expected: &str,
+        blob: &str,
+    ) -> Result<bool, BusError> {
+        let replaced: i64 = self
+            .functions
+            .replace_if
+            .key(keys::credentials(user_id))
+            .arg(expected)
+            .arg(blob)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Ok(replaced == 1)
     }
 
     async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
