@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCipher, Keyring};
+use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCipher};
 use leasehold_broker::launcher::{
     EcsLauncher, LOCAL_GROUP_VAR, LocalLauncher, TaskLauncher, register_local_worker,
 };
@@ -20,8 +20,8 @@ use leasehold_broker::{maintenance, manager};
 use leasehold_platform::aws::{RetryPolicy, sdk_config};
 use leasehold_platform::periodic::try_once_or_every;
 use leasehold_platform::settings::{ConfigError, Env, process_env};
+use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{Inspect, PoolBus};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::ClaimStatus;
 use leasehold_pool::settings::REDIS_URL;
@@ -213,86 +213,33 @@ async fn put_credentials(user_id: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// What `rotate` did with one blob.
-enum Rotated {
-    Done { reloaded: bool, migrated: bool },
-    Changed,
-}
-
-async fn rotate_one(
-    bus: &RedisPoolBus,
-    cipher: &Keyring,
-    user_id: &str,
-) -> anyhow::Result<Rotated> {
-    let Some(blob) = bus.credentials(user_id).await? else {
-        return Ok(Rotated::Changed);
-    };
-    // Version 2: KMS re-wraps the data key (no plaintext here). Version 1:
-    // decrypted with the local key, encrypted as version 2.
-    let rotated = cipher.rotate(user_id, &blob).await?;
-    // A `put` may replace the blob meanwhile: compare-and-set keeps the newer one.
-    if !bus
-        .replace_credentials(user_id, &blob, rotated.blob())
-        .await?
-    {
-        return Ok(Rotated::Changed);
-    }
-    let migrated = matches!(rotated, creds::Rewrapped::Migrated(_));
-    let active = Inspect::get(bus, &keys::worker_active(user_id))
-        .await?
-        .is_some();
-    if active {
-        bus.push_control(user_id, r#"{"type": "reload_credentials"}"#)
-            .await?;
-    }
-    Ok(Rotated::Done {
-        reloaded: active,
-        migrated,
-    })
-}
-
 async fn rotate_credentials() -> Result<(), Failure> {
     let (url, cipher) = read(|env| {
         let key_id = env.required(&settings::CREDENTIALS_KMS_KEY_ID, "by `credentials rotate`");
         (env.get(&REDIS_URL), key_id.map(|_| settings::keyring(env)))
     })?;
     let cipher = cipher.expect("a missing key id is a recorded problem");
-    let bus = RedisPoolBus::connect(&url)
+    let bus = pool_bus(&url).await?;
+    let report = leasehold_broker::rotation::rotate_all(bus.as_ref(), &cipher)
         .await
-        .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
-    let names = bus
-        .scan_keys(&keys::credentials("*"))
-        .await
-        .context("cannot list credentials keys")?;
-    let (mut rotated, mut migrated, mut reloaded, mut skipped, mut failed) = (0, 0, 0, 0, 0);
-    for name in &names {
-        let Some(user_id) = name.strip_prefix(&keys::credentials("")) else {
-            continue;
-        };
-        match rotate_one(&bus, &cipher, user_id).await {
-            Ok(Rotated::Done {
-                reloaded: sent,
-                migrated: local,
-            }) => {
-                rotated += 1;
-                migrated += usize::from(local);
-                reloaded += usize::from(sent);
-            }
-            Ok(Rotated::Changed) => {
-                skipped += 1;
-                println!("{name}: changed while rotating; left as it is");
-            }
-            Err(err) => {
-                failed += 1;
-                println!("{name}: not rotated: {err:#}");
-            }
-        }
+        .map_err(anyhow::Error::from)?;
+    for name in &report.changed {
+        println!("{name}: changed while rotating; left as it is");
+    }
+    for (name, err) in &report.failed {
+        println!("{name}: not rotated: {err}");
     }
     println!(
-        "rotated {rotated} of {} blobs ({migrated} from the local key); reload_credentials sent to {reloaded} active workers; {skipped} changed meanwhile; {failed} failed",
-        names.len()
+        "rotated {} of {} blobs ({} from the local key); reload_credentials sent to {} active workers; {} changed meanwhile; {} failed",
+        report.rotated,
+        report.found,
+        report.migrated,
+        report.reloaded,
+        report.changed.len(),
+        report.failed.len()
     );
-    if failed > 0 {
+    if !report.failed.is_empty() {
+        let failed = report.failed.len();
         return Err(anyhow::anyhow!("{failed} blobs were not rotated (listed above)").into());
     }
     Ok(())

@@ -26,6 +26,7 @@ pub mod launcher;
 pub mod maintenance;
 pub mod manager;
 pub mod paper;
+pub mod rotation;
 pub mod settings;
 pub mod supervise;
 pub mod worker;
