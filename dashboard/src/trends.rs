@@ -14,6 +14,7 @@
 //! `/status` lists ([`Trends::sample_claims`]): per bucket, the median and 99th
 //! percentile over every claim in it, whichever sidecar reported it.
 
+use leasehold_platform::percentile::nearest_rank;
 use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
@@ -257,8 +258,8 @@ impl Trends {
         if !kept.is_empty() {
             let mut sorted = kept.clone();
             sorted.sort_by(f64::total_cmp);
-            point.claim_p50_seconds = nearest_rank(&sorted, 50.0);
-            point.claim_p99_seconds = nearest_rank(&sorted, 99.0);
+            point.claim_p50_seconds = nearest_rank(&sorted, 50.0).unwrap_or_default();
+            point.claim_p99_seconds = nearest_rank(&sorted, 99.0).unwrap_or_default();
         }
     }
 
@@ -279,12 +280,6 @@ impl Trends {
             .map(|ring| ring.iter().copied().collect())
             .unwrap_or_default()
     }
-}
-
-/// The nearest-rank percentile of sorted, non-empty `values`.
-fn nearest_rank(sorted: &[f64], percentile: f64) -> f64 {
-    let rank = ((percentile / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// An SVG chart drawn server-side: polyline points in a `width × height` box

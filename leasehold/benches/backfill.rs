@@ -27,6 +27,7 @@ use leasehold_stream::runner::{RunnerConfig, RunnerContext, run_stream};
 use leasehold_stream::upstream::history::{HistoryConfig, HttpHistory};
 use leasehold_stream::upstream::{DataMatch, WebSocketUpstream, WebSocketUpstreamConfig};
 use leasehold_telemetry::LogSink;
+use leasehold_testkit::measure::median;
 use tokio_util::sync::CancellationToken;
 
 struct Args {
@@ -160,11 +161,6 @@ async fn round(server: &ExchangeServer, index: usize, rate: f64, gap_seconds: f6
         pages: server.history_requests() - requests_before,
         held_peak,
     }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -49,7 +49,7 @@ use leasehold_stream::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
 use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig, run_stream};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
 use leasehold_telemetry::{LogSink, TelemetrySink};
-use leasehold_testkit::measure::{arg, process_cpu_seconds, rss_kib};
+use leasehold_testkit::measure::{arg, median, process_cpu_seconds, rss_kib};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -762,10 +762,7 @@ async fn latency(case: Case, redis: &str, prefix: &str, streams: usize, rate: f6
     clean_redis(redis, &streams).await;
     let mut samples = std::mem::take(&mut *probe.latencies_ms.lock().expect("lock"));
     samples.sort_by(f64::total_cmp);
-    let p99 = samples
-        .get(((samples.len() as f64 - 1.0) * 0.99).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN);
+    let p99 = leasehold_platform::percentile::nearest_rank(&samples, 99.0).unwrap_or(f64::NAN);
     (p99, samples.len())
 }
 
@@ -832,11 +829,6 @@ struct Row {
     p99_ms: f64,
     /// Latency samples over all rounds.
     samples: usize,
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The median of each figure over `rounds`, separately.

@@ -9,6 +9,7 @@
 //! - [`ecs`]: the ECS task metadata endpoint (v4): task identity on ECS.
 //! - [`logging`]: log output and `LEASEHOLD_LOG`; the AWS variables users set.
 //! - [`backoff`]: exponential backoff with full jitter, for every retry loop.
+//! - [`percentile`]: the one nearest-rank percentile every figure uses.
 //! - [`periodic`]: "every period until cancelled", the one periodic loop.
 //! - [`hardening`]: no core dumps for processes that hold secrets.
 //! - [`redis_functions`]: leasehold's Lua as Redis functions (`FCALL`), loaded
@@ -19,6 +20,7 @@ pub mod backoff;
 pub mod ecs;
 pub mod hardening;
 pub mod logging;
+pub mod percentile;
 pub mod periodic;
 pub mod redis_functions;
 pub mod settings;

@@ -45,14 +45,19 @@ pub fn rss_kib(pid: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The `p`-th percentile (nearest rank) of `values`, sorting them in place.
+/// The `p`-th percentile ([`nearest_rank`]) of `values`, sorting them in
+/// place; zero when there are none.
+///
+/// [`nearest_rank`]: leasehold_platform::percentile::nearest_rank
 pub fn percentile(values: &mut [Duration], p: f64) -> Duration {
-    if values.is_empty() {
-        return Duration::ZERO;
-    }
     values.sort();
-    let rank = ((p / 100.0) * (values.len() - 1) as f64).round() as usize;
-    values[rank.min(values.len() - 1)]
+    leasehold_platform::percentile::nearest_rank(values, p).unwrap_or(Duration::ZERO)
+}
+
+/// The median ([`percentile`]'s p50) of `values`; NaN when there are none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    leasehold_platform::percentile::nearest_rank(&values, 50.0).unwrap_or(f64::NAN)
 }
 
 /// The number after `--name` on the command line, or `default`.
@@ -72,7 +77,7 @@ mod tests {
     #[test]
     fn percentiles_use_the_nearest_rank() {
         let mut values: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
-        assert_eq!(percentile(&mut values, 50.0), Duration::from_millis(51));
+        assert_eq!(percentile(&mut values, 50.0), Duration::from_millis(50));
         assert_eq!(percentile(&mut values, 99.0), Duration::from_millis(99));
         assert_eq!(percentile(&mut [], 99.0), Duration::ZERO);
     }
