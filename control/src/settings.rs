@@ -70,6 +70,35 @@ pub const LEASE_SKEW_MARGIN_MS: Setting<Duration> = Setting::new(
     "A taker waits this long past `lease_expires_at` before taking over, \
           to absorb clock skew between hosts, in ms.",
 );
+/// How holders prove they are alive (`LEASE_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseMode {
+    /// One lease per stream, renewed by its holder: the original lease
+    /// specification's protocol, shared with seed-style clients.
+    PerStream,
+}
+
+/// `per-stream`; `session` is named by the contract but not built yet, so it
+/// is refused rather than silently run as `per-stream` (a user who chose it
+/// for its cost would be misled).
+const LEASE_MODE_PARSER: Parser<LeaseMode> = Parser {
+    parse: |raw| match raw {
+        "per-stream" => Ok(LeaseMode::PerStream),
+        "session" => Err(
+            "`session` is not built in this version (docs/deviations.md); use `per-stream`".into(),
+        ),
+        _ => Err("must be per-stream or session".into()),
+    },
+    show: |_| "per-stream".to_owned(),
+};
+
+/// The `LEASE_MODE` variable.
+pub const LEASE_MODE: Setting<LeaseMode> = Setting::new(
+    "LEASE_MODE",
+    LEASE_MODE_PARSER,
+    Fallback::Value(|| LeaseMode::PerStream),
+    "`per-stream` (one renewed lease per stream). `session` (one renewed session per worker) is refused: not built yet.",
+);
 /// The `OWNER_ID` variable.
 pub const OWNER_ID: Setting<String> = Setting::new(
     "OWNER_ID",
@@ -85,6 +114,7 @@ pub const ALL: &[&dyn Documented] = &[
     &LEASE_RENEW_INTERVAL_MS,
     &LEASE_SAFETY_MARGIN_MS,
     &LEASE_SKEW_MARGIN_MS,
+    &LEASE_MODE,
     &OWNER_ID,
 ];
 
@@ -114,6 +144,8 @@ pub fn table_settings(env: &mut Env) -> TableSettings {
 /// Reads the lease settings; problems go to `env`, reported with the caller's.
 pub fn lease_settings(env: &mut Env) -> LeaseSettings {
     let table = table_settings(env);
+    // Read for its refusal of `session`: per-stream is the only mode.
+    let LeaseMode::PerStream = env.get(&LEASE_MODE);
     let lease = env.get(&LEASE_SECONDS);
     let renew = env.or(&LEASE_RENEW_INTERVAL_MS, lease / 3);
     let safety = env.or(&LEASE_SAFETY_MARGIN_MS, lease / 10);
@@ -205,6 +237,18 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from {text}");
         }
+    }
+
+    #[test]
+    fn only_the_per_stream_mode_runs() {
+        assert!(parse(&[("LEASE_MODE", "per-stream"), ("OWNER_ID", "w")]).is_ok());
+        let err = parse(&[("LEASE_MODE", "session"), ("OWNER_ID", "w")]).unwrap_err();
+        assert!(
+            err.problems[0].starts_with("LEASE_MODE") && err.to_string().contains("not built"),
+            "{err}"
+        );
+        let err = parse(&[("LEASE_MODE", "sessions"), ("OWNER_ID", "w")]).unwrap_err();
+        assert!(err.to_string().contains("per-stream or session"), "{err}");
     }
 
     #[test]
