@@ -66,6 +66,7 @@ fn acquire(stream: &str, owner: &str, now_ms: i64) -> AcquireRequest {
         lease_ms: LEASE,
         skew_margin_ms: SKEW,
         sidecar_url: None,
+        handoff_addr: None,
     }
 }
 
@@ -466,13 +467,15 @@ pub async fn release_carries_a_checkpoint(target: &dyn ConformanceTarget) {
     assert_eq!((next.fence_token, next.checkpoint), (2, Some(25)));
 }
 
-/// A presence acquire stores `sidecar_url`; renew and release keep it, an
-/// acquire without one leaves it, the next announcing acquire replaces it.
+/// A presence acquire stores `sidecar_url` and `handoff_addr`; renew and
+/// release keep them, an acquire without them leaves them, the next
+/// announcing acquire replaces them.
 pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
     let store = target.store();
     let id = crate::schema::worker_presence("a");
     let announcing = |url: &str, now_ms| AcquireRequest {
         sidecar_url: Some(url.into()),
+        handoff_addr: Some(url.trim_start_matches("http://").replace(":9464", ":9470")),
         ..acquire(&id, "a", now_ms)
     };
     let lease = store
@@ -480,10 +483,12 @@ pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
         .await
         .unwrap();
     assert_eq!(lease.sidecar_url.as_deref(), Some("http://10.0.0.7:9464"));
+    assert_eq!(lease.handoff_addr.as_deref(), Some("10.0.0.7:9470"));
     store.renew(&renew(&id, "a", 1, T0 + 1)).await.unwrap();
     store.release(&release(&id, "a", 1, T0 + 2)).await.unwrap();
     let plain = store.acquire(&acquire(&id, "a", T0 + 3)).await.unwrap();
     assert_eq!(plain.sidecar_url.as_deref(), Some("http://10.0.0.7:9464"));
+    assert_eq!(plain.handoff_addr.as_deref(), Some("10.0.0.7:9470"));
     let moved = store
         .acquire(&announcing("http://10.0.0.8:9464", T0 + 4))
         .await
@@ -492,6 +497,10 @@ pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
     assert_eq!(
         store.get(&id).await.unwrap().sidecar_url.as_deref(),
         Some("http://10.0.0.8:9464")
+    );
+    assert_eq!(
+        store.get(&id).await.unwrap().handoff_addr.as_deref(),
+        Some("10.0.0.8:9470")
     );
     let stream = store.acquire(&acquire("s", "a", T0)).await.unwrap();
     assert_eq!(

@@ -232,6 +232,16 @@ impl Inner {
     }
 }
 
+/// What a presence record announces about its worker (see
+/// [`LeaseKeeper::acquire_announcing`]); `None` leaves a stored value as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Announcement {
+    /// The worker's sidecar (`sidecar_url`).
+    pub sidecar_url: Option<String>,
+    /// Where the worker takes pushed hand-offs (`handoff_addr`).
+    pub handoff_addr: Option<String>,
+}
+
 /// Acquires, renews and releases leases for one owner. Cheap to clone.
 #[derive(Clone)]
 pub struct LeaseKeeper {
@@ -280,15 +290,17 @@ impl LeaseKeeper {
     /// background until released or lost. If this keeper already holds the stream,
     /// returns the lease it holds (no second acquire, no new token).
     pub async fn acquire(&self, stream_id: &str) -> Result<HeldLease, LeaseError> {
-        self.acquire_announcing(stream_id, None).await
+        self.acquire_announcing(stream_id, &Announcement::default())
+            .await
     }
 
-    /// [`LeaseKeeper::acquire`] that also stores `sidecar_url` on the record (a
-    /// worker's presence record: how the dashboard finds its sidecar).
+    /// [`LeaseKeeper::acquire`] that also stores where the worker answers on
+    /// the record (a worker's presence record: how the dashboard finds its
+    /// sidecar, and where peers push hand-offs).
     pub async fn acquire_announcing(
         &self,
         stream_id: &str,
-        sidecar_url: Option<&str>,
+        announcement: &Announcement,
     ) -> Result<HeldLease, LeaseError> {
         if let Some(entry) = self.inner.held().get(stream_id)
             && entry.lease.is_valid()
@@ -302,7 +314,8 @@ impl LeaseKeeper {
             now_ms: self.inner.clock.now_ms(),
             lease_ms: ms(config.lease),
             skew_margin_ms: ms(config.skew_margin),
-            sidecar_url: sidecar_url.map(str::to_owned),
+            sidecar_url: announcement.sidecar_url.clone(),
+            handoff_addr: announcement.handoff_addr.clone(),
         };
         let sent = Instant::now();
         let result = self.inner.store.acquire(&request).await;

@@ -38,6 +38,10 @@ pub struct Lease {
     /// anyone who can write the table chooses it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidecar_url: Option<String>,
+    /// Presence records only: the UDP address (`IP:PORT`) where the worker
+    /// takes pushed hand-offs (untrusted, like `sidecar_url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_addr: Option<String>,
 }
 
 /// Ownership state of a lease at a given instant.
@@ -80,6 +84,7 @@ impl Lease {
             released_at: None,
             checkpoint_at: None,
             sidecar_url: None,
+            handoff_addr: None,
         }
     }
 

@@ -40,6 +40,11 @@ pub const CHECKPOINT_AT: &str = "checkpoint_at";
 /// (`http://10.0.3.7:9464`), which is how the dashboard finds sidecars. Written
 /// by the acquire that announces the worker; untrusted for every reader.
 pub const SIDECAR_URL: &str = "sidecar_url";
+/// Extra (S), presence records only: the UDP `IP:PORT` where the worker takes
+/// pushed hand-offs (a draining peer names the stream it just released).
+/// Written by the announcing acquire; untrusted: a datagram only prompts a
+/// conditional acquire.
+pub const HANDOFF_ADDR: &str = "handoff_addr";
 
 /// Prefix of records that are not streams (observer lease, presence records);
 /// stream views and counts leave them out.
@@ -136,6 +141,7 @@ pub fn decode(item: &RawItem) -> Result<Lease, MalformedItem> {
         released_at: reader.int(RELEASED_AT)?,
         checkpoint_at: reader.int(CHECKPOINT_AT)?,
         sidecar_url: reader.string(SIDECAR_URL)?.filter(|s| !s.is_empty()),
+        handoff_addr: reader.string(HANDOFF_ADDR)?.filter(|s| !s.is_empty()),
         stream_id,
     })
 }

@@ -47,6 +47,7 @@ fn acquire(stream: &str, owner: &str, at: i64) -> AcquireRequest {
         lease_ms: LEASE_MS,
         skew_margin_ms: 1_000,
         sidecar_url: None,
+        handoff_addr: None,
     }
 }
 

@@ -101,6 +101,7 @@ async fn the_dashboard_finds_200_sidecars_from_presence_records_and_broker_metad
                 lease_ms: 120_000,
                 skew_margin_ms: 1_000,
                 sidecar_url: Some(url.clone()),
+                handoff_addr: None,
             })
             .await
             .unwrap();
@@ -191,6 +192,7 @@ async fn the_dashboard_finds_200_sidecars_from_presence_records_and_broker_metad
             lease_ms: 120_000,
             skew_margin_ms: 1_000,
             sidecar_url: Some("http://169.254.169.254:80".into()),
+            handoff_addr: None,
         })
         .await
         .unwrap();

@@ -632,6 +632,7 @@ async fn take_over_sol_usd(seeded: &Seeded) {
             lease_ms: 30_000,
             skew_margin_ms: 1_000,
             sidecar_url: None,
+            handoff_addr: None,
         })
         .await
         .unwrap();

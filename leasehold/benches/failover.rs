@@ -8,6 +8,8 @@
 //! as a ratio to the lease duration (3 s here; the protocol scales with it).
 //! Every round ends with the sink checked for gaps, duplicates and stale tokens.
 //! Then the replay after a busy owner's SIGKILL at 1k, 5k and 20k events/s.
+//! Workers take pushed hand-offs (`HANDOFF_LISTEN`, as the shipped task
+//! definition does); `--push 0` measures the doorbell path alone.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -15,7 +17,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use leasehold_testkit::measure::percentile;
+use leasehold_testkit::measure::{arg, percentile};
 use support::{BusyTakeover, Cluster, LEASE_SECONDS};
 
 const ROUNDS: usize = 6;
@@ -132,11 +134,16 @@ fn main() {
             eprintln!("servers not configured; run scripts/bench.sh");
             std::process::exit(2);
         };
+        let push = arg("--push", 1) == 1;
         let mut next = 0;
         let mut spawn = |cluster: &mut Cluster| {
             next += 1;
             let name = format!("w{next}");
-            cluster.start_worker(&name);
+            if push {
+                cluster.start_worker_with(&name, &[("HANDOFF_LISTEN", "127.0.0.1:0")]);
+            } else {
+                cluster.start_worker(&name);
+            }
             name
         };
         let mut workers: Vec<String> = (0..4).map(|_| spawn(&mut cluster)).collect();
@@ -160,7 +167,8 @@ fn main() {
         for stream in &cluster.streams {
             cluster.verify_sink(stream).await;
         }
-        println!("fail-over, 8 streams over 4 workers, lease {LEASE_SECONDS} s, {ROUNDS} rounds (sinks verified: no gap, no duplicate, no stale token):");
+        let path = if push { "pushed hand-offs" } else { "doorbell only" };
+        println!("fail-over, 8 streams over 4 workers, lease {LEASE_SECONDS} s, {ROUNDS} rounds, {path} (sinks verified: no gap, no duplicate, no stale token):");
         report("graceful hand-off", &mut handoffs, None);
         report("crash takeover", &mut takeovers, Some(Duration::from_secs(LEASE_SECONDS)));
         drop(cluster);

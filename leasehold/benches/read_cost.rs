@@ -124,6 +124,7 @@ async fn table(streams: usize) -> MemoryLeaseStore {
         lease_ms: LEASE_MS,
         skew_margin_ms: 1_000,
         sidecar_url: None,
+        handoff_addr: None,
     };
     for i in 0..streams {
         // Market-data style ids, e.g. `binance:btcusdt-00042@trade`.

@@ -97,6 +97,26 @@ impl StreamWorkerArgs {
     }
 }
 
+/// Binds `HANDOFF_LISTEN`; the announced address replaces an unspecified IP
+/// with the ECS task's own (what peers in other tasks reach), else loopback.
+fn handoff_socket(
+    listen: std::net::SocketAddr,
+    task: Option<&leasehold_platform::ecs::TaskMetadata>,
+) -> anyhow::Result<leasehold_stream::handoff::HandoffSocket> {
+    let socket = std::net::UdpSocket::bind(listen)
+        .with_context(|| format!("cannot bind HANDOFF_LISTEN {listen}"))?;
+    let mut advertised = socket.local_addr()?;
+    if advertised.ip().is_unspecified() {
+        let ip = task
+            .and_then(|metadata| metadata.private_ipv4())
+            .map_or(std::net::IpAddr::from([127, 0, 0, 1]), std::net::IpAddr::V4);
+        advertised.set_ip(ip);
+    }
+    Ok(leasehold_stream::handoff::HandoffSocket::new(
+        socket, advertised,
+    )?)
+}
+
 /// Runs a stream worker until SIGTERM, then drains and exits 0.
 pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     // OWNER_ID defaults to the ECS task id (what the console, the dashboard and
@@ -147,6 +167,10 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
         telemetry.clone(),
         Arc::new(SystemClock),
     );
+    let worker = match settings.handoff_listen {
+        Some(listen) => worker.with_handoff(handoff_socket(listen, task.as_ref())?),
+        None => worker,
+    };
     let shutdown = shutdown_on_signal();
     tracing::info!(
         owner_id = settings.lease.keeper.owner_id,

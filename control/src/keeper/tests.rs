@@ -247,6 +247,7 @@ async fn a_takeover_is_noticed_on_the_next_renew() {
         lease_ms: 30_000,
         skew_margin_ms: 1_000,
         sidecar_url: None,
+        handoff_addr: None,
     };
     assert_eq!(f.store.acquire(&other).await.unwrap().fence_token, 2);
     lease.cancelled().await;
@@ -382,6 +383,7 @@ async fn a_conflict_is_reported_with_the_holder() {
         lease_ms: 30_000,
         skew_margin_ms: 1_000,
         sidecar_url: None,
+        handoff_addr: None,
     };
     f.store.acquire(&other).await.unwrap();
     assert!(matches!(

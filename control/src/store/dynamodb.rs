@@ -38,6 +38,8 @@ pub const ACQUIRE_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner,
      acquired_at = :updated, updated_at = :updated";
 /// Added to the acquire update when the acquire announces a sidecar (presence records).
 pub const ACQUIRE_SIDECAR_UPDATE: &str = ", sidecar_url = :sidecar_url";
+/// Appended to the acquire update by an announcing acquire with a hand-off address.
+pub const ACQUIRE_HANDOFF_UPDATE: &str = ", handoff_addr = :handoff_addr";
 /// The original specification's renew condition, verbatim.
 pub const RENEW_CONDITION: &str =
     "owner_id = :owner AND fence_token = :token AND lease_expires_at >= :now";
@@ -331,13 +333,15 @@ impl LeaseStore for DynamoLeaseStore {
             (":one", n(1)),
             (":none", s("")),
         ];
-        let update = match &r.sidecar_url {
-            Some(url) => {
-                values.push((":sidecar_url", s(url)));
-                format!("{ACQUIRE_UPDATE}{ACQUIRE_SIDECAR_UPDATE}")
-            }
-            None => ACQUIRE_UPDATE.to_owned(),
-        };
+        let mut update = ACQUIRE_UPDATE.to_owned();
+        if let Some(url) = &r.sidecar_url {
+            values.push((":sidecar_url", s(url)));
+            update.push_str(ACQUIRE_SIDECAR_UPDATE);
+        }
+        if let Some(addr) = &r.handoff_addr {
+            values.push((":handoff_addr", s(addr)));
+            update.push_str(ACQUIRE_HANDOFF_UPDATE);
+        }
         self.update(
             &r.stream_id,
             ACQUIRE_CONDITION,

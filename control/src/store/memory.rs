@@ -128,6 +128,9 @@ impl LeaseStore for MemoryLeaseStore {
         if let Some(url) = &r.sidecar_url {
             set(&mut item, schema::SIDECAR_URL, AttrValue::s(url));
         }
+        if let Some(addr) = &r.handoff_addr {
+            set(&mut item, schema::HANDOFF_ADDR, AttrValue::s(addr));
+        }
         let lease = schema::decode(&item)?;
         items.insert(r.stream_id.clone(), item);
         Ok(lease)

@@ -30,6 +30,8 @@ pub struct AcquireRequest {
     /// Stored as `sidecar_url` when given (a worker announcing its presence);
     /// when `None` the acquire leaves any stored value as it is.
     pub sidecar_url: Option<String>,
+    /// Stored as `handoff_addr` when given, like `sidecar_url`.
+    pub handoff_addr: Option<String>,
 }
 
 /// Extend a held lease, optionally carrying a checkpoint on the same write.

@@ -15,6 +15,7 @@
 //! - [`settings`]: the worker's variables, read once.
 
 pub mod balance;
+pub mod handoff;
 pub mod probes;
 pub mod runner;
 pub mod settings;

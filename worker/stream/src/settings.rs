@@ -215,6 +215,16 @@ pub const HANDOFF_POLL_MS: Setting<Duration> = Setting::new(
     Fallback::Value(|| Duration::from_millis(250)),
     "How often a worker reads the hand-off doorbell that draining workers ring (one GetItem).",
 );
+/// The `HANDOFF_LISTEN` variable.
+pub const HANDOFF_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
+    "HANDOFF_LISTEN",
+    parse::SOCKET_ADDR,
+    Fallback::Unset,
+    "UDP address for pushed hand-offs (`IP:PORT`; port 0 picks one): a draining peer sends each \
+     stream it releases to the least-loaded worker, which takes it at once. Announced as \
+     `handoff_addr` (an unspecified IP becomes the ECS task's address, else 127.0.0.1). Unset: \
+     hand-offs wait for the doorbell poll and a scan.",
+);
 /// The `DRAIN_TIMEOUT_MS` variable.
 pub const DRAIN_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "DRAIN_TIMEOUT_MS",
@@ -293,6 +303,7 @@ pub const ALL: &[&dyn Documented] = &[
     &MAX_STREAMS,
     &DISCOVERY_INTERVAL_MS,
     &HANDOFF_POLL_MS,
+    &HANDOFF_LISTEN,
     &DRAIN_TIMEOUT_MS,
     &BATCH_MAX_EVENTS,
     &BATCH_MAX_DELAY_MS,
@@ -317,6 +328,8 @@ pub struct StreamWorkerSettings {
     pub runner: RunnerConfig,
     /// Where and how this worker ships its telemetry.
     pub shipper: ShipperConfig,
+    /// `HANDOFF_LISTEN`: bind there and take pushed hand-offs.
+    pub handoff_listen: Option<std::net::SocketAddr>,
 }
 
 /// The history a `backfill` worker reads; its variables mean nothing otherwise
@@ -427,6 +440,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     };
     let shipper =
         leasehold_telemetry::settings::shipper(&mut env, "stream-worker", &lease.keeper.owner_id);
+    let handoff_listen = env.optional(&HANDOFF_LISTEN);
     env.finish(StreamWorkerSettings {
         lease,
         upstream,
@@ -436,6 +450,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         worker,
         runner,
         shipper,
+        handoff_listen,
     })
 }
 

@@ -13,7 +13,11 @@
 //!   nothing yet still counts in everyone's fair share and receives streams; a
 //!   starting worker announces itself and rings the doorbell before its first
 //!   scan, so workers started together count each other and peers over their
-//!   new share hand back at once.
+//!   new share hand back at once;
+//! - **pushed hand-offs** (`HANDOFF_LISTEN`, [`crate::handoff`]): a draining
+//!   worker sends each stream it released to the least-loaded peer in one
+//!   datagram, and that peer acquires it at once, without waiting for its
+//!   doorbell poll or a scan.
 //!
 //! How much to hold and give back is decided in [`crate::balance`].
 
@@ -22,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_control::clock::Clock;
-use leasehold_control::keeper::HeldLease;
+use leasehold_control::keeper::{Announcement, HeldLease};
 use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::{self, HANDOFF_DOORBELL, WORKER_PRESENCE_PREFIX};
 use leasehold_control::store::{Consistency, LeaseError, LeaseStore, list_all};
@@ -37,6 +41,7 @@ use leasehold_telemetry::TelemetrySink;
 
 use super::settings::StreamWorkerSettings;
 use crate::balance::{Census, GiftFate, Gifts, Share};
+use crate::handoff::{self, HandoffSocket};
 use crate::probes::ExpiryProbes;
 use crate::runner::{RunnerContext, StreamExit, run_stream};
 use crate::upstream::WebSocketUpstream;
@@ -107,6 +112,12 @@ pub struct StreamWorker {
     free_since: HashMap<String, Instant>,
     /// The last scan's census, for the share an expiry probe fills up to.
     census: Census,
+    /// Where this worker takes pushed hand-offs, if it does.
+    handoff: Option<HandoffSocket>,
+    /// Peers' hand-off addresses from the last scan (checked, still untrusted).
+    peer_addrs: HashMap<String, std::net::SocketAddr>,
+    /// The stream ids of the last scan: a pushed id must be one of them.
+    known_streams: HashSet<String>,
     exits_tx: mpsc::UnboundedSender<Exited>,
     exits_rx: mpsc::UnboundedReceiver<Exited>,
 }
@@ -133,6 +144,9 @@ impl StreamWorker {
             gifts: Gifts::default(),
             free_since: HashMap::new(),
             census: Census::default(),
+            handoff: None,
+            peer_addrs: HashMap::new(),
+            known_streams: HashSet::new(),
             exits_tx,
             exits_rx,
         }
@@ -178,6 +192,12 @@ impl StreamWorker {
         StreamWorker::new(context, clock, settings.worker.clone())
     }
 
+    /// Takes pushed hand-offs on `socket` and announces its address.
+    pub fn with_handoff(mut self, socket: HandoffSocket) -> Self {
+        self.handoff = Some(socket);
+        self
+    }
+
     fn store(&self) -> Arc<dyn LeaseStore> {
         self.context.keeper.store().clone()
     }
@@ -198,6 +218,13 @@ impl StreamWorker {
         // Announce this worker and wake the peers before looking: workers
         // started together then count each other in their first scan, and
         // peers over their new share hand back now, not a scan later.
+        let (mut pushed, listener) = match &self.handoff {
+            Some(socket) => {
+                let (rx, task) = socket.listen();
+                (Some(rx), Some(task))
+            }
+            None => (None, None),
+        };
         self.ensure_presence().await;
         self.ring_doorbell().await;
         let mut doorbell = self.read_doorbell().await;
@@ -230,7 +257,13 @@ impl StreamWorker {
                         next_scan = Instant::now();
                     }
                 }
+                Some(stream) = async { pushed.as_mut()?.recv().await }, if pushed.is_some() => {
+                    self.on_pushed(&stream).await;
+                }
             }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
         }
         Ok(self.drain().await)
     }
@@ -281,13 +314,33 @@ impl StreamWorker {
         }
     }
 
+    /// A peer pushed `stream` to this worker: take it now if it is a stream
+    /// of the table and there is room (the acquire decides; a forged or late
+    /// push costs one refused write).
+    async fn on_pushed(&mut self, stream: &str) {
+        if self.known_streams.contains(stream)
+            && !self.running.contains_key(stream)
+            && self.running.len() < self.config.max_streams
+        {
+            self.try_acquire(stream).await;
+        }
+    }
+
     async fn ensure_presence(&mut self) {
         if self.presence.as_ref().is_some_and(HeldLease::is_valid) {
             return;
         }
         let id = schema::worker_presence(&self.context.keeper.config().owner_id);
-        let announced = self.config.sidecar_url.as_deref();
-        match self.context.keeper.acquire_announcing(&id, announced).await {
+        let announced = Announcement {
+            sidecar_url: self.config.sidecar_url.clone(),
+            handoff_addr: self.handoff.as_ref().map(|h| h.advertised().to_string()),
+        };
+        match self
+            .context
+            .keeper
+            .acquire_announcing(&id, &announced)
+            .await
+        {
             Ok(lease) => self.presence = Some(lease),
             Err(err) => tracing::warn!(error = %err, "could not announce this worker's presence"),
         }
@@ -304,12 +357,19 @@ impl StreamWorker {
             i64::try_from(self.context.keeper.config().skew_margin.as_millis()).unwrap_or(i64::MAX);
         let mut streams: Vec<Lease> = Vec::new();
         let mut census = Census::default();
+        let mut peer_addrs = HashMap::new();
         for record in records {
             match record {
                 Ok(lease) if lease.stream_id.starts_with(WORKER_PRESENCE_PREFIX) => {
                     if lease.state(now) == LeaseState::Owned
                         && let Some(owner) = lease.owner_id
                     {
+                        if let Some(addr) =
+                            lease.handoff_addr.as_deref().and_then(handoff::peer_addr)
+                            && owner != me
+                        {
+                            peer_addrs.insert(owner.clone(), addr);
+                        }
                         census.held_by.entry(owner).or_default();
                     }
                 }
@@ -329,6 +389,8 @@ impl StreamWorker {
             }
         }
         census.streams = streams.len();
+        self.peer_addrs = peer_addrs;
+        self.known_streams = streams.iter().map(|l| l.stream_id.clone()).collect();
         census.held_by.insert(me.clone(), self.running.len());
         // Free: unowned, expired past the skew margin, or recorded as this
         // worker's while it does not run it (a restarted process with the same
@@ -554,6 +616,9 @@ impl StreamWorker {
                     }
                 }
             };
+            if exit == StreamExit::Released {
+                self.push_to_successor(&stream).await;
+            }
             match exit {
                 StreamExit::Released => report.released.push(stream),
                 StreamExit::ReleaseFailed(error) => report.failed.push((stream, error)),
@@ -564,6 +629,23 @@ impl StreamWorker {
             }
         }
         report
+    }
+}
+
+impl StreamWorker {
+    /// Hands a released stream to the least-loaded peer of the last census,
+    /// counted as one more for it so the next stream goes elsewhere.
+    async fn push_to_successor(&mut self, stream: &str) {
+        let Some(socket) = &self.handoff else {
+            return;
+        };
+        let me = self.context.keeper.config().owner_id.clone();
+        let Some(next) = handoff::successor(&self.census, &me, &self.peer_addrs).map(str::to_owned)
+        else {
+            return;
+        };
+        socket.push(self.peer_addrs[&next], stream).await;
+        *self.census.held_by.entry(next).or_default() += 1;
     }
 }
 

@@ -394,6 +394,7 @@ async fn losing_the_lease_stops_side_effects() {
         lease_ms: 30_000,
         skew_margin_ms: 1_000,
         sidecar_url: None,
+        handoff_addr: None,
     };
     f.store.acquire(&other).await.unwrap();
     assert_eq!(
@@ -764,6 +765,7 @@ async fn a_zombie_lifts_nothing() {
             lease_ms: 30_000,
             skew_margin_ms: 0,
             sidecar_url: None,
+            handoff_addr: None,
         })
         .await
         .unwrap();
@@ -825,6 +827,7 @@ async fn past_its_deadline_a_holder_writes_nothing_even_before_the_loss_is_signa
             lease_ms: 30_000,
             skew_margin_ms: 0,
             sidecar_url: None,
+            handoff_addr: None,
         })
         .await
         .unwrap();

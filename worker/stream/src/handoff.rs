@@ -1,0 +1,195 @@
+//! Pushed hand-offs: a draining worker tells a successor, in one UDP
+//! datagram, which stream it has just released, so the successor acquires it
+//! at once instead of at its next doorbell poll and scan.
+//!
+//! The datagram is a hint, never a grant: only the conditional acquire decides
+//! ownership, so a lost, late, repeated or forged datagram costs at most one
+//! refused conditional write, and the doorbell still wakes every peer. A worker
+//! announces its address as `handoff_addr` on its presence record
+//! (`HANDOFF_LISTEN`); peers read it from their scans and treat it as
+//! untrusted (anyone who can write the table chooses it), so addresses that
+//! could reach something other than a peer (unspecified, multicast,
+//! broadcast, link-local, the instance metadata ranges) are never sent to.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::balance::Census;
+
+/// What a datagram starts with; the stream id follows.
+const PREFIX: &[u8] = b"leasehold-handoff ";
+
+/// Longest datagram read: the prefix and a stream id (at most 1,024 bytes).
+const MAX_DATAGRAM: usize = 1_100;
+
+/// The datagram that hands `stream_id` over.
+pub fn encode(stream_id: &str) -> Vec<u8> {
+    [PREFIX, stream_id.as_bytes()].concat()
+}
+
+/// The stream a datagram names, if it is one of ours.
+pub fn decode(datagram: &[u8]) -> Option<&str> {
+    let id = std::str::from_utf8(datagram.strip_prefix(PREFIX)?).ok()?;
+    (!id.is_empty()).then_some(id)
+}
+
+/// `raw` (a peer's `handoff_addr`) as an address this worker may send to.
+pub fn peer_addr(raw: &str) -> Option<SocketAddr> {
+    let addr: SocketAddr = raw.parse().ok()?;
+    let refused = match addr.ip() {
+        IpAddr::V4(ip) => {
+            ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() || ip.is_link_local()
+        }
+        IpAddr::V6(ip) => {
+            let first = ip.segments()[0];
+            ip.is_unspecified()
+                || ip.is_multicast()
+                || (first & 0xffc0) == 0xfe80
+                // EC2's IPv6 instance metadata range, fd00:ec2::/32.
+                || (first == 0xfd00 && ip.segments()[1] == 0x0ec2)
+        }
+    };
+    (!refused && addr.port() != 0).then_some(addr)
+}
+
+/// Who gets a released stream: the live peer (not `me`) holding the fewest
+/// streams, ties broken by owner id, among those with an address.
+pub fn successor<'a>(
+    census: &'a Census,
+    me: &str,
+    addrs: &HashMap<String, SocketAddr>,
+) -> Option<&'a str> {
+    census
+        .held_by
+        .iter()
+        .filter(|(owner, _)| owner.as_str() != me && addrs.contains_key(owner.as_str()))
+        .min_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0)))
+        .map(|(owner, _)| owner.as_str())
+}
+
+/// This worker's hand-off socket and the address it announces.
+#[derive(Debug, Clone)]
+pub struct HandoffSocket {
+    socket: Arc<tokio::net::UdpSocket>,
+    advertised: SocketAddr,
+}
+
+impl HandoffSocket {
+    /// Wraps a bound socket; `advertised` is what peers send to (the bound
+    /// address, with a routable IP in place of an unspecified one).
+    pub fn new(socket: std::net::UdpSocket, advertised: SocketAddr) -> std::io::Result<Self> {
+        socket.set_nonblocking(true)?;
+        Ok(HandoffSocket {
+            socket: Arc::new(tokio::net::UdpSocket::from_std(socket)?),
+            advertised,
+        })
+    }
+
+    /// The address announced as `handoff_addr`.
+    pub fn advertised(&self) -> SocketAddr {
+        self.advertised
+    }
+
+    /// Forwards every stream id pushed to this worker until the receiver goes.
+    pub fn listen(&self) -> (mpsc::Receiver<String>, JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(256);
+        let socket = self.socket.clone();
+        let task = tokio::spawn(async move {
+            let mut buffer = vec![0u8; MAX_DATAGRAM];
+            loop {
+                let Ok((read, _)) = socket.recv_from(&mut buffer).await else {
+                    continue;
+                };
+                if let Some(stream) = decode(&buffer[..read])
+                    && tx.send(stream.to_owned()).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+        (rx, task)
+    }
+
+    /// Tells `to` that `stream_id` is free for it. Best effort: a failure
+    /// leaves the doorbell path.
+    pub async fn push(&self, to: SocketAddr, stream_id: &str) {
+        if let Err(err) = self.socket.send_to(&encode(stream_id), to).await {
+            tracing::debug!(stream_id, %to, error = %err, "hand-off push not sent; the doorbell remains");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn a_datagram_names_one_stream() {
+        assert_eq!(decode(&encode("btc-usd")), Some("btc-usd"));
+        assert_eq!(decode(b"leasehold-handoff "), None);
+        assert_eq!(decode(b"something else"), None);
+        assert_eq!(decode(b"leasehold-handoff \xff"), None);
+    }
+
+    #[test]
+    fn only_peer_like_addresses_are_sent_to() {
+        for ok in ["10.0.3.7:9470", "127.0.0.1:40000", "[fd12::7]:9470"] {
+            assert!(peer_addr(ok).is_some(), "{ok}");
+        }
+        for refused in [
+            "0.0.0.0:9470",
+            "224.0.0.1:9470",
+            "255.255.255.255:9470",
+            "169.254.169.254:80",
+            "[fe80::1]:9470",
+            "[fd00:ec2::254]:80",
+            "10.0.3.7:0",
+            "10.0.3.7",
+            "host:9470",
+        ] {
+            assert!(peer_addr(refused).is_none(), "{refused}");
+        }
+    }
+
+    #[test]
+    fn the_least_loaded_peer_with_an_address_succeeds() {
+        let census = Census {
+            streams: 8,
+            held_by: BTreeMap::from([
+                ("a".to_owned(), 1),
+                ("b".to_owned(), 1),
+                ("c".to_owned(), 0),
+                ("me".to_owned(), 0),
+            ]),
+        };
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut addrs = HashMap::from([("a".to_owned(), addr), ("b".to_owned(), addr)]);
+        assert_eq!(
+            successor(&census, "me", &addrs),
+            Some("a"),
+            "c has no address"
+        );
+        addrs.insert("c".to_owned(), addr);
+        assert_eq!(successor(&census, "me", &addrs), Some("c"));
+        assert_eq!(successor(&census, "me", &HashMap::new()), None);
+    }
+
+    #[tokio::test]
+    async fn a_pushed_stream_reaches_the_listener() {
+        let bound = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = bound.local_addr().unwrap();
+        let receiver = HandoffSocket::new(bound, addr).unwrap();
+        let (mut pushed, task) = receiver.listen();
+        let sender =
+            HandoffSocket::new(std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), addr).unwrap();
+        sender.push(addr, "eth-usd").await;
+        assert_eq!(pushed.recv().await.as_deref(), Some("eth-usd"));
+        task.abort();
+    }
+}
