@@ -25,6 +25,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use leasehold_control::clock::Clock;
 use leasehold_control::keeper::{Announcement, HeldLease};
 use leasehold_control::lease::{Lease, LeaseState};
@@ -596,26 +598,37 @@ impl StreamWorker {
     }
 
     /// Waits for every stream to finish its batch and release (each releases
-    /// with its last checkpoint), up to the drain timeout.
+    /// with its last checkpoint), up to the drain timeout. Exits are taken as
+    /// they come, so each released stream is pushed to its successor at once,
+    /// not after the streams before it in some order.
     async fn drain_streams(&mut self) -> DrainReport {
         let mut report = DrainReport::default();
         let deadline = Instant::now() + self.config.drain_timeout;
-        for (stream, running) in std::mem::take(&mut self.running) {
-            let Running {
-                lease, mut task, ..
-            } = running;
-            let exit = tokio::select! {
-                result = &mut task => result.unwrap_or_else(|err| StreamExit::ReleaseFailed(err.to_string())),
-                _ = sleep_until(deadline) => {
-                    // Abandon the in-flight batch; the staged checkpoint covers
-                    // everything the sink confirmed, so nothing is skipped.
-                    task.abort();
-                    match self.context.keeper.release(&lease).await {
-                        Ok(_) => StreamExit::Released,
-                        Err(err) => StreamExit::ReleaseFailed(err.to_string()),
-                    }
+        let mut exits: FuturesUnordered<_> = std::mem::take(&mut self.running)
+            .into_iter()
+            .map(|(stream, running)| {
+                let keeper = self.context.keeper.clone();
+                async move {
+                    let Running {
+                        lease, mut task, ..
+                    } = running;
+                    let exit = tokio::select! {
+                        result = &mut task => result.unwrap_or_else(|err| StreamExit::ReleaseFailed(err.to_string())),
+                        _ = sleep_until(deadline) => {
+                            // Abandon the in-flight batch; the staged checkpoint covers
+                            // everything the sink confirmed, so nothing is skipped.
+                            task.abort();
+                            match keeper.release(&lease).await {
+                                Ok(_) => StreamExit::Released,
+                                Err(err) => StreamExit::ReleaseFailed(err.to_string()),
+                            }
+                        }
+                    };
+                    (stream, exit)
                 }
-            };
+            })
+            .collect();
+        while let Some((stream, exit)) = exits.next().await {
             if exit == StreamExit::Released {
                 self.push_to_successor(&stream).await;
             }
