@@ -643,9 +643,7 @@ impl StreamWorker {
         }
         report
     }
-}
 
-impl StreamWorker {
     /// Hands a released stream to the least-loaded peer of the last census,
     /// counted as one more for it so the next stream goes elsewhere.
     async fn push_to_successor(&mut self, stream: &str) {
