@@ -18,6 +18,7 @@ use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{Consistency, LeaseError, LeaseStore, list_all};
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{FencedSink, SinkOptions};
+use leasehold_stream::handoff::HandoffSocket;
 use leasehold_stream::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
 use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig};
 use leasehold_telemetry::LogSink;
@@ -111,6 +112,23 @@ impl Fleet {
 
     /// Starts a worker named `owner` that holds at most `max_streams`.
     pub fn start(&mut self, owner: &str, max_streams: usize) {
+        self.start_with(owner, max_streams, None);
+    }
+
+    /// [`Fleet::start`] for a worker that takes pushed hand-offs on a UDP
+    /// socket of its own (loopback); returns the socket's address.
+    pub fn start_taking_pushes(
+        &mut self,
+        owner: &str,
+        max_streams: usize,
+    ) -> std::io::Result<std::net::SocketAddr> {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let addr = socket.local_addr()?;
+        self.start_with(owner, max_streams, Some(HandoffSocket::new(socket, addr)?));
+        Ok(addr)
+    }
+
+    fn start_with(&mut self, owner: &str, max_streams: usize, handoff: Option<HandoffSocket>) {
         let gate = Gate::default();
         let store: Arc<dyn LeaseStore> =
             Arc::new(GatedStore::new(self.store.clone(), gate.clone()));
@@ -145,6 +163,10 @@ impl Fleet {
                 ..StreamWorkerConfig::default()
             },
         );
+        let worker = match handoff {
+            Some(socket) => worker.with_handoff(socket),
+            None => worker,
+        };
         let shutdown = CancellationToken::new();
         let task = tokio::spawn({
             let shutdown = shutdown.clone();

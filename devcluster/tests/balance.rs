@@ -178,3 +178,38 @@ async fn a_new_worker_gets_the_richest_peers_gift_and_the_gift_is_not_passed_aro
     assert_eq!(moves, 1, "only the new worker's one stream moves");
     fleet.stop_all().await;
 }
+
+/// A datagram is a hint, and anyone on the network can send one: a worker
+/// acts only on a stream id its last scan saw. An acquire of an id the table
+/// does not hold would create the record (the acquire doubles as
+/// registration), so a forged push would otherwise make the worker invent and
+/// run a stream. Real time: the hand-off socket is real I/O.
+#[tokio::test]
+async fn a_pushed_id_that_is_not_a_stream_of_the_table_is_never_taken() {
+    let options = FleetOptions {
+        streams: 2,
+        discovery_interval: Duration::from_millis(200),
+        handoff_poll: Duration::from_millis(50),
+        ..FleetOptions::default()
+    };
+    let mut fleet = Fleet::new(options, Arc::new(leasehold_control::clock::SystemClock))
+        .await
+        .expect("fleet");
+    let addr = fleet.start_taking_pushes("w1", 10).expect("socket");
+    let (before, _) = wait_for(&fleet, Duration::from_secs(10), |h| {
+        h.held_by.get("w1") == Some(&2)
+    })
+    .await;
+    let sender = std::net::UdpSocket::bind("127.0.0.1:0").expect("sender");
+    for forged in ["invented-stream", "leasehold#observer"] {
+        sender
+            .send_to(&leasehold_stream::handoff::encode(forged), addr)
+            .expect("send");
+    }
+    // Several doorbell polls and scans: time enough to act on the push.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after = fleet.holdings().await.expect("holdings");
+    assert_eq!(after.held_by.get("w1"), Some(&2), "{after:?}");
+    assert_eq!(after.acquisitions, before.acquisitions, "{after:?}");
+    fleet.stop_all().await;
+}
