@@ -380,6 +380,21 @@ struct EnvelopeV2 {
     ciphertext: String,
 }
 
+impl EnvelopeV2 {
+    /// The KMS-wrapped data key, decoded.
+    fn wrapped_key(&self) -> Result<Vec<u8>, CipherError> {
+        STANDARD
+            .decode(&self.encrypted_data_key)
+            .map_err(|_| CipherError::BadEnvelope("encrypted_data_key"))
+    }
+
+    /// The stored form: standard base64 of the JSON object.
+    fn to_blob(&self) -> Result<String, CipherError> {
+        let json = serde_json::to_vec(self).map_err(|_| CipherError::Encrypt)?;
+        Ok(STANDARD.encode(json))
+    }
+}
+
 /// Which version a blob is, found without any key.
 #[derive(Debug)]
 enum Blob2OrNot {
@@ -542,9 +557,7 @@ impl KmsEnvelope {
         user_id: &str,
         envelope: &EnvelopeV2,
     ) -> Result<Zeroizing<Vec<u8>>, CipherError> {
-        let wrapped = STANDARD
-            .decode(&envelope.encrypted_data_key)
-            .map_err(|_| CipherError::BadEnvelope("encrypted_data_key"))?;
+        let wrapped = envelope.wrapped_key()?;
         let output = self
             .client()
             .await
@@ -572,9 +585,7 @@ impl KmsEnvelope {
     /// no right to read anyone's credentials. The nonce and ciphertext stay.
     async fn rewrap(&self, user_id: &str, envelope: &EnvelopeV2) -> Result<String, CipherError> {
         let key_id = self.key_id.as_deref().ok_or(CipherError::NoEncryptionKey)?;
-        let wrapped = STANDARD
-            .decode(&envelope.encrypted_data_key)
-            .map_err(|_| CipherError::BadEnvelope("encrypted_data_key"))?;
+        let wrapped = envelope.wrapped_key()?;
         let output = self
             .client()
             .await
@@ -599,8 +610,7 @@ impl KmsEnvelope {
             nonce: envelope.nonce.clone(),
             ciphertext: envelope.ciphertext.clone(),
         };
-        let json = serde_json::to_vec(&rotated).map_err(|_| CipherError::Encrypt)?;
-        Ok(STANDARD.encode(json))
+        rotated.to_blob()
     }
 
     /// Decrypts a parsed version 2 blob.
@@ -669,8 +679,7 @@ impl CredentialsCipher for KmsEnvelope {
             nonce: STANDARD.encode(nonce),
             ciphertext: STANDARD.encode(ciphertext),
         };
-        let json = serde_json::to_vec(&envelope).map_err(|_| CipherError::Encrypt)?;
-        Ok(STANDARD.encode(json))
+        envelope.to_blob()
     }
 
     async fn decrypt(&self, user_id: &str, blob: &str) -> Result<Credentials, CipherError> {

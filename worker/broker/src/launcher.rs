@@ -633,6 +633,12 @@ mod tests {
     use super::*;
     use aws_sdk_ecs::types::{Failure, Task};
 
+    /// The task ids `launcher` lists now.
+    async fn task_ids(launcher: &LocalLauncher) -> Vec<String> {
+        let listed = launcher.list().await.unwrap();
+        listed.into_iter().map(|t| t.task_id).collect()
+    }
+
     /// Writes `pid`'s registry entry the way a worker does for itself.
     fn enter(group: &str, pid: u32, start: u64, user_id: Option<&str>) {
         let entry = LocalEntry {
@@ -688,13 +694,7 @@ mod tests {
             .await
             .unwrap();
         child.wait().unwrap();
-        let ids: Vec<String> = launcher
-            .list()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| t.task_id)
-            .collect();
+        let ids = task_ids(&launcher).await;
         assert_eq!(ids, std::slice::from_ref(&me));
         let dir = registry_dir(&group).unwrap();
         assert!(
@@ -722,13 +722,7 @@ mod tests {
             other.try_wait().unwrap().is_none(),
             "a reused pid was signalled"
         );
-        let ids: Vec<String> = launcher
-            .list()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| t.task_id)
-            .collect();
+        let ids = task_ids(&launcher).await;
         assert_eq!(ids, [me]);
         other.kill().unwrap();
         other.wait().unwrap();
