@@ -515,11 +515,11 @@ impl StreamWorker {
             return;
         };
         let me = &self.context.keeper.config().owner_id;
-        let census = match &probe.lapsing_owner {
-            Some(owner) => self.census.without(owner),
-            None => self.census.clone(),
+        let max = self.config.max_streams;
+        let target = match &probe.lapsing_owner {
+            Some(owner) => Share::of(&self.census.without(owner), me, max).most,
+            None => Share::of(&self.census, me, max).most,
         };
-        let target = Share::of(&census, me, self.config.max_streams).most;
         if self.running.len() < target && !self.running.contains_key(&probe.stream) {
             self.try_acquire(&probe.stream).await;
         }
