@@ -181,6 +181,7 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         sidecar_url: None,
         ttl_ms: None,
         heartbeat_interval_ms: None,
+        seal_key: None,
     };
     let claimed = MarkValue {
         worker_id: "pool-3".into(),
@@ -191,6 +192,7 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         sidecar_url: None,
         ttl_ms: None,
         heartbeat_interval_ms: None,
+        seal_key: None,
     };
     let mut found: BTreeMap<OrphanKind, u64> = OrphanKind::ALL.iter().map(|k| (*k, 0)).collect();
     found.insert(OrphanKind::OrphanMark, 1);

@@ -134,6 +134,7 @@ async fn the_dashboard_finds_200_sidecars_from_presence_records_and_broker_metad
         sidecar_url,
         ttl_ms: None,
         heartbeat_interval_ms: None,
+        seal_key: None,
     };
     for i in 0..IDLE_BROKERS {
         let worker = format!("idle-{i:03}");

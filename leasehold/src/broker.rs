@@ -13,6 +13,7 @@ use leasehold_broker::launcher::{
     EcsLauncher, LOCAL_GROUP_VAR, LocalLauncher, TaskLauncher, register_local_worker,
 };
 use leasehold_broker::paper::{Broker, PaperBroker};
+use leasehold_broker::sealer::{CredentialSealer, SealerClient};
 use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
 use leasehold_broker::worker::{BrokerWorker, WorkerExit, requeue_dead_claims};
@@ -56,6 +57,34 @@ fn harden() -> anyhow::Result<()> {
         not_dumpable = hardened.not_dumpable,
         "core dumps disabled"
     );
+    Ok(())
+}
+
+/// How long a worker waits for the credential sealer (which may wait for KMS).
+const SEALER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `leasehold credential-sealer` (configured by environment variables only).
+#[derive(Debug, Args)]
+pub struct CredentialSealerArgs {}
+
+/// Runs the credential sealer until SIGTERM: the one process that decrypts
+/// blobs, answering broker workers with credentials sealed to them.
+pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failure> {
+    harden()?;
+    let settings = settings::sealer_settings(&lookup)?;
+    let bus = pool_bus(settings.redis_url.expose())
+        .await
+        .context("cannot start the credential sealer")?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let sealer = Arc::new(CredentialSealer::new(bus, Arc::new(settings.cipher)));
+    // One parseable line for tests and operators.
+    let addr = listener.local_addr().context("no local address")?;
+    println!("credential sealer listening on {addr}");
+    leasehold_broker::sealer::serve(listener, sealer, shutdown_on_signal())
+        .await
+        .context("credential sealer failed")?;
     Ok(())
 }
 
@@ -114,13 +143,16 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
         "paper".to_owned(),
         Arc::new(PaperBroker::new(settings.paper, bus.clone())) as Arc<dyn Broker>,
     )]);
-    let worker = BrokerWorker::new(
+    let mut worker = BrokerWorker::new(
         settings.worker,
         bus,
         Arc::new(settings.cipher),
         brokers,
         telemetry.clone(),
     );
+    if let Some(url) = &settings.sealer_url {
+        worker = worker.with_sealer(SealerClient::new(url, SEALER_TIMEOUT));
+    }
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");
     let exit = worker.run(shutdown).await.context("broker worker failed")?;

@@ -47,6 +47,8 @@ enum Command {
     Dev(dev::DevArgs),
     /// Per-user broker worker; starts in the warm pool (`USER_ID=-1`).
     BrokerWorker(broker::BrokerWorkerArgs),
+    /// The one process that decrypts credentials: seals them to the user's worker.
+    CredentialSealer(broker::CredentialSealerArgs),
     /// Encrypted broker credentials in Redis.
     #[command(subcommand)]
     Credentials(broker::CredentialsCommand),
@@ -137,6 +139,7 @@ async fn main() -> ExitCode {
         Command::Dashboard(args) => dashboard::dashboard(args).await,
         Command::Dev(args) => dev::dev(args).await,
         Command::BrokerWorker(args) => broker::broker_worker(args).await,
+        Command::CredentialSealer(args) => broker::credential_sealer(args).await,
         Command::Credentials(command) => broker::credentials(command).await,
         Command::Claim(args) => broker::claim(args).await,
         Command::PoolManager(args) => broker::pool_manager(args).await,

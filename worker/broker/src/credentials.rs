@@ -116,6 +116,20 @@ pub enum CipherError {
         /// `Decrypt` or `GenerateDataKey`.
         operation: &'static str,
     },
+    /// The credential sealer could not be reached or could not answer now
+    /// (Redis or KMS unavailable behind it).
+    #[error("credential sealer unavailable: {0}")]
+    SealerUnavailable(String),
+    /// The credential sealer refused (no grant, not the user's worker, no
+    /// blob, a blob that does not decrypt) or sealed something this worker
+    /// cannot open.
+    #[error("credential sealer refused ({status}): {reason}")]
+    SealerRefused {
+        /// HTTP status of the answer.
+        status: u16,
+        /// The sealer's reason (ids and causes, never a secret).
+        reason: String,
+    },
     /// KMS could not be reached, or answered with another error.
     #[error("KMS {operation} failed: {problem}")]
     KmsFailed {
@@ -133,7 +147,9 @@ impl CipherError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            CipherError::KmsThrottled { .. } | CipherError::KmsFailed { .. }
+            CipherError::KmsThrottled { .. }
+                | CipherError::KmsFailed { .. }
+                | CipherError::SealerUnavailable(_)
         )
     }
 }
@@ -277,7 +293,7 @@ impl std::fmt::Debug for AesGcmCipher {
 }
 
 /// Seals `plaintext` with `cipher` under a fresh nonce: `(nonce, ciphertext‖tag)`.
-fn seal(
+pub(crate) fn seal(
     cipher: &Aes256Gcm,
     user_id: &str,
     plaintext: &[u8],
@@ -296,7 +312,7 @@ fn seal(
 }
 
 /// Opens `ciphertext‖tag` sealed for `user_id`.
-fn open(
+pub(crate) fn open(
     cipher: &Aes256Gcm,
     user_id: &str,
     nonce: &[u8],

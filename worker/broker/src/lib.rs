@@ -8,6 +8,9 @@
 //! Module map:
 //! - [`credentials`]: the [`credentials::CredentialsCipher`] seam and the
 //!   AES-256-GCM blob format; decrypted secrets are zeroized and redacted.
+//! - [`sealing`]: the worker's X25519 key and credentials sealed to it.
+//! - [`sealer`]: the credential sealer, the one component that decrypts
+//!   blobs, and the worker's client of it.
 //! - [`paper`]: the [`paper::Broker`] seam and the paper broker (simulated fills,
 //!   latency and failure injection).
 //! - [`connections`]: broker connections cached per account: lazy open,
@@ -27,6 +30,8 @@ pub mod maintenance;
 pub mod manager;
 pub mod paper;
 pub mod rotation;
+pub mod sealer;
+pub mod sealing;
 pub mod settings;
 pub mod supervise;
 pub mod worker;

@@ -616,6 +616,7 @@ mod tests {
             sidecar_url: None,
             ttl_ms: None,
             heartbeat_interval_ms: None,
+            seal_key: None,
         };
         Mark {
             user_id: user_of(&key),
@@ -812,6 +813,7 @@ mod tests {
             sidecar_url: None,
             ttl_ms: None,
             heartbeat_interval_ms: None,
+            seal_key: None,
         }
         .to_json();
         let claimed = bus
@@ -837,6 +839,7 @@ mod tests {
             sidecar_url: None,
             ttl_ms: None,
             heartbeat_interval_ms: None,
+            seal_key: None,
         }
         .to_json();
         bus.set_pool_mark(task, &value, Duration::from_secs(30))
@@ -1023,6 +1026,7 @@ mod tests {
                     sidecar_url: None,
                     ttl_ms: timing.map(|t| millis(t.ttl)),
                     heartbeat_interval_ms: timing.map(|t| millis(t.heartbeat)),
+                    seal_key: None,
                 }
                 .to_json();
                 let write = MarkWrite {

@@ -18,8 +18,9 @@ use leasehold_pool::keys;
 use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{LaunchError, TaskLauncher};
+use crate::sealer::grant_credentials;
 use leasehold_pool::bus::{BusError, PoolBus};
-use leasehold_pool::protocol::{ClaimMessage, ClaimOutcome, MarkValue, ParseError};
+use leasehold_pool::protocol::{ClaimMessage, ClaimOutcome, GrantReason, MarkValue, ParseError};
 
 /// Pool manager and claim failures.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +99,7 @@ pub async fn claim_user(
         return Err(PoolError::NoCredentials(keys::credentials(user_id)));
     };
     if idle_pool_workers(bus).await?.is_empty() {
+        grant_credentials(bus, user_id, GrantReason::ColdStart).await?;
         let task_id = launcher.start(Some(user_id)).await?;
         return Ok(ClaimPath::ColdStart { task_id });
     }
@@ -110,6 +112,8 @@ pub async fn claim_user(
         claim_id: format!("claim-{user_id}-{now}-{:08x}", rand::random::<u32>()),
         enqueued_at: u64::try_from(now).unwrap_or(0),
     };
+    // Before the push: the worker that takes the claim asks the sealer at once.
+    grant_credentials(bus, user_id, GrantReason::Claim).await?;
     bus.push_claim(&claim.to_json()).await?;
     Ok(ClaimPath::PoolClaim {
         claim_id: claim.claim_id,
@@ -219,6 +223,7 @@ mod tests {
             sidecar_url: None,
             ttl_ms: None,
             heartbeat_interval_ms: None,
+            seal_key: None,
         };
         assert!(
             bus.set_pool_mark(worker, &mark.to_json(), Duration::from_secs(30))

@@ -7,6 +7,7 @@
 
 use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::keys;
+use leasehold_pool::protocol::GrantReason;
 
 use crate::credentials::{CipherError, Keyring, Rewrapped};
 
@@ -98,6 +99,8 @@ async fn rotate_one(
     }
     let reloaded = bus.user_is_active(user_id).await?;
     if reloaded {
+        // The worker asks the sealer for the new blob's credentials.
+        crate::sealer::grant_credentials(bus, user_id, GrantReason::Reload).await?;
         bus.push_control(user_id, r#"{"type": "reload_credentials"}"#)
             .await?;
     }

@@ -70,6 +70,24 @@ pub const CREDENTIALS_ALLOW_LOCAL_KEY: Setting<bool> = Setting::new(
     Fallback::Value(|| false),
     "Allows a local key (`CREDENTIALS_KEY` / `CREDENTIALS_KEY_FILE`) in production, i.e. on ECS (`ECS_CONTAINER_METADATA_URI_V4` set), e.g. to read version 1 blobs during a migration to KMS.",
 );
+/// The `CREDENTIALS_SEALER_URL` variable.
+pub const CREDENTIALS_SEALER_URL: Setting<String> = Setting::new(
+    "CREDENTIALS_SEALER_URL",
+    parse::TEXT,
+    Fallback::Unset,
+    "Base URL of the credential sealer (`http://host:9480`). Set: the broker worker decrypts nothing and reads no `credentials:*` key; it gets its user's credentials sealed to its own key. Required on ECS unless a local key is allowed.",
+);
+/// The `SEALER_LISTEN` variable.
+pub const SEALER_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
+    "SEALER_LISTEN",
+    parse::SOCKET_ADDR,
+    Fallback::Value(|| {
+        crate::sealer::DEFAULT_LISTEN
+            .parse()
+            .expect("a socket address")
+    }),
+    "Where `leasehold credential-sealer` listens for broker workers (HTTP, `POST /v1/seal`).",
+);
 /// The `WORKER_ID` variable.
 pub const WORKER_ID: Setting<String> = Setting::new(
     "WORKER_ID",
@@ -302,6 +320,8 @@ pub const ALL: &[&dyn Documented] = &[
     &CREDENTIALS_KEY,
     &CREDENTIALS_KEY_FILE,
     &CREDENTIALS_ALLOW_LOCAL_KEY,
+    &CREDENTIALS_SEALER_URL,
+    &SEALER_LISTEN,
     &WORKER_ID,
     &POOL_TARGET_SIZE,
     &TASK_LAUNCHER,
@@ -413,8 +433,10 @@ pub struct BrokerWorkerSettings {
     pub redis_url: leasehold_platform::settings::Redacted<String>,
     /// Worker timings and identity.
     pub worker: BrokerWorkerConfig,
-    /// The credentials keys.
+    /// The credentials keys (empty when a sealer is set).
     pub cipher: Keyring,
+    /// `CREDENTIALS_SEALER_URL`: where sealed credentials come from.
+    pub sealer_url: Option<String>,
     /// Paper broker behaviour.
     pub paper: PaperConfig,
 }
@@ -423,7 +445,29 @@ pub struct BrokerWorkerSettings {
 pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigError> {
     let mut env = Env::new(lookup);
     let redis_url = env.get(&REDIS_URL);
-    let cipher = keyring(&mut env);
+    let sealer_url = env.optional(&CREDENTIALS_SEALER_URL);
+    let cipher = match &sealer_url {
+        // Nothing to decrypt with, by design: not even a KMS client.
+        Some(url) => {
+            if !url.starts_with("http://") && !url.starts_with("https://") {
+                env.problem(
+                    CREDENTIALS_SEALER_URL.name,
+                    "must be an http:// or https:// URL",
+                );
+            }
+            Keyring::default()
+        }
+        None => {
+            let keyring = keyring(&mut env);
+            if production(&env) && keyring.local.is_none() {
+                env.problem(
+                    CREDENTIALS_SEALER_URL.name,
+                    "is required on ECS: a broker worker gets its user's credentials from the credential sealer and has no KMS access of its own",
+                );
+            }
+            keyring
+        }
+    };
     let user_id = env.optional(&USER_ID).filter(|u| u != keys::POOL_USER_ID);
     if let Some(user) = &user_id
         && let Err(err) = keys::check_user_id(user)
@@ -483,7 +527,33 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
         redis_url: redis_url.into(),
         worker,
         cipher,
+        sealer_url,
         paper,
+    })
+}
+
+/// Everything `leasehold credential-sealer` needs.
+#[derive(Debug)]
+pub struct SealerSettings {
+    /// Redis as the sealer's user (reads grants, marks, claim lists and
+    /// `credentials:*`; never print).
+    pub redis_url: leasehold_platform::settings::Redacted<String>,
+    /// What decrypts blobs: KMS (production) or the local key (`dev`).
+    pub cipher: Keyring,
+    /// `SEALER_LISTEN`.
+    pub listen: std::net::SocketAddr,
+}
+
+/// Reads the credential sealer's settings.
+pub fn sealer_settings(lookup: Lookup) -> Result<SealerSettings, ConfigError> {
+    let mut env = Env::new(lookup);
+    let redis_url = env.get(&REDIS_URL);
+    let cipher = keyring(&mut env);
+    let listen = env.get(&SEALER_LISTEN);
+    env.finish(SealerSettings {
+        redis_url: redis_url.into(),
+        cipher,
+        listen,
     })
 }
 

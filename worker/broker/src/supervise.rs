@@ -396,6 +396,7 @@ mod tests {
             sidecar_url: None,
             ttl_ms: timing.map(|t| t.ttl.as_millis() as u64),
             heartbeat_interval_ms: timing.map(|t| t.heartbeat.as_millis() as u64),
+            seal_key: None,
         }
         .to_json()
     }

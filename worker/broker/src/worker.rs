@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::connections::{ConnectPolicy, ConnectionCache};
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
 use crate::paper::Broker;
+use crate::sealer::SealerClient;
 pub use leasehold_pool::bus::WorkerMetadata;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusError, ClaimSettle, MarkWrite, PoolBus, Settled, Take};
@@ -192,6 +193,9 @@ pub struct BrokerWorker {
     config: BrokerWorkerConfig,
     bus: Arc<dyn PoolBus>,
     cipher: Arc<dyn CredentialsCipher>,
+    /// Set: credentials come sealed from the credential sealer, and `cipher`
+    /// is never used (this worker decrypts no blob).
+    sealer: Option<Arc<SealerClient>>,
     brokers: HashMap<String, Arc<dyn Broker>>,
     telemetry: Arc<dyn TelemetrySink>,
 }
@@ -292,9 +296,18 @@ impl BrokerWorker {
             config,
             bus,
             cipher,
+            sealer: None,
             brokers,
             telemetry,
         }
+    }
+
+    /// Gets credentials from the credential sealer instead of decrypting
+    /// blobs (`CREDENTIALS_SEALER_URL`): the worker publishes the client's
+    /// key in its marks, and reads no `credentials:*` key.
+    pub fn with_sealer(mut self, sealer: SealerClient) -> Self {
+        self.sealer = Some(Arc::new(sealer));
+        self
     }
 
     /// A worker on its own Redis bus (the URL is never part of an error).
@@ -330,6 +343,7 @@ impl BrokerWorker {
             sidecar_url: self.config.metadata.sidecar_url.clone(),
             ttl_ms: Some(millis(self.config.mark_ttl)),
             heartbeat_interval_ms: Some(millis(self.config.heartbeat)),
+            seal_key: self.sealer.as_ref().map(|sealer| sealer.seal_key()),
         }
     }
 
@@ -602,11 +616,17 @@ impl BrokerWorker {
                 return None;
             }
         };
-        match self
-            .cipher
-            .decrypt(&claim.user_id, &claim.encrypted_credentials)
-            .await
-        {
+        let credentials = match &self.sealer {
+            // The sealer reads the stored blob; the one in the claim is not
+            // needed (and this worker could not open it).
+            Some(sealer) => sealer.fetch(&claim.user_id, &self.config.worker_id).await,
+            None => {
+                self.cipher
+                    .decrypt(&claim.user_id, &claim.encrypted_credentials)
+                    .await
+            }
+        };
+        match credentials {
             Ok(credentials) => Some((claim, credentials)),
             Err(err) if err.is_transient() => {
                 // KMS throttled or unreachable: the claim is fine, so it goes
@@ -697,6 +717,12 @@ impl BrokerWorker {
             user_id: user_id.to_owned(),
             problem,
         };
+        if let Some(sealer) = &self.sealer {
+            return sealer
+                .fetch(user_id, &self.config.worker_id)
+                .await
+                .map_err(|err| problem(err.to_string()));
+        }
         let blob = self.bus.credentials(user_id).await?;
         let blob =
             blob.ok_or_else(|| problem(format!("{} is not set", keys::credentials(user_id))))?;
@@ -707,16 +733,38 @@ impl BrokerWorker {
     }
 
     /// Cold start (`USER_ID` set): read the credentials, then claim; while another
-    /// worker holds the user, retry for one mark TTL (it may be dying).
+    /// worker holds the user, retry for one mark TTL (it may be dying). With a
+    /// sealer the order is the other way round, since the sealer answers only
+    /// the worker whose mark names it: claim, then fetch, and give the user
+    /// back if the credentials do not come.
     async fn cold_start(
         &mut self,
         user_id: &str,
         shutdown: &CancellationToken,
     ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
-        let credentials = self.load_credentials(user_id).await?;
+        let decrypted = match self.sealer {
+            Some(_) => None,
+            None => Some(self.load_credentials(user_id).await?),
+        };
         let give_up = Instant::now() + self.config.mark_ttl + self.config.heartbeat;
         loop {
             if self.claim(user_id).await? {
+                let credentials = match decrypted {
+                    Some(credentials) => credentials,
+                    None => match self.load_credentials(user_id).await {
+                        Ok(credentials) => credentials,
+                        Err(err) => {
+                            if let Err(release) = self
+                                .bus
+                                .release_user_mark(user_id, &self.config.worker_id)
+                                .await
+                            {
+                                tracing::warn!(user_id, error = %release, "cannot give the user back; the mark expires");
+                            }
+                            return Err(err);
+                        }
+                    },
+                };
                 self.state(PoolWorkerStateKind::Claimed, Some(user_id));
                 return Ok(Ok(Claimed {
                     user_id: user_id.to_owned(),

@@ -727,6 +727,7 @@ async fn a_request_taken_too_often_is_settled_as_poison_never_placed() {
             sidecar_url: None,
             ttl_ms: None,
             heartbeat_interval_ms: None,
+            seal_key: None,
         }
         .to_json();
         let metadata = leasehold_pool::bus::WorkerMetadata {

@@ -210,6 +210,16 @@ pub fn credentials(user_id: &str) -> String {
     format!("credentials:{user_id}")
 }
 
+/// A trusted component's permission for the credential sealer to hand
+/// `user_id`'s credentials to the worker that holds or is claiming the user
+/// (string, [`crate::protocol::CredentialsGrant`] JSON, with a TTL): written
+/// before a claim is pushed, a cold start launched or `reload_credentials`
+/// sent. No broker worker may write it, so a worker cannot give itself
+/// another user's credentials.
+pub fn credentials_grant(user_id: &str) -> String {
+    format!("pool:grant:{user_id}")
+}
+
 /// Where invalid messages taken from `list_key` are moved, with the reason.
 pub fn dead_letter(list_key: &str) -> String {
     format!("{list_key}:dead")

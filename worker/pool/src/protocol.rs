@@ -5,7 +5,7 @@
 //! echoing values (a value could be a secret someone put in the wrong place).
 //! serde_json's own messages are not used for the same reason.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Which broker session a request needs (the request's `account` object).
@@ -187,6 +187,40 @@ pub enum ClaimStatus {
     /// No pool worker took the user for this claim; `error` says why.
     Failed,
 }
+
+/// Why a trusted component granted a user's credentials to its worker
+/// (`pool:grant:{user_id}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantReason {
+    /// A claim was pushed for the user (`leasehold claim`, supervision).
+    Claim,
+    /// A worker was cold-started for the user.
+    ColdStart,
+    /// `reload_credentials` was sent (a rotation or a new blob).
+    Reload,
+}
+
+/// The value of `pool:grant:{user_id}`: the credential sealer hands the
+/// user's credentials only while one exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialsGrant {
+    /// What the grant is for.
+    pub reason: GrantReason,
+    /// When it was written (unix ms).
+    pub granted_at: u64,
+}
+
+impl CredentialsGrant {
+    /// The JSON stored in Redis.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// How long a grant lasts unless renewed: long enough for a claim to wait
+/// for an idle worker, or a cold start to boot, and no longer.
+pub const GRANT_TTL: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The outcome of one claim, stored under `pool:claim:{claim_id}` (60 s) in
 /// the step that settles the claim.
@@ -752,6 +786,11 @@ pub struct MarkValue {
     /// How often its writer refreshes the mark (ms); absent as `ttl_ms` is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_interval_ms: Option<u64>,
+    /// The worker's X25519 public key (standard base64, 32 bytes): the
+    /// credential sealer seals this user's credentials to it. Absent for a
+    /// worker that decrypts blobs itself (local key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal_key: Option<String>,
 }
 
 impl MarkValue {

@@ -94,6 +94,7 @@ fn mark_value(user_id: &str, worker_id: &str, heartbeat_at: u64) -> String {
         sidecar_url: None,
         ttl_ms: None,
         heartbeat_interval_ms: None,
+        seal_key: None,
     }
     .to_json()
 }

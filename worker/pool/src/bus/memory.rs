@@ -1275,6 +1275,21 @@ impl PoolBus for MemoryPoolBus {
             .get(keys::MAINTENANCE_LAST_REPORT, Instant::now())
     }
 
+    async fn grant_credentials(
+        &self,
+        user_id: &str,
+        grant: &str,
+        ttl: Duration,
+    ) -> Result<(), BusError> {
+        self.lock().set(
+            &keys::credentials_grant(user_id),
+            grant,
+            Some(Duration::from_secs(whole_seconds(ttl))),
+            Instant::now(),
+        );
+        Ok(())
+    }
+
     async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError> {
         self.lock()
             .set(keys::MAINTENANCE_LAST_REPORT, report, None, Instant::now());

@@ -589,6 +589,15 @@ pub trait PoolBus: Inspect + PaperLedger {
     /// The last maintenance sweep report (JSON).
     async fn maintenance_report(&self) -> Result<Option<String>, BusError>;
 
+    /// Writes (or renews) `pool:grant:{user_id}`, which lets the credential
+    /// sealer hand this user's credentials out for `ttl` (whole seconds).
+    async fn grant_credentials(
+        &self,
+        user_id: &str,
+        grant: &str,
+        ttl: Duration,
+    ) -> Result<(), BusError>;
+
     /// Replaces the maintenance sweep report.
     async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError>;
 

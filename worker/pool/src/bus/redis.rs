@@ -1408,6 +1408,24 @@ impl PoolBus for RedisPoolBus {
         self.get(keys::MAINTENANCE_LAST_REPORT).await
     }
 
+    async fn grant_credentials(
+        &self,
+        user_id: &str,
+        grant: &str,
+        ttl: Duration,
+    ) -> Result<(), BusError> {
+        let _: () = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::credentials_grant(user_id))
+                    .arg(grant)
+                    .arg("EX")
+                    .arg(whole_seconds(ttl)),
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError> {
         self.set(keys::MAINTENANCE_LAST_REPORT, report).await
     }
