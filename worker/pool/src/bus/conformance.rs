@@ -2166,6 +2166,29 @@ pub async fn credentials_and_report_round_trip(target: &dyn BusTarget) {
     );
 }
 
+/// A grant is written with its TTL, renewed by a second grant, and read back
+/// as it was written (the credential sealer reads it with `GET`).
+pub async fn credentials_grants_carry_a_ttl(target: &dyn BusTarget) {
+    let bus = target.bus();
+    let user = unique_name("u");
+    let key = keys::credentials_grant(&user);
+    assert_eq!(bus.get(&key).await.expect("get"), None);
+    bus.grant_credentials(&user, r#"{"reason":"claim"}"#, Duration::from_secs(5))
+        .await
+        .expect("grant");
+    let ttl = bus.ttl_ms(&key).await.expect("pttl").expect("a TTL");
+    assert!((1..=5_000).contains(&ttl), "{ttl}");
+    bus.grant_credentials(&user, r#"{"reason":"reload"}"#, Duration::from_secs(60))
+        .await
+        .expect("grant again");
+    let ttl = bus.ttl_ms(&key).await.expect("pttl").expect("a TTL");
+    assert!(ttl > 5_000, "the second grant renews the TTL: {ttl}");
+    assert_eq!(
+        bus.get(&key).await.expect("get").as_deref(),
+        Some(r#"{"reason":"reload"}"#)
+    );
+}
+
 /// Deletes count the keys that existed.
 pub async fn delete_keys_counts_existing_keys(target: &dyn BusTarget) {
     let bus = target.bus();
@@ -2228,6 +2251,7 @@ macro_rules! pool_bus_conformance_suite {
             scan_matches_patterns,
             list_len_counts_queued_messages,
             credentials_and_report_round_trip,
+            credentials_grants_carry_a_ttl,
             delete_keys_counts_existing_keys,
             marks_are_deleted_only_if_unchanged,
         );
