@@ -95,9 +95,12 @@ ROLES = {
         {"dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem",
          "dynamodb:Scan", "dynamodb:UpdateItem"},
     ),
-    # The broker worker unwraps its user's data key (KMS Decrypt); its sidecar
-    # runs without the observer and with CLOUDWATCH_MODE=emf.
-    "leasehold-broker-worker-task": (["broker-worker-task-policy.json"], {"kms:Decrypt"}),
+    # The broker worker calls no AWS API: it gets its user's credentials sealed
+    # to its own key by the credential sealer, and its policy only denies KMS
+    # (its sidecar runs without the observer and with CLOUDWATCH_MODE=emf).
+    "leasehold-broker-worker-task": (["broker-worker-task-policy.json"], set()),
+    # The credential sealer unwraps data keys (KMS Decrypt with a user_id context).
+    "leasehold-credential-sealer-task": (["credential-sealer-task-policy.json"], {"kms:Decrypt"}),
     "leasehold-dashboard-task": (
         ["dashboard-task-policy.json"], {"dynamodb:GetItem", "dynamodb:Scan"}),
     "leasehold-pool-manager-task": (
@@ -106,6 +109,23 @@ ROLES = {
         ["maintenance-task-policy.json"], {"ecs:ListTasks", "ecs:DescribeTasks", "ecs:StopTask"}),
 }
 EXECUTION_ROLE = "leasehold-task-execution"
+# Every broker worker task (and its sidecar) shares this role: it may allow no
+# KMS action at all, and keeps an explicit Deny of kms:* so that a policy
+# attached to it later cannot give it one.
+BROKER_ROLE = "leasehold-broker-worker-task"
+# The one decrypting component: its role allows exactly these actions.
+SEALER_ROLE = "leasehold-credential-sealer-task"
+SEALER_ACTIONS = {"kms:Decrypt"}
+# The credentials key, the only KMS resource any policy may name.
+KMS_KEY_RESOURCE = "${CREDENTIALS_KMS_KEY_ARN}"
+# KMS actions that take an encryption context: each grant must require the
+# user_id context to be present and to be the only context key.
+KMS_CONTEXT_ACTIONS = {"kms:decrypt", "kms:encrypt", "kms:generatedatakey",
+                       "kms:generatedatakeywithoutplaintext", "kms:reencryptfrom", "kms:reencryptto"}
+KMS_CONTEXT_CONDITION = {
+    "ForAllValues:StringEquals": {"kms:EncryptionContextKeys": ["user_id"]},
+    "Null": {"kms:EncryptionContext:user_id": "false"},
+}
 OTHER_POLICIES = {
     "task-execution-policy.json",  # EXECUTION_ROLE
     "ecs-tasks-trust-policy.json",  # trust policy of every role above
@@ -423,6 +443,77 @@ def statements(policy: dict) -> list[dict]:
     return as_list(policy.get("Statement", []))
 
 
+def glob_reaches(pattern: str, prefix: str, brackets: bool = False) -> bool:
+    """Whether some string starting with `prefix` matches the glob `pattern`.
+
+    `*` and `?` (IAM actions, and Redis), plus with `brackets` Redis's `[...]`
+    classes (`^` negation, `a-z` ranges) and `\\` escapes. Exact, not a guess
+    from a list of names: `~cred*`, `~c?edentials:*`, `~[c]redentials:x` and
+    `~credentials:alice` all reach `credentials:`; `~credit:*` does not.
+    """
+    i, n = 0, len(pattern)
+    for ch in prefix:
+        if i >= n:
+            return False
+        p = pattern[i]
+        if p == "*":
+            return True
+        if p == "?":
+            i += 1
+        elif brackets and p == "\\" and i + 1 < n:
+            if pattern[i + 1] != ch:
+                return False
+            i += 2
+        elif brackets and p == "[":
+            j, negate, hit = i + 1, False, False
+            if j < n and pattern[j] == "^":
+                negate, j = True, j + 1
+            while j < n and pattern[j] != "]":
+                if pattern[j] == "\\" and j + 1 < n:
+                    hit |= pattern[j + 1] == ch
+                    j += 2
+                elif j + 2 < n and pattern[j + 1] == "-":
+                    low, high = sorted((pattern[j], pattern[j + 2]))
+                    hit |= low <= ch <= high
+                    j += 3
+                else:
+                    hit |= pattern[j] == ch
+                    j += 1
+            if hit == negate:
+                return False
+            i = j + 1
+        elif p != ch:
+            return False
+        else:
+            i += 1
+    return True
+
+
+def allows_any(statement: dict, service: str) -> list[str]:
+    """The patterns by which an Allow statement allows some action of `service`
+    (`kms:Decrypt`, `kms:*`, `*`, `k?s:De*` ..., or a NotAction that leaves one open)."""
+    if statement.get("Effect") != "Allow":
+        return []
+    prefix = f"{service}:"
+    reached = [a for a in as_list(statement.get("Action", []))
+               if isinstance(a, str) and glob_reaches(a.lower(), prefix)]
+    if "NotAction" in statement:
+        # Allow + NotAction allows every action the list does not exclude: the
+        # service stays open unless one entry covers all of it (`*`, `kms:*`, `k*`).
+        excluded = as_list(statement["NotAction"])
+        if not any(isinstance(a, str) and a.endswith("*") and "*" not in a[:-1] and "?" not in a
+                   and prefix.startswith(a[:-1].lower()) for a in excluded):
+            reached.append(f"NotAction {excluded}")
+    return reached
+
+
+def denies_all(statement: dict, service: str) -> bool:
+    """An unconditional Deny of every action of `service` on every resource."""
+    return (statement.get("Effect") == "Deny" and not statement.get("Condition")
+            and "*" in as_list(statement.get("Resource", []))
+            and any(a.lower() in ("*", f"{service}:*") for a in as_list(statement.get("Action", []))))
+
+
 def check_policy(path: str, policy: dict, code: Code, errors: list[str]):
     def err(msg: str):
         errors.append(f"{path}: {msg}")
@@ -461,6 +552,17 @@ def check_policy(path: str, policy: dict, code: Code, errors: list[str]):
             err(f"{where}: Resource '*' needs a Condition that narrows it")
         if "iam:PassRole" in actions and "iam:PassedToService" not in json.dumps(st.get("Condition", {})):
             err(f"{where}: iam:PassRole needs an iam:PassedToService condition")
+        if any(a.lower().startswith("kms:") for a in actions):
+            if resources != [KMS_KEY_RESOURCE]:
+                err(f"{where}: KMS resource must be {KMS_KEY_RESOURCE} only (got {resources})")
+            condition = st.get("Condition") or {}
+            for action in (a for a in actions if a.lower() in KMS_CONTEXT_ACTIONS):
+                for operator, pairs in KMS_CONTEXT_CONDITION.items():
+                    for key, value in pairs.items():
+                        if (condition.get(operator) or {}).get(key) != value:
+                            err(f"{where}: {action} without the encryption-context condition "
+                                f"{operator} {key} = {value!r} (the user_id context must be present "
+                                "and the only key)")
 
 
 def check_roles(policies: dict[str, dict], errors: list[str]):
@@ -477,6 +579,20 @@ def check_roles(policies: dict[str, dict], errors: list[str]):
                     granted |= set(as_list(st.get("Action", [])))
         for action in sorted(needed - granted):
             errors.append(f"role {role}: its code calls {action} but no policy of the role allows it")
+        if role == BROKER_ROLE:
+            role_statements = [(f, st) for f in files if f in policies for st in statements(policies[f])]
+            for f, st in role_statements:
+                for how in allows_any(st, "kms"):
+                    errors.append(f"role {role}: deploy/iam/{f} statement {st.get('Sid') or '?'} allows a KMS "
+                                  f"action ({how}): a broker worker must hold no decrypt capability; "
+                                  "only the credential sealer decrypts")
+            if not any(denies_all(st, "kms") for _, st in role_statements):
+                errors.append(f"role {role}: no unconditional Deny of kms:* on Resource '*' (it keeps any "
+                              "policy attached to the role later from giving broker workers KMS)")
+        if role == SEALER_ROLE:
+            for action in sorted(granted - SEALER_ACTIONS):
+                errors.append(f"role {role}: allows {action}; the credential sealer needs "
+                              f"{', '.join(sorted(SEALER_ACTIONS))} only")
     for f in sorted(set(policies) - used):
         errors.append(f"deploy/iam/{f}: no role carries this policy (scripts/check_task_definitions.py ROLES)")
 
@@ -554,6 +670,11 @@ def self_test(code: Code) -> int:
     stream = "deploy/task-definitions/stream-worker.json"
     broker = "deploy/task-definitions/broker-worker.json"
     observer = "deploy/iam/sidecar-observer-policy.json"
+    broker_policy = "deploy/iam/broker-worker-task-policy.json"
+    sealer_policy = "deploy/iam/credential-sealer-task-policy.json"
+    # The broker worker's policy before the credential sealer: any user's context.
+    unpinned_decrypt = {"Sid": "Unpinned", "Effect": "Allow", "Action": ["kms:Decrypt"],
+                        "Resource": ["${CREDENTIALS_KMS_KEY_ARN}"]}
 
     def container(docs, path, name):
         return next(c for c in docs[path]["containerDefinitions"] if c["name"] == name)
@@ -612,6 +733,20 @@ def self_test(code: Code) -> int:
         ("unconditioned wildcard resource", lambda t, p: p["deploy/iam/maintenance-task-policy.json"]["Statement"][0]
          .pop("Condition"), "needs a Condition"),
         ("unknown placeholder", lambda t, p: t[stream].update(family="${FAMILY}"), "unknown placeholder"),
+        ("broker worker allowed an unpinned kms:Decrypt", lambda t, p: p[broker_policy]["Statement"].append(
+            unpinned_decrypt), "allows a KMS action (kms:Decrypt)"),
+        ("broker worker allowed KMS through NotAction", lambda t, p: p[broker_policy]["Statement"].append(
+            {"Effect": "Allow", "NotAction": ["s3:*"], "Resource": "*"}), "allows a KMS action (NotAction"),
+        ("broker worker loses its Deny of kms:*", lambda t, p: p[broker_policy]["Statement"][0].update(
+            Action="kms:Decrypt"), "no unconditional Deny of kms:*"),
+        ("sealer Decrypt without the encryption context", lambda t, p: p[sealer_policy]["Statement"][0]
+         .pop("Condition"), "kms:Decrypt without the encryption-context condition"),
+        ("sealer Decrypt without the Null condition", lambda t, p: p[sealer_policy]["Statement"][0]["Condition"]
+         .pop("Null"), "Null kms:EncryptionContext:user_id"),
+        ("sealer Decrypt on every key", lambda t, p: p[sealer_policy]["Statement"][0].update(Resource="*"),
+         "KMS resource must be ${CREDENTIALS_KMS_KEY_ARN} only"),
+        ("sealer allowed more than Decrypt", lambda t, p: p[sealer_policy]["Statement"][0].update(
+            Action=["kms:Decrypt", "kms:GenerateDataKey"]), "the credential sealer needs kms:Decrypt only"),
         ("launcher overrides the wrong container", lambda t, p: env(
             container(t, "deploy/task-definitions/pool-manager.json", "pool-manager"), "ECS_CONTAINER_NAME", "worker"),
          "is not the container running broker-worker"),
