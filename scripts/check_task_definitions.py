@@ -118,6 +118,10 @@ SEALER_ROLE = "leasehold-credential-sealer-task"
 SEALER_ACTIONS = {"kms:Decrypt"}
 # The credentials key, the only KMS resource any policy may name.
 KMS_KEY_RESOURCE = "${CREDENTIALS_KMS_KEY_ARN}"
+# Redis users (deploy/redis-acl.conf) that may read / write credentials:* keys.
+# Every other user, broker-worker above all, must reach none by any key pattern.
+CREDENTIAL_READERS = {"admin", "api", "maintenance", "credential-sealer"}
+CREDENTIAL_WRITERS = {"admin", "api"}
 # KMS actions that take an encryption context: each grant must require the
 # user_id context to be present and to be the only context key.
 KMS_CONTEXT_ACTIONS = {"kms:decrypt", "kms:encrypt", "kms:generatedatakey",
@@ -608,6 +612,75 @@ def check_placeholders(texts: dict[str, str], readme: str | None, errors: list[s
                 errors.append(f"deploy/README.md: placeholder ${{{name}}} is not explained")
 
 
+def acl_users(acl: str) -> dict[str, list[str]]:
+    """`user NAME rule rule ...` lines -> {NAME: [rule, ...]}; a `( ... )`
+    selector stays one rule. Several lines for one user add up, as ACL SETUSER does."""
+    users: dict[str, list[str]] = {}
+    for line in acl.splitlines():
+        tokens = re.findall(r"\([^)]*\)|\S+", line.split("#", 1)[0] if line.lstrip().startswith("#") else line)
+        if len(tokens) >= 2 and tokens[0] == "user":
+            users.setdefault(tokens[1], []).extend(tokens[2:])
+    return users
+
+
+def acl_key_patterns(rules: list[str]) -> list[tuple[str, str, str]]:
+    """The key patterns a user ends up with: (permissions "R"/"W"/"RW", pattern, rule).
+
+    Applied in order like Redis: `reset` / `resetkeys` drop the patterns before
+    them (`resetkeys` inside a selector only that selector's), `clearselectors`
+    the selectors; `allkeys` is `~*`; `~p` reads and writes; `%R~p`, `%W~p`,
+    `%RW~p` as written; a selector `( ... )` adds its own patterns.
+    """
+    def flat(tokens: list[str]) -> list[tuple[str, str, str]]:
+        found = []
+        for rule in tokens:
+            if rule in ("reset", "resetkeys"):
+                found = []
+            elif rule == "allkeys":
+                found.append(("RW", "*", rule))
+            elif rule.startswith("~"):
+                found.append(("RW", rule[1:], rule))
+            elif m := re.fullmatch(r"%([RWrw]+)~(.*)", rule):
+                found.append(("".join(sorted(set(m.group(1).upper()))), m.group(2), rule))
+        return found
+
+    root: list[str] = []
+    selectors: list[list[tuple[str, str, str]]] = []
+    for rule in rules:
+        if rule == "reset":
+            root, selectors = [], []
+        elif rule == "clearselectors":
+            selectors = []
+        elif rule.startswith("(") and rule.endswith(")"):
+            selectors.append(flat(rule[1:-1].split()))
+        else:
+            root.append(rule)
+    return flat(root) + [pattern for selector in selectors for pattern in selector]
+
+
+def check_redis_acl(acl: str, errors: list[str]):
+    """Only the credential sealer (and the API / maintenance, which hand blobs on)
+    may read credentials:*; above all a broker worker, whose process the issue
+    assumes compromised, reaches no credentials key by any pattern."""
+    users = acl_users(acl)
+    for needed in ("broker-worker", "credential-sealer"):
+        if needed not in users:
+            errors.append(f"deploy/redis-acl.conf: no `user {needed}` line")
+    for name, rules in users.items():
+        for perms, pattern, rule in acl_key_patterns(rules):
+            if not glob_reaches(pattern, "credentials:", brackets=True):
+                continue
+            if "R" in perms and name not in CREDENTIAL_READERS:
+                errors.append(f"deploy/redis-acl.conf: user {name} can read credentials:* keys ({rule!r}); "
+                              f"only {', '.join(sorted(CREDENTIAL_READERS))} may")
+            if "W" in perms and name not in CREDENTIAL_WRITERS:
+                errors.append(f"deploy/redis-acl.conf: user {name} can write credentials:* keys ({rule!r}); "
+                              f"only {', '.join(sorted(CREDENTIAL_WRITERS))} may")
+    for perms, pattern, rule in acl_key_patterns(users.get("credential-sealer", [])):
+        if "W" in perms:
+            errors.append(f"deploy/redis-acl.conf: user credential-sealer may write {rule!r}; it only reads")
+
+
 def check_lease_table(text: str, errors: list[str]):
     code_lines = [line.split("#", 1)[0] for line in text.splitlines()]
     if any("TimeToLiveSpecification" in line for line in code_lines):
@@ -632,7 +705,7 @@ def load(directory: Path, errors: list[str]) -> dict[str, dict]:
     return docs
 
 
-def check_all(task_defs: dict[str, dict], policies: dict[str, dict], lease_table: str,
+def check_all(task_defs: dict[str, dict], policies: dict[str, dict], lease_table: str, acl: str,
               readme: str | None, code: Code) -> tuple[list[str], set[str]]:
     errors: list[str] = []
     notes: set[str] = set()
@@ -648,6 +721,7 @@ def check_all(task_defs: dict[str, dict], policies: dict[str, dict], lease_table
     texts = {p: json.dumps(d) for p, d in {**task_defs, **policies}.items()}
     check_placeholders(texts, readme, errors)
     check_lease_table(lease_table, errors)
+    check_redis_acl(acl, errors)
     return errors, notes
 
 
@@ -656,14 +730,15 @@ def inputs():
     task_defs = load(TASK_DEFINITIONS, errors)
     policies = load(IAM, errors)
     lease_table = (DEPLOY / "lease-table.yaml").read_text()
+    acl = (DEPLOY / "redis-acl.conf").read_text()
     readme_path = DEPLOY / "README.md"
     readme = readme_path.read_text() if readme_path.exists() else None
-    return errors, task_defs, policies, lease_table, readme
+    return errors, task_defs, policies, lease_table, acl, readme
 
 
 def self_test(code: Code) -> int:
     """Breaks one thing at a time in a copy of the real files; each must be caught."""
-    load_errors, task_defs, policies, lease_table, readme = inputs()
+    load_errors, task_defs, policies, lease_table, acl, readme = inputs()
     if load_errors:
         print("\n".join(load_errors))
         return 1
@@ -764,19 +839,54 @@ def self_test(code: Code) -> int:
     for title, breaks, expected in cases:
         t, p = copy.deepcopy(task_defs), copy.deepcopy(policies)
         breaks(t, p)
-        errors, _ = check_all(t, p, lease_table, readme, code)
+        errors, _ = check_all(t, p, lease_table, acl, readme, code)
         if not any(expected in e for e in errors):
             failed += 1
             print(f"self-test FAILED: {title}: no error containing {expected!r}; got {errors}")
-    errors, _ = check_all(task_defs, policies, lease_table.replace("Tags:", "TimeToLiveSpecification:\n        Enabled: true\n      Tags:"), readme, code)
+    errors, _ = check_all(task_defs, policies, lease_table.replace("Tags:", "TimeToLiveSpecification:\n        Enabled: true\n      Tags:"), acl, readme, code)
     if not any("TTL must not be enabled" in e for e in errors):
         failed += 1
         print("self-test FAILED: TTL on the lease table was not caught")
-    errors, _ = check_all(task_defs, policies, lease_table, readme, code)
+    # The Redis ACL: each rule added to a copy of a user's line, one at a time.
+    # None = the copy must still pass (the rule is undone or harmless).
+    acl_cases = [
+        ("broker-worker", "%R~credentials:*", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "~credentials:*", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "%RW~credentials:*", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "~*", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "allkeys", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "~cred*", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "%R~credentials:alice", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "%R~[a-c]redentials:?*", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "(%R~credentials:* +get)", "user broker-worker can read credentials:* keys"),
+        ("broker-worker", "%W~credentials:*", "user broker-worker can write credentials:* keys"),
+        ("dashboard", "%R~credentials:*", "user dashboard can read credentials:* keys"),
+        ("credential-sealer", "%W~pool:grant:*", "user credential-sealer may write"),
+        ("broker-worker", "~credentials:* resetkeys ~worker:active:*", None),
+        ("broker-worker", "(~credentials:* +get) clearselectors", None),
+        ("broker-worker", "%R~credit:* %R~[^c]redentials:*", None),
+    ]
+    for user, rule, expected in acl_cases:
+        broken = re.sub(rf"^(user {re.escape(user)} .*)$", lambda m: f"{m.group(1)} {rule}", acl, count=1, flags=re.M)
+        assert broken != acl, user
+        errors, _ = check_all(task_defs, policies, lease_table, broken, readme, code)
+        if expected is None and errors:
+            failed += 1
+            print(f"self-test FAILED: {user} + {rule!r} must pass; got {errors}")
+        elif expected is not None and not any(expected in e for e in errors):
+            failed += 1
+            print(f"self-test FAILED: {user} + {rule!r}: no error containing {expected!r}; got {errors}")
+    # A Redis ACL file's `reset` undoes every rule before it.
+    broken = re.sub(r"^user broker-worker on ", "user broker-worker on ~* reset on ", acl, flags=re.M)
+    if check_all(task_defs, policies, lease_table, broken, readme, code)[0]:
+        failed += 1
+        print("self-test FAILED: `~* reset` on broker-worker was reported, though reset removes ~*")
+    errors, _ = check_all(task_defs, policies, lease_table, acl, readme, code)
     if errors:
         failed += 1
         print("self-test FAILED: the unbroken files do not pass:\n  " + "\n  ".join(errors))
-    print(f"self-test: {len(cases) + 1 - failed} of {len(cases) + 1} broken copies caught" +
+    total = len(cases) + len(acl_cases) + 2
+    print(f"self-test: {total - failed} of {total} broken copies caught or rightly passed" +
           ("" if not failed else f", {failed} FAILED"))
     return 1 if failed else 0
 
@@ -809,8 +919,8 @@ def main(argv: list[str]) -> int:
     code = Code()
     if "--self-test" in argv:
         return self_test(code)
-    load_errors, task_defs, policies, lease_table, readme = inputs()
-    errors, notes = check_all(task_defs, policies, lease_table, readme, code)
+    load_errors, task_defs, policies, lease_table, acl, readme = inputs()
+    errors, notes = check_all(task_defs, policies, lease_table, acl, readme, code)
     errors = load_errors + errors
     for note in sorted(notes):
         print(f"note: {note}")

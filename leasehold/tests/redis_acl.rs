@@ -60,6 +60,7 @@ impl AclRedis {
             "api",
             "stream-worker",
             "broker-worker",
+            "credential-sealer",
             "pool-manager",
             "maintenance",
             "sidecar",
@@ -296,11 +297,27 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         Some(r#"{"api_key": "k", "account_id": "A1"}"#),
     ));
 
+    // The credential sealer under its user: the one process with the key.
+    let sealer_port = free_port();
+    let sealer_listen = format!("127.0.0.1:{sealer_port}");
+    let sealer = spawn_leasehold(
+        "credential-sealer",
+        &["credential-sealer"],
+        &envs(&[
+            ("REDIS_URL", &redis.url("credential-sealer")),
+            ("CREDENTIALS_KEY", &key),
+            ("SEALER_LISTEN", &sealer_listen),
+            ("LEASEHOLD_LOG", "debug"),
+        ]),
+    );
+    sealer.wait_line("credential sealer listening", Duration::from_secs(15));
+
     // A pool worker under the broker-worker user (as the pool manager's
-    // launcher would start it: same group, USER_ID=-1).
+    // launcher would start it: same group, USER_ID=-1), without a key: its
+    // credentials come sealed from the sealer.
     let worker_env = envs(&[
         ("REDIS_URL", &redis.url("broker-worker")),
-        ("CREDENTIALS_KEY", &key),
+        ("CREDENTIALS_SEALER_URL", &format!("http://{sealer_listen}")),
         ("POOL_GROUP", &group),
         ("USER_ID", keys::POOL_USER_ID),
         (leasehold_broker::launcher::LOCAL_GROUP_VAR, &group),
@@ -609,6 +626,12 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     let mark: Option<String> = redis.admin.get(keys::worker_active(&user)).await.unwrap();
     assert_eq!(mark, None, "the worker left its mark");
     outputs.push(worker.output());
+    let sealer_output = sealer.output();
+    assert!(
+        sealer_output.contains("credentials sealed to the user's worker"),
+        "the worker did not get its credentials from the sealer:\n{sealer_output}"
+    );
+    outputs.push(sealer_output);
 
     let denials = redis.denials().await;
     assert!(
@@ -696,12 +719,36 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         &["LPUSH", &keys::user_requests(&user), "x"],
     )
     .await;
-    // The broker worker reads credentials but cannot write them, nor the sink
-    // or the sweep report.
+    // The broker worker can neither read nor write credentials, nor grant
+    // them to itself, nor write the sink or the sweep report.
     let broker_as_bus = RedisPoolBus::connect(&redis.url("broker-worker"))
         .await
         .unwrap();
-    assert!(broker_as_bus.credentials(&user).await.unwrap().is_some());
+    assert_refused(
+        "broker-worker reads credentials",
+        broker_as_bus.credentials(&user).await,
+    );
+    refused(&redis, "broker-worker", &["GET", &keys::credentials(&user)]).await;
+    assert_refused(
+        "broker-worker grants credentials",
+        broker_as_bus
+            .grant_credentials(&user, "{}", Duration::from_secs(60))
+            .await,
+    );
+    // The sealer reads and writes nothing else: no credentials, grants,
+    // marks, claims or queues.
+    for args in [
+        vec!["SET", &keys::credentials(&user), "x"],
+        vec!["SET", &keys::credentials_grant(&user), "x"],
+        vec!["DEL", &keys::credentials_grant(&user)],
+        vec!["SET", &keys::worker_active(&user), "x"],
+        vec!["LPUSH", keys::POOL_CLAIMS, "x"],
+        vec!["LRANGE", &keys::user_requests(&user), "0", "-1"],
+        vec!["GET", &keys::response(&request_id)],
+        vec!["SCAN", "0"],
+    ] {
+        refused(&redis, "credential-sealer", &args).await;
+    }
     assert_refused(
         "broker-worker writes credentials",
         broker_as_bus.put_credentials(&user, "x").await,
