@@ -617,7 +617,9 @@ def acl_users(acl: str) -> dict[str, list[str]]:
     selector stays one rule. Several lines for one user add up, as ACL SETUSER does."""
     users: dict[str, list[str]] = {}
     for line in acl.splitlines():
-        tokens = re.findall(r"\([^)]*\)|\S+", line.split("#", 1)[0] if line.lstrip().startswith("#") else line)
+        if line.lstrip().startswith("#"):
+            continue
+        tokens = re.findall(r"\([^)]*\)|\S+", line)
         if len(tokens) >= 2 and tokens[0] == "user":
             users.setdefault(tokens[1], []).extend(tokens[2:])
     return users
