@@ -62,7 +62,8 @@ PLACEHOLDERS = {
     "CREDENTIALS_KMS_KEY_ARN", "SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN",
     "REDIS_URL_BROKER_WORKER_SECRET_ARN", "REDIS_URL_POOL_MANAGER_SECRET_ARN",
     "REDIS_URL_MAINTENANCE_SECRET_ARN", "REDIS_URL_SIDECAR_SECRET_ARN",
-    "REDIS_URL_DASHBOARD_SECRET_ARN",
+    "REDIS_URL_DASHBOARD_SECRET_ARN", "REDIS_URL_CREDENTIAL_SEALER_SECRET_ARN",
+    "CREDENTIALS_SEALER_HOST",
 }
 
 # Each subcommand connects to Redis as its own ACL user (deploy/redis-acl.conf):
@@ -73,6 +74,7 @@ REDIS_URL_SECRET = {
     "maintenance": "REDIS_URL_MAINTENANCE_SECRET_ARN",
     "sidecar": "REDIS_URL_SIDECAR_SECRET_ARN",
     "dashboard": "REDIS_URL_DASHBOARD_SECRET_ARN",
+    "credential-sealer": "REDIS_URL_CREDENTIAL_SEALER_SECRET_ARN",
 }
 
 # Stand-ins for the placeholders where a concrete value is needed (cfn-lint).
@@ -82,6 +84,7 @@ SAMPLES = {
     "TABLE": "websocket-leases", "CLUSTER": "leasehold", "BROKER_CLUSTER": "leasehold-broker",
     "SUBNETS": "subnet-0a1b2c3d", "SECURITY_GROUPS": "sg-0a1b2c3d",
     "UPSTREAM_WS_URL": "wss://feed.example.com/{stream_id}",
+    "CREDENTIALS_SEALER_HOST": "credential-sealer.leasehold.internal",
     "CREDENTIALS_KMS_KEY_ARN": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     **{name: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:leasehold/{name.lower()}-AbCdEf"
        for name in ("SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN", *REDIS_URL_SECRET.values())},
@@ -143,6 +146,9 @@ STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken"}
 SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET", re.I)
 # Names that match SECRET_NAME but hold no secret.
 NOT_SECRET = {"CREDENTIALS_KMS_KEY_ID", "CREDENTIALS_ALLOW_LOCAL_KEY"}
+# What opens credentials blobs: only the credential sealer's container gets any.
+CREDENTIALS_KEY_VARS = {"CREDENTIALS_KMS_KEY_ID", "CREDENTIALS_KEY", "CREDENTIALS_KEY_FILE",
+                        "CREDENTIALS_ALLOW_LOCAL_KEY"}
 URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]+@")
 AWS_ACCESS_KEY = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
 FARGATE_SIZES = {  # cpu units -> allowed task memory (MiB)
@@ -360,15 +366,49 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
             if listen_port(effective("TELEMETRY_ADDR"))[1] in ports:
                 cerr("TELEMETRY_ADDR's port must not be published")
 
-        # Broker worker: KMS envelope blobs in production; a local key is refused
-        # on ECS unless explicitly allowed (docs/configuration.md).
+        # Broker worker: no key of any kind; its user's credentials come sealed
+        # to its own key from the credential sealer (docs/configuration.md).
         if sub == "broker-worker":
+            url = env.get("CREDENTIALS_SEALER_URL", "")
+            if not re.fullmatch(r"https?://[^/:@\s]+:\d+/?", url):
+                cerr(f"CREDENTIALS_SEALER_URL must be set to http://HOST:PORT of the credential sealer "
+                     f"(got {url!r}): without it a worker on ECS would need a key to decrypt with")
+            for var in sorted(CREDENTIALS_KEY_VARS & set(listed)):
+                cerr(f"{var}: the broker worker holds no credentials key at all (only the credential "
+                     "sealer decrypts)")
+            if role != BROKER_ROLE:
+                err(f"runs broker-worker, so its taskRoleArn must be the {BROKER_ROLE} role (the one the "
+                    f"check keeps free of KMS), not {role!r}")
+
+        # Credential sealer: KMS envelope blobs in production (a local key is
+        # refused on ECS unless explicitly allowed), reachable by the broker
+        # tasks, alone in its task: every container of a task holds its role.
+        if sub == "credential-sealer":
             if not env.get("CREDENTIALS_KMS_KEY_ID"):
                 cerr("CREDENTIALS_KMS_KEY_ID must be set (KMS envelope blobs in production)")
             local = {"CREDENTIALS_KEY", "CREDENTIALS_KEY_FILE"} & set(listed)
             if local and env.get("CREDENTIALS_ALLOW_LOCAL_KEY") != "true":
                 cerr(f"{', '.join(sorted(local))}: a local key is refused on ECS unless "
                      "CREDENTIALS_ALLOW_LOCAL_KEY=true")
+            if c.get("essential") is not True:
+                cerr("the credential sealer must be essential: the task exists to run it")
+            host, port = listen_port(effective("SEALER_LISTEN"))
+            if host.startswith("127.") or host == "localhost":
+                cerr("SEALER_LISTEN is loopback: broker workers in other tasks could not reach it")
+            check = " ".join(str(p) for p in (c.get("healthCheck") or {}).get("command", []))
+            if "/healthz" not in check or str(port) not in check:
+                cerr(f"healthCheck must request /healthz on the SEALER_LISTEN port {port}")
+            if port not in {p.get("containerPort") for p in c.get("portMappings", [])}:
+                cerr(f"portMappings lacks containerPort {port} (SEALER_LISTEN)")
+            for other in containers:
+                if other is not c:
+                    err(f"container {other.get('name')!r} shares the credential sealer's task, hence its "
+                        "role and kms:Decrypt (the task metadata endpoint serves the role to every "
+                        "container): the sealer runs alone")
+            if role != SEALER_ROLE:
+                err(f"runs credential-sealer, so its taskRoleArn must be the {SEALER_ROLE} role")
+        elif role == SEALER_ROLE:
+            cerr(f"runs {sub!r} with the {SEALER_ROLE} role: only the credential sealer gets kms:Decrypt")
 
         if sub == "dashboard":
             listen = env.get("DASHBOARD_LISTEN")
@@ -441,6 +481,28 @@ def check_launchers(task_defs: dict[str, dict], code: Code, errors: list[str]):
             errors.append(f"{path}: POOL_GROUP must be 1-36 characters (ECS startedBy)")
     if len(set(ttls.values())) > 1:
         errors.append(f"WORKER_MARK_TTL_SECONDS differs between the broker worker and maintenance: {ttls}")
+
+
+def check_sealer_link(task_defs: dict[str, dict], code: Code, errors: list[str]):
+    """Broker workers reach the sealer at the port it listens on."""
+    sealer_ports, urls = {}, {}
+    for path, td in task_defs.items():
+        for c in td.get("containerDefinitions", []):
+            env = {e.get("name"): e.get("value", "") for e in c.get("environment", [])}
+            sub = (c.get("command") or [None])[0]
+            if sub == "credential-sealer":
+                sealer_ports[path] = listen_port(env.get("SEALER_LISTEN") or code.default("SEALER_LISTEN"))[1]
+            if sub == "broker-worker" and env.get("CREDENTIALS_SEALER_URL"):
+                urls[path] = env["CREDENTIALS_SEALER_URL"]
+    if urls and not sealer_ports:
+        errors.append("no task definition runs credential-sealer, which the broker workers' "
+                      "CREDENTIALS_SEALER_URL points to")
+    for path, url in urls.items():
+        port = re.search(r":(\d+)/?$", url)
+        for sealer, sealer_port in sealer_ports.items():
+            if not port or int(port.group(1)) != sealer_port:
+                errors.append(f"{path}: CREDENTIALS_SEALER_URL {url} differs from the sealer's SEALER_LISTEN "
+                              f"port {sealer_port} ({sealer})")
 
 
 def statements(policy: dict) -> list[dict]:
@@ -717,6 +779,7 @@ def check_all(task_defs: dict[str, dict], policies: dict[str, dict], lease_table
         check_task_definition(path, td, code, errors, notes)
         check_ecs_api_shape(path, td, errors)
     check_launchers(task_defs, code, errors)
+    check_sealer_link(task_defs, code, errors)
     for path, policy in policies.items():
         check_policy(path, policy, code, errors)
     check_roles({Path(p).name: d for p, d in policies.items()}, errors)
@@ -748,6 +811,7 @@ def self_test(code: Code) -> int:
     broker = "deploy/task-definitions/broker-worker.json"
     observer = "deploy/iam/sidecar-observer-policy.json"
     broker_policy = "deploy/iam/broker-worker-task-policy.json"
+    sealer = "deploy/task-definitions/credential-sealer.json"
     sealer_policy = "deploy/iam/credential-sealer-task-policy.json"
     # The broker worker's policy before the credential sealer: any user's context.
     unpinned_decrypt = {"Sid": "Unpinned", "Effect": "Allow", "Action": ["kms:Decrypt"],
@@ -781,13 +845,41 @@ def self_test(code: Code) -> int:
         ("another role's Redis user", lambda t, p: container(t, stream, "sidecar")["secrets"].__setitem__(
             0, {"name": "REDIS_URL", "valueFrom": "${REDIS_URL_BROKER_WORKER_SECRET_ARN}"}),
          "each role connects as its own Redis user"),
-        ("local key on ECS", lambda t, p: container(t, broker, "broker-worker")["secrets"].append(
+        ("local key on ECS", lambda t, p: container(t, sealer, "credential-sealer")["secrets"].append(
             {"name": "CREDENTIALS_KEY", "valueFrom": "${SINK_URL_SECRET_ARN}"}),
          "a local key is refused on ECS"),
-        ("broker worker without a KMS key", lambda t, p: container(t, broker, "broker-worker").update(
-            environment=[e for e in container(t, broker, "broker-worker")["environment"]
+        ("sealer without a KMS key", lambda t, p: container(t, sealer, "credential-sealer").update(
+            environment=[e for e in container(t, sealer, "credential-sealer")["environment"]
                          if e["name"] != "CREDENTIALS_KMS_KEY_ID"]),
          "CREDENTIALS_KMS_KEY_ID must be set"),
+        ("broker worker given the KMS key back", lambda t, p: env(container(t, broker, "broker-worker"),
+                                                                  "CREDENTIALS_KMS_KEY_ID", "${CREDENTIALS_KMS_KEY_ARN}"),
+         "CREDENTIALS_KMS_KEY_ID: the broker worker holds no credentials key"),
+        ("broker worker given a local key", lambda t, p: container(t, broker, "broker-worker")["secrets"].append(
+            {"name": "CREDENTIALS_KEY", "valueFrom": "${SINK_URL_SECRET_ARN}"}),
+         "CREDENTIALS_KEY: the broker worker holds no credentials key"),
+        ("broker worker without a sealer URL", lambda t, p: container(t, broker, "broker-worker").update(
+            environment=[e for e in container(t, broker, "broker-worker")["environment"]
+                         if e["name"] != "CREDENTIALS_SEALER_URL"]),
+         "CREDENTIALS_SEALER_URL must be set"),
+        ("sealer URL on another port", lambda t, p: env(container(t, broker, "broker-worker"),
+                                                        "CREDENTIALS_SEALER_URL", "http://${CREDENTIALS_SEALER_HOST}:9481"),
+         "differs from the sealer's SEALER_LISTEN port 9480"),
+        ("broker task runs as the sealer's role", lambda t, p: t[broker].update(
+            taskRoleArn="arn:aws:iam::${ACCOUNT_ID}:role/leasehold-credential-sealer-task"),
+         "taskRoleArn must be the leasehold-broker-worker-task role"),
+        ("another task gets the sealer's role", lambda t, p: t["deploy/task-definitions/dashboard.json"].update(
+            taskRoleArn="arn:aws:iam::${ACCOUNT_ID}:role/leasehold-credential-sealer-task"),
+         "only the credential sealer gets kms:Decrypt"),
+        ("a sidecar in the sealer's task", lambda t, p: t[sealer]["containerDefinitions"].append(
+            copy.deepcopy(container(t, broker, "sidecar"))), "shares the credential sealer's task"),
+        ("sealer on loopback", lambda t, p: env(container(t, sealer, "credential-sealer"),
+                                                "SEALER_LISTEN", "127.0.0.1:9480"), "SEALER_LISTEN is loopback"),
+        ("sealer port not published", lambda t, p: container(t, sealer, "credential-sealer").update(portMappings=[]),
+         "portMappings lacks containerPort 9480"),
+        ("sealer health check elsewhere", lambda t, p: container(t, sealer, "credential-sealer").pop("healthCheck"),
+         "healthCheck must request /healthz on the SEALER_LISTEN port 9480"),
+        ("no sealer task", lambda t, p: t.pop(sealer), "no task definition runs credential-sealer"),
         ("password in a URL", lambda t, p: env(container(t, stream, "stream-worker"),
                                                "UPSTREAM_URL", "wss://u:hunter2@feed/x"),
          "holds a credential"),
