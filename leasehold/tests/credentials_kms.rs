@@ -1,7 +1,10 @@
-//! Credentials in KMS mode with real processes, moto's KMS API and the real
-//! `redis-server`: `credentials put` writes version 2 blobs, a broker worker
-//! cold-started for alice serves her requests, `credentials rotate` moves every
-//! blob to a new key while the worker keeps serving, and planted canary secrets
+//! Credentials in KMS mode with real processes, a private moto (KMS and IAM,
+//! with IAM enforcement on) and a real `redis-server` running the deployed ACL
+//! file: `credentials put` writes version 2 blobs, the credential sealer (its
+//! own Redis user, its own AWS identity) seals alice's credentials to her
+//! broker worker, which runs with its own environment, Redis user and AWS
+//! identity (the policies `deploy/iam` ships); `credentials rotate` moves every
+//! blob to a new key while the worker keeps serving; planted canary secrets
 //! appear in no process output.
 //!
 //! The same test inspects the running worker from outside:
@@ -10,15 +13,21 @@
 //!   files to root. The worker runs as an unprivileged uid (`nobody` when the
 //!   test runs as root, else the test's own uid), so `/proc/<pid>/environ` owned
 //!   by root while `/proc/<pid>/status` says the process runs as another uid is
-//!   the kernel's own record of `PR_SET_DUMPABLE 0` (a dumpable process's files
-//!   belong to its uid);
-//! - **what the worker holds cannot open bob's blob**: its environment (read
-//!   from `/proc/<pid>/environ`) has no local key, so the settings it runs with
-//!   build a keyring without one; with its KMS access and its user's
-//!   encryption context, bob's blob is refused by KMS; and its memory (every
-//!   anonymous mapping, read from `/proc/<pid>/mem` as root) contains neither
-//!   bob's secret nor bob's data key, while alice's secret is found there (the
-//!   scan's positive control).
+//!   the kernel's own record of `PR_SET_DUMPABLE 0`;
+//! - **everything the worker holds cannot open bob's credentials**: its
+//!   environment has no local key; its AWS identity may not `kms:Decrypt`
+//!   bob's data key even with bob's encryption context; its Redis user may not
+//!   `GET credentials:bob`; the sealer refuses it bob (no grant, and with one
+//!   it is not bob's worker); and its memory (every anonymous mapping) holds
+//!   neither bob's secret nor bob's data key, while alice's secret is found
+//!   there (the scan's positive control).
+//!
+//! moto checks a KMS action against the resource `*` only, evaluates no
+//! policy condition and names `ReEncrypt`'s permission after the API, so the
+//! shipped policies are applied with their resources widened to `*`, their
+//! conditions dropped and `kms:ReEncrypt` beside `kms:ReEncryptFrom`. For the worker that
+//! loses nothing: the old worker policy's condition only asked for *a*
+//! `user_id` context, which an attacker supplies (bob's).
 
 mod support;
 
@@ -28,17 +37,18 @@ use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use aws_credential_types::Credentials;
+use aws_credential_types::provider::SharedCredentialsProvider;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use leasehold_broker::credentials::{
-    CipherError, CredentialsCipher, KmsEnvelope, key_id_of, version_of,
-};
+use leasehold_broker::credentials::{key_id_of, version_of};
+use leasehold_broker::sealer::SEAL_PATH;
 use leasehold_platform::aws::{RetryPolicy, local_sdk_config};
-use leasehold_platform::settings::Env;
 use leasehold_pool::keys;
-use leasehold_testkit::{dynamodb_endpoint, redis_url, unique_name};
+use leasehold_testkit::{http_post_json, unique_name};
 use redis::AsyncCommands;
-use support::{run_leasehold, serial, spawn_command};
+use support::acl::{AclRedis, assert_refused, envs, refused, run_ok};
+use support::{free_port, private_moto, serial, spawn_command, spawn_leasehold};
 
 const CANARY_A: &str = "CANARY-alice-0b7d-never-print";
 const CANARY_B: &str = "CANARY-bob-93e1-never-print";
@@ -138,52 +148,149 @@ async fn round_trip(
     }
 }
 
+/// A deployed IAM policy's statements as moto can check them: resources `*`,
+/// conditions dropped (see the module doc). No file: no statements.
+fn shipped_policy(file: &str) -> Vec<serde_json::Value> {
+    let path = leasehold_testkit::repo_root().join("deploy/iam").join(file);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    let policy: serde_json::Value = serde_json::from_str(&text).unwrap();
+    policy["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|statement| {
+            let mut statement = statement.clone();
+            let object = statement.as_object_mut().unwrap();
+            object.remove("Condition");
+            object.insert("Resource".into(), serde_json::json!("*"));
+            // AWS authorises `ReEncrypt` as `kms:ReEncryptFrom` on the source
+            // key and `kms:ReEncryptTo` on the destination; moto checks the
+            // API's own name.
+            if let Some(actions) = object.get_mut("Action").and_then(|a| a.as_array_mut())
+                && actions.iter().any(|a| a == "kms:ReEncryptFrom")
+            {
+                actions.push(serde_json::json!("kms:ReEncrypt"));
+            }
+            statement
+        })
+        .collect()
+}
+
+/// IAM users with these statements on the private moto, which enforces IAM
+/// from then on; each user's access key and secret.
+fn iam_users(endpoint: &str, users: serde_json::Value) -> HashMap<String, (String, String)> {
+    let python = std::env::var(leasehold_testkit::PYTHON_VAR).unwrap_or_else(|_| "python3".into());
+    let mut child = Command::new(python)
+        .arg(leasehold_testkit::repo_root().join("scripts/moto_iam_users.py"))
+        .arg(endpoint)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(users.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let keys: HashMap<String, serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    keys.into_iter()
+        .map(|(name, key)| {
+            let field = |f: &str| key[f].as_str().unwrap().to_owned();
+            (name, (field("key"), field("secret")))
+        })
+        .collect()
+}
+
+/// A KMS client signing as this identity.
+fn kms_as(endpoint: &str, (key, secret): &(String, String)) -> aws_sdk_kms::Client {
+    let config = local_sdk_config(RetryPolicy::Standard, endpoint)
+        .to_builder()
+        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+            key, secret, None, None, "test",
+        )))
+        .build();
+    aws_sdk_kms::Client::new(&config)
+}
+
+/// The environment of a process signing as this identity.
+fn aws_env(endpoint: &str, (key, secret): &(String, String)) -> Vec<(String, String)> {
+    envs(&[
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", key),
+        ("AWS_SECRET_ACCESS_KEY", secret),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kms_mode_worker_is_hardened_serves_its_user_and_cannot_open_another_users_blob() {
+async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_opens_another_users_credentials()
+ {
     let _serial = serial().await;
-    let (Some(endpoint), Some(base)) = (dynamodb_endpoint(), redis_url()) else {
+    let Some(acl) = AclRedis::start().await else {
         return;
     };
-    let url = format!("{}/11", base.trim_end_matches('/'));
-    let mut redis = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let _: () = redis::cmd("FLUSHDB").query_async(&mut redis).await.unwrap();
-    let client = kms_client(&endpoint);
-    let old_key = create_key(&client).await;
-    let new_key = create_key(&client).await;
+    let (_moto, endpoint) = private_moto();
+    run_ok(
+        &["redis", "load-functions"],
+        &envs(&[("REDIS_URL", &acl.url("admin"))]),
+        None,
+    );
+    let mut redis = acl.admin.clone();
+    let setup = kms_client(&endpoint);
+    let old_key = create_key(&setup).await;
+    let new_key = create_key(&setup).await;
+    // Each process gets the AWS identity its task role would give it.
+    let identities = iam_users(
+        &endpoint,
+        serde_json::json!({
+            "broker-worker": shipped_policy("broker-worker-task-policy.json"),
+            "credential-sealer": shipped_policy("credential-sealer-task-policy.json"),
+            "operator": shipped_policy("credentials-operator-policy.json"),
+            "test": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+        }),
+    );
     let (alice, bob) = (unique_name("alice"), unique_name("bob"));
     let home = std::env::temp_dir().join(unique_name("home"));
     std::fs::create_dir_all(&home).unwrap();
-    let mut envs: Vec<(String, String)> = [
-        ("REDIS_URL", url.as_str()),
-        ("CREDENTIALS_KMS_KEY_ID", old_key.as_str()),
-        ("AWS_ENDPOINT_URL", endpoint.as_str()),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ACCESS_KEY_ID", "local"),
-        ("AWS_SECRET_ACCESS_KEY", "local"),
-        ("AWS_EC2_METADATA_DISABLED", "true"),
+    let common = envs(&[
         ("HOME", home.to_str().unwrap()),
         ("WORKER_HEARTBEAT_MS", "300"),
         ("WORKER_MARK_TTL_SECONDS", "5"),
         ("LEASEHOLD_LOG", "debug"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    ]);
+    let with = |parts: &[Vec<(String, String)>]| -> Vec<(String, String)> {
+        parts.iter().flatten().cloned().collect()
+    };
+    let mut operator_env = with(&[
+        common.clone(),
+        aws_env(&endpoint, &identities["operator"]),
+        envs(&[
+            ("REDIS_URL", &acl.url("api")),
+            ("CREDENTIALS_KMS_KEY_ID", &old_key),
+        ]),
+    ]);
     let mut output = Vec::new();
     let mut run = |args: &[&str], envs: &[(String, String)], stdin: Option<&str>| {
-        let (status, text) = run_leasehold(args, envs, stdin);
-        assert!(status.success(), "leasehold {args:?}: {status}\n{text}");
+        let text = run_ok(args, envs, stdin);
         output.push(text.clone());
         text
     };
     for (user, canary) in [(&alice, CANARY_A), (&bob, CANARY_B)] {
         let text = run(
             &["credentials", "put", user],
-            &envs,
+            &operator_env,
             Some(&format!(r#"{{"api_key": "{canary}", "account_id": "A1"}}"#)),
         );
         assert!(text.contains("(version 2)"), "{text}");
@@ -192,37 +299,76 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_cannot_open_another_u
     assert_eq!(version_of(&blob_b), Ok(2));
     assert_eq!(key_id_of(&blob_b), Ok(Some(old_key.clone())));
 
-    // The worker for alice, as an unprivileged uid.
+    // The credential sealer: the one process that may decrypt.
+    let sealer_addr = format!("127.0.0.1:{}", free_port());
+    let sealer = spawn_leasehold(
+        "credential-sealer",
+        &["credential-sealer"],
+        &with(&[
+            common.clone(),
+            aws_env(&endpoint, &identities["credential-sealer"]),
+            envs(&[
+                ("REDIS_URL", &acl.url("credential-sealer")),
+                ("CREDENTIALS_KMS_KEY_ID", &old_key),
+                ("SEALER_LISTEN", &sealer_addr),
+            ]),
+        ]),
+    );
+    sealer.wait_line("credential sealer listening", Duration::from_secs(15));
+
+    // A pool worker, as an unprivileged uid, with the broker task's identity.
     let test_uid = uids(std::process::id())[1];
     let worker_uid = if test_uid == 0 { NOBODY } else { test_uid };
     let (program, bin_dir) = binary_for(worker_uid);
+    let worker_env = with(&[
+        common.clone(),
+        aws_env(&endpoint, &identities["broker-worker"]),
+        envs(&[
+            ("REDIS_URL", &acl.url("broker-worker")),
+            ("CREDENTIALS_SEALER_URL", &format!("http://{sealer_addr}")),
+            ("USER_ID", keys::POOL_USER_ID),
+        ]),
+    ]);
     let mut command = Command::new(&program);
     command
         .arg("broker-worker")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("USER_ID", &alice);
+        .envs(worker_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     if test_uid == 0 {
         use std::os::unix::process::CommandExt;
         command.uid(NOBODY).gid(NOBODY);
     }
-    let worker = spawn_command("worker-alice", command);
+    let worker = spawn_command("worker", command);
     let pid = worker.pid();
     worker.wait_line("started", Duration::from_secs(15));
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !redis
-        .exists::<_, bool>(keys::worker_active(&alice))
-        .await
-        .unwrap()
-    {
+    let worker_id = loop {
+        let idle =
+            leasehold_pool::bus::redis::scan_keys(&mut redis, keys::POOL_WORKER_ACTIVE_PATTERN)
+                .await
+                .unwrap();
+        if let Some(key) = idle.first() {
+            break key
+                .trim_start_matches(keys::WORKER_ACTIVE_PREFIX)
+                .trim_start_matches("-1:")
+                .to_owned();
+        }
         assert!(
             Instant::now() < deadline,
-            "the worker never claimed alice\n{}",
+            "the worker never joined the pool\n{}",
             worker.output()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    // The API's claim: a grant, then the claim; the worker asks the sealer.
+    let api_env = with(&[common.clone(), envs(&[("REDIS_URL", &acl.url("api"))])]);
+    let text = run(&["claim", &alice, "--timeout", "15s"], &api_env, None);
+    assert!(
+        text.contains(r#""status":"claimed""#),
+        "{text}\n{}",
+        worker.output()
+    );
     let response = round_trip(&mut redis, &alice).await;
     assert_eq!(response["status"], "ok", "{response}");
 
@@ -248,7 +394,7 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_cannot_open_another_u
         "a dumpable process's /proc files belong to its uid ({worker_uid})"
     );
 
-    // What the worker holds. Its environment first (root may read it).
+    // Everything the worker holds. Its environment first (root may read it).
     let environ: HashMap<String, String> = std::fs::read(format!("/proc/{pid}/environ"))
         .unwrap()
         .split(|&b| b == 0)
@@ -265,41 +411,76 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_cannot_open_another_u
             "{name} in the worker's environment"
         );
     }
-    let lookup = |name: &str| environ.get(name).cloned();
-    let mut env = Env::new(&lookup);
-    let keyring = leasehold_broker::settings::keyring(&mut env);
-    env.finish(()).expect("the worker's own settings");
-    assert!(
-        keyring.local.is_none(),
-        "the worker's settings give it a local key"
-    );
-    // Its KMS access (endpoint and identity from its environment), asked to
-    // open bob's blob as the user it serves: KMS refuses (encryption context).
-    let its_kms = KmsEnvelope::with_client(kms_client(&environ["AWS_ENDPOINT_URL"]), None);
-    let err = its_kms.decrypt(&alice, &blob_b).await.unwrap_err();
-    assert!(
-        matches!(&err, CipherError::KmsRefused { code, .. } if code == "InvalidCiphertextException"),
-        "{err:?}"
-    );
-    // Its memory: alice's secret is there (the control), bob's secret and
-    // bob's data key are not.
-    let bob_data_key = {
+    // Its AWS identity, asked to unwrap bob's data key with bob's own
+    // context: refused (moto answers 403 AccessDenied, in a body the SDK
+    // cannot parse for KMS, hence the status).
+    let bob_wrapped = {
         let envelope: serde_json::Value =
             serde_json::from_slice(&STANDARD.decode(&blob_b).unwrap()).unwrap();
-        let wrapped = STANDARD
+        STANDARD
             .decode(envelope["encrypted_data_key"].as_str().unwrap())
-            .unwrap();
-        client
-            .decrypt()
-            .ciphertext_blob(aws_sdk_kms::primitives::Blob::new(wrapped))
-            .encryption_context("user_id", &bob)
-            .send()
-            .await
             .unwrap()
-            .plaintext
-            .unwrap()
-            .into_inner()
     };
+    let identity = (
+        environ["AWS_ACCESS_KEY_ID"].clone(),
+        environ["AWS_SECRET_ACCESS_KEY"].clone(),
+    );
+    let denied = kms_as(&environ["AWS_ENDPOINT_URL"], &identity)
+        .decrypt()
+        .ciphertext_blob(aws_sdk_kms::primitives::Blob::new(bob_wrapped.clone()))
+        .encryption_context("user_id", &bob)
+        .send()
+        .await
+        .expect_err("the broker worker's AWS identity unwrapped bob's data key");
+    assert_eq!(
+        denied.raw_response().map(|r| r.status().as_u16()),
+        Some(403),
+        "{denied:?}"
+    );
+    // Its Redis user: bob's blob is not readable, and no grant can be written.
+    refused(&acl, "broker-worker", &["GET", &keys::credentials(&bob)]).await;
+    let its_redis = redis::Client::open(environ["REDIS_URL"].as_str()).unwrap();
+    let mut its_redis = its_redis.get_multiplexed_async_connection().await.unwrap();
+    let read: redis::RedisResult<Option<String>> = its_redis.get(keys::credentials(&bob)).await;
+    assert_refused("the worker's own Redis user reads bob's blob", read);
+    // Its seal key, as published in alice's mark: the sealer gives it no bob,
+    // neither without a grant nor with one (it is not bob's worker).
+    let mark: String = redis.get(keys::worker_active(&alice)).await.unwrap();
+    let mark = leasehold_pool::protocol::MarkValue::parse(&mark).unwrap();
+    assert_eq!(mark.worker_id, worker_id);
+    let ask_for_bob = serde_json::json!({
+        "user_id": bob, "worker_id": worker_id, "seal_key": mark.seal_key.clone().unwrap(),
+    })
+    .to_string();
+    let (status, _, body) = http_post_json(&sealer_addr, SEAL_PATH, &ask_for_bob)
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "{body}");
+    let _: () = redis
+        .set_ex(
+            keys::credentials_grant(&bob),
+            r#"{"reason":"claim","granted_at":1}"#,
+            60,
+        )
+        .await
+        .unwrap();
+    let (status, _, body) = http_post_json(&sealer_addr, SEAL_PATH, &ask_for_bob)
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("is not the worker of user"), "{body}");
+    // Its memory: alice's secret is there (the control), bob's secret and
+    // bob's data key are not.
+    let bob_data_key = kms_as(&endpoint, &identities["test"])
+        .decrypt()
+        .ciphertext_blob(aws_sdk_kms::primitives::Blob::new(bob_wrapped))
+        .encryption_context("user_id", &bob)
+        .send()
+        .await
+        .unwrap()
+        .plaintext
+        .unwrap()
+        .into_inner();
     let memory = anonymous_memory(pid);
     assert!(memory.len() > 1 << 20, "read only {} bytes", memory.len());
     assert!(
@@ -324,9 +505,9 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_cannot_open_another_u
         envelope[name].as_str().unwrap().to_owned()
     };
     let before: String = redis.get(keys::credentials(&bob)).await.unwrap();
-    envs.retain(|(k, _)| k != "CREDENTIALS_KMS_KEY_ID");
-    envs.push(("CREDENTIALS_KMS_KEY_ID".into(), new_key.clone()));
-    let text = run(&["credentials", "rotate"], &envs, None);
+    operator_env.retain(|(k, _)| k != "CREDENTIALS_KMS_KEY_ID");
+    operator_env.push(("CREDENTIALS_KMS_KEY_ID".into(), new_key.clone()));
+    let text = run(&["credentials", "rotate"], &operator_env, None);
     assert!(
         text.contains(
             "rotated 2 of 2 blobs (0 from the local key); reload_credentials sent to 1 active workers"
@@ -351,15 +532,23 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_cannot_open_another_u
         .unwrap();
     assert_eq!(dead, 0, "the reload failed:\n{}", worker.output());
     assert_eq!(round_trip(&mut redis, &alice).await["status"], "ok");
-    // The old key still opens nothing new: blobs name the new key now.
-    let blob_a: String = redis.get(keys::credentials(&alice)).await.unwrap();
-    assert!(its_kms.decrypt(&alice, &blob_a).await.is_ok());
+    // The reload went through the sealer, under the new key.
+    assert!(
+        sealer
+            .output()
+            .matches("credentials sealed to the user's worker")
+            .count()
+            >= 2,
+        "{}",
+        sealer.output()
+    );
 
     worker.signal("TERM");
     let mut worker = worker;
     worker.wait_exit(Duration::from_secs(15));
     let mut everything = output.join("\n");
     everything.push_str(&worker.output());
+    everything.push_str(&sealer.output());
     assert!(everything.contains("broker worker"), "{everything}");
     for canary in [CANARY_A, CANARY_B] {
         assert!(

@@ -4,15 +4,14 @@
 //! own user and nothing is refused (the ACL log stays empty), and the
 //! operations a role must not do are refused with NOPERM: the dashboard and the
 //! sidecar cannot read `credentials:*`, the stream worker cannot touch the
-//! pool, the broker worker cannot write credentials or the sink, no role but
+//! pool, the broker worker can neither read nor write credentials (the
+//! credential sealer, under its own read-only user, seals them to it) nor the sink, no role but
 //! admin may switch databases or send or load Lua (a loaded function runs with
 //! the caller's rights), and so on. No process prints a password, whatever the URL (`redis://`, `rediss://`, a
 //! wrong password).
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use leasehold_broker::credentials::AesGcmCipher;
@@ -21,227 +20,10 @@ use leasehold_pool::bus::{Inspect, PoolBus};
 use leasehold_pool::keys;
 use leasehold_pool::read::PoolReader;
 use leasehold_sink::{SinkBatch, SinkEvent, SinkOptions};
-use leasehold_testkit::{repo_root, unique_name};
+use leasehold_testkit::unique_name;
 use redis::AsyncCommands;
-use support::{Proc, free_port, run_leasehold, serial, spawn_command, spawn_leasehold};
-
-/// A role's test password: URL-safe, 16+ characters, unique per role.
-fn password(role: &str) -> String {
-    format!("pw-{role}-9f2c71d4e8a0b3")
-}
-
-/// A redis-server running the rendered ACL file on a free port.
-struct AclRedis {
-    _server: Proc,
-    port: u16,
-    admin: redis::aio::MultiplexedConnection,
-    roles: Vec<String>,
-}
-
-impl AclRedis {
-    async fn start() -> Option<AclRedis> {
-        let server = leasehold_testkit::redis_server()?;
-        let template = repo_root().join("deploy/redis-acl.conf");
-        let render = repo_root().join("deploy/render-redis-acl.sh");
-        let roles_out = Command::new("bash")
-            .arg(&render)
-            .arg("--roles")
-            .arg(&template)
-            .output()
-            .expect("render --roles");
-        assert!(roles_out.status.success(), "{roles_out:?}");
-        let roles: Vec<String> = String::from_utf8(roles_out.stdout)
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        for role in [
-            "admin",
-            "api",
-            "stream-worker",
-            "broker-worker",
-            "credential-sealer",
-            "pool-manager",
-            "maintenance",
-            "sidecar",
-            "dashboard",
-        ] {
-            assert!(
-                roles.iter().any(|r| r == role),
-                "no user {role} in {roles:?}"
-            );
-        }
-        let mut render_cmd = Command::new("bash");
-        render_cmd.arg(&render).arg(&template).env_clear();
-        render_cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
-        for role in &roles {
-            let var = format!(
-                "REDIS_ACL_PASSWORD_{}",
-                role.to_uppercase().replace('-', "_")
-            );
-            render_cmd.env(var, password(role));
-        }
-        let rendered = render_cmd.output().expect("render");
-        assert!(
-            rendered.status.success(),
-            "render failed: {}",
-            String::from_utf8_lossy(&rendered.stderr)
-        );
-        let text = String::from_utf8(rendered.stdout).unwrap();
-        for role in &roles {
-            assert!(
-                !text.contains(&password(role)),
-                "the rendered file holds a password in clear"
-            );
-        }
-        let dir: PathBuf = std::env::temp_dir().join(unique_name("redis-acl"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let acl_file = dir.join("users.acl");
-        std::fs::write(&acl_file, text).unwrap();
-
-        let port = free_port();
-        let mut command = Command::new(server);
-        command.args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--aclfile",
-            acl_file.to_str().unwrap(),
-        ]);
-        let server = spawn_command("redis-server", command);
-        let admin_url = url_for(port, "admin");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let admin = loop {
-            let attempt = async {
-                redis::Client::open(admin_url.as_str())?
-                    .get_multiplexed_async_connection()
-                    .await
-            };
-            match attempt.await {
-                Ok(connection) => break connection,
-                Err(err) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "redis-server with the ACL file never answered: {err}\n{}",
-                        server.output()
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
-        Some(AclRedis {
-            _server: server,
-            port,
-            admin,
-            roles,
-        })
-    }
-
-    fn url(&self, role: &str) -> String {
-        url_for(self.port, role)
-    }
-
-    /// A plain connection as `role`.
-    async fn connect(&self, role: &str) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url(role).as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap_or_else(|err| panic!("{role} cannot connect: {err}"))
-    }
-
-    /// Denials Redis logged since the last reset, as `user: reason object
-    /// (context)`. `CLIENT SETINFO`, which the client library sends on
-    /// connect and whose failure it ignores, is left out (Redis 7.2+ knows
-    /// it; the ACL file must load on 7.0, which does not).
-    async fn denials(&mut self) -> Vec<String> {
-        let entries: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
-            .arg("LOG")
-            .arg(1000)
-            .query_async(&mut self.admin)
-            .await
-            .unwrap();
-        let text = |v: Option<&redis::Value>| match v {
-            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(redis::Value::SimpleString(s)) => s.clone(),
-            other => format!("{other:?}"),
-        };
-        entries
-            .iter()
-            .map(|e| {
-                format!(
-                    "{}: {} {} ({})",
-                    text(e.get("username")),
-                    text(e.get("reason")),
-                    text(e.get("object")),
-                    text(e.get("context"))
-                )
-            })
-            .filter(|line| !line.contains("client|setinfo"))
-            .collect()
-    }
-
-    async fn reset_log(&mut self) {
-        let _: () = redis::cmd("ACL")
-            .arg("LOG")
-            .arg("RESET")
-            .query_async(&mut self.admin)
-            .await
-            .unwrap();
-    }
-}
-
-fn url_for(port: u16, role: &str) -> String {
-    format!("redis://{role}:{}@127.0.0.1:{port}", password(role))
-}
-
-fn envs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// Runs `leasehold ARGS` to completion; panics with its output unless it
-/// exits 0. Returns the output.
-fn run_ok(args: &[&str], envs: &[(String, String)], stdin: Option<&str>) -> String {
-    let (status, output) = run_leasehold(args, envs, stdin);
-    assert!(status.success(), "leasehold {args:?}: {status}\n{output}");
-    output
-}
-
-/// Asserts `result` is a permission refusal (a NOPERM reply, which the client
-/// library shows as `NoPerm`, or the script form of it), not some other failure.
-fn assert_refused<T: std::fmt::Debug, E: std::fmt::Display>(what: &str, result: Result<T, E>) {
-    match result {
-        Ok(value) => panic!("{what} was allowed (returned {value:?})"),
-        Err(err) => {
-            let text = err.to_string();
-            assert!(
-                text.contains("NOPERM") || text.contains("NoPerm") || text.contains("can't access"),
-                "{what} failed, but not for lack of permission: {text}"
-            );
-        }
-    }
-}
-
-/// `role` sends `args` as one raw command; it must be refused.
-async fn refused(redis: &AclRedis, role: &str, args: &[&str]) {
-    let mut connection = redis.connect(role).await;
-    let mut command = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        command.arg(*arg);
-    }
-    let result: redis::RedisResult<redis::Value> = command.query_async(&mut connection).await;
-    assert_refused(&format!("{role}: {}", args.join(" ")), result);
-}
+use support::acl::{AclRedis, assert_refused, envs, password, refused, run_ok};
+use support::{free_port, run_leasehold, serial, spawn_leasehold};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_role_works_under_its_own_user_and_nothing_more() {

@@ -82,13 +82,27 @@ pub fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
 /// A minimal HTTP/1.0 GET for tests (no client dependency): returns the status
 /// code, the raw header block and the body.
 pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String, String)> {
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    http_exchange(addr, request.as_bytes()).await
+}
+
+/// A minimal HTTP/1.0 POST of a JSON body, answered as [`http_get`] is.
+pub async fn http_post_json(
+    addr: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String, String)> {
+    let request = format!(
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    http_exchange(addr, request.as_bytes()).await
+}
+
+async fn http_exchange(addr: &str, request: &[u8]) -> std::io::Result<(u16, String, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
+    stream.write_all(request).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response).into_owned();

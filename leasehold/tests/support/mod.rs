@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod acl;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
