@@ -281,6 +281,12 @@ impl Collector {
             .interval(self.scanned.load(Ordering::Relaxed))
     }
 
+    /// Now, unix ms, by the collector's clock (the dashboard's one clock:
+    /// session expiry is judged on it too).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
     /// The settings in use.
     pub fn settings(&self) -> &CollectorSettings {
         &self.settings
