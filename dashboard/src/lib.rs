@@ -18,7 +18,8 @@
 //! - [`settings`]: the `DASHBOARD_*` variables, read once.
 //! - [`sidecars`]: sidecar discovery (`sidecar_url` in presence records and
 //!   broker worker metadata, validated as untrusted input; `DASHBOARD_SIDECARS`
-//!   overrides) and bounded `/status` polling.
+//!   overrides) and `/status` polling, bounded per sidecar and per refresh (one
+//!   deadline, one byte budget), kept as [`sidecars::KeptStatus`].
 //! - [`sink`]: the sink's last stored sequence for the per-stream page
 //!   (optional; read through a [`sink::SinkReader`] the binary provides).
 //! - [`table`]: columns and cells shared by the pages and the refresh script.
