@@ -481,9 +481,13 @@ impl Collector {
             .unwrap_or_else(|p| p.into_inner())
             .observe(&sidecars, polled);
 
-        let mut snapshot = self.assemble(&mut history, records, sidecars, now);
-        snapshot.sidecar_bytes_read = sidecar_poll.bytes_read;
-        let snapshot = Arc::new(snapshot);
+        let snapshot = Arc::new(self.assemble(
+            &mut history,
+            records,
+            sidecars,
+            sidecar_poll.bytes_read,
+            now,
+        ));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
         self.published_one();
         snapshot
@@ -517,6 +521,7 @@ impl Collector {
         history: &mut History,
         records: Option<Vec<Result<Lease, MalformedItem>>>,
         sidecars: Vec<SidecarReport>,
+        sidecar_bytes_read: usize,
         now: i64,
     ) -> Snapshot {
         if let Some(records) = records {
@@ -573,7 +578,7 @@ impl Collector {
             streams,
             workers,
             sidecars,
-            sidecar_bytes_read: 0,
+            sidecar_bytes_read,
             pool: history.pool.clone(),
             anomalies: history.anomalies.clone(),
             sources,
