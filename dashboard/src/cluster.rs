@@ -6,7 +6,7 @@
 //! render, not one table scan. A source that fails keeps its last good data,
 //! marked with the error and its age, while the others keep updating.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::changes::{Change, ChangeLog};
 use crate::gaps::GapLog;
 use crate::sidecars::{
-    Discovery, DiscoveryPolicy, SidecarReport, SidecarTarget, poll, poll_discovered,
+    DEFAULT_POLL_BYTE_BUDGET, Discovery, DiscoveryPolicy, PollLimits, SidecarReport, SidecarTarget,
+    poll, poll_discovered,
 };
 use crate::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
 use crate::trends::Trends;
@@ -83,6 +84,9 @@ pub struct Snapshot {
     pub workers: Vec<WorkerRow>,
     /// Sidecars that answered or failed.
     pub sidecars: Vec<SidecarReport>,
+    /// `/status` bytes this refresh read from all sidecars together (at most
+    /// [`CollectorSettings::sidecar_byte_budget`]).
+    pub sidecar_bytes_read: usize,
     /// The pool, when a pool source is configured and was read at least once.
     pub pool: Option<PoolView>,
     /// The sweeper's report, likewise.
@@ -99,6 +103,7 @@ impl Snapshot {
             streams: Vec::new(),
             workers: Vec::new(),
             sidecars: Vec::new(),
+            sidecar_bytes_read: 0,
             pool: None,
             anomalies: None,
             sources: Vec::new(),
@@ -137,8 +142,11 @@ pub struct CollectorSettings {
     /// `refresh × scan_items_per_second` records the refresh interval grows
     /// with the table ([`ScanPacing`]).
     pub scan_items_per_second: u32,
-    /// Per-sidecar `/status` timeout.
+    /// Per-sidecar `/status` timeout (the whole poll has the source timeout).
     pub sidecar_timeout: Duration,
+    /// `/status` bytes one refresh may read from all sidecars together
+    /// ([`PollLimits::byte_budget`]).
+    pub sidecar_byte_budget: usize,
     /// Classification thresholds.
     pub thresholds: Thresholds,
     /// Ownership changes kept (the count bound of the history).
@@ -169,6 +177,7 @@ impl Default for CollectorSettings {
             refresh: Duration::from_secs(2),
             scan_items_per_second: 1_000,
             sidecar_timeout: Duration::from_millis(1_500),
+            sidecar_byte_budget: DEFAULT_POLL_BYTE_BUDGET,
             thresholds: Thresholds::default(),
             changes_kept: 50_000,
             changes_max_age: Duration::from_millis(crate::changes::DEFAULT_MAX_AGE_MS as u64),
@@ -193,6 +202,8 @@ struct History {
     health: HashMap<&'static str, SourceHealth>,
     /// Newest change already counted in the trends, unix ms.
     sampled_ms: i64,
+    /// Sidecars (URLs) that answered in the previous refresh: asked first.
+    answered: HashSet<String>,
     /// Per sidecar URL, the newest claim `seq` already counted in the trends.
     claims_seen: HashMap<String, u64>,
     /// When the previous refresh assembled its snapshot, unix ms.
@@ -268,6 +279,12 @@ impl Collector {
         self.settings
             .pacing()
             .interval(self.scanned.load(Ordering::Relaxed))
+    }
+
+    /// Now, unix ms, by the collector's clock (the dashboard's one clock:
+    /// session expiry is judged on it too).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     /// The settings in use.
@@ -413,8 +430,15 @@ impl Collector {
         }
         // Sidecars: the override, else those the workers published (from the
         // reads above, or the last good ones while a source is down).
-        let timeout = self.settings.sidecar_timeout;
-        let (sidecars, refused) = if self.sources.sidecars.is_empty() {
+        // One deadline for the whole poll, like the other sources: sidecars
+        // that have not answered by then count as silent for this refresh.
+        let limits = PollLimits {
+            per_sidecar: self.settings.sidecar_timeout,
+            whole_poll: deadline,
+            byte_budget: self.settings.sidecar_byte_budget,
+        };
+        let answered_before = std::mem::take(&mut history.answered);
+        let (sidecar_poll, refused) = if self.sources.sidecars.is_empty() {
             let discovery = Discovery::from_values(
                 history.presence_sidecars.iter().map(String::as_str).chain(
                     history.pool.iter().flat_map(|pool| {
@@ -426,20 +450,22 @@ impl Collector {
                 &self.sources.discovery,
             );
             (
-                poll_discovered(&discovery, timeout).await,
+                poll_discovered(&discovery, &limits, &answered_before).await,
                 discovery.summary(),
             )
         } else {
-            (poll(&self.sources.sidecars, timeout).await, None)
-        };
-        let answered = sidecars.iter().filter(|s| s.status.is_some()).count();
-        let silent = (answered < sidecars.len()).then(|| {
-            format!(
-                "{} of {} sidecars did not answer",
-                sidecars.len() - answered,
-                sidecars.len()
+            (
+                poll(&self.sources.sidecars, &limits, &answered_before).await,
+                None,
             )
-        });
+        };
+        let sidecars = sidecar_poll.reports;
+        history.answered = sidecars
+            .iter()
+            .filter(|report| report.status.is_some())
+            .map(|report| report.url.clone())
+            .collect();
+        let silent = silent_summary(&sidecars);
         let configured =
             !self.sources.sidecars.is_empty() || !sidecars.is_empty() || refused.is_some();
         let sidecar_error = match (silent, refused) {
@@ -455,7 +481,13 @@ impl Collector {
             .unwrap_or_else(|p| p.into_inner())
             .observe(&sidecars, polled);
 
-        let snapshot = Arc::new(self.assemble(&mut history, records, sidecars, now));
+        let snapshot = Arc::new(self.assemble(
+            &mut history,
+            records,
+            sidecars,
+            sidecar_poll.bytes_read,
+            now,
+        ));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
         self.published_one();
         snapshot
@@ -489,6 +521,7 @@ impl Collector {
         history: &mut History,
         records: Option<Vec<Result<Lease, MalformedItem>>>,
         sidecars: Vec<SidecarReport>,
+        sidecar_bytes_read: usize,
         now: i64,
     ) -> Snapshot {
         if let Some(records) = records {
@@ -499,10 +532,7 @@ impl Collector {
             changes.observe_fenced(
                 sidecars.iter().filter_map(|report| {
                     let status = report.status.as_ref()?;
-                    Some((
-                        status.worker.owner_id.as_deref()?,
-                        status.worker.sink_events_fenced,
-                    ))
+                    Some((status.owner_id.as_deref()?, status.sink_events_fenced))
                 }),
                 now,
             );
@@ -548,6 +578,7 @@ impl Collector {
             streams,
             workers,
             sidecars,
+            sidecar_bytes_read,
             pool: history.pool.clone(),
             anomalies: history.anomalies.clone(),
             sources,
@@ -571,10 +602,10 @@ impl Collector {
             let Some(status) = &report.status else {
                 continue;
             };
-            let Some(owner) = &status.worker.owner_id else {
+            let Some(owner) = &status.owner_id else {
                 continue;
             };
-            for (stream, lag) in &status.worker.lag {
+            for (stream, lag) in &status.lag {
                 lag_by_owner.insert(
                     (owner.as_str(), stream.as_str()),
                     Lag {
@@ -654,7 +685,7 @@ fn new_claims(
         let Some(status) = &report.status else {
             continue;
         };
-        let claims = &status.worker.claims;
+        let claims = &status.claims;
         let newest = claims.last().map_or(0, |c| c.seq);
         match seen.get(&report.url).copied() {
             Some(counted) if newest >= counted => {
@@ -674,6 +705,30 @@ fn new_claims(
     }
     seen.retain(|url, _| sidecars.iter().any(|report| &report.url == url));
     latencies
+}
+
+/// `"3 of 200 sidecars did not answer (2 no answer in time, 1 unreachable)"`,
+/// or `None` when all answered: the fixed categories with their counts, so
+/// the page says when the refresh's deadline or byte budget cut the poll short.
+fn silent_summary(sidecars: &[SidecarReport]) -> Option<String> {
+    let mut problems: BTreeMap<&str, usize> = BTreeMap::new();
+    for report in sidecars {
+        if let Some(error) = &report.error {
+            *problems.entry(error.as_str()).or_default() += 1;
+        }
+    }
+    let silent: usize = problems.values().sum();
+    (silent > 0).then(|| {
+        let parts: Vec<String> = problems
+            .iter()
+            .map(|(problem, count)| format!("{count} {problem}"))
+            .collect();
+        format!(
+            "{silent} of {} sidecars did not answer ({})",
+            sidecars.len(),
+            parts.join(", ")
+        )
+    })
 }
 
 /// How many `stream:token` pairs a worker row carries.
@@ -723,17 +778,16 @@ fn workers(
             continue;
         };
         let owner = status
-            .worker
             .owner_id
             .clone()
             .unwrap_or_else(|| format!("(unknown worker at {})", report.url));
         let row = rows.entry(owner.clone()).or_insert_with(|| blank(&owner));
         row.sidecar_url = Some(report.url.clone());
-        row.worker_up = Some(status.worker.worker_up);
-        row.last_event_age_ms = status.worker.last_event_age_ms;
-        row.component = status.worker.component.clone();
-        row.sink_events_fenced = Some(status.worker.sink_events_fenced);
-        row.leases_lost = Some(status.worker.leases_lost);
+        row.worker_up = Some(status.worker_up);
+        row.last_event_age_ms = status.last_event_age_ms;
+        row.component = status.component.clone();
+        row.sink_events_fenced = Some(status.sink_events_fenced);
+        row.leases_lost = Some(status.leases_lost);
         row.observer = status.observer;
     }
     // A worker that left (presence released or expired, nothing held, no

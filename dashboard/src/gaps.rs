@@ -225,7 +225,7 @@ impl GapLog {
             let Some(status) = &report.status else {
                 continue;
             };
-            let gaps = &status.worker.gaps;
+            let gaps = &status.gaps;
             let newest = gaps.iter().max_by_key(|g| g.seq);
             let newest_seq = newest.map_or(0, |g| g.seq);
             let counted = self.seen.get(&report.url).and_then(|seen| {
@@ -258,7 +258,7 @@ impl GapLog {
                         to_seq: gap.to_seq,
                         missing: (gap.to_seq - gap.from_seq).saturating_add(1),
                         reason: gap.reason,
-                        worker: status.worker.owner_id.clone(),
+                        worker: status.owner_id.clone(),
                     },
                 ));
             }

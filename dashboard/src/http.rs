@@ -1,6 +1,8 @@
 //! The dashboard's HTTP face: five views, their JSON API, static assets,
 //! `/healthz`, and the token form. Read-only: every route is GET except the
-//! token form's POST, which only sets a cookie in the caller's browser.
+//! token form's POST and `/logout`, which only set or clear a cookie in the
+//! caller's browser. The cookie holds a session derived from the token
+//! ([`crate::session`]), never the token, for at most 12 hours.
 //!
 //! Every response carries a restrictive Content-Security-Policy (scripts and
 //! styles from this origin only, no inline code, no framing), so even a value
@@ -24,7 +26,7 @@ use axum::extract::{Form, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Json, Redirect, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -36,6 +38,7 @@ use crate::pages::{
     AnomaliesBody, CHANGES_SHOWN, ChangesBody, LoginPage, PoolBody, StreamQuery, StreamsPage,
     TablesPage, WorkersBody, stream_page,
 };
+use crate::session;
 use crate::views::{
     RUNBOOKS, StreamDetail, StreamDetailPage, TimelinePage, TimelineQuery, TrendsBody, TrendsPage,
     stream_detail, timeline_body,
@@ -44,8 +47,9 @@ use crate::views::{
 /// The policy: nothing but this origin's script, style and fetches.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-/// Cookie set by the token form.
-pub const TOKEN_COOKIE: &str = "leasehold_dashboard_token";
+/// Cookie set by the token form: a session value ([`crate::session`]). Named
+/// as the raw-token cookie of older versions was, so signing in replaces it.
+pub const SESSION_COOKIE: &str = "leasehold_dashboard_token";
 
 /// What the handlers share.
 pub struct DashboardState {
@@ -172,6 +176,7 @@ pub fn views(state: Shared) -> Router {
         .route("/static/dashboard.css", get(stylesheet))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/login", get(login_form).post(login))
+        .route("/logout", post(logout))
         // gzip or br as the client accepts; the predicate skips small bodies.
         // Inside the render cache, so what is shared is already compressed.
         .layer(CompressionLayer::new())
@@ -454,7 +459,7 @@ async fn conditional_get(State(state): State<Shared>, request: Request, next: Ne
 }
 
 /// Whether a request's answer is a function of the snapshot (every view and
-/// API; not assets, runbooks, `/healthz` or the token form).
+/// API; not assets, runbooks, `/healthz` or the token form; never a POST).
 fn follows_snapshot(request: &Request) -> bool {
     let path = request.uri().path();
     request.method() == axum::http::Method::GET
@@ -549,8 +554,16 @@ async fn stylesheet() -> Response {
         .into_response()
 }
 
-async fn login_form() -> Response {
-    html(LoginPage { failed: false })
+async fn login_form(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let signed_in = match &state.token {
+        Some(token) => session_cookie(&headers)
+            .is_some_and(|value| session::is_valid(token, value, state.collector.now_ms())),
+        None => false,
+    };
+    html(LoginPage {
+        failed: false,
+        signed_in,
+    })
 }
 
 #[derive(Deserialize)]
@@ -565,24 +578,58 @@ async fn login(
 ) -> Response {
     match &state.token {
         Some(expected) if token_matches(expected, &form.token) => {
-            let secure = if state.access.over_tls(&headers) {
-                "; Secure"
-            } else {
-                ""
-            };
-            let cookie = format!(
-                "{TOKEN_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{secure}",
-                form.token
-            );
-            match HeaderValue::from_str(&cookie) {
-                Ok(cookie) => {
+            let cookie = session::issue(expected, state.collector.now_ms()).map(|value| {
+                format!(
+                    "{SESSION_COOKIE}={value}; Max-Age={}{}",
+                    session::SESSION_MAX_AGE.as_secs(),
+                    cookie_attributes(&state, &headers)
+                )
+            });
+            match cookie.and_then(|cookie| HeaderValue::from_str(&cookie).ok()) {
+                Some(cookie) => {
                     ([(header::SET_COOKIE, cookie)], Redirect::to("/streams")).into_response()
                 }
-                Err(_) => (StatusCode::BAD_REQUEST, "token is not cookie-safe\n").into_response(),
+                None => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "no session could be made\n",
+                )
+                    .into_response(),
             }
         }
-        Some(_) => (StatusCode::UNAUTHORIZED, html(LoginPage { failed: true })).into_response(),
+        Some(_) => (
+            StatusCode::UNAUTHORIZED,
+            html(LoginPage {
+                failed: true,
+                signed_in: false,
+            }),
+        )
+            .into_response(),
         None => Redirect::to("/streams").into_response(),
+    }
+}
+
+/// Clears the session cookie. Open like the token form (an expired session
+/// must still be able to leave) and under the same rules: the Host check, a
+/// same-site cookie, forms posted only from this origin (the policy's
+/// `form-action 'self'`).
+async fn logout(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let cookie = format!(
+        "{SESSION_COOKIE}=; Max-Age=0{}",
+        cookie_attributes(&state, &headers)
+    );
+    match HeaderValue::from_str(&cookie) {
+        Ok(cookie) => ([(header::SET_COOKIE, cookie)], Redirect::to("/login")).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "logout failed\n").into_response(),
+    }
+}
+
+/// What every session cookie says besides its value and age: the whole
+/// site, no script access, never sent cross-site, and `Secure` over TLS.
+fn cookie_attributes(state: &DashboardState, headers: &HeaderMap) -> &'static str {
+    if state.access.over_tls(headers) {
+        "; Path=/; HttpOnly; SameSite=Strict; Secure"
+    } else {
+        "; Path=/; HttpOnly; SameSite=Strict"
     }
 }
 
@@ -605,23 +652,35 @@ pub fn token_is_header_safe(token: &str) -> bool {
             .all(|b| b.is_ascii_graphic() && !matches!(b, b';' | b',' | b'"' | b'\\'))
 }
 
-fn presented_token(request: &Request) -> Option<&str> {
-    let headers = request.headers();
-    if let Some(bearer) = headers
+/// The `Authorization: Bearer` token, if any (scripts).
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-    {
-        return Some(bearer.trim());
-    }
+        .map(str::trim)
+}
+
+/// The session cookie's value, if any (browsers).
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == TOKEN_COOKIE)
+        .find(|(name, _)| *name == SESSION_COOKIE)
         .map(|(_, value)| value)
+}
+
+/// The token itself in a header, or a live session derived from it in the
+/// cookie (a cookie holding the raw token, as older versions set, is refused).
+fn authenticated(state: &DashboardState, expected: &str, headers: &HeaderMap) -> bool {
+    if let Some(bearer) = bearer_token(headers) {
+        return token_matches(expected, bearer);
+    }
+    session_cookie(headers)
+        .is_some_and(|value| session::is_valid(expected, value, state.collector.now_ms()))
 }
 
 /// Answers 421 to a request whose `Host` is not allowed ([`Access`]);
@@ -647,8 +706,9 @@ async fn authorize(State(state): State<Shared>, request: Request, next: Next) ->
         return next.run(request).await;
     };
     let path = request.uri().path();
-    let open = path == "/healthz" || path == "/login" || path.starts_with("/static/");
-    if open || presented_token(&request).is_some_and(|t| token_matches(expected, t)) {
+    let open =
+        path == "/healthz" || path == "/login" || path == "/logout" || path.starts_with("/static/");
+    if open || authenticated(&state, expected, request.headers()) {
         return next.run(request).await;
     }
     let wants_html = request

@@ -18,13 +18,15 @@
 //! - [`settings`]: the `DASHBOARD_*` variables, read once.
 //! - [`sidecars`]: sidecar discovery (`sidecar_url` in presence records and
 //!   broker worker metadata, validated as untrusted input; `DASHBOARD_SIDECARS`
-//!   overrides) and bounded `/status` polling.
+//!   overrides) and `/status` polling, bounded per sidecar and per refresh (one
+//!   deadline, one byte budget), kept as [`sidecars::KeptStatus`].
 //! - [`sink`]: the sink's last stored sequence for the per-stream page
 //!   (optional; read through a [`sink::SinkReader`] the binary provides).
 //! - [`table`]: columns and cells shared by the pages and the refresh script.
 //! - [`pages`]: queries, views and templates.
 //! - [`http`]: the router, bearer-token check, Host allow-list, cookie and
-//!   security headers.
+//!   security headers; [`session`]: the login cookie's value, derived from
+//!   the token (never the token), with its 12-hour expiry.
 //! - [`render_cache`]: rendered (and compressed) responses shared between
 //!   clients until the next snapshot.
 //! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
@@ -35,6 +37,7 @@ pub mod gaps;
 pub mod http;
 pub mod pages;
 pub mod render_cache;
+pub mod session;
 pub mod settings;
 pub mod sidecars;
 pub mod sink;

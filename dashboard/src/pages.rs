@@ -710,6 +710,8 @@ impl TablesPage {
 pub struct LoginPage {
     /// A wrong token was given.
     pub failed: bool,
+    /// This browser already holds a live session: the page offers to end it.
+    pub signed_in: bool,
 }
 
 #[cfg(test)]

@@ -24,10 +24,22 @@
 //! [`MAX_DISCOVERED`] distinct sidecars per refresh, and shows a failure as a
 //! fixed category ([`SidecarProblem`]), never a response body or an error text
 //! derived from the URL.
+//!
+//! **One refresh's poll is bounded as a whole** ([`PollLimits`]), not only per
+//! sidecar: 1,000 records pointing at addresses that never answer would
+//! otherwise stretch a refresh to (1,000 ÷ 64 at a time) × the per-sidecar
+//! timeout, and 200 sidecars answering 2 MiB each would be 400 MiB. So the
+//! poll has one deadline (sidecars not answered by then count as not
+//! answering for that refresh; those that answered last time are asked
+//! first, so a flood of new silent addresses cannot crowd them out) and one
+//! byte budget shared by every body read (a body that would go past it is
+//! refused, read no further, and counted). What is kept of an answer is
+//! [`KeptStatus`]: the fields the views use, lists capped.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -37,11 +49,21 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use leasehold_telemetry::sidecar_url::{SidecarUrl, UrlProblem};
-use leasehold_telemetry::status::SidecarStatus;
 use serde::Serialize;
+use tokio::time::Instant;
+
+mod kept;
+
+pub use kept::{KEPT_CLAIMS, KEPT_GAPS, KEPT_ID_LEN, KEPT_LAG_ENTRIES, KEPT_LEASES, KeptStatus};
 
 /// Largest `/status` body read (a worker with thousands of leases is far below).
 pub const MAX_STATUS_BYTES: usize = 2 << 20;
+
+/// Default for [`PollLimits::byte_budget`]: `/status` bytes one refresh reads
+/// from all sidecars together. 1,000 stream workers at the default
+/// `MAX_STREAMS` (100) answer about 20 KiB each, 20 MiB in all; at most 16
+/// bodies of the largest size fit.
+pub const DEFAULT_POLL_BYTE_BUDGET: usize = 32 << 20;
 
 /// Most distinct discovered sidecars polled in one refresh; the rest are
 /// counted as refused (`over the limit`), so a flood of presence records cannot
@@ -298,6 +320,12 @@ pub enum SidecarProblem {
     TooLarge,
     /// The body was not a sidecar `/status` document.
     NotStatus,
+    /// The body would have gone past the refresh's byte budget
+    /// ([`PollLimits::byte_budget`]): refused, read no further.
+    OverBudget,
+    /// Not asked: the refresh's poll deadline ([`PollLimits::whole_poll`])
+    /// had passed before its turn came.
+    PastDeadline,
 }
 
 impl SidecarProblem {
@@ -311,6 +339,8 @@ impl SidecarProblem {
             SidecarProblem::HttpStatus => "answered an error status",
             SidecarProblem::TooLarge => "answer too large",
             SidecarProblem::NotStatus => "answer is not a sidecar status",
+            SidecarProblem::OverBudget => "answer over the refresh's byte budget",
+            SidecarProblem::PastDeadline => "not asked before the refresh's deadline",
         }
     }
 }
@@ -321,8 +351,8 @@ pub struct SidecarReport {
     /// Base URL of this sidecar (its `/status` is `{url}/status`): the
     /// canonical `http://IP:PORT` form of an accepted address.
     pub url: String,
-    /// The `/status` body, when it answered.
-    pub status: Option<SidecarStatus>,
+    /// What is kept of its `/status` body, when it answered.
+    pub status: Option<KeptStatus>,
     /// Why it did not: a fixed category text ([`SidecarProblem::as_str`]).
     pub error: Option<String>,
 }
@@ -387,6 +417,80 @@ impl Discovery {
     }
 }
 
+/// How long and how much one refresh's poll of the sidecars may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollLimits {
+    /// One sidecar: connecting and answering in full.
+    pub per_sidecar: Duration,
+    /// The whole poll, name lookups included: a sidecar that has not answered
+    /// when it passes counts as not answering for this refresh.
+    pub whole_poll: Duration,
+    /// `/status` bytes read in one poll, all sidecars together.
+    pub byte_budget: usize,
+}
+
+impl PollLimits {
+    /// `per_sidecar` for each sidecar, `whole_poll` for all of them, and the
+    /// default byte budget.
+    pub fn new(per_sidecar: Duration, whole_poll: Duration) -> Self {
+        PollLimits {
+            per_sidecar,
+            whole_poll,
+            byte_budget: DEFAULT_POLL_BYTE_BUDGET,
+        }
+    }
+}
+
+/// What one poll found, and what it read.
+#[derive(Debug, Clone, Default)]
+pub struct Poll {
+    /// One report per sidecar, sorted by URL.
+    pub reports: Vec<SidecarReport>,
+    /// `/status` bytes read, all sidecars together: never more than
+    /// [`PollLimits::byte_budget`].
+    pub bytes_read: usize,
+}
+
+/// The bytes one poll may read, shared by its concurrent reads. Bytes taken
+/// are never given back, whether the body turned out to be a status or not:
+/// the budget bounds what a refresh reads, not only what it keeps.
+struct ByteBudget {
+    limit: usize,
+    spent: AtomicUsize,
+    /// Body bytes actually read, counted apart from what was taken, so the
+    /// figure a poll reports would show a read the budget failed to stop.
+    read: AtomicUsize,
+}
+
+impl ByteBudget {
+    fn new(limit: usize) -> Self {
+        ByteBudget {
+            limit,
+            spent: AtomicUsize::new(0),
+            read: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes `bytes` if that many are left (all or nothing).
+    fn take(&self, bytes: usize) -> bool {
+        self.spent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |spent| {
+                spent
+                    .checked_add(bytes)
+                    .filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn count_read(&self, bytes: usize) {
+        self.read.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    fn read(&self) -> usize {
+        self.read.load(Ordering::Acquire)
+    }
+}
+
 /// An HTTP client that connects only where it is told: no proxy, no
 /// redirects (hyper's client never follows them), a connect timeout.
 fn client(timeout: Duration) -> Client<HttpConnector, Empty<Bytes>> {
@@ -396,22 +500,34 @@ fn client(timeout: Duration) -> Client<HttpConnector, Empty<Bytes>> {
     Client::builder(TokioExecutor::new()).build(connector)
 }
 
-/// Reads every accepted sidecar's `/status` (concurrently, bounded).
-pub async fn poll_discovered(discovery: &Discovery, timeout: Duration) -> Vec<SidecarReport> {
-    poll_addresses(
-        discovery.accepted.iter().map(SidecarUrl::addr).collect(),
-        timeout,
-    )
-    .await
+/// Reads every accepted sidecar's `/status` (concurrently, bounded);
+/// `answered_before` (URLs) are asked first.
+pub async fn poll_discovered(
+    discovery: &Discovery,
+    limits: &PollLimits,
+    answered_before: &HashSet<String>,
+) -> Poll {
+    let deadline = Instant::now() + limits.whole_poll;
+    let addresses = discovery.accepted.iter().map(SidecarUrl::addr).collect();
+    let mut poll = poll_addresses(addresses, limits, deadline, answered_before).await;
+    poll.reports.sort_by(|a, b| a.url.cmp(&b.url));
+    poll
 }
 
-/// Resolves every `DASHBOARD_SIDECARS` target and reads each sidecar's `/status`.
-pub async fn poll(targets: &[SidecarTarget], timeout: Duration) -> Vec<SidecarReport> {
+/// Resolves every `DASHBOARD_SIDECARS` target and reads each sidecar's
+/// `/status`, all within the one deadline.
+pub async fn poll(
+    targets: &[SidecarTarget],
+    limits: &PollLimits,
+    answered_before: &HashSet<String>,
+) -> Poll {
+    let deadline = Instant::now() + limits.whole_poll;
     let mut addresses: Vec<SocketAddr> = Vec::new();
-    let mut reports = Vec::new();
+    let mut failed = Vec::new();
     for target in targets {
         let lookup = tokio::net::lookup_host((target.host.as_str(), target.port));
-        let problem = match tokio::time::timeout(timeout, lookup).await {
+        let until = deadline.min(Instant::now() + limits.per_sidecar);
+        let problem = match tokio::time::timeout_at(until, lookup).await {
             Ok(Ok(found)) => {
                 addresses.extend(found);
                 continue;
@@ -419,25 +535,46 @@ pub async fn poll(targets: &[SidecarTarget], timeout: Duration) -> Vec<SidecarRe
             Ok(Err(_)) => SidecarProblem::Unresolved,
             Err(_) => SidecarProblem::Timeout,
         };
-        reports.push(SidecarReport::failed(
+        failed.push(SidecarReport::failed(
             format!("http://{}:{}", target.host, target.port),
             problem,
         ));
     }
-    reports.extend(poll_addresses(addresses, timeout).await);
-    reports
+    let mut poll = poll_addresses(addresses, limits, deadline, answered_before).await;
+    poll.reports.extend(failed);
+    poll.reports.sort_by(|a, b| a.url.cmp(&b.url));
+    poll
 }
 
-async fn poll_addresses(mut addresses: Vec<SocketAddr>, timeout: Duration) -> Vec<SidecarReport> {
+async fn poll_addresses(
+    mut addresses: Vec<SocketAddr>,
+    limits: &PollLimits,
+    deadline: Instant,
+    answered_before: &HashSet<String>,
+) -> Poll {
     addresses.sort();
     addresses.dedup();
-    let client = client(timeout);
-    let mut reports: Vec<SidecarReport> = futures_util::stream::iter(addresses)
-        .map(|address| {
+    let mut queue: Vec<(SocketAddr, String)> = addresses
+        .into_iter()
+        .map(|address| (address, SidecarUrl::new(address).to_string()))
+        .collect();
+    // Those that answered last time first (a stable sort keeps the address
+    // order within each group): when the deadline cuts the poll short, it is
+    // the newcomers that wait, not the fleet.
+    queue.sort_by_key(|(_, url)| !answered_before.contains(url));
+    let client = client(limits.per_sidecar);
+    let budget = ByteBudget::new(limits.byte_budget);
+    let budget = &budget;
+    let reports: Vec<SidecarReport> = futures_util::stream::iter(queue)
+        .map(|(address, url)| {
             let client = client.clone();
             async move {
-                let url = SidecarUrl::new(address).to_string();
-                match tokio::time::timeout(timeout, fetch(&client, address)).await {
+                let now = Instant::now();
+                if now >= deadline {
+                    return SidecarReport::failed(url, SidecarProblem::PastDeadline);
+                }
+                let until = deadline.min(now + limits.per_sidecar);
+                match tokio::time::timeout_at(until, fetch(&client, address, budget)).await {
                     Ok(Ok(status)) => SidecarReport {
                         url,
                         status: Some(status),
@@ -451,15 +588,19 @@ async fn poll_addresses(mut addresses: Vec<SocketAddr>, timeout: Duration) -> Ve
         .buffer_unordered(POLL_CONCURRENCY)
         .collect()
         .await;
-    reports.sort_by(|a, b| a.url.cmp(&b.url));
-    reports
+    Poll {
+        reports,
+        bytes_read: budget.read(),
+    }
 }
 
-/// One `GET /status` to `address`, bounded in size (the caller bounds time).
+/// One `GET /status` to `address`, bounded in size and by the poll's byte
+/// budget (the caller bounds time); only what the views use is kept.
 async fn fetch(
     client: &Client<HttpConnector, Empty<Bytes>>,
     address: SocketAddr,
-) -> Result<SidecarStatus, SidecarProblem> {
+    budget: &ByteBudget,
+) -> Result<KeptStatus, SidecarProblem> {
     let uri: hyper::Uri = format!("{}/status", SidecarUrl::new(address))
         .parse()
         .map_err(|_| SidecarProblem::Unreachable)?;
@@ -474,18 +615,45 @@ async fn fetch(
     if status != hyper::StatusCode::OK {
         return Err(SidecarProblem::HttpStatus);
     }
-    let body = http_body_util::Limited::new(response.into_body(), MAX_STATUS_BYTES)
-        .collect()
-        .await
-        .map_err(|err| {
-            if err.is::<http_body_util::LengthLimitError>() {
-                SidecarProblem::TooLarge
-            } else {
-                SidecarProblem::Unreachable
+    let declared = response
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    let mut charged = 0;
+    if let Some(declared) = declared {
+        if declared > MAX_STATUS_BYTES {
+            return Err(SidecarProblem::TooLarge);
+        }
+        // Taken before reading, so concurrent reads cannot all start bodies
+        // the budget cannot hold and end with none complete.
+        if !budget.take(declared) {
+            return Err(SidecarProblem::OverBudget);
+        }
+        charged = declared;
+    }
+    let mut body = response.into_body();
+    let mut read = Vec::with_capacity(charged);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| SidecarProblem::Unreachable)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let total = read.len() + data.len();
+        if total > MAX_STATUS_BYTES {
+            return Err(SidecarProblem::TooLarge);
+        }
+        // A body without a length is charged as it arrives.
+        if total > charged {
+            if !budget.take(total - charged) {
+                return Err(SidecarProblem::OverBudget);
             }
-        })?
-        .to_bytes();
-    serde_json::from_slice(&body).map_err(|_| SidecarProblem::NotStatus)
+            charged = total;
+        }
+        budget.count_read(data.len());
+        read.extend_from_slice(&data);
+    }
+    serde_json::from_slice(&read).map_err(|_| SidecarProblem::NotStatus)
 }
 
 #[cfg(test)]

@@ -423,14 +423,14 @@ pub fn stream_detail(
         .iter()
         .filter_map(|report| {
             let status = report.status.as_ref()?;
-            let held = status.worker.leases.iter().find(|l| l.stream_id == id);
-            let lag = status.worker.lag.get(id);
+            let held = status.leases.iter().find(|l| l.stream_id == id);
+            let lag = status.lag.get(id);
             if held.is_none() && lag.is_none() {
                 return None;
             }
             Some(SidecarView {
                 url: report.url.clone(),
-                owner_id: status.worker.owner_id.clone(),
+                owner_id: status.owner_id.clone(),
                 held_token: held.map(|l| l.fence_token),
                 held_expires_at_ms: held.map(|l| l.expires_at_ms),
                 lag_events: lag.map(|l| l.lag_events),

@@ -1,14 +1,15 @@
-//! Access rules of the dashboard's HTTP face: the token cookie's `Secure` flag
-//! and the Host allow-list that stops DNS rebinding of an anonymous loopback
-//! dashboard.
+//! Access rules of the dashboard's HTTP face: the session cookie (derived
+//! from the token, with a `Max-Age`, its `Secure` flag, logout) and the Host
+//! allow-list that stops DNS rebinding of an anonymous loopback dashboard.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_dashboard::http::{Access, DashboardState, app};
+use leasehold_dashboard::http::{Access, DashboardState, SESSION_COOKIE, app};
 use leasehold_dashboard::testing::collector_at;
 use tower::ServiceExt;
 
@@ -178,4 +179,144 @@ async fn the_cookie_is_secure_only_when_a_trusted_proxy_says_https() {
     assert!(!cookie.contains("Secure"), "{cookie}");
     let cookie = login_cookie(direct, None).await;
     assert!(!cookie.contains("Secure"), "{cookie}");
+}
+
+/// Signs in on `router` and returns the `Set-Cookie` it answered.
+async fn sign_in(router: &axum::Router) -> String {
+    let request = Request::post("/login")
+        .header(header::HOST, "127.0.0.1:8080")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("token={TOKEN}")))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    response.headers()[header::SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// `GET path` with `cookie` (a `name=value` pair).
+async fn with_cookie(router: &axum::Router, path: &str, cookie: &str) -> (StatusCode, String) {
+    let request = Request::get(path)
+        .header(header::HOST, "127.0.0.1:8080")
+        .header(header::COOKIE, cookie)
+        .body(Body::empty())
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cookie_holds_a_session_not_the_token_and_lasts_12_hours() {
+    let router = router(
+        Some(TOKEN),
+        Access::new(loopback(), true, false, Vec::new()),
+    );
+    let set_cookie = sign_in(&router).await;
+    assert!(!set_cookie.contains(TOKEN), "{set_cookie}");
+    assert!(set_cookie.contains("; Max-Age=43200"), "{set_cookie}");
+    let session = set_cookie.split(';').next().unwrap().to_owned();
+    assert!(
+        session.starts_with(&format!("{SESSION_COOKIE}=v1.")),
+        "{session}"
+    );
+    assert_eq!(
+        with_cookie(&router, "/api/streams", &session).await.0,
+        StatusCode::OK
+    );
+    // A cookie holding the raw token (what older versions set) is refused.
+    let raw = format!("{SESSION_COOKIE}={TOKEN}");
+    assert_eq!(
+        with_cookie(&router, "/api/streams", &raw).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    // The bearer header keeps taking the token itself.
+    let bearer = Request::get("/api/streams")
+        .header(header::HOST, "127.0.0.1:8080")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        router.clone().oneshot(bearer).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // The session ends with its Max-Age even if a browser keeps the cookie.
+    tokio::time::advance(Duration::from_secs(12 * 60 * 60 - 1)).await;
+    assert_eq!(
+        with_cookie(&router, "/api/streams", &session).await.0,
+        StatusCode::OK
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        with_cookie(&router, "/api/streams", &session).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn logout_clears_the_cookie_under_the_login_forms_rules() {
+    let router = router(Some(TOKEN), Access::new(loopback(), true, true, Vec::new()));
+    let session = sign_in(&router).await.split(';').next().unwrap().to_owned();
+    let (status, page) = with_cookie(&router, "/login", &session).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains("action=\"/logout\""),
+        "a signed-in browser is offered to sign out: {page}"
+    );
+
+    let logout = |host: &str, proto: Option<&str>| {
+        let mut request = Request::post("/logout")
+            .header(header::HOST, host)
+            .header(header::COOKIE, &session);
+        if let Some(proto) = proto {
+            request = request.header("x-forwarded-proto", proto);
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let response = router
+        .clone()
+        .oneshot(logout("127.0.0.1:8080", Some("https")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()[header::LOCATION], "/login");
+    let cleared = response.headers()[header::SET_COOKIE].to_str().unwrap();
+    assert!(
+        cleared.starts_with(&format!("{SESSION_COOKIE}=;")) && cleared.contains("; Max-Age=0"),
+        "{cleared}"
+    );
+    assert!(
+        cleared.contains("Path=/")
+            && cleared.contains("HttpOnly")
+            && cleared.contains("SameSite=Strict")
+            && cleared.contains("; Secure"),
+        "the same attributes as the cookie it replaces: {cleared}"
+    );
+    // Like the token form: a POST only, behind the Host check.
+    let get = Request::get("/logout")
+        .header(header::HOST, "127.0.0.1:8080")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        router.clone().oneshot(get).await.unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    let checked = self::router(
+        Some(TOKEN),
+        Access::new(loopback(), true, false, vec!["dash.example.com".into()]),
+    );
+    assert_eq!(
+        checked
+            .oneshot(logout("attacker.example", None))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::MISDIRECTED_REQUEST
+    );
 }

@@ -17,7 +17,7 @@ use leasehold_control::store::{
     LiftRequest, ReleaseRequest, RenewRequest,
 };
 use leasehold_dashboard::cluster::Collector;
-use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, TOKEN_COOKIE, app};
+use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, SESSION_COOKIE, app};
 use leasehold_dashboard::sink::{SinkReadError, SinkReader};
 use leasehold_dashboard::testing::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
@@ -532,16 +532,23 @@ async fn a_token_protects_everything_but_health_login_and_assets() {
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
+    let session = cookie.split(';').next().unwrap().to_owned();
     let with_cookie = Request::get("/streams")
-        .header(
-            header::COOKIE,
-            format!("other=1; {TOKEN_COOKIE}=s3cret-token"),
-        )
+        .header(header::COOKIE, format!("other=1; {session}"))
         .body(Body::empty())
         .unwrap();
     let (status, _, body) = send(&router, with_cookie).await;
     assert_eq!(status, StatusCode::OK);
     assert!(body.contains("btc-usd"));
+    // The raw token, as older versions stored it, no longer opens anything.
+    let raw_token = Request::get("/api/streams")
+        .header(
+            header::COOKIE,
+            format!("other=1; {SESSION_COOKIE}=s3cret-token"),
+        )
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, raw_token).await.0, StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test(start_paused = true)]

@@ -191,7 +191,12 @@ fn discovery_dedups_bounds_and_summarises_without_values() {
 
 /// A one-answer-per-connection HTTP server: counts requests, answers `reply`.
 async fn server(reply: Vec<u8>) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    server_on("127.0.0.1", reply).await
+}
+
+/// [`server`] on a loopback address of the test's choosing.
+async fn server_on(ip: &str, reply: Vec<u8>) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let hits = Arc::new(AtomicUsize::new(0));
     let counted = hits.clone();
@@ -230,12 +235,23 @@ fn one(addr: SocketAddr) -> Discovery {
     )
 }
 
+/// Polls the one sidecar at `addr` with `timeout` for it and for the poll.
+async fn poll_one(addr: SocketAddr, timeout: Duration) -> Vec<SidecarReport> {
+    poll_discovered(
+        &one(addr),
+        &PollLimits::new(timeout, timeout),
+        &HashSet::new(),
+    )
+    .await
+    .reports
+}
+
 #[tokio::test]
 async fn a_silent_sidecar_is_reported_not_fatal() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    let reports = poll_discovered(&one(addr), Duration::from_millis(500)).await;
+    let reports = poll_one(addr, Duration::from_millis(500)).await;
     assert_eq!(reports.len(), 1);
     assert!(reports[0].status.is_none());
     assert_eq!(reports[0].error.as_deref(), Some("unreachable"));
@@ -248,7 +264,7 @@ async fn a_redirect_is_not_followed() {
     let (target, target_hits) = server(answer("200 OK", "", b"{}")).await;
     let location = format!("location: http://{target}/status\r\n");
     let (redirector, _) = server(answer("302 Found", &location, b"")).await;
-    let reports = poll_discovered(&one(redirector), Duration::from_secs(2)).await;
+    let reports = poll_one(redirector, Duration::from_secs(2)).await;
     assert_eq!(
         reports[0].error.as_deref(),
         Some(SidecarProblem::Redirect.as_str())
@@ -265,19 +281,19 @@ async fn a_huge_body_is_cut_off_and_never_shown() {
         "CANARY".repeat(MAX_STATUS_BYTES / 4)
     );
     let (addr, _) = server(answer("200 OK", "", body.as_bytes())).await;
-    let reports = poll_discovered(&one(addr), Duration::from_secs(5)).await;
+    let reports = poll_one(addr, Duration::from_secs(5)).await;
     assert_eq!(
         reports[0].error.as_deref(),
         Some(SidecarProblem::TooLarge.as_str())
     );
     let (addr, _) = server(answer("500 Oops", "", b"CANARY stack trace")).await;
-    let reports = poll_discovered(&one(addr), Duration::from_secs(5)).await;
+    let reports = poll_one(addr, Duration::from_secs(5)).await;
     assert_eq!(
         reports[0].error.as_deref(),
         Some(SidecarProblem::HttpStatus.as_str())
     );
     let (addr, _) = server(answer("200 OK", "", b"CANARY not json")).await;
-    let reports = poll_discovered(&one(addr), Duration::from_secs(5)).await;
+    let reports = poll_one(addr, Duration::from_secs(5)).await;
     assert_eq!(
         reports[0].error.as_deref(),
         Some(SidecarProblem::NotStatus.as_str())
@@ -288,7 +304,8 @@ async fn a_huge_body_is_cut_off_and_never_shown() {
 
 #[tokio::test]
 async fn a_slow_body_is_bounded_by_the_timeout() {
-    // Headers at once, then one byte a second of a body that never ends.
+    // Headers at once, then a byte every 200 ms of a body that never ends
+    // (declared within the size limit, so only time can stop it).
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -297,7 +314,7 @@ async fn a_slow_body_is_bounded_by_the_timeout() {
                 let mut request = [0_u8; 4096];
                 let _ = socket.read(&mut request).await;
                 let _ = socket
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100000000\r\n\r\n{")
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n{")
                     .await;
                 loop {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -311,7 +328,7 @@ async fn a_slow_body_is_bounded_by_the_timeout() {
     let started = std::time::Instant::now();
     let reports = tokio::time::timeout(
         Duration::from_secs(10),
-        poll_discovered(&one(addr), Duration::from_millis(700)),
+        poll_one(addr, Duration::from_millis(700)),
     )
     .await
     .expect("the poll must end by itself");
@@ -320,4 +337,113 @@ async fn a_slow_body_is_bounded_by_the_timeout() {
         Some(SidecarProblem::Timeout.as_str())
     );
     assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn a_status_keeps_only_what_the_views_use_with_lists_capped() {
+    let leases: Vec<serde_json::Value> = (0..KEPT_LEASES + 10)
+        .map(|i| serde_json::json!({"stream_id": format!("s-{i}"), "fence_token": 1, "expires_at_ms": 1}))
+        .collect();
+    let lag: serde_json::Map<String, serde_json::Value> = (0..KEPT_LAG_ENTRIES + 10)
+        .map(|i| {
+            (
+                format!("s-{i:05}"),
+                serde_json::json!({"lag_events": 1, "lag_seconds": 0.5}),
+            )
+        })
+        .collect();
+    let claims: Vec<serde_json::Value> = (1..=KEPT_CLAIMS as u64 + 5)
+        .map(|seq| serde_json::json!({"seq": seq, "age_ms": 1, "seconds": 0.1}))
+        .collect();
+    let body = serde_json::json!({
+        "component": "stream-worker", "owner_id": "x".repeat(KEPT_ID_LEN + 1),
+        "worker_connected": true, "last_event_age_ms": 1, "worker_up": true,
+        "events_received": 1, "events_dropped": 0, "leases": leases, "lag": lag,
+        "websocket_connections": 0, "pool": null, "observer": true, "claims": claims,
+    });
+    let kept: KeptStatus = serde_json::from_value(body).unwrap();
+    assert_eq!(kept.leases.len(), KEPT_LEASES);
+    assert_eq!(kept.leases[0].stream_id, "s-0", "the first leases are kept");
+    assert_eq!(kept.lag.len(), KEPT_LAG_ENTRIES);
+    assert_eq!(kept.claims.len(), KEPT_CLAIMS);
+    assert_eq!(
+        kept.claims.last().map(|c| c.seq),
+        Some(KEPT_CLAIMS as u64 + 5),
+        "the newest claims are kept"
+    );
+    assert_eq!(
+        kept.owner_id, None,
+        "an owner id longer than any kept is dropped"
+    );
+    assert!(kept.observer && kept.worker_up);
+    let shown = serde_json::to_value(&kept).unwrap();
+    assert!(shown.get("events_received").is_none(), "{shown}");
+}
+
+#[tokio::test]
+async fn bodies_past_the_byte_budget_are_refused_with_or_without_a_length() {
+    let status = serde_json::json!({
+        "component": "stream-worker", "owner_id": "w", "worker_up": true,
+        "leases": [], "lag": {}, "observer": false,
+    })
+    .to_string();
+    let budget = status.len() * 3 / 2;
+    // With a length: refused before its body is read.
+    let (first, _) = server(answer("200 OK", "", status.as_bytes())).await;
+    let (second, _) = server(answer("200 OK", "", status.as_bytes())).await;
+    // Without one (chunked): refused as soon as a chunk would go past.
+    let mut chunked =
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n".to_vec();
+    chunked.extend_from_slice(format!("{:x}\r\n{status}\r\n0\r\n\r\n", status.len()).as_bytes());
+    let (third, _) = server(chunked).await;
+    let discovery = Discovery::from_values(
+        [first, second, third]
+            .map(|addr| SidecarUrl::new(addr).to_string())
+            .iter()
+            .map(String::as_str),
+        &DiscoveryPolicy::dev(),
+    );
+    let limits = PollLimits {
+        byte_budget: budget,
+        ..PollLimits::new(Duration::from_secs(5), Duration::from_secs(5))
+    };
+    let poll = poll_discovered(&discovery, &limits, &HashSet::new()).await;
+    assert!(poll.bytes_read <= budget, "{}", poll.bytes_read);
+    let answered = poll.reports.iter().filter(|r| r.status.is_some()).count();
+    let over = poll
+        .reports
+        .iter()
+        .filter(|r| r.error.as_deref() == Some(SidecarProblem::OverBudget.as_str()))
+        .count();
+    assert_eq!((answered, over), (1, 2), "{:?}", poll.reports);
+}
+
+#[tokio::test]
+async fn those_that_answered_last_time_are_asked_first() {
+    // A poll of the concurrency's worth of silent addresses that sort first
+    // (127.0.0.2) and one sidecar that answered last time (127.0.0.3), with a
+    // deadline shorter than one sidecar's timeout: only the first batch is
+    // ever asked, and the known sidecar must be in it.
+    let mut silent = Vec::new();
+    for _ in 0..POLL_CONCURRENCY {
+        silent.push(TcpListener::bind("127.0.0.2:0").await.unwrap());
+    }
+    let status = serde_json::json!({
+        "worker_up": true, "leases": [], "lag": {}, "observer": false,
+    })
+    .to_string();
+    let (known, _) = server_on("127.0.0.3", answer("200 OK", "", status.as_bytes())).await;
+    let urls: Vec<String> = silent
+        .iter()
+        .map(|listener| listener.local_addr().unwrap())
+        .chain([known])
+        .map(|addr| SidecarUrl::new(addr).to_string())
+        .collect();
+    let discovery =
+        Discovery::from_values(urls.iter().map(String::as_str), &DiscoveryPolicy::dev());
+    let known_url = SidecarUrl::new(known).to_string();
+    let limits = PollLimits::new(Duration::from_secs(3), Duration::from_secs(1));
+    let poll = poll_discovered(&discovery, &limits, &HashSet::from([known_url.clone()])).await;
+    let report = poll.reports.iter().find(|r| r.url == known_url).unwrap();
+    assert!(report.status.is_some(), "{report:?}");
 }
