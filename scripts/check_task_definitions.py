@@ -979,8 +979,10 @@ def self_test(code: Code) -> int:
     if errors:
         failed += 1
         print("self-test FAILED: the unbroken files do not pass:\n  " + "\n  ".join(errors))
+    must_pass = sum(1 for *_, expected in acl_cases if expected is None) + 1  # + the `reset` case
     total = len(cases) + len(acl_cases) + 2
-    print(f"self-test: {total - failed} of {total} broken copies caught or rightly passed" +
+    print(f"self-test: {total - failed} of {total} right ({total - must_pass} broken copies must be caught, "
+          f"{must_pass} harmless ACL rules must pass)" +
           ("" if not failed else f", {failed} FAILED"))
     return 1 if failed else 0
 
