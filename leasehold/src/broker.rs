@@ -23,6 +23,7 @@ use leasehold_platform::periodic::try_once_or_every;
 use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
+use leasehold_pool::claim_users::ClaimUsers;
 use leasehold_pool::keys;
 use leasehold_pool::protocol::ClaimStatus;
 use leasehold_pool::settings::REDIS_URL;
@@ -78,13 +79,25 @@ pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failur
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let sealer = Arc::new(CredentialSealer::new(bus, Arc::new(settings.cipher)));
+    let mut sealer = CredentialSealer::new(bus, Arc::new(settings.cipher));
+    if settings.claim_redis_users {
+        let users = ClaimUsers::connect(settings.redis_url.expose())
+            .await
+            .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
+        sealer = sealer.with_claim_users(users);
+    }
+    let sealer = Arc::new(sealer);
     // One parseable line for tests and operators.
     let addr = listener.local_addr().context("no local address")?;
     println!("credential sealer listening on {addr}");
-    leasehold_broker::sealer::serve(listener, sealer, shutdown_on_signal())
-        .await
-        .context("credential sealer failed")?;
+    leasehold_broker::sealer::serve(
+        listener,
+        sealer,
+        settings.sweep_interval,
+        shutdown_on_signal(),
+    )
+    .await
+    .context("credential sealer failed")?;
     Ok(())
 }
 
@@ -151,7 +164,9 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
         telemetry.clone(),
     );
     if let Some(url) = &settings.sealer_url {
-        worker = worker.with_sealer(SealerClient::new(url, SEALER_TIMEOUT));
+        worker = worker
+            .with_sealer(SealerClient::new(url, SEALER_TIMEOUT))
+            .with_claim_redis_url(settings.redis_url.clone());
     }
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");

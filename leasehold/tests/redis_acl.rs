@@ -89,6 +89,8 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             ("REDIS_URL", &redis.url("credential-sealer")),
             ("CREDENTIALS_KEY", &key),
             ("SEALER_LISTEN", &sealer_listen),
+            ("SEALER_CLAIM_REDIS_USERS", "true"),
+            ("SEALER_SWEEP_INTERVAL_MS", "300"),
             ("LEASEHOLD_LOG", "debug"),
         ]),
     );
@@ -171,6 +173,44 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     };
     let response: serde_json::Value = serde_json::from_str(&response).unwrap();
     assert_eq!(response["status"], "ok", "{response}");
+    // It served as the claim user the sealer made for this claim: its
+    // connections log in as `leasehold-claim-{user}`, which reaches this
+    // user's keys and no other's.
+    let claim_user = leasehold_pool::claim_users::claim_user_name(&user);
+    let users: Vec<String> = redis::cmd("ACL")
+        .arg("USERS")
+        .query_async(&mut redis.admin)
+        .await
+        .unwrap();
+    assert!(users.contains(&claim_user), "{users:?}");
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut redis.admin)
+        .await
+        .unwrap();
+    assert!(
+        clients.contains(&format!("user={claim_user} ")),
+        "no connection as {claim_user}:\n{clients}"
+    );
+    let other = unique_name("other");
+    for (args, allowed) in [
+        (vec!["LLEN", &keys::user_requests(&user)], true),
+        (vec!["GET", &keys::response(&request_id)], true),
+        (vec!["LLEN", &keys::user_requests(&other)], false),
+        (vec!["LLEN", &keys::worker_control(&other)], false),
+        (vec!["GET", &keys::worker_active(&other)], false),
+        (vec!["GET", &keys::credentials(&user)], false),
+        (vec!["LLEN", keys::POOL_CLAIMS], false),
+    ] {
+        let verdict: String = redis::cmd("ACL")
+            .arg("DRYRUN")
+            .arg(&claim_user)
+            .arg(&args)
+            .query_async(&mut redis.admin)
+            .await
+            .unwrap();
+        assert_eq!(verdict == "OK", allowed, "{claim_user} {args:?}: {verdict}");
+    }
     // `claim` again: the user is active (EXISTS on the mark).
     outputs.push(run_ok(&["claim", &user, "--timeout", "0s"], &api_env, None));
 
@@ -414,6 +454,29 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         "the worker did not get its credentials from the sealer:\n{sealer_output}"
     );
     outputs.push(sealer_output);
+    // With its user unserved and no grant left, the sealer deletes the claim user.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let _: () = redis
+            .admin
+            .del(keys::credentials_grant(&user))
+            .await
+            .unwrap();
+        let users: Vec<String> = redis::cmd("ACL")
+            .arg("USERS")
+            .query_async(&mut redis.admin)
+            .await
+            .unwrap();
+        if !users.contains(&claim_user) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{claim_user} outlived its worker\n{}",
+            sealer.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let denials = redis.denials().await;
     assert!(
@@ -511,6 +574,16 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         broker_as_bus.credentials(&user).await,
     );
     refused(&redis, "broker-worker", &["GET", &keys::credentials(&user)]).await;
+    // Nor, with per-claim users, any user's queues, records or responses.
+    for args in [
+        vec!["LLEN", &keys::user_requests(&user)],
+        vec!["LRANGE", &keys::user_processing(&user), "0", "-1"],
+        vec!["GET", &keys::response(&request_id)],
+        vec!["HGETALL", &keys::request_record(&request_id)],
+        vec!["LLEN", &keys::worker_control(&user)],
+    ] {
+        refused(&redis, "broker-worker", &args).await;
+    }
     assert_refused(
         "broker-worker grants credentials",
         broker_as_bus

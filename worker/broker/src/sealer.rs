@@ -30,8 +30,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use leasehold_pool::bus::{BusError, PoolBus};
+use leasehold_pool::claim_users::{ClaimUsers, RedisLogin};
 use leasehold_pool::keys;
-use leasehold_pool::protocol::{self, MarkValue};
+use leasehold_pool::protocol::{self, CredentialsGrant, GrantReason, MarkValue};
 use serde::{Deserialize, Serialize};
 
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
@@ -60,6 +61,32 @@ pub struct SealRequest {
     /// The worker's public key, as its marks carry it.
     pub seal_key: String,
 }
+
+/// The sealer's answer: the user's credentials and, when the sealer makes
+/// per-claim Redis users, the worker's login for its claimed phase, each
+/// sealed to the worker's key (JSON body of a `200`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedAnswer {
+    /// The credentials JSON object, sealed.
+    pub credentials: SealedCredentials,
+    /// `{"user", "password"}` of `leasehold-claim-{user_id}`, sealed; only on
+    /// a claim or a cold start, never on a reload (the worker keeps the one it has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<SealedCredentials>,
+}
+
+/// What a worker opened from a [`SealedAnswer`].
+#[derive(Debug)]
+pub struct Unsealed {
+    /// Its user's credentials.
+    pub credentials: Credentials,
+    /// Its per-claim Redis login, if the sealer made one.
+    pub redis_login: Option<RedisLogin>,
+}
+
+/// How often the sealer deletes claim users whose user has no worker, by
+/// default (`SEALER_SWEEP_INTERVAL_MS`).
+pub const CLAIM_USER_SWEEP: Duration = Duration::from_secs(30);
 
 /// Why the sealer did not seal (each maps to one HTTP status; the message
 /// names ids and reasons, never a secret).
@@ -164,16 +191,36 @@ pub fn is_the_users_worker(
 pub struct CredentialSealer {
     bus: Arc<dyn PoolBus>,
     cipher: Arc<dyn CredentialsCipher>,
+    claim_users: Option<ClaimUsers>,
 }
 
 impl CredentialSealer {
     /// A sealer reading `bus` and decrypting with `cipher`.
     pub fn new(bus: Arc<dyn PoolBus>, cipher: Arc<dyn CredentialsCipher>) -> Self {
-        CredentialSealer { bus, cipher }
+        CredentialSealer {
+            bus,
+            cipher,
+            claim_users: None,
+        }
+    }
+
+    /// Also makes a per-claim Redis user for each claim and cold start
+    /// (`SEALER_CLAIM_REDIS_USERS`), and sweeps them.
+    pub fn with_claim_users(mut self, claim_users: ClaimUsers) -> Self {
+        self.claim_users = Some(claim_users);
+        self
+    }
+
+    /// Deletes the claim users whose user has no worker and no grant.
+    pub async fn sweep_claim_users(&self) -> Result<u64, BusError> {
+        match &self.claim_users {
+            Some(claim_users) => claim_users.sweep(self.bus.as_ref()).await,
+            None => Ok(0),
+        }
     }
 
     /// The user's credentials sealed to the asking worker, or why not.
-    pub async fn seal(&self, request: &SealRequest) -> Result<SealedCredentials, SealRefusal> {
+    pub async fn seal(&self, request: &SealRequest) -> Result<SealedAnswer, SealRefusal> {
         keys::check_user_id(&request.user_id)
             .map_err(|err| SealRefusal::BadRequest(err.to_string()))?;
         if request.worker_id.is_empty() || request.worker_id.contains(['*', '?', '[']) {
@@ -182,14 +229,9 @@ impl CredentialSealer {
         sealing::parse_public_key(&request.seal_key)
             .map_err(|err| SealRefusal::BadRequest(err.to_string()))?;
         let user_id = request.user_id.as_str();
-        if self
-            .bus
-            .get(&keys::credentials_grant(user_id))
-            .await?
-            .is_none()
-        {
+        let Some(grant) = self.bus.get(&keys::credentials_grant(user_id)).await? else {
             return Err(SealRefusal::NoGrant(user_id.to_owned()));
-        }
+        };
         let user_mark = self.mark(&keys::worker_active(user_id)).await?;
         let (pool_mark, taken) = if user_mark.is_none() {
             let pool_mark = self
@@ -226,8 +268,30 @@ impl CredentialSealer {
                     },
                 })?;
         let plaintext = credentials.to_json();
-        sealing::seal_to(&request.seal_key, user_id, &plaintext)
-            .map_err(|err| SealRefusal::BadRequest(err.to_string()))
+        let seal = |plaintext: &[u8]| {
+            sealing::seal_to(&request.seal_key, user_id, plaintext)
+                .map_err(|err| SealRefusal::BadRequest(err.to_string()))
+        };
+        let sealed = seal(&plaintext)?;
+        // A reload keeps the login the worker has: a new password would cut
+        // its next reconnect.
+        let new_holder = serde_json::from_str::<CredentialsGrant>(&grant)
+            .map(|grant| grant.reason != GrantReason::Reload)
+            .unwrap_or(true);
+        let redis = match &self.claim_users {
+            Some(claim_users) if new_holder => {
+                let login = claim_users.create(user_id).await?;
+                let json = zeroize::Zeroizing::new(
+                    serde_json::json!({"user": login.user, "password": login.password}).to_string(),
+                );
+                Some(seal(json.as_bytes())?)
+            }
+            _ => None,
+        };
+        Ok(SealedAnswer {
+            credentials: sealed,
+            redis,
+        })
     }
 
     async fn mark(&self, key: &str) -> Result<Option<MarkValue>, BusError> {
@@ -267,7 +331,7 @@ pub fn router(sealer: Arc<CredentialSealer>) -> Router {
 async fn seal_handler(
     State(sealer): State<Arc<CredentialSealer>>,
     Json(request): Json<SealRequest>,
-) -> Result<Json<SealedCredentials>, SealRefusal> {
+) -> Result<Json<SealedAnswer>, SealRefusal> {
     match sealer.seal(&request).await {
         Ok(sealed) => {
             tracing::info!(
@@ -289,15 +353,36 @@ async fn seal_handler(
     }
 }
 
-/// Serves the sealer on `listener` until `shutdown` (in-flight requests finish).
+/// Serves the sealer on `listener` until `shutdown` (in-flight requests
+/// finish), sweeping claim users every `sweep` meanwhile.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     sealer: Arc<CredentialSealer>,
+    sweep: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(sealer))
+    let sweeper = sealer.clone();
+    let sweep = tokio::spawn(leasehold_platform::periodic::every(
+        sweep,
+        shutdown.clone(),
+        move || {
+            let sealer = sweeper.clone();
+            async move {
+                match sealer.sweep_claim_users().await {
+                    Ok(0) => {}
+                    Ok(deleted) => {
+                        tracing::info!(deleted, "claim users of users without a worker deleted")
+                    }
+                    Err(err) => tracing::warn!(error = %err, "cannot sweep claim users"),
+                }
+            }
+        },
+    ));
+    let served = axum::serve(listener, router(sealer))
         .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+        .await;
+    sweep.abort();
+    served
 }
 
 /// A worker's side: asks the sealer at `CREDENTIALS_SEALER_URL` and opens the
@@ -337,7 +422,7 @@ impl SealerClient {
     /// `user_id`'s credentials, sealed to this worker by the sealer. Errors
     /// are [`CipherError::SealerUnavailable`] (try again) or
     /// [`CipherError::SealerRefused`] (the sealer's reason).
-    pub async fn fetch(&self, user_id: &str, worker_id: &str) -> Result<Credentials, CipherError> {
+    pub async fn fetch(&self, user_id: &str, worker_id: &str) -> Result<Unsealed, CipherError> {
         let body = serde_json::to_vec(&SealRequest {
             user_id: user_id.to_owned(),
             worker_id: worker_id.to_owned(),
@@ -373,14 +458,37 @@ impl SealerClient {
                 },
             });
         }
-        let sealed: SealedCredentials = serde_json::from_slice(&body)
+        let answer: SealedAnswer = serde_json::from_slice(&body)
             .map_err(|_| unavailable("the answer is not sealed credentials".into()))?;
-        self.key.open(user_id, &sealed).map_err(|err| match err {
-            sealing::SealError::Cipher(err) => err,
-            other => CipherError::SealerRefused {
-                status: 200,
-                reason: other.to_string(),
-            },
+        let open = |sealed: &SealedCredentials| {
+            self.key.open(user_id, sealed).map_err(|err| match err {
+                sealing::SealError::Cipher(err) => err,
+                other => CipherError::SealerRefused {
+                    status: 200,
+                    reason: other.to_string(),
+                },
+            })
+        };
+        let credentials = open(&answer.credentials)?;
+        let redis_login = match &answer.redis {
+            None => None,
+            Some(sealed) => {
+                let login = open(sealed)?;
+                let field = |name: &str| login.get(name).map(|v| v.expose().to_owned());
+                match (field("user"), field("password")) {
+                    (Some(user), Some(password)) => Some(RedisLogin { user, password }),
+                    _ => {
+                        return Err(CipherError::SealerRefused {
+                            status: 200,
+                            reason: "the sealed Redis login lacks `user` or `password`".into(),
+                        });
+                    }
+                }
+            }
+        };
+        Ok(Unsealed {
+            credentials,
+            redis_login,
         })
     }
 }

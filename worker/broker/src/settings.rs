@@ -88,6 +88,20 @@ pub const SEALER_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
     }),
     "Where `leasehold credential-sealer` listens for broker workers (HTTP, `POST /v1/seal`).",
 );
+/// The `SEALER_CLAIM_REDIS_USERS` variable.
+pub const SEALER_CLAIM_REDIS_USERS: Setting<bool> = Setting::new(
+    "SEALER_CLAIM_REDIS_USERS",
+    parse::BOOL,
+    Fallback::Value(|| false),
+    "`true` (self-managed Redis/Valkey): the credential sealer makes a Redis user `leasehold-claim-{user_id}` per claim, confined to that user's keys, and hands its login to the worker sealed; it deletes it once the user has no worker. Needs the sealer's user to have `+acl|setuser +acl|deluser +acl|users`.",
+);
+/// The `SEALER_SWEEP_INTERVAL_MS` variable.
+pub const SEALER_SWEEP_INTERVAL_MS: Setting<Duration> = Setting::new(
+    "SEALER_SWEEP_INTERVAL_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| crate::sealer::CLAIM_USER_SWEEP),
+    "How often the credential sealer deletes per-claim Redis users whose user has no worker and no grant.",
+);
 /// The `WORKER_ID` variable.
 pub const WORKER_ID: Setting<String> = Setting::new(
     "WORKER_ID",
@@ -322,6 +336,8 @@ pub const ALL: &[&dyn Documented] = &[
     &CREDENTIALS_ALLOW_LOCAL_KEY,
     &CREDENTIALS_SEALER_URL,
     &SEALER_LISTEN,
+    &SEALER_CLAIM_REDIS_USERS,
+    &SEALER_SWEEP_INTERVAL_MS,
     &WORKER_ID,
     &POOL_TARGET_SIZE,
     &TASK_LAUNCHER,
@@ -542,6 +558,10 @@ pub struct SealerSettings {
     pub cipher: Keyring,
     /// `SEALER_LISTEN`.
     pub listen: std::net::SocketAddr,
+    /// `SEALER_CLAIM_REDIS_USERS`.
+    pub claim_redis_users: bool,
+    /// `SEALER_SWEEP_INTERVAL_MS`.
+    pub sweep_interval: Duration,
 }
 
 /// Reads the credential sealer's settings.
@@ -550,10 +570,14 @@ pub fn sealer_settings(lookup: Lookup) -> Result<SealerSettings, ConfigError> {
     let redis_url = env.get(&REDIS_URL);
     let cipher = keyring(&mut env);
     let listen = env.get(&SEALER_LISTEN);
+    let claim_redis_users = env.get(&SEALER_CLAIM_REDIS_USERS);
+    let sweep_interval = env.get(&SEALER_SWEEP_INTERVAL_MS);
     env.finish(SealerSettings {
         redis_url: redis_url.into(),
         cipher,
         listen,
+        claim_redis_users,
+        sweep_interval,
     })
 }
 

@@ -39,10 +39,12 @@ use tokio_util::sync::CancellationToken;
 use crate::connections::{ConnectPolicy, ConnectionCache};
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
 use crate::paper::Broker;
-use crate::sealer::SealerClient;
+use crate::sealer::{SealerClient, Unsealed};
+use leasehold_platform::settings::Redacted;
 pub use leasehold_pool::bus::WorkerMetadata;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusError, ClaimSettle, MarkWrite, PoolBus, Settled, Take};
+use leasehold_pool::claim_users::{RedisLogin, login_url};
 use leasehold_pool::protocol::{self, ClaimMessage, ClaimOutcome, MarkValue};
 
 /// Why a claim for a user who has a worker fails (outcome and telemetry).
@@ -196,6 +198,9 @@ pub struct BrokerWorker {
     /// Set: credentials come sealed from the credential sealer, and `cipher`
     /// is never used (this worker decrypts no blob).
     sealer: Option<Arc<SealerClient>>,
+    /// The pool bus's Redis URL, for logging in as the per-claim user the
+    /// sealer may hand out (`None`: the bus is not Redis, or no sealer).
+    claim_redis_url: Option<Redacted<String>>,
     brokers: HashMap<String, Arc<dyn Broker>>,
     telemetry: Arc<dyn TelemetrySink>,
 }
@@ -221,6 +226,8 @@ impl Drop for AbortOnDrop {
 struct Claimed {
     user_id: String,
     credentials: Credentials,
+    /// The per-claim Redis user the sealer made for this claim, if any.
+    redis_login: Option<RedisLogin>,
 }
 
 /// The holder deadline: how long this worker may still act on its mark.
@@ -297,6 +304,7 @@ impl BrokerWorker {
             bus,
             cipher,
             sealer: None,
+            claim_redis_url: None,
             brokers,
             telemetry,
         }
@@ -307,6 +315,13 @@ impl BrokerWorker {
     /// key in its marks, and reads no `credentials:*` key.
     pub fn with_sealer(mut self, sealer: SealerClient) -> Self {
         self.sealer = Some(Arc::new(sealer));
+        self
+    }
+
+    /// The Redis URL of this worker's pool bus: when the sealer hands out a
+    /// per-claim Redis user, the claimed phase runs on a bus logged in as it.
+    pub fn with_claim_redis_url(mut self, url: Redacted<String>) -> Self {
+        self.claim_redis_url = Some(url);
         self
     }
 
@@ -367,7 +382,11 @@ impl BrokerWorker {
                 Err(exit) => return Ok(exit),
             },
         };
+        let mut claimed = claimed;
         let user_id = claimed.user_id.clone();
+        if let Some(login) = claimed.redis_login.take() {
+            self.log_in_as_claim_user(&user_id, &login).await?;
+        }
         let lost = CancellationToken::new();
         let holder = Arc::new(Holder::new(
             Instant::now(),
@@ -408,6 +427,49 @@ impl BrokerWorker {
         }
         self.state(PoolWorkerStateKind::Stopped, Some(&user_id));
         outcome
+    }
+
+    /// Moves the bus onto the per-claim Redis user the sealer made: from here
+    /// on this worker reaches only its user's keys. A login that does not
+    /// work gives the user back and ends the worker (the pool-wide user may
+    /// not reach the user's queues at all).
+    async fn log_in_as_claim_user(
+        &mut self,
+        user_id: &str,
+        login: &RedisLogin,
+    ) -> Result<(), WorkerError> {
+        let Some(base) = &self.claim_redis_url else {
+            tracing::debug!(
+                user_id,
+                "a claim login from the sealer, but the bus is not Redis"
+            );
+            return Ok(());
+        };
+        let bus = match login_url(base.expose(), login) {
+            Ok(url) => RedisPoolBus::connect(&url).await,
+            Err(err) => Err(err),
+        };
+        match bus {
+            Ok(bus) => {
+                tracing::info!(
+                    user_id,
+                    redis_user = login.user,
+                    "serving as the per-claim Redis user"
+                );
+                self.bus = Arc::new(bus);
+                Ok(())
+            }
+            Err(err) => {
+                if let Err(release) = self
+                    .bus
+                    .release_user_mark(user_id, &self.config.worker_id)
+                    .await
+                {
+                    tracing::warn!(user_id, error = %release, "cannot give the user back; the mark expires");
+                }
+                Err(WorkerError::Bus(err))
+            }
+        }
     }
 
     /// Pool phase: until a valid claim (Ok(Ok)) or shutdown (Ok(Err(exit))).
@@ -477,7 +539,7 @@ impl BrokerWorker {
                 }
                 continue;
             }
-            let Some((claim, credentials)) = self.check_claim(&taken.raw).await else {
+            let Some((claim, credentials, redis_login)) = self.check_claim(&taken.raw).await else {
                 continue;
             };
             heartbeat.stop().await;
@@ -493,6 +555,7 @@ impl BrokerWorker {
                 return Ok(Ok(Claimed {
                     user_id: claim.user_id,
                     credentials,
+                    redis_login,
                 }));
             }
             heartbeat = AbortOnDrop(self.spawn_pool_heartbeat());
@@ -580,7 +643,10 @@ impl BrokerWorker {
 
     /// Parses and decrypts a claim; a bad one is dead-lettered with a
     /// `failed` outcome (when its claim id is readable) and `None` returned.
-    async fn check_claim(&mut self, raw: &[u8]) -> Option<(ClaimMessage, Credentials)> {
+    async fn check_claim(
+        &mut self,
+        raw: &[u8],
+    ) -> Option<(ClaimMessage, Credentials, Option<RedisLogin>)> {
         if raw.len() > self.config.bounds.max_bytes {
             // Never parsed: the claim id, if plain, is read from the head.
             let head = &raw[..raw.len().min(protocol::DEAD_LETTER_HEAD_BYTES)];
@@ -619,15 +685,18 @@ impl BrokerWorker {
         let credentials = match &self.sealer {
             // The sealer reads the stored blob; the one in the claim is not
             // needed (and this worker could not open it).
-            Some(sealer) => sealer.fetch(&claim.user_id, &self.config.worker_id).await,
-            None => {
-                self.cipher
-                    .decrypt(&claim.user_id, &claim.encrypted_credentials)
-                    .await
-            }
+            Some(sealer) => sealer
+                .fetch(&claim.user_id, &self.config.worker_id)
+                .await
+                .map(|unsealed| (unsealed.credentials, unsealed.redis_login)),
+            None => self
+                .cipher
+                .decrypt(&claim.user_id, &claim.encrypted_credentials)
+                .await
+                .map(|credentials| (credentials, None)),
         };
         match credentials {
-            Ok(credentials) => Some((claim, credentials)),
+            Ok((credentials, login)) => Some((claim, credentials, login)),
             Err(err) if err.is_transient() => {
                 // KMS throttled or unreachable: the claim is fine, so it goes
                 // back first in line rather than failing for good; this
@@ -713,6 +782,12 @@ impl BrokerWorker {
     }
 
     async fn load_credentials(&mut self, user_id: &str) -> Result<Credentials, WorkerError> {
+        Ok(self.obtain_credentials(user_id).await?.credentials)
+    }
+
+    /// The user's credentials (and, from a sealer, maybe a per-claim Redis
+    /// login): sealed to this worker, or decrypted from the stored blob.
+    async fn obtain_credentials(&mut self, user_id: &str) -> Result<Unsealed, WorkerError> {
         let problem = |problem: String| WorkerError::Credentials {
             user_id: user_id.to_owned(),
             problem,
@@ -726,10 +801,15 @@ impl BrokerWorker {
         let blob = self.bus.credentials(user_id).await?;
         let blob =
             blob.ok_or_else(|| problem(format!("{} is not set", keys::credentials(user_id))))?;
-        self.cipher
+        let credentials = self
+            .cipher
             .decrypt(user_id, &blob)
             .await
-            .map_err(|err: CipherError| problem(err.to_string()))
+            .map_err(|err: CipherError| problem(err.to_string()))?;
+        Ok(Unsealed {
+            credentials,
+            redis_login: None,
+        })
     }
 
     /// Cold start (`USER_ID` set): read the credentials, then claim; while another
@@ -744,15 +824,15 @@ impl BrokerWorker {
     ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
         let decrypted = match self.sealer {
             Some(_) => None,
-            None => Some(self.load_credentials(user_id).await?),
+            None => Some(self.obtain_credentials(user_id).await?),
         };
         let give_up = Instant::now() + self.config.mark_ttl + self.config.heartbeat;
         loop {
             if self.claim(user_id).await? {
-                let credentials = match decrypted {
-                    Some(credentials) => credentials,
-                    None => match self.load_credentials(user_id).await {
-                        Ok(credentials) => credentials,
+                let unsealed = match decrypted {
+                    Some(unsealed) => unsealed,
+                    None => match self.obtain_credentials(user_id).await {
+                        Ok(unsealed) => unsealed,
                         Err(err) => {
                             if let Err(release) = self
                                 .bus
@@ -768,7 +848,8 @@ impl BrokerWorker {
                 self.state(PoolWorkerStateKind::Claimed, Some(user_id));
                 return Ok(Ok(Claimed {
                     user_id: user_id.to_owned(),
-                    credentials,
+                    credentials: unsealed.credentials,
+                    redis_login: unsealed.redis_login,
                 }));
             }
             if Instant::now() >= give_up {

@@ -58,7 +58,12 @@ async fn start_sealer(bus: Arc<dyn PoolBus>, key: &str, stop: CancellationToken)
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let sealer = Arc::new(CredentialSealer::new(bus, cipher));
-    tokio::spawn(sealer::serve(listener, sealer, stop));
+    tokio::spawn(sealer::serve(
+        listener,
+        sealer,
+        sealer::CLAIM_USER_SWEEP,
+        stop,
+    ));
     url
 }
 

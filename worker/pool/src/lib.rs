@@ -13,9 +13,12 @@
 //!   loop, both buses and the request model checker.
 //! - [`read`]: [`read::PoolReader`], the one read model (idle workers, claimed
 //!   users and their queues, the sweep report) for the dashboard and observer.
+//! - [`claim_users`]: per-claim Redis users (self-managed Redis), confined to
+//!   one user's keys, made and swept by the credential sealer.
 //! - [`settings`]: where the pool lives (`REDIS_URL`).
 
 pub mod bus;
+pub mod claim_users;
 pub mod keys;
 pub mod protocol;
 pub mod read;

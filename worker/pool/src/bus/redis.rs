@@ -458,7 +458,7 @@ const UNBLOCK_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Redis errors, without the URL (a `RedisError`'s text never includes it; it
 /// may name the command).
-fn classify(err: redis::RedisError) -> BusError {
+pub(crate) fn classify(err: redis::RedisError) -> BusError {
     if err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
