@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_broker::connections::ConnectPolicy;
-use leasehold_broker::credentials::AesGcmCipher;
+use leasehold_broker::credentials::Keyring;
 use leasehold_broker::launcher::{LaunchError, RunningTask, TaskLauncher};
 use leasehold_broker::paper::{Broker, PaperBroker, PaperConfig};
+use leasehold_broker::sealer::SealerClient;
 use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerMetadata};
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::PoolBus;
@@ -41,7 +42,9 @@ impl Drop for Deregister {
 /// Broker workers as tasks of this process.
 pub(crate) struct InProcessLauncher {
     pub(crate) bus: Arc<dyn PoolBus>,
-    pub(crate) key: String,
+    /// The in-process credential sealer's base URL: workers hold no key, as
+    /// in production.
+    pub(crate) sealer_url: String,
     pub(crate) telemetry: Arc<BufferedShipper>,
     pub(crate) tasks: Arc<Mutex<HashMap<String, Task>>>,
     pub(crate) next: Mutex<u64>,
@@ -63,8 +66,6 @@ impl TaskLauncher for InProcessLauncher {
         };
         let worker_id = format!("pool-{number}");
         let task_id = format!("dev-task-{number}");
-        let cipher = AesGcmCipher::from_base64_key(&self.key)
-            .map_err(|err| LaunchError::Start(err.to_string()))?;
         let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
             "paper".to_owned(),
             Arc::new(PaperBroker::new(
@@ -98,10 +99,12 @@ impl TaskLauncher for InProcessLauncher {
                 },
             },
             self.bus.clone(),
-            Arc::new(cipher),
+            // Nothing to decrypt with: credentials come sealed.
+            Arc::new(Keyring::default()),
             brokers,
             self.telemetry.clone(),
-        );
+        )
+        .with_sealer(SealerClient::new(&self.sealer_url, Duration::from_secs(5)));
         let stop = CancellationToken::new();
         // Registered before the task runs, and removed by a guard when it ends
         // however it ends: a worker that fails at once must not leave a ghost.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use leasehold_broker::credentials::AesGcmCipher;
 use leasehold_broker::maintenance::{self, SweepConfig};
 use leasehold_broker::manager;
+use leasehold_broker::sealer::CredentialSealer;
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::PoolBus;
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
@@ -58,9 +59,26 @@ impl PoolRuntime {
                 .await
                 .map_err(crate::start_error("the pool bus"))?;
         }
+        // The credential sealer, as production runs it: the one holder of the key.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(crate::start_error("the credential sealer's port"))?;
+        let sealer_url = format!(
+            "http://{}",
+            listener
+                .local_addr()
+                .map_err(crate::start_error("the credential sealer's port"))?
+        );
+        let sealer = Arc::new(CredentialSealer::new(bus.clone(), Arc::new(cipher)));
+        tokio::spawn(leasehold_broker::sealer::serve(
+            listener,
+            sealer,
+            leasehold_broker::sealer::CLAIM_USER_SWEEP,
+            background.clone(),
+        ));
         let launcher = Arc::new(InProcessLauncher {
             bus: bus.clone(),
-            key,
+            sealer_url,
             telemetry: telemetry.clone(),
             tasks: Arc::default(),
             next: Mutex::new(0),
