@@ -5,6 +5,13 @@
 //! zero-latency paper broker, through the processing list and the request
 //! record; resident memory of an idle pool worker process.
 //!
+//! The claim figures are taken twice: workers that decrypt the blob in the
+//! claim themselves (local key), and workers that get their credentials
+//! sealed from an in-process credential sealer (local key too, so the
+//! difference is the sealing step: the grant, the HTTP round trip, the
+//! sealer's reads, X25519 and two AES-GCM operations; KMS adds its own round
+//! trip in either mode, see the `kms_decrypt` bench).
+//!
 //! Needs `LEASEHOLD_TEST_REDIS_URL` (scripts/bench.sh sets it).
 //! Run: `cargo bench -p leasehold --bench broker_pool`
 
@@ -15,8 +22,10 @@ use std::time::{Duration, Instant};
 use leasehold_broker::connections::ConnectPolicy;
 use leasehold_broker::credentials::AesGcmCipher;
 use leasehold_broker::paper::{Broker, PaperBroker, PaperConfig};
+use leasehold_broker::sealer::{CredentialSealer, SealerClient};
 use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerMetadata};
 use leasehold_pool::keys;
+use leasehold_pool::protocol::{CredentialsGrant, GrantReason};
 use leasehold_telemetry::{RecordingSink, TelemetryEvent};
 use leasehold_testkit::measure::percentile;
 use redis::AsyncCommands;
@@ -47,6 +56,7 @@ fn config(worker_id: String, user_id: Option<String>) -> BrokerWorkerConfig {
 async fn start(
     url: &str,
     key: &str,
+    sealer_url: Option<&str>,
     worker_id: String,
     user_id: Option<String>,
     telemetry: RecordingSink,
@@ -71,30 +81,31 @@ async fn start(
     )
     .await
     .unwrap();
+    let worker = match sealer_url {
+        Some(sealer) => worker.with_sealer(SealerClient::new(sealer, Duration::from_secs(5))),
+        None => worker,
+    };
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
     tokio::spawn(async move { worker.run(token).await });
     shutdown
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let Ok(base) = std::env::var("LEASEHOLD_TEST_REDIS_URL") else {
-        eprintln!("LEASEHOLD_TEST_REDIS_URL is not set (run scripts/bench.sh)");
-        return;
+/// 100 warm claims (10 rounds of 10 fresh pool workers): LPUSH → the user's
+/// mark, and LPUSH → the outcome reads `claimed`. With a sealer, the grant
+/// is written first, as `leasehold claim` does, and counted.
+async fn warm_claims(
+    redis: &mut redis::aio::MultiplexedConnection,
+    url: &str,
+    key: &str,
+    sealer_url: Option<&str>,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let cipher = AesGcmCipher::from_base64_key(key).unwrap();
+    let mode = if sealer_url.is_some() {
+        "sealed"
+    } else {
+        "local"
     };
-    let url = format!("{}/15", base.trim_end_matches('/'));
-    let mut redis = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let _: () = redis::cmd("FLUSHDB").query_async(&mut redis).await.unwrap();
-    let key = AesGcmCipher::generate_key();
-    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
-
-    // 1. Claim latency: LPUSH claim → worker:active:{user} exists, and → the
-    //    claim outcome reads `claimed` (polled every 0.2 ms).
     let mut claims = Vec::new();
     let mut outcomes = Vec::new();
     let mut stops = Vec::new();
@@ -102,9 +113,10 @@ async fn main() {
         for i in 0..10 {
             stops.push(
                 start(
-                    &url,
-                    &key,
-                    format!("bench-{round}-{i}"),
+                    url,
+                    key,
+                    sealer_url,
+                    format!("bench-{mode}-{round}-{i}"),
                     None,
                     RecordingSink::new(),
                 )
@@ -113,13 +125,24 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         for i in 0..10 {
-            let user = format!("bench-user-{round}-{i}");
+            let user = format!("bench-user-{mode}-{round}-{i}");
             let blob = cipher
                 .encrypt(&user, br#"{"api_key": "k", "account_id": "A1"}"#)
                 .unwrap();
+            let _: () = redis.set(keys::credentials(&user), &blob).await.unwrap();
             let claim_id = format!("claim-{user}");
             let claim = serde_json::json!({"user_id": user, "encrypted_credentials": blob, "claim_id": claim_id, "enqueued_at": 0});
+            let grant = CredentialsGrant {
+                reason: GrantReason::Claim,
+                granted_at: 0,
+            };
             let started = Instant::now();
+            if sealer_url.is_some() {
+                let _: () = redis
+                    .set_ex(keys::credentials_grant(&user), grant.to_json(), 120)
+                    .await
+                    .unwrap();
+            }
             let _: () = redis
                 .lpush(keys::POOL_CLAIMS, claim.to_string())
                 .await
@@ -147,18 +170,59 @@ async fn main() {
     for stop in stops.drain(..) {
         stop.cancel();
     }
-    println!(
-        "claim latency (LPUSH -> worker:active set, {} claims): p50 {:?} p99 {:?}",
-        claims.len(),
-        percentile(&mut claims, 50.0),
-        percentile(&mut claims, 99.0)
+    (claims, outcomes)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let Ok(base) = std::env::var("LEASEHOLD_TEST_REDIS_URL") else {
+        eprintln!("LEASEHOLD_TEST_REDIS_URL is not set (run scripts/bench.sh)");
+        return;
+    };
+    let url = format!("{}/15", base.trim_end_matches('/'));
+    let mut redis = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("FLUSHDB").query_async(&mut redis).await.unwrap();
+    let key = AesGcmCipher::generate_key();
+    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
+
+    // 1. Claim latency: LPUSH claim → worker:active:{user} exists, and → the
+    //    claim outcome reads `claimed` (polled every 0.2 ms); workers that
+    //    decrypt, then workers served by a credential sealer.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sealer_url = format!("http://{}", listener.local_addr().unwrap());
+    let sealer_bus = Arc::new(
+        leasehold_pool::bus::redis::RedisPoolBus::connect(&url)
+            .await
+            .unwrap(),
     );
-    println!(
-        "claim outcome as the API sees it (LPUSH -> pool:claim:{{id}} reads claimed, {} claims): p50 {:?} p99 {:?}",
-        outcomes.len(),
-        percentile(&mut outcomes, 50.0),
-        percentile(&mut outcomes, 99.0)
-    );
+    let sealer = Arc::new(CredentialSealer::new(sealer_bus, Arc::new(cipher.clone())));
+    let sealer_stop = CancellationToken::new();
+    tokio::spawn(leasehold_broker::sealer::serve(
+        listener,
+        sealer,
+        leasehold_broker::sealer::CLAIM_USER_SWEEP,
+        sealer_stop.clone(),
+    ));
+    for (mode, sealer) in [("local key", None), ("sealed", Some(sealer_url.as_str()))] {
+        let (mut claims, mut outcomes) = warm_claims(&mut redis, &url, &key, sealer).await;
+        println!(
+            "claim latency, {mode} (LPUSH -> worker:active set, {} claims): p50 {:?} p99 {:?}",
+            claims.len(),
+            percentile(&mut claims, 50.0),
+            percentile(&mut claims, 99.0)
+        );
+        println!(
+            "claim outcome as the API sees it, {mode} (LPUSH -> pool:claim:{{id}} reads claimed, {} claims): p50 {:?} p99 {:?}",
+            outcomes.len(),
+            percentile(&mut outcomes, 50.0),
+            percentile(&mut outcomes, 99.0)
+        );
+    }
+    sealer_stop.cancel();
 
     // 2. Requests, zero-latency paper broker: worker-side handling (taken into
     //    the processing list → final response stored) and the API's round trip.
@@ -171,6 +235,7 @@ async fn main() {
     let stop = start(
         &url,
         &key,
+        None,
         "bench-req".into(),
         Some(user.clone()),
         telemetry.clone(),
