@@ -778,6 +778,33 @@ mod tests {
     }
 
     #[test]
+    fn on_ecs_a_broker_worker_needs_the_sealer_and_then_holds_no_cipher() {
+        let ecs = |extra: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                [("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x")]
+                    .iter()
+                    .chain(extra)
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        // KMS alone: the worker would need kms:Decrypt, which its role lacks.
+        let err = worker_settings(&ecs(&[("CREDENTIALS_KMS_KEY_ID", "alias/k")])).unwrap_err();
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.contains("CREDENTIALS_SEALER_URL") && p.contains("required on ECS")),
+            "{err}"
+        );
+        let settings =
+            worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "http://sealer:9480")])).unwrap();
+        assert_eq!(settings.sealer_url.as_deref(), Some("http://sealer:9480"));
+        assert!(settings.cipher.local.is_none() && settings.cipher.kms.is_none());
+        let err = worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "sealer:9480")])).unwrap_err();
+        assert!(err.to_string().contains("http://"), "{err}");
+    }
+
+    #[test]
     fn the_local_key_can_come_from_a_file() {
         let key = AesGcmCipher::generate_key();
         let dir = std::env::temp_dir().join(format!("leasehold-key-{}", std::process::id()));

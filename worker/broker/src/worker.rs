@@ -460,15 +460,21 @@ impl BrokerWorker {
                 Ok(())
             }
             Err(err) => {
-                if let Err(release) = self
-                    .bus
-                    .release_user_mark(user_id, &self.config.worker_id)
-                    .await
-                {
-                    tracing::warn!(user_id, error = %release, "cannot give the user back; the mark expires");
-                }
+                self.give_user_back(user_id).await;
                 Err(WorkerError::Bus(err))
             }
+        }
+    }
+
+    /// Releases a user this worker claimed but cannot serve (no credentials,
+    /// no login), so the next claim need not wait for the mark to expire.
+    async fn give_user_back(&self, user_id: &str) {
+        if let Err(err) = self
+            .bus
+            .release_user_mark(user_id, &self.config.worker_id)
+            .await
+        {
+            tracing::warn!(user_id, error = %err, "cannot give the user back; the mark expires");
         }
     }
 
@@ -834,13 +840,7 @@ impl BrokerWorker {
                     None => match self.obtain_credentials(user_id).await {
                         Ok(unsealed) => unsealed,
                         Err(err) => {
-                            if let Err(release) = self
-                                .bus
-                                .release_user_mark(user_id, &self.config.worker_id)
-                                .await
-                            {
-                                tracing::warn!(user_id, error = %release, "cannot give the user back; the mark expires");
-                            }
+                            self.give_user_back(user_id).await;
                             return Err(err);
                         }
                     },
