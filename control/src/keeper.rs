@@ -26,7 +26,8 @@ use crate::clock::Clock;
 use crate::lease::Lease;
 use crate::protocol;
 use crate::store::{
-    AcquireRequest, CheckpointRequest, LeaseError, LeaseStore, ReleaseRequest, RenewRequest,
+    AcquireRequest, CheckpointRequest, LeaseError, LeaseReader, LeaseStore, LiftRequest,
+    ReleaseRequest, RenewRequest,
 };
 use leasehold_platform::backoff::Backoff;
 use leasehold_telemetry::{CommitResult, LossReason, TelemetryEvent, TelemetrySink};
@@ -281,9 +282,73 @@ impl LeaseKeeper {
         &self.inner.config
     }
 
-    /// The store the keeper writes to.
-    pub fn store(&self) -> &Arc<dyn LeaseStore> {
-        &self.inner.store
+    /// A read-only view of the table this keeper writes (the census's scan,
+    /// the doorbell, the observer's look): the keeper hands out no store, so
+    /// it stays the only writer of the lease table in its process.
+    pub fn reader(&self) -> Arc<dyn LeaseReader> {
+        self.inner.store.clone()
+    }
+
+    /// Registers `stream_id` so discovery finds it; `false` when it already
+    /// existed (the record is left untouched).
+    pub async fn register(&self, stream_id: &str) -> Result<bool, LeaseError> {
+        self.inner
+            .store
+            .register(stream_id, self.inner.clock.now_ms())
+            .await
+    }
+
+    /// Increments the counter of the reserved record `record_id` (a doorbell:
+    /// "something was released: look now") and returns its new value.
+    pub async fn bump(&self, record_id: &str) -> Result<u64, LeaseError> {
+        self.inner
+            .store
+            .bump(record_id, self.inner.clock.now_ms())
+            .await
+    }
+
+    /// A sink refused `lease`'s token as stale, having accepted `sink_fence`.
+    /// If the table still says this keeper holds the stream with that very
+    /// token, no newer owner exists: the record was re-created (a restore, a
+    /// TTL, an operator) and its token started again below the sink's fence,
+    /// so every future owner would be fenced until takeovers climbed back past
+    /// it one by one. The stored token is lifted past the fence in one
+    /// conditional write instead ([`protocol::lifted_token`]), so the next
+    /// acquire starts above it. A real zombie (someone else, or a newer token,
+    /// in the record) lifts nothing. Returns the lifted record; a failed read
+    /// or write is logged and lifts nothing (takeovers still climb).
+    pub async fn lift_past_fence(&self, lease: &HeldLease, sink_fence: u64) -> Option<Lease> {
+        let store = &self.inner.store;
+        let owner = &self.inner.config.owner_id;
+        let record = store.get(&lease.stream_id).await.ok()?;
+        let to = protocol::lifted_token(
+            record.owner_id.as_deref(),
+            record.fence_token,
+            owner,
+            lease.fence_token,
+            sink_fence,
+        )?;
+        let request = LiftRequest {
+            stream_id: lease.stream_id.clone(),
+            owner_id: owner.clone(),
+            fence_token: lease.fence_token,
+            to,
+            now_ms: self.inner.clock.now_ms(),
+        };
+        match store.lift_token(&request).await {
+            Ok(lifted) => {
+                self.inner.telemetry.emit(TelemetryEvent::FenceLifted {
+                    stream_id: lease.stream_id.clone(),
+                    from: lease.fence_token,
+                    to: lifted.fence_token,
+                });
+                Some(lifted)
+            }
+            Err(err) => {
+                tracing::warn!(stream_id = lease.stream_id, error = %err, "could not lift the token past the sink's fence");
+                None
+            }
+        }
     }
 
     /// Tries once to acquire `stream_id`. On success the lease is renewed in the

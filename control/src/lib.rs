@@ -15,6 +15,9 @@
 //!   tells the data path, before the holder's deadline, when a lease can no longer
 //!   be trusted.
 //! - [`listing`]: leases as the operator CLI prints them (table, details, JSON).
+//! - [`read`]: the one read model of the table ([`read::LeaseTable`]): streams,
+//!   presence, reserved and malformed records, and who may acquire (through
+//!   [`protocol::acquirable`]), for the census, the observer and the dashboard.
 //! - [`pacing`]: how often a reader may scan the whole table ([`pacing::ScanPacing`]).
 //! - [`protocol`]: the protocol's decisions, free of I/O, shared by the runtime
 //!   and the model checker.
@@ -32,6 +35,7 @@ pub mod lease;
 pub mod listing;
 pub mod pacing;
 pub mod protocol;
+pub mod read;
 pub mod schema;
 pub mod sequence;
 pub mod settings;

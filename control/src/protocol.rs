@@ -1,8 +1,8 @@
 //! The protocol's decisions, free of I/O and of any clock: who may take a
 //! lease, until when a holder may act, what a renew stores and what its
 //! outcome does to the holder's deadline, what a sink accepts, where a new
-//! owner resumes, and how far a regressed token is lifted. The keeper, the in-memory store, the runner and the
-//! in-memory sink call these; the DynamoDB expressions and the Redis scripts
+//! owner resumes, and how far a regressed token is lifted. The keeper, the in-memory store, the lease
+//! read model ([`crate::read`]), the runner and the in-memory sink call these; the DynamoDB expressions and the Redis scripts
 //! state the same rules (one conformance suite per seam keeps them equal); and
 //! the model checker (`control/tests/protocol_model.rs`) explores them under
 //! crashes, pauses, clock skew and delayed writes.
@@ -41,6 +41,13 @@ pub fn acquirable(
         None => true,
         Some(owner) => expired || owner == caller,
     }
+}
+
+/// The first instant (unix ms) at which a record expiring at `expires_at` is
+/// [`acquirable`] by anyone: one millisecond past its expiry plus the skew
+/// margin (when an expiry probe or a waiting contender should look again).
+pub fn takeable_at(expires_at: i64, skew_margin_ms: i64) -> i64 {
+    expires_at.saturating_add(skew_margin_ms).saturating_add(1)
 }
 
 /// The expiry a renew stores: never shorter than the stored one.
@@ -196,6 +203,21 @@ pub fn resume_point(checkpoint: Option<u64>, last_seq: Option<u64>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_becomes_takeable_one_ms_past_expiry_plus_skew() {
+        let at = takeable_at(10_000, 1_000);
+        assert_eq!(at, 11_001);
+        assert!(!acquirable(
+            Some("other"),
+            Some(10_000),
+            "me",
+            at - 1,
+            1_000
+        ));
+        assert!(acquirable(Some("other"), Some(10_000), "me", at, 1_000));
+        assert_eq!(takeable_at(i64::MAX, 1_000), i64::MAX, "saturates");
+    }
 
     #[test]
     fn entry_ids_order_by_token_then_sequence() {

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use leasehold_control::clock::Clock;
-use leasehold_control::lease::{Lease, LeaseState};
+use leasehold_control::lease::LeaseState;
 use leasehold_control::pacing::ScanPacing;
-use leasehold_control::schema::{MalformedItem, RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
-use leasehold_control::store::{Consistency, LeaseReader, list_all};
+use leasehold_control::read::LeaseTable;
+use leasehold_control::store::{Consistency, LeaseReader};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -375,7 +375,7 @@ impl Collector {
         let leases = async {
             match tokio::time::timeout(
                 deadline,
-                list_all(
+                LeaseTable::read(
                     self.sources.leases.as_ref(),
                     self.settings.page_size,
                     Consistency::Eventual,
@@ -402,17 +402,12 @@ impl Collector {
         let (leases, pool) = tokio::join!(leases, pool);
         let now = self.clock.now_ms();
 
-        let records = match leases {
-            Ok(records) => {
-                self.scanned.store(records.len(), Ordering::Relaxed);
-                history.presence_sidecars = records
-                    .iter()
-                    .filter_map(|record| record.as_ref().ok())
-                    .filter(|lease| lease.stream_id.starts_with(WORKER_PRESENCE_PREFIX))
-                    .filter_map(|lease| lease.sidecar_url.clone())
-                    .collect();
+        let table = match leases {
+            Ok(table) => {
+                self.scanned.store(table.records(), Ordering::Relaxed);
+                history.presence_sidecars = table.sidecar_urls().map(str::to_owned).collect();
                 self.mark(&mut history, LEASE_SOURCE, true, None, now);
-                Some(records)
+                Some(table)
             }
             Err(err) => {
                 self.mark(&mut history, LEASE_SOURCE, true, Some(err), now);
@@ -481,13 +476,8 @@ impl Collector {
             .unwrap_or_else(|p| p.into_inner())
             .observe(&sidecars, polled);
 
-        let snapshot = Arc::new(self.assemble(
-            &mut history,
-            records,
-            sidecars,
-            sidecar_poll.bytes_read,
-            now,
-        ));
+        let snapshot =
+            Arc::new(self.assemble(&mut history, table, sidecars, sidecar_poll.bytes_read, now));
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
         self.published_one();
         snapshot
@@ -519,13 +509,13 @@ impl Collector {
     fn assemble(
         &self,
         history: &mut History,
-        records: Option<Vec<Result<Lease, MalformedItem>>>,
+        table: Option<LeaseTable>,
         sidecars: Vec<SidecarReport>,
         sidecar_bytes_read: usize,
         now: i64,
     ) -> Snapshot {
-        if let Some(records) = records {
-            self.judge(history, &records, &sidecars, now);
+        if let Some(table) = table {
+            self.judge(history, &table, &sidecars, now);
         }
         {
             let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
@@ -590,7 +580,7 @@ impl Collector {
     fn judge(
         &self,
         history: &mut History,
-        records: &[Result<Lease, MalformedItem>],
+        table: &LeaseTable,
         sidecars: &[SidecarReport],
         now: i64,
     ) {
@@ -616,27 +606,22 @@ impl Collector {
                 );
             }
         }
-        let mut streams = Vec::with_capacity(records.len());
-        let mut presence = HashMap::new();
-        for record in records {
-            match record {
-                Ok(lease) if lease.is_stream() => {
-                    let lag = lease
-                        .owner_id
-                        .as_deref()
-                        .and_then(|owner| lag_by_owner.get(&(owner, lease.stream_id.as_str())))
-                        .copied();
-                    streams.push(history.lag.row(lease, lag, now, &thresholds));
-                }
-                Ok(lease) => {
-                    if let Some(owner) = lease.stream_id.strip_prefix(WORKER_PRESENCE_PREFIX) {
-                        presence.insert(owner.to_owned(), lease.state(now));
-                    }
-                }
-                Err(item) if item.stream_id.starts_with(RESERVED_PREFIX) => {}
-                Err(item) => streams.push(malformed_row(item)),
-            }
+        let mut streams = Vec::with_capacity(table.streams.len() + table.malformed.len());
+        for lease in &table.streams {
+            let lag = lease
+                .owner_id
+                .as_deref()
+                .and_then(|owner| lag_by_owner.get(&(owner, lease.stream_id.as_str())))
+                .copied();
+            streams.push(history.lag.row(lease, lag, now, &thresholds));
         }
+        streams.extend(table.malformed_streams().map(malformed_row));
+        let presence: HashMap<String, LeaseState> = table
+            .presence
+            .iter()
+            .map(|presence| (presence.worker.clone(), presence.lease.state(now)))
+            .collect();
+        // Sorted by id (stable: rows with one unreadable id keep scan order).
         streams.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
         history.lag.retain(|stream| {
             streams
@@ -646,13 +631,7 @@ impl Collector {
         self.changes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .observe(
-                records
-                    .iter()
-                    .filter_map(|r| r.as_ref().ok())
-                    .filter(|l| l.is_stream()),
-                now,
-            );
+            .observe(table.streams.iter(), now);
         history.streams = streams;
         history.presence = presence;
     }
@@ -807,6 +786,7 @@ mod tests {
     use std::sync::atomic::AtomicU32;
 
     use leasehold_control::clock::PausedClock;
+    use leasehold_control::lease::Lease;
     use leasehold_control::store::memory::MemoryLeaseStore;
     use leasehold_control::store::{Consistency, LeaseError, LeasePage, LeaseStore};
 

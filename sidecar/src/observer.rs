@@ -12,18 +12,21 @@
 //! instead of one failing acquire per contender; the acquire condition still
 //! decides, so a stale look costs at most a refused write or a look one
 //! interval later. The holder's scan is eventually consistent and paced by the
-//! table's size ([`ScanPacing`]).
+//! table's size ([`ScanPacing`]); it reads the table through the lease read
+//! model ([`LeaseTable`]) over the keeper's read-only view, so the observer
+//! writes nothing but its own lease, and only through the keeper.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_control::clock::Clock;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
-use leasehold_control::lease::{Lease, LeaseState};
+use leasehold_control::lease::Lease;
 use leasehold_control::pacing::ScanPacing;
 use leasehold_control::protocol;
+use leasehold_control::read::{self, LeaseTable};
 use leasehold_control::schema::OBSERVER_LEASE;
-use leasehold_control::store::{Consistency, LeaseError, list_all};
+use leasehold_control::store::{Consistency, LeaseError};
 use leasehold_platform::backoff::Backoff;
 use leasehold_pool::bus::BusError;
 use leasehold_pool::read::{PoolCounts, PoolReader};
@@ -97,7 +100,7 @@ pub enum Step {
 }
 
 /// The read-before-write guard. `record` is the observer record as read (none:
-/// absent). A contender writes only when [`protocol::acquirable`] says the
+/// absent). A contender writes only when [`read::acquirable`] says the
 /// store would accept it; otherwise it waits until the record becomes takeable
 /// (its expiry plus the skew margin), but never longer than `recheck`, so a
 /// released lease (graceful shutdown of the holder) is taken within `recheck`.
@@ -111,19 +114,10 @@ pub fn next_step(
     let Some(record) = record else {
         return Step::Acquire;
     };
-    if protocol::acquirable(
-        record.owner_id.as_deref(),
-        Some(record.lease_expires_at),
-        me,
-        now_ms,
-        skew_margin_ms,
-    ) {
+    if read::acquirable(record, me, now_ms, skew_margin_ms) {
         return Step::Acquire;
     }
-    let takeable_at = record
-        .lease_expires_at
-        .saturating_add(skew_margin_ms)
-        .saturating_add(1);
+    let takeable_at = protocol::takeable_at(record.lease_expires_at, skew_margin_ms);
     let until = u64::try_from(takeable_at.saturating_sub(now_ms)).unwrap_or(0);
     Step::Wait(Duration::from_millis(until.max(1)).min(recheck))
 }
@@ -147,7 +141,7 @@ pub async fn contend(
     };
     loop {
         let record = match keeper
-            .store()
+            .reader()
             .get_with(OBSERVER_LEASE, Consistency::Eventual)
             .await
         {
@@ -198,34 +192,13 @@ pub async fn contend(
 
 /// One scan and the gauges it gives; returns how many records the scan read.
 async fn publish(state: &SidecarState, config: &ObserverConfig) -> Result<usize, LeaseError> {
-    let records = list_all(config.keeper.store().as_ref(), 1000, Consistency::Eventual).await?;
+    let table =
+        LeaseTable::read(config.keeper.reader().as_ref(), 1000, Consistency::Eventual).await?;
     let now = config.clock.now_ms();
-    let (mut owned, mut expired, mut unowned) = (0u64, 0u64, 0u64);
-    // Since when the longest-waiting stream has had no valid owner.
-    let mut unowned_since: Option<i64> = None;
-    for lease in records
-        .iter()
-        .filter_map(|r| r.as_ref().ok())
-        .filter(|l| l.is_stream())
-    {
-        let since = match lease.state(now) {
-            LeaseState::Owned => {
-                owned += 1;
-                continue;
-            }
-            LeaseState::Expired => {
-                expired += 1;
-                lease.lease_expires_at
-            }
-            LeaseState::Unowned => {
-                unowned += 1;
-                // Released, or registered and never taken.
-                lease.released_at.or(lease.updated_at).unwrap_or(now)
-            }
-        };
-        unowned_since = Some(unowned_since.map_or(since, |oldest| oldest.min(since)));
-    }
-    let unowned_age = unowned_since.map_or(0.0, |since| (now - since).max(0) as f64 / 1000.0);
+    let counts = table.stream_counts(now);
+    let unowned_age = counts
+        .unowned_since_ms
+        .map_or(0.0, |since| (now - since).max(0) as f64 / 1000.0);
     let pool = match &config.pool {
         Some(reader) => match pool_view(reader.as_ref()).await {
             Ok(pool) => Some(pool),
@@ -237,7 +210,11 @@ async fn publish(state: &SidecarState, config: &ObserverConfig) -> Result<usize,
         None => None,
     };
     state.with_cluster_recorder(|| {
-        for (label, count) in [("owned", owned), ("expired", expired), ("unowned", unowned)] {
+        for (label, count) in [
+            ("owned", counts.owned),
+            ("expired", counts.expired),
+            ("unowned", counts.unowned),
+        ] {
             ::metrics::gauge!(metrics::STREAMS, "state" => label).set(count as f64);
         }
         ::metrics::gauge!(metrics::STREAM_UNOWNED_AGE).set(unowned_age);
@@ -255,7 +232,7 @@ async fn publish(state: &SidecarState, config: &ObserverConfig) -> Result<usize,
             ::metrics::gauge!(metrics::SWEEP_HELD).set(if pool.held { 1.0 } else { 0.0 });
         }
     });
-    Ok(records.len())
+    Ok(table.records())
 }
 
 /// The pool as its read model shows it.

@@ -523,3 +523,48 @@ async fn racing_acquires_leave_one_valid_lease() {
         "the one kept is the valid one"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_fence_is_lifted_past_only_for_the_records_holder() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    assert_eq!(lease.fence_token, 1);
+    assert_eq!(
+        f.keeper.lift_past_fence(&lease, 1).await,
+        None,
+        "a fence not above the held token lifts nothing"
+    );
+    let lifted = f.keeper.lift_past_fence(&lease, 50).await.expect("lifted");
+    assert_eq!(lifted.fence_token, 51);
+    assert_eq!(f.store.get("s").await.unwrap().fence_token, 51);
+    assert_eq!(
+        count(&f.events.take(), |e| matches!(
+            e,
+            TelemetryEvent::FenceLifted {
+                from: 1,
+                to: 51,
+                ..
+            }
+        )),
+        1
+    );
+    // The record now names token 51: the old handle is a zombie's.
+    assert_eq!(f.keeper.lift_past_fence(&lease, 60).await, None);
+    assert_eq!(f.store.get("s").await.unwrap().fence_token, 51);
+}
+
+#[tokio::test(start_paused = true)]
+async fn registers_and_doorbells_are_written_at_the_keepers_clock() {
+    let f = fixture();
+    assert!(f.keeper.register("s").await.unwrap());
+    assert!(!f.keeper.register("s").await.unwrap(), "already there");
+    let record = f.keeper.reader().get("s").await.unwrap();
+    assert_eq!(record.updated_at, Some(f.clock.now_ms()));
+    assert_eq!(record.owner_id, None);
+    assert_eq!(f.keeper.bump("leasehold#handoff").await.unwrap(), 1);
+    assert_eq!(f.keeper.bump("leasehold#handoff").await.unwrap(), 2);
+    assert!(
+        f.keeper.bump("s").await.is_err(),
+        "a stream's token only moves on acquire"
+    );
+}

@@ -17,10 +17,8 @@ use futures_util::FutureExt;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesOrdered;
-use leasehold_control::clock::unix_ms;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
 use leasehold_control::protocol;
-use leasehold_control::store::LiftRequest;
 use leasehold_platform::backoff::Backoff;
 use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
 use tokio::time::{Instant, sleep};
@@ -260,7 +258,12 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<Opened, Stop
         }
         match context.sink.open(&lease.stream_id, lease.fence_token).await {
             Ok(opened) if opened.fenced => {
-                lift_regressed_token(context, lease, opened.highest_token).await;
+                // A fence above the table's token may be a re-created record,
+                // not a newer owner: the keeper lifts the token past it then.
+                context
+                    .keeper
+                    .lift_past_fence(lease, opened.highest_token)
+                    .await;
                 context.keeper.report_fenced(lease);
                 return Err(Stop::Lost(LossReason::Fenced));
             }
@@ -287,47 +290,6 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<Opened, Stop
                 });
             }
             Err(err) => failures.wait(context, lease, err, 0).await?,
-        }
-    }
-}
-
-/// The sink refused this holder's token as stale. If the lease table still says
-/// this worker holds the stream with that very token, no newer owner exists: the
-/// record was re-created (a restore, a TTL, an operator) and its token started
-/// again below the sink's fence, so every future owner would be fenced until
-/// takeovers climbed back past it one by one. Lift the stored token past the
-/// fence in one conditional write instead; the worker's next acquire starts
-/// above it. A real zombie (someone else holds the record) lifts nothing.
-async fn lift_regressed_token(context: &RunnerContext, lease: &HeldLease, fence: u64) {
-    let store = context.keeper.store();
-    let owner = context.keeper.config().owner_id.clone();
-    let Ok(record) = store.get(&lease.stream_id).await else {
-        return;
-    };
-    let Some(to) = protocol::lifted_token(
-        record.owner_id.as_deref(),
-        record.fence_token,
-        &owner,
-        lease.fence_token,
-        fence,
-    ) else {
-        return;
-    };
-    let request = LiftRequest {
-        stream_id: lease.stream_id.clone(),
-        owner_id: owner,
-        fence_token: lease.fence_token,
-        to,
-        now_ms: unix_ms(std::time::SystemTime::now()),
-    };
-    match store.lift_token(&request).await {
-        Ok(lifted) => context.telemetry.emit(TelemetryEvent::FenceLifted {
-            stream_id: lease.stream_id.clone(),
-            from: lease.fence_token,
-            to: lifted.fence_token,
-        }),
-        Err(err) => {
-            tracing::warn!(stream_id = lease.stream_id, error = %err, "could not lift the token past the sink's fence")
         }
     }
 }

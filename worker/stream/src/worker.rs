@@ -30,8 +30,10 @@ use futures_util::stream::FuturesUnordered;
 use leasehold_control::clock::Clock;
 use leasehold_control::keeper::{Announcement, HeldLease};
 use leasehold_control::lease::{Lease, LeaseState};
-use leasehold_control::schema::{self, HANDOFF_DOORBELL, WORKER_PRESENCE_PREFIX};
-use leasehold_control::store::{Consistency, LeaseError, LeaseStore, list_all};
+use leasehold_control::protocol;
+use leasehold_control::read::{self, LeaseTable};
+use leasehold_control::schema::{self, HANDOFF_DOORBELL};
+use leasehold_control::store::{Consistency, LeaseError, LeaseStore};
 use rand::seq::SliceRandom;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -200,10 +202,6 @@ impl StreamWorker {
         self
     }
 
-    fn store(&self) -> Arc<dyn LeaseStore> {
-        self.context.keeper.store().clone()
-    }
-
     /// Streams currently being worked on.
     pub fn held(&self) -> Vec<String> {
         self.running.keys().cloned().collect()
@@ -213,9 +211,8 @@ impl StreamWorker {
     /// stream finish its batch within the drain timeout, commits checkpoints,
     /// releases every lease, rings the doorbell.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<DrainReport, LeaseError> {
-        let store = self.store();
         for stream in &self.config.register {
-            store.register(stream, self.clock.now_ms()).await?;
+            self.context.keeper.register(stream).await?;
         }
         // Announce this worker and wake the peers before looking: workers
         // started together then count each other in their first scan, and
@@ -271,18 +268,14 @@ impl StreamWorker {
     }
 
     async fn read_doorbell(&self) -> u64 {
-        match self.store().get(HANDOFF_DOORBELL).await {
+        match self.context.keeper.reader().get(HANDOFF_DOORBELL).await {
             Ok(record) => record.fence_token,
             Err(_) => 0,
         }
     }
 
     async fn ring_doorbell(&self) {
-        if let Err(err) = self
-            .store()
-            .bump(HANDOFF_DOORBELL, self.clock.now_ms())
-            .await
-        {
+        if let Err(err) = self.context.keeper.bump(HANDOFF_DOORBELL).await {
             tracing::warn!(error = %err, "could not ring the hand-off doorbell; peers find released streams on their next scan");
         }
     }
@@ -352,35 +345,35 @@ impl StreamWorker {
     /// share, take free streams up to it, and schedule expiry probes.
     async fn scan(&mut self) -> Result<(), LeaseError> {
         self.ensure_presence().await;
-        let records = list_all(self.store().as_ref(), 1000, Consistency::Strong).await?;
+        let table = LeaseTable::read(
+            self.context.keeper.reader().as_ref(),
+            1000,
+            Consistency::Strong,
+        )
+        .await?;
+        for item in &table.malformed {
+            tracing::warn!(error = %item, "skipping a malformed lease record");
+        }
         let now = self.clock.now_ms();
         let me = self.context.keeper.config().owner_id.clone();
         let skew =
             i64::try_from(self.context.keeper.config().skew_margin.as_millis()).unwrap_or(i64::MAX);
-        let mut streams: Vec<Lease> = Vec::new();
+        let streams: &[Lease] = &table.streams;
         let mut census = Census::default();
         let mut peer_addrs = HashMap::new();
-        for record in records {
-            match record {
-                Ok(lease) if lease.stream_id.starts_with(WORKER_PRESENCE_PREFIX) => {
-                    if lease.state(now) == LeaseState::Owned
-                        && let Some(owner) = lease.owner_id
-                    {
-                        if let Some(addr) =
-                            lease.handoff_addr.as_deref().and_then(handoff::peer_addr)
-                            && owner != me
-                        {
-                            peer_addrs.insert(owner.clone(), addr);
-                        }
-                        census.held_by.entry(owner).or_default();
-                    }
-                }
-                Ok(lease) if lease.is_stream() => streams.push(lease),
-                Ok(_) => {}
-                Err(err) => tracing::warn!(error = %err, "skipping a malformed lease record"),
+        for (owner, presence) in table.live_workers(now) {
+            if let Some(addr) = presence
+                .lease
+                .handoff_addr
+                .as_deref()
+                .and_then(handoff::peer_addr)
+                && owner != me
+            {
+                peer_addrs.insert(owner.to_owned(), addr);
             }
+            census.held_by.entry(owner.to_owned()).or_default();
         }
-        for lease in &streams {
+        for lease in streams {
             if lease.state(now) == LeaseState::Owned
                 && let Some(count) = lease
                     .owner_id
@@ -394,19 +387,13 @@ impl StreamWorker {
         self.peer_addrs = peer_addrs;
         self.known_streams = streams.iter().map(|l| l.stream_id.clone()).collect();
         census.held_by.insert(me.clone(), self.running.len());
-        // Free: unowned, expired past the skew margin, or recorded as this
-        // worker's while it does not run it (a restarted process with the same
-        // OWNER_ID, or a token lifted past a sink's fence): the acquire
-        // condition lets the owner in at once, with a new token.
-        let is_free = |l: &Lease| {
-            !self.running.contains_key(&l.stream_id)
-                && (l.owner_id.is_none()
-                    || l.lease_expires_at < now - skew
-                    || l.owner_id.as_deref() == Some(me.as_str()))
-        };
-        let free_now: HashSet<String> = streams
-            .iter()
-            .filter(|l| is_free(l))
+        // Free: what the acquire condition would let this worker in on and it
+        // does not run: unowned, expired past the skew margin, or recorded as
+        // this worker's (a restarted process with the same OWNER_ID, or a
+        // token lifted past a sink's fence), taken at once with a new token.
+        let free_now: HashSet<String> = table
+            .acquirable_streams(&me, now, skew)
+            .filter(|l| !self.running.contains_key(&l.stream_id))
             .map(|l| l.stream_id.clone())
             .collect();
         let holders: HashMap<&str, &Lease> =
@@ -489,12 +476,12 @@ impl StreamWorker {
         }
         let horizon =
             now + i64::try_from(self.config.discovery_interval.as_millis()).unwrap_or(i64::MAX);
-        for lease in &streams {
-            let takeable_at = lease.lease_expires_at + skew + 1;
-            if let Some(owner) = lease.owner_id.as_ref()
-                && *owner != me
-                && lease.lease_expires_at >= now - skew
+        for lease in streams {
+            // Not acquirable now means another owner's lease still runs.
+            let takeable_at = protocol::takeable_at(lease.lease_expires_at, skew);
+            if !read::acquirable(lease, &me, now, skew)
                 && takeable_at <= horizon
+                && let Some(owner) = lease.owner_id.as_ref()
             {
                 let wait = Duration::from_millis(u64::try_from(takeable_at - now).unwrap_or(0));
                 self.probes.schedule(
