@@ -311,6 +311,10 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
                 ("REDIS_URL", &acl.url("credential-sealer")),
                 ("CREDENTIALS_KMS_KEY_ID", &old_key),
                 ("SEALER_LISTEN", &sealer_addr),
+                // Self-managed Redis: the claimed worker serves through a
+                // user confined to alice's keys (the pool-wide
+                // `broker-worker` user reaches no user's queues).
+                ("SEALER_CLAIM_REDIS_USERS", "true"),
             ]),
         ]),
     );
