@@ -74,6 +74,7 @@ impl PoolRuntime {
             listener,
             sealer,
             leasehold_broker::sealer::CLAIM_USER_SWEEP,
+            None,
             background.clone(),
         ));
         let launcher = Arc::new(InProcessLauncher {

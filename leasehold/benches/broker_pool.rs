@@ -205,6 +205,7 @@ async fn main() {
         listener,
         sealer,
         leasehold_broker::sealer::CLAIM_USER_SWEEP,
+        None,
         sealer_stop.clone(),
     ));
     for (mode, sealer) in [("local key", None), ("sealed", Some(sealer_url.as_str()))] {

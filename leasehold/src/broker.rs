@@ -90,10 +90,15 @@ pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failur
     // One parseable line for tests and operators.
     let addr = listener.local_addr().context("no local address")?;
     println!("credential sealer listening on {addr}");
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    leasehold_broker::sealer::register_metrics();
     leasehold_broker::sealer::serve(
         listener,
         sealer,
         settings.sweep_interval,
+        Some(metrics),
         shutdown_on_signal(),
     )
     .await

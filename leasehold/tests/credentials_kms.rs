@@ -473,6 +473,18 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
         .unwrap();
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("is not the worker of user"), "{body}");
+    // Both refusals are counted where an alert sees them.
+    let (_, _, metrics) = leasehold_testkit::http_get(&sealer_addr, "/metrics")
+        .await
+        .unwrap();
+    for result in ["no_grant", "not_the_holder"] {
+        assert!(
+            metrics.contains(&format!(
+                r#"leasehold_credential_seals_total{{result="{result}"}} 1"#
+            )),
+            "{metrics}"
+        );
+    }
     // Its memory: alice's secret is there (the control), bob's secret and
     // bob's data key are not.
     let bob_data_key = kms_as(&endpoint, &identities["test"])

@@ -454,6 +454,23 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         "the worker did not get its credentials from the sealer:\n{sealer_output}"
     );
     outputs.push(sealer_output);
+    // The sealer counts what it did on its own /metrics, every result from 0.
+    let (status, _, metrics) = leasehold_testkit::http_get(&sealer_listen, "/metrics")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics.contains(r#"leasehold_credential_seals_total{result="sealed"} 1"#),
+        "{metrics}"
+    );
+    for result in leasehold_broker::sealer::SEAL_RESULTS {
+        assert!(
+            metrics.contains(&format!(
+                r#"leasehold_credential_seals_total{{result="{result}"}}"#
+            )),
+            "{result} missing:\n{metrics}"
+        );
+    }
     // With its user unserved and no grant left, the sealer deletes the claim user.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -33,6 +33,7 @@ use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::claim_users::{ClaimUsers, RedisLogin};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::{self, CredentialsGrant, GrantReason, MarkValue};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
@@ -43,6 +44,33 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:9480";
 
 /// The path a worker posts [`SealRequest`]s to.
 pub const SEAL_PATH: &str = "/v1/seal";
+
+/// `leasehold_credential_seals_total{result}`: every seal request by outcome.
+/// Refusals other than `unavailable` mean a misconfigured claimer (`no_grant`)
+/// or a worker asking for a user that is not its own (`not_the_holder`).
+pub const SEALS_TOTAL: &str = "leasehold_credential_seals_total";
+
+/// Every metric the sealer exports on `GET /metrics` (docs/metrics.md).
+pub const METRICS: &[&str] = &[SEALS_TOTAL];
+
+/// The `result` values of [`SEALS_TOTAL`]: `sealed`, then each refusal's.
+pub const SEAL_RESULTS: &[&str] = &[
+    "sealed",
+    "bad_request",
+    "no_grant",
+    "not_the_holder",
+    "no_credentials",
+    "does_not_decrypt",
+    "unavailable",
+];
+
+/// Puts every series of [`SEAL_RESULTS`] at 0, so `increase()` sees the
+/// first refusal (as the sidecar does with its counters).
+pub fn register_metrics() {
+    for result in SEAL_RESULTS {
+        metrics::counter!(SEALS_TOTAL, "result" => *result).absolute(0);
+    }
+}
 
 /// Largest request body the sealer reads: three ids and a key.
 const MAX_REQUEST_BYTES: usize = 4_096;
@@ -126,6 +154,18 @@ pub enum SealRefusal {
 }
 
 impl SealRefusal {
+    /// Its `result` label on [`SEALS_TOTAL`] (one of [`SEAL_RESULTS`]).
+    pub fn label(&self) -> &'static str {
+        match self {
+            SealRefusal::BadRequest(_) => "bad_request",
+            SealRefusal::NoGrant(_) => "no_grant",
+            SealRefusal::NotTheHolder { .. } => "not_the_holder",
+            SealRefusal::NoCredentials(_) => "no_credentials",
+            SealRefusal::DoesNotDecrypt { .. } => "does_not_decrypt",
+            SealRefusal::Unavailable(_) => "unavailable",
+        }
+    }
+
     /// The HTTP status the refusal is answered with.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -319,11 +359,17 @@ impl IntoResponse for SealRefusal {
     }
 }
 
-/// `POST /v1/seal` and `GET /healthz`.
-pub fn router(sealer: Arc<CredentialSealer>) -> Router {
-    Router::new()
+/// `POST /v1/seal`, `GET /healthz` and, with a recorder, `GET /metrics`
+/// (counts only: no id, no secret).
+pub fn router(sealer: Arc<CredentialSealer>, metrics: Option<PrometheusHandle>) -> Router {
+    let router = Router::new()
         .route(SEAL_PATH, post(seal_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(|| async { "ok\n" }));
+    let router = match metrics {
+        Some(handle) => router.route("/metrics", get(move || async move { handle.render() })),
+        None => router,
+    };
+    router
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(sealer)
 }
@@ -332,7 +378,12 @@ async fn seal_handler(
     State(sealer): State<Arc<CredentialSealer>>,
     Json(request): Json<SealRequest>,
 ) -> Result<Json<SealedAnswer>, SealRefusal> {
-    match sealer.seal(&request).await {
+    let sealed = sealer.seal(&request).await;
+    let result = sealed
+        .as_ref()
+        .map_or_else(SealRefusal::label, |_| "sealed");
+    metrics::counter!(SEALS_TOTAL, "result" => result).increment(1);
+    match sealed {
         Ok(sealed) => {
             tracing::info!(
                 user_id = request.user_id,
@@ -359,6 +410,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     sealer: Arc<CredentialSealer>,
     sweep: Duration,
+    metrics: Option<PrometheusHandle>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     let sweeper = sealer.clone();
@@ -378,7 +430,7 @@ pub async fn serve(
             }
         },
     ));
-    let served = axum::serve(listener, router(sealer))
+    let served = axum::serve(listener, router(sealer, metrics))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await;
     sweep.abort();

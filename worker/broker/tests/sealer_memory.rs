@@ -62,6 +62,7 @@ async fn start_sealer(bus: Arc<dyn PoolBus>, key: &str, stop: CancellationToken)
         listener,
         sealer,
         sealer::CLAIM_USER_SWEEP,
+        None,
         stop,
     ));
     url
