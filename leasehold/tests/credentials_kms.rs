@@ -474,9 +474,7 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("is not the worker of user"), "{body}");
     // Both refusals are counted where an alert sees them.
-    let (_, _, metrics) = leasehold_testkit::http_get(&sealer_addr, "/metrics")
-        .await
-        .unwrap();
+    let metrics = support::sealer_metrics(&sealer_addr).await;
     for result in ["no_grant", "not_the_holder"] {
         assert!(
             metrics.contains(&format!(

@@ -455,10 +455,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     );
     outputs.push(sealer_output);
     // The sealer counts what it did on its own /metrics, every result from 0.
-    let (status, _, metrics) = leasehold_testkit::http_get(&sealer_listen, "/metrics")
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{metrics}");
+    let metrics = support::sealer_metrics(&sealer_listen).await;
     assert!(
         metrics.contains(r#"leasehold_credential_seals_total{result="sealed"} 1"#),
         "{metrics}"

@@ -835,3 +835,19 @@ impl Drop for Prometheus {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A credential sealer's `/metrics` text (asked up to five times, 100 ms
+/// apart, so a busy machine's slow accept is not taken for a missing page);
+/// panics with what it got otherwise.
+pub async fn sealer_metrics(addr: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match leasehold_testkit::http_get(addr, "/metrics").await {
+            Ok((200, _, body)) if !body.is_empty() => return body,
+            Ok((status, head, body)) => last = format!("status {status}\n{head}\n{body}"),
+            Err(err) => last = format!("request failed: {err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no /metrics from the sealer at {addr}: {last}");
+}
