@@ -31,23 +31,18 @@
 //!   clients until the next snapshot.
 //! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
 
-pub mod changes;
-pub mod cluster;
-pub mod gaps;
-pub mod http;
-pub mod pages;
-pub mod render_cache;
-pub mod session;
+pub mod collector;
+pub mod model;
 pub mod settings;
-pub mod sidecars;
-pub mod sink;
-pub mod streams;
-pub mod table;
+pub mod sources;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod timeline;
-pub mod trends;
-pub mod views;
+pub mod web;
+
+// The paths other crates import (`leasehold`, `devcluster`): the sources they
+// configure, and the collector under its old name for the read-cost bench.
+pub use crate::collector as cluster;
+pub use crate::sources::{sidecars, sink};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,8 +50,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::cluster::{Collector, CollectorSettings, Sources};
-pub use crate::http::{Access, DashboardState, app};
+pub use crate::collector::{Collector, CollectorSettings, Sources};
+pub use crate::web::{Access, DashboardState, app};
 
 /// How the dashboard runs.
 pub struct DashboardConfig {
@@ -92,9 +87,9 @@ pub enum DashboardError {
 }
 
 /// Renders the views clients watch as soon as each snapshot is published
-/// ([`render_cache`]), until `shutdown`.
+/// ([`web::render_cache`]), until `shutdown`.
 async fn prewarm_after_each_snapshot(state: Arc<DashboardState>, shutdown: CancellationToken) {
-    let views = http::views(state.clone());
+    let views = web::views(state.clone());
     let mut generations = state.collector.subscribe();
     loop {
         tokio::select! {
@@ -103,7 +98,7 @@ async fn prewarm_after_each_snapshot(state: Arc<DashboardState>, shutdown: Cance
                 if changed.is_err() {
                     return;
                 }
-                http::prewarm(&state, &views).await;
+                web::prewarm(&state, &views).await;
             }
         }
     }

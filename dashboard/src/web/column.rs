@@ -200,11 +200,11 @@ fn cell(column: &Column, value: &serde_json::Value, now_ms: i64) -> Cell {
         },
         (Kind::StreamLink, Value::String(id)) => Cell {
             text: id.clone(),
-            href: Some(crate::pages::stream_href(id)),
+            href: Some(crate::web::pages::stream_href(id)),
             ..Cell::default()
         },
         (Kind::Gap, Value::Object(_)) => {
-            match <crate::gaps::LastGap as serde::Deserialize>::deserialize(value) {
+            match <crate::model::gaps::LastGap as serde::Deserialize>::deserialize(value) {
                 Ok(gap) if gap.at_ms > 0 => Cell {
                     text: format!("{} ago", duration_ms(now_ms - gap.at_ms)),
                     at: Some(gap.at_ms),

@@ -9,7 +9,7 @@
 //!   16 bytes a bucket, so 10,000 streams cost about 10 MB.
 //!
 //! Where the operator has Grafana, the trends page links to it
-//! (`DASHBOARD_GRAFANA_URL`, [`crate::http::DashboardState::grafana`]) for
+//! (`DASHBOARD_GRAFANA_URL`, [`crate::web::router::DashboardState::grafana`]) for
 //! longer spans. Claim latency comes from the raw claim samples the sidecars'
 //! `/status` lists ([`Trends::sample_claims`]): per bucket, the median and 99th
 //! percentile over every claim in it, whichever sidecar reported it.
@@ -19,8 +19,8 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
 
-use crate::changes::{Change, ChangeKind};
-use crate::streams::StreamRow;
+use crate::model::changes::{Change, ChangeKind};
+use crate::model::streams::StreamRow;
 use leasehold_pool::read::PoolView;
 
 /// Cluster buckets kept: 24 h at the default one-minute resolution.
@@ -376,7 +376,7 @@ fn short(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::streams::{StreamState, Verdict};
+    use crate::model::streams::{StreamState, Verdict};
 
     fn row(id: &str, lag: u64) -> StreamRow {
         StreamRow {

@@ -13,7 +13,7 @@ use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::MalformedItem;
 use serde::Serialize;
 
-use crate::gaps::GapTally;
+use crate::model::gaps::GapTally;
 
 /// State badge of one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

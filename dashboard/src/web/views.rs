@@ -5,13 +5,13 @@
 use askama::Template;
 use serde::{Deserialize, Serialize};
 
-use crate::changes::{Change, ChangeLog, FencedWrite};
-use crate::cluster::Snapshot;
-use crate::gaps::{DataGap, GapLog};
-use crate::pages::{Header, MAX_STREAM_ID_LEN, search_text, stream_href};
-use crate::streams::{StreamRow, StreamState, Verdict};
-use crate::timeline::{self, DrawnLane, LANE_HEIGHT, LANES_PER_PAGE};
-use crate::trends::{Chart, ClusterPoint, StreamPoint, Trends};
+use crate::collector::Snapshot;
+use crate::model::changes::{Change, ChangeLog, FencedWrite};
+use crate::model::gaps::{DataGap, GapLog};
+use crate::model::streams::{StreamRow, StreamState, Verdict};
+use crate::model::timeline::{self, DrawnLane, LANE_HEIGHT, LANES_PER_PAGE};
+use crate::model::trends::{Chart, ClusterPoint, StreamPoint, Trends};
+use crate::web::pages::{Header, MAX_STREAM_ID_LEN, search_text, stream_href};
 
 /// Time windows the timeline offers: (query value, milliseconds).
 pub const WINDOWS: &[(&str, i64)] = &[
@@ -188,16 +188,16 @@ fn history_text(log: &ChangeLog, now_ms: i64) -> String {
     let (count, age_ms) = log.bounds();
     let kept = format!(
         "the dashboard keeps the newest {count} ownership changes of the last {}",
-        crate::table::duration_ms(age_ms)
+        crate::web::column::duration_ms(age_ms)
     );
     match log.oldest_ms() {
         Some(oldest) if log.truncated() => format!(
             "History goes back {} (older changes were dropped: {kept}).",
-            crate::table::duration_ms(now_ms - oldest)
+            crate::web::column::duration_ms(now_ms - oldest)
         ),
         Some(oldest) => format!(
             "History goes back {}, to the first change seen since the dashboard started ({kept}).",
-            crate::table::duration_ms(now_ms - oldest)
+            crate::web::column::duration_ms(now_ms - oldest)
         ),
         None => format!("No ownership change observed yet ({kept})."),
     }
@@ -222,7 +222,7 @@ impl TimelinePage {
                 let label = if ago == 0 {
                     "now".to_owned()
                 } else {
-                    format!("−{}", crate::table::duration_ms(ago))
+                    format!("−{}", crate::web::column::duration_ms(ago))
                 };
                 (format!("{x:.1}"), label, tick_anchor(i, 4))
             })
@@ -273,31 +273,31 @@ pub struct Problem {
 pub const RUNBOOKS: &[(&str, &str)] = &[
     (
         "LeaseholdStreamUnowned",
-        include_str!("../../alerts/runbooks/LeaseholdStreamUnowned.md"),
+        include_str!("../../../alerts/runbooks/LeaseholdStreamUnowned.md"),
     ),
     (
         "LeaseholdLeaseLost",
-        include_str!("../../alerts/runbooks/LeaseholdLeaseLost.md"),
+        include_str!("../../../alerts/runbooks/LeaseholdLeaseLost.md"),
     ),
     (
         "LeaseholdCheckpointStalled",
-        include_str!("../../alerts/runbooks/LeaseholdCheckpointStalled.md"),
+        include_str!("../../../alerts/runbooks/LeaseholdCheckpointStalled.md"),
     ),
     (
         "LeaseholdCheckpointLagHigh",
-        include_str!("../../alerts/runbooks/LeaseholdCheckpointLagHigh.md"),
+        include_str!("../../../alerts/runbooks/LeaseholdCheckpointLagHigh.md"),
     ),
     (
         "LeaseholdUpstreamSilent",
-        include_str!("../../alerts/runbooks/LeaseholdUpstreamSilent.md"),
+        include_str!("../../../alerts/runbooks/LeaseholdUpstreamSilent.md"),
     ),
     (
         "LeaseholdLeaseRenewalsFailing",
-        include_str!("../../alerts/runbooks/LeaseholdLeaseRenewalsFailing.md"),
+        include_str!("../../../alerts/runbooks/LeaseholdLeaseRenewalsFailing.md"),
     ),
     (
         "LeaseholdStaleTokenWritesRejected",
-        include_str!("../../alerts/runbooks/LeaseholdStaleTokenWritesRejected.md"),
+        include_str!("../../../alerts/runbooks/LeaseholdStaleTokenWritesRejected.md"),
     ),
 ];
 
@@ -391,10 +391,10 @@ pub struct StreamDetail {
     /// Lag samples, oldest first.
     pub trend: Vec<StreamPoint>,
     /// Data gaps the sidecars reported for it, newest first (the newest
-    /// [`crate::gaps::GAPS_PER_STREAM`] since the dashboard started).
+    /// [`crate::model::gaps::GAPS_PER_STREAM`] since the dashboard started).
     pub gaps: Vec<DataGap>,
     /// The sink's last stored sequence (read by the handler, when configured).
-    pub sink: crate::sink::SinkPosition,
+    pub sink: crate::sources::sink::SinkPosition,
 }
 
 /// Looks one stream up; `None` for an unknown (or absurdly long) id.
@@ -448,7 +448,7 @@ pub fn stream_detail(
         trend: trends.stream(id),
         gaps: gaps.for_stream(id),
         stream: row,
-        sink: crate::sink::SinkPosition::NotConfigured,
+        sink: crate::sources::sink::SinkPosition::NotConfigured,
     })
 }
 
@@ -513,7 +513,7 @@ impl StreamDetailPage {
                     if *ago == 0 {
                         "now".to_owned()
                     } else {
-                        format!("−{}", crate::table::duration_ms(*ago))
+                        format!("−{}", crate::web::column::duration_ms(*ago))
                     },
                     *anchor,
                 )
@@ -535,7 +535,7 @@ impl StreamDetailPage {
             .rev()
             .map(|c| {
                 (
-                    format!("{} ago", crate::table::duration_ms(to - c.at_ms)),
+                    format!("{} ago", crate::web::column::duration_ms(to - c.at_ms)),
                     c.clone(),
                 )
             })
@@ -549,7 +549,7 @@ impl StreamDetailPage {
             .iter()
             .map(|g| {
                 (
-                    format!("{} ago", crate::table::duration_ms(to - g.at_ms)),
+                    format!("{} ago", crate::web::column::duration_ms(to - g.at_ms)),
                     g.clone(),
                 )
             })
@@ -756,9 +756,9 @@ impl TrendsPage {
             sparklines,
             resolution: format!(
                 "One point per {} (several refreshes merge: maxima for lag, ages and gaps, the latest reading for counts); the cluster charts keep {}, each stream {}; kept in memory since the dashboard started.",
-                crate::table::duration_ms(trends.resolution_ms()),
-                crate::table::duration_ms(cluster_span),
-                crate::table::duration_ms(stream_span)
+                crate::web::column::duration_ms(trends.resolution_ms()),
+                crate::web::column::duration_ms(cluster_span),
+                crate::web::column::duration_ms(stream_span)
             ),
             grafana,
         }

@@ -2,7 +2,7 @@
 //! `/healthz`, and the token form. Read-only: every route is GET except the
 //! token form's POST and `/logout`, which only set or clear a cookie in the
 //! caller's browser. The cookie holds a session derived from the token
-//! ([`crate::session`]), never the token, for at most 12 hours.
+//! ([`crate::web::session`]), never the token, for at most 12 hours.
 //!
 //! Every response carries a restrictive Content-Security-Policy (scripts and
 //! styles from this origin only, no inline code, no framing), so even a value
@@ -33,13 +33,13 @@ use subtle::ConstantTimeEq;
 use tower_http::compression::CompressionLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::cluster::Collector;
-use crate::pages::{
+use crate::collector::Collector;
+use crate::web::pages::{
     AnomaliesBody, CHANGES_SHOWN, ChangesBody, LoginPage, PoolBody, StreamQuery, StreamsPage,
     TablesPage, WorkersBody, stream_page,
 };
-use crate::session;
-use crate::views::{
+use crate::web::session;
+use crate::web::views::{
     RUNBOOKS, StreamDetail, StreamDetailPage, TimelinePage, TimelineQuery, TrendsBody, TrendsPage,
     stream_detail, timeline_body,
 };
@@ -47,7 +47,7 @@ use crate::views::{
 /// The policy: nothing but this origin's script, style and fetches.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-/// Cookie set by the token form: a session value ([`crate::session`]). Named
+/// Cookie set by the token form: a session value ([`crate::web::session`]). Named
 /// as the raw-token cookie of older versions was, so signing in replaces it.
 pub const SESSION_COOKIE: &str = "leasehold_dashboard_token";
 
@@ -60,12 +60,12 @@ pub struct DashboardState {
     /// Proxy trust and the Host allow-list.
     pub access: Access,
     /// The sink, for a stream page's "sink last seq" (`DASHBOARD_SINK_URL`).
-    pub sink: Option<Arc<dyn crate::sink::SinkReader>>,
+    pub sink: Option<Arc<dyn crate::sources::sink::SinkReader>>,
     /// Grafana, linked from the trends page (`DASHBOARD_GRAFANA_URL`).
     pub grafana: Option<String>,
     /// Responses rendered from the collector's current snapshot, shared
     /// between requests (one per state: renders depend on the sink and link too).
-    pub renders: crate::render_cache::RenderCache,
+    pub renders: crate::web::render_cache::RenderCache,
 }
 
 /// Who may reach the dashboard, and what the token cookie claims.
@@ -185,7 +185,7 @@ pub fn views(state: Shared) -> Router {
 }
 
 /// Renders again, for the snapshot just published, the views clients
-/// watched in the previous one ([`crate::render_cache`]), so their next poll
+/// watched in the previous one ([`crate::web::render_cache`]), so their next poll
 /// finds the bytes ready. `views` is [`views`] of the same state.
 pub async fn prewarm(state: &DashboardState, views: &Router) {
     use tower::ServiceExt;
@@ -367,7 +367,7 @@ async fn stream_with_sink(state: &DashboardState, id: &str) -> Option<StreamDeta
             collector.with_gaps(|gaps| stream_detail(&snapshot, log, trends, gaps, id))
         })
     })?;
-    detail.sink = crate::sink::position(state.sink.as_ref(), id).await;
+    detail.sink = crate::sources::sink::position(state.sink.as_ref(), id).await;
     Some(detail)
 }
 
@@ -469,12 +469,12 @@ fn follows_snapshot(request: &Request) -> bool {
         && path != "/login"
 }
 
-/// Renders a view once per snapshot ([`crate::render_cache`]): the first
+/// Renders a view once per snapshot ([`crate::web::render_cache`]): the first
 /// request for a (path, normalised query, coding) after a new snapshot renders
 /// and compresses it; others get the same bytes until the next snapshot.
 /// Requests that miss at the same time wait for one render.
 async fn shared_render(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
-    use crate::render_cache::{Cached, Warm, cacheable, coding, key};
+    use crate::web::render_cache::{Cached, Warm, cacheable, coding, key};
     if !follows_snapshot(&request) {
         return next.run(request).await;
     }
@@ -541,7 +541,7 @@ async fn shared_render(State(state): State<Shared>, mut request: Request, next: 
 async fn script() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-        include_str!("../static/dashboard.js"),
+        include_str!("../../static/dashboard.js"),
     )
         .into_response()
 }
@@ -549,7 +549,7 @@ async fn script() -> Response {
 async fn stylesheet() -> Response {
     (
         [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
-        include_str!("../static/dashboard.css"),
+        include_str!("../../static/dashboard.css"),
     )
         .into_response()
 }

@@ -19,14 +19,14 @@ use leasehold_control::store::{Consistency, LeaseReader};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::changes::{Change, ChangeLog};
-use crate::gaps::GapLog;
-use crate::sidecars::{
+use crate::model::changes::{Change, ChangeLog};
+use crate::model::gaps::GapLog;
+use crate::model::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
+use crate::model::trends::Trends;
+use crate::sources::sidecars::{
     DEFAULT_POLL_BYTE_BUDGET, Discovery, DiscoveryPolicy, PollLimits, SidecarReport, SidecarTarget,
     poll, poll_discovered,
 };
-use crate::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
-use crate::trends::Trends;
 use leasehold_pool::read::{AnomalyView, PoolReader, PoolView};
 
 /// Health of one data source.
@@ -153,7 +153,7 @@ pub struct CollectorSettings {
     pub changes_kept: usize,
     /// Oldest ownership change kept (the age bound of the history).
     pub changes_max_age: Duration,
-    /// Bucket width of the trend history ([`crate::trends`]).
+    /// Bucket width of the trend history ([`crate::model::trends`]).
     pub trend_resolution: Duration,
     /// Scan page size for the lease table.
     pub page_size: usize,
@@ -180,8 +180,12 @@ impl Default for CollectorSettings {
             sidecar_byte_budget: DEFAULT_POLL_BYTE_BUDGET,
             thresholds: Thresholds::default(),
             changes_kept: 50_000,
-            changes_max_age: Duration::from_millis(crate::changes::DEFAULT_MAX_AGE_MS as u64),
-            trend_resolution: Duration::from_millis(crate::trends::DEFAULT_RESOLUTION_MS as u64),
+            changes_max_age: Duration::from_millis(
+                crate::model::changes::DEFAULT_MAX_AGE_MS as u64,
+            ),
+            trend_resolution: Duration::from_millis(
+                crate::model::trends::DEFAULT_RESOLUTION_MS as u64,
+            ),
             page_size: 1_000,
         }
     }
@@ -739,7 +743,7 @@ fn workers(
         };
         let row = rows.entry(owner.clone()).or_insert_with(|| blank(owner));
         row.streams_held += 1;
-        if stream.state == crate::streams::StreamState::Expired {
+        if stream.state == crate::model::streams::StreamState::Expired {
             row.streams_expired += 1;
         }
         if row.tokens.len() < TOKENS_PER_WORKER {

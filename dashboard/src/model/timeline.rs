@@ -5,14 +5,14 @@
 //! A segment is a stretch of time with one owner and one fence token, or a
 //! gap with no valid owner (between a lease running out or being released
 //! and the next acquire). Fenced writes are marks on the lanes they hit, and
-//! so are data gaps (ranges that will never reach the sink, [`crate::gaps`]),
+//! so are data gaps (ranges that will never reach the sink, [`crate::model::gaps`]),
 //! at the time they were recorded, on the reporting worker's lane per worker.
 
 use serde::Serialize;
 
-use crate::changes::{Change, ChangeKind, FencedWrite};
-use crate::gaps::{DataGap, GapLog};
-use crate::streams::StreamRow;
+use crate::model::changes::{Change, ChangeKind, FencedWrite};
+use crate::model::gaps::{DataGap, GapLog};
+use crate::model::streams::StreamRow;
 
 /// Lanes drawn per page (the rest are paged).
 pub const LANES_PER_PAGE: usize = 50;
@@ -236,7 +236,7 @@ pub struct Window {
 /// Lanes are ordered (latest change first per stream; by worker, then stream,
 /// per worker) and paged *before* any segment is cut, so a page of 50 lanes
 /// costs 50 lanes' work at 10,000 streams with 24 h of history (a lane's
-/// data gaps are looked up per lane: at most [`crate::gaps::GAPS_PER_STREAM`]).
+/// data gaps are looked up per lane: at most [`crate::model::gaps::GAPS_PER_STREAM`]).
 pub fn lane_page(
     rows: &[StreamRow],
     changes: &[&Change],
@@ -428,7 +428,7 @@ pub fn owner_class(owner: &str) -> String {
 fn when(at_ms: i64, to_ms: i64) -> String {
     format!(
         "{} before the snapshot",
-        crate::table::duration_ms(to_ms - at_ms)
+        crate::web::column::duration_ms(to_ms - at_ms)
     )
 }
 
@@ -466,7 +466,7 @@ pub fn draw(lanes: &[Lane], from_ms: i64, to_ms: i64) -> Vec<DrawnLane> {
                         lane.stream_id,
                         when(s.start_ms, to_ms),
                         s.began,
-                        crate::table::duration_ms(s.end_ms - s.start_ms),
+                        crate::web::column::duration_ms(s.end_ms - s.start_ms),
                         match s.ended {
                             Some(how) => format!(", ended: {how}"),
                             None => ", still current".to_owned(),
@@ -532,7 +532,7 @@ pub fn draw(lanes: &[Lane], from_ms: i64, to_ms: i64) -> Vec<DrawnLane> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::streams::StreamState;
+    use crate::model::streams::StreamState;
 
     fn change(
         at: i64,

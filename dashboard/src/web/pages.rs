@@ -8,11 +8,11 @@
 use askama::Template;
 use serde::{Deserialize, Serialize};
 
-use crate::changes::Change;
-use crate::cluster::{Snapshot, SourceHealth, WorkerRow};
-use crate::gaps::GapTally;
-use crate::streams::{StreamRow, StreamState};
-use crate::table::{Column, Kind, Table, col};
+use crate::collector::{Snapshot, SourceHealth, WorkerRow};
+use crate::model::changes::Change;
+use crate::model::gaps::GapTally;
+use crate::model::streams::{StreamRow, StreamState};
+use crate::web::column::{Column, Kind, Table, col};
 use leasehold_pool::read::{AnomalyView, PoolView};
 use leasehold_telemetry::labels::GapReason;
 
@@ -225,7 +225,7 @@ pub struct WorkersBody<'a> {
     /// Owners and sidecar-only workers.
     pub workers: &'a [WorkerRow],
     /// Every sidecar polled, with errors.
-    pub sidecars: &'a [crate::sidecars::SidecarReport],
+    pub sidecars: &'a [crate::sources::sidecars::SidecarReport],
     /// Source health.
     pub sources: &'a [SourceHealth],
 }
@@ -376,7 +376,7 @@ impl Header {
                     let since = match s.last_ok_ms {
                         Some(at) => format!(
                             "showing data from {} ago",
-                            crate::table::duration_ms(snapshot.taken_at_ms - at)
+                            crate::web::column::duration_ms(snapshot.taken_at_ms - at)
                         ),
                         None => "no data yet".to_owned(),
                     };
@@ -391,7 +391,7 @@ impl Header {
 
     /// The refresh period as text.
     pub fn refresh_text(&self) -> String {
-        crate::table::duration_ms(self.refresh_ms as i64)
+        crate::web::column::duration_ms(self.refresh_ms as i64)
     }
 
     /// The navigation entries: (path, title).
@@ -640,7 +640,7 @@ impl TablesPage {
             (Some(_), Some(report)) => {
                 summary.push(format!(
                     "Last sweep {} ago{}: {} marks, {} tasks.",
-                    crate::table::duration_ms(snapshot.taken_at_ms - report.at as i64),
+                    crate::web::column::duration_ms(snapshot.taken_at_ms - report.at as i64),
                     if report.dry_run { " (dry run)" } else { "" },
                     report.marks,
                     report.tasks
@@ -748,7 +748,7 @@ mod tests {
         row.gaps = Some(GapTally {
             count,
             missing: count * 10,
-            last: crate::gaps::LastGap {
+            last: crate::model::gaps::LastGap {
                 at_ms: last_at_ms,
                 from_seq: 100,
                 to_seq: 109,
