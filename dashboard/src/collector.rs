@@ -1,137 +1,34 @@
-//! The cluster picture: one immutable snapshot per refresh, built from the
-//! three sources (lease table, pool key space, sidecars) by one collector task.
+//! The collector: one task that reads the sources ([`crate::sources`]) and
+//! folds what they said into the model ([`crate::model`]), publishing one
+//! immutable snapshot per refresh. The only place in the dashboard with locks.
 //!
 //! Pages and the JSON API only read the latest snapshot, so a slow or dead
 //! source never slows a page down, and a page with 10,000 streams costs one
 //! render, not one table scan. A source that fails keeps its last good data,
 //! marked with the error and its age, while the others keep updating.
+//!
+//! Locks, always taken in this order: `changes`, `trends`, `gaps` (the
+//! handlers nest them the same way; a refresh holds all three only while it
+//! applies its readings, never across a read). `model` is a `tokio` mutex held
+//! for a whole refresh: refreshes never overlap.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use leasehold_control::clock::Clock;
-use leasehold_control::lease::LeaseState;
 use leasehold_control::pacing::ScanPacing;
-use leasehold_control::read::LeaseTable;
-use leasehold_control::store::{Consistency, LeaseReader};
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::changes::{Change, ChangeLog};
 use crate::model::gaps::GapLog;
-use crate::model::streams::{Lag, LagHistory, StreamRow, Thresholds, malformed_row};
+use crate::model::streams::Thresholds;
 use crate::model::trends::Trends;
-use crate::sources::sidecars::{
-    DEFAULT_POLL_BYTE_BUDGET, Discovery, DiscoveryPolicy, PollLimits, SidecarReport, SidecarTarget,
-    poll, poll_discovered,
-};
-use leasehold_pool::read::{AnomalyView, PoolReader, PoolView};
-
-/// Health of one data source.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SourceHealth {
-    /// `lease table`, `pool` or `sidecars`.
-    pub name: &'static str,
-    /// Configured at all (a dashboard without Redis has no pool source).
-    pub configured: bool,
-    /// The last read worked.
-    pub ok: bool,
-    /// Why the last read failed (no secrets).
-    pub error: Option<String>,
-    /// Last successful read, unix ms.
-    pub last_ok_ms: Option<i64>,
-}
-
-/// One row of the workers view: a stream owner with what its sidecar says.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WorkerRow {
-    /// Owner id (untrusted text).
-    pub owner_id: String,
-    /// Streams whose record names this owner (owned or expired).
-    pub streams_held: usize,
-    /// Of those, expired.
-    pub streams_expired: usize,
-    /// `stream:token` for the first 50 streams held (`streams_held` counts them all).
-    pub tokens: Vec<(String, u64)>,
-    /// The worker's presence lease (`leasehold#worker#{owner}`) state, if any.
-    pub presence: Option<LeaseState>,
-    /// The sidecar reporting this owner, if found.
-    pub sidecar_url: Option<String>,
-    /// `worker_up` as that sidecar says.
-    pub worker_up: Option<bool>,
-    /// Milliseconds since the sidecar's last event from this worker.
-    pub last_event_age_ms: Option<u64>,
-    /// `stream-worker` or `broker-worker`.
-    pub component: Option<String>,
-    /// Events the sink refused from this worker because a newer token existed.
-    pub sink_events_fenced: Option<u64>,
-    /// Leases this worker lost.
-    pub leases_lost: Option<u64>,
-    /// That sidecar publishes the cluster gauges.
-    pub observer: bool,
-}
-
-/// Everything a page shows, at one instant.
-#[derive(Debug, Clone, Serialize)]
-pub struct Snapshot {
-    /// When the snapshot was assembled, unix ms.
-    pub taken_at_ms: i64,
-    /// Every stream record, sorted by stream id.
-    pub streams: Vec<StreamRow>,
-    /// Stream owners and sidecar-only workers, sorted by owner id.
-    pub workers: Vec<WorkerRow>,
-    /// Sidecars that answered or failed.
-    pub sidecars: Vec<SidecarReport>,
-    /// `/status` bytes this refresh read from all sidecars together (at most
-    /// [`CollectorSettings::sidecar_byte_budget`]).
-    pub sidecar_bytes_read: usize,
-    /// The pool, when a pool source is configured and was read at least once.
-    pub pool: Option<PoolView>,
-    /// The sweeper's report, likewise.
-    pub anomalies: Option<AnomalyView>,
-    /// Source health, in a fixed order.
-    pub sources: Vec<SourceHealth>,
-}
-
-impl Snapshot {
-    /// A snapshot before the first refresh.
-    pub fn empty(now_ms: i64) -> Self {
-        Snapshot {
-            taken_at_ms: now_ms,
-            streams: Vec::new(),
-            workers: Vec::new(),
-            sidecars: Vec::new(),
-            sidecar_bytes_read: 0,
-            pool: None,
-            anomalies: None,
-            sources: Vec::new(),
-        }
-    }
-
-    /// Counts per stream state, for the header.
-    pub fn state_counts(&self) -> BTreeMap<&'static str, usize> {
-        let mut counts = BTreeMap::new();
-        for row in &self.streams {
-            *counts.entry(row.state.as_str()).or_default() += 1;
-        }
-        counts
-    }
-}
-
-/// Where the collector reads from.
-pub struct Sources {
-    /// The lease table.
-    pub leases: Arc<dyn LeaseReader>,
-    /// The pool's key space, if the dashboard is given one.
-    pub pool: Option<Arc<dyn PoolReader>>,
-    /// `DASHBOARD_SIDECARS`: when not empty, exactly these sidecars are polled
-    /// and none are discovered.
-    pub sidecars: Vec<SidecarTarget>,
-    /// Which discovered `sidecar_url` values may be polled.
-    pub discovery: DiscoveryPolicy,
-}
+use crate::model::{Logs, Model};
+pub use crate::model::{Snapshot, SourceHealth, WorkerRow};
+pub use crate::sources::Sources;
+use crate::sources::sidecars::{DEFAULT_POLL_BYTE_BUDGET, PollLimits};
+use crate::sources::{Readings, leases, pool, sidecars};
 
 /// Collector settings.
 #[derive(Debug, Clone, Copy)]
@@ -191,29 +88,6 @@ impl Default for CollectorSettings {
     }
 }
 
-#[derive(Default)]
-struct History {
-    lag: LagHistory,
-    /// Rows and presence from the last lease read that worked: shown (marked
-    /// stale) while the table cannot be read, never re-judged against a newer
-    /// clock, which would turn healthy streams "expired".
-    streams: Vec<StreamRow>,
-    presence: HashMap<String, LeaseState>,
-    /// `sidecar_url` of every presence record in the last good lease read.
-    presence_sidecars: Vec<String>,
-    pool: Option<PoolView>,
-    anomalies: Option<AnomalyView>,
-    health: HashMap<&'static str, SourceHealth>,
-    /// Newest change already counted in the trends, unix ms.
-    sampled_ms: i64,
-    /// Sidecars (URLs) that answered in the previous refresh: asked first.
-    answered: HashSet<String>,
-    /// Per sidecar URL, the newest claim `seq` already counted in the trends.
-    claims_seen: HashMap<String, u64>,
-    /// When the previous refresh assembled its snapshot, unix ms.
-    previous_ms: Option<i64>,
-}
-
 /// Builds snapshots and keeps the latest for readers.
 pub struct Collector {
     sources: Sources,
@@ -225,18 +99,20 @@ pub struct Collector {
     /// Data gaps the sidecars reported, per stream.
     gaps: Mutex<GapLog>,
     /// Snapshots published so far (the entity tag's counter).
-    published: std::sync::atomic::AtomicU64,
+    published: AtomicU64,
     started_ms: i64,
-    history: tokio::sync::Mutex<History>,
+    model: tokio::sync::Mutex<Model>,
     /// Records the last successful lease scan read (the pacing's input).
     scanned: AtomicUsize,
     /// The generation, for the task that renders hot views after each snapshot.
     generations: tokio::sync::watch::Sender<u64>,
 }
 
-const LEASE_SOURCE: &str = "lease table";
-const POOL_SOURCE: &str = "pool";
-const SIDECAR_SOURCE: &str = "sidecars";
+/// Takes a lock even if a reader panicked while holding it: the logs stay
+/// consistent between calls, so the data is still good.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl Collector {
     /// A collector that has not refreshed yet.
@@ -249,13 +125,13 @@ impl Collector {
             )),
             trends: Mutex::new(Trends::new(settings.trend_resolution.as_millis() as i64)),
             gaps: Mutex::new(GapLog::default()),
-            published: std::sync::atomic::AtomicU64::new(0),
+            published: AtomicU64::new(0),
             started_ms: now,
             sources,
             settings,
             clock,
             latest: RwLock::new(Arc::new(Snapshot::empty(now))),
-            history: tokio::sync::Mutex::new(History::default()),
+            model: tokio::sync::Mutex::new(Model::default()),
             scanned: AtomicUsize::new(0),
             generations: tokio::sync::watch::Sender::new(0),
         }
@@ -306,22 +182,19 @@ impl Collector {
 
     /// Newest ownership changes first.
     pub fn changes(&self, limit: usize) -> Vec<Change> {
-        self.changes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .recent(limit)
+        lock(&self.changes).recent(limit)
     }
 
     /// Reads the ownership-change history (and fenced writes) under its lock.
     pub fn with_changes<R>(&self, read: impl FnOnce(&ChangeLog) -> R) -> R {
-        read(&self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+        read(&lock(&self.changes))
     }
 
     /// Writes the history directly (tests and the benchmark); counts as a
     /// new generation, since pages change.
     #[cfg(feature = "testing")]
     pub fn with_changes_mut<R>(&self, write: impl FnOnce(&mut ChangeLog) -> R) -> R {
-        let out = write(&mut self.changes.lock().unwrap_or_else(|p| p.into_inner()));
+        let out = write(&mut lock(&self.changes));
         self.published_one();
         out
     }
@@ -329,7 +202,7 @@ impl Collector {
     /// Writes the trends directly (tests and the benchmark); a new generation.
     #[cfg(feature = "testing")]
     pub fn with_trends_mut<R>(&self, write: impl FnOnce(&mut Trends) -> R) -> R {
-        let out = write(&mut self.trends.lock().unwrap_or_else(|p| p.into_inner()));
+        let out = write(&mut lock(&self.trends));
         self.published_one();
         out
     }
@@ -343,21 +216,21 @@ impl Collector {
 
     /// Reads the trend history under its lock.
     pub fn with_trends<R>(&self, read: impl FnOnce(&Trends) -> R) -> R {
-        read(&self.trends.lock().unwrap_or_else(|p| p.into_inner()))
+        read(&lock(&self.trends))
     }
 
     /// Reads the data gaps under their lock (taken after the changes' and
     /// the trends' when a reader holds those too; the collector never holds
     /// another lock while it holds this one).
     pub fn with_gaps<R>(&self, read: impl FnOnce(&GapLog) -> R) -> R {
-        read(&self.gaps.lock().unwrap_or_else(|p| p.into_inner()))
+        read(&lock(&self.gaps))
     }
 
     /// Writes the data gaps directly (the benchmark); a new generation, and
     /// the next refresh carries them into the rows.
     #[cfg(feature = "testing")]
     pub fn with_gaps_mut<R>(&self, write: impl FnOnce(&mut GapLog) -> R) -> R {
-        let out = write(&mut self.gaps.lock().unwrap_or_else(|p| p.into_inner()));
+        let out = write(&mut lock(&self.gaps));
         self.published_one();
         out
     }
@@ -369,66 +242,43 @@ impl Collector {
         format!("\"{:x}-{}\"", self.started_ms, self.generation())
     }
 
-    /// Reads every source once and publishes a new snapshot.
+    /// Reads every source once and publishes a new snapshot: the reads
+    /// first (I/O, no log locked), then the model applies them (no I/O).
     pub async fn refresh(&self) -> Arc<Snapshot> {
-        let mut history = self.history.lock().await;
-        // Each source gets a deadline, so one that hangs cannot hold back the
-        // others' updates.
-        let deadline = self.settings.source_timeout();
-        let late = || format!("no answer within {} s", deadline.as_secs());
-        let leases = async {
-            match tokio::time::timeout(
-                deadline,
-                LeaseTable::read(
-                    self.sources.leases.as_ref(),
-                    self.settings.page_size,
-                    Consistency::Eventual,
-                ),
-            )
-            .await
-            {
-                Ok(read) => read.map_err(|err| err.to_string()),
-                Err(_) => Err(late()),
-            }
-        };
-        let pool = async {
-            let reader = self.sources.pool.as_ref()?;
-            let read = async {
-                let pool = reader.pool().await.map_err(|e| e.to_string())?;
-                let anomalies = reader.anomalies().await.map_err(|e| e.to_string())?;
-                Ok::<_, String>((pool, anomalies))
+        let mut model = self.model.lock().await;
+        let readings = self.read(&model).await;
+        let snapshot = {
+            let (mut changes, mut trends, mut gaps) =
+                (lock(&self.changes), lock(&self.trends), lock(&self.gaps));
+            let logs = Logs {
+                changes: &mut changes,
+                trends: &mut trends,
+                gaps: &mut gaps,
             };
-            Some(match tokio::time::timeout(deadline, read).await {
-                Ok(read) => read,
-                Err(_) => Err(late()),
-            })
+            Arc::new(model.apply(logs, readings, &self.settings.thresholds))
         };
-        let (leases, pool) = tokio::join!(leases, pool);
-        let now = self.clock.now_ms();
+        *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
+        self.published_one();
+        snapshot
+    }
 
-        let table = match leases {
-            Ok(table) => {
-                self.scanned.store(table.records(), Ordering::Relaxed);
-                history.presence_sidecars = table.sidecar_urls().map(str::to_owned).collect();
-                self.mark(&mut history, LEASE_SOURCE, true, None, now);
-                Some(table)
-            }
-            Err(err) => {
-                self.mark(&mut history, LEASE_SOURCE, true, Some(err), now);
-                None
-            }
-        };
-        match pool {
-            Some(Ok((view, anomalies))) => {
-                self.mark(&mut history, POOL_SOURCE, true, None, now);
-                history.pool = Some(view);
-                history.anomalies = Some(anomalies);
-            }
-            Some(Err(err)) => self.mark(&mut history, POOL_SOURCE, true, Some(err), now),
-            None => self.mark(&mut history, POOL_SOURCE, false, None, now),
+    /// One refresh's reads: the lease table and the pool together, then the
+    /// sidecars those (or, while a source is down, the last good reads)
+    /// name. Every read has the source timeout.
+    async fn read(&self, model: &Model) -> Readings {
+        let deadline = self.settings.source_timeout();
+        let (leases, pool) = tokio::join!(
+            leases::read(
+                self.sources.leases.as_ref(),
+                self.settings.page_size,
+                deadline
+            ),
+            pool::read(self.sources.pool.as_ref(), deadline),
+        );
+        let now_ms = self.clock.now_ms();
+        if let Ok(table) = &leases {
+            self.scanned.store(table.records(), Ordering::Relaxed);
         }
-        // Sidecars: the override, else those the workers published (from the
-        // reads above, or the last good ones while a source is down).
         // One deadline for the whole poll, like the other sources: sidecars
         // that have not answered by then count as silent for this refresh.
         let limits = PollLimits {
@@ -436,208 +286,25 @@ impl Collector {
             whole_poll: deadline,
             byte_budget: self.settings.sidecar_byte_budget,
         };
-        let answered_before = std::mem::take(&mut history.answered);
-        let (sidecar_poll, refused) = if self.sources.sidecars.is_empty() {
-            let discovery = Discovery::from_values(
-                history.presence_sidecars.iter().map(String::as_str).chain(
-                    history.pool.iter().flat_map(|pool| {
-                        let idle = pool.idle.iter().filter_map(|w| w.sidecar_url.as_deref());
-                        let claimed = pool.claimed.iter().filter_map(|u| u.sidecar_url.as_deref());
-                        idle.chain(claimed)
-                    }),
-                ),
-                &self.sources.discovery,
-            );
-            (
-                poll_discovered(&discovery, &limits, &answered_before).await,
-                discovery.summary(),
-            )
-        } else {
-            (
-                poll(&self.sources.sidecars, &limits, &answered_before).await,
-                None,
-            )
+        let pool_view = match &pool {
+            Some(Ok((view, _))) => Some(view),
+            _ => None,
         };
-        let sidecars = sidecar_poll.reports;
-        history.answered = sidecars
-            .iter()
-            .filter(|report| report.status.is_some())
-            .map(|report| report.url.clone())
-            .collect();
-        let silent = silent_summary(&sidecars);
-        let configured =
-            !self.sources.sidecars.is_empty() || !sidecars.is_empty() || refused.is_some();
-        let sidecar_error = match (silent, refused) {
-            (Some(silent), Some(refused)) => Some(format!("{silent}; {refused}")),
-            (silent, refused) => silent.or(refused),
-        };
-        self.mark(&mut history, SIDECAR_SOURCE, configured, sidecar_error, now);
-        // Gaps are dated from when the sidecars answered (`age_ms` counts to
-        // their answer), which is after `now` by up to the sidecar timeout.
-        let polled = self.clock.now_ms().max(now);
-        self.gaps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .observe(&sidecars, polled);
-
-        let snapshot =
-            Arc::new(self.assemble(&mut history, table, sidecars, sidecar_poll.bytes_read, now));
-        *self.latest.write().unwrap_or_else(|p| p.into_inner()) = snapshot.clone();
-        self.published_one();
-        snapshot
-    }
-
-    fn mark(
-        &self,
-        history: &mut History,
-        name: &'static str,
-        configured: bool,
-        error: Option<String>,
-        now: i64,
-    ) {
-        let entry = history.health.entry(name).or_insert(SourceHealth {
-            name,
-            configured,
-            ok: false,
-            error: None,
-            last_ok_ms: None,
-        });
-        entry.configured = configured;
-        entry.ok = configured && error.is_none();
-        if entry.ok {
-            entry.last_ok_ms = Some(now);
-        }
-        entry.error = error;
-    }
-
-    fn assemble(
-        &self,
-        history: &mut History,
-        table: Option<LeaseTable>,
-        sidecars: Vec<SidecarReport>,
-        sidecar_bytes_read: usize,
-        now: i64,
-    ) -> Snapshot {
-        if let Some(table) = table {
-            self.judge(history, &table, &sidecars, now);
-        }
-        {
-            let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-            changes.observe_fenced(
-                sidecars.iter().filter_map(|report| {
-                    let status = report.status.as_ref()?;
-                    Some((status.owner_id.as_deref()?, status.sink_events_fenced))
-                }),
-                now,
-            );
-            let new_changes = changes.since(history.sampled_ms + 1);
-            drop(changes);
-            let claims = new_claims(
-                &mut history.claims_seen,
-                &sidecars,
-                history.previous_ms.map(|previous| now - previous),
-            );
-            history.previous_ms = Some(now);
-            let mut trends = self.trends.lock().unwrap_or_else(|p| p.into_inner());
-            trends.sample(now, &history.streams, history.pool.as_ref(), &new_changes);
-            trends.sample_claims(now, &claims);
-            let streams = &history.streams;
-            trends.retain(|stream| {
-                streams
-                    .binary_search_by(|r| r.stream_id.as_str().cmp(stream))
-                    .is_ok()
-            });
-            history.sampled_ms = new_changes
-                .iter()
-                .map(|c| c.at_ms)
-                .fold(history.sampled_ms, i64::max);
-        }
-        let mut streams = history.streams.clone();
-        {
-            // One lookup per row: the tally is kept up to date as gaps arrive.
-            let gaps = self.gaps.lock().unwrap_or_else(|p| p.into_inner());
-            for row in &mut streams {
-                row.gaps = gaps.tally(&row.stream_id);
-            }
-        }
-        let presence = &history.presence;
-        let workers = workers(&streams, presence, &sidecars);
-        let mut sources: Vec<SourceHealth> = [LEASE_SOURCE, POOL_SOURCE, SIDECAR_SOURCE]
-            .iter()
-            .filter_map(|name| history.health.get(name).cloned())
-            .collect();
-        sources.retain(|s| s.configured);
-        Snapshot {
-            taken_at_ms: now,
-            streams,
-            workers,
+        let sidecars = sidecars::read(
+            &self.sources.sidecars,
+            &self.sources.discovery,
+            model.published_sidecars(leases.as_ref().ok(), pool_view),
+            &limits,
+            model.answered(),
+            self.clock.as_ref(),
+        )
+        .await;
+        Readings {
+            now_ms,
+            leases,
+            pool,
             sidecars,
-            sidecar_bytes_read,
-            pool: history.pool.clone(),
-            anomalies: history.anomalies.clone(),
-            sources,
         }
-    }
-
-    /// Turns one successful lease read into rows, presence, lag samples and
-    /// ownership changes.
-    fn judge(
-        &self,
-        history: &mut History,
-        table: &LeaseTable,
-        sidecars: &[SidecarReport],
-        now: i64,
-    ) {
-        let thresholds = self.settings.thresholds;
-        // Lag only as the owner's own sidecar reports it: another sidecar's
-        // figure for the stream is a previous owner's, and stale.
-        let mut lag_by_owner: HashMap<(&str, &str), Lag> = HashMap::new();
-        for report in sidecars {
-            let Some(status) = &report.status else {
-                continue;
-            };
-            let Some(owner) = &status.owner_id else {
-                continue;
-            };
-            for (stream, lag) in &status.lag {
-                lag_by_owner.insert(
-                    (owner.as_str(), stream.as_str()),
-                    Lag {
-                        events: lag.lag_events,
-                        seconds: lag.lag_seconds,
-                        last_event_age: lag.last_event_age_seconds,
-                    },
-                );
-            }
-        }
-        let mut streams = Vec::with_capacity(table.streams.len() + table.malformed.len());
-        for lease in &table.streams {
-            let lag = lease
-                .owner_id
-                .as_deref()
-                .and_then(|owner| lag_by_owner.get(&(owner, lease.stream_id.as_str())))
-                .copied();
-            streams.push(history.lag.row(lease, lag, now, &thresholds));
-        }
-        streams.extend(table.malformed_streams().map(malformed_row));
-        let presence: HashMap<String, LeaseState> = table
-            .presence
-            .iter()
-            .map(|presence| (presence.worker.clone(), presence.lease.state(now)))
-            .collect();
-        // Sorted by id (stable: rows with one unreadable id keep scan order).
-        streams.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
-        history.lag.retain(|stream| {
-            streams
-                .binary_search_by(|r| r.stream_id.as_str().cmp(stream))
-                .is_ok()
-        });
-        self.changes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .observe(table.streams.iter(), now);
-        history.streams = streams;
-        history.presence = presence;
     }
 
     /// Refreshes until `shutdown`, every [`Collector::interval`]: every
@@ -651,140 +318,6 @@ impl Collector {
     }
 }
 
-/// The claim latencies (seconds) the sidecars report that the trends have
-/// not counted yet, by each sidecar's claim numbering (`seen`: sidecar URL →
-/// newest `seq` counted). A sidecar seen for the first time, or restarted
-/// (its numbering went back), contributes only the claims younger than
-/// `since_previous_ms` (none on the dashboard's first refresh: those claims
-/// happened before it was watching). `seen` keeps only the sidecars in
-/// `sidecars`, so it is bounded like them.
-fn new_claims(
-    seen: &mut HashMap<String, u64>,
-    sidecars: &[SidecarReport],
-    since_previous_ms: Option<i64>,
-) -> Vec<f64> {
-    let mut latencies = Vec::new();
-    for report in sidecars {
-        let Some(status) = &report.status else {
-            continue;
-        };
-        let claims = &status.claims;
-        let newest = claims.last().map_or(0, |c| c.seq);
-        match seen.get(&report.url).copied() {
-            Some(counted) if newest >= counted => {
-                latencies.extend(claims.iter().filter(|c| c.seq > counted).map(|c| c.seconds))
-            }
-            _ => {
-                let window = since_previous_ms.unwrap_or(0).max(0) as u64;
-                latencies.extend(
-                    claims
-                        .iter()
-                        .filter(|c| c.age_ms < window)
-                        .map(|c| c.seconds),
-                );
-            }
-        }
-        seen.insert(report.url.clone(), newest);
-    }
-    seen.retain(|url, _| sidecars.iter().any(|report| &report.url == url));
-    latencies
-}
-
-/// `"3 of 200 sidecars did not answer (2 no answer in time, 1 unreachable)"`,
-/// or `None` when all answered: the fixed categories with their counts, so
-/// the page says when the refresh's deadline or byte budget cut the poll short.
-fn silent_summary(sidecars: &[SidecarReport]) -> Option<String> {
-    let mut problems: BTreeMap<&str, usize> = BTreeMap::new();
-    for report in sidecars {
-        if let Some(error) = &report.error {
-            *problems.entry(error.as_str()).or_default() += 1;
-        }
-    }
-    let silent: usize = problems.values().sum();
-    (silent > 0).then(|| {
-        let parts: Vec<String> = problems
-            .iter()
-            .map(|(problem, count)| format!("{count} {problem}"))
-            .collect();
-        format!(
-            "{silent} of {} sidecars did not answer ({})",
-            sidecars.len(),
-            parts.join(", ")
-        )
-    })
-}
-
-/// How many `stream:token` pairs a worker row carries.
-const TOKENS_PER_WORKER: usize = 50;
-
-fn workers(
-    streams: &[StreamRow],
-    presence: &HashMap<String, LeaseState>,
-    sidecars: &[SidecarReport],
-) -> Vec<WorkerRow> {
-    let mut rows: BTreeMap<String, WorkerRow> = BTreeMap::new();
-    let blank = |owner: &str| WorkerRow {
-        owner_id: owner.to_owned(),
-        streams_held: 0,
-        streams_expired: 0,
-        tokens: Vec::new(),
-        presence: None,
-        sidecar_url: None,
-        worker_up: None,
-        last_event_age_ms: None,
-        component: None,
-        sink_events_fenced: None,
-        leases_lost: None,
-        observer: false,
-    };
-    for stream in streams {
-        let Some(owner) = &stream.owner_id else {
-            continue;
-        };
-        let row = rows.entry(owner.clone()).or_insert_with(|| blank(owner));
-        row.streams_held += 1;
-        if stream.state == crate::model::streams::StreamState::Expired {
-            row.streams_expired += 1;
-        }
-        if row.tokens.len() < TOKENS_PER_WORKER {
-            row.tokens
-                .push((stream.stream_id.clone(), stream.fence_token));
-        }
-    }
-    for (owner, state) in presence {
-        rows.entry(owner.clone())
-            .or_insert_with(|| blank(owner))
-            .presence = Some(*state);
-    }
-    for report in sidecars {
-        let Some(status) = &report.status else {
-            continue;
-        };
-        let owner = status
-            .owner_id
-            .clone()
-            .unwrap_or_else(|| format!("(unknown worker at {})", report.url));
-        let row = rows.entry(owner.clone()).or_insert_with(|| blank(&owner));
-        row.sidecar_url = Some(report.url.clone());
-        row.worker_up = Some(status.worker_up);
-        row.last_event_age_ms = status.last_event_age_ms;
-        row.component = status.component.clone();
-        row.sink_events_fenced = Some(status.sink_events_fenced);
-        row.leases_lost = Some(status.leases_lost);
-        row.observer = status.observer;
-    }
-    // A worker that left (presence released or expired, nothing held, no
-    // sidecar answering for it) is history, not part of the cluster: without
-    // this, every restart would add a row forever.
-    rows.into_values()
-        .filter(|row| {
-            row.streams_held > 0
-                || row.sidecar_url.is_some()
-                || row.presence == Some(LeaseState::Owned)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicU32;
@@ -792,7 +325,9 @@ mod tests {
     use leasehold_control::clock::PausedClock;
     use leasehold_control::lease::Lease;
     use leasehold_control::store::memory::MemoryLeaseStore;
-    use leasehold_control::store::{Consistency, LeaseError, LeasePage, LeaseStore};
+    use leasehold_control::store::{Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore};
+
+    use crate::sources::sidecars::DiscoveryPolicy;
 
     use super::*;
 
@@ -859,63 +394,6 @@ mod tests {
             collector.interval(),
             leases.strong_pages.load(Ordering::SeqCst),
         )
-    }
-
-    fn reporting(url: &str, claims: &[(u64, u64, f64)]) -> SidecarReport {
-        let claims: Vec<serde_json::Value> = claims
-            .iter()
-            .map(|(seq, age_ms, seconds)| {
-                serde_json::json!({"seq": seq, "age_ms": age_ms, "seconds": seconds})
-            })
-            .collect();
-        let status = serde_json::json!({
-            "component": "broker-worker", "owner_id": "p", "worker_connected": true,
-            "last_event_age_ms": 1, "worker_up": true, "events_received": 1,
-            "events_dropped": 0, "leases": [], "lag": {}, "websocket_connections": 0,
-            "pool": null, "observer": false, "claims": claims,
-        });
-        SidecarReport {
-            url: url.into(),
-            status: Some(serde_json::from_value(status).unwrap()),
-            error: None,
-        }
-    }
-
-    #[test]
-    fn claims_are_counted_once_across_refreshes_and_restarts() {
-        let mut seen = HashMap::new();
-        let a = "http://10.0.0.1:9464";
-        // The dashboard's first refresh: what happened before is not counted.
-        let first = new_claims(&mut seen, &[reporting(a, &[(1, 50, 0.3)])], None);
-        assert!(first.is_empty());
-        // The next refresh: only the new claim.
-        let next = new_claims(
-            &mut seen,
-            &[reporting(a, &[(1, 2_050, 0.3), (2, 10, 0.7)])],
-            Some(2_000),
-        );
-        assert_eq!(next, vec![0.7]);
-        let again = new_claims(
-            &mut seen,
-            &[reporting(a, &[(1, 4_050, 0.3), (2, 2_010, 0.7)])],
-            Some(2_000),
-        );
-        assert!(again.is_empty(), "nothing counted twice");
-        // Restarted (numbering back to 1) and a newcomer: only claims since
-        // the previous refresh.
-        let b = "http://10.0.0.2:9464";
-        let restarted = new_claims(
-            &mut seen,
-            &[
-                reporting(a, &[(1, 100, 1.5)]),
-                reporting(b, &[(7, 9_000, 9.0), (8, 500, 2.5)]),
-            ],
-            Some(2_000),
-        );
-        assert_eq!(restarted, vec![1.5, 2.5]);
-        // Bounded by the sidecars of the refresh.
-        new_claims(&mut seen, &[reporting(b, &[])], Some(2_000));
-        assert_eq!(seen.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]
