@@ -1,9 +1,15 @@
-//! Tables as data: every view is a list of columns (title, JSON field, kind)
-//! and rows of cells. The server renders the cells once; the refresh script
-//! (`static/dashboard.js`) rebuilds the same cells from the JSON API using the
-//! column kinds written into the table header, so both paths format alike.
+//! Tables as data: every view is a list of typed columns over its rows and
+//! the cells they make. A column names its row's field twice, on purpose:
+//! through an accessor (so renaming a field is a compile error here) and as
+//! the field's JSON path, which the refresh script (`static/dashboard.js`)
+//! uses to rebuild the same cells from the JSON API with the column kinds
+//! written into the table header; the tests check both name the same value.
+
+use std::borrow::Cow;
 
 use serde::Serialize;
+
+use crate::model::gaps::LastGap;
 
 /// How a column's value is shown (the script knows the same kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,20 +58,123 @@ impl Kind {
     }
 }
 
-/// One column.
-#[derive(Debug, Clone, Copy)]
-pub struct Column {
+/// A row's value as a column reads it, typed as the row holds it (what the
+/// row's JSON would carry, without going through JSON).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    /// Absent (`null` in the JSON): shown as `—` whatever the kind.
+    None,
+    /// Text: ids, labels, URLs.
+    Text(Cow<'a, str>),
+    /// A whole number (counts, tokens, unix ms).
+    Int(i64),
+    /// A whole number that may exceed `i64`.
+    Uint(u64),
+    /// A measured amount (seconds).
+    Float(f64),
+    /// Yes or no.
+    Bool(bool),
+    /// A stream's newest data gap.
+    Gap(&'a LastGap),
+    /// `stream:token` pairs.
+    Tokens(&'a [(String, u64)]),
+}
+
+impl<'a> Value<'a> {
+    /// Borrowed text.
+    pub fn text(text: &'a str) -> Value<'a> {
+        Value::Text(Cow::Borrowed(text))
+    }
+
+    /// Borrowed text, or `None`.
+    pub fn opt_text(text: Option<&'a str>) -> Value<'a> {
+        text.map_or(Value::None, Value::text)
+    }
+
+    /// A number, or `None`.
+    pub fn opt<T: Into<Value<'a>>>(value: Option<T>) -> Value<'a> {
+        value.map_or(Value::None, Into::into)
+    }
+}
+
+impl From<i64> for Value<'_> {
+    fn from(n: i64) -> Self {
+        Value::Int(n)
+    }
+}
+
+impl From<u64> for Value<'_> {
+    fn from(n: u64) -> Self {
+        Value::Uint(n)
+    }
+}
+
+impl From<usize> for Value<'_> {
+    fn from(n: usize) -> Self {
+        Value::Uint(n as u64)
+    }
+}
+
+impl From<bool> for Value<'_> {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
+impl From<f64> for Value<'_> {
+    /// JSON has no NaN or infinity (they serialize as `null`), so neither
+    /// shows here.
+    fn from(x: f64) -> Self {
+        if x.is_finite() {
+            Value::Float(x)
+        } else {
+            Value::None
+        }
+    }
+}
+
+impl From<&'static str> for Value<'_> {
+    fn from(label: &'static str) -> Self {
+        Value::Text(Cow::Borrowed(label))
+    }
+}
+
+/// One column over rows of type `Row`.
+pub struct Column<Row> {
     /// Header text.
     pub title: &'static str,
-    /// Field in the JSON row (dots for nesting).
+    /// The field's path in the row's JSON (dots for nesting), for the script.
     pub field: &'static str,
     /// How it is shown.
     pub kind: Kind,
+    /// Reads the field from a row.
+    pub value: for<'r> fn(&'r Row) -> Value<'r>,
 }
 
 /// Shorthand for a column.
-pub const fn col(title: &'static str, field: &'static str, kind: Kind) -> Column {
-    Column { title, field, kind }
+pub const fn col<Row>(
+    title: &'static str,
+    field: &'static str,
+    kind: Kind,
+    value: for<'r> fn(&'r Row) -> Value<'r>,
+) -> Column<Row> {
+    Column {
+        title,
+        field,
+        kind,
+        value,
+    }
+}
+
+/// A column's header as the template writes it (`data-field`, `data-kind`).
+#[derive(Debug, Clone, Copy)]
+pub struct Heading {
+    /// Header text.
+    pub title: &'static str,
+    /// The field's JSON path.
+    pub field: &'static str,
+    /// How it is shown.
+    pub kind: Kind,
 }
 
 /// One rendered cell.
@@ -92,47 +201,60 @@ pub struct Table {
     pub api: &'static str,
     /// Path (dots for nesting) of the rows array in that JSON.
     pub rows_key: &'static str,
-    /// Columns.
-    pub columns: &'static [Column],
+    /// Column headings.
+    pub columns: Vec<Heading>,
     /// Cells, row by row.
     pub rows: Vec<Vec<Cell>>,
     /// Shown when there are no rows.
     pub empty: &'static str,
 }
 
+/// Where a table's rows come from and what it says without any.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    /// `id` of the table element.
+    pub id: &'static str,
+    /// JSON API the script refreshes from.
+    pub api: &'static str,
+    /// Path of the rows array in that JSON.
+    pub rows_key: &'static str,
+    /// Shown when there are no rows.
+    pub empty: &'static str,
+}
+
 impl Table {
-    /// Renders `rows` (already serialized to JSON values) through `columns`.
-    pub fn build(
-        id: &'static str,
-        api: &'static str,
-        rows_key: &'static str,
-        columns: &'static [Column],
-        rows: impl IntoIterator<Item = serde_json::Value>,
+    /// Renders `rows` through `columns`, with ages and countdowns at `now_ms`.
+    pub fn build<'r, Row: 'r>(
+        source: Source,
+        columns: &[Column<Row>],
+        rows: impl IntoIterator<Item = &'r Row>,
         now_ms: i64,
-        empty: &'static str,
     ) -> Table {
         let rows = rows
             .into_iter()
             .map(|row| {
                 columns
                     .iter()
-                    .map(|column| cell(column, field(&row, column.field), now_ms))
+                    .map(|column| cell(column.kind, (column.value)(row), now_ms))
                     .collect()
             })
             .collect();
         Table {
-            id,
-            api,
-            rows_key,
-            columns,
+            id: source.id,
+            api: source.api,
+            rows_key: source.rows_key,
+            columns: columns
+                .iter()
+                .map(|c| Heading {
+                    title: c.title,
+                    field: c.field,
+                    kind: c.kind,
+                })
+                .collect(),
             rows,
-            empty,
+            empty: source.empty,
         }
     }
-}
-
-fn field<'a>(row: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
-    path.split('.').fold(row, |value, key| &value[key])
 }
 
 /// Human duration: `850 ms`, `12.3 s`, `4 m 10 s`, `2 h 5 m`, `3 d 4 h`.
@@ -156,74 +278,80 @@ pub fn duration_ms(ms: i64) -> String {
 
 const NONE: &str = "—";
 
-fn cell(column: &Column, value: &serde_json::Value, now_ms: i64) -> Cell {
-    use serde_json::Value;
+/// One cell: what `static/dashboard.js` makes of the same value in JSON.
+fn cell(kind: Kind, value: Value<'_>, now_ms: i64) -> Cell {
     let text = |text: String| Cell {
         text,
         ..Cell::default()
     };
-    match (column.kind, value) {
-        (_, Value::Null) => text(NONE.into()),
-        (Kind::Text, Value::String(s)) => text(s.clone()),
-        (Kind::Badge, Value::String(s)) => Cell {
-            text: s.clone(),
+    match (kind, value) {
+        (_, Value::None) => text(NONE.into()),
+        (Kind::Badge, Value::Text(s)) => Cell {
             class: format!("badge badge-{s}"),
+            text: s.into_owned(),
             ..Cell::default()
         },
         (Kind::Badge, Value::Bool(b)) => Cell {
-            text: if *b { "yes" } else { "no" }.into(),
-            class: format!("badge badge-{}", if *b { "up" } else { "down" }),
+            text: if b { "yes" } else { "no" }.into(),
+            class: format!("badge badge-{}", if b { "up" } else { "down" }),
             ..Cell::default()
         },
-        (Kind::Seconds, Value::Number(n)) => text(format!("{:.1} s", n.as_f64().unwrap_or(0.0))),
-        (Kind::Countdown, Value::Number(n)) => match n.as_i64() {
-            Some(0) | None => text(NONE.into()),
-            Some(at) => Cell {
+        (Kind::Seconds, Value::Float(x)) => text(format!("{x:.1} s")),
+        (Kind::Seconds, Value::Int(n)) => text(format!("{:.1} s", n as f64)),
+        (Kind::Seconds, Value::Uint(n)) => text(format!("{:.1} s", n as f64)),
+        (Kind::Countdown, Value::Int(at)) => match at {
+            0 => text(NONE.into()),
+            at => Cell {
                 text: countdown(at - now_ms),
                 at: Some(at),
                 ..Cell::default()
             },
         },
-        (Kind::Ago, Value::Number(n)) => match n.as_i64() {
-            Some(at) if at > 0 => Cell {
-                text: format!("{} ago", duration_ms(now_ms - at)),
-                at: Some(at),
-                ..Cell::default()
-            },
-            _ => text(NONE.into()),
+        (Kind::Ago, Value::Int(at)) if at > 0 => Cell {
+            text: format!("{} ago", duration_ms(now_ms - at)),
+            at: Some(at),
+            ..Cell::default()
         },
-        (Kind::AgeMs, Value::Number(n)) => text(duration_ms(n.as_i64().unwrap_or(0))),
-        (Kind::StatusLink, Value::String(url)) => Cell {
+        (Kind::Ago, Value::Int(_)) => text(NONE.into()),
+        (Kind::AgeMs, Value::Int(ms)) => text(duration_ms(ms)),
+        (Kind::AgeMs, Value::Uint(ms)) => text(duration_ms(i64::try_from(ms).unwrap_or(0))),
+        (Kind::StatusLink, Value::Text(url)) => Cell {
             text: format!("{url}/status"),
             href: Some(format!("{url}/status")),
             ..Cell::default()
         },
-        (Kind::StreamLink, Value::String(id)) => Cell {
-            text: id.clone(),
-            href: Some(crate::web::pages::stream_href(id)),
+        (Kind::StreamLink, Value::Text(id)) => Cell {
+            href: Some(crate::web::pages::stream_href(&id)),
+            text: id.into_owned(),
             ..Cell::default()
         },
-        (Kind::Gap, Value::Object(_)) => {
-            match <crate::model::gaps::LastGap as serde::Deserialize>::deserialize(value) {
-                Ok(gap) if gap.at_ms > 0 => Cell {
-                    text: format!("{} ago", duration_ms(now_ms - gap.at_ms)),
-                    at: Some(gap.at_ms),
-                    title: Some(gap.range_text()),
-                    ..Cell::default()
-                },
-                _ => text(NONE.into()),
-            }
-        }
-        (Kind::Tokens, Value::Array(pairs)) => text(
+        (Kind::Gap, Value::Gap(gap)) if gap.at_ms > 0 => Cell {
+            text: format!("{} ago", duration_ms(now_ms - gap.at_ms)),
+            at: Some(gap.at_ms),
+            title: Some(gap.range_text()),
+            ..Cell::default()
+        },
+        (Kind::Gap, Value::Gap(_)) => text(NONE.into()),
+        (Kind::Tokens, Value::Tokens(pairs)) => text(
             pairs
                 .iter()
-                .map(|pair| format!("{}:{}", pair[0].as_str().unwrap_or("?"), pair[1]))
+                .map(|(stream, token)| format!("{stream}:{token}"))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),
-        (_, Value::String(s)) => text(s.clone()),
-        (_, other) => text(other.to_string()),
+        (_, Value::Text(s)) => text(s.into_owned()),
+        (_, Value::Int(n)) => text(n.to_string()),
+        (_, Value::Uint(n)) => text(n.to_string()),
+        (_, Value::Float(x)) => text(float_text(x)),
+        (_, Value::Bool(b)) => text(b.to_string()),
+        (_, Value::Gap(gap)) => text(serde_json::to_string(gap).unwrap_or_default()),
+        (_, Value::Tokens(pairs)) => text(serde_json::to_string(pairs).unwrap_or_default()),
     }
+}
+
+/// A float as JSON writes it (`1.0`, `0.25`), as the cells always showed it.
+fn float_text(x: f64) -> String {
+    serde_json::Number::from_f64(x).map_or_else(|| NONE.to_owned(), |n| n.to_string())
 }
 
 /// `in 12.3 s` or `expired 2.0 s ago`.
@@ -236,65 +364,4 @@ pub fn countdown(left_ms: i64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_like_an_operator_writes_them() {
-        assert_eq!(duration_ms(850), "850 ms");
-        assert_eq!(duration_ms(12_340), "12.3 s");
-        assert_eq!(duration_ms(250_000), "4 m 10 s");
-        assert_eq!(duration_ms(7_500_000), "2 h 5 m");
-        assert_eq!(countdown(-2_000), "2.0 s ago");
-    }
-
-    #[test]
-    fn cells_follow_their_kind() {
-        const COLUMNS: &[Column] = &[
-            col("Stream", "stream_id", Kind::Text),
-            col("State", "state", Kind::Badge),
-            col("Expires", "exp", Kind::Countdown),
-            col("Nested", "a.b", Kind::Number),
-            col("Tokens", "tokens", Kind::Tokens),
-            col("Last gap", "gaps.last", Kind::Gap),
-        ];
-        let table = Table::build(
-            "t",
-            "/api/x",
-            "rows",
-            COLUMNS,
-            [
-                serde_json::json!({"stream_id": "<b>", "state": "owned", "exp": 11_000,
-                "a": {"b": 7}, "tokens": [["s1", 3], ["s2", 4]],
-                "gaps": {"last": {"at_ms": 400, "from_seq": 7, "to_seq": 9, "missing": 3,
-                    "reason": "sink_lost"}}}),
-                serde_json::json!({"gaps": {"last": null}}),
-            ],
-            1_000,
-            "none",
-        );
-        let row = &table.rows[0];
-        assert_eq!(
-            row[0].text, "<b>",
-            "escaping is the template's job, not the cell's"
-        );
-        assert_eq!(row[1].class, "badge badge-owned");
-        assert_eq!(row[2].text, "in 10.0 s");
-        assert_eq!(row[2].at, Some(11_000));
-        assert_eq!(row[3].text, "7");
-        assert_eq!(row[4].text, "s1:3, s2:4");
-        assert_eq!(
-            (row[5].text.as_str(), row[5].at, row[5].title.as_deref()),
-            (
-                "600 ms ago",
-                Some(400),
-                Some("seq 7–9 missing (3 events): sink_lost")
-            )
-        );
-        let none = &table.rows[1][5];
-        assert_eq!(
-            (none.text.as_str(), none.at, &none.title),
-            ("—", None, &None)
-        );
-    }
-}
+mod tests;

@@ -12,8 +12,9 @@ use crate::collector::{Snapshot, SourceHealth, WorkerRow};
 use crate::model::changes::Change;
 use crate::model::gaps::GapTally;
 use crate::model::streams::{StreamRow, StreamState};
-use crate::web::column::{Column, Kind, Table, col};
-use leasehold_pool::read::{AnomalyView, PoolView};
+use crate::web::column::{Column, Kind, Source, Table, Value, col};
+use leasehold_control::lease::LeaseState;
+use leasehold_pool::read::{AnomalyView, ClaimedUser, Finding, IdleWorker, PoolView};
 use leasehold_telemetry::labels::GapReason;
 
 /// Streams per page unless asked otherwise.
@@ -262,84 +263,172 @@ pub struct ChangesBody<'a> {
 }
 
 /// Columns of the streams table.
-pub const STREAM_COLUMNS: &[Column] = &[
-    col("Stream", "stream_id", Kind::StreamLink),
-    col("State", "state", Kind::Badge),
-    col("Owner", "owner_id", Kind::Text),
-    col("Fence token", "fence_token", Kind::Number),
-    col("Lease expires", "lease_expires_at_ms", Kind::Countdown),
-    col("Checkpoint", "checkpoint", Kind::Number),
-    col("Lag (events)", "lag_events", Kind::Number),
-    col("Lag", "lag_seconds", Kind::Seconds),
-    col("Last event", "last_event_age_seconds", Kind::Seconds),
-    col("Last checkpoint", "checkpoint_at_ms", Kind::Ago),
-    col("Last ownership change", "last_change_at_ms", Kind::Ago),
-    col("Data gaps", "gaps.count", Kind::Number),
-    col("Last data gap", "gaps.last", Kind::Gap),
-    col("Verdict", "verdict", Kind::Badge),
-    col("Problem", "problem", Kind::Text),
+pub const STREAM_COLUMNS: &[Column<StreamRow>] = &[
+    col("Stream", "stream_id", Kind::StreamLink, |r| {
+        Value::text(&r.stream_id)
+    }),
+    col("State", "state", Kind::Badge, |r| r.state.as_str().into()),
+    col("Owner", "owner_id", Kind::Text, |r| {
+        Value::opt_text(r.owner_id.as_deref())
+    }),
+    col("Fence token", "fence_token", Kind::Number, |r| {
+        r.fence_token.into()
+    }),
+    col(
+        "Lease expires",
+        "lease_expires_at_ms",
+        Kind::Countdown,
+        |r| r.lease_expires_at_ms.into(),
+    ),
+    col("Checkpoint", "checkpoint", Kind::Number, |r| {
+        Value::opt(r.checkpoint)
+    }),
+    col("Lag (events)", "lag_events", Kind::Number, |r| {
+        Value::opt(r.lag_events)
+    }),
+    col("Lag", "lag_seconds", Kind::Seconds, |r| {
+        Value::opt(r.lag_seconds)
+    }),
+    col("Last event", "last_event_age_seconds", Kind::Seconds, |r| {
+        Value::opt(r.last_event_age_seconds)
+    }),
+    col("Last checkpoint", "checkpoint_at_ms", Kind::Ago, |r| {
+        Value::opt(r.checkpoint_at_ms)
+    }),
+    col(
+        "Last ownership change",
+        "last_change_at_ms",
+        Kind::Ago,
+        |r| Value::opt(r.last_change_at_ms),
+    ),
+    col("Data gaps", "gaps.count", Kind::Number, |r| {
+        Value::opt(r.gaps.map(|g| g.count))
+    }),
+    col("Last data gap", "gaps.last", Kind::Gap, |r| {
+        r.gaps.as_ref().map_or(Value::None, |g| Value::Gap(&g.last))
+    }),
+    col("Verdict", "verdict", Kind::Badge, |r| {
+        r.verdict.as_str().into()
+    }),
+    col("Problem", "problem", Kind::Text, |r| {
+        Value::opt_text(r.problem.as_deref())
+    }),
 ];
 
 /// Columns of the workers table.
-pub const WORKER_COLUMNS: &[Column] = &[
-    col("Owner", "owner_id", Kind::Text),
-    col("Streams held", "streams_held", Kind::Number),
-    col("Of them expired", "streams_expired", Kind::Number),
-    col("Fence tokens", "tokens", Kind::Tokens),
-    col("Presence", "presence", Kind::Badge),
-    col("Worker up", "worker_up", Kind::Badge),
-    col("Last event", "last_event_age_ms", Kind::AgeMs),
-    col("Leases lost", "leases_lost", Kind::Number),
-    col("Fenced writes", "sink_events_fenced", Kind::Number),
-    col("Component", "component", Kind::Text),
-    col("Sidecar", "sidecar_url", Kind::StatusLink),
+pub const WORKER_COLUMNS: &[Column<WorkerRow>] = &[
+    col("Owner", "owner_id", Kind::Text, |r| {
+        Value::text(&r.owner_id)
+    }),
+    col("Streams held", "streams_held", Kind::Number, |r| {
+        r.streams_held.into()
+    }),
+    col("Of them expired", "streams_expired", Kind::Number, |r| {
+        r.streams_expired.into()
+    }),
+    col("Fence tokens", "tokens", Kind::Tokens, |r| {
+        Value::Tokens(&r.tokens)
+    }),
+    col("Presence", "presence", Kind::Badge, |r| {
+        Value::opt(r.presence.map(LeaseState::as_str))
+    }),
+    col("Worker up", "worker_up", Kind::Badge, |r| {
+        Value::opt(r.worker_up)
+    }),
+    col("Last event", "last_event_age_ms", Kind::AgeMs, |r| {
+        Value::opt(r.last_event_age_ms)
+    }),
+    col("Leases lost", "leases_lost", Kind::Number, |r| {
+        Value::opt(r.leases_lost)
+    }),
+    col("Fenced writes", "sink_events_fenced", Kind::Number, |r| {
+        Value::opt(r.sink_events_fenced)
+    }),
+    col("Component", "component", Kind::Text, |r| {
+        Value::opt_text(r.component.as_deref())
+    }),
+    col("Sidecar", "sidecar_url", Kind::StatusLink, |r| {
+        Value::opt_text(r.sidecar_url.as_deref())
+    }),
 ];
 
 /// Columns of the idle pool table.
-pub const IDLE_COLUMNS: &[Column] = &[
-    col("Worker", "worker_id", Kind::Text),
-    col("Task", "task_id", Kind::Text),
-    col("Heartbeat", "heartbeat_at_ms", Kind::Ago),
+pub const IDLE_COLUMNS: &[Column<IdleWorker>] = &[
+    col("Worker", "worker_id", Kind::Text, |r| {
+        Value::text(&r.worker_id)
+    }),
+    col("Task", "task_id", Kind::Text, |r| {
+        Value::opt_text(r.task_id.as_deref())
+    }),
+    col("Heartbeat", "heartbeat_at_ms", Kind::Ago, |r| {
+        Value::opt(r.heartbeat_at_ms)
+    }),
 ];
 
 /// Columns of the claimed users table.
-pub const CLAIMED_COLUMNS: &[Column] = &[
-    col("User", "user_id", Kind::Text),
-    col("Worker", "worker_id", Kind::Text),
-    col("Task ARN", "task_arn", Kind::Text),
-    col("Instance", "instance_id", Kind::Text),
-    col("Launched", "launched_at_ms", Kind::Ago),
-    col("Heartbeat", "heartbeat_at_ms", Kind::Ago),
-    col("Requests queued", "requests_queued", Kind::Number),
-    col("Control queued", "control_queued", Kind::Number),
-    col("Dead letters", "dead_letters", Kind::Number),
+pub const CLAIMED_COLUMNS: &[Column<ClaimedUser>] = &[
+    col("User", "user_id", Kind::Text, |r| Value::text(&r.user_id)),
+    col("Worker", "worker_id", Kind::Text, |r| {
+        Value::opt_text(r.worker_id.as_deref())
+    }),
+    col("Task ARN", "task_arn", Kind::Text, |r| {
+        Value::opt_text(r.task_arn.as_deref())
+    }),
+    col("Instance", "instance_id", Kind::Text, |r| {
+        Value::opt_text(r.instance_id.as_deref())
+    }),
+    col("Launched", "launched_at_ms", Kind::Ago, |r| {
+        Value::opt(r.launched_at_ms)
+    }),
+    col("Heartbeat", "heartbeat_at_ms", Kind::Ago, |r| {
+        Value::opt(r.heartbeat_at_ms)
+    }),
+    col("Requests queued", "requests_queued", Kind::Number, |r| {
+        r.requests_queued.into()
+    }),
+    col("Control queued", "control_queued", Kind::Number, |r| {
+        r.control_queued.into()
+    }),
+    col("Dead letters", "dead_letters", Kind::Number, |r| {
+        r.dead_letters.into()
+    }),
 ];
 
 /// Columns of the findings table.
-pub const FINDING_COLUMNS: &[Column] = &[
-    col("Kind", "kind", Kind::Badge),
-    col("User", "user_id", Kind::Text),
-    col("Mark deleted", "delete_key", Kind::Text),
-    col("Task stopped", "stop_task", Kind::Text),
+pub const FINDING_COLUMNS: &[Column<Finding>] = &[
+    col("Kind", "kind", Kind::Badge, |r| r.kind.as_str().into()),
+    col("User", "user_id", Kind::Text, |r| {
+        Value::opt_text(r.user_id.as_deref())
+    }),
+    col("Mark deleted", "delete_key", Kind::Text, |r| {
+        Value::opt_text(r.delete_key.as_deref())
+    }),
+    col("Task stopped", "stop_task", Kind::Text, |r| {
+        Value::opt_text(r.stop_task.as_deref())
+    }),
 ];
 
 /// Columns of the ownership-change timeline.
-pub const CHANGE_COLUMNS: &[Column] = &[
-    col("When", "at_ms", Kind::Ago),
-    col("Stream", "stream_id", Kind::StreamLink),
-    col("Change", "kind", Kind::Badge),
-    col("Old owner", "old_owner", Kind::Text),
-    col("New owner", "new_owner", Kind::Text),
-    col("Fence token", "fence_token", Kind::Number),
-    col("Gap", "gap_seconds", Kind::Seconds),
-    col("Missed steps", "missed", Kind::Number),
+pub const CHANGE_COLUMNS: &[Column<Change>] = &[
+    col("When", "at_ms", Kind::Ago, |r| r.at_ms.into()),
+    col("Stream", "stream_id", Kind::StreamLink, |r| {
+        Value::text(&r.stream_id)
+    }),
+    col("Change", "kind", Kind::Badge, |r| r.kind.as_str().into()),
+    col("Old owner", "old_owner", Kind::Text, |r| {
+        Value::opt_text(r.old_owner.as_deref())
+    }),
+    col("New owner", "new_owner", Kind::Text, |r| {
+        Value::opt_text(r.new_owner.as_deref())
+    }),
+    col("Fence token", "fence_token", Kind::Number, |r| {
+        r.fence_token.into()
+    }),
+    col("Gap", "gap_seconds", Kind::Seconds, |r| {
+        Value::opt(r.gap_seconds)
+    }),
+    col("Missed steps", "missed", Kind::Number, |r| r.missed.into()),
 ];
-
-fn json_rows<T: Serialize>(rows: impl IntoIterator<Item = T>) -> Vec<serde_json::Value> {
-    rows.into_iter()
-        .map(|row| serde_json::to_value(row).unwrap_or(serde_json::Value::Null))
-        .collect()
-}
 
 /// The navigation and status line every page shares.
 #[derive(Debug, Clone)]
@@ -455,13 +544,15 @@ impl StreamsPage {
         StreamsPage {
             header: Header::new("/streams", snapshot, refresh_ms),
             table: Table::build(
-                "streams",
-                "/api/streams",
-                "streams",
+                Source {
+                    id: "streams",
+                    api: "/api/streams",
+                    rows_key: "streams",
+                    empty: "No streams match.",
+                },
                 STREAM_COLUMNS,
-                json_rows(&page.streams),
+                page.streams.iter().copied(),
                 snapshot.taken_at_ms,
-                "No streams match.",
             ),
             owners,
             states: StreamState::ALL.iter().map(|s| s.as_str()).collect(),
@@ -547,13 +638,15 @@ impl TablesPage {
             tables: vec![(
                 "Leases held per owner, with what its sidecar says",
                 Table::build(
-                    "workers",
-                    "/api/workers",
-                    "workers",
+                    Source {
+                        id: "workers",
+                        api: "/api/workers",
+                        rows_key: "workers",
+                        empty: "No worker holds a lease and no sidecar answered.",
+                    },
                     WORKER_COLUMNS,
-                    json_rows(&snapshot.workers),
+                    &snapshot.workers,
                     snapshot.taken_at_ms,
-                    "No worker holds a lease and no sidecar answered.",
                 ),
             )],
         }
@@ -599,25 +692,29 @@ impl TablesPage {
                 (
                     "Idle pool workers",
                     Table::build(
-                        "idle",
-                        "/api/pool",
-                        "pool.idle",
+                        Source {
+                            id: "idle",
+                            api: "/api/pool",
+                            rows_key: "pool.idle",
+                            empty: "No idle pool worker.",
+                        },
                         IDLE_COLUMNS,
-                        json_rows(&pool.idle),
+                        &pool.idle,
                         snapshot.taken_at_ms,
-                        "No idle pool worker.",
                     ),
                 ),
                 (
                     "Claimed users",
                     Table::build(
-                        "claimed",
-                        "/api/pool",
-                        "pool.claimed",
+                        Source {
+                            id: "claimed",
+                            api: "/api/pool",
+                            rows_key: "pool.claimed",
+                            empty: "No claimed user.",
+                        },
                         CLAIMED_COLUMNS,
-                        json_rows(&pool.claimed),
+                        &pool.claimed,
                         snapshot.taken_at_ms,
-                        "No claimed user.",
                     ),
                 ),
             ],
@@ -667,13 +764,15 @@ impl TablesPage {
             tables: vec![(
                 "Findings",
                 Table::build(
-                    "findings",
-                    "/api/anomalies",
-                    "anomalies.report.findings",
+                    Source {
+                        id: "findings",
+                        api: "/api/anomalies",
+                        rows_key: "anomalies.report.findings",
+                        empty: "Nothing found.",
+                    },
                     FINDING_COLUMNS,
-                    json_rows(report.map(|r| r.findings.as_slice()).unwrap_or_default()),
+                    report.map(|r| r.findings.as_slice()).unwrap_or_default(),
                     snapshot.taken_at_ms,
-                    "Nothing found.",
                 ),
             )],
         }
@@ -690,15 +789,7 @@ impl TablesPage {
             ],
             tables: vec![(
                 "Timeline",
-                Table::build(
-                    "changes",
-                    "/api/changes",
-                    "changes",
-                    CHANGE_COLUMNS,
-                    json_rows(changes),
-                    snapshot.taken_at_ms,
-                    "No ownership change observed yet.",
-                ),
+                Table::build(Source { id: "changes", api: "/api/changes", rows_key: "changes", empty: "No ownership change observed yet." }, CHANGE_COLUMNS, changes, snapshot.taken_at_ms),
             )],
         }
     }
