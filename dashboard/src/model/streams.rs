@@ -15,6 +15,10 @@ use serde::Serialize;
 
 use crate::model::gaps::GapTally;
 
+/// Longest stream id the dashboard looks up or keeps anything for (the
+/// per-stream page answers 404 without a lookup beyond it).
+pub const MAX_STREAM_ID_LEN: usize = 1_024;
+
 /// State badge of one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

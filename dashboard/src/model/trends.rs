@@ -9,7 +9,7 @@
 //!   16 bytes a bucket, so 10,000 streams cost about 10 MB.
 //!
 //! Where the operator has Grafana, the trends page links to it
-//! (`DASHBOARD_GRAFANA_URL`, [`crate::web::router::DashboardState::grafana`]) for
+//! (`DASHBOARD_GRAFANA_URL`, [`crate::web::DashboardState::grafana`]) for
 //! longer spans. Claim latency comes from the raw claim samples the sidecars'
 //! `/status` lists ([`Trends::sample_claims`]): per bucket, the median and 99th
 //! percentile over every claim in it, whichever sidecar reported it.

@@ -321,7 +321,7 @@ fn cell(kind: Kind, value: Value<'_>, now_ms: i64) -> Cell {
             ..Cell::default()
         },
         (Kind::StreamLink, Value::Text(id)) => Cell {
-            href: Some(crate::web::pages::stream_href(&id)),
+            href: Some(crate::web::page::stream_href(&id)),
             text: id.into_owned(),
             ..Cell::default()
         },

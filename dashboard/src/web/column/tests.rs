@@ -7,9 +7,11 @@ use crate::model::WorkerRow;
 use crate::model::changes::{Change, ChangeKind};
 use crate::model::gaps::GapTally;
 use crate::model::streams::{StreamRow, StreamState, Verdict};
-use crate::web::pages::{
-    CHANGE_COLUMNS, CLAIMED_COLUMNS, FINDING_COLUMNS, IDLE_COLUMNS, STREAM_COLUMNS, WORKER_COLUMNS,
-};
+use crate::web::views::anomalies::FINDING_COLUMNS;
+use crate::web::views::changes::CHANGE_COLUMNS;
+use crate::web::views::pool::{CLAIMED_COLUMNS, IDLE_COLUMNS};
+use crate::web::views::streams::STREAM_COLUMNS;
+use crate::web::views::workers::WORKER_COLUMNS;
 use leasehold_control::lease::LeaseState;
 use leasehold_pool::read::{ClaimedUser, Finding, IdleWorker};
 use leasehold_telemetry::OrphanKind;
@@ -65,7 +67,7 @@ fn json_cell(kind: Kind, value: &serde_json::Value, now_ms: i64) -> Cell {
         },
         (Kind::StreamLink, Value::String(id)) => Cell {
             text: id.clone(),
-            href: Some(crate::web::pages::stream_href(id)),
+            href: Some(crate::web::page::stream_href(id)),
             ..Cell::default()
         },
         (Kind::Gap, Value::Object(_)) => {
