@@ -1,7 +1,7 @@
 //! The snapshot and its history: pure data and pure functions over it (no
 //! locks, no I/O), so what a refresh makes of its readings is tested without
-//! a clock, a network or a task. [`Model::apply`] turns one refresh's
-//! [`Readings`] into the next [`Snapshot`]; the collector
+//! a clock, a network or a task. `Model::apply` turns one refresh's
+//! `Readings` into the next [`Snapshot`]; the collector
 //! ([`crate::collector`]) only reads the sources and holds the locks.
 
 pub mod changes;
@@ -80,7 +80,7 @@ pub struct Snapshot {
     /// Sidecars that answered or failed.
     pub sidecars: Vec<SidecarReport>,
     /// `/status` bytes this refresh read from all sidecars together (at most
-    /// [`CollectorSettings::sidecar_byte_budget`]).
+    /// [`crate::CollectorSettings::sidecar_byte_budget`]).
     pub sidecar_bytes_read: usize,
     /// The pool, when a pool source is configured and was read at least once.
     pub pool: Option<PoolView>,

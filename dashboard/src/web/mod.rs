@@ -1,7 +1,7 @@
 //! The HTTP face: [`router`] (the routes and the layers around them),
-//! [`access`] (token, session cookie, Host check), [`cache`] (conditional GET
-//! and the shared render, kept in [`render_cache`]), [`column`] (typed table
-//! columns), [`page`] (what every page shares) and [`views`], one module per
+//! [`access`] (token, session cookie, Host check), `cache` (conditional GET
+//! and the shared render, kept in [`render_cache`]), [`column`](mod@column) (typed table
+//! columns), [`page`] (what every page shares) and [`views`](mod@views), one module per
 //! view with its page, its JSON body and its handlers.
 
 pub mod access;

@@ -1,4 +1,4 @@
-//! The routes: every view's ([`crate::web::views`]), static assets,
+//! The routes: every view's ([`crate::web::views`](mod@crate::web::views)), static assets,
 //! `/healthz` and the token form, with the access checks, conditional GET,
 //! the shared render, compression and security headers around them.
 //! Read-only: every route is GET except the token form's POST and `/logout`,

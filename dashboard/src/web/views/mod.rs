@@ -1,6 +1,6 @@
 //! One module per view: its page (an askama template), its JSON body, its
 //! columns and its handlers, with the routes it answers. Adding a view is a
-//! module here, an entry in [`ALL`] and a template.
+//! module here, an entry in `ALL` and a template.
 
 pub mod anomalies;
 pub mod changes;
