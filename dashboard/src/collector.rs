@@ -220,8 +220,8 @@ impl Collector {
     }
 
     /// Reads the data gaps under their lock (taken after the changes' and
-    /// the trends' when a reader holds those too; the collector never holds
-    /// another lock while it holds this one).
+    /// the trends' when a reader holds those too, the order a refresh takes
+    /// all three in).
     pub fn with_gaps<R>(&self, read: impl FnOnce(&GapLog) -> R) -> R {
         read(&lock(&self.gaps))
     }

@@ -27,9 +27,11 @@
 //!   [`web::session`]: the cookie's value, derived from the token, never the
 //!   token, with its 12-hour expiry), conditional GET and the shared render
 //!   ([`web::render_cache`]), [`web::column`] (typed `Column<Row>` and cells,
-//!   shared with the refresh script), [`web::page`] (the header and the
-//!   plain-tables page) and [`web::views`](mod@web::views), one module per view with its
-//!   page, JSON body, columns and handlers.
+//!   shared with the refresh script), [`web::chart`] and [`web::lanes`] (SVG
+//!   line charts and timeline lanes, each with a text equivalent),
+//!   [`web::page`] (the header and the plain-tables page) and
+//!   [`web::views`](mod@web::views), one module per view with its page, JSON
+//!   body, columns, handlers and routes.
 //! - [`settings`]: the `DASHBOARD_*` variables, read once.
 //! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
 

@@ -1,12 +1,15 @@
 //! The HTTP face: [`router`] (the routes and the layers around them),
 //! [`access`] (token, session cookie, Host check), `cache` (conditional GET
-//! and the shared render, kept in [`render_cache`]), [`column`](mod@column) (typed table
-//! columns), [`page`] (what every page shares) and [`views`](mod@views), one module per
+//! and the shared render, kept in [`render_cache`]), [`column`](mod@column)
+//! (typed table columns), [`chart`] and [`lanes`] (SVG drawn server-side),
+//! [`page`] (what every page shares) and [`views`](mod@views), one module per
 //! view with its page, its JSON body and its handlers.
 
 pub mod access;
 mod cache;
+pub mod chart;
 pub mod column;
+pub mod lanes;
 pub mod page;
 pub mod render_cache;
 pub mod router;

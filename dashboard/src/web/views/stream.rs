@@ -14,8 +14,10 @@ use crate::model::Snapshot;
 use crate::model::changes::{Change, ChangeLog, FencedWrite};
 use crate::model::gaps::{DataGap, GapLog};
 use crate::model::streams::{MAX_STREAM_ID_LEN, StreamRow, StreamState, Verdict};
-use crate::model::timeline::{self, DrawnLane, LANE_HEIGHT};
-use crate::model::trends::{Chart, StreamPoint, Trends};
+use crate::model::timeline;
+use crate::model::trends::{StreamPoint, Trends};
+use crate::web::chart::Chart;
+use crate::web::lanes::{self, DrawnLane, LANE_HEIGHT};
 use crate::web::page::{Header, html, refresh_ms, stream_href};
 use crate::web::views::timeline::history_text;
 use crate::web::{DashboardState, Shared};
@@ -273,8 +275,8 @@ impl StreamDetailPage {
             to,
             false,
         );
-        let lane = timeline::draw(&lanes, from, to);
-        let ticks = [(0.0, to - from, "start"), (timeline::WIDTH, 0, "end")]
+        let lane = lanes::draw(&lanes, from, to);
+        let ticks = [(0.0, to - from, "start"), (lanes::WIDTH, 0, "end")]
             .iter()
             .map(|(x, ago, anchor)| {
                 (

@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::model::Snapshot;
 use crate::model::changes::ChangeLog;
 use crate::model::gaps::GapLog;
-use crate::model::timeline::{self, DrawnLane, LANE_HEIGHT, LANES_PER_PAGE};
+use crate::model::timeline::{self, LANES_PER_PAGE};
 use crate::web::Shared;
+use crate::web::lanes::{self, DrawnLane, LANE_HEIGHT};
 use crate::web::page::{Header, html, refresh_ms};
 use crate::web::views::streams::search_text;
 
@@ -225,11 +226,11 @@ impl TimelinePage {
         refresh_ms: u64,
     ) -> TimelinePage {
         let body = timeline_body(snapshot, log, gaps, &query);
-        let lanes = timeline::draw(&body.lanes, body.from_ms, body.taken_at_ms);
+        let lanes = lanes::draw(&body.lanes, body.from_ms, body.taken_at_ms);
         let span = body.taken_at_ms - body.from_ms;
         let ticks = (0..=4)
             .map(|i| {
-                let x = timeline::WIDTH * f64::from(i) / 4.0;
+                let x = lanes::WIDTH * f64::from(i) / 4.0;
                 let ago = span - span * i64::from(i) / 4;
                 let label = if ago == 0 {
                     "now".to_owned()

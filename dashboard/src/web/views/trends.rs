@@ -10,8 +10,9 @@ use serde::Serialize;
 
 use crate::model::Snapshot;
 use crate::model::streams::StreamRow;
-use crate::model::trends::{Chart, ClusterPoint, Trends};
+use crate::model::trends::{ClusterPoint, Trends};
 use crate::web::Shared;
+use crate::web::chart::Chart;
 use crate::web::page::{Header, html, refresh_ms, stream_href};
 
 /// The view's routes.
