@@ -18,10 +18,10 @@ use axum::http::Request;
 use http_body_util::BodyExt;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
 use leasehold_dashboard::Collector;
-use leasehold_dashboard::changes::{Change, ChangeKind, FencedWrite};
-use leasehold_dashboard::gaps::{DataGap, GAPS_KEPT, GAPS_PER_STREAM};
-use leasehold_dashboard::http::{DashboardState, app};
+use leasehold_dashboard::model::changes::{Change, ChangeKind, FencedWrite};
+use leasehold_dashboard::model::gaps::{DataGap, GAPS_KEPT, GAPS_PER_STREAM};
 use leasehold_dashboard::testing::{collector_at, seed_many};
+use leasehold_dashboard::web::{DashboardState, app};
 use leasehold_testkit::measure::{arg, percentile};
 use tower::ServiceExt;
 
@@ -117,7 +117,7 @@ async fn main() {
         renders: Default::default(),
     });
     let router = app(state.clone());
-    let views = leasehold_dashboard::http::views(state.clone());
+    let views = leasehold_dashboard::web::views(state.clone());
     println!("dashboard render, {streams} streams, {rounds} rounds each");
     report("collector refresh (scan + classify)", &mut refreshes, 0);
     for (name, path) in [
@@ -193,7 +193,7 @@ async fn main() {
                 time_request(&router, None, path, &headers, 1).await;
                 collector.republish();
                 let started = Instant::now();
-                leasehold_dashboard::http::prewarm(&state, &views).await;
+                leasehold_dashboard::web::prewarm(&state, &views).await;
                 prewarms.push(started.elapsed());
                 let (time, _) = time_request(&router, None, path, &headers, 1).await;
                 updates.extend(time);
@@ -269,7 +269,7 @@ fn fill_history(collector: &leasehold_dashboard::Collector, streams: usize) {
     });
     let mut rows = collector.latest().streams.clone();
     collector.with_trends_mut(|trends| {
-        for minute in 0..leasehold_dashboard::trends::CLUSTER_POINTS as i64 {
+        for minute in 0..leasehold_dashboard::model::trends::CLUSTER_POINTS as i64 {
             for (i, row) in rows.iter_mut().enumerate() {
                 row.lag_events = Some(((i as i64 + minute) % 50) as u64);
                 row.lag_seconds = Some(((i as i64 + minute) % 7) as f64 / 2.0);

@@ -2,52 +2,56 @@
 //! fence token, what is behind, what the warm pool looks like and what the
 //! sweeper found, as server-rendered pages and a JSON API.
 //!
-//! Module map:
-//! - [`cluster`]: the collector that reads every source into one snapshot.
-//! - [`streams`]: lease → row, state badges, the Burrow-style verdict.
-//! - [`changes`]: the ownership-change history from consecutive scans (bounded
-//!   by count and age) and the fenced writes the sidecars report.
-//! - [`gaps`]: the data gaps the sidecars report, each taken once, kept per
-//!   stream (bounded per stream and in all).
-//! - [`timeline`]: that history cut into per-lane segments for the SVG timeline,
-//!   with fenced writes and data gaps as marks.
-//! - [`trends`]: ring buffers of downsampled lag and pool samples, and charts.
-//! - [`views`]: the per-stream page, the timeline and the trends pages.
-//! - The warm pool and the sweeper's report come from the pool's one read model
-//!   (`leasehold_pool::read`); sidecar `/status` documents from `leasehold_telemetry::status`.
+//! Module map (a refresh flows sources → collector → model; a request flows
+//! router → access → cache → views):
+//! - [`sources`]: timed reads that produce one refresh's readings —
+//!   [`sources::leases`] (the lease table through `leasehold_control::read`'s
+//!   `LeaseTable`), [`sources::pool`] (the pool's one read model,
+//!   `leasehold_pool::read`), [`sources::sidecars`] (discovery from the
+//!   `sidecar_url` workers publish, validated as untrusted input, or the
+//!   `DASHBOARD_SIDECARS` override; `/status` polling bounded per sidecar and
+//!   per refresh — one deadline, one byte budget — kept as
+//!   [`sidecars::KeptStatus`]) and [`sources::sink`] (the stream page's sink
+//!   position, through a [`sink::SinkReader`] the binary provides).
+//! - [`collector`]: runs the sources on the table-paced interval and applies
+//!   the model; the only module with the locks the pages read under.
+//! - [`model`]: the snapshot and its history, pure (no locks, no I/O):
+//!   `Model::apply(readings) -> Snapshot`; [`model::streams`] (lease → row,
+//!   badges, the Burrow-style verdict), [`model::changes`] (ownership changes,
+//!   bounded by count and age, and fenced writes), [`model::gaps`] (data gaps,
+//!   each taken once, bounded per stream and in all), [`model::trends`] (ring
+//!   buffers of downsampled samples) and [`model::timeline`] (the history cut
+//!   into per-lane segments).
+//! - [`web`]: [`web::router`] (routes, security headers), [`web::access`]
+//!   (bearer token, Host allow-list, the token form and `/logout`;
+//!   [`web::session`]: the cookie's value, derived from the token, never the
+//!   token, with its 12-hour expiry), conditional GET and the shared render
+//!   ([`web::render_cache`]), [`web::column`] (typed `Column<Row>` and cells,
+//!   shared with the refresh script), [`web::chart`] and [`web::lanes`] (SVG
+//!   line charts and timeline lanes, each with a text equivalent),
+//!   [`web::page`] (the header and the plain-tables page) and
+//!   [`web::views`](mod@web::views), one module per view with its page, JSON
+//!   body, columns, handlers and routes.
 //! - [`settings`]: the `DASHBOARD_*` variables, read once.
-//! - [`sidecars`]: sidecar discovery (`sidecar_url` in presence records and
-//!   broker worker metadata, validated as untrusted input; `DASHBOARD_SIDECARS`
-//!   overrides) and `/status` polling, bounded per sidecar and per refresh (one
-//!   deadline, one byte budget), kept as [`sidecars::KeptStatus`].
-//! - [`sink`]: the sink's last stored sequence for the per-stream page
-//!   (optional; read through a [`sink::SinkReader`] the binary provides).
-//! - [`table`]: columns and cells shared by the pages and the refresh script.
-//! - [`pages`]: queries, views and templates.
-//! - [`http`]: the router, bearer-token check, Host allow-list, cookie and
-//!   security headers; [`session`]: the login cookie's value, derived from
-//!   the token (never the token), with its 12-hour expiry.
-//! - [`render_cache`]: rendered (and compressed) responses shared between
-//!   clients until the next snapshot.
 //! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
 
-pub mod changes;
-pub mod cluster;
-pub mod gaps;
-pub mod http;
-pub mod pages;
-pub mod render_cache;
-pub mod session;
+pub mod collector;
+pub mod model;
 pub mod settings;
-pub mod sidecars;
-pub mod sink;
-pub mod streams;
-pub mod table;
+pub mod sources;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod timeline;
-pub mod trends;
-pub mod views;
+pub mod web;
+
+// Paths other crates import (`leasehold`, `devcluster`): the sources they
+// configure at the root, and the collector under its old name, which
+// `leasehold/benches/read_cost.rs` still uses.
+/// The collector under its former name (`leasehold_dashboard::cluster`).
+pub use crate::collector as cluster;
+/// The sidecar source ([`sources::sidecars`]), which `DashboardConfig` is given.
+pub use crate::sources::sidecars;
+/// The sink source ([`sources::sink`]), which `DashboardConfig` is given.
+pub use crate::sources::sink;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,8 +59,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::cluster::{Collector, CollectorSettings, Sources};
-pub use crate::http::{Access, DashboardState, app};
+pub use crate::collector::{Collector, CollectorSettings, Sources};
+pub use crate::web::{Access, DashboardState, app};
 
 /// How the dashboard runs.
 pub struct DashboardConfig {
@@ -92,9 +96,9 @@ pub enum DashboardError {
 }
 
 /// Renders the views clients watch as soon as each snapshot is published
-/// ([`render_cache`]), until `shutdown`.
+/// ([`web::render_cache`]), until `shutdown`.
 async fn prewarm_after_each_snapshot(state: Arc<DashboardState>, shutdown: CancellationToken) {
-    let views = http::views(state.clone());
+    let views = web::views(state.clone());
     let mut generations = state.collector.subscribe();
     loop {
         tokio::select! {
@@ -103,7 +107,7 @@ async fn prewarm_after_each_snapshot(state: Arc<DashboardState>, shutdown: Cance
                 if changed.is_err() {
                     return;
                 }
-                http::prewarm(&state, &views).await;
+                web::prewarm(&state, &views).await;
             }
         }
     }

@@ -9,10 +9,10 @@ use leasehold_platform::settings::{
 };
 use leasehold_pool::settings::REDIS_URL;
 
-use crate::cluster::CollectorSettings;
-use crate::http::Access;
-use crate::sidecars::{DiscoveryPolicy, Network, SidecarTarget, private_networks};
-use crate::streams::Thresholds;
+use crate::collector::CollectorSettings;
+use crate::model::streams::Thresholds;
+use crate::sources::sidecars::{DiscoveryPolicy, Network, SidecarTarget, private_networks};
+use crate::web::Access;
 
 /// A bearer token: at least 16 characters that can travel in a header and a
 /// cookie. Secrets Manager values often end in a newline: trimmed, not refused.
@@ -21,7 +21,7 @@ const TOKEN: Parser<String> = Parser {
     parse: |raw| {
         if raw.len() < 16 {
             Err("must be at least 16 characters".into())
-        } else if !crate::http::token_is_header_safe(raw) {
+        } else if !crate::web::token_is_header_safe(raw) {
             Err(
                 "may only hold visible ASCII without ; , \" or \\ (it travels in a header and a cookie)"
                     .into(),

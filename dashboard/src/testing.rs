@@ -149,7 +149,7 @@ pub fn collector_at(
             leases,
             pool,
             sidecars: Vec::new(),
-            discovery: crate::sidecars::DiscoveryPolicy::default(),
+            discovery: crate::sources::sidecars::DiscoveryPolicy::default(),
         },
         crate::CollectorSettings::default(),
         std::sync::Arc::new(leasehold_control::clock::PausedClock::starting_at(now_ms)),
@@ -445,7 +445,7 @@ pub fn status_with_gaps(
 /// `DASHBOARD_SIDECARS` target. It serves until the runtime ends.
 pub async fn fake_sidecar(
     status: std::sync::Arc<Mutex<serde_json::Value>>,
-) -> crate::sidecars::SidecarTarget {
+) -> crate::sources::sidecars::SidecarTarget {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .expect("bind a fake sidecar");
@@ -458,7 +458,7 @@ pub async fn fake_sidecar(
         }),
     );
     tokio::spawn(async move { axum::serve(listener, app).await });
-    crate::sidecars::SidecarTarget {
+    crate::sources::sidecars::SidecarTarget {
         host: "127.0.0.1".into(),
         port,
     }
@@ -467,7 +467,7 @@ pub async fn fake_sidecar(
 /// [`collector_at`] polling `sidecars` (the `DASHBOARD_SIDECARS` override).
 pub fn collector_with_sidecars(
     leases: std::sync::Arc<dyn leasehold_control::store::LeaseReader>,
-    sidecars: Vec<crate::sidecars::SidecarTarget>,
+    sidecars: Vec<crate::sources::sidecars::SidecarTarget>,
     now_ms: i64,
 ) -> std::sync::Arc<crate::Collector> {
     std::sync::Arc::new(crate::Collector::new(
@@ -475,7 +475,7 @@ pub fn collector_with_sidecars(
             leases,
             pool: None,
             sidecars,
-            discovery: crate::sidecars::DiscoveryPolicy::default(),
+            discovery: crate::sources::sidecars::DiscoveryPolicy::default(),
         },
         crate::CollectorSettings::default(),
         std::sync::Arc::new(leasehold_control::clock::PausedClock::starting_at(now_ms)),

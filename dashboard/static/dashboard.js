@@ -3,7 +3,7 @@
 //
 // Cells are built with textContent and createElement only: stream ids and
 // owners are untrusted text and must never become markup. The formatting here
-// mirrors dashboard/src/table.rs (the server's first render).
+// mirrors dashboard/src/web/column.rs (the server's first render).
 (function () {
   'use strict';
   var body = document.body;

@@ -16,14 +16,14 @@ use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, Consistency, LeasePage, LeaseReader, LeaseStore,
     LiftRequest, ReleaseRequest, RenewRequest,
 };
-use leasehold_dashboard::cluster::Collector;
-use leasehold_dashboard::http::{CONTENT_SECURITY_POLICY, DashboardState, SESSION_COOKIE, app};
+use leasehold_dashboard::collector::Collector;
 use leasehold_dashboard::sink::{SinkReadError, SinkReader};
 use leasehold_dashboard::testing::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
     collector_at, collector_with_sidecars, fake_sidecar, pool_entries, seed_leases, seed_many,
     status_with_gaps,
 };
+use leasehold_dashboard::web::{CONTENT_SECURITY_POLICY, DashboardState, SESSION_COOKIE, app};
 use leasehold_pool::read::PoolReader;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -985,7 +985,7 @@ async fn a_view_is_rendered_once_per_snapshot_and_shared_behind_the_access_check
     // ...and the views watched in the last one are rendered before anyone
     // asks (the prewarm after each snapshot), so the next poll is a shared render.
     seeded.collector.refresh().await;
-    leasehold_dashboard::http::prewarm(&state, &leasehold_dashboard::http::views(state.clone()))
+    leasehold_dashboard::web::prewarm(&state, &leasehold_dashboard::web::views(state.clone()))
         .await;
     assert_eq!(sink.reads.load(Ordering::SeqCst), reads + 2, "prewarmed");
     assert_eq!(state.renders.usage().0, 1);

@@ -29,9 +29,9 @@ pub const KEPT_CLAIMS: usize = RECENT_CLAIMS;
 pub const KEPT_GAPS: usize = RECENT_GAPS;
 
 /// Longest owner id or stream id kept: the views never look up a longer
-/// stream id ([`crate::pages::MAX_STREAM_ID_LEN`]), so a longer one could
+/// stream id ([`crate::model::streams::MAX_STREAM_ID_LEN`]), so a longer one could
 /// match nothing; a longer owner id is dropped (the row says "unknown worker").
-pub const KEPT_ID_LEN: usize = crate::pages::MAX_STREAM_ID_LEN;
+pub const KEPT_ID_LEN: usize = crate::model::streams::MAX_STREAM_ID_LEN;
 
 /// Longest `component` kept (`stream-worker`, `broker-worker`).
 const KEPT_COMPONENT_LEN: usize = 64;

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use leasehold_telemetry::labels::GapReason;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::pages::MAX_STREAM_ID_LEN;
-use crate::sidecars::SidecarReport;
+use crate::model::streams::MAX_STREAM_ID_LEN;
+use crate::sources::sidecars::SidecarReport;
 
 /// Gaps kept per stream, newest first out: the stream page lists them all,
 /// and 50 is more than a page needs to show a pattern (a stream losing data

@@ -13,7 +13,11 @@ use leasehold_control::lease::{Lease, LeaseState};
 use leasehold_control::schema::MalformedItem;
 use serde::Serialize;
 
-use crate::gaps::GapTally;
+use crate::model::gaps::GapTally;
+
+/// Longest stream id the dashboard looks up or keeps anything for (the
+/// per-stream page answers 404 without a lookup beyond it).
+pub const MAX_STREAM_ID_LEN: usize = 1_024;
 
 /// State badge of one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

@@ -656,5 +656,34 @@ async fn fetch(
     serde_json::from_slice(&read).map_err(|_| SidecarProblem::NotStatus)
 }
 
+/// One refresh's poll: exactly the `DASHBOARD_SIDECARS` targets when there
+/// are any, else the `published` URLs `policy` accepts; those in
+/// `answered_before` are asked first. Dated by `clock` when it ends.
+pub(crate) async fn read<'a>(
+    targets: &[SidecarTarget],
+    policy: &DiscoveryPolicy,
+    published: impl IntoIterator<Item = &'a str>,
+    limits: &PollLimits,
+    answered_before: &HashSet<String>,
+    clock: &dyn leasehold_control::clock::Clock,
+) -> crate::sources::SidecarReadings {
+    let (polled, refused) = if targets.is_empty() {
+        let discovery = Discovery::from_values(published, policy);
+        (
+            poll_discovered(&discovery, limits, answered_before).await,
+            discovery.summary(),
+        )
+    } else {
+        (poll(targets, limits, answered_before).await, None)
+    };
+    crate::sources::SidecarReadings {
+        reports: polled.reports,
+        bytes_read: polled.bytes_read,
+        refused,
+        overridden: !targets.is_empty(),
+        polled_ms: clock.now_ms(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

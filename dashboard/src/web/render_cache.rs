@@ -10,7 +10,7 @@
 //!
 //! Renders happen at snapshot time where possible: the views requested in
 //! one generation are *hot*, and after the collector publishes the next
-//! snapshot a background task ([`crate::http::prewarm`]) renders them again
+//! snapshot a background task ([`crate::web::router::prewarm`]) renders them again
 //! before their clients' next poll, so a client's update is the shared bytes
 //! (a client that asks while that render runs waits for it, not for a second one).
 //!
