@@ -9,16 +9,14 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCipher};
-use leasehold_broker::launcher::{
-    EcsLauncher, LOCAL_GROUP_VAR, LocalLauncher, TaskLauncher, register_local_worker,
-};
+use leasehold_broker::launcher::{LOCAL_GROUP_VAR, TaskLauncher, register_local_worker};
+use leasehold_broker::maintenance;
+use leasehold_broker::manager::{self, ClaimWait};
 use leasehold_broker::paper::{Broker, PaperBroker};
 use leasehold_broker::sealer::{CredentialSealer, SealerClient};
 use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
-use leasehold_broker::worker::{BrokerWorker, WorkerExit, requeue_dead_claims};
-use leasehold_broker::{maintenance, manager};
-use leasehold_platform::aws::{RetryPolicy, sdk_config};
+use leasehold_broker::worker::{BrokerWorker, requeue_dead_claims};
 use leasehold_platform::periodic::try_once_or_every;
 use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_pool::bus::PoolBus;
@@ -127,17 +125,8 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
         leasehold_telemetry::settings::sidecar_url_from(env, sidecar_url, task.as_ref())
     })?;
     if let Some(arn) = task.and_then(|metadata| metadata.task_arn) {
-        settings.worker.task_id = arn.clone();
-        settings.worker.metadata.task_arn = arn;
-        if lookup(settings::WORKER_ID.name).is_none() {
-            settings.worker.worker_id = settings
-                .worker
-                .task_id
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-        }
+        let worker_id_set = lookup(settings::WORKER_ID.name).is_some();
+        settings.worker.adopt_task_arn(arn, worker_id_set);
     }
     let shutdown = shutdown_on_signal();
     let worker_id = settings.worker.worker_id.clone();
@@ -171,15 +160,7 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");
     let exit = worker.run(shutdown).await.context("broker worker failed")?;
-    let reason = match exit {
-        WorkerExit::Signal => "signal",
-        WorkerExit::ControlShutdown => "shutdown message",
-        WorkerExit::IdleTimeout => "idle timeout",
-        WorkerExit::Lost => "another worker holds the user",
-        WorkerExit::AlreadyServed => "user already served",
-        WorkerExit::Retired => "retired by the pool manager",
-    };
-    println!("broker worker {worker_id} stopped: {reason}");
+    println!("broker worker {worker_id} stopped: {}", exit.reason());
     telemetry.flush(Duration::from_millis(500)).await;
     telemetry_stop.cancel();
     Ok(())
@@ -195,19 +176,8 @@ async fn pool_bus(url: &str) -> anyhow::Result<Arc<dyn PoolBus>> {
 }
 
 async fn launcher(settings: LauncherSettings) -> anyhow::Result<Box<dyn TaskLauncher>> {
-    Ok(match settings {
-        LauncherSettings::Local { group, log_dir } => Box::new(LocalLauncher {
-            program: std::env::current_exe().context("cannot find the leasehold executable")?,
-            group,
-            log_dir,
-        }),
-        LauncherSettings::Ecs(ecs) => {
-            // RunTask and StopTask have no lease deadline: the SDK's standard
-            // retries ride out throttling instead of failing a user's cold start.
-            let sdk = sdk_config(RetryPolicy::Standard).await;
-            Box::new(EcsLauncher::new(aws_sdk_ecs::Client::new(&sdk), ecs))
-        }
-    })
+    let launcher = settings.launcher().await;
+    launcher.context("cannot find the leasehold executable")
 }
 
 /// `leasehold credentials …`.
@@ -270,21 +240,9 @@ async fn rotate_credentials() -> Result<(), Failure> {
     let report = leasehold_broker::rotation::rotate_all(bus.as_ref(), &cipher)
         .await
         .map_err(anyhow::Error::from)?;
-    for name in &report.changed {
-        println!("{name}: changed while rotating; left as it is");
+    for line in report.lines() {
+        println!("{line}");
     }
-    for (name, err) in &report.failed {
-        println!("{name}: not rotated: {err}");
-    }
-    println!(
-        "rotated {} of {} blobs ({} from the local key); reload_credentials sent to {} active workers; {} changed meanwhile; {} failed",
-        report.rotated,
-        report.found,
-        report.migrated,
-        report.reloaded,
-        report.changed.len(),
-        report.failed.len()
-    );
     if !report.failed.is_empty() {
         let failed = report.failed.len();
         return Err(anyhow::anyhow!("{failed} blobs were not rotated (listed above)").into());
@@ -324,30 +282,21 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let poll = Duration::from_millis(50);
-    let pending = || {
-        Failure::Status(
+    let wait = manager::wait_for_claim(bus.as_ref(), &path, &args.user_id, timeout, poll);
+    match wait.await.map_err(anyhow::Error::from)? {
+        ClaimWait::AlreadyActive => Ok(()),
+        ClaimWait::Pending => Err(Failure::Status(
             CLAIM_TIMEOUT_EXIT,
             format!(
                 "no outcome for {} within {} (pending, not failed)",
                 args.user_id, args.timeout
             ),
-        )
-    };
-    match path {
-        manager::ClaimPath::AlreadyActive => Ok(()),
-        manager::ClaimPath::PoolClaim { claim_id } => {
-            let outcome = manager::wait_for_outcome(bus.as_ref(), &claim_id, timeout, poll)
-                .await
-                .context("cannot read the claim outcome")?;
-            let outcome = match outcome {
-                None => return Err(pending()),
-                Some(parsed) => parsed.map_err(|err| {
-                    anyhow::anyhow!(
-                        "{} is not a claim outcome: {err}",
-                        keys::claim_outcome(&claim_id)
-                    )
-                })?,
-            };
+        )),
+        ClaimWait::Active => {
+            println!("claim {}: active", args.user_id);
+            Ok(())
+        }
+        ClaimWait::Outcome { claim_id, outcome } => {
             // The stored JSON, one line, for scripts.
             println!("{}", outcome.to_json());
             match outcome.status {
@@ -360,22 +309,6 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
                     ),
                 )),
             }
-        }
-        manager::ClaimPath::ColdStart { .. } => {
-            // No claim message, so no outcome key: the user's mark is the answer.
-            let deadline = tokio::time::Instant::now() + timeout;
-            while !bus
-                .user_is_active(&args.user_id)
-                .await
-                .context("cannot read the user's mark")?
-            {
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(pending());
-                }
-                tokio::time::sleep(poll).await;
-            }
-            println!("claim {}: active", args.user_id);
-            Ok(())
         }
     }
 }

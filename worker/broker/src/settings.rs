@@ -15,10 +15,11 @@ use leasehold_pool::settings::REDIS_URL;
 
 use crate::connections::{CallTimeouts, ConnectPolicy, RECONNECT};
 use crate::credentials::{AesGcmCipher, Keyring, KmsEnvelope};
-use crate::launcher::EcsSettings;
+use crate::launcher::{EcsLauncher, EcsSettings, LocalLauncher, TaskLauncher};
 use crate::maintenance::SweepConfig;
 use crate::paper::PaperConfig;
 use crate::worker::{BrokerWorkerConfig, DEFAULT_QUEUE_MAX, RequestBounds, WorkerMetadata};
+use leasehold_platform::aws::{RetryPolicy, sdk_config};
 
 /// One of the ECS launch types.
 const LAUNCH_TYPE: Parser<String> = Parser {
@@ -593,6 +594,26 @@ pub enum LauncherSettings {
     },
     /// ECS tasks.
     Ecs(EcsSettings),
+}
+
+impl LauncherSettings {
+    /// The launcher these settings name. Local workers run this executable;
+    /// the error is only that it cannot be found.
+    pub async fn launcher(self) -> std::io::Result<Box<dyn TaskLauncher>> {
+        Ok(match self {
+            LauncherSettings::Local { group, log_dir } => Box::new(LocalLauncher {
+                program: std::env::current_exe()?,
+                group,
+                log_dir,
+            }),
+            LauncherSettings::Ecs(ecs) => {
+                // RunTask and StopTask have no lease deadline: the SDK's standard
+                // retries ride out throttling instead of failing a user's cold start.
+                let sdk = sdk_config(RetryPolicy::Standard).await;
+                Box::new(EcsLauncher::new(aws_sdk_ecs::Client::new(&sdk), ecs))
+            }
+        })
+    }
 }
 
 /// Reads `TASK_LAUNCHER` and what the chosen launcher needs.

@@ -130,6 +130,19 @@ pub struct BrokerWorkerConfig {
     pub metadata: WorkerMetadata,
 }
 
+impl BrokerWorkerConfig {
+    /// Takes the ECS task ARN as this worker's identity in its marks (what the
+    /// launcher lists), and its last segment as the worker id unless
+    /// `WORKER_ID` was set.
+    pub fn adopt_task_arn(&mut self, arn: String, worker_id_set: bool) {
+        if !worker_id_set {
+            self.worker_id = arn.rsplit('/').next().unwrap_or_default().to_owned();
+        }
+        self.task_id = arn.clone();
+        self.metadata.task_arn = arn;
+    }
+}
+
 #[cfg(feature = "testing")]
 impl BrokerWorkerConfig {
     /// Test settings: a 2 s mark TTL, the given heartbeat, the original 30 s
@@ -172,6 +185,20 @@ pub enum WorkerExit {
     AlreadyServed,
     /// The pool manager retired this idle pool worker (pool above target).
     Retired,
+}
+
+impl WorkerExit {
+    /// Why the worker stopped, as its last line says it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WorkerExit::Signal => "signal",
+            WorkerExit::ControlShutdown => "shutdown message",
+            WorkerExit::IdleTimeout => "idle timeout",
+            WorkerExit::Lost => "another worker holds the user",
+            WorkerExit::AlreadyServed => "user already served",
+            WorkerExit::Retired => "retired by the pool manager",
+        }
+    }
 }
 
 /// Failures that end a worker with a non-zero exit (the orchestrator replaces it).
