@@ -16,7 +16,7 @@ use leasehold_broker::paper::{Broker, PaperBroker};
 use leasehold_broker::sealer::{CredentialSealer, SealerClient};
 use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
-use leasehold_broker::worker::{BrokerWorker, requeue_dead_claims};
+use leasehold_broker::worker::BrokerWorker;
 use leasehold_platform::periodic::try_once_or_every;
 use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_pool::bus::PoolBus;
@@ -45,17 +45,10 @@ fn read<T>(read: impl FnOnce(&mut Env) -> T) -> Result<T, ConfigError> {
 #[derive(Debug, Args)]
 pub struct BrokerWorkerArgs {}
 
-/// No core dumps and (Linux) not dumpable, before any secret is read: a
-/// process that holds decrypted credentials must not write them to a core file
-/// or expose its memory to other processes of the same user.
+/// No core dumps and (Linux) not dumpable, before any secret is read.
 fn harden() -> anyhow::Result<()> {
-    let hardened = leasehold_platform::hardening::disable_core_dumps()
+    leasehold_platform::hardening::harden_for_secrets()
         .context("cannot disable core dumps; refusing to handle credentials")?;
-    tracing::debug!(
-        core_limit_zero = hardened.core_limit_zero,
-        not_dumpable = hardened.not_dumpable,
-        "core dumps disabled"
-    );
     Ok(())
 }
 
@@ -400,24 +393,11 @@ pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
     // second look) apply to these passes too: they release marks as well.
     let config = SuperviseConfig::for_sweep(&sweep, lock, heartbeat);
     let supervision = leasehold_platform::periodic::every(interval, stop.clone(), || async {
-        if !args.dry_run
-            && let Err(err) = requeue_dead_claims(bus.as_ref()).await
+        let (bus, launcher) = (bus.as_ref(), launcher.as_ref());
+        for line in
+            supervise::supervision_pass(bus, launcher, &config, args.dry_run, &LogSink).await
         {
-            tracing::warn!(error = %err, "re-queue of dead pool workers' claims failed");
-        }
-        match supervise::supervise(bus.as_ref(), launcher.as_ref(), &config, &LogSink).await {
-            Ok(pass) => {
-                for (user, path) in &pass.reserved {
-                    println!("supervise {user}: {path}");
-                }
-                if let Some(reason) = &pass.held {
-                    println!("supervise held: {reason}");
-                }
-                for error in &pass.errors {
-                    tracing::warn!(error, "supervision");
-                }
-            }
-            Err(err) => tracing::warn!(error = %err, "supervision pass failed"),
+            println!("{line}");
         }
     });
     tokio::pin!(sweeps, supervision);

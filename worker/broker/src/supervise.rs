@@ -216,6 +216,41 @@ async fn look_twice(
     Ok((first, second))
 }
 
+/// One pass of `maintenance --every`'s supervision between sweeps: the
+/// re-queue of dead pool workers' claims (not in a dry run), then
+/// [`supervise`]. Failures are logged, never fatal: the next pass tries
+/// again. Returns the lines the command prints: each user re-served and by
+/// which path, then why the pass held back, if it did.
+pub async fn supervision_pass(
+    bus: &dyn PoolBus,
+    launcher: &dyn TaskLauncher,
+    config: &SuperviseConfig,
+    dry_run: bool,
+    telemetry: &dyn TelemetrySink,
+) -> Vec<String> {
+    if !dry_run && let Err(err) = crate::worker::requeue_dead_claims(bus).await {
+        tracing::warn!(error = %err, "re-queue of dead pool workers' claims failed");
+    }
+    match supervise(bus, launcher, config, telemetry).await {
+        Ok(pass) => {
+            for error in &pass.errors {
+                tracing::warn!(error, "supervision");
+            }
+            let reserved = pass.reserved.iter();
+            let lines = reserved.map(|(user, path)| format!("supervise {user}: {path}"));
+            let held = pass
+                .held
+                .iter()
+                .map(|reason| format!("supervise held: {reason}"));
+            lines.chain(held).collect()
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "supervision pass failed");
+            Vec::new()
+        }
+    }
+}
+
 /// One pass: find unserved users and re-serve each (unless dry run).
 pub async fn supervise(
     bus: &dyn PoolBus,
