@@ -6,11 +6,10 @@ use clap::{Args, Subcommand};
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_control::lease::Lease;
 use leasehold_control::listing::{render_list, render_one};
-use leasehold_control::settings::{LEASE_TABLE, table_settings};
+use leasehold_control::settings::LEASE_TABLE;
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, TableCreation};
 use leasehold_control::store::{Consistency, LeaseError, LeaseReader, LeaseStore, list_all};
-use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
-use leasehold_platform::settings::{Env, process_env};
+use leasehold_platform::settings::process_env;
 
 use crate::Failure;
 
@@ -31,13 +30,7 @@ impl TableArgs {
                 .flatten();
             flag.or_else(|| process_env(name))
         };
-        let mut env = Env::new(&lookup);
-        let table = table_settings(&mut env);
-        // An operator waits for an answer rather than racing a lease deadline:
-        // the SDK's standard retries ride out throttling.
-        let sdk = sdk_config(RetryPolicy::Standard).await;
-        let table = require_region(&sdk, env.finish(table))?;
-        Ok(DynamoLeaseStore::from_sdk_config(&sdk, table.table))
+        Ok(DynamoLeaseStore::for_operator(&lookup).await?)
     }
 }
 
