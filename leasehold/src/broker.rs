@@ -1,7 +1,6 @@
 //! `leasehold broker-worker`, `credentials put`, `claim`, `pool-manager` and
 //! `maintenance`: the broker worker pool's commands.
 
-use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +11,7 @@ use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCiphe
 use leasehold_broker::launcher::{LOCAL_GROUP_VAR, TaskLauncher, register_local_worker};
 use leasehold_broker::maintenance;
 use leasehold_broker::manager::{self, ClaimWait};
-use leasehold_broker::paper::{Broker, PaperBroker};
-use leasehold_broker::sealer::{CredentialSealer, SealerClient};
+use leasehold_broker::sealer::CredentialSealer;
 use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
 use leasehold_broker::worker::BrokerWorker;
@@ -51,9 +49,6 @@ fn harden() -> anyhow::Result<()> {
         .context("cannot disable core dumps; refusing to handle credentials")?;
     Ok(())
 }
-
-/// How long a worker waits for the credential sealer (which may wait for KMS).
-const SEALER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `leasehold credential-sealer` (configured by environment variables only).
 #[derive(Debug, Args)]
@@ -111,16 +106,7 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let task = leasehold_platform::ecs::task_identity()
         .await
         .context("cannot start the broker worker")?;
-    // Published in the pool mark and the user's metadata: how the dashboard
-    // finds this task's sidecar (never fatal when it cannot be derived).
-    let sidecar_url = settings.worker.metadata.sidecar_url.take();
-    settings.worker.metadata.sidecar_url = read(|env| {
-        leasehold_telemetry::settings::sidecar_url_from(env, sidecar_url, task.as_ref())
-    })?;
-    if let Some(arn) = task.and_then(|metadata| metadata.task_arn) {
-        let worker_id_set = lookup(settings::WORKER_ID.name).is_some();
-        settings.worker.adopt_task_arn(arn, worker_id_set);
-    }
+    settings.adopt_task(&lookup, task)?;
     let shutdown = shutdown_on_signal();
     let worker_id = settings.worker.worker_id.clone();
     // Telemetry goes to the task's sidecar; it outlives the worker loop so the
@@ -132,24 +118,7 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let bus = pool_bus(settings.redis_url.expose())
         .await
         .context("cannot start the broker worker")?;
-    // The paper broker's ledger lives in the same Redis, as a real broker's
-    // order book lives at the broker: it outlives this worker.
-    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
-        "paper".to_owned(),
-        Arc::new(PaperBroker::new(settings.paper, bus.clone())) as Arc<dyn Broker>,
-    )]);
-    let mut worker = BrokerWorker::new(
-        settings.worker,
-        bus,
-        Arc::new(settings.cipher),
-        brokers,
-        telemetry.clone(),
-    );
-    if let Some(url) = &settings.sealer_url {
-        worker = worker
-            .with_sealer(SealerClient::new(url, SEALER_TIMEOUT))
-            .with_claim_redis_url(settings.redis_url.clone());
-    }
+    let worker = BrokerWorker::from_settings(settings, bus, telemetry.clone());
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");
     let exit = worker.run(shutdown).await.context("broker worker failed")?;

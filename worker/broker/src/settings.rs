@@ -458,6 +458,29 @@ pub struct BrokerWorkerSettings {
     pub paper: PaperConfig,
 }
 
+impl BrokerWorkerSettings {
+    /// Takes this worker's identity from its ECS task: the sidecar URL its
+    /// marks publish (how the dashboard finds the task's sidecar; derived
+    /// from the task's address unless set, never fatal), and the task ARN as
+    /// its task id and, unless `WORKER_ID` is set, its worker id.
+    pub fn adopt_task(
+        &mut self,
+        lookup: Lookup,
+        task: Option<leasehold_platform::ecs::TaskMetadata>,
+    ) -> Result<(), ConfigError> {
+        let explicit = self.worker.metadata.sidecar_url.take();
+        let mut env = Env::new(lookup);
+        let derived =
+            leasehold_telemetry::settings::sidecar_url_from(&mut env, explicit, task.as_ref());
+        self.worker.metadata.sidecar_url = env.finish(derived)?;
+        if let Some(arn) = task.and_then(|metadata| metadata.task_arn) {
+            let worker_id_set = lookup(WORKER_ID.name).is_some();
+            self.worker.adopt_task_arn(arn, worker_id_set);
+        }
+        Ok(())
+    }
+}
+
 /// Reads the broker worker's settings.
 pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigError> {
     let mut env = Env::new(lookup);

@@ -130,6 +130,32 @@ pub struct BrokerWorkerConfig {
     pub metadata: WorkerMetadata,
 }
 
+/// How long a worker waits for the credential sealer (which may wait for KMS).
+const SEALER_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl BrokerWorker {
+    /// The worker `leasehold broker-worker` runs from its settings: the paper
+    /// broker with its ledger on `bus` (as a real broker's order book lives at
+    /// the broker, it outlives this worker), and with `CREDENTIALS_SEALER_URL`
+    /// credentials sealed by the sealer and the per-claim Redis login.
+    pub fn from_settings(
+        settings: crate::settings::BrokerWorkerSettings,
+        bus: Arc<dyn PoolBus>,
+        telemetry: Arc<dyn TelemetrySink>,
+    ) -> Self {
+        let paper = Arc::new(crate::paper::PaperBroker::new(settings.paper, bus.clone()));
+        let brokers = HashMap::from([("paper".to_owned(), paper as Arc<dyn Broker>)]);
+        let cipher = Arc::new(settings.cipher);
+        let worker = BrokerWorker::new(settings.worker, bus, cipher, brokers, telemetry);
+        match &settings.sealer_url {
+            Some(url) => worker
+                .with_sealer(SealerClient::new(url, SEALER_TIMEOUT))
+                .with_claim_redis_url(settings.redis_url),
+            None => worker,
+        }
+    }
+}
+
 impl BrokerWorkerConfig {
     /// Takes the ECS task ARN as this worker's identity in its marks (what the
     /// launcher lists), and its last segment as the worker id unless
