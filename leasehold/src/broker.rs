@@ -19,7 +19,6 @@ use leasehold_platform::periodic::try_once_or_every;
 use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::claim_users::ClaimUsers;
 use leasehold_pool::keys;
 use leasehold_pool::protocol::ClaimStatus;
 use leasehold_pool::settings::REDIS_URL;
@@ -65,25 +64,15 @@ pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failur
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let mut sealer = CredentialSealer::new(bus, Arc::new(settings.cipher));
-    if settings.claim_redis_users {
-        let users = ClaimUsers::connect(settings.redis_url.expose())
-            .await
-            .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
-        sealer = sealer.with_claim_users(users);
-    }
-    let sealer = Arc::new(sealer);
+    let interval = settings.sweep_interval;
+    let sealer = CredentialSealer::from_settings(bus, settings).await;
+    let sealer = Arc::new(sealer.map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?);
     // One parseable line for tests and operators.
     let addr = listener.local_addr().context("no local address")?;
     println!("credential sealer listening on {addr}");
-    leasehold_broker::sealer::serve(
-        listener,
-        sealer,
-        settings.sweep_interval,
-        shutdown_on_signal(),
-    )
-    .await
-    .context("credential sealer failed")?;
+    leasehold_broker::sealer::serve(listener, sealer, interval, shutdown_on_signal())
+        .await
+        .context("credential sealer failed")?;
     Ok(())
 }
 
@@ -299,12 +288,7 @@ pub async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
         let outcome = manager::reconcile(bus.as_ref(), launcher.as_ref(), target, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
-        println!(
-            "pool: idle {} target {target} started {} stopped {}",
-            outcome.idle,
-            outcome.started.len(),
-            outcome.stopped.len()
-        );
+        println!("{}", outcome.summary(target));
         Ok(())
     })
     .await

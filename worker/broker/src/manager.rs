@@ -120,6 +120,18 @@ pub async fn claim_user(
     })
 }
 
+impl Reconciled {
+    /// The line `pool-manager` prints after a pass toward `target`.
+    pub fn summary(&self, target: usize) -> String {
+        format!(
+            "pool: idle {} target {target} started {} stopped {}",
+            self.idle,
+            self.started.len(),
+            self.stopped.len()
+        )
+    }
+}
+
 /// Polls `pool:claim:{claim_id}` every `poll` until it exists or `timeout`
 /// has passed (`None`). A missing outcome means pending, never failed: the
 /// claim may still be waiting for an idle pool worker.
