@@ -158,6 +158,43 @@ pub fn render_details(lease: &Lease, now: i64) -> String {
         .collect()
 }
 
+/// What `leases list` prints: the stream records (every record with `all`,
+/// reserved `leasehold#…` ones included), sorted by stream id, as the table
+/// or as one JSON array.
+pub fn render_list(
+    mut records: Vec<Result<Lease, MalformedItem>>,
+    all: bool,
+    json: bool,
+    now: i64,
+) -> String {
+    records.retain(|r| all || r.as_ref().map_or(true, Lease::is_stream));
+    records.sort_by(|a, b| record_key(a).cmp(record_key(b)));
+    if json {
+        let rows: Vec<_> = records.iter().map(|r| record_json(r, now)).collect();
+        pretty(&serde_json::Value::Array(rows))
+    } else {
+        render_table(&records, now)
+    }
+}
+
+/// What `leases show` and `leases release` print for one lease: its details,
+/// or its JSON.
+pub fn render_one(lease: Lease, json: bool, now: i64) -> String {
+    if json {
+        pretty(&record_json(&Ok(lease), now))
+    } else {
+        render_details(&lease, now)
+    }
+}
+
+/// Pretty JSON and a newline (a `Value` always serializes).
+fn pretty(value: &serde_json::Value) -> String {
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,6 +250,30 @@ mod tests {
         assert_eq!(value["fence_token"], 1);
         let released = record_json(&Ok(lease("a", None, 0, 1)), now);
         assert!(released["expires_in_ms"].is_null());
+    }
+
+    #[test]
+    fn the_list_hides_reserved_records_unless_all_and_sorts_by_stream() {
+        let now = 1_000;
+        let records = || {
+            vec![
+                Ok(lease("b", Some("w"), 3_000, 1)),
+                Ok(lease("leasehold#presence#w", Some("w"), 3_000, 1)),
+                Ok(lease("a", None, 0, 2)),
+            ]
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&render_list(records(), false, true, now)).unwrap();
+        let ids: Vec<_> = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["stream_id"].clone())
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        let all = render_list(records(), true, false, now);
+        assert!(all.contains("leasehold#presence#w"), "{all}");
+        assert!(render_one(lease("a", None, 0, 2), true, now).ends_with("}\n"));
     }
 
     #[test]

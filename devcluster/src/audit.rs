@@ -22,6 +22,22 @@ pub struct Audit {
     pub token_regressions: usize,
 }
 
+/// The one line `leasehold dev` prints after the drain.
+impl std::fmt::Display for Audit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sink check: {} streams, {} events, {} gaps, {} duplicates, {} token regressions, {} gap markers",
+            self.streams,
+            self.events,
+            self.gaps,
+            self.duplicates,
+            self.token_regressions,
+            self.marked_gaps
+        )
+    }
+}
+
 /// Every stream's entries must cover consecutive sequences with non-decreasing tokens.
 pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
     let mut audit = Audit::default();

@@ -16,10 +16,13 @@
 //! - [`launcher`]: broker workers as tasks of this process.
 //! - [`pool`]: the pool manager and maintenance loops and the order flow.
 //! - [`audit`]: the sink check printed at the end.
+//! - `banner`: what `leasehold dev` prints once the cluster is up
+//!   ([`DevCluster::banner`]).
 //! - [`fleet`]: stream workers alone on silent upstreams, for balancing tests
 //!   and the lease-moves benchmark.
 
 pub mod audit;
+mod banner;
 mod chaos;
 pub mod fleet;
 mod gate;

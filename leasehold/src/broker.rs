@@ -1,7 +1,6 @@
 //! `leasehold broker-worker`, `credentials put`, `claim`, `pool-manager` and
 //! `maintenance`: the broker worker pool's commands.
 
-use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,21 +8,17 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCipher};
-use leasehold_broker::launcher::{
-    EcsLauncher, LOCAL_GROUP_VAR, LocalLauncher, TaskLauncher, register_local_worker,
-};
-use leasehold_broker::paper::{Broker, PaperBroker};
-use leasehold_broker::sealer::{CredentialSealer, SealerClient};
+use leasehold_broker::launcher::{LOCAL_GROUP_VAR, TaskLauncher, register_local_worker};
+use leasehold_broker::maintenance;
+use leasehold_broker::manager::{self, ClaimWait};
+use leasehold_broker::sealer::CredentialSealer;
 use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
-use leasehold_broker::worker::{BrokerWorker, WorkerExit, requeue_dead_claims};
-use leasehold_broker::{maintenance, manager};
-use leasehold_platform::aws::{RetryPolicy, sdk_config};
+use leasehold_broker::worker::BrokerWorker;
 use leasehold_platform::periodic::try_once_or_every;
 use leasehold_platform::settings::{ConfigError, Env, process_env};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::claim_users::ClaimUsers;
 use leasehold_pool::keys;
 use leasehold_pool::protocol::ClaimStatus;
 use leasehold_pool::settings::REDIS_URL;
@@ -47,22 +42,12 @@ fn read<T>(read: impl FnOnce(&mut Env) -> T) -> Result<T, ConfigError> {
 #[derive(Debug, Args)]
 pub struct BrokerWorkerArgs {}
 
-/// No core dumps and (Linux) not dumpable, before any secret is read: a
-/// process that holds decrypted credentials must not write them to a core file
-/// or expose its memory to other processes of the same user.
+/// No core dumps and (Linux) not dumpable, before any secret is read.
 fn harden() -> anyhow::Result<()> {
-    let hardened = leasehold_platform::hardening::disable_core_dumps()
+    leasehold_platform::hardening::harden_for_secrets()
         .context("cannot disable core dumps; refusing to handle credentials")?;
-    tracing::debug!(
-        core_limit_zero = hardened.core_limit_zero,
-        not_dumpable = hardened.not_dumpable,
-        "core dumps disabled"
-    );
     Ok(())
 }
-
-/// How long a worker waits for the credential sealer (which may wait for KMS).
-const SEALER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `leasehold credential-sealer` (configured by environment variables only).
 #[derive(Debug, Args)]
@@ -79,14 +64,9 @@ pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failur
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let mut sealer = CredentialSealer::new(bus, Arc::new(settings.cipher));
-    if settings.claim_redis_users {
-        let users = ClaimUsers::connect(settings.redis_url.expose())
-            .await
-            .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
-        sealer = sealer.with_claim_users(users);
-    }
-    let sealer = Arc::new(sealer);
+    let interval = settings.sweep_interval;
+    let sealer = CredentialSealer::from_settings(bus, settings).await;
+    let sealer = Arc::new(sealer.map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?);
     // One parseable line for tests and operators.
     let addr = listener.local_addr().context("no local address")?;
     println!("credential sealer listening on {addr}");
@@ -97,7 +77,7 @@ pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failur
     leasehold_broker::sealer::serve(
         listener,
         sealer,
-        settings.sweep_interval,
+        interval,
         Some(metrics),
         shutdown_on_signal(),
     )
@@ -125,25 +105,7 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let task = leasehold_platform::ecs::task_identity()
         .await
         .context("cannot start the broker worker")?;
-    // Published in the pool mark and the user's metadata: how the dashboard
-    // finds this task's sidecar (never fatal when it cannot be derived).
-    let sidecar_url = settings.worker.metadata.sidecar_url.take();
-    settings.worker.metadata.sidecar_url = read(|env| {
-        leasehold_telemetry::settings::sidecar_url_from(env, sidecar_url, task.as_ref())
-    })?;
-    if let Some(arn) = task.and_then(|metadata| metadata.task_arn) {
-        settings.worker.task_id = arn.clone();
-        settings.worker.metadata.task_arn = arn;
-        if lookup(settings::WORKER_ID.name).is_none() {
-            settings.worker.worker_id = settings
-                .worker
-                .task_id
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-        }
-    }
+    settings.adopt_task(&lookup, task)?;
     let shutdown = shutdown_on_signal();
     let worker_id = settings.worker.worker_id.clone();
     // Telemetry goes to the task's sidecar; it outlives the worker loop so the
@@ -155,36 +117,11 @@ pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     let bus = pool_bus(settings.redis_url.expose())
         .await
         .context("cannot start the broker worker")?;
-    // The paper broker's ledger lives in the same Redis, as a real broker's
-    // order book lives at the broker: it outlives this worker.
-    let brokers: HashMap<String, Arc<dyn Broker>> = HashMap::from([(
-        "paper".to_owned(),
-        Arc::new(PaperBroker::new(settings.paper, bus.clone())) as Arc<dyn Broker>,
-    )]);
-    let mut worker = BrokerWorker::new(
-        settings.worker,
-        bus,
-        Arc::new(settings.cipher),
-        brokers,
-        telemetry.clone(),
-    );
-    if let Some(url) = &settings.sealer_url {
-        worker = worker
-            .with_sealer(SealerClient::new(url, SEALER_TIMEOUT))
-            .with_claim_redis_url(settings.redis_url.clone());
-    }
+    let worker = BrokerWorker::from_settings(settings, bus, telemetry.clone());
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");
     let exit = worker.run(shutdown).await.context("broker worker failed")?;
-    let reason = match exit {
-        WorkerExit::Signal => "signal",
-        WorkerExit::ControlShutdown => "shutdown message",
-        WorkerExit::IdleTimeout => "idle timeout",
-        WorkerExit::Lost => "another worker holds the user",
-        WorkerExit::AlreadyServed => "user already served",
-        WorkerExit::Retired => "retired by the pool manager",
-    };
-    println!("broker worker {worker_id} stopped: {reason}");
+    println!("broker worker {worker_id} stopped: {}", exit.reason());
     telemetry.flush(Duration::from_millis(500)).await;
     telemetry_stop.cancel();
     Ok(())
@@ -200,19 +137,8 @@ async fn pool_bus(url: &str) -> anyhow::Result<Arc<dyn PoolBus>> {
 }
 
 async fn launcher(settings: LauncherSettings) -> anyhow::Result<Box<dyn TaskLauncher>> {
-    Ok(match settings {
-        LauncherSettings::Local { group, log_dir } => Box::new(LocalLauncher {
-            program: std::env::current_exe().context("cannot find the leasehold executable")?,
-            group,
-            log_dir,
-        }),
-        LauncherSettings::Ecs(ecs) => {
-            // RunTask and StopTask have no lease deadline: the SDK's standard
-            // retries ride out throttling instead of failing a user's cold start.
-            let sdk = sdk_config(RetryPolicy::Standard).await;
-            Box::new(EcsLauncher::new(aws_sdk_ecs::Client::new(&sdk), ecs))
-        }
-    })
+    let launcher = settings.launcher().await;
+    launcher.context("cannot find the leasehold executable")
 }
 
 /// `leasehold credentials …`.
@@ -275,21 +201,9 @@ async fn rotate_credentials() -> Result<(), Failure> {
     let report = leasehold_broker::rotation::rotate_all(bus.as_ref(), &cipher)
         .await
         .map_err(anyhow::Error::from)?;
-    for name in &report.changed {
-        println!("{name}: changed while rotating; left as it is");
+    for line in report.lines() {
+        println!("{line}");
     }
-    for (name, err) in &report.failed {
-        println!("{name}: not rotated: {err}");
-    }
-    println!(
-        "rotated {} of {} blobs ({} from the local key); reload_credentials sent to {} active workers; {} changed meanwhile; {} failed",
-        report.rotated,
-        report.found,
-        report.migrated,
-        report.reloaded,
-        report.changed.len(),
-        report.failed.len()
-    );
     if !report.failed.is_empty() {
         let failed = report.failed.len();
         return Err(anyhow::anyhow!("{failed} blobs were not rotated (listed above)").into());
@@ -329,30 +243,21 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let poll = Duration::from_millis(50);
-    let pending = || {
-        Failure::Status(
+    let wait = manager::wait_for_claim(bus.as_ref(), &path, &args.user_id, timeout, poll);
+    match wait.await.map_err(anyhow::Error::from)? {
+        ClaimWait::AlreadyActive => Ok(()),
+        ClaimWait::Pending => Err(Failure::Status(
             CLAIM_TIMEOUT_EXIT,
             format!(
                 "no outcome for {} within {} (pending, not failed)",
                 args.user_id, args.timeout
             ),
-        )
-    };
-    match path {
-        manager::ClaimPath::AlreadyActive => Ok(()),
-        manager::ClaimPath::PoolClaim { claim_id } => {
-            let outcome = manager::wait_for_outcome(bus.as_ref(), &claim_id, timeout, poll)
-                .await
-                .context("cannot read the claim outcome")?;
-            let outcome = match outcome {
-                None => return Err(pending()),
-                Some(parsed) => parsed.map_err(|err| {
-                    anyhow::anyhow!(
-                        "{} is not a claim outcome: {err}",
-                        keys::claim_outcome(&claim_id)
-                    )
-                })?,
-            };
+        )),
+        ClaimWait::Active => {
+            println!("claim {}: active", args.user_id);
+            Ok(())
+        }
+        ClaimWait::Outcome { claim_id, outcome } => {
             // The stored JSON, one line, for scripts.
             println!("{}", outcome.to_json());
             match outcome.status {
@@ -365,22 +270,6 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
                     ),
                 )),
             }
-        }
-        manager::ClaimPath::ColdStart { .. } => {
-            // No claim message, so no outcome key: the user's mark is the answer.
-            let deadline = tokio::time::Instant::now() + timeout;
-            while !bus
-                .user_is_active(&args.user_id)
-                .await
-                .context("cannot read the user's mark")?
-            {
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(pending());
-                }
-                tokio::time::sleep(poll).await;
-            }
-            println!("claim {}: active", args.user_id);
-            Ok(())
         }
     }
 }
@@ -409,12 +298,7 @@ pub async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
         let outcome = manager::reconcile(bus.as_ref(), launcher.as_ref(), target, &LogSink)
             .await
             .map_err(anyhow::Error::from)?;
-        println!(
-            "pool: idle {} target {target} started {} stopped {}",
-            outcome.idle,
-            outcome.started.len(),
-            outcome.stopped.len()
-        );
+        println!("{}", outcome.summary(target));
         Ok(())
     })
     .await
@@ -472,24 +356,11 @@ pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
     // second look) apply to these passes too: they release marks as well.
     let config = SuperviseConfig::for_sweep(&sweep, lock, heartbeat);
     let supervision = leasehold_platform::periodic::every(interval, stop.clone(), || async {
-        if !args.dry_run
-            && let Err(err) = requeue_dead_claims(bus.as_ref()).await
+        let (bus, launcher) = (bus.as_ref(), launcher.as_ref());
+        for line in
+            supervise::supervision_pass(bus, launcher, &config, args.dry_run, &LogSink).await
         {
-            tracing::warn!(error = %err, "re-queue of dead pool workers' claims failed");
-        }
-        match supervise::supervise(bus.as_ref(), launcher.as_ref(), &config, &LogSink).await {
-            Ok(pass) => {
-                for (user, path) in &pass.reserved {
-                    println!("supervise {user}: {path}");
-                }
-                if let Some(reason) = &pass.held {
-                    println!("supervise held: {reason}");
-                }
-                for error in &pass.errors {
-                    tracing::warn!(error, "supervision");
-                }
-            }
-            Err(err) => tracing::warn!(error = %err, "supervision pass failed"),
+            println!("{line}");
         }
     });
     tokio::pin!(sweeps, supervision);

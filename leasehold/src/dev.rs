@@ -84,52 +84,11 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
         leasehold_devcluster::DevError::Config(err) => Failure::Config(err),
         other => Failure::Runtime(other.into()),
     })?;
-    let at = &cluster.addresses;
     println!(
         "leasehold dev: ready in {} ms",
         started.elapsed().as_millis()
     );
-    println!("  dashboard     http://{}/", at.dashboard);
-    println!(
-        "  feed          {} ({} streams at {}/s{})",
-        at.feed,
-        args.streams,
-        args.rate,
-        match args.feed {
-            Feed::Simulator => "",
-            Feed::Exchange => ", an exchange-shaped fake: live start, short history",
-        }
-    );
-    for (index, sidecar) in at.sidecars.iter().enumerate() {
-        println!(
-            "  sidecar {}     http://{sidecar}/metrics  http://{sidecar}/status",
-            index + 1
-        );
-    }
-    println!(
-        "  pool sidecar  http://{}/metrics  (all broker workers)",
-        at.pool_sidecar
-    );
-    println!(
-        "  backends      lease store: {}, sink and pool bus: {}",
-        if args.dynamodb_endpoint.is_some() {
-            "DynamoDB"
-        } else {
-            "in-memory"
-        },
-        if args.redis_url.is_some() {
-            "Redis"
-        } else {
-            "in-memory"
-        }
-    );
-    if args.chaos {
-        println!(
-            "  chaos         every {} s: crash, pause or roll a worker",
-            args.chaos_every
-        );
-    }
-    println!("Ctrl-C drains everything and checks the sink.");
+    print!("{}", cluster.banner());
     // A second Ctrl-C while draining means "now".
     tokio::spawn({
         let shutdown = shutdown.clone();
@@ -143,15 +102,7 @@ pub async fn dev(args: DevArgs) -> Result<(), Failure> {
         }
     });
     match cluster.run_until(shutdown).await {
-        Some(audit) => println!(
-            "sink check: {} streams, {} events, {} gaps, {} duplicates, {} token regressions, {} gap markers",
-            audit.streams,
-            audit.events,
-            audit.gaps,
-            audit.duplicates,
-            audit.token_regressions,
-            audit.marked_gaps
-        ),
+        Some(audit) => println!("{audit}"),
         None => println!(
             "sink check: skipped (Redis sink; read leasehold:sink:* with redis-cli XRANGE)"
         ),

@@ -5,12 +5,11 @@ use anyhow::anyhow;
 use clap::{Args, Subcommand};
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_control::lease::Lease;
-use leasehold_control::listing::{record_json, record_key, render_details, render_table};
-use leasehold_control::settings::{LEASE_TABLE, table_settings};
+use leasehold_control::listing::{render_list, render_one};
+use leasehold_control::settings::LEASE_TABLE;
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, TableCreation};
 use leasehold_control::store::{Consistency, LeaseError, LeaseReader, LeaseStore, list_all};
-use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
-use leasehold_platform::settings::{Env, process_env};
+use leasehold_platform::settings::process_env;
 
 use crate::Failure;
 
@@ -31,13 +30,7 @@ impl TableArgs {
                 .flatten();
             flag.or_else(|| process_env(name))
         };
-        let mut env = Env::new(&lookup);
-        let table = table_settings(&mut env);
-        // An operator waits for an answer rather than racing a lease deadline:
-        // the SDK's standard retries ride out throttling.
-        let sdk = sdk_config(RetryPolicy::Standard).await;
-        let table = require_region(&sdk, env.finish(table))?;
-        Ok(DynamoLeaseStore::from_sdk_config(&sdk, table.table))
+        Ok(DynamoLeaseStore::for_operator(&lookup).await?)
     }
 }
 
@@ -132,18 +125,8 @@ pub async fn leases(command: LeasesCommand) -> Result<(), Failure> {
         }
         LeasesCommand::List { table, json, all } => {
             let store = table.open().await?;
-            let mut records = list_all(&store, 500, Consistency::Strong).await?;
-            records.retain(|r| all || r.as_ref().map_or(true, Lease::is_stream));
-            records.sort_by(|a, b| record_key(a).cmp(record_key(b)));
-            if json {
-                let rows: Vec<_> = records.iter().map(|r| record_json(r, now)).collect();
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&rows).map_err(anyhow::Error::from)?
-                );
-            } else {
-                print!("{}", render_table(&records, now));
-            }
+            let records = list_all(&store, 500, Consistency::Strong).await?;
+            print!("{}", render_list(records, all, json, now));
             Ok(())
         }
         LeasesCommand::Show {
@@ -176,15 +159,6 @@ pub async fn leases(command: LeasesCommand) -> Result<(), Failure> {
 }
 
 fn print_one(record: Result<Lease, LeaseError>, json: bool, now: i64) -> Result<(), Failure> {
-    let lease = record?;
-    if json {
-        let value = record_json(&Ok(lease), now);
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).map_err(anyhow::Error::from)?
-        );
-    } else {
-        print!("{}", render_details(&lease, now));
-    }
+    print!("{}", render_one(record?, json, now));
     Ok(())
 }

@@ -3,17 +3,13 @@
 use std::sync::Arc;
 
 use clap::Args;
-use leasehold_control::clock::SystemClock;
-use leasehold_control::keeper::LeaseKeeper;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
-use leasehold_platform::settings::process_env;
-use leasehold_pool::bus::BusConnector;
-use leasehold_pool::read::PoolReader;
+use leasehold_platform::settings::{Redacted, process_env};
 use leasehold_sidecar::cloudwatch::Mode;
 use leasehold_sidecar::observer::ObserverConfig;
+use leasehold_sidecar::otlp::OtlpConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig, settings};
-use leasehold_telemetry::LogSink;
 
 use crate::{Failure, shutdown_on_signal};
 
@@ -62,42 +58,16 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
     let observer = match (settings.observer.clone(), keeper_sdk) {
         (Some(lease), Some(sdk)) => {
             let store = DynamoLeaseStore::from_sdk_config(&sdk, lease.table.table.clone());
-            let clock = Arc::new(SystemClock);
-            let keeper = LeaseKeeper::new(
-                Arc::new(store),
-                clock.clone(),
-                Arc::new(LogSink),
-                lease.keeper,
-            );
-            // The pool gauges need the pool's Redis. It is connected lazily (and
-            // again after a failure): a Redis that is down at task start must not
-            // stop the sidecar, which ECS would then not restart. Without it the
-            // observer publishes the stream gauges only.
-            let pool = match settings.redis_url.clone() {
-                Some(url) => Some(Arc::new(
-                    BusConnector::redis(url.into_inner())
-                        .map_err(|err| anyhow::anyhow!("REDIS_URL: {err}"))?,
-                ) as Arc<dyn PoolReader>),
-                None => None,
-            };
-            Some(ObserverConfig {
-                keeper,
-                clock,
-                pacing: settings.observer_pacing,
-                pool,
-            })
+            let redis_url = settings.redis_url.clone().map(Redacted::into_inner);
+            let pacing = settings.observer_pacing;
+            let observer = ObserverConfig::new(Arc::new(store), lease.keeper, pacing, redis_url);
+            Some(observer.map_err(|err| anyhow::anyhow!("REDIS_URL: {err}"))?)
         }
         _ => None,
     };
     let metadata = leasehold_platform::ecs::task_metadata()
         .await
         .unwrap_or_default();
-    let instance = metadata
-        .task_id()
-        .map(str::to_owned)
-        .unwrap_or_else(leasehold_control::settings::default_owner_id);
-    let mut otlp_resource = vec![("service.instance.id".to_owned(), instance)];
-    otlp_resource.extend(metadata.resource_attributes());
     let shutdown = shutdown_on_signal();
     let sidecar = Sidecar::start(
         SidecarConfig {
@@ -106,12 +76,7 @@ pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
             worker_silence: settings.worker_silence,
             stream_series_idle: settings.stream_series_idle,
             observer,
-            otlp: leasehold_sidecar::otlp::enabled_by_env().then(|| {
-                leasehold_sidecar::otlp::OtlpConfig {
-                    resource: otlp_resource,
-                    ..Default::default()
-                }
-            }),
+            otlp: OtlpConfig::for_task(&metadata),
             cloudwatch: Some((settings.cloudwatch, cloudwatch_client)),
         },
         shutdown,

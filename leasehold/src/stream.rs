@@ -10,8 +10,9 @@ use leasehold_control::clock::SystemClock;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_feed::{FeedConfig, FeedServer};
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
-use leasehold_platform::settings::{ConfigError, Env, process_env};
+use leasehold_platform::settings::{ConfigError, process_env};
 
+use leasehold_stream::handoff::HandoffSocket;
 use leasehold_stream::{StreamWorker, settings};
 use leasehold_telemetry::transport::BufferedShipper;
 use tokio_util::sync::CancellationToken;
@@ -97,58 +98,17 @@ impl StreamWorkerArgs {
     }
 }
 
-/// Binds `HANDOFF_LISTEN`; the announced address replaces an unspecified IP
-/// with the ECS task's own (what peers in other tasks reach), else loopback.
-fn handoff_socket(
-    listen: std::net::SocketAddr,
-    task: Option<&leasehold_platform::ecs::TaskMetadata>,
-) -> anyhow::Result<leasehold_stream::handoff::HandoffSocket> {
-    let socket = std::net::UdpSocket::bind(listen)
-        .with_context(|| format!("cannot bind HANDOFF_LISTEN {listen}"))?;
-    let mut advertised = socket.local_addr()?;
-    if advertised.ip().is_unspecified() {
-        let ip = task
-            .and_then(|metadata| metadata.private_ipv4())
-            .map_or(std::net::IpAddr::from([127, 0, 0, 1]), std::net::IpAddr::V4);
-        advertised.set_ip(ip);
-    }
-    Ok(leasehold_stream::handoff::HandoffSocket::new(
-        socket, advertised,
-    )?)
-}
-
 /// Runs a stream worker until SIGTERM, then drains and exits 0.
 pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     // OWNER_ID defaults to the ECS task id (what the console, the dashboard and
     // StopTask name), else the host name.
     // The task metadata also gives the address of this task's sidecar.
     let task = leasehold_platform::ecs::task_metadata().await;
-    let explicit_owner = args
-        .flag("OWNER_ID")
-        .or_else(|| process_env("OWNER_ID"))
-        .filter(|owner| !owner.is_empty());
-    let ecs_task_id = match explicit_owner {
-        Some(_) => None,
-        None => task
-            .as_ref()
-            .and_then(|metadata| metadata.task_id().map(str::to_owned)),
-    };
-    let lookup = |name: &str| {
-        let value = args.flag(name).or_else(|| process_env(name));
-        match value {
-            // An empty OWNER_ID is unset: the ECS task id stands in.
-            Some(owner) if name == "OWNER_ID" && owner.is_empty() => ecs_task_id.clone(),
-            None if name == "OWNER_ID" => ecs_task_id.clone(),
-            other => other,
-        }
-    };
+    let flags = |name: &str| args.flag(name).or_else(|| process_env(name));
+    let lookup = settings::owner_from_task(&flags, task.as_ref());
     let sdk = sdk_config(RetryPolicy::CallerRetries).await;
     let mut settings = require_region(&sdk, settings::parse(&lookup))?;
-    let explicit = settings.worker.sidecar_url.take();
-    let mut env = Env::new(&lookup);
-    let derived =
-        leasehold_telemetry::settings::sidecar_url_from(&mut env, explicit, task.as_ref());
-    settings.worker.sidecar_url = env.finish(derived)?;
+    settings.derive_sidecar_url(&lookup, task.as_ref())?;
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
     store.check_table().await?;
     let sink = leasehold_sink::open(settings.sink_url.expose(), settings.sink)
@@ -168,7 +128,10 @@ pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
         Arc::new(SystemClock),
     );
     let worker = match settings.handoff_listen {
-        Some(listen) => worker.with_handoff(handoff_socket(listen, task.as_ref())?),
+        Some(listen) => {
+            let socket = HandoffSocket::bind(listen, task.as_ref()).map_err(anyhow::Error::from)?;
+            worker.with_handoff(socket)
+        }
         None => worker,
     };
     let shutdown = shutdown_on_signal();

@@ -195,3 +195,63 @@ fn no_tracked_file_points_outside_the_repository() {
         "tracked files point to material a clone does not have:\n{found}"
     );
 }
+
+/// Every long flag of `leasehold` and its subcommands (`path`), from their
+/// `--help`: the binary's surface as a user meets it.
+fn long_flags(path: &[String], out: &mut Vec<(String, String)>) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(path)
+        .arg("--help")
+        .output()
+        .expect("leasehold runs");
+    let help = String::from_utf8(output.stdout).expect("help is UTF-8");
+    let mut section = "";
+    let mut subcommands = Vec::new();
+    for line in help.lines() {
+        let Some(item) = line.strip_prefix("  ") else {
+            section = line;
+            continue;
+        };
+        // The name or flag spec, before the gap that starts its description.
+        let head = item.trim_start().split("  ").next().unwrap_or_default();
+        match section {
+            "Commands:" if head != "help" => subcommands.push(head.to_owned()),
+            "Options:" => {
+                let long = head.split([' ', ',']).find(|word| word.starts_with("--"));
+                if let Some(long) = long
+                    && long != "--help"
+                    && long != "--version"
+                {
+                    out.push((format!("leasehold {}", path.join(" ")), long.to_owned()));
+                }
+            }
+            _ => {}
+        }
+    }
+    for sub in subcommands {
+        let mut path = path.to_vec();
+        path.push(sub);
+        long_flags(&path, out);
+    }
+}
+
+#[test]
+fn every_flag_is_in_the_readme() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("## Command-line flags")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README has a Command-line flags section");
+    let mut flags = Vec::new();
+    long_flags(&[], &mut flags);
+    assert!(flags.len() > 20, "{flags:?}");
+    let missing: Vec<_> = flags
+        .iter()
+        .filter(|(_, flag)| !section.contains(&format!("`{flag}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "flags missing from the README: {missing:?}"
+    );
+}

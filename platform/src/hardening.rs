@@ -31,6 +31,19 @@ pub enum HardeningError {
     NotEffective(&'static str),
 }
 
+/// [`disable_core_dumps`] for a process about to hold decrypted secrets,
+/// logging (at debug) what it achieved: such a process must not write them to
+/// a core file or expose its memory to other processes of the same user.
+pub fn harden_for_secrets() -> Result<Hardened, HardeningError> {
+    let hardened = disable_core_dumps()?;
+    tracing::debug!(
+        core_limit_zero = hardened.core_limit_zero,
+        not_dumpable = hardened.not_dumpable,
+        "core dumps disabled"
+    );
+    Ok(hardened)
+}
+
 /// Sets `RLIMIT_CORE` to 0 (soft and hard: the process cannot raise it again)
 /// and, on Linux, clears the dumpable flag. Call first thing, before any secret
 /// is read; it applies to the whole process and is inherited by children.

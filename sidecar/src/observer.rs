@@ -19,18 +19,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_control::clock::Clock;
-use leasehold_control::keeper::{HeldLease, LeaseKeeper};
+use leasehold_control::clock::{Clock, SystemClock};
+use leasehold_control::keeper::{HeldLease, KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::Lease;
 use leasehold_control::pacing::ScanPacing;
 use leasehold_control::protocol;
 use leasehold_control::read::{self, LeaseTable};
 use leasehold_control::schema::OBSERVER_LEASE;
-use leasehold_control::store::{Consistency, LeaseError};
+use leasehold_control::store::{Consistency, LeaseError, LeaseStore};
 use leasehold_platform::backoff::Backoff;
-use leasehold_pool::bus::BusError;
+use leasehold_pool::bus::{BusConnector, BusError};
 use leasehold_pool::read::{PoolCounts, PoolReader};
-use leasehold_telemetry::OrphanKind;
+use leasehold_telemetry::{LogSink, OrphanKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::SidecarState;
@@ -47,6 +47,34 @@ pub struct ObserverConfig {
     pub pacing: ScanPacing,
     /// The pool's read model, for the pool and orphan gauges (none: streams only).
     pub pool: Option<Arc<dyn PoolReader>>,
+}
+
+impl ObserverConfig {
+    /// The observer over `store` on the system clock, its keeper logging its
+    /// events. With a `redis_url`, the pool gauges come through a bus
+    /// connected lazily (and again after a failure): a Redis that is down at
+    /// task start must not stop the sidecar, which ECS would then not
+    /// restart. Without one the observer publishes the stream gauges only.
+    /// The error is only a malformed URL.
+    pub fn new(
+        store: Arc<dyn LeaseStore>,
+        keeper: KeeperConfig,
+        pacing: ScanPacing,
+        redis_url: Option<String>,
+    ) -> Result<Self, BusError> {
+        let clock = Arc::new(SystemClock);
+        let keeper = LeaseKeeper::new(store, clock.clone(), Arc::new(LogSink), keeper);
+        let pool = match redis_url {
+            Some(url) => Some(Arc::new(BusConnector::redis(url)?) as Arc<dyn PoolReader>),
+            None => None,
+        };
+        Ok(ObserverConfig {
+            keeper,
+            clock,
+            pacing,
+            pool,
+        })
+    }
 }
 
 /// Competes for the observer lease and publishes while holding it.

@@ -54,6 +54,27 @@ pub struct OtlpConfig {
 #[error("cannot start OTLP export: {0}")]
 pub struct OtlpError(String);
 
+impl OtlpConfig {
+    /// The export this task's environment asks for (`None` when it names no
+    /// collector), its resource naming the task: `service.instance.id` is
+    /// the ECS task id, else the host name, then the `aws.ecs.*` attributes.
+    pub fn for_task(metadata: &leasehold_platform::ecs::TaskMetadata) -> Option<OtlpConfig> {
+        if !enabled_by_env() {
+            return None;
+        }
+        let instance = metadata
+            .task_id()
+            .map(str::to_owned)
+            .unwrap_or_else(leasehold_control::settings::default_owner_id);
+        let mut resource = vec![("service.instance.id".to_owned(), instance)];
+        resource.extend(metadata.resource_attributes());
+        Some(OtlpConfig {
+            resource,
+            ..Default::default()
+        })
+    }
+}
+
 /// Whether the environment asks for OTLP export at all.
 pub fn enabled_by_env() -> bool {
     [

@@ -107,6 +107,21 @@ impl DynamoLeaseStore {
         Self::new(Client::new(config), table)
     }
 
+    /// The store an operator command opens: `LEASE_TABLE` as `lookup` has
+    /// it, every problem (a missing region included) reported at once. An
+    /// operator waits for an answer rather than racing a lease deadline, so
+    /// the SDK's standard retries ride out throttling.
+    pub async fn for_operator(
+        lookup: leasehold_platform::settings::Lookup<'_>,
+    ) -> Result<Self, leasehold_platform::settings::ConfigError> {
+        use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
+        let mut env = leasehold_platform::settings::Env::new(lookup);
+        let table = crate::settings::table_settings(&mut env);
+        let sdk = sdk_config(RetryPolicy::Standard).await;
+        let table = require_region(&sdk, env.finish(table))?;
+        Ok(DynamoLeaseStore::from_sdk_config(&sdk, table.table))
+    }
+
     /// The table name.
     pub fn table(&self) -> &str {
         &self.table

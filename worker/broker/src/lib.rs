@@ -16,7 +16,8 @@
 //! - [`connections`]: broker connections cached per account: lazy open,
 //!   invalidate on error, idle health check, bounded connect retries.
 //! - [`worker`]: one worker's lifecycle: pool → exclusive claim → heartbeats,
-//!   requests and control messages → clean exit.
+//!   requests and control messages → clean exit; its children are the claim
+//!   step, the claimed loop (`serve`) and the idle schedule.
 //! - [`launcher`]: the [`launcher::TaskLauncher`] seam with local processes and ECS.
 //! - [`manager`]: the pool manager's reconcile pass and the claim path.
 //! - [`maintenance`]: the orphan / stale / duplicate sweep.

@@ -120,6 +120,18 @@ pub async fn claim_user(
     })
 }
 
+impl Reconciled {
+    /// The line `pool-manager` prints after a pass toward `target`.
+    pub fn summary(&self, target: usize) -> String {
+        format!(
+            "pool: idle {} target {target} started {} stopped {}",
+            self.idle,
+            self.started.len(),
+            self.stopped.len()
+        )
+    }
+}
+
 /// Polls `pool:claim:{claim_id}` every `poll` until it exists or `timeout`
 /// has passed (`None`). A missing outcome means pending, never failed: the
 /// claim may still be waiting for an idle pool worker.
@@ -138,6 +150,87 @@ pub async fn wait_for_outcome(
             return Ok(None);
         }
         tokio::time::sleep(poll).await;
+    }
+}
+
+/// What `leasehold claim` learned by the end of its wait.
+#[derive(Debug, Clone)]
+pub enum ClaimWait {
+    /// The user had a worker already: nothing was waited for.
+    AlreadyActive,
+    /// A pool worker settled the claim: its outcome as stored.
+    Outcome {
+        /// The claim's id.
+        claim_id: String,
+        /// Claimed or failed, by whom.
+        outcome: ClaimOutcome,
+    },
+    /// After a cold start, the user's mark appeared.
+    Active,
+    /// Nothing was known within the timeout: pending, never failed.
+    Pending,
+}
+
+/// Why the wait for a claim could not tell.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimWaitError {
+    /// The outcome key could not be read.
+    #[error("cannot read the claim outcome")]
+    Outcome(#[source] BusError),
+    /// The outcome key holds something else.
+    #[error("{key} is not a claim outcome: {error}")]
+    Malformed {
+        /// `pool:claim:{claim_id}`.
+        key: String,
+        /// What is wrong with it (fields, never values).
+        error: ParseError,
+    },
+    /// The user's mark could not be read.
+    #[error("cannot read the user's mark")]
+    Mark(#[source] BusError),
+}
+
+/// Waits up to `timeout` for what `path` leads to, polling every `poll`: a
+/// pool claim's outcome key, or after a cold start the user's mark (a cold
+/// start has no claim message, so no outcome key).
+pub async fn wait_for_claim(
+    bus: &dyn PoolBus,
+    path: &ClaimPath,
+    user_id: &str,
+    timeout: Duration,
+    poll: Duration,
+) -> Result<ClaimWait, ClaimWaitError> {
+    match path {
+        ClaimPath::AlreadyActive => Ok(ClaimWait::AlreadyActive),
+        ClaimPath::PoolClaim { claim_id } => {
+            let outcome = wait_for_outcome(bus, claim_id, timeout, poll)
+                .await
+                .map_err(ClaimWaitError::Outcome)?;
+            match outcome {
+                None => Ok(ClaimWait::Pending),
+                Some(parsed) => Ok(ClaimWait::Outcome {
+                    claim_id: claim_id.clone(),
+                    outcome: parsed.map_err(|error| ClaimWaitError::Malformed {
+                        key: keys::claim_outcome(claim_id),
+                        error,
+                    })?,
+                }),
+            }
+        }
+        ClaimPath::ColdStart { .. } => {
+            let deadline = tokio::time::Instant::now() + timeout;
+            while !bus
+                .user_is_active(user_id)
+                .await
+                .map_err(ClaimWaitError::Mark)?
+            {
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(ClaimWait::Pending);
+                }
+                tokio::time::sleep(poll).await;
+            }
+            Ok(ClaimWait::Active)
+        }
     }
 }
 
@@ -278,5 +371,51 @@ mod tests {
             Take::Retired
         );
         assert!(idle_pool_workers(bus.as_ref()).await.unwrap().is_empty());
+    }
+
+    /// `leasehold claim`'s wait: pending until the outcome key appears, then
+    /// the outcome; a key holding something else is an error naming the key.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_wait_reports_pending_then_the_outcome() {
+        let bus = MemoryPoolBus::new();
+        let path = ClaimPath::PoolClaim {
+            claim_id: "c1".into(),
+        };
+        let (timeout, poll) = (Duration::from_secs(1), Duration::from_millis(50));
+        let wait = wait_for_claim(&bus, &path, "u1", timeout, poll);
+        assert!(matches!(wait.await.unwrap(), ClaimWait::Pending));
+        let stored = ClaimOutcome::claimed("w1").to_json();
+        let key = keys::claim_outcome("c1");
+        assert!(bus.set_if_absent(&key, &stored, timeout).await.unwrap());
+        match wait_for_claim(&bus, &path, "u1", timeout, poll)
+            .await
+            .unwrap()
+        {
+            ClaimWait::Outcome { claim_id, outcome } => {
+                assert_eq!(
+                    (claim_id.as_str(), outcome.worker_id.as_str()),
+                    ("c1", "w1")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let path = ClaimPath::PoolClaim {
+            claim_id: "c2".into(),
+        };
+        let key = keys::claim_outcome("c2");
+        assert!(bus.set_if_absent(&key, "{}", timeout).await.unwrap());
+        let err = wait_for_claim(&bus, &path, "u1", timeout, poll)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{key} is not a claim outcome")),
+            "{err}"
+        );
+        let cold = ClaimPath::ColdStart {
+            task_id: "t1".into(),
+        };
+        let wait = wait_for_claim(&bus, &cold, "u1", timeout, poll);
+        assert!(matches!(wait.await.unwrap(), ClaimWait::Pending));
     }
 }

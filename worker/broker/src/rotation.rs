@@ -28,6 +28,31 @@ pub struct RotationReport {
     pub failed: Vec<(String, String)>,
 }
 
+impl RotationReport {
+    /// What `credentials rotate` prints: each blob left alone or not rotated,
+    /// then one summary line.
+    pub fn lines(&self) -> Vec<String> {
+        let changed = self
+            .changed
+            .iter()
+            .map(|name| format!("{name}: changed while rotating; left as it is"));
+        let failed = self
+            .failed
+            .iter()
+            .map(|(name, err)| format!("{name}: not rotated: {err}"));
+        let summary = format!(
+            "rotated {} of {} blobs ({} from the local key); reload_credentials sent to {} active workers; {} changed meanwhile; {} failed",
+            self.rotated,
+            self.found,
+            self.migrated,
+            self.reloaded,
+            self.changed.len(),
+            self.failed.len()
+        );
+        changed.chain(failed).chain([summary]).collect()
+    }
+}
+
 /// Why one blob was not rotated.
 #[derive(Debug, thiserror::Error)]
 enum BlobError {

@@ -244,6 +244,21 @@ impl CredentialSealer {
         }
     }
 
+    /// The sealer `leasehold credential-sealer` runs from its settings: with
+    /// `SEALER_CLAIM_REDIS_USERS`, it also makes and sweeps per-claim Redis
+    /// users, connected as the sealer's own user.
+    pub async fn from_settings(
+        bus: Arc<dyn PoolBus>,
+        settings: crate::settings::SealerSettings,
+    ) -> Result<Self, BusError> {
+        let sealer = CredentialSealer::new(bus, Arc::new(settings.cipher));
+        if !settings.claim_redis_users {
+            return Ok(sealer);
+        }
+        let users = ClaimUsers::connect(settings.redis_url.expose()).await?;
+        Ok(sealer.with_claim_users(users))
+    }
+
     /// Also makes a per-claim Redis user for each claim and cold start
     /// (`SEALER_CLAIM_REDIS_USERS`), and sweeps them.
     pub fn with_claim_users(mut self, claim_users: ClaimUsers) -> Self {

@@ -15,10 +15,11 @@ use leasehold_pool::settings::REDIS_URL;
 
 use crate::connections::{CallTimeouts, ConnectPolicy, RECONNECT};
 use crate::credentials::{AesGcmCipher, Keyring, KmsEnvelope};
-use crate::launcher::EcsSettings;
+use crate::launcher::{EcsLauncher, EcsSettings, LocalLauncher, TaskLauncher};
 use crate::maintenance::SweepConfig;
 use crate::paper::PaperConfig;
 use crate::worker::{BrokerWorkerConfig, DEFAULT_QUEUE_MAX, RequestBounds, WorkerMetadata};
+use leasehold_platform::aws::{RetryPolicy, sdk_config};
 
 /// One of the ECS launch types.
 const LAUNCH_TYPE: Parser<String> = Parser {
@@ -457,6 +458,29 @@ pub struct BrokerWorkerSettings {
     pub paper: PaperConfig,
 }
 
+impl BrokerWorkerSettings {
+    /// Takes this worker's identity from its ECS task: the sidecar URL its
+    /// marks publish (how the dashboard finds the task's sidecar; derived
+    /// from the task's address unless set, never fatal), and the task ARN as
+    /// its task id and, unless `WORKER_ID` is set, its worker id.
+    pub fn adopt_task(
+        &mut self,
+        lookup: Lookup,
+        task: Option<leasehold_platform::ecs::TaskMetadata>,
+    ) -> Result<(), ConfigError> {
+        let explicit = self.worker.metadata.sidecar_url.take();
+        let mut env = Env::new(lookup);
+        let derived =
+            leasehold_telemetry::settings::sidecar_url_from(&mut env, explicit, task.as_ref());
+        self.worker.metadata.sidecar_url = env.finish(derived)?;
+        if let Some(arn) = task.and_then(|metadata| metadata.task_arn) {
+            let worker_id_set = lookup(WORKER_ID.name).is_some();
+            self.worker.adopt_task_arn(arn, worker_id_set);
+        }
+        Ok(())
+    }
+}
+
 /// Reads the broker worker's settings.
 pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigError> {
     let mut env = Env::new(lookup);
@@ -595,6 +619,26 @@ pub enum LauncherSettings {
     Ecs(EcsSettings),
 }
 
+impl LauncherSettings {
+    /// The launcher these settings name. Local workers run this executable;
+    /// the error is only that it cannot be found.
+    pub async fn launcher(self) -> std::io::Result<Box<dyn TaskLauncher>> {
+        Ok(match self {
+            LauncherSettings::Local { group, log_dir } => Box::new(LocalLauncher {
+                program: std::env::current_exe()?,
+                group,
+                log_dir,
+            }),
+            LauncherSettings::Ecs(ecs) => {
+                // RunTask and StopTask have no lease deadline: the SDK's standard
+                // retries ride out throttling instead of failing a user's cold start.
+                let sdk = sdk_config(RetryPolicy::Standard).await;
+                Box::new(EcsLauncher::new(aws_sdk_ecs::Client::new(&sdk), ecs))
+            }
+        })
+    }
+}
+
 /// Reads `TASK_LAUNCHER` and what the chosen launcher needs.
 pub fn launcher_settings(env: &mut Env) -> LauncherSettings {
     let group = env.get(&POOL_GROUP);
@@ -653,189 +697,4 @@ pub fn sweep_config(env: &mut Env, dry_run: bool) -> SweepConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bad_values_are_all_reported_and_the_key_is_never_echoed() {
-        let lookup = |name: &str| match name {
-            "CREDENTIALS_KEY" => Some("CANARY-not-a-key".to_owned()),
-            "WORKER_HEARTBEAT_MS" => Some("soon".to_owned()),
-            "PAPER_FAILURE_RATE" => Some("2".to_owned()),
-            _ => None,
-        };
-        let err = worker_settings(&lookup).unwrap_err();
-        let text = err.to_string();
-        assert_eq!(err.problems.len(), 3, "{text}");
-        assert!(!text.contains("CANARY"), "{text}");
-    }
-
-    #[test]
-    fn defaults_follow_the_seed() {
-        let key = AesGcmCipher::generate_key();
-        let lookup = move |name: &str| (name == "CREDENTIALS_KEY").then(|| key.clone());
-        let settings = worker_settings(&lookup).unwrap();
-        assert_eq!(settings.worker.user_id, None);
-        assert_eq!(settings.worker.heartbeat, Duration::from_secs(5));
-        assert_eq!(settings.worker.mark_ttl, Duration::from_secs(30));
-        assert_eq!(settings.worker.block, Duration::from_secs(30));
-        assert_eq!(settings.worker.idle_timeout, Duration::from_secs(1800));
-        assert_eq!(settings.worker.health_check, Duration::from_secs(60));
-        assert_eq!(settings.worker.connect.attempts, 3);
-        let timeouts = settings.worker.connect.timeouts;
-        assert_eq!(timeouts.connect, Duration::from_secs(15));
-        assert_eq!(timeouts.order, Duration::from_secs(10));
-        assert_eq!(timeouts.lookup, Duration::from_secs(5));
-        assert_eq!(timeouts.ping, Duration::from_secs(5));
-        assert_eq!(settings.worker.queue_max, 1_000);
-        assert_eq!(settings.worker.bounds, RequestBounds::DEFAULT);
-    }
-
-    #[test]
-    fn timeouts_and_the_queue_cap_are_read_and_user_ids_checked() {
-        let key = AesGcmCipher::generate_key();
-        let lookup = move |name: &str| match name {
-            "CREDENTIALS_KEY" => Some(key.clone()),
-            "BROKER_ORDER_TIMEOUT_MS" => Some("2500".to_owned()),
-            "BROKER_PING_TIMEOUT_MS" => Some("750".to_owned()),
-            "USER_QUEUE_MAX" => Some("5".to_owned()),
-            "USER_ID" => Some("alice@example.com".to_owned()),
-            _ => None,
-        };
-        let settings = worker_settings(&lookup).unwrap();
-        assert_eq!(
-            settings.worker.connect.timeouts.order,
-            Duration::from_millis(2500)
-        );
-        assert_eq!(
-            settings.worker.connect.timeouts.ping,
-            Duration::from_millis(750)
-        );
-        assert_eq!(settings.worker.queue_max, 5);
-        assert_eq!(
-            settings.worker.user_id.as_deref(),
-            Some("alice@example.com")
-        );
-
-        let key = AesGcmCipher::generate_key();
-        let bad = move |name: &str| match name {
-            "CREDENTIALS_KEY" => Some(key.clone()),
-            // Would be a pool worker's mark: worker:active:-1:w7.
-            "USER_ID" => Some("-1:w7".to_owned()),
-            "BROKER_ORDER_TIMEOUT_MS" => Some("0".to_owned()),
-            "USER_QUEUE_MAX" => Some("0".to_owned()),
-            _ => None,
-        };
-        let err = worker_settings(&bad).unwrap_err();
-        assert_eq!(err.problems.len(), 3, "{err}");
-        assert!(
-            err.problems.iter().any(|p| p.starts_with("USER_ID")),
-            "{err}"
-        );
-    }
-
-    fn keyring_from(pairs: &[(&str, &str)]) -> Result<Keyring, ConfigError> {
-        let lookup = leasehold_platform::settings::fixed_lookup(pairs);
-        let mut env = Env::new(&lookup);
-        let keyring = keyring(&mut env);
-        env.finish(keyring)
-    }
-
-    #[test]
-    fn a_kms_key_id_or_a_local_key_is_required() {
-        let err = keyring_from(&[]).unwrap_err();
-        assert!(
-            err.problems[0].starts_with("CREDENTIALS_KMS_KEY_ID"),
-            "{err}"
-        );
-        let keyring = keyring_from(&[("CREDENTIALS_KMS_KEY_ID", "alias/leasehold")]).unwrap();
-        assert!(keyring.local.is_none());
-        assert_eq!(keyring.kms.unwrap().key_id(), Some("alias/leasehold"));
-    }
-
-    #[test]
-    fn a_local_key_is_refused_on_ecs_unless_allowed() {
-        let key = AesGcmCipher::generate_key();
-        let ecs = ("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x");
-        assert!(
-            keyring_from(&[("CREDENTIALS_KEY", &key)])
-                .unwrap()
-                .local
-                .is_some()
-        );
-        let err = keyring_from(&[("CREDENTIALS_KEY", &key), ecs]).unwrap_err();
-        assert_eq!(err.problems.len(), 1, "{err}");
-        assert!(err.problems[0].contains("refused in production"), "{err}");
-        assert!(!err.to_string().contains(&key));
-        let allowed = keyring_from(&[
-            ("CREDENTIALS_KEY", &key),
-            ecs,
-            ("CREDENTIALS_ALLOW_LOCAL_KEY", "true"),
-        ]);
-        assert!(allowed.unwrap().local.is_some());
-        // KMS on ECS is what production looks like.
-        assert!(keyring_from(&[("CREDENTIALS_KMS_KEY_ID", "k"), ecs]).is_ok());
-    }
-
-    #[test]
-    fn on_ecs_a_broker_worker_needs_the_sealer_and_then_holds_no_cipher() {
-        let ecs = |extra: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                [("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x")]
-                    .iter()
-                    .chain(extra)
-                    .find(|(k, _)| *k == name)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
-        // KMS alone: the worker would need kms:Decrypt, which its role lacks.
-        let err = worker_settings(&ecs(&[("CREDENTIALS_KMS_KEY_ID", "alias/k")])).unwrap_err();
-        assert!(
-            err.problems
-                .iter()
-                .any(|p| p.contains("CREDENTIALS_SEALER_URL") && p.contains("required on ECS")),
-            "{err}"
-        );
-        let settings =
-            worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "http://sealer:9480")])).unwrap();
-        assert_eq!(settings.sealer_url.as_deref(), Some("http://sealer:9480"));
-        assert!(settings.cipher.local.is_none() && settings.cipher.kms.is_none());
-        let err = worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "sealer:9480")])).unwrap_err();
-        assert!(err.to_string().contains("http://"), "{err}");
-    }
-
-    #[test]
-    fn the_local_key_can_come_from_a_file() {
-        let key = AesGcmCipher::generate_key();
-        let dir = std::env::temp_dir().join(format!("leasehold-key-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("key");
-        std::fs::write(&file, format!("{key}\n")).unwrap();
-        let path = file.to_str().unwrap();
-        let keyring = keyring_from(&[("CREDENTIALS_KEY_FILE", path)]).unwrap();
-        let blob = AesGcmCipher::from_base64_key(&key)
-            .unwrap()
-            .encrypt("u1", b"{}")
-            .unwrap();
-        assert!(keyring.local.unwrap().decrypt("u1", &blob).is_ok());
-        let err =
-            keyring_from(&[("CREDENTIALS_KEY_FILE", path), ("CREDENTIALS_KEY", &key)]).unwrap_err();
-        assert!(err.problems[0].contains("not both"), "{err}");
-        std::fs::write(&file, "CANARY-file-not-a-key").unwrap();
-        let err = keyring_from(&[("CREDENTIALS_KEY_FILE", path)]).unwrap_err();
-        assert!(!err.to_string().contains("CANARY"), "{err}");
-        let missing = dir.join("missing");
-        let err = keyring_from(&[("CREDENTIALS_KEY_FILE", missing.to_str().unwrap())]).unwrap_err();
-        assert!(err.problems[0].contains("cannot read"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn the_ecs_launcher_needs_a_task_definition() {
-        let lookup = |name: &str| (name == "TASK_LAUNCHER").then(|| "ecs".to_owned());
-        let mut env = Env::new(&lookup);
-        launcher_settings(&mut env);
-        let err = env.finish(()).unwrap_err();
-        assert!(err.problems[0].starts_with("ECS_TASK_DEFINITION"), "{err}");
-    }
-}
+mod tests;

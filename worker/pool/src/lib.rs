@@ -4,8 +4,9 @@
 //! Module map:
 //! - [`keys`]: every Redis key name of the pool layout, spelled once.
 //! - [`protocol`]: every message body (claim, request, response, control,
-//!   liveness mark, dead letter), parsed strictly with errors that name fields,
-//!   never values.
+//!   dead letter), parsed strictly with errors that name fields, never values;
+//!   its child `stored` holds what is kept in Redis besides messages (request
+//!   record fields, paper order, liveness mark).
 //! - [`bus`]: [`bus::PoolBus`], every atomic step on the shared state, with the
 //!   Redis and in-memory backends and one conformance suite.
 //! - [`settlement`]: the order path's decisions and the two bus rules (who may

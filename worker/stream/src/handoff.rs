@@ -78,7 +78,43 @@ pub struct HandoffSocket {
     advertised: SocketAddr,
 }
 
+/// Why `HANDOFF_LISTEN` could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The address could not be bound.
+    #[error("cannot bind HANDOFF_LISTEN {listen}")]
+    Bind {
+        /// `HANDOFF_LISTEN`.
+        listen: SocketAddr,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bound socket could not be set up.
+    #[error(transparent)]
+    Socket(#[from] std::io::Error),
+}
+
 impl HandoffSocket {
+    /// Binds `HANDOFF_LISTEN`; the advertised address replaces an unspecified
+    /// IP with the ECS task's own (what peers in other tasks reach), else
+    /// loopback.
+    pub fn bind(
+        listen: SocketAddr,
+        task: Option<&leasehold_platform::ecs::TaskMetadata>,
+    ) -> Result<Self, BindError> {
+        let socket = std::net::UdpSocket::bind(listen)
+            .map_err(|source| BindError::Bind { listen, source })?;
+        let mut advertised = socket.local_addr()?;
+        if advertised.ip().is_unspecified() {
+            let ip = task
+                .and_then(|metadata| metadata.private_ipv4())
+                .map_or(IpAddr::from([127, 0, 0, 1]), IpAddr::V4);
+            advertised.set_ip(ip);
+        }
+        Ok(HandoffSocket::new(socket, advertised)?)
+    }
+
     /// Wraps a bound socket; `advertised` is what peers send to (the bound
     /// address, with a routable IP in place of an unspecified one).
     pub fn new(socket: std::net::UdpSocket, advertised: SocketAddr) -> std::io::Result<Self> {
@@ -191,5 +227,22 @@ mod tests {
         sender.push(addr, "eth-usd").await;
         assert_eq!(pushed.recv().await.as_deref(), Some("eth-usd"));
         task.abort();
+    }
+
+    #[tokio::test]
+    async fn an_unspecified_listen_address_is_advertised_as_loopback_without_a_task() {
+        let socket = HandoffSocket::bind("0.0.0.0:0".parse().unwrap(), None).unwrap();
+        let advertised = socket.advertised();
+        assert_eq!(advertised.ip(), IpAddr::from([127, 0, 0, 1]));
+        assert_ne!(advertised.port(), 0);
+        let taken =
+            HandoffSocket::bind(SocketAddr::from(([127, 0, 0, 1], advertised.port())), None);
+        let Err(err) = taken else {
+            panic!("the port is bound")
+        };
+        assert!(
+            err.to_string().starts_with("cannot bind HANDOFF_LISTEN"),
+            "{err}"
+        );
     }
 }

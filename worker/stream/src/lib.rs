@@ -8,7 +8,8 @@
 //!   JSON pointers, frame limit).
 //! - the fenced sinks are their own crate, `leasehold_sink` (`worker/sink`).
 //! - [`runner`]: one held stream, from subscribe to release: the order of checks
-//!   (valid lease → write with token → stage checkpoint) lives here.
+//!   (valid lease → write with token → stage checkpoint) lives here; its
+//!   children are the intake (arrivals, backfill) and the write window.
 //! - [`worker`]: presence, discovery, fair share, hand-back, drain.
 //! - [`balance`]: fair share, hand-back, and when to stop giving.
 //! - [`probes`]: acquire attempts scheduled for when a lease becomes takeable.

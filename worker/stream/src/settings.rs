@@ -376,6 +376,41 @@ fn history_config(
     Some(config)
 }
 
+/// `lookup` with `OWNER_ID` defaulting to the ECS task id (what the console,
+/// the dashboard and StopTask name) when unset or empty; `parse` then falls
+/// back to the host name without a task.
+pub fn owner_from_task<'a>(
+    lookup: Lookup<'a>,
+    task: Option<&'a leasehold_platform::ecs::TaskMetadata>,
+) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name: &str| match lookup(name) {
+        Some(owner) if name == "OWNER_ID" && owner.is_empty() => task_id(task),
+        None if name == "OWNER_ID" => task_id(task),
+        other => other,
+    }
+}
+
+fn task_id(task: Option<&leasehold_platform::ecs::TaskMetadata>) -> Option<String> {
+    task.and_then(|metadata| metadata.task_id().map(str::to_owned))
+}
+
+impl StreamWorkerSettings {
+    /// Sets `sidecar_url` as the telemetry settings derive it: the explicit
+    /// `SIDECAR_URL`, else the task's own address (never fatal when it
+    /// cannot be derived).
+    pub fn derive_sidecar_url(
+        &mut self,
+        lookup: Lookup,
+        task: Option<&leasehold_platform::ecs::TaskMetadata>,
+    ) -> Result<(), ConfigError> {
+        let explicit = self.worker.sidecar_url.take();
+        let mut env = Env::new(lookup);
+        let derived = leasehold_telemetry::settings::sidecar_url_from(&mut env, explicit, task);
+        self.worker.sidecar_url = env.finish(derived)?;
+        Ok(())
+    }
+}
+
 /// Reads the stream worker's settings; `lookup` gives flags precedence over the environment.
 pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     let mut env = Env::new(lookup);
@@ -571,5 +606,24 @@ mod tests {
             assert!(text.contains(name), "{name} missing: {text}");
         }
         assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[test]
+    fn an_unset_or_empty_owner_id_is_the_ecs_task_id() {
+        let task = leasehold_platform::ecs::TaskMetadata {
+            task_arn: Some("arn:aws:ecs:eu-west-1:1:task/c/abc123".into()),
+            ..Default::default()
+        };
+        let empty = |name: &str| (name == "OWNER_ID").then(String::new);
+        let lookup = owner_from_task(&empty, Some(&task));
+        assert_eq!(lookup("OWNER_ID").as_deref(), Some("abc123"));
+        assert_eq!(lookup("MAX_STREAMS"), None);
+        let set = |name: &str| (name == "OWNER_ID").then(|| "w1".to_owned());
+        assert_eq!(
+            owner_from_task(&set, Some(&task))("OWNER_ID").as_deref(),
+            Some("w1")
+        );
+        let unset = |_: &str| None;
+        assert_eq!(owner_from_task(&unset, None)("OWNER_ID"), None);
     }
 }

@@ -12,8 +12,10 @@ use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{AcquireRequest, LeaseReader, LeaseStore};
 use leasehold_telemetry::RecordingSink;
 
+use super::window::confirm;
 use super::*;
 use crate::upstream::Subscription;
+use leasehold_sink::SinkBatch;
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{OpenOutcome, SinkError, SinkOptions, WriteOutcome};
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::bus::Inspect;
 use crate::bus::WorkerMetadata;
 
 fn metadata() -> WorkerMetadata {

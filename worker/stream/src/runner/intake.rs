@@ -1,0 +1,180 @@
+//! A held stream's intake: each upstream arrival through the `Sequencer`'s
+//! rules, and the history page a backfill is fetching. Apart from the write
+//! path (`window`) because it decides what is written, not how.
+
+use std::time::Duration;
+
+use leasehold_control::keeper::HeldLease;
+use leasehold_control::sequence::{Arrival, Sequencer, Step};
+use leasehold_sink::SinkEvent;
+use leasehold_telemetry::{SkipReason, TelemetryEvent};
+use tokio::time::{Instant, sleep};
+use tokio_util::task::AbortOnDropHandle;
+
+use super::{Progress, RunnerContext, accept};
+use crate::upstream::history::{HistoryError, fetch_page};
+use crate::upstream::{UpstreamError, UpstreamEvent};
+
+/// A history page being fetched: its task ends with the page or the reason
+/// the range is given up (aborted when the stream stops).
+pub(super) type PageFetch = AbortOnDropHandle<Result<Vec<UpstreamEvent>, HistoryError>>;
+
+/// Between the upstream and the sink: what each arrival means
+/// ([`Sequencer`], the rules) and the backfill those rules may ask for.
+pub(super) struct Intake<'a> {
+    pub(super) context: &'a RunnerContext,
+    pub(super) lease: &'a HeldLease,
+    pub(super) sequencer: &'a mut Sequencer<UpstreamEvent>,
+    /// Scratch for the sequencer's steps (kept to reuse its allocation).
+    pub(super) steps: Vec<Step<UpstreamEvent>>,
+    pub(super) fetch: Option<PageFetch>,
+    /// Pages in a row that brought the backfill no further.
+    pub(super) empty_pages: u32,
+}
+
+impl Intake<'_> {
+    /// Reading the upstream pauses while the held events of a backfill are
+    /// at their bound.
+    pub(super) fn may_read(&self) -> bool {
+        self.sequencer.held() < self.context.config.backfill_hold_max.max(1)
+    }
+
+    /// One live event, through the rules into `pending`. `Err` (replay mode):
+    /// the upstream skipped sequences and must be asked again.
+    pub(super) fn arrive(
+        &mut self,
+        progress: &mut Progress,
+        pending: &mut Vec<SinkEvent>,
+        event: UpstreamEvent,
+    ) -> Result<(), UpstreamError> {
+        progress.last_event_at = event.received_at;
+        progress.last_arrival_lag = event.arrival_lag;
+        let mut steps = std::mem::take(&mut self.steps);
+        let arrival = self.sequencer.arrive(event.seq, event, &mut steps);
+        if arrival == Arrival::Replayed {
+            self.context
+                .telemetry
+                .emit(TelemetryEvent::UpstreamFrameSkipped {
+                    stream_id: self.lease.stream_id.clone(),
+                    reason: SkipReason::Duplicate,
+                });
+        }
+        self.apply(progress, pending, steps)
+    }
+
+    /// Carries out the sequencer's steps in order.
+    pub(super) fn apply(
+        &mut self,
+        progress: &mut Progress,
+        pending: &mut Vec<SinkEvent>,
+        mut steps: Vec<Step<UpstreamEvent>>,
+    ) -> Result<(), UpstreamError> {
+        let mut result = Ok(());
+        for step in steps.drain(..) {
+            match step {
+                Step::Event(_, event) => accept(progress, pending, event),
+                Step::Gap { from, to, reason } => {
+                    if pending.is_empty() {
+                        progress.unpersisted.push_back((to, Instant::now()));
+                    }
+                    progress.received = progress.received.max(to);
+                    pending.push(SinkEvent::gap(from, to, reason));
+                }
+                Step::Backfill { from, to } => {
+                    tracing::info!(
+                        stream_id = self.lease.stream_id,
+                        from_seq = from,
+                        to_seq = to,
+                        "backfilling missed events from the history"
+                    );
+                    self.empty_pages = 0;
+                    self.start_fetch(Duration::ZERO);
+                }
+                Step::Reconnect { expected, got } => {
+                    result = Err(UpstreamError::Gap { expected, got });
+                }
+            }
+        }
+        self.steps = steps;
+        result
+    }
+
+    /// Starts fetching the next page of the running backfill after `delay`.
+    pub(super) fn start_fetch(&mut self, delay: Duration) {
+        let Some((from, to)) = self.sequencer.backfill_range() else {
+            return;
+        };
+        let Some((history, config)) = self.context.history.clone() else {
+            // Settings require a history for `backfill`; a runner built
+            // without one has nothing to fetch from.
+            self.fetch = Some(AbortOnDropHandle::new(tokio::spawn(async {
+                Err(HistoryError::Refused("no history configured".into()))
+            })));
+            return;
+        };
+        let stream_id = self.lease.stream_id.clone();
+        self.fetch = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+            sleep(delay).await;
+            fetch_page(&*history, &config, &stream_id, from, to).await
+        })));
+    }
+
+    /// The running fetch's result (never resolves without one).
+    pub(super) async fn next_page(
+        &mut self,
+    ) -> Result<Result<Vec<UpstreamEvent>, HistoryError>, tokio::task::JoinError> {
+        match self.fetch.as_mut() {
+            Some(fetch) => fetch.await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A page arrived, or the range was given up.
+    pub(super) fn page_landed(
+        &mut self,
+        progress: &mut Progress,
+        pending: &mut Vec<SinkEvent>,
+        joined: Result<Result<Vec<UpstreamEvent>, HistoryError>, tokio::task::JoinError>,
+    ) {
+        self.fetch = None;
+        let range = self.sequencer.backfill_range();
+        let mut steps = std::mem::take(&mut self.steps);
+        let mut moved = true;
+        match joined {
+            Ok(Ok(events)) => {
+                let page = events.into_iter().map(|event| (event.seq, event)).collect();
+                moved = self.sequencer.backfilled(page, &mut steps);
+                self.empty_pages = if moved { 0 } else { self.empty_pages + 1 };
+                if !moved && self.empty_pages >= self.context.config.backfill_empty_pages {
+                    tracing::warn!(
+                        stream_id = self.lease.stream_id,
+                        ?range,
+                        "the history has nothing more for this range; recording the rest as a gap"
+                    );
+                    self.sequencer.backfill_gave_up(&mut steps);
+                }
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(stream_id = self.lease.stream_id, ?range, %error, "backfill gave up; recording the rest as a gap");
+                self.sequencer.backfill_gave_up(&mut steps);
+            }
+            Err(join) => {
+                tracing::warn!(stream_id = self.lease.stream_id, ?range, error = %join, "backfill task failed; recording the rest as a gap");
+                self.sequencer.backfill_gave_up(&mut steps);
+            }
+        }
+        // Replays do not come back from history; a hole in held events
+        // starts the next backfill inside `apply`.
+        let _ = self.apply(progress, pending, steps);
+        if self.sequencer.backfilling() && self.fetch.is_none() {
+            let wait = if moved {
+                Duration::ZERO
+            } else {
+                self.context.config.backfill_empty_wait
+            };
+            self.start_fetch(wait);
+        } else if !self.sequencer.backfilling() {
+            tracing::info!(stream_id = self.lease.stream_id, ?range, "backfill done");
+        }
+    }
+}
