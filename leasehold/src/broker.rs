@@ -11,7 +11,7 @@ use leasehold_broker::credentials::{self as creds, Credentials, CredentialsCiphe
 use leasehold_broker::launcher::{LOCAL_GROUP_VAR, TaskLauncher, register_local_worker};
 use leasehold_broker::maintenance;
 use leasehold_broker::manager::{self, ClaimWait};
-use leasehold_broker::sealer::CredentialSealer;
+use leasehold_broker::sealer::{self, CredentialSealer};
 use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
 use leasehold_broker::worker::BrokerWorker;
@@ -70,10 +70,7 @@ pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failur
     // One parseable line for tests and operators.
     let addr = listener.local_addr().context("no local address")?;
     println!("credential sealer listening on {addr}");
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .context("cannot install the metrics recorder")?;
-    leasehold_broker::sealer::register_metrics();
+    let metrics = sealer::install_metrics().context("cannot install the metrics recorder")?;
     leasehold_broker::sealer::serve(
         listener,
         sealer,

@@ -64,12 +64,15 @@ pub const SEAL_RESULTS: &[&str] = &[
     "unavailable",
 ];
 
-/// Puts every series of [`SEAL_RESULTS`] at 0, so `increase()` sees the
-/// first refusal (as the sidecar does with its counters).
-pub fn register_metrics() {
+/// Installs this process's Prometheus recorder and puts every series of
+/// [`SEAL_RESULTS`] at 0, so `increase()` sees the first refusal (as the
+/// sidecar does with its counters); the handle renders `GET /metrics`.
+pub fn install_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     for result in SEAL_RESULTS {
         metrics::counter!(SEALS_TOTAL, "result" => *result).absolute(0);
     }
+    Ok(handle)
 }
 
 /// Largest request body the sealer reads: three ids and a key.
