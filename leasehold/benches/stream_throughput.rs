@@ -31,27 +31,33 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures_util::stream::FuturesOrdered;
-use futures_util::{FutureExt, SinkExt, StreamExt};
+use futures_util::{SinkExt, StreamExt};
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
-use leasehold_control::lease::Lease;
+use leasehold_control::store::LeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest,
-};
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::redis::RedisSink;
 use leasehold_sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, SinkOptions, WriteOutcome};
 use leasehold_stream::upstream::extract::Extractor;
 use leasehold_stream::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
-use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig, run_stream};
+use leasehold_stream::{RunnerConfig, RunnerContext, run_stream};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
 use leasehold_telemetry::{LogSink, TelemetrySink};
 use leasehold_testkit::measure::{arg, median, process_cpu_seconds, rss_kib};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
+
+#[path = "stream_throughput/control_plane.rs"]
+mod control_plane;
+#[path = "stream_throughput/peer.rs"]
+mod peer;
+#[path = "stream_throughput/redis_stats.rs"]
+mod redis_stats;
+
+use control_plane::control_plane_cost;
+use peer::peer;
+use redis_stats::{clean_redis, redis_cpu_seconds, transactions};
 
 struct Feed {
     child: std::process::Child,
@@ -108,138 +114,6 @@ fn keeper(store: Arc<dyn LeaseStore>, owner: &str, lease: Duration) -> LeaseKeep
             ..KeeperConfig::default()
         },
     )
-}
-
-/// Counts store calls by kind.
-#[derive(Default)]
-struct CountingStore {
-    inner: MemoryLeaseStore,
-    writes: AtomicU64,
-    renews: AtomicU64,
-    reads: AtomicU64,
-}
-
-#[async_trait]
-impl LeaseStore for CountingStore {
-    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire(r).await
-    }
-    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        if !r
-            .stream_id
-            .starts_with(leasehold_control::schema::RESERVED_PREFIX)
-        {
-            self.renews.fetch_add(1, Ordering::Relaxed);
-        }
-        self.inner.renew(r).await
-    }
-    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.checkpoint(r).await
-    }
-    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.release(r).await
-    }
-    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.force_release(stream_id, now_ms).await
-    }
-    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.register(stream_id, now_ms).await
-    }
-    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.bump(record_id, now_ms).await
-    }
-    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.lift_token(request).await
-    }
-}
-
-#[async_trait]
-impl LeaseReader for CountingStore {
-    async fn get_with(
-        &self,
-        stream_id: &str,
-        consistency: Consistency,
-    ) -> Result<Lease, LeaseError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.get_with(stream_id, consistency).await
-    }
-    async fn list_with(
-        &self,
-        start_after: Option<&str>,
-        limit: usize,
-        consistency: Consistency,
-    ) -> Result<LeasePage, LeaseError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.list_with(start_after, limit, consistency).await
-    }
-}
-
-async fn control_plane_cost(url: &str) {
-    const STREAMS: usize = 8;
-    let store = Arc::new(CountingStore::default());
-    let lease = Duration::from_secs(3);
-    let context = Arc::new(RunnerContext {
-        keeper: keeper(store.clone(), "cost", lease),
-        upstream: Arc::new(WebSocketUpstream::new(
-            WebSocketUpstreamConfig::for_feed(url),
-            Arc::new(LogSink),
-        )),
-        sink: Arc::new(MemorySink::new(SinkOptions::default())) as Arc<dyn FencedSink>,
-        history: None,
-        telemetry: Arc::new(LogSink),
-        config: RunnerConfig::default(),
-    });
-    let config = StreamWorkerConfig {
-        register: (0..STREAMS).map(|i| format!("cost-{i}")).collect(),
-        discovery_interval: Duration::from_secs(5),
-        ..StreamWorkerConfig::default()
-    };
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn(
-        StreamWorker::new(context, Arc::new(SystemClock), config).run(shutdown.clone()),
-    );
-    // Let acquisition settle, then measure a steady window.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (writes0, renews0, reads0) = (
-        store.writes.load(Ordering::Relaxed),
-        store.renews.load(Ordering::Relaxed),
-        store.reads.load(Ordering::Relaxed),
-    );
-    let window = Duration::from_secs(20);
-    tokio::time::sleep(window).await;
-    let writes = store.writes.load(Ordering::Relaxed) - writes0;
-    let renews = store.renews.load(Ordering::Relaxed) - renews0;
-    let reads = store.reads.load(Ordering::Relaxed) - reads0;
-    shutdown.cancel();
-    let _ = worker.await;
-    let renew_periods = window.as_secs_f64() / (lease / 3).as_secs_f64();
-    let per_stream_period = writes as f64 / STREAMS as f64 / renew_periods;
-    println!(
-        "control plane, {STREAMS} streams, 3 s lease renewed every 1 s, {:.0} s steady window:",
-        window.as_secs_f64()
-    );
-    println!(
-        "  writes                    {writes} (stream renews {renews}; the rest: presence renews)"
-    );
-    println!(
-        "  writes per stream per renew interval  {per_stream_period:.2}  (renewals alone: 1.00)"
-    );
-    println!(
-        "  => at a 30 s lease renewed every 10 s: {:.0} writes per stream-hour (renewals alone: 360; target ≤ 720)",
-        per_stream_period * 360.0
-    );
-    println!(
-        "  reads (doorbell GetItem + scans)  {reads} ({:.1}/s per worker)",
-        reads as f64 / window.as_secs_f64()
-    );
 }
 
 /// One consumer of the fair benchmark set.
@@ -372,114 +246,6 @@ async fn null_client(
         }
     }
     probe.done.fetch_add(unreported, Ordering::Relaxed);
-}
-
-/// What a plain consumer reads from each frame.
-#[derive(serde::Deserialize)]
-struct PeerEvent<'a> {
-    seq: u64,
-    #[serde(borrow)]
-    event_id: std::borrow::Cow<'a, str>,
-}
-
-const PEER_BATCH: usize = 500;
-const PEER_IN_FLIGHT: usize = 4;
-
-/// (c) The consumer a user would write without leasehold: serde-derive the two
-/// fields, batch what has arrived, pipeline `XADD`s with up to four pipelines
-/// in flight on the shared multiplexed connection. No fence, no de-duplication,
-/// no checkpoint.
-async fn peer(
-    url: String,
-    stream: String,
-    limit: Option<u64>,
-    redis: redis::aio::MultiplexedConnection,
-    probe: Arc<Probe>,
-) {
-    let key = format!("peer:{stream}");
-    let mut socket = subscribe_raw(&url, &stream).await;
-    let mut batch = PeerBatch::default();
-    let mut in_flight = FuturesOrdered::new();
-    let mut read = 0u64;
-    let mut confirmed = 0u64;
-    let more = |read: u64| limit.is_none_or(|limit| read < limit);
-    loop {
-        if limit.is_some_and(|limit| confirmed >= limit) {
-            break;
-        }
-        let reading = batch.count < PEER_BATCH && more(read);
-        tokio::select! {
-            biased;
-            Some((count, frames)) = in_flight.next(), if !in_flight.is_empty() => {
-                let frames: Vec<String> = frames;
-                probe.record(frames.iter().map(String::as_str));
-                confirmed += count;
-                probe.done.fetch_add(count, Ordering::Relaxed);
-            }
-            message = socket.next(), if reading => {
-                match message {
-                    Some(Ok(Message::Text(text))) => read += batch.add(&key, text.as_str(), &probe),
-                    Some(Ok(_)) => {}
-                    other => panic!("feed ended early: {other:?}"),
-                }
-                while batch.count < PEER_BATCH && more(read) {
-                    match socket.next().now_or_never() {
-                        Some(Some(Ok(Message::Text(text)))) => {
-                            read += batch.add(&key, text.as_str(), &probe)
-                        }
-                        Some(Some(Ok(_))) => {}
-                        Some(other) => panic!("feed ended early: {other:?}"),
-                        None => break,
-                    }
-                }
-            }
-        }
-        if batch.count > 0 && in_flight.len() < PEER_IN_FLIGHT {
-            let sent = std::mem::take(&mut batch);
-            let mut connection = redis.clone();
-            in_flight.push_back(async move {
-                sent.pipe
-                    .query_async::<()>(&mut connection)
-                    .await
-                    .expect("XADD");
-                (sent.count as u64, sent.frames)
-            });
-        }
-    }
-}
-
-/// The peer's next pipeline.
-#[derive(Default)]
-struct PeerBatch {
-    pipe: redis::Pipeline,
-    count: usize,
-    /// The frames, while latency is recorded.
-    frames: Vec<String>,
-}
-
-impl PeerBatch {
-    /// Adds one frame's `XADD`; 1 if it was an event.
-    fn add(&mut self, key: &str, text: &str, probe: &Probe) -> u64 {
-        let Ok(event) = serde_json::from_str::<PeerEvent>(text) else {
-            return 0;
-        };
-        self.pipe
-            .cmd("XADD")
-            .arg(key)
-            .arg("*")
-            .arg("seq")
-            .arg(event.seq)
-            .arg("event_id")
-            .arg(event.event_id.as_ref())
-            .arg("payload")
-            .arg(text)
-            .ignore();
-        self.count += 1;
-        if probe.recording() {
-            self.frames.push(text.to_owned());
-        }
-        1
-    }
 }
 
 /// The sink as leasehold sees it, counting confirmed events and stamping
@@ -631,22 +397,6 @@ async fn start_case(
     (probe, stop, tasks)
 }
 
-/// Deletes what a case stored in Redis.
-async fn clean_redis(redis: &str, streams: &[String]) {
-    let client = redis::Client::open(redis).expect("redis url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
-    let mut del = redis::cmd("DEL");
-    for stream in streams {
-        del.arg(format!("peer:{stream}"))
-            .arg(leasehold_sink::keys::sink_stream(stream))
-            .arg(leasehold_sink::keys::sink_fence(stream));
-    }
-    let _: redis::RedisResult<u64> = del.query_async(&mut connection).await;
-}
-
 fn names(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|i| format!("{prefix}-{i}")).collect()
 }
@@ -702,46 +452,6 @@ struct Throughput {
     redis_us: f64,
     /// Events per transaction (the Redis sink's batch size; infinite without them).
     per_call: f64,
-}
-
-/// One section of Redis's `INFO`.
-async fn redis_info(redis: &str, section: &str) -> String {
-    let client = redis::Client::open(redis).expect("redis url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
-    redis::cmd("INFO")
-        .arg(section)
-        .query_async(&mut connection)
-        .await
-        .expect("INFO")
-}
-
-/// Batch transactions Redis has run (`EXEC`: the Redis sink sends one per
-/// batch, layout v2; the peer sends none).
-async fn transactions(redis: &str) -> u64 {
-    redis_info(redis, "commandstats")
-        .await
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_exec:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU seconds the Redis server has used (`INFO cpu`, user + system). Per
-/// event, it is the figure a loaded machine moves least: what each write path
-/// costs the one Redis every stream shares.
-async fn redis_cpu_seconds(redis: &str) -> f64 {
-    redis_info(redis, "cpu")
-        .await
-        .lines()
-        .filter_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            matches!(name, "used_cpu_user" | "used_cpu_sys")
-                .then(|| value.trim().parse::<f64>().ok())?
-        })
-        .sum()
 }
 
 /// p99 feed-timestamp-to-sink latency (ms) with the feed sending `rate` events/s

@@ -1,0 +1,156 @@
+//! The control-plane part of the set: a stream worker with 8 streams on a
+//! store that counts its calls by kind, for 20 s. Apart from the throughput
+//! cases because it measures store writes, not events.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_control::clock::SystemClock;
+use leasehold_control::lease::Lease;
+use leasehold_control::store::memory::MemoryLeaseStore;
+use leasehold_control::store::{
+    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
+    LiftRequest, ReleaseRequest, RenewRequest,
+};
+use leasehold_sink::memory::MemorySink;
+use leasehold_sink::{FencedSink, SinkOptions};
+use leasehold_stream::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
+use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig};
+use leasehold_telemetry::LogSink;
+use tokio_util::sync::CancellationToken;
+
+use super::keeper;
+
+/// Counts store calls by kind.
+#[derive(Default)]
+pub(super) struct CountingStore {
+    inner: MemoryLeaseStore,
+    writes: AtomicU64,
+    renews: AtomicU64,
+    reads: AtomicU64,
+}
+
+#[async_trait]
+impl LeaseStore for CountingStore {
+    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire(r).await
+    }
+    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if !r
+            .stream_id
+            .starts_with(leasehold_control::schema::RESERVED_PREFIX)
+        {
+            self.renews.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.renew(r).await
+    }
+    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.checkpoint(r).await
+    }
+    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.release(r).await
+    }
+    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.force_release(stream_id, now_ms).await
+    }
+    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.register(stream_id, now_ms).await
+    }
+    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.bump(record_id, now_ms).await
+    }
+    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.lift_token(request).await
+    }
+}
+
+#[async_trait]
+impl LeaseReader for CountingStore {
+    async fn get_with(
+        &self,
+        stream_id: &str,
+        consistency: Consistency,
+    ) -> Result<Lease, LeaseError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.get_with(stream_id, consistency).await
+    }
+    async fn list_with(
+        &self,
+        start_after: Option<&str>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<LeasePage, LeaseError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.list_with(start_after, limit, consistency).await
+    }
+}
+
+pub(super) async fn control_plane_cost(url: &str) {
+    const STREAMS: usize = 8;
+    let store = Arc::new(CountingStore::default());
+    let lease = Duration::from_secs(3);
+    let context = Arc::new(RunnerContext {
+        keeper: keeper(store.clone(), "cost", lease),
+        upstream: Arc::new(WebSocketUpstream::new(
+            WebSocketUpstreamConfig::for_feed(url),
+            Arc::new(LogSink),
+        )),
+        sink: Arc::new(MemorySink::new(SinkOptions::default())) as Arc<dyn FencedSink>,
+        history: None,
+        telemetry: Arc::new(LogSink),
+        config: RunnerConfig::default(),
+    });
+    let config = StreamWorkerConfig {
+        register: (0..STREAMS).map(|i| format!("cost-{i}")).collect(),
+        discovery_interval: Duration::from_secs(5),
+        ..StreamWorkerConfig::default()
+    };
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(
+        StreamWorker::new(context, Arc::new(SystemClock), config).run(shutdown.clone()),
+    );
+    // Let acquisition settle, then measure a steady window.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (writes0, renews0, reads0) = (
+        store.writes.load(Ordering::Relaxed),
+        store.renews.load(Ordering::Relaxed),
+        store.reads.load(Ordering::Relaxed),
+    );
+    let window = Duration::from_secs(20);
+    tokio::time::sleep(window).await;
+    let writes = store.writes.load(Ordering::Relaxed) - writes0;
+    let renews = store.renews.load(Ordering::Relaxed) - renews0;
+    let reads = store.reads.load(Ordering::Relaxed) - reads0;
+    shutdown.cancel();
+    let _ = worker.await;
+    let renew_periods = window.as_secs_f64() / (lease / 3).as_secs_f64();
+    let per_stream_period = writes as f64 / STREAMS as f64 / renew_periods;
+    println!(
+        "control plane, {STREAMS} streams, 3 s lease renewed every 1 s, {:.0} s steady window:",
+        window.as_secs_f64()
+    );
+    println!(
+        "  writes                    {writes} (stream renews {renews}; the rest: presence renews)"
+    );
+    println!(
+        "  writes per stream per renew interval  {per_stream_period:.2}  (renewals alone: 1.00)"
+    );
+    println!(
+        "  => at a 30 s lease renewed every 10 s: {:.0} writes per stream-hour (renewals alone: 360; target ≤ 720)",
+        per_stream_period * 360.0
+    );
+    println!(
+        "  reads (doorbell GetItem + scans)  {reads} ({:.1}/s per worker)",
+        reads as f64 / window.as_secs_f64()
+    );
+}
