@@ -463,7 +463,11 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
     let _: () = redis
         .set_ex(
             keys::credentials_grant(&bob),
-            r#"{"reason":"claim","granted_at":1}"#,
+            leasehold_pool::protocol::CredentialsGrant {
+                reason: leasehold_pool::protocol::GrantReason::Claim,
+                granted_at: 1,
+            }
+            .to_json(),
             60,
         )
         .await

@@ -29,6 +29,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::claim_users::{ClaimUsers, RedisLogin};
 use leasehold_pool::keys;
@@ -197,10 +198,7 @@ pub async fn grant_credentials(
 ) -> Result<(), BusError> {
     let grant = protocol::CredentialsGrant {
         reason,
-        granted_at: u64::try_from(leasehold_control::clock::unix_ms(
-            std::time::SystemTime::now(),
-        ))
-        .unwrap_or(0),
+        granted_at: u64::try_from(SystemClock.now_ms()).unwrap_or(0),
     };
     bus.grant_credentials(user_id, &grant.to_json(), protocol::GRANT_TTL)
         .await
