@@ -24,12 +24,14 @@
 //! - [`sequence`]: what an upstream's sequence numbers mean for the sink (replays,
 //!   holes, gap markers, backfill), free of I/O, shared by the runner and the
 //!   sequence model checker.
-//! - [`clock`]: wall-clock time (unix ms) as an injectable dependency.
+//! - [`clock`]: wall-clock time (unix ms) as an injectable dependency (from `platform`).
 //! - [`settings`]: the lease variables (table, timings, identity).
 //! - `conformance` (feature `testing`): the store conformance suite, run against
 //!   every backend.
 
-pub mod clock;
+/// Wall-clock time lives in `platform` (the pool and the feed read it too);
+/// re-exported here because every lease computation takes a [`Clock`].
+pub use leasehold_platform::clock;
 pub mod keeper;
 pub mod lease;
 pub mod listing;

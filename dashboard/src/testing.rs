@@ -357,10 +357,9 @@ impl Inspect for StaticPool {
 
     async fn server_time_ms(&self) -> Result<u64, BusError> {
         self.check()?;
-        Ok(u64::try_from(leasehold_control::clock::unix_ms(
-            std::time::SystemTime::now(),
+        Ok(leasehold_control::clock::Clock::now_ms_u64(
+            &leasehold_control::clock::SystemClock,
         ))
-        .unwrap_or(0))
     }
 
     async fn list_len(&self, key: &str) -> Result<u64, BusError> {

@@ -8,6 +8,8 @@
 //! - [`aws`]: AWS SDK configuration with the retry policy that fits the caller.
 //! - [`ecs`]: the ECS task metadata endpoint (v4): task identity on ECS.
 //! - [`logging`]: log output and `LEASEHOLD_LOG`; the AWS variables users set.
+//! - [`clock`]: wall-clock time as a dependency ([`clock::Clock`]); the only
+//!   place that reads the system wall clock.
 //! - [`backoff`]: exponential backoff with full jitter, for every retry loop.
 //! - [`percentile`]: the one nearest-rank percentile every figure uses.
 //! - [`periodic`]: "every period until cancelled", the one periodic loop.
@@ -17,6 +19,7 @@
 
 pub mod aws;
 pub mod backoff;
+pub mod clock;
 pub mod ecs;
 pub mod hardening;
 pub mod logging;

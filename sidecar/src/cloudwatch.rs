@@ -363,7 +363,7 @@ pub async fn run(
         let held: Vec<String> = state.view().lag_streams();
         reader.retain_gauges("stream_id", |stream| held.iter().any(|h| h == stream));
         let datums = datums(reader.take());
-        let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
+        let now = leasehold_control::clock::Clock::now_ms(&leasehold_control::clock::SystemClock);
         match (config.mode, &client) {
             (Mode::Emf, _) => {
                 if let Some(emf) = &mut emf {

@@ -191,9 +191,7 @@ pub fn unique_name(prefix: &str) -> String {
     format!(
         "{prefix}-{}-{}-{}",
         std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis()),
+        leasehold_platform::clock::Clock::now_ms(&leasehold_platform::clock::SystemClock),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
 }

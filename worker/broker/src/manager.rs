@@ -11,9 +11,9 @@
 //! blocked move took after the retirement goes back first in line
 //! (`PoolBus::retire_idle`, `PoolBus::take_claim`).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use leasehold_control::clock::unix_ms;
+use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::keys;
 use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 
@@ -103,7 +103,7 @@ pub async fn claim_user(
         let task_id = launcher.start(Some(user_id)).await?;
         return Ok(ClaimPath::ColdStart { task_id });
     }
-    let now = unix_ms(SystemTime::now());
+    let now = SystemClock.now_ms();
     let claim = ClaimMessage {
         user_id: user_id.to_owned(),
         encrypted_credentials: blob,

@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use crate::credentials::Credentials;
-use leasehold_control::clock::unix_ms;
+use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::{LedgerWrite, PaperLedger};
 use leasehold_pool::protocol::{Account, Order, PaperOrder};
 
@@ -259,7 +259,7 @@ impl BrokerConnection for PaperConnection {
             quantity: order.quantity,
             price: order.price,
             fill_price: order.price.unwrap_or(100.0),
-            created_at: u64::try_from(unix_ms(std::time::SystemTime::now())).unwrap_or(0),
+            created_at: SystemClock.now_ms_u64(),
         };
         let mut fields = match serde_json::to_value(&entry) {
             Ok(Value::Object(fields)) => fields,

@@ -3,9 +3,9 @@
 //! never echoed: problems name the variable only.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use leasehold_control::clock::unix_ms;
+use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_platform::backoff::Backoff;
 use leasehold_platform::settings::{
     ConfigError, Documented, Env, Fallback, Lookup, Parser, Setting, parse,
@@ -554,7 +554,7 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
         metadata: WorkerMetadata {
             task_arn: task_id,
             instance_id: leasehold_control::settings::default_owner_id(),
-            launched_at: u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0),
+            launched_at: SystemClock.now_ms_u64(),
             sidecar_url: env.optional(&leasehold_telemetry::settings::SIDECAR_URL),
         },
     };

@@ -30,9 +30,9 @@
 //! A user without any mark displaces nobody: it is re-served at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use leasehold_control::clock::unix_ms;
+use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::keys;
 use leasehold_pool::read::Finding;
@@ -320,7 +320,7 @@ pub async fn supervise(
             outcome.unserved.push(user);
             continue;
         }
-        let now = unix_ms(SystemTime::now()).to_string();
+        let now = SystemClock.now_ms().to_string();
         if !bus
             .set_if_absent(&keys::reserve_lock(&user), &now, config.lock)
             .await?

@@ -27,9 +27,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use leasehold_control::clock::unix_ms;
+use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_platform::backoff::Backoff;
 use leasehold_pool::keys;
 use leasehold_telemetry::{ClaimResult, PoolWorkerStateKind, TelemetryEvent, TelemetrySink};
@@ -340,7 +340,7 @@ fn millis(duration: Duration) -> u64 {
 }
 
 fn now_ms() -> u64 {
-    u64::try_from(unix_ms(SystemTime::now())).unwrap_or(0)
+    SystemClock.now_ms_u64()
 }
 
 impl BrokerWorker {

@@ -11,7 +11,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use leasehold_platform::clock::{Clock, SystemClock};
 
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -155,10 +157,7 @@ impl FeedServer {
         let local_addr = listener
             .local_addr()
             .map_err(|source| FeedError::Bind { addr, source })?;
-        let start_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let start_unix_ms = SystemClock.now_ms_u64();
         let timeline = Arc::new(Timeline {
             start: Instant::now(),
             start_unix_ms,

@@ -5,7 +5,9 @@
 //! Everything here is a pure function of `(symbol, id)` and the server's start,
 //! so nothing is stored and a test can recompute any frame.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use leasehold_platform::clock::SystemClock;
 
 use tokio::time::Instant;
 
@@ -23,10 +25,7 @@ pub(super) struct Timeline {
 impl Timeline {
     /// `first_id` is at least 1 (checked by the caller).
     pub(super) fn new(rate: f64, first_id: u64) -> Timeline {
-        let start_unix_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
+        let start_unix_us = SystemClock.now_us();
         Timeline {
             start: Instant::now(),
             start_unix_us,
@@ -194,10 +193,7 @@ pub(super) fn rfc3339_us(unix_us: u64) -> String {
 
 /// The wall clock, for acknowledgements' own times (`time_in`, `time_out`).
 pub(super) fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    SystemClock.now_us()
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (the civil-from-days

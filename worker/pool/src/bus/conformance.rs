@@ -769,13 +769,8 @@ pub async fn marks_are_deleted_only_if_unchanged(target: &dyn BusTarget) {
         "absent"
     );
 
-    let host = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_millis(),
-    )
-    .expect("ms");
+    let host =
+        leasehold_platform::clock::Clock::now_ms_u64(&leasehold_platform::clock::SystemClock);
     let server = bus.server_time_ms().await.expect("time");
     assert!(server.abs_diff(host) < 5_000, "server {server} host {host}");
     let worker = unique_name("w-idle");

@@ -765,11 +765,8 @@ impl PoolBus for MemoryPoolBus {
 
 /// The host's wall clock, unix ms.
 fn leasehold_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-        })
+    use leasehold_platform::clock::{Clock, SystemClock};
+    SystemClock.now_ms_u64()
 }
 
 /// Waits for the next push, like a blocking pop: `false` once `deadline`

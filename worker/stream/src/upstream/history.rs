@@ -17,6 +17,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use leasehold_control::clock::SystemClock;
 use leasehold_platform::backoff::Backoff;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -273,12 +274,10 @@ impl HttpHistory {
                 Some(Value::Number(n)) => n.to_string(),
                 _ => return Err(shape("holds an item without an id at its pointer")),
             };
-            let arrival_lag = ts.as_ref().and_then(Value::as_f64).map(|event_ms| {
-                let now_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-                ((now_ms - event_ms) / 1000.0).max(0.0)
-            });
+            let arrival_lag = ts
+                .as_ref()
+                .and_then(Value::as_f64)
+                .map(|event_ms| SystemClock.seconds_since(event_ms));
             events.push(UpstreamEvent {
                 seq,
                 event_id,

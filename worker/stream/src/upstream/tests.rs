@@ -490,11 +490,8 @@ async fn a_quiet_upstream_that_answers_pings_is_kept() {
 
 #[tokio::test]
 async fn the_event_time_gives_the_arrival_lag_when_a_pointer_names_it() {
-    let five_seconds_ago = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-        - 5_000;
+    use leasehold_control::clock::Clock;
+    let five_seconds_ago = leasehold_control::clock::SystemClock.now_ms_u64() - 5_000;
     for pointer in [Some("/ts_ms"), None] {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

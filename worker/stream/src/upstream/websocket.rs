@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{FutureExt, SinkExt, StreamExt};
+use leasehold_control::clock::SystemClock;
 use leasehold_telemetry::{SkipReason, TelemetryEvent, TelemetrySink};
 use serde_json::Value;
 use tokio::net::TcpStream;
@@ -249,12 +250,10 @@ impl WebSocketSubscription {
             _ => return Frame::Skip(SkipReason::MissingField),
         };
         // Replays and holes are the runner's to judge (`leasehold_control::sequence`).
-        let arrival_lag = ts.as_ref().and_then(Value::as_f64).map(|event_ms| {
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-            ((now_ms - event_ms) / 1000.0).max(0.0)
-        });
+        let arrival_lag = ts
+            .as_ref()
+            .and_then(Value::as_f64)
+            .map(|event_ms| SystemClock.seconds_since(event_ms));
         Frame::Event(UpstreamEvent {
             seq,
             event_id,

@@ -10,6 +10,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + 'static {
     /// Now, in unix ms.
     fn now_ms(&self) -> i64;
+
+    /// Now, in unix ms, for records that store time unsigned (0 before the epoch).
+    fn now_ms_u64(&self) -> u64 {
+        u64::try_from(self.now_ms()).unwrap_or(0)
+    }
 }
 
 /// The system clock (keep it synchronised: it takes part in takeover decisions).
@@ -19,6 +24,26 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
         unix_ms(SystemTime::now())
+    }
+}
+
+impl SystemClock {
+    /// Now, in unix microseconds: the exchange simulator stamps trades and
+    /// acknowledgements this finely, as real exchanges do.
+    pub fn now_us(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+
+    /// How long ago (seconds, never negative) an upstream event stamped at
+    /// `event_ms` (unix ms, possibly fractional) happened: the arrival lag.
+    pub fn seconds_since(&self, event_ms: f64) -> f64 {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        ((now_ms - event_ms) / 1000.0).max(0.0)
     }
 }
 
