@@ -72,15 +72,17 @@ async fn start(
             ),
         )) as Arc<dyn Broker>,
     )]);
-    let worker = BrokerWorker::connect(
+    let worker = BrokerWorker::new(
         config(worker_id, user_id),
-        url,
+        Arc::new(
+            leasehold_pool::bus::redis::RedisPoolBus::connect(url)
+                .await
+                .unwrap(),
+        ),
         Arc::new(AesGcmCipher::from_base64_key(key).unwrap()),
         brokers,
         Arc::new(telemetry),
-    )
-    .await
-    .unwrap();
+    );
     let worker = match sealer_url {
         Some(sealer) => worker.with_sealer(SealerClient::new(sealer, Duration::from_secs(5))),
         None => worker,

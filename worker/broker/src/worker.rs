@@ -42,7 +42,6 @@ use crate::paper::Broker;
 use crate::sealer::SealerClient;
 use leasehold_platform::settings::Redacted;
 pub use leasehold_pool::bus::WorkerMetadata;
-use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusError, MarkWrite, PoolBus, Take};
 use leasehold_pool::claim_users::RedisLogin;
 use leasehold_pool::protocol::MarkValue;
@@ -376,18 +375,6 @@ impl BrokerWorker {
     pub fn with_claim_redis_url(mut self, url: Redacted<String>) -> Self {
         self.claim_redis_url = Some(url);
         self
-    }
-
-    /// A worker on its own Redis bus (the URL is never part of an error).
-    pub async fn connect(
-        config: BrokerWorkerConfig,
-        redis_url: &str,
-        cipher: Arc<dyn CredentialsCipher>,
-        brokers: HashMap<String, Arc<dyn Broker>>,
-        telemetry: Arc<dyn TelemetrySink>,
-    ) -> Result<Self, WorkerError> {
-        let bus = Arc::new(RedisPoolBus::connect(redis_url).await?);
-        Ok(BrokerWorker::new(config, bus, cipher, brokers, telemetry))
     }
 
     /// What this worker writes into a user's mark and metadata.

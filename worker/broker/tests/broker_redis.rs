@@ -76,15 +76,8 @@ impl Env {
         )]);
         let config = BrokerWorkerConfig::for_tests(&worker_id, user_id, Duration::from_millis(200));
         let cipher = Arc::new(AesGcmCipher::from_base64_key(&self.key).unwrap());
-        let worker = BrokerWorker::connect(
-            config,
-            &self.url,
-            cipher,
-            brokers,
-            Arc::new(telemetry.clone()),
-        )
-        .await
-        .unwrap();
+        let bus = Arc::new(leasehold_pool::bus::redis::RedisPoolBus::connect(&self.url).await.unwrap());
+        let worker = BrokerWorker::new(config, bus, cipher, brokers, Arc::new(telemetry.clone()));
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let handle =
