@@ -10,6 +10,7 @@
 //! By default acquisitions are spread over one renew interval, as they are when
 //! a worker picks streams up over time; `--aligned` acquires all at once so every
 //! renew of a round is due at the same instant (the worst burst).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! [`conformance_suite!`](crate::conformance_suite) macro turns the whole list into
 //! one `#[tokio::test]` per check for a given target. Times are chosen by the
 //! checks (stores compare the caller's time), so no check sleeps.
+#![allow(clippy::unwrap_used)] // a test suite: a panic is its report
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

@@ -21,6 +21,7 @@
 //! each off and checks that the model finds a counterexample, which is how we
 //! know the model can fail. `LEASEHOLD_MODEL_DEPTH` raises the search depth
 //! for a longer run.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::ops::Add;
 use std::time::Duration;

@@ -50,6 +50,7 @@
 //! - In replay mode a reconnect repositions after the confirmed sequence;
 //!   the runner flushes its writes first, so that is where the sequencer
 //!   already stands and no switch can show the reposition matters here.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::fmt;
 use std::hash::{Hash, Hasher};

@@ -9,6 +9,7 @@
 //!
 //! `cargo bench -p leasehold-dashboard --bench render [-- --streams N --rounds N]`
 //! Targets (issues #6, #17): a full page ≤ 100 ms; an update ≤ 20 ms.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

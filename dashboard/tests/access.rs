@@ -1,6 +1,7 @@
 //! Access rules of the dashboard's HTTP face: the session cookie (derived
 //! from the token, with a `Max-Age`, its `Secure` flag, logout) and the Host
 //! allow-list that stops DNS rebinding of an anonymous loopback dashboard.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! script running; every row must be in the rendered DOM. A sidecar reports
 //! data gaps on two of the streams: the script's rebuilt table, the stream
 //! page and the timeline must show them.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 //! 50 claimed users' `worker:metadata:*`) in a real Redis, written through the
 //! production write paths, each pointing at its own sidecar HTTP server. Hostile
 //! values among them are refused and never connected to.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};

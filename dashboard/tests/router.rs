@@ -1,5 +1,6 @@
 //! Router tests with `oneshot`: every view and API over a seeded cluster on the
 //! in-memory store and pool, security headers, the token check, read-only-ness.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::time::Duration;

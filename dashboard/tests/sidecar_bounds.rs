@@ -3,6 +3,7 @@
 //! cannot stretch a refresh past the source timeout, and 200 sidecars
 //! answering 2 MiB each cannot make it read more than its byte budget. Each
 //! test fails when its guard (the poll's deadline, the byte budget) is removed.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

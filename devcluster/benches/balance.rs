@@ -6,6 +6,7 @@
 //! ```text
 //! cargo bench -p leasehold-devcluster --bench balance
 //! ```
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::time::Duration;

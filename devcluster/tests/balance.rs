@@ -1,6 +1,7 @@
 //! Balancing with whole stream workers on tokio's paused clock: cold start,
 //! scale-out, crash takeover and a peer that cannot take, judged from the lease
 //! table alone (who holds what, and how many acquisitions it took).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,6 +11,7 @@
 //! order), and from the first history page asked to the last one answered.
 //!
 //! `cargo bench -p leasehold --bench backfill [-- --rate 1000 --gap-seconds 10 --rounds 3]`
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@
 //!
 //! Needs `LEASEHOLD_TEST_REDIS_URL` (scripts/bench.sh sets it).
 //! Run: `cargo bench -p leasehold --bench broker_pool`
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::collections::HashMap;
 use std::sync::Arc;

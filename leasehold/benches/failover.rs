@@ -10,6 +10,7 @@
 //! Then the replay after a busy owner's SIGKILL at 1k, 5k and 20k events/s.
 //! Workers take pushed hand-offs (`HANDOFF_LISTEN`, as the shipped task
 //! definition does); `--push 0` measures the doorbell path alone.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 #[path = "../tests/support/mod.rs"]
 mod support;

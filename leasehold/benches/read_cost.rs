@@ -25,6 +25,7 @@
 //! and the election measured: `contenders` sidecars run the real
 //! `observer::contend` for one simulated hour on tokio's paused clock over a
 //! counting store.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

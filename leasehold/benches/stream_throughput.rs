@@ -23,6 +23,7 @@
 //! per held stream with `--held` quiet streams, the sidecar's telemetry cost,
 //! and the control plane: a stream worker with 8 streams on a counting
 //! in-memory store for 20 s (3 s lease, renew every 1 s).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;

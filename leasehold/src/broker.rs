@@ -40,7 +40,7 @@ fn read<T>(read: impl FnOnce(&mut Env) -> T) -> Result<T, ConfigError> {
 
 /// `leasehold broker-worker` (configured by environment variables only).
 #[derive(Debug, Args)]
-pub struct BrokerWorkerArgs {}
+pub(crate) struct BrokerWorkerArgs {}
 
 /// No core dumps and (Linux) not dumpable, before any secret is read.
 fn harden() -> anyhow::Result<()> {
@@ -51,11 +51,11 @@ fn harden() -> anyhow::Result<()> {
 
 /// `leasehold credential-sealer` (configured by environment variables only).
 #[derive(Debug, Args)]
-pub struct CredentialSealerArgs {}
+pub(crate) struct CredentialSealerArgs {}
 
 /// Runs the credential sealer until SIGTERM: the one process that decrypts
 /// blobs, answering broker workers with credentials sealed to them.
-pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failure> {
+pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failure> {
     harden()?;
     let settings = settings::sealer_settings(&lookup)?;
     let bus = pool_bus(settings.redis_url.expose())
@@ -84,7 +84,7 @@ pub async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failur
 }
 
 /// Runs one broker worker until it exits; non-zero when broker connects are exhausted.
-pub async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
+pub(crate) async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
     harden()?;
     let mut settings = settings::worker_settings(&lookup)?;
     // Started by a local launcher: register where it lists its workers (a
@@ -140,7 +140,7 @@ async fn launcher(settings: LauncherSettings) -> anyhow::Result<Box<dyn TaskLaun
 
 /// `leasehold credentials …`.
 #[derive(Debug, Subcommand)]
-pub enum CredentialsCommand {
+pub(crate) enum CredentialsCommand {
     /// Encrypts a credentials JSON object from stdin into `credentials:{user_id}`
     /// (version 2 under `CREDENTIALS_KMS_KEY_ID` when set, else version 1 with
     /// the local key).
@@ -155,7 +155,7 @@ pub enum CredentialsCommand {
 }
 
 /// Runs a `credentials` command.
-pub async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
+pub(crate) async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
     harden()?;
     match command {
         CredentialsCommand::Put { user_id } => put_credentials(&user_id).await,
@@ -210,7 +210,7 @@ async fn rotate_credentials() -> Result<(), Failure> {
 
 /// `leasehold claim USER_ID`.
 #[derive(Debug, Args)]
-pub struct ClaimArgs {
+pub(crate) struct ClaimArgs {
     /// The user who needs a worker.
     user_id: String,
     /// How long to wait for the outcome (`pool:claim:{claim_id}`, or the
@@ -225,7 +225,7 @@ const CLAIM_TIMEOUT_EXIT: u8 = 3;
 /// Active → nothing; idle pool worker → claim; none → cold start. Prints the
 /// path, then waits for the outcome and prints it: exit 0 when the user has a
 /// worker, 1 when the claim failed, 3 when nothing was known in time.
-pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
+pub(crate) async fn claim(args: ClaimArgs) -> Result<(), Failure> {
     let (url, launcher_settings) =
         read(|env| (env.get(&REDIS_URL), settings::launcher_settings(env)))?;
     let bus = pool_bus(&url).await?;
@@ -273,14 +273,14 @@ pub async fn claim(args: ClaimArgs) -> Result<(), Failure> {
 
 /// `leasehold pool-manager`.
 #[derive(Debug, Args)]
-pub struct PoolManagerArgs {
+pub(crate) struct PoolManagerArgs {
     /// Repeat the pass at this period (e.g. `5m`); default: one pass.
     #[arg(long)]
     every: Option<humantime::Duration>,
 }
 
 /// Keeps the warm pool at `POOL_TARGET_SIZE`.
-pub async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
+pub(crate) async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
     let (url, launcher_settings, target) = read(|env| {
         (
             env.get(&REDIS_URL),
@@ -303,7 +303,7 @@ pub async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
 
 /// `leasehold maintenance`.
 #[derive(Debug, Args)]
-pub struct MaintenanceArgs {
+pub(crate) struct MaintenanceArgs {
     /// Repeat the sweep at this period (e.g. `60s`); default: one sweep.
     #[arg(long)]
     every: Option<humantime::Duration>,
@@ -317,7 +317,7 @@ pub struct MaintenanceArgs {
 /// new one). With `--every`, supervision also runs on its own, shorter
 /// period (`SUPERVISE_INTERVAL_SECONDS`) between sweeps, under the sweep's
 /// guard rails (`SWEEP_MAX_FRACTION`, a second look).
-pub async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
+pub(crate) async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
     let (url, launcher_settings, sweep, interval, heartbeat) = read(|env| {
         (
             env.get(&REDIS_URL),

@@ -16,7 +16,7 @@ use crate::{Failure, shutdown_on_signal};
 
 /// `leasehold dashboard`: flags mirror the environment variables.
 #[derive(Debug, Args)]
-pub struct DashboardArgs {
+pub(crate) struct DashboardArgs {
     /// HTTP address; anything but loopback also needs DASHBOARD_TOKEN [env: DASHBOARD_LISTEN]
     #[arg(long)]
     listen: Option<String>,
@@ -26,7 +26,7 @@ pub struct DashboardArgs {
 }
 
 /// Runs the dashboard until SIGTERM or Ctrl-C.
-pub async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
+pub(crate) async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     let lookup = |name: &str| {
         let flag = match name {
             "DASHBOARD_LISTEN" => args.listen.clone(),

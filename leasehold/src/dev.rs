@@ -10,7 +10,7 @@ use crate::{Failure, shutdown_on_signal};
 
 /// `leasehold dev`: sizes and backends.
 #[derive(Debug, Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// Streams served by the feed simulator.
     #[arg(long, default_value_t = 12)]
     streams: usize,
@@ -61,7 +61,7 @@ enum Feed {
 }
 
 /// Runs the embedded cluster until Ctrl-C, then drains it and checks the sink.
-pub async fn dev(args: DevArgs) -> Result<(), Failure> {
+pub(crate) async fn dev(args: DevArgs) -> Result<(), Failure> {
     let started = std::time::Instant::now();
     let options = DevOptions {
         streams: args.streams,

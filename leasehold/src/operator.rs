@@ -15,7 +15,7 @@ use crate::Failure;
 
 /// Where the lease table is. Flags override the environment.
 #[derive(Debug, Args)]
-pub struct TableArgs {
+pub(crate) struct TableArgs {
     /// DynamoDB table holding the leases [env: LEASE_TABLE] [default: websocket-leases]
     #[arg(long, value_name = "NAME")]
     lease_table: Option<String>,
@@ -36,14 +36,14 @@ impl TableArgs {
 
 /// `leasehold table …`
 #[derive(Debug, Subcommand)]
-pub enum TableCommand {
+pub(crate) enum TableCommand {
     /// Create the lease table (PAY_PER_REQUEST, `stream_id` string key); does nothing if it exists.
     Create(TableArgs),
 }
 
 /// `leasehold leases …`
 #[derive(Debug, Subcommand)]
-pub enum LeasesCommand {
+pub(crate) enum LeasesCommand {
     /// Register streams so workers discover them.
     Add {
         #[command(flatten)]
@@ -90,7 +90,7 @@ pub enum LeasesCommand {
 }
 
 /// Runs `leasehold table …`.
-pub async fn table(command: TableCommand) -> Result<(), Failure> {
+pub(crate) async fn table(command: TableCommand) -> Result<(), Failure> {
     match command {
         TableCommand::Create(args) => {
             let store = args.open().await?;
@@ -106,7 +106,7 @@ pub async fn table(command: TableCommand) -> Result<(), Failure> {
 }
 
 /// Runs `leasehold leases …`.
-pub async fn leases(command: LeasesCommand) -> Result<(), Failure> {
+pub(crate) async fn leases(command: LeasesCommand) -> Result<(), Failure> {
     let now = SystemClock.now_ms();
     match command {
         LeasesCommand::Add { table, streams } => {

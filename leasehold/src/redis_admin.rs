@@ -13,7 +13,7 @@ use crate::Failure;
 
 /// `leasehold redis …`
 #[derive(Debug, Subcommand)]
-pub enum RedisCommand {
+pub(crate) enum RedisCommand {
     /// Load leasehold's Lua as Redis functions (`FUNCTION LOAD REPLACE`), as a
     /// user allowed to (the admin role): once per deploy and per Redis, before
     /// the workers start. Worker roles may only call them (`FCALL`).
@@ -26,7 +26,7 @@ pub enum RedisCommand {
 }
 
 /// Runs a `redis` command.
-pub async fn redis(command: RedisCommand) -> Result<(), Failure> {
+pub(crate) async fn redis(command: RedisCommand) -> Result<(), Failure> {
     match command {
         RedisCommand::LoadFunctions { sink } => load_functions(sink).await,
     }

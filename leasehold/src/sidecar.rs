@@ -15,7 +15,7 @@ use crate::{Failure, shutdown_on_signal};
 
 /// `leasehold sidecar`: flags mirror the environment variables.
 #[derive(Debug, Args)]
-pub struct SidecarArgs {
+pub(crate) struct SidecarArgs {
     /// HTTP address for /metrics, /healthz, /status [env: SIDECAR_LISTEN]
     #[arg(long)]
     listen: Option<String>,
@@ -28,7 +28,7 @@ pub struct SidecarArgs {
 }
 
 /// Runs the sidecar until SIGTERM or Ctrl-C.
-pub async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
+pub(crate) async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
     let lookup = |name: &str| {
         let flag = match name {
             "SIDECAR_LISTEN" => args.listen.clone(),

@@ -21,7 +21,7 @@ use crate::{Failure, shutdown_on_signal};
 
 /// `leasehold feed`: the upstream simulator.
 #[derive(Debug, Args)]
-pub struct FeedArgs {
+pub(crate) struct FeedArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9000")]
     listen: SocketAddr,
@@ -37,7 +37,7 @@ pub struct FeedArgs {
 }
 
 /// Runs the feed simulator until SIGTERM or Ctrl-C.
-pub async fn feed(args: FeedArgs) -> Result<(), Failure> {
+pub(crate) async fn feed(args: FeedArgs) -> Result<(), Failure> {
     if !(args.rate > 0.0 && args.rate.is_finite()) {
         return Err(Failure::Config(ConfigError {
             problems: vec!["--rate: must be a positive number of events per second".into()],
@@ -59,7 +59,7 @@ pub async fn feed(args: FeedArgs) -> Result<(), Failure> {
 
 /// `leasehold stream-worker`: flags mirror the environment variables.
 #[derive(Debug, Args)]
-pub struct StreamWorkerArgs {
+pub(crate) struct StreamWorkerArgs {
     /// Upstream WebSocket URL [env: UPSTREAM_URL]
     #[arg(long)]
     upstream_url: Option<String>,
@@ -99,7 +99,7 @@ impl StreamWorkerArgs {
 }
 
 /// Runs a stream worker until SIGTERM, then drains and exits 0.
-pub async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
+pub(crate) async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
     // OWNER_ID defaults to the ECS task id (what the console, the dashboard and
     // StopTask name), else the host name.
     // The task metadata also gives the address of this task's sidecar.

@@ -4,6 +4,7 @@
 //! worker is paused (SIGSTOP) past its lease and resumed, it fires
 //! `LeaseholdLeaseLost{reason="deadline_passed"}` for that worker's sidecar
 //! and nothing else.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

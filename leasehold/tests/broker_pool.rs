@@ -3,6 +3,7 @@
 //! `maintenance` → refill cycle, duplicate workers, and a planted canary secret
 //! that must never appear in any process output. Each test has its own Redis
 //! database and pool group.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

@@ -3,6 +3,7 @@
 //! because the worker was configured with another mark TTL than the sweeper.
 //! Each test has its own pool group; the binary's tests run one at a time on
 //! Redis database 15.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

@@ -28,6 +28,7 @@
 //! conditions dropped and `kms:ReEncrypt` beside `kms:ReEncryptFrom`. For the worker that
 //! loses nothing: the old worker policy's condition only asked for *a*
 //! `user_id` context, which an attacker supplies (bob's).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

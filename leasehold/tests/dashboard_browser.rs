@@ -10,6 +10,7 @@
 //! per-stream page's owner history, an in-place update (conditional GET), and
 //! that no view overflows a 1,400 × 900 window. `LEASEHOLD_SCREENSHOTS=docs`
 //! also writes every view's screenshot into `docs/` for the README.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

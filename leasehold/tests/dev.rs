@@ -1,6 +1,7 @@
 //! `leasehold dev` as a newcomer runs it: one process, no AWS, no Redis. The
 //! dashboard must show owned streams and a pool; with `--chaos`, takeovers must
 //! appear in the ownership changes; Ctrl-C drains and the sink has no gaps.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

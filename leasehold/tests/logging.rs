@@ -1,6 +1,7 @@
 //! Log output of the binary: `LEASEHOLD_LOG_FORMAT=json` gives one JSON object
 //! per line, without colour codes when stderr is not a terminal; any other
 //! value than `text` or `json` is a configuration error (exit 2).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

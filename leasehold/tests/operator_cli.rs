@@ -1,5 +1,6 @@
 //! The operator CLI as a user runs it: the real binary against the local
 //! DynamoDB-compatible server started by the test command.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::process::{Command, Output};
 

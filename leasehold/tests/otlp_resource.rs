@@ -1,6 +1,7 @@
 //! The OTLP resource a real `leasehold sidecar` sends, as a collector sees it:
 //! `service.*` from the process, `cloud.*` and `aws.ecs.*` from the ECS task
 //! metadata endpoint (a fake one here, serving the v4 `/task` document).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

@@ -9,6 +9,7 @@
 //! admin may switch databases or send or load Lua (a loaded function runs with
 //! the caller's rights), and so on. No process prints a password, whatever the URL (`redis://`, `rediss://`, a
 //! wrong password).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

@@ -2,6 +2,7 @@
 //! (moto), Redis and several `leasehold stream-worker`s with 3 s leases. Every
 //! scenario ends by reading the sink: no sequence gap, no duplicate, no write
 //! accepted with a stale token.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

@@ -11,6 +11,7 @@
 //! sequence, no marker; `increasing`: no marker, no `gap` reconnect, no
 //! control frame stored. Kraken and Bybit cut clients that send no
 //! application ping for 2 s: the worker's pings keep the connection.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

@@ -14,6 +14,7 @@
 //! which is the worst case for anything that would keep unsent data. RSS is
 //! read after the first simulated minute and at the end; the target is flat
 //! within 5 MB.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

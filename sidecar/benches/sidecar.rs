@@ -6,6 +6,7 @@
 //! The sidecar runs on its own runtime whose threads are named `sidecar-*`, the
 //! event source on another; CPU is summed over the sidecar's threads only
 //! (per-thread schedstat), so the figure is the sidecar's own cost.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::time::{Duration, Instant};
 

@@ -15,6 +15,7 @@
 //! the one runbook base setting, `alerts/prometheus/runbook_base.rules.yml`)
 //! whose file exists, and at least one promtool case where it fires and one
 //! where it stays silent.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

@@ -17,6 +17,7 @@
 //! counters that never moved are on `/metrics` at 0 (for `increase()`), while the
 //! push exporters send a counter once it moves. The sidecar's own `process_*`
 //! series are Prometheus-only (docs/metrics.md).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

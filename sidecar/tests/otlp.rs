@@ -1,6 +1,7 @@
 //! OTLP export received by small collectors built on the `opentelemetry-proto`
 //! types: one over gRPC (tonic), one over HTTP/protobuf. They decode the real
 //! wire format the exporter sends.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
 

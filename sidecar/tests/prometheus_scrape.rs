@@ -1,5 +1,6 @@
 //! A real Prometheus server (Debian's package) scrapes a running sidecar; the
 //! contract's series are read back through its HTTP query API.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

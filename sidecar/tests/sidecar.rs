@@ -1,4 +1,5 @@
 //! A running sidecar fed by a real worker-side shipper over loopback.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -9,6 +9,7 @@
 //! Needs `LEASEHOLD_TEST_REDIS_URL` (scripts/bench.sh sets it); uses database 15
 //! (the benchmarks' database) and flushes it. Run:
 //! `cargo bench -p leasehold-broker --bench claim_keyspace -- --keys 1000000 --claims 100`
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::collections::HashMap;
 use std::sync::Arc;

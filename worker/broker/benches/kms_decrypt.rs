@@ -7,6 +7,7 @@
 //!
 //! Needs `LEASEHOLD_TEST_DYNAMODB_ENDPOINT` (scripts/bench.sh sets it).
 //! Run: `cargo bench -p leasehold-broker --bench kms_decrypt`
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,6 @@
 //! The ECS launcher against the local server's ECS API (moto): RunTask with the
 //! pool group and a cold-start `USER_ID`, ListTasks/DescribeTasks, StopTask.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use aws_sdk_ecs::types::{ContainerDefinition, LaunchType};
 use leasehold_broker::launcher::{EcsLauncher, EcsSettings, TaskLauncher};

@@ -2,6 +2,7 @@
 //! `leasehold dev` runs. A pool worker is claimed through the pool manager's
 //! claim path, serves a request, stops at once on shutdown, and the sweep
 //! clears what a vanished worker left behind.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

@@ -1,6 +1,7 @@
 //! The broker worker against the real `redis-server`, driven like the API would
 //! drive it: raw Redis commands and the key schema of docs/redis.md only. Each
 //! test uses its own database index, because `pool:claims` is one shared list.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -76,7 +77,11 @@ impl Env {
         )]);
         let config = BrokerWorkerConfig::for_tests(&worker_id, user_id, Duration::from_millis(200));
         let cipher = Arc::new(AesGcmCipher::from_base64_key(&self.key).unwrap());
-        let bus = Arc::new(leasehold_pool::bus::redis::RedisPoolBus::connect(&self.url).await.unwrap());
+        let bus = Arc::new(
+            leasehold_pool::bus::redis::RedisPoolBus::connect(&self.url)
+                .await
+                .unwrap(),
+        );
         let worker = BrokerWorker::new(config, bus, cipher, brokers, Arc::new(telemetry.clone()));
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();

@@ -8,6 +8,7 @@
 //! (associated data); tampering anywhere is refused; a wrong or unknown key id
 //! gives a clear error naming the key; throttling is retried by the SDK, then
 //! reported as such; no error text holds a secret or key material.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};

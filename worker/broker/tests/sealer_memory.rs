@@ -4,6 +4,7 @@
 //! a user without a grant, a user the asker does not hold, a key the holder
 //! did not publish — and a claim pushed without a grant is dead-lettered with
 //! the sealer's reason.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! One pool bus conformance suite, run against both buses (the in-memory bus
 //! must behave as the Redis layout of docs/redis.md does).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use leasehold_pool::bus::conformance::{MemoryTarget, RedisTarget};
 

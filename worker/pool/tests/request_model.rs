@@ -51,6 +51,7 @@
 //! answered `expired` (the lost record hid an order placed before the
 //! expiry); the core now does (`LookUpFor::Expired`). `LEASEHOLD_MODEL_DEPTH`
 //! bounds the search (by default deep enough to exhaust the model).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use leasehold_pool::bus::Begun;
 use leasehold_pool::protocol::{ErrorCode, record};

@@ -1,4 +1,5 @@
 //! The sink conformance suite: one set of checks, run against both sinks.
+#![allow(clippy::unwrap_used)] // a test suite: a panic is its report
 
 use std::sync::Arc;
 

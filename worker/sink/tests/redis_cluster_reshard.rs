@@ -3,6 +3,7 @@
 //! that do what the runner does (open, write, open again when the sink asks,
 //! retry when it is unavailable) store each sequence once, in order. A binary
 //! of its own: resharding moves every test's keys.
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

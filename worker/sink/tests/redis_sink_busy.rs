@@ -1,6 +1,7 @@
 //! The Redis sink behind a busy Redis. A binary of its own: the test stalls
 //! the shared test Redis for most of a second, which must not hit other tests
 //! (cargo runs test binaries one after another).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use leasehold_sink::conformance::{OPTIONS, RedisTarget};
 

@@ -1,4 +1,5 @@
 //! One sink conformance suite, run against both sinks (docs/invariants.md, invariant 2).
+#![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use leasehold_sink::conformance::{MemoryTarget, OPTIONS, RedisTarget};
 

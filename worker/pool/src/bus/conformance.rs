@@ -2,6 +2,7 @@
 //! (`worker/tests/bus_conformance.rs`). Every check uses keys of its own except
 //! the two global ones (`pool:claims`, `maintenance:last_report`), each touched
 //! by one check only, so the checks can run in parallel on one Redis database.
+#![allow(clippy::unwrap_used)] // a test suite: a panic is its report
 
 use std::sync::Arc;
 use std::time::Duration;
