@@ -11,7 +11,7 @@ use leasehold_control::schema::{self, AttrValue, RawItem};
 use leasehold_control::store::{AcquireRequest, CheckpointRequest, ReleaseRequest};
 use leasehold_pool::bus::{BusError, Inspect, StoredMark};
 use leasehold_pool::keys;
-use leasehold_pool::protocol::MarkValue;
+use leasehold_pool::protocol::{MarkValue, metadata};
 use leasehold_pool::read::{Finding, PoolReader, SweepReport};
 use leasehold_telemetry::OrphanKind;
 
@@ -232,9 +232,9 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         PoolEntry::Hash(
             keys::worker_metadata("u42"),
             vec![
-                ("task_arn".into(), claimed.task_id.clone()),
-                ("instance_id".into(), "i-0abc123".into()),
-                ("launched_at".into(), (now - 900_000).to_string()),
+                (metadata::TASK_ARN.into(), claimed.task_id.clone()),
+                (metadata::INSTANCE_ID.into(), "i-0abc123".into()),
+                (metadata::LAUNCHED_AT.into(), (now - 900_000).to_string()),
             ],
         ),
         PoolEntry::List(requests.clone(), vec!["{}".into(), "{}".into()]),

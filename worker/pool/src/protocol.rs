@@ -705,7 +705,7 @@ pub fn dead_letter_truncated(reason: &str, head: &[u8], length: u64, at_unix_ms:
 }
 
 mod stored;
-pub use stored::{MarkValue, PaperOrder, record};
+pub use stored::{MarkValue, PaperOrder, metadata, record};
 
 #[cfg(test)]
 mod tests;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bus::{BusError, Inspect};
 use crate::keys;
-use crate::protocol::MarkValue;
+use crate::protocol::{MarkValue, metadata as field};
 
 /// Read-only, layout-aware access to the pool.
 #[async_trait]
@@ -248,14 +248,19 @@ async fn claimed_user<R: Inspect + ?Sized>(
         worker_id: mark.as_ref().map(|m| m.worker_id.clone()),
         task_id: mark.as_ref().map(|m| m.task_id.clone()),
         heartbeat_at_ms: mark.map(|m| m.heartbeat_at as i64),
-        task_arn: metadata.get("task_arn").filter(|v| !v.is_empty()).cloned(),
-        instance_id: metadata
-            .get("instance_id")
+        task_arn: metadata
+            .get(field::TASK_ARN)
             .filter(|v| !v.is_empty())
             .cloned(),
-        launched_at_ms: metadata.get("launched_at").and_then(|v| v.parse().ok()),
+        instance_id: metadata
+            .get(field::INSTANCE_ID)
+            .filter(|v| !v.is_empty())
+            .cloned(),
+        launched_at_ms: metadata
+            .get(field::LAUNCHED_AT)
+            .and_then(|v| v.parse().ok()),
         sidecar_url: metadata
-            .get("sidecar_url")
+            .get(field::SIDECAR_URL)
             .filter(|v| !v.is_empty())
             .cloned(),
         requests_queued: reader.list_len(&requests).await?,

@@ -28,6 +28,19 @@ pub mod record {
     pub const DONE: &str = "done";
 }
 
+/// The claimed worker's metadata hash `worker:metadata:{user_id}`: its field
+/// names, spelled once for both buses, their scripts and the pool's readers.
+pub mod metadata {
+    /// ECS task ARN, or the local task id.
+    pub const TASK_ARN: &str = "task_arn";
+    /// Host (EC2 instance id or host name).
+    pub const INSTANCE_ID: &str = "instance_id";
+    /// Process start, unix ms.
+    pub const LAUNCHED_AT: &str = "launched_at";
+    /// The worker's sidecar (`http://IP:PORT`); absent when it has none.
+    pub const SIDECAR_URL: &str = "sidecar_url";
+}
+
 /// An order in the paper broker's ledger (`paper:orders:{account_id}`, field =
 /// its client order id), as a real broker reports an order.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::bus::{BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, MarkWrite, MessageKind, UserMessage};
 use crate::keys;
-use crate::protocol::{self, record};
+use crate::protocol::{self, metadata as field, record};
 use crate::settlement::RecordView;
 
 /// Redis's text for an operation on a key of another type.
@@ -425,12 +425,12 @@ impl Keyspace {
         let key = keys::worker_metadata(mark.user_id);
         let metadata = mark.metadata;
         let mut fields = vec![
-            ("task_arn", metadata.task_arn.clone()),
-            ("instance_id", metadata.instance_id.clone()),
-            ("launched_at", metadata.launched_at.to_string()),
+            (field::TASK_ARN, metadata.task_arn.clone()),
+            (field::INSTANCE_ID, metadata.instance_id.clone()),
+            (field::LAUNCHED_AT, metadata.launched_at.to_string()),
         ];
         if let Some(url) = &metadata.sidecar_url {
-            fields.push(("sidecar_url", url.clone()));
+            fields.push((field::SIDECAR_URL, url.clone()));
         }
         self.hash_set(&key, &fields, now)?;
         self.expire(&key, ttl, now);

@@ -3,7 +3,7 @@
 //! the `PoolBus` impl because they are the layout's contract with APIs in
 //! other languages (docs/redis.md) and read as one program.
 
-use crate::protocol::record;
+use crate::protocol::{metadata, record};
 use leasehold_platform::redis_functions::StoredFunction;
 
 /// KEYS: control list, processing list, request list, control processing
@@ -183,9 +183,7 @@ const CLAIM: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   redis.call('DEL', KEYS[2])
   redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], 'task_arn', ARGV[3], 'instance_id', ARGV[4], 'launched_at', ARGV[5])
-  if ARGV[6] ~= '' then redis.call('HSET', KEYS[3], 'sidecar_url', ARGV[6]) end
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
+  write_metadata(KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
   return 1
 end
 return 0
@@ -206,9 +204,7 @@ if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return -1 end
 if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', ARGV[3]) then
   redis.call('DEL', KEYS[3])
   redis.call('DEL', KEYS[4])
-  redis.call('HSET', KEYS[4], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
-  if ARGV[10] ~= '' then redis.call('HSET', KEYS[4], 'sidecar_url', ARGV[10]) end
-  redis.call('EXPIRE', KEYS[4], ARGV[3])
+  write_metadata(KEYS[4], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[10])
   redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[9])
   return 1
 end
@@ -362,9 +358,7 @@ end
 /// A mark that expired (Redis was unreachable for a while) is taken back.
 const HEARTBEAT: &str = r#"
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-redis.call('HSET', KEYS[2], 'task_arn', ARGV[4], 'instance_id', ARGV[5], 'launched_at', ARGV[6])
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[2], 'sidecar_url', ARGV[7]) end
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+write_metadata(KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 return 1
 "#;
 
@@ -374,6 +368,27 @@ const RELEASE: &str = r#"
 redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;
+
+/// The metadata hash write the claim, settle and heartbeat scripts share:
+/// field names from `protocol::metadata`, the sidecar left out when '' (none),
+/// the hash expiring with the mark.
+const WRITE_METADATA: &str = r#"
+local function write_metadata(key, ttl, task_arn, instance_id, launched_at, sidecar_url)
+  redis.call('HSET', key, '{task_arn}', task_arn, '{instance_id}', instance_id, '{launched_at}', launched_at)
+  if sidecar_url ~= '' then redis.call('HSET', key, '{sidecar_url}', sidecar_url) end
+  redis.call('EXPIRE', key, ttl)
+end
+"#;
+
+/// A script that writes the metadata hash, with `write_metadata` defined.
+fn writing_metadata(body: &str) -> String {
+    let prelude = WRITE_METADATA
+        .replace("{task_arn}", metadata::TASK_ARN)
+        .replace("{instance_id}", metadata::INSTANCE_ID)
+        .replace("{launched_at}", metadata::LAUNCHED_AT)
+        .replace("{sidecar_url}", metadata::SIDECAR_URL);
+    format!("{prelude}{body}")
+}
 
 /// A take script behind the retirement guard.
 fn unless_retired(body: &str) -> String {
@@ -414,8 +429,8 @@ pub(super) struct Functions {
 impl Functions {
     pub(super) fn new() -> Self {
         Functions {
-            claim: StoredFunction::new(CLAIM),
-            heartbeat: StoredFunction::new(&guarded(HEARTBEAT)),
+            claim: StoredFunction::new(&writing_metadata(CLAIM)),
+            heartbeat: StoredFunction::new(&writing_metadata(&guarded(HEARTBEAT))),
             release: StoredFunction::new(&guarded(RELEASE)),
             next_user_message: StoredFunction::new(NEXT_USER_MESSAGE),
             begin_request: StoredFunction::new(&with_record_fields(&format!(
@@ -428,7 +443,7 @@ impl Functions {
             excess_requests: StoredFunction::new(EXCESS_REQUESTS),
             shed_request: StoredFunction::new(&with_record_fields(SHED_REQUEST)),
             record_paper_order: StoredFunction::new(RECORD_PAPER_ORDER),
-            settle_claim: StoredFunction::new(SETTLE_CLAIM),
+            settle_claim: StoredFunction::new(&writing_metadata(SETTLE_CLAIM)),
             fail_claim: StoredFunction::new(FAIL_CLAIM),
             return_claim: StoredFunction::new(RETURN_CLAIM),
             requeue_claims: StoredFunction::new(REQUEUE_CLAIMS),
