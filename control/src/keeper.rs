@@ -50,15 +50,11 @@ pub struct KeeperConfig {
 }
 
 impl Default for KeeperConfig {
+    /// What an empty environment configures: the defaults are written once,
+    /// in the `LEASE_*` settings.
     fn default() -> Self {
-        KeeperConfig {
-            owner_id: crate::settings::default_owner_id(),
-            lease: Duration::from_secs(30),
-            renew_interval: Duration::from_secs(10),
-            safety_margin: Duration::from_secs(3),
-            skew_margin: Duration::from_secs(1),
-            retry: Backoff::default(),
-        }
+        let no_variables = |_: &str| None;
+        crate::settings::lease_settings(&mut leasehold_platform::Env::new(&no_variables)).keeper
     }
 }
 

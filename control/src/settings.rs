@@ -180,7 +180,7 @@ pub fn lease_settings(env: &mut Env) -> LeaseSettings {
             renew_interval: renew,
             safety_margin: safety,
             skew_margin: skew,
-            ..KeeperConfig::default()
+            retry: leasehold_platform::Backoff::default(),
         },
     }
 }

@@ -95,6 +95,19 @@ impl<T: 'static> Setting<T> {
             _ => None,
         }
     }
+
+    /// The default of a setting that has a fixed one: what a config struct's
+    /// `Default` uses, so a default is written once, in its setting.
+    ///
+    /// # Panics
+    /// When the setting has no fixed default (a programming error that any
+    /// test building the `Default` finds).
+    pub fn fixed_default(&self) -> T {
+        match &self.fallback {
+            Fallback::Value(make) => make(),
+            _ => panic!("{} has no fixed default", self.name),
+        }
+    }
 }
 
 /// A setting of any type, as the documentation and the README check see it.

@@ -78,7 +78,7 @@ impl Default for RunnerConfig {
                 base: Duration::from_millis(50),
                 cap: Duration::from_secs(2),
             },
-            sink_max_failures: 10,
+            sink_max_failures: crate::settings::SINK_MAX_FAILURES.fixed_default(),
             lag_report_interval: Duration::from_secs(1),
             resume: ResumeMode::Replay,
             seq_step: SeqStep::Contiguous,

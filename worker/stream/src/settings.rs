@@ -515,6 +515,38 @@ mod tests {
         assert_eq!(settings.shipper.capacity, 65_536);
     }
 
+    /// The config structs' `Default`s are what an unset environment gives, so
+    /// code built with `..Default::default()` behaves as a deployed worker.
+    #[test]
+    fn config_defaults_are_the_settings_defaults() {
+        let settings = parse(&lookup(&[
+            ("UPSTREAM_URL", "ws://127.0.0.1:9000/"),
+            ("SINK_URL", "memory:"),
+            ("OWNER_ID", "w"),
+        ]))
+        .unwrap();
+        let worker = StreamWorkerConfig::default();
+        assert_eq!(settings.worker.max_streams, worker.max_streams);
+        assert_eq!(
+            settings.worker.discovery_interval,
+            worker.discovery_interval
+        );
+        assert_eq!(settings.worker.handoff_poll, worker.handoff_poll);
+        assert_eq!(settings.worker.drain_timeout, worker.drain_timeout);
+        let runner = RunnerConfig::default();
+        assert_eq!(settings.runner.batch_max_events, runner.batch_max_events);
+        assert_eq!(settings.runner.sink_max_failures, runner.sink_max_failures);
+        let keeper = leasehold_control::keeper::KeeperConfig::default();
+        assert_eq!(settings.lease.keeper.lease, keeper.lease);
+        assert_eq!(settings.lease.keeper.renew_interval, keeper.renew_interval);
+        assert_eq!(settings.lease.keeper.safety_margin, keeper.safety_margin);
+        assert_eq!(settings.lease.keeper.skew_margin, keeper.skew_margin);
+        let sink = SinkOptions::default();
+        assert_eq!(settings.sink.reply_timeout, sink.reply_timeout);
+        assert_eq!(settings.sink.wait_timeout, sink.wait_timeout);
+        assert_eq!(settings.sink.max_len, sink.max_len);
+    }
+
     #[test]
     fn backfill_reads_its_history_with_the_stream_pointers_by_default() {
         let base = [

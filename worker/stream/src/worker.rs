@@ -71,12 +71,16 @@ pub struct StreamWorkerConfig {
 }
 
 impl Default for StreamWorkerConfig {
+    /// The settings' defaults (written once, in `crate::settings`).
     fn default() -> Self {
+        use crate::settings::{
+            DISCOVERY_INTERVAL_MS, DRAIN_TIMEOUT_MS, HANDOFF_POLL_MS, MAX_STREAMS,
+        };
         StreamWorkerConfig {
-            max_streams: 100,
-            discovery_interval: Duration::from_secs(5),
-            handoff_poll: Duration::from_millis(250),
-            drain_timeout: Duration::from_secs(20),
+            max_streams: MAX_STREAMS.fixed_default(),
+            discovery_interval: DISCOVERY_INTERVAL_MS.fixed_default(),
+            handoff_poll: HANDOFF_POLL_MS.fixed_default(),
+            drain_timeout: DRAIN_TIMEOUT_MS.fixed_default(),
             register: Vec::new(),
             sidecar_url: None,
         }
