@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::keys;
+use leasehold_pool::state::PoolState;
 use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{LaunchError, TaskLauncher};
@@ -143,8 +144,8 @@ pub async fn wait_for_outcome(
 ) -> Result<Option<Result<ClaimOutcome, ParseError>>, BusError> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(text) = bus.get(&keys::claim_outcome(claim_id)).await? {
-            return Ok(Some(ClaimOutcome::parse(&text)));
+        if let Some(outcome) = bus.claim_outcome(claim_id).await? {
+            return Ok(Some(outcome));
         }
         if tokio::time::Instant::now() >= deadline {
             return Ok(None);

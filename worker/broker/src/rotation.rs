@@ -8,6 +8,7 @@
 use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::GrantReason;
+use leasehold_pool::state::PoolState;
 
 use crate::credentials::{CipherError, Keyring, Rewrapped};
 
@@ -82,19 +83,18 @@ pub async fn rotate_all(
     bus: &dyn PoolBus,
     keyring: &Keyring,
 ) -> Result<RotationReport, RotationError> {
-    let names = bus
-        .scan_keys(&keys::credentials("*"))
+    let users = bus
+        .users_with_credentials()
         .await
         .map_err(RotationError::List)?;
     let mut report = RotationReport {
-        found: names.len(),
+        found: users.len(),
         ..RotationReport::default()
     };
-    for name in names {
-        let Some(user_id) = name.strip_prefix(&keys::credentials("")) else {
-            continue;
-        };
-        match rotate_one(bus, keyring, user_id).await {
+    for user_id in users {
+        // The report names blobs by key, as the operator finds them in Redis.
+        let name = keys::credentials(&user_id);
+        match rotate_one(bus, keyring, &user_id).await {
             Ok(Rotated::Done { reloaded, migrated }) => {
                 report.rotated += 1;
                 report.migrated += usize::from(migrated);

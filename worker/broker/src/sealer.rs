@@ -33,7 +33,8 @@ use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::claim_users::{ClaimUsers, RedisLogin};
 use leasehold_pool::keys;
-use leasehold_pool::protocol::{self, CredentialsGrant, GrantReason, MarkValue};
+use leasehold_pool::protocol::{self, GrantReason, MarkValue};
+use leasehold_pool::state::PoolState;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 
@@ -285,18 +286,13 @@ impl CredentialSealer {
         sealing::parse_public_key(&request.seal_key)
             .map_err(|err| SealRefusal::BadRequest(err.to_string()))?;
         let user_id = request.user_id.as_str();
-        let Some(grant) = self.bus.get(&keys::credentials_grant(user_id)).await? else {
+        let Some(grant) = self.bus.credentials_grant(user_id).await? else {
             return Err(SealRefusal::NoGrant(user_id.to_owned()));
         };
-        let user_mark = self.mark(&keys::worker_active(user_id)).await?;
+        let user_mark = self.bus.user_mark(user_id).await?;
         let (pool_mark, taken) = if user_mark.is_none() {
-            let pool_mark = self
-                .mark(&keys::pool_worker_active(&request.worker_id))
-                .await?;
-            let taken = self
-                .bus
-                .list_items(&keys::claims_processing(&request.worker_id))
-                .await?;
+            let pool_mark = self.bus.pool_mark(&request.worker_id).await?;
+            let taken = self.bus.claims_taken_by(&request.worker_id).await?;
             (pool_mark, taken)
         } else {
             (None, Vec::new())
@@ -331,9 +327,7 @@ impl CredentialSealer {
         let sealed = seal(&plaintext)?;
         // A reload keeps the login the worker has: a new password would cut
         // its next reconnect.
-        let new_holder = serde_json::from_str::<CredentialsGrant>(&grant)
-            .map(|grant| grant.reason != GrantReason::Reload)
-            .unwrap_or(true);
+        let new_holder = grant.is_none_or(|grant| grant.reason != GrantReason::Reload);
         let redis = match &self.claim_users {
             Some(claim_users) if new_holder => {
                 let login = claim_users.create(user_id).await?;
@@ -348,14 +342,6 @@ impl CredentialSealer {
             credentials: sealed,
             redis,
         })
-    }
-
-    async fn mark(&self, key: &str) -> Result<Option<MarkValue>, BusError> {
-        Ok(self
-            .bus
-            .get(key)
-            .await?
-            .and_then(|text| MarkValue::parse(&text)))
     }
 }
 

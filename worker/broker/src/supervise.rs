@@ -36,6 +36,7 @@ use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::keys;
 use leasehold_pool::read::Finding;
+use leasehold_pool::state::PoolState;
 use leasehold_telemetry::{OrphanKind, ReservePath, TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{RunningTask, TaskLauncher};
@@ -94,20 +95,7 @@ pub struct Supervised {
 /// Users with work waiting: queued or in-flight requests, or a "wants a
 /// worker" mark.
 async fn users_with_work(bus: &dyn PoolBus) -> Result<BTreeSet<String>, PoolError> {
-    let mut users = BTreeSet::new();
-    for pattern in [
-        keys::USER_REQUESTS_PATTERN,
-        keys::USER_PROCESSING_PATTERN,
-        keys::USER_WANTED_PATTERN,
-    ] {
-        for key in bus.scan_keys(pattern).await? {
-            // Empty lists do not exist in Redis; a key is work.
-            if let Some(user) = keys::user_in(pattern, &key) {
-                users.insert(user);
-            }
-        }
-    }
-    Ok(users)
+    Ok(bus.users_with_work().await?)
 }
 
 /// How one look sees a user's mark.

@@ -32,6 +32,7 @@ use std::time::Duration;
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_platform::backoff::Backoff;
 use leasehold_pool::keys;
+use leasehold_pool::state::PoolState;
 use leasehold_telemetry::{ClaimResult, PoolWorkerStateKind, TelemetryEvent, TelemetrySink};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -56,11 +57,9 @@ const ALREADY_SERVED: &str = "user already has an active worker";
 /// which re-queues the claims of every dead worker that was in the idle pool.
 pub async fn requeue_dead_claims(bus: &dyn PoolBus) -> Result<u64, BusError> {
     let mut requeued = 0;
-    for key in bus.scan_keys(keys::CLAIMS_PROCESSING_PATTERN).await? {
-        if let Some(worker_id) = keys::claims_processing_owner(&key) {
-            // The script checks the pool mark itself, in the same step.
-            requeued += bus.requeue_claims(worker_id).await?;
-        }
+    for worker_id in bus.workers_with_taken_claims().await? {
+        // The script checks the pool mark itself, in the same step.
+        requeued += bus.requeue_claims(&worker_id).await?;
     }
     Ok(requeued)
 }

@@ -14,6 +14,9 @@
 //!   loop, both buses and the request model checker.
 //! - [`read`]: [`read::PoolReader`], the one read model (idle workers, claimed
 //!   users and their queues, the sweep report) for the dashboard and observer.
+//! - [`state`]: [`state::PoolState`], typed reads for the components that act
+//!   on the pool (claim outcome, grant, marks, taken claims, users with work),
+//!   so their code spells no key and parses no raw value.
 //! - [`claim_users`]: per-claim Redis users (self-managed Redis), confined to
 //!   one user's keys, made and swept by the credential sealer.
 //! - [`settings`]: where the pool lives (`REDIS_URL`).
@@ -25,3 +28,4 @@ pub mod protocol;
 pub mod read;
 pub mod settings;
 pub mod settlement;
+pub mod state;

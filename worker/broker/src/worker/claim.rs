@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use leasehold_platform::backoff::Backoff;
 use leasehold_pool::keys;
+use leasehold_pool::state::PoolState;
 use leasehold_telemetry::{ClaimResult, PoolWorkerStateKind, TelemetryEvent};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -18,7 +19,7 @@ use crate::sealer::Unsealed;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusError, ClaimSettle, Settled};
 use leasehold_pool::claim_users::{RedisLogin, login_url};
-use leasehold_pool::protocol::{self, ClaimMessage, ClaimOutcome, MarkValue};
+use leasehold_pool::protocol::{self, ClaimMessage, ClaimOutcome};
 
 use super::{
     ALREADY_SERVED, BrokerWorker, Claimed, TRANSIENT_CREDENTIALS_PAUSE, WorkerError, WorkerExit,
@@ -114,24 +115,20 @@ impl BrokerWorker {
                     self.claim_event(Some(&claim.user_id), ClaimResult::Error, ALREADY_SERVED);
                     return false;
                 }
-                Ok(Settled::NotHeld) => {
-                    match self.bus.get(&keys::worker_active(&claim.user_id)).await {
-                        Ok(mark) => {
-                            let mine = mark
-                                .and_then(|mark| MarkValue::parse(&mark))
-                                .is_some_and(|mark| mark.worker_id == worker_id);
-                            if !mine {
-                                tracing::info!(
-                                    user_id = claim.user_id,
-                                    claim_id = claim.claim_id,
-                                    "claim left this worker's list without this worker taking the user; back to the pool"
-                                );
-                            }
-                            return mine;
+                Ok(Settled::NotHeld) => match self.bus.user_mark(&claim.user_id).await {
+                    Ok(mark) => {
+                        let mine = mark.is_some_and(|mark| mark.worker_id == worker_id);
+                        if !mine {
+                            tracing::info!(
+                                user_id = claim.user_id,
+                                claim_id = claim.claim_id,
+                                "claim left this worker's list without this worker taking the user; back to the pool"
+                            );
                         }
-                        Err(err) => err,
+                        return mine;
                     }
-                }
+                    Err(err) => err,
+                },
                 Err(err) => err,
             };
             tracing::warn!(user_id = claim.user_id, claim_id = claim.claim_id, error = %problem, "claim outcome unknown; asking the pool bus again");
