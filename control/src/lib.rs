@@ -10,7 +10,8 @@
 //! - [`lease`]: the typed [`Lease`] record and its derived state.
 //! - [`store`]: the [`LeaseReader`] (read-only) and [`LeaseStore`] traits, the
 //!   error enum, and the two backends
-//!   ([`store::memory`] for `dev` and fast tests, [`store::dynamodb`] for production).
+//!   ([`store::memory`] for `dev` and fast tests, [`store::dynamodb`] for production);
+//!   [`store::intercept`] wraps any store to fail, hold or count its calls.
 //! - [`keeper`]: [`LeaseKeeper`], which holds leases, renews them on schedule and
 //!   tells the data path, before the holder's deadline, when a lease can no longer
 //!   be trusted.

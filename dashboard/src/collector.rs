@@ -323,39 +323,38 @@ mod tests {
     use std::sync::atomic::AtomicU32;
 
     use leasehold_control::clock::PausedClock;
-    use leasehold_control::lease::Lease;
+    use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
     use leasehold_control::store::memory::MemoryLeaseStore;
-    use leasehold_control::store::{Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore};
+    use leasehold_control::store::{LeaseError, LeaseStore};
 
     use crate::sources::sidecars::DiscoveryPolicy;
 
     use super::*;
 
-    /// Counts full scans (first pages) and remembers the consistency asked for.
+    /// Counts full scans (first pages) and the pages read strongly consistent.
+    #[derive(Default)]
     struct Counting {
-        inner: MemoryLeaseStore,
         scans: AtomicU32,
         strong_pages: AtomicU32,
     }
 
     #[async_trait::async_trait]
-    impl LeaseReader for Counting {
-        async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
-            self.inner.get_with(id, consistency).await
-        }
-        async fn list_with(
-            &self,
-            after: Option<&str>,
-            limit: usize,
-            consistency: Consistency,
-        ) -> Result<LeasePage, LeaseError> {
-            if after.is_none() {
-                self.scans.fetch_add(1, Ordering::SeqCst);
+    impl Interceptor for Counting {
+        async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
+            if let StoreOp::List {
+                start_after,
+                consistency,
+                ..
+            } = op
+            {
+                if start_after.is_none() {
+                    self.scans.fetch_add(1, Ordering::SeqCst);
+                }
+                if consistency.is_strong() {
+                    self.strong_pages.fetch_add(1, Ordering::SeqCst);
+                }
             }
-            if consistency.is_strong() {
-                self.strong_pages.fetch_add(1, Ordering::SeqCst);
-            }
-            self.inner.list_with(after, limit, consistency).await
+            Ok(())
         }
     }
 
@@ -364,11 +363,7 @@ mod tests {
         for i in 0..records {
             store.register(&format!("s-{i:05}"), 0).await.unwrap();
         }
-        let leases = Arc::new(Counting {
-            inner: store,
-            scans: AtomicU32::new(0),
-            strong_pages: AtomicU32::new(0),
-        });
+        let leases = Arc::new(Intercepted::new(Arc::new(store), Counting::default()));
         let settings = CollectorSettings {
             refresh: Duration::from_secs(1),
             scan_items_per_second: 1_000,
@@ -390,9 +385,9 @@ mod tests {
         stop.cancel();
         task.await.unwrap();
         (
-            leases.scans.load(Ordering::SeqCst),
+            leases.interceptor().scans.load(Ordering::SeqCst),
             collector.interval(),
-            leases.strong_pages.load(Ordering::SeqCst),
+            leases.interceptor().strong_pages.load(Ordering::SeqCst),
         )
     }
 

@@ -12,11 +12,8 @@ use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use leasehold_control::LeaseError;
-use leasehold_control::lease::Lease;
-use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, Consistency, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest,
-};
+use leasehold_control::store::AcquireRequest;
+use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_dashboard::collector::Collector;
 use leasehold_dashboard::sink::{SinkReadError, SinkReader};
 use leasehold_dashboard::testing::{
@@ -313,10 +310,10 @@ async fn errors_and_redirects_carry_the_security_headers_too() {
 async fn a_lease_table_that_cannot_be_read_keeps_the_last_view_and_invents_no_changes() {
     let target = MemoryTarget::default();
     seed_leases(&target, NOW).await;
-    let store = Arc::new(SwitchableStore {
-        inner: target.store(),
+    let switch = ListingSwitch {
         down: AtomicBool::new(true),
-    });
+    };
+    let store = Arc::new(Intercepted::new(target.store(), switch));
     let collector = collector_at(store.clone(), None, NOW);
     let router = router(&collector, None);
     // Down from the start: shown as such, nothing invented.
@@ -325,7 +322,7 @@ async fn a_lease_table_that_cannot_be_read_keeps_the_last_view_and_invents_no_ch
     assert!(page.contains("lease table unavailable:"), "{page}");
     assert!(page.contains("no data yet"), "{page}");
     // Back: the first good read is the baseline, not a burst of "takeovers".
-    store.down.store(false, Ordering::Relaxed);
+    store.interceptor().down.store(false, Ordering::Relaxed);
     tokio::time::advance(Duration::from_secs(2)).await;
     collector.refresh().await;
     assert_eq!(json(&router, "/api/streams").await["total"], 7);
@@ -335,7 +332,7 @@ async fn a_lease_table_that_cannot_be_read_keeps_the_last_view_and_invents_no_ch
     );
     // Down again for two minutes: the last good rows stay as they were read,
     // rather than being re-judged "expired" against a clock the table never saw.
-    store.down.store(true, Ordering::Relaxed);
+    store.interceptor().down.store(true, Ordering::Relaxed);
     tokio::time::advance(Duration::from_secs(120)).await;
     collector.refresh().await;
     let streams = json(&router, "/api/streams?state=owned").await;
@@ -353,57 +350,20 @@ async fn a_lease_table_that_cannot_be_read_keeps_the_last_view_and_invents_no_ch
     );
 }
 
-/// A lease store whose listing can be switched off (an unreachable table).
-struct SwitchableStore {
-    inner: Arc<dyn LeaseStore>,
+/// Switches a lease store's listing off (an unreachable table).
+struct ListingSwitch {
     down: AtomicBool,
 }
 
 #[async_trait::async_trait]
-impl LeaseStore for SwitchableStore {
-    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        self.inner.acquire(r).await
-    }
-    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
-        self.inner.renew(r).await
-    }
-    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
-        self.inner.checkpoint(r).await
-    }
-    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        self.inner.release(r).await
-    }
-    async fn force_release(&self, id: &str, now: i64) -> Result<Lease, LeaseError> {
-        self.inner.force_release(id, now).await
-    }
-    async fn register(&self, id: &str, now: i64) -> Result<bool, LeaseError> {
-        self.inner.register(id, now).await
-    }
-    async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
-        self.inner.bump(id, now).await
-    }
-    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
-        self.inner.lift_token(request).await
-    }
-}
-
-#[async_trait::async_trait]
-impl LeaseReader for SwitchableStore {
-    async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
-        self.inner.get_with(id, consistency).await
-    }
-    async fn list_with(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-        consistency: Consistency,
-    ) -> Result<LeasePage, LeaseError> {
-        if self.down.load(Ordering::Relaxed) {
+impl Interceptor for ListingSwitch {
+    async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
+        if matches!(op, StoreOp::List { .. }) && self.down.load(Ordering::Relaxed) {
             return Err(LeaseError::Transient {
                 message: "connection refused".into(),
             });
         }
-        self.inner.list_with(after, limit, consistency).await
+        Ok(())
     }
 }
 

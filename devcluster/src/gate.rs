@@ -7,11 +7,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use leasehold_control::LeaseError;
-use leasehold_control::lease::Lease;
-use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, Consistency, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest,
-};
+use leasehold_control::store::LeaseStore;
+use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, WriteOutcome};
 use tokio::sync::watch;
 
@@ -89,82 +86,19 @@ impl Gate {
     }
 }
 
-/// A lease store behind a gate.
-pub(crate) struct GatedStore {
-    inner: Arc<dyn LeaseStore>,
-    gate: Gate,
-}
+/// A lease store behind a gate: every call, read or write, passes the gate.
+pub(crate) type GatedStore = Intercepted<dyn LeaseStore, Gate>;
 
-impl GatedStore {
-    pub(crate) fn new(inner: Arc<dyn LeaseStore>, gate: Gate) -> Self {
-        GatedStore { inner, gate }
-    }
-
-    async fn pass(&self) -> Result<(), LeaseError> {
-        if self.gate.pass().await {
+#[async_trait]
+impl Interceptor for Gate {
+    async fn before(&self, _: StoreOp<'_>) -> Result<(), LeaseError> {
+        if self.pass().await {
             Ok(())
         } else {
             Err(LeaseError::Transient {
                 message: "dev chaos: this worker crashed".into(),
             })
         }
-    }
-}
-
-#[async_trait]
-impl LeaseStore for GatedStore {
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Lease, LeaseError> {
-        self.pass().await?;
-        self.inner.acquire(request).await
-    }
-    async fn renew(&self, request: &RenewRequest) -> Result<Lease, LeaseError> {
-        self.pass().await?;
-        self.inner.renew(request).await
-    }
-    async fn checkpoint(&self, request: &CheckpointRequest) -> Result<Lease, LeaseError> {
-        self.pass().await?;
-        self.inner.checkpoint(request).await
-    }
-    async fn release(&self, request: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        self.pass().await?;
-        self.inner.release(request).await
-    }
-    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
-        self.pass().await?;
-        self.inner.force_release(stream_id, now_ms).await
-    }
-    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
-        self.pass().await?;
-        self.inner.register(stream_id, now_ms).await
-    }
-    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
-        self.pass().await?;
-        self.inner.bump(record_id, now_ms).await
-    }
-    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
-        self.pass().await?;
-        self.inner.lift_token(request).await
-    }
-}
-
-#[async_trait]
-impl LeaseReader for GatedStore {
-    async fn get_with(
-        &self,
-        stream_id: &str,
-        consistency: Consistency,
-    ) -> Result<Lease, LeaseError> {
-        self.pass().await?;
-        self.inner.get_with(stream_id, consistency).await
-    }
-    async fn list_with(
-        &self,
-        start_after: Option<&str>,
-        limit: usize,
-        consistency: Consistency,
-    ) -> Result<LeasePage, LeaseError> {
-        self.pass().await?;
-        self.inner.list_with(start_after, limit, consistency).await
     }
 }
 

@@ -34,12 +34,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_control::clock::{Clock, PausedClock};
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
-use leasehold_control::lease::Lease;
 use leasehold_control::schema::{self, AttrValue, RawItem};
+use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest, list_all,
+    AcquireRequest, Consistency, LeaseError, LeaseStore, ReleaseRequest, RenewRequest, list_all,
 };
 use leasehold_dashboard::cluster::CollectorSettings;
 use leasehold_platform::settings::fixed_lookup;
@@ -229,7 +228,10 @@ struct Election {
 
 /// `contenders` sidecars contending for the observer lease for one hour.
 async fn election_hour(contenders: usize) -> Election {
-    let table = Arc::new(Counting::default());
+    let table = Arc::new(Intercepted::new(
+        Arc::new(MemoryLeaseStore::new()),
+        Counting::default(),
+    ));
     let clock: Arc<dyn Clock> = Arc::new(PausedClock::starting_at(T0));
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
@@ -259,70 +261,36 @@ async fn election_hour(contenders: usize) -> Election {
         let _ = task.await;
     }
     Election {
-        writes: table.writes.load(Ordering::SeqCst),
-        refused: table.refused.load(Ordering::SeqCst),
-        looks: table.looks.load(Ordering::SeqCst),
+        writes: table.interceptor().writes.load(Ordering::SeqCst),
+        refused: table.interceptor().refused.load(Ordering::SeqCst),
+        looks: table.interceptor().looks.load(Ordering::SeqCst),
     }
 }
 
+/// Counts the election's writes (and those the store refused) and its looks
+/// (single-record reads; listings are not counted).
 #[derive(Default)]
 struct Counting {
-    inner: MemoryLeaseStore,
     writes: AtomicU64,
     refused: AtomicU64,
     looks: AtomicU64,
 }
 
-impl Counting {
-    fn wrote<T>(&self, result: Result<T, LeaseError>) -> Result<T, LeaseError> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        if result.is_err() {
-            self.refused.fetch_add(1, Ordering::SeqCst);
+#[async_trait]
+impl Interceptor for Counting {
+    async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
+        if matches!(op, StoreOp::Get { .. }) {
+            self.looks.fetch_add(1, Ordering::SeqCst);
         }
-        result
+        Ok(())
     }
-}
 
-#[async_trait]
-impl LeaseStore for Counting {
-    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        self.wrote(self.inner.acquire(r).await)
-    }
-    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
-        self.wrote(self.inner.renew(r).await)
-    }
-    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
-        self.wrote(self.inner.checkpoint(r).await)
-    }
-    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        self.wrote(self.inner.release(r).await)
-    }
-    async fn force_release(&self, id: &str, now: i64) -> Result<Lease, LeaseError> {
-        self.wrote(self.inner.force_release(id, now).await)
-    }
-    async fn register(&self, id: &str, now: i64) -> Result<bool, LeaseError> {
-        self.wrote(self.inner.register(id, now).await)
-    }
-    async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
-        self.wrote(self.inner.bump(id, now).await)
-    }
-    async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
-        self.wrote(self.inner.lift_token(r).await)
-    }
-}
-
-#[async_trait]
-impl LeaseReader for Counting {
-    async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
-        self.looks.fetch_add(1, Ordering::SeqCst);
-        self.inner.get_with(id, consistency).await
-    }
-    async fn list_with(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-        consistency: Consistency,
-    ) -> Result<LeasePage, LeaseError> {
-        self.inner.list_with(after, limit, consistency).await
+    fn after(&self, op: StoreOp<'_>, outcome: Result<(), &LeaseError>) {
+        if op.is_write() {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            if outcome.is_err() {
+                self.refused.fetch_add(1, Ordering::SeqCst);
+            }
+        }
     }
 }

@@ -291,11 +291,8 @@ mod tests {
     use async_trait::async_trait;
     use leasehold_control::clock::PausedClock;
     use leasehold_control::keeper::KeeperConfig;
+    use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
     use leasehold_control::store::memory::MemoryLeaseStore;
-    use leasehold_control::store::{
-        AcquireRequest, CheckpointRequest, LeasePage, LeaseReader, LeaseStore, LiftRequest,
-        ReleaseRequest, RenewRequest,
-    };
     use leasehold_telemetry::LogSink;
 
     use super::*;
@@ -348,89 +345,49 @@ mod tests {
     /// which can be cut off (a crashed or partitioned sidecar).
     #[derive(Default)]
     struct Table {
-        store: MemoryLeaseStore,
+        store: Arc<MemoryLeaseStore>,
+        counts: Arc<Counts>,
+    }
+
+    /// Every view's calls that reached the table.
+    #[derive(Default)]
+    struct Counts {
         writes: AtomicU64,
         failed_writes: AtomicU64,
         reads: AtomicU64,
     }
 
-    struct View {
-        table: Arc<Table>,
+    type View = Intercepted<MemoryLeaseStore, Cut>;
+
+    /// One contender's link to the table: counts into the shared counts, and
+    /// refuses everything while `down` (nothing reaches the table, nothing is
+    /// counted).
+    struct Cut {
+        counts: Arc<Counts>,
         down: AtomicBool,
     }
 
-    impl View {
-        fn check(&self) -> Result<(), LeaseError> {
+    #[async_trait]
+    impl Interceptor for Cut {
+        async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
             if self.down.load(Ordering::SeqCst) {
-                Err(LeaseError::Transient {
+                return Err(LeaseError::Transient {
                     message: "cut off".into(),
-                })
-            } else {
-                Ok(())
+                });
             }
-        }
-
-        fn wrote<T>(&self, result: Result<T, LeaseError>) -> Result<T, LeaseError> {
-            self.table.writes.fetch_add(1, Ordering::SeqCst);
-            if result.is_err() {
-                self.table.failed_writes.fetch_add(1, Ordering::SeqCst);
+            if !op.is_write() {
+                self.counts.reads.fetch_add(1, Ordering::SeqCst);
             }
-            result
+            Ok(())
         }
-    }
 
-    #[async_trait]
-    impl LeaseStore for View {
-        async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.acquire(r).await)
-        }
-        async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.renew(r).await)
-        }
-        async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.checkpoint(r).await)
-        }
-        async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.release(r).await)
-        }
-        async fn force_release(&self, id: &str, now: i64) -> Result<Lease, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.force_release(id, now).await)
-        }
-        async fn register(&self, id: &str, now: i64) -> Result<bool, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.register(id, now).await)
-        }
-        async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.bump(id, now).await)
-        }
-        async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
-            self.check()?;
-            self.wrote(self.table.store.lift_token(r).await)
-        }
-    }
-
-    #[async_trait]
-    impl LeaseReader for View {
-        async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
-            self.check()?;
-            self.table.reads.fetch_add(1, Ordering::SeqCst);
-            self.table.store.get_with(id, consistency).await
-        }
-        async fn list_with(
-            &self,
-            after: Option<&str>,
-            limit: usize,
-            consistency: Consistency,
-        ) -> Result<LeasePage, LeaseError> {
-            self.check()?;
-            self.table.reads.fetch_add(1, Ordering::SeqCst);
-            self.table.store.list_with(after, limit, consistency).await
+        fn after(&self, op: StoreOp<'_>, outcome: Result<(), &LeaseError>) {
+            if op.is_write() {
+                self.counts.writes.fetch_add(1, Ordering::SeqCst);
+                if outcome.is_err() {
+                    self.counts.failed_writes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
         }
     }
 
@@ -453,10 +410,13 @@ mod tests {
         let mut views = Vec::new();
         let mut keepers = Vec::new();
         for index in 0..contenders {
-            let view = Arc::new(View {
-                table: table.clone(),
-                down: AtomicBool::new(false),
-            });
+            let view = Arc::new(Intercepted::new(
+                table.store.clone(),
+                Cut {
+                    counts: table.counts.clone(),
+                    down: AtomicBool::new(false),
+                },
+            ));
             let keeper = LeaseKeeper::new(
                 view.clone(),
                 clock.clone(),
@@ -498,9 +458,9 @@ mod tests {
     impl Election {
         fn counts(&self) -> (u64, u64, u64) {
             (
-                self.table.writes.load(Ordering::SeqCst),
-                self.table.failed_writes.load(Ordering::SeqCst),
-                self.table.reads.load(Ordering::SeqCst),
+                self.table.counts.writes.load(Ordering::SeqCst),
+                self.table.counts.failed_writes.load(Ordering::SeqCst),
+                self.table.counts.reads.load(Ordering::SeqCst),
             )
         }
 
@@ -557,7 +517,10 @@ mod tests {
         tokio::time::sleep(RENEW * 3).await;
         let (first, lease) = election.holder();
         // The holder is cut off: its renews fail, its record runs out.
-        election.views[first].down.store(true, Ordering::SeqCst);
+        election.views[first]
+            .interceptor()
+            .down
+            .store(true, Ordering::SeqCst);
         let cut = tokio::time::Instant::now();
         let (writes, failed, _) = election.counts();
         while election.winners() == 1 {

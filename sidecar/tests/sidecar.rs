@@ -8,13 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
-use leasehold_control::lease::Lease;
 use leasehold_control::pacing::ScanPacing;
+use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest,
-};
+use leasehold_control::store::{LeaseError, LeaseStore};
 use leasehold_sidecar::observer::ObserverConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::testing::{every_event, every_label_value};
@@ -260,80 +257,33 @@ async fn garbage_on_the_socket_is_counted_and_the_sidecar_keeps_serving() {
 
 /// The in-memory store with a switch that makes every call fail (a partition),
 /// and one that fails only listing (scans throttled or denied, renewals fine).
-struct Partitionable {
-    inner: Arc<MemoryLeaseStore>,
+type Partitionable = Intercepted<MemoryLeaseStore, Partition>;
+
+#[derive(Default)]
+struct Partition {
     down: AtomicBool,
     scans_down: AtomicBool,
 }
 
-impl Partitionable {
-    fn check(&self) -> Result<(), LeaseError> {
+#[async_trait]
+impl Interceptor for Partition {
+    async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
         if self.down.load(Ordering::SeqCst) {
-            Err(LeaseError::Transient {
+            return Err(LeaseError::Transient {
                 message: "partitioned".into(),
-            })
-        } else {
-            Ok(())
+            });
         }
-    }
-}
-
-#[async_trait]
-impl LeaseStore for Partitionable {
-    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        self.check()?;
-        self.inner.acquire(r).await
-    }
-    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
-        self.check()?;
-        self.inner.renew(r).await
-    }
-    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
-        self.check()?;
-        self.inner.checkpoint(r).await
-    }
-    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        self.check()?;
-        self.inner.release(r).await
-    }
-    async fn force_release(&self, id: &str, now: i64) -> Result<Lease, LeaseError> {
-        self.check()?;
-        self.inner.force_release(id, now).await
-    }
-    async fn register(&self, id: &str, now: i64) -> Result<bool, LeaseError> {
-        self.check()?;
-        self.inner.register(id, now).await
-    }
-    async fn bump(&self, id: &str, now: i64) -> Result<u64, LeaseError> {
-        self.check()?;
-        self.inner.bump(id, now).await
-    }
-    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
-        self.check()?;
-        self.inner.lift_token(request).await
-    }
-}
-
-#[async_trait]
-impl LeaseReader for Partitionable {
-    async fn get_with(&self, id: &str, consistency: Consistency) -> Result<Lease, LeaseError> {
-        self.check()?;
-        self.inner.get_with(id, consistency).await
-    }
-    async fn list_with(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-        consistency: Consistency,
-    ) -> Result<LeasePage, LeaseError> {
-        self.check()?;
-        if self.scans_down.load(Ordering::SeqCst) {
+        if matches!(op, StoreOp::List { .. }) && self.scans_down.load(Ordering::SeqCst) {
             return Err(LeaseError::Transient {
                 message: "scan throttled".into(),
             });
         }
-        self.inner.list_with(after, limit, consistency).await
+        Ok(())
     }
+}
+
+fn partitionable(table: Arc<MemoryLeaseStore>) -> Arc<Partitionable> {
+    Arc::new(Intercepted::new(table, Partition::default()))
 }
 
 fn observer(store: Arc<dyn LeaseStore>, owner: &str) -> ObserverConfig {
@@ -364,11 +314,7 @@ async fn exactly_one_observer_publishes_and_another_takes_over() {
     for stream in ["a", "b", "c"] {
         table.register(stream, 0).await.unwrap();
     }
-    let a_store = Arc::new(Partitionable {
-        inner: table.clone(),
-        down: AtomicBool::new(false),
-        scans_down: AtomicBool::new(false),
-    });
+    let a_store = partitionable(table.clone());
     let shutdown = CancellationToken::new();
     let a = Sidecar::start(
         config(Some(observer(a_store.clone(), "sidecar-a"))),
@@ -398,7 +344,7 @@ async fn exactly_one_observer_publishes_and_another_takes_over() {
     }
     // A is cut off from the table: it must stop publishing, and B must take over
     // within about a lease period.
-    a_store.down.store(true, Ordering::SeqCst);
+    a_store.interceptor().down.store(true, Ordering::SeqCst);
     let cut = std::time::Instant::now();
     wait_for(|| async { !metrics_text(&a).await.contains("leasehold_streams") }).await;
     wait_for(|| async {
@@ -477,11 +423,7 @@ async fn the_observer_publishes_the_unowned_age_and_counts_failed_scans() {
         .register("registered-90s-ago", now - 90_000)
         .await
         .unwrap();
-    let store = Arc::new(Partitionable {
-        inner: table,
-        down: AtomicBool::new(false),
-        scans_down: AtomicBool::new(false),
-    });
+    let store = partitionable(table);
     let shutdown = CancellationToken::new();
     let sidecar = Sidecar::start(
         config(Some(observer(store.clone(), "sidecar-a"))),
@@ -506,7 +448,7 @@ async fn the_observer_publishes_the_unowned_age_and_counts_failed_scans() {
         sample(&text, "leasehold_observer_last_scan_timestamp_seconds").expect("scan time");
     assert!((scanned - now as f64 / 1000.0).abs() < 10.0, "{scanned}");
 
-    store.scans_down.store(true, Ordering::SeqCst);
+    store.interceptor().scans_down.store(true, Ordering::SeqCst);
     wait_for(|| async {
         sample(
             &metrics_text(&sidecar).await,

@@ -1,7 +1,8 @@
 use super::*;
 use crate::clock::PausedClock;
+use crate::store::intercept::{Intercepted, Interceptor, StoreOp};
 use crate::store::memory::MemoryLeaseStore;
-use crate::store::{Consistency, LeasePage, LeaseReader, LiftRequest, list_all};
+use crate::store::{Consistency, LeaseReader, list_all};
 use async_trait::async_trait;
 use leasehold_telemetry::RecordingSink;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -11,75 +12,51 @@ const FAILING: u8 = 1;
 const HANGING: u8 = 2;
 
 /// The in-memory store, with renews that can be made to fail or hang.
+type FaultyStore = Intercepted<MemoryLeaseStore, Faults>;
+
 #[derive(Default)]
-struct FaultyStore {
-    inner: MemoryLeaseStore,
+struct Faults {
     mode: AtomicU8,
     renews: AtomicUsize,
     /// Acquires take this long (so two can race).
     acquire_delay: std::sync::Mutex<Duration>,
 }
 
-impl FaultyStore {
+impl Faults {
     fn set(&self, mode: u8) {
         self.mode.store(mode, Ordering::SeqCst);
     }
 }
 
 #[async_trait]
-impl LeaseStore for FaultyStore {
-    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        let delay = *self.acquire_delay.lock().unwrap();
-        tokio::time::sleep(delay).await;
-        self.inner.acquire(r).await
-    }
-    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
-        self.renews.fetch_add(1, Ordering::SeqCst);
-        match self.mode.load(Ordering::SeqCst) {
-            FAILING => Err(LeaseError::Throttled {
-                message: "slow down".into(),
-            }),
-            HANGING => std::future::pending().await,
-            _ => self.inner.renew(r).await,
+impl Interceptor for Faults {
+    async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
+        match op {
+            StoreOp::Acquire { .. } => {
+                let delay = *self.acquire_delay.lock().unwrap();
+                tokio::time::sleep(delay).await;
+                Ok(())
+            }
+            StoreOp::Renew { .. } => {
+                self.renews.fetch_add(1, Ordering::SeqCst);
+                match self.mode.load(Ordering::SeqCst) {
+                    FAILING => Err(LeaseError::Throttled {
+                        message: "slow down".into(),
+                    }),
+                    HANGING => std::future::pending().await,
+                    _ => Ok(()),
+                }
+            }
+            _ => Ok(()),
         }
-    }
-    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
-        self.inner.checkpoint(r).await
-    }
-    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        self.inner.release(r).await
-    }
-    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
-        self.inner.force_release(stream_id, now_ms).await
-    }
-    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
-        self.inner.register(stream_id, now_ms).await
-    }
-    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
-        self.inner.bump(record_id, now_ms).await
-    }
-    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
-        self.inner.lift_token(request).await
     }
 }
 
-#[async_trait]
-impl LeaseReader for FaultyStore {
-    async fn get_with(
-        &self,
-        stream_id: &str,
-        consistency: Consistency,
-    ) -> Result<Lease, LeaseError> {
-        self.inner.get_with(stream_id, consistency).await
-    }
-    async fn list_with(
-        &self,
-        start_after: Option<&str>,
-        limit: usize,
-        consistency: Consistency,
-    ) -> Result<LeasePage, LeaseError> {
-        self.inner.list_with(start_after, limit, consistency).await
-    }
+fn faulty_store() -> Arc<FaultyStore> {
+    Arc::new(Intercepted::new(
+        Arc::new(MemoryLeaseStore::default()),
+        Faults::default(),
+    ))
 }
 
 struct Fixture {
@@ -90,7 +67,7 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let store = Arc::new(FaultyStore::default());
+    let store = faulty_store();
     let clock = PausedClock::starting_at(1_700_000_000_000);
     let events = RecordingSink::new();
     let keeper = LeaseKeeper::new(
@@ -145,7 +122,7 @@ async fn a_hanging_store_ends_the_lease_at_the_deadline_before_expiry() {
     let f = fixture();
     let lease = f.keeper.acquire("s").await.unwrap();
     tokio::time::sleep(Duration::from_secs(11)).await; // one renew confirmed at t=10
-    f.store.set(HANGING);
+    f.store.interceptor().set(HANGING);
     let deadline = lease.deadline();
     assert_eq!(deadline, Instant::now() + Duration::from_secs(26));
     let expires_at = f.store.get("s").await.unwrap().lease_expires_at;
@@ -181,7 +158,7 @@ async fn a_hanging_store_ends_the_lease_at_the_deadline_before_expiry() {
 async fn is_valid_checks_the_clock_even_before_the_task_runs() {
     let f = fixture();
     let lease = f.keeper.acquire("s").await.unwrap();
-    f.store.set(HANGING);
+    f.store.interceptor().set(HANGING);
     // Jump past the deadline without yielding to the renew task.
     let deadline = lease.deadline();
     tokio::time::advance(Duration::from_secs(27)).await;
@@ -193,9 +170,9 @@ async fn is_valid_checks_the_clock_even_before_the_task_runs() {
 async fn throttled_renews_retry_with_backoff_and_recover() {
     let f = fixture();
     let lease = f.keeper.acquire("s").await.unwrap();
-    f.store.set(FAILING);
+    f.store.interceptor().set(FAILING);
     tokio::time::sleep(Duration::from_secs(13)).await;
-    f.store.set(HEALTHY);
+    f.store.interceptor().set(HEALTHY);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(lease.is_valid());
     let events = f.events.take();
@@ -222,13 +199,13 @@ async fn retries_never_run_past_the_deadline() {
     let f = fixture();
     let lease = f.keeper.acquire("s").await.unwrap();
     let deadline_after_acquire = lease.deadline();
-    f.store.set(FAILING);
+    f.store.interceptor().set(FAILING);
     lease.cancelled().await;
     assert_eq!(Instant::now(), deadline_after_acquire);
-    let attempts = f.store.renews.load(Ordering::SeqCst);
+    let attempts = f.store.interceptor().renews.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(
-        f.store.renews.load(Ordering::SeqCst),
+        f.store.interceptor().renews.load(Ordering::SeqCst),
         attempts,
         "no renew after the lease ended"
     );
@@ -272,7 +249,7 @@ async fn release_keeps_the_token_and_ends_the_handle() {
     assert_eq!(lease.loss_reason(), None);
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(
-        f.store.renews.load(Ordering::SeqCst),
+        f.store.interceptor().renews.load(Ordering::SeqCst),
         0,
         "no renew after release"
     );
@@ -338,7 +315,7 @@ async fn fenced_reports_stop_renewing() {
     assert!(!lease.is_valid());
     assert_eq!(lease.loss_reason(), Some(LossReason::Fenced));
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(f.store.renews.load(Ordering::SeqCst), 0);
+    assert_eq!(f.store.interceptor().renews.load(Ordering::SeqCst), 0);
     assert!(f.keeper.held().is_empty());
 }
 
@@ -354,7 +331,7 @@ async fn staged_checkpoints_ride_on_the_renew() {
     assert_eq!(record.checkpoint, Some(42));
     assert_eq!(lease.persisted_checkpoint(), Some(42));
     assert_eq!(
-        f.store.renews.load(Ordering::SeqCst),
+        f.store.interceptor().renews.load(Ordering::SeqCst),
         1,
         "no separate checkpoint write"
     );
@@ -419,7 +396,7 @@ impl Clock for SteppedClock {
 /// on the clock the acquire used.
 #[tokio::test(start_paused = true)]
 async fn a_backward_clock_step_never_leaves_the_deadline_past_the_stored_expiry() {
-    let store = Arc::new(FaultyStore::default());
+    let store = faulty_store();
     let clock = SteppedClock {
         paused: PausedClock::starting_at(1_700_000_000_000),
         offset_ms: Arc::default(),
@@ -465,7 +442,7 @@ async fn a_renew_that_kept_a_later_expiry_does_not_move_the_deadline() {
     // An earlier write by a clock 20 s ahead left the record running until
     // +50 s; the keeper's renew at +10 s asks for +40 s.
     f.store
-        .inner
+        .inner()
         .renew(&RenewRequest {
             stream_id: "s".into(),
             owner_id: "me".into(),
@@ -478,7 +455,7 @@ async fn a_renew_that_kept_a_later_expiry_does_not_move_the_deadline() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(
-        f.store.renews.load(Ordering::SeqCst),
+        f.store.interceptor().renews.load(Ordering::SeqCst),
         1,
         "one renew, at +10 s"
     );
@@ -497,7 +474,7 @@ async fn a_renew_that_kept_a_later_expiry_does_not_move_the_deadline() {
 async fn racing_acquires_leave_one_valid_lease() {
     let f = fixture();
     f.store.register("s", 0).await.unwrap();
-    *f.store.acquire_delay.lock().unwrap() = Duration::from_millis(10);
+    *f.store.interceptor().acquire_delay.lock().unwrap() = Duration::from_millis(10);
     let (first, second) = tokio::join!(f.keeper.acquire("s"), f.keeper.acquire("s"));
     let (first, second) = (first.unwrap(), second.unwrap());
     assert_ne!(

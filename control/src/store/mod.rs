@@ -4,8 +4,10 @@
 //! evaluated by the store, never by the caller: ownership changes only here.
 //! Callers pass their wall-clock time in; the store compares, so the in-memory and
 //! DynamoDB backends decide identically and tests can choose any instant.
+//! [`intercept`] wraps either one to fail, hold or count its calls.
 
 pub mod dynamodb;
+pub mod intercept;
 pub mod memory;
 
 use async_trait::async_trait;

@@ -8,12 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_control::clock::SystemClock;
-use leasehold_control::lease::Lease;
+use leasehold_control::schema::RESERVED_PREFIX;
+use leasehold_control::store::LeaseError;
+use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::store::{
-    AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest,
-};
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{FencedSink, SinkOptions};
 use leasehold_stream::upstream::{WebSocketUpstream, WebSocketUpstreamConfig};
@@ -23,81 +21,39 @@ use tokio_util::sync::CancellationToken;
 
 use super::keeper;
 
-/// Counts store calls by kind.
+/// Counts store calls by kind: writes, stream renews among them (not the
+/// presence records' renews), reads.
 #[derive(Default)]
-pub(super) struct CountingStore {
-    inner: MemoryLeaseStore,
+struct CountingCalls {
     writes: AtomicU64,
     renews: AtomicU64,
     reads: AtomicU64,
 }
 
 #[async_trait]
-impl LeaseStore for CountingStore {
-    async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire(r).await
-    }
-    async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        if !r
-            .stream_id
-            .starts_with(leasehold_control::schema::RESERVED_PREFIX)
+impl Interceptor for CountingCalls {
+    async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
+        if op.is_write() {
+            self.writes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+        }
+        if let StoreOp::Renew { stream_id } = op
+            && !stream_id.starts_with(RESERVED_PREFIX)
         {
             self.renews.fetch_add(1, Ordering::Relaxed);
         }
-        self.inner.renew(r).await
-    }
-    async fn checkpoint(&self, r: &CheckpointRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.checkpoint(r).await
-    }
-    async fn release(&self, r: &ReleaseRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.release(r).await
-    }
-    async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.force_release(stream_id, now_ms).await
-    }
-    async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.register(stream_id, now_ms).await
-    }
-    async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.bump(record_id, now_ms).await
-    }
-    async fn lift_token(&self, request: &LiftRequest) -> Result<Lease, LeaseError> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.lift_token(request).await
-    }
-}
-
-#[async_trait]
-impl LeaseReader for CountingStore {
-    async fn get_with(
-        &self,
-        stream_id: &str,
-        consistency: Consistency,
-    ) -> Result<Lease, LeaseError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.get_with(stream_id, consistency).await
-    }
-    async fn list_with(
-        &self,
-        start_after: Option<&str>,
-        limit: usize,
-        consistency: Consistency,
-    ) -> Result<LeasePage, LeaseError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.list_with(start_after, limit, consistency).await
+        Ok(())
     }
 }
 
 pub(super) async fn control_plane_cost(url: &str) {
     const STREAMS: usize = 8;
-    let store = Arc::new(CountingStore::default());
+    let store = Arc::new(Intercepted::new(
+        Arc::new(MemoryLeaseStore::new()),
+        CountingCalls::default(),
+    ));
+    let counts = store.interceptor();
     let lease = Duration::from_secs(3);
     let context = Arc::new(RunnerContext {
         keeper: keeper(store.clone(), "cost", lease),
@@ -122,15 +78,15 @@ pub(super) async fn control_plane_cost(url: &str) {
     // Let acquisition settle, then measure a steady window.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (writes0, renews0, reads0) = (
-        store.writes.load(Ordering::Relaxed),
-        store.renews.load(Ordering::Relaxed),
-        store.reads.load(Ordering::Relaxed),
+        counts.writes.load(Ordering::Relaxed),
+        counts.renews.load(Ordering::Relaxed),
+        counts.reads.load(Ordering::Relaxed),
     );
     let window = Duration::from_secs(20);
     tokio::time::sleep(window).await;
-    let writes = store.writes.load(Ordering::Relaxed) - writes0;
-    let renews = store.renews.load(Ordering::Relaxed) - renews0;
-    let reads = store.reads.load(Ordering::Relaxed) - reads0;
+    let writes = counts.writes.load(Ordering::Relaxed) - writes0;
+    let renews = counts.renews.load(Ordering::Relaxed) - renews0;
+    let reads = counts.reads.load(Ordering::Relaxed) - reads0;
     shutdown.cancel();
     let _ = worker.await;
     let renew_periods = window.as_secs_f64() / (lease / 3).as_secs_f64();
