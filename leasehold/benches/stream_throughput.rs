@@ -25,7 +25,6 @@
 //! in-memory store for 20 s (3 s lease, renew every 1 s).
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,50 +54,32 @@ mod control_plane;
 mod peer;
 #[path = "stream_throughput/redis_stats.rs"]
 mod redis_stats;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use control_plane::control_plane_cost;
 use peer::peer;
 use redis_stats::{clean_redis, redis_cpu_seconds, transactions};
 
-struct Feed {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for Feed {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A feed process: `backlog` events per stream ready at start, then `rate`
 /// events/s per stream. Retention is unbounded in practice: a consumer that
 /// falls behind a fast live feed is measured, not disconnected.
 fn start_feed(backlog: u64, rate: f64) -> Feed {
-    use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-        .args([
-            "feed",
-            "--listen",
-            "127.0.0.1:0",
-            "--rate",
-            &rate.to_string(),
-            "--retention",
-            "1000000000",
-        ])
-        .args(["--backlog", &backlog.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start leasehold feed");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = std::io::BufReader::new(stdout)
-        .lines()
-        .next()
-        .expect("feed prints its URL")
-        .expect("read");
-    let url = line.rsplit(' ').next().expect("url").to_owned();
-    Feed { child, url }
+    let (child, url) = support::spawn_feed(&[
+        "--rate",
+        &rate.to_string(),
+        "--retention",
+        "1000000000",
+        "--backlog",
+        &backlog.to_string(),
+    ]);
+    Feed { _child: child, url }
+}
+
+/// A running feed; the process ends when this is dropped.
+struct Feed {
+    _child: support::Proc,
+    url: String,
 }
 
 fn keeper(store: Arc<dyn LeaseStore>, owner: &str, lease: Duration) -> LeaseKeeper {

@@ -24,7 +24,7 @@ use leasehold_sink::{SinkBatch, SinkEvent, SinkOptions};
 use leasehold_testkit::unique_name;
 use redis::AsyncCommands;
 use support::acl::{AclRedis, assert_refused, envs, password, refused, run_ok};
-use support::{free_port, run_leasehold, serial, spawn_leasehold};
+use support::{free_port, run_leasehold, serial, spawn_feed, spawn_leasehold};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_role_works_under_its_own_user_and_nothing_more() {
@@ -329,13 +329,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
 
         // The stream worker process under its user: it owns a stream of the
         // feed simulator, raises the sink's fence and appends.
-        let feed = spawn_leasehold(
-            "feed",
-            &["feed", "--listen", "127.0.0.1:0", "--rate", "50"],
-            &[],
-        );
-        let line = feed.wait_line("feed listening on ", Duration::from_secs(10));
-        let feed_url = line.rsplit(' ').next().unwrap().to_owned();
+        let (_feed, feed_url) = spawn_feed(&["--rate", "50"]);
         let stream_id = unique_name("s");
         let mut stream_env = envs(&aws);
         stream_env.extend(envs(&[

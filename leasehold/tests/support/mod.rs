@@ -268,21 +268,9 @@ impl Cluster {
         let table = unique_name("e2e");
         let store = DynamoLeaseStore::new(dynamodb_client(&endpoint), table.clone());
         store.create_table().await.unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
         // Retention far back: a busy stream's replay after a takeover must not
         // fall off the feed (the feed stores nothing, so this costs nothing).
-        command.args([
-            "feed",
-            "--listen",
-            "127.0.0.1:0",
-            "--rate",
-            rate,
-            "--retention",
-            "100000000",
-        ]);
-        let feed = Proc::spawn("feed", command);
-        let line = feed.wait_line("feed listening on ", Duration::from_secs(10));
-        let feed_url = line.rsplit(' ').next().unwrap().to_owned();
+        let (feed, feed_url) = spawn_feed(&["--rate", rate, "--retention", "100000000"]);
         let prefix = unique_name("s");
         let streams = (0..streams).map(|i| format!("{prefix}-{i}")).collect();
         let sink = RedisSink::connect(&redis, SinkOptions::default())
@@ -547,6 +535,18 @@ pub fn run_leasehold(
         String::from_utf8_lossy(&output.stderr)
     );
     (output.status, text)
+}
+
+/// `leasehold feed` on a free loopback port with `flags` (`--rate`,
+/// `--retention`, `--backlog` …); returns the process and its URL once it
+/// listens. Tests and benchmarks start every feed through here.
+pub fn spawn_feed(flags: &[&str]) -> (Proc, String) {
+    let mut args = vec!["feed", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(flags);
+    let feed = spawn_leasehold("feed", &args, &[]);
+    let line = feed.wait_line("feed listening on ", Duration::from_secs(10));
+    let url = line.rsplit(' ').next().unwrap().to_owned();
+    (feed, url)
 }
 
 /// Starts `leasehold ARGS` in the background with exactly `envs` (plus PATH).
