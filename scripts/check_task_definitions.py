@@ -820,111 +820,127 @@ def self_test(code: Code) -> int:
     def container(docs, path, name):
         return next(c for c in docs[path]["containerDefinitions"] if c["name"] == name)
 
-    def env(c, name, value):
-        c["environment"] = [e for e in c["environment"] if e["name"] != name] + [{"name": name, "value": value}]
+    def unset(c, variable):
+        c["environment"] = [e for e in c["environment"] if e["name"] != variable]
 
+    # Most cases break one container of one task definition in one of a few
+    # ways; each way is written once here and named in the table below.
+    def set_fields(path, name, **fields):
+        return lambda t, p: container(t, path, name).update(fields)
+
+    def drop_field(path, name, field):
+        return lambda t, p: container(t, path, name).pop(field)
+
+    def set_env(path, name, variable, value):
+        def breaks(t, p):
+            c = container(t, path, name)
+            unset(c, variable)
+            c["environment"].append({"name": variable, "value": value})
+        return breaks
+
+    def drop_env(path, name, variable):
+        return lambda t, p: unset(container(t, path, name), variable)
+
+    def add_secret(path, name, variable, value_from):
+        return lambda t, p: container(t, path, name)["secrets"].append({"name": variable, "valueFrom": value_from})
+
+    # The policy cases likewise change or remove one key of one statement.
+    def set_statement(path, index, **fields):
+        return lambda t, p: p[path]["Statement"][index].update(fields)
+
+    def drop_from_statement(path, index, key):
+        return lambda t, p: p[path]["Statement"][index].pop(key)
+
+    sealer_role = "arn:aws:iam::${ACCOUNT_ID}:role/leasehold-credential-sealer-task"
     cases = [
-        ("stopTimeout below the drain", lambda t, p: container(t, stream, "stream-worker").update(stopTimeout=20),
+        ("stopTimeout below the drain", set_fields(stream, "stream-worker", stopTimeout=20),
          "would SIGKILL the worker mid-drain"),
-        ("drain longer than stopTimeout", lambda t, p: env(container(t, stream, "stream-worker"),
-                                                           "DRAIN_TIMEOUT_MS", "60000"),
+        ("drain longer than stopTimeout", set_env(stream, "stream-worker", "DRAIN_TIMEOUT_MS", "60000"),
          "would SIGKILL the worker mid-drain"),
-        ("stopTimeout over Fargate's maximum", lambda t, p: container(t, broker, "broker-worker").update(stopTimeout=300),
+        ("stopTimeout over Fargate's maximum", set_fields(broker, "broker-worker", stopTimeout=300),
          "exceeds Fargate's maximum"),
-        ("no dependsOn", lambda t, p: container(t, stream, "stream-worker").pop("dependsOn"),
-         "dependsOn must name 'sidecar'"),
-        ("no sidecar health check", lambda t, p: container(t, broker, "sidecar").pop("healthCheck"),
-         "missing healthCheck"),
-        ("metrics port not published", lambda t, p: container(t, stream, "sidecar").update(portMappings=[]),
+        ("no dependsOn", drop_field(stream, "stream-worker", "dependsOn"), "dependsOn must name 'sidecar'"),
+        ("no sidecar health check", drop_field(broker, "sidecar", "healthCheck"), "missing healthCheck"),
+        ("metrics port not published", set_fields(stream, "sidecar", portMappings=[]),
          "portMappings lacks containerPort 9464"),
-        ("unknown variable", lambda t, p: env(container(t, stream, "stream-worker"), "LEASE_TABEL", "x"),
+        ("unknown variable", set_env(stream, "stream-worker", "LEASE_TABEL", "x"),
          "LEASE_TABEL is not a variable the binary reads"),
-        ("secret in plain environment", lambda t, p: env(container(t, broker, "broker-worker"),
-                                                         "CREDENTIALS_KEY", "AAAA"),
+        ("secret in plain environment", set_env(broker, "broker-worker", "CREDENTIALS_KEY", "AAAA"),
          "CREDENTIALS_KEY is a secret"),
         ("another role's Redis user", lambda t, p: container(t, stream, "sidecar")["secrets"].__setitem__(
             0, {"name": "REDIS_URL", "valueFrom": "${REDIS_URL_BROKER_WORKER_SECRET_ARN}"}),
          "each role connects as its own Redis user"),
-        ("local key on ECS", lambda t, p: container(t, sealer, "credential-sealer")["secrets"].append(
-            {"name": "CREDENTIALS_KEY", "valueFrom": "${SINK_URL_SECRET_ARN}"}),
+        ("local key on ECS", add_secret(sealer, "credential-sealer", "CREDENTIALS_KEY", "${SINK_URL_SECRET_ARN}"),
          "a local key is refused on ECS"),
-        ("sealer without a KMS key", lambda t, p: container(t, sealer, "credential-sealer").update(
-            environment=[e for e in container(t, sealer, "credential-sealer")["environment"]
-                         if e["name"] != "CREDENTIALS_KMS_KEY_ID"]),
+        ("sealer without a KMS key", drop_env(sealer, "credential-sealer", "CREDENTIALS_KMS_KEY_ID"),
          "CREDENTIALS_KMS_KEY_ID must be set"),
-        ("broker worker given the KMS key back", lambda t, p: env(container(t, broker, "broker-worker"),
-                                                                  "CREDENTIALS_KMS_KEY_ID", "${CREDENTIALS_KMS_KEY_ARN}"),
+        ("broker worker given the KMS key back",
+         set_env(broker, "broker-worker", "CREDENTIALS_KMS_KEY_ID", "${CREDENTIALS_KMS_KEY_ARN}"),
          "CREDENTIALS_KMS_KEY_ID: the broker worker holds no credentials key"),
-        ("broker worker given a local key", lambda t, p: container(t, broker, "broker-worker")["secrets"].append(
-            {"name": "CREDENTIALS_KEY", "valueFrom": "${SINK_URL_SECRET_ARN}"}),
+        ("broker worker given a local key",
+         add_secret(broker, "broker-worker", "CREDENTIALS_KEY", "${SINK_URL_SECRET_ARN}"),
          "CREDENTIALS_KEY: the broker worker holds no credentials key"),
-        ("broker worker without a sealer URL", lambda t, p: container(t, broker, "broker-worker").update(
-            environment=[e for e in container(t, broker, "broker-worker")["environment"]
-                         if e["name"] != "CREDENTIALS_SEALER_URL"]),
+        ("broker worker without a sealer URL", drop_env(broker, "broker-worker", "CREDENTIALS_SEALER_URL"),
          "CREDENTIALS_SEALER_URL must be set"),
-        ("sealer URL on another port", lambda t, p: env(container(t, broker, "broker-worker"),
-                                                        "CREDENTIALS_SEALER_URL", "http://${CREDENTIALS_SEALER_HOST}:9481"),
+        ("sealer URL on another port",
+         set_env(broker, "broker-worker", "CREDENTIALS_SEALER_URL", "http://${CREDENTIALS_SEALER_HOST}:9481"),
          "differs from the sealer's SEALER_LISTEN port 9480"),
-        ("broker task runs as the sealer's role", lambda t, p: t[broker].update(
-            taskRoleArn="arn:aws:iam::${ACCOUNT_ID}:role/leasehold-credential-sealer-task"),
+        ("broker task runs as the sealer's role", lambda t, p: t[broker].update(taskRoleArn=sealer_role),
          "taskRoleArn must be the leasehold-broker-worker-task role"),
-        ("another task gets the sealer's role", lambda t, p: t["deploy/task-definitions/dashboard.json"].update(
-            taskRoleArn="arn:aws:iam::${ACCOUNT_ID}:role/leasehold-credential-sealer-task"),
+        ("another task gets the sealer's role",
+         lambda t, p: t["deploy/task-definitions/dashboard.json"].update(taskRoleArn=sealer_role),
          "only the credential sealer gets kms:Decrypt"),
         ("a sidecar in the sealer's task", lambda t, p: t[sealer]["containerDefinitions"].append(
             copy.deepcopy(container(t, broker, "sidecar"))), "shares the credential sealer's task"),
-        ("sealer on loopback", lambda t, p: env(container(t, sealer, "credential-sealer"),
-                                                "SEALER_LISTEN", "127.0.0.1:9480"), "SEALER_LISTEN is loopback"),
-        ("sealer port not published", lambda t, p: container(t, sealer, "credential-sealer").update(portMappings=[]),
+        ("sealer on loopback", set_env(sealer, "credential-sealer", "SEALER_LISTEN", "127.0.0.1:9480"),
+         "SEALER_LISTEN is loopback"),
+        ("sealer port not published", set_fields(sealer, "credential-sealer", portMappings=[]),
          "portMappings lacks containerPort 9480"),
-        ("sealer health check elsewhere", lambda t, p: container(t, sealer, "credential-sealer").pop("healthCheck"),
+        ("sealer health check elsewhere", drop_field(sealer, "credential-sealer", "healthCheck"),
          "healthCheck must request /healthz on the SEALER_LISTEN port 9480"),
         ("no sealer task", lambda t, p: t.pop(sealer), "no task definition runs credential-sealer"),
-        ("password in a URL", lambda t, p: env(container(t, stream, "stream-worker"),
-                                               "UPSTREAM_URL", "wss://u:hunter2@feed/x"),
+        ("password in a URL", set_env(stream, "stream-worker", "UPSTREAM_URL", "wss://u:hunter2@feed/x"),
          "holds a credential"),
-        ("essential not explicit", lambda t, p: container(t, stream, "sidecar").pop("essential"),
-         "essential must be set explicitly"),
-        ("unknown subcommand", lambda t, p: container(t, stream, "stream-worker").update(command=["stream-wroker"]),
+        ("essential not explicit", drop_field(stream, "sidecar", "essential"), "essential must be set explicitly"),
+        ("unknown subcommand", set_fields(stream, "stream-worker", command=["stream-wroker"]),
          "is not a leasehold subcommand"),
-        ("no log configuration", lambda t, p: container(t, broker, "broker-worker").pop("logConfiguration"),
-         "missing logConfiguration"),
-        ("telemetry address mismatch", lambda t, p: env(container(t, stream, "sidecar"),
-                                                        "TELEMETRY_ADDR", "127.0.0.1:9999"),
+        ("no log configuration", drop_field(broker, "broker-worker", "logConfiguration"), "missing logConfiguration"),
+        ("telemetry address mismatch", set_env(stream, "sidecar", "TELEMETRY_ADDR", "127.0.0.1:9999"),
          "differs from its sidecar's"),
         ("not a Fargate size", lambda t, p: t[stream].update(memory="3000"), "is not a Fargate task size"),
-        ("DynamoDB on every table", lambda t, p: p[observer]["Statement"][1].update(Resource="*"),
-         "must be the lease table's ARN"),
-        ("DynamoDB action the code never calls", lambda t, p: p[observer]["Statement"][1].update(
-            Action=["dynamodb:Scan", "dynamodb:DeleteItem"]), "never calls it"),
-        ("role loses a needed permission", lambda t, p: p["deploy/iam/stream-worker-task-policy.json"]["Statement"][0]
-         .update(Action=["dynamodb:GetItem", "dynamodb:Scan", "dynamodb:UpdateItem"]), "no policy of the role allows it"),
-        ("unconditioned wildcard resource", lambda t, p: p["deploy/iam/maintenance-task-policy.json"]["Statement"][0]
-         .pop("Condition"), "needs a Condition"),
+        ("DynamoDB on every table", set_statement(observer, 1, Resource="*"), "must be the lease table's ARN"),
+        ("DynamoDB action the code never calls",
+         set_statement(observer, 1, Action=["dynamodb:Scan", "dynamodb:DeleteItem"]), "never calls it"),
+        ("role loses a needed permission", set_statement(
+            "deploy/iam/stream-worker-task-policy.json", 0,
+            Action=["dynamodb:GetItem", "dynamodb:Scan", "dynamodb:UpdateItem"]), "no policy of the role allows it"),
+        ("unconditioned wildcard resource",
+         drop_from_statement("deploy/iam/maintenance-task-policy.json", 0, "Condition"), "needs a Condition"),
         ("unknown placeholder", lambda t, p: t[stream].update(family="${FAMILY}"), "unknown placeholder"),
         ("broker worker allowed an unpinned kms:Decrypt", lambda t, p: p[broker_policy]["Statement"].append(
             unpinned_decrypt), "allows a KMS action (kms:Decrypt)"),
         ("broker worker allowed KMS through NotAction", lambda t, p: p[broker_policy]["Statement"].append(
             {"Effect": "Allow", "NotAction": ["s3:*"], "Resource": "*"}), "allows a KMS action (NotAction"),
-        ("broker worker loses its Deny of kms:*", lambda t, p: p[broker_policy]["Statement"][0].update(
-            Action="kms:Decrypt"), "no unconditional Deny of kms:*"),
-        ("sealer Decrypt without the encryption context", lambda t, p: p[sealer_policy]["Statement"][0]
-         .pop("Condition"), "kms:Decrypt without the encryption-context condition"),
+        ("broker worker loses its Deny of kms:*", set_statement(broker_policy, 0, Action="kms:Decrypt"),
+         "no unconditional Deny of kms:*"),
+        ("sealer Decrypt without the encryption context", drop_from_statement(sealer_policy, 0, "Condition"),
+         "kms:Decrypt without the encryption-context condition"),
         ("sealer Decrypt without the Null condition", lambda t, p: p[sealer_policy]["Statement"][0]["Condition"]
          .pop("Null"), "Null kms:EncryptionContext:user_id"),
-        ("sealer Decrypt on every key", lambda t, p: p[sealer_policy]["Statement"][0].update(Resource="*"),
+        ("sealer Decrypt on every key", set_statement(sealer_policy, 0, Resource="*"),
          "KMS resource must be ${CREDENTIALS_KMS_KEY_ARN} only"),
-        ("sealer allowed more than Decrypt", lambda t, p: p[sealer_policy]["Statement"][0].update(
-            Action=["kms:Decrypt", "kms:GenerateDataKey"]), "the credential sealer needs kms:Decrypt only"),
-        ("launcher overrides the wrong container", lambda t, p: env(
-            container(t, "deploy/task-definitions/pool-manager.json", "pool-manager"), "ECS_CONTAINER_NAME", "worker"),
+        ("sealer allowed more than Decrypt",
+         set_statement(sealer_policy, 0, Action=["kms:Decrypt", "kms:GenerateDataKey"]),
+         "the credential sealer needs kms:Decrypt only"),
+        ("launcher overrides the wrong container", set_env(
+            "deploy/task-definitions/pool-manager.json", "pool-manager", "ECS_CONTAINER_NAME", "worker"),
          "is not the container running broker-worker"),
-        ("maintenance watches another pool", lambda t, p: env(
-            container(t, "deploy/task-definitions/maintenance.json", "maintenance"), "POOL_GROUP", "other-pool"),
+        ("maintenance watches another pool", set_env(
+            "deploy/task-definitions/maintenance.json", "maintenance", "POOL_GROUP", "other-pool"),
          "POOL_GROUP differs between launchers"),
-        ("mark TTL disagrees", lambda t, p: env(container(t, broker, "broker-worker"), "WORKER_MARK_TTL_SECONDS", "60"),
+        ("mark TTL disagrees", set_env(broker, "broker-worker", "WORKER_MARK_TTL_SECONDS", "60"),
          "WORKER_MARK_TTL_SECONDS differs"),
-        ("misspelt ECS field", lambda t, p: container(t, broker, "broker-worker").update(stopTimeOut=30),
+        ("misspelt ECS field", set_fields(broker, "broker-worker", stopTimeOut=30),
          'Unknown parameter in containerDefinitions[0]: "stopTimeOut"'),
         ("mistyped ECS field", lambda t, p: container(t, stream, "sidecar")["healthCheck"].update(interval="5"),
          "Invalid type for parameter containerDefinitions[1].healthCheck.interval"),

@@ -27,7 +27,8 @@ use std::ops::Add;
 use std::time::Duration;
 
 use leasehold_control::protocol;
-use stateright::{Checker, HasDiscoveries, Model, Property};
+use leasehold_testkit::model_check;
+use stateright::{HasDiscoveries, Model, Property};
 
 const WORKERS: usize = 2;
 const LEASE: Duration = Duration::from_secs(3);
@@ -654,40 +655,20 @@ impl Model for Protocol {
     }
 }
 
+/// The search depth unless `LEASEHOLD_MODEL_DEPTH` says otherwise.
 fn depth() -> usize {
-    std::env::var("LEASEHOLD_MODEL_DEPTH")
-        .ok()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(16)
-}
-
-/// Explores breadth-first until `finish_when` holds or the depth is reached.
-fn check(fixes: Fixes, finish_when: HasDiscoveries) -> impl Checker<Protocol> {
-    check_to(fixes, finish_when, depth())
-}
-
-fn check_to(fixes: Fixes, finish_when: HasDiscoveries, depth: usize) -> impl Checker<Protocol> {
-    Protocol { fixes }
-        .checker()
-        .threads(2)
-        .target_max_depth(depth)
-        .finish_when(finish_when)
-        .spawn_bfs()
-        .join()
+    model_check::depth(16)
 }
 
 #[test]
 fn the_shipped_protocol_keeps_every_promise() {
-    let started = std::time::Instant::now();
-    let checker = check(Fixes::ALL, HasDiscoveries::AnyFailures);
-    eprintln!(
-        "protocol model: {} states explored ({} unique), depth {}, in {:.1?}",
-        checker.state_count(),
-        checker.unique_state_count(),
-        checker.max_depth(),
-        started.elapsed()
-    );
-    checker.assert_properties();
+    model_check::assert_every_property("protocol model", || {
+        model_check::explore(
+            Protocol { fixes: Fixes::ALL },
+            HasDiscoveries::AnyFailures,
+            depth(),
+        )
+    });
 }
 
 /// Turns one fix off and expects the model to find a counterexample to
@@ -698,11 +679,12 @@ fn finds_without(fixes: Fixes, broken: &'static str) {
 
 /// [`finds_without`] for a counterexample longer than the default depth.
 fn finds_within(fixes: Fixes, broken: &'static str, depth: usize) {
-    let checker = check_to(fixes, HasDiscoveries::AnyOf([broken].into()), depth);
-    let path = checker
-        .discovery(broken)
-        .unwrap_or_else(|| panic!("without the fix, no counterexample to {broken:?}"));
-    eprintln!("counterexample to {broken:?}: {:?}", path.into_actions());
+    let checker = model_check::explore(
+        Protocol { fixes },
+        HasDiscoveries::AnyOf([broken].into()),
+        depth,
+    );
+    model_check::expect_counterexamples(&checker, &[broken]);
 }
 
 #[test]

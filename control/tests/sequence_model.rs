@@ -58,6 +58,7 @@ use std::hash::{Hash, Hasher};
 use leasehold_control::protocol;
 use leasehold_control::sequence::{Arrival, ResumeMode, SeqStep, Sequencer, Step};
 use leasehold_telemetry::GapReason;
+use leasehold_testkit::model_check;
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 /// The upstream produces one event per tick; the model stops time here.
@@ -746,39 +747,20 @@ const REASON: &str = "every marker has the right reason";
 /// Invariant (6) for live.
 const INCREASING_LIVE: &str = "increasing live: no marker";
 
-fn depth() -> usize {
-    std::env::var("LEASEHOLD_MODEL_DEPTH")
-        .ok()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(usize::MAX)
-}
-
-/// Explores breadth-first until `finish_when` holds or the depth is reached.
+/// Explores until `finish_when` holds, by default to the end (every state).
 fn check(fixes: Fixes, finish_when: HasDiscoveries) -> impl Checker<SequenceModel> {
-    SequenceModel {
+    let model = SequenceModel {
         fixes,
         setups: Setup::all(),
-    }
-    .checker()
-    .threads(2)
-    .target_max_depth(depth())
-    .finish_when(finish_when)
-    .spawn_bfs()
-    .join()
+    };
+    model_check::explore(model, finish_when, model_check::depth(usize::MAX))
 }
 
 #[test]
 fn the_shipped_rules_keep_every_promise() {
-    let started = std::time::Instant::now();
-    let checker = check(Fixes::ALL, HasDiscoveries::AnyFailures);
-    eprintln!(
-        "sequence model: {} states explored ({} unique), depth {}, in {:.1?}",
-        checker.state_count(),
-        checker.unique_state_count(),
-        checker.max_depth(),
-        started.elapsed()
-    );
-    checker.assert_properties();
+    model_check::assert_every_property("sequence model", || {
+        check(Fixes::ALL, HasDiscoveries::AnyFailures)
+    });
 }
 
 /// Explores with `fixes` and expects a counterexample to `broken`; the

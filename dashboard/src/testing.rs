@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use leasehold_control::conformance::ConformanceTarget;
 use leasehold_control::schema::{self, AttrValue, RawItem};
-use leasehold_control::store::{AcquireRequest, CheckpointRequest, ReleaseRequest};
+use leasehold_control::store::{AcquireRequest, CheckpointRequest, LeaseStore, ReleaseRequest};
 use leasehold_pool::bus::{BusError, Inspect, StoredMark};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::{MarkValue, metadata};
@@ -49,6 +49,20 @@ fn acquire(stream: &str, owner: &str, at: i64) -> AcquireRequest {
         sidecar_url: None,
         handoff_addr: None,
     }
+}
+
+/// Writes `owner`'s presence record announcing `sidecar_url`, as a worker's
+/// own is written, at `now_ms` and held for two minutes: longer than any test
+/// polls it, so the dashboard discovers the sidecar throughout.
+pub async fn announce_sidecar(store: &dyn LeaseStore, owner: &str, sidecar_url: &str, now_ms: i64) {
+    store
+        .acquire(&AcquireRequest {
+            lease_ms: 120_000,
+            sidecar_url: Some(sidecar_url.into()),
+            ..acquire(&schema::worker_presence(owner), owner, now_ms)
+        })
+        .await
+        .expect("write a presence record");
 }
 
 /// Writes the seeded leases as of `now_ms`: `btc-usd` owned (checkpoint 42),

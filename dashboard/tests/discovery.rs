@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::get;
 use leasehold_control::conformance::{ConformanceTarget, DynamoTarget};
-use leasehold_control::schema::worker_presence;
-use leasehold_control::store::{AcquireRequest, LeaseReader};
+use leasehold_control::store::LeaseReader;
 use leasehold_dashboard::sidecars::{DiscoveryPolicy, Network};
+use leasehold_dashboard::testing::announce_sidecar;
 use leasehold_dashboard::{Collector, CollectorSettings, Sources};
 use leasehold_pool::bus::{BusConnector, MarkWrite, WorkerMetadata};
 use leasehold_pool::keys::POOL_USER_ID;
@@ -94,18 +94,7 @@ async fn the_dashboard_finds_200_sidecars_from_presence_records_and_broker_metad
         let owner = format!("stream-{i:03}");
         let (addr, hits) = sidecar(ip, owner.clone(), "stream-worker").await;
         let url = format!("http://{addr}");
-        store
-            .acquire(&AcquireRequest {
-                stream_id: worker_presence(&owner),
-                owner_id: owner,
-                now_ms: now,
-                lease_ms: 120_000,
-                skew_margin_ms: 1_000,
-                sidecar_url: Some(url.clone()),
-                handoff_addr: None,
-            })
-            .await
-            .unwrap();
+        announce_sidecar(store.as_ref(), &owner, &url, now).await;
         expected.insert(url);
         counters.push(hits);
     }
@@ -186,18 +175,13 @@ async fn the_dashboard_finds_200_sidecars_from_presence_records_and_broker_metad
 
     // Hostile values: the ECS credentials endpoint, a userinfo trick, and (on
     // a host with a real address) a loopback sidecar that is listening.
-    store
-        .acquire(&AcquireRequest {
-            stream_id: worker_presence("hostile-1"),
-            owner_id: "hostile-1".into(),
-            now_ms: now,
-            lease_ms: 120_000,
-            skew_margin_ms: 1_000,
-            sidecar_url: Some("http://169.254.169.254:80".into()),
-            handoff_addr: None,
-        })
-        .await
-        .unwrap();
+    announce_sidecar(
+        store.as_ref(),
+        "hostile-1",
+        "http://169.254.169.254:80",
+        now,
+    )
+    .await;
     claim(
         "hostile-2".into(),
         "user-hostile-2".into(),

@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 
 use leasehold_control::clock::SystemClock;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_control::schema::worker_presence;
-use leasehold_control::store::AcquireRequest;
 use leasehold_dashboard::sidecars::{
     DiscoveryPolicy, KEPT_LEASES, MAX_STATUS_BYTES, SidecarProblem,
 };
+use leasehold_dashboard::testing::announce_sidecar;
 use leasehold_dashboard::{Collector, CollectorSettings, Sources};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -29,19 +28,7 @@ async fn discovering(sidecar_urls: &[String], settings: CollectorSettings) -> Co
     let store = target.store();
     let now = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
     for (i, url) in sidecar_urls.iter().enumerate() {
-        let owner = format!("worker-{i:03}");
-        store
-            .acquire(&AcquireRequest {
-                stream_id: worker_presence(&owner),
-                owner_id: owner,
-                now_ms: now,
-                lease_ms: 120_000,
-                skew_margin_ms: 1_000,
-                sidecar_url: Some(url.clone()),
-                handoff_addr: None,
-            })
-            .await
-            .unwrap();
+        announce_sidecar(store.as_ref(), &format!("worker-{i:03}"), url, now).await;
     }
     Collector::new(
         Sources {

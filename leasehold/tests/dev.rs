@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_testkit::http_get;
 use serde_json::Value;
-use support::{serial, spawn_dev_chaos, spawn_dev_chaos_with};
+use support::{Proc, serial, spawn_dev_chaos, spawn_dev_chaos_with};
 
 async fn api(addr: &str, path: &str) -> Value {
     let (status, _, body) = http_get(addr, path).await.expect("dashboard answers");
@@ -25,16 +25,40 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() ->
     }
 }
 
+/// Waits until the dashboard shows all six of `dev`'s streams owned.
+async fn wait_every_stream_owned(addr: &str) {
+    wait_for("every stream owned", Duration::from_secs(20), async || {
+        api(addr, "/api/streams").await["counts"]["owned"].as_u64() == Some(6)
+    })
+    .await;
+}
+
+/// Ctrl-C: `dev` must drain and exit cleanly, and its closing sink check
+/// must cover some streams. Returns the check's line for the caller's counts.
+fn interrupt_and_read_sink_check(dev: &mut Proc) -> String {
+    dev.signal("INT");
+    let status = dev.wait_exit(Duration::from_secs(30));
+    let output = dev.output();
+    assert!(
+        status.success(),
+        "dev did not exit cleanly: {status}\n{output}"
+    );
+    let check = output
+        .lines()
+        .find(|l| l.starts_with("sink check:"))
+        .unwrap_or_else(|| panic!("no sink check\n{output}"))
+        .to_owned();
+    assert!(!check.starts_with("sink check: 0 streams"), "{check}");
+    check
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_runs_the_cluster_and_heals_under_chaos() {
     let _serial = serial().await;
     let (mut dev, addr) = spawn_dev_chaos("dev", Duration::from_secs(20));
     dev.wait_line("ready in", Duration::from_secs(1));
 
-    wait_for("every stream owned", Duration::from_secs(20), async || {
-        api(&addr, "/api/streams").await["counts"]["owned"].as_u64() == Some(6)
-    })
-    .await;
+    wait_every_stream_owned(&addr).await;
     wait_for(
         "idle and claimed pool workers",
         Duration::from_secs(20),
@@ -67,22 +91,11 @@ async fn dev_runs_the_cluster_and_heals_under_chaos() {
         "sidecars report their workers: {workers}"
     );
 
-    dev.signal("INT");
-    let status = dev.wait_exit(Duration::from_secs(30));
-    let output = dev.output();
-    assert!(
-        status.success(),
-        "dev did not exit cleanly: {status}\n{output}"
-    );
-    let check = output
-        .lines()
-        .find(|l| l.starts_with("sink check:"))
-        .unwrap_or_else(|| panic!("no sink check\n{output}"));
+    let check = interrupt_and_read_sink_check(&mut dev);
     assert!(
         check.contains(" 0 gaps, 0 duplicates, 0 token regressions, 0 gap markers"),
         "{check}"
     );
-    assert!(!check.starts_with("sink check: 0 streams"), "{check}");
 }
 
 /// `dev --feed exchange`: the same cluster on a Binance-shaped fake exchange
@@ -99,10 +112,7 @@ async fn dev_on_an_exchange_shaped_feed_marks_what_it_cannot_backfill() {
     );
     let line = dev.wait_line("feed          ws://", Duration::from_secs(1));
     assert!(line.contains("@trade"), "{line}");
-    wait_for("every stream owned", Duration::from_secs(20), async || {
-        api(&addr, "/api/streams").await["counts"]["owned"].as_u64() == Some(6)
-    })
-    .await;
+    wait_every_stream_owned(&addr).await;
     wait_for(
         "a stream whose checkpoint moved",
         Duration::from_secs(30),
@@ -116,20 +126,9 @@ async fn dev_on_an_exchange_shaped_feed_marks_what_it_cannot_backfill() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(20)).await;
-    dev.signal("INT");
-    let status = dev.wait_exit(Duration::from_secs(30));
-    let output = dev.output();
-    assert!(
-        status.success(),
-        "dev did not exit cleanly: {status}\n{output}"
-    );
-    let check = output
-        .lines()
-        .find(|l| l.starts_with("sink check:"))
-        .unwrap_or_else(|| panic!("no sink check\n{output}"));
+    let check = interrupt_and_read_sink_check(&mut dev);
     assert!(
         check.contains(" 0 gaps, 0 duplicates, 0 token regressions"),
         "{check}"
     );
-    assert!(!check.starts_with("sink check: 0 streams"), "{check}");
 }

@@ -72,12 +72,8 @@ impl<T: 'static> Setting<T> {
         doc: &'static str,
     ) -> Self {
         Setting {
-            name,
-            doc,
-            fallback,
-            parser,
             secret: true,
-            empty_is_a_value: false,
+            ..Setting::new(name, parser, fallback, doc)
         }
     }
 

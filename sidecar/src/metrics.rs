@@ -579,73 +579,76 @@ pub fn record(event: &TelemetryEvent) {
 /// deltas would be billed as datums every interval, and the alarms treat
 /// missing data as not breaching).
 pub fn zero_counters() {
-    let zero = |name: &'static str, label: &'static str, values: &[&'static str]| {
+    // (counter, its label, every value the label takes)
+    let labelled: [(&'static str, &'static str, &[&'static str]); 14] = [
+        (
+            LEASE_ACQUISITIONS,
+            "result",
+            &["acquired", "conflict", "error"],
+        ),
+        (LEASE_RENEWALS, "result", &["renewed", "error", "lost"]),
+        (
+            LEASE_LOSSES,
+            "reason",
+            &LossReason::ALL.map(LossReason::as_str),
+        ),
+        (
+            CHECKPOINT_COMMITS,
+            "result",
+            &CommitResult::ALL.map(CommitResult::as_str),
+        ),
+        (
+            UPSTREAM_FRAMES_SKIPPED,
+            "reason",
+            &SkipReason::ALL.map(SkipReason::as_str),
+        ),
+        (
+            SINK_WRITES,
+            "result",
+            &["accepted", "duplicate", "fenced", "error"],
+        ),
+        (
+            POOL_CLAIMS,
+            "result",
+            &ClaimResult::ALL.map(ClaimResult::as_str),
+        ),
+        (
+            BROKER_REQUESTS,
+            "result",
+            &RequestResult::ALL.map(RequestResult::as_str),
+        ),
+        (
+            MESSAGES_DEAD_LETTERED,
+            "queue",
+            &["claims", "requests", "control", "other"],
+        ),
+        (
+            ORPHANS_RESOLVED,
+            "kind",
+            &OrphanKind::ALL.map(OrphanKind::as_str),
+        ),
+        (
+            USERS_RESERVED,
+            "path",
+            &ReservePath::ALL.map(ReservePath::as_str),
+        ),
+        (
+            TRANSPORT_ERRORS,
+            "reason",
+            &TransportError::ALL.map(TransportError::as_str),
+        ),
+        (
+            STREAM_GAPS,
+            "reason",
+            &GapReason::ALL.map(GapReason::as_str),
+        ),
+        (WEBSOCKET_RECONNECTS, "reason", &RECONNECT_REASONS),
+    ];
+    for (name, label, values) in labelled {
         for value in values {
             counter!(name, label => *value).absolute(0);
         }
-    };
-    zero(
-        LEASE_ACQUISITIONS,
-        "result",
-        &["acquired", "conflict", "error"],
-    );
-    zero(LEASE_RENEWALS, "result", &["renewed", "error", "lost"]);
-    zero(
-        LEASE_LOSSES,
-        "reason",
-        &LossReason::ALL.map(LossReason::as_str),
-    );
-    zero(
-        CHECKPOINT_COMMITS,
-        "result",
-        &CommitResult::ALL.map(CommitResult::as_str),
-    );
-    zero(
-        UPSTREAM_FRAMES_SKIPPED,
-        "reason",
-        &SkipReason::ALL.map(SkipReason::as_str),
-    );
-    zero(
-        SINK_WRITES,
-        "result",
-        &["accepted", "duplicate", "fenced", "error"],
-    );
-    zero(
-        POOL_CLAIMS,
-        "result",
-        &ClaimResult::ALL.map(ClaimResult::as_str),
-    );
-    zero(
-        BROKER_REQUESTS,
-        "result",
-        &RequestResult::ALL.map(RequestResult::as_str),
-    );
-    zero(
-        MESSAGES_DEAD_LETTERED,
-        "queue",
-        &["claims", "requests", "control", "other"],
-    );
-    zero(
-        ORPHANS_RESOLVED,
-        "kind",
-        &OrphanKind::ALL.map(OrphanKind::as_str),
-    );
-    zero(
-        USERS_RESERVED,
-        "path",
-        &ReservePath::ALL.map(ReservePath::as_str),
-    );
-    zero(
-        TRANSPORT_ERRORS,
-        "reason",
-        &TransportError::ALL.map(TransportError::as_str),
-    );
-    zero(
-        STREAM_GAPS,
-        "reason",
-        &GapReason::ALL.map(GapReason::as_str),
-    );
-    zero(WEBSOCKET_RECONNECTS, "reason", &RECONNECT_REASONS);
+    }
     for name in [
         LEASE_RELEASES,
         STREAM_GAP_EVENTS,

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use leasehold_platform::aws::RetryPolicy;
 
 pub mod measure;
+#[cfg(feature = "model-check")]
+pub mod model_check;
 pub mod redis_cluster;
 
 /// Address of the local DynamoDB-compatible server (e.g. `http://127.0.0.1:4566`).

@@ -58,6 +58,7 @@ use leasehold_pool::protocol::{ErrorCode, record};
 use leasehold_pool::settlement::{
     self, BeginWrite, Final, FinalVerdict, LookUpFor, Looked, RecordView, Sent, Step,
 };
+use leasehold_testkit::model_check;
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 const USERS: [&str; 2] = ["u0", "u1"];
@@ -968,40 +969,17 @@ impl Model for OrderPath {
     }
 }
 
-fn depth() -> usize {
-    std::env::var("LEASEHOLD_MODEL_DEPTH")
-        .ok()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(48)
-}
-
-/// Explores breadth-first until `finish_when` holds or the depth is reached.
+/// Explores until `finish_when` holds, by default deep enough to exhaust the
+/// model.
 fn check(fixes: Fixes, finish_when: HasDiscoveries) -> impl Checker<OrderPath> {
-    check_model(OrderPath { fixes }, finish_when)
-}
-
-fn check_model(model: OrderPath, finish_when: HasDiscoveries) -> impl Checker<OrderPath> {
-    model
-        .checker()
-        .threads(2)
-        .target_max_depth(depth())
-        .finish_when(finish_when)
-        .spawn_bfs()
-        .join()
+    model_check::explore(OrderPath { fixes }, finish_when, model_check::depth(48))
 }
 
 #[test]
 fn the_shipped_rules_keep_every_promise() {
-    let started = std::time::Instant::now();
-    let checker = check(Fixes::ALL, HasDiscoveries::AnyFailures);
-    eprintln!(
-        "request model: {} states explored ({} unique), depth {}, in {:.1?}",
-        checker.state_count(),
-        checker.unique_state_count(),
-        checker.max_depth(),
-        started.elapsed()
-    );
-    checker.assert_properties();
+    model_check::assert_every_property("request model", || {
+        check(Fixes::ALL, HasDiscoveries::AnyFailures)
+    });
 }
 
 /// Turns one fix off and expects the model to find a counterexample to each
@@ -1012,12 +990,7 @@ fn finds_without(fixes: Fixes, broken: &[&'static str]) {
         fixes,
         HasDiscoveries::AllOf(broken.iter().copied().collect()),
     );
-    for &name in broken {
-        let path = checker
-            .discovery(name)
-            .unwrap_or_else(|| panic!("without the fix, no counterexample to {name:?}"));
-        eprintln!("counterexample to {name:?}: {:?}", path.into_actions());
-    }
+    model_check::expect_counterexamples(&checker, broken);
 }
 
 #[test]

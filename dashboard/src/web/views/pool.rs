@@ -1,34 +1,101 @@
 //! The warm pool view (idle workers, claimed users) and `/api/pool`.
 
-use axum::Router;
-use axum::extract::State;
-use axum::response::{IntoResponse, Json, Response};
-use axum::routing::get;
 use serde::Serialize;
 
 use crate::model::Snapshot;
-use crate::model::SourceHealth;
-use crate::web::Shared;
 use crate::web::column::{Column, Kind, Source, Table, Value, col};
-use crate::web::page::{Header, TablesPage, html, refresh_ms};
+use crate::web::page::{Header, TablesPage};
+use crate::web::views::SnapshotView;
 use leasehold_pool::read::{ClaimedUser, IdleWorker, PoolView};
 
-/// The view's routes.
-pub(crate) fn routes() -> Router<Shared> {
-    Router::new()
-        .route("/pool", get(view))
-        .route("/api/pool", get(api))
+/// The warm pool view: its page and `/api/pool` read the latest snapshot alone.
+pub(crate) struct Pool;
+
+impl SnapshotView for Pool {
+    const PATH: &'static str = "/pool";
+    type Fields<'a> = PoolFields<'a>;
+
+    fn page(snapshot: &Snapshot, refresh_ms: u64) -> TablesPage {
+        let empty = PoolView::default();
+        let pool = snapshot.pool.as_ref().unwrap_or(&empty);
+        let summary = match &snapshot.pool {
+            None => vec!["No pool source (start the dashboard with REDIS_URL).".to_owned()],
+            Some(pool) => {
+                let mut summary = vec![format!(
+                    "{} idle, {} claimed, {} claims pending, {} invalid claims dead-lettered.",
+                    pool.idle.len(),
+                    pool.claimed.len(),
+                    pool.claims_pending,
+                    pool.claims_dead
+                )];
+                if !pool.reserving.is_empty() {
+                    // A handful is what matters; the rest are counted.
+                    const SHOWN: usize = 10;
+                    let shown = pool.reserving[..pool.reserving.len().min(SHOWN)].join(", ");
+                    let more = pool.reserving.len().saturating_sub(SHOWN);
+                    summary.push(format!(
+                        "{} users being re-served after their worker died: {shown}{}.",
+                        pool.reserving.len(),
+                        if more > 0 {
+                            format!(" and {more} more")
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+                summary
+            }
+        };
+        TablesPage {
+            header: Header::new("/pool", snapshot, refresh_ms),
+            heading: "Warm pool",
+            summary,
+            tables: vec![
+                (
+                    "Idle pool workers",
+                    Table::build(
+                        Source {
+                            id: "idle",
+                            api: "/api/pool",
+                            rows_key: "pool.idle",
+                            empty: "No idle pool worker.",
+                        },
+                        IDLE_COLUMNS,
+                        &pool.idle,
+                        snapshot.taken_at_ms,
+                    ),
+                ),
+                (
+                    "Claimed users",
+                    Table::build(
+                        Source {
+                            id: "claimed",
+                            api: "/api/pool",
+                            rows_key: "pool.claimed",
+                            empty: "No claimed user.",
+                        },
+                        CLAIMED_COLUMNS,
+                        &pool.claimed,
+                        snapshot.taken_at_ms,
+                    ),
+                ),
+            ],
+        }
+    }
+
+    fn fields(snapshot: &Snapshot) -> PoolFields<'_> {
+        PoolFields {
+            pool: snapshot.pool.as_ref(),
+        }
+    }
 }
 
-/// `/api/pool` body.
+/// `/api/pool`'s own fields, between the snapshot time and the sources'
+/// health ([`SnapshotBody`](super::SnapshotBody)).
 #[derive(Debug, Serialize)]
-pub struct PoolBody<'a> {
-    /// Snapshot time, unix ms.
-    pub taken_at_ms: i64,
+pub struct PoolFields<'a> {
     /// The pool; null when no pool source is configured or it was never read.
     pub pool: Option<&'a PoolView>,
-    /// Source health.
-    pub sources: &'a [SourceHealth],
 }
 
 /// Columns of the idle pool table.
@@ -72,86 +139,3 @@ pub const CLAIMED_COLUMNS: &[Column<ClaimedUser>] = &[
         r.dead_letters.into()
     }),
 ];
-
-/// The pool view.
-pub fn page(snapshot: &Snapshot, refresh_ms: u64) -> TablesPage {
-    let empty = PoolView::default();
-    let pool = snapshot.pool.as_ref().unwrap_or(&empty);
-    let summary = match &snapshot.pool {
-        None => vec!["No pool source (start the dashboard with REDIS_URL).".to_owned()],
-        Some(pool) => {
-            let mut summary = vec![format!(
-                "{} idle, {} claimed, {} claims pending, {} invalid claims dead-lettered.",
-                pool.idle.len(),
-                pool.claimed.len(),
-                pool.claims_pending,
-                pool.claims_dead
-            )];
-            if !pool.reserving.is_empty() {
-                // A handful is what matters; the rest are counted.
-                const SHOWN: usize = 10;
-                let shown = pool.reserving[..pool.reserving.len().min(SHOWN)].join(", ");
-                let more = pool.reserving.len().saturating_sub(SHOWN);
-                summary.push(format!(
-                    "{} users being re-served after their worker died: {shown}{}.",
-                    pool.reserving.len(),
-                    if more > 0 {
-                        format!(" and {more} more")
-                    } else {
-                        String::new()
-                    }
-                ));
-            }
-            summary
-        }
-    };
-    TablesPage {
-        header: Header::new("/pool", snapshot, refresh_ms),
-        heading: "Warm pool",
-        summary,
-        tables: vec![
-            (
-                "Idle pool workers",
-                Table::build(
-                    Source {
-                        id: "idle",
-                        api: "/api/pool",
-                        rows_key: "pool.idle",
-                        empty: "No idle pool worker.",
-                    },
-                    IDLE_COLUMNS,
-                    &pool.idle,
-                    snapshot.taken_at_ms,
-                ),
-            ),
-            (
-                "Claimed users",
-                Table::build(
-                    Source {
-                        id: "claimed",
-                        api: "/api/pool",
-                        rows_key: "pool.claimed",
-                        empty: "No claimed user.",
-                    },
-                    CLAIMED_COLUMNS,
-                    &pool.claimed,
-                    snapshot.taken_at_ms,
-                ),
-            ),
-        ],
-    }
-}
-
-async fn view(State(state): State<Shared>) -> Response {
-    html(page(&state.collector.latest(), refresh_ms(&state)))
-}
-
-async fn api(State(state): State<Shared>) -> Response {
-    let snapshot = state.collector.latest();
-    Json(PoolBody {
-        taken_at_ms: snapshot.taken_at_ms,
-        pool: snapshot.pool.as_ref(),
-        sources: &snapshot.sources,
-    })
-    .into_response()
-}

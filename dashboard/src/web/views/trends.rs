@@ -38,6 +38,34 @@ pub struct TrendsBody {
 /// Streams with sparklines on the trends page (the laggiest).
 pub const SPARKLINES_SHOWN: usize = 50;
 
+/// A cluster chart: its title, its unit and the reading it plots.
+type ClusterChart = (&'static str, &'static str, fn(&ClusterPoint) -> f64);
+
+/// The cluster charts, in page order.
+const CLUSTER_CHARTS: &[ClusterChart] = &[
+    ("Lag, all streams (events)", " events", |p| {
+        p.lag_events as f64
+    }),
+    ("Largest lag (seconds)", " s", |p| p.lag_seconds),
+    ("Largest last-event age (seconds)", " s", |p| {
+        p.last_event_age_seconds
+    }),
+    ("Longest takeover gap (seconds)", " s", |p| {
+        p.takeover_gap_seconds
+    }),
+    ("Takeovers", "", |p| p.takeovers as f64),
+    ("Idle pool workers", "", |p| p.pool_idle as f64),
+    ("Claimed users", "", |p| p.pool_claimed as f64),
+    ("Claims waiting", "", |p| p.claims_pending as f64),
+    ("Claim latency, median (seconds)", " s", |p| {
+        p.claim_p50_seconds
+    }),
+    ("Claim latency, 99th percentile (seconds)", " s", |p| {
+        p.claim_p99_seconds
+    }),
+    ("Claims taken", "", |p| p.claims_taken as f64),
+];
+
 /// The trends view.
 #[derive(Template)]
 #[template(path = "trends.html")]
@@ -63,76 +91,13 @@ impl TrendsPage {
         refresh_ms: u64,
     ) -> TrendsPage {
         let cluster = trends.cluster();
-        let series =
-            |pick: fn(&ClusterPoint) -> f64| -> Vec<f64> { cluster.iter().map(pick).collect() };
-        let (w, h) = (400, 80);
-        let charts = vec![
-            Chart::line(
-                "Lag, all streams (events)",
-                " events",
-                &series(|p| p.lag_events as f64),
-                w,
-                h,
-            ),
-            Chart::line(
-                "Largest lag (seconds)",
-                " s",
-                &series(|p| p.lag_seconds),
-                w,
-                h,
-            ),
-            Chart::line(
-                "Largest last-event age (seconds)",
-                " s",
-                &series(|p| p.last_event_age_seconds),
-                w,
-                h,
-            ),
-            Chart::line(
-                "Longest takeover gap (seconds)",
-                " s",
-                &series(|p| p.takeover_gap_seconds),
-                w,
-                h,
-            ),
-            Chart::line("Takeovers", "", &series(|p| p.takeovers as f64), w, h),
-            Chart::line(
-                "Idle pool workers",
-                "",
-                &series(|p| p.pool_idle as f64),
-                w,
-                h,
-            ),
-            Chart::line(
-                "Claimed users",
-                "",
-                &series(|p| p.pool_claimed as f64),
-                w,
-                h,
-            ),
-            Chart::line(
-                "Claims waiting",
-                "",
-                &series(|p| p.claims_pending as f64),
-                w,
-                h,
-            ),
-            Chart::line(
-                "Claim latency, median (seconds)",
-                " s",
-                &series(|p| p.claim_p50_seconds),
-                w,
-                h,
-            ),
-            Chart::line(
-                "Claim latency, 99th percentile (seconds)",
-                " s",
-                &series(|p| p.claim_p99_seconds),
-                w,
-                h,
-            ),
-            Chart::line("Claims taken", "", &series(|p| p.claims_taken as f64), w, h),
-        ];
+        let charts = CLUSTER_CHARTS
+            .iter()
+            .map(|&(title, unit, reading)| {
+                let series: Vec<f64> = cluster.iter().map(reading).collect();
+                Chart::line(title, unit, &series, 400, 80)
+            })
+            .collect();
         let mut laggiest: Vec<&StreamRow> = snapshot
             .streams
             .iter()

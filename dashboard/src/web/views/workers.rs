@@ -1,39 +1,70 @@
 //! The workers view: each stream owner with what its sidecar says, and
 //! `/api/workers`.
 
-use axum::Router;
-use axum::extract::State;
-use axum::response::{IntoResponse, Json, Response};
-use axum::routing::get;
 use serde::Serialize;
 
 use crate::model::Snapshot;
-use crate::model::SourceHealth;
 use crate::model::WorkerRow;
 use crate::sources::sidecars::SidecarReport;
-use crate::web::Shared;
 use crate::web::column::{Column, Kind, Source, Table, Value, col};
-use crate::web::page::{Header, TablesPage, html, refresh_ms};
+use crate::web::page::{Header, TablesPage};
+use crate::web::views::SnapshotView;
 use leasehold_control::lease::LeaseState;
 
-/// The view's routes.
-pub(crate) fn routes() -> Router<Shared> {
-    Router::new()
-        .route("/workers", get(view))
-        .route("/api/workers", get(api))
+/// The workers view: its page and `/api/workers` read the latest snapshot alone.
+pub(crate) struct Workers;
+
+impl SnapshotView for Workers {
+    const PATH: &'static str = "/workers";
+    type Fields<'a> = WorkersFields<'a>;
+
+    fn page(snapshot: &Snapshot, refresh_ms: u64) -> TablesPage {
+        let answered = snapshot
+            .sidecars
+            .iter()
+            .filter(|s| s.status.is_some())
+            .count();
+        TablesPage {
+            header: Header::new("/workers", snapshot, refresh_ms),
+            heading: "Workers",
+            summary: vec![format!(
+                "{} owners; {answered} of {} sidecars answered.",
+                snapshot.workers.len(),
+                snapshot.sidecars.len()
+            )],
+            tables: vec![(
+                "Leases held per owner, with what its sidecar says",
+                Table::build(
+                    Source {
+                        id: "workers",
+                        api: "/api/workers",
+                        rows_key: "workers",
+                        empty: "No worker holds a lease and no sidecar answered.",
+                    },
+                    WORKER_COLUMNS,
+                    &snapshot.workers,
+                    snapshot.taken_at_ms,
+                ),
+            )],
+        }
+    }
+
+    fn fields(snapshot: &Snapshot) -> WorkersFields<'_> {
+        WorkersFields {
+            workers: &snapshot.workers,
+            sidecars: &snapshot.sidecars,
+        }
+    }
 }
 
-/// `/api/workers` body.
+/// `/api/workers`'s own fields, between the snapshot time and the sources'
+/// health ([`SnapshotBody`](super::SnapshotBody)).
 #[derive(Debug, Serialize)]
-pub struct WorkersBody<'a> {
-    /// Snapshot time, unix ms.
-    pub taken_at_ms: i64,
+pub struct WorkersFields<'a> {
     /// Owners and sidecar-only workers.
     pub workers: &'a [WorkerRow],
     /// Every sidecar polled, with errors.
     pub sidecars: &'a [SidecarReport],
-    /// Source health.
-    pub sources: &'a [SourceHealth],
 }
 
 /// Columns of the workers table.
@@ -72,50 +103,3 @@ pub const WORKER_COLUMNS: &[Column<WorkerRow>] = &[
         Value::opt_text(r.sidecar_url.as_deref())
     }),
 ];
-
-/// The workers view.
-pub fn page(snapshot: &Snapshot, refresh_ms: u64) -> TablesPage {
-    let answered = snapshot
-        .sidecars
-        .iter()
-        .filter(|s| s.status.is_some())
-        .count();
-    TablesPage {
-        header: Header::new("/workers", snapshot, refresh_ms),
-        heading: "Workers",
-        summary: vec![format!(
-            "{} owners; {answered} of {} sidecars answered.",
-            snapshot.workers.len(),
-            snapshot.sidecars.len()
-        )],
-        tables: vec![(
-            "Leases held per owner, with what its sidecar says",
-            Table::build(
-                Source {
-                    id: "workers",
-                    api: "/api/workers",
-                    rows_key: "workers",
-                    empty: "No worker holds a lease and no sidecar answered.",
-                },
-                WORKER_COLUMNS,
-                &snapshot.workers,
-                snapshot.taken_at_ms,
-            ),
-        )],
-    }
-}
-
-async fn view(State(state): State<Shared>) -> Response {
-    html(page(&state.collector.latest(), refresh_ms(&state)))
-}
-
-async fn api(State(state): State<Shared>) -> Response {
-    let snapshot = state.collector.latest();
-    Json(WorkersBody {
-        taken_at_ms: snapshot.taken_at_ms,
-        workers: &snapshot.workers,
-        sidecars: &snapshot.sidecars,
-        sources: &snapshot.sources,
-    })
-    .into_response()
-}

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, IdleEntry,
     MarkWrite, MessageKind, Oversized, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH,
-    Settled, Shed, Take, TakenClaim, UserMessage, whole_seconds,
+    Settled, Shed, Take, TakenClaim, UserMessage, UserQueue, whole_seconds,
 };
 use crate::protocol::{self, record};
 use crate::settlement::{self, BeginWrite, FinalVerdict};
@@ -392,12 +392,10 @@ impl PoolBus for MemoryPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let (control, processing, requests, control_processing) = (
-            keys::worker_control(user_id),
-            keys::user_processing(user_id),
-            keys::user_requests(user_id),
-            keys::worker_control_processing(user_id),
-        );
+        // Control messages before requests; in each queue, the message already
+        // being handled (a predecessor's) before the oldest waiting.
+        let queues =
+            [MessageKind::Control, MessageKind::Request].map(|kind| (kind, kind.queue(user_id)));
         let deadline = Instant::now() + timeout;
         loop {
             // Registered before looking, so a push between the look and the
@@ -408,23 +406,18 @@ impl PoolBus for MemoryPoolBus {
             {
                 let now = Instant::now();
                 let mut keyspace = self.lock();
-                if let Some(handling) = keyspace
-                    .list(&control_processing, now)?
-                    .and_then(|list| list.back().cloned())
-                {
-                    return Ok(Some(bounded(MessageKind::Control, handling, max_bytes)));
-                }
-                if let Some(moved) = keyspace.move_oldest(&control, &control_processing, now)? {
-                    return Ok(Some(bounded(MessageKind::Control, moved, max_bytes)));
-                }
-                if let Some(oldest) = keyspace
-                    .list(&processing, now)?
-                    .and_then(|list| list.back().cloned())
-                {
-                    return Ok(Some(bounded(MessageKind::Request, oldest, max_bytes)));
-                }
-                if let Some(moved) = keyspace.move_oldest(&requests, &processing, now)? {
-                    return Ok(Some(bounded(MessageKind::Request, moved, max_bytes)));
+                for (kind, queue) in &queues {
+                    if let Some(handling) = keyspace
+                        .list(&queue.processing, now)?
+                        .and_then(|list| list.back().cloned())
+                    {
+                        return Ok(Some(bounded(*kind, handling, max_bytes)));
+                    }
+                    if let Some(moved) =
+                        keyspace.move_oldest(&queue.list, &queue.processing, now)?
+                    {
+                        return Ok(Some(bounded(*kind, moved, max_bytes)));
+                    }
                 }
             }
             if !wait_for_push(pushed, deadline, interrupt).await {
@@ -579,16 +572,7 @@ impl PoolBus for MemoryPoolBus {
         Self::inject_fault(&self.failing_answers)?;
         let now = Instant::now();
         let mut keyspace = self.lock();
-        let (list, processing) = match oversized.kind {
-            MessageKind::Request => (
-                keys::user_requests(oversized.user_id),
-                keys::user_processing(oversized.user_id),
-            ),
-            MessageKind::Control => (
-                keys::worker_control(oversized.user_id),
-                keys::worker_control_processing(oversized.user_id),
-            ),
-        };
+        let UserQueue { list, processing } = oversized.kind.queue(oversized.user_id);
         let tail = keyspace
             .list(&processing, now)?
             .and_then(|list| list.back().cloned())

@@ -310,6 +310,33 @@ pub enum MessageKind {
     Control,
 }
 
+impl MessageKind {
+    /// `user_id`'s list of this kind, with its processing list: both buses
+    /// read the same pair, so it is named in one place.
+    pub fn queue(self, user_id: &str) -> UserQueue {
+        match self {
+            MessageKind::Request => UserQueue {
+                list: crate::keys::user_requests(user_id),
+                processing: crate::keys::user_processing(user_id),
+            },
+            MessageKind::Control => UserQueue {
+                list: crate::keys::worker_control(user_id),
+                processing: crate::keys::worker_control_processing(user_id),
+            },
+        }
+    }
+}
+
+/// A user's list of one [`MessageKind`] and the processing list its oldest
+/// message is moved to, and stays in until handled (so a successor finds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserQueue {
+    /// Where messages wait.
+    pub list: String,
+    /// Where the message being handled is.
+    pub processing: String,
+}
+
 /// A queued request answered without running it: the user's queue is over
 /// its cap ([`PoolBus::shed_request`]).
 #[derive(Debug, Clone, Copy)]

@@ -23,7 +23,7 @@ use super::{
     Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
     DEAD_LETTER_TTL, IdleEntry, Inspect, MarkWrite, MessageKind, Oversized, PoolBus,
     REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, Take, TakenClaim, UserMessage,
-    whole_seconds,
+    UserQueue, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -407,19 +407,17 @@ impl PoolBus for RedisPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let (control, processing, requests, control_processing) = (
-            keys::worker_control(user_id),
-            keys::user_processing(user_id),
-            keys::user_requests(user_id),
-            keys::worker_control_processing(user_id),
+        let (control, requests) = (
+            MessageKind::Control.queue(user_id),
+            MessageKind::Request.queue(user_id),
         );
         let (kind, body, length): (i64, Vec<u8>, u64) = self
             .functions
             .next_user_message
-            .key(&control)
-            .key(&processing)
-            .key(&requests)
-            .key(&control_processing)
+            .key(&control.list)
+            .key(&requests.processing)
+            .key(&requests.list)
+            .key(&control.processing)
             .arg(max_bytes)
             .arg(protocol::DEAD_LETTER_HEAD_BYTES)
             .invoke_async(&mut self.commands())
@@ -452,14 +450,14 @@ impl PoolBus for RedisPoolBus {
         let (control_stop, request_stop) = (interrupt.child_token(), interrupt.child_token());
         let mut control_move = redis::cmd("BLMOVE");
         control_move
-            .arg(&control)
-            .arg(&control_processing)
+            .arg(&control.list)
+            .arg(&control.processing)
             .arg("RIGHT")
             .arg("LEFT");
         let mut blmove = redis::cmd("BLMOVE");
         blmove
-            .arg(&requests)
-            .arg(&processing)
+            .arg(&requests.list)
+            .arg(&requests.processing)
             .arg("RIGHT")
             .arg("LEFT");
         let control_wait =
@@ -592,17 +590,10 @@ impl PoolBus for RedisPoolBus {
     }
 
     async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError> {
-        let (list, processing, kind) = match oversized.kind {
-            MessageKind::Request => (
-                keys::user_requests(oversized.user_id),
-                keys::user_processing(oversized.user_id),
-                "request",
-            ),
-            MessageKind::Control => (
-                keys::worker_control(oversized.user_id),
-                keys::worker_control_processing(oversized.user_id),
-                "control",
-            ),
+        let UserQueue { list, processing } = oversized.kind.queue(oversized.user_id);
+        let kind = match oversized.kind {
+            MessageKind::Request => "request",
+            MessageKind::Control => "control",
         };
         let dead = protocol::dead_letter_truncated(
             protocol::dead_reason::TOO_LARGE,
