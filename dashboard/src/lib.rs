@@ -11,8 +11,8 @@
 //!   `sidecar_url` workers publish, validated as untrusted input, or the
 //!   `DASHBOARD_SIDECARS` override; `/status` polling bounded per sidecar and
 //!   per refresh — one deadline, one byte budget — kept as
-//!   [`sidecars::KeptStatus`]) and [`sources::sink`] (the stream page's sink
-//!   position, through a [`sink::SinkReader`] the binary provides).
+//!   [`sources::sidecars::KeptStatus`]) and [`sources::sink`] (the stream page's sink
+//!   position, through a [`sources::sink::SinkReader`] the binary provides).
 //! - [`collector`]: runs the sources on the table-paced interval and applies
 //!   the model; the only module with the locks the pages read under.
 //! - [`model`]: the snapshot and its history, pure (no locks, no I/O):
@@ -43,16 +43,6 @@ pub mod sources;
 pub mod testing;
 pub mod web;
 
-// Paths other crates import (`leasehold`, `devcluster`): the sources they
-// configure at the root, and the collector under its old name, which
-// `leasehold/benches/read_cost.rs` still uses.
-/// The collector under its former name (`leasehold_dashboard::cluster`).
-pub use crate::collector as cluster;
-/// The sidecar source ([`sources::sidecars`]), which `DashboardConfig` is given.
-pub use crate::sources::sidecars;
-/// The sink source ([`sources::sink`]), which `DashboardConfig` is given.
-pub use crate::sources::sink;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -77,7 +67,7 @@ pub struct DashboardConfig {
     /// Wall clock.
     pub clock: Arc<dyn leasehold_control::clock::Clock>,
     /// The sink, for the per-stream page (`DASHBOARD_SINK_URL`).
-    pub sink: Option<Arc<dyn sink::SinkReader>>,
+    pub sink: Option<Arc<dyn sources::sink::SinkReader>>,
     /// Grafana, linked from the trends page (`DASHBOARD_GRAFANA_URL`).
     pub grafana: Option<String>,
 }

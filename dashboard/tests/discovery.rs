@@ -16,7 +16,7 @@ use axum::Router;
 use axum::routing::get;
 use leasehold_control::conformance::{ConformanceTarget, DynamoTarget};
 use leasehold_control::store::LeaseReader;
-use leasehold_dashboard::sidecars::{DiscoveryPolicy, Network};
+use leasehold_dashboard::sources::sidecars::{DiscoveryPolicy, Network};
 use leasehold_dashboard::testing::announce_sidecar;
 use leasehold_dashboard::{Collector, CollectorSettings, Sources};
 use leasehold_pool::bus::{BusConnector, MarkWrite, WorkerMetadata};

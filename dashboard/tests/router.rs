@@ -15,7 +15,7 @@ use leasehold_control::LeaseError;
 use leasehold_control::store::AcquireRequest;
 use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_dashboard::collector::Collector;
-use leasehold_dashboard::sink::{SinkReadError, SinkReader};
+use leasehold_dashboard::sources::sink::{SinkReadError, SinkReader};
 use leasehold_dashboard::testing::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
     collector_at, collector_with_sidecars, fake_sidecar, pool_entries, seed_leases, seed_many,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_control::clock::SystemClock;
 use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_dashboard::sidecars::{
+use leasehold_dashboard::sources::sidecars::{
     DiscoveryPolicy, KEPT_LEASES, MAX_STATUS_BYTES, SidecarProblem,
 };
 use leasehold_dashboard::testing::announce_sidecar;

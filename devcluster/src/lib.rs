@@ -40,7 +40,7 @@ use leasehold_control::settings::lease_settings;
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_dashboard::sidecars::SidecarTarget;
+use leasehold_dashboard::sources::sidecars::SidecarTarget;
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
 use leasehold_feed::exchange::{ExchangeConfig, ExchangeServer, ExchangeShape};
 use leasehold_feed::{FeedConfig, FeedServer};
@@ -358,7 +358,7 @@ impl DevCluster {
         type Shared = (
             Arc<dyn FencedSink>,
             Arc<dyn PoolBus>,
-            Arc<dyn leasehold_dashboard::sink::SinkReader>,
+            Arc<dyn leasehold_dashboard::sources::sink::SinkReader>,
         );
         let (sink, bus, dashboard_sink): Shared = match &options.redis_url {
             None => (
@@ -490,7 +490,7 @@ impl DevCluster {
                     leases: store.clone(),
                     pool: Some(Arc::new(BusConnector::ready(bus.clone()))),
                     sidecars: targets,
-                    discovery: leasehold_dashboard::sidecars::DiscoveryPolicy::dev(),
+                    discovery: leasehold_dashboard::sources::sidecars::DiscoveryPolicy::dev(),
                 },
                 settings: CollectorSettings {
                     refresh: Duration::from_secs(1),

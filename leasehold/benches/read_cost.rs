@@ -40,7 +40,7 @@ use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
     AcquireRequest, Consistency, LeaseError, LeaseStore, ReleaseRequest, RenewRequest, list_all,
 };
-use leasehold_dashboard::cluster::CollectorSettings;
+use leasehold_dashboard::collector::CollectorSettings;
 use leasehold_platform::settings::fixed_lookup;
 use leasehold_telemetry::LogSink;
 use tokio_util::sync::CancellationToken;

@@ -53,7 +53,7 @@ pub(crate) async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     // Likewise the sink: connected on the first stream page that reads it.
     let sink = settings.sink_url.map(|url| {
         Arc::new(RedisSinkReader::lazy(url.into_inner()))
-            as Arc<dyn leasehold_dashboard::sink::SinkReader>
+            as Arc<dyn leasehold_dashboard::sources::sink::SinkReader>
     });
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.table.table);
     let dashboard = Dashboard::start(

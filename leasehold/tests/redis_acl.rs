@@ -427,12 +427,16 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     // `leasehold dashboard` process builds from DASHBOARD_SINK_URL.
     let sink_reader = leasehold_sink::reader::RedisSinkReader::lazy(redis.url("dashboard"));
     assert_eq!(
-        leasehold_dashboard::sink::SinkReader::last_seq(&sink_reader, &stream).await,
+        leasehold_dashboard::sources::sink::SinkReader::last_seq(&sink_reader, &stream).await,
         Ok(Some(1)),
         "the dashboard reads the sink's last seq under its own user"
     );
     assert_eq!(
-        leasehold_dashboard::sink::SinkReader::last_seq(&sink_reader, &unique_name("none")).await,
+        leasehold_dashboard::sources::sink::SinkReader::last_seq(
+            &sink_reader,
+            &unique_name("none")
+        )
+        .await,
         Ok(None)
     );
 

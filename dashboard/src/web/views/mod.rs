@@ -1,7 +1,7 @@
 //! One module per view: its page (an askama template), its JSON body, its
 //! columns and its handlers, with the routes it answers. Adding a view is a
 //! module here, an entry in `ALL` and a template; a view drawn from the latest
-//! snapshot alone implements [`SnapshotView`] and needs no handlers of its own.
+//! snapshot alone implements `SnapshotView` and needs no handlers of its own.
 
 pub mod anomalies;
 pub mod changes;
@@ -94,7 +94,7 @@ pub(crate) trait SnapshotView: 'static {
     fn fields(snapshot: &Snapshot) -> Self::Fields<'_>;
 }
 
-/// The JSON body of a [`SnapshotView`]: when the snapshot was taken, the
+/// The JSON body of a `SnapshotView`: when the snapshot was taken, the
 /// view's own fields, and the health of the sources it was read from.
 #[derive(Debug, Serialize)]
 pub struct SnapshotBody<'a, T> {
