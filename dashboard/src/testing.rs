@@ -2,17 +2,19 @@
 //! render benchmark: leases in every state, a pool with idle and claimed
 //! workers, queues, dead letters and a maintenance report.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_control::conformance::ConformanceTarget;
 use leasehold_control::schema::{self, AttrValue, RawItem};
 use leasehold_control::store::{AcquireRequest, CheckpointRequest, LeaseStore, ReleaseRequest};
-use leasehold_pool::bus::{BusError, Inspect, StoredMark};
+use leasehold_pool::bus::memory::MemoryPoolBus;
+use leasehold_pool::bus::{BusError, MarkWrite, PoolBus, WorkerMetadata};
 use leasehold_pool::keys;
-use leasehold_pool::protocol::{MarkValue, metadata};
-use leasehold_pool::read::{Finding, PoolReader, SweepReport};
+use leasehold_pool::protocol::MarkValue;
+use leasehold_pool::read::{AnomalyView, Finding, PoolCounts, PoolReader, PoolView, SweepReport};
 use leasehold_telemetry::OrphanKind;
 
 /// A stream id made of markup: must render as inert text.
@@ -170,21 +172,12 @@ pub fn collector_at(
     ))
 }
 
-/// One key of the seeded pool.
-#[derive(Debug, Clone)]
-pub enum PoolEntry {
-    /// A string key.
-    Str(String, String),
-    /// A hash key.
-    Hash(String, Vec<(String, String)>),
-    /// A list key.
-    List(String, Vec<String>),
-}
-
-/// The seeded pool: idle `pool-7`, user `u42` claimed by `pool-3` with queued
-/// requests, a control message and dead letters, a pending claim, a
-/// maintenance report, and a credentials blob that must never be shown.
-pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
+/// Seeds the pool through the bus's own steps (the one pool keyspace: the
+/// memory bus here, Redis in the browser test): idle `pool-7`, user `u42`
+/// claimed by `pool-3` with queued requests, a control message and a dead
+/// letter, a pending claim, a maintenance report, and a credentials blob that
+/// must never be shown.
+pub async fn seed_pool(bus: &dyn PoolBus, now_ms: i64) -> Result<(), BusError> {
     let now = now_ms as u64;
     let idle = MarkValue {
         worker_id: "pool-7".into(),
@@ -238,57 +231,63 @@ pub fn pool_entries(now_ms: i64) -> Vec<PoolEntry> {
         held: None,
         unconfirmed: 0,
     };
-    let requests = keys::user_requests("u42");
-    let control = keys::worker_control("u42");
-    vec![
-        PoolEntry::Str(keys::pool_worker_active("pool-7"), idle.to_json()),
-        PoolEntry::Str(keys::worker_active("u42"), claimed.to_json()),
-        PoolEntry::Hash(
-            keys::worker_metadata("u42"),
-            vec![
-                (metadata::TASK_ARN.into(), claimed.task_id.clone()),
-                (metadata::INSTANCE_ID.into(), "i-0abc123".into()),
-                (metadata::LAUNCHED_AT.into(), (now - 900_000).to_string()),
-            ],
-        ),
-        PoolEntry::List(requests.clone(), vec!["{}".into(), "{}".into()]),
-        // Queue bodies can carry secrets (a claim's encrypted credentials):
-        // the dashboard counts them and must never show them.
-        PoolEntry::List(
-            keys::dead_letter(&requests),
-            vec![format!(
-                r#"{{"reason":"invalid","body":"{SECRET_CANARY}"}}"#
-            )],
-        ),
-        PoolEntry::List(control, vec![r#"{"type":"reload_credentials"}"#.into()]),
-        PoolEntry::List(
-            keys::POOL_CLAIMS.into(),
-            vec![format!(
-                r#"{{"user_id":"u9","encrypted_credentials":"{SECRET_CANARY}"}}"#
-            )],
-        ),
-        PoolEntry::Str(
-            keys::MAINTENANCE_LAST_REPORT.into(),
-            serde_json::to_string(&report).expect("report serializes"),
-        ),
-        PoolEntry::Str(keys::credentials("u42"), SECRET_CANARY.into()),
-    ]
+    let ttl = Duration::from_secs(3_600);
+    bus.set_pool_mark(&idle.worker_id, &idle.to_json(), ttl)
+        .await?;
+    let worker = WorkerMetadata {
+        task_arn: claimed.task_id.clone(),
+        instance_id: "i-0abc123".into(),
+        launched_at: now - 900_000,
+        sidecar_url: None,
+    };
+    bus.claim_user(&MarkWrite {
+        user_id: &claimed.user_id,
+        worker_id: &claimed.worker_id,
+        value: &claimed.to_json(),
+        ttl,
+        metadata: &worker,
+    })
+    .await?;
+    bus.push_request("u42", "{}").await?;
+    bus.push_request("u42", "{}").await?;
+    // Queue bodies can carry secrets (a claim's encrypted credentials): the
+    // dashboard counts them and must never show them.
+    bus.dead_letter(&keys::user_requests("u42"), "invalid", SECRET_CANARY, now)
+        .await?;
+    bus.push_control("u42", r#"{"type":"reload_credentials"}"#)
+        .await?;
+    bus.push_claim(&format!(
+        r#"{{"user_id":"u9","encrypted_credentials":"{SECRET_CANARY}"}}"#
+    ))
+    .await?;
+    bus.put_maintenance_report(&serde_json::to_string(&report).expect("report serializes"))
+        .await?;
+    bus.put_credentials("u42", SECRET_CANARY).await
 }
 
-/// A pool keyspace in memory over seeded entries (prefix-`*` patterns only),
-/// read through the pool's own read model like Redis would be.
-#[derive(Default)]
-pub struct StaticPool {
-    entries: Mutex<Vec<PoolEntry>>,
-    /// When set, every read fails with this message (a source that is down).
+/// The seeded pool in memory, as the router tests read it.
+pub async fn seeded_pool(now_ms: i64) -> MemoryPoolBus {
+    let bus = MemoryPoolBus::new();
+    seed_pool(&bus, now_ms)
+        .await
+        .expect("the memory bus takes every step");
+    bus
+}
+
+/// A pool source that can be switched off: while `down` holds a message,
+/// every read fails with it (Redis away), else it reads `pool`.
+pub struct SwitchablePool<P> {
+    /// The pool read while up.
+    pub pool: P,
+    /// When set, every read fails with this message.
     pub down: Mutex<Option<String>>,
 }
 
-impl StaticPool {
-    /// A pool holding `entries`.
-    pub fn new(entries: Vec<PoolEntry>) -> Self {
-        StaticPool {
-            entries: Mutex::new(entries),
+impl<P> SwitchablePool<P> {
+    /// Up, reading `pool`.
+    pub fn new(pool: P) -> Self {
+        SwitchablePool {
+            pool,
             down: Mutex::new(None),
         }
     }
@@ -299,137 +298,24 @@ impl StaticPool {
             None => Ok(()),
         }
     }
-
-    fn find<T>(&self, key: &str, pick: impl Fn(&PoolEntry) -> Option<T>) -> Option<T> {
-        self.entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find_map(|entry| (entry.key() == key).then(|| pick(entry)).flatten())
-    }
-
-    fn list(&self, key: &str) -> Vec<String> {
-        self.find(key, |e| match e {
-            PoolEntry::List(_, items) => Some(items.clone()),
-            _ => None,
-        })
-        .unwrap_or_default()
-    }
-}
-
-impl PoolEntry {
-    fn key(&self) -> &str {
-        match self {
-            PoolEntry::Str(k, _) | PoolEntry::Hash(k, _) | PoolEntry::List(k, _) => k,
-        }
-    }
 }
 
 #[async_trait]
-impl Inspect for StaticPool {
-    async fn marks(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
-        let mut marks = Vec::new();
-        for key in self.scan_keys(pattern).await? {
-            if let Some(value) = self.get(&key).await? {
-                marks.push(StoredMark {
-                    key,
-                    value,
-                    ttl_ms: None,
-                });
-            }
-        }
-        Ok(marks)
-    }
-
-    async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, BusError> {
+impl<P: PoolReader> PoolReader for SwitchablePool<P> {
+    async fn counts(&self) -> Result<PoolCounts, BusError> {
         self.check()?;
-        let prefix = pattern.trim_end_matches('*');
-        let mut keys: Vec<String> = self
-            .entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|entry| entry.key().to_owned())
-            .filter(|k| k.starts_with(prefix))
-            .collect();
-        keys.sort();
-        Ok(keys)
+        self.pool.counts().await
     }
 
-    async fn get(&self, key: &str) -> Result<Option<String>, BusError> {
+    async fn pool(&self) -> Result<PoolView, BusError> {
         self.check()?;
-        Ok(self.find(key, |e| match e {
-            PoolEntry::Str(_, v) => Some(v.clone()),
-            _ => None,
-        }))
+        self.pool.pool().await
     }
 
-    async fn ttl_ms(&self, key: &str) -> Result<Option<i64>, BusError> {
+    async fn anomalies(&self) -> Result<AnomalyView, BusError> {
         self.check()?;
-        Ok(self.find(key, |_| Some(-1)))
+        self.pool.anomalies().await
     }
-
-    async fn server_time_ms(&self) -> Result<u64, BusError> {
-        self.check()?;
-        Ok(leasehold_control::clock::Clock::now_ms_u64(
-            &leasehold_control::clock::SystemClock,
-        ))
-    }
-
-    async fn list_len(&self, key: &str) -> Result<u64, BusError> {
-        self.check()?;
-        Ok(self.list(key).len() as u64)
-    }
-
-    async fn list_items(&self, key: &str) -> Result<Vec<String>, BusError> {
-        self.check()?;
-        Ok(self.list(key))
-    }
-
-    async fn hash_get_all(&self, key: &str) -> Result<HashMap<String, String>, BusError> {
-        self.check()?;
-        Ok(self
-            .find(key, |e| match e {
-                PoolEntry::Hash(_, fields) => Some(fields.iter().cloned().collect()),
-                _ => None,
-            })
-            .unwrap_or_default())
-    }
-}
-
-/// Writes the entries to a real Redis.
-pub async fn write_pool(
-    redis: &mut redis::aio::ConnectionManager,
-    entries: &[PoolEntry],
-) -> redis::RedisResult<()> {
-    for entry in entries {
-        match entry {
-            PoolEntry::Str(key, value) => {
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(value)
-                    .query_async::<()>(redis)
-                    .await?
-            }
-            PoolEntry::Hash(key, fields) => {
-                let mut cmd = redis::cmd("HSET");
-                cmd.arg(key);
-                for (field, value) in fields {
-                    cmd.arg(field).arg(value);
-                }
-                cmd.query_async::<()>(redis).await?
-            }
-            PoolEntry::List(key, items) => {
-                redis::cmd("DEL").arg(key).query_async::<()>(redis).await?;
-                redis::cmd("RPUSH")
-                    .arg(key)
-                    .arg(items)
-                    .query_async::<()>(redis)
-                    .await?
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A stream worker's `/status` body for `owner`, listing `gaps` as

@@ -17,11 +17,12 @@ use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_dashboard::collector::Collector;
 use leasehold_dashboard::sources::sink::{SinkReadError, SinkReader};
 use leasehold_dashboard::testing::{
-    MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, StaticPool,
-    collector_at, collector_with_sidecars, fake_sidecar, pool_entries, seed_leases, seed_many,
+    MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, SwitchablePool,
+    collector_at, collector_with_sidecars, fake_sidecar, seed_leases, seed_many, seeded_pool,
     status_with_gaps,
 };
 use leasehold_dashboard::web::{CONTENT_SECURITY_POLICY, DashboardState, SESSION_COOKIE, app};
+use leasehold_pool::bus::memory::MemoryPoolBus;
 use leasehold_pool::read::PoolReader;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -52,14 +53,14 @@ const ROUTES: &[&str] = &[
 
 struct Seeded {
     target: Arc<MemoryTarget>,
-    pool: Arc<StaticPool>,
+    pool: Arc<SwitchablePool<MemoryPoolBus>>,
     collector: Arc<Collector>,
 }
 
 async fn seeded() -> Seeded {
     let target = Arc::new(MemoryTarget::default());
     seed_leases(target.as_ref(), NOW).await;
-    let pool = Arc::new(StaticPool::new(pool_entries(NOW)));
+    let pool = Arc::new(SwitchablePool::new(seeded_pool(NOW).await));
     let collector = collector_at(
         target.store(),
         Some(pool.clone() as Arc<dyn PoolReader>),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use leasehold_control::clock::unix_ms;
 use leasehold_control::conformance::DynamoTarget;
 use leasehold_dashboard::testing::{
-    MARKUP_STREAM, SECRET_CANARY, SEEDED_STREAMS_VIEW, pool_entries, seed_leases, write_pool,
+    MARKUP_STREAM, SECRET_CANARY, SEEDED_STREAMS_VIEW, seed_leases, seed_pool,
 };
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
@@ -54,9 +54,10 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         .query_async::<()>(&mut connection)
         .await
         .unwrap();
-    write_pool(&mut connection, &pool_entries(now))
+    let bus = leasehold_pool::bus::redis::RedisPoolBus::connect(&redis_db)
         .await
         .unwrap();
+    seed_pool(&bus, now).await.unwrap();
 
     // A sidecar with a live worker reporting lag for one of its streams.
     let shutdown = CancellationToken::new();
