@@ -11,10 +11,10 @@
 //! sink stream for gaps and duplicates.
 //!
 //! Module map:
-//! - [`gate`]: fault gates around a worker's store and sink (crash, pause).
-//! - [`chaos`]: the chaos loop that uses them.
-//! - [`launcher`]: broker workers as tasks of this process.
-//! - [`pool`]: the pool manager and maintenance loops and the order flow.
+//! - `gate`: fault gates around a worker's store and sink (crash, pause).
+//! - `chaos`: the chaos loop that uses them.
+//! - `launcher`: broker workers as tasks of this process.
+//! - `pool`: the pool manager and maintenance loops and the order flow.
 //! - [`audit`]: the sink check printed at the end.
 //! - `banner`: what `leasehold dev` prints once the cluster is up
 //!   ([`DevCluster::banner`]).

@@ -256,3 +256,88 @@ fn every_flag_is_in_the_readme() {
         "flags missing from the README: {missing:?}"
     );
 }
+
+/// A crate's top-level modules: `mod x;` in any visibility, and modules
+/// re-exported whole (`pub use other::x;`).
+fn declared_modules(lib: &str) -> BTreeSet<String> {
+    lib.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let rest = line
+                .strip_prefix("pub mod ")
+                .or_else(|| line.strip_prefix("pub(crate) mod "))
+                .or_else(|| line.strip_prefix("mod "))
+                .or_else(|| {
+                    line.strip_prefix("pub use ")
+                        .filter(|path| path.contains("::") && !path.contains('{'))
+                        .and_then(|path| path.rsplit("::").next())
+                        .filter(|name| {
+                            name.chars()
+                                .all(|c| c.is_ascii_lowercase() || c == '_' || c == ';')
+                        })
+                })?;
+            let name = rest.strip_suffix(';')?;
+            (name != "tests").then(|| name.to_owned())
+        })
+        .collect()
+}
+
+/// The modules a crate's module map names: the head (before `:` or ` (`) of
+/// each `//! - [`x`]…` or `//! - `x`…` bullet of its crate documentation,
+/// which may name several (`[`memory`], [`redis`]: the two sinks`).
+fn mapped_modules(lib: &str) -> BTreeSet<String> {
+    lib.lines()
+        .filter_map(|line| line.strip_prefix("//! - "))
+        .filter(|bullet| bullet.starts_with("[`") || bullet.starts_with('`'))
+        .flat_map(|bullet| {
+            let head = bullet.split(':').next().unwrap_or_default();
+            let head = head.split(" (").next().unwrap_or_default();
+            head.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// ARCHITECTURE.md sends a newcomer to each crate's module map: the map must
+/// list every module the crate has, and nothing it no longer has.
+#[test]
+fn every_crate_module_map_matches_its_modules() {
+    let root = repo_root();
+    let mut libs: Vec<_> = [
+        "control",
+        "platform",
+        "telemetry",
+        "sidecar",
+        "dashboard",
+        "devcluster",
+        "testkit",
+    ]
+    .iter()
+    .map(|dir| root.join(dir).join("src/lib.rs"))
+    .collect();
+    for entry in std::fs::read_dir(root.join("worker")).unwrap() {
+        let lib = entry.unwrap().path().join("src/lib.rs");
+        if lib.exists() {
+            libs.push(lib);
+        }
+    }
+    assert!(libs.len() >= 12, "every library crate is checked");
+    let mut problems = Vec::new();
+    for lib in libs {
+        let text = std::fs::read_to_string(&lib).unwrap();
+        let declared = declared_modules(&text);
+        let mapped = mapped_modules(&text);
+        let unmapped: Vec<_> = declared.difference(&mapped).collect();
+        let stale: Vec<_> = mapped.difference(&declared).collect();
+        if !unmapped.is_empty() || !stale.is_empty() {
+            problems.push(format!(
+                "{}: not in the module map {unmapped:?}; in the map but not a module {stale:?}",
+                lib.strip_prefix(&root).unwrap().display()
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -10,6 +10,7 @@
 //! - [`snapshot`]: raw values beside Prometheus's, for the push exporters.
 //! - [`cloudwatch`]: EMF lines or PutMetricData from those snapshots.
 //! - [`otlp`]: OpenTelemetry instruments fed by the same updates, exported over OTLP.
+//! - [`settings`]: the sidecar's variables (addresses, exporters, observer).
 
 pub mod cloudwatch;
 pub mod http;

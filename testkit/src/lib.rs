@@ -5,6 +5,15 @@
 //! AWS SDK's default endpoints, so no test can touch a real AWS account. With
 //! [`REQUIRE_SERVICES_VAR`] set (the test command sets it), a missing server is a
 //! test failure rather than a skip.
+//!
+//! Module map:
+//! - this module: server addresses and clients (DynamoDB, Redis, Chromium),
+//!   [`unique_name`], the repository root.
+//! - [`measure`]: CPU time, resident memory, percentiles and `--name value`
+//!   arguments for the benchmarks.
+//! - `model_check` (feature `model-check`): one stateright search set-up and
+//!   report for the protocol, sequence and order-path models.
+//! - [`redis_cluster`]: the test Redis Cluster, resharded as an operator would.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -21,6 +21,8 @@
 //! - [`launcher`]: the [`launcher::TaskLauncher`] seam with local processes and ECS.
 //! - [`manager`]: the pool manager's reconcile pass and the claim path.
 //! - [`maintenance`]: the orphan / stale / duplicate sweep.
+//! - [`rotation`]: `credentials rotate`, every stored blob moved to the
+//!   configured KMS key by compare-and-set, with a reload for active workers.
 //! - [`supervise`]: users whose worker died with work pending get a new one.
 //! - [`settings`]: the variables of every broker-pool process.
 

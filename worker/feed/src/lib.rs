@@ -5,9 +5,11 @@
 //! nothing is stored: replay and live delivery both just compute frames. Each
 //! connection runs in its own task, so a slow client only slows itself.
 //!
-//! [`exchange`] holds fake servers in the shapes of real exchanges' public trade
-//! APIs (Binance, Coinbase, Kraken, Bybit): live start only, their own
-//! subscribe messages, pings and REST history.
+//! Module map:
+//! - this module: the replaying feed ([`FeedServer`], [`FeedConfig`]).
+//! - [`exchange`]: fake servers in the shapes of real exchanges' public trade
+//!   APIs (Binance, Coinbase, Kraken, Bybit): live start only, their own
+//!   subscribe messages, pings and REST history.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -114,7 +114,7 @@ fn id(map: &Map<String, Value>, field: &'static str) -> Result<String, ParseErro
 pub struct ClaimMessage {
     /// User the worker is to serve.
     pub user_id: String,
-    /// The credentials blob (see [`super::credentials`]); encrypted, still never logged.
+    /// The credentials blob (see [`crate::keys::credentials`]); encrypted, still never logged.
     pub encrypted_credentials: String,
     /// Id chosen by the API, for tracing a claim end to end.
     pub claim_id: String,

@@ -13,6 +13,8 @@
 //! - [`worker`]: presence, discovery, fair share, hand-back, drain.
 //! - [`balance`]: fair share, hand-back, and when to stop giving.
 //! - [`probes`]: acquire attempts scheduled for when a lease becomes takeable.
+//! - [`handoff`]: pushed hand-offs: the UDP hint a draining worker sends its
+//!   successor, which then acquires at once (only the acquire decides).
 //! - [`settings`]: the worker's variables, read once.
 
 pub mod balance;

@@ -512,7 +512,7 @@ pub trait PoolBus: Inspect + PaperLedger {
     /// only (read whole only when it arrives during a blocking wait, so a
     /// message that stopped one worker never reaches the next). While waiting,
     /// a control message still wins within milliseconds. `interrupt` behaves
-    /// as in [`PoolBus::pop_claim`]; a request moved when interrupted stays in
+    /// as in [`PoolBus::take_claim`]; a request moved when interrupted stays in
     /// the processing list, never lost.
     async fn pop_user_message(
         &self,
