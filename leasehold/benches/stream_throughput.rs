@@ -6,7 +6,7 @@
 //! LEASEHOLD_BENCH_REDIS_URL=redis://127.0.0.1:6379 \
 //!   cargo bench -p leasehold --bench stream_throughput -- \
 //!   [--events 300000] [--streams 100] [--events-per-stream 5000] [--held 1000] \
-//!   [--rounds 3] [--cases abcde]
+//!   [--rounds 3] [--cases abcdef]
 //! ```
 //! (`scripts/bench.sh` starts Redis and runs every benchmark.)
 //!
@@ -19,7 +19,9 @@
 //! Redis sink. For each: events/s, events per CPU-second of this process (the
 //! consumer; the feed and Redis are other processes), and the p99 latency from
 //! the feed's `ts_ms` to the sink's confirmation (to the read for (a)/(b)) with
-//! a fresh live feed offering 50 % of that row's measured maximum. Then the RSS
+//! a fresh live feed offering 50 % of that row's measured maximum. Then what
+//! `SINK_WAIT_REPLICAS=1` costs: (e) against (f), the same with each batch
+//! confirmed by a replica, which the bench starts for that section. Then the RSS
 //! per held stream with `--held` quiet streams, the sidecar's telemetry cost,
 //! and the control plane: a stream worker with 8 streams on a counting
 //! in-memory store for 20 s (3 s lease, renew every 1 s).
@@ -111,6 +113,11 @@ enum Case {
     Memory,
     /// (e) leasehold into the Redis sink.
     Redis,
+    /// (f) the same with `SINK_WAIT_REPLICAS=1`: each batch confirmed once a
+    /// replica has it. Its own section, with a replica attached for it alone
+    /// (a replica costs the primary CPU for every write, which would move the
+    /// other rows).
+    RedisWait,
 }
 
 const CASES: [Case; 5] = [
@@ -129,6 +136,7 @@ impl Case {
             Case::Peer => "(c) peer: tokio + pipelined XADD",
             Case::Memory => "(d) leasehold, memory sink",
             Case::Redis => "(e) leasehold, Redis sink",
+            Case::RedisWait => "(f) leasehold, Redis sink, SINK_WAIT_REPLICAS=1",
         }
     }
 
@@ -140,6 +148,7 @@ impl Case {
             Case::Peer => 'c',
             Case::Memory => 'd',
             Case::Redis => 'e',
+            Case::RedisWait => 'f',
         }
     }
 }
@@ -339,12 +348,16 @@ async fn start_case(
                 ));
             }
         }
-        Case::Memory | Case::Redis => {
+        Case::Memory | Case::Redis | Case::RedisWait => {
             let inner: Arc<dyn FencedSink> = if case == Case::Memory {
                 Arc::new(MemorySink::new(SinkOptions::default()))
             } else {
+                let options = SinkOptions {
+                    wait_replicas: u32::from(case == Case::RedisWait),
+                    ..SinkOptions::default()
+                };
                 Arc::new(
-                    RedisSink::connect(target.redis, SinkOptions::default())
+                    RedisSink::connect(target.redis, options)
                         .await
                         .expect("redis"),
                 )
@@ -523,6 +536,63 @@ struct Row {
     samples: usize,
 }
 
+/// What `SINK_WAIT_REPLICAS=1` costs: (e) and (f) in turn, each round, with a
+/// replica of the bench Redis attached for this section only; throughput,
+/// Redis CPU per event and the p99 at 50 % of (f)'s own maximum for both.
+async fn wait_cost(target: &Target<'_>, run: i64, rounds: usize, sizes: &[(usize, u64)]) {
+    let _replica = leasehold_testkit::redis_replica::Replica::start(target.redis);
+    println!(
+        "SINK_WAIT_REPLICAS=1 against 0, one loopback replica attached to both; medians of {rounds} rounds"
+    );
+    println!(
+        "| consumer | streams | events/s | Redis CPU µs per event | events per transaction | p99 latency at 50 % of (f) (ms) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for &(streams, per_stream) in sizes {
+        let cases = [Case::Redis, Case::RedisWait];
+        let mut rates: Vec<Vec<Throughput>> = vec![Vec::new(); cases.len()];
+        for round in 0..rounds {
+            for (case, rates) in cases.iter().zip(&mut rates) {
+                let prefix = format!("wait-{case:?}-{streams}-{run}-{round}");
+                let pass = throughput(
+                    *case,
+                    target,
+                    &names(&prefix, streams),
+                    per_stream,
+                    Arc::new(LogSink),
+                )
+                .await;
+                eprintln!(
+                    "{} on {streams}, round {round}: {:.0}/s",
+                    case.label(),
+                    pass.rate
+                );
+                rates.push(pass);
+            }
+        }
+        let waited = medians(&rates[1]);
+        for (case, rates) in cases.iter().zip(&rates) {
+            let row = medians(rates);
+            let prefix = format!("wait-lat-{case:?}-{streams}-{run}");
+            let (p99_ms, _) =
+                latency(*case, target.redis, &prefix, streams, waited.rate * 0.5).await;
+            println!(
+                "| {} | {streams} | {:.0} | {:.2} | {:.0} | {p99_ms:.2} |",
+                case.label(),
+                row.rate,
+                row.redis_us,
+                row.per_call
+            );
+        }
+        let ratios: Vec<f64> = rates[1]
+            .iter()
+            .zip(&rates[0])
+            .map(|(waited, plain)| waited.rate / plain.rate)
+            .collect();
+        println!("(f)/(e) on {streams} stream(s): {:.2}", median(ratios));
+    }
+}
+
 /// The median of each figure over `rounds`, separately.
 fn medians(rounds: &[Throughput]) -> Throughput {
     let of = |figure: fn(&Throughput) -> f64| median(rounds.iter().map(figure).collect());
@@ -631,13 +701,13 @@ fn main() {
         );
         println!("|---|---|---|---|---|---|---|---|");
         for (case, streams, row) in &table {
-            let redis = matches!(case, Case::Peer | Case::Redis);
+            let redis = matches!(case, Case::Peer | Case::Redis | Case::RedisWait);
             let redis_us = if redis {
                 format!("{:.2}", row.median.redis_us)
             } else {
                 "-".to_owned()
             };
-            let per_call = if *case == Case::Redis {
+            let per_call = if matches!(case, Case::Redis | Case::RedisWait) {
                 format!("{:.0}", row.median.per_call)
             } else {
                 "-".to_owned()
@@ -676,6 +746,10 @@ fn main() {
                 ratio(streams, Case::Parse, Case::Raw),
                 ratio(streams, Case::Memory, Case::Raw),
             );
+        }
+        if only.as_ref().is_none_or(|only| only.contains('f')) {
+            let sizes = [(1usize, events), (many, per_stream_many)];
+            wait_cost(&target, run, rounds, &sizes).await;
         }
         if only.is_some() {
             return;

@@ -14,6 +14,7 @@
 //! - `model_check` (feature `model-check`): one stateright search set-up and
 //!   report for the protocol, sequence and order-path models.
 //! - [`redis_cluster`]: the test Redis Cluster, resharded as an operator would.
+//! - [`redis_replica`]: a replica of the test Redis (`SINK_WAIT_REPLICAS`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -23,6 +24,7 @@ pub mod measure;
 #[cfg(feature = "model-check")]
 pub mod model_check;
 pub mod redis_cluster;
+pub mod redis_replica;
 
 /// Address of the local DynamoDB-compatible server (e.g. `http://127.0.0.1:4566`).
 pub const DYNAMODB_ENDPOINT_VAR: &str = "LEASEHOLD_TEST_DYNAMODB_ENDPOINT";

@@ -165,57 +165,7 @@ async fn a_batch_waits_for_its_replicas_before_it_is_confirmed() {
     let Some(url) = leasehold_testkit::redis_url() else {
         return;
     };
-    let server = std::env::var("LEASEHOLD_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-        listener.local_addr().expect("addr").port()
-    };
-    let primary = url.trim_start_matches("redis://").trim_end_matches('/');
-    let (host, primary_port) = primary.rsplit_once(':').expect("host:port");
-    /// Killed however the test ends (a failed assertion included).
-    struct Replica(std::process::Child, std::path::PathBuf);
-    impl Drop for Replica {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-            let _ = std::fs::remove_dir_all(&self.1);
-        }
-    }
-    // Its own directory: a replica writes the primary's snapshot to disk.
-    let dir = std::env::temp_dir().join(leasehold_testkit::unique_name("replica"));
-    std::fs::create_dir_all(&dir).expect("replica dir");
-    let replica = std::process::Command::new(server)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .args(["--replicaof", host, primary_port])
-        .arg("--dir")
-        .arg(&dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    let _replica = Replica(replica, dir);
-    let replica_url = format!("redis://127.0.0.1:{port}");
-    let mut linked = false;
-    for _ in 0..100 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let Ok(client) = ::redis::Client::open(replica_url.as_str()) else {
-            continue;
-        };
-        let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
-            continue;
-        };
-        let info: String = ::redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut connection)
-            .await
-            .unwrap_or_default();
-        if info.contains("master_link_status:up") {
-            linked = true;
-            break;
-        }
-    }
-    assert!(linked, "the replica never linked to the test Redis");
+    let _replica = leasehold_testkit::redis_replica::Replica::start(&url);
     let stream = leasehold_testkit::unique_name("sink-wait");
     let event = |seq: u64| [SinkEvent::data(seq, format!("{stream}:{seq}"), "{}")];
     let options = |replicas| SinkOptions {
