@@ -27,8 +27,6 @@
 //!   sequence model checker.
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency (from `platform`).
 //! - [`settings`]: the lease variables (table, timings, identity).
-//! - `conformance` (feature `testing`): the store conformance suite, run against
-//!   every backend.
 
 /// Wall-clock time lives in `platform` (the pool and the feed read it too);
 /// re-exported here because every lease computation takes a [`Clock`].
@@ -43,9 +41,6 @@ pub mod schema;
 pub mod sequence;
 pub mod settings;
 pub mod store;
-
-#[cfg(feature = "testing")]
-pub mod conformance;
 
 pub use clock::{Clock, SystemClock};
 pub use keeper::{HeldLease, KeeperConfig, LeaseKeeper};

@@ -2,11 +2,11 @@
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod memory {
-    leasehold_control::conformance_suite!(async {
-        Some(leasehold_control::conformance::MemoryTarget::default())
+    leasehold_testkit::conformance_suite!(async {
+        Some(leasehold_testkit::lease_store::MemoryTarget::default())
     });
 }
 
 mod dynamodb {
-    leasehold_control::conformance_suite!(leasehold_control::conformance::DynamoTarget::create());
+    leasehold_testkit::conformance_suite!(leasehold_testkit::lease_store::DynamoTarget::create());
 }

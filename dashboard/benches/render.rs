@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
-use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
 use leasehold_dashboard::Collector;
 use leasehold_dashboard::model::changes::{Change, ChangeKind, FencedWrite};
 use leasehold_dashboard::model::gaps::{DataGap, GAPS_KEPT, GAPS_PER_STREAM};
-use leasehold_dashboard::testing::{collector_at, seed_many};
 use leasehold_dashboard::web::{DashboardState, app};
+use leasehold_testkit::dashboard::{collector_at, seed_many};
+use leasehold_testkit::lease_store::{ConformanceTarget, MemoryTarget};
 use leasehold_testkit::measure::{arg, percentile};
 use tower::ServiceExt;
 

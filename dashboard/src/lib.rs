@@ -33,14 +33,14 @@
 //!   [`web::views`](mod@web::views), one module per view with its page, JSON
 //!   body, columns, handlers and routes.
 //! - [`settings`]: the `DASHBOARD_*` variables, read once.
-//! - `testing` (feature): the seeded cluster shared by tests and the benchmark.
+//!
+//! Feature `testing` opens the collector's test hooks to the seeded cluster
+//! (`leasehold_testkit::dashboard`), which tests and the benchmark share.
 
 pub mod collector;
 pub mod model;
 pub mod settings;
 pub mod sources;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod web;
 
 use std::net::SocketAddr;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_dashboard::testing::collector_at;
 use leasehold_dashboard::web::{Access, DashboardState, SESSION_COOKIE, app};
+use leasehold_testkit::dashboard::collector_at;
+use leasehold_testkit::lease_store::{ConformanceTarget, MemoryTarget};
 use tower::ServiceExt;
 
 const NOW: i64 = 1_800_000_000_000;

@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use leasehold_control::clock::SystemClock;
-use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
-use leasehold_dashboard::testing::{fake_sidecar, seed_many, status_with_gaps};
 use leasehold_dashboard::{CollectorSettings, Dashboard, DashboardConfig, Sources};
+use leasehold_testkit::dashboard::{fake_sidecar, seed_many, status_with_gaps};
+use leasehold_testkit::lease_store::{ConformanceTarget, MemoryTarget};
 use leasehold_testkit::{chromium, headless_chromium};
 use tokio_util::sync::CancellationToken;
 

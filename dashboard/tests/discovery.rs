@@ -14,15 +14,15 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
-use leasehold_control::conformance::{ConformanceTarget, DynamoTarget};
 use leasehold_control::store::LeaseReader;
 use leasehold_dashboard::sources::sidecars::{DiscoveryPolicy, Network};
-use leasehold_dashboard::testing::announce_sidecar;
 use leasehold_dashboard::{Collector, CollectorSettings, Sources};
 use leasehold_pool::bus::{BusConnector, MarkWrite, WorkerMetadata};
 use leasehold_pool::keys::POOL_USER_ID;
 use leasehold_pool::protocol::MarkValue;
 use leasehold_pool::read::PoolReader;
+use leasehold_testkit::dashboard::announce_sidecar;
+use leasehold_testkit::lease_store::{ConformanceTarget, DynamoTarget};
 use leasehold_testkit::{non_loopback_address, redis_url};
 use tokio::net::TcpListener;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
-use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
+use leasehold_testkit::lease_store::{ConformanceTarget, MemoryTarget};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use leasehold_control::LeaseError;
@@ -16,14 +16,14 @@ use leasehold_control::store::AcquireRequest;
 use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_dashboard::collector::Collector;
 use leasehold_dashboard::sources::sink::{SinkReadError, SinkReader};
-use leasehold_dashboard::testing::{
+use leasehold_dashboard::web::{CONTENT_SECURITY_POLICY, DashboardState, SESSION_COOKIE, app};
+use leasehold_pool::bus::memory::MemoryPoolBus;
+use leasehold_pool::read::PoolReader;
+use leasehold_testkit::dashboard::{
     MARKUP_OWNER, MARKUP_STREAM, MARKUP_USER, SECRET_CANARY, SEEDED_STREAMS_VIEW, SwitchablePool,
     collector_at, collector_with_sidecars, fake_sidecar, seed_leases, seed_many, seeded_pool,
     status_with_gaps,
 };
-use leasehold_dashboard::web::{CONTENT_SECURITY_POLICY, DashboardState, SESSION_COOKIE, app};
-use leasehold_pool::bus::memory::MemoryPoolBus;
-use leasehold_pool::read::PoolReader;
 use serde_json::Value;
 use tower::ServiceExt;
 

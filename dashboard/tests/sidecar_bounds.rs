@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_control::clock::SystemClock;
-use leasehold_control::conformance::{ConformanceTarget, MemoryTarget};
 use leasehold_dashboard::sources::sidecars::{
     DiscoveryPolicy, KEPT_LEASES, MAX_STATUS_BYTES, SidecarProblem,
 };
-use leasehold_dashboard::testing::announce_sidecar;
 use leasehold_dashboard::{Collector, CollectorSettings, Sources};
+use leasehold_testkit::dashboard::announce_sidecar;
+use leasehold_testkit::lease_store::{ConformanceTarget, MemoryTarget};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

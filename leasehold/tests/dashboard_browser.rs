@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_control::clock::unix_ms;
-use leasehold_control::conformance::DynamoTarget;
-use leasehold_dashboard::testing::{
-    MARKUP_STREAM, SECRET_CANARY, SEEDED_STREAMS_VIEW, seed_leases, seed_pool,
-};
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::transport::{BufferedShipper, ShipperConfig};
 use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
+use leasehold_testkit::dashboard::{
+    MARKUP_STREAM, SECRET_CANARY, SEEDED_STREAMS_VIEW, seed_leases, seed_pool,
+};
+use leasehold_testkit::lease_store::DynamoTarget;
 use leasehold_testkit::{chromium, headless_chromium, http_get, redis_url, repo_root};
 use serde_json::Value;
 use support::{serial, spawn_dev_chaos, spawn_leasehold};

@@ -9,6 +9,12 @@
 //! Module map:
 //! - this module: server addresses and clients (DynamoDB, Redis, Chromium),
 //!   [`unique_name`], the repository root.
+//! - [`lease_store`], [`sink`], [`pool_bus`]: the conformance suites every
+//!   lease store, sink and pool bus passes (`conformance_suite!`,
+//!   `sink_conformance_suite!`, `pool_bus_conformance_suite!`): here, not in
+//!   their crates, so that no production crate depends on this one.
+//! - [`dashboard`]: the seeded cluster the dashboard's tests, its render
+//!   benchmark and the browser test share.
 //! - [`measure`]: CPU time, resident memory, percentiles and `--name value`
 //!   arguments for the benchmarks.
 //! - `model_check` (feature `model-check`): one stateright search set-up and
@@ -20,11 +26,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use leasehold_platform::aws::RetryPolicy;
 
+pub mod dashboard;
+pub mod lease_store;
 pub mod measure;
 #[cfg(feature = "model-check")]
 pub mod model_check;
+pub mod pool_bus;
 pub mod redis_cluster;
 pub mod redis_replica;
+pub mod sink;
 
 /// Address of the local DynamoDB-compatible server (e.g. `http://127.0.0.1:4566`).
 pub const DYNAMODB_ENDPOINT_VAR: &str = "LEASEHOLD_TEST_DYNAMODB_ENDPOINT";

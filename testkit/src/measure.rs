@@ -1,4 +1,4 @@
-//! Measurement helpers shared by the benchmarks (feature `testing`): CPU time
+//! Measurement helpers shared by the benchmarks: CPU time
 //! from the kernel's per-thread schedstat, resident memory, percentiles, and
 //! `--name value` arguments.
 

@@ -2,14 +2,14 @@
 //! must behave as the Redis layout of docs/redis.md does).
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-use leasehold_pool::bus::conformance::{MemoryTarget, RedisTarget};
+use leasehold_testkit::pool_bus::{MemoryTarget, RedisTarget};
 
 mod memory {
     use super::*;
-    leasehold_pool::pool_bus_conformance_suite!(async { Some(MemoryTarget::new()) });
+    leasehold_testkit::pool_bus_conformance_suite!(async { Some(MemoryTarget::new()) });
 }
 
 mod redis {
     use super::*;
-    leasehold_pool::pool_bus_conformance_suite!(RedisTarget::connect());
+    leasehold_testkit::pool_bus_conformance_suite!(RedisTarget::connect());
 }

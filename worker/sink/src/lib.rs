@@ -15,7 +15,7 @@
 //! under a token it opened on this connection: after a lost connection (which is
 //! how a failover shows) every stream is opened again before its next write, so
 //! a tail the new primary lacks is found instead of written over
-//! ([`SinkError::NotOpen`]). Both sinks pass one conformance suite.
+//! ([`SinkError::NotOpen`]). Both sinks pass one conformance suite (`leasehold_testkit::sink`).
 //!
 //! Module map:
 //! - this module: [`FencedSink`], [`SinkEvent`] (an event or a gap marker),
@@ -25,16 +25,12 @@
 //! - [`memory`], [`redis`]: the two sinks.
 //! - [`url`]: the one `SINK_URL` parser.
 //! - [`reader`]: the read-only position the dashboard shows (`SinkReader`).
-//! - `conformance` (feature `testing`): the suite both sinks pass.
 
 pub mod keys;
 pub mod memory;
 pub mod reader;
 pub mod redis;
 pub mod url;
-
-#[cfg(feature = "testing")]
-pub mod conformance;
 
 use std::sync::Arc;
 

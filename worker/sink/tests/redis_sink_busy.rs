@@ -3,7 +3,7 @@
 //! (cargo runs test binaries one after another).
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-use leasehold_sink::conformance::{OPTIONS, RedisTarget};
+use leasehold_testkit::sink::{OPTIONS, RedisTarget};
 
 /// A write that waits behind a busy Redis for longer than the Redis client's
 /// own 500 ms default still lands: the sink's reply timeout is its own
@@ -11,8 +11,8 @@ use leasehold_sink::conformance::{OPTIONS, RedisTarget};
 /// into a failure and a resend.
 #[tokio::test]
 async fn redis_sink_waits_out_a_busy_moment() {
-    use leasehold_sink::conformance::SinkTarget;
     use leasehold_sink::{SinkBatch, SinkEvent};
+    use leasehold_testkit::sink::SinkTarget;
     let Some(target) = RedisTarget::connect(OPTIONS).await else {
         return;
     };

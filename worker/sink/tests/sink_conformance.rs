@@ -1,23 +1,23 @@
 //! One sink conformance suite, run against both sinks (docs/invariants.md, invariant 2).
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-use leasehold_sink::conformance::{MemoryTarget, OPTIONS, RedisTarget};
+use leasehold_testkit::sink::{MemoryTarget, OPTIONS, RedisTarget};
 
 mod memory {
     use super::*;
-    leasehold_sink::sink_conformance_suite!(async { Some(MemoryTarget::new(OPTIONS)) });
+    leasehold_testkit::sink_conformance_suite!(async { Some(MemoryTarget::new(OPTIONS)) });
 }
 
 mod redis {
     use super::*;
-    leasehold_sink::sink_conformance_suite!(RedisTarget::connect(OPTIONS));
+    leasehold_testkit::sink_conformance_suite!(RedisTarget::connect(OPTIONS));
 }
 
 /// The same suite on a three-primary Redis Cluster: every sink command names
 /// one key (layout v2), so the streams spread over the primaries.
 mod redis_cluster {
     use super::*;
-    leasehold_sink::sink_conformance_suite!(RedisTarget::connect_cluster(OPTIONS));
+    leasehold_testkit::sink_conformance_suite!(RedisTarget::connect_cluster(OPTIONS));
 }
 
 async fn raw_redis() -> ::redis::aio::MultiplexedConnection {
@@ -34,8 +34,8 @@ async fn raw_redis() -> ::redis::aio::MultiplexedConnection {
 /// Lua at all.
 #[tokio::test]
 async fn redis_sink_reloads_a_lost_function() {
-    use leasehold_sink::conformance::SinkTarget;
     use leasehold_sink::{SinkBatch, SinkEvent};
+    use leasehold_testkit::sink::SinkTarget;
     let Some(target) = RedisTarget::connect(OPTIONS).await else {
         return;
     };
@@ -66,8 +66,8 @@ async fn redis_sink_reloads_a_lost_function() {
 /// written, and entries carry `<token>-<seq>` ids (docs/redis.md, layout v2).
 #[tokio::test]
 async fn redis_sink_ids_are_token_and_sequence() {
-    use leasehold_sink::conformance::SinkTarget;
     use leasehold_sink::{SinkBatch, SinkEvent, keys};
+    use leasehold_testkit::sink::SinkTarget;
     let Some(target) = RedisTarget::connect(OPTIONS).await else {
         return;
     };
@@ -129,8 +129,8 @@ async fn redis_sink_ids_are_token_and_sequence() {
 /// id is never taken for a fence token (which would fence every owner).
 #[tokio::test]
 async fn redis_sink_refuses_a_layout_v1_stream() {
-    use leasehold_sink::conformance::SinkTarget;
     use leasehold_sink::{SinkError, keys};
+    use leasehold_testkit::sink::SinkTarget;
     let Some(target) = RedisTarget::connect(OPTIONS).await else {
         return;
     };

@@ -28,9 +28,6 @@
 pub mod memory;
 pub mod redis;
 
-#[cfg(feature = "testing")]
-pub mod conformance;
-
 use std::collections::HashMap;
 use std::time::Duration;
 

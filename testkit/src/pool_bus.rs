@@ -7,20 +7,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::keys;
+use crate::{redis_url, unique_name};
 use async_trait::async_trait;
-use leasehold_testkit::{redis_url, unique_name};
+use leasehold_pool::keys;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::memory::MemoryPoolBus;
-use super::redis::RedisPoolBus;
-use super::{
+use leasehold_pool::bus::memory::MemoryPoolBus;
+use leasehold_pool::bus::redis::RedisPoolBus;
+use leasehold_pool::bus::{
     Answer, AnswerMode, Answered, Begun, BusError, ClaimSettle, DEAD_LETTER_MAX, DEAD_LETTER_TTL,
     LedgerWrite, MarkWrite, MessageKind, Oversized, PoolBus, SHED_BATCH, Settled, Shed, Take,
     UserMessage, WorkerMetadata,
 };
-use crate::protocol::{self, MarkValue, record};
+use leasehold_pool::protocol::{self, MarkValue, record};
 
 /// A bus under test.
 #[async_trait]
@@ -909,9 +909,10 @@ async fn settling_claims(bus: &dyn PoolBus) {
             .expect("pool mark");
         file_claim(bus, &writer.worker_id, "body").await;
     }
-    let claimed = crate::protocol::ClaimOutcome::claimed(&winner.worker_id).to_json();
+    let claimed = leasehold_pool::protocol::ClaimOutcome::claimed(&winner.worker_id).to_json();
     let refused =
-        crate::protocol::ClaimOutcome::failed(&winner.worker_id, "user already served").to_json();
+        leasehold_pool::protocol::ClaimOutcome::failed(&winner.worker_id, "user already served")
+            .to_json();
     let settle = ClaimSettle {
         raw: b"body",
         claim_id: &claim_id,
@@ -967,7 +968,8 @@ async fn settling_claims(bus: &dyn PoolBus) {
     // first step's removal): refused, its pool mark kept, and the claim keeps
     // the `claimed` of the worker that serves the user.
     let refused_by_loser =
-        crate::protocol::ClaimOutcome::failed(&loser.worker_id, "user already served").to_json();
+        leasehold_pool::protocol::ClaimOutcome::failed(&loser.worker_id, "user already served")
+            .to_json();
     let settle = ClaimSettle {
         refused: &refused_by_loser,
         ..settle
@@ -1013,7 +1015,8 @@ async fn settling_claims(bus: &dyn PoolBus) {
     // An unusable claim: dead-lettered and answered `failed` in one step.
     file_claim(bus, &loser.worker_id, "junk").await;
     let failed_id = unique_name("c");
-    let failed = crate::protocol::ClaimOutcome::failed(&loser.worker_id, "invalid").to_json();
+    let failed =
+        leasehold_pool::protocol::ClaimOutcome::failed(&loser.worker_id, "invalid").to_json();
     assert!(
         bus.fail_claim(
             &loser.worker_id,
@@ -2258,7 +2261,7 @@ macro_rules! pool_bus_conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 if let Some(target) = $make.await {
-                    $crate::bus::conformance::$case(&target).await;
+                    $crate::pool_bus::$case(&target).await;
                 }
             }
         )*

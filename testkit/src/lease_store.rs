@@ -9,16 +9,16 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use crate::{dynamodb_client, dynamodb_endpoint, unique_name};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
-use leasehold_testkit::{dynamodb_client, dynamodb_endpoint, unique_name};
 use tokio::sync::Barrier;
 
-use crate::lease::{Lease, LeaseState};
-use crate::schema::{self, AttrValue, RawItem};
-use crate::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
-use crate::store::memory::MemoryLeaseStore;
-use crate::store::{
+use leasehold_control::lease::{Lease, LeaseState};
+use leasehold_control::schema::{self, AttrValue, RawItem};
+use leasehold_control::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
+use leasehold_control::store::memory::MemoryLeaseStore;
+use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeaseStore, LiftRequest,
     ReleaseRequest, RenewRequest, list_all,
 };
@@ -473,7 +473,7 @@ pub async fn release_carries_a_checkpoint(target: &dyn ConformanceTarget) {
 /// announcing acquire replaces them.
 pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
     let store = target.store();
-    let id = crate::schema::worker_presence("a");
+    let id = leasehold_control::schema::worker_presence("a");
     let announcing = |url: &str, now_ms| AcquireRequest {
         sidecar_url: Some(url.into()),
         handoff_addr: Some(url.trim_start_matches("http://").replace(":9464", ":9470")),
@@ -795,7 +795,7 @@ macro_rules! conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 if let Some(target) = $make.await {
-                    $crate::conformance::$case(&target).await;
+                    $crate::lease_store::$case(&target).await;
                 }
             }
         )*

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::lease_store::ConformanceTarget;
 use async_trait::async_trait;
-use leasehold_control::conformance::ConformanceTarget;
 use leasehold_control::schema::{self, AttrValue, RawItem};
 use leasehold_control::store::{AcquireRequest, CheckpointRequest, LeaseStore, ReleaseRequest};
 use leasehold_pool::bus::memory::MemoryPoolBus;
@@ -159,15 +159,15 @@ pub fn collector_at(
     leases: std::sync::Arc<dyn leasehold_control::store::LeaseReader>,
     pool: Option<std::sync::Arc<dyn PoolReader>>,
     now_ms: i64,
-) -> std::sync::Arc<crate::Collector> {
-    std::sync::Arc::new(crate::Collector::new(
-        crate::Sources {
+) -> std::sync::Arc<leasehold_dashboard::Collector> {
+    std::sync::Arc::new(leasehold_dashboard::Collector::new(
+        leasehold_dashboard::Sources {
             leases,
             pool,
             sidecars: Vec::new(),
-            discovery: crate::sources::sidecars::DiscoveryPolicy::default(),
+            discovery: leasehold_dashboard::sources::sidecars::DiscoveryPolicy::default(),
         },
-        crate::CollectorSettings::default(),
+        leasehold_dashboard::CollectorSettings::default(),
         std::sync::Arc::new(leasehold_control::clock::PausedClock::starting_at(now_ms)),
     ))
 }
@@ -344,7 +344,7 @@ pub fn status_with_gaps(
 /// `DASHBOARD_SIDECARS` target. It serves until the runtime ends.
 pub async fn fake_sidecar(
     status: std::sync::Arc<Mutex<serde_json::Value>>,
-) -> crate::sources::sidecars::SidecarTarget {
+) -> leasehold_dashboard::sources::sidecars::SidecarTarget {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .expect("bind a fake sidecar");
@@ -357,7 +357,7 @@ pub async fn fake_sidecar(
         }),
     );
     tokio::spawn(async move { axum::serve(listener, app).await });
-    crate::sources::sidecars::SidecarTarget {
+    leasehold_dashboard::sources::sidecars::SidecarTarget {
         host: "127.0.0.1".into(),
         port,
     }
@@ -366,17 +366,17 @@ pub async fn fake_sidecar(
 /// [`collector_at`] polling `sidecars` (the `DASHBOARD_SIDECARS` override).
 pub fn collector_with_sidecars(
     leases: std::sync::Arc<dyn leasehold_control::store::LeaseReader>,
-    sidecars: Vec<crate::sources::sidecars::SidecarTarget>,
+    sidecars: Vec<leasehold_dashboard::sources::sidecars::SidecarTarget>,
     now_ms: i64,
-) -> std::sync::Arc<crate::Collector> {
-    std::sync::Arc::new(crate::Collector::new(
-        crate::Sources {
+) -> std::sync::Arc<leasehold_dashboard::Collector> {
+    std::sync::Arc::new(leasehold_dashboard::Collector::new(
+        leasehold_dashboard::Sources {
             leases,
             pool: None,
             sidecars,
-            discovery: crate::sources::sidecars::DiscoveryPolicy::default(),
+            discovery: leasehold_dashboard::sources::sidecars::DiscoveryPolicy::default(),
         },
-        crate::CollectorSettings::default(),
+        leasehold_dashboard::CollectorSettings::default(),
         std::sync::Arc::new(leasehold_control::clock::PausedClock::starting_at(now_ms)),
     ))
 }

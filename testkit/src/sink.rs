@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use crate::{redis_url, unique_name};
 use async_trait::async_trait;
-use leasehold_testkit::{redis_url, unique_name};
 
-use super::memory::{MemorySink, StoredEvent};
-use super::redis::{RedisConnection, RedisSink};
-use super::url::SinkUrl;
-use super::{
+use leasehold_sink::memory::{MemorySink, StoredEvent};
+use leasehold_sink::redis::{RedisConnection, RedisSink};
+use leasehold_sink::url::SinkUrl;
+use leasehold_sink::{
     FencedSink, GapMark, OpenOutcome, SinkBatch, SinkError, SinkEvent, SinkOptions, WriteOutcome,
 };
 use leasehold_telemetry::GapReason;
@@ -82,7 +82,7 @@ impl RedisTarget {
 
     /// Connects to the test Redis Cluster; `None` when none is configured.
     pub async fn connect_cluster(options: SinkOptions) -> Option<Self> {
-        Some(Self::connect_to(&leasehold_testkit::redis_cluster_url()?, options).await)
+        Some(Self::connect_to(&crate::redis_cluster_url()?, options).await)
     }
 
     async fn connect_to(url: &str, options: SinkOptions) -> Self {
@@ -112,7 +112,7 @@ impl RedisTarget {
                     .await
                     .expect("connect"),
             ),
-            raw: RedisConnection::connect(url, super::DEFAULT_REPLY_TIMEOUT, 16)
+            raw: RedisConnection::connect(url, leasehold_sink::DEFAULT_REPLY_TIMEOUT, 16)
                 .await
                 .expect("connect"),
             nodes,
@@ -170,7 +170,7 @@ impl SinkTarget for RedisTarget {
     }
     async fn break_stream(&self, stream_id: &str, broken: bool) {
         // Copied aside, not renamed: a cluster refuses a RENAME across slots.
-        let key = super::keys::sink_stream(stream_id);
+        let key = leasehold_sink::keys::sink_stream(stream_id);
         if broken {
             let entries = self.entries(&key).await;
             let last = self
@@ -203,7 +203,7 @@ impl SinkTarget for RedisTarget {
         // The stream as the replica had it: written again without its tail
         // (ids only go up, so a new key), then every other connection on
         // every node dropped, as a failover drops them.
-        let key = super::keys::sink_stream(stream_id);
+        let key = leasehold_sink::keys::sink_stream(stream_id);
         let stored = self.entries(&key).await;
         let kept = stored.len().saturating_sub(entries);
         self.rewrite(&key, &stored[..kept], None).await;
@@ -230,9 +230,9 @@ async fn node_connection(node: &str) -> redis::aio::MultiplexedConnection {
 /// Options every check runs with.
 pub const OPTIONS: SinkOptions = SinkOptions {
     max_len: 0,
-    reply_timeout: super::DEFAULT_REPLY_TIMEOUT,
+    reply_timeout: leasehold_sink::DEFAULT_REPLY_TIMEOUT,
     wait_replicas: 0,
-    wait_timeout: super::DEFAULT_WAIT_TIMEOUT,
+    wait_timeout: leasehold_sink::DEFAULT_WAIT_TIMEOUT,
 };
 
 fn events(stream: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<SinkEvent> {
@@ -640,7 +640,7 @@ macro_rules! sink_conformance_suite {
             #[tokio::test]
             async fn $case() {
                 if let Some(target) = $make.await {
-                    $crate::conformance::$case(&target).await;
+                    $crate::sink::$case(&target).await;
                 }
             }
         )*
