@@ -9,12 +9,11 @@
 //! delegates every method, and a method added to [`LeaseStore`] is delegated
 //! here once.
 //!
-//! It lives in this crate, public and not behind the `testing` feature, rather
-//! than in `leasehold-testkit` with the other test helpers: this crate's own
-//! unit tests (the keeper's) use it, and `leasehold-testkit` cannot depend on
-//! this crate, which already depends on it (the conformance suite's targets),
-//! without a dependency cycle. The production dev cluster's chaos gates use it
-//! too, and testkit is a dev-only crate.
+//! It lives in this crate, public and not behind a feature, rather than in
+//! `leasehold-testkit` with the other test helpers: the production dev
+//! cluster's chaos gates use it (testkit is a dev-only crate), and so do this
+//! crate's own unit tests (the keeper's), which could not pass their stores
+//! to testkit's copy of this crate's types.
 
 use std::future::Future;
 use std::sync::Arc;
