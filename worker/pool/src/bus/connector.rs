@@ -102,7 +102,9 @@ mod connector_tests {
         let err = connector.get().await.err().expect("nothing listens there");
         assert!(matches!(err, BusError::Unavailable(_)), "{err:?}");
         assert!(BusConnector::redis("http://nope".into()).is_err());
-        let ready = BusConnector::ready(std::sync::Arc::new(super::super::memory::MemoryPoolBus::new()));
+        let ready = BusConnector::ready(std::sync::Arc::new(
+            super::super::memory::MemoryPoolBus::new(),
+        ));
         assert!(ready.get().await.is_ok());
     }
 }
