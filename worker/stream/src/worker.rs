@@ -19,6 +19,13 @@
 //!   datagram, and that peer acquires it at once, without waiting for its
 //!   doorbell poll or a scan.
 //!
+//! The periodic scan reads eventually consistent (half DynamoDB's read units,
+//! the bulk of a fleet's lease-table cost): its proposals are hints the
+//! conditional acquire checks, and an expiry it sees a second late only moves a
+//! probe. A scan something asked for now — the first one, one the doorbell rang
+//! for, one after a held stream ended — reads strongly consistent, so a release
+//! a replica has not seen yet cannot push a hand-off back by a whole interval.
+//!
 //! How much to hold and give back is decided in [`crate::balance`].
 
 use std::collections::{HashMap, HashSet};
@@ -232,6 +239,9 @@ impl StreamWorker {
         self.ring_doorbell().await;
         let mut doorbell = self.read_doorbell().await;
         let mut next_scan = Instant::now() + self.config.handoff_poll;
+        // Whether the next scan was asked for (start, doorbell, a stream that
+        // ended) rather than due: those read strongly consistent.
+        let mut asked_for = true;
         let mut poll = tokio::time::interval(self.config.handoff_poll);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -243,10 +253,17 @@ impl StreamWorker {
                     self.on_exit(&stream, token, exit).await;
                     // A lost stream may be free again soon; look without waiting a full interval.
                     next_scan = next_scan.min(Instant::now() + self.config.handoff_poll);
+                    asked_for = true;
                 }
                 _ = sleep_until(next_scan) => {
-                    if let Err(err) = self.scan().await {
-                        tracing::warn!(error = %err, "discovery scan failed; retrying");
+                    let consistency = if asked_for {
+                        Consistency::Strong
+                    } else {
+                        Consistency::Eventual
+                    };
+                    match self.scan(consistency).await {
+                        Ok(()) => asked_for = false,
+                        Err(err) => tracing::warn!(error = %err, "discovery scan failed; retrying"),
                     }
                     next_scan = Instant::now() + jittered(self.config.discovery_interval);
                 }
@@ -258,6 +275,7 @@ impl StreamWorker {
                     if rung != doorbell {
                         doorbell = rung;
                         next_scan = Instant::now();
+                        asked_for = true;
                     }
                 }
                 Some(stream) = async { pushed.as_mut()?.recv().await }, if pushed.is_some() => {
@@ -347,14 +365,10 @@ impl StreamWorker {
 
     /// One discovery pass: count live workers, hand back what is over the fair
     /// share, take free streams up to it, and schedule expiry probes.
-    async fn scan(&mut self) -> Result<(), LeaseError> {
+    async fn scan(&mut self, consistency: Consistency) -> Result<(), LeaseError> {
         self.ensure_presence().await;
-        let table = LeaseTable::read(
-            self.context.keeper.reader().as_ref(),
-            1000,
-            Consistency::Strong,
-        )
-        .await?;
+        let table =
+            LeaseTable::read(self.context.keeper.reader().as_ref(), 1000, consistency).await?;
         for item in &table.malformed {
             tracing::warn!(error = %item, "skipping a malformed lease record");
         }
@@ -659,6 +673,90 @@ fn jittered(interval: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use leasehold_control::clock::PausedClock;
+    use leasehold_control::keeper::KeeperConfig;
+    use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
+    use leasehold_control::store::memory::MemoryLeaseStore;
+    use leasehold_sink::SinkOptions;
+    use leasehold_sink::memory::MemorySink;
+    use leasehold_telemetry::LogSink;
+
+    use crate::RunnerConfig;
+    use crate::upstream::WebSocketUpstreamConfig;
+
+    /// The consistency of every scan's first page, in order.
+    #[derive(Clone, Default)]
+    struct Scans(Arc<Mutex<Vec<Consistency>>>);
+
+    #[async_trait]
+    impl Interceptor for Scans {
+        async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
+            if let StoreOp::List {
+                start_after: None,
+                consistency,
+                ..
+            } = op
+            {
+                self.0.lock().unwrap().push(consistency);
+            }
+            Ok(())
+        }
+    }
+
+    /// Periodic scans read eventually consistent (half the read units); the
+    /// first scan and one the doorbell rang for read strongly consistent, so
+    /// a release is never missed for a whole interval.
+    #[tokio::test(start_paused = true)]
+    async fn only_scans_asked_for_read_strongly_consistent() {
+        let table = Arc::new(MemoryLeaseStore::new());
+        let scans = Scans::default();
+        let clock = Arc::new(PausedClock::starting_at(1_700_000_000_000));
+        let keeper = LeaseKeeper::new(
+            Arc::new(Intercepted::new(table.clone(), scans.clone())),
+            clock.clone(),
+            Arc::new(LogSink),
+            KeeperConfig {
+                owner_id: "w".into(),
+                ..KeeperConfig::default()
+            },
+        );
+        let context = Arc::new(RunnerContext {
+            keeper,
+            // Never connected: the table holds no stream.
+            upstream: Arc::new(WebSocketUpstream::new(
+                WebSocketUpstreamConfig::for_feed("ws://127.0.0.1:9/"),
+                Arc::new(LogSink),
+            )),
+            sink: Arc::new(MemorySink::new(SinkOptions::default())),
+            history: None,
+            telemetry: Arc::new(LogSink),
+            config: RunnerConfig::default(),
+        });
+        let worker = StreamWorker::new(context, clock.clone(), StreamWorkerConfig::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(worker.run(shutdown.clone()));
+        // The first scan, then three or four periodic ones (5 s ± 20 %).
+        tokio::time::sleep(Duration::from_secs(21)).await;
+        let periodic = scans.0.lock().unwrap().clone();
+        assert_eq!(periodic.first(), Some(&Consistency::Strong), "{periodic:?}");
+        assert!(periodic.len() >= 4, "{periodic:?}");
+        assert!(
+            periodic[1..].iter().all(|c| *c == Consistency::Eventual),
+            "{periodic:?}"
+        );
+        // A peer rings the doorbell: the rescan within one poll is strong.
+        table.bump(HANDOFF_DOORBELL, clock.now_ms()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let after = scans.0.lock().unwrap().clone();
+        assert_eq!(after.len(), periodic.len() + 1, "{after:?}");
+        assert_eq!(after.last(), Some(&Consistency::Strong), "{after:?}");
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+    }
 
     #[test]
     fn jitter_stays_within_twenty_percent() {
