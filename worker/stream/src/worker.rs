@@ -751,8 +751,10 @@ mod tests {
         // A peer rings the doorbell: the rescan within one poll is strong.
         table.bump(HANDOFF_DOORBELL, clock.now_ms()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(600)).await;
+        // A periodic scan may fall due in the poll's 250 ms first; the rescan
+        // the doorbell asked for is the last one either way.
         let after = scans.0.lock().unwrap().clone();
-        assert_eq!(after.len(), periodic.len() + 1, "{after:?}");
+        assert!(after.len() > periodic.len(), "{after:?}");
         assert_eq!(after.last(), Some(&Consistency::Strong), "{after:?}");
         shutdown.cancel();
         task.await.unwrap().unwrap();
