@@ -21,7 +21,7 @@ use leasehold_broker::manager::{self, ClaimPath};
 use leasehold_broker::paper::{Broker, PaperBroker, PaperConfig};
 use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig};
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{Inspect, PoolBus};
+use leasehold_pool::bus::{CredentialBus, Inspect, MarkBus, PoolBus};
 use leasehold_pool::keys;
 use leasehold_telemetry::RecordingSink;
 use leasehold_testkit::measure::{arg, percentile};

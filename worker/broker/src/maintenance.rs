@@ -46,7 +46,7 @@ use leasehold_telemetry::{OrphanKind, TelemetryEvent, TelemetrySink};
 use crate::launcher::{RunningTask, TaskLauncher};
 use crate::manager::PoolError;
 use crate::supervise::SuperviseConfig;
-use leasehold_pool::bus::{BusError, PoolBus};
+use leasehold_pool::bus::{BusError, Inspect, PoolBus};
 use leasehold_pool::protocol::MarkValue;
 pub use leasehold_pool::read::{Finding, SweepReport};
 
@@ -316,7 +316,7 @@ pub fn valve(
 }
 
 /// Every liveness mark (pool and user) with its value and remaining TTL.
-pub(crate) async fn read_marks(bus: &dyn PoolBus) -> Result<Vec<Mark>, BusError> {
+pub(crate) async fn read_marks(bus: &dyn Inspect) -> Result<Vec<Mark>, BusError> {
     let marks = bus.marks(keys::WORKER_ACTIVE_PATTERN).await?;
     Ok(marks
         .into_iter()

@@ -20,7 +20,7 @@ use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{LaunchError, TaskLauncher};
 use crate::sealer::grant_credentials;
-use leasehold_pool::bus::{BusError, PoolBus};
+use leasehold_pool::bus::{BusError, Inspect, PoolBus};
 use leasehold_pool::protocol::{ClaimMessage, ClaimOutcome, GrantReason, MarkValue, ParseError};
 
 /// Pool manager and claim failures.
@@ -137,7 +137,7 @@ impl Reconciled {
 /// has passed (`None`). A missing outcome means pending, never failed: the
 /// claim may still be waiting for an idle pool worker.
 pub async fn wait_for_outcome(
-    bus: &dyn PoolBus,
+    bus: &dyn Inspect,
     claim_id: &str,
     timeout: Duration,
     poll: Duration,
@@ -303,6 +303,7 @@ mod tests {
     use super::*;
     use crate::launcher::testing::ScriptedLauncher;
     use leasehold_pool::bus::memory::{MemoryPoolBus, SnapshotRead};
+    use leasehold_pool::bus::{ClaimBus, MarkBus};
     use leasehold_pool::bus::{Inspect, Take};
     use leasehold_telemetry::RecordingSink;
     use tokio_util::sync::CancellationToken;

@@ -141,6 +141,7 @@ mod tests {
 
     use super::*;
     use crate::credentials::AesGcmCipher;
+    use leasehold_pool::bus::CredentialBus;
 
     #[tokio::test]
     async fn a_blob_that_cannot_be_rotated_is_reported_and_the_pass_goes_on() {

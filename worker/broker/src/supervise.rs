@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use leasehold_control::clock::{Clock, SystemClock};
-use leasehold_pool::bus::PoolBus;
+use leasehold_pool::bus::{Inspect, PoolBus};
 use leasehold_pool::keys;
 use leasehold_pool::read::Finding;
 use leasehold_pool::state::PoolState;
@@ -94,7 +94,7 @@ pub struct Supervised {
 
 /// Users with work waiting: queued or in-flight requests, or a "wants a
 /// worker" mark.
-async fn users_with_work(bus: &dyn PoolBus) -> Result<BTreeSet<String>, PoolError> {
+async fn users_with_work(bus: &dyn Inspect) -> Result<BTreeSet<String>, PoolError> {
     Ok(bus.users_with_work().await?)
 }
 

@@ -19,9 +19,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, IdleEntry,
-    MarkWrite, MessageKind, Oversized, PoolBus, REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH,
-    Settled, Shed, Take, TakenClaim, UserMessage, UserQueue, whole_seconds,
+    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimBus, ClaimSettle,
+    CredentialBus, IdleEntry, MarkBus, MarkWrite, MessageKind, Oversized, REQUEST_RECORD_TTL,
+    RESPONSE_TTL, ReportBus, RequestBus, SHED_BATCH, Settled, Shed, Take, TakenClaim, UserMessage,
+    UserQueue, whole_seconds,
 };
 use crate::protocol::{self, record};
 use crate::settlement::{self, BeginWrite, FinalVerdict};
@@ -89,7 +90,7 @@ impl MemoryPoolBus {
 }
 
 #[async_trait]
-impl PoolBus for MemoryPoolBus {
+impl MarkBus for MemoryPoolBus {
     async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
         let now = Instant::now();
         let ttl = Duration::from_secs(whole_seconds(mark.ttl));
@@ -212,7 +213,10 @@ impl PoolBus for MemoryPoolBus {
         }
         Ok(true)
     }
+}
 
+#[async_trait]
+impl ClaimBus for MemoryPoolBus {
     async fn push_claim(&self, body: &str) -> Result<(), BusError> {
         self.push(keys::POOL_CLAIMS, body, End::Head)
     }
@@ -376,7 +380,10 @@ impl PoolBus for MemoryPoolBus {
         );
         Ok(true)
     }
+}
 
+#[async_trait]
+impl RequestBus for MemoryPoolBus {
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {
         self.push(&keys::user_requests(user_id), body, End::Head)
     }
@@ -687,7 +694,10 @@ impl PoolBus for MemoryPoolBus {
         );
         Ok(())
     }
+}
 
+#[async_trait]
+impl CredentialBus for MemoryPoolBus {
     async fn credentials(&self, user_id: &str) -> Result<Option<String>, BusError> {
         self.lock().get(&keys::credentials(user_id), Instant::now())
     }
@@ -714,11 +724,6 @@ impl PoolBus for MemoryPoolBus {
         Ok(true)
     }
 
-    async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
-        self.lock()
-            .get(keys::MAINTENANCE_LAST_REPORT, Instant::now())
-    }
-
     async fn grant_credentials(
         &self,
         user_id: &str,
@@ -732,6 +737,14 @@ impl PoolBus for MemoryPoolBus {
             Instant::now(),
         );
         Ok(())
+    }
+}
+
+#[async_trait]
+impl ReportBus for MemoryPoolBus {
+    async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
+        self.lock()
+            .get(keys::MAINTENANCE_LAST_REPORT, Instant::now())
     }
 
     async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError> {

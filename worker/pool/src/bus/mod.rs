@@ -372,12 +372,24 @@ pub struct StoredMark {
     pub ttl_ms: Option<u64>,
 }
 
-/// The broker pool's shared state. Every method is one atomic step on the
-/// bus unless it says otherwise.
-#[async_trait]
-pub trait PoolBus: Inspect + PaperLedger {
-    // --- liveness marks ---
+/// The broker pool's shared state: every step a role takes, as one trait
+/// object. Each method is one atomic step on the bus unless it says otherwise.
+/// The steps are grouped by what they touch ([`MarkBus`], [`ClaimBus`],
+/// [`RequestBus`], [`CredentialBus`], [`ReportBus`]), so a component can be
+/// handed only the group it needs; every bus that has them all is a `PoolBus`.
+pub trait PoolBus:
+    Inspect + PaperLedger + MarkBus + ClaimBus + RequestBus + CredentialBus + ReportBus
+{
+}
 
+impl<T> PoolBus for T where
+    T: Inspect + PaperLedger + MarkBus + ClaimBus + RequestBus + CredentialBus + ReportBus + ?Sized
+{
+}
+
+/// Liveness marks: a user's mark (exclusive claim, heartbeat, release) and the idle pool's marks.
+#[async_trait]
+pub trait MarkBus: Send + Sync {
     /// The exclusive claim: sets the user's mark only if no one holds it, and
     /// in the same step drops the claimer's pool mark and rewrites the
     /// metadata. `true` when this worker now holds the user.
@@ -435,9 +447,11 @@ pub trait PoolBus: Inspect + PaperLedger {
         expected: &str,
         also: &[String],
     ) -> Result<bool, BusError>;
+}
 
-    // --- queues ---
-
+/// The claim queue: push, take, settle, fail, return and re-queue claims.
+#[async_trait]
+pub trait ClaimBus: Send + Sync {
     /// Queues a claim for an idle pool worker (`LPUSH pool:claims`).
     async fn push_claim(&self, body: &str) -> Result<(), BusError>;
 
@@ -495,7 +509,11 @@ pub trait PoolBus: Inspect + PaperLedger {
     /// Sets `key` to `value` for `ttl` (whole seconds, at least 1) only if it
     /// does not exist (`SET NX EX`): the supervisor's one-pending-re-serve lock.
     async fn set_if_absent(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, BusError>;
+}
 
+/// A user's request and control queues, the request record and the response.
+#[async_trait]
+pub trait RequestBus: Send + Sync {
     /// Queues a request for a user's worker (`LPUSH`, as the API does).
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError>;
 
@@ -537,8 +555,6 @@ pub trait PoolBus: Inspect + PaperLedger {
         body: &str,
         at_unix_ms: u64,
     ) -> Result<(), BusError>;
-
-    // --- requests and responses ---
 
     /// Begins a request, by [`crate::settlement::begin_rule`]: only while
     /// `worker_id` holds the user's mark; with no record, records `executing`
@@ -594,9 +610,11 @@ pub trait PoolBus: Inspect + PaperLedger {
 
     /// Stores the answer to a request for [`RESPONSE_TTL`] (no record).
     async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError>;
+}
 
-    // --- credentials and reports ---
-
+/// Users' encrypted credentials and the grants that let the sealer hand them out.
+#[async_trait]
+pub trait CredentialBus: Send + Sync {
     /// A user's encrypted credentials blob.
     async fn credentials(&self, user_id: &str) -> Result<Option<String>, BusError>;
 
@@ -613,9 +631,6 @@ pub trait PoolBus: Inspect + PaperLedger {
         blob: &str,
     ) -> Result<bool, BusError>;
 
-    /// The last maintenance sweep report (JSON).
-    async fn maintenance_report(&self) -> Result<Option<String>, BusError>;
-
     /// Writes (or renews) `pool:grant:{user_id}`, which lets the credential
     /// sealer hand this user's credentials out for `ttl` (whole seconds).
     async fn grant_credentials(
@@ -624,6 +639,13 @@ pub trait PoolBus: Inspect + PaperLedger {
         grant: &str,
         ttl: Duration,
     ) -> Result<(), BusError>;
+}
+
+/// The maintenance sweep's report and its deletions.
+#[async_trait]
+pub trait ReportBus: Send + Sync {
+    /// The last maintenance sweep report (JSON).
+    async fn maintenance_report(&self) -> Result<Option<String>, BusError>;
 
     /// Replaces the maintenance sweep report.
     async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError>;

@@ -20,10 +20,10 @@ use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimSettle, DEAD_LETTER_MAX,
-    DEAD_LETTER_TTL, IdleEntry, Inspect, MarkWrite, MessageKind, Oversized, PoolBus,
-    REQUEST_RECORD_TTL, RESPONSE_TTL, SHED_BATCH, Settled, Shed, Take, TakenClaim, UserMessage,
-    UserQueue, whole_seconds,
+    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimBus, ClaimSettle,
+    CredentialBus, DEAD_LETTER_MAX, DEAD_LETTER_TTL, IdleEntry, Inspect, MarkBus, MarkWrite,
+    MessageKind, Oversized, REQUEST_RECORD_TTL, RESPONSE_TTL, ReportBus, RequestBus, SHED_BATCH,
+    Settled, Shed, Take, TakenClaim, UserMessage, UserQueue, whole_seconds,
 };
 use crate::protocol::{self, record};
 
@@ -93,7 +93,7 @@ impl std::fmt::Debug for RedisPoolBus {
 }
 
 #[async_trait]
-impl PoolBus for RedisPoolBus {
+impl MarkBus for RedisPoolBus {
     async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
         let metadata = mark.metadata;
         let claimed: i64 = self
@@ -225,7 +225,10 @@ impl PoolBus for RedisPoolBus {
             .map_err(classify)?;
         Ok(deleted == 1)
     }
+}
 
+#[async_trait]
+impl ClaimBus for RedisPoolBus {
     async fn push_claim(&self, body: &str) -> Result<(), BusError> {
         self.lpush(keys::POOL_CLAIMS, body).await
     }
@@ -391,7 +394,10 @@ impl PoolBus for RedisPoolBus {
             .await?;
         Ok(set.is_some())
     }
+}
 
+#[async_trait]
+impl RequestBus for RedisPoolBus {
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {
         self.lpush(&keys::user_requests(user_id), body).await
     }
@@ -693,7 +699,10 @@ impl PoolBus for RedisPoolBus {
             .await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl CredentialBus for RedisPoolBus {
     async fn credentials(&self, user_id: &str) -> Result<Option<String>, BusError> {
         self.get(&keys::credentials(user_id)).await
     }
@@ -720,10 +729,6 @@ impl PoolBus for RedisPoolBus {
         Ok(replaced == 1)
     }
 
-    async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
-        self.get(keys::MAINTENANCE_LAST_REPORT).await
-    }
-
     async fn grant_credentials(
         &self,
         user_id: &str,
@@ -740,6 +745,13 @@ impl PoolBus for RedisPoolBus {
             )
             .await?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl ReportBus for RedisPoolBus {
+    async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
+        self.get(keys::MAINTENANCE_LAST_REPORT).await
     }
 
     async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError> {

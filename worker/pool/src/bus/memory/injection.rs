@@ -11,7 +11,7 @@ use super::MemoryPoolBus;
 use crate::bus::BusError;
 // For the doc links only.
 #[cfg(doc)]
-use crate::bus::{Inspect, PoolBus};
+use crate::bus::{ClaimBus, CredentialBus, Inspect, MarkBus, PoolBus, ReportBus, RequestBus};
 
 /// The snapshot reads a race test can interleave a change after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
