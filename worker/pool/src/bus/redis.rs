@@ -36,7 +36,7 @@ pub use connection::scan_keys;
 pub use scripts::stored_functions;
 
 use connection::Blocking;
-use scripts::Functions;
+use scripts::{Functions, metadata_args};
 
 /// Queues on `pipe` the push of one dead letter to `dead`, with the cap and
 /// the TTL every dead-letter list has (docs/redis.md).
@@ -95,22 +95,19 @@ impl std::fmt::Debug for RedisPoolBus {
 #[async_trait]
 impl MarkBus for RedisPoolBus {
     async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
-        let metadata = mark.metadata;
-        let claimed: i64 = self
-            .functions
-            .claim
-            .key(keys::worker_active(mark.user_id))
-            .key(keys::pool_worker_active(mark.worker_id))
-            .key(keys::worker_metadata(mark.user_id))
-            .arg(mark.value)
-            .arg(whole_seconds(mark.ttl))
-            .arg(&metadata.task_arn)
-            .arg(&metadata.instance_id)
-            .arg(metadata.launched_at)
-            .arg(metadata.sidecar_url.as_deref().unwrap_or_default())
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let claimed: i64 = metadata_args(
+            self.functions
+                .claim
+                .key(keys::worker_active(mark.user_id))
+                .key(keys::pool_worker_active(mark.worker_id))
+                .key(keys::worker_metadata(mark.user_id))
+                .arg(mark.value)
+                .arg(whole_seconds(mark.ttl)),
+            mark.metadata,
+        )
+        .invoke_async(&mut self.commands())
+        .await
+        .map_err(classify)?;
         Ok(claimed == 1)
     }
 
@@ -295,28 +292,25 @@ impl ClaimBus for RedisPoolBus {
         mark: &MarkWrite<'_>,
         claim: &ClaimSettle<'_>,
     ) -> Result<Settled, BusError> {
-        let metadata = mark.metadata;
-        let settled: i64 = self
-            .functions
-            .settle_claim
-            .key(keys::claims_processing(mark.worker_id))
-            .key(keys::worker_active(mark.user_id))
-            .key(keys::pool_worker_active(mark.worker_id))
-            .key(keys::worker_metadata(mark.user_id))
-            .key(keys::claim_outcome(claim.claim_id))
-            .arg(claim.raw)
-            .arg(mark.value)
-            .arg(whole_seconds(mark.ttl))
-            .arg(&metadata.task_arn)
-            .arg(&metadata.instance_id)
-            .arg(metadata.launched_at)
-            .arg(claim.claimed)
-            .arg(claim.refused)
-            .arg(CLAIM_OUTCOME_TTL.as_secs())
-            .arg(metadata.sidecar_url.as_deref().unwrap_or_default())
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let settled: i64 = metadata_args(
+            self.functions
+                .settle_claim
+                .key(keys::claims_processing(mark.worker_id))
+                .key(keys::worker_active(mark.user_id))
+                .key(keys::pool_worker_active(mark.worker_id))
+                .key(keys::worker_metadata(mark.user_id))
+                .key(keys::claim_outcome(claim.claim_id))
+                .arg(claim.raw)
+                .arg(mark.value)
+                .arg(whole_seconds(mark.ttl))
+                .arg(claim.claimed)
+                .arg(claim.refused)
+                .arg(CLAIM_OUTCOME_TTL.as_secs()),
+            mark.metadata,
+        )
+        .invoke_async(&mut self.commands())
+        .await
+        .map_err(classify)?;
         Ok(match settled {
             1 => Settled::Claimed,
             0 => Settled::Refused,

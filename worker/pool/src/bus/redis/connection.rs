@@ -13,7 +13,7 @@ use redis::aio::{
 use tokio_util::sync::CancellationToken;
 
 use super::RedisPoolBus;
-use super::scripts::Functions;
+use super::scripts::{Functions, metadata_args};
 use crate::bus::{BusError, MarkWrite, whole_seconds};
 use crate::keys;
 
@@ -219,20 +219,18 @@ impl RedisPoolBus {
         script: &StoredFunction,
         mark: &MarkWrite<'_>,
     ) -> Result<bool, BusError> {
-        let metadata = mark.metadata;
-        let done: i64 = script
-            .key(keys::worker_active(mark.user_id))
-            .key(keys::worker_metadata(mark.user_id))
-            .arg(mark.worker_id)
-            .arg(mark.value)
-            .arg(whole_seconds(mark.ttl))
-            .arg(&metadata.task_arn)
-            .arg(&metadata.instance_id)
-            .arg(metadata.launched_at)
-            .arg(metadata.sidecar_url.as_deref().unwrap_or_default())
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
+        let done: i64 = metadata_args(
+            script
+                .key(keys::worker_active(mark.user_id))
+                .key(keys::worker_metadata(mark.user_id))
+                .arg(mark.worker_id)
+                .arg(mark.value)
+                .arg(whole_seconds(mark.ttl)),
+            mark.metadata,
+        )
+        .invoke_async(&mut self.commands())
+        .await
+        .map_err(classify)?;
         Ok(done == 1)
     }
 }

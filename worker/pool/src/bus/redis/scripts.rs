@@ -3,8 +3,9 @@
 //! the `PoolBus` impl because they are the layout's contract with APIs in
 //! other languages (docs/redis.md) and read as one program.
 
+use crate::bus::WorkerMetadata;
 use crate::protocol::{metadata, record};
-use leasehold_platform::redis_functions::StoredFunction;
+use leasehold_platform::redis_functions::{FunctionCall, StoredFunction};
 
 /// KEYS: control list, processing list, request list, control processing
 /// list. ARGV: the size bound, the head length. What a user's worker does
@@ -190,9 +191,9 @@ return 0
 "#;
 
 /// KEYS: claim processing list, user mark, pool mark, metadata, outcome.
-/// ARGV: the processing entry, mark value, ttl, task_arn, instance_id,
-/// launched_at, claimed outcome, refused outcome, outcome ttl, sidecar_url
-/// ('' = none).
+/// ARGV: the processing entry, mark value, ttl, claimed outcome, refused
+/// outcome, outcome ttl, then the metadata ([`metadata_args`]: task_arn,
+/// instance_id, launched_at, sidecar_url, '' = none).
 /// -1 = the entry is not in the list (settled already, or re-queued): nothing
 /// written; 1 = claimed; 0 = the user already has a worker (outcome failed,
 /// unless this claim has an outcome already: a claim settled once and
@@ -204,11 +205,11 @@ if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return -1 end
 if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', ARGV[3]) then
   redis.call('DEL', KEYS[3])
   redis.call('DEL', KEYS[4])
-  write_metadata(KEYS[4], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[10])
-  redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[9])
+  write_metadata(KEYS[4], ARGV[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
+  redis.call('SET', KEYS[5], ARGV[4], 'EX', ARGV[6])
   return 1
 end
-if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], ARGV[8], 'EX', ARGV[9]) end
+if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], ARGV[5], 'EX', ARGV[6]) end
 return 0
 "#;
 
@@ -379,6 +380,18 @@ local function write_metadata(key, ttl, task_arn, instance_id, launched_at, side
   redis.call('EXPIRE', key, ttl)
 end
 "#;
+
+/// The metadata as the last four arguments of every script that writes the
+/// hash (claim, settle, heartbeat): the order `write_metadata` reads them in.
+pub(super) fn metadata_args<'c, 'a>(
+    call: &'c mut FunctionCall<'a>,
+    metadata: &WorkerMetadata,
+) -> &'c mut FunctionCall<'a> {
+    call.arg(&metadata.task_arn)
+        .arg(&metadata.instance_id)
+        .arg(metadata.launched_at)
+        .arg(metadata.sidecar_url.as_deref().unwrap_or_default())
+}
 
 /// A script that writes the metadata hash, with `write_metadata` defined.
 fn writing_metadata(body: &str) -> String {
