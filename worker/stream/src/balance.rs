@@ -11,7 +11,11 @@
 //!   of the excess back in one scan, so a cold start (the first worker took
 //!   everything) or a scale-out converges within a scan, not one stream per scan;
 //! - **one giver toward a starving peer**: within the rounded-up share, only the
-//!   richest worker gives, and one stream per scan;
+//!   richest worker gives, and one stream per scan; and nobody gives while the
+//!   streams no live worker holds already cover what the starving lack (a gift
+//!   still on its way counts: a second giver whose scan falls between the
+//!   first one's release and the starving peer's acquire would make the new
+//!   worker's share two and leave a peer short);
 //! - **probes respect the share**: an expiry probe fills a worker only up to the
 //!   share it would have once the lapsing owner is gone;
 //! - **no repeated gift to a peer that did not take the last one**: a gift still
@@ -42,6 +46,13 @@ pub struct Census {
 }
 
 impl Census {
+    /// Streams no live worker holds: free, being handed over, or lapsing with a
+    /// dead owner. The starving take these first.
+    pub fn unheld(&self) -> usize {
+        self.streams
+            .saturating_sub(self.held_by.values().sum::<usize>())
+    }
+
     /// The census once `owner` is gone (its leases are lapsing: crashed, paused
     /// or partitioned). Its streams are not counted as held by anyone.
     pub fn without(&self, owner: &str) -> Census {
@@ -63,6 +74,9 @@ pub struct Share {
     pub least: usize,
     /// Some live worker holds fewer than `least`.
     someone_starving: bool,
+    /// The starving lack more than the unheld streams can give them, so a
+    /// holder must give.
+    starving_unmet: bool,
     /// This worker holds the most streams (ties broken by owner id), so it is the
     /// one that gives a stream to a starving peer; one giver per scan avoids churn.
     richest: bool,
@@ -78,10 +92,16 @@ impl Share {
             .iter()
             .max_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0)))
             .is_some_and(|(owner, _)| owner == me);
+        let lacking: usize = census
+            .held_by
+            .values()
+            .map(|held| least.saturating_sub(*held))
+            .sum();
         Share {
             most: census.streams.div_ceil(live).min(max_streams),
             least,
-            someone_starving: census.held_by.values().any(|held| *held < least),
+            someone_starving: lacking > 0,
+            starving_unmet: lacking > census.unheld(),
             richest,
         }
     }
@@ -95,11 +115,12 @@ impl Share {
 
     /// Streams to hand back now, holding `held` (not counting those already
     /// being handed back): all of the excess over the rounded-up share, or one
-    /// if this is the richest worker while a peer is below the rounded-down share.
+    /// if this is the richest worker while a peer is below the rounded-down share
+    /// and the unheld streams do not cover it.
     pub fn to_hand_back(&self, held: usize) -> usize {
         if held > self.most {
             held - self.most
-        } else if self.someone_starving && self.richest && held > self.least {
+        } else if self.starving_unmet && self.richest && held > self.least {
             1
         } else {
             0
@@ -132,10 +153,11 @@ impl Gifts {
         self.given.insert(stream.to_owned(), at);
     }
 
-    /// Judges the gifts older than `patience` (enough for the release, the
-    /// doorbell and a peer's rescan): an untaken one means the peers cannot
-    /// take, so hand-backs stop until the live workers change or a peer holds
-    /// more than it did then. Judged gifts are forgotten.
+    /// Judges the gifts: one a peer holds now is done with; one still untaken
+    /// after `patience` (enough for the release, the doorbell and a peer's
+    /// rescan) means the peers cannot take, so hand-backs stop until the live
+    /// workers change or a peer holds more than it did then. Judged gifts are
+    /// forgotten.
     pub fn review(
         &mut self,
         now: Instant,
@@ -153,12 +175,19 @@ impl Gifts {
                 self.refused_by = None;
             }
         }
+        // Each scan judges what it sees: a gift seen taken is done with, even
+        // if its taker hands it on before `patience` runs out (judged only then,
+        // a stream taken and handed back in between would look refused, and
+        // this worker would stop giving to a peer that is starving).
         let mut refused = false;
         self.given.retain(|stream, at| {
+            if fate(stream) == GiftFate::Taken {
+                return false;
+            }
             if now.duration_since(*at) < patience {
                 return true;
             }
-            refused |= fate(stream) == GiftFate::Untaken;
+            refused = true;
             false
         });
         if refused {
@@ -204,6 +233,45 @@ mod tests {
             .collect();
         assert_eq!(gifts, [("old2", 1)]);
         assert_eq!(Share::of(&counts, "new1", 100).to_hand_back(0), 0);
+    }
+
+    #[test]
+    fn a_gift_on_its_way_is_not_given_twice() {
+        // w2 (the richest by owner id) has released one stream for n1; w1 scans
+        // before n1 has taken it and is now the richest. The free stream covers
+        // n1's lack, so nobody gives, yet the others still leave it to n1.
+        let in_flight = census(
+            8,
+            &[
+                ("n1", 0),
+                ("w1", 2),
+                ("w2", 1),
+                ("w3", 1),
+                ("w4", 1),
+                ("w5", 1),
+                ("w6", 1),
+            ],
+        );
+        let share = Share::of(&in_flight, "w1", 100);
+        assert_eq!(share.to_hand_back(2), 0);
+        assert!(share.defers_to_starving(2));
+        let taken = census(
+            8,
+            &[
+                ("n1", 0),
+                ("w1", 2),
+                ("w2", 2),
+                ("w3", 1),
+                ("w4", 1),
+                ("w5", 1),
+                ("w6", 1),
+            ],
+        );
+        assert_eq!(
+            Share::of(&taken, "w2", 100).to_hand_back(2),
+            1,
+            "nothing unheld: the richest gives"
+        );
     }
 
     #[test]
@@ -269,6 +337,21 @@ mod tests {
         let three = census(40, &[("a", 30), ("b", 10), ("c", 0)]);
         gifts.review(Instant::now(), patience, &three, "a", |_| GiftFate::Taken);
         assert!(gifts.may_give(), "a new worker may take");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gift_taken_and_handed_on_was_not_refused() {
+        // The taker gives the stream on before the giver's patience runs out:
+        // at that later scan it is free again, yet it was taken.
+        let patience = Duration::from_secs(10);
+        let peers = census(8, &[("a", 2), ("b", 1), ("c", 0)]);
+        let mut gifts = Gifts::default();
+        gifts.give("s1", Instant::now());
+        tokio::time::advance(patience / 2).await;
+        gifts.review(Instant::now(), patience, &peers, "a", |_| GiftFate::Taken);
+        tokio::time::advance(patience).await;
+        gifts.review(Instant::now(), patience, &peers, "a", |_| GiftFate::Untaken);
+        assert!(gifts.may_give(), "a starving peer must still get a gift");
     }
 
     #[tokio::test(start_paused = true)]
