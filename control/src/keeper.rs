@@ -25,9 +25,11 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::lease::Lease;
 use crate::protocol;
+use crate::schema;
+use crate::settings::LeaseMode;
 use crate::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeaseReader, LeaseStore, LiftRequest,
-    ReleaseRequest, RenewRequest,
+    ReleaseRequest, RenewRequest, TakeoverRequest,
 };
 use leasehold_platform::backoff::Backoff;
 use leasehold_telemetry::{CommitResult, LossReason, TelemetryEvent, TelemetrySink};
@@ -47,6 +49,12 @@ pub struct KeeperConfig {
     pub skew_margin: Duration,
     /// Retry schedule for throttled or failed renews; never beyond the deadline.
     pub retry: Backoff,
+    /// `per-stream`: each stream's lease is renewed; `session`: one session
+    /// record is, and every stream's deadline is the session's.
+    pub mode: LeaseMode,
+    /// Session mode: how often a held stream's staged checkpoint is written
+    /// (per-stream mode carries it on every renew instead).
+    pub checkpoint_interval: Duration,
 }
 
 impl Default for KeeperConfig {
@@ -76,11 +84,33 @@ struct LeaseSignal {
     staged_checkpoint: Mutex<Option<u64>>,
     /// The checkpoint as last confirmed by the store.
     persisted_checkpoint: Mutex<Option<u64>>,
+    /// Session mode: the session this stream lives by. Its deadline is the
+    /// stream's, and its end ends the stream.
+    session: Option<Arc<LeaseSignal>>,
 }
 
 impl LeaseSignal {
+    fn new(deadline: Instant, checkpoint: Option<u64>, session: Option<Arc<LeaseSignal>>) -> Self {
+        LeaseSignal {
+            deadline: Mutex::new(deadline),
+            ended: CancellationToken::new(),
+            loss: Mutex::new(None),
+            staged_checkpoint: Mutex::new(None),
+            persisted_checkpoint: Mutex::new(checkpoint),
+            session,
+        }
+    }
+
     fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+        match &self.session {
+            Some(session) => session.deadline(),
+            None => *self.deadline.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    /// Lost or released, or (session mode) its session is.
+    fn is_ended(&self) -> bool {
+        self.ended.is_cancelled() || self.session.as_ref().is_some_and(|s| s.is_ended())
     }
 
     fn persisted(&self, checkpoint: Option<u64>) {
@@ -130,13 +160,7 @@ impl HeldLease {
         HeldLease {
             stream_id: acquired.stream_id.clone(),
             fence_token: acquired.fence_token,
-            signal: Arc::new(LeaseSignal {
-                deadline: Mutex::new(deadline),
-                ended: CancellationToken::new(),
-                loss: Mutex::new(None),
-                staged_checkpoint: Mutex::new(None),
-                persisted_checkpoint: Mutex::new(acquired.checkpoint),
-            }),
+            signal: Arc::new(LeaseSignal::new(deadline, acquired.checkpoint, None)),
             acquired,
         }
     }
@@ -144,8 +168,7 @@ impl HeldLease {
     /// Whether side effects may still be produced under this lease: not lost, not
     /// released, and the holder's deadline not passed. Checks the clock itself.
     pub fn is_valid(&self) -> bool {
-        !self.signal.ended.is_cancelled()
-            && protocol::holder_may_act(Instant::now(), self.signal.deadline())
+        !self.signal.is_ended() && protocol::holder_may_act(Instant::now(), self.signal.deadline())
     }
 
     /// The holder's current deadline (moves forward with each confirmed renew).
@@ -198,6 +221,9 @@ struct Inner {
     telemetry: Arc<dyn TelemetrySink>,
     config: KeeperConfig,
     held: Mutex<HashMap<String, Entry>>,
+    /// Session mode: the session record held now (`leasehold#session#{owner}`).
+    /// Serialised so that concurrent stream acquires start one session, not two.
+    session: tokio::sync::Mutex<Option<HeldLease>>,
 }
 
 impl Inner {
@@ -269,6 +295,7 @@ impl LeaseKeeper {
                 telemetry,
                 config,
                 held: Mutex::new(HashMap::new()),
+                session: tokio::sync::Mutex::new(None),
             }),
         }
     }
@@ -358,6 +385,11 @@ impl LeaseKeeper {
     /// [`LeaseKeeper::acquire`] that also stores where the worker answers on
     /// the record (a worker's presence record: how the dashboard finds its
     /// sidecar, and where peers push hand-offs).
+    ///
+    /// In session mode a stream is acquired under this keeper's session
+    /// (started first if none is held), and from another worker's ended
+    /// session by the store's takeover transaction. Reserved records (presence,
+    /// the session itself, the observer) are per-stream leases in either mode.
     pub async fn acquire_announcing(
         &self,
         stream_id: &str,
@@ -368,6 +400,51 @@ impl LeaseKeeper {
         {
             return Ok(entry.lease.clone());
         }
+        let session = match self.inner.config.mode {
+            LeaseMode::Session if !stream_id.starts_with(schema::RESERVED_PREFIX) => {
+                Some(self.session().await?)
+            }
+            _ => None,
+        };
+        self.acquire_lease(stream_id, announcement, session).await
+    }
+
+    /// The session this keeper's stream leases live by, started (or started
+    /// again, with a new token, after it was lost) when none is valid.
+    async fn session(&self) -> Result<HeldLease, LeaseError> {
+        let mut current = self.inner.session.lock().await;
+        if let Some(session) = current.as_ref()
+            && session.is_valid()
+        {
+            return Ok(session.clone());
+        }
+        let id = schema::session_record(&self.inner.config.owner_id);
+        let session = self
+            .acquire_lease(&id, &Announcement::default(), None)
+            .await?;
+        *current = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Ends the session (session mode): its record is released, so takers
+    /// need not wait for it to expire. Streams still held under it end with
+    /// it, so a drain releases them first. Nothing to do in per-stream mode.
+    pub async fn end_session(&self) -> Result<(), LeaseError> {
+        let session = self.inner.session.lock().await.take();
+        match session {
+            Some(session) => self.release(&session).await.map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// One acquire: a plain conditional write, or in session mode (`session`
+    /// given) the takeover transaction when the stream is another session's.
+    async fn acquire_lease(
+        &self,
+        stream_id: &str,
+        announcement: &Announcement,
+        session: Option<HeldLease>,
+    ) -> Result<HeldLease, LeaseError> {
         let config = &self.inner.config;
         let request = AcquireRequest {
             stream_id: stream_id.to_owned(),
@@ -377,9 +454,21 @@ impl LeaseKeeper {
             skew_margin_ms: ms(config.skew_margin),
             sidecar_url: announcement.sidecar_url.clone(),
             handoff_addr: announcement.handoff_addr.clone(),
+            session_token: session.as_ref().map(|s| s.fence_token),
         };
         let sent = Instant::now();
-        let result = self.inner.store.acquire(&request).await;
+        let result = match self.inner.store.acquire(&request).await {
+            Err(LeaseError::Conflict { current, .. }) if session.is_some() => {
+                match takeover_of(&request, &current) {
+                    Some(takeover) => self.inner.store.take_over(&takeover).await,
+                    None => Err(LeaseError::Conflict {
+                        stream_id: stream_id.to_owned(),
+                        current,
+                    }),
+                }
+            }
+            other => other,
+        };
         let duration = sent.elapsed();
         let record = match result {
             Ok(record) => record,
@@ -402,17 +491,11 @@ impl LeaseKeeper {
         let lease = HeldLease {
             stream_id: stream_id.to_owned(),
             fence_token: record.fence_token,
-            signal: Arc::new(LeaseSignal {
-                deadline: Mutex::new(protocol::holder_deadline(
-                    sent,
-                    config.lease,
-                    config.safety_margin,
-                )),
-                ended: CancellationToken::new(),
-                loss: Mutex::new(None),
-                staged_checkpoint: Mutex::new(None),
-                persisted_checkpoint: Mutex::new(record.checkpoint),
-            }),
+            signal: Arc::new(LeaseSignal::new(
+                protocol::holder_deadline(sent, config.lease, config.safety_margin),
+                record.checkpoint,
+                session.map(|s| s.signal),
+            )),
             acquired: record,
         };
         self.inner.telemetry.emit(TelemetryEvent::LeaseAcquired {
@@ -427,12 +510,20 @@ impl LeaseKeeper {
             previous_owner: lease.acquired.previous_owner.clone(),
         });
         let stop = CancellationToken::new();
-        let task = tokio::spawn(renew_loop(
-            self.inner.clone(),
-            lease.clone(),
-            sent,
-            stop.clone(),
-        ));
+        let task = if lease.signal.session.is_some() {
+            tokio::spawn(session_stream_loop(
+                self.inner.clone(),
+                lease.clone(),
+                stop.clone(),
+            ))
+        } else {
+            tokio::spawn(renew_loop(
+                self.inner.clone(),
+                lease.clone(),
+                sent,
+                stop.clone(),
+            ))
+        };
         let replaced = self.inner.held().insert(
             stream_id.to_owned(),
             Entry {
@@ -478,29 +569,7 @@ impl LeaseKeeper {
     }
 
     async fn write_checkpoint(&self, lease: &HeldLease, seq: u64) -> Result<Lease, LeaseError> {
-        let request = CheckpointRequest {
-            stream_id: lease.stream_id.clone(),
-            owner_id: self.inner.config.owner_id.clone(),
-            fence_token: lease.fence_token,
-            checkpoint: seq,
-            now_ms: self.inner.clock.now_ms(),
-        };
-        let result = self.inner.store.checkpoint(&request).await;
-        let outcome = match &result {
-            Ok(record) => {
-                lease.signal.persisted(record.checkpoint);
-                CommitResult::Committed
-            }
-            Err(err) if err.is_ownership_lost() => CommitResult::Fenced,
-            Err(LeaseError::CheckpointBehind { .. }) => return result,
-            Err(_) => CommitResult::Error,
-        };
-        self.inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
-            stream_id: lease.stream_id.clone(),
-            checkpoint: seq,
-            result: outcome,
-        });
-        result
+        write_checkpoint(&self.inner, lease, seq).await
     }
 
     /// The data path learned from a sink that a newer token exists: stop now.
@@ -570,6 +639,92 @@ impl LeaseKeeper {
         });
         Ok(record)
     }
+}
+
+/// The takeover a refused session-mode acquire calls for: the stream is held
+/// under another worker's session (whether that session ended is the store's
+/// transaction to decide). `None` when it is not another session's.
+fn takeover_of(request: &AcquireRequest, current: &Lease) -> Option<TakeoverRequest> {
+    let owner = current.owner_id.as_deref()?;
+    let session_token = current.session_token?;
+    (owner != request.owner_id).then(|| TakeoverRequest {
+        acquire: request.clone(),
+        from_owner: owner.to_owned(),
+        from_session_token: session_token,
+        from_fence_token: current.fence_token,
+    })
+}
+
+/// A session-mode stream's task: no renewals (the session's renew loop keeps
+/// it alive); it ends the stream when the session ends, and writes the staged
+/// checkpoint every `checkpoint_interval`.
+async fn session_stream_loop(inner: Arc<Inner>, lease: HeldLease, stop: CancellationToken) {
+    let Some(session) = lease.signal.session.clone() else {
+        return;
+    };
+    let interval = inner.config.checkpoint_interval;
+    let mut next_checkpoint = Instant::now() + interval;
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = session.ended.cancelled() => {
+                let reason = (*session.loss.lock().unwrap_or_else(|p| p.into_inner()))
+                    .unwrap_or(LossReason::RenewRejected);
+                inner.lose(&lease, reason);
+                break;
+            }
+            _ = sleep_until(next_checkpoint) => {}
+        }
+        next_checkpoint = Instant::now() + interval;
+        let staged = *lease
+            .signal
+            .staged_checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(seq) = staged.filter(|seq| lease.persisted_checkpoint() < Some(*seq)) else {
+            continue;
+        };
+        match write_checkpoint(&inner, &lease, seq).await {
+            Err(err) if err.is_ownership_lost() => {
+                inner.lose(&lease, LossReason::RenewRejected);
+                break;
+            }
+            Err(err) => {
+                tracing::warn!(stream_id = lease.stream_id, error = %err, "could not write the checkpoint; trying again next interval");
+            }
+            Ok(_) => {}
+        }
+    }
+    inner.forget(&lease.stream_id, lease.fence_token);
+}
+
+/// Writes a sink-confirmed checkpoint (conditional on owner and token) and
+/// reports the commit.
+async fn write_checkpoint(inner: &Inner, lease: &HeldLease, seq: u64) -> Result<Lease, LeaseError> {
+    let request = CheckpointRequest {
+        stream_id: lease.stream_id.clone(),
+        owner_id: inner.config.owner_id.clone(),
+        fence_token: lease.fence_token,
+        checkpoint: seq,
+        now_ms: inner.clock.now_ms(),
+    };
+    let result = inner.store.checkpoint(&request).await;
+    let outcome = match &result {
+        Ok(record) => {
+            lease.signal.persisted(record.checkpoint);
+            CommitResult::Committed
+        }
+        Err(err) if err.is_ownership_lost() => CommitResult::Fenced,
+        Err(LeaseError::CheckpointBehind { .. }) => return result,
+        Err(_) => CommitResult::Error,
+    };
+    inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
+        stream_id: lease.stream_id.clone(),
+        checkpoint: seq,
+        result: outcome,
+    });
+    result
 }
 
 /// What ended a renew attempt.

@@ -42,6 +42,10 @@ pub struct Lease {
     /// takes pushed hand-offs (untrusted, like `sidecar_url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff_addr: Option<String>,
+    /// Session mode only: the token of the owner's session record this stream
+    /// was acquired under (the stream lives as long as that session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<u64>,
 }
 
 /// Ownership state of a lease at a given instant.
@@ -85,6 +89,7 @@ impl Lease {
             checkpoint_at: None,
             sidecar_url: None,
             handoff_addr: None,
+            session_token: None,
         }
     }
 

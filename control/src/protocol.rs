@@ -43,6 +43,47 @@ pub fn acquirable(
     }
 }
 
+/// Session mode's plain acquire condition: no owner, the caller already owns
+/// it (a restarted process with the same id), or a per-stream holder's lease
+/// lapsed past the skew margin (a table switched from per-stream mode). A
+/// stream held under another session is never taken by this write, whatever
+/// its own expiry says: only [`session_ended`] on the session record, checked
+/// in the same transaction, lets a taker in.
+pub fn session_acquirable(
+    owner: Option<&str>,
+    session_token: Option<u64>,
+    expires_at: Option<i64>,
+    caller: &str,
+    now_ms: i64,
+    skew_margin_ms: i64,
+) -> bool {
+    match (owner, session_token) {
+        (None, _) => true,
+        (Some(owner), _) if owner == caller => true,
+        (Some(_), Some(_)) => false,
+        (Some(_), None) => expires_at.is_some_and(|at| at < now_ms - skew_margin_ms),
+    }
+}
+
+/// The takeover transaction's condition on the holder's session record
+/// (`owner`, `token` and `expires_at` as stored; `None` when absent): the
+/// session that held the stream with `session_token` is over — the record is
+/// gone or released, was acquired again since (a new token), or expired more
+/// than the skew margin ago. The holder's deadline for all its streams came
+/// before any of these could be true.
+pub fn session_ended(
+    owner: Option<&str>,
+    token: Option<u64>,
+    expires_at: Option<i64>,
+    session_token: u64,
+    now_ms: i64,
+    skew_margin_ms: i64,
+) -> bool {
+    owner.is_none()
+        || token != Some(session_token)
+        || expires_at.is_some_and(|at| at < now_ms - skew_margin_ms)
+}
+
 /// The first instant (unix ms) at which a record expiring at `expires_at` is
 /// [`acquirable`] by anyone: one millisecond past its expiry plus the skew
 /// margin (when an expiry probe or a waiting contender should look again).

@@ -9,9 +9,13 @@
 //! through [`LeaseTable`]; it is built from a [`LeaseReader`], so nothing that
 //! holds one can write.
 
+use std::collections::HashMap;
+
 use crate::lease::{Lease, LeaseState};
 use crate::protocol;
-use crate::schema::{MalformedItem, RESERVED_PREFIX, WORKER_PRESENCE_PREFIX};
+use crate::schema::{
+    MalformedItem, RESERVED_PREFIX, SESSION_PREFIX, WORKER_PRESENCE_PREFIX, session_record,
+};
 use crate::store::{Consistency, LeaseError, LeaseReader, list_all};
 
 /// One scan of the lease table, classified. Each list keeps the scan's order.
@@ -21,7 +25,8 @@ pub struct LeaseTable {
     pub streams: Vec<Lease>,
     /// Stream workers' presence records (`leasehold#worker#{owner}`).
     pub presence: Vec<Presence>,
-    /// The other reserved records: the observer lease, the hand-off doorbell.
+    /// The other reserved records: the observer lease, the hand-off doorbell,
+    /// the mode record, session records.
     pub reserved: Vec<Lease>,
     /// Records that could not be decoded, reserved ones included (see
     /// [`LeaseTable::malformed_streams`] for those a stream view shows).
@@ -65,6 +70,9 @@ impl LeaseTable {
     }
 
     /// Sorts decoded (or undecodable) records into the table's kinds.
+    ///
+    /// A session-mode stream's `lease_expires_at` is replaced by its
+    /// session's ([`session_expiry`]): what every reader means by "held until".
     pub fn classify(records: impl IntoIterator<Item = Result<Lease, MalformedItem>>) -> LeaseTable {
         let mut table = LeaseTable::default();
         for record in records {
@@ -78,6 +86,27 @@ impl LeaseTable {
                     None => table.reserved.push(lease),
                 },
                 Err(item) => table.malformed.push(item),
+            }
+        }
+        let sessions: HashMap<&str, &Lease> = table
+            .reserved
+            .iter()
+            .filter(|lease| lease.stream_id.starts_with(SESSION_PREFIX))
+            .map(|lease| (lease.stream_id.as_str(), lease))
+            .collect();
+        let effective: Vec<Option<i64>> = table
+            .streams
+            .iter()
+            .map(|stream| {
+                let owner = stream.owner_id.as_deref()?;
+                stream.session_token?;
+                let session = sessions.get(session_record(owner).as_str()).copied();
+                Some(session_expiry(stream, session))
+            })
+            .collect();
+        for (stream, expiry) in table.streams.iter_mut().zip(effective) {
+            if let Some(expiry) = expiry {
+                stream.lease_expires_at = expiry;
             }
         }
         table
@@ -152,6 +181,46 @@ impl LeaseTable {
         }
         counts
     }
+}
+
+/// When a session-mode stream's hold ends, given its owner's session record
+/// (`None` when absent): the session's expiry while that record is held by
+/// the stream's owner with the stream's `session_token`; otherwise 0 (the
+/// session ended: released, started again, or gone), so the stream reads as
+/// expired. A per-stream record keeps its own expiry.
+pub fn session_expiry(stream: &Lease, session: Option<&Lease>) -> i64 {
+    let Some(token) = stream.session_token else {
+        return stream.lease_expires_at;
+    };
+    match session {
+        Some(session)
+            if session.owner_id.is_some()
+                && session.owner_id == stream.owner_id
+                && session.fence_token == token =>
+        {
+            session.lease_expires_at
+        }
+        _ => 0,
+    }
+}
+
+/// Reads one stream's record and, in session mode, resolves its expiry from
+/// its owner's session record (one more read): what `leases show` displays.
+pub async fn read_stream(
+    reader: &dyn LeaseReader,
+    stream_id: &str,
+    consistency: Consistency,
+) -> Result<Lease, LeaseError> {
+    let mut stream = reader.get_with(stream_id, consistency).await?;
+    if let (Some(owner), Some(_)) = (stream.owner_id.as_deref(), stream.session_token) {
+        let session = match reader.get_with(&session_record(owner), consistency).await {
+            Ok(session) => Some(session),
+            Err(LeaseError::NotFound { .. }) => None,
+            Err(err) => return Err(err),
+        };
+        stream.lease_expires_at = session_expiry(&stream, session.as_ref());
+    }
+    Ok(stream)
 }
 
 /// Whether the store would let `caller` acquire `lease` at `now_ms`: the
@@ -271,6 +340,48 @@ mod tests {
                 lease.stream_id
             );
         }
+    }
+
+    #[test]
+    fn a_session_streams_expiry_is_its_sessions() {
+        let mut live = held("live", "w1", NOW - 60_000);
+        live.session_token = Some(4);
+        let mut restarted = held("restarted", "w2", NOW + 60_000);
+        restarted.session_token = Some(1);
+        let mut orphan = held("orphan", "w3", NOW + 60_000);
+        orphan.session_token = Some(1);
+        let mut session_w1 = held(&session_record("w1"), "w1", NOW + 9_000);
+        session_w1.fence_token = 4;
+        let mut session_w2 = held(&session_record("w2"), "w2", NOW + 9_000);
+        session_w2.fence_token = 2;
+        let table = LeaseTable::classify([
+            Ok(live),
+            Ok(restarted),
+            Ok(orphan),
+            Ok(held("per-stream", "w1", NOW + 5)),
+            Ok(session_w1),
+            Ok(session_w2),
+        ]);
+        let expiries: Vec<(&str, i64)> = table
+            .streams
+            .iter()
+            .map(|l| (l.stream_id.as_str(), l.lease_expires_at))
+            .collect();
+        assert_eq!(
+            expiries,
+            [
+                ("live", NOW + 9_000),
+                ("restarted", 0),
+                ("orphan", 0),
+                ("per-stream", NOW + 5)
+            ],
+            "the session's expiry; 0 once it ended (new token, or no record)"
+        );
+        let free: Vec<&str> = table
+            .acquirable_streams("me", NOW, SKEW)
+            .map(|l| l.stream_id.as_str())
+            .collect();
+        assert_eq!(free, ["restarted", "orphan"]);
     }
 
     #[test]

@@ -46,6 +46,14 @@ pub const SIDECAR_URL: &str = "sidecar_url";
 /// conditional acquire.
 pub const HANDOFF_ADDR: &str = "handoff_addr";
 
+/// Extra (N), session mode only: the token of the owner's session record
+/// (`leasehold#session#{owner_id}`) the stream was acquired under. The stream
+/// is held while that record is held by the same owner with this token and
+/// not expired; a record without it is a per-stream lease.
+pub const SESSION_TOKEN: &str = "session_token";
+/// Extra (S), the mode record only: `per-stream` or `session`.
+pub const LEASE_MODE: &str = "lease_mode";
+
 /// Prefix of records that are not streams (observer lease, presence records);
 /// stream views and counts leave them out.
 pub const RESERVED_PREFIX: &str = "leasehold#";
@@ -57,6 +65,19 @@ pub const WORKER_PRESENCE_PREFIX: &str = "leasehold#worker#";
 pub const OBSERVER_LEASE: &str = "leasehold#observer";
 /// The hand-off doorbell: draining workers bump its counter so peers rescan now.
 pub const HANDOFF_DOORBELL: &str = "leasehold#handoff";
+
+/// Prefix of session records (`leasehold#session#{owner_id}`): in session mode
+/// a worker renews this one record, and every stream it holds lives as long
+/// as the record does.
+pub const SESSION_PREFIX: &str = "leasehold#session#";
+/// The record declaring the table's lease mode (`lease_mode`): workers of the
+/// other mode refuse to run.
+pub const MODE_RECORD: &str = "leasehold#mode";
+
+/// The session record of a worker (session mode).
+pub fn session_record(owner_id: &str) -> String {
+    format!("{SESSION_PREFIX}{owner_id}")
+}
 
 /// The presence record of a worker.
 pub fn worker_presence(owner_id: &str) -> String {
@@ -142,6 +163,7 @@ pub fn decode(item: &RawItem) -> Result<Lease, MalformedItem> {
         checkpoint_at: reader.int(CHECKPOINT_AT)?,
         sidecar_url: reader.string(SIDECAR_URL)?.filter(|s| !s.is_empty()),
         handoff_addr: reader.string(HANDOFF_ADDR)?.filter(|s| !s.is_empty()),
+        session_token: reader.uint(SESSION_TOKEN)?,
         stream_id,
     })
 }

@@ -71,25 +71,34 @@ pub const LEASE_SKEW_MARGIN_MS: Setting<Duration> = Setting::new(
           to absorb clock skew between hosts, in ms.",
 );
 /// How holders prove they are alive (`LEASE_MODE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LeaseMode {
     /// One lease per stream, renewed by its holder: the original lease
     /// specification's protocol, shared with seed-style clients.
+    #[default]
     PerStream,
+    /// One session record per worker, renewed by it; every stream it holds
+    /// names the session and lives as long as it does (docs/lease-table.md).
+    Session,
 }
 
-/// `per-stream`; `session` is named by the contract but not built yet, so it
-/// is refused rather than silently run as `per-stream` (a user who chose it
-/// for its cost would be misled).
+impl LeaseMode {
+    /// The value of `LEASE_MODE` and of the mode record's `lease_mode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseMode::PerStream => "per-stream",
+            LeaseMode::Session => "session",
+        }
+    }
+}
+
 const LEASE_MODE_PARSER: Parser<LeaseMode> = Parser {
     parse: |raw| match raw {
         "per-stream" => Ok(LeaseMode::PerStream),
-        "session" => Err(
-            "`session` is not built in this version (docs/deviations.md); use `per-stream`".into(),
-        ),
+        "session" => Ok(LeaseMode::Session),
         _ => Err("must be per-stream or session".into()),
     },
-    show: |_| "per-stream".to_owned(),
+    show: |mode| mode.as_str().to_owned(),
 };
 
 /// The `LEASE_MODE` variable.
@@ -97,7 +106,19 @@ pub const LEASE_MODE: Setting<LeaseMode> = Setting::new(
     "LEASE_MODE",
     LEASE_MODE_PARSER,
     Fallback::Value(|| LeaseMode::PerStream),
-    "`per-stream` (one renewed lease per stream). `session` (one renewed session per worker) is refused: not built yet.",
+    "`per-stream` (one renewed lease per stream, the original protocol) or `session` \
+     (one renewed session record per worker; a takeover is a two-item transaction). \
+     A table declares its mode in `leasehold#mode`; a worker of the other mode exits 2.",
+);
+/// The `CHECKPOINT_INTERVAL_MS` variable.
+pub const CHECKPOINT_INTERVAL_MS: Setting<Duration> = Setting::new(
+    "CHECKPOINT_INTERVAL_MS",
+    parse::POSITIVE_MILLIS,
+    Fallback::Value(|| Duration::from_millis(300_000)),
+    "Session mode: how often a held stream's sink-confirmed checkpoint is written to the \
+     lease table, in ms (also on release and hand-off). A takeover resumes from the sink's \
+     last sequence, so this bounds only how stale the table's `checkpoint` reads. \
+     In `per-stream` mode the checkpoint rides on every renew at no extra write.",
 );
 /// The `OWNER_ID` variable.
 pub const OWNER_ID: Setting<String> = Setting::new(
@@ -115,6 +136,7 @@ pub const ALL: &[&dyn Documented] = &[
     &LEASE_SAFETY_MARGIN_MS,
     &LEASE_SKEW_MARGIN_MS,
     &LEASE_MODE,
+    &CHECKPOINT_INTERVAL_MS,
     &OWNER_ID,
 ];
 
@@ -144,8 +166,8 @@ pub fn table_settings(env: &mut Env) -> TableSettings {
 /// Reads the lease settings; problems go to `env`, reported with the caller's.
 pub fn lease_settings(env: &mut Env) -> LeaseSettings {
     let table = table_settings(env);
-    // Read for its refusal of `session`: per-stream is the only mode.
-    let LeaseMode::PerStream = env.get(&LEASE_MODE);
+    let mode = env.get(&LEASE_MODE);
+    let checkpoint_interval = env.get(&CHECKPOINT_INTERVAL_MS);
     let lease = env.get(&LEASE_SECONDS);
     let renew = env.or(&LEASE_RENEW_INTERVAL_MS, lease / 3);
     let safety = env.or(&LEASE_SAFETY_MARGIN_MS, lease / 10);
@@ -181,6 +203,8 @@ pub fn lease_settings(env: &mut Env) -> LeaseSettings {
             safety_margin: safety,
             skew_margin: skew,
             retry: leasehold_platform::Backoff::default(),
+            mode,
+            checkpoint_interval,
         },
     }
 }
@@ -240,13 +264,21 @@ mod tests {
     }
 
     #[test]
-    fn only_the_per_stream_mode_runs() {
-        assert!(parse(&[("LEASE_MODE", "per-stream"), ("OWNER_ID", "w")]).is_ok());
-        let err = parse(&[("LEASE_MODE", "session"), ("OWNER_ID", "w")]).unwrap_err();
-        assert!(
-            err.problems[0].starts_with("LEASE_MODE") && err.to_string().contains("not built"),
-            "{err}"
+    fn both_modes_parse_and_nothing_else() {
+        let per_stream = parse(&[("OWNER_ID", "w")]).unwrap();
+        assert_eq!(per_stream.keeper.mode, LeaseMode::PerStream);
+        assert_eq!(
+            per_stream.keeper.checkpoint_interval,
+            Duration::from_secs(300)
         );
+        let session = parse(&[
+            ("LEASE_MODE", "session"),
+            ("CHECKPOINT_INTERVAL_MS", "60000"),
+            ("OWNER_ID", "w"),
+        ])
+        .unwrap();
+        assert_eq!(session.keeper.mode, LeaseMode::Session);
+        assert_eq!(session.keeper.checkpoint_interval, Duration::from_secs(60));
         let err = parse(&[("LEASE_MODE", "sessions"), ("OWNER_ID", "w")]).unwrap_err();
         assert!(err.to_string().contains("per-stream or session"), "{err}");
     }

@@ -125,6 +125,7 @@ async fn table(streams: usize) -> MemoryLeaseStore {
         skew_margin_ms: 1_000,
         sidecar_url: None,
         handoff_addr: None,
+        session_token: None,
     };
     for i in 0..streams {
         // Market-data style ids, e.g. `binance:btcusdt-00042@trade`.

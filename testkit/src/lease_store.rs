@@ -20,7 +20,7 @@ use leasehold_control::store::dynamodb::{DynamoLeaseStore, from_raw, to_raw};
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{
     AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeaseStore, LiftRequest,
-    ReleaseRequest, RenewRequest, list_all,
+    ReleaseRequest, RenewRequest, TakeoverRequest, list_all,
 };
 
 /// A store under test, plus raw access to its records.
@@ -68,6 +68,7 @@ fn acquire(stream: &str, owner: &str, now_ms: i64) -> AcquireRequest {
         skew_margin_ms: SKEW,
         sidecar_url: None,
         handoff_addr: None,
+        session_token: None,
     }
 }
 
@@ -759,6 +760,267 @@ pub async fn bump_counts_every_ring(target: &dyn ConformanceTarget) {
     assert_eq!(store.get("s").await.unwrap().fence_token, 1);
 }
 
+/// Starts `owner`'s session at `now_ms` (a plain acquire of its session
+/// record) and returns the session's token.
+async fn start_session(store: &dyn LeaseStore, owner: &str, now_ms: i64) -> u64 {
+    store
+        .acquire(&acquire(&schema::session_record(owner), owner, now_ms))
+        .await
+        .unwrap()
+        .fence_token
+}
+
+fn session_acquire(stream: &str, owner: &str, session: u64, now_ms: i64) -> AcquireRequest {
+    AcquireRequest {
+        session_token: Some(session),
+        ..acquire(stream, owner, now_ms)
+    }
+}
+
+fn takeover(
+    stream: &str,
+    owner: &str,
+    session: u64,
+    from: (&str, u64, u64),
+    now_ms: i64,
+) -> TakeoverRequest {
+    TakeoverRequest {
+        acquire: session_acquire(stream, owner, session, now_ms),
+        from_owner: from.0.into(),
+        from_session_token: from.1,
+        from_fence_token: from.2,
+    }
+}
+
+/// Session mode: a stream held under a session is never taken by a plain
+/// acquire, however old its own expiry; a per-stream acquire drops the
+/// session token.
+pub async fn a_session_stream_is_not_taken_by_a_plain_acquire(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let a = start_session(store.as_ref(), "a", T0).await;
+    let held = store
+        .acquire(&session_acquire("s", "a", a, T0))
+        .await
+        .unwrap();
+    assert_eq!((held.fence_token, held.session_token), (1, Some(a)));
+    let b = start_session(store.as_ref(), "b", T0).await;
+    let much_later = T0 + 10 * LEASE;
+    assert_conflict(
+        store
+            .acquire(&session_acquire("s", "b", b, much_later))
+            .await,
+        Some("a"),
+        1,
+    );
+    // The holder itself may acquire again (a restart with the same id).
+    let again = store
+        .acquire(&session_acquire("s", "a", a, T0 + 1))
+        .await
+        .unwrap();
+    assert_eq!(again.fence_token, 2);
+    // A released stream is anyone's; a per-stream holder's lapsed lease too.
+    store.release(&release("s", "a", 2, T0 + 2)).await.unwrap();
+    let taken = store
+        .acquire(&session_acquire("s", "b", b, T0 + 3))
+        .await
+        .unwrap();
+    assert_eq!(taken.session_token, Some(b));
+    store.acquire(&acquire("p", "c", T0)).await.unwrap();
+    assert_conflict(
+        store
+            .acquire(&session_acquire("p", "b", b, T0 + LEASE + SKEW))
+            .await,
+        Some("c"),
+        1,
+    );
+    let migrated = store
+        .acquire(&session_acquire("p", "b", b, T0 + LEASE + SKEW + 1))
+        .await
+        .unwrap();
+    assert_eq!(migrated.session_token, Some(b));
+    let per_stream = store
+        .acquire(&acquire("p", "b", T0 + LEASE + SKEW + 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        per_stream.session_token, None,
+        "a per-stream acquire drops it"
+    );
+}
+
+/// Session mode: the takeover transaction succeeds only once the holder's
+/// session record expired past the skew margin, and only while the stream is
+/// still that session's with the token the taker read.
+pub async fn takeover_waits_for_the_session_to_end(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let a = start_session(store.as_ref(), "a", T0).await;
+    store
+        .acquire(&session_acquire("s", "a", a, T0))
+        .await
+        .unwrap();
+    let b = start_session(store.as_ref(), "b", T0).await;
+    let session_expiry = T0 + LEASE;
+    for now in [session_expiry, session_expiry + SKEW] {
+        assert_conflict(
+            store
+                .take_over(&takeover("s", "b", b, ("a", a, 1), now))
+                .await,
+            Some("a"),
+            1,
+        );
+    }
+    // The holder renews its session: the stream lives on with it.
+    store
+        .renew(&renew(
+            &schema::session_record("a"),
+            "a",
+            a,
+            session_expiry - 1,
+        ))
+        .await
+        .unwrap();
+    assert_conflict(
+        store
+            .take_over(&takeover(
+                "s",
+                "b",
+                b,
+                ("a", a, 1),
+                session_expiry + SKEW + 1,
+            ))
+            .await,
+        Some("a"),
+        1,
+    );
+    let renewed_expiry = session_expiry - 1 + LEASE;
+    // A stale view of the stream (wrong token) takes nothing.
+    assert_conflict(
+        store
+            .take_over(&takeover(
+                "s",
+                "b",
+                b,
+                ("a", a, 7),
+                renewed_expiry + SKEW + 1,
+            ))
+            .await,
+        Some("a"),
+        1,
+    );
+    let taken = store
+        .take_over(&takeover(
+            "s",
+            "b",
+            b,
+            ("a", a, 1),
+            renewed_expiry + SKEW + 1,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(taken.owner_id.as_deref(), Some("b"));
+    assert_eq!((taken.fence_token, taken.session_token), (2, Some(b)));
+    assert_eq!(taken.previous_owner.as_deref(), Some("a"));
+    // The same takeover again: the stream moved on.
+    assert_conflict(
+        store
+            .take_over(&takeover(
+                "s",
+                "b",
+                b,
+                ("a", a, 1),
+                renewed_expiry + SKEW + 2,
+            ))
+            .await,
+        Some("b"),
+        2,
+    );
+}
+
+/// Session mode: a session started again (a new token) or released ends the
+/// streams of the old one at once, whatever its expiry.
+pub async fn a_restarted_or_released_session_ends_its_streams(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let a = start_session(store.as_ref(), "a", T0).await;
+    for stream in ["s1", "s2"] {
+        store
+            .acquire(&session_acquire(stream, "a", a, T0))
+            .await
+            .unwrap();
+    }
+    let b = start_session(store.as_ref(), "b", T0).await;
+    let a2 = start_session(store.as_ref(), "a", T0 + 1).await;
+    assert_eq!(a2, a + 1);
+    let taken = store
+        .take_over(&takeover("s1", "b", b, ("a", a, 1), T0 + 2))
+        .await
+        .unwrap();
+    assert_eq!(taken.owner_id.as_deref(), Some("b"));
+    store
+        .release(&release(&schema::session_record("a"), "a", a2, T0 + 3))
+        .await
+        .unwrap();
+    let c = start_session(store.as_ref(), "c", T0).await;
+    // s2 names session token `a`, which is not the record's any more either way.
+    let taken = store
+        .take_over(&takeover("s2", "c", c, ("a", a, 1), T0 + 4))
+        .await
+        .unwrap();
+    assert_eq!(taken.owner_id.as_deref(), Some("c"));
+}
+
+/// Session mode: two takers race for one stream of an ended session; exactly
+/// one wins, with the token one above, and the other is refused.
+pub async fn two_takers_race_and_one_wins(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    let a = start_session(store.as_ref(), "a", T0).await;
+    store
+        .acquire(&session_acquire("s", "a", a, T0))
+        .await
+        .unwrap();
+    let later = T0 + LEASE + SKEW + 1;
+    let b = start_session(store.as_ref(), "b", later).await;
+    let c = start_session(store.as_ref(), "c", later).await;
+    let barrier = Arc::new(Barrier::new(2));
+    let race = |owner: &'static str, session: u64| {
+        let store = store.clone();
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .take_over(&takeover("s", owner, session, ("a", a, 1), later))
+                .await
+        })
+    };
+    let (first, second) = tokio::join!(race("b", b), race("c", c));
+    let results = [first.unwrap(), second.unwrap()];
+    let winners: Vec<&Lease> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    for loser in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(loser, LeaseError::Conflict { .. }) || loser.is_retryable(),
+            "{loser:?}"
+        );
+    }
+    let stored = store.get("s").await.unwrap();
+    assert_eq!(stored.fence_token, 2);
+    assert_eq!(stored.owner_id, winners[0].owner_id);
+}
+
+/// The first mode declared stays; a later declaration learns it.
+pub async fn the_first_declared_mode_stays(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    assert_eq!(store.declare_mode("session", T0).await.unwrap(), "session");
+    assert_eq!(
+        store.declare_mode("per-stream", T0 + 1).await.unwrap(),
+        "session"
+    );
+    let record = target.get_raw(schema::MODE_RECORD).await.unwrap();
+    assert_eq!(
+        record.get(schema::LEASE_MODE),
+        Some(&AttrValue::s("session"))
+    );
+}
+
 /// Generates one `#[tokio::test]` per conformance check for a target.
 ///
 /// `$make` is an async expression yielding `Option<impl ConformanceTarget>`
@@ -788,6 +1050,11 @@ macro_rules! conformance_suite {
             eventual_reads_match_strong_reads_once_settled,
             bump_counts_every_ring,
             acquire_stores_the_sidecar_url,
+            a_session_stream_is_not_taken_by_a_plain_acquire,
+            takeover_waits_for_the_session_to_end,
+            a_restarted_or_released_session_ends_its_streams,
+            two_takers_race_and_one_wins,
+            the_first_declared_mode_stays,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

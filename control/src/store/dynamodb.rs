@@ -21,7 +21,8 @@ use aws_sdk_dynamodb::types::{
 
 use super::{
     AcquireRequest, CheckpointRequest, Consistency, Holder, LeaseError, LeasePage, LeaseReader,
-    LeaseStore, LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal,
+    LeaseStore, LiftRequest, ReleaseRequest, RenewRequest, TakeoverRequest, check_reserved,
+    refusal,
 };
 use crate::lease::Lease;
 use crate::schema::{self, AttrValue, RawItem};
@@ -40,6 +41,25 @@ pub const ACQUIRE_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner,
 pub const ACQUIRE_SIDECAR_UPDATE: &str = ", sidecar_url = :sidecar_url";
 /// Appended to the acquire update by an announcing acquire with a hand-off address.
 pub const ACQUIRE_HANDOFF_UPDATE: &str = ", handoff_addr = :handoff_addr";
+/// Session mode's plain acquire condition ([`crate::protocol::session_acquirable`]):
+/// never from another session; a per-stream holder's lapsed lease still yields.
+pub const SESSION_ACQUIRE_CONDITION: &str = "attribute_not_exists(owner_id) OR owner_id = :owner \
+     OR (attribute_not_exists(session_token) AND lease_expires_at < :now)";
+/// Appended to the acquire update in session mode: the session the stream lives by.
+pub const ACQUIRE_SESSION_UPDATE: &str = ", session_token = :session_token";
+/// Appended to a per-stream acquire: whatever session held it before is no longer its clock.
+pub const ACQUIRE_PER_STREAM_REMOVE: &str = " REMOVE session_token";
+/// The takeover transaction's check on the holder's session record
+/// ([`crate::protocol::session_ended`]).
+pub const SESSION_ENDED_CONDITION: &str = "attribute_not_exists(owner_id) \
+     OR attribute_not_exists(fence_token) OR fence_token <> :from_session \
+     OR lease_expires_at < :now";
+/// The takeover transaction's condition on the stream: still that session's, not moved since.
+pub const TAKEOVER_CONDITION: &str =
+    "owner_id = :from_owner AND session_token = :from_session AND fence_token = :from_token";
+/// The mode record: the first declaration stays.
+pub const DECLARE_MODE_UPDATE: &str = "SET lease_mode = if_not_exists(lease_mode, :mode), \
+     updated_at = if_not_exists(updated_at, :now)";
 /// The original specification's renew condition, verbatim.
 pub const RENEW_CONDITION: &str =
     "owner_id = :owner AND fence_token = :token AND lease_expires_at >= :now";
@@ -336,35 +356,62 @@ pub fn from_raw(item: &RawItem) -> HashMap<String, AttributeValue> {
         .collect()
 }
 
+/// The values every acquire expression uses.
+fn acquire_values(r: &AcquireRequest) -> Vec<(&'static str, AttributeValue)> {
+    vec![
+        (":owner", s(&r.owner_id)),
+        (":expires", n(r.now_ms + r.lease_ms)),
+        (":now", n(r.now_ms - r.skew_margin_ms)),
+        (":updated", n(r.now_ms)),
+        (":zero", n(0)),
+        (":one", n(1)),
+        (":none", s("")),
+    ]
+}
+
+/// Completes an acquire's update for what the request announces and its
+/// mode, and returns the condition of a plain (non-transactional) acquire.
+fn acquire_expression(
+    r: &AcquireRequest,
+    values: &mut Vec<(&'static str, AttributeValue)>,
+    update: &mut String,
+) -> &'static str {
+    if let Some(url) = &r.sidecar_url {
+        values.push((":sidecar_url", s(url)));
+        update.push_str(ACQUIRE_SIDECAR_UPDATE);
+    }
+    if let Some(addr) = &r.handoff_addr {
+        values.push((":handoff_addr", s(addr)));
+        update.push_str(ACQUIRE_HANDOFF_UPDATE);
+    }
+    match r.session_token {
+        Some(token) => {
+            values.push((":session_token", n(token)));
+            update.push_str(ACQUIRE_SESSION_UPDATE);
+            SESSION_ACQUIRE_CONDITION
+        }
+        None => {
+            update.push_str(ACQUIRE_PER_STREAM_REMOVE);
+            ACQUIRE_CONDITION
+        }
+    }
+}
+
+fn values_map(values: Vec<(&str, AttributeValue)>) -> HashMap<String, AttributeValue> {
+    values
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect()
+}
+
 #[async_trait]
 impl LeaseStore for DynamoLeaseStore {
     async fn acquire(&self, r: &AcquireRequest) -> Result<Lease, LeaseError> {
-        let mut values = vec![
-            (":owner", s(&r.owner_id)),
-            (":expires", n(r.now_ms + r.lease_ms)),
-            (":now", n(r.now_ms - r.skew_margin_ms)),
-            (":updated", n(r.now_ms)),
-            (":zero", n(0)),
-            (":one", n(1)),
-            (":none", s("")),
-        ];
+        let mut values = acquire_values(r);
         let mut update = ACQUIRE_UPDATE.to_owned();
-        if let Some(url) = &r.sidecar_url {
-            values.push((":sidecar_url", s(url)));
-            update.push_str(ACQUIRE_SIDECAR_UPDATE);
-        }
-        if let Some(addr) = &r.handoff_addr {
-            values.push((":handoff_addr", s(addr)));
-            update.push_str(ACQUIRE_HANDOFF_UPDATE);
-        }
-        self.update(
-            &r.stream_id,
-            ACQUIRE_CONDITION,
-            &update,
-            values,
-            Holder::none(),
-        )
-        .await
+        let condition = acquire_expression(r, &mut values, &mut update);
+        self.update(&r.stream_id, condition, &update, values, Holder::none())
+            .await
     }
 
     async fn renew(&self, r: &RenewRequest) -> Result<Lease, LeaseError> {
@@ -511,6 +558,113 @@ impl LeaseStore for DynamoLeaseStore {
         Ok(schema::decode(&to_raw(item))?.fence_token)
     }
 
+    async fn take_over(&self, r: &TakeoverRequest) -> Result<Lease, LeaseError> {
+        use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+        use aws_sdk_dynamodb::types::{ConditionCheck, TransactWriteItem, Update};
+        let acquire = &r.acquire;
+        if acquire.session_token.is_none() {
+            return Err(LeaseError::Rejected {
+                message: "a takeover is made under the taker's session".into(),
+            });
+        }
+        let session_key = schema::session_record(&r.from_owner);
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .key(schema::STREAM_ID, s(&session_key))
+            .condition_expression(SESSION_ENDED_CONDITION)
+            .set_expression_attribute_values(Some(values_map(vec![
+                (":from_session", n(r.from_session_token)),
+                (":now", n(acquire.now_ms - acquire.skew_margin_ms)),
+            ])))
+            .build()
+            .map_err(rejected)?;
+        let mut values = acquire_values(acquire);
+        let mut update = ACQUIRE_UPDATE.to_owned();
+        acquire_expression(acquire, &mut values, &mut update);
+        // The plain acquire's `:now` is not used by the takeover condition;
+        // DynamoDB refuses unused values.
+        values.retain(|(name, _)| *name != ":now");
+        values.extend([
+            (":from_owner", s(&r.from_owner)),
+            (":from_session", n(r.from_session_token)),
+            (":from_token", n(r.from_fence_token)),
+        ]);
+        let write = Update::builder()
+            .table_name(&self.table)
+            .key(schema::STREAM_ID, s(&acquire.stream_id))
+            .condition_expression(TAKEOVER_CONDITION)
+            .update_expression(update)
+            .set_expression_attribute_values(Some(values_map(values)))
+            .build()
+            .map_err(rejected)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().condition_check(check).build())
+            .transact_items(TransactWriteItem::builder().update(write).build())
+            .send()
+            .await;
+        let refused = match result {
+            Ok(_) => false,
+            Err(err) => match err.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
+                    let condition_failed = cancelled
+                        .cancellation_reasons()
+                        .iter()
+                        .any(|reason| reason.code() == Some("ConditionalCheckFailed"));
+                    if !condition_failed {
+                        // A concurrent transaction on the same items (another
+                        // taker): the outcome is theirs to decide; look again.
+                        return Err(LeaseError::Transient {
+                            message: format!(
+                                "takeover of {:?} cancelled: {}",
+                                acquire.stream_id,
+                                DisplayErrorContext(&err)
+                            ),
+                        });
+                    }
+                    true
+                }
+                _ => return Err(self.sdk_error(err)),
+            },
+        };
+        // A transaction returns no item: read the stream as it is now.
+        let current = self.get(&acquire.stream_id).await?;
+        let ours = current.owner_id.as_deref() == Some(acquire.owner_id.as_str())
+            && current.session_token == acquire.session_token;
+        if refused || !ours {
+            return Err(refusal(current, Holder::none()));
+        }
+        Ok(current)
+    }
+
+    async fn declare_mode(&self, mode: &str, now_ms: i64) -> Result<String, LeaseError> {
+        let output = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(schema::STREAM_ID, s(schema::MODE_RECORD))
+            .update_expression(DECLARE_MODE_UPDATE)
+            .expression_attribute_values(":mode", s(mode))
+            .expression_attribute_values(":now", n(now_ms))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await
+            .map_err(|err| self.sdk_error(err))?;
+        match output
+            .attributes
+            .as_ref()
+            .and_then(|item| item.get(schema::LEASE_MODE))
+        {
+            Some(AttributeValue::S(declared)) => Ok(declared.clone()),
+            _ => Err(LeaseError::Malformed(schema::MalformedItem {
+                stream_id: schema::MODE_RECORD.to_owned(),
+                attribute: schema::LEASE_MODE.to_owned(),
+                problem: "is not a string".to_owned(),
+            })),
+        }
+    }
+
     async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
         let values = vec![
             (":owner", s(&r.owner_id)),
@@ -604,6 +758,8 @@ mod tests {
             schema::PREVIOUS_EXPIRES_AT,
             schema::RELEASED_AT,
             schema::CHECKPOINT_AT,
+            schema::SESSION_TOKEN,
+            schema::LEASE_MODE,
         ];
         let keywords = [
             "SET",
@@ -630,6 +786,12 @@ mod tests {
             LIFT_CONDITION,
             LIFT_UPDATE,
             BUMP_UPDATE,
+            SESSION_ACQUIRE_CONDITION,
+            ACQUIRE_SESSION_UPDATE,
+            ACQUIRE_PER_STREAM_REMOVE,
+            SESSION_ENDED_CONDITION,
+            TAKEOVER_CONDITION,
+            DECLARE_MODE_UPDATE,
         ] {
             for word in expression.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
                 if word.is_empty() || word.starts_with(':') || keywords.contains(&word) {

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 
 use super::{
     AcquireRequest, CheckpointRequest, Consistency, LeaseError, LeasePage, LeaseReader, LeaseStore,
-    LiftRequest, ReleaseRequest, RenewRequest,
+    LiftRequest, ReleaseRequest, RenewRequest, TakeoverRequest,
 };
 use crate::lease::Lease;
 
@@ -85,6 +85,13 @@ pub enum StoreOp<'a> {
         /// Stream held.
         stream_id: &'a str,
     },
+    /// [`LeaseStore::take_over`].
+    TakeOver {
+        /// Stream taken.
+        stream_id: &'a str,
+    },
+    /// [`LeaseStore::declare_mode`].
+    DeclareMode,
 }
 
 impl<'a> StoreOp<'a> {
@@ -92,6 +99,7 @@ impl<'a> StoreOp<'a> {
     pub fn stream_id(&self) -> Option<&'a str> {
         match *self {
             StoreOp::List { .. } => None,
+            StoreOp::DeclareMode => Some(crate::schema::MODE_RECORD),
             StoreOp::Get { stream_id, .. }
             | StoreOp::Acquire { stream_id }
             | StoreOp::Renew { stream_id }
@@ -102,7 +110,8 @@ impl<'a> StoreOp<'a> {
             | StoreOp::Bump {
                 record_id: stream_id,
             }
-            | StoreOp::LiftToken { stream_id } => Some(stream_id),
+            | StoreOp::LiftToken { stream_id }
+            | StoreOp::TakeOver { stream_id } => Some(stream_id),
         }
     }
 
@@ -124,6 +133,8 @@ impl<'a> StoreOp<'a> {
             StoreOp::Register { .. } => "register",
             StoreOp::Bump { .. } => "bump",
             StoreOp::LiftToken { .. } => "lift_token",
+            StoreOp::TakeOver { .. } => "take_over",
+            StoreOp::DeclareMode => "declare_mode",
         }
     }
 }
@@ -270,6 +281,18 @@ impl<S: LeaseStore + ?Sized, I: Interceptor> LeaseStore for Intercepted<S, I> {
         };
         self.run(op, self.inner.lift_token(request)).await
     }
+
+    async fn take_over(&self, request: &TakeoverRequest) -> Result<Lease, LeaseError> {
+        let op = StoreOp::TakeOver {
+            stream_id: &request.acquire.stream_id,
+        };
+        self.run(op, self.inner.take_over(request)).await
+    }
+
+    async fn declare_mode(&self, mode: &str, now_ms: i64) -> Result<String, LeaseError> {
+        self.run(StoreOp::DeclareMode, self.inner.declare_mode(mode, now_ms))
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -322,6 +345,7 @@ mod tests {
             skew_margin_ms: 1_000,
             sidecar_url: None,
             handoff_addr: None,
+            session_token: None,
         }
     }
 

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 
 use super::{
     AcquireRequest, CheckpointRequest, Consistency, Holder, LeaseError, LeasePage, LeaseReader,
-    LeaseStore, LiftRequest, ReleaseRequest, RenewRequest, check_reserved, refusal,
-    registration_item,
+    LeaseStore, LiftRequest, ReleaseRequest, RenewRequest, TakeoverRequest, check_reserved,
+    refusal, registration_item,
 };
 use crate::lease::Lease;
 use crate::protocol;
@@ -64,6 +64,46 @@ fn apply_release(item: &mut RawItem, now_ms: i64) {
     set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
 }
 
+/// Applies the acquire update (shared by acquire and take_over).
+fn apply_acquire(item: &mut RawItem, current: &Lease, r: &AcquireRequest) {
+    set(
+        item,
+        schema::PREVIOUS_OWNER,
+        AttrValue::s(current.last_owner.clone().unwrap_or_default()),
+    );
+    set(
+        item,
+        schema::PREVIOUS_EXPIRES_AT,
+        AttrValue::n(current.lease_expires_at),
+    );
+    set(item, schema::OWNER_ID, AttrValue::s(&r.owner_id));
+    set(item, schema::LAST_OWNER, AttrValue::s(&r.owner_id));
+    set(
+        item,
+        schema::LEASE_EXPIRES_AT,
+        AttrValue::n(r.now_ms + r.lease_ms),
+    );
+    set(
+        item,
+        schema::FENCE_TOKEN,
+        AttrValue::n(current.fence_token + 1),
+    );
+    set(item, schema::ACQUIRED_AT, AttrValue::n(r.now_ms));
+    set(item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+    match r.session_token {
+        Some(token) => set(item, schema::SESSION_TOKEN, AttrValue::n(token)),
+        None => {
+            item.remove(schema::SESSION_TOKEN);
+        }
+    }
+    if let Some(url) = &r.sidecar_url {
+        set(item, schema::SIDECAR_URL, AttrValue::s(url));
+    }
+    if let Some(addr) = &r.handoff_addr {
+        set(item, schema::HANDOFF_ADDR, AttrValue::s(addr));
+    }
+}
+
 /// A copy of the stored item and its decoded lease, to check and write back.
 fn stored(
     items: &BTreeMap<String, RawItem>,
@@ -88,49 +128,33 @@ impl LeaseStore for MemoryLeaseStore {
             None => RawItem::from([(schema::STREAM_ID.to_owned(), AttrValue::s(&r.stream_id))]),
         };
         let current = schema::decode(&item)?;
-        // DynamoDB: attribute_not_exists(owner_id) OR lease_expires_at < :now OR owner_id = :owner.
-        // A missing lease_expires_at compares as false, hence the presence check.
-        let allowed = protocol::acquirable(
-            current.owner_id.as_deref(),
-            item.contains_key(schema::LEASE_EXPIRES_AT)
-                .then_some(current.lease_expires_at),
-            &r.owner_id,
-            r.now_ms,
-            r.skew_margin_ms,
-        );
+        // A missing lease_expires_at compares as false in DynamoDB, hence the
+        // presence check.
+        let expires_at = item
+            .contains_key(schema::LEASE_EXPIRES_AT)
+            .then_some(current.lease_expires_at);
+        let allowed = match r.session_token {
+            // DynamoDB: attribute_not_exists(owner_id) OR lease_expires_at < :now OR owner_id = :owner.
+            None => protocol::acquirable(
+                current.owner_id.as_deref(),
+                expires_at,
+                &r.owner_id,
+                r.now_ms,
+                r.skew_margin_ms,
+            ),
+            Some(_) => protocol::session_acquirable(
+                current.owner_id.as_deref(),
+                current.session_token,
+                expires_at,
+                &r.owner_id,
+                r.now_ms,
+                r.skew_margin_ms,
+            ),
+        };
         if !allowed {
             return Err(refusal(current, Holder::none()));
         }
-        set(
-            &mut item,
-            schema::PREVIOUS_OWNER,
-            AttrValue::s(current.last_owner.clone().unwrap_or_default()),
-        );
-        set(
-            &mut item,
-            schema::PREVIOUS_EXPIRES_AT,
-            AttrValue::n(current.lease_expires_at),
-        );
-        set(&mut item, schema::OWNER_ID, AttrValue::s(&r.owner_id));
-        set(&mut item, schema::LAST_OWNER, AttrValue::s(&r.owner_id));
-        set(
-            &mut item,
-            schema::LEASE_EXPIRES_AT,
-            AttrValue::n(r.now_ms + r.lease_ms),
-        );
-        set(
-            &mut item,
-            schema::FENCE_TOKEN,
-            AttrValue::n(current.fence_token + 1),
-        );
-        set(&mut item, schema::ACQUIRED_AT, AttrValue::n(r.now_ms));
-        set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
-        if let Some(url) = &r.sidecar_url {
-            set(&mut item, schema::SIDECAR_URL, AttrValue::s(url));
-        }
-        if let Some(addr) = &r.handoff_addr {
-            set(&mut item, schema::HANDOFF_ADDR, AttrValue::s(addr));
-        }
+        apply_acquire(&mut item, &current, r);
         let lease = schema::decode(&item)?;
         items.insert(r.stream_id.clone(), item);
         Ok(lease)
@@ -224,6 +248,60 @@ impl LeaseStore for MemoryLeaseStore {
         set(item, schema::FENCE_TOKEN, AttrValue::n(next));
         set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
         Ok(next)
+    }
+
+    async fn take_over(&self, r: &TakeoverRequest) -> Result<Lease, LeaseError> {
+        let acquire = &r.acquire;
+        let mut items = self.lock();
+        // Both conditions and the write under one lock: the transaction.
+        let (mut item, current) = stored(&items, &acquire.stream_id)?;
+        let session = items
+            .get(&schema::session_record(&r.from_owner))
+            .map(schema::decode)
+            .transpose()?;
+        let ended = protocol::session_ended(
+            session.as_ref().and_then(|s| s.owner_id.as_deref()),
+            session.as_ref().map(|s| s.fence_token),
+            session.as_ref().map(|s| s.lease_expires_at),
+            r.from_session_token,
+            acquire.now_ms,
+            acquire.skew_margin_ms,
+        );
+        let still_theirs = current.owner_id.as_deref() == Some(r.from_owner.as_str())
+            && current.session_token == Some(r.from_session_token)
+            && current.fence_token == r.from_fence_token;
+        if !(ended && still_theirs) || acquire.session_token.is_none() {
+            return Err(refusal(current, Holder::none()));
+        }
+        apply_acquire(&mut item, &current, acquire);
+        let lease = schema::decode(&item)?;
+        items.insert(acquire.stream_id.clone(), item);
+        Ok(lease)
+    }
+
+    async fn declare_mode(&self, mode: &str, now_ms: i64) -> Result<String, LeaseError> {
+        let mut items = self.lock();
+        let item = items
+            .entry(schema::MODE_RECORD.to_owned())
+            .or_insert_with(|| {
+                RawItem::from([(
+                    schema::STREAM_ID.to_owned(),
+                    AttrValue::s(schema::MODE_RECORD),
+                )])
+            });
+        match item.get(schema::LEASE_MODE) {
+            Some(AttrValue::S(declared)) => Ok(declared.clone()),
+            Some(_) => Err(LeaseError::Malformed(schema::MalformedItem {
+                stream_id: schema::MODE_RECORD.to_owned(),
+                attribute: schema::LEASE_MODE.to_owned(),
+                problem: "has a type other than S".to_owned(),
+            })),
+            None => {
+                set(item, schema::LEASE_MODE, AttrValue::s(mode));
+                set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
+                Ok(mode.to_owned())
+            }
+        }
     }
 
     async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {

@@ -34,6 +34,26 @@ pub struct AcquireRequest {
     pub sidecar_url: Option<String>,
     /// Stored as `handoff_addr` when given, like `sidecar_url`.
     pub handoff_addr: Option<String>,
+    /// Session mode: the token of the caller's session record. The stream is
+    /// then taken only if nobody holds it (or the caller does, or a per-stream
+    /// holder's lease lapsed), never from another session: that is
+    /// [`LeaseStore::take_over`]'s transaction. `None`: a per-stream acquire.
+    pub session_token: Option<u64>,
+}
+
+/// Session mode: take a stream from a session that ended (see
+/// [`LeaseStore::take_over`]).
+#[derive(Debug, Clone)]
+pub struct TakeoverRequest {
+    /// The taker's acquire; its `session_token` is the taker's session.
+    pub acquire: AcquireRequest,
+    /// The holder the taker's read saw (`owner_id`), whose session record is
+    /// `leasehold#session#{from_owner}`.
+    pub from_owner: String,
+    /// The stream's `session_token` as read.
+    pub from_session_token: u64,
+    /// The stream's `fence_token` as read: the stream must not have moved since.
+    pub from_fence_token: u64,
 }
 
 /// Extend a held lease, optionally carrying a checkpoint on the same write.
@@ -279,6 +299,19 @@ pub trait LeaseStore: LeaseReader {
     /// ("something was released: look now"); refuses stream records, whose
     /// tokens only acquire may move.
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError>;
+
+    /// Session mode's takeover, one transaction (`TransactWriteItems`, two
+    /// write units: takeovers only, never renewals): a condition that the
+    /// holder's session record ended ([`crate::protocol::session_ended`]) and
+    /// the acquire of the stream, conditional on it still being held by that
+    /// session with that token. Refused as [`LeaseError::Conflict`] (the
+    /// stream as it is now) when either condition fails.
+    async fn take_over(&self, request: &TakeoverRequest) -> Result<Lease, LeaseError>;
+
+    /// Declares the table's lease mode (`per-stream` or `session`) in the
+    /// reserved mode record unless one is declared already, and returns the
+    /// declared one: the first worker decides, the others compare.
+    async fn declare_mode(&self, mode: &str, now_ms: i64) -> Result<String, LeaseError>;
 
     /// Fence-regression recovery: the caller holds the stream with
     /// `request.fence_token`, yet a sink has accepted a higher token (the record
