@@ -899,3 +899,6 @@ async fn renew_with_retries(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod session_tests;
