@@ -14,8 +14,11 @@
 //!   [`store::intercept`] wraps any store to fail, hold or count its calls.
 //! - [`keeper`]: [`LeaseKeeper`], which holds leases, renews them on schedule and
 //!   tells the data path, before the holder's deadline, when a lease can no longer
-//!   be trusted.
+//!   be trusted; in session mode it renews one session record instead, and every
+//!   stream it holds lives by it.
 //! - [`listing`]: leases as the operator CLI prints them (table, details, JSON).
+//! - [`mode`]: the table's declared lease mode (`per-stream` or `session`), so
+//!   workers of the two never share a table.
 //! - [`read`]: the one read model of the table ([`read::LeaseTable`]): streams,
 //!   presence, reserved and malformed records, and who may acquire (through
 //!   [`protocol::acquirable`]), for the census, the observer and the dashboard.
@@ -34,6 +37,7 @@ pub use leasehold_platform::clock;
 pub mod keeper;
 pub mod lease;
 pub mod listing;
+pub mod mode;
 pub mod pacing;
 pub mod protocol;
 pub mod read;

@@ -74,6 +74,8 @@ impl LeaseTable {
     /// A session-mode stream's `lease_expires_at` is replaced by its
     /// session's ([`session_expiry`]): what every reader means by "held until".
     pub fn classify(records: impl IntoIterator<Item = Result<Lease, MalformedItem>>) -> LeaseTable {
+        let mut records: Vec<_> = records.into_iter().collect();
+        resolve_sessions(&mut records);
         let mut table = LeaseTable::default();
         for record in records {
             match record {
@@ -86,27 +88,6 @@ impl LeaseTable {
                     None => table.reserved.push(lease),
                 },
                 Err(item) => table.malformed.push(item),
-            }
-        }
-        let sessions: HashMap<&str, &Lease> = table
-            .reserved
-            .iter()
-            .filter(|lease| lease.stream_id.starts_with(SESSION_PREFIX))
-            .map(|lease| (lease.stream_id.as_str(), lease))
-            .collect();
-        let effective: Vec<Option<i64>> = table
-            .streams
-            .iter()
-            .map(|stream| {
-                let owner = stream.owner_id.as_deref()?;
-                stream.session_token?;
-                let session = sessions.get(session_record(owner).as_str()).copied();
-                Some(session_expiry(stream, session))
-            })
-            .collect();
-        for (stream, expiry) in table.streams.iter_mut().zip(effective) {
-            if let Some(expiry) = expiry {
-                stream.lease_expires_at = expiry;
             }
         }
         table
@@ -180,6 +161,24 @@ impl LeaseTable {
             );
         }
         counts
+    }
+}
+
+/// Gives every session-mode stream among `records` its session's expiry
+/// ([`session_expiry`]), from the session records among them: a listing of
+/// the whole table is all it takes.
+pub fn resolve_sessions(records: &mut [Result<Lease, MalformedItem>]) {
+    let sessions: HashMap<String, Lease> = records
+        .iter()
+        .filter_map(|record| record.as_ref().ok())
+        .filter(|lease| lease.stream_id.starts_with(SESSION_PREFIX))
+        .map(|lease| (lease.stream_id.clone(), lease.clone()))
+        .collect();
+    for stream in records.iter_mut().filter_map(|record| record.as_mut().ok()) {
+        if let (Some(owner), Some(_)) = (stream.owner_id.as_deref(), stream.session_token) {
+            let session = sessions.get(&session_record(owner));
+            stream.lease_expires_at = session_expiry(stream, session);
+        }
     }
 }
 

@@ -42,11 +42,9 @@ pub(crate) async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     // start shows as down instead of stopping the dashboard.
     let pool = match settings.redis_url {
         Some(url) => {
-            Some(Arc::new(
-                BusConnector::redis(url.into_inner()).map_err(|err| ConfigError {
-                    problems: vec![format!("REDIS_URL: {err}")],
-                })?,
-            ) as Arc<dyn PoolReader>)
+            let bus = BusConnector::redis(url.into_inner());
+            let bus = bus.map_err(|err| ConfigError::one(format!("REDIS_URL: {err}")))?;
+            Some(Arc::new(bus) as Arc<dyn PoolReader>)
         }
         None => None,
     };

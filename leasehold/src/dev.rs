@@ -84,10 +84,8 @@ pub(crate) async fn dev(args: DevArgs) -> Result<(), Failure> {
         leasehold_devcluster::DevError::Config(err) => Failure::Config(err),
         other => Failure::Runtime(other.into()),
     })?;
-    println!(
-        "leasehold dev: ready in {} ms",
-        started.elapsed().as_millis()
-    );
+    let ready_ms = started.elapsed().as_millis();
+    println!("leasehold dev: ready in {ready_ms} ms");
     print!("{}", cluster.banner());
     // A second Ctrl-C while draining means "now".
     tokio::spawn({

@@ -6,9 +6,10 @@ use clap::{Args, Subcommand};
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_control::lease::Lease;
 use leasehold_control::listing::{render_list, render_one};
+use leasehold_control::read;
 use leasehold_control::settings::LEASE_TABLE;
 use leasehold_control::store::dynamodb::{DynamoLeaseStore, TableCreation};
-use leasehold_control::store::{Consistency, LeaseError, LeaseReader, LeaseStore, list_all};
+use leasehold_control::store::{Consistency, LeaseError, LeaseStore, list_all};
 use leasehold_platform::settings::process_env;
 
 use crate::Failure;
@@ -125,7 +126,8 @@ pub(crate) async fn leases(command: LeasesCommand) -> Result<(), Failure> {
         }
         LeasesCommand::List { table, json, all } => {
             let store = table.open().await?;
-            let records = list_all(&store, 500, Consistency::Strong).await?;
+            let mut records = list_all(&store, 500, Consistency::Strong).await?;
+            read::resolve_sessions(&mut records);
             print!("{}", render_list(records, all, json, now));
             Ok(())
         }
@@ -135,7 +137,7 @@ pub(crate) async fn leases(command: LeasesCommand) -> Result<(), Failure> {
             json,
         } => {
             let store = table.open().await?;
-            let record = store.get(&stream).await;
+            let record = read::read_stream(&store, &stream, Consistency::Strong).await;
             print_one(record, json, now)
         }
         LeasesCommand::Release {

@@ -34,11 +34,7 @@ pub(crate) async fn redis(command: RedisCommand) -> Result<(), Failure> {
 
 async fn load_functions(sink: bool) -> Result<(), Failure> {
     let mut env = Env::new(&process_env);
-    let url = if sink {
-        env.get(&SINK_URL)
-    } else {
-        env.get(&REDIS_URL)
-    };
+    let url = env.get(if sink { &SINK_URL } else { &REDIS_URL });
     let url = env.finish(url)?;
     let mut connection = RedisConnection::connect(&url, Duration::from_secs(10), 3)
         .await

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use leasehold_control::clock::SystemClock;
+use leasehold_control::clock::{Clock, SystemClock};
+use leasehold_control::mode::{self, ModeError};
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_feed::{FeedConfig, FeedServer};
 use leasehold_platform::aws::{RetryPolicy, require_region, sdk_config};
@@ -39,9 +40,8 @@ pub(crate) struct FeedArgs {
 /// Runs the feed simulator until SIGTERM or Ctrl-C.
 pub(crate) async fn feed(args: FeedArgs) -> Result<(), Failure> {
     if !(args.rate > 0.0 && args.rate.is_finite()) {
-        return Err(Failure::Config(ConfigError {
-            problems: vec!["--rate: must be a positive number of events per second".into()],
-        }));
+        let problem = "--rate: must be a positive number of events per second";
+        return Err(ConfigError::one(problem).into());
     }
     let shutdown = shutdown_on_signal();
     let config = FeedConfig {
@@ -111,6 +111,13 @@ pub(crate) async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure>
     settings.derive_sidecar_url(&lookup, task.as_ref())?;
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
     store.check_table().await?;
+    let declared = mode::declare(&store, settings.lease.keeper.mode, SystemClock.now_ms());
+    match declared.await {
+        Err(err @ ModeError::Mismatch { .. }) => {
+            Err(ConfigError::one(format!("LEASE_MODE: {err}")))?
+        }
+        other => other.context("cannot declare the lease mode")?,
+    }
     let sink = leasehold_sink::open(settings.sink_url.expose(), settings.sink)
         .await
         .context("cannot open the sink")?;

@@ -8,6 +8,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use leasehold_control::schema;
+use leasehold_control::store::LeaseReader;
 use leasehold_testkit::measure::percentile;
 use support::{BusyTakeover, Cluster, DISCOVERY_MS, LEASE_SECONDS, SKEW_MS, private_moto, serial};
 
@@ -70,6 +72,88 @@ async fn crash_takeover_within_lease_and_without_gaps() {
     cluster.workers.remove("w1");
     cluster.stop_workers();
     verify_all(&cluster).await;
+}
+
+/// Session mode end to end: each worker renews one session record and no
+/// stream record (nor writes a checkpoint before the interval); a crashed
+/// worker's streams are taken in one transaction each once its session
+/// expired, with nothing lost or repeated; a per-stream worker refuses the
+/// table (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_workers_renew_one_record_and_take_a_crashed_session_over() {
+    let _serial = serial().await;
+    let Some(mut cluster) = Cluster::start(4, 100).await else {
+        return;
+    };
+    let session = [("LEASE_MODE", "session")];
+    for owner in ["w1", "w2"] {
+        cluster.start_worker_with(owner, &session);
+    }
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| {
+            o.len() == 4 && owned_by(o, "w1") == 2 && owned_by(o, "w2") == 2
+        })
+        .await;
+    let session_of = |owner: &str| schema::session_record(owner);
+    let before = cluster.leases().await;
+    let sessions_before = cluster.store.get(&session_of("w1")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(LEASE_SECONDS)).await;
+    let after = cluster.leases().await;
+    let sessions_after = cluster.store.get(&session_of("w1")).await.unwrap();
+    assert!(
+        sessions_after.lease_expires_at > sessions_before.lease_expires_at,
+        "the session is renewed"
+    );
+    for (then, now) in before.iter().zip(&after) {
+        let owner = now.owner_id.as_deref().unwrap();
+        let token = cluster
+            .store
+            .get(&session_of(owner))
+            .await
+            .unwrap()
+            .fence_token;
+        assert_eq!(now.session_token, Some(token), "{}", now.stream_id);
+        assert_eq!(
+            (then.updated_at, then.checkpoint),
+            (now.updated_at, now.checkpoint),
+            "{}: no renew and no checkpoint written while held",
+            now.stream_id
+        );
+    }
+    cluster.workers["w1"].signal("KILL");
+    let took = cluster
+        .wait_owners(Duration::from_secs(20), |o| {
+            o.len() == 4 && owned_by(o, "w2") == 4
+        })
+        .await;
+    let bound = Duration::from_millis(LEASE_SECONDS * 1000 + SKEW_MS + DISCOVERY_MS + 1500);
+    eprintln!("session takeover of w1's streams took {took:?}");
+    assert!(took <= bound, "takeover took {took:?}, bound {bound:?}");
+    let w2 = cluster
+        .store
+        .get(&session_of("w2"))
+        .await
+        .unwrap()
+        .fence_token;
+    for lease in cluster.leases().await {
+        assert_eq!(lease.session_token, Some(w2), "{}", lease.stream_id);
+    }
+    // A per-stream worker would judge these streams by their own expiry.
+    cluster.start_worker("p1");
+    let mut refused = cluster.workers.remove("p1").unwrap();
+    let status = refused.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(2), "{}", refused.output());
+    assert!(
+        refused.output().contains("LEASE_MODE") && refused.output().contains("declared `session`"),
+        "{}",
+        refused.output()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.workers.remove("w1");
+    cluster.stop_workers();
+    verify_all(&cluster).await;
+    let record = cluster.store.get(&session_of("w2")).await.unwrap();
+    assert_eq!(record.owner_id, None, "a drained worker ends its session");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

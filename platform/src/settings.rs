@@ -168,6 +168,16 @@ pub struct ConfigError {
     pub problems: Vec<String>,
 }
 
+impl ConfigError {
+    /// One problem, found outside the environment's parsing (a flag, a table
+    /// declared in another mode).
+    pub fn one(problem: impl Into<String>) -> Self {
+        ConfigError {
+            problems: vec![problem.into()],
+        }
+    }
+}
+
 /// Where variables come from: the process environment, or fixed pairs.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 

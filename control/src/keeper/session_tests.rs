@@ -2,9 +2,9 @@
 
 use super::*;
 use crate::clock::PausedClock;
+use crate::store::intercept::{Intercepted, Interceptor, StoreOp};
 use crate::store::memory::MemoryLeaseStore;
 use crate::store::{Consistency, LeaseReader};
-use crate::store::intercept::{Intercepted, Interceptor, StoreOp};
 use leasehold_telemetry::RecordingSink;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -113,7 +113,10 @@ async fn a_lost_session_ends_every_stream_at_its_deadline() {
     let keeper = f.keeper("me");
     let s1 = keeper.acquire("s1").await.unwrap();
     let s2 = keeper.acquire("s2").await.unwrap();
-    f.store.interceptor().hang_renews.store(true, Ordering::SeqCst);
+    f.store
+        .interceptor()
+        .hang_renews
+        .store(true, Ordering::SeqCst);
     let deadline = s1.deadline();
     tokio::time::timeout(Duration::from_secs(60), async {
         s1.cancelled().await;
@@ -127,7 +130,10 @@ async fn a_lost_session_ends_every_stream_at_its_deadline() {
         assert_eq!(stream.loss_reason(), Some(LossReason::DeadlinePassed));
     }
     // The next acquire starts a new session, with a new token.
-    f.store.interceptor().hang_renews.store(false, Ordering::SeqCst);
+    f.store
+        .interceptor()
+        .hang_renews
+        .store(false, Ordering::SeqCst);
     let again = keeper.acquire("s1").await.unwrap();
     let record = f.store.get("s1").await.unwrap();
     assert_eq!(record.session_token, Some(2));
@@ -141,7 +147,11 @@ async fn checkpoints_are_written_every_interval_and_on_release_not_on_renew() {
     let stream = keeper.acquire("s").await.unwrap();
     stream.stage_checkpoint(5);
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(f.store.get("s").await.unwrap().checkpoint, None, "not on renew");
+    assert_eq!(
+        f.store.get("s").await.unwrap().checkpoint,
+        None,
+        "not on renew"
+    );
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(f.store.get("s").await.unwrap().checkpoint, Some(5));
     assert_eq!(f.store.interceptor().of("checkpoint"), ["s"]);
@@ -165,7 +175,10 @@ async fn a_stream_of_an_ended_session_is_taken_in_one_transaction() {
     let gone = f.keeper("gone");
     gone.acquire("s").await.unwrap();
     // "gone" is paused from here on: nothing it holds is renewed.
-    f.store.interceptor().hang_renews.store(true, Ordering::SeqCst);
+    f.store
+        .interceptor()
+        .hang_renews
+        .store(true, Ordering::SeqCst);
     let taker = f.keeper("taker");
     let refused = taker.acquire("s").await.unwrap_err();
     assert!(matches!(refused, LeaseError::Conflict { .. }), "{refused}");

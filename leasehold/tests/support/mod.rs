@@ -369,11 +369,14 @@ impl Cluster {
         );
     }
 
-    /// The stream records (reserved records left out).
+    /// The stream records (reserved records left out), a session-mode
+    /// stream's expiry read from its session as every reader does.
     pub async fn leases(&self) -> Vec<Lease> {
-        list_all(&self.store, 100, Consistency::Strong)
+        let mut records = list_all(&self.store, 100, Consistency::Strong)
             .await
-            .unwrap()
+            .unwrap();
+        leasehold_control::read::resolve_sessions(&mut records);
+        records
             .into_iter()
             .map(|r| r.unwrap())
             .filter(|l| l.is_stream() && self.streams.contains(&l.stream_id))

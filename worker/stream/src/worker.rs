@@ -598,6 +598,12 @@ impl StreamWorker {
             }
         };
         let (report, ()) = tokio::join!(self.drain_streams(), presence);
+        // Session mode: every stream is released (or abandoned) by now; ending
+        // the session lets takers in on an abandoned one without waiting for
+        // it to expire.
+        if let Err(err) = self.context.keeper.end_session().await {
+            tracing::warn!(error = %err, "could not end the session");
+        }
         self.ring_doorbell().await;
         report
     }
