@@ -383,6 +383,37 @@ mod tests {
         assert_eq!(free, ["restarted", "orphan"]);
     }
 
+    #[tokio::test]
+    async fn one_stream_is_read_with_its_sessions_expiry() {
+        use crate::store::memory::MemoryLeaseStore;
+        use crate::store::{AcquireRequest, LeaseStore};
+        let store = MemoryLeaseStore::new();
+        let acquire = |stream: &str, now_ms, session_token| AcquireRequest {
+            stream_id: stream.to_owned(),
+            owner_id: "w1".to_owned(),
+            now_ms,
+            lease_ms: 30_000,
+            skew_margin_ms: SKEW,
+            sidecar_url: None,
+            handoff_addr: None,
+            session_token,
+        };
+        let session = store
+            .acquire(&acquire(&session_record("w1"), NOW + 50_000, None))
+            .await
+            .unwrap();
+        store
+            .acquire(&acquire("s", NOW, Some(session.fence_token)))
+            .await
+            .unwrap();
+        let read = read_stream(&store, "s", Consistency::Strong).await.unwrap();
+        assert_eq!(read.lease_expires_at, NOW + 80_000, "the session's expiry");
+        let mut listed = list_all(&store, 10, Consistency::Strong).await.unwrap();
+        resolve_sessions(&mut listed);
+        let listed = listed.into_iter().flatten().find(|l| l.stream_id == "s");
+        assert_eq!(listed.map(|l| l.lease_expires_at), Some(NOW + 80_000));
+    }
+
     #[test]
     fn counts_say_since_when_the_oldest_stream_has_had_no_owner() {
         let mut released = Lease::unowned("released");
