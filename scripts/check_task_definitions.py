@@ -95,8 +95,10 @@ SAMPLES = {
 ROLES = {
     "leasehold-stream-worker-task": (
         ["stream-worker-task-policy.json", "sidecar-observer-policy.json"],
-        {"dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem",
-         "dynamodb:Scan", "dynamodb:UpdateItem"},
+        # ConditionCheckItem: session mode's takeover transaction checks the
+        # holder's session record (TransactWriteItems authorises each item).
+        {"dynamodb:ConditionCheckItem", "dynamodb:DescribeTable", "dynamodb:GetItem",
+         "dynamodb:PutItem", "dynamodb:Scan", "dynamodb:UpdateItem"},
     ),
     # The broker worker calls no AWS API: it gets its user's credentials sealed
     # to its own key by the credential sealer, and its policy only denies KMS
@@ -195,9 +197,17 @@ class Code:
     def __init__(self, repo: Path = REPO):
         self.env = env_vars((repo / "docs/configuration.md").read_text())
         self.subcommands = subcommands((repo / "leasehold/src/main.rs").read_text())
-        self.calls = client_calls(
-            (repo / "control/src/store/dynamodb.rs").read_text(), "dynamodb"
-        ) | client_calls((repo / "worker/broker/src/launcher.rs").read_text(), "ecs")
+        dynamodb_rs = (repo / "control/src/store/dynamodb.rs").read_text()
+        self.calls = client_calls(dynamodb_rs, "dynamodb") | client_calls(
+            (repo / "worker/broker/src/launcher.rs").read_text(), "ecs")
+        # TransactWriteItems is no IAM action: a transaction is authorised item
+        # by item, by the action each item is.
+        if "dynamodb:TransactWriteItems" in self.calls:
+            self.calls.discard("dynamodb:TransactWriteItems")
+            for builder, action in (("ConditionCheck::builder()", "ConditionCheckItem"),
+                                    ("Update::builder()", "UpdateItem")):
+                if builder in dynamodb_rs:
+                    self.calls.add(f"dynamodb:{action}")
         self.secrets = {n for n, v in self.env.items() if "never printed" in v["doc"]}
         # If the extraction breaks, fail loudly instead of checking against nothing.
         problems = []

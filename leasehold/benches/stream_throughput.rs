@@ -36,6 +36,7 @@ use async_trait::async_trait;
 use futures_util::{SinkExt, StreamExt};
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
+use leasehold_control::settings::LeaseMode;
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_sink::memory::MemorySink;
@@ -59,7 +60,7 @@ mod redis_stats;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use control_plane::control_plane_cost;
+use control_plane::control_plane_costs;
 use peer::peer;
 use redis_stats::{clean_redis, redis_cpu_seconds, transactions};
 
@@ -85,6 +86,15 @@ struct Feed {
 }
 
 fn keeper(store: Arc<dyn LeaseStore>, owner: &str, lease: Duration) -> LeaseKeeper {
+    keeper_in(store, owner, lease, LeaseMode::PerStream)
+}
+
+fn keeper_in(
+    store: Arc<dyn LeaseStore>,
+    owner: &str,
+    lease: Duration,
+    mode: LeaseMode,
+) -> LeaseKeeper {
     LeaseKeeper::new(
         store,
         Arc::new(SystemClock),
@@ -95,6 +105,7 @@ fn keeper(store: Arc<dyn LeaseStore>, owner: &str, lease: Duration) -> LeaseKeep
             renew_interval: lease / 3,
             safety_margin: lease / 10,
             skew_margin: Duration::from_millis(500),
+            mode,
             ..KeeperConfig::default()
         },
     )
@@ -612,6 +623,7 @@ fn main() {
     let rounds = arg("--rounds", 3).max(1) as usize;
     // `--cases ace` runs only those rows (and skips the RSS, sidecar and
     // control-plane parts): for profiling one consumer, not for the table.
+    // `--cases p` runs only the control-plane part.
     let only: Option<String> = std::env::args().skip_while(|a| a != "--cases").nth(1);
     let Ok(redis) = std::env::var("LEASEHOLD_BENCH_REDIS_URL") else {
         eprintln!("LEASEHOLD_BENCH_REDIS_URL is not set; run scripts/bench.sh");
@@ -636,6 +648,10 @@ fn main() {
         } else {
             f64::NAN
         };
+        if only.as_deref() == Some("p") {
+            control_plane_costs(&feed.url).await;
+            return;
+        }
         let run = leasehold_control::clock::unix_ms(std::time::SystemTime::now());
         let mut table: Vec<(Case, usize, Row)> = Vec::new();
         // Per stream count, each case's passes, one per round. The rounds run
@@ -760,6 +776,6 @@ fn main() {
             "memory-sink pipeline with telemetry shipped to a sidecar: {with_sidecar:.0} events/s, without: {without:.0} (ratio {:.2}; target >= 0.97)",
             with_sidecar / without
         );
-        control_plane_cost(&feed.url).await;
+        control_plane_costs(&feed.url).await;
     });
 }

@@ -19,7 +19,8 @@ use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerCo
 use leasehold_telemetry::LogSink;
 use tokio_util::sync::CancellationToken;
 
-use super::keeper;
+use super::keeper_in;
+use leasehold_control::settings::LeaseMode;
 
 /// Counts store calls by kind: writes, stream renews among them (not the
 /// presence records' renews), reads.
@@ -47,8 +48,14 @@ impl Interceptor for CountingCalls {
     }
 }
 
-pub(super) async fn control_plane_cost(url: &str) {
-    const STREAMS: usize = 8;
+/// Both lease modes: per-stream with 8 streams, session mode with 8 and 64.
+pub(super) async fn control_plane_costs(url: &str) {
+    control_plane_cost(url, LeaseMode::PerStream, 8).await;
+    control_plane_cost(url, LeaseMode::Session, 8).await;
+    control_plane_cost(url, LeaseMode::Session, 64).await;
+}
+
+async fn control_plane_cost(url: &str, mode: LeaseMode, streams: usize) {
     let store = Arc::new(Intercepted::new(
         Arc::new(MemoryLeaseStore::new()),
         CountingCalls::default(),
@@ -56,7 +63,12 @@ pub(super) async fn control_plane_cost(url: &str) {
     let counts = store.interceptor();
     let lease = Duration::from_secs(3);
     let context = Arc::new(RunnerContext {
-        keeper: keeper(store.clone(), "cost", lease),
+        keeper: keeper_in(
+            store.clone(),
+            &format!("cost-{}-{streams}", mode.as_str()),
+            lease,
+            mode,
+        ),
         upstream: Arc::new(WebSocketUpstream::new(
             WebSocketUpstreamConfig::for_feed(url),
             Arc::new(LogSink),
@@ -67,7 +79,9 @@ pub(super) async fn control_plane_cost(url: &str) {
         config: RunnerConfig::default(),
     });
     let config = StreamWorkerConfig {
-        register: (0..STREAMS).map(|i| format!("cost-{i}")).collect(),
+        register: (0..streams)
+            .map(|i| format!("cost-{}-{streams}-{i}", mode.as_str()))
+            .collect(),
         discovery_interval: Duration::from_secs(5),
         ..StreamWorkerConfig::default()
     };
@@ -90,19 +104,26 @@ pub(super) async fn control_plane_cost(url: &str) {
     shutdown.cancel();
     let _ = worker.await;
     let renew_periods = window.as_secs_f64() / (lease / 3).as_secs_f64();
-    let per_stream_period = writes as f64 / STREAMS as f64 / renew_periods;
+    let per_stream_period = writes as f64 / streams as f64 / renew_periods;
     println!(
-        "control plane, {STREAMS} streams, 3 s lease renewed every 1 s, {:.0} s steady window:",
+        "control plane, LEASE_MODE={}, {streams} streams, 3 s lease renewed every 1 s, {:.0} s steady window:",
+        mode.as_str(),
         window.as_secs_f64()
     );
     println!(
-        "  writes                    {writes} (stream renews {renews}; the rest: presence renews)"
+        "  writes                    {writes} (stream renews {renews}; the rest: presence and session renews)"
     );
     println!(
-        "  writes per stream per renew interval  {per_stream_period:.2}  (renewals alone: 1.00)"
+        "  writes per stream per renew interval  {per_stream_period:.3}  (per-stream renewals alone: 1.00)"
     );
+    // Session mode adds one checkpoint per stream per CHECKPOINT_INTERVAL_MS
+    // (300 s by default: none in this window), 12 per stream-hour.
+    let checkpoints = match mode {
+        LeaseMode::PerStream => 0.0,
+        LeaseMode::Session => 12.0,
+    };
     println!(
-        "  => at a 30 s lease renewed every 10 s: {:.0} writes per stream-hour (renewals alone: 360; target ≤ 720)",
+        "  => at a 30 s lease renewed every 10 s: {:.1} writes per stream-hour (+ {checkpoints:.0} checkpoints at the default interval; per-stream renewals alone: 360; target ≤ 720)",
         per_stream_period * 360.0
     );
     println!(
