@@ -71,8 +71,9 @@ impl LeaseTable {
 
     /// Sorts decoded (or undecodable) records into the table's kinds.
     ///
-    /// A session-mode stream's `lease_expires_at` is replaced by its
-    /// session's ([`session_expiry`]): what every reader means by "held until".
+    /// A session-mode stream's `lease_expires_at` and `updated_at` are its
+    /// session's ([`resolve_sessions`]): what every reader means by "held
+    /// until" and "last renewed".
     pub fn classify(records: impl IntoIterator<Item = Result<Lease, MalformedItem>>) -> LeaseTable {
         let mut records: Vec<_> = records.into_iter().collect();
         resolve_sessions(&mut records);
@@ -164,9 +165,9 @@ impl LeaseTable {
     }
 }
 
-/// Gives every session-mode stream among `records` its session's expiry
-/// ([`session_expiry`]), from the session records among them: a listing of
-/// the whole table is all it takes.
+/// Gives every session-mode stream among `records` its session's expiry and
+/// last renewal ([`session_expiry`]), from the session records among them: a
+/// listing of the whole table is all it takes.
 pub fn resolve_sessions(records: &mut [Result<Lease, MalformedItem>]) {
     let sessions: HashMap<String, Lease> = records
         .iter()
@@ -176,9 +177,21 @@ pub fn resolve_sessions(records: &mut [Result<Lease, MalformedItem>]) {
         .collect();
     for stream in records.iter_mut().filter_map(|record| record.as_mut().ok()) {
         if let (Some(owner), Some(_)) = (stream.owner_id.as_deref(), stream.session_token) {
-            let session = sessions.get(&session_record(owner));
-            stream.lease_expires_at = session_expiry(stream, session);
+            let session = sessions.get(&session_record(owner)).cloned();
+            live_by_session(stream, session.as_ref());
         }
+    }
+}
+
+/// A session-mode stream as readers mean it: held until its session's expiry
+/// ([`session_expiry`]), last renewed when its session was (`updated_at`, as
+/// a per-stream renew moves it: the dashboard's "renew overdue" judges by it).
+fn live_by_session(stream: &mut Lease, session: Option<&Lease>) {
+    stream.lease_expires_at = session_expiry(stream, session);
+    if stream.lease_expires_at > 0
+        && let Some(renewed) = session.and_then(|s| s.updated_at)
+    {
+        stream.updated_at = stream.updated_at.max(Some(renewed));
     }
 }
 
@@ -217,7 +230,7 @@ pub async fn read_stream(
             Err(LeaseError::NotFound { .. }) => None,
             Err(err) => return Err(err),
         };
-        stream.lease_expires_at = session_expiry(&stream, session.as_ref());
+        live_by_session(&mut stream, session.as_ref());
     }
     Ok(stream)
 }
@@ -408,6 +421,11 @@ mod tests {
             .unwrap();
         let read = read_stream(&store, "s", Consistency::Strong).await.unwrap();
         assert_eq!(read.lease_expires_at, NOW + 80_000, "the session's expiry");
+        assert_eq!(
+            read.updated_at,
+            Some(NOW + 50_000),
+            "the session's last renewal"
+        );
         let mut listed = list_all(&store, 10, Consistency::Strong).await.unwrap();
         resolve_sessions(&mut listed);
         let listed = listed.into_iter().flatten().find(|l| l.stream_id == "s");

@@ -92,12 +92,17 @@ impl LeaseMode {
     }
 }
 
-const LEASE_MODE_PARSER: Parser<LeaseMode> = Parser {
-    parse: |raw| match raw {
+/// Parses a `LEASE_MODE` value (also `leasehold dev --lease-mode`).
+pub fn parse_lease_mode(raw: &str) -> Result<LeaseMode, String> {
+    match raw {
         "per-stream" => Ok(LeaseMode::PerStream),
         "session" => Ok(LeaseMode::Session),
         _ => Err("must be per-stream or session".into()),
-    },
+    }
+}
+
+const LEASE_MODE_PARSER: Parser<LeaseMode> = Parser {
+    parse: parse_lease_mode,
     show: |mode| mode.as_str().to_owned(),
 };
 

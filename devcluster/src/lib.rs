@@ -35,8 +35,9 @@ use std::time::Duration;
 
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_control::keeper::LeaseKeeper;
+use leasehold_control::mode::{self, ModeError};
 use leasehold_control::pacing::ScanPacing;
-use leasehold_control::settings::lease_settings;
+use leasehold_control::settings::{LeaseMode, lease_settings};
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::dynamodb::DynamoLeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
@@ -111,6 +112,8 @@ pub struct DevOptions {
     pub redis_url: Option<String>,
     /// What the stream workers read.
     pub feed: DevFeed,
+    /// How the stream workers hold leases (`LEASE_MODE`).
+    pub lease_mode: LeaseMode,
 }
 
 /// The upstream `dev` runs (`--feed`).
@@ -348,6 +351,15 @@ impl DevCluster {
                 Arc::new(store)
             }
         };
+        // A persistent dev table keeps the mode its first run declared.
+        match mode::declare(store.as_ref(), options.lease_mode, SystemClock.now_ms()).await {
+            Err(err @ ModeError::Mismatch { .. }) => {
+                return Err(DevError::Config(ConfigError::one(format!(
+                    "--lease-mode: {err}"
+                ))));
+            }
+            other => other.map_err(start_error("the lease mode"))?,
+        }
         // Bounded, so a dev left running for days does not grow without end; the
         // audit checks that what is kept is contiguous.
         let sink_options = SinkOptions {
@@ -424,6 +436,7 @@ impl DevCluster {
                 .chain([
                     ("SINK_URL".into(), "memory:".into()),
                     ("LEASE_SECONDS".into(), lease.as_secs().to_string()),
+                    ("LEASE_MODE".into(), options.lease_mode.as_str().into()),
                     ("DISCOVERY_INTERVAL_MS".into(), "1000".into()),
                     ("DRAIN_TIMEOUT_MS".into(), "5000".into()),
                 ])

@@ -16,7 +16,7 @@ use leasehold_broker::settings::{self, LauncherSettings};
 use leasehold_broker::supervise::{self, SuperviseConfig};
 use leasehold_broker::worker::BrokerWorker;
 use leasehold_platform::periodic::try_once_or_every;
-use leasehold_platform::settings::{ConfigError, Env, process_env};
+use leasehold_platform::settings::{ConfigError, Env, process_env as lookup};
 use leasehold_pool::bus::PoolBus;
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::keys;
@@ -26,10 +26,6 @@ use leasehold_telemetry::LogSink;
 use leasehold_telemetry::transport::BufferedShipper;
 
 use crate::{Failure, shutdown_on_signal};
-
-fn lookup(name: &str) -> Option<String> {
-    process_env(name)
-}
 
 /// Reads settings from the environment with every problem at once.
 fn read<T>(read: impl FnOnce(&mut Env) -> T) -> Result<T, ConfigError> {
@@ -71,7 +67,7 @@ pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(),
     let addr = listener.local_addr().context("no local address")?;
     println!("credential sealer listening on {addr}");
     let metrics = sealer::install_metrics().context("cannot install the metrics recorder")?;
-    leasehold_broker::sealer::serve(
+    sealer::serve(
         listener,
         sealer,
         interval,
@@ -89,13 +85,11 @@ pub(crate) async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure
     let mut settings = settings::worker_settings(&lookup)?;
     // Started by a local launcher: register where it lists its workers (a
     // hardened process's environ is readable by root only).
-    let _registered = match lookup(LOCAL_GROUP_VAR) {
-        Some(group) => Some(
-            register_local_worker(&group, lookup(settings::USER_ID.name).as_deref())
-                .map_err(|err| anyhow::anyhow!("cannot register with the local launcher: {err}"))?,
-        ),
-        None => None,
-    };
+    let user = lookup(settings::USER_ID.name);
+    let _registered = lookup(LOCAL_GROUP_VAR)
+        .map(|group| register_local_worker(&group, user.as_deref()))
+        .transpose()
+        .map_err(|err| anyhow::anyhow!("cannot register with the local launcher: {err}"))?;
     // On ECS the task ARN is the worker's identity in its marks: without it the
     // maintenance sweep would take this healthy worker for an orphan, so a
     // failed lookup ends the worker rather than fall back to `local-{pid}`.

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Args;
+use leasehold_control::settings::{LeaseMode, parse_lease_mode};
 use leasehold_devcluster::{DevCluster, DevFeed, DevOptions};
 
 use crate::{Failure, shutdown_on_signal};
@@ -51,6 +52,9 @@ pub(crate) struct DevArgs {
     /// connections cut every 20 s; the dashboard shows backfills and gaps).
     #[arg(long, value_enum, default_value_t = Feed::Simulator)]
     feed: Feed,
+    /// `per-stream` (a renewed lease per stream) or `session` (one per worker).
+    #[arg(long, env = "LEASE_MODE", default_value = "per-stream", value_parser = parse_lease_mode)]
+    lease_mode: LeaseMode,
 }
 
 /// `--feed`.
@@ -78,6 +82,7 @@ pub(crate) async fn dev(args: DevArgs) -> Result<(), Failure> {
             Feed::Simulator => DevFeed::Simulator,
             Feed::Exchange => DevFeed::Exchange,
         },
+        lease_mode: args.lease_mode,
     };
     let shutdown = shutdown_on_signal();
     let cluster = DevCluster::start(options).await.map_err(|err| match err {

@@ -98,6 +98,40 @@ async fn dev_runs_the_cluster_and_heals_under_chaos() {
     );
 }
 
+/// `dev --lease-mode session`: the same cluster with one session per worker.
+/// Stream records are never renewed, so the dashboard counting every stream
+/// owned long past a lease means it reads each stream's expiry from its
+/// session; crashes are taken over by the transaction, and the sink check
+/// stays clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_in_session_mode_heals_under_chaos() {
+    let _serial = serial().await;
+    let (mut dev, addr) = spawn_dev_chaos_with(
+        "dev-session",
+        Duration::from_secs(20),
+        &["--lease-mode", "session"],
+    );
+    wait_every_stream_owned(&addr).await;
+    wait_for(
+        "a takeover in the ownership changes",
+        Duration::from_secs(60),
+        async || {
+            api(&addr, "/api/changes").await["changes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["kind"] == "takeover")
+        },
+    )
+    .await;
+    wait_every_stream_owned(&addr).await;
+    let check = interrupt_and_read_sink_check(&mut dev);
+    assert!(
+        check.contains(" 0 gaps, 0 duplicates, 0 token regressions, 0 gap markers"),
+        "{check}"
+    );
+}
+
 /// `dev --feed exchange`: the same cluster on a Binance-shaped fake exchange
 /// (live start, a short history, cuts). Under chaos, streams keep flowing;
 /// every range the sink lacks is a gap marker (the audit's unmarked gaps stay
