@@ -186,6 +186,14 @@ impl HeldLease {
         *self.signal.loss.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether this stream lives by a session (session mode). Its table
+    /// checkpoint is then written only every `CHECKPOINT_INTERVAL_MS`, so the
+    /// sink's confirmation is what makes progress durable (a takeover resumes
+    /// from the sink's last sequence).
+    pub fn lives_by_session(&self) -> bool {
+        self.signal.session.is_some()
+    }
+
     /// The checkpoint the store holds for this lease, as far as this process knows.
     pub fn persisted_checkpoint(&self) -> Option<u64> {
         *self

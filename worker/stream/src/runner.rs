@@ -631,7 +631,15 @@ async fn finish(
 }
 
 fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progress) {
-    let persisted = lease.persisted_checkpoint().unwrap_or(0);
+    // Lag is measured to the durable resume point: the table's checkpoint in
+    // per-stream mode (it rides on every renew), the sink's confirmation in
+    // session mode (the table's is written only every CHECKPOINT_INTERVAL_MS,
+    // and a lag of up to that long would page every operator for nothing).
+    let persisted = if lease.lives_by_session() {
+        progress.confirmed
+    } else {
+        lease.persisted_checkpoint().unwrap_or(0)
+    };
     while progress
         .unpersisted
         .front()

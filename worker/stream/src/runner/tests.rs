@@ -699,6 +699,63 @@ fn last_event_age(events: &RecordingSink) -> f64 {
 }
 
 #[tokio::test(start_paused = true)]
+async fn in_session_mode_the_lag_runs_to_the_sinks_confirmation() {
+    let mut f = fixture(0);
+    let keeper = LeaseKeeper::new(
+        f.store.clone(),
+        Arc::new(f.clock),
+        Arc::new(f.events.clone()),
+        KeeperConfig {
+            owner_id: "me".into(),
+            mode: leasehold_control::settings::LeaseMode::Session,
+            ..KeeperConfig::default()
+        },
+    );
+    f.context = Arc::new(RunnerContext {
+        keeper,
+        upstream: f.upstream.clone(),
+        sink: f.sink.clone(),
+        history: None,
+        telemetry: Arc::new(f.events.clone()),
+        config: f.context.config.clone(),
+    });
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    for _ in 0..60 {
+        f.upstream.head.fetch_add(1, Ordering::SeqCst);
+        sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        f.store.get("s").await.unwrap().checkpoint,
+        None,
+        "no checkpoint written within the interval"
+    );
+    let lag = f
+        .events
+        .snapshot()
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            TelemetryEvent::StreamLag {
+                lag_events,
+                lag_seconds,
+                ..
+            } => Some((*lag_events, *lag_seconds)),
+            _ => None,
+        })
+        .expect("lag reported");
+    assert!(
+        lag.0 <= 2 && lag.1 < 2.0,
+        "{lag:?} after 30 s of confirmed events"
+    );
+    task.abort();
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_last_event_age_stays_low_while_events_flow_and_grows_in_silence() {
     let f = fixture(0);
     let lease = f.context.keeper.acquire("s").await.unwrap();
