@@ -209,10 +209,15 @@ impl LagHistory {
         thresholds: &Thresholds,
     ) -> StreamRow {
         let state = state_of(lease, now_ms, thresholds);
+        // A session-mode stream's table checkpoint moves only every
+        // CHECKPOINT_INTERVAL_MS (5 minutes by default): it says nothing about
+        // a minute's progress, so its verdict rests on the lag alone (which
+        // its worker measures to the sink's confirmation).
+        let table_checkpoint_is_timely = lease.session_token.is_none();
         let samples = self.samples.entry(lease.stream_id.clone()).or_default();
         samples.push_back(Sample {
             at_ms: now_ms,
-            checkpoint: lease.checkpoint,
+            checkpoint: lease.checkpoint.filter(|_| table_checkpoint_is_timely),
             lag_events: lag.map(|l| l.events),
         });
         while samples
@@ -224,7 +229,8 @@ impl LagHistory {
         let last_progress = lease
             .checkpoint_at
             .or(lease.acquired_at)
-            .or(lease.updated_at);
+            .or(lease.updated_at)
+            .filter(|_| table_checkpoint_is_timely);
         let verdict = judge(samples, last_progress, now_ms, thresholds);
         let last_change_at_ms = match (lease.acquired_at, lease.released_at) {
             (Some(a), Some(r)) => Some(a.max(r)),
@@ -320,7 +326,7 @@ fn judge(
     let lags: Vec<u64> = samples.iter().filter_map(|s| s.lag_events).collect();
     let lag_not_shrinking = lags.len() >= 2 && lags.windows(2).all(|w| w[1] >= w[0]);
     let lag_grew = lag_not_shrinking && lags.last() > lags.first();
-    if last.checkpoint == first.checkpoint {
+    if last.checkpoint.is_some() && last.checkpoint == first.checkpoint {
         if lag_not_shrinking && lags.last().is_some_and(|l| *l > 0) {
             return Verdict::Stalled;
         }
@@ -377,6 +383,36 @@ mod tests {
             verdict = history.row(&record, lag, *at, &t).verdict;
         }
         verdict
+    }
+
+    #[test]
+    fn a_session_streams_verdict_rests_on_its_lag_not_the_table_checkpoint() {
+        let t = Thresholds {
+            window_ms: 60_000,
+            stopped_after_ms: 300_000,
+            ..Thresholds::default()
+        };
+        // Steady flow, a small constant lag, the table checkpoint written
+        // 6 minutes ago (session mode writes it every 5).
+        let judge = |session_token: Option<u64>| {
+            let mut history = LagHistory::default();
+            let mut verdict = Verdict::Unknown;
+            for at in [400_000, 420_000, 440_000] {
+                let mut record = lease(Some("w1"), at + 30_000, at);
+                record.checkpoint = Some(10);
+                record.checkpoint_at = Some(80_000);
+                record.session_token = session_token;
+                let lag = Some(Lag {
+                    events: 2,
+                    seconds: 0.2,
+                    last_event_age: None,
+                });
+                verdict = history.row(&record, lag, at, &t).verdict;
+            }
+            verdict
+        };
+        assert_eq!(judge(Some(1)), Verdict::Ok);
+        assert_eq!(judge(None), Verdict::Stopped, "per-stream: it would be");
     }
 
     #[test]
