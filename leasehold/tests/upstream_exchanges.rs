@@ -249,9 +249,13 @@ async fn binance_trades_backfill_every_cut_from_the_rest_history() {
         assert!(run.markers().is_empty(), "{shape}: {:?}", run.markers());
         run.assert_covered(shape);
         run.assert_payloads(shape, &run.symbol);
+        // Every hole is covered with no marker (above), so the history filled
+        // them; how many requests that took varies: on a slow host a cut can
+        // come while the previous hole's fetch waits out its Retry-After, and
+        // one request then covers both. The refused one and a retry at least.
         assert!(
-            run.server.history_requests() >= CUTS,
-            "{shape}: each cut's hole was fetched"
+            run.server.history_requests() >= 2,
+            "{shape}: the history was asked again after its 429"
         );
         assert!(
             run.entries
