@@ -445,6 +445,29 @@ impl LeaseKeeper {
         }
     }
 
+    /// Whether the holder's session record, read now (strongly consistent),
+    /// says the session the stream names ended. A hint that spares a
+    /// transaction bound to fail (two write units) for half a read unit: a
+    /// stream another live worker took between this worker's scan and its
+    /// acquire is the common case. The transaction still decides.
+    async fn session_looks_ended(&self, takeover: &TakeoverRequest) -> bool {
+        let id = schema::session_record(&takeover.from_owner);
+        let session = match self.inner.store.get(&id).await {
+            Ok(session) => Some(session),
+            Err(LeaseError::NotFound { .. }) => None,
+            // Unknown: let the transaction decide.
+            Err(_) => return true,
+        };
+        protocol::session_ended(
+            session.as_ref().and_then(|s| s.owner_id.as_deref()),
+            session.as_ref().map(|s| s.fence_token),
+            session.as_ref().map(|s| s.lease_expires_at),
+            takeover.from_session_token,
+            takeover.acquire.now_ms,
+            takeover.acquire.skew_margin_ms,
+        )
+    }
+
     /// One acquire: a plain conditional write, or in session mode (`session`
     /// given) the takeover transaction when the stream is another session's.
     async fn acquire_lease(
@@ -468,8 +491,10 @@ impl LeaseKeeper {
         let result = match self.inner.store.acquire(&request).await {
             Err(LeaseError::Conflict { current, .. }) if session.is_some() => {
                 match takeover_of(&request, &current) {
-                    Some(takeover) => self.inner.store.take_over(&takeover).await,
-                    None => Err(LeaseError::Conflict {
+                    Some(takeover) if self.session_looks_ended(&takeover).await => {
+                        self.inner.store.take_over(&takeover).await
+                    }
+                    _ => Err(LeaseError::Conflict {
                         stream_id: stream_id.to_owned(),
                         current,
                     }),

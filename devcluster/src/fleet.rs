@@ -14,8 +14,11 @@ use async_trait::async_trait;
 use leasehold_control::clock::Clock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
 use leasehold_control::lease::LeaseState;
+use leasehold_control::read::LeaseTable;
+use leasehold_control::settings::LeaseMode;
+use leasehold_control::store::intercept::Intercepted;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_control::store::{Consistency, LeaseError, LeaseStore, list_all};
+use leasehold_control::store::{Consistency, LeaseError, LeaseStore};
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{FencedSink, SinkOptions};
 use leasehold_stream::handoff::HandoffSocket;
@@ -26,6 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::gate::{Gate, GatedSink, GatedStore};
+use crate::meter::{Meter, Units};
 
 /// The fleet's timings; the defaults are the production ones.
 #[derive(Debug, Clone)]
@@ -38,6 +42,10 @@ pub struct FleetOptions {
     pub discovery_interval: Duration,
     /// `HANDOFF_POLL_MS`.
     pub handoff_poll: Duration,
+    /// `LEASE_MODE`.
+    pub mode: LeaseMode,
+    /// DynamoDB-like latency on every store call (p50 5 ms, p99 20 ms).
+    pub store_latency: bool,
 }
 
 impl Default for FleetOptions {
@@ -48,6 +56,8 @@ impl Default for FleetOptions {
             lease: KeeperConfig::default().lease,
             discovery_interval: worker.discovery_interval,
             handoff_poll: worker.handoff_poll,
+            mode: LeaseMode::PerStream,
+            store_latency: false,
         }
     }
 }
@@ -85,7 +95,8 @@ impl Holdings {
 
 /// In-process stream workers sharing one table and one sink.
 pub struct Fleet {
-    store: Arc<MemoryLeaseStore>,
+    /// The table, metered: every worker's calls pass the meter.
+    store: Arc<Intercepted<MemoryLeaseStore, Meter>>,
     sink: Arc<MemorySink>,
     clock: Arc<dyn Clock>,
     options: FleetOptions,
@@ -95,12 +106,14 @@ pub struct Fleet {
 impl Fleet {
     /// A table with `options.streams` streams (`s000`, `s001`, …) and no worker.
     pub async fn new(options: FleetOptions, clock: Arc<dyn Clock>) -> Result<Fleet, LeaseError> {
-        let store = Arc::new(MemoryLeaseStore::new());
+        let table = Arc::new(MemoryLeaseStore::new());
         for index in 0..options.streams {
-            store
+            table
                 .register(&format!("s{index:03}"), clock.now_ms())
                 .await?;
         }
+        let meter = Meter::new(table.clone(), options.store_latency);
+        let store = Arc::new(Intercepted::new(table, meter));
         Ok(Fleet {
             store,
             sink: Arc::new(MemorySink::new(SinkOptions::default())),
@@ -142,6 +155,7 @@ impl Fleet {
                 lease: self.options.lease,
                 renew_interval: self.options.lease / 3,
                 safety_margin: self.options.lease / 10,
+                mode: self.options.mode,
                 ..KeeperConfig::default()
             },
         );
@@ -209,15 +223,45 @@ impl Fleet {
         }
     }
 
-    /// Reads the table.
+    /// Reads the table (around the meter), as every reader does: a
+    /// session-mode stream is held while its session is.
+    pub async fn holdings(&self) -> Result<Holdings, LeaseError> {
+        self.view().holdings().await
+    }
+
+    /// Each stream's valid owner right now (`None`: nobody validly holds it).
+    pub async fn owners(&self) -> Result<BTreeMap<String, Option<String>>, LeaseError> {
+        self.view().owners().await
+    }
+
+    /// A reader of the table that borrows nothing of the fleet, so it can
+    /// sample while the fleet's workers are started and stopped.
+    pub fn view(&self) -> FleetView {
+        FleetView {
+            table: self.store.inner().clone(),
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// What the workers' store calls have cost so far.
+    pub fn units(&self) -> Units {
+        self.store.interceptor().units()
+    }
+}
+
+/// Reads a fleet's table (see [`Fleet::view`]).
+#[derive(Clone)]
+pub struct FleetView {
+    table: Arc<MemoryLeaseStore>,
+    clock: Arc<dyn Clock>,
+}
+
+impl FleetView {
+    /// See [`Fleet::holdings`].
     pub async fn holdings(&self) -> Result<Holdings, LeaseError> {
         let now = self.clock.now_ms();
         let mut holdings = Holdings::default();
-        for record in list_all(self.store.as_ref(), 1000, Consistency::Strong).await? {
-            let lease = record?;
-            if !lease.is_stream() {
-                continue;
-            }
+        for lease in self.streams().await? {
             holdings.acquisitions += lease.fence_token;
             match lease.owner_id {
                 Some(owner) if lease.state(now) == LeaseState::Owned => {
@@ -227,6 +271,25 @@ impl Fleet {
             }
         }
         Ok(holdings)
+    }
+
+    /// See [`Fleet::owners`].
+    pub async fn owners(&self) -> Result<BTreeMap<String, Option<String>>, LeaseError> {
+        let now = self.clock.now_ms();
+        Ok(self
+            .streams()
+            .await?
+            .into_iter()
+            .map(|lease| {
+                let held = lease.state(now) == LeaseState::Owned;
+                (lease.stream_id, lease.owner_id.filter(|_| held))
+            })
+            .collect())
+    }
+
+    async fn streams(&self) -> Result<Vec<leasehold_control::lease::Lease>, LeaseError> {
+        let table = LeaseTable::read(self.table.as_ref(), 1000, Consistency::Strong).await?;
+        Ok(table.streams)
     }
 }
 

@@ -19,7 +19,9 @@
 //! - `banner`: what `leasehold dev` prints once the cluster is up
 //!   ([`DevCluster::banner`]).
 //! - [`fleet`]: stream workers alone on silent upstreams, for balancing tests
-//!   and the lease-moves benchmark.
+//!   and the lease-moves and fleet-scale benchmarks.
+//! - [`meter`]: DynamoDB-like latency and the capacity units of each store
+//!   call, for the fleet-scale simulation's cost.
 
 pub mod audit;
 mod banner;
@@ -27,6 +29,7 @@ mod chaos;
 pub mod fleet;
 mod gate;
 mod launcher;
+pub mod meter;
 mod pool;
 
 use std::net::SocketAddr;

@@ -40,6 +40,17 @@ impl MemoryLeaseStore {
         self.lock().insert(key, item);
     }
 
+    /// How many records a listing page from `start_after` of at most `limit`
+    /// holds (what a simulation's meter prices a `Scan` page by).
+    pub fn page_len(&self, start_after: Option<&str>, limit: usize) -> usize {
+        let items = self.lock();
+        let from = match start_after {
+            Some(key) => Bound::Excluded(key.to_owned()),
+            None => Bound::Unbounded,
+        };
+        items.range((from, Bound::Unbounded)).take(limit).count()
+    }
+
     /// Reads an item exactly as stored.
     pub fn get_raw(&self, stream_id: &str) -> Option<RawItem> {
         self.lock().get(stream_id).cloned()
