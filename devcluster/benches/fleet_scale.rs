@@ -80,7 +80,7 @@ fn balance(holdings: &Holdings) -> (usize, usize) {
     )
 }
 
-/// Samples every stream's owner every 100 ms while `during` runs, and
+/// Samples every stream's owner every 200 ms while `during` runs, and
 /// returns how long each stream went without a valid owner, each time it did.
 async fn unowned_spells(
     fleet: &FleetView,
@@ -109,7 +109,7 @@ async fn unowned_spells(
         }
         tokio::select! {
             _ = &mut during, if !finished => finished = true,
-            _ = sleep(Duration::from_millis(100)) => {}
+            _ = sleep(Duration::from_millis(200)) => {}
         }
     }
 }
@@ -144,7 +144,12 @@ async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
     report.balance = balance(&fleet.holdings().await.unwrap());
 
     // Steady state, priced.
-    report.steady_window = Duration::from_secs(300);
+    eprintln!(
+        "  {}: cold start done after {:.1?}",
+        mode.as_str(),
+        report.cold_start
+    );
+    report.steady_window = Duration::from_secs(120);
     let before = fleet.units();
     sleep(report.steady_window).await;
     report.steady = fleet.units().since(&before);
@@ -163,6 +168,7 @@ async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
     };
     let mut spells = unowned_spells(&view, restart).await;
     report.rolling_took = started.elapsed();
+    eprintln!("  {}: rolling restart done", mode.as_str());
     report.rolling_takeovers = fleet
         .units()
         .since(&before)
@@ -192,6 +198,7 @@ async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
     })
     .await;
     report.scale_out_took = start.elapsed();
+    eprintln!("  {}: scale-out done", mode.as_str());
     sleep(Duration::from_secs(30)).await;
     report.scale_out_moves = fleet.holdings().await.unwrap().acquisitions - acquisitions;
 
