@@ -9,7 +9,8 @@
 //! Every round ends with the sink checked for gaps, duplicates and stale tokens.
 //! Then the replay after a busy owner's SIGKILL at 1k, 5k and 20k events/s.
 //! Workers take pushed hand-offs (`HANDOFF_LISTEN`, as the shipped task
-//! definition does); `--push 0` measures the doorbell path alone.
+//! definition does); `--push 0` measures the doorbell path alone, and
+//! `--session 1` runs the workers in `LEASE_MODE=session`.
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 #[path = "../tests/support/mod.rs"]
@@ -136,15 +137,21 @@ fn main() {
             std::process::exit(2);
         };
         let push = arg("--push", 1) == 1;
+        // `--session 1`: the workers run LEASE_MODE=session (the replay part,
+        // which starts its own cluster, is skipped).
+        let session = arg("--session", 0) == 1;
+        let mut overrides = Vec::new();
+        if push {
+            overrides.push(("HANDOFF_LISTEN", "127.0.0.1:0"));
+        }
+        if session {
+            overrides.push(("LEASE_MODE", "session"));
+        }
         let mut next = 0;
         let mut spawn = |cluster: &mut Cluster| {
             next += 1;
             let name = format!("w{next}");
-            if push {
-                cluster.start_worker_with(&name, &[("HANDOFF_LISTEN", "127.0.0.1:0")]);
-            } else {
-                cluster.start_worker(&name);
-            }
+            cluster.start_worker_with(&name, &overrides);
             name
         };
         let mut workers: Vec<String> = (0..4).map(|_| spawn(&mut cluster)).collect();
@@ -169,10 +176,14 @@ fn main() {
             cluster.verify_sink(stream).await;
         }
         let path = if push { "pushed hand-offs" } else { "doorbell only" };
-        println!("fail-over, 8 streams over 4 workers, lease {LEASE_SECONDS} s, {ROUNDS} rounds, {path} (sinks verified: no gap, no duplicate, no stale token):");
+        let mode = if session { "session" } else { "per-stream" };
+        println!("fail-over, 8 streams over 4 workers, lease {LEASE_SECONDS} s, {ROUNDS} rounds, {path}, LEASE_MODE={mode} (sinks verified: no gap, no duplicate, no stale token):");
         report("graceful hand-off", &mut handoffs, None);
         report("crash takeover", &mut takeovers, Some(Duration::from_secs(LEASE_SECONDS)));
         drop(cluster);
+        if session {
+            return;
+        }
         // Replay after a busy owner's crash: what a resume from the checkpoint
         // alone would append again, against the sink-led resume's nothing.
         println!("replay after a takeover, 2 streams, 10 s lease renewed every ~3.3 s, SIGKILL of one owner:");
