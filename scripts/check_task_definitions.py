@@ -924,6 +924,10 @@ def self_test(code: Code) -> int:
         ("role loses a needed permission", set_statement(
             "deploy/iam/stream-worker-task-policy.json", 0,
             Action=["dynamodb:GetItem", "dynamodb:Scan", "dynamodb:UpdateItem"]), "no policy of the role allows it"),
+        ("stream worker loses the takeover's condition check", set_statement(
+            "deploy/iam/stream-worker-task-policy.json", 0,
+            Action=["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Scan",
+                    "dynamodb:UpdateItem"]), "dynamodb:ConditionCheckItem but no policy of the role allows it"),
         ("unconditioned wildcard resource",
          drop_from_statement("deploy/iam/maintenance-task-policy.json", 0, "Condition"), "needs a Condition"),
         ("unknown placeholder", lambda t, p: t[stream].update(family="${FAMILY}"), "unknown placeholder"),
