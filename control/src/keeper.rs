@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
@@ -29,10 +29,16 @@ use crate::schema;
 use crate::settings::LeaseMode;
 use crate::store::{
     AcquireRequest, CheckpointRequest, LeaseError, LeaseReader, LeaseStore, LiftRequest,
-    ReleaseRequest, RenewRequest, TakeoverRequest,
+    ReleaseRequest, TakeoverRequest,
 };
 use leasehold_platform::backoff::Backoff;
 use leasehold_telemetry::{CommitResult, LossReason, TelemetryEvent, TelemetrySink};
+
+mod renew;
+mod session;
+
+use renew::renew_loop;
+use session::{session_stream_loop, takeover_of};
 
 /// Identity and timings of a keeper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,9 +71,6 @@ impl Default for KeeperConfig {
         crate::settings::lease_settings(&mut leasehold_platform::Env::new(&no_variables)).keeper
     }
 }
-
-/// A backward step this large is logged (smaller ones are NTP's slewing).
-const CLOCK_STEP_WORTH_A_WARNING: Duration = Duration::from_millis(500);
 
 fn ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
@@ -673,65 +676,6 @@ impl LeaseKeeper {
         Ok(record)
     }
 }
-
-/// The takeover a refused session-mode acquire calls for: the stream is held
-/// under another worker's session (whether that session ended is the store's
-/// transaction to decide). `None` when it is not another session's.
-fn takeover_of(request: &AcquireRequest, current: &Lease) -> Option<TakeoverRequest> {
-    let owner = current.owner_id.as_deref()?;
-    let session_token = current.session_token?;
-    (owner != request.owner_id).then(|| TakeoverRequest {
-        acquire: request.clone(),
-        from_owner: owner.to_owned(),
-        from_session_token: session_token,
-        from_fence_token: current.fence_token,
-    })
-}
-
-/// A session-mode stream's task: no renewals (the session's renew loop keeps
-/// it alive); it ends the stream when the session ends, and writes the staged
-/// checkpoint every `checkpoint_interval`.
-async fn session_stream_loop(inner: Arc<Inner>, lease: HeldLease, stop: CancellationToken) {
-    let Some(session) = lease.signal.session.clone() else {
-        return;
-    };
-    let interval = inner.config.checkpoint_interval;
-    let mut next_checkpoint = Instant::now() + interval;
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            _ = session.ended.cancelled() => {
-                let reason = (*session.loss.lock().unwrap_or_else(|p| p.into_inner()))
-                    .unwrap_or(LossReason::RenewRejected);
-                inner.lose(&lease, reason);
-                break;
-            }
-            _ = sleep_until(next_checkpoint) => {}
-        }
-        next_checkpoint = Instant::now() + interval;
-        let staged = *lease
-            .signal
-            .staged_checkpoint
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let Some(seq) = staged.filter(|seq| lease.persisted_checkpoint() < Some(*seq)) else {
-            continue;
-        };
-        match write_checkpoint(&inner, &lease, seq).await {
-            Err(err) if err.is_ownership_lost() => {
-                inner.lose(&lease, LossReason::RenewRejected);
-                break;
-            }
-            Err(err) => {
-                tracing::warn!(stream_id = lease.stream_id, error = %err, "could not write the checkpoint; trying again next interval");
-            }
-            Ok(_) => {}
-        }
-    }
-    inner.forget(&lease.stream_id, lease.fence_token);
-}
-
 /// Writes a sink-confirmed checkpoint (conditional on owner and token) and
 /// reports the commit.
 async fn write_checkpoint(inner: &Inner, lease: &HeldLease, seq: u64) -> Result<Lease, LeaseError> {
@@ -759,177 +703,6 @@ async fn write_checkpoint(inner: &Inner, lease: &HeldLease, seq: u64) -> Result<
     });
     result
 }
-
-/// What ended a renew attempt.
-enum Attempt {
-    Renewed,
-    Lost(LossReason),
-    Stopped,
-}
-
-async fn renew_loop(
-    inner: Arc<Inner>,
-    lease: HeldLease,
-    acquire_sent: Instant,
-    stop: CancellationToken,
-) {
-    let config = &inner.config;
-    let mut scheduled = acquire_sent + config.renew_interval;
-    loop {
-        let deadline = lease.signal.deadline();
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            _ = sleep_until(deadline) => {
-                inner.lose(&lease, LossReason::DeadlinePassed);
-                break;
-            }
-            _ = sleep_until(scheduled) => {}
-        }
-        let lateness = Instant::now().saturating_duration_since(scheduled);
-        match renew_with_retries(&inner, &lease, &stop, lateness, acquire_sent).await {
-            (Attempt::Renewed, sent) => scheduled = sent + config.renew_interval,
-            (Attempt::Lost(reason), _) => {
-                inner.lose(&lease, reason);
-                break;
-            }
-            (Attempt::Stopped, _) => return,
-        }
-    }
-    inner.forget(&lease.stream_id, lease.fence_token);
-}
-
-/// Renews until confirmed, refused, stopped, or the deadline passes. Returns
-/// the outcome and when the successful request was sent.
-async fn renew_with_retries(
-    inner: &Inner,
-    lease: &HeldLease,
-    stop: &CancellationToken,
-    lateness: Duration,
-    acquire_sent: Instant,
-) -> (Attempt, Instant) {
-    let config = &inner.config;
-    // The wall time the acquire wrote its expiry from: the origin against
-    // which a backward step of this host's clock is measured.
-    let acquire_wall_ms = lease.acquired.lease_expires_at - ms(config.lease);
-    let mut attempt = 0u32;
-    let mut carry_checkpoint = true;
-    loop {
-        let deadline = lease.signal.deadline();
-        let staged = *lease
-            .signal
-            .staged_checkpoint
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let request = RenewRequest {
-            stream_id: lease.stream_id.clone(),
-            owner_id: config.owner_id.clone(),
-            fence_token: lease.fence_token,
-            now_ms: inner.clock.now_ms(),
-            lease_ms: ms(config.lease),
-            checkpoint: staged.filter(|_| carry_checkpoint),
-        };
-        let sent = Instant::now();
-        let result = tokio::select! {
-            biased;
-            _ = stop.cancelled() => return (Attempt::Stopped, sent),
-            _ = sleep_until(deadline) => return (Attempt::Lost(LossReason::DeadlinePassed), sent),
-            result = inner.store.renew(&request) => result,
-        };
-        // Only a confirmed renew moves the deadline: one whose outcome is
-        // unknown (a timeout, throttling, an error) may not have been applied,
-        // so the holder retries and still stops at the deadline it had.
-        // A kept later expiry (`ExpiryAhead`) is unconfirmed too.
-        let outcome = match &result {
-            Ok(record) => {
-                protocol::renew_outcome(record.lease_expires_at, request.now_ms + request.lease_ms)
-            }
-            Err(err) if err.is_ownership_lost() => protocol::RenewOutcome::Refused,
-            Err(_) => protocol::RenewOutcome::Unconfirmed,
-        };
-        let next = protocol::deadline_after_renew(
-            deadline,
-            sent,
-            outcome,
-            config.lease,
-            config.safety_margin,
-        );
-        let Some(next) = next else {
-            return (Attempt::Lost(LossReason::RenewRejected), sent);
-        };
-        // The expiry just written reads early by however far this host's
-        // wall clock fell behind since the acquire: so does the deadline.
-        let behind = protocol::wall_clock_behind(
-            sent.saturating_duration_since(acquire_sent),
-            request.now_ms - acquire_wall_ms,
-        );
-        if outcome == protocol::RenewOutcome::Confirmed && behind > Duration::ZERO {
-            if behind >= CLOCK_STEP_WORTH_A_WARNING {
-                tracing::warn!(
-                    stream_id = lease.stream_id,
-                    behind_ms = ms(behind),
-                    "this host's wall clock fell behind since the acquire (stepped back?): the lease's deadline comes that much earlier"
-                );
-            }
-            lease
-                .signal
-                .extend(next.checked_sub(behind).unwrap_or(sent).min(next));
-        } else {
-            lease.signal.extend(next);
-        }
-        let error = match result {
-            Ok(record) => {
-                lease.signal.persisted(record.checkpoint);
-                if let Some(seq) = request.checkpoint {
-                    inner.telemetry.emit(TelemetryEvent::CheckpointCommit {
-                        stream_id: lease.stream_id.clone(),
-                        checkpoint: seq,
-                        result: CommitResult::Committed,
-                    });
-                }
-                if let (Some(written), Some(staged)) = (record.checkpoint, staged) {
-                    let mut current = lease
-                        .signal
-                        .staged_checkpoint
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    if *current == Some(staged) && written >= staged {
-                        *current = None;
-                    }
-                }
-                inner.telemetry.emit(TelemetryEvent::LeaseRenewed {
-                    stream_id: lease.stream_id.clone(),
-                    fence_token: lease.fence_token,
-                    expires_at_ms: record.lease_expires_at,
-                    duration: sent.elapsed(),
-                    lateness,
-                });
-                return (Attempt::Renewed, sent);
-            }
-            Err(LeaseError::CheckpointBehind { .. }) => {
-                // A staged checkpoint behind the stored one is a caller bug; the
-                // lease matters more than the checkpoint, so renew without it.
-                carry_checkpoint = false;
-                continue;
-            }
-            Err(err) => err,
-        };
-        inner.telemetry.emit(TelemetryEvent::LeaseRenewFailed {
-            stream_id: lease.stream_id.clone(),
-            fence_token: lease.fence_token,
-            error: error.to_string(),
-        });
-        let retry_at = Instant::now() + config.retry.delay(attempt);
-        attempt = attempt.saturating_add(1);
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => return (Attempt::Stopped, sent),
-            _ = sleep_until(deadline) => return (Attempt::Lost(LossReason::DeadlinePassed), sent),
-            _ = sleep_until(retry_at) => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests;
 

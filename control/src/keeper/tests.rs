@@ -2,7 +2,7 @@ use super::*;
 use crate::clock::PausedClock;
 use crate::store::intercept::{Intercepted, Interceptor, StoreOp};
 use crate::store::memory::MemoryLeaseStore;
-use crate::store::{Consistency, LeaseReader, list_all};
+use crate::store::{Consistency, LeaseReader, RenewRequest, list_all};
 use async_trait::async_trait;
 use leasehold_telemetry::RecordingSink;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
