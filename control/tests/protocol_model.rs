@@ -23,11 +23,10 @@
 //! for a longer run.
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-use std::ops::Add;
 use std::time::Duration;
 
 use leasehold_control::protocol;
-use leasehold_testkit::model_check;
+use leasehold_testkit::model_check::{self, Tick};
 use stateright::{HasDiscoveries, Model, Property};
 
 const WORKERS: usize = 2;
@@ -37,17 +36,6 @@ const SKEW_MARGIN_S: i64 = 1;
 /// The upstream produces one event per tick; the model stops time here.
 const MAX_TIME: i64 = 7;
 const MAX_IN_FLIGHT: usize = 2;
-
-/// Monotonic (real) time of the model, in seconds.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
-struct Tick(i64);
-
-impl Add<Duration> for Tick {
-    type Output = Tick;
-    fn add(self, duration: Duration) -> Tick {
-        Tick(self.0 + duration.as_secs() as i64)
-    }
-}
 
 /// Which fixes are in place. `ALL` is the shipped protocol.
 #[derive(Clone, Copy, Debug)]

@@ -18,11 +18,10 @@
 //! counterexample. `LEASEHOLD_MODEL_DEPTH` raises the search depth.
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-use std::ops::Add;
 use std::time::Duration;
 
 use leasehold_control::protocol;
-use leasehold_testkit::model_check;
+use leasehold_testkit::model_check::{self, Tick};
 use stateright::{HasDiscoveries, Model, Property};
 
 const LEASE: Duration = Duration::from_secs(3);
@@ -31,17 +30,6 @@ const SKEW_MARGIN_S: i64 = 1;
 const MAX_TIME: i64 = 7;
 const WORKERS: usize = 2;
 const NAMES: [&str; WORKERS] = ["w0", "w1"];
-
-/// Monotonic (real) time of the model, in seconds.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
-struct Tick(i64);
-
-impl Add<Duration> for Tick {
-    type Output = Tick;
-    fn add(self, duration: Duration) -> Tick {
-        Tick(self.0 + duration.as_secs() as i64)
-    }
-}
 
 /// Session mode's rules. `ALL` is the shipped protocol.
 #[derive(Clone, Copy, Debug)]

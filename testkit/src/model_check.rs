@@ -4,9 +4,24 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::time::Instant;
+use std::ops::Add;
+use std::time::{Duration, Instant};
 
 use stateright::{Checker, HasDiscoveries, Model};
+
+/// A lease model's monotonic (real) time, in whole seconds: discrete, so the
+/// holder's deadline and clock skew are part of the state. Adding a lease (a
+/// `Duration`) gives a deadline, so `leasehold_control::protocol`'s generic
+/// deadline functions run on it as on `tokio::time::Instant`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Tick(pub i64);
+
+impl Add<Duration> for Tick {
+    type Output = Tick;
+    fn add(self, duration: Duration) -> Tick {
+        Tick(self.0 + i64::try_from(duration.as_secs()).unwrap_or(i64::MAX))
+    }
+}
 
 /// Overrides a model's default search depth (a bound for a quick run, or a
 /// deeper search than the test command's).
