@@ -25,16 +25,8 @@ use leasehold_control::settings::LeaseMode;
 use leasehold_devcluster::fleet::{Fleet, FleetOptions, FleetView, Holdings};
 use leasehold_devcluster::meter::Units;
 use leasehold_platform::percentile::nearest_rank;
+use leasehold_testkit::measure::arg;
 use tokio::time::{Instant, sleep};
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 struct Shape {
     streams: usize,
@@ -220,8 +212,8 @@ async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
 
 fn main() {
     let shape = Shape {
-        streams: arg("--streams", 10_000),
-        workers: arg("--workers", 100),
+        streams: arg("--streams", 10_000) as usize,
+        workers: arg("--workers", 100) as usize,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
