@@ -177,8 +177,8 @@ pub fn resolve_sessions(records: &mut [Result<Lease, MalformedItem>]) {
         .collect();
     for stream in records.iter_mut().filter_map(|record| record.as_mut().ok()) {
         if let (Some(owner), Some(_)) = (stream.owner_id.as_deref(), stream.session_token) {
-            let session = sessions.get(&session_record(owner)).cloned();
-            live_by_session(stream, session.as_ref());
+            let session = sessions.get(&session_record(owner));
+            live_by_session(stream, session);
         }
     }
 }

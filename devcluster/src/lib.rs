@@ -331,12 +331,10 @@ impl DevCluster {
     /// Starts every part; `background` stops them all.
     pub async fn start(options: DevOptions) -> Result<DevCluster, DevError> {
         if !options.listen.ip().is_loopback() {
-            return Err(DevError::Config(ConfigError {
-                problems: vec![format!(
-                    "--listen: {} is not a loopback address (dev has no token; use `leasehold dashboard` to serve beyond this host)",
-                    options.listen
-                )],
-            }));
+            return Err(DevError::Config(ConfigError::one(format!(
+                "--listen: {} is not a loopback address (dev has no token; use `leasehold dashboard` to serve beyond this host)",
+                options.listen
+            ))));
         }
         let background = CancellationToken::new();
 

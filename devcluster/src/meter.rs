@@ -23,10 +23,10 @@ pub const READ_PRICE: f64 = 0.125;
 
 /// Capacity units consumed so far, in tenths (an eventually consistent read
 /// of up to 4 KB is half a unit).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Meter {
     /// The metered table, to price a `Scan` page by the records it holds.
-    table: Option<Arc<MemoryLeaseStore>>,
+    table: Arc<MemoryLeaseStore>,
     write_tenths: AtomicU64,
     read_tenths: AtomicU64,
     calls: Mutex<std::collections::BTreeMap<&'static str, u64>>,
@@ -72,9 +72,12 @@ impl Meter {
     /// call when `latency`.
     pub fn new(table: Arc<MemoryLeaseStore>, latency: bool) -> Meter {
         Meter {
-            table: Some(table),
+            table,
+            write_tenths: AtomicU64::default(),
+            read_tenths: AtomicU64::default(),
+            calls: Mutex::default(),
             latency,
-            ..Meter::default()
+            draws: AtomicU64::default(),
         }
     }
 
@@ -136,10 +139,7 @@ impl Interceptor for Meter {
             } => {
                 // Priced after the call: the page as read (a write since may
                 // move it by a record, nothing a scan's units notice).
-                let records = self
-                    .table
-                    .as_ref()
-                    .map_or(limit, |table| table.page_len(start_after, limit));
+                let records = self.table.page_len(start_after, limit);
                 let bytes = records as u64 * RECORD_BYTES;
                 self.read_tenths
                     .fetch_add(read_tenths(bytes, consistency), Ordering::Relaxed);
