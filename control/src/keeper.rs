@@ -341,6 +341,12 @@ impl LeaseKeeper {
             .await
     }
 
+    /// Writes the assigner's advice on `stream_id` (assigned discovery): the
+    /// worker it should be with. Advice moves no ownership.
+    pub async fn assign(&self, stream_id: &str, assignee: &str) -> Result<(), LeaseError> {
+        self.inner.store.assign(stream_id, Some(assignee)).await
+    }
+
     /// A sink refused `lease`'s token as stale, having accepted `sink_fence`.
     /// If the table still says this keeper holds the stream with that very
     /// token, no newer owner exists: the record was re-created (a restore, a

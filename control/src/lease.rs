@@ -46,6 +46,10 @@ pub struct Lease {
     /// was acquired under (the stream lives as long as that session).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_token: Option<u64>,
+    /// Assigned discovery only: the worker the assigner wants to hold this
+    /// stream (advice: the conditional acquire decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignee: Option<String>,
 }
 
 /// Ownership state of a lease at a given instant.
@@ -90,6 +94,7 @@ impl Lease {
             sidecar_url: None,
             handoff_addr: None,
             session_token: None,
+            assignee: None,
         }
     }
 

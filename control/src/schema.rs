@@ -53,6 +53,15 @@ pub const HANDOFF_ADDR: &str = "handoff_addr";
 pub const SESSION_TOKEN: &str = "session_token";
 /// Extra (S), the mode record only: `per-stream` or `session`.
 pub const LEASE_MODE: &str = "lease_mode";
+/// Extra (S), stream records only, assigned discovery: the worker the elected
+/// assigner wants to hold the stream. Advice, never ownership: only the
+/// conditional acquire decides who holds a stream.
+pub const ASSIGNEE: &str = "assignee";
+/// The lease table's global secondary index on `assignee` (hash) and
+/// `stream_id` (range), keys only: a worker finds the streams assigned to it
+/// with one `Query`, whose read units grow with its own streams, not the
+/// table's. Sparse: records without `assignee` are not in it.
+pub const ASSIGNEE_INDEX: &str = "assignee-index";
 
 /// Prefix of records that are not streams (observer lease, presence records);
 /// stream views and counts leave them out.
@@ -65,6 +74,9 @@ pub const WORKER_PRESENCE_PREFIX: &str = "leasehold#worker#";
 pub const OBSERVER_LEASE: &str = "leasehold#observer";
 /// The hand-off doorbell: draining workers bump its counter so peers rescan now.
 pub const HANDOFF_DOORBELL: &str = "leasehold#handoff";
+/// The assigner lease (assigned discovery): the one stream worker holding it
+/// scans the table and writes every stream's `assignee`.
+pub const ASSIGNER_LEASE: &str = "leasehold#assigner";
 
 /// Prefix of session records (`leasehold#session#{owner_id}`): in session mode
 /// a worker renews this one record, and every stream it holds lives as long
@@ -164,6 +176,7 @@ pub fn decode(item: &RawItem) -> Result<Lease, MalformedItem> {
         sidecar_url: reader.string(SIDECAR_URL)?.filter(|s| !s.is_empty()),
         handoff_addr: reader.string(HANDOFF_ADDR)?.filter(|s| !s.is_empty()),
         session_token: reader.uint(SESSION_TOKEN)?,
+        assignee: reader.string(ASSIGNEE)?.filter(|s| !s.is_empty()),
         stream_id,
     })
 }

@@ -1021,6 +1021,73 @@ pub async fn the_first_declared_mode_stays(target: &dyn ConformanceTarget) {
     );
 }
 
+/// Assigned discovery: the assigner's advice is found by assignee, sorted,
+/// and moves nothing else: not the owner, the token, the expiry or the
+/// checkpoint, and an acquire neither needs it nor clears it. It never
+/// creates a record and never lands on a reserved one.
+pub async fn assignments_are_advice_found_by_assignee(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    for stream in ["as-c", "as-a", "as-b"] {
+        store.register(stream, T0).await.unwrap();
+    }
+    let held = store.acquire(&acquire("as-b", "w1", T0)).await.unwrap();
+    store.assign("as-c", Some("w1")).await.unwrap();
+    store.assign("as-a", Some("w1")).await.unwrap();
+    store.assign("as-b", Some("w2")).await.unwrap();
+    assert_eq!(store.assigned("w1").await.unwrap(), ["as-a", "as-c"]);
+    assert_eq!(store.assigned("w2").await.unwrap(), ["as-b"]);
+    assert!(store.assigned("w3").await.unwrap().is_empty());
+
+    let advised = store.get("as-b").await.unwrap();
+    assert_eq!(advised.assignee.as_deref(), Some("w2"));
+    assert_eq!(
+        Lease {
+            assignee: None,
+            ..advised
+        },
+        held,
+        "advice moves nothing else"
+    );
+    // Advice is not ownership: the holder keeps the stream, the assignee
+    // still has to win the conditional acquire.
+    let refused = store.acquire(&acquire("as-b", "w2", T0 + 1)).await;
+    assert!(
+        matches!(refused, Err(LeaseError::Conflict { .. })),
+        "{refused:?}"
+    );
+    let mut renew_b = renew("as-b", "w1", held.fence_token, T0 + 2);
+    renew_b.checkpoint = Some(5);
+    store.renew(&renew_b).await.unwrap();
+    store
+        .release(&release("as-b", "w1", held.fence_token, T0 + 3))
+        .await
+        .unwrap();
+    let taken = store.acquire(&acquire("as-b", "w2", T0 + 4)).await.unwrap();
+    assert_eq!(
+        taken.assignee.as_deref(),
+        Some("w2"),
+        "an acquire keeps the advice"
+    );
+    assert_eq!(taken.checkpoint, Some(5));
+
+    store.assign("as-b", None).await.unwrap();
+    assert!(store.assigned("w2").await.unwrap().is_empty());
+    assert_eq!(store.get("as-b").await.unwrap().assignee, None);
+
+    assert!(matches!(
+        store.assign("as-missing", Some("w1")).await,
+        Err(LeaseError::NotFound { .. })
+    ));
+    assert!(
+        target.get_raw("as-missing").await.is_none(),
+        "never created"
+    );
+    assert!(matches!(
+        store.assign(schema::HANDOFF_DOORBELL, Some("w1")).await,
+        Err(LeaseError::Rejected { .. })
+    ));
+}
+
 /// Generates one `#[tokio::test]` per conformance check for a target.
 ///
 /// `$make` is an async expression yielding `Option<impl ConformanceTarget>`
@@ -1055,6 +1122,7 @@ macro_rules! conformance_suite {
             a_restarted_or_released_session_ends_its_streams,
             two_takers_race_and_one_wins,
             the_first_declared_mode_stays,
+            assignments_are_advice_found_by_assignee,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

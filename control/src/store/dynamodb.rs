@@ -9,15 +9,11 @@
 //! renew outlive it.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use super::{
     AcquireRequest, CheckpointRequest, Consistency, Holder, LeaseError, LeasePage, LeaseReader,
@@ -95,6 +91,10 @@ pub const LIFT_CONDITION: &str = "owner_id = :owner AND fence_token = :token AND
 pub const LIFT_UPDATE: &str = "SET fence_token = :to, updated_at = :now";
 /// Register only creates.
 pub const RECORD_ABSENT: &str = "attribute_not_exists(stream_id)";
+/// The assigner's advice on a stream record.
+pub const ASSIGN_UPDATE: &str = "SET assignee = :assignee";
+/// The assigner takes its advice back.
+pub const UNASSIGN_UPDATE: &str = "REMOVE assignee";
 
 /// Leases in a DynamoDB table with a string `stream_id` partition key.
 #[derive(Debug, Clone)]
@@ -145,77 +145,6 @@ impl DynamoLeaseStore {
     /// The table name.
     pub fn table(&self) -> &str {
         &self.table
-    }
-
-    /// Creates the lease table (PAY_PER_REQUEST, `stream_id` string hash key) and
-    /// waits until it is active. Idempotent.
-    pub async fn create_table(&self) -> Result<TableCreation, LeaseError> {
-        let key = schema::STREAM_ID;
-        let result = self
-            .client
-            .create_table()
-            .table_name(&self.table)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(key)
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .map_err(rejected)?,
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name(key)
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .map_err(rejected)?,
-            )
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
-            .await;
-        let creation = match result {
-            Ok(_) => TableCreation::Created,
-            Err(err) if err.code() == Some("ResourceInUseException") => {
-                TableCreation::AlreadyExisted
-            }
-            Err(err) => return Err(self.sdk_error(err)),
-        };
-        self.wait_active().await?;
-        Ok(creation)
-    }
-
-    /// Fails with [`LeaseError::TableMissing`] when the table does not exist.
-    pub async fn check_table(&self) -> Result<(), LeaseError> {
-        self.client
-            .describe_table()
-            .table_name(&self.table)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|err| self.sdk_error(err))
-    }
-
-    async fn wait_active(&self) -> Result<(), LeaseError> {
-        // A new on-demand table is usually active within seconds; give up after a minute.
-        for attempt in 0..60 {
-            let described = self
-                .client
-                .describe_table()
-                .table_name(&self.table)
-                .send()
-                .await
-                .map_err(|err| self.sdk_error(err))?;
-            let status = described.table().and_then(|t| t.table_status());
-            if status == Some(&TableStatus::Active) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(if attempt < 5 { 200 } else { 1000 })).await;
-        }
-        Err(LeaseError::Transient {
-            message: format!(
-                "table {:?} did not become active within a minute",
-                self.table
-            ),
-        })
     }
 
     fn sdk_error<E, R>(&self, err: SdkError<E, R>) -> LeaseError
@@ -665,6 +594,17 @@ impl LeaseStore for DynamoLeaseStore {
         }
     }
 
+    async fn assign(&self, stream_id: &str, assignee: Option<&str>) -> Result<(), LeaseError> {
+        super::check_stream(stream_id)?;
+        let (update, values) = match assignee {
+            Some(assignee) => (ASSIGN_UPDATE, vec![(":assignee", s(assignee))]),
+            None => (UNASSIGN_UPDATE, Vec::new()),
+        };
+        self.update(stream_id, RECORD_EXISTS, update, values, Holder::none())
+            .await
+            .map(|_| ())
+    }
+
     async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
         let values = vec![
             (":owner", s(&r.owner_id)),
@@ -680,6 +620,10 @@ impl LeaseStore for DynamoLeaseStore {
 
 #[async_trait]
 impl LeaseReader for DynamoLeaseStore {
+    async fn assigned(&self, assignee: &str) -> Result<Vec<String>, LeaseError> {
+        self.query_assigned(assignee).await
+    }
+
     async fn get_with(
         &self,
         stream_id: &str,
@@ -737,5 +681,6 @@ impl LeaseReader for DynamoLeaseStore {
     }
 }
 
+mod table;
 #[cfg(test)]
 mod tests;

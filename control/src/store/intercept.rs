@@ -92,13 +92,23 @@ pub enum StoreOp<'a> {
     },
     /// [`LeaseStore::declare_mode`].
     DeclareMode,
+    /// [`LeaseStore::assign`].
+    Assign {
+        /// Stream whose `assignee` is written.
+        stream_id: &'a str,
+    },
+    /// [`LeaseReader::assigned`]: one index query.
+    Assigned {
+        /// Whose streams.
+        assignee: &'a str,
+    },
 }
 
 impl<'a> StoreOp<'a> {
     /// The record the call reads or writes; `None` for a listing.
     pub fn stream_id(&self) -> Option<&'a str> {
         match *self {
-            StoreOp::List { .. } => None,
+            StoreOp::List { .. } | StoreOp::Assigned { .. } => None,
             StoreOp::DeclareMode => Some(crate::schema::MODE_RECORD),
             StoreOp::Get { stream_id, .. }
             | StoreOp::Acquire { stream_id }
@@ -111,13 +121,17 @@ impl<'a> StoreOp<'a> {
                 record_id: stream_id,
             }
             | StoreOp::LiftToken { stream_id }
-            | StoreOp::TakeOver { stream_id } => Some(stream_id),
+            | StoreOp::TakeOver { stream_id }
+            | StoreOp::Assign { stream_id } => Some(stream_id),
         }
     }
 
     /// Whether the call is a (conditional) write, i.e. a [`LeaseStore`] method.
     pub fn is_write(&self) -> bool {
-        !matches!(self, StoreOp::Get { .. } | StoreOp::List { .. })
+        !matches!(
+            self,
+            StoreOp::Get { .. } | StoreOp::List { .. } | StoreOp::Assigned { .. }
+        )
     }
 
     /// The method's name (`"renew"`, `"lift_token"`), for logs and counts by kind.
@@ -135,6 +149,8 @@ impl<'a> StoreOp<'a> {
             StoreOp::LiftToken { .. } => "lift_token",
             StoreOp::TakeOver { .. } => "take_over",
             StoreOp::DeclareMode => "declare_mode",
+            StoreOp::Assign { .. } => "assign",
+            StoreOp::Assigned { .. } => "assigned",
         }
     }
 }
@@ -227,6 +243,11 @@ impl<S: LeaseReader + ?Sized, I: Interceptor> LeaseReader for Intercepted<S, I> 
         self.run(op, self.inner.list_with(start_after, limit, consistency))
             .await
     }
+
+    async fn assigned(&self, assignee: &str) -> Result<Vec<String>, LeaseError> {
+        let op = StoreOp::Assigned { assignee };
+        self.run(op, self.inner.assigned(assignee)).await
+    }
 }
 
 #[async_trait]
@@ -292,6 +313,11 @@ impl<S: LeaseStore + ?Sized, I: Interceptor> LeaseStore for Intercepted<S, I> {
     async fn declare_mode(&self, mode: &str, now_ms: i64) -> Result<String, LeaseError> {
         self.run(StoreOp::DeclareMode, self.inner.declare_mode(mode, now_ms))
             .await
+    }
+
+    async fn assign(&self, stream_id: &str, assignee: Option<&str>) -> Result<(), LeaseError> {
+        let op = StoreOp::Assign { stream_id };
+        self.run(op, self.inner.assign(stream_id, assignee)).await
     }
 }
 

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use super::{
     AcquireRequest, CheckpointRequest, Consistency, Holder, LeaseError, LeasePage, LeaseReader,
     LeaseStore, LiftRequest, ReleaseRequest, RenewRequest, TakeoverRequest, check_reserved,
-    refusal, registration_item,
+    check_stream, refusal, registration_item,
 };
 use crate::lease::Lease;
 use crate::protocol;
@@ -23,6 +23,9 @@ use crate::schema::{self, AttrValue, RawItem};
 #[derive(Debug, Default)]
 pub struct MemoryLeaseStore {
     items: Mutex<BTreeMap<String, RawItem>>,
+    /// While set, [`LeaseReader::assigned`] answers from this copy of the
+    /// assignee index, as DynamoDB's eventually consistent index may lag.
+    frozen_index: Mutex<Option<BTreeMap<String, String>>>,
 }
 
 impl MemoryLeaseStore {
@@ -49,6 +52,33 @@ impl MemoryLeaseStore {
             None => Bound::Unbounded,
         };
         items.range((from, Bound::Unbounded)).take(limit).count()
+    }
+
+    /// Freezes the assignee index as it is now (`true`) or lets it follow the
+    /// table again: what a lagging DynamoDB index can answer, for tests that
+    /// must not act on a stale index.
+    pub fn freeze_index(&self, frozen: bool) {
+        let snapshot = frozen.then(|| {
+            self.lock()
+                .iter()
+                .filter_map(|(key, item)| match item.get(schema::ASSIGNEE) {
+                    Some(AttrValue::S(assignee)) => Some((key.clone(), assignee.clone())),
+                    _ => None,
+                })
+                .collect()
+        });
+        *self.frozen_index.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
+    }
+
+    /// How many streams are assigned to `assignee` (what a simulation's
+    /// meter prices an index `Query` by).
+    pub fn assigned_len(&self, assignee: &str) -> usize {
+        self.lock()
+            .values()
+            .filter(
+                |item| matches!(item.get(schema::ASSIGNEE), Some(AttrValue::S(a)) if a == assignee),
+            )
+            .count()
     }
 
     /// Reads an item exactly as stored.
@@ -261,6 +291,23 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(next)
     }
 
+    async fn assign(&self, stream_id: &str, assignee: Option<&str>) -> Result<(), LeaseError> {
+        check_stream(stream_id)?;
+        let mut items = self.lock();
+        let Some(item) = items.get_mut(stream_id) else {
+            return Err(LeaseError::NotFound {
+                stream_id: stream_id.to_owned(),
+            });
+        };
+        match assignee {
+            Some(assignee) => set(item, schema::ASSIGNEE, AttrValue::s(assignee)),
+            None => {
+                item.remove(schema::ASSIGNEE);
+            }
+        }
+        Ok(())
+    }
+
     async fn take_over(&self, r: &TakeoverRequest) -> Result<Lease, LeaseError> {
         let acquire = &r.acquire;
         let mut items = self.lock();
@@ -341,6 +388,25 @@ impl LeaseReader for MemoryLeaseStore {
                 stream_id: stream_id.to_owned(),
             }),
         }
+    }
+
+    async fn assigned(&self, assignee: &str) -> Result<Vec<String>, LeaseError> {
+        if let Some(index) = &*self.frozen_index.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Ok(index
+                .iter()
+                .filter(|(_, a)| *a == assignee)
+                .map(|(key, _)| key.clone())
+                .collect());
+        }
+        // Keys in order, as the index's range key (`stream_id`) sorts them.
+        Ok(self
+            .lock()
+            .iter()
+            .filter(|(_, item)| {
+                matches!(item.get(schema::ASSIGNEE), Some(AttrValue::S(a)) if a == assignee)
+            })
+            .map(|(key, _)| key.clone())
+            .collect())
     }
 
     async fn list_with(

@@ -253,6 +253,12 @@ pub trait LeaseReader: Send + Sync + 'static {
         consistency: Consistency,
     ) -> Result<LeasePage, LeaseError>;
 
+    /// The streams assigned to `assignee` (assigned discovery), from the
+    /// assignee index, sorted. Eventually consistent on DynamoDB (a global
+    /// secondary index has no strong reads): a caller about to act on an
+    /// entry re-reads the record first.
+    async fn assigned(&self, assignee: &str) -> Result<Vec<String>, LeaseError>;
+
     /// Reads one record, strongly consistent.
     async fn get(&self, stream_id: &str) -> Result<Lease, LeaseError> {
         self.get_with(stream_id, Consistency::Strong).await
@@ -299,6 +305,12 @@ pub trait LeaseStore: LeaseReader {
     /// ("something was released: look now"); refuses stream records, whose
     /// tokens only acquire may move.
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError>;
+
+    /// Assigned discovery: writes (`Some`) or removes (`None`) the stream's
+    /// `assignee`, the elected assigner's advice. Never creates a record
+    /// ([`LeaseError::NotFound`]) and refuses reserved ones; touches nothing
+    /// else, so it never moves ownership, the token or the checkpoint.
+    async fn assign(&self, stream_id: &str, assignee: Option<&str>) -> Result<(), LeaseError>;
 
     /// Session mode's takeover, one transaction (`TransactWriteItems`, two
     /// write units: takeovers only, never renewals): a condition that the
@@ -439,6 +451,17 @@ pub(crate) fn check_reserved(record_id: &str) -> Result<(), LeaseError> {
                 schema::RESERVED_PREFIX
             ),
         })
+    }
+}
+
+/// Refuses a reserved `leasehold#…` record where only streams may go.
+pub(crate) fn check_stream(stream_id: &str) -> Result<(), LeaseError> {
+    if stream_id.starts_with(schema::RESERVED_PREFIX) {
+        Err(LeaseError::Rejected {
+            message: format!("{stream_id:?} is a reserved record, not a stream"),
+        })
+    } else {
+        Ok(())
     }
 }
 

@@ -19,6 +19,7 @@ fn expressions_only_name_schema_attributes() {
         schema::CHECKPOINT_AT,
         schema::SESSION_TOKEN,
         schema::LEASE_MODE,
+        schema::ASSIGNEE,
     ];
     let keywords = [
         "SET",
@@ -51,6 +52,8 @@ fn expressions_only_name_schema_attributes() {
         SESSION_ENDED_CONDITION,
         TAKEOVER_CONDITION,
         DECLARE_MODE_UPDATE,
+        ASSIGN_UPDATE,
+        UNASSIGN_UPDATE,
     ] {
         for word in expression.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
             if word.is_empty() || word.starts_with(':') || keywords.contains(&word) {
