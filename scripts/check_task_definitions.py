@@ -97,8 +97,9 @@ ROLES = {
         ["stream-worker-task-policy.json", "sidecar-observer-policy.json"],
         # ConditionCheckItem: session mode's takeover transaction checks the
         # holder's session record (TransactWriteItems authorises each item).
+        # Query: assigned discovery reads the assignee index.
         {"dynamodb:ConditionCheckItem", "dynamodb:DescribeTable", "dynamodb:GetItem",
-         "dynamodb:PutItem", "dynamodb:Scan", "dynamodb:UpdateItem"},
+         "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:UpdateItem"},
     ),
     # The broker worker calls no AWS API: it gets its user's credentials sealed
     # to its own key by the credential sealer, and its policy only denies KMS
@@ -197,7 +198,9 @@ class Code:
     def __init__(self, repo: Path = REPO):
         self.env = env_vars((repo / "docs/configuration.md").read_text())
         self.subcommands = subcommands((repo / "leasehold/src/main.rs").read_text())
-        dynamodb_rs = (repo / "control/src/store/dynamodb.rs").read_text()
+        dynamodb_rs = "\n".join(
+            (repo / path).read_text()
+            for path in ("control/src/store/dynamodb.rs", "control/src/store/dynamodb/table.rs"))
         self.calls = client_calls(dynamodb_rs, "dynamodb") | client_calls(
             (repo / "worker/broker/src/launcher.rs").read_text(), "ecs")
         # TransactWriteItems is no IAM action: a transaction is authorised item
@@ -622,8 +625,10 @@ def check_policy(path: str, policy: dict, code: Code, errors: list[str]):
                     "deploy/lease-table.yaml), never a task role")
         if any(a.lower().startswith("dynamodb:") for a in actions):
             for r in resources:
-                if not re.fullmatch(r"arn:aws[\w-]*:dynamodb:[^:*]+:[^:*]+:table/[^/*]+", str(r)):
-                    err(f"{where}: DynamoDB resource {r!r} must be the lease table's ARN, no wildcard")
+                if not re.fullmatch(r"arn:aws[\w-]*:dynamodb:[^:*]+:[^:*]+:table/[^/*]+"
+                                    r"(/index/assignee-index)?", str(r)):
+                    err(f"{where}: DynamoDB resource {r!r} must be the lease table's ARN (or its "
+                        "assignee index's), no wildcard")
         if "*" in resources and not st.get("Condition") and not set(actions) <= STAR_ONLY_ACTIONS:
             err(f"{where}: Resource '*' needs a Condition that narrows it")
         if "iam:PassRole" in actions and "iam:PassedToService" not in json.dumps(st.get("Condition", {})):
@@ -761,7 +766,7 @@ def check_lease_table(text: str, errors: list[str]):
         errors.append("deploy/lease-table.yaml: TTL must not be enabled (expiry is lease_expires_at in the "
                       "conditional write, never TTL)")
     for needed in ("PointInTimeRecoveryEnabled: true", "DeletionProtectionEnabled: true", "PAY_PER_REQUEST",
-                   "AttributeName: stream_id"):
+                   "AttributeName: stream_id", "IndexName: assignee-index", "ProjectionType: KEYS_ONLY"):
         if not any(needed in line for line in code_lines):
             errors.append(f"deploy/lease-table.yaml: expected {needed!r}")
 

@@ -23,6 +23,7 @@ use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{FencedSink, SinkOptions};
 use leasehold_stream::handoff::HandoffSocket;
 use leasehold_stream::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
+use leasehold_stream::worker::DiscoveryMode;
 use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig};
 use leasehold_telemetry::LogSink;
 use tokio::task::JoinHandle;
@@ -46,6 +47,11 @@ pub struct FleetOptions {
     pub mode: LeaseMode,
     /// DynamoDB-like latency on every store call (p50 5 ms, p99 20 ms).
     pub store_latency: bool,
+    /// `DISCOVERY_MODE`.
+    pub discovery: DiscoveryMode,
+    /// Every worker [`Fleet::start`] starts takes pushed hand-offs on a
+    /// loopback UDP socket of its own (`HANDOFF_LISTEN`).
+    pub pushes: bool,
 }
 
 impl Default for FleetOptions {
@@ -58,6 +64,8 @@ impl Default for FleetOptions {
             handoff_poll: worker.handoff_poll,
             mode: LeaseMode::PerStream,
             store_latency: false,
+            discovery: DiscoveryMode::Scan,
+            pushes: false,
         }
     }
 }
@@ -125,7 +133,12 @@ impl Fleet {
 
     /// Starts a worker named `owner` that holds at most `max_streams`.
     pub fn start(&mut self, owner: &str, max_streams: usize) {
-        self.start_with(owner, max_streams, None);
+        if self.options.pushes {
+            self.start_taking_pushes(owner, max_streams)
+                .expect("a loopback UDP socket");
+        } else {
+            self.start_with(owner, max_streams, None);
+        }
     }
 
     /// [`Fleet::start`] for a worker that takes pushed hand-offs on a UDP
@@ -174,6 +187,7 @@ impl Fleet {
                 max_streams,
                 discovery_interval: self.options.discovery_interval,
                 handoff_poll: self.options.handoff_poll,
+                discovery_mode: self.options.discovery,
                 ..StreamWorkerConfig::default()
             },
         );
@@ -243,6 +257,12 @@ impl Fleet {
         }
     }
 
+    /// Freezes the assignee index as it is (or lets it follow the table
+    /// again): a lagging DynamoDB index.
+    pub fn freeze_index(&self, frozen: bool) {
+        self.store.inner().freeze_index(frozen);
+    }
+
     /// What the workers' store calls have cost so far.
     pub fn units(&self) -> Units {
         self.store.interceptor().units()
@@ -285,6 +305,12 @@ impl FleetView {
                 (lease.stream_id, lease.owner_id.filter(|_| held))
             })
             .collect())
+    }
+
+    /// One record as stored (a reserved one too: the assigner lease).
+    pub async fn record(&self, id: &str) -> Result<leasehold_control::lease::Lease, LeaseError> {
+        use leasehold_control::store::LeaseReader;
+        self.table.get(id).await
     }
 
     async fn streams(&self) -> Result<Vec<leasehold_control::lease::Lease>, LeaseError> {

@@ -15,6 +15,9 @@ use leasehold_control::store::memory::MemoryLeaseStore;
 /// Bytes of one lease record as DynamoDB sizes it (names and values; a
 /// stream record with leasehold's extras is 250-312 B).
 pub const RECORD_BYTES: u64 = 300;
+/// What one keys-only entry of the assignee index is priced at: its keys and
+/// DynamoDB's per-entry overhead.
+pub const INDEX_ENTRY_BYTES: u64 = 100;
 
 /// On-demand prices, us-east-1: dollars per million units.
 pub const WRITE_PRICE: f64 = 0.625;
@@ -143,6 +146,18 @@ impl Interceptor for Meter {
                 let bytes = records as u64 * RECORD_BYTES;
                 self.read_tenths
                     .fetch_add(read_tenths(bytes, consistency), Ordering::Relaxed);
+            }
+            // Keys-only index entries of about 100 bytes (keys and
+            // DynamoDB's per-entry overhead); a Query is always eventual.
+            StoreOp::Assigned { assignee } => {
+                let bytes = self.table.assigned_len(assignee) as u64 * INDEX_ENTRY_BYTES;
+                self.read_tenths
+                    .fetch_add(read_tenths(bytes, Consistency::Eventual), Ordering::Relaxed);
+            }
+            // The record, and the index: an entry moved from one assignee to
+            // another is a delete and a put there.
+            StoreOp::Assign { .. } => {
+                self.write_tenths.fetch_add(30, Ordering::Relaxed);
             }
             // Two items, each a write unit (a condition check is priced as a write).
             StoreOp::TakeOver { .. } => {

@@ -12,11 +12,14 @@
 //!   children are the intake (arrivals, backfill) and the write window.
 //! - [`worker`]: presence, discovery, fair share, hand-back, drain.
 //! - [`balance`]: fair share, hand-back, and when to stop giving.
+//! - [`assignment`]: assigned discovery's plan (`DISCOVERY_MODE=assigned`):
+//!   which live worker each stream should be with, the elected assigner's advice.
 //! - [`probes`]: acquire attempts scheduled for when a lease becomes takeable.
 //! - [`handoff`]: pushed hand-offs: the UDP hint a draining worker sends its
 //!   successor, which then acquires at once (only the acquire decides).
 //! - [`settings`]: the worker's variables, read once.
 
+pub mod assignment;
 pub mod balance;
 pub mod handoff;
 pub mod probes;

@@ -11,7 +11,7 @@ use leasehold_telemetry::transport::ShipperConfig;
 use crate::runner::RunnerConfig;
 use crate::upstream::history::HistoryConfig;
 use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
-use crate::worker::StreamWorkerConfig;
+use crate::worker::{DiscoveryMode, StreamWorkerConfig};
 use leasehold_control::sequence::{ResumeMode, SeqStep};
 use leasehold_sink::SinkOptions;
 
@@ -208,6 +208,22 @@ pub const DISCOVERY_INTERVAL_MS: Setting<Duration> = Setting::new(
     Fallback::Value(|| Duration::from_millis(5_000)),
     "How often a worker scans the lease table for streams to take or hand back (±20 % jitter).",
 );
+/// `scan` or `assigned`.
+const DISCOVERY_MODE_PARSER: Parser<DiscoveryMode> = Parser {
+    parse: |raw| DiscoveryMode::parse(raw).ok_or_else(|| "must be scan or assigned".into()),
+    show: |mode| mode.as_str().to_owned(),
+};
+/// The `DISCOVERY_MODE` variable.
+pub const DISCOVERY_MODE: Setting<DiscoveryMode> = Setting::new(
+    "DISCOVERY_MODE",
+    DISCOVERY_MODE_PARSER,
+    Fallback::Value(|| DiscoveryMode::Scan),
+    "`scan`: every worker scans the lease table each discovery interval and balances by itself. \
+     `assigned`: one elected worker (the `leasehold#assigner` lease) scans, eventually \
+     consistent, and writes each stream's `assignee`; the others `Query` the `assignee-index` \
+     for their own streams, so reads do not grow with streams × workers. Needs the index \
+     (`leasehold table create` adds it).",
+);
 /// The `HANDOFF_POLL_MS` variable.
 pub const HANDOFF_POLL_MS: Setting<Duration> = Setting::new(
     "HANDOFF_POLL_MS",
@@ -302,6 +318,7 @@ pub const ALL: &[&dyn Documented] = &[
     &STREAM_IDS,
     &MAX_STREAMS,
     &DISCOVERY_INTERVAL_MS,
+    &DISCOVERY_MODE,
     &HANDOFF_POLL_MS,
     &HANDOFF_LISTEN,
     &DRAIN_TIMEOUT_MS,
@@ -460,6 +477,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     let worker = StreamWorkerConfig {
         max_streams: env.get(&MAX_STREAMS),
         discovery_interval: env.get(&DISCOVERY_INTERVAL_MS),
+        discovery_mode: env.get(&DISCOVERY_MODE),
         handoff_poll: env.get(&HANDOFF_POLL_MS),
         drain_timeout: env.get(&DRAIN_TIMEOUT_MS),
         register,

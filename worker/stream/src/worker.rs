@@ -59,13 +59,20 @@ use crate::upstream::WebSocketUpstream;
 use crate::upstream::history::{History, HttpHistory};
 use leasehold_sink::FencedSink;
 
+mod assigned;
+pub use assigned::DiscoveryMode;
+use assigned::Offered;
+
 /// How a stream worker discovers, balances and drains.
 #[derive(Debug, Clone)]
 pub struct StreamWorkerConfig {
     /// Most streams this worker holds, whatever its fair share.
     pub max_streams: usize,
-    /// Period of the full scan.
+    /// Period of the full scan (of the assigner's, and of the index query, in
+    /// assigned discovery).
     pub discovery_interval: Duration,
+    /// Who scans: every worker, or the elected assigner.
+    pub discovery_mode: DiscoveryMode,
     /// Period of the doorbell read.
     pub handoff_poll: Duration,
     /// Budget for finishing in-flight batches on shutdown.
@@ -86,6 +93,7 @@ impl Default for StreamWorkerConfig {
         StreamWorkerConfig {
             max_streams: MAX_STREAMS.fixed_default(),
             discovery_interval: DISCOVERY_INTERVAL_MS.fixed_default(),
+            discovery_mode: DiscoveryMode::default(),
             handoff_poll: HANDOFF_POLL_MS.fixed_default(),
             drain_timeout: DRAIN_TIMEOUT_MS.fixed_default(),
             register: Vec::new(),
@@ -133,6 +141,14 @@ pub struct StreamWorker {
     peer_addrs: HashMap<String, std::net::SocketAddr>,
     /// The stream ids of the last scan: a pushed id must be one of them.
     known_streams: HashSet<String>,
+    /// Assigned discovery: the assigner lease, while this worker holds it.
+    assigner: Option<HeldLease>,
+    /// Assigned discovery: when the assigner plans again before its interval
+    /// (a worker's presence lapses first).
+    assigner_due: Option<Instant>,
+    /// Assigned discovery: streams handed back, and the worker each is
+    /// advised to (pushed there once released).
+    handing_to: HashMap<String, String>,
     exits_tx: mpsc::UnboundedSender<Exited>,
     exits_rx: mpsc::UnboundedReceiver<Exited>,
 }
@@ -162,6 +178,9 @@ impl StreamWorker {
             handoff: None,
             peer_addrs: HashMap::new(),
             known_streams: HashSet::new(),
+            assigner: None,
+            assigner_due: None,
+            handing_to: HashMap::new(),
             exits_tx,
             exits_rx,
         }
@@ -236,8 +255,11 @@ impl StreamWorker {
             None => (None, None),
         };
         self.ensure_presence().await;
-        self.ring_doorbell().await;
-        let mut doorbell = self.read_doorbell().await;
+        let scans = self.config.discovery_mode == DiscoveryMode::Scan;
+        if scans {
+            self.ring_doorbell().await;
+        }
+        let mut doorbell = if scans { self.read_doorbell().await } else { 0 };
         let mut next_scan = Instant::now() + self.config.handoff_poll;
         // Whether the next scan was asked for (start, doorbell, a stream that
         // ended) rather than due: those read strongly consistent.
@@ -261,16 +283,26 @@ impl StreamWorker {
                     } else {
                         Consistency::Eventual
                     };
-                    match self.scan(consistency).await {
+                    let pass = if scans {
+                        self.scan(consistency).await
+                    } else {
+                        self.follow_assignments().await
+                    };
+                    match pass {
                         Ok(()) => asked_for = false,
-                        Err(err) => tracing::warn!(error = %err, "discovery scan failed; retrying"),
+                        Err(err) => tracing::warn!(error = %err, "discovery pass failed; retrying"),
                     }
                     next_scan = Instant::now() + jittered(self.config.discovery_interval);
+                    if let Some(due) = self.assigner_due.take() {
+                        next_scan = next_scan.min(due);
+                    }
                 }
                 _ = sleep_until(next_probe.unwrap_or_else(Instant::now)), if next_probe.is_some() => {
                     self.probe().await;
                 }
-                _ = poll.tick() => {
+                // Assigned discovery reads no doorbell: pushes and the
+                // assigner's next pass find released streams.
+                _ = poll.tick(), if scans => {
                     let rung = self.read_doorbell().await;
                     if rung != doorbell {
                         doorbell = rung;
@@ -279,7 +311,13 @@ impl StreamWorker {
                     }
                 }
                 Some(stream) = async { pushed.as_mut()?.recv().await }, if pushed.is_some() => {
-                    self.on_pushed(&stream).await;
+                    // Every push already here at once: a drained peer's
+                    // streams are taken together, not one round trip each.
+                    let mut streams = vec![stream];
+                    while let Some(Ok(more)) = pushed.as_mut().map(mpsc::Receiver::try_recv) {
+                        streams.push(more);
+                    }
+                    self.on_pushed(streams).await;
                 }
             }
         }
@@ -311,7 +349,13 @@ impl StreamWorker {
             self.running.remove(stream);
         }
         match exit {
-            StreamExit::Released => self.ring_doorbell().await,
+            StreamExit::Released => match self.handing_to.remove(stream) {
+                Some(assignee) => self.push_to(stream, &assignee).await,
+                None if self.config.discovery_mode == DiscoveryMode::Scan => {
+                    self.ring_doorbell().await
+                }
+                None => {}
+            },
             StreamExit::ReleaseFailed(error) => {
                 tracing::warn!(
                     stream_id = stream,
@@ -331,15 +375,20 @@ impl StreamWorker {
         }
     }
 
-    /// A peer pushed `stream` to this worker: take it now if it is a stream
-    /// of the table and there is room (the acquire decides; a forged or late
-    /// push costs one refused write).
-    async fn on_pushed(&mut self, stream: &str) {
-        if self.known_streams.contains(stream)
-            && !self.running.contains_key(stream)
-            && self.running.len() < self.config.max_streams
-        {
-            self.try_acquire(stream).await;
+    /// Peers pushed `streams` to this worker: take each now if it is a
+    /// stream of the table and there is room (the acquire decides; a forged
+    /// or late push costs one refused write, or in assigned discovery one read).
+    async fn on_pushed(&mut self, streams: Vec<String>) {
+        if self.config.discovery_mode == DiscoveryMode::Assigned {
+            return self.take(streams, Offered::Pushed).await;
+        }
+        for stream in streams {
+            if self.known_streams.contains(&stream)
+                && !self.running.contains_key(&stream)
+                && self.running.len() < self.config.max_streams
+            {
+                self.try_acquire(&stream).await;
+            }
         }
     }
 
@@ -377,34 +426,9 @@ impl StreamWorker {
         let skew =
             i64::try_from(self.context.keeper.config().skew_margin.as_millis()).unwrap_or(i64::MAX);
         let streams: &[Lease] = &table.streams;
-        let mut census = Census::default();
-        let mut peer_addrs = HashMap::new();
-        for (owner, presence) in table.live_workers(now) {
-            if let Some(addr) = presence
-                .lease
-                .handoff_addr
-                .as_deref()
-                .and_then(handoff::peer_addr)
-                && owner != me
-            {
-                peer_addrs.insert(owner.to_owned(), addr);
-            }
-            census.held_by.entry(owner.to_owned()).or_default();
-        }
-        for lease in streams {
-            if lease.state(now) == LeaseState::Owned
-                && let Some(count) = lease
-                    .owner_id
-                    .as_ref()
-                    .and_then(|o| census.held_by.get_mut(o))
-            {
-                *count += 1;
-            }
-        }
-        census.streams = streams.len();
+        let (census, peer_addrs) = census_of(&table, now, &me, self.running.len());
         self.peer_addrs = peer_addrs;
         self.known_streams = streams.iter().map(|l| l.stream_id.clone()).collect();
-        census.held_by.insert(me.clone(), self.running.len());
         // Free: what the acquire condition would let this worker in on and it
         // does not run: unowned, expired past the skew margin, or recorded as
         // this worker's (a restarted process with the same OWNER_ID, or a
@@ -519,6 +543,9 @@ impl StreamWorker {
         let Some(probe) = self.probes.pop() else {
             return;
         };
+        if self.config.discovery_mode == DiscoveryMode::Assigned {
+            return self.take(vec![probe.stream], Offered::Assigned).await;
+        }
         let me = &self.context.keeper.config().owner_id;
         let max = self.config.max_streams;
         let target = match &probe.lapsing_owner {
@@ -584,6 +611,9 @@ impl StreamWorker {
     async fn drain(mut self) -> DrainReport {
         for running in self.running.values() {
             running.drain.cancel();
+        }
+        if self.config.discovery_mode == DiscoveryMode::Assigned {
+            self.prepare_assigned_drain().await;
         }
         // The presence goes while the streams drain, not after: the doorbell
         // below waits for both, and peers that rescan then count one worker
@@ -656,8 +686,13 @@ impl StreamWorker {
     }
 
     /// Hands a released stream to the least-loaded peer of the last census,
-    /// counted as one more for it so the next stream goes elsewhere.
+    /// counted as one more for it so the next stream goes elsewhere; in
+    /// assigned discovery to the live peer it is advised to, if any (that
+    /// peer alone takes a push of a stream advised to it).
     async fn push_to_successor(&mut self, stream: &str) {
+        if let Some(assignee) = self.handing_to.remove(stream) {
+            return self.push_to(stream, &assignee).await;
+        }
         let Some(socket) = &self.handoff else {
             return;
         };
@@ -671,106 +706,47 @@ impl StreamWorker {
     }
 }
 
+/// The census of a table read: the live workers, this one with the streams
+/// it runs, the streams each holds; and the peers' checked hand-off addresses.
+fn census_of(
+    table: &LeaseTable,
+    now: i64,
+    me: &str,
+    running: usize,
+) -> (Census, HashMap<String, std::net::SocketAddr>) {
+    let mut census = Census::default();
+    let mut peer_addrs = HashMap::new();
+    for (owner, presence) in table.live_workers(now) {
+        if let Some(addr) = presence
+            .lease
+            .handoff_addr
+            .as_deref()
+            .and_then(handoff::peer_addr)
+            && owner != me
+        {
+            peer_addrs.insert(owner.to_owned(), addr);
+        }
+        census.held_by.entry(owner.to_owned()).or_default();
+    }
+    for lease in &table.streams {
+        if lease.state(now) == LeaseState::Owned
+            && let Some(count) = lease
+                .owner_id
+                .as_ref()
+                .and_then(|o| census.held_by.get_mut(o))
+        {
+            *count += 1;
+        }
+    }
+    census.streams = table.streams.len();
+    census.held_by.insert(me.to_owned(), running);
+    (census, peer_addrs)
+}
+
 /// ±20 % so workers started together do not scan in lockstep.
 fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(rand::random_range(0.8..1.2))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    use std::sync::Mutex;
-
-    use async_trait::async_trait;
-    use leasehold_control::clock::PausedClock;
-    use leasehold_control::keeper::KeeperConfig;
-    use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
-    use leasehold_control::store::memory::MemoryLeaseStore;
-    use leasehold_sink::SinkOptions;
-    use leasehold_sink::memory::MemorySink;
-    use leasehold_telemetry::LogSink;
-
-    use crate::RunnerConfig;
-    use crate::upstream::WebSocketUpstreamConfig;
-
-    /// The consistency of every scan's first page, in order.
-    #[derive(Clone, Default)]
-    struct Scans(Arc<Mutex<Vec<Consistency>>>);
-
-    #[async_trait]
-    impl Interceptor for Scans {
-        async fn before(&self, op: StoreOp<'_>) -> Result<(), LeaseError> {
-            if let StoreOp::List {
-                start_after: None,
-                consistency,
-                ..
-            } = op
-            {
-                self.0.lock().unwrap().push(consistency);
-            }
-            Ok(())
-        }
-    }
-
-    /// Periodic scans read eventually consistent (half the read units); the
-    /// first scan and one the doorbell rang for read strongly consistent, so
-    /// a release is never missed for a whole interval.
-    #[tokio::test(start_paused = true)]
-    async fn only_scans_asked_for_read_strongly_consistent() {
-        let table = Arc::new(MemoryLeaseStore::new());
-        let scans = Scans::default();
-        let clock = Arc::new(PausedClock::starting_at(1_700_000_000_000));
-        let keeper = LeaseKeeper::new(
-            Arc::new(Intercepted::new(table.clone(), scans.clone())),
-            clock.clone(),
-            Arc::new(LogSink),
-            KeeperConfig {
-                owner_id: "w".into(),
-                ..KeeperConfig::default()
-            },
-        );
-        let context = Arc::new(RunnerContext {
-            keeper,
-            // Never connected: the table holds no stream.
-            upstream: Arc::new(WebSocketUpstream::new(
-                WebSocketUpstreamConfig::for_feed("ws://127.0.0.1:9/"),
-                Arc::new(LogSink),
-            )),
-            sink: Arc::new(MemorySink::new(SinkOptions::default())),
-            history: None,
-            telemetry: Arc::new(LogSink),
-            config: RunnerConfig::default(),
-        });
-        let worker = StreamWorker::new(context, clock.clone(), StreamWorkerConfig::default());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(worker.run(shutdown.clone()));
-        // The first scan, then three or four periodic ones (5 s ± 20 %).
-        tokio::time::sleep(Duration::from_secs(21)).await;
-        let periodic = scans.0.lock().unwrap().clone();
-        assert_eq!(periodic.first(), Some(&Consistency::Strong), "{periodic:?}");
-        assert!(periodic.len() >= 4, "{periodic:?}");
-        assert!(
-            periodic[1..].iter().all(|c| *c == Consistency::Eventual),
-            "{periodic:?}"
-        );
-        // A peer rings the doorbell: the rescan within one poll is strong.
-        table.bump(HANDOFF_DOORBELL, clock.now_ms()).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        // A periodic scan may fall due in the poll's 250 ms first; the rescan
-        // the doorbell asked for is the last one either way.
-        let after = scans.0.lock().unwrap().clone();
-        assert!(after.len() > periodic.len(), "{after:?}");
-        assert_eq!(after.last(), Some(&Consistency::Strong), "{after:?}");
-        shutdown.cancel();
-        task.await.unwrap().unwrap();
-    }
-
-    #[test]
-    fn jitter_stays_within_twenty_percent() {
-        for _ in 0..100 {
-            let d = jittered(Duration::from_secs(10));
-            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
-        }
-    }
-}
+mod tests;
