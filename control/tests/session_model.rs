@@ -6,7 +6,9 @@
 //! the state. Workers start and renew sessions (and sometimes never learn a
 //! renew's outcome), acquire the stream with the plain session acquire, read
 //! it, take it over with the two-item transaction (from a read that may be
-//! stale by then), release it (a hand-off: the next acquire is a plain one),
+//! stale by then), release it (a hand-off: the next acquire is a plain one,
+//! and the released stream is pushed to the other worker, who may receive
+//! the push at any later moment),
 //! end their session, pause, resume, crash and step their clock back. Every
 //! decision is the runtime's own (`leasehold_control::protocol`): the session
 //! acquire condition, the takeover's session condition, the holder's deadline
@@ -53,6 +55,10 @@ struct Rules {
     stream_bound_to_its_session: bool,
     /// An unanswered session renew leaves the deadline where it was.
     unconfirmed_renew_keeps_deadline: bool,
+    /// A pushed hand-off is a hint: the receiver takes the stream only
+    /// through the acquire (else the datagram is taken as a grant, and a
+    /// late one hands over a stream its sender has since taken back).
+    pushed_stream_acquired_conditionally: bool,
 }
 
 impl Rules {
@@ -63,6 +69,7 @@ impl Rules {
         takeover_checks_the_stream_unchanged: true,
         stream_bound_to_its_session: true,
         unconfirmed_renew_keeps_deadline: true,
+        pushed_stream_acquired_conditionally: true,
     };
 }
 
@@ -137,6 +144,11 @@ struct State {
     /// A takeover was refused because the stream had moved since the taker
     /// read it (another taker, or its holder again, got there first).
     stale_takeover_refused: bool,
+    /// A released stream's push (the draining worker names its successor),
+    /// not yet delivered: the receiver.
+    push: Option<usize>,
+    /// A pushed stream was taken at once.
+    pushed_taken: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,6 +162,8 @@ enum Action {
     Read(usize),
     TakeOver(usize),
     Release(usize),
+    /// The push of a released stream reaches its receiver.
+    TakePushed(usize),
     EndSession(usize),
     Pause(usize),
     Resume(usize),
@@ -265,6 +279,8 @@ impl Model for SessionProtocol {
                 clock_steps: 0,
                 takeovers: 0,
                 stale_takeover_refused: false,
+                push: None,
+                pushed_taken: false,
             })
             .collect()
     }
@@ -287,6 +303,9 @@ impl Model for SessionProtocol {
                             match (worker.stream, worker.seen) {
                                 (Some(_), _) => actions.push(Action::Release(i)),
                                 (None, seen) => {
+                                    if state.push == Some(i) {
+                                        actions.push(Action::TakePushed(i));
+                                    }
                                     actions.push(Action::Acquire(i));
                                     actions.push(Action::Read(i));
                                     if seen.is_some() {
@@ -358,6 +377,26 @@ impl Model for SessionProtocol {
                 };
                 s.settle_renew(w, outcome);
             }
+            Action::TakePushed(w) => {
+                s.push = None;
+                let session = s.live_session(w)?;
+                if rules.pushed_stream_acquired_conditionally {
+                    let owner = s.stream.owner.map(|o| NAMES[o]);
+                    let wall = s.wall(w);
+                    if !protocol::session_acquirable(
+                        owner,
+                        s.stream.session_token,
+                        s.stream.expires,
+                        NAMES[w],
+                        wall,
+                        SKEW_MARGIN_S,
+                    ) {
+                        return Some(s);
+                    }
+                }
+                s.take_stream(w, session.token);
+                s.pushed_taken = true;
+            }
             Action::Acquire(w) => {
                 let session = s.live_session(w)?;
                 let wall = s.wall(w);
@@ -428,6 +467,10 @@ impl Model for SessionProtocol {
                 if s.stream.owner == Some(w) && s.stream.token == held.token {
                     s.stream.owner = None;
                     s.stream.expires = Some(0);
+                    // Pushed to the other worker, delivered whenever.
+                    if s.push.is_none() {
+                        s.push = Some((w + 1) % WORKERS);
+                    }
                 }
             }
             Action::EndSession(w) => {
@@ -481,6 +524,9 @@ impl Model for SessionProtocol {
             }),
             Property::sometimes("a takeover from a stale read refused", |_, s: &State| {
                 s.stale_takeover_refused
+            }),
+            Property::sometimes("a pushed stream taken at once", |_, s: &State| {
+                s.pushed_taken
             }),
         ]
     }
@@ -572,6 +618,17 @@ fn without_keeping_the_deadline_on_an_unanswered_renew_two_holders_act_at_once()
     finds_without(
         Rules {
             unconfirmed_renew_keeps_deadline: false,
+            ..Rules::ALL
+        },
+        "one holder acts at a time",
+    );
+}
+
+#[test]
+fn without_acquiring_a_pushed_stream_a_late_push_hands_over_a_retaken_stream() {
+    finds_without(
+        Rules {
+            pushed_stream_acquired_conditionally: false,
             ..Rules::ALL
         },
         "one holder acts at a time",
