@@ -4,16 +4,20 @@
 //! on tokio's paused clock (a simulated hour of discovery takes minutes).
 //! Production timings: 30 s lease, 5 s discovery, 250 ms doorbell.
 //!
-//! For `per-stream` and `session` mode: cold start until every stream is
-//! owned, the balance then, a steady window priced per hour and per month, a
-//! rolling restart of all 100 workers (how long any stream was without a
-//! valid owner), scale-out 100 → 110 (lease moves against the ideal 909) and
-//! a crash of 10 workers (until every stream is owned again).
+//! For `per-stream` and `session` mode with every worker scanning, and for
+//! `session` mode with assigned discovery (workers taking pushed hand-offs on
+//! loopback sockets): cold start until every stream is owned, the balance
+//! then, a steady window priced per hour and per month, a rolling restart of
+//! all 100 workers (how long any stream was without a valid owner), scale-out
+//! 100 → 110 (lease moves against the ideal 909) and a crash of 10 workers
+//! (until every stream is owned again).
 //!
 //! ```text
-//! cargo bench -p leasehold-devcluster --bench fleet_scale
+//! cargo bench -p leasehold-devcluster --bench fleet_scale -- --only assigned
 //! cargo bench -p leasehold-devcluster --bench fleet_scale -- --streams 2000 --workers 20
 //! ```
+//! (`--only <text>`: the setups whose name contains it. At 10,000 on 100 the
+//! scanning setups take about an hour each on two cores.)
 #![allow(clippy::unwrap_used, unreachable_pub)] // a bench: a panic is its report
 
 use std::collections::BTreeMap;
@@ -25,6 +29,7 @@ use leasehold_control::settings::LeaseMode;
 use leasehold_devcluster::fleet::{Fleet, FleetOptions, FleetView, Holdings};
 use leasehold_devcluster::meter::Units;
 use leasehold_platform::percentile::nearest_rank;
+use leasehold_stream::worker::DiscoveryMode;
 use leasehold_testkit::measure::arg;
 use tokio::time::{Instant, sleep};
 
@@ -106,13 +111,30 @@ async fn unowned_spells(
     }
 }
 
-async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
+/// A lease mode and how workers discover streams.
+#[derive(Clone, Copy)]
+struct Setup {
+    mode: LeaseMode,
+    discovery: DiscoveryMode,
+}
+
+impl Setup {
+    fn name(self) -> String {
+        format!("{}, {}", self.mode.as_str(), self.discovery.as_str())
+    }
+}
+
+async fn simulate(setup: Setup, shape: &Shape) -> Report {
     let options = FleetOptions {
         streams: shape.streams,
-        mode,
+        mode: setup.mode,
+        discovery: setup.discovery,
+        // Assigned discovery has no doorbell: its hand-offs are pushed.
+        pushes: setup.discovery == DiscoveryMode::Assigned,
         store_latency: true,
         ..FleetOptions::default()
     };
+    let mode = setup;
     let lease = options.lease;
     let mut fleet = Fleet::new(
         options,
@@ -138,7 +160,7 @@ async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
     // Steady state, priced.
     eprintln!(
         "  {}: cold start done after {:.1?}",
-        mode.as_str(),
+        mode.name(),
         report.cold_start
     );
     report.steady_window = Duration::from_secs(120);
@@ -160,7 +182,7 @@ async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
     };
     let mut spells = unowned_spells(&view, restart).await;
     report.rolling_took = started.elapsed();
-    eprintln!("  {}: rolling restart done", mode.as_str());
+    eprintln!("  {}: rolling restart done", mode.name());
     report.rolling_takeovers = fleet
         .units()
         .since(&before)
@@ -190,7 +212,7 @@ async fn simulate(mode: LeaseMode, shape: &Shape) -> Report {
     })
     .await;
     report.scale_out_took = start.elapsed();
-    eprintln!("  {}: scale-out done", mode.as_str());
+    eprintln!("  {}: scale-out done", mode.name());
     sleep(Duration::from_secs(30)).await;
     report.scale_out_moves = fleet.holdings().await.unwrap().acquisitions - acquisitions;
 
@@ -221,11 +243,24 @@ fn main() {
         .build()
         .unwrap();
     let mut reports = Vec::new();
-    for mode in [LeaseMode::PerStream, LeaseMode::Session] {
+    let setups = [
+        (LeaseMode::PerStream, DiscoveryMode::Scan),
+        (LeaseMode::Session, DiscoveryMode::Scan),
+        (LeaseMode::Session, DiscoveryMode::Assigned),
+    ];
+    let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+    for (mode, discovery) in setups {
+        let setup = Setup { mode, discovery };
+        if only
+            .as_ref()
+            .is_some_and(|only| !setup.name().contains(only.as_str()))
+        {
+            continue;
+        }
         let wall = std::time::Instant::now();
-        let report = runtime.block_on(simulate(mode, &shape));
-        eprintln!("{}: simulated in {:.0?}", mode.as_str(), wall.elapsed());
-        reports.push((mode, report));
+        let report = runtime.block_on(simulate(setup, &shape));
+        eprintln!("{}: simulated in {:.0?}", setup.name(), wall.elapsed());
+        reports.push((setup, report));
     }
     let ideal = shape.streams * (shape.workers / 10) / (shape.workers + shape.workers / 10);
     println!(
@@ -236,7 +271,7 @@ fn main() {
         "| figure | {} |",
         reports
             .iter()
-            .map(|(m, _)| m.as_str())
+            .map(|(m, _)| m.name())
             .collect::<Vec<_>>()
             .join(" | ")
     );

@@ -59,6 +59,7 @@ use leasehold_sink::memory::MemorySink;
 use leasehold_sink::redis::RedisSink;
 use leasehold_sink::{FencedSink, SinkOptions};
 use leasehold_stream::settings;
+use leasehold_stream::worker::DiscoveryMode;
 use leasehold_stream::worker::StreamWorker;
 use leasehold_telemetry::LogSink;
 use leasehold_telemetry::transport::BufferedShipper;
@@ -117,6 +118,8 @@ pub struct DevOptions {
     pub feed: DevFeed,
     /// How the stream workers hold leases (`LEASE_MODE`).
     pub lease_mode: LeaseMode,
+    /// How the stream workers find streams (`DISCOVERY_MODE`).
+    pub discovery_mode: DiscoveryMode,
 }
 
 /// The upstream `dev` runs (`--feed`).
@@ -130,6 +133,19 @@ pub enum DevFeed {
     /// workers backfill short holes and record longer ones (a crash's
     /// takeover) as gap markers.
     Exchange,
+}
+
+impl std::str::FromStr for DevFeed {
+    type Err = String;
+
+    /// `--feed`: `simulator` or `exchange`.
+    fn from_str(raw: &str) -> Result<Self, String> {
+        match raw {
+            "simulator" => Ok(DevFeed::Simulator),
+            "exchange" => Ok(DevFeed::Exchange),
+            _ => Err("must be simulator or exchange".into()),
+        }
+    }
 }
 
 /// Trades the dev exchange's history keeps per symbol: a reconnect's hole is
@@ -438,6 +454,10 @@ impl DevCluster {
                     ("SINK_URL".into(), "memory:".into()),
                     ("LEASE_SECONDS".into(), lease.as_secs().to_string()),
                     ("LEASE_MODE".into(), options.lease_mode.as_str().into()),
+                    (
+                        "DISCOVERY_MODE".into(),
+                        options.discovery_mode.as_str().into(),
+                    ),
                     ("DISCOVERY_INTERVAL_MS".into(), "1000".into()),
                     ("DRAIN_TIMEOUT_MS".into(), "5000".into()),
                 ])

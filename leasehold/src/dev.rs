@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use leasehold_control::settings::{LeaseMode, parse_lease_mode};
 use leasehold_devcluster::{DevCluster, DevFeed, DevOptions};
+use leasehold_stream::worker::DiscoveryMode;
 
 use crate::{Failure, shutdown_on_signal};
 
@@ -50,18 +51,14 @@ pub(crate) struct DevArgs {
     /// What the stream workers read: `simulator` (replays on request) or
     /// `exchange` (a Binance-shaped fake: live start, a short REST history,
     /// connections cut every 20 s; the dashboard shows backfills and gaps).
-    #[arg(long, value_enum, default_value_t = Feed::Simulator)]
-    feed: Feed,
+    #[arg(long, default_value = "simulator")]
+    feed: DevFeed,
     /// `per-stream` (a renewed lease per stream) or `session` (one per worker).
     #[arg(long, env = "LEASE_MODE", default_value = "per-stream", value_parser = parse_lease_mode)]
     lease_mode: LeaseMode,
-}
-
-/// `--feed`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Feed {
-    Simulator,
-    Exchange,
+    /// `scan` (every worker scans) or `assigned` (one elected assigner advises).
+    #[arg(long, env = "DISCOVERY_MODE", default_value = "scan")]
+    discovery_mode: DiscoveryMode,
 }
 
 /// Runs the embedded cluster until Ctrl-C, then drains it and checks the sink.
@@ -78,11 +75,9 @@ pub(crate) async fn dev(args: DevArgs) -> Result<(), Failure> {
         chaos_every: args.chaos.then(|| Duration::from_secs(args.chaos_every)),
         dynamodb_endpoint: args.dynamodb_endpoint.clone(),
         redis_url: args.redis_url.clone(),
-        feed: match args.feed {
-            Feed::Simulator => DevFeed::Simulator,
-            Feed::Exchange => DevFeed::Exchange,
-        },
+        feed: args.feed,
         lease_mode: args.lease_mode,
+        discovery_mode: args.discovery_mode,
     };
     let shutdown = shutdown_on_signal();
     let cluster = DevCluster::start(options).await.map_err(|err| match err {

@@ -105,12 +105,28 @@ async fn dev_runs_the_cluster_and_heals_under_chaos() {
 /// stays clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_in_session_mode_heals_under_chaos() {
+    heals_under_chaos("dev-session", &["--lease-mode", "session"]).await;
+}
+
+/// `dev --discovery-mode assigned` in session mode: the elected assigner
+/// advises, workers query their own; under crashes, pauses and rolls every
+/// stream is owned again (crash takeovers included) and the sink holds every
+/// event once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_with_assigned_discovery_heals_under_chaos() {
+    heals_under_chaos(
+        "dev-assigned",
+        &["--lease-mode", "session", "--discovery-mode", "assigned"],
+    )
+    .await;
+}
+
+/// Runs `dev --chaos` with `extra` until every stream is owned, a takeover
+/// happened and every stream is owned again; then drains and expects a clean
+/// sink check.
+async fn heals_under_chaos(name: &str, extra: &[&str]) {
     let _serial = serial().await;
-    let (mut dev, addr) = spawn_dev_chaos_with(
-        "dev-session",
-        Duration::from_secs(20),
-        &["--lease-mode", "session"],
-    );
+    let (mut dev, addr) = spawn_dev_chaos_with(name, Duration::from_secs(20), extra);
     wait_every_stream_owned(&addr).await;
     wait_for(
         "a takeover in the ownership changes",

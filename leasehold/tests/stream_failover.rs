@@ -614,6 +614,25 @@ async fn a_rolling_deploy_in_session_mode_never_waits_for_discovery() {
     rolling_deploy(cluster, &defaults, Duration::from_millis(2500)).await;
 }
 
+/// The same rolling deploy with assigned discovery in session mode (the
+/// fleet-scale setup): no worker scans but the assigner, nobody reads the
+/// doorbell, and every drain pushes its streams to successors it writes as
+/// their advice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_with_assigned_discovery_never_waits_for_a_pass() {
+    let _serial = serial().await;
+    let Some(cluster) = Cluster::start(8, 20).await else {
+        return;
+    };
+    let defaults = [
+        ("DISCOVERY_INTERVAL_MS", "5000"),
+        ("DISCOVERY_MODE", "assigned"),
+        ("LEASE_MODE", "session"),
+        ("HANDOFF_LISTEN", "127.0.0.1:0"),
+    ];
+    rolling_deploy(cluster, &defaults, Duration::from_millis(2500)).await;
+}
+
 /// The same rolling deploy with the doorbell read every 5 s and a scan every
 /// 10 s: only the pushed hand-off (`HANDOFF_LISTEN`) can bring a released
 /// stream back within a second. (At a 30 s scan, a stream a gift left free

@@ -57,6 +57,15 @@ impl DiscoveryMode {
     }
 }
 
+impl std::str::FromStr for DiscoveryMode {
+    type Err = String;
+
+    /// `DISCOVERY_MODE` (also `leasehold dev --discovery-mode`).
+    fn from_str(raw: &str) -> Result<Self, String> {
+        DiscoveryMode::parse(raw).ok_or_else(|| "must be scan or assigned".into())
+    }
+}
+
 /// Why a stream is offered to this worker, and so what its re-read record
 /// must say before the worker takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
