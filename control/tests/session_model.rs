@@ -26,10 +26,42 @@ use leasehold_control::protocol;
 use leasehold_testkit::model_check::{self, Tick};
 use stateright::{HasDiscoveries, Model, Property};
 
-const LEASE: Duration = Duration::from_secs(3);
 const SAFETY_MARGIN: Duration = Duration::from_secs(1);
 const SKEW_MARGIN_S: i64 = 1;
-const MAX_TIME: i64 = 7;
+
+/// The model's timings, and which actions it explores.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    lease: Duration,
+    /// The last tick explored.
+    max_time: i64,
+    /// How far a clock steps back.
+    clock_step: i64,
+    /// Only what a clock step during a session needs: a step while the
+    /// stepping worker holds a session, and no pause, crash, lost renew,
+    /// release or ended session (a deeper search in the same time).
+    clock_step_only: bool,
+}
+
+/// The model every rule is checked in: a 3 s lease, and a clock step of 2 s
+/// at any moment (as far back as the safety and skew margins absorb together).
+const SHORT: Timing = Timing {
+    lease: Duration::from_secs(3),
+    max_time: 7,
+    clock_step: 2,
+    clock_step_only: false,
+};
+
+/// A lease long enough for a holder whose clock stepped back 3 s (more than
+/// the margins absorb) to renew before its deadline passes: only then can the
+/// clock-step rule matter (with a 3 s lease the deadline always passes first,
+/// as the store never shortens an expiry and a kept later one is unconfirmed).
+const LONG: Timing = Timing {
+    lease: Duration::from_secs(6),
+    max_time: 9,
+    clock_step: 3,
+    clock_step_only: true,
+};
 const WORKERS: usize = 2;
 const NAMES: [&str; WORKERS] = ["w0", "w1"];
 
@@ -59,6 +91,10 @@ struct Rules {
     /// through the acquire (else the datagram is taken as a grant, and a
     /// late one hands over a stream its sender has since taken back).
     pushed_stream_acquired_conditionally: bool,
+    /// A confirmed renew's deadline comes earlier by however far this host's
+    /// wall clock fell behind its monotonic clock since the session began (a
+    /// backward step): the expiry it just wrote reads that much early.
+    clock_step_shortens_deadline: bool,
 }
 
 impl Rules {
@@ -70,6 +106,7 @@ impl Rules {
         stream_bound_to_its_session: true,
         unconfirmed_renew_keeps_deadline: true,
         pushed_stream_acquired_conditionally: true,
+        clock_step_shortens_deadline: true,
     };
 }
 
@@ -102,6 +139,10 @@ enum Status {
 struct SessionBelief {
     token: u64,
     deadline: Tick,
+    /// The host's clock offset when the session began: how far its wall
+    /// clock fell behind since is the difference to the offset now (what the
+    /// keeper measures, wall time against monotonic time).
+    skew_at_start: i64,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -149,6 +190,8 @@ struct State {
     push: Option<usize>,
     /// A pushed stream was taken at once.
     pushed_taken: bool,
+    /// A session renew was confirmed after its holder's clock stepped back.
+    renewed_after_step: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,6 +216,7 @@ enum Action {
 
 struct SessionProtocol {
     rules: Rules,
+    timing: Timing,
 }
 
 impl State {
@@ -204,7 +248,13 @@ impl State {
     }
 
     /// What the holder makes of a session renew sent now.
-    fn settle_renew(&mut self, worker: usize, outcome: protocol::RenewOutcome) {
+    fn settle_renew(
+        &mut self,
+        worker: usize,
+        outcome: protocol::RenewOutcome,
+        m: &SessionProtocol,
+    ) {
+        let skew = self.workers[worker].skew;
         let Some(session) = self.workers[worker].session.as_mut() else {
             return;
         };
@@ -212,37 +262,51 @@ impl State {
             session.deadline,
             self.now,
             outcome,
-            LEASE,
+            m.timing.lease,
             SAFETY_MARGIN,
         ) {
-            Some(deadline) => session.deadline = deadline,
+            Some(deadline) => {
+                let behind = (session.skew_at_start - skew).max(0);
+                let confirmed = outcome == protocol::RenewOutcome::Confirmed;
+                self.renewed_after_step |= confirmed && behind > 0;
+                session.deadline = if m.rules.clock_step_shortens_deadline && confirmed {
+                    Tick(deadline.0 - behind)
+                } else {
+                    deadline
+                };
+            }
             None => self.workers[worker].session = None,
         }
     }
 
-    /// The store's renew of `worker`'s session record.
-    fn store_renew(&mut self, worker: usize, token: u64) -> bool {
+    /// The store's renew of `worker`'s session record, and what it proves:
+    /// refused, written, or a later expiry kept (`ExpiryAhead`: unconfirmed).
+    fn store_renew(
+        &mut self,
+        worker: usize,
+        token: u64,
+        lease: Duration,
+    ) -> protocol::RenewOutcome {
         let wall = self.wall(worker);
         let record = &mut self.sessions[worker];
         let valid =
             record.held && record.token == token && record.expires.is_some_and(|at| at >= wall);
-        if valid {
-            let asked = wall + LEASE.as_secs() as i64;
-            record.expires = Some(protocol::renewed_expiry(
-                record.expires.unwrap_or(asked),
-                asked,
-            ));
+        if !valid {
+            return protocol::RenewOutcome::Refused;
         }
-        valid
+        let asked = wall + lease.as_secs() as i64;
+        let stored = protocol::renewed_expiry(record.expires.unwrap_or(asked), asked);
+        record.expires = Some(stored);
+        protocol::renew_outcome(stored, asked)
     }
 
     /// The stream's acquire update, under `worker`'s session.
-    fn take_stream(&mut self, worker: usize, session: u64) {
+    fn take_stream(&mut self, worker: usize, session: u64, lease: Duration) {
         self.stream = StreamRecord {
             owner: Some(worker),
             session_token: Some(session),
             token: self.stream.token + 1,
-            expires: Some(self.wall(worker) + LEASE.as_secs() as i64),
+            expires: Some(self.wall(worker) + lease.as_secs() as i64),
         };
         self.workers[worker].stream = Some(StreamBelief {
             token: self.stream.token,
@@ -281,26 +345,36 @@ impl Model for SessionProtocol {
                 stale_takeover_refused: false,
                 push: None,
                 pushed_taken: false,
+                renewed_after_step: false,
             })
             .collect()
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        if state.now.0 < MAX_TIME {
+        let only_steps = self.timing.clock_step_only;
+        if state.now.0 < self.timing.max_time {
             actions.push(Action::Tick);
         }
         for (i, worker) in state.workers.iter().enumerate() {
             match worker.status {
                 Status::Running => {
                     match state.live_session(i) {
-                        None => actions.push(Action::StartSession(i)),
+                        // With only in-session steps explored, clocks agree
+                        // within the skew margin when a session begins (the
+                        // margins' assumption): a host whose clock stepped
+                        // back further starts no more.
+                        None if !only_steps || worker.skew >= -SKEW_MARGIN_S => {
+                            actions.push(Action::StartSession(i))
+                        }
+                        None => {}
                         Some(_) => {
                             actions.push(Action::RenewSession(i));
-                            if state.timeouts == 0 {
+                            if state.timeouts == 0 && !only_steps {
                                 actions.push(Action::RenewUnanswered(i, false));
                                 actions.push(Action::RenewUnanswered(i, true));
                             }
                             match (worker.stream, worker.seen) {
+                                (Some(_), _) if only_steps => {}
                                 (Some(_), _) => actions.push(Action::Release(i)),
                                 (None, seen) => {
                                     if state.push == Some(i) {
@@ -311,22 +385,24 @@ impl Model for SessionProtocol {
                                     if seen.is_some() {
                                         actions.push(Action::TakeOver(i));
                                     }
-                                    actions.push(Action::EndSession(i));
+                                    if !only_steps {
+                                        actions.push(Action::EndSession(i));
+                                    }
                                 }
                             }
                         }
                     }
-                    if state.pauses == 0 {
+                    if state.pauses == 0 && !only_steps {
                         actions.push(Action::Pause(i));
                     }
-                    if state.clock_steps == 0 {
+                    if state.clock_steps == 0 && (!only_steps || state.live_session(i).is_some()) {
                         actions.push(Action::StepClockBack(i));
                     }
                 }
                 Status::Paused => actions.push(Action::Resume(i)),
                 Status::Crashed => {}
             }
-            if worker.status != Status::Crashed && state.crashes == 0 {
+            if worker.status != Status::Crashed && state.crashes == 0 && !only_steps {
                 actions.push(Action::Crash(i));
             }
         }
@@ -344,11 +420,12 @@ impl Model for SessionProtocol {
                 let record = &mut s.sessions[w];
                 record.held = true;
                 record.token += 1;
-                record.expires = Some(wall + LEASE.as_secs() as i64);
+                record.expires = Some(wall + self.timing.lease.as_secs() as i64);
                 let token = record.token;
                 s.workers[w].session = Some(SessionBelief {
                     token,
-                    deadline: protocol::holder_deadline(s.now, LEASE, SAFETY_MARGIN),
+                    deadline: protocol::holder_deadline(s.now, self.timing.lease, SAFETY_MARGIN),
+                    skew_at_start: s.workers[w].skew,
                 });
                 if rules.stream_bound_to_its_session {
                     // The keeper ended the streams of the lost session.
@@ -357,17 +434,13 @@ impl Model for SessionProtocol {
             }
             Action::RenewSession(w) => {
                 let session = s.live_session(w)?;
-                let outcome = if s.store_renew(w, session.token) {
-                    protocol::RenewOutcome::Confirmed
-                } else {
-                    protocol::RenewOutcome::Refused
-                };
-                s.settle_renew(w, outcome);
+                let outcome = s.store_renew(w, session.token, self.timing.lease);
+                s.settle_renew(w, outcome, self);
             }
             Action::RenewUnanswered(w, applied) => {
                 let session = s.live_session(w)?;
                 if applied {
-                    s.store_renew(w, session.token);
+                    s.store_renew(w, session.token, self.timing.lease);
                 }
                 s.timeouts += 1;
                 let outcome = if rules.unconfirmed_renew_keeps_deadline {
@@ -375,7 +448,7 @@ impl Model for SessionProtocol {
                 } else {
                     protocol::RenewOutcome::Confirmed
                 };
-                s.settle_renew(w, outcome);
+                s.settle_renew(w, outcome, self);
             }
             Action::TakePushed(w) => {
                 s.push = None;
@@ -394,7 +467,7 @@ impl Model for SessionProtocol {
                         return Some(s);
                     }
                 }
-                s.take_stream(w, session.token);
+                s.take_stream(w, session.token, self.timing.lease);
                 s.pushed_taken = true;
             }
             Action::Acquire(w) => {
@@ -416,7 +489,7 @@ impl Model for SessionProtocol {
                 if !allowed {
                     return None;
                 }
-                s.take_stream(w, session.token);
+                s.take_stream(w, session.token, self.timing.lease);
             }
             Action::Read(w) => {
                 let seen = match (s.stream.owner, s.stream.session_token) {
@@ -456,7 +529,7 @@ impl Model for SessionProtocol {
                         && s.stream.session_token == Some(seen.session_token)
                         && s.stream.token == seen.token);
                 if ended && unchanged {
-                    s.take_stream(w, session.token);
+                    s.take_stream(w, session.token, self.timing.lease);
                     s.takeovers += 1;
                 } else if s.stream.token > seen.token {
                     s.stale_takeover_refused = true;
@@ -497,8 +570,7 @@ impl Model for SessionProtocol {
                 s.crashes += 1;
             }
             Action::StepClockBack(w) => {
-                // As far back as the safety and skew margins absorb together.
-                s.workers[w].skew -= 2;
+                s.workers[w].skew -= self.timing.clock_step;
                 s.clock_steps += 1;
             }
         }
@@ -506,7 +578,7 @@ impl Model for SessionProtocol {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always(
                 "one holder acts at a time",
                 |m: &SessionProtocol, s: &State| s.acting(&m.rules).len() <= 1,
@@ -519,6 +591,15 @@ impl Model for SessionProtocol {
                         .all(|w| s.workers[w].stream.map(|b| b.token) == Some(s.stream.token))
                 },
             ),
+        ];
+        if self.timing.clock_step_only {
+            properties.push(Property::sometimes(
+                "a renew confirmed after a clock step",
+                |_, s: &State| s.renewed_after_step,
+            ));
+            return properties;
+        }
+        properties.extend([
             Property::sometimes("a crashed holder's stream taken over", |_, s: &State| {
                 s.crashes > 0 && s.takeovers > 0
             }),
@@ -528,7 +609,8 @@ impl Model for SessionProtocol {
             Property::sometimes("a pushed stream taken at once", |_, s: &State| {
                 s.pushed_taken
             }),
-        ]
+        ]);
+        properties
     }
 }
 
@@ -541,7 +623,10 @@ fn depth() -> usize {
 fn the_shipped_session_protocol_keeps_its_promise() {
     model_check::assert_every_property("session model", || {
         model_check::explore(
-            SessionProtocol { rules: Rules::ALL },
+            SessionProtocol {
+                rules: Rules::ALL,
+                timing: SHORT,
+            },
             HasDiscoveries::AnyFailures,
             depth(),
         )
@@ -550,12 +635,52 @@ fn the_shipped_session_protocol_keeps_its_promise() {
 
 /// Turns rules off and expects a counterexample to `broken`.
 fn finds_without(rules: Rules, broken: &'static str) {
+    finds_without_in(SHORT, depth(), rules, broken);
+}
+
+fn finds_without_in(timing: Timing, depth: usize, rules: Rules, broken: &'static str) {
     let checker = model_check::explore(
-        SessionProtocol { rules },
+        SessionProtocol { rules, timing },
         HasDiscoveries::AnyOf([broken].into()),
-        depth(),
+        depth,
     );
     model_check::expect_counterexamples(&checker, &[broken]);
+}
+
+/// The long-lease model's search depth: a step, a renew a few ticks later and
+/// a takeover past the stored expiry take 16 actions.
+fn long_depth() -> usize {
+    model_check::depth(17)
+}
+
+/// A holder's clock steps back 3 s during its session, further than the
+/// margins absorb, and it renews before its deadline passes (a 6 s lease):
+/// the deadline, shortened by the step, still comes before a taker may act.
+#[test]
+fn a_clock_step_during_a_session_never_lets_two_holders_act() {
+    model_check::assert_every_property("session model, long lease", || {
+        model_check::explore(
+            SessionProtocol {
+                rules: Rules::ALL,
+                timing: LONG,
+            },
+            HasDiscoveries::AnyFailures,
+            long_depth(),
+        )
+    });
+}
+
+#[test]
+fn without_the_clock_step_rule_a_stepped_back_holder_outlives_its_expiry() {
+    finds_without_in(
+        LONG,
+        long_depth(),
+        Rules {
+            clock_step_shortens_deadline: false,
+            ..Rules::ALL
+        },
+        "one holder acts at a time",
+    );
 }
 
 #[test]
