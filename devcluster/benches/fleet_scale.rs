@@ -4,9 +4,9 @@
 //! on tokio's paused clock (a simulated hour of discovery takes minutes).
 //! Production timings: 30 s lease, 5 s discovery, 250 ms doorbell.
 //!
-//! For `per-stream` and `session` mode with every worker scanning, and for
-//! `session` mode with assigned discovery (workers taking pushed hand-offs on
-//! loopback sockets): cold start until every stream is owned, the balance
+//! For `per-stream` and `session` mode, each with every worker scanning and
+//! with assigned discovery (workers taking pushed hand-offs on loopback
+//! sockets): cold start until every stream is owned, the balance
 //! then, a steady window priced per hour and per month, a rolling restart of
 //! all 100 workers (how long any stream was without a valid owner), scale-out
 //! 100 → 110 (lease moves against the ideal 909) and a crash of 10 workers
@@ -246,6 +246,7 @@ fn main() {
     let setups = [
         (LeaseMode::PerStream, DiscoveryMode::Scan),
         (LeaseMode::Session, DiscoveryMode::Scan),
+        (LeaseMode::PerStream, DiscoveryMode::Assigned),
         (LeaseMode::Session, DiscoveryMode::Assigned),
     ];
     let only = std::env::args().skip_while(|a| a != "--only").nth(1);

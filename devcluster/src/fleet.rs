@@ -21,7 +21,7 @@ use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{Consistency, LeaseError, LeaseStore};
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{FencedSink, SinkOptions};
-use leasehold_stream::handoff::HandoffSocket;
+use leasehold_stream::handoff::{HandoffSocket, InProcessNet};
 use leasehold_stream::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
 use leasehold_stream::worker::DiscoveryMode;
 use leasehold_stream::{RunnerConfig, RunnerContext, StreamWorker, StreamWorkerConfig};
@@ -49,8 +49,10 @@ pub struct FleetOptions {
     pub store_latency: bool,
     /// `DISCOVERY_MODE`.
     pub discovery: DiscoveryMode,
-    /// Every worker [`Fleet::start`] starts takes pushed hand-offs on a
-    /// loopback UDP socket of its own (`HANDOFF_LISTEN`).
+    /// Every worker [`Fleet::start`] starts takes pushed hand-offs
+    /// (`HANDOFF_LISTEN`), on the fleet's in-process network: on the paused
+    /// clock a real datagram can arrive seconds late in simulated time when
+    /// the host is busy.
     pub pushes: bool,
 }
 
@@ -109,6 +111,8 @@ pub struct Fleet {
     clock: Arc<dyn Clock>,
     options: FleetOptions,
     members: BTreeMap<String, Member>,
+    /// Where the workers' pushed hand-offs travel when `options.pushes`.
+    net: InProcessNet,
 }
 
 impl Fleet {
@@ -128,17 +132,14 @@ impl Fleet {
             clock,
             options,
             members: BTreeMap::new(),
+            net: InProcessNet::default(),
         })
     }
 
     /// Starts a worker named `owner` that holds at most `max_streams`.
     pub fn start(&mut self, owner: &str, max_streams: usize) {
-        if self.options.pushes {
-            self.start_taking_pushes(owner, max_streams)
-                .expect("a loopback UDP socket");
-        } else {
-            self.start_with(owner, max_streams, None);
-        }
+        let socket = self.options.pushes.then(|| self.net.socket());
+        self.start_with(owner, max_streams, socket);
     }
 
     /// [`Fleet::start`] for a worker that takes pushed hand-offs on a UDP

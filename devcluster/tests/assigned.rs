@@ -111,7 +111,8 @@ async fn a_scale_out_from_four_to_five_moves_only_the_new_share() {
 /// lapses past the skew margin (not at its next interval) and pushes each
 /// stream to its new worker, which takes it over at once: every stream is
 /// owned again within a lease and two seconds of the crash. The workers take
-/// pushes on loopback sockets (real I/O on the paused clock).
+/// pushes on the fleet's in-process network (a real datagram could arrive
+/// late in simulated time on a busy host).
 #[tokio::test(start_paused = true)]
 async fn a_crashed_workers_streams_are_taken_over_within_a_lease_and_two_seconds() {
     let options = FleetOptions {

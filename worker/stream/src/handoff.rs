@@ -74,8 +74,39 @@ pub fn successor<'a>(
 /// This worker's hand-off socket and the address it announces.
 #[derive(Debug, Clone)]
 pub struct HandoffSocket {
-    socket: Arc<tokio::net::UdpSocket>,
+    transport: Transport,
     advertised: SocketAddr,
+}
+
+#[derive(Debug, Clone)]
+enum Transport {
+    Udp(Arc<tokio::net::UdpSocket>),
+    InProcess(InProcessNet),
+}
+
+/// Workers' hand-off sockets as channels in one process: what a simulation
+/// on tokio's paused clock uses, where a real datagram could arrive seconds
+/// late in simulated time whenever the host is busy (the clock moves on while
+/// the kernel has not delivered it yet). Same addresses, same best effort (a
+/// full or gone receiver drops the push, as a lost datagram would).
+#[derive(Debug, Clone, Default)]
+pub struct InProcessNet {
+    peers: Arc<std::sync::Mutex<HashMap<SocketAddr, mpsc::Sender<String>>>>,
+    sockets: Arc<std::sync::atomic::AtomicU16>,
+}
+
+impl InProcessNet {
+    /// A socket on this network at a fresh loopback address (nothing is bound).
+    pub fn socket(&self) -> HandoffSocket {
+        let index = self
+            .sockets
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = 20_000_u16.saturating_add(index);
+        HandoffSocket {
+            transport: Transport::InProcess(self.clone()),
+            advertised: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
 }
 
 /// Why `HANDOFF_LISTEN` could not be served.
@@ -120,7 +151,7 @@ impl HandoffSocket {
     pub fn new(socket: std::net::UdpSocket, advertised: SocketAddr) -> std::io::Result<Self> {
         socket.set_nonblocking(true)?;
         Ok(HandoffSocket {
-            socket: Arc::new(tokio::net::UdpSocket::from_std(socket)?),
+            transport: Transport::Udp(Arc::new(tokio::net::UdpSocket::from_std(socket)?)),
             advertised,
         })
     }
@@ -133,7 +164,16 @@ impl HandoffSocket {
     /// Forwards every stream id pushed to this worker until the receiver goes.
     pub fn listen(&self) -> (mpsc::Receiver<String>, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(256);
-        let socket = self.socket.clone();
+        let socket = match &self.transport {
+            Transport::Udp(socket) => socket.clone(),
+            Transport::InProcess(net) => {
+                net.peers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(self.advertised, tx);
+                return (rx, tokio::spawn(async {}));
+            }
+        };
         let task = tokio::spawn(async move {
             let mut buffer = vec![0u8; MAX_DATAGRAM];
             loop {
@@ -153,8 +193,23 @@ impl HandoffSocket {
     /// Tells `to` that `stream_id` is free for it. Best effort: a failure
     /// leaves the doorbell path.
     pub async fn push(&self, to: SocketAddr, stream_id: &str) {
-        if let Err(err) = self.socket.send_to(&encode(stream_id), to).await {
-            tracing::debug!(stream_id, %to, error = %err, "hand-off push not sent; the doorbell remains");
+        match &self.transport {
+            Transport::Udp(socket) => {
+                if let Err(err) = socket.send_to(&encode(stream_id), to).await {
+                    tracing::debug!(stream_id, %to, error = %err, "hand-off push not sent; the doorbell remains");
+                }
+            }
+            Transport::InProcess(net) => {
+                let peer = net
+                    .peers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&to)
+                    .cloned();
+                if let Some(peer) = peer {
+                    let _ = peer.try_send(stream_id.to_owned());
+                }
+            }
         }
     }
 }
