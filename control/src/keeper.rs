@@ -274,6 +274,8 @@ pub struct Announcement {
     pub sidecar_url: Option<String>,
     /// Where the worker takes pushed hand-offs (`handoff_addr`).
     pub handoff_addr: Option<String>,
+    /// The most streams it holds (`max_streams`).
+    pub max_streams: Option<u64>,
 }
 
 /// Acquires, renews and releases leases for one owner. Cheap to clone.
@@ -494,6 +496,7 @@ impl LeaseKeeper {
             skew_margin_ms: ms(config.skew_margin),
             sidecar_url: announcement.sidecar_url.clone(),
             handoff_addr: announcement.handoff_addr.clone(),
+            max_streams: announcement.max_streams,
             session_token: session.as_ref().map(|s| s.fence_token),
         };
         let sent = Instant::now();

@@ -50,6 +50,9 @@ pub struct Lease {
     /// stream (advice: the conditional acquire decides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignee: Option<String>,
+    /// Presence records only: the worker's `MAX_STREAMS` (untrusted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_streams: Option<u64>,
 }
 
 /// Ownership state of a lease at a given instant.
@@ -95,6 +98,7 @@ impl Lease {
             handoff_addr: None,
             session_token: None,
             assignee: None,
+            max_streams: None,
         }
     }
 

@@ -409,6 +409,7 @@ mod tests {
             skew_margin_ms: SKEW,
             sidecar_url: None,
             handoff_addr: None,
+            max_streams: None,
             session_token,
         };
         let session = store

@@ -46,6 +46,12 @@ pub const SIDECAR_URL: &str = "sidecar_url";
 /// conditional acquire.
 pub const HANDOFF_ADDR: &str = "handoff_addr";
 
+/// Extra (N), presence records only: the worker's `MAX_STREAMS`, so the
+/// assigner never advises it more streams than it will hold. Written by the
+/// announcing acquire; untrusted like `sidecar_url` (a wrong value only skews
+/// the advice).
+pub const MAX_STREAMS: &str = "max_streams";
+
 /// Extra (N), session mode only: the token of the owner's session record
 /// (`leasehold#session#{owner_id}`) the stream was acquired under. The stream
 /// is held while that record is held by the same owner with this token and
@@ -177,6 +183,7 @@ pub fn decode(item: &RawItem) -> Result<Lease, MalformedItem> {
         handoff_addr: reader.string(HANDOFF_ADDR)?.filter(|s| !s.is_empty()),
         session_token: reader.uint(SESSION_TOKEN)?,
         assignee: reader.string(ASSIGNEE)?.filter(|s| !s.is_empty()),
+        max_streams: reader.uint(MAX_STREAMS)?,
         stream_id,
     })
 }

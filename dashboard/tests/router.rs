@@ -602,6 +602,7 @@ async fn take_over_sol_usd(seeded: &Seeded) {
             skew_margin_ms: 1_000,
             sidecar_url: None,
             handoff_addr: None,
+            max_streams: None,
             session_token: None,
         })
         .await

@@ -205,6 +205,25 @@ async fn a_drained_workers_streams_are_owned_again_within_two_intervals() {
     fleet.stop_all().await;
 }
 
+/// A roll-out lowering `MAX_STREAMS`: "small" announces it holds at most 10
+/// (`max_streams` on its presence record), so the assigner advises it 10 and
+/// "big" the other 30; advised 20, it would leave 10 streams unowned for good.
+#[tokio::test(start_paused = true)]
+async fn a_worker_with_less_room_is_advised_only_what_it_holds() {
+    let mut fleet = fleet(40).await;
+    fleet.start("big", 100);
+    fleet.start("small", 10);
+    wait_for(&fleet, 4 * DISCOVERY, |h| h.unowned == 0).await;
+    let holdings = fleet.holdings().await.expect("holdings");
+    assert_eq!(holdings.held_by.get("small"), Some(&10), "{holdings:?}");
+    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| {
+        h.unowned == 0 && h.held_by.get("big") == Some(&30)
+    })
+    .await;
+    assert_eq!(churn, 0);
+    fleet.stop_all().await;
+}
+
 /// The index lags the table: a lone worker that is its own assigner takes
 /// every stream as it assigns it, and its queries keep answering "nothing
 /// is yours". It must re-read each record before handing a stream over and

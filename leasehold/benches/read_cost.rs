@@ -125,6 +125,7 @@ async fn table(streams: usize) -> MemoryLeaseStore {
         skew_margin_ms: 1_000,
         sidecar_url: None,
         handoff_addr: None,
+        max_streams: None,
         session_token: None,
     };
     for i in 0..streams {

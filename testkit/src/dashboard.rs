@@ -50,6 +50,7 @@ fn acquire(stream: &str, owner: &str, at: i64) -> AcquireRequest {
         skew_margin_ms: 1_000,
         sidecar_url: None,
         handoff_addr: None,
+        max_streams: None,
         session_token: None,
     }
 }

@@ -68,6 +68,7 @@ fn acquire(stream: &str, owner: &str, now_ms: i64) -> AcquireRequest {
         skew_margin_ms: SKEW,
         sidecar_url: None,
         handoff_addr: None,
+        max_streams: None,
         session_token: None,
     }
 }
@@ -469,15 +470,16 @@ pub async fn release_carries_a_checkpoint(target: &dyn ConformanceTarget) {
     assert_eq!((next.fence_token, next.checkpoint), (2, Some(25)));
 }
 
-/// A presence acquire stores `sidecar_url` and `handoff_addr`; renew and
-/// release keep them, an acquire without them leaves them, the next
-/// announcing acquire replaces them.
+/// A presence acquire stores `sidecar_url`, `handoff_addr` and
+/// `max_streams`; renew and release keep them, an acquire without them leaves
+/// them, the next announcing acquire replaces them.
 pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
     let store = target.store();
     let id = leasehold_control::schema::worker_presence("a");
-    let announcing = |url: &str, now_ms| AcquireRequest {
+    let announcing = |url: &str, now_ms: i64| AcquireRequest {
         sidecar_url: Some(url.into()),
         handoff_addr: Some(url.trim_start_matches("http://").replace(":9464", ":9470")),
+        max_streams: Some(now_ms.rem_euclid(100) as u64),
         ..acquire(&id, "a", now_ms)
     };
     let lease = store
@@ -486,11 +488,13 @@ pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
         .unwrap();
     assert_eq!(lease.sidecar_url.as_deref(), Some("http://10.0.0.7:9464"));
     assert_eq!(lease.handoff_addr.as_deref(), Some("10.0.0.7:9470"));
+    assert_eq!(lease.max_streams, Some(T0.rem_euclid(100) as u64));
     store.renew(&renew(&id, "a", 1, T0 + 1)).await.unwrap();
     store.release(&release(&id, "a", 1, T0 + 2)).await.unwrap();
     let plain = store.acquire(&acquire(&id, "a", T0 + 3)).await.unwrap();
     assert_eq!(plain.sidecar_url.as_deref(), Some("http://10.0.0.7:9464"));
     assert_eq!(plain.handoff_addr.as_deref(), Some("10.0.0.7:9470"));
+    assert_eq!(plain.max_streams, Some(T0.rem_euclid(100) as u64));
     let moved = store
         .acquire(&announcing("http://10.0.0.8:9464", T0 + 4))
         .await
@@ -504,6 +508,7 @@ pub async fn acquire_stores_the_sidecar_url(target: &dyn ConformanceTarget) {
         store.get(&id).await.unwrap().handoff_addr.as_deref(),
         Some("10.0.0.8:9470")
     );
+    assert_eq!(moved.max_streams, Some((T0 + 4).rem_euclid(100) as u64));
     let stream = store.acquire(&acquire("s", "a", T0)).await.unwrap();
     assert_eq!(
         stream.sidecar_url, None,

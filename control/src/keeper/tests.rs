@@ -225,6 +225,7 @@ async fn a_takeover_is_noticed_on_the_next_renew() {
         skew_margin_ms: 1_000,
         sidecar_url: None,
         handoff_addr: None,
+        max_streams: None,
         session_token: None,
     };
     assert_eq!(f.store.acquire(&other).await.unwrap().fence_token, 2);
@@ -362,6 +363,7 @@ async fn a_conflict_is_reported_with_the_holder() {
         skew_margin_ms: 1_000,
         sidecar_url: None,
         handoff_addr: None,
+        max_streams: None,
         session_token: None,
     };
     f.store.acquire(&other).await.unwrap();

@@ -37,6 +37,8 @@ pub const ACQUIRE_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner,
 pub const ACQUIRE_SIDECAR_UPDATE: &str = ", sidecar_url = :sidecar_url";
 /// Appended to the acquire update by an announcing acquire with a hand-off address.
 pub const ACQUIRE_HANDOFF_UPDATE: &str = ", handoff_addr = :handoff_addr";
+/// What an announcing acquire adds for a worker's `MAX_STREAMS`.
+pub const ACQUIRE_MAX_STREAMS_UPDATE: &str = ", max_streams = :max_streams";
 /// Session mode's plain acquire condition ([`crate::protocol::session_acquirable`]):
 /// never from another session; a per-stream holder's lapsed lease still yields.
 pub const SESSION_ACQUIRE_CONDITION: &str = "attribute_not_exists(owner_id) OR owner_id = :owner \
@@ -312,6 +314,10 @@ fn acquire_expression(
     if let Some(addr) = &r.handoff_addr {
         values.push((":handoff_addr", s(addr)));
         update.push_str(ACQUIRE_HANDOFF_UPDATE);
+    }
+    if let Some(max) = r.max_streams {
+        values.push((":max_streams", n(max)));
+        update.push_str(ACQUIRE_MAX_STREAMS_UPDATE);
     }
     match r.session_token {
         Some(token) => {

@@ -371,6 +371,7 @@ mod tests {
             skew_margin_ms: 1_000,
             sidecar_url: None,
             handoff_addr: None,
+            max_streams: None,
             session_token: None,
         }
     }

@@ -143,6 +143,9 @@ fn apply_acquire(item: &mut RawItem, current: &Lease, r: &AcquireRequest) {
     if let Some(addr) = &r.handoff_addr {
         set(item, schema::HANDOFF_ADDR, AttrValue::s(addr));
     }
+    if let Some(max) = r.max_streams {
+        set(item, schema::MAX_STREAMS, AttrValue::n(max));
+    }
 }
 
 /// A copy of the stored item and its decoded lease, to check and write back.

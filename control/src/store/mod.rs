@@ -34,6 +34,8 @@ pub struct AcquireRequest {
     pub sidecar_url: Option<String>,
     /// Stored as `handoff_addr` when given, like `sidecar_url`.
     pub handoff_addr: Option<String>,
+    /// Stored as `max_streams` when given, like `sidecar_url`.
+    pub max_streams: Option<u64>,
     /// Session mode: the token of the caller's session record. The stream is
     /// then taken only if nobody holds it (or the caller does, or a per-stream
     /// holder's lease lapsed), never from another session: that is

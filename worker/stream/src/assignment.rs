@@ -14,7 +14,7 @@
 //! a stream that never had advice or whose assignee died), and only what is
 //! over a quota or has no live anchor moves, to the least-loaded workers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// A stream as the assigner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,19 +36,21 @@ pub struct Change {
     pub assignee: String,
 }
 
-/// Each stream's worker among `workers` (the live ones): every worker gets
-/// ⌊n/w⌋ or ⌈n/w⌉ streams; returns only the streams whose advice changes.
-/// No live worker: nothing changes (the advice waits for one).
-pub fn plan<'a>(seats: &'a [Seat<'a>], workers: &BTreeSet<&'a str>) -> Vec<Change> {
+/// Each stream's worker among `workers` (the live ones, each with the most
+/// streams it holds, its `MAX_STREAMS`): every worker gets ⌊n/w⌋ or ⌈n/w⌉
+/// streams, or all it can hold when that is fewer (the others share the
+/// rest); returns only the streams whose advice changes. No live worker, or
+/// no room left: those streams keep their advice (it waits for a worker).
+pub fn plan<'a>(seats: &'a [Seat<'a>], workers: &BTreeMap<&'a str, usize>) -> Vec<Change> {
     if workers.is_empty() {
         return Vec::new();
     }
     let live =
-        |worker: Option<&'a str>| -> Option<&'a str> { worker.filter(|w| workers.contains(w)) };
+        |worker: Option<&'a str>| -> Option<&'a str> { worker.filter(|w| workers.contains_key(w)) };
     // Anchored: where a stream stays if there is room. The last plan first
     // (a move under way is not undone), the live holder for the rest.
     let mut anchored: BTreeMap<&'a str, Vec<&'a Seat<'a>>> =
-        workers.iter().map(|w| (*w, Vec::new())).collect();
+        workers.keys().map(|w| (*w, Vec::new())).collect();
     let mut spill: Vec<&'a Seat<'a>> = Vec::new();
     for seat in seats {
         match live(seat.assignee).or(live(seat.holder)) {
@@ -56,19 +58,9 @@ pub fn plan<'a>(seats: &'a [Seat<'a>], workers: &BTreeSet<&'a str>) -> Vec<Chang
             None => spill.push(seat),
         }
     }
-    let base = seats.len() / workers.len();
-    let extra = seats.len() % workers.len();
-    // The workers that already have the most keep the one extra stream each
-    // (fewer moves); ties by id, so every assigner plans alike.
-    let mut by_anchored: Vec<&str> = workers.iter().copied().collect();
-    by_anchored.sort_by(|a, b| anchored[b].len().cmp(&anchored[a].len()).then(a.cmp(b)));
-    let quota: BTreeMap<&str, usize> = by_anchored
-        .iter()
-        .enumerate()
-        .map(|(rank, w)| (*w, base + usize::from(rank < extra)))
-        .collect();
+    let quota = quotas(seats.len(), workers, &anchored);
     let mut desired: BTreeMap<&str, &str> = BTreeMap::new();
-    let mut load: BTreeMap<&str, usize> = workers.iter().map(|w| (*w, 0)).collect();
+    let mut load: BTreeMap<&str, usize> = workers.keys().map(|w| (*w, 0)).collect();
     for (worker, mut streams) in anchored {
         // Held streams are kept first: moving them costs a hand-off.
         streams.sort_by_key(|s| (s.holder != Some(worker), s.stream_id));
@@ -105,6 +97,47 @@ pub fn plan<'a>(seats: &'a [Seat<'a>], workers: &BTreeSet<&'a str>) -> Vec<Chang
         .collect()
 }
 
+/// How many streams each worker should have: a worker that holds fewer than
+/// its share gets all it can, the others share the rest evenly, and the ones
+/// that already have the most keep the one extra stream each (fewer moves;
+/// ties by id, so every assigner plans alike).
+fn quotas<'a>(
+    streams: usize,
+    capacity: &BTreeMap<&'a str, usize>,
+    anchored: &BTreeMap<&'a str, Vec<&Seat<'_>>>,
+) -> BTreeMap<&'a str, usize> {
+    let mut quota: BTreeMap<&str, usize> = BTreeMap::new();
+    loop {
+        let open: Vec<&str> = capacity
+            .keys()
+            .filter(|w| !quota.contains_key(*w))
+            .copied()
+            .collect();
+        if open.is_empty() {
+            return quota;
+        }
+        let remaining = streams.saturating_sub(quota.values().sum());
+        let share = remaining.div_ceil(open.len());
+        let full: Vec<&str> = open
+            .iter()
+            .filter(|w| capacity[*w] < share)
+            .copied()
+            .collect();
+        if full.is_empty() {
+            let mut by_anchored = open;
+            by_anchored.sort_by(|a, b| anchored[b].len().cmp(&anchored[a].len()).then(a.cmp(b)));
+            let (base, extra) = (remaining / by_anchored.len(), remaining % by_anchored.len());
+            for (rank, worker) in by_anchored.into_iter().enumerate() {
+                quota.insert(worker, base + usize::from(rank < extra));
+            }
+            return quota;
+        }
+        for worker in full {
+            quota.insert(worker, capacity[worker]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +168,22 @@ mod tests {
                 .collect()
         }
 
+        /// Applies a plan that may leave streams without advice; streams per
+        /// advised worker.
+        fn apply_partial(&mut self, changes: &[Change]) -> BTreeMap<String, usize> {
+            for change in changes {
+                let row = self.0.iter_mut().find(|r| r.0 == change.stream_id).unwrap();
+                row.2 = Some(change.assignee.clone());
+            }
+            let mut per_worker = BTreeMap::new();
+            for (_, _, assignee) in &self.0 {
+                if let Some(assignee) = assignee {
+                    *per_worker.entry(assignee.clone()).or_default() += 1;
+                }
+            }
+            per_worker
+        }
+
         /// Applies a plan (advice only) and returns streams per worker.
         fn apply(&mut self, changes: &[Change]) -> BTreeMap<String, usize> {
             for change in changes {
@@ -153,8 +202,8 @@ mod tests {
         (0..count).map(|i| format!("w{i:03}")).collect()
     }
 
-    fn live(names: &[String]) -> BTreeSet<&str> {
-        names.iter().map(String::as_str).collect()
+    fn live(names: &[String]) -> BTreeMap<&str, usize> {
+        names.iter().map(|n| (n.as_str(), usize::MAX)).collect()
     }
 
     #[test]
@@ -251,6 +300,25 @@ mod tests {
     #[test]
     fn without_live_workers_the_advice_waits() {
         let table = table(3, |_| (Some("gone".into()), Some("gone".into())));
-        assert!(plan(&table.seats(), &BTreeSet::new()).is_empty());
+        assert!(plan(&table.seats(), &BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn a_worker_is_never_advised_more_than_it_holds_and_the_others_share_the_rest() {
+        let workers = names(3);
+        let mut capacity = live(&workers);
+        capacity.insert("w001", 5);
+        let mut cold = table(41, |_| (None, None));
+        let per_worker = cold.apply(&plan(&cold.seats(), &capacity));
+        assert_eq!(per_worker["w001"], 5);
+        assert_eq!((per_worker["w000"], per_worker["w002"]), (18, 18));
+        // Room for fewer than there are streams: the rest keep their advice.
+        capacity.insert("w000", 10);
+        capacity.insert("w002", 10);
+        let mut short = table(41, |_| (None, None));
+        let changes = plan(&short.seats(), &capacity);
+        assert_eq!(changes.len(), 25);
+        let per_worker = short.apply_partial(&changes);
+        assert_eq!(per_worker.values().sum::<usize>(), 25);
     }
 }

@@ -400,6 +400,7 @@ impl StreamWorker {
         let announced = Announcement {
             sidecar_url: self.config.sidecar_url.clone(),
             handoff_addr: self.handoff.as_ref().map(|h| h.advertised().to_string()),
+            max_streams: u64::try_from(self.config.max_streams).ok(),
         };
         match self
             .context

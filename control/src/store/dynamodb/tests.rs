@@ -20,6 +20,7 @@ fn expressions_only_name_schema_attributes() {
         schema::SESSION_TOKEN,
         schema::LEASE_MODE,
         schema::ASSIGNEE,
+        schema::MAX_STREAMS,
     ];
     let keywords = [
         "SET",
@@ -53,6 +54,7 @@ fn expressions_only_name_schema_attributes() {
         TAKEOVER_CONDITION,
         DECLARE_MODE_UPDATE,
         ASSIGN_UPDATE,
+        ACQUIRE_MAX_STREAMS_UPDATE,
         UNASSIGN_UPDATE,
     ] {
         for word in expression.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {

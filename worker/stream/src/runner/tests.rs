@@ -397,6 +397,7 @@ async fn losing_the_lease_stops_side_effects() {
         skew_margin_ms: 1_000,
         sidecar_url: None,
         handoff_addr: None,
+        max_streams: None,
         session_token: None,
     };
     f.store.acquire(&other).await.unwrap();
@@ -826,6 +827,7 @@ async fn a_zombie_lifts_nothing() {
             skew_margin_ms: 0,
             sidecar_url: None,
             handoff_addr: None,
+            max_streams: None,
             session_token: None,
         })
         .await
@@ -889,6 +891,7 @@ async fn past_its_deadline_a_holder_writes_nothing_even_before_the_loss_is_signa
             skew_margin_ms: 0,
             sidecar_url: None,
             handoff_addr: None,
+            max_streams: None,
             session_token: None,
         })
         .await

@@ -14,7 +14,7 @@
 //! once rather than at the worker's next query; a worker handing a stream
 //! over pushes it to its assignee once released.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use leasehold_control::store::Consistency;
 
@@ -246,7 +246,16 @@ impl StreamWorker {
         }
         let table = LeaseTable::read(reader.as_ref(), 1000, Consistency::Eventual).await?;
         let now = self.clock.now_ms();
-        let live: BTreeSet<&str> = table.live_workers(now).map(|(owner, _)| owner).collect();
+        let live: BTreeMap<&str, usize> = table
+            .live_workers(now)
+            .map(|(owner, presence)| {
+                let max = presence
+                    .lease
+                    .max_streams
+                    .and_then(|m| usize::try_from(m).ok());
+                (owner, max.unwrap_or(usize::MAX))
+            })
+            .collect();
         // A live worker renews its presence a lease ahead; one that lapses
         // before the next pass has stopped renewing. Plan again the moment
         // its streams become takeable, not up to an interval later.
@@ -268,10 +277,9 @@ impl StreamWorker {
             .iter()
             .map(|lease| Seat {
                 stream_id: &lease.stream_id,
-                holder: lease
-                    .owner_id
-                    .as_deref()
-                    .filter(|owner| lease.state(now) == LeaseState::Owned && live.contains(owner)),
+                holder: lease.owner_id.as_deref().filter(|owner| {
+                    lease.state(now) == LeaseState::Owned && live.contains_key(owner)
+                }),
                 assignee: lease.assignee.as_deref(),
             })
             .collect();
