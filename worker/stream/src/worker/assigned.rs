@@ -118,6 +118,7 @@ impl StreamWorker {
         for stream in elsewhere {
             if let Ok(record) = reader.get(&stream).await
                 && let Some(assignee) = record.assignee.filter(|a| *a != me)
+                && self.is_live(&assignee).await
             {
                 self.hand_to(&stream, assignee);
             }
@@ -181,6 +182,19 @@ impl StreamWorker {
                 }
             }
         }
+    }
+
+    /// Whether `worker`'s presence record is held and current (strongly
+    /// consistent): a stream is handed over only to a worker that can take
+    /// it. Advice can name a worker that is draining or gone (its drain's
+    /// own advice raced a push, or the assigner planned from an older scan);
+    /// the assigner's next pass re-advises such a stream.
+    async fn is_live(&self, worker: &str) -> bool {
+        let reader = self.context.keeper.reader();
+        reader
+            .get(&schema::worker_presence(worker))
+            .await
+            .is_ok_and(|presence| presence.state(self.clock.now_ms()) == LeaseState::Owned)
     }
 
     /// Drains a held stream advised to `assignee`; pushed there once released.
