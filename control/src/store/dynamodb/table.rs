@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, CreateGlobalSecondaryIndexAction,
     GlobalSecondaryIndex, GlobalSecondaryIndexUpdate, IndexStatus, KeySchemaElement, KeyType,
-    Projection, ProjectionType, ScalarAttributeType, TableStatus,
+    Projection, ProjectionType, ScalarAttributeType, TableDescription, TableStatus,
 };
 
 use super::{DynamoLeaseStore, TableCreation, rejected, s};
@@ -78,8 +78,12 @@ impl DynamoLeaseStore {
             }
             Err(err) => return Err(self.sdk_error(err)),
         };
-        self.wait_active().await?;
-        if creation == TableCreation::AlreadyExisted && self.index_status().await?.is_none() {
+        let table = self.wait_active().await?;
+        let indexed = table
+            .global_secondary_indexes()
+            .iter()
+            .any(|index| index.index_name() == Some(schema::ASSIGNEE_INDEX));
+        if creation == TableCreation::AlreadyExisted && !indexed {
             self.add_assignee_index().await?;
             self.wait_active().await?;
         }
@@ -88,18 +92,12 @@ impl DynamoLeaseStore {
 
     /// Fails with [`LeaseError::TableMissing`] when the table does not exist.
     pub async fn check_table(&self) -> Result<(), LeaseError> {
-        self.client
-            .describe_table()
-            .table_name(&self.table)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|err| self.sdk_error(err))
+        self.describe().await.map(|_| ())
     }
 
-    /// The assignee index's status; `None` when the table has none (made by
-    /// an older version, or by hand).
-    async fn index_status(&self) -> Result<Option<IndexStatus>, LeaseError> {
+    /// The table as DynamoDB describes it (an empty description if it says
+    /// nothing more).
+    async fn describe(&self) -> Result<TableDescription, LeaseError> {
         let described = self
             .client
             .describe_table()
@@ -108,12 +106,8 @@ impl DynamoLeaseStore {
             .await
             .map_err(|err| self.sdk_error(err))?;
         Ok(described
-            .table()
-            .map(|table| table.global_secondary_indexes())
-            .unwrap_or_default()
-            .iter()
-            .find(|index| index.index_name() == Some(schema::ASSIGNEE_INDEX))
-            .map(|index| index.index_status().cloned().unwrap_or(IndexStatus::Active)))
+            .table
+            .unwrap_or_else(|| TableDescription::builder().build()))
     }
 
     async fn add_assignee_index(&self) -> Result<(), LeaseError> {
@@ -137,31 +131,21 @@ impl DynamoLeaseStore {
             .map_err(|err| self.sdk_error(err))
     }
 
-    /// Waits until the table and its assignee index (if any) are active.
-    async fn wait_active(&self) -> Result<(), LeaseError> {
+    /// Waits until the table and its assignee index (if any) are active, and
+    /// returns it as then described.
+    async fn wait_active(&self) -> Result<TableDescription, LeaseError> {
         // A new on-demand table is usually active within seconds, an index
         // added to a large table may take minutes: give up after ten.
         for attempt in 0..600 {
-            let described = self
-                .client
-                .describe_table()
-                .table_name(&self.table)
-                .send()
-                .await
-                .map_err(|err| self.sdk_error(err))?;
-            let table = described.table();
-            let active = table.and_then(|t| t.table_status()) == Some(&TableStatus::Active);
-            let indexes_active = table
-                .map(|t| t.global_secondary_indexes())
-                .unwrap_or_default()
-                .iter()
-                .all(|index| {
-                    index
-                        .index_status()
-                        .is_none_or(|s| *s == IndexStatus::Active)
-                });
+            let table = self.describe().await?;
+            let active = table.table_status() == Some(&TableStatus::Active);
+            let indexes_active = table.global_secondary_indexes().iter().all(|index| {
+                index
+                    .index_status()
+                    .is_none_or(|s| *s == IndexStatus::Active)
+            });
             if active && indexes_active {
-                return Ok(());
+                return Ok(table);
             }
             tokio::time::sleep(Duration::from_millis(if attempt < 5 { 200 } else { 1000 })).await;
         }
