@@ -5,13 +5,16 @@
 //! need.
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_control::clock::PausedClock;
 use leasehold_control::schema;
-use leasehold_devcluster::fleet::{Fleet, FleetOptions, Holdings};
+use leasehold_devcluster::fleet::{Fleet, FleetOptions};
 use leasehold_stream::worker::DiscoveryMode;
+use support::{moves_while_idle, wait_for};
 
 const DISCOVERY: Duration = Duration::from_secs(5);
 
@@ -30,46 +33,17 @@ async fn fleet(streams: usize) -> Fleet {
     .expect("fleet")
 }
 
-/// Waits until `done` holds, checking every 100 ms; how long it took.
-async fn wait_for(fleet: &Fleet, within: Duration, done: impl Fn(&Holdings) -> bool) -> Duration {
-    let start = tokio::time::Instant::now();
-    loop {
-        let holdings = fleet.holdings().await.expect("holdings");
-        if done(&holdings) {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "not reached within {within:?}: {holdings:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Runs for `span`, checking the fleet stays `balanced`; the acquisitions made.
-async fn moves_while_idle(
-    fleet: &Fleet,
-    span: Duration,
-    balanced: impl Fn(&Holdings) -> bool,
-) -> u64 {
-    let before = fleet.holdings().await.expect("holdings");
-    let end = tokio::time::Instant::now() + span;
-    while tokio::time::Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = fleet.holdings().await.expect("holdings");
-        assert!(balanced(&now), "lost balance: {now:?}");
-    }
-    fleet.holdings().await.expect("holdings").acquisitions - before.acquisitions
-}
-
 async fn balanced_fleet(streams: usize, owners: &[&str]) -> Fleet {
     let mut fleet = fleet(streams).await;
     for owner in owners {
         fleet.start(owner, 100);
     }
     let workers = owners.len();
-    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(streams, workers)).await;
-    moves_while_idle(&fleet, DISCOVERY, |h| h.balanced(streams, workers)).await;
+    wait_for(&fleet.view(), 4 * DISCOVERY, |h| {
+        h.balanced(streams, workers)
+    })
+    .await;
+    moves_while_idle(&fleet.view(), DISCOVERY, |h| h.balanced(streams, workers)).await;
     fleet
 }
 
@@ -77,7 +51,7 @@ async fn balanced_fleet(streams: usize, owners: &[&str]) -> Fleet {
 async fn only_the_assigner_scans_and_workers_read_no_doorbell() {
     let mut fleet = balanced_fleet(100, &["w1", "w2", "w3", "w4"]).await;
     let before = fleet.units();
-    let churn = moves_while_idle(&fleet, 12 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    let churn = moves_while_idle(&fleet.view(), 12 * DISCOVERY, |h| h.balanced(100, 4)).await;
     let used = fleet.units().since(&before);
     let calls = |kind: &str| used.calls.get(kind).copied().unwrap_or(0);
     println!("one minute of four balanced workers: {:?}", used.calls);
@@ -98,8 +72,8 @@ async fn a_scale_out_from_four_to_five_moves_only_the_new_share() {
     let mut fleet = balanced_fleet(100, &["w1", "w2", "w3", "w4"]).await;
     let before = fleet.holdings().await.expect("holdings").acquisitions;
     fleet.start("w5", 100);
-    let took = wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
-    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    let (_, took) = wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    let churn = moves_while_idle(&fleet.view(), 6 * DISCOVERY, |h| h.balanced(100, 5)).await;
     let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
     println!("assigned scale-out 4 → 5, 100 streams: {moves} moves (ideal 20) in {took:?}");
     assert_eq!(churn, 0, "no churn once balanced");
@@ -132,7 +106,7 @@ async fn a_crashed_workers_streams_are_taken_over_within_a_lease_and_two_seconds
     for owner in owners {
         fleet.start(owner, 100);
     }
-    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
     // Crash at every phase of the victim's renew interval (10 s) and of the
     // assigner's pass (5 s): one crash per phase, restarting in between.
     let mut worst = Duration::ZERO;
@@ -150,7 +124,7 @@ async fn a_crashed_workers_streams_are_taken_over_within_a_lease_and_two_seconds
             .unwrap();
         let before = fleet.holdings().await.expect("holdings").acquisitions;
         fleet.crash(victim);
-        let took = wait_for(&fleet, lease * 2, |h| h.balanced(100, 4)).await;
+        let (_, took) = wait_for(&fleet.view(), lease * 2, |h| h.balanced(100, 4)).await;
         let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
         println!(
             "assigned, crash {round} of 1 of 5: {moves} moves (ideal 20), owned again after {took:?}"
@@ -158,7 +132,7 @@ async fn a_crashed_workers_streams_are_taken_over_within_a_lease_and_two_seconds
         assert_eq!(moves, 20, "only the crashed worker's streams move");
         worst = worst.max(took);
         fleet.start(victim, 100);
-        wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
+        wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
     }
     assert!(
         worst <= lease + Duration::from_secs(2),
@@ -173,13 +147,16 @@ async fn when_the_assigner_crashes_another_takes_its_place() {
     let first = fleet.view().record(schema::ASSIGNER_LEASE).await.unwrap();
     let first = first.owner_id.expect("an assigner was elected");
     fleet.crash(&first);
-    let took = wait_for(&fleet, Duration::from_secs(50), |h| h.balanced(60, 2)).await;
+    let (_, took) = wait_for(&fleet.view(), Duration::from_secs(50), |h| {
+        h.balanced(60, 2)
+    })
+    .await;
     let second = fleet.view().record(schema::ASSIGNER_LEASE).await.unwrap();
     assert_ne!(second.owner_id.as_deref(), Some(first.as_str()));
     println!("the assigner crashed; balanced again after {took:?}");
     // The new assigner serves a newcomer too.
     fleet.start("w9", 100);
-    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(60, 3)).await;
+    wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(60, 3)).await;
     fleet.stop_all().await;
 }
 
@@ -197,7 +174,7 @@ async fn a_drained_workers_streams_are_owned_again_within_two_intervals() {
         .find(|w| assigner.as_deref() != Some(*w))
         .unwrap();
     fleet.stop(leaving).await;
-    let took = wait_for(&fleet, 2 * DISCOVERY + Duration::from_secs(2), |h| {
+    let (_, took) = wait_for(&fleet.view(), 2 * DISCOVERY + Duration::from_secs(2), |h| {
         h.balanced(60, 3)
     })
     .await;
@@ -213,10 +190,10 @@ async fn a_worker_with_less_room_is_advised_only_what_it_holds() {
     let mut fleet = fleet(40).await;
     fleet.start("big", 100);
     fleet.start("small", 10);
-    wait_for(&fleet, 4 * DISCOVERY, |h| h.unowned == 0).await;
+    wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.unowned == 0).await;
     let holdings = fleet.holdings().await.expect("holdings");
     assert_eq!(holdings.held_by.get("small"), Some(&10), "{holdings:?}");
-    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| {
+    let churn = moves_while_idle(&fleet.view(), 6 * DISCOVERY, |h| {
         h.unowned == 0 && h.held_by.get("big") == Some(&30)
     })
     .await;
@@ -234,8 +211,8 @@ async fn a_lagging_index_never_makes_a_worker_hand_over_its_own_streams() {
     let mut fleet = fleet(20).await;
     fleet.freeze_index(true);
     fleet.start("w1", 100);
-    wait_for(&fleet, 2 * DISCOVERY, |h| h.balanced(20, 1)).await;
-    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(20, 1)).await;
+    wait_for(&fleet.view(), 2 * DISCOVERY, |h| h.balanced(20, 1)).await;
+    let churn = moves_while_idle(&fleet.view(), 6 * DISCOVERY, |h| h.balanced(20, 1)).await;
     assert_eq!(churn, 0, "streams handed over on a stale index");
     fleet.stop_all().await;
 }
@@ -257,7 +234,7 @@ async fn a_drain_pushes_its_streams_to_peers_without_waiting_for_a_pass() {
     for owner in ["w1", "w2", "w3"] {
         fleet.start_taking_pushes(owner, 100).expect("socket");
     }
-    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(12, 3)).await;
+    wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(12, 3)).await;
     let assigner = fleet
         .view()
         .record(schema::ASSIGNER_LEASE)
@@ -273,7 +250,7 @@ async fn a_drain_pushes_its_streams_to_peers_without_waiting_for_a_pass() {
         fleet.stop(leaving).await;
         fleet
     });
-    let took = wait_for_view(&view, Duration::from_secs(3), |h| {
+    let (_, took) = wait_for(&view, Duration::from_secs(3), |h| {
         h.unowned == 0 && !h.held_by.contains_key(leaving)
     })
     .await;
@@ -297,7 +274,7 @@ async fn a_forged_push_is_never_taken_in_assigned_discovery() {
         .await
         .expect("fleet");
     let addr = fleet.start_taking_pushes("w1", 10).expect("socket");
-    wait_for(&fleet, Duration::from_secs(10), |h| {
+    wait_for(&fleet.view(), Duration::from_secs(10), |h| {
         h.held_by.get("w1") == Some(&2)
     })
     .await;
@@ -313,23 +290,4 @@ async fn a_forged_push_is_never_taken_in_assigned_discovery() {
     assert_eq!(after, before, "a forged push changed the table");
     assert!(fleet.view().record("invented-stream").await.is_err());
     fleet.stop_all().await;
-}
-
-async fn wait_for_view(
-    view: &leasehold_devcluster::fleet::FleetView,
-    within: Duration,
-    done: impl Fn(&Holdings) -> bool,
-) -> Duration {
-    let start = tokio::time::Instant::now();
-    loop {
-        let holdings = view.holdings().await.expect("holdings");
-        if done(&holdings) {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "not reached within {within:?}: {holdings:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }

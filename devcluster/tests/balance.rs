@@ -3,11 +3,14 @@
 //! table alone (who holds what, and how many acquisitions it took).
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_control::clock::PausedClock;
-use leasehold_devcluster::fleet::{Fleet, FleetOptions, Holdings};
+use leasehold_devcluster::fleet::{Fleet, FleetOptions};
+use support::{moves_while_idle, wait_for};
 
 const DISCOVERY: Duration = Duration::from_secs(5);
 
@@ -25,43 +28,6 @@ async fn fleet(streams: usize) -> Fleet {
     .expect("fleet")
 }
 
-/// Waits until `done` holds, checking every 100 ms; the holdings and how long it took.
-async fn wait_for(
-    fleet: &Fleet,
-    within: Duration,
-    done: impl Fn(&Holdings) -> bool,
-) -> (Holdings, Duration) {
-    let start = tokio::time::Instant::now();
-    loop {
-        let holdings = fleet.holdings().await.expect("holdings");
-        if done(&holdings) {
-            return (holdings, start.elapsed());
-        }
-        assert!(
-            start.elapsed() < within,
-            "not reached within {within:?}: {holdings:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Runs for `span` and returns the acquisitions made meanwhile, checking the
-/// fleet stays `balanced` throughout.
-async fn moves_while_idle(
-    fleet: &Fleet,
-    span: Duration,
-    balanced: impl Fn(&Holdings) -> bool,
-) -> u64 {
-    let before = fleet.holdings().await.expect("holdings");
-    let end = tokio::time::Instant::now() + span;
-    while tokio::time::Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = fleet.holdings().await.expect("holdings");
-        assert!(balanced(&now), "lost balance: {now:?}");
-    }
-    fleet.holdings().await.expect("holdings").acquisitions - before.acquisitions
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_cold_start_spreads_within_two_discovery_intervals() {
     let mut fleet = fleet(100).await;
@@ -74,10 +40,10 @@ async fn a_cold_start_spreads_within_two_discovery_intervals() {
         }
         fleet.start(owner, 100);
     }
-    let (_, waited) = wait_for(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    let (_, waited) = wait_for(&fleet.view(), 2 * DISCOVERY, |h| h.balanced(100, 4)).await;
     let spread_after = start.elapsed() - Duration::from_secs(3) + waited;
     assert!(spread_after <= 2 * DISCOVERY, "{spread_after:?}");
-    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    let churn = moves_while_idle(&fleet.view(), 6 * DISCOVERY, |h| h.balanced(100, 4)).await;
     assert_eq!(churn, 0, "a balanced fleet moves nothing");
     fleet.stop_all().await;
 }
@@ -88,12 +54,12 @@ async fn a_scale_out_from_four_to_five_moves_only_the_new_share() {
     for owner in ["w1", "w2", "w3", "w4"] {
         fleet.start(owner, 100);
     }
-    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(100, 4)).await;
-    moves_while_idle(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    moves_while_idle(&fleet.view(), 2 * DISCOVERY, |h| h.balanced(100, 4)).await;
     let before = fleet.holdings().await.expect("holdings").acquisitions;
     fleet.start("w5", 100);
-    let (_, took) = wait_for(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 5)).await;
-    let after_settle = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    let (_, took) = wait_for(&fleet.view(), 2 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    let after_settle = moves_while_idle(&fleet.view(), 6 * DISCOVERY, |h| h.balanced(100, 5)).await;
     let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
     println!(
         "scale-out 4 → 5, 100 streams: {moves} lease moves (ideal 20), balanced after {took:?}"
@@ -109,13 +75,16 @@ async fn after_a_crash_probes_fill_the_survivors_to_their_share_only() {
     for owner in ["w1", "w2", "w3", "w4", "w5"] {
         fleet.start(owner, 100);
     }
-    wait_for(&fleet, 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
-    moves_while_idle(&fleet, 2 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(100, 5)).await;
+    moves_while_idle(&fleet.view(), 2 * DISCOVERY, |h| h.balanced(100, 5)).await;
     let before = fleet.holdings().await.expect("holdings").acquisitions;
     fleet.crash("w3");
     // The orphans become takeable one lease (30 s) plus the skew margin later.
-    let (_, took) = wait_for(&fleet, Duration::from_secs(40), |h| h.balanced(100, 4)).await;
-    let after_settle = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(100, 4)).await;
+    let (_, took) = wait_for(&fleet.view(), Duration::from_secs(40), |h| {
+        h.balanced(100, 4)
+    })
+    .await;
+    let after_settle = moves_while_idle(&fleet.view(), 6 * DISCOVERY, |h| h.balanced(100, 4)).await;
     let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
     println!(
         "crash of 1 of 5, 100 streams: {moves} lease moves (ideal 20), balanced after {took:?}"
@@ -132,17 +101,17 @@ async fn a_peer_that_cannot_take_gets_no_stream_again_and_none_stays_unowned() {
     let mut fleet = fleet(40).await;
     fleet.start("big", 100);
     fleet.start("small", 10);
-    let (holdings, _) = wait_for(&fleet, 6 * DISCOVERY, |h| h.unowned == 0).await;
+    let (holdings, _) = wait_for(&fleet.view(), 6 * DISCOVERY, |h| h.unowned == 0).await;
     assert_eq!(holdings.held_by.get("small"), Some(&10), "{holdings:?}");
     // One gift plays out: "big" hands its excess back, nobody takes it, and once
     // it has been free for an interval "big" takes it again. 30 + 10 + 10
     // acquisitions, and not one more afterwards.
-    let (holdings, _) = wait_for(&fleet, 12 * DISCOVERY, |h| {
+    let (holdings, _) = wait_for(&fleet.view(), 12 * DISCOVERY, |h| {
         h.acquisitions >= 50 && h.unowned == 0
     })
     .await;
     assert_eq!(holdings.acquisitions, 50, "{holdings:?}");
-    let churn = moves_while_idle(&fleet, 20 * DISCOVERY, |h| {
+    let churn = moves_while_idle(&fleet.view(), 20 * DISCOVERY, |h| {
         h.unowned == 0 && h.held_by.get("big") == Some(&30)
     })
     .await;
@@ -163,12 +132,15 @@ async fn a_new_worker_gets_the_richest_peers_gift_and_the_gift_is_not_passed_aro
         }
         fleet.start(owner, 100);
     }
-    wait_for(&fleet, 6 * DISCOVERY, |h| h.balanced(8, 6)).await;
-    moves_while_idle(&fleet, 2 * DISCOVERY, |h| h.balanced(8, 6)).await;
+    wait_for(&fleet.view(), 6 * DISCOVERY, |h| h.balanced(8, 6)).await;
+    moves_while_idle(&fleet.view(), 2 * DISCOVERY, |h| h.balanced(8, 6)).await;
     let before = fleet.holdings().await.expect("holdings").acquisitions;
     fleet.start("n1", 100);
-    let (_, took) = wait_for(&fleet, 4 * DISCOVERY, |h| h.held_by.get("n1") == Some(&1)).await;
-    let churn = moves_while_idle(&fleet, 6 * DISCOVERY, |h| h.balanced(8, 7)).await;
+    let (_, took) = wait_for(&fleet.view(), 4 * DISCOVERY, |h| {
+        h.held_by.get("n1") == Some(&1)
+    })
+    .await;
+    let churn = moves_while_idle(&fleet.view(), 6 * DISCOVERY, |h| h.balanced(8, 7)).await;
     let moves = fleet.holdings().await.expect("holdings").acquisitions - before;
     println!("scale-out 6 → 7, 8 streams: {moves} lease moves (ideal 1), n1 served after {took:?}");
     assert!(
@@ -197,7 +169,7 @@ async fn a_pushed_id_that_is_not_a_stream_of_the_table_is_never_taken() {
         .await
         .expect("fleet");
     let addr = fleet.start_taking_pushes("w1", 10).expect("socket");
-    let (before, _) = wait_for(&fleet, Duration::from_secs(10), |h| {
+    let (before, _) = wait_for(&fleet.view(), Duration::from_secs(10), |h| {
         h.held_by.get("w1") == Some(&2)
     })
     .await;

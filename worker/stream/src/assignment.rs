@@ -184,16 +184,13 @@ mod tests {
             per_worker
         }
 
-        /// Applies a plan (advice only) and returns streams per worker.
+        /// Applies a plan that must advise every stream; streams per worker.
         fn apply(&mut self, changes: &[Change]) -> BTreeMap<String, usize> {
-            for change in changes {
-                let row = self.0.iter_mut().find(|r| r.0 == change.stream_id).unwrap();
-                row.2 = Some(change.assignee.clone());
-            }
-            let mut per_worker = BTreeMap::new();
-            for (_, _, assignee) in &self.0 {
-                *per_worker.entry(assignee.clone().unwrap()).or_default() += 1;
-            }
+            let per_worker = self.apply_partial(changes);
+            assert!(
+                self.0.iter().all(|row| row.2.is_some()),
+                "a stream left without advice"
+            );
             per_worker
         }
     }
