@@ -13,7 +13,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::StreamExt;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
 use leasehold_control::protocol;
@@ -454,7 +453,7 @@ async fn consume_in(
                         // Take whatever else is already here into the same batch:
                         // under load batches grow, at a trickle each event goes at once.
                         while failed.is_none() && pending.len() < max_events && intake.may_read() {
-                            match subscription.next().now_or_never() {
+                            match subscription.next_ready() {
                                 Some(Ok(event)) => {
                                     failed = intake.arrive(progress, &mut pending, event).err();
                                 }

@@ -68,6 +68,15 @@ pub trait Subscription: Send {
     /// is the runner's decision (`leasehold_control::sequence`). After any
     /// error the subscription is finished and keeps returning that error.
     async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError>;
+    /// What [`Subscription::next`] would return at once, if anything is
+    /// already here (`None`: it would wait). The runner takes a busy stream's
+    /// buffered events through this. Override it where `next` allocates per
+    /// call (`async_trait` boxes every call's future: one allocation per
+    /// event).
+    fn next_ready(&mut self) -> Option<Result<UpstreamEvent, UpstreamError>> {
+        use futures_util::FutureExt as _;
+        self.next().now_or_never()
+    }
     /// Closes the connection now (sends a close frame, best effort, bounded time).
     async fn close(&mut self);
 }

@@ -201,6 +201,39 @@ impl WebSocketSubscription {
         error
     }
 
+    /// One message read: an event or the subscription's end (`None`: a
+    /// frame that is skipped or answered by tungstenite, read on).
+    fn take(
+        &mut self,
+        message: Option<Result<Message, WsError>>,
+    ) -> Option<Result<UpstreamEvent, UpstreamError>> {
+        let received_at = Instant::now();
+        self.last_heard = received_at;
+        let frame = match message {
+            Some(Ok(Message::Text(text))) => self.classify(text, received_at),
+            Some(Ok(Message::Binary(_))) => Frame::Skip(SkipReason::NotJson),
+            // tungstenite answers pings itself while we keep reading.
+            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => return None,
+            Some(Ok(Message::Close(frame))) => Frame::Fail(UpstreamError::Closed(match frame {
+                Some(frame) => format!("server sent close {}: {}", frame.code, frame.reason),
+                None => "server sent close".to_owned(),
+            })),
+            Some(Err(WsError::Capacity(error))) => Frame::Fail(UpstreamError::Closed(format!(
+                "frame beyond the hard size limit, connection unusable: {error}"
+            ))),
+            Some(Err(error)) => Frame::Fail(UpstreamError::Closed(describe(&error, &self.url))),
+            None => Frame::Fail(UpstreamError::Closed("connection ended".to_owned())),
+        };
+        match frame {
+            Frame::Event(event) => Some(Ok(event)),
+            Frame::Skip(reason) => {
+                self.skip(reason);
+                None
+            }
+            Frame::Fail(error) => Some(Err(self.fail(error))),
+        }
+    }
+
     fn classify(&mut self, frame: Utf8Bytes, received_at: Instant) -> Frame {
         let text = frame.as_str();
         if text.len() > self.max_frame_bytes {
@@ -318,31 +351,28 @@ impl Subscription for WebSocketSubscription {
                 }
                 Wake::AppPing => continue,
             };
-            let received_at = Instant::now();
-            self.last_heard = received_at;
-            let frame = match message {
-                Some(Ok(Message::Text(text))) => self.classify(text, received_at),
-                Some(Ok(Message::Binary(_))) => Frame::Skip(SkipReason::NotJson),
-                // tungstenite answers pings itself while we keep reading.
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
-                Some(Ok(Message::Close(frame))) => {
-                    Frame::Fail(UpstreamError::Closed(match frame {
-                        Some(frame) => {
-                            format!("server sent close {}: {}", frame.code, frame.reason)
-                        }
-                        None => "server sent close".to_owned(),
-                    }))
-                }
-                Some(Err(WsError::Capacity(error))) => Frame::Fail(UpstreamError::Closed(format!(
-                    "frame beyond the hard size limit, connection unusable: {error}"
-                ))),
-                Some(Err(error)) => Frame::Fail(UpstreamError::Closed(describe(&error, &self.url))),
-                None => Frame::Fail(UpstreamError::Closed("connection ended".to_owned())),
-            };
-            match frame {
-                Frame::Event(event) => return Ok(event),
-                Frame::Skip(reason) => self.skip(reason),
-                Frame::Fail(error) => return Err(self.fail(error)),
+            if let Some(result) = self.take(message) {
+                return result;
+            }
+        }
+    }
+
+    fn next_ready(&mut self) -> Option<Result<UpstreamEvent, UpstreamError>> {
+        if let Some(error) = &self.failed {
+            return Some(Err(error.clone()));
+        }
+        // A ping that is due needs a send: `next` does that.
+        if self
+            .app_ping
+            .as_ref()
+            .is_some_and(|ping| ping.next <= Instant::now())
+        {
+            return None;
+        }
+        loop {
+            let message = self.ws.next().now_or_never()?;
+            if let Some(result) = self.take(message) {
+                return Some(result);
             }
         }
     }
