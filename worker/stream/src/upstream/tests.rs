@@ -184,34 +184,53 @@ async fn retention_exceeded_carries_the_earliest_sequence() {
     timeout(WAIT, server.finished()).await.expect("feed stops");
 }
 
-#[tokio::test]
-async fn bad_frames_are_skipped_and_reported_and_sequences_pass_as_sent() {
+/// Events 1, 2, 1, 2, 5 among frames the adapter must skip (not JSON,
+/// binary, too large for a 1,024-byte limit, a missing or malformed id) and
+/// a ping it answers itself.
+fn events_among_bad_frames() -> Vec<Message> {
     let event = |seq: u64| Message::text(format!(r#"{{"seq":{seq},"event_id":"s:{seq}"}}"#));
     let oversized = format!(
         r#"{{"seq":2,"event_id":"s:2","pad":"{}"}}"#,
         "x".repeat(2000)
     );
-    let (addr, server) = scripted(
-        true,
-        vec![
-            event(1),
-            Message::text("not json"),
-            Message::binary(br#"{"seq":2,"event_id":"s:2"}"#.to_vec()),
-            Message::text(oversized),
-            Message::text(r#"{"event_id":"s:2"}"#),
-            Message::text(r#"{"seq":2,"event_id":{"nested":true}}"#),
-            Message::Ping(vec![1].into()),
-            event(2),
-            event(1),
-            event(2),
-            event(5),
-        ],
-    )
-    .await;
+    vec![
+        event(1),
+        Message::text("not json"),
+        Message::binary(br#"{"seq":2,"event_id":"s:2"}"#.to_vec()),
+        Message::text(oversized),
+        Message::text(r#"{"event_id":"s:2"}"#),
+        Message::text(r#"{"seq":2,"event_id":{"nested":true}}"#),
+        Message::Ping(vec![1].into()),
+        event(2),
+        event(1),
+        event(2),
+        event(5),
+    ]
+}
+
+/// What [`events_among_bad_frames`] reports, in order.
+fn skips_among_bad_frames() -> Vec<TelemetryEvent> {
+    vec![
+        skipped("s", SkipReason::NotJson),
+        skipped("s", SkipReason::NotJson),
+        skipped("s", SkipReason::TooLarge),
+        skipped("s", SkipReason::MissingField),
+        skipped("s", SkipReason::MissingField),
+    ]
+}
+
+async fn subscribed_to_bad_frames() -> (Box<dyn Subscription>, RecordingSink, JoinHandle<Seen>) {
+    let (addr, server) = scripted(true, events_among_bad_frames()).await;
     let mut config = WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"));
     config.max_frame_bytes = 1024;
     let (upstream, telemetry) = upstream(config);
-    let mut sub = subscribe(&upstream, "s", 1).await.expect("subscribed");
+    let sub = subscribe(&upstream, "s", 1).await.expect("subscribed");
+    (sub, telemetry, server)
+}
+
+#[tokio::test]
+async fn bad_frames_are_skipped_and_reported_and_sequences_pass_as_sent() {
+    let (mut sub, telemetry, server) = subscribed_to_bad_frames().await;
     assert_eq!(next(&mut sub).await.expect("event").seq, 1);
     let second = next(&mut sub).await.expect("event");
     assert_eq!((second.seq, second.event_id.as_str()), (2, "s:2"));
@@ -228,23 +247,41 @@ async fn bad_frames_are_skipped_and_reported_and_sequences_pass_as_sent() {
         seen.subscribe.as_deref(),
         Some(r#"{"subscribe": "s", "from_seq": 1}"#)
     );
-    assert_eq!(
-        telemetry.take(),
-        vec![
-            TelemetryEvent::UpstreamConnected {
-                stream_id: "s".into(),
-                from_seq: 1
-            },
-            skipped("s", SkipReason::NotJson),
-            skipped("s", SkipReason::NotJson),
-            skipped("s", SkipReason::TooLarge),
-            skipped("s", SkipReason::MissingField),
-            skipped("s", SkipReason::MissingField),
-            TelemetryEvent::UpstreamDisconnected {
-                stream_id: "s".into()
-            },
-        ]
+    let mut expected = vec![TelemetryEvent::UpstreamConnected {
+        stream_id: "s".into(),
+        from_seq: 1,
+    }];
+    expected.extend(skips_among_bad_frames());
+    expected.push(TelemetryEvent::UpstreamDisconnected {
+        stream_id: "s".into(),
+    });
+    assert_eq!(telemetry.take(), expected);
+}
+
+/// The runner takes a busy stream's buffered frames through `next_ready`:
+/// it must read them exactly as `next` does (the same events, the same
+/// skips), and say `None` rather than wait when nothing is buffered.
+#[tokio::test]
+async fn next_ready_reads_buffered_frames_as_next_does_and_never_waits() {
+    let (mut sub, telemetry, _server) = subscribed_to_bad_frames().await;
+    let mut seqs = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seqs.len() < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "read {seqs:?}");
+        match sub.next_ready() {
+            Some(event) => seqs.push(event.expect("event").seq),
+            // Not here yet: the frames are still on their way.
+            None => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    assert_eq!(seqs, [1, 2, 1, 2, 5]);
+    assert!(
+        sub.next_ready().is_none(),
+        "nothing more is buffered: next_ready must not wait for the next frame"
     );
+    let mut taken = telemetry.take();
+    taken.retain(|event| matches!(event, TelemetryEvent::UpstreamFrameSkipped { .. }));
+    assert_eq!(taken, skips_among_bad_frames());
 }
 
 #[tokio::test]
