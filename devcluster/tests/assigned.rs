@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use leasehold_control::clock::PausedClock;
 use leasehold_control::schema;
-use leasehold_devcluster::fleet::{Fleet, FleetOptions};
+use leasehold_devcluster::fleet::{Fleet, FleetOptions, FleetView};
 use leasehold_stream::worker::DiscoveryMode;
 use support::{moves_while_idle, wait_for};
 
@@ -31,6 +31,17 @@ async fn fleet(streams: usize) -> Fleet {
     )
     .await
     .expect("fleet")
+}
+
+/// The first of `workers` that does not hold the assigner lease (a test
+/// that stops or crashes a worker must not also move the assigner).
+async fn not_the_assigner<'a>(view: &FleetView, workers: &[&'a str]) -> &'a str {
+    let assigner = view.record(schema::ASSIGNER_LEASE).await.unwrap().owner_id;
+    workers
+        .iter()
+        .copied()
+        .find(|w| assigner.as_deref() != Some(*w))
+        .unwrap()
 }
 
 async fn balanced_fleet(streams: usize, owners: &[&str]) -> Fleet {
@@ -112,16 +123,7 @@ async fn a_crashed_workers_streams_are_taken_over_within_a_lease_and_two_seconds
     let mut worst = Duration::ZERO;
     for (round, phase) in [0u64, 1_700, 3_300, 5_100, 7_900].into_iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(phase)).await;
-        let assigner = fleet
-            .view()
-            .record(schema::ASSIGNER_LEASE)
-            .await
-            .unwrap()
-            .owner_id;
-        let victim = owners
-            .into_iter()
-            .find(|w| assigner.as_deref() != Some(*w))
-            .unwrap();
+        let victim = not_the_assigner(&fleet.view(), &owners).await;
         let before = fleet.holdings().await.expect("holdings").acquisitions;
         fleet.crash(victim);
         let (_, took) = wait_for(&fleet.view(), lease * 2, |h| h.balanced(100, 4)).await;
@@ -163,16 +165,7 @@ async fn when_the_assigner_crashes_another_takes_its_place() {
 #[tokio::test(start_paused = true)]
 async fn a_drained_workers_streams_are_owned_again_within_two_intervals() {
     let mut fleet = balanced_fleet(60, &["w1", "w2", "w3", "w4"]).await;
-    let assigner = fleet
-        .view()
-        .record(schema::ASSIGNER_LEASE)
-        .await
-        .unwrap()
-        .owner_id;
-    let leaving = ["w1", "w2", "w3", "w4"]
-        .into_iter()
-        .find(|w| assigner.as_deref() != Some(*w))
-        .unwrap();
+    let leaving = not_the_assigner(&fleet.view(), &["w1", "w2", "w3", "w4"]).await;
     fleet.stop(leaving).await;
     let (_, took) = wait_for(&fleet.view(), 2 * DISCOVERY + Duration::from_secs(2), |h| {
         h.balanced(60, 3)
@@ -235,16 +228,7 @@ async fn a_drain_pushes_its_streams_to_peers_without_waiting_for_a_pass() {
         fleet.start_taking_pushes(owner, 100).expect("socket");
     }
     wait_for(&fleet.view(), 4 * DISCOVERY, |h| h.balanced(12, 3)).await;
-    let assigner = fleet
-        .view()
-        .record(schema::ASSIGNER_LEASE)
-        .await
-        .unwrap()
-        .owner_id;
-    let leaving = ["w1", "w2", "w3"]
-        .into_iter()
-        .find(|w| assigner.as_deref() != Some(*w))
-        .unwrap();
+    let leaving = not_the_assigner(&fleet.view(), &["w1", "w2", "w3"]).await;
     let view = fleet.view();
     let stopping = tokio::spawn(async move {
         fleet.stop(leaving).await;
