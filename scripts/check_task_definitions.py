@@ -9,9 +9,10 @@ from the code at run time, never copied here:
   variable whose meaning says "never printed" is a secret (the code's
   `Setting::secret`): ECS must inject it from `secrets`.
 - leasehold/src/main.rs: the subcommands (`enum Command`), for `command[0]`.
-- control/src/store/dynamodb.rs and worker/broker/src/launcher.rs: the DynamoDB
-  and ECS API calls the code makes; a policy may grant no other action of those
-  services.
+- deploy/roles.json: which policies each role carries. Which actions each
+  role needs is the code's business: every subcommand declares its IAM actions
+  (leasehold/src/iam.rs), every AWS call checks them, and the test beside that
+  module compares them with these policies both ways.
 
 The task definitions are also validated against the ECS API model in botocore
 (the client-side validation `aws ecs register-task-definition --cli-input-json`
@@ -90,30 +91,12 @@ SAMPLES = {
        for name in ("SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN", *REDIS_URL_SECRET.values())},
 }
 
-# Which policies each task role carries, and what its code calls (so a policy
-# cannot silently lose a permission the component needs).
-ROLES = {
-    "leasehold-stream-worker-task": (
-        ["stream-worker-task-policy.json", "sidecar-observer-policy.json"],
-        # ConditionCheckItem: session mode's takeover transaction checks the
-        # holder's session record (TransactWriteItems authorises each item).
-        # Query: assigned discovery reads the assignee index.
-        {"dynamodb:ConditionCheckItem", "dynamodb:DescribeTable", "dynamodb:GetItem",
-         "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:UpdateItem"},
-    ),
-    # The broker worker calls no AWS API: it gets its user's credentials sealed
-    # to its own key by the credential sealer, and its policy only denies KMS
-    # (its sidecar runs without the observer and with CLOUDWATCH_MODE=emf).
-    "leasehold-broker-worker-task": (["broker-worker-task-policy.json"], set()),
-    # The credential sealer unwraps data keys (KMS Decrypt with a user_id context).
-    "leasehold-credential-sealer-task": (["credential-sealer-task-policy.json"], {"kms:Decrypt"}),
-    "leasehold-dashboard-task": (
-        ["dashboard-task-policy.json"], {"dynamodb:GetItem", "dynamodb:Scan"}),
-    "leasehold-pool-manager-task": (
-        ["pool-manager-task-policy.json"], {"ecs:RunTask", "ecs:StopTask", "iam:PassRole"}),
-    "leasehold-maintenance-task": (
-        ["maintenance-task-policy.json"], {"ecs:ListTasks", "ecs:DescribeTasks", "ecs:StopTask"}),
-}
+# Which policies each role carries: deploy/roles.json, which the code's
+# test (leasehold/src/iam/tests.rs) also reads to compare every role's policies
+# with the IAM actions its subcommands declare, both ways. This script checks
+# the policies' shape (resources, conditions, the KMS rules), not their actions.
+ROLES = {role: entry["policies"] + entry.get("with_cloudwatch_api", [])
+         for role, entry in json.loads((DEPLOY / "roles.json").read_text()).items()}
 EXECUTION_ROLE = "leasehold-task-execution"
 # Every broker worker task (and its sidecar) shares this role: it may allow no
 # KMS action at all, and keeps an explicit Deny of kms:* so that a policy
@@ -138,9 +121,8 @@ KMS_CONTEXT_CONDITION = {
 }
 OTHER_POLICIES = {
     "task-execution-policy.json",  # EXECUTION_ROLE
-    "ecs-tasks-trust-policy.json",  # trust policy of every role above
-    "sidecar-cloudwatch-api-policy.json",  # added only with CLOUDWATCH_MODE=api
-    "credentials-operator-policy.json",  # the operator running `credentials put / rotate`
+    "ecs-tasks-trust-policy.json",  # trust policy of every task role in ROLES
+    "execution-role-trust-policy.json",  # trust policy of EXECUTION_ROLE
 }
 # Actions that accept no resource but "*" and have no condition worth adding.
 STAR_ONLY_ACTIONS = {"ecr:GetAuthorizationToken"}
@@ -186,31 +168,12 @@ def subcommands(main_rs: str) -> set[str]:
     return {re.sub(r"(?<!^)([A-Z])", r"-\1", n).lower() for n in names}
 
 
-def client_calls(rust: str, service: str) -> set[str]:
-    """`.client ... .update_item()` -> {"dynamodb:UpdateItem"}."""
-    calls = re.findall(r"\.client\s*\.(\w+)\(\)", rust)
-    return {f"{service}:" + "".join(w.capitalize() for w in c.split("_")) for c in calls}
-
-
 class Code:
     """Everything read from the repository's code."""
 
     def __init__(self, repo: Path = REPO):
         self.env = env_vars((repo / "docs/configuration.md").read_text())
         self.subcommands = subcommands((repo / "leasehold/src/main.rs").read_text())
-        dynamodb_rs = "\n".join(
-            (repo / path).read_text()
-            for path in ("control/src/store/dynamodb.rs", "control/src/store/dynamodb/table.rs"))
-        self.calls = client_calls(dynamodb_rs, "dynamodb") | client_calls(
-            (repo / "worker/broker/src/launcher.rs").read_text(), "ecs")
-        # TransactWriteItems is no IAM action: a transaction is authorised item
-        # by item, by the action each item is.
-        if "dynamodb:TransactWriteItems" in self.calls:
-            self.calls.discard("dynamodb:TransactWriteItems")
-            for builder, action in (("ConditionCheck::builder()", "ConditionCheckItem"),
-                                    ("Update::builder()", "UpdateItem")):
-                if builder in dynamodb_rs:
-                    self.calls.add(f"dynamodb:{action}")
         self.secrets = {n for n, v in self.env.items() if "never printed" in v["doc"]}
         # If the extraction breaks, fail loudly instead of checking against nothing.
         problems = []
@@ -223,9 +186,6 @@ class Code:
         for name in ("stream-worker", "sidecar", "broker-worker", "pool-manager", "maintenance"):
             if name not in self.subcommands:
                 problems.append(f"leasehold/src/main.rs: subcommand {name} not found in enum Command")
-        for action in ("dynamodb:UpdateItem", "dynamodb:Scan", "ecs:RunTask", "ecs:StopTask"):
-            if action not in self.calls:
-                problems.append(f"no {action} call found in dynamodb.rs / launcher.rs")
         if "CREDENTIALS_KEY" not in self.secrets:
             problems.append("docs/configuration.md: CREDENTIALS_KEY's meaning no longer says 'never printed'")
         if problems:
@@ -617,9 +577,6 @@ def check_policy(path: str, policy: dict, code: Code, errors: list[str]):
         for action in actions:
             if "*" in action:
                 err(f"{where}: wildcard action {action!r}")
-            service = action.partition(":")[0].lower()
-            if service in ("dynamodb", "ecs") and action not in code.calls:
-                err(f"{where}: {action} is granted but the code never calls it")
             if action == "dynamodb:CreateTable":
                 err(f"{where}: CreateTable is for the operator (`leasehold table create` or "
                     "deploy/lease-table.yaml), never a task role")
@@ -648,7 +605,7 @@ def check_policy(path: str, policy: dict, code: Code, errors: list[str]):
 
 def check_roles(policies: dict[str, dict], errors: list[str]):
     used = set(OTHER_POLICIES)
-    for role, (files, needed) in ROLES.items():
+    for role, files in ROLES.items():
         granted = set()
         for f in files:
             used.add(f)
@@ -658,8 +615,6 @@ def check_roles(policies: dict[str, dict], errors: list[str]):
             for st in statements(policies[f]):
                 if st.get("Effect") == "Allow":
                     granted |= set(as_list(st.get("Action", [])))
-        for action in sorted(needed - granted):
-            errors.append(f"role {role}: its code calls {action} but no policy of the role allows it")
         if role == BROKER_ROLE:
             role_statements = [(f, st) for f in files if f in policies for st in statements(policies[f])]
             for f, st in role_statements:
@@ -924,15 +879,6 @@ def self_test(code: Code) -> int:
          "differs from its sidecar's"),
         ("not a Fargate size", lambda t, p: t[stream].update(memory="3000"), "is not a Fargate task size"),
         ("DynamoDB on every table", set_statement(observer, 1, Resource="*"), "must be the lease table's ARN"),
-        ("DynamoDB action the code never calls",
-         set_statement(observer, 1, Action=["dynamodb:Scan", "dynamodb:DeleteItem"]), "never calls it"),
-        ("role loses a needed permission", set_statement(
-            "deploy/iam/stream-worker-task-policy.json", 0,
-            Action=["dynamodb:GetItem", "dynamodb:Scan", "dynamodb:UpdateItem"]), "no policy of the role allows it"),
-        ("stream worker loses the takeover's condition check", set_statement(
-            "deploy/iam/stream-worker-task-policy.json", 0,
-            Action=["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Scan",
-                    "dynamodb:UpdateItem"]), "dynamodb:ConditionCheckItem but no policy of the role allows it"),
         ("unconditioned wildcard resource",
          drop_from_statement("deploy/iam/maintenance-task-policy.json", 0, "Condition"), "needs a Condition"),
         ("unknown placeholder", lambda t, p: t[stream].update(family="${FAMILY}"), "unknown placeholder"),
@@ -1060,8 +1006,7 @@ def main(argv: list[str]) -> int:
         print(f"{len(errors)} problem(s) in deploy/")
         return 1
     print(f"ok: {len(task_defs)} task definitions and {len(policies)} IAM policies match "
-          f"the code ({len(code.env)} variables, {len(code.subcommands)} subcommands, "
-          f"{len(code.calls)} AWS calls)")
+          f"the code ({len(code.env)} variables, {len(code.subcommands)} subcommands)")
     return 0
 
 

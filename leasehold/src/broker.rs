@@ -25,7 +25,7 @@ use leasehold_pool::settings::REDIS_URL;
 use leasehold_telemetry::LogSink;
 use leasehold_telemetry::transport::BufferedShipper;
 
-use crate::{Failure, shutdown_on_signal};
+use crate::{Failure, iam, shutdown_on_signal};
 
 /// Reads settings from the environment with every problem at once.
 fn read<T>(read: impl FnOnce(&mut Env) -> T) -> Result<T, ConfigError> {
@@ -52,6 +52,7 @@ pub(crate) struct CredentialSealerArgs {}
 /// Runs the credential sealer until SIGTERM: the one process that decrypts
 /// blobs, answering broker workers with credentials sealed to them.
 pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(), Failure> {
+    iam::declare("credential-sealer", &lookup);
     harden()?;
     let settings = settings::sealer_settings(&lookup)?;
     let bus = pool_bus(settings.redis_url.expose())
@@ -81,6 +82,7 @@ pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(),
 
 /// Runs one broker worker until it exits; non-zero when broker connects are exhausted.
 pub(crate) async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure> {
+    iam::declare("broker-worker", &lookup);
     harden()?;
     let mut settings = settings::worker_settings(&lookup)?;
     // Started by a local launcher: register where it lists its workers (a
@@ -150,6 +152,7 @@ pub(crate) enum CredentialsCommand {
 
 /// Runs a `credentials` command.
 pub(crate) async fn credentials(command: CredentialsCommand) -> Result<(), Failure> {
+    iam::declare("credentials", &lookup);
     harden()?;
     match command {
         CredentialsCommand::Put { user_id } => put_credentials(&user_id).await,
@@ -220,6 +223,7 @@ const CLAIM_TIMEOUT_EXIT: u8 = 3;
 /// path, then waits for the outcome and prints it: exit 0 when the user has a
 /// worker, 1 when the claim failed, 3 when nothing was known in time.
 pub(crate) async fn claim(args: ClaimArgs) -> Result<(), Failure> {
+    iam::declare("claim", &lookup);
     let (url, launcher_settings) =
         read(|env| (env.get(&REDIS_URL), settings::launcher_settings(env)))?;
     let bus = pool_bus(&url).await?;
@@ -275,6 +279,7 @@ pub(crate) struct PoolManagerArgs {
 
 /// Keeps the warm pool at `POOL_TARGET_SIZE`.
 pub(crate) async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
+    iam::declare("pool-manager", &lookup);
     let (url, launcher_settings, target) = read(|env| {
         (
             env.get(&REDIS_URL),
@@ -312,6 +317,7 @@ pub(crate) struct MaintenanceArgs {
 /// period (`SUPERVISE_INTERVAL_SECONDS`) between sweeps, under the sweep's
 /// guard rails (`SWEEP_MAX_FRACTION`, a second look).
 pub(crate) async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
+    iam::declare("maintenance", &lookup);
     let (url, launcher_settings, sweep, interval, heartbeat) = read(|env| {
         (
             env.get(&REDIS_URL),

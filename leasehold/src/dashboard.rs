@@ -27,6 +27,7 @@ pub(crate) struct DashboardArgs {
 
 /// Runs the dashboard until SIGTERM or Ctrl-C.
 pub(crate) async fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
+    crate::iam::declare("dashboard", &process_env);
     let lookup = |name: &str| {
         let flag = match name {
             "DASHBOARD_LISTEN" => args.listen.clone(),

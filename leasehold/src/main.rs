@@ -8,6 +8,7 @@
 mod broker;
 mod dashboard;
 mod dev;
+mod iam;
 mod operator;
 mod redis_admin;
 mod sidecar;

@@ -39,6 +39,7 @@ pub(crate) async fn sidecar(args: SidecarArgs) -> Result<(), Failure> {
         flag.or_else(|| process_env(name))
     };
     let parsed = settings::parse(&lookup);
+    crate::iam::declare("sidecar", &lookup);
     let needs_aws = parsed.as_ref().map_or(true, |settings| {
         settings.observer.is_some() || settings.cloudwatch.mode == Mode::Api
     });

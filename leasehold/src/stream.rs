@@ -100,6 +100,7 @@ impl StreamWorkerArgs {
 
 /// Runs a stream worker until SIGTERM, then drains and exits 0.
 pub(crate) async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure> {
+    crate::iam::declare("stream-worker", &process_env);
     // OWNER_ID defaults to the ECS task id (what the console, the dashboard and
     // StopTask name), else the host name.
     // The task metadata also gives the address of this task's sidecar.

@@ -7,6 +7,8 @@
 //!   parsers, and [`settings::Env`], which reports every bad value at once.
 //! - [`aws`]: AWS SDK configuration with the retry policy that fits the caller.
 //! - [`ecs`]: the ECS task metadata endpoint (v4): task identity on ECS.
+//! - [`iam`]: the IAM action behind every AWS call, and the actions the
+//!   running subcommand declared (a call outside them fails before it is sent).
 //! - [`logging`]: log output and `LEASEHOLD_LOG`; the AWS variables users set.
 //! - [`clock`]: wall-clock time as a dependency ([`clock::Clock`]); the only
 //!   place that reads the system wall clock.
@@ -22,6 +24,7 @@ pub mod backoff;
 pub mod clock;
 pub mod ecs;
 pub mod hardening;
+pub mod iam;
 pub mod logging;
 pub mod percentile;
 pub mod periodic;

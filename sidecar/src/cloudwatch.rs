@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
+use leasehold_platform::iam::{self, cloudwatch::PUT_METRIC_DATA};
 use serde_json::{Map, Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
@@ -375,6 +376,9 @@ pub async fn run(
                         state.record_emf_dropped(dropped);
                     }
                 }
+            }
+            (Mode::Api, Some(_)) if let Err(err) = iam::authorize(&[PUT_METRIC_DATA]) => {
+                tracing::warn!(error = %err, "PutMetricData not sent; this interval is lost");
             }
             (Mode::Api, Some(client)) => {
                 let timestamp = aws_sdk_cloudwatch::primitives::DateTime::from_millis(now);

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+use leasehold_platform::iam::{self, IamAction, dynamodb};
 
 use super::{
     AcquireRequest, CheckpointRequest, Consistency, Holder, LeaseError, LeasePage, LeaseReader,
@@ -166,6 +167,7 @@ impl DynamoLeaseStore {
         values: Vec<(&str, AttributeValue)>,
         holder: Holder<'_>,
     ) -> Result<Lease, LeaseError> {
+        may(&[dynamodb::UPDATE_ITEM])?;
         let mut request = self
             .client
             .update_item()
@@ -235,6 +237,13 @@ where
         },
         _ => LeaseError::Rejected { message },
     }
+}
+
+/// The IAM actions a call is about to need, declared by the running
+/// subcommand ([`leasehold_platform::iam`]); every DynamoDB request of the
+/// store asks right before it is sent.
+fn may(needs: &[IamAction]) -> Result<(), LeaseError> {
+    iam::authorize(needs).map_err(rejected)
 }
 
 fn rejected(err: impl std::fmt::Display) -> LeaseError {
@@ -457,6 +466,7 @@ impl LeaseStore for DynamoLeaseStore {
 
     async fn register(&self, stream_id: &str, now_ms: i64) -> Result<bool, LeaseError> {
         let item = super::registration_item(stream_id, now_ms);
+        may(&[dynamodb::PUT_ITEM])?;
         let result = self
             .client
             .put_item()
@@ -474,6 +484,7 @@ impl LeaseStore for DynamoLeaseStore {
 
     async fn bump(&self, record_id: &str, now_ms: i64) -> Result<u64, LeaseError> {
         check_reserved(record_id)?;
+        may(&[dynamodb::UPDATE_ITEM])?;
         let output = self
             .client
             .update_item()
@@ -532,6 +543,7 @@ impl LeaseStore for DynamoLeaseStore {
             .set_expression_attribute_values(Some(values_map(values)))
             .build()
             .map_err(rejected)?;
+        may(&[dynamodb::CONDITION_CHECK_ITEM, dynamodb::UPDATE_ITEM])?;
         let result = self
             .client
             .transact_write_items()
@@ -574,6 +586,7 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn declare_mode(&self, mode: &str, now_ms: i64) -> Result<String, LeaseError> {
+        may(&[dynamodb::UPDATE_ITEM])?;
         let output = self
             .client
             .update_item()
@@ -635,6 +648,7 @@ impl LeaseReader for DynamoLeaseStore {
         stream_id: &str,
         consistency: Consistency,
     ) -> Result<Lease, LeaseError> {
+        may(&[dynamodb::GET_ITEM])?;
         let output = self
             .client
             .get_item()
@@ -659,6 +673,7 @@ impl LeaseReader for DynamoLeaseStore {
         consistency: Consistency,
     ) -> Result<LeasePage, LeaseError> {
         let limit = i32::try_from(limit.max(1)).unwrap_or(i32::MAX);
+        may(&[dynamodb::SCAN])?;
         let output = self
             .client
             .scan()

@@ -30,6 +30,7 @@ use aws_sdk_kms::types::DataKeySpec;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use leasehold_platform::aws::{RetryPolicy, sdk_config};
+use leasehold_platform::iam::{self, IamAction, kms};
 use serde::Serialize;
 use zeroize::Zeroizing;
 
@@ -471,6 +472,15 @@ pub fn key_id_of(blob: &str) -> Result<Option<String>, CipherError> {
 }
 
 /// Turns a KMS SDK error into a [`CipherError`] by its code alone.
+/// The IAM actions a KMS call is about to need, declared by the running
+/// subcommand ([`leasehold_platform::iam`]).
+fn may(operation: &'static str, needs: &[IamAction]) -> Result<(), CipherError> {
+    iam::authorize(needs).map_err(|err| CipherError::KmsFailed {
+        operation,
+        problem: err.to_string(),
+    })
+}
+
 fn kms_error<E: ProvideErrorMetadata + std::error::Error + 'static, R>(
     operation: &'static str,
     key_id: &str,
@@ -574,6 +584,7 @@ impl KmsEnvelope {
         envelope: &EnvelopeV2,
     ) -> Result<Zeroizing<Vec<u8>>, CipherError> {
         let wrapped = envelope.wrapped_key()?;
+        may("Decrypt", &[kms::DECRYPT])?;
         let output = self
             .client()
             .await
@@ -602,6 +613,7 @@ impl KmsEnvelope {
     async fn rewrap(&self, user_id: &str, envelope: &EnvelopeV2) -> Result<String, CipherError> {
         let key_id = self.key_id.as_deref().ok_or(CipherError::NoEncryptionKey)?;
         let wrapped = envelope.wrapped_key()?;
+        may("ReEncrypt", &[kms::RE_ENCRYPT_FROM, kms::RE_ENCRYPT_TO])?;
         let output = self
             .client()
             .await
@@ -660,6 +672,7 @@ impl KmsEnvelope {
 impl CredentialsCipher for KmsEnvelope {
     async fn encrypt(&self, user_id: &str, plaintext: &[u8]) -> Result<String, CipherError> {
         let key_id = self.key_id.as_deref().ok_or(CipherError::NoEncryptionKey)?;
+        may("GenerateDataKey", &[kms::GENERATE_DATA_KEY])?;
         let output = self
             .client()
             .await

@@ -14,6 +14,7 @@ use aws_sdk_ecs::types::{
     AssignPublicIp, AwsVpcConfiguration, ContainerOverride, DesiredStatus, KeyValuePair,
     LaunchType, NetworkConfiguration, TaskOverride,
 };
+use leasehold_platform::iam::{self, ecs};
 
 /// Environment variable that tags local workers with their pool group.
 pub const LOCAL_GROUP_VAR: &str = "LEASEHOLD_TASK_GROUP";
@@ -201,9 +202,32 @@ fn local_task(dir: &std::path::Path, pid: u32, group: &str) -> Option<RunningTas
     })
 }
 
+// The IAM actions each launcher call needs on ECS. The local launcher asks
+// too, so the real-process tests (which launch local processes) run every
+// subcommand's launcher calls under its IAM declaration.
+
+/// `RunTask` passes the broker worker's task and execution roles.
+fn may_start() -> Result<(), LaunchError> {
+    iam::authorize(&[ecs::RUN_TASK, iam::iam::PASS_ROLE])
+        .map_err(|err| LaunchError::Start(err.to_string()))
+}
+
+fn may_stop(task_id: &str) -> Result<(), LaunchError> {
+    iam::authorize(&[ecs::STOP_TASK]).map_err(|err| LaunchError::Stop {
+        task_id: task_id.to_owned(),
+        problem: err.to_string(),
+    })
+}
+
+fn may_list() -> Result<(), LaunchError> {
+    iam::authorize(&[ecs::LIST_TASKS, ecs::DESCRIBE_TASKS])
+        .map_err(|err| LaunchError::List(err.to_string()))
+}
+
 #[async_trait]
 impl TaskLauncher for LocalLauncher {
     async fn start(&self, user_id: Option<&str>) -> Result<String, LaunchError> {
+        may_start()?;
         use std::os::unix::process::CommandExt;
         let mut command = std::process::Command::new(&self.program);
         command
@@ -247,6 +271,7 @@ impl TaskLauncher for LocalLauncher {
     }
 
     async fn stop(&self, task_id: &str, _reason: &str) -> Result<(), LaunchError> {
+        may_stop(task_id)?;
         let stop_error = |problem: String| LaunchError::Stop {
             task_id: task_id.to_owned(),
             problem,
@@ -273,6 +298,7 @@ impl TaskLauncher for LocalLauncher {
     }
 
     async fn list(&self) -> Result<Vec<RunningTask>, LaunchError> {
+        may_list()?;
         let dir = registry_dir(&self.group).map_err(LaunchError::List)?;
         let entries = std::fs::read_dir(&dir).map_err(|err| LaunchError::List(err.to_string()))?;
         let mut tasks: Vec<RunningTask> = entries
@@ -347,6 +373,7 @@ impl EcsLauncher {
 #[async_trait]
 impl TaskLauncher for EcsLauncher {
     async fn start(&self, user_id: Option<&str>) -> Result<String, LaunchError> {
+        may_start()?;
         let settings = &self.settings;
         let overrides = TaskOverride::builder()
             .container_overrides(
@@ -403,6 +430,7 @@ impl TaskLauncher for EcsLauncher {
     }
 
     async fn stop(&self, task_id: &str, reason: &str) -> Result<(), LaunchError> {
+        may_stop(task_id)?;
         self.client
             .stop_task()
             .cluster(&self.settings.cluster)
@@ -418,6 +446,7 @@ impl TaskLauncher for EcsLauncher {
     }
 
     async fn list(&self) -> Result<Vec<RunningTask>, LaunchError> {
+        may_list()?;
         let mut arns = Vec::new();
         let mut pages = self
             .client

@@ -11,7 +11,9 @@ use aws_sdk_dynamodb::types::{
     Projection, ProjectionType, ScalarAttributeType, TableDescription, TableStatus,
 };
 
-use super::{DynamoLeaseStore, TableCreation, rejected, s};
+use leasehold_platform::iam::dynamodb;
+
+use super::{DynamoLeaseStore, TableCreation, may, rejected, s};
 use crate::schema;
 use crate::store::LeaseError;
 
@@ -60,6 +62,7 @@ impl DynamoLeaseStore {
             .projection(keys_only())
             .build()
             .map_err(rejected)?;
+        may(&[dynamodb::CREATE_TABLE])?;
         let result = self
             .client
             .create_table()
@@ -98,6 +101,7 @@ impl DynamoLeaseStore {
     /// The table as DynamoDB describes it (an empty description if it says
     /// nothing more).
     async fn describe(&self) -> Result<TableDescription, LeaseError> {
+        may(&[dynamodb::DESCRIBE_TABLE])?;
         let described = self
             .client
             .describe_table()
@@ -117,6 +121,7 @@ impl DynamoLeaseStore {
             .projection(keys_only())
             .build()
             .map_err(rejected)?;
+        may(&[dynamodb::UPDATE_TABLE])?;
         self.client
             .update_table()
             .table_name(&self.table)
@@ -163,6 +168,7 @@ impl DynamoLeaseStore {
         let mut streams = Vec::new();
         let mut start: Option<HashMap<String, AttributeValue>> = None;
         loop {
+            may(&[dynamodb::QUERY])?;
             let output = self
                 .client
                 .query()
