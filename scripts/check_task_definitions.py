@@ -59,7 +59,7 @@ PENDING_SUBCOMMANDS = {"dashboard": "issue 6"}
 # Placeholders the deploy files may use; deploy/README.md must explain each.
 PLACEHOLDERS = {
     "ACCOUNT_ID", "REGION", "IMAGE", "TABLE", "CLUSTER", "BROKER_CLUSTER",
-    "SUBNETS", "SECURITY_GROUPS", "UPSTREAM_WS_URL",
+    "SUBNETS", "SECURITY_GROUPS", "UPSTREAM_URL_SECRET_ARN",
     "CREDENTIALS_KMS_KEY_ARN", "SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN",
     "REDIS_URL_BROKER_WORKER_SECRET_ARN", "REDIS_URL_POOL_MANAGER_SECRET_ARN",
     "REDIS_URL_MAINTENANCE_SECRET_ARN", "REDIS_URL_SIDECAR_SECRET_ARN",
@@ -84,11 +84,11 @@ SAMPLES = {
     "IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/leasehold:0.1.0",
     "TABLE": "websocket-leases", "CLUSTER": "leasehold", "BROKER_CLUSTER": "leasehold-broker",
     "SUBNETS": "subnet-0a1b2c3d", "SECURITY_GROUPS": "sg-0a1b2c3d",
-    "UPSTREAM_WS_URL": "wss://feed.example.com/{stream_id}",
     "CREDENTIALS_SEALER_HOST": "credential-sealer.leasehold.internal",
     "CREDENTIALS_KMS_KEY_ARN": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     **{name: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:leasehold/{name.lower()}-AbCdEf"
-       for name in ("SINK_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN", *REDIS_URL_SECRET.values())},
+       for name in ("SINK_URL_SECRET_ARN", "UPSTREAM_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN",
+                    *REDIS_URL_SECRET.values())},
 }
 
 # Which policies each role carries: deploy/roles.json, which the code's

@@ -18,6 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
 log "promtool check rules / test rules"
 promtool check rules alerts/prometheus/leasehold.rules.yml alerts/prometheus/runbook_base.rules.yml
 promtool test rules alerts/prometheus/tests/*.yml
+promtool check config deploy/prometheus.yml
 log "amtool check-config / routes test alerts/alertmanager"
 amtool check-config alerts/alertmanager/alertmanager.yml
 # Critical pages, warning opens a ticket: the receiver each severity reaches.

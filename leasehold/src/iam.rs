@@ -11,7 +11,7 @@
 //! policies in `deploy/iam/`, both ways.
 
 use leasehold_platform::iam::{self as platform_iam, Declaration, IamAction};
-use leasehold_platform::iam::{cloudwatch, dynamodb, ecs, iam, kms};
+use leasehold_platform::iam::{cloudwatch, dynamodb, ecs, kms, roles};
 use leasehold_platform::settings::{Env, Lookup};
 use leasehold_sidecar::cloudwatch::Mode;
 use leasehold_sidecar::settings as sidecar_settings;
@@ -40,7 +40,7 @@ pub(crate) const SIDECAR_CLOUDWATCH_API: &[IamAction] = &[cloudwatch::PUT_METRIC
 pub(crate) const DASHBOARD: &[IamAction] = &[dynamodb::GET_ITEM, dynamodb::SCAN];
 
 /// The pool manager starts pool workers and stops surplus ones.
-pub(crate) const POOL_MANAGER: &[IamAction] = &[ecs::RUN_TASK, iam::PASS_ROLE, ecs::STOP_TASK];
+pub(crate) const POOL_MANAGER: &[IamAction] = &[ecs::RUN_TASK, roles::PASS_ROLE, ecs::STOP_TASK];
 
 /// Maintenance lists the broker cluster's tasks (orphan sweep, supervision),
 /// stops orphans, and re-serves a dead worker's user with a cold start.
@@ -49,11 +49,11 @@ pub(crate) const MAINTENANCE: &[IamAction] = &[
     ecs::DESCRIBE_TASKS,
     ecs::STOP_TASK,
     ecs::RUN_TASK,
-    iam::PASS_ROLE,
+    roles::PASS_ROLE,
 ];
 
 /// `leasehold claim` (the API side) may cold-start a worker for the user.
-pub(crate) const CLAIM: &[IamAction] = &[ecs::RUN_TASK, iam::PASS_ROLE];
+pub(crate) const CLAIM: &[IamAction] = &[ecs::RUN_TASK, roles::PASS_ROLE];
 
 /// The credential sealer unwraps data keys, and nothing else.
 pub(crate) const CREDENTIAL_SEALER: &[IamAction] = &[kms::DECRYPT];

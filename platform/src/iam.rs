@@ -75,8 +75,8 @@ pub mod ecs {
     pub const DESCRIBE_TASKS: IamAction = IamAction("ecs:DescribeTasks");
 }
 
-/// IAM itself.
-pub mod iam {
+/// IAM itself: the roles a call hands to another service.
+pub mod roles {
     use super::IamAction;
     /// `PassRole`: `RunTask` passes the broker worker's task and execution
     /// roles to ECS, and AWS checks the caller may pass them.
@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(check(&declared, &[ecs::LIST_TASKS]), Ok(()));
         let refused = check(
             &declared,
-            &[ecs::DESCRIBE_TASKS, ecs::RUN_TASK, iam::PASS_ROLE],
+            &[ecs::DESCRIBE_TASKS, ecs::RUN_TASK, roles::PASS_ROLE],
         );
         assert_eq!(
             refused,

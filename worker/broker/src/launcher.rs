@@ -208,7 +208,7 @@ fn local_task(dir: &std::path::Path, pid: u32, group: &str) -> Option<RunningTas
 
 /// `RunTask` passes the broker worker's task and execution roles.
 fn may_start() -> Result<(), LaunchError> {
-    iam::authorize(&[ecs::RUN_TASK, iam::iam::PASS_ROLE])
+    iam::authorize(&[ecs::RUN_TASK, iam::roles::PASS_ROLE])
         .map_err(|err| LaunchError::Start(err.to_string()))
 }
 
