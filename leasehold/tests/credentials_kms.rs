@@ -38,8 +38,6 @@ use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use aws_credential_types::Credentials;
-use aws_credential_types::provider::SharedCredentialsProvider;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use leasehold_broker::credentials::{key_id_of, version_of};
@@ -49,6 +47,7 @@ use leasehold_pool::keys;
 use leasehold_testkit::{http_post_json, unique_name};
 use redis::AsyncCommands;
 use support::acl::{AclRedis, assert_refused, envs, refused, run_ok};
+use support::iam::{Identity, iam_users, kms_as, shipped_policy};
 use support::{free_port, private_moto, serial, spawn_command, spawn_leasehold};
 
 const CANARY_A: &str = "CANARY-alice-0b7d-never-print";
@@ -149,83 +148,8 @@ async fn round_trip(
     }
 }
 
-/// A deployed IAM policy's statements as moto can check them: resources `*`,
-/// conditions dropped (see the module doc). No file: no statements.
-fn shipped_policy(file: &str) -> Vec<serde_json::Value> {
-    let path = leasehold_testkit::repo_root().join("deploy/iam").join(file);
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Vec::new();
-    };
-    let policy: serde_json::Value = serde_json::from_str(&text).unwrap();
-    policy["Statement"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|statement| {
-            let mut statement = statement.clone();
-            let object = statement.as_object_mut().unwrap();
-            object.remove("Condition");
-            object.insert("Resource".into(), serde_json::json!("*"));
-            // AWS authorises `ReEncrypt` as `kms:ReEncryptFrom` on the source
-            // key and `kms:ReEncryptTo` on the destination; moto checks the
-            // API's own name.
-            if let Some(actions) = object.get_mut("Action").and_then(|a| a.as_array_mut())
-                && actions.iter().any(|a| a == "kms:ReEncryptFrom")
-            {
-                actions.push(serde_json::json!("kms:ReEncrypt"));
-            }
-            statement
-        })
-        .collect()
-}
-
-/// IAM users with these statements on the private moto, which enforces IAM
-/// from then on; each user's access key and secret.
-fn iam_users(endpoint: &str, users: serde_json::Value) -> HashMap<String, (String, String)> {
-    let python = std::env::var(leasehold_testkit::PYTHON_VAR).unwrap_or_else(|_| "python3".into());
-    let mut child = Command::new(python)
-        .arg(leasehold_testkit::repo_root().join("scripts/moto_iam_users.py"))
-        .arg(endpoint)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(users.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let keys: HashMap<String, serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    keys.into_iter()
-        .map(|(name, key)| {
-            let field = |f: &str| key[f].as_str().unwrap().to_owned();
-            (name, (field("key"), field("secret")))
-        })
-        .collect()
-}
-
-/// A KMS client signing as this identity.
-fn kms_as(endpoint: &str, (key, secret): &(String, String)) -> aws_sdk_kms::Client {
-    let config = local_sdk_config(RetryPolicy::Standard, endpoint)
-        .to_builder()
-        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
-            key, secret, None, None, "test",
-        )))
-        .build();
-    aws_sdk_kms::Client::new(&config)
-}
-
 /// The environment of a process signing as this identity.
-fn aws_env(endpoint: &str, (key, secret): &(String, String)) -> Vec<(String, String)> {
+fn aws_env(endpoint: &str, (key, secret): &Identity) -> Vec<(String, String)> {
     envs(&[
         ("AWS_ENDPOINT_URL", endpoint),
         ("AWS_REGION", "us-east-1"),

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod acl;
+pub mod iam;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
