@@ -4,9 +4,12 @@
 #
 #   docker build -t leasehold:$(git rev-parse --short HEAD) .
 #
-# Build stage: the toolchain the workspace pins (rust-version = 1.95), on the
-# same Debian release as the runtime so the binary's glibc matches.
-ARG RUST_VERSION=1.95
+# Build stage: exactly the toolchain rust-toolchain.toml names (1.95.0; with a
+# bare 1.95 tag a later 1.95.x image would make rustup download 1.95.0 again in
+# the build), on the same Debian release as the runtime so the binary's glibc
+# matches. The context is what .dockerignore lets through;
+# scripts/check_build_context.py checks that it holds every compile-time input.
+ARG RUST_VERSION=1.95.0
 FROM rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
 COPY . .

@@ -4,7 +4,9 @@
 #        redis-server on free loopback ports (stopped on exit, whatever happens),
 #   3.   alerts/: promtool check/test rules, amtool check-config and routing,
 #        cfn-lint, the Grafana JSON,
-#   4.   deploy/: scripts/check_deploy.sh,
+#   4.   deploy/: scripts/check_deploy.sh, then scripts/check_outside_tools.sh
+#        (hadolint, checkov, the Docker build context) and a `cargo check` of
+#        exactly the build context,
 #   5.   cargo fmt --check, cargo deny (licences, bans, sources), cargo clippy
 #        -D warnings and every test in the workspace.
 # `.ci/run` calls exactly this. Build output goes to $CARGO_TARGET_DIR
@@ -43,6 +45,11 @@ python3 -m json.tool alerts/grafana/leasehold.json >/dev/null
 # --- 4. deploy -------------------------------------------------------------------
 log "deploy/: cfn-lint, JSON, task definitions and IAM policies against the code"
 bash scripts/check_deploy.sh
+log "deploy/ and the image with tools from outside: hadolint, checkov, the Docker build context"
+bash scripts/check_outside_tools.sh
+# The image's `cargo build` compiles from the build context alone: check exactly
+# that copy (about a minute; the image itself cannot be built here, see deploy/README.md).
+python3 scripts/check_build_context.py --compile
 
 # --- 5. cargo ---------------------------------------------------------------------
 log "cargo fmt --check"
