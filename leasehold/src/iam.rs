@@ -10,6 +10,7 @@
 //! test; the tests below compare each ECS task role's declarations with its
 //! policies in `deploy/iam/`, both ways.
 
+use leasehold_broker::settings as broker_settings;
 use leasehold_platform::iam::{self as platform_iam, Declaration, IamAction};
 use leasehold_platform::iam::{cloudwatch, dynamodb, ecs, kms, roles};
 use leasehold_platform::settings::{Env, Lookup};
@@ -58,9 +59,14 @@ pub(crate) const CLAIM: &[IamAction] = &[ecs::RUN_TASK, roles::PASS_ROLE];
 /// The credential sealer unwraps data keys, and nothing else.
 pub(crate) const CREDENTIAL_SEALER: &[IamAction] = &[kms::DECRYPT];
 
-/// The broker worker calls no AWS API: the sealer seals its user's
-/// credentials to its own key.
+/// The broker worker as deployed calls no AWS API: the sealer seals its
+/// user's credentials to its own key.
 pub(crate) const BROKER_WORKER: &[IamAction] = &[];
+
+/// A broker worker given a KMS key (`CREDENTIALS_KMS_KEY_ID`, a self-managed
+/// setup without the sealer) unwraps its user's data key itself. The deployed
+/// task definition never sets the key (scripts/check_task_definitions.py).
+pub(crate) const BROKER_WORKER_WITH_KMS: &[IamAction] = &[kms::DECRYPT];
 
 /// `leasehold credentials put` / `rotate` (an operator): wrap new data keys,
 /// re-wrap existing ones under the current key.
@@ -102,7 +108,13 @@ pub(crate) fn actions(subcommand: &str, lookup: Lookup) -> Option<&'static [IamA
         "maintenance" => MAINTENANCE,
         "claim" => CLAIM,
         "credential-sealer" => CREDENTIAL_SEALER,
-        "broker-worker" => BROKER_WORKER,
+        "broker-worker" => {
+            let mut env = Env::new(lookup);
+            match env.optional(&broker_settings::CREDENTIALS_KMS_KEY_ID) {
+                Some(_) => BROKER_WORKER_WITH_KMS,
+                None => BROKER_WORKER,
+            }
+        }
         "credentials" => CREDENTIALS_OPERATOR,
         _ => return None,
     })

@@ -228,19 +228,21 @@ fn a_grant_without_a_call_is_reported() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-#[test]
-fn the_sidecar_declares_cloudwatch_only_in_api_mode_and_the_observer_only_when_it_observes() {
-    let run = |pairs: &[(&str, &str)]| {
-        let env: BTreeMap<String, String> = pairs
+/// What `subcommand` declares with these settings.
+fn declared_by(subcommand: &str, settings: &[(&str, &str)]) -> BTreeSet<String> {
+    Runs {
+        subcommand: subcommand.to_owned(),
+        env: settings
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Runs {
-            subcommand: "sidecar".into(),
-            env,
-        }
-        .declared(&[])
-    };
+            .collect(),
+    }
+    .declared(&[])
+}
+
+#[test]
+fn the_sidecar_declares_cloudwatch_only_in_api_mode_and_the_observer_only_when_it_observes() {
+    let run = |pairs: &[(&str, &str)]| declared_by("sidecar", pairs);
     let names = |actions: &[IamAction]| -> BTreeSet<String> {
         actions.iter().map(|a| a.name().to_owned()).collect()
     };
@@ -258,4 +260,14 @@ fn the_sidecar_declares_cloudwatch_only_in_api_mode_and_the_observer_only_when_i
     assert_eq!(run(&with_api), both);
     let neither = [("SIDECAR_OBSERVER", "false"), ("CLOUDWATCH_MODE", "emf")];
     assert_eq!(run(&neither), BTreeSet::new());
+}
+
+#[test]
+fn a_broker_worker_declares_kms_only_when_it_is_given_a_key() {
+    let run = |pairs: &[(&str, &str)]| declared_by("broker-worker", pairs);
+    assert_eq!(run(&[]), BTreeSet::new());
+    assert_eq!(
+        run(&[("CREDENTIALS_KMS_KEY_ID", "alias/leasehold-credentials")]),
+        BTreeSet::from(["kms:Decrypt".to_owned()])
+    );
 }
