@@ -314,8 +314,15 @@ impl Holder {
 
     /// Whether the mark is surely still this worker's at `now`.
     fn may_act(&self, now: Instant) -> bool {
+        self.time_left(now).is_some()
+    }
+
+    /// How long from `now` the mark is surely still this worker's; `None`
+    /// once the holder deadline has passed.
+    fn time_left(&self, now: Instant) -> Option<Duration> {
         let confirmed = *self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
-        now.saturating_duration_since(confirmed) < self.grace
+        let deadline = confirmed + self.grace;
+        (now < deadline).then(|| deadline - now)
     }
 }
 

@@ -343,12 +343,14 @@ async fn an_order_whose_reply_is_lost_is_looked_up_never_resent() {
     let found = served.ask("r1").await;
     assert_eq!(found["status"], "ok", "{found}");
     assert_eq!(found["result"]["broker_order_id"], 1);
-    // Lost before the broker: the lookup finds nothing; not executed.
+    // Lost before the broker: the lookup finds nothing, but a broker may
+    // still book an order that reached it, so the answer is in doubt (an API
+    // told "not executed" would resend it).
     faults
         .failing_orders
         .store(1, std::sync::atomic::Ordering::SeqCst);
     let failed = served.ask("r2").await;
-    assert_eq!(failed["error_code"], "broker", "{failed}");
+    assert_eq!(failed["error_code"], "in_doubt", "{failed}");
     // Executed, reply lost, and the broker cannot be asked: in doubt, final.
     faults
         .lost_replies
@@ -364,7 +366,7 @@ async fn an_order_whose_reply_is_lost_is_looked_up_never_resent() {
         "r1 and r3 executed, each once"
     );
     assert_eq!(served.results("r1"), [RequestResult::Ok]);
-    assert_eq!(served.results("r2"), [RequestResult::Error]);
+    assert_eq!(served.results("r2"), [RequestResult::InDoubt]);
     assert_eq!(served.results("r3"), [RequestResult::InDoubt]);
     // The in-doubt answer is final: a repeat gets it again, nothing is resent.
     served
@@ -388,14 +390,17 @@ async fn a_hung_order_is_settled_by_lookup_after_the_order_timeout() {
     assert_eq!(found["status"], "ok", "{found}");
     assert_eq!(found["result"]["broker_order_id"], 1);
     let waited = started.elapsed();
+    // The 10 s order timeout is cut to the time the worker surely still holds
+    // the user: this harness's 2 s mark TTL less its 100 ms heartbeat.
     assert!(
-        (Duration::from_secs(10)..Duration::from_secs(11)).contains(&waited),
-        "answered after the 10 s order timeout, not before: {waited:?}"
+        (Duration::from_millis(1_900)..Duration::from_millis(2_500)).contains(&waited),
+        "answered once the call was cut at the holder deadline (1.9 s), not before and not after the 10 s order timeout: {waited:?}"
     );
-    // Silent before the broker took it: not executed, answered `timeout`.
+    // Silent before the broker took it: the lookup finds nothing yet, and
+    // the answer is in doubt, never "not executed" (it may be booked late).
     faults.stalled_orders.store(1, Ordering::SeqCst);
     let timed_out = served.ask("r2").await;
-    assert_eq!(timed_out["error_code"], "timeout", "{timed_out}");
+    assert_eq!(timed_out["error_code"], "in_doubt", "{timed_out}");
     // Silent, and the lookup too: in doubt.
     faults.hanging_orders.store(1, Ordering::SeqCst);
     faults.hanging_lookups.store(1, Ordering::SeqCst);
@@ -403,7 +408,7 @@ async fn a_hung_order_is_settled_by_lookup_after_the_order_timeout() {
     assert_eq!(doubtful["error_code"], "in_doubt", "{doubtful}");
     assert_eq!(served.ledger_len().await, 2, "r1 and r3 executed, r2 not");
     assert_eq!(served.results("r1"), [RequestResult::Ok]);
-    assert_eq!(served.results("r2"), [RequestResult::Timeout]);
+    assert_eq!(served.results("r2"), [RequestResult::InDoubt]);
     assert_eq!(served.results("r3"), [RequestResult::InDoubt]);
     // The worker goes on.
     assert_eq!(served.ask("r4").await["status"], "ok");

@@ -527,8 +527,9 @@ pub enum ErrorCode {
     Invalid,
     /// The broker refused it or could not be reached; not executed.
     Broker,
-    /// The broker did not answer the order in time and, asked afterwards by
-    /// client order id, held no such order: not executed.
+    /// Not produced since a broker may book an order after its call timed
+    /// out: a timeout whose lookup finds nothing is answered `in_doubt`. Kept
+    /// so that readers of older responses still parse the code.
     Timeout,
     /// The user's queue held more than `USER_QUEUE_MAX` requests: answered at
     /// once, not executed.

@@ -46,9 +46,12 @@ pub enum LookUpFor {
         /// Deliveries counted so far.
         deliveries: u32,
     },
-    /// The order call timed out. Absent → `timeout` (not executed).
+    /// The order call timed out. Absent → `in_doubt`: a broker may book an
+    /// order it received after the call gave up, so absent now is not absent
+    /// for good.
     TimedOut(String),
-    /// The connection broke during the call. Absent → `broker` (not executed).
+    /// The connection broke during the call. Absent → `in_doubt`, as for a
+    /// timeout: the order may have reached the broker and be booked later.
     ConnectionLost(String),
     /// The broker refused the client order id as used. Absent → `in_doubt`.
     Duplicate,
@@ -168,17 +171,15 @@ pub fn after_lookup<O>(why: LookUpFor, looked: Looked<O>) -> Step<O> {
                          the broker holds no such order: not executed"
                     ),
                 )),
-                LookUpFor::TimedOut(err) => Step::Answer(Final::Error(
-                    ErrorCode::Timeout,
-                    format!(
-                        "{err}; asked afterwards by client order id, the broker holds no such order: not executed"
-                    ),
+                // A lookup right after a timeout or a lost connection only
+                // says the broker has not booked the order *yet*: one that
+                // reached it may still be booked. "Not executed" here would
+                // make an API resend an order that then fills twice.
+                LookUpFor::TimedOut(err) => in_doubt(&format!(
+                    "{err}; asked afterwards by client order id, the broker holds no such order yet"
                 )),
-                LookUpFor::ConnectionLost(problem) => Step::Answer(Final::Error(
-                    ErrorCode::Broker,
-                    format!(
-                        "broker connection lost: {problem}; the broker holds no such order: not executed"
-                    ),
+                LookUpFor::ConnectionLost(problem) => in_doubt(&format!(
+                    "broker connection lost: {problem}; asked afterwards by client order id, the broker holds no such order yet"
                 )),
                 LookUpFor::Duplicate => in_doubt(
                     "the broker refused the client order id as used but holds no such order",
@@ -412,6 +413,25 @@ mod tests {
             after_lookup::<u8>(LookUpFor::Duplicate, Looked::Absent),
             Step::Answer(Final::Error(ErrorCode::InDoubt, _))
         ));
+    }
+
+    #[test]
+    fn after_a_timeout_or_a_lost_connection_absent_is_in_doubt_never_not_executed() {
+        for why in [
+            LookUpFor::TimedOut("place_order timed out".into()),
+            LookUpFor::ConnectionLost("reset".into()),
+        ] {
+            let step = after_lookup::<u8>(why.clone(), Looked::Absent);
+            let Step::Answer(answer) = step else {
+                panic!("{why:?}: {step:?}");
+            };
+            assert!(answer.may_have_executed(), "{why:?}: {answer:?}");
+            assert!(matches!(answer, Final::Error(ErrorCode::InDoubt, _)));
+            assert_eq!(
+                after_lookup(why, Looked::Found(7)),
+                Step::Answer(Final::Ok(7))
+            );
+        }
     }
 
     #[test]

@@ -744,9 +744,14 @@ impl BrokerWorker {
             Ok(budget) => Duration::from_millis(budget),
             Err(instead) => return Ok(instead),
         };
-        if !holder.may_act(Instant::now()) {
+        // The call ends while the mark is surely this worker's: an order
+        // call that outlived the holder deadline would still be running
+        // when a successor settles the request. Cut short, it is a timeout,
+        // settled by lookup like any other.
+        let Some(left) = holder.time_left(Instant::now()) else {
             return Err(Unfinished::NotHolder);
-        }
+        };
+        let budget = budget.min(left);
         let placed = tokio::time::timeout(budget, connection.place_order(id, order))
             .await
             .unwrap_or(Err(BrokerError::TimedOut {

@@ -53,3 +53,24 @@ async fn the_holder_deadline_runs_from_the_last_confirmed_heartbeat() {
     holder.confirmed(before - Duration::from_secs(10));
     assert!(holder.may_act(Instant::now()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_order_call_is_cut_to_the_time_left_before_the_holder_deadline() {
+    let holder = Holder::new(
+        Instant::now(),
+        Duration::from_secs(30),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        holder.time_left(Instant::now()),
+        Some(Duration::from_secs(25))
+    );
+    tokio::time::advance(Duration::from_secs(22)).await;
+    assert_eq!(
+        holder.time_left(Instant::now()),
+        Some(Duration::from_secs(3)),
+        "a 10 s order timeout is cut to the 3 s left"
+    );
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(holder.time_left(Instant::now()), None);
+}
