@@ -30,9 +30,10 @@ pub(crate) const STREAM_WORKER: &[IamAction] = &[
     dynamodb::UPDATE_ITEM,
 ];
 
-/// The sidecar's observer: the `leasehold#observer` lease and the scans
-/// behind the cluster gauges.
-pub(crate) const SIDECAR_OBSERVER: &[IamAction] = &[dynamodb::UPDATE_ITEM, dynamodb::SCAN];
+/// The sidecar's observer: the `leasehold#observer` lease (read, then
+/// conditional updates) and the scans behind the cluster gauges.
+pub(crate) const SIDECAR_OBSERVER: &[IamAction] =
+    &[dynamodb::GET_ITEM, dynamodb::UPDATE_ITEM, dynamodb::SCAN];
 
 /// The sidecar with `CLOUDWATCH_MODE=api`.
 pub(crate) const SIDECAR_CLOUDWATCH_API: &[IamAction] = &[cloudwatch::PUT_METRIC_DATA];
@@ -79,6 +80,7 @@ pub(crate) const CREDENTIALS_OPERATOR: &[IamAction] = &[
 /// The sidecar's actions for its configuration.
 fn sidecar(observer: bool, cloudwatch_api: bool) -> &'static [IamAction] {
     const BOTH: &[IamAction] = &[
+        dynamodb::GET_ITEM,
         dynamodb::UPDATE_ITEM,
         dynamodb::SCAN,
         cloudwatch::PUT_METRIC_DATA,
