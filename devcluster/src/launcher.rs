@@ -73,6 +73,7 @@ impl TaskLauncher for InProcessLauncher {
                     latency: Duration::from_millis(5),
                     failure_rate: 0.02,
                     hang_rate: 0.0,
+                    late_booking: Duration::ZERO,
                 },
                 self.bus.clone(),
             )) as Arc<dyn Broker>,

@@ -781,6 +781,91 @@ async fn a_paused_worker_displaced_mid_order_cannot_overwrite_its_successors_ans
     assert!(successor.wait_exit(Duration::from_secs(5)).success());
 }
 
+/// The codes an API following docs/messages.md reads as "not executed": it
+/// may send the order again, under a new request id.
+const NOT_EXECUTED: &[&str] = &["timeout", "broker", "expired", "overloaded", "poison"];
+
+/// A broker that books orders late (its gateway holds them: the paper broker
+/// with `PAPER_LATE_BOOKING_MS` 1.5 s) behind an order timeout of 0.5 s: the
+/// call times out and the lookup finds nothing yet. The answer must be
+/// `in_doubt`, so the API (this test, following docs/messages.md) does not
+/// resend the order; the late booking lands, and the ledger holds it once.
+/// Answered "not executed", the API would resend it under a new id and the
+/// broker would book it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_booking_broker_is_answered_in_doubt_and_books_the_order_once() {
+    let _serial = serial().await;
+    let Some(mut pool) = Pool::new(10).await else {
+        return;
+    };
+    let user = unique_name("u");
+    pool.run(
+        &["credentials", "put", &user],
+        Some(r#"{"api_key": "k", "account_id": "A1"}"#),
+    );
+    let mut envs = pool.envs.clone();
+    envs.push(("PAPER_LATE_BOOKING_MS".into(), "1500".into()));
+    envs.push(("BROKER_ORDER_TIMEOUT_MS".into(), "500".into()));
+    envs.push((
+        leasehold_broker::launcher::LOCAL_GROUP_VAR.into(),
+        pool.launcher.group.clone(),
+    ));
+    let mut worker = spawn_leasehold("late", &["broker-worker"], &envs);
+    pool.wait_idle(1).await;
+    let out = pool.run(&["claim", &user], None);
+    assert_eq!(claim_outcome(&out)["status"], "claimed", "{out}");
+    pool.wait_mark(&keys::worker_active(&user)).await;
+
+    // The API: one order, sent again (once) under a new request id only when
+    // the answer says it was not executed.
+    let mut sent = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let request_id = unique_name("r");
+        pool.push_order(&user, &request_id).await;
+        sent.push(request_id.clone());
+        let answer: Value = serde_json::from_str(
+            &pool
+                .wait_response(&request_id, Duration::from_secs(10), Some(&worker))
+                .await,
+        )
+        .unwrap();
+        let not_executed = answer["error_code"]
+            .as_str()
+            .is_some_and(|code| NOT_EXECUTED.contains(&code));
+        answers.push(answer);
+        if !not_executed {
+            break;
+        }
+    }
+    // The broker books every order it was sent, 1.5 s after its call.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ledger = loop {
+        let ledger: std::collections::HashMap<String, String> =
+            pool.redis.hgetall(keys::paper_orders("A1")).await.unwrap();
+        if sent.iter().all(|id| ledger.contains_key(id)) {
+            break ledger;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the late booking never landed: {ledger:#?}\n{}",
+            worker.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        answers[0]["error_code"], "in_doubt",
+        "answers {answers:#?}\nledger {ledger:#?}"
+    );
+    assert_eq!(
+        ledger.keys().collect::<Vec<_>>(),
+        [&sent[0]],
+        "the order is booked once, under its request id; answers {answers:#?}"
+    );
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(5)).success());
+}
+
 /// u2 pushes a request under u1's request id: dead-lettered with
 /// `foreign_request_id`, nothing executed for u2, u1's response unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

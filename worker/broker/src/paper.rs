@@ -95,6 +95,11 @@ pub struct PaperConfig {
     /// Fraction (0-1) of orders that are executed and then never answered:
     /// the call hangs forever, as a broker that went silent mid-order does.
     pub hang_rate: f64,
+    /// Non-zero: every order is booked this long after the call reaches the
+    /// broker (after `latency`), and the call never returns, as a broker whose
+    /// gateway holds orders does. A lookup before then finds nothing: the
+    /// order is in doubt, not "not executed". Zero: off.
+    pub late_booking: Duration,
 }
 
 /// Failure injection that tests flip at run time (shared by every connection).
@@ -237,6 +242,46 @@ fn chance(rate: f64) -> bool {
     rate > 0.0 && rand::random::<f64>() < rate
 }
 
+/// Writes `order` to the ledger under `client_order_id`, as the broker books
+/// it: the ledger assigns the broker order id in the same step that refuses a
+/// repeated client order id. Returns the stored order.
+async fn book(
+    ledger: &dyn PaperLedger,
+    account_id: &str,
+    client_order_id: &str,
+    order: &Order,
+) -> Result<String, BrokerError> {
+    let entry = PaperOrder {
+        broker_order_id: 0,
+        client_order_id: client_order_id.to_owned(),
+        status: "filled".into(),
+        account_id: account_id.to_owned(),
+        symbol: order.symbol.clone(),
+        side: order.side,
+        quantity: order.quantity,
+        price: order.price,
+        fill_price: order.price.unwrap_or(100.0),
+        created_at: SystemClock.now_ms_u64(),
+    };
+    let mut fields = match serde_json::to_value(&entry) {
+        Ok(Value::Object(fields)) => fields,
+        _ => return Err(BrokerError::Rejected("order cannot be encoded".into())),
+    };
+    // The ledger assigns it, in the same step that refuses a repeat.
+    fields.remove("broker_order_id");
+    match ledger
+        .record_paper_order(account_id, client_order_id, &fields)
+        .await
+    {
+        Ok(LedgerWrite::Recorded(stored)) => Ok(stored),
+        Ok(LedgerWrite::Exists(_)) => Err(BrokerError::DuplicateClientOrderId(
+            client_order_id.to_owned(),
+        )),
+        // The write may or may not have happened: exactly a lost reply.
+        Err(err) => Err(BrokerError::Connection(format!("ledger: {err}"))),
+    }
+}
+
 #[async_trait]
 impl BrokerConnection for PaperConnection {
     async fn place_order(
@@ -249,38 +294,30 @@ impl BrokerConnection for PaperConnection {
         if take_one(&self.faults.failing_orders) || chance(self.config.failure_rate) {
             return Err(BrokerError::Connection("simulated broker failure".into()));
         }
-        let entry = PaperOrder {
-            broker_order_id: 0,
-            client_order_id: client_order_id.to_owned(),
-            status: "filled".into(),
-            account_id: self.account_id.clone(),
-            symbol: order.symbol.clone(),
-            side: order.side,
-            quantity: order.quantity,
-            price: order.price,
-            fill_price: order.price.unwrap_or(100.0),
-            created_at: SystemClock.now_ms_u64(),
-        };
-        let mut fields = match serde_json::to_value(&entry) {
-            Ok(Value::Object(fields)) => fields,
-            _ => return Err(BrokerError::Rejected("order cannot be encoded".into())),
-        };
-        // The ledger assigns it, in the same step that refuses a repeat.
-        fields.remove("broker_order_id");
-        let stored = match self
-            .ledger
-            .record_paper_order(&self.account_id, client_order_id, &fields)
-            .await
-        {
-            Ok(LedgerWrite::Recorded(stored)) => stored,
-            Ok(LedgerWrite::Exists(_)) => {
-                return Err(BrokerError::DuplicateClientOrderId(
-                    client_order_id.to_owned(),
-                ));
-            }
-            // The write may or may not have happened: exactly a lost reply.
-            Err(err) => return Err(BrokerError::Connection(format!("ledger: {err}"))),
-        };
+        if !self.config.late_booking.is_zero() {
+            // The gateway holds the order and books it later, whatever became
+            // of the call: nobody hears how the booking went.
+            let ledger = self.ledger.clone();
+            let account_id = self.account_id.clone();
+            let client_order_id = client_order_id.to_owned();
+            let order = order.clone();
+            let after = self.config.late_booking;
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let booked = book(ledger.as_ref(), &account_id, &client_order_id, &order).await;
+                if let Err(err) = booked {
+                    tracing::debug!(%client_order_id, %err, "paper broker: late booking not made");
+                }
+            });
+            return std::future::pending().await;
+        }
+        let stored = book(
+            self.ledger.as_ref(),
+            &self.account_id,
+            client_order_id,
+            order,
+        )
+        .await?;
         if take_one(&self.faults.hanging_orders) || chance(self.config.hang_rate) {
             // Executed, and the answer never comes: what a call timeout is for.
             std::future::pending::<()>().await;
@@ -421,5 +458,39 @@ mod tests {
             connection.lookup_order("r3").await.unwrap().is_some(),
             "but it executed"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_booking_lands_after_the_call_gave_up_and_only_once() {
+        let ledger = Arc::new(MemoryPoolBus::new());
+        let config = PaperConfig {
+            late_booking: Duration::from_millis(1500),
+            ..PaperConfig::default()
+        };
+        let broker = PaperBroker::new(config, ledger.clone());
+        let connection = open(&broker).await;
+        let call = tokio::time::timeout(
+            Duration::from_millis(500),
+            connection.place_order("r1", &order(Some(600.5))),
+        )
+        .await;
+        assert!(call.is_err(), "the call never returns");
+        assert_eq!(
+            connection.lookup_order("r1").await.unwrap(),
+            None,
+            "not booked yet"
+        );
+        // The same client order id again: booked late too, and refused then.
+        let again = tokio::time::timeout(
+            Duration::from_millis(100),
+            connection.place_order("r1", &order(None)),
+        )
+        .await;
+        assert!(again.is_err());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let found = connection.lookup_order("r1").await.unwrap().unwrap();
+        assert_eq!(found["broker_order_id"], 1);
+        assert_eq!(found["fill_price"], 600.5, "the first booking stays");
+        assert_eq!(ledger.paper_order("A1", "r2").await.unwrap(), None);
     }
 }

@@ -227,7 +227,7 @@ pub const BROKER_ORDER_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "BROKER_ORDER_TIMEOUT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| CallTimeouts::default().order),
-    "Longest a `place_order` call may take; then the order is looked up by client order id: found → answered from it, not found → `timeout`, lookup failed → `in_doubt`.",
+    "Longest a `place_order` call may take; then the order is looked up by client order id: found → answered from it, not found (the broker may still book it) or lookup failed → `in_doubt`.",
 );
 /// The `BROKER_LOOKUP_TIMEOUT_MS` variable.
 pub const BROKER_LOOKUP_TIMEOUT_MS: Setting<Duration> = Setting::new(
@@ -284,6 +284,13 @@ pub const PAPER_HANG_RATE: Setting<f64> = Setting::new(
     parse::FRACTION,
     Fallback::Value(|| 0.0),
     "Fraction (0-1) of paper broker orders that are executed and then never answered (the call hangs), to exercise timeouts and in-doubt orders.",
+);
+/// The `PAPER_LATE_BOOKING_MS` variable.
+pub const PAPER_LATE_BOOKING_MS: Setting<Duration> = Setting::new(
+    "PAPER_LATE_BOOKING_MS",
+    parse::MILLIS,
+    Fallback::Value(|| Duration::ZERO),
+    "Paper broker: book every order this many ms after the call, which never returns (a broker whose gateway holds orders): with BROKER_ORDER_TIMEOUT_MS below it, every order times out, the lookup finds nothing yet, and the answer must be in_doubt. 0: off.",
 );
 /// The `LOCAL_WORKER_LOG_DIR` variable.
 pub const LOCAL_WORKER_LOG_DIR: Setting<PathBuf> = Setting::new(
@@ -365,6 +372,7 @@ pub const ALL: &[&dyn Documented] = &[
     &PAPER_LATENCY_MS,
     &PAPER_FAILURE_RATE,
     &PAPER_HANG_RATE,
+    &PAPER_LATE_BOOKING_MS,
     &LOCAL_WORKER_LOG_DIR,
     &SWEEP_GRACE_SECONDS,
     &SWEEP_CONCURRENCY,
@@ -562,6 +570,7 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
         latency: env.get(&PAPER_LATENCY_MS),
         failure_rate: env.get(&PAPER_FAILURE_RATE),
         hang_rate: env.get(&PAPER_HANG_RATE),
+        late_booking: env.get(&PAPER_LATE_BOOKING_MS),
     };
     env.finish(BrokerWorkerSettings {
         redis_url: redis_url.into(),

@@ -312,11 +312,6 @@ impl Holder {
         *confirmed = (*confirmed).max(sent_at);
     }
 
-    /// Whether the mark is surely still this worker's at `now`.
-    fn may_act(&self, now: Instant) -> bool {
-        self.time_left(now).is_some()
-    }
-
     /// How long from `now` the mark is surely still this worker's; `None`
     /// once the holder deadline has passed.
     fn time_left(&self, now: Instant) -> Option<Duration> {

@@ -33,6 +33,29 @@ fn defaults_follow_the_seed() {
     assert_eq!(timeouts.ping, Duration::from_secs(5));
     assert_eq!(settings.worker.queue_max, 1_000);
     assert_eq!(settings.worker.bounds, RequestBounds::DEFAULT);
+    assert_eq!(settings.paper, PaperConfig::default(), "no paper faults");
+}
+
+#[test]
+fn the_paper_broker_behaviour_is_read() {
+    let key = AesGcmCipher::generate_key();
+    let lookup = move |name: &str| match name {
+        "CREDENTIALS_KEY" => Some(key.clone()),
+        "PAPER_LATE_BOOKING_MS" => Some("1500".to_owned()),
+        "PAPER_HANG_RATE" => Some("0.5".to_owned()),
+        _ => None,
+    };
+    let settings = worker_settings(&lookup).unwrap();
+    assert_eq!(settings.paper.late_booking, Duration::from_millis(1500));
+    assert_eq!(settings.paper.hang_rate, 0.5);
+    let bad = |name: &str| (name == "PAPER_LATE_BOOKING_MS").then(|| "later".to_owned());
+    let err = worker_settings(&bad).unwrap_err();
+    assert!(
+        err.problems
+            .iter()
+            .any(|p| p.starts_with("PAPER_LATE_BOOKING_MS")),
+        "{err}"
+    );
 }
 
 #[test]

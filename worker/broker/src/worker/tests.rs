@@ -36,22 +36,25 @@ async fn the_holder_deadline_runs_from_the_last_confirmed_heartbeat() {
     let claimed = Instant::now();
     let holder = Holder::new(claimed, Duration::from_secs(30), Duration::from_secs(5));
     tokio::time::advance(Duration::from_secs(24)).await;
-    assert!(holder.may_act(Instant::now()), "within TTL − heartbeat");
+    assert!(
+        holder.time_left(Instant::now()).is_some(),
+        "within TTL − heartbeat"
+    );
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(
-        !holder.may_act(Instant::now()),
+        holder.time_left(Instant::now()).is_none(),
         "heartbeats failed for 25 s: the mark may have expired"
     );
     // A heartbeat sent 2 s ago and confirmed now restores it, from its send time.
     holder.confirmed(Instant::now() - Duration::from_secs(2));
-    assert!(holder.may_act(Instant::now()));
+    assert!(holder.time_left(Instant::now()).is_some());
     tokio::time::advance(Duration::from_secs(23)).await;
-    assert!(!holder.may_act(Instant::now()));
+    assert!(holder.time_left(Instant::now()).is_none());
     // A late confirmation of an older heartbeat never moves the deadline back.
     let before = Instant::now();
     holder.confirmed(before);
     holder.confirmed(before - Duration::from_secs(10));
-    assert!(holder.may_act(Instant::now()));
+    assert!(holder.time_left(Instant::now()).is_some());
 }
 
 #[tokio::test(start_paused = true)]
