@@ -55,9 +55,7 @@ pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(),
     iam::declare("credential-sealer", &lookup);
     harden()?;
     let settings = settings::sealer_settings(&lookup)?;
-    let bus = pool_bus(settings.redis_url.expose())
-        .await
-        .context("cannot start the credential sealer")?;
+    let bus = pool_bus(settings.redis_url.expose()).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -107,9 +105,7 @@ pub(crate) async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure
     let shipper =
         read(|env| leasehold_telemetry::settings::shipper(env, "broker-worker", &worker_id))?;
     let telemetry = Arc::new(BufferedShipper::start(shipper, telemetry_stop.clone()));
-    let bus = pool_bus(settings.redis_url.expose())
-        .await
-        .context("cannot start the broker worker")?;
+    let bus = pool_bus(settings.redis_url.expose()).await?;
     let worker = BrokerWorker::from_settings(settings, bus, telemetry.clone());
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");
@@ -121,11 +117,15 @@ pub(crate) async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure
 }
 
 /// The pool bus `REDIS_URL` names (the URL, which may hold a password, is
-/// never part of an error).
-async fn pool_bus(url: &str) -> anyhow::Result<Arc<dyn PoolBus>> {
+/// never part of an error), refused (exit 2) unless it runs with
+/// `maxmemory-policy noeviction`.
+async fn pool_bus(url: &str) -> Result<Arc<dyn PoolBus>, Failure> {
     let bus = RedisPoolBus::connect(url)
         .await
         .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
+    bus.require_noeviction()
+        .await
+        .map_err(|err| ConfigError::one(err.to_string()))?;
     Ok(Arc::new(bus))
 }
 

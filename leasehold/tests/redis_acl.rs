@@ -769,6 +769,65 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     }
 }
 
+/// A Redis that may evict keys is refused at start (exit 2, naming the
+/// setting and the policy) by every role that writes the pool bus, under its
+/// own user; `noeviction` lets the same command run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pool_role_refuses_a_redis_that_evicts_keys() {
+    let _serial = serial().await;
+    let Some(redis) = AclRedis::start().await else {
+        return;
+    };
+    run_ok(
+        &["redis", "load-functions"],
+        &envs(&[("REDIS_URL", &redis.url("admin"))]),
+        None,
+    );
+    let set_policy = |policy: &'static str| {
+        let mut admin = redis.admin.clone();
+        async move {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory-policy")
+                .arg(policy)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+    };
+    let group = unique_name("g").chars().rev().take(30).collect::<String>();
+    let as_role = |role: &str| {
+        envs(&[
+            ("REDIS_URL", &redis.url(role)),
+            ("POOL_GROUP", &group),
+            ("POOL_TARGET_SIZE", "0"),
+            ("CREDENTIALS_KEY", &AesGcmCipher::generate_key()),
+        ])
+    };
+    let credentials = r#"{"api_key": "k", "account_id": "A1"}"#;
+    let commands: [(&str, &[&str], Option<&str>); 3] = [
+        ("maintenance", &["maintenance", "--dry-run"], None),
+        ("pool-manager", &["pool-manager"], None),
+        ("api", &["credentials", "put", "u-evict"], Some(credentials)),
+    ];
+    set_policy("allkeys-lru").await;
+    for (role, args, stdin) in commands {
+        let (status, output) = run_leasehold(args, &as_role(role), stdin);
+        assert_eq!(status.code(), Some(2), "{role} {args:?}: {output}");
+        assert!(
+            output.contains("REDIS_URL: Redis runs with maxmemory-policy allkeys-lru"),
+            "{role}: {output}"
+        );
+        assert!(!output.contains(&password(role)), "{output}");
+    }
+    set_policy("noeviction").await;
+    for (role, args, stdin) in commands {
+        let (status, output) = run_leasehold(args, &as_role(role), stdin);
+        assert!(status.success(), "{role} {args:?}: {output}");
+        assert!(!output.contains("maxmemory-policy"), "{role}: {output}");
+    }
+}
+
 /// Every settings struct that holds a Redis URL prints it as `[redacted]` in
 /// `Debug`, so no log line can show the password even if one formats the
 /// whole struct.

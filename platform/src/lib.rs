@@ -16,6 +16,8 @@
 //! - [`percentile`]: the one nearest-rank percentile every figure uses.
 //! - [`periodic`]: "every period until cancelled", the one periodic loop.
 //! - [`hardening`]: no core dumps for processes that hold secrets.
+//! - [`redis_memory`]: `maxmemory-policy noeviction`, checked by every role
+//!   that writes the pool bus before it starts.
 //! - [`redis_functions`]: leasehold's Lua as Redis functions (`FCALL`), loaded
 //!   by the admin role, so no worker role may load code.
 
@@ -29,6 +31,7 @@ pub mod logging;
 pub mod percentile;
 pub mod periodic;
 pub mod redis_functions;
+pub mod redis_memory;
 pub mod settings;
 
 pub use backoff::Backoff;

@@ -85,6 +85,17 @@ pub struct RedisPoolBus {
     functions: Functions,
 }
 
+impl RedisPoolBus {
+    /// Refuses a Redis that may evict keys (`REDIS_URL` names it): marks and
+    /// request records must never disappear under memory pressure.
+    pub async fn require_noeviction(
+        &self,
+    ) -> Result<(), leasehold_platform::redis_memory::EvictionError> {
+        leasehold_platform::redis_memory::require_noeviction(&mut self.commands(), "REDIS_URL")
+            .await
+    }
+}
+
 impl std::fmt::Debug for RedisPoolBus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The client holds the URL, which may hold a password.
