@@ -260,7 +260,10 @@ async fn main() {
             .await
             .unwrap();
         loop {
-            let exists: bool = redis.exists(keys::response(&request_id)).await.unwrap();
+            let exists: bool = redis
+                .exists(keys::response(&user, &request_id))
+                .await
+                .unwrap();
             if exists {
                 break;
             }

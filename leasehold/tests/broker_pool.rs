@@ -111,7 +111,7 @@ impl Pool {
         let request_id = unique_name("r");
         self.push_order(user, &request_id).await;
         let response = self
-            .wait_response(&request_id, Duration::from_secs(10), None)
+            .wait_response(user, &request_id, Duration::from_secs(10), None)
             .await;
         serde_json::from_str(&response).unwrap()
     }
@@ -149,13 +149,18 @@ impl Pool {
     /// `timeout`, showing `worker`'s output when given.
     async fn wait_response(
         &mut self,
+        user: &str,
         request_id: &str,
         timeout: Duration,
         worker: Option<&Proc>,
     ) -> String {
         let deadline = Instant::now() + timeout;
         loop {
-            let value: Option<String> = self.redis.get(keys::response(request_id)).await.unwrap();
+            let value: Option<String> = self
+                .redis
+                .get(keys::response(user, request_id))
+                .await
+                .unwrap();
             if let Some(value) = value {
                 return value;
             }
@@ -471,7 +476,7 @@ async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
     assert_eq!(processing, [body], "the request waits for a successor");
     let state: Option<String> = pool
         .redis
-        .hget(keys::request_record("r1"), "state")
+        .hget(keys::request_record(&user, "r1"), "state")
         .await
         .unwrap();
     assert_eq!(state.as_deref(), Some("executing"));
@@ -479,7 +484,7 @@ async fn sigterm_mid_hung_order_exits_promptly_and_the_successor_settles_it() {
     let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
     let response: Value = serde_json::from_str(
         &pool
-            .wait_response("r1", Duration::from_secs(15), Some(&successor))
+            .wait_response(&user, "r1", Duration::from_secs(15), Some(&successor))
             .await,
     )
     .unwrap();
@@ -550,7 +555,11 @@ async fn a_killed_users_worker_is_replaced_from_the_warm_pool_by_supervision() {
         .unwrap();
     let deadline = killed + Duration::from_secs(25);
     let response: Value = loop {
-        let value: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+        let value: Option<String> = pool
+            .redis
+            .get(keys::response(&user, &request_id))
+            .await
+            .unwrap();
         if let Some(value) = value {
             break serde_json::from_str(&value).unwrap();
         }
@@ -601,7 +610,7 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
     loop {
         let state: Option<String> = pool
             .redis
-            .hget(keys::request_record(&request_id), "state")
+            .hget(keys::request_record(&user, &request_id), "state")
             .await
             .unwrap();
         if state.as_deref() == Some("executing") {
@@ -613,7 +622,11 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     victim.signal("KILL");
     victim.wait_exit(Duration::from_secs(5));
-    let answered: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    let answered: Option<String> = pool
+        .redis
+        .get(keys::response(&user, &request_id))
+        .await
+        .unwrap();
     assert_eq!(answered, None, "killed before it could answer");
     let processing = pool.list(&keys::user_processing(&user)).await;
     assert_eq!(
@@ -625,7 +638,12 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
     // The dead worker's mark expires (5 s here), then the successor takes over.
     let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
     let response = pool
-        .wait_response(&request_id, Duration::from_secs(30), Some(&successor))
+        .wait_response(
+            &user,
+            &request_id,
+            Duration::from_secs(30),
+            Some(&successor),
+        )
         .await;
     let parsed: Value = serde_json::from_str(&response).unwrap();
     assert_eq!(parsed["status"], "ok", "{parsed}");
@@ -648,13 +666,17 @@ async fn kill_9_mid_request_gives_one_final_response_and_one_execution() {
         assert!(Instant::now() < deadline, "the repeat was never answered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let again: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    let again: Option<String> = pool
+        .redis
+        .get(keys::response(&user, &request_id))
+        .await
+        .unwrap();
     assert_eq!(again.as_deref(), Some(response.as_str()));
     let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
     assert_eq!(ledger, 1, "not executed again");
     let state: Option<String> = pool
         .redis
-        .hget(keys::request_record(&request_id), "state")
+        .hget(keys::request_record(&user, &request_id), "state")
         .await
         .unwrap();
     assert_eq!(state.as_deref(), Some("done"));
@@ -692,12 +714,12 @@ fn on_ecs_a_failed_task_arn_lookup_ends_the_worker() {
 }
 
 /// Waits until `request_id`'s record says `state` (the worker reached it).
-async fn wait_record_state(pool: &mut Pool, request_id: &str, state: &str) {
+async fn wait_record_state(pool: &mut Pool, user: &str, request_id: &str, state: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now: Option<String> = pool
             .redis
-            .hget(keys::request_record(request_id), "state")
+            .hget(keys::request_record(user, request_id), "state")
             .await
             .unwrap();
         if now.as_deref() == Some(state) {
@@ -730,7 +752,7 @@ async fn a_paused_worker_displaced_mid_order_cannot_overwrite_its_successors_ans
     let victim_mark = pool.wait_mark(&keys::worker_active(&user)).await;
     let request_id = unique_name("r");
     pool.push_order(&user, &request_id).await;
-    wait_record_state(&mut pool, &request_id, "executing").await;
+    wait_record_state(&mut pool, &user, &request_id, "executing").await;
     victim.signal("STOP");
 
     // Its mark expires (5 s); a successor is started for the user and settles
@@ -749,7 +771,12 @@ async fn a_paused_worker_displaced_mid_order_cannot_overwrite_its_successors_ans
     }
     let mut successor = spawn_leasehold("successor", &["broker-worker"], &envs);
     let response = pool
-        .wait_response(&request_id, Duration::from_secs(30), Some(&successor))
+        .wait_response(
+            &user,
+            &request_id,
+            Duration::from_secs(30),
+            Some(&successor),
+        )
         .await;
     let parsed: Value = serde_json::from_str(&response).unwrap();
     assert_eq!(parsed["status"], "ok", "{parsed}");
@@ -762,7 +789,11 @@ async fn a_paused_worker_displaced_mid_order_cannot_overwrite_its_successors_ans
     // left the successor's answer alone.
     let exit = victim.wait_exit(Duration::from_secs(20));
     assert!(exit.success(), "{exit}\n{}", victim.output());
-    let after: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    let after: Option<String> = pool
+        .redis
+        .get(keys::response(&user, &request_id))
+        .await
+        .unwrap();
     assert_eq!(
         after.as_deref(),
         Some(response.as_str()),
@@ -771,7 +802,7 @@ async fn a_paused_worker_displaced_mid_order_cannot_overwrite_its_successors_ans
     );
     let stored: Option<String> = pool
         .redis
-        .hget(keys::request_record(&request_id), "response")
+        .hget(keys::request_record(&user, &request_id), "response")
         .await
         .unwrap();
     assert_eq!(stored.as_deref(), Some(response.as_str()));
@@ -826,7 +857,7 @@ async fn a_late_booking_broker_is_answered_in_doubt_and_books_the_order_once() {
         sent.push(request_id.clone());
         let answer: Value = serde_json::from_str(
             &pool
-                .wait_response(&request_id, Duration::from_secs(10), Some(&worker))
+                .wait_response(&user, &request_id, Duration::from_secs(10), Some(&worker))
                 .await,
         )
         .unwrap();
@@ -866,10 +897,12 @@ async fn a_late_booking_broker_is_answered_in_doubt_and_books_the_order_once() {
     assert!(worker.wait_exit(Duration::from_secs(5)).success());
 }
 
-/// u2 pushes a request under u1's request id: dead-lettered with
-/// `foreign_request_id`, nothing executed for u2, u1's response unchanged.
+/// u2 pushes a request under u1's request id. Records and answers are keyed
+/// by user (`trading:request:{user_id}:{request_id}`), so u2's request gets a
+/// record and an answer of its own, and u1's record and answer stay as they
+/// were: a reused id reaches nothing of another user's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_users_request_id_is_dead_lettered_and_the_first_answer_stays() {
+async fn another_users_request_id_gets_its_own_record_and_the_first_answer_stays() {
     let _serial = serial().await;
     let Some(mut pool) = Pool::new(15).await else {
         return;
@@ -883,43 +916,45 @@ async fn another_users_request_id_is_dead_lettered_and_the_first_answer_stays() 
     let request_id = unique_name("r");
     pool.push_order(&u1, &request_id).await;
     let first = pool
-        .wait_response(&request_id, Duration::from_secs(10), Some(&w1))
+        .wait_response(&u1, &request_id, Duration::from_secs(10), Some(&w1))
         .await;
     let record_before: std::collections::HashMap<String, String> = pool
         .redis
-        .hgetall(keys::request_record(&request_id))
+        .hgetall(keys::request_record(&u1, &request_id))
         .await
         .unwrap();
     pool.push_order(&u2, &request_id).await;
-    let dead_key = keys::dead_letter(&keys::user_requests(&u2));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let dead = loop {
-        let dead = pool.list(&dead_key).await;
-        if !dead.is_empty() {
-            break dead;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never dead-lettered\n{}",
-            w2.output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let letter: Value = serde_json::from_str(&dead[0]).unwrap();
-    assert_eq!(letter["reason"], "foreign_request_id", "{letter}");
-    let response: Option<String> = pool.redis.get(keys::response(&request_id)).await.unwrap();
+    let second: Value = serde_json::from_str(
+        &pool
+            .wait_response(&u2, &request_id, Duration::from_secs(10), Some(&w2))
+            .await,
+    )
+    .unwrap();
+    assert_eq!(second["user_id"], u2.as_str(), "{second}");
+    let record_u2: std::collections::HashMap<String, String> = pool
+        .redis
+        .hgetall(keys::request_record(&u2, &request_id))
+        .await
+        .unwrap();
+    assert_eq!(record_u2["user_id"], u2);
+    let response: Option<String> = pool
+        .redis
+        .get(keys::response(&u1, &request_id))
+        .await
+        .unwrap();
     assert_eq!(response.as_deref(), Some(first.as_str()));
     let record_after: std::collections::HashMap<String, String> = pool
         .redis
-        .hgetall(keys::request_record(&request_id))
+        .hgetall(keys::request_record(&u1, &request_id))
         .await
         .unwrap();
     assert_eq!(record_after, record_before);
-    let ledger: i64 = pool.redis.hlen(keys::paper_orders("A1")).await.unwrap();
-    assert_eq!(ledger, 1, "nothing executed for u2");
-    assert!(pool.list(&keys::user_processing(&u2)).await.is_empty());
-    // u2's own requests are still served.
-    assert_eq!(pool.round_trip(&u2).await["status"], "ok");
+    assert!(
+        pool.list(&keys::dead_letter(&keys::user_requests(&u2)))
+            .await
+            .is_empty(),
+        "nothing dead-lettered"
+    );
     for worker in [&mut w1, &mut w2] {
         worker.signal("TERM");
         assert!(worker.wait_exit(Duration::from_secs(5)).success());
@@ -952,7 +987,7 @@ async fn a_two_mebibyte_request_is_answered_too_large_and_the_next_is_served() {
         .await
         .unwrap();
     let response = pool
-        .wait_response(&request_id, Duration::from_secs(10), Some(&worker))
+        .wait_response(&user, &request_id, Duration::from_secs(10), Some(&worker))
         .await;
     let parsed: Value = serde_json::from_str(&response).unwrap();
     assert_eq!(parsed["error_code"], "too_large", "{parsed}");

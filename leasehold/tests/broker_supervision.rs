@@ -205,11 +205,13 @@ fn resolved_nothing(report: &Value) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_that_misses_a_busy_users_task_releases_nothing() {
     let _serial = serial().await;
-    let Some(mut setup) = Setup::new("10").await else {
+    // A 20 s mark: the worker's order call is cut at its holder deadline
+    // (mark TTL less a heartbeat, 19 s), which outlasts the sweeps below.
+    let Some(mut setup) = Setup::new("20").await else {
         return;
     };
-    // The order executes and never answers (until two minutes): the user
-    // stays busy, its request in the processing list, the whole test.
+    // The order executes and never answers: the user stays busy, its
+    // request in the processing list, through the sweeps.
     let mut worker = setup.spawn_worker(&[
         ("PAPER_HANG_RATE", "1"),
         ("BROKER_ORDER_TIMEOUT_MS", "120000"),
@@ -297,7 +299,11 @@ async fn a_listing_that_misses_a_busy_users_task_releases_nothing() {
     assert_ne!(successor.worker_id, held.worker_id);
     let deadline = Instant::now() + Duration::from_secs(15);
     let response: Value = loop {
-        let value: Option<String> = setup.redis.get(keys::response("r1")).await.unwrap();
+        let value: Option<String> = setup
+            .redis
+            .get(keys::response(&setup.user, "r1"))
+            .await
+            .unwrap();
         if let Some(value) = value {
             break serde_json::from_str(&value).unwrap();
         }

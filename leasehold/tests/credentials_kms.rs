@@ -139,7 +139,7 @@ async fn round_trip(
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let value: Option<String> = redis.get(keys::response(&request_id)).await.unwrap();
+        let value: Option<String> = redis.get(keys::response(user, &request_id)).await.unwrap();
         if let Some(value) = value {
             return serde_json::from_str(&value).unwrap();
         }

@@ -161,7 +161,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     let _: () = api.lpush(keys::user_requests(&user), &body).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     let response = loop {
-        let value: Option<String> = api.get(keys::response(&request_id)).await.unwrap();
+        let value: Option<String> = api.get(keys::response(&user, &request_id)).await.unwrap();
         if let Some(value) = value {
             break value;
         }
@@ -196,7 +196,31 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     let other = unique_name("other");
     for (args, allowed) in [
         (vec!["LLEN", &keys::user_requests(&user)], true),
-        (vec!["GET", &keys::response(&request_id)], true),
+        (vec!["GET", &keys::response(&user, &request_id)], true),
+        (
+            vec!["HGET", &keys::request_record(&user, &request_id), "state"],
+            true,
+        ),
+        // The same request id under another user: records and answers are
+        // keyed by user, so the claim user reaches none of them.
+        (vec!["GET", &keys::response(&other, &request_id)], false),
+        (
+            vec!["SET", &keys::response(&other, &request_id), "x"],
+            false,
+        ),
+        (
+            vec![
+                "HSET",
+                &keys::request_record(&other, &request_id),
+                "state",
+                "done",
+            ],
+            false,
+        ),
+        (
+            vec!["DEL", &keys::request_record(&other, &request_id)],
+            false,
+        ),
         (vec!["LLEN", &keys::user_requests(&other)], false),
         (vec!["LLEN", &keys::worker_control(&other)], false),
         (vec!["GET", &keys::worker_active(&other)], false),
@@ -591,8 +615,8 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     for args in [
         vec!["LLEN", &keys::user_requests(&user)],
         vec!["LRANGE", &keys::user_processing(&user), "0", "-1"],
-        vec!["GET", &keys::response(&request_id)],
-        vec!["HGETALL", &keys::request_record(&request_id)],
+        vec!["GET", &keys::response(&user, &request_id)],
+        vec!["HGETALL", &keys::request_record(&user, &request_id)],
         vec!["LLEN", &keys::worker_control(&user)],
     ] {
         refused(&redis, "broker-worker", &args).await;
@@ -612,7 +636,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         vec!["SET", &keys::worker_active(&user), "x"],
         vec!["LPUSH", keys::POOL_CLAIMS, "x"],
         vec!["LRANGE", &keys::user_requests(&user), "0", "-1"],
-        vec!["GET", &keys::response(&request_id)],
+        vec!["GET", &keys::response(&user, &request_id)],
         vec!["SCAN", "0"],
     ] {
         refused(&redis, "credential-sealer", &args).await;
@@ -639,7 +663,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     refused(
         &redis,
         "api",
-        &["HGETALL", &keys::request_record(&request_id)],
+        &["HGETALL", &keys::request_record(&user, &request_id)],
     )
     .await;
     refused(&redis, "api", &["HGETALL", &keys::paper_orders("A1")]).await;
@@ -671,7 +695,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     refused(
         &redis,
         "maintenance",
-        &["GET", &keys::response(&request_id)],
+        &["GET", &keys::response(&user, &request_id)],
     )
     .await;
     // No role but admin may run server-wide commands, switch databases, or

@@ -1294,7 +1294,7 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
     let bus = target.bus();
     let user = unique_name("u");
     let id = unique_name("r");
-    let record_key = keys::request_record(&id);
+    let record_key = keys::request_record(&user, &id);
     hold(bus.as_ref(), &user, "w1").await;
     assert_eq!(
         bus.begin_request(&id, &user, "w1", 5).await.expect("begin"),
@@ -1338,10 +1338,10 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
     let response = format!(r#"{{"request_id":"{id}","status":"ok"}}"#);
     assert!(answer(bus.as_ref(), &user, "body-1", &id, AnswerMode::Final).await);
     assert_eq!(
-        bus.get(&keys::response(&id)).await.expect("get"),
+        bus.get(&keys::response(&user, &id)).await.expect("get"),
         Some(response.clone())
     );
-    let ttl = bus.ttl_ms(&keys::response(&id)).await.expect("pttl");
+    let ttl = bus.ttl_ms(&keys::response(&user, &id)).await.expect("pttl");
     assert!(matches!(ttl, Some(59_000..=60_000)), "response TTL {ttl:?}");
     let stored = bus.hash_get_all(&record_key).await.expect("hgetall");
     assert_eq!(
@@ -1368,12 +1368,14 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
     );
 
     // A repeated id: its stored response is written again.
-    bus.delete_keys(&[keys::response(&id)]).await.expect("del");
+    bus.delete_keys(&[keys::response(&user, &id)])
+        .await
+        .expect("del");
     bus.push_request(&user, "body-1").await.expect("push");
     assert_eq!(pop_user(bus.as_ref(), &user).await, request("body-1"));
     assert!(answer(bus.as_ref(), &user, "body-1", &id, AnswerMode::Replay).await);
     assert_eq!(
-        bus.get(&keys::response(&id)).await.expect("get"),
+        bus.get(&keys::response(&user, &id)).await.expect("get"),
         Some(response.clone())
     );
 
@@ -1394,7 +1396,7 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
         .expect("first only");
     assert_eq!(answered, Answered::Kept);
     assert_eq!(
-        bus.get(&keys::response(&id)).await.expect("get"),
+        bus.get(&keys::response(&user, &id)).await.expect("get"),
         Some(response.clone())
     );
     assert_eq!(
@@ -1437,7 +1439,7 @@ pub async fn request_records_keep_one_final_response(target: &dyn BusTarget) {
 
 /// Only the worker holding the user's mark begins a request; a successor
 /// takes an `executing` record over and counts a delivery; another user's
-/// record is reported, never taken over.
+/// request under the same id is a record of its own.
 pub async fn only_the_mark_holder_begins_a_request(target: &dyn BusTarget) {
     let bus = target.bus();
     let user = unique_name("u");
@@ -1448,7 +1450,7 @@ pub async fn only_the_mark_holder_begins_a_request(target: &dyn BusTarget) {
         "no mark: no one holds the user"
     );
     assert!(
-        bus.hash_get_all(&keys::request_record(&id))
+        bus.hash_get_all(&keys::request_record(&user, &id))
             .await
             .expect("hgetall")
             .is_empty(),
@@ -1475,7 +1477,7 @@ pub async fn only_the_mark_holder_begins_a_request(target: &dyn BusTarget) {
         }
     );
     let stored = bus
-        .hash_get_all(&keys::request_record(&id))
+        .hash_get_all(&keys::request_record(&user, &id))
         .await
         .expect("hgetall");
     assert_eq!(
@@ -1492,21 +1494,18 @@ pub async fn only_the_mark_holder_begins_a_request(target: &dyn BusTarget) {
         "the displaced worker cannot take it back"
     );
 
-    // Another user's worker reusing the id learns whose it is, and changes nothing.
+    // Another user's request under the same id is another record (records
+    // are keyed by user): it starts afresh and changes nothing of the first.
     let other = unique_name("u");
     hold(bus.as_ref(), &other, "w9").await;
     assert_eq!(
         bus.begin_request(&id, &other, "w9", 4)
             .await
             .expect("begin"),
-        Begun::Executing {
-            user_id: user.clone(),
-            worker_id: "w2".into(),
-            deliveries: 2,
-        }
+        Begun::Started
     );
     let unchanged = bus
-        .hash_get_all(&keys::request_record(&id))
+        .hash_get_all(&keys::request_record(&user, &id))
         .await
         .expect("hgetall");
     assert_eq!(unchanged, stored);
@@ -1580,11 +1579,14 @@ pub async fn a_displaced_workers_final_answer_is_fenced(target: &dyn BusTarget) 
         "the record is the successor's: refused even to the holder"
     );
     assert_eq!(
-        bus.get(&keys::response(&id)).await.expect("get").as_deref(),
+        bus.get(&keys::response(&user, &id))
+            .await
+            .expect("get")
+            .as_deref(),
         Some("successor")
     );
     assert_eq!(
-        bus.hash_get_all(&keys::request_record(&id))
+        bus.hash_get_all(&keys::request_record(&user, &id))
             .await
             .expect("hgetall")
             .get(record::RESPONSE)
@@ -1657,11 +1659,11 @@ pub async fn oversized_messages_are_ended_from_their_head(target: &dyn BusTarget
         0
     );
     assert_eq!(
-        bus.get(&keys::response(&id)).await.expect("get"),
+        bus.get(&keys::response(&user, &id)).await.expect("get"),
         Some(response.clone())
     );
     assert_eq!(
-        bus.hash_get_all(&keys::request_record(&id))
+        bus.hash_get_all(&keys::request_record(&user, &id))
             .await
             .expect("hgetall")
             .get(record::USER_ID),
@@ -1822,11 +1824,12 @@ pub async fn paper_ledger_refuses_repeated_client_order_ids(target: &dyn BusTarg
 pub async fn responses_expire_after_a_minute(target: &dyn BusTarget) {
     let bus = target.bus();
     let request = unique_name("r");
-    let key = keys::response(&request);
-    bus.put_response(&request, r#"{"status":"error"}"#)
+    let user = unique_name("u");
+    let key = keys::response(&user, &request);
+    bus.put_response(&user, &request, r#"{"status":"error"}"#)
         .await
         .expect("set");
-    bus.put_response(&request, r#"{"status":"ok"}"#)
+    bus.put_response(&user, &request, r#"{"status":"ok"}"#)
         .await
         .expect("set");
     assert_eq!(
@@ -1971,14 +1974,14 @@ pub async fn over_cap_requests_are_shed_newest_first(target: &dyn BusTarget) {
     }
     assert!(bus.shed_request(&shed(&user, &ids[4])).await.expect("shed"));
     assert_eq!(
-        bus.get(&keys::response(&ids[4]))
+        bus.get(&keys::response(&user, &ids[4]))
             .await
             .expect("get")
             .as_deref(),
         Some(r#"{"status":"error","error_code":"overloaded"}"#)
     );
     let record = bus
-        .hash_get_all(&keys::request_record(&ids[4]))
+        .hash_get_all(&keys::request_record(&user, &ids[4]))
         .await
         .expect("hgetall");
     assert_eq!(

@@ -121,7 +121,7 @@ async fn the_pool_runs_in_one_process_on_the_memory_bus() {
     });
     bus.push_request("u1", &request.to_string()).await.unwrap();
     let response: serde_json::Value =
-        serde_json::from_str(&wait_for(bus.as_ref(), &keys::response("r1")).await).unwrap();
+        serde_json::from_str(&wait_for(bus.as_ref(), &keys::response("u1", "r1")).await).unwrap();
     assert_eq!(response["status"], "ok", "{response}");
 
     // Shutdown interrupts the 30 s blocking pop at once and deletes the marks.
@@ -264,11 +264,11 @@ impl Served {
             .push_request(user, &request_body(request_id, account_id))
             .await
             .unwrap();
-        self.response(request_id).await
+        self.response(user, request_id).await
     }
 
-    async fn response(&self, request_id: &str) -> serde_json::Value {
-        serde_json::from_str(&wait_for(self.bus.as_ref(), &keys::response(request_id)).await)
+    async fn response(&self, user: &str, request_id: &str) -> serde_json::Value {
+        serde_json::from_str(&wait_for(self.bus.as_ref(), &keys::response(user, request_id)).await)
             .unwrap()
     }
 
@@ -371,7 +371,7 @@ async fn an_order_whose_reply_is_lost_is_looked_up_never_resent() {
     // The in-doubt answer is final: a repeat gets it again, nothing is resent.
     served
         .bus
-        .delete_keys(&[keys::response("r3")])
+        .delete_keys(&[keys::response("u1", "r3")])
         .await
         .unwrap();
     assert_eq!(served.ask("r3").await, doubtful);
@@ -441,9 +441,11 @@ async fn shutdown_does_not_wait_for_a_hung_order_and_the_successor_settles_it() 
         [body],
         "the request waits in processing for a successor"
     );
-    assert_eq!(bus.get(&keys::response("r1")).await.unwrap(), None);
+    assert_eq!(bus.get(&keys::response("u1", "r1")).await.unwrap(), None);
     assert_eq!(
-        bus.hash_get_all(&keys::request_record("r1")).await.unwrap()["state"],
+        bus.hash_get_all(&keys::request_record("u1", "r1"))
+            .await
+            .unwrap()["state"],
         "executing"
     );
 
@@ -468,7 +470,7 @@ async fn shutdown_does_not_wait_for_a_hung_order_and_the_successor_settles_it() 
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(successor.run(shutdown.clone()));
     let response: serde_json::Value =
-        serde_json::from_str(&wait_for(bus.as_ref(), &keys::response("r1")).await).unwrap();
+        serde_json::from_str(&wait_for(bus.as_ref(), &keys::response("u1", "r1")).await).unwrap();
     assert_eq!(response["status"], "ok", "{response}");
     assert_eq!(response["result"]["broker_order_id"], 1);
     assert_eq!(
@@ -531,7 +533,7 @@ async fn requests_over_the_queue_cap_are_answered_overloaded_none_lost() {
     let mut ok = Vec::new();
     let mut overloaded = Vec::new();
     for id in &ids {
-        let response = served.response(id).await;
+        let response = served.response("u1", id).await;
         match response["error_code"].as_str() {
             None => ok.push(id.clone()),
             Some("overloaded") => overloaded.push(id.clone()),
@@ -610,7 +612,8 @@ async fn an_unknown_claim_outcome_is_resolved_from_the_mark() {
     });
     bus.push_request("u1", &request.to_string()).await.unwrap();
     let response: serde_json::Value =
-        serde_json::from_str(&wait_for(bus.as_ref(), &keys::response("r-lost")).await).unwrap();
+        serde_json::from_str(&wait_for(bus.as_ref(), &keys::response("u1", "r-lost")).await)
+            .unwrap();
     assert_eq!(
         response["status"], "ok",
         "the worker went on to serve the user"
@@ -619,18 +622,18 @@ async fn an_unknown_claim_outcome_is_resolved_from_the_mark() {
     running.await.unwrap().unwrap();
 }
 
-/// A request id reused by another user: that user's worker dead-letters it
-/// (`foreign_request_id`), executes nothing and leaves the first user's record
-/// and response as they were; responses name their user.
+/// A request id reused by another user: records and answers are keyed by
+/// user, so u2's request gets a record and an answer of its own and u1's stay
+/// as they were; responses name their user.
 #[tokio::test(start_paused = true)]
-async fn a_request_id_of_another_user_is_dead_lettered_never_answered() {
+async fn a_request_id_of_another_user_reaches_nothing_of_the_first_users() {
     let u1 = serve_u1().await;
     let first = u1.ask("r1").await;
     assert_eq!(first["status"], "ok", "{first}");
     assert_eq!(first["user_id"], "u1", "a response names its user");
     let record_before = u1
         .bus
-        .hash_get_all(&keys::request_record("r1"))
+        .hash_get_all(&keys::request_record("u1", "r1"))
         .await
         .unwrap();
     let u2 = serve_on(
@@ -642,35 +645,32 @@ async fn a_request_id_of_another_user_is_dead_lettered_never_answered() {
         &[],
     )
     .await;
-    u2.bus
-        .push_request("u2", &request_body("r1", "A1"))
-        .await
-        .unwrap();
-    let dead = keys::dead_letter(&keys::user_requests("u2"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while u2.bus.list_len(&dead).await.unwrap() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "u2's request under u1's id was never dead-lettered"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let letter: serde_json::Value =
-        serde_json::from_str(&u2.bus.list_items(&dead).await.unwrap()[0]).unwrap();
-    assert_eq!(letter["reason"], "foreign_request_id");
-    assert_eq!(u2.results("r1"), [RequestResult::Invalid]);
+    let second = u2.ask_as("u2", "r1", "A2").await;
+    assert_eq!(second["user_id"], "u2", "{second}");
     assert_eq!(
         u2.bus
-            .hash_get_all(&keys::request_record("r1"))
+            .hash_get_all(&keys::request_record("u2", "r1"))
+            .await
+            .unwrap()["user_id"],
+        "u2"
+    );
+    assert_eq!(
+        u2.bus
+            .hash_get_all(&keys::request_record("u1", "r1"))
             .await
             .unwrap(),
         record_before
     );
-    assert_eq!(u2.response("r1").await, first, "u1's response is untouched");
-    assert_eq!(u1.ledger_len().await, 1, "nothing executed for u2");
     assert_eq!(
-        u2.bus.list_len(&keys::user_processing("u2")).await.unwrap(),
-        0
+        u2.response("u1", "r1").await,
+        first,
+        "u1's response is untouched"
+    );
+    let dead = keys::dead_letter(&keys::user_requests("u2"));
+    assert_eq!(
+        u2.bus.list_len(&dead).await.unwrap(),
+        0,
+        "nothing dead-lettered"
     );
     u2.stop().await;
     u1.stop().await;
@@ -692,7 +692,7 @@ async fn a_request_over_the_size_bound_is_answered_too_large_unparsed() {
     );
     assert!(huge.len() > 2 * 1024 * 1024);
     served.bus.push_request("u1", &huge).await.unwrap();
-    let response = served.response("big").await;
+    let response = served.response("u1", "big").await;
     assert_eq!(response["error_code"], "too_large", "{response}");
     assert_eq!(response["user_id"], "u1");
     let dead = served
@@ -759,13 +759,13 @@ async fn a_request_taken_too_often_is_settled_as_poison_never_placed() {
         bus.release_user_mark("u1", crashed).await.unwrap();
     }
     let served = serve_on(bus, "u1", "w1", PaperConfig::default(), |_| {}, &["p1"]).await;
-    let response = served.response("p1").await;
+    let response = served.response("u1", "p1").await;
     assert_eq!(response["error_code"], "poison", "{response}");
     assert_eq!(served.ledger_len().await, 0, "never placed");
     assert_eq!(
         served
             .bus
-            .hash_get_all(&keys::request_record("p1"))
+            .hash_get_all(&keys::request_record("u1", "p1"))
             .await
             .unwrap()["deliveries"],
         "4"
@@ -783,7 +783,7 @@ async fn a_repeated_client_order_id_is_looked_up_after_a_lost_record() {
     assert_eq!(first["status"], "ok", "{first}");
     served
         .bus
-        .delete_keys(&[keys::request_record("r1"), keys::response("r1")])
+        .delete_keys(&[keys::request_record("u1", "r1"), keys::response("u1", "r1")])
         .await
         .unwrap();
     let again = served.ask("r1").await;
@@ -828,7 +828,7 @@ async fn an_order_that_expires_while_connecting_is_not_sent() {
         .push_request("u1", &body.to_string())
         .await
         .unwrap();
-    let response = served.response("e1").await;
+    let response = served.response("u1", "e1").await;
     assert_eq!(response["error_code"], "expired", "{response}");
     assert_eq!(served.ledger_len().await, 0, "never sent");
     served.stop().await;
@@ -856,12 +856,12 @@ async fn a_worker_that_cannot_confirm_its_mark_places_no_order() {
         "placed past the holder deadline"
     );
     assert_eq!(
-        served.bus.get(&keys::response("h1")).await.unwrap(),
+        served.bus.get(&keys::response("u1", "h1")).await.unwrap(),
         None,
         "nothing answered"
     );
     served.bus.lose_refresh_replies(0);
-    let response = served.response("h1").await;
+    let response = served.response("u1", "h1").await;
     assert_eq!(response["status"], "ok", "{response}");
     assert_eq!(served.ledger_len().await, 1);
     served.stop().await;

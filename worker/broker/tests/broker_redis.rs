@@ -146,7 +146,7 @@ impl Env {
             .lpush(keys::user_requests(user), request_json(request_id, "2330"))
             .await
             .unwrap();
-        serde_json::from_str(&self.wait_key(&keys::response(request_id)).await).unwrap()
+        serde_json::from_str(&self.wait_key(&keys::response(user, request_id)).await).unwrap()
     }
 
     /// The paper broker's ledger for an account: client order id → order.
@@ -162,16 +162,16 @@ impl Env {
             .collect()
     }
 
-    /// A request's record `trading:request:{request_id}`.
-    async fn record(&mut self, request_id: &str) -> HashMap<String, String> {
+    /// A request's record `trading:request:{user_id}:{request_id}`.
+    async fn record(&mut self, user: &str, request_id: &str) -> HashMap<String, String> {
         self.redis
-            .hgetall(keys::request_record(request_id))
+            .hgetall(keys::request_record(user, request_id))
             .await
             .unwrap()
     }
 
-    async fn wait_response(&mut self, request_id: &str) -> Value {
-        serde_json::from_str(&self.wait_key(&keys::response(request_id)).await).unwrap()
+    async fn wait_response(&mut self, user: &str, request_id: &str) -> Value {
+        serde_json::from_str(&self.wait_key(&keys::response(user, request_id)).await).unwrap()
     }
 
     async fn dead(&mut self, list: &str) -> Vec<Value> {
@@ -246,13 +246,13 @@ async fn claim_makes_a_pool_worker_the_users_worker_and_serves_requests() {
     assert_eq!(response["status"], "ok", "{response}");
     assert_eq!(response["result"]["status"], "filled");
     assert_eq!(response["result"]["fill_price"], 600.5);
-    let ttl: i64 = env.redis.ttl(keys::response("r1")).await.unwrap();
+    let ttl: i64 = env.redis.ttl(keys::response(&user, "r1")).await.unwrap();
     assert!((1..=60).contains(&ttl), "response TTL {ttl}");
 
     // A repeated request id is answered again with its stored response and
     // never executed twice, even when the repeat asks for something else.
-    let first: String = env.redis.get(keys::response("r1")).await.unwrap();
-    let _: () = env.redis.del(keys::response("r1")).await.unwrap();
+    let first: String = env.redis.get(keys::response(&user, "r1")).await.unwrap();
+    let _: () = env.redis.del(keys::response(&user, "r1")).await.unwrap();
     let _: () = env
         .redis
         .lpush(keys::user_requests(&user), request_json("r1", "0050"))
@@ -260,7 +260,7 @@ async fn claim_makes_a_pool_worker_the_users_worker_and_serves_requests() {
         .unwrap();
     let second = env.request(&user, "r2").await;
     assert_eq!(second["status"], "ok");
-    let again: Option<String> = env.redis.get(keys::response("r1")).await.unwrap();
+    let again: Option<String> = env.redis.get(keys::response(&user, "r1")).await.unwrap();
     assert_eq!(again, Some(first), "the stored response is written again");
     let ledger = env.ledger("A1").await;
     assert_eq!(ledger.len(), 2, "r1 and r2, each once: {ledger:?}");
@@ -353,7 +353,7 @@ async fn invalid_messages_are_dead_lettered_answered_and_never_fatal() {
     for (_, id) in &bad_requests {
         if let Some(id) = id {
             let response: Value =
-                serde_json::from_str(&env.wait_key(&keys::response(id)).await).unwrap();
+                serde_json::from_str(&env.wait_key(&keys::response(&user, id)).await).unwrap();
             assert_eq!(response["status"], "error");
             assert!(
                 response["error"]
@@ -614,26 +614,26 @@ async fn a_worker_that_dies_mid_order_is_settled_by_its_successor_from_the_ledge
     }
     // The worker dies between the broker call and the response.
     first.handle.abort();
-    assert_eq!(env.record("r1").await["state"], "executing");
+    assert_eq!(env.record(&user, "r1").await["state"], "executing");
     let processing: Vec<String> = env
         .redis
         .lrange(keys::user_processing(&user), 0, -1)
         .await
         .unwrap();
     assert_eq!(processing, [body], "the request waits for a successor");
-    let answered: bool = env.redis.exists(keys::response("r1")).await.unwrap();
+    let answered: bool = env.redis.exists(keys::response(&user, "r1")).await.unwrap();
     assert!(!answered);
     env.wait_gone(&keys::worker_active(&user), Duration::from_secs(5))
         .await;
 
     let successor = env.start(Some(&user)).await;
-    let response = env.wait_response("r1").await;
+    let response = env.wait_response(&user, "r1").await;
     assert_eq!(response["status"], "ok", "{response}");
     assert_eq!(response["result"]["broker_order_id"], 1, "{response}");
     assert_eq!(response["result"]["client_order_id"], "r1");
     let ledger = env.ledger("A1").await;
     assert_eq!(ledger.len(), 1, "executed once: {ledger:?}");
-    let record = env.record("r1").await;
+    let record = env.record(&user, "r1").await;
     assert_eq!(record["state"], "done");
     assert_eq!(
         serde_json::from_str::<Value>(&record["response"]).unwrap(),
@@ -670,7 +670,7 @@ async fn a_backlog_of_fifty_executes_in_push_order() {
     }
     let worker = env.start(Some(&user)).await;
     for id in &ids {
-        assert_eq!(env.wait_response(id).await["status"], "ok");
+        assert_eq!(env.wait_response(&user, id).await["status"], "ok");
     }
     let ledger = env.ledger("A1").await;
     assert_eq!(ledger.len(), 50);
@@ -702,7 +702,7 @@ async fn expired_repeated_reused_and_unreadable_requests_each_get_their_one_answ
         .lpush(&requests, expired.to_string())
         .await
         .unwrap();
-    let response = env.wait_response("x1").await;
+    let response = env.wait_response(&user, "x1").await;
     assert_eq!(response["status"], "error");
     assert_eq!(response["error_code"], "expired", "{response}");
     assert!(
@@ -718,17 +718,17 @@ async fn expired_repeated_reused_and_unreadable_requests_each_get_their_one_answ
         .lpush(&requests, timely.to_string())
         .await
         .unwrap();
-    let original = env.wait_response("x2").await;
+    let original = env.wait_response(&user, "x2").await;
     assert_eq!(original["status"], "ok");
 
     // A duplicate id: the stored response again, no second execution.
-    let _: () = env.redis.del(keys::response("x2")).await.unwrap();
+    let _: () = env.redis.del(keys::response(&user, "x2")).await.unwrap();
     let _: () = env
         .redis
         .lpush(&requests, request_json("x2", "0050"))
         .await
         .unwrap();
-    assert_eq!(env.wait_response("x2").await, original);
+    assert_eq!(env.wait_response(&user, "x2").await, original);
 
     // An invalid message reusing the id: dead-lettered, the real answer kept.
     let _: () = env
@@ -747,10 +747,10 @@ async fn expired_repeated_reused_and_unreadable_requests_each_get_their_one_answ
         "ok",
         "still serving"
     );
-    let kept: String = env.redis.get(keys::response("x2")).await.unwrap();
+    let kept: String = env.redis.get(keys::response(&user, "x2")).await.unwrap();
     assert_eq!(serde_json::from_str::<Value>(&kept).unwrap(), original);
     assert_eq!(
-        serde_json::from_str::<Value>(&env.record("x2").await["response"]).unwrap(),
+        serde_json::from_str::<Value>(&env.record(&user, "x2").await["response"]).unwrap(),
         original
     );
     let ledger = env.ledger("A1").await;

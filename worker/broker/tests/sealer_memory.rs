@@ -141,7 +141,7 @@ async fn a_worker_gets_only_its_claimed_users_credentials_sealed_to_its_own_key(
     bus.push_request("alice", &request.to_string())
         .await
         .unwrap();
-    let response = wait_for(bus.as_ref(), &keys::response("r-alice")).await;
+    let response = wait_for(bus.as_ref(), &keys::response("alice", "r-alice")).await;
     assert!(response.contains(r#""status":"ok""#), "{response}");
 
     // Someone with another key who claims to be w1 (the sidecar next to it,

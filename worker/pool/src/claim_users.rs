@@ -31,9 +31,10 @@ pub fn claim_user_of(name: &str) -> Option<&str> {
 
 /// A claim user's rules, without its password: the user's mark and metadata,
 /// its request and control lists (with their processing and dead-letter
-/// lists), and the request records and responses, which are keyed by request
-/// id alone and so cannot be narrowed to the user. The commands are those the
-/// claimed phase's functions and blocking moves send.
+/// lists), and its own request records and responses (keyed by user, so the
+/// pattern reaches no other user's: user ids hold no `:` and no glob
+/// character, [`keys::valid_user_id`]). The commands are those the claimed
+/// phase's functions and blocking moves send.
 pub fn claim_user_rules(user_id: &str) -> Vec<String> {
     let mut rules: Vec<String> = ["reset", "on", "resetchannels", "-@all"]
         .into_iter()
@@ -48,8 +49,8 @@ pub fn claim_user_rules(user_id: &str) -> Vec<String> {
         keys::worker_control(user_id),
         keys::dead_letter(&keys::worker_control(user_id)),
         keys::worker_control_processing(user_id),
-        keys::request_record("*"),
-        keys::response("*"),
+        keys::request_record(user_id, "*"),
+        keys::response(user_id, "*"),
     ] {
         rules.push(format!("~{key}"));
     }

@@ -154,15 +154,19 @@ pub fn user_processing(user_id: &str) -> String {
     format!("trading:user:{user_id}:processing")
 }
 
-/// The answer to one request (worker SET with a 60 s TTL, API GET).
-pub fn response(request_id: &str) -> String {
-    format!("trading:response:{request_id}")
+/// The answer to one of a user's requests (worker SET with a 60 s TTL, API
+/// GET). Keyed by user as well as request id (a deviation from the original
+/// `trading:response:{request_id}`), so that a Redis user confined to one
+/// user's keys reaches no other user's answers.
+pub fn response(user_id: &str, request_id: &str) -> String {
+    format!("trading:response:{user_id}:{request_id}")
 }
 
-/// One request's record (hash, 24 h): `executing` before the broker call,
-/// `done` and the final response after; a repeated id is answered from it.
-pub fn request_record(request_id: &str) -> String {
-    format!("trading:request:{request_id}")
+/// One of a user's request records (hash, 24 h): `executing` before the
+/// broker call, `done` and the final response after; a repeated id is
+/// answered from it. Keyed by user too, as [`response`] is.
+pub fn request_record(user_id: &str, request_id: &str) -> String {
+    format!("trading:request:{user_id}:{request_id}")
 }
 
 /// The paper broker's ledger for one account (hash: client order id → order
@@ -233,8 +237,8 @@ mod tests {
     fn pool_keys_follow_the_contract() {
         assert_eq!(user_requests("u1"), "trading:user:u1:requests");
         assert_eq!(user_processing("u1"), "trading:user:u1:processing");
-        assert_eq!(response("r1"), "trading:response:r1");
-        assert_eq!(request_record("r1"), "trading:request:r1");
+        assert_eq!(response("u1", "r1"), "trading:response:u1:r1");
+        assert_eq!(request_record("u1", "r1"), "trading:request:u1:r1");
         assert_eq!(paper_orders("A1"), "paper:orders:A1");
         assert_eq!(paper_order_ids("A1"), "paper:order_ids:A1");
         assert_eq!(worker_active("u1"), "worker:active:u1");

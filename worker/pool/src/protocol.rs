@@ -331,7 +331,7 @@ pub enum Action {
 /// A request for a user's worker (list `trading:user:{user_id}:requests`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
-    /// Id the API polls `trading:response:{request_id}` with; also the broker's
+    /// Id the API polls `trading:response:{user_id}:{request_id}` with; also the broker's
     /// client order id, so the broker itself refuses to execute it twice.
     pub request_id: String,
     /// Which broker connection to use.
@@ -563,13 +563,13 @@ impl ErrorCode {
     }
 }
 
-/// The answer written to `trading:response:{request_id}`.
+/// The answer written to `trading:response:{user_id}:{request_id}`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Response {
     /// The request answered.
     pub request_id: String,
     /// The user whose request this answers: request ids are chosen by the API,
-    /// so an API that reads `trading:response:{request_id}` checks it is its
+    /// so an API that reads `trading:response:{user_id}:{request_id}` checks it is its
     /// own user's (docs/messages.md). Absent only on responses written before
     /// it existed.
     #[serde(skip_serializing_if = "Option::is_none")]

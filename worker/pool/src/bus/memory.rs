@@ -465,7 +465,7 @@ impl RequestBus for MemoryPoolBus {
     ) -> Result<Begun, BusError> {
         Self::inject_fault(&self.failing_begins)?;
         let now = Instant::now();
-        let key = keys::request_record(request_id);
+        let key = keys::request_record(user_id, request_id);
         let mut keyspace = self.lock();
         let holder = keyspace.mark_holder(user_id, now)?;
         let stored = keyspace.record(&key, now)?;
@@ -516,7 +516,7 @@ impl RequestBus for MemoryPoolBus {
     async fn answer_request(&self, answer: &Answer<'_>) -> Result<Answered, BusError> {
         Self::inject_fault(&self.failing_answers)?;
         let now = Instant::now();
-        let record_key = keys::request_record(answer.request_id);
+        let record_key = keys::request_record(answer.user_id, answer.request_id);
         let mut keyspace = self.lock();
         // Checked before anything is written, as Redis fails the script's
         // first command on a wrong type.
@@ -553,7 +553,7 @@ impl RequestBus for MemoryPoolBus {
         let answered = answered || answer.mode == AnswerMode::Replay;
         if answered {
             keyspace.set(
-                &keys::response(answer.request_id),
+                &keys::response(answer.user_id, answer.request_id),
                 answer.response,
                 Some(RESPONSE_TTL),
                 now,
@@ -601,7 +601,7 @@ impl RequestBus for MemoryPoolBus {
             now,
         )?;
         if let Some((request_id, response)) = oversized.answer {
-            let record_key = keys::request_record(request_id);
+            let record_key = keys::request_record(oversized.user_id, request_id);
             if !keyspace.exists(&record_key, now) {
                 keyspace.hash_set(
                     &record_key,
@@ -614,7 +614,7 @@ impl RequestBus for MemoryPoolBus {
                 )?;
                 keyspace.expire(&record_key, REQUEST_RECORD_TTL, now);
                 keyspace.set(
-                    &keys::response(request_id),
+                    &keys::response(oversized.user_id, request_id),
                     response,
                     Some(RESPONSE_TTL),
                     now,
@@ -658,7 +658,7 @@ impl RequestBus for MemoryPoolBus {
 
     async fn shed_request(&self, shed: &Shed<'_>) -> Result<bool, BusError> {
         let now = Instant::now();
-        let record_key = keys::request_record(shed.request_id);
+        let record_key = keys::request_record(shed.user_id, shed.request_id);
         let mut keyspace = self.lock();
         if keyspace.exists(&record_key, now) {
             return Ok(false);
@@ -677,7 +677,7 @@ impl RequestBus for MemoryPoolBus {
         )?;
         keyspace.expire(&record_key, REQUEST_RECORD_TTL, now);
         keyspace.set(
-            &keys::response(shed.request_id),
+            &keys::response(shed.user_id, shed.request_id),
             shed.response,
             Some(RESPONSE_TTL),
             now,
@@ -685,9 +685,14 @@ impl RequestBus for MemoryPoolBus {
         Ok(true)
     }
 
-    async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
+    async fn put_response(
+        &self,
+        user_id: &str,
+        request_id: &str,
+        body: &str,
+    ) -> Result<(), BusError> {
         self.lock().set(
-            &keys::response(request_id),
+            &keys::response(user_id, request_id),
             body,
             Some(RESPONSE_TTL),
             Instant::now(),

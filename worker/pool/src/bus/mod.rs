@@ -609,7 +609,12 @@ pub trait RequestBus: Send + Sync {
     async fn shed_request(&self, shed: &Shed<'_>) -> Result<bool, BusError>;
 
     /// Stores the answer to a request for [`RESPONSE_TTL`] (no record).
-    async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError>;
+    async fn put_response(
+        &self,
+        user_id: &str,
+        request_id: &str,
+        body: &str,
+    ) -> Result<(), BusError>;
 }
 
 /// Users' encrypted credentials and the grants that let the sealer hand them out.

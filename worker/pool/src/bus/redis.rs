@@ -537,7 +537,7 @@ impl RequestBus for RedisPoolBus {
         let (state, owner, worker_id, response, deliveries): (String, String, String, String, u32) =
             self.functions
                 .begin_request
-                .key(keys::request_record(request_id))
+                .key(keys::request_record(user_id, request_id))
                 .key(keys::worker_active(user_id))
                 .arg(user_id)
                 .arg(worker_id)
@@ -575,8 +575,8 @@ impl RequestBus for RedisPoolBus {
         let answered: i64 = self
             .functions
             .answer_request
-            .key(keys::request_record(answer.request_id))
-            .key(keys::response(answer.request_id))
+            .key(keys::request_record(answer.user_id, answer.request_id))
+            .key(keys::response(answer.user_id, answer.request_id))
             .key(keys::user_processing(answer.user_id))
             .key(keys::dead_letter(&requests))
             .key(keys::worker_active(answer.user_id))
@@ -618,8 +618,8 @@ impl RequestBus for RedisPoolBus {
             .drop_oversized
             .key(processing)
             .key(keys::dead_letter(&list))
-            .key(keys::request_record(request_id))
-            .key(keys::response(request_id))
+            .key(keys::request_record(oversized.user_id, request_id))
+            .key(keys::response(oversized.user_id, request_id))
             .arg(kind)
             .arg(oversized.head)
             .arg(oversized.length)
@@ -679,8 +679,8 @@ impl RequestBus for RedisPoolBus {
             .functions
             .shed_request
             .key(keys::user_requests(shed.user_id))
-            .key(keys::request_record(shed.request_id))
-            .key(keys::response(shed.request_id))
+            .key(keys::request_record(shed.user_id, shed.request_id))
+            .key(keys::response(shed.user_id, shed.request_id))
             .arg(shed.raw)
             .arg(shed.response)
             .arg(REQUEST_RECORD_TTL.as_secs())
@@ -692,11 +692,16 @@ impl RequestBus for RedisPoolBus {
         Ok(shed_one == 1)
     }
 
-    async fn put_response(&self, request_id: &str, body: &str) -> Result<(), BusError> {
+    async fn put_response(
+        &self,
+        user_id: &str,
+        request_id: &str,
+        body: &str,
+    ) -> Result<(), BusError> {
         let _: () = self
             .query(
                 redis::cmd("SET")
-                    .arg(keys::response(request_id))
+                    .arg(keys::response(user_id, request_id))
                     .arg(body)
                     .arg("EX")
                     .arg(RESPONSE_TTL.as_secs()),

@@ -6,7 +6,7 @@
 use super::Side;
 use serde::Serialize;
 
-/// The request record `trading:request:{request_id}` (a hash): its field names
+/// The request record `trading:request:{user_id}:{request_id}` (a hash): its field names
 /// and `state` values, spelled once for both buses and their scripts.
 pub mod record {
     /// `executing` or `done`.
