@@ -618,8 +618,15 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         vec!["GET", &keys::response(&user, &request_id)],
         vec!["HGETALL", &keys::request_record(&user, &request_id)],
         vec!["LLEN", &keys::worker_control(&user)],
+        // Nor list keys: SCAN is not filtered by key patterns, and would
+        // list every newly claimed user to harvest.
+        vec!["SCAN", "0"],
+        vec!["KEYS", "*"],
     ] {
         refused(&redis, "broker-worker", &args).await;
+    }
+    for args in [vec!["SCAN", "0"], vec!["KEYS", "*"]] {
+        refused(&redis, "broker-worker-shared", &args).await;
     }
     assert_refused(
         "broker-worker grants credentials",
