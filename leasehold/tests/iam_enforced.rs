@@ -61,6 +61,7 @@ use leasehold_control::store::{
     RenewRequest, TakeoverRequest, list_all,
 };
 use leasehold_platform::aws::{RetryPolicy, local_sdk_config};
+use leasehold_testkit::lease_store::{self, LEASE, SKEW, T0};
 use leasehold_testkit::{dynamodb_client, unique_name};
 use serde_json::{Value, json};
 use support::iam::{Identity, for_moto, iam_users, shipped_statements, signing_as};
@@ -468,21 +469,11 @@ async fn lease_table(endpoint: &str) -> (String, DynamoLeaseStore) {
     (table, store)
 }
 
-const T0: i64 = 1_700_000_000_000;
-const LEASE: i64 = 30_000;
-const SKEW: i64 = 1_000;
-
+/// An acquire, within a session when `session` names one.
 fn acquire(stream: &str, owner: &str, now_ms: i64, session: Option<u64>) -> AcquireRequest {
-    AcquireRequest {
-        stream_id: stream.into(),
-        owner_id: owner.into(),
-        now_ms,
-        lease_ms: LEASE,
-        skew_margin_ms: SKEW,
-        sidecar_url: None,
-        handoff_addr: None,
-        max_streams: None,
-        session_token: session,
+    match session {
+        Some(session) => lease_store::session_acquire(stream, owner, session, now_ms),
+        None => lease_store::acquire(stream, owner, now_ms),
     }
 }
 

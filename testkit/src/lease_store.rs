@@ -55,11 +55,15 @@ impl ConformanceTarget for MemoryTarget {
     }
 }
 
-const T0: i64 = 1_700_000_000_000;
-const LEASE: i64 = 30_000;
-const SKEW: i64 = 1_000;
+/// The suite's start time (unix ms).
+pub const T0: i64 = 1_700_000_000_000;
+/// The suite's lease length.
+pub const LEASE: i64 = 30_000;
+/// The suite's skew margin.
+pub const SKEW: i64 = 1_000;
 
-fn acquire(stream: &str, owner: &str, now_ms: i64) -> AcquireRequest {
+/// An acquire of `stream` by `owner` at `now_ms`, with the suite's lease.
+pub fn acquire(stream: &str, owner: &str, now_ms: i64) -> AcquireRequest {
     AcquireRequest {
         stream_id: stream.into(),
         owner_id: owner.into(),
@@ -775,7 +779,8 @@ async fn start_session(store: &dyn LeaseStore, owner: &str, now_ms: i64) -> u64 
         .fence_token
 }
 
-fn session_acquire(stream: &str, owner: &str, session: u64, now_ms: i64) -> AcquireRequest {
+/// [`acquire`] within `owner`'s session `session` (session mode).
+pub fn session_acquire(stream: &str, owner: &str, session: u64, now_ms: i64) -> AcquireRequest {
     AcquireRequest {
         session_token: Some(session),
         ..acquire(stream, owner, now_ms)
