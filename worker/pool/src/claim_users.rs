@@ -115,7 +115,7 @@ pub fn login_url(base: &str, login: &RedisLogin) -> Result<String, BusError> {
 }
 
 /// Makes and deletes claim users (the credential sealer's Redis user needs
-/// `+acl|setuser +acl|deluser +acl|users`).
+/// `+acl|setuser +acl|deluser +acl|users +client|kill`).
 pub struct ClaimUsers {
     commands: ConnectionManager,
 }
@@ -143,7 +143,7 @@ impl ClaimUsers {
     }
 
     /// (Re)makes `user_id`'s claim user with a fresh password: a previous
-    /// holder's password stops working for new connections.
+    /// holder's password stops working, and its open connections are ended.
     pub async fn create(&self, user_id: &str) -> Result<RedisLogin, BusError> {
         let password: String = rand::random::<[u8; 32]>()
             .iter()
@@ -164,6 +164,16 @@ impl ClaimUsers {
             BusError::Unavailable(_) => BusError::Unavailable("ACL SETUSER".into()),
             _ => BusError::Rejected(format!("ACL SETUSER {user} was refused")),
         })?;
+        // A new password stops only new connections: a displaced holder's
+        // open ones would go on serving the user. They end here, before the
+        // new holder has the login to connect with.
+        let _killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("USER")
+            .arg(&user)
+            .query_async(&mut self.commands.clone())
+            .await
+            .map_err(classify)?;
         Ok(RedisLogin { user, password })
     }
 
