@@ -320,11 +320,16 @@ impl CredentialSealer {
                     },
                 })?;
         let plaintext = credentials.to_json();
-        let seal = |plaintext: &[u8]| {
-            sealing::seal_to(&request.seal_key, user_id, plaintext)
+        let seal = |purpose: sealing::Purpose, plaintext: &[u8]| {
+            let context = sealing::SealContext {
+                purpose,
+                user_id,
+                worker_id: &request.worker_id,
+            };
+            sealing::seal_to(&request.seal_key, &context, plaintext)
                 .map_err(|err| SealRefusal::BadRequest(err.to_string()))
         };
-        let sealed = seal(&plaintext)?;
+        let sealed = seal(sealing::Purpose::Credentials, &plaintext)?;
         // A reload keeps the login the worker has: a new password would cut
         // its next reconnect.
         let new_holder = grant.is_none_or(|grant| grant.reason != GrantReason::Reload);
@@ -334,7 +339,7 @@ impl CredentialSealer {
                 let json = zeroize::Zeroizing::new(
                     serde_json::json!({"user": login.user, "password": login.password}).to_string(),
                 );
-                Some(seal(json.as_bytes())?)
+                Some(seal(sealing::Purpose::RedisLogin, json.as_bytes())?)
             }
             _ => None,
         };
@@ -514,8 +519,13 @@ impl SealerClient {
         }
         let answer: SealedAnswer = serde_json::from_slice(&body)
             .map_err(|_| unavailable("the answer is not sealed credentials".into()))?;
-        let open = |sealed: &SealedCredentials| {
-            self.key.open(user_id, sealed).map_err(|err| match err {
+        let open = |purpose: sealing::Purpose, sealed: &SealedCredentials| {
+            let context = sealing::SealContext {
+                purpose,
+                user_id,
+                worker_id,
+            };
+            self.key.open(&context, sealed).map_err(|err| match err {
                 sealing::SealError::Cipher(err) => err,
                 other => CipherError::SealerRefused {
                     status: 200,
@@ -523,11 +533,11 @@ impl SealerClient {
                 },
             })
         };
-        let credentials = open(&answer.credentials)?;
+        let credentials = open(sealing::Purpose::Credentials, &answer.credentials)?;
         let redis_login = match &answer.redis {
             None => None,
             Some(sealed) => {
-                let login = open(sealed)?;
+                let login = open(sealing::Purpose::RedisLogin, sealed)?;
                 let field = |name: &str| login.get(name).map(|v| v.expose().to_owned());
                 match (field("user"), field("password")) {
                     (Some(user), Some(password)) => Some(RedisLogin { user, password }),

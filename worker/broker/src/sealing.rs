@@ -4,28 +4,73 @@
 //! decrypt blobs, seals the user's credentials to that key. A worker thus
 //! never holds anything that opens a stored blob, only what was sealed to it.
 //!
-//! The construction is the usual one-shot ECIES (as HPKE's base mode): a
-//! fresh sender key per seal, X25519 with the worker's key, HKDF-SHA256 over
-//! the shared secret (salt: both public keys; info: a fixed label), and
-//! AES-256-GCM with the user id as associated data, so a sealed box opened
-//! for another user fails as a blob would.
+//! The box is HPKE (RFC 9180, the `hpke` crate) in base mode:
+//! DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM. Its `info` binds
+//! the box to what it is for ([`SealContext`]: purpose, user, worker), so a
+//! box sealed for one worker, user or purpose does not open as another; the
+//! user id is also the associated data, as for a stored blob.
 
-use aes_gcm::{Aes256Gcm, KeyInit};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use hkdf::Hkdf;
+use hpke::{Deserializable, OpModeR, OpModeS, Serializable};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use x25519_dalek::{PublicKey, StaticSecret};
 use zeroize::Zeroizing;
 
-use crate::credentials::{self, CipherError, Credentials};
+use crate::credentials::{CipherError, Credentials};
 
-/// The sealed form's version (`v`).
-pub const SEALED_VERSION: u64 = 1;
+type Kem = hpke::kem::X25519HkdfSha256;
+type Kdf = hpke::kdf::HkdfSha256;
+type Aead = hpke::aead::AesGcm256;
 
-/// HKDF's `info`: binds the derived key to this use and version.
-const KDF_INFO: &[u8] = b"leasehold credential seal v1";
+/// The sealed form's version (`v`): 2 is HPKE (1 was a hand-assembled
+/// X25519 + HKDF + AES-GCM box).
+pub const SEALED_VERSION: u64 = 2;
+
+/// What a sealed box is for: the user's credentials, or the per-claim Redis
+/// login that comes with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The user's broker credentials.
+    Credentials,
+    /// The worker's per-claim Redis login.
+    RedisLogin,
+}
+
+impl Purpose {
+    fn label(self) -> &'static str {
+        match self {
+            Purpose::Credentials => "credentials",
+            Purpose::RedisLogin => "redis-login",
+        }
+    }
+}
+
+/// Everything a box is bound to (HPKE `info`): a box opened under any other
+/// context does not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealContext<'a> {
+    /// What the box holds.
+    pub purpose: Purpose,
+    /// The user whose secret it is.
+    pub user_id: &'a str,
+    /// The worker it is sealed to.
+    pub worker_id: &'a str,
+}
+
+impl SealContext<'_> {
+    /// HPKE's `info`: a label, then each field length-prefixed, so no two
+    /// contexts share an encoding.
+    fn info(&self) -> Vec<u8> {
+        let mut info = b"leasehold seal v2".to_vec();
+        for field in [self.purpose.label(), self.user_id, self.worker_id] {
+            let len = u16::try_from(field.len()).unwrap_or(u16::MAX);
+            info.extend_from_slice(&len.to_be_bytes());
+            info.extend_from_slice(field.as_bytes());
+        }
+        info
+    }
+}
 
 /// Why a key or a sealed box could not be used. Never carries key or
 /// plaintext bytes.
@@ -40,7 +85,8 @@ pub enum SealError {
     /// A sealed box with a missing or malformed field, or another version.
     #[error("sealed credentials: field `{0}` is missing or malformed")]
     Malformed(&'static str),
-    /// The box did not open: sealed to another key or user, or tampered.
+    /// The box did not open: sealed to another key, user, worker or
+    /// purpose, or tampered.
     #[error(transparent)]
     Cipher(#[from] CipherError),
 }
@@ -50,11 +96,9 @@ pub enum SealError {
 pub struct SealedCredentials {
     /// [`SEALED_VERSION`].
     pub v: u64,
-    /// The sender's one-time X25519 public key (standard base64).
-    pub epk: String,
-    /// AES-GCM nonce (standard base64, 12 bytes).
-    pub nonce: String,
-    /// AES-GCM ciphertext and tag of the credentials JSON (standard base64).
+    /// HPKE's encapsulated key (standard base64, 32 bytes).
+    pub enc: String,
+    /// HPKE's ciphertext and tag of the credentials JSON (standard base64).
     pub ciphertext: String,
 }
 
@@ -87,50 +131,69 @@ impl SealingKey {
         STANDARD.encode(self.public.as_bytes())
     }
 
-    /// Opens credentials sealed to this key for `user_id`.
+    /// Opens a box sealed to this key under `context`.
     pub fn open(
         &self,
-        user_id: &str,
+        context: &SealContext<'_>,
         sealed: &SealedCredentials,
     ) -> Result<Credentials, SealError> {
         if sealed.v != SEALED_VERSION {
             return Err(SealError::Malformed("v"));
         }
-        let epk = parse_public_key(&sealed.epk).map_err(|_| SealError::Malformed("epk"))?;
-        let nonce = STANDARD
-            .decode(&sealed.nonce)
-            .map_err(|_| SealError::Malformed("nonce"))?;
+        let enc = STANDARD
+            .decode(&sealed.enc)
+            .ok()
+            .and_then(|raw| <Kem as hpke::Kem>::EncappedKey::from_bytes(&raw).ok())
+            .ok_or(SealError::Malformed("enc"))?;
         let ciphertext = STANDARD
             .decode(&sealed.ciphertext)
             .map_err(|_| SealError::Malformed("ciphertext"))?;
-        let shared = self.secret.diffie_hellman(&epk);
-        if !shared.was_contributory() {
-            return Err(SealError::WeakPublicKey);
-        }
-        let cipher = box_cipher(shared.as_bytes(), &epk, &self.public);
-        Ok(credentials::open(&cipher, user_id, &nonce, &ciphertext)?)
+        let secret = Zeroizing::new(self.secret.to_bytes());
+        let private = <Kem as hpke::Kem>::PrivateKey::from_bytes(secret.as_slice())
+            .map_err(|_| SealError::Cipher(CipherError::DoesNotDecrypt))?;
+        let plaintext = hpke::single_shot_open::<Aead, Kdf, Kem>(
+            &OpModeR::Base,
+            &private,
+            &enc,
+            &context.info(),
+            &ciphertext,
+            context.user_id.as_bytes(),
+        )
+        .map(Zeroizing::new)
+        .map_err(|_| SealError::Cipher(CipherError::DoesNotDecrypt))?;
+        Ok(Credentials::from_json(&plaintext)?)
     }
 }
 
-/// Seals `plaintext` (a credentials JSON object) for `user_id` to the worker
-/// key `seal_key` (standard base64), with a one-time sender key.
+/// Seals `plaintext` (a JSON object of strings) to the worker key `seal_key`
+/// (standard base64) under `context`, with a fresh encapsulation per seal.
 pub fn seal_to(
     seal_key: &str,
-    user_id: &str,
+    context: &SealContext<'_>,
     plaintext: &[u8],
 ) -> Result<SealedCredentials, SealError> {
     let recipient = parse_public_key(seal_key)?;
-    let sender = SealingKey::generate();
-    let shared = sender.secret.diffie_hellman(&recipient);
-    if !shared.was_contributory() {
+    if recipient.as_bytes().iter().all(|b| *b == 0) {
         return Err(SealError::WeakPublicKey);
     }
-    let cipher = box_cipher(shared.as_bytes(), &sender.public, &recipient);
-    let (nonce, ciphertext) = credentials::seal(&cipher, user_id, plaintext)?;
+    let recipient = <Kem as hpke::Kem>::PublicKey::from_bytes(recipient.as_bytes())
+        .map_err(|_| SealError::BadPublicKey)?;
+    // A low-order recipient key makes the DH output all zero, which HPKE's
+    // encapsulation refuses.
+    let (enc, ciphertext) = hpke::single_shot_seal::<Aead, Kdf, Kem>(
+        &OpModeS::Base,
+        &recipient,
+        &context.info(),
+        plaintext,
+        context.user_id.as_bytes(),
+    )
+    .map_err(|err| match err {
+        hpke::HpkeError::EncapError => SealError::WeakPublicKey,
+        _ => SealError::Cipher(CipherError::Encrypt),
+    })?;
     Ok(SealedCredentials {
         v: SEALED_VERSION,
-        epk: sender.public_base64(),
-        nonce: STANDARD.encode(nonce),
+        enc: STANDARD.encode(enc.to_bytes()),
         ciphertext: STANDARD.encode(ciphertext),
     })
 }
@@ -145,72 +208,78 @@ pub fn parse_public_key(text: &str) -> Result<PublicKey, SealError> {
     Ok(PublicKey::from(bytes))
 }
 
-/// The box's AES key: HKDF-SHA256 over the shared secret, salted with both
-/// public keys (sender first) so a box is bound to exactly this pair.
-fn box_cipher(shared: &[u8; 32], sender: &PublicKey, recipient: &PublicKey) -> Aes256Gcm {
-    let mut salt = [0u8; 64];
-    salt[..32].copy_from_slice(sender.as_bytes());
-    salt[32..].copy_from_slice(recipient.as_bytes());
-    let kdf = Hkdf::<Sha256>::new(Some(&salt), shared);
-    let mut key = Zeroizing::new([0u8; 32]);
-    kdf.expand(KDF_INFO, key.as_mut_slice())
-        .expect("32 bytes is a valid HKDF-SHA256 output length");
-    Aes256Gcm::new_from_slice(key.as_slice()).expect("a 32-byte key")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const SECRET: &[u8] = br#"{"api_key": "CANARY-sealed", "account_id": "A1"}"#;
 
+    fn for_alice(worker_id: &str) -> SealContext<'_> {
+        SealContext {
+            purpose: Purpose::Credentials,
+            user_id: "alice",
+            worker_id,
+        }
+    }
+
     #[test]
-    fn a_sealed_box_opens_with_its_key_for_its_user_only() {
+    fn a_sealed_box_opens_with_its_key_for_its_user_worker_and_purpose_only() {
         let worker = SealingKey::generate();
-        let sealed = seal_to(&worker.public_base64(), "alice", SECRET).unwrap();
-        let credentials = worker.open("alice", &sealed).unwrap();
+        let context = for_alice("w1");
+        let sealed = seal_to(&worker.public_base64(), &context, SECRET).unwrap();
+        let credentials = worker.open(&context, &sealed).unwrap();
         assert_eq!(
             credentials.get("api_key").unwrap().expose(),
             "CANARY-sealed"
         );
-        // Another user's name (the associated data) or another worker's key: refused.
-        assert_eq!(
-            worker.open("bob", &sealed),
-            Err(SealError::Cipher(CipherError::DoesNotDecrypt))
-        );
-        let other = SealingKey::generate();
-        assert_eq!(
-            other.open("alice", &sealed),
-            Err(SealError::Cipher(CipherError::DoesNotDecrypt))
-        );
-        // A fresh sender key and nonce per seal.
-        let again = seal_to(&worker.public_base64(), "alice", SECRET).unwrap();
-        assert_ne!(again.epk, sealed.epk);
+        let refused = Err(SealError::Cipher(CipherError::DoesNotDecrypt));
+        // Another user, worker or purpose in the context, or another key.
+        for other in [
+            SealContext {
+                user_id: "bob",
+                ..context
+            },
+            SealContext {
+                worker_id: "w2",
+                ..context
+            },
+            SealContext {
+                purpose: Purpose::RedisLogin,
+                ..context
+            },
+        ] {
+            assert_eq!(worker.open(&other, &sealed), refused, "{other:?}");
+        }
+        assert_eq!(SealingKey::generate().open(&context, &sealed), refused);
+        // A fresh encapsulation per seal.
+        let again = seal_to(&worker.public_base64(), &context, SECRET).unwrap();
+        assert_ne!(again.enc, sealed.enc);
         assert!(!sealed.ciphertext.contains("CANARY"));
     }
 
     #[test]
     fn a_tampered_or_malformed_box_is_refused_without_echo() {
         let worker = SealingKey::generate();
-        let mut sealed = seal_to(&worker.public_base64(), "alice", SECRET).unwrap();
-        // A swapped sender key changes the derived key.
-        sealed.epk = SealingKey::generate().public_base64();
+        let context = for_alice("w1");
+        let mut sealed = seal_to(&worker.public_base64(), &context, SECRET).unwrap();
+        // Another encapsulated key derives another key.
+        sealed.enc = SealingKey::generate().public_base64();
         assert_eq!(
-            worker.open("alice", &sealed),
+            worker.open(&context, &sealed),
             Err(SealError::Cipher(CipherError::DoesNotDecrypt))
         );
-        sealed.epk = "not base64".into();
+        sealed.enc = "not base64".into();
         assert_eq!(
-            worker.open("alice", &sealed),
-            Err(SealError::Malformed("epk"))
+            worker.open(&context, &sealed),
+            Err(SealError::Malformed("enc"))
         );
         assert_eq!(
-            seal_to("c2hvcnQ=", "alice", SECRET),
+            seal_to("c2hvcnQ=", &context, SECRET),
             Err(SealError::BadPublicKey)
         );
         // The all-zero point makes a known shared secret.
         assert_eq!(
-            seal_to(&STANDARD.encode([0u8; 32]), "alice", SECRET),
+            seal_to(&STANDARD.encode([0u8; 32]), &context, SECRET),
             Err(SealError::WeakPublicKey)
         );
         assert!(!format!("{worker:?}").contains(&STANDARD.encode(worker.secret.as_bytes())));
