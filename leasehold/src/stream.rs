@@ -119,6 +119,10 @@ pub(crate) async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure>
         }
         other => other.context("cannot declare the lease mode")?,
     }
+    match leasehold_sink::require_noeviction(settings.sink_url.expose()).await {
+        Err(leasehold_sink::SinkError::Config(problem)) => Err(ConfigError::one(problem))?,
+        other => other.context("cannot check the sink's eviction policy")?,
+    }
     let sink = leasehold_sink::open(settings.sink_url.expose(), settings.sink)
         .await
         .context("cannot open the sink")?;

@@ -801,8 +801,9 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
 }
 
 /// A Redis that may evict keys is refused at start (exit 2, naming the
-/// setting and the policy) by every role that writes the pool bus, under its
-/// own user; `noeviction` lets the same command run.
+/// setting and the policy) by every role that writes the pool bus, and by the
+/// stream worker's sink check, each under its own user; `noeviction` lets the
+/// same commands run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_pool_role_refuses_a_redis_that_evicts_keys() {
     let _serial = serial().await;
@@ -842,6 +843,13 @@ async fn every_pool_role_refuses_a_redis_that_evicts_keys() {
         ("api", &["credentials", "put", "u-evict"], Some(credentials)),
     ];
     set_policy("allkeys-lru").await;
+    // The stream worker's sink, under its own user, before it opens the sink.
+    let refused_sink = leasehold_sink::require_noeviction(&redis.url("stream-worker")).await;
+    assert!(
+        matches!(&refused_sink, Err(leasehold_sink::SinkError::Config(problem))
+            if problem.starts_with("SINK_URL: Redis runs with maxmemory-policy allkeys-lru")),
+        "{refused_sink:?}"
+    );
     for (role, args, stdin) in commands {
         let (status, output) = run_leasehold(args, &as_role(role), stdin);
         assert_eq!(status.code(), Some(2), "{role} {args:?}: {output}");
@@ -852,6 +860,9 @@ async fn every_pool_role_refuses_a_redis_that_evicts_keys() {
         assert!(!output.contains(&password(role)), "{output}");
     }
     set_policy("noeviction").await;
+    leasehold_sink::require_noeviction(&redis.url("stream-worker"))
+        .await
+        .unwrap();
     for (role, args, stdin) in commands {
         let (status, output) = run_leasehold(args, &as_role(role), stdin);
         assert!(status.success(), "{role} {args:?}: {output}");

@@ -351,6 +351,28 @@ impl OpenedStreams {
     }
 }
 
+/// Refuses a sink Redis that may evict keys (`maxmemory-policy` other than
+/// `noeviction`): an evicted stream is data lost for every reader. A
+/// single-node URL is checked with `INFO memory`; `memory:` needs nothing;
+/// a Redis Cluster is not checked here (each node has its own policy: set
+/// `noeviction` in its parameter group, as deploy/README says).
+pub async fn require_noeviction(url: &str) -> Result<(), SinkError> {
+    let url::SinkUrl::Redis(node) = url::SinkUrl::parse(url).map_err(SinkError::Config)? else {
+        return Ok(());
+    };
+    let client = ::redis::Client::open(node.as_str())
+        .map_err(|err| SinkError::Config(format!("invalid SINK_URL ({:?})", err.kind())))?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|err| {
+            SinkError::Unavailable(format!("cannot reach the sink ({:?})", err.kind()))
+        })?;
+    leasehold_platform::redis_memory::require_noeviction(&mut connection, "SINK_URL")
+        .await
+        .map_err(|err| SinkError::Config(err.to_string()))
+}
+
 /// Opens the sink a `SINK_URL` names ([`url::SinkUrl`]).
 pub async fn open(url: &str, options: SinkOptions) -> Result<Arc<dyn FencedSink>, SinkError> {
     match url::SinkUrl::parse(url).map_err(SinkError::Config)? {
