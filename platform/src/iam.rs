@@ -12,9 +12,10 @@
 //! call is reported), and the real-process tests run each subcommand's real
 //! paths under its declaration, so the policy cannot lag behind the code.
 //!
-//! The local launcher and the in-memory stores ask too (for the ECS / DynamoDB
-//! call the deployed component would make there), so `dev` and the tests
-//! exercise the same declarations. Without a declaration (library tests, `dev`)
+//! The local launcher asks too (for the ECS call the deployed launcher would
+//! make), so the real-process broker tests, which launch local processes,
+//! exercise the same declarations; the in-memory lease store does not (only
+//! `dev` uses it, undeclared). Without a declaration (library tests, `dev`)
 //! every call passes.
 
 use std::fmt;
