@@ -135,10 +135,7 @@ async fn warm_claims(
             let _: () = redis.set(keys::credentials(&user), &blob).await.unwrap();
             let claim_id = format!("claim-{user}");
             let claim = serde_json::json!({"user_id": user, "encrypted_credentials": blob, "claim_id": claim_id, "enqueued_at": 0});
-            let grant = CredentialsGrant {
-                reason: GrantReason::Claim,
-                granted_at: 0,
-            };
+            let grant = CredentialsGrant::new(GrantReason::Claim, 0).for_claim(&claim_id);
             let started = Instant::now();
             if sealer_url.is_some() {
                 let _: () = redis

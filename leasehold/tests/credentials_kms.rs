@@ -240,6 +240,7 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
                 // user confined to alice's keys (the pool-wide
                 // `broker-worker` user reaches no user's queues).
                 ("SEALER_CLAIM_REDIS_USERS", "true"),
+                ("SEALER_SWEEP_INTERVAL_MS", "300"),
             ]),
         ]),
     );
@@ -300,6 +301,35 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
     );
     let response = round_trip(&mut redis, &alice).await;
     assert_eq!(response["status"], "ok", "{response}");
+    // Redis does not replicate users: a failover or an `ACL LOAD` drops the
+    // claim user and ends the worker's connections. The sealer makes it again
+    // from its holder record, and the worker serves on with the login it has.
+    let claim_user = leasehold_pool::claim_users::claim_user_name(&alice);
+    let _: u64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&claim_user)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let names: Vec<String> = redis::cmd("ACL")
+            .arg("USERS")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        if names.contains(&claim_user) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{claim_user} never came back\n{}",
+            sealer.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let response = round_trip(&mut redis, &alice).await;
+    assert_eq!(response["status"], "ok", "{response}\n{}", worker.output());
 
     // No core dumps: soft and hard limit 0.
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
@@ -374,8 +404,8 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
     assert_refused("the worker's own Redis user reads bob's blob", read);
     // Its seal key, as published in alice's mark: the sealer gives it no bob,
     // neither without a grant nor with one (it is not bob's worker).
-    let mark: String = redis.get(keys::worker_active(&alice)).await.unwrap();
-    let mark = leasehold_pool::protocol::MarkValue::parse(&mark).unwrap();
+    let mark_text: String = redis.get(keys::worker_active(&alice)).await.unwrap();
+    let mark = leasehold_pool::protocol::MarkValue::parse(&mark_text).unwrap();
     assert_eq!(mark.worker_id, worker_id);
     let ask_for_bob = serde_json::json!({
         "user_id": bob, "worker_id": worker_id, "seal_key": mark.seal_key.clone().unwrap(),
@@ -388,10 +418,11 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
     let _: () = redis
         .set_ex(
             keys::credentials_grant(&bob),
-            leasehold_pool::protocol::CredentialsGrant {
-                reason: leasehold_pool::protocol::GrantReason::Claim,
-                granted_at: 1,
-            }
+            leasehold_pool::protocol::CredentialsGrant::new(
+                leasehold_pool::protocol::GrantReason::Claim,
+                1,
+            )
+            .for_claim("claim-bob")
             .to_json(),
             60,
         )
@@ -402,9 +433,28 @@ async fn a_kms_mode_worker_is_hardened_serves_its_user_and_holds_nothing_that_op
         .unwrap();
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("is not the worker of user"), "{body}");
-    // Both refusals are counted where an alert sees them.
+    // Nor can it forge bob's mark to become his worker in the sealer's eyes:
+    // its Redis user writes no user's mark, nor the sealer's holder record.
+    for args in [
+        vec!["SET", &keys::worker_active(&bob), &mark_text],
+        vec!["DEL", &keys::worker_active(&alice)],
+        vec!["SET", &keys::seal_holder(&bob), "{}"],
+    ] {
+        refused(&acl, "broker-worker", &args).await;
+    }
+    // A second seal on alice's grant, by her own worker with its own key: the
+    // grant was used by the claim's seal.
+    let ask_for_alice = serde_json::json!({
+        "user_id": alice, "worker_id": worker_id, "seal_key": mark.seal_key.clone().unwrap(),
+    })
+    .to_string();
+    let (status, _, body) = http_post_json(&sealer_addr, SEAL_PATH, &ask_for_alice)
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{body}");
+    // Every refusal is counted where an alert sees it.
     let metrics = support::sealer_metrics(&sealer_addr).await;
-    for result in ["no_grant", "not_the_holder"] {
+    for result in ["no_grant", "not_the_holder", "grant_used"] {
         assert!(
             metrics.contains(&format!(
                 r#"leasehold_credential_seals_total{{result="{result}"}} 1"#

@@ -634,14 +634,24 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             .grant_credentials(&user, "{}", Duration::from_secs(60))
             .await,
     );
-    // The sealer reads and writes nothing else: no credentials, grants,
-    // marks, claims or queues.
+    // Nor make itself a user's holder: user marks and the sealer's holder
+    // record are not its to write (its own pool mark is).
+    for args in [
+        vec!["SET", &keys::worker_active(&user), "x"],
+        vec!["DEL", &keys::worker_active(&user)],
+        vec!["SET", &keys::seal_holder(&user), "x"],
+        vec!["SET", &keys::credentials_grant(&user), "x"],
+        vec!["ZADD", keys::SEAL_HOLDERS, "0", &user],
+    ] {
+        refused(&redis, "broker-worker", &args).await;
+    }
+    // The sealer writes only grants, user marks and holder records (its
+    // assign step): no credentials, claims or queues.
     for args in [
         vec!["SET", &keys::credentials(&user), "x"],
-        vec!["SET", &keys::credentials_grant(&user), "x"],
-        vec!["DEL", &keys::credentials_grant(&user)],
-        vec!["SET", &keys::worker_active(&user), "x"],
+        vec!["DEL", &keys::credentials(&user)],
         vec!["LPUSH", keys::POOL_CLAIMS, "x"],
+        vec!["LPUSH", &keys::claims_processing("w9"), "x"],
         vec!["LRANGE", &keys::user_requests(&user), "0", "-1"],
         vec!["GET", &keys::response(&user, &request_id)],
         vec!["SCAN", "0"],

@@ -597,6 +597,164 @@ pub async fn claims_go_through_the_takers_processing_list(target: &dyn BusTarget
     settling_claims(bus.as_ref()).await;
     requeueing_claims(bus.as_ref()).await;
     retiring_pool_workers(bus.as_ref()).await;
+    assigning_users(bus.as_ref()).await;
+}
+
+/// The sealer's assign step over its whole input domain
+/// ([`leasehold_pool::bus::assign::domain`]: every grant × holder record ×
+/// user mark × taken claims): the bus decides as the pure rule does, writes
+/// the mark, holder record and used grant only when it assigns, and changes
+/// nothing when it refuses.
+async fn assigning_users(bus: &dyn PoolBus) {
+    use leasehold_pool::bus::assign::{
+        AssignRequest, Assignment, MarkSeen, SealHolder, assign_rule, domain,
+    };
+    let long = Duration::from_secs(600);
+    let probe = domain::names("probe");
+    let (grants, holders, marks, taken) = (
+        domain::grants(&probe).len(),
+        domain::holders(&probe).len(),
+        domain::marks(&probe).len(),
+        domain::taken(&probe).len(),
+    );
+    let mut decisions = std::collections::BTreeMap::<&str, usize>::new();
+    for g in 0..grants {
+        for h in 0..holders {
+            for m in 0..marks {
+                for t in 0..taken {
+                    let n = domain::names(&unique_name("as"));
+                    let grant = domain::grants(&n).swap_remove(g);
+                    let holder = domain::holders(&n).swap_remove(h);
+                    let mark = domain::marks(&n).swap_remove(m);
+                    let claims = domain::taken(&n).swap_remove(t);
+                    let case = format!(
+                        "grant {grant:?}, holder {holder:?}, mark {mark:?}, taken {claims:?}"
+                    );
+                    if let Some(grant) = &grant {
+                        bus.grant_credentials(&n.user, grant, long).await.unwrap();
+                    }
+                    if let Some(holder) = &holder {
+                        assert!(
+                            bus.set_if_absent(&keys::seal_holder(&n.user), holder, long)
+                                .await
+                                .unwrap()
+                        );
+                    }
+                    if let Some(mark) = &mark {
+                        assert!(
+                            bus.set_if_absent(&keys::worker_active(&n.user), mark, long)
+                                .await
+                                .unwrap()
+                        );
+                    }
+                    for claim in &claims {
+                        file_claim(bus, &n.worker, claim).await;
+                    }
+                    let asker = n.asker();
+                    let expected = assign_rule(
+                        &asker,
+                        grant.as_deref(),
+                        holder.as_deref(),
+                        &MarkSeen::of(mark.as_deref()),
+                        &claims,
+                    );
+                    let new_mark = format!(
+                        r#"{{"worker_id":"{}","user_id":"{}","seal":"new"}}"#,
+                        n.worker, n.user
+                    );
+                    let decided = bus
+                        .assign_user(&AssignRequest {
+                            asker,
+                            mark: &new_mark,
+                            mark_ttl: Duration::from_secs(30),
+                            login_hash: "H",
+                        })
+                        .await
+                        .unwrap();
+                    assert_eq!(decided, expected, "{case}");
+                    *decisions.entry(decided.word()).or_default() += 1;
+                    let stored_grant = bus.get(&keys::credentials_grant(&n.user)).await.unwrap();
+                    let stored_holder = bus.get(&keys::seal_holder(&n.user)).await.unwrap();
+                    let stored_mark = bus.get(&keys::worker_active(&n.user)).await.unwrap();
+                    let used_by = stored_grant.as_deref().and_then(|grant| {
+                        serde_json::from_str::<serde_json::Value>(grant)
+                            .ok()
+                            .and_then(|grant| {
+                                grant
+                                    .get("used_by")
+                                    .and_then(|w| w.as_str())
+                                    .map(str::to_owned)
+                            })
+                    });
+                    match &decided {
+                        Assignment::Assigned { bound_to } => {
+                            assert_eq!(used_by.as_deref(), Some(n.worker.as_str()), "{case}");
+                            assert_eq!(stored_mark.as_deref(), Some(new_mark.as_str()), "{case}");
+                            let written: SealHolder =
+                                serde_json::from_str(&stored_holder.unwrap()).unwrap();
+                            assert_eq!(
+                                written,
+                                domain::written_holder(&n, bound_to, "H"),
+                                "{case}"
+                            );
+                            let ttl = bus
+                                .ttl_ms(&keys::worker_active(&n.user))
+                                .await
+                                .unwrap()
+                                .unwrap();
+                            assert!((1..=30_000).contains(&ttl), "{case}: mark ttl {ttl}");
+                            let ttl = bus
+                                .ttl_ms(&keys::credentials_grant(&n.user))
+                                .await
+                                .unwrap()
+                                .unwrap();
+                            assert!(ttl > 30_000, "{case}: the used grant keeps its ttl: {ttl}");
+                        }
+                        Assignment::Renewed { .. } => {
+                            assert_eq!(used_by.as_deref(), Some(n.worker.as_str()), "{case}");
+                            assert_eq!(stored_mark, mark, "{case}");
+                            assert_eq!(stored_holder, holder, "{case}");
+                        }
+                        _ => {
+                            assert_eq!(stored_grant, grant, "{case}");
+                            assert_eq!(stored_mark, mark, "{case}");
+                            assert_eq!(stored_holder, holder, "{case}");
+                        }
+                    }
+                    if !claims.is_empty() {
+                        drain_taken(bus, &n.worker).await;
+                    }
+                }
+            }
+        }
+    }
+    // Every decision is reached somewhere in the domain.
+    for word in [
+        "assigned",
+        "renewed",
+        "no_grant",
+        "grant_used",
+        "not_bound",
+        "held",
+    ] {
+        assert!(
+            decisions.contains_key(word),
+            "{word} never decided: {decisions:?}"
+        );
+    }
+}
+
+/// Drops the claims `worker` has taken (so the case leaves nothing behind).
+async fn drain_taken(bus: &dyn PoolBus, worker: &str) {
+    for raw in bus
+        .list_items(&keys::claims_processing(worker))
+        .await
+        .unwrap()
+    {
+        bus.fail_claim(worker, raw.as_bytes(), None, "assign case done", 1)
+            .await
+            .unwrap();
+    }
 }
 
 /// This test's entries of the global `pool:idle`, as (worker, mark), by worker.

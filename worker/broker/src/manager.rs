@@ -19,7 +19,7 @@ use leasehold_pool::state::PoolState;
 use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{LaunchError, TaskLauncher};
-use crate::sealer::grant_credentials;
+use crate::sealer::{grant_credentials, new_grant};
 use leasehold_pool::bus::{BusError, Inspect, PoolBus};
 use leasehold_pool::protocol::{ClaimMessage, ClaimOutcome, GrantReason, MarkValue, ParseError};
 
@@ -100,8 +100,11 @@ pub async fn claim_user(
         return Err(PoolError::NoCredentials(keys::credentials(user_id)));
     };
     if idle_pool_workers(bus).await?.is_empty() {
-        grant_credentials(bus, user_id, GrantReason::ColdStart).await?;
+        // After the launch: the grant names the task, the one worker that
+        // may use it (the worker asks again until the grant is there).
         let task_id = launcher.start(Some(user_id)).await?;
+        let grant = new_grant(GrantReason::ColdStart).for_task(&task_id);
+        grant_credentials(bus, user_id, &grant).await?;
         return Ok(ClaimPath::ColdStart { task_id });
     }
     let now = SystemClock.now_ms();
@@ -114,7 +117,8 @@ pub async fn claim_user(
         enqueued_at: u64::try_from(now).unwrap_or(0),
     };
     // Before the push: the worker that takes the claim asks the sealer at once.
-    grant_credentials(bus, user_id, GrantReason::Claim).await?;
+    let grant = new_grant(GrantReason::Claim).for_claim(&claim.claim_id);
+    grant_credentials(bus, user_id, &grant).await?;
     bus.push_claim(&claim.to_json()).await?;
     Ok(ClaimPath::PoolClaim {
         claim_id: claim.claim_id,

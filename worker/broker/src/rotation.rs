@@ -125,7 +125,8 @@ async fn rotate_one(
     let reloaded = bus.user_is_active(user_id).await?;
     if reloaded {
         // The worker asks the sealer for the new blob's credentials.
-        crate::sealer::grant_credentials(bus, user_id, GrantReason::Reload).await?;
+        let grant = crate::sealer::new_grant(GrantReason::Reload);
+        crate::sealer::grant_credentials(bus, user_id, &grant).await?;
         bus.push_control(user_id, r#"{"type": "reload_credentials"}"#)
             .await?;
     }

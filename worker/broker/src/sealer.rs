@@ -4,18 +4,20 @@
 //! user's credentials over HTTP and gets them sealed to the key in its mark
 //! ([`crate::sealing`]); the broker task itself holds no decrypt capability.
 //!
-//! The sealer answers only when, at that moment:
-//! 1. a trusted component granted the user's credentials
-//!    (`pool:grant:{user_id}`, written by the claim path, supervision's cold
-//!    start or `credentials rotate`, none of which a broker worker may write);
-//! 2. the asking worker is the user's worker: `worker:active:{user_id}` names
-//!    it with the same `seal_key`, or (before the claim step) no one holds the
-//!    user, the worker's pool mark carries that `seal_key` and its
-//!    `pool:claims:processing:{worker_id}` holds a claim for the user.
+//! The sealer alone decides who holds a user
+//! ([`leasehold_pool::bus::assign`]): in one atomic step it consumes the
+//! user's grant (`pool:grant:{user_id}`, written by the claim path,
+//! supervision's cold start or `credentials rotate`, none of which a broker
+//! worker may write), checks the grant is bound to the asker (its claim in
+//! the asker's own claim list, or its launched task) and that no other worker
+//! holds the user, and sets the user's mark for the asker. A second seal on
+//! one grant is refused and counted (`grant_used`). Broker workers may read
+//! user marks but not write them, so nothing a worker can write makes the
+//! sealer answer it for another user.
 //!
-//! What this does not stop is written in `deploy/README.md`: every broker
-//! worker shares one Redis user, so a compromised one can race for a user
-//! while a grant is live (as it can take any claim from the queue).
+//! What this does not stop is written in `deploy/README.md` ("Credential
+//! isolation"): a compromised pool worker can take any claim from the queue,
+//! as a healthy one does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,10 +32,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use leasehold_control::clock::{Clock, SystemClock};
+use leasehold_pool::bus::assign::{Asker, AssignRequest, Assignment};
 use leasehold_pool::bus::{BusError, PoolBus};
-use leasehold_pool::claim_users::{ClaimUsers, RedisLogin};
+use leasehold_pool::claim_users::{self, ClaimUsers, RedisLogin};
 use leasehold_pool::keys;
-use leasehold_pool::protocol::{self, GrantReason, MarkValue};
+use leasehold_pool::protocol::{self, CredentialsGrant, GrantReason, MarkValue};
 use leasehold_pool::state::PoolState;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
@@ -48,8 +51,9 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:9480";
 pub const SEAL_PATH: &str = "/v1/seal";
 
 /// `leasehold_credential_seals_total{result}`: every seal request by outcome.
-/// Refusals other than `unavailable` mean a misconfigured claimer (`no_grant`)
-/// or a worker asking for a user that is not its own (`not_the_holder`).
+/// Refusals other than `unavailable` mean a misconfigured claimer (`no_grant`),
+/// a worker asking for a user that is not its own (`not_the_holder`) or a
+/// second seal on one grant (`grant_used`).
 pub const SEALS_TOTAL: &str = "leasehold_credential_seals_total";
 
 /// Every metric the sealer exports on `GET /metrics` (docs/metrics.md).
@@ -60,6 +64,7 @@ pub const SEAL_RESULTS: &[&str] = &[
     "sealed",
     "bad_request",
     "no_grant",
+    "grant_used",
     "not_the_holder",
     "no_credentials",
     "does_not_decrypt",
@@ -93,6 +98,14 @@ pub struct SealRequest {
     pub worker_id: String,
     /// The worker's public key, as its marks carry it.
     pub seal_key: String,
+    /// The worker's task (ECS task ARN, or `local-{pid}`): a cold-start
+    /// grant is bound to it.
+    #[serde(default)]
+    pub task_id: String,
+    /// The TTL of the user's mark the sealer sets for the worker (ms; 0 = the
+    /// default), until the worker's first heartbeat rewrites it.
+    #[serde(default)]
+    pub mark_ttl_ms: u64,
 }
 
 /// The sealer's answer: the user's credentials and, when the sealer makes
@@ -117,9 +130,11 @@ pub struct Unsealed {
     pub redis_login: Option<RedisLogin>,
 }
 
-/// How often the sealer deletes claim users whose user has no worker, by
-/// default (`SEALER_SWEEP_INTERVAL_MS`).
-pub const CLAIM_USER_SWEEP: Duration = Duration::from_secs(30);
+/// How often the sealer sweeps claim users by default
+/// (`SEALER_SWEEP_INTERVAL_MS`): well inside a mark's TTL, so a claimed
+/// worker whose login a failover dropped gets it back before its heartbeats
+/// run out.
+pub const CLAIM_USER_SWEEP: Duration = Duration::from_secs(5);
 
 /// Why the sealer did not seal (each maps to one HTTP status; the message
 /// names ids and reasons, never a secret).
@@ -133,7 +148,13 @@ pub enum SealRefusal {
         "no credentials grant for user {0} (pool:grant:{0}): only a claim, a cold start or a reload by a trusted component grants them"
     )]
     NoGrant(String),
-    /// The asking worker neither holds nor is claiming the user with that key.
+    /// The grant was used by an earlier seal: one seal per grant.
+    #[error(
+        "the credentials grant of user {0} was used already: one seal per grant (a claim, cold start or reload grants again)"
+    )]
+    GrantUsed(String),
+    /// The grant is not bound to the asking worker, or another worker holds
+    /// the user.
     #[error("worker {worker_id} is not the worker of user {user_id} with this seal_key")]
     NotTheHolder {
         /// The user asked for.
@@ -164,6 +185,7 @@ impl SealRefusal {
         match self {
             SealRefusal::BadRequest(_) => "bad_request",
             SealRefusal::NoGrant(_) => "no_grant",
+            SealRefusal::GrantUsed(_) => "grant_used",
             SealRefusal::NotTheHolder { .. } => "not_the_holder",
             SealRefusal::NoCredentials(_) => "no_credentials",
             SealRefusal::DoesNotDecrypt { .. } => "does_not_decrypt",
@@ -176,6 +198,7 @@ impl SealRefusal {
         match self {
             SealRefusal::BadRequest(_) => StatusCode::BAD_REQUEST,
             SealRefusal::NoGrant(_) | SealRefusal::NotTheHolder { .. } => StatusCode::FORBIDDEN,
+            SealRefusal::GrantUsed(_) => StatusCode::CONFLICT,
             SealRefusal::NoCredentials(_) => StatusCode::NOT_FOUND,
             SealRefusal::DoesNotDecrypt { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             SealRefusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -189,43 +212,34 @@ impl From<BusError> for SealRefusal {
     }
 }
 
-/// Grants `user_id`'s credentials to its worker for
+/// A grant for `reason` written now; bind it with
+/// [`CredentialsGrant::for_claim`] or [`CredentialsGrant::for_task`].
+pub fn new_grant(reason: GrantReason) -> CredentialsGrant {
+    CredentialsGrant::new(reason, u64::try_from(SystemClock.now_ms()).unwrap_or(0))
+}
+
+/// Grants `user_id`'s credentials to its next worker for
 /// [`protocol::GRANT_TTL`]: what a trusted component does before it pushes a
-/// claim, launches a cold start or sends `reload_credentials`.
+/// claim (bound to the claim), after it launches a cold start (bound to the
+/// task) or before it sends `reload_credentials` (bound to the holder).
 pub async fn grant_credentials(
     bus: &dyn PoolBus,
     user_id: &str,
-    reason: protocol::GrantReason,
+    grant: &CredentialsGrant,
 ) -> Result<(), BusError> {
-    let grant = protocol::CredentialsGrant {
-        reason,
-        granted_at: u64::try_from(SystemClock.now_ms()).unwrap_or(0),
-    };
     bus.grant_credentials(user_id, &grant.to_json(), protocol::GRANT_TTL)
         .await
 }
 
-/// Whether `worker_id` with `seal_key` is the user's worker, from what Redis
-/// holds: the user's mark, the worker's pool mark and its claim list. Pure,
-/// so every rule has a test without Redis.
-pub fn is_the_users_worker(
-    request: &SealRequest,
-    user_mark: Option<&MarkValue>,
-    pool_mark: Option<&MarkValue>,
-    taken_claims: &[String],
-) -> bool {
-    let same_key = |mark: &MarkValue| mark.seal_key.as_deref() == Some(request.seal_key.as_str());
-    match user_mark {
-        // The user is served: only by its holder, with the key it published.
-        Some(mark) => mark.worker_id == request.worker_id && same_key(mark),
-        // Not served yet: a pool worker between taking the user's claim and
-        // the claim step (which needs the credentials first).
-        None => {
-            pool_mark.is_some_and(|mark| mark.worker_id == request.worker_id && same_key(mark))
-                && taken_claims.iter().any(|raw| {
-                    protocol::parse_claim(raw).is_ok_and(|claim| claim.user_id == request.user_id)
-                })
-        }
+/// The mark TTL the sealer sets when the asker names none.
+const DEFAULT_MARK_TTL: Duration = Duration::from_secs(30);
+
+/// The mark TTL a request may ask for: long enough for a slow first
+/// heartbeat, short enough that a worker that dies at once frees the user.
+fn mark_ttl(requested_ms: u64) -> Duration {
+    match requested_ms {
+        0 => DEFAULT_MARK_TTL,
+        ms => Duration::from_millis(ms).clamp(Duration::from_secs(1), Duration::from_secs(600)),
     }
 }
 
@@ -268,11 +282,17 @@ impl CredentialSealer {
         self
     }
 
-    /// Deletes the claim users whose user has no worker and no grant.
-    pub async fn sweep_claim_users(&self) -> Result<u64, BusError> {
+    /// Deletes the claim users whose user has no worker and no grant, and
+    /// makes again those a failover or an `ACL LOAD` dropped while their
+    /// holder still holds the user. Returns (deleted, restored).
+    pub async fn sweep_claim_users(&self) -> Result<(u64, u64), BusError> {
         match &self.claim_users {
-            Some(claim_users) => claim_users.sweep(self.bus.as_ref()).await,
-            None => Ok(0),
+            Some(claim_users) => {
+                let restored = claim_users.restore().await?;
+                let deleted = claim_users.sweep(self.bus.as_ref()).await?;
+                Ok((deleted, restored))
+            }
+            None => Ok((0, 0)),
         }
     }
 
@@ -286,22 +306,14 @@ impl CredentialSealer {
         sealing::parse_public_key(&request.seal_key)
             .map_err(|err| SealRefusal::BadRequest(err.to_string()))?;
         let user_id = request.user_id.as_str();
-        let Some(grant) = self.bus.credentials_grant(user_id).await? else {
-            return Err(SealRefusal::NoGrant(user_id.to_owned()));
-        };
-        let user_mark = self.bus.user_mark(user_id).await?;
-        let (pool_mark, taken) = if user_mark.is_none() {
-            let pool_mark = self.bus.pool_mark(&request.worker_id).await?;
-            let taken = self.bus.claims_taken_by(&request.worker_id).await?;
-            (pool_mark, taken)
-        } else {
-            (None, Vec::new())
-        };
-        if !is_the_users_worker(request, user_mark.as_ref(), pool_mark.as_ref(), &taken) {
-            return Err(SealRefusal::NotTheHolder {
-                user_id: user_id.to_owned(),
-                worker_id: request.worker_id.clone(),
-            });
+        // A read-only look first: no KMS call for a request that cannot be
+        // answered. The assign step below decides; this only saves work.
+        match self.bus.credentials_grant(user_id).await? {
+            None => return Err(SealRefusal::NoGrant(user_id.to_owned())),
+            Some(Some(grant)) if grant.used_by.is_some() => {
+                return Err(SealRefusal::GrantUsed(user_id.to_owned()));
+            }
+            Some(_) => {}
         }
         let blob = self
             .bus
@@ -319,23 +331,69 @@ impl CredentialSealer {
                         problem: err.to_string(),
                     },
                 })?;
+        let ttl = mark_ttl(request.mark_ttl_ms);
+        let now = u64::try_from(SystemClock.now_ms()).unwrap_or(0);
+        let mark = MarkValue {
+            worker_id: request.worker_id.clone(),
+            task_id: request.task_id.clone(),
+            user_id: user_id.to_owned(),
+            heartbeat_at: now,
+            started_at: now,
+            sidecar_url: None,
+            ttl_ms: Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            heartbeat_interval_ms: None,
+            seal_key: Some(request.seal_key.clone()),
+        }
+        .to_json();
+        // Made before the step, so the holder record keeps its hash (the
+        // login survives a failover); handed out only if the step assigns.
+        let password = self
+            .claim_users
+            .as_ref()
+            .map(|_| zeroize::Zeroizing::new(claim_users::new_password()));
+        let login_hash = password
+            .as_deref()
+            .map(|password| claim_users::password_hash(password))
+            .unwrap_or_default();
+        let assign = AssignRequest {
+            asker: Asker {
+                user_id,
+                worker_id: &request.worker_id,
+                seal_key: &request.seal_key,
+                task_id: &request.task_id,
+            },
+            mark: &mark,
+            mark_ttl: ttl,
+            login_hash: &login_hash,
+        };
+        let not_the_holder = || SealRefusal::NotTheHolder {
+            user_id: user_id.to_owned(),
+            worker_id: request.worker_id.clone(),
+        };
+        let (bound_to, new_holder) = match self.bus.assign_user(&assign).await? {
+            Assignment::Assigned { bound_to } => (bound_to, true),
+            // A reload keeps the login the worker has: a new password would
+            // cut its next reconnect.
+            Assignment::Renewed { bound_to } => (bound_to, false),
+            Assignment::NoGrant => return Err(SealRefusal::NoGrant(user_id.to_owned())),
+            Assignment::GrantUsed => return Err(SealRefusal::GrantUsed(user_id.to_owned())),
+            Assignment::NotBound | Assignment::Held => return Err(not_the_holder()),
+        };
         let plaintext = credentials.to_json();
         let seal = |purpose: sealing::Purpose, plaintext: &[u8]| {
             let context = sealing::SealContext {
                 purpose,
                 user_id,
                 worker_id: &request.worker_id,
+                claim: &bound_to,
             };
             sealing::seal_to(&request.seal_key, &context, plaintext)
                 .map_err(|err| SealRefusal::BadRequest(err.to_string()))
         };
         let sealed = seal(sealing::Purpose::Credentials, &plaintext)?;
-        // A reload keeps the login the worker has: a new password would cut
-        // its next reconnect.
-        let new_holder = grant.is_none_or(|grant| grant.reason != GrantReason::Reload);
-        let redis = match &self.claim_users {
-            Some(claim_users) if new_holder => {
-                let login = claim_users.create(user_id).await?;
+        let redis = match (&self.claim_users, &password) {
+            (Some(claim_users), Some(password)) if new_holder => {
+                let login = claim_users.create(user_id, password).await?;
                 let json = zeroize::Zeroizing::new(
                     serde_json::json!({"user": login.user, "password": login.password}).to_string(),
                 );
@@ -428,10 +486,12 @@ pub async fn serve(
             let sealer = sweeper.clone();
             async move {
                 match sealer.sweep_claim_users().await {
-                    Ok(0) => {}
-                    Ok(deleted) => {
-                        tracing::info!(deleted, "claim users of users without a worker deleted")
-                    }
+                    Ok((0, 0)) => {}
+                    Ok((deleted, restored)) => tracing::info!(
+                        deleted,
+                        restored,
+                        "claim users swept: deleted those of users without a worker, made again those a failover or ACL LOAD dropped"
+                    ),
                     Err(err) => tracing::warn!(error = %err, "cannot sweep claim users"),
                 }
             }
@@ -442,6 +502,23 @@ pub async fn serve(
         .await;
     sweep.abort();
     served
+}
+
+/// What a worker asks the sealer for ([`SealerClient::fetch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SealAsk<'a> {
+    /// The user.
+    pub user_id: &'a str,
+    /// This worker.
+    pub worker_id: &'a str,
+    /// This worker's task (a cold-start grant is bound to it).
+    pub task_id: &'a str,
+    /// What the grant is bound to, as this worker knows it: the claim id it
+    /// took, its own task on a cold start, the same again on a reload. The
+    /// answer opens only for it.
+    pub binding: &'a str,
+    /// The TTL of the mark the sealer sets for this worker.
+    pub mark_ttl: Duration,
 }
 
 /// A worker's side: asks the sealer at `CREDENTIALS_SEALER_URL` and opens the
@@ -481,11 +558,14 @@ impl SealerClient {
     /// `user_id`'s credentials, sealed to this worker by the sealer. Errors
     /// are [`CipherError::SealerUnavailable`] (try again) or
     /// [`CipherError::SealerRefused`] (the sealer's reason).
-    pub async fn fetch(&self, user_id: &str, worker_id: &str) -> Result<Unsealed, CipherError> {
+    pub async fn fetch(&self, ask: &SealAsk<'_>) -> Result<Unsealed, CipherError> {
+        let (user_id, worker_id) = (ask.user_id, ask.worker_id);
         let body = serde_json::to_vec(&SealRequest {
             user_id: user_id.to_owned(),
             worker_id: worker_id.to_owned(),
             seal_key: self.seal_key(),
+            task_id: ask.task_id.to_owned(),
+            mark_ttl_ms: u64::try_from(ask.mark_ttl.as_millis()).unwrap_or(u64::MAX),
         })
         .map_err(|err| CipherError::SealerUnavailable(err.to_string()))?;
         let request = hyper::Request::post(format!("{}{SEAL_PATH}", self.base))
@@ -524,6 +604,7 @@ impl SealerClient {
                 purpose,
                 user_id,
                 worker_id,
+                claim: ask.binding,
             };
             self.key.open(&context, sealed).map_err(|err| match err {
                 sealing::SealError::Cipher(err) => err,
@@ -561,91 +642,32 @@ impl SealerClient {
 mod tests {
     use super::*;
 
-    fn mark(worker_id: &str, user_id: &str, seal_key: Option<&str>) -> MarkValue {
-        MarkValue {
-            worker_id: worker_id.into(),
-            task_id: format!("task-{worker_id}"),
-            user_id: user_id.into(),
-            heartbeat_at: 1,
-            started_at: 1,
-            sidecar_url: None,
-            ttl_ms: None,
-            heartbeat_interval_ms: None,
-            seal_key: seal_key.map(str::to_owned),
-        }
-    }
-
-    fn claim(user_id: &str) -> String {
-        format!(
-            r#"{{"user_id": "{user_id}", "encrypted_credentials": "x", "claim_id": "c-{user_id}", "enqueued_at": 1}}"#
-        )
+    #[test]
+    fn a_mark_ttl_is_bounded_and_defaults() {
+        assert_eq!(mark_ttl(0), DEFAULT_MARK_TTL);
+        assert_eq!(mark_ttl(5), Duration::from_secs(1));
+        assert_eq!(mark_ttl(20_000), Duration::from_secs(20));
+        assert_eq!(mark_ttl(u64::MAX), Duration::from_secs(600));
     }
 
     #[test]
-    fn only_the_users_worker_with_its_published_key_is_answered() {
-        let request = SealRequest {
-            user_id: "alice".into(),
-            worker_id: "w1".into(),
-            seal_key: "K1".into(),
-        };
-        // Claimed: the holder with its key, and no one else.
-        assert!(is_the_users_worker(
-            &request,
-            Some(&mark("w1", "alice", Some("K1"))),
-            None,
-            &[]
-        ));
-        assert!(!is_the_users_worker(
-            &request,
-            Some(&mark("w2", "alice", Some("K1"))),
-            None,
-            &[]
-        ));
-        assert!(!is_the_users_worker(
-            &request,
-            Some(&mark("w1", "alice", Some("K2"))),
-            None,
-            &[]
-        ));
-        assert!(!is_the_users_worker(
-            &request,
-            Some(&mark("w1", "alice", None)),
-            None,
-            &[]
-        ));
-        // A claimed user is never handed to a pool worker holding a stale claim.
-        assert!(!is_the_users_worker(
-            &request,
-            Some(&mark("w2", "alice", Some("K2"))),
-            Some(&mark("w1", "-1", Some("K1"))),
-            &[claim("alice")]
-        ));
-        // Before the claim step: the pool worker that took alice's claim.
-        let pool = mark("w1", "-1", Some("K1"));
-        assert!(is_the_users_worker(
-            &request,
-            None,
-            Some(&pool),
-            &[claim("alice")]
-        ));
-        assert!(!is_the_users_worker(
-            &request,
-            None,
-            Some(&pool),
-            &[claim("bob")]
-        ));
-        assert!(!is_the_users_worker(&request, None, Some(&pool), &[]));
-        assert!(!is_the_users_worker(
-            &request,
-            None,
-            None,
-            &[claim("alice")]
-        ));
-        assert!(!is_the_users_worker(
-            &request,
-            None,
-            Some(&mark("w1", "-1", Some("K2"))),
-            &[claim("alice")]
-        ));
+    fn every_refusal_has_a_counted_result() {
+        for refusal in [
+            SealRefusal::BadRequest("x".into()),
+            SealRefusal::NoGrant("u".into()),
+            SealRefusal::GrantUsed("u".into()),
+            SealRefusal::NotTheHolder {
+                user_id: "u".into(),
+                worker_id: "w".into(),
+            },
+            SealRefusal::NoCredentials("u".into()),
+            SealRefusal::Unavailable("x".into()),
+        ] {
+            assert!(SEAL_RESULTS.contains(&refusal.label()), "{refusal:?}");
+        }
+        assert_eq!(
+            SealRefusal::GrantUsed("u".into()).status(),
+            StatusCode::CONFLICT
+        );
     }
 }

@@ -6,9 +6,9 @@
 //!
 //! The box is HPKE (RFC 9180, the `hpke` crate) in base mode:
 //! DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM. Its `info` binds
-//! the box to what it is for ([`SealContext`]: purpose, user, worker), so a
-//! box sealed for one worker, user or purpose does not open as another; the
-//! user id is also the associated data, as for a stored blob.
+//! the box to what it is for ([`SealContext`]: purpose, user, worker, claim),
+//! so a box sealed for one worker, user, claim or purpose does not open as
+//! another; the user id is also the associated data, as for a stored blob.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -56,6 +56,9 @@ pub struct SealContext<'a> {
     pub user_id: &'a str,
     /// The worker it is sealed to.
     pub worker_id: &'a str,
+    /// What the grant behind it was bound to: the claim id, or the
+    /// cold-started task (a reload keeps the holder's first binding).
+    pub claim: &'a str,
 }
 
 impl SealContext<'_> {
@@ -63,7 +66,12 @@ impl SealContext<'_> {
     /// contexts share an encoding.
     fn info(&self) -> Vec<u8> {
         let mut info = b"leasehold seal v2".to_vec();
-        for field in [self.purpose.label(), self.user_id, self.worker_id] {
+        for field in [
+            self.purpose.label(),
+            self.user_id,
+            self.worker_id,
+            self.claim,
+        ] {
             let len = u16::try_from(field.len()).unwrap_or(u16::MAX);
             info.extend_from_slice(&len.to_be_bytes());
             info.extend_from_slice(field.as_bytes());
@@ -219,6 +227,7 @@ mod tests {
             purpose: Purpose::Credentials,
             user_id: "alice",
             worker_id,
+            claim: "claim-1",
         }
     }
 
@@ -245,6 +254,10 @@ mod tests {
             },
             SealContext {
                 purpose: Purpose::RedisLogin,
+                ..context
+            },
+            SealContext {
+                claim: "claim-2",
                 ..context
             },
         ] {

@@ -101,7 +101,7 @@ pub const SEALER_SWEEP_INTERVAL_MS: Setting<Duration> = Setting::new(
     "SEALER_SWEEP_INTERVAL_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| crate::sealer::CLAIM_USER_SWEEP),
-    "How often the credential sealer deletes per-claim Redis users whose user has no worker and no grant.",
+    "How often the credential sealer deletes per-claim Redis users whose user has no worker and no grant, and makes again those a failover or `ACL LOAD` dropped while their holder still holds the user.",
 );
 /// The `WORKER_ID` variable.
 pub const WORKER_ID: Setting<String> = Setting::new(

@@ -252,6 +252,9 @@ pub struct BrokerWorker {
     /// The pool bus's Redis URL, for logging in as the per-claim user the
     /// sealer may hand out (`None`: the bus is not Redis, or no sealer).
     claim_redis_url: Option<Redacted<String>>,
+    /// What this worker's grant was bound to (the claim id it took, or its
+    /// task on a cold start): the sealer's answers open only for it.
+    sealed_binding: String,
     brokers: HashMap<String, Arc<dyn Broker>>,
     telemetry: Arc<dyn TelemetrySink>,
 }
@@ -358,6 +361,7 @@ impl BrokerWorker {
             cipher,
             sealer: None,
             claim_redis_url: None,
+            sealed_binding: String::new(),
             brokers,
             telemetry,
         }

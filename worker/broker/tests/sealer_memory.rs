@@ -1,9 +1,10 @@
 //! The credential sealer in one process on the in-memory bus, over real HTTP:
 //! a pool worker that decrypts nothing gets its claimed user's credentials
 //! sealed to its own key and serves her; nothing else anyone asks is sealed —
-//! a user without a grant, a user the asker does not hold, a key the holder
-//! did not publish — and a claim pushed without a grant is dead-lettered with
-//! the sealer's reason.
+//! a second seal on a used grant, a reload by a key the sealer did not seal
+//! to, a user without a grant, a grant bound to a claim the asker did not
+//! take — and a claim pushed without a grant is dead-lettered with the
+//! sealer's reason.
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use std::collections::HashMap;
@@ -147,24 +148,45 @@ async fn a_worker_gets_only_its_claimed_users_credentials_sealed_to_its_own_key(
     // Someone with another key who claims to be w1 (the sidecar next to it,
     // or any process that can reach the sealer).
     let stranger = SealerClient::new(&url, Duration::from_secs(5));
-    // Alice is w1's, but not with this key.
+    let ask = |user_id| sealer::SealAsk {
+        user_id,
+        worker_id: "w1",
+        task_id: "task-w1",
+        binding: "",
+        mark_ttl: Duration::from_secs(2),
+    };
+    // Alice's grant was used by w1's seal: one seal per grant.
+    let err = stranger.fetch(&ask("alice")).await.unwrap_err();
+    assert_eq!(refusal_status(err), 409);
+    // A reload grant is for the holder the sealer recorded, with its key.
+    let reload = sealer::new_grant(GrantReason::Reload);
+    sealer::grant_credentials(bus.as_ref(), "alice", &reload)
+        .await
+        .unwrap();
     assert_eq!(
-        refusal_status(stranger.fetch("alice", "w1").await.unwrap_err()),
+        refusal_status(stranger.fetch(&ask("alice")).await.unwrap_err()),
         403
     );
     // Bob has no grant.
-    let err = stranger.fetch("bob", "w1").await.unwrap_err();
+    let err = stranger.fetch(&ask("bob")).await.unwrap_err();
     assert!(err.to_string().contains("no credentials grant"), "{err}");
-    // With a grant, bob is still no one's: w1 neither holds him nor took his claim.
-    leasehold_broker::sealer::grant_credentials(bus.as_ref(), "bob", GrantReason::Claim)
+    // With a grant, bob is still no one's: w1 took no claim of his.
+    let grant = sealer::new_grant(GrantReason::Claim).for_claim("c-bob");
+    sealer::grant_credentials(bus.as_ref(), "bob", &grant)
         .await
         .unwrap();
-    let err = stranger.fetch("bob", "w1").await.unwrap_err();
+    let err = stranger.fetch(&ask("bob")).await.unwrap_err();
     assert!(
         err.to_string().contains("is not the worker of user bob"),
         "{err}"
     );
     assert!(!err.to_string().contains(BOB_SECRET));
+    assert!(
+        bus.get(&keys::worker_active("bob"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // A claim an API pushed without a grant: the worker that takes it gets
     // nothing and dead-letters it with the sealer's reason.

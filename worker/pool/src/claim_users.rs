@@ -6,11 +6,20 @@
 //! access to any user's queues, control messages, request records or
 //! responses. The sealer deletes a claim user once the user has no worker
 //! and no pending grant (Redis has no TTL for users).
+//!
+//! Redis does not replicate users: a failover to a replica, or an operator's
+//! `ACL LOAD`, drops every claim user and with it every claimed worker's
+//! login. The sealer keeps the SHA-256 of each holder's password in the
+//! holder record it alone writes (`pool:holder:{user_id}`, which does
+//! replicate) and makes a missing claim user again from it
+//! ([`ClaimUsers::restore`]) while that holder still holds the user: the
+//! worker's reconnect then logs in with the password it has.
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::bus::assign::{MarkSeen, SealHolder};
 use crate::bus::redis::classify;
 use crate::bus::{BusError, PoolBus};
 use crate::keys;
@@ -86,6 +95,23 @@ pub fn claim_user_rules(user_id: &str) -> Vec<String> {
     rules
 }
 
+/// A fresh claim-user password: 64 hex digits of randomness.
+pub fn new_password() -> String {
+    rand::random::<[u8; 32]>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The SHA-256 of `password` as Redis keeps it (`#<hex>` in `ACL SETUSER`).
+pub fn password_hash(password: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(password.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// A Redis login handed to one claimed worker.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisLogin {
@@ -114,8 +140,9 @@ pub fn login_url(base: &str, login: &RedisLogin) -> Result<String, BusError> {
     Ok(url.into())
 }
 
-/// Makes and deletes claim users (the credential sealer's Redis user needs
-/// `+acl|setuser +acl|deluser +acl|users +client|kill`).
+/// Makes, deletes and restores claim users (the credential sealer's Redis
+/// user needs `+acl|setuser +acl|deluser +acl|users +client|kill`, and
+/// `+zadd +zrange +zrem +del` on `pool:holders` and `pool:holder:*`).
 pub struct ClaimUsers {
     commands: ConnectionManager,
 }
@@ -142,28 +169,14 @@ impl ClaimUsers {
         Ok(ClaimUsers { commands })
     }
 
-    /// (Re)makes `user_id`'s claim user with a fresh password: a previous
-    /// holder's password stops working, and its open connections are ended.
-    pub async fn create(&self, user_id: &str) -> Result<RedisLogin, BusError> {
-        let password: String = rand::random::<[u8; 32]>()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+    /// (Re)makes `user_id`'s claim user with `password` (from
+    /// [`new_password`]): a previous holder's password stops working, and its
+    /// open connections are ended. The sealer calls it only after its assign
+    /// step made the asker the user's holder, so it never resets the login of
+    /// a live holder.
+    pub async fn create(&self, user_id: &str, password: &str) -> Result<RedisLogin, BusError> {
         let user = claim_user_name(user_id);
-        let mut command = redis::cmd("ACL");
-        command.arg("SETUSER").arg(&user);
-        for rule in claim_user_rules(user_id) {
-            command.arg(rule);
-        }
-        command.arg(format!(">{password}"));
-        let set: Result<(), redis::RedisError> =
-            command.query_async(&mut self.commands.clone()).await;
-        // Redis's error can quote the modifier it refused, the password
-        // included: only its kind is passed on.
-        set.map_err(|err| match classify(err) {
-            BusError::Unavailable(_) => BusError::Unavailable("ACL SETUSER".into()),
-            _ => BusError::Rejected(format!("ACL SETUSER {user} was refused")),
-        })?;
+        self.set_user(user_id, &format!(">{password}")).await?;
         // A new password stops only new connections: a displaced holder's
         // open ones would go on serving the user. They end here, before the
         // new holder has the login to connect with.
@@ -174,7 +187,90 @@ impl ClaimUsers {
             .query_async(&mut self.commands.clone())
             .await
             .map_err(classify)?;
-        Ok(RedisLogin { user, password })
+        Ok(RedisLogin {
+            user,
+            password: password.to_owned(),
+        })
+    }
+
+    /// `ACL SETUSER leasehold-claim-{user_id}` with its rules and one
+    /// password modifier (`>password` or `#sha256`).
+    async fn set_user(&self, user_id: &str, password: &str) -> Result<(), BusError> {
+        let user = claim_user_name(user_id);
+        let mut command = redis::cmd("ACL");
+        command.arg("SETUSER").arg(&user);
+        for rule in claim_user_rules(user_id) {
+            command.arg(rule);
+        }
+        command.arg(password);
+        let set: Result<(), redis::RedisError> =
+            command.query_async(&mut self.commands.clone()).await;
+        // Redis's error can quote the modifier it refused, the password
+        // included: only its kind is passed on.
+        set.map_err(|err| match classify(err) {
+            BusError::Unavailable(_) => BusError::Unavailable("ACL SETUSER".into()),
+            _ => BusError::Rejected(format!("ACL SETUSER {user} was refused")),
+        })
+    }
+
+    /// Makes again, from the hash in its holder record, the claim user of
+    /// every user whose recorded holder still holds the user's mark and whose
+    /// claim user is gone (a failover or an `ACL LOAD`); forgets the holder
+    /// record of a user that has neither a worker nor a grant. Walks
+    /// `pool:holders`, never the keyspace. Returns how many it made again.
+    pub async fn restore(&self) -> Result<u64, BusError> {
+        let mut redis = self.commands.clone();
+        let existing: std::collections::HashSet<String> = redis::cmd("ACL")
+            .arg("USERS")
+            .query_async::<Vec<String>>(&mut redis)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .collect();
+        let users: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys::SEAL_HOLDERS)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut redis)
+            .await
+            .map_err(classify)?;
+        let mut restored = 0;
+        for user_id in users.iter().filter(|user| keys::valid_user_id(user)) {
+            let (holder, mark, grant): (Option<String>, Option<String>, Option<String>) =
+                redis::pipe()
+                    .get(keys::seal_holder(user_id))
+                    .get(keys::worker_active(user_id))
+                    .get(keys::credentials_grant(user_id))
+                    .query_async(&mut redis)
+                    .await
+                    .map_err(classify)?;
+            let holder = holder.and_then(|text| serde_json::from_str::<SealHolder>(&text).ok());
+            let held = holder.as_ref().is_some_and(|holder| {
+                MarkSeen::of(mark.as_deref()) == MarkSeen::Held(holder.worker_id.clone())
+            });
+            if mark.is_none() && grant.is_none() {
+                let _: () = redis::pipe()
+                    .zrem(keys::SEAL_HOLDERS, user_id)
+                    .del(keys::seal_holder(user_id))
+                    .query_async(&mut redis)
+                    .await
+                    .map_err(classify)?;
+                continue;
+            }
+            let Some(holder) = holder.filter(|_| held) else {
+                continue;
+            };
+            let hash = holder.login_hash.to_ascii_lowercase();
+            if existing.contains(&claim_user_name(user_id))
+                || hash.len() != 64
+                || !hash.bytes().all(|b| b.is_ascii_hexdigit())
+            {
+                continue;
+            }
+            self.set_user(user_id, &format!("#{hash}")).await?;
+            restored += 1;
+        }
+        Ok(restored)
     }
 
     /// Deletes every claim user whose user has no worker (`worker:active:{user_id}`)
@@ -246,5 +342,16 @@ mod tests {
         );
         assert!(!format!("{login:?}").contains("0123abcd"));
         assert!(login_url("not a url", &login).is_err());
+    }
+
+    #[test]
+    fn a_password_hash_is_the_sha256_redis_keeps() {
+        // `echo -n abc | sha256sum`
+        assert_eq!(
+            password_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(new_password().len(), 64);
+        assert_ne!(new_password(), new_password());
     }
 }

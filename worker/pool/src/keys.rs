@@ -224,6 +224,18 @@ pub fn credentials_grant(user_id: &str) -> String {
     format!("pool:grant:{user_id}")
 }
 
+/// The users the credential sealer has a holder record for (sorted set,
+/// member = user id, score 0): what it walks to make claim users again after
+/// a failover, without a SCAN. Written and pruned only by the sealer.
+pub const SEAL_HOLDERS: &str = "pool:holders";
+
+/// The worker the credential sealer last assigned a user to and its key
+/// (string, [`crate::bus::assign::SealHolder`] JSON, no TTL): written only by
+/// the sealer's assign step, read by it on a reload.
+pub fn seal_holder(user_id: &str) -> String {
+    format!("pool:holder:{user_id}")
+}
+
 /// Where invalid messages taken from `list_key` are moved, with the reason.
 pub fn dead_letter(list_key: &str) -> String {
     format!("{list_key}:dead")

@@ -209,9 +209,44 @@ pub struct CredentialsGrant {
     pub reason: GrantReason,
     /// When it was written (unix ms).
     pub granted_at: u64,
+    /// A claim grant's claim: only the worker holding this claim may use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_id: Option<String>,
+    /// A cold-start grant's task (the launcher's id for it): only that task may use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// Set by the sealer's assign step: the worker that used the grant (one
+    /// seal per grant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_by: Option<String>,
 }
 
 impl CredentialsGrant {
+    /// A grant for `reason` written at `granted_at` (unix ms); a reload's
+    /// grant is bound by the sealer's holder record, the others by
+    /// [`CredentialsGrant::for_claim`] or [`CredentialsGrant::for_task`].
+    pub fn new(reason: GrantReason, granted_at: u64) -> Self {
+        CredentialsGrant {
+            reason,
+            granted_at,
+            claim_id: None,
+            task_id: None,
+            used_by: None,
+        }
+    }
+
+    /// Bound to the claim `claim_id`.
+    pub fn for_claim(mut self, claim_id: &str) -> Self {
+        self.claim_id = Some(claim_id.to_owned());
+        self
+    }
+
+    /// Bound to the launched task `task_id`.
+    pub fn for_task(mut self, task_id: &str) -> Self {
+        self.task_id = Some(task_id.to_owned());
+        self
+    }
+
     /// The JSON stored in Redis.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()

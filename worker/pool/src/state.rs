@@ -189,10 +189,7 @@ mod tests {
         assert_eq!(bus.pool_mark("w3").await.unwrap(), None);
 
         assert_eq!(bus.credentials_grant("u1").await.unwrap(), None);
-        let grant = CredentialsGrant {
-            reason: GrantReason::Reload,
-            granted_at: 5,
-        };
+        let grant = CredentialsGrant::new(GrantReason::Reload, 5);
         bus.grant_credentials("u1", &grant.to_json(), Duration::from_secs(60))
             .await
             .unwrap();

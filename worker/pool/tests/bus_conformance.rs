@@ -16,7 +16,12 @@ mod redis {
 
 /// The credential sealer's per-claim Redis users on a real Redis.
 mod claim_users {
-    use leasehold_pool::claim_users::{ClaimUsers, login_url};
+    use std::time::Duration;
+
+    use leasehold_pool::bus::ClaimBus;
+    use leasehold_pool::bus::assign::SealHolder;
+    use leasehold_pool::bus::redis::RedisPoolBus;
+    use leasehold_pool::claim_users::{ClaimUsers, login_url, new_password, password_hash};
     use leasehold_pool::keys;
     use leasehold_testkit::{redis_url, unique_name};
 
@@ -39,7 +44,7 @@ mod claim_users {
         let users = ClaimUsers::connect(&url).await.unwrap();
         let user_id = unique_name("u");
         let mark = keys::worker_active(&user_id);
-        let first = users.create(&user_id).await.unwrap();
+        let first = users.create(&user_id, &new_password()).await.unwrap();
         let mut displaced = connect_as(&login_url(&url, &first).unwrap()).await;
         let exists: bool = redis::cmd("EXISTS")
             .arg(&mark)
@@ -47,7 +52,7 @@ mod claim_users {
             .await
             .unwrap();
         assert!(!exists);
-        let second = users.create(&user_id).await.unwrap();
+        let second = users.create(&user_id, &new_password()).await.unwrap();
         let after: redis::RedisResult<bool> = redis::cmd("EXISTS")
             .arg(&mark)
             .query_async(&mut displaced)
@@ -67,6 +72,82 @@ mod claim_users {
         let _: u64 = redis::cmd("ACL")
             .arg("DELUSER")
             .arg(&second.user)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+
+    /// Redis does not replicate users: after a failover or an `ACL LOAD`
+    /// (here `ACL DELUSER`), the sealer makes a claim user again from the
+    /// hash in its holder record, with the password the worker has, but only
+    /// while that holder still holds the user.
+    #[tokio::test]
+    async fn a_dropped_claim_user_is_made_again_for_its_live_holder_only() {
+        let Some(url) = redis_url() else {
+            return;
+        };
+        let users = ClaimUsers::connect(&url).await.unwrap();
+        let bus = RedisPoolBus::connect(&url).await.unwrap();
+        let mut admin = connect_as(&url).await;
+        let hour = Duration::from_secs(3_600);
+        let (held, displaced) = (unique_name("u"), unique_name("u"));
+        let mut logins = Vec::new();
+        for (user_id, mark_holder) in [(&held, "w1"), (&displaced, "w2")] {
+            let password = new_password();
+            let holder = SealHolder {
+                worker_id: "w1".into(),
+                seal_key: "K1".into(),
+                bound_to: "c1".into(),
+                login_hash: password_hash(&password),
+            };
+            let mark = format!(r#"{{"worker_id":"{mark_holder}"}}"#);
+            assert!(
+                bus.set_if_absent(&keys::seal_holder(user_id), &holder.to_json(), hour)
+                    .await
+                    .unwrap()
+            );
+            assert!(
+                bus.set_if_absent(&keys::worker_active(user_id), &mark, hour)
+                    .await
+                    .unwrap()
+            );
+            let _: u64 = redis::cmd("ZADD")
+                .arg(keys::SEAL_HOLDERS)
+                .arg(0)
+                .arg(user_id.as_str())
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let login = users.create(user_id, &password).await.unwrap();
+            let _: u64 = redis::cmd("ACL")
+                .arg("DELUSER")
+                .arg(&login.user)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            logins.push(login);
+        }
+        let restored = users.restore().await.unwrap();
+        assert!(restored >= 1, "{restored}");
+        // The live holder logs in again with the password it was given.
+        let mut again = connect_as(&login_url(&url, &logins[0]).unwrap()).await;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(keys::worker_active(&held))
+            .query_async(&mut again)
+            .await
+            .unwrap();
+        assert!(exists);
+        // A recorded holder another worker displaced gets nothing back.
+        let names: Vec<String> = redis::cmd("ACL")
+            .arg("USERS")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(names.contains(&logins[0].user));
+        assert!(!names.contains(&logins[1].user), "{names:?}");
+        let _: u64 = redis::cmd("ACL")
+            .arg("DELUSER")
+            .arg(&logins[0].user)
             .query_async(&mut admin)
             .await
             .unwrap();

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::credentials::{CipherError, Credentials};
-use crate::sealer::Unsealed;
+use crate::sealer::{SealAsk, Unsealed};
 use leasehold_pool::bus::redis::RedisPoolBus;
 use leasehold_pool::bus::{BusError, ClaimSettle, Settled};
 use leasehold_pool::claim_users::{RedisLogin, login_url};
@@ -184,10 +184,13 @@ impl BrokerWorker {
         let credentials = match &self.sealer {
             // The sealer reads the stored blob; the one in the claim is not
             // needed (and this worker could not open it).
-            Some(sealer) => sealer
-                .fetch(&claim.user_id, &self.config.worker_id)
-                .await
-                .map(|unsealed| (unsealed.credentials, unsealed.redis_login)),
+            Some(sealer) => {
+                self.sealed_binding = claim.claim_id.clone();
+                sealer
+                    .fetch(&self.seal_ask(&claim.user_id))
+                    .await
+                    .map(|unsealed| (unsealed.credentials, unsealed.redis_login))
+            }
             None => self
                 .cipher
                 .decrypt(&claim.user_id, &claim.encrypted_credentials)
@@ -274,6 +277,17 @@ impl BrokerWorker {
         }
     }
 
+    /// What this worker asks the sealer for `user_id`.
+    fn seal_ask<'a>(&'a self, user_id: &'a str) -> SealAsk<'a> {
+        SealAsk {
+            user_id,
+            worker_id: &self.config.worker_id,
+            task_id: &self.config.task_id,
+            binding: &self.sealed_binding,
+            mark_ttl: self.config.mark_ttl,
+        }
+    }
+
     /// The exclusive claim script (cold start): true when this worker now holds the user.
     pub(super) async fn claim(&mut self, user_id: &str) -> Result<bool, BusError> {
         let value = self.mark(user_id).to_json();
@@ -299,7 +313,7 @@ impl BrokerWorker {
         };
         if let Some(sealer) = &self.sealer {
             return sealer
-                .fetch(user_id, &self.config.worker_id)
+                .fetch(&self.seal_ask(user_id))
                 .await
                 .map_err(|err| problem(err.to_string()));
         }
@@ -317,33 +331,60 @@ impl BrokerWorker {
         })
     }
 
-    /// Cold start (`USER_ID` set): read the credentials, then claim; while another
-    /// worker holds the user, retry for one mark TTL (it may be dying). With a
-    /// sealer the order is the other way round, since the sealer answers only
-    /// the worker whose mark names it: claim, then fetch, and give the user
-    /// back if the credentials do not come.
+    /// Cold start (`USER_ID` set). Without a sealer: read the credentials,
+    /// then claim; while another worker holds the user, retry for one mark
+    /// TTL (it may be dying). With a sealer, the sealer's assign step is the
+    /// claim (it sets the user's mark for this worker, bound to this task's
+    /// grant): ask it until it answers, for as long, then take the user on
+    /// the bus (the mark is already this worker's).
     pub(super) async fn cold_start(
         &mut self,
         user_id: &str,
         shutdown: &CancellationToken,
     ) -> Result<Result<Claimed, WorkerExit>, WorkerError> {
-        let decrypted = match self.sealer {
+        let give_up = Instant::now() + self.config.mark_ttl + self.config.heartbeat;
+        let mut decrypted = match self.sealer {
             Some(_) => None,
             None => Some(self.obtain_credentials(user_id).await?),
         };
-        let give_up = Instant::now() + self.config.mark_ttl + self.config.heartbeat;
         loop {
-            if self.claim(user_id).await? {
-                let unsealed = match decrypted {
-                    Some(unsealed) => unsealed,
-                    None => match self.obtain_credentials(user_id).await {
-                        Ok(unsealed) => unsealed,
-                        Err(err) => {
-                            self.give_user_back(user_id).await;
-                            return Err(err);
+            let ready = match &self.sealer {
+                None => true,
+                Some(sealer) => {
+                    self.sealed_binding = self.config.task_id.clone();
+                    match sealer.fetch(&self.seal_ask(user_id)).await {
+                        Ok(unsealed) => {
+                            decrypted = Some(unsealed);
+                            true
                         }
-                    },
-                };
+                        // No grant yet (the launcher writes it once the task
+                        // exists), another holder (it may be dying), or the
+                        // sealer is briefly away: ask again.
+                        Err(CipherError::SealerRefused {
+                            status: 403,
+                            reason,
+                        })
+                        | Err(CipherError::SealerUnavailable(reason)) => {
+                            tracing::info!(
+                                user_id,
+                                reason,
+                                "the sealer did not assign the user yet"
+                            );
+                            false
+                        }
+                        Err(err) => {
+                            return Err(WorkerError::Credentials {
+                                user_id: user_id.to_owned(),
+                                problem: err.to_string(),
+                            });
+                        }
+                    }
+                }
+            };
+            if ready
+                && self.claim(user_id).await?
+                && let Some(unsealed) = decrypted
+            {
                 self.state(PoolWorkerStateKind::Claimed, Some(user_id));
                 return Ok(Ok(Claimed {
                     user_id: user_id.to_owned(),

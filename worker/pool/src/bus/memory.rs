@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::bus::assign::{
+    AssignRequest, Assignment, MarkSeen, SealHolder, assign_rule, used_grant,
+};
 use crate::keys;
 use async_trait::async_trait;
 use tokio::sync::Notify;
@@ -95,11 +98,9 @@ impl MarkBus for MemoryPoolBus {
         let now = Instant::now();
         let ttl = Duration::from_secs(whole_seconds(mark.ttl));
         let mut keyspace = self.lock();
-        let user_mark = keys::worker_active(mark.user_id);
-        if keyspace.exists(&user_mark, now) {
+        if !keyspace.taken_for(mark, ttl, now)? {
             return Ok(false);
         }
-        keyspace.set(&user_mark, mark.value, Some(ttl), now);
         keyspace.delete(&keys::pool_worker_active(mark.worker_id), now);
         keyspace.delete(&keys::worker_metadata(mark.user_id), now);
         keyspace.write_metadata(mark, ttl, now)?;
@@ -276,8 +277,7 @@ impl ClaimBus for MemoryPoolBus {
             return Ok(Settled::NotHeld);
         }
         let outcome = keys::claim_outcome(claim.claim_id);
-        let user_mark = keys::worker_active(mark.user_id);
-        if keyspace.exists(&user_mark, now) {
+        if !keyspace.taken_for(mark, ttl, now)? {
             // A claim settled before (a re-queue after a failover lost the
             // step's removal) keeps its outcome: `failed` must not replace the
             // `claimed` of the worker that serves the user.
@@ -286,7 +286,6 @@ impl ClaimBus for MemoryPoolBus {
             }
             return Ok(Settled::Refused);
         }
-        keyspace.set(&user_mark, mark.value, Some(ttl), now);
         keyspace.delete(&keys::pool_worker_active(mark.worker_id), now);
         keyspace.delete(&keys::worker_metadata(mark.user_id), now);
         keyspace.write_metadata(mark, ttl, now)?;
@@ -742,6 +741,48 @@ impl CredentialBus for MemoryPoolBus {
             Instant::now(),
         );
         Ok(())
+    }
+
+    async fn assign_user(&self, request: &AssignRequest<'_>) -> Result<Assignment, BusError> {
+        let now = Instant::now();
+        let asker = &request.asker;
+        let mut keyspace = self.lock();
+        let grant_key = keys::credentials_grant(asker.user_id);
+        let holder_key = keys::seal_holder(asker.user_id);
+        let mark_key = keys::worker_active(asker.user_id);
+        let grant = keyspace.get(&grant_key, now)?;
+        let holder = keyspace.get(&holder_key, now)?;
+        let mark = MarkSeen::of(keyspace.get(&mark_key, now)?.as_deref());
+        let taken: Vec<String> = keyspace
+            .list(&keys::claims_processing(asker.worker_id), now)?
+            .map(|list| list.iter().cloned().collect())
+            .unwrap_or_default();
+        let decision = assign_rule(asker, grant.as_deref(), holder.as_deref(), &mark, &taken);
+        if let (Assignment::Assigned { .. } | Assignment::Renewed { .. }, Some(grant)) =
+            (&decision, &grant)
+        {
+            // KEEPTTL: the used grant expires when the grant would have.
+            let expires_at = keyspace
+                .live(&grant_key, now)
+                .and_then(|entry| entry.expires_at);
+            keyspace.set(&grant_key, &used_grant(grant, asker.worker_id), None, now);
+            if let Some(entry) = keyspace.live(&grant_key, now) {
+                entry.expires_at = expires_at;
+            }
+        }
+        if let Assignment::Assigned { bound_to } = &decision {
+            let ttl = Duration::from_secs(whole_seconds(request.mark_ttl));
+            keyspace.set(&mark_key, request.mark, Some(ttl), now);
+            let record = SealHolder {
+                worker_id: asker.worker_id.to_owned(),
+                seal_key: asker.seal_key.to_owned(),
+                bound_to: bound_to.clone(),
+                login_hash: request.login_hash.to_owned(),
+            };
+            keyspace.set(&holder_key, &record.to_json(), None, now);
+            keyspace.zadd(keys::SEAL_HOLDERS, asker.user_id, 0, now)?;
+        }
+        Ok(decision)
     }
 }
 

@@ -25,6 +25,7 @@
 //! The paper broker's ledger ([`PaperLedger`]) lives on the same bus: it is
 //! what a real broker keeps on its side, and both buses must agree on it too.
 
+pub mod assign;
 mod connector;
 pub mod memory;
 pub mod redis;
@@ -644,6 +645,15 @@ pub trait CredentialBus: Send + Sync {
         grant: &str,
         ttl: Duration,
     ) -> Result<(), BusError>;
+
+    /// The credential sealer's assign step ([`assign`]), one atomic step:
+    /// consumes the user's grant if it is bound to the asker and no other
+    /// worker holds the user, and then sets the user's mark for the asker
+    /// and records it in `pool:holder:{user_id}`.
+    async fn assign_user(
+        &self,
+        request: &assign::AssignRequest<'_>,
+    ) -> Result<assign::Assignment, BusError>;
 }
 
 /// The maintenance sweep's report and its deletions.

@@ -14,6 +14,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::bus::assign::{AssignRequest, Assignment};
 use crate::keys;
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
@@ -109,13 +110,14 @@ impl MarkBus for RedisPoolBus {
         let claimed: i64 = metadata_args(
             self.functions
                 .claim
-                .key(keys::worker_active(mark.user_id))
                 .key(keys::pool_worker_active(mark.worker_id))
                 .key(keys::worker_metadata(mark.user_id))
                 .arg(mark.value)
                 .arg(whole_seconds(mark.ttl)),
             mark.metadata,
         )
+        // An argument, not a declared key, as in `settle_claim`.
+        .arg(keys::worker_active(mark.user_id))
         .invoke_async(&mut self.commands())
         .await
         .map_err(classify)?;
@@ -307,7 +309,6 @@ impl ClaimBus for RedisPoolBus {
             self.functions
                 .settle_claim
                 .key(keys::claims_processing(mark.worker_id))
-                .key(keys::worker_active(mark.user_id))
                 .key(keys::pool_worker_active(mark.worker_id))
                 .key(keys::worker_metadata(mark.user_id))
                 .key(keys::claim_outcome(claim.claim_id))
@@ -319,6 +320,9 @@ impl ClaimBus for RedisPoolBus {
                 .arg(CLAIM_OUTCOME_TTL.as_secs()),
             mark.metadata,
         )
+        // The user's mark is an argument, not a declared key: FCALL checks
+        // declared keys as read-write, and a pool worker may only read it.
+        .arg(keys::worker_active(mark.user_id))
         .invoke_async(&mut self.commands())
         .await
         .map_err(classify)?;
@@ -755,6 +759,30 @@ impl CredentialBus for RedisPoolBus {
             )
             .await?;
         Ok(())
+    }
+
+    async fn assign_user(&self, request: &AssignRequest<'_>) -> Result<Assignment, BusError> {
+        let asker = &request.asker;
+        let (word, bound_to): (String, String) = self
+            .functions
+            .assign_user
+            .key(keys::credentials_grant(asker.user_id))
+            .key(keys::worker_active(asker.user_id))
+            .key(keys::seal_holder(asker.user_id))
+            .key(keys::claims_processing(asker.worker_id))
+            .key(keys::SEAL_HOLDERS)
+            .arg(asker.user_id)
+            .arg(asker.worker_id)
+            .arg(asker.seal_key)
+            .arg(asker.task_id)
+            .arg(request.mark)
+            .arg(whole_seconds(request.mark_ttl))
+            .arg(request.login_hash)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Assignment::from_reply(&word, bound_to)
+            .ok_or_else(|| BusError::Rejected(format!("the assign step answered {word:?}")))
     }
 }
 

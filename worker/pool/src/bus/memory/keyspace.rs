@@ -478,6 +478,23 @@ impl Keyspace {
         }))
     }
 
+    /// The claim scripts' `taken_for_me`: the user's mark names this
+    /// worker already (set by the sealer; left as it is), or was absent and
+    /// is now set to the worker's value. `false`: someone else holds it.
+    pub(super) fn taken_for(
+        &mut self,
+        mark: &crate::bus::MarkWrite<'_>,
+        ttl: Duration,
+        now: Instant,
+    ) -> Result<bool, BusError> {
+        let key = keys::worker_active(mark.user_id);
+        if !self.exists(&key, now) {
+            self.set(&key, mark.value, Some(ttl), now);
+            return Ok(true);
+        }
+        Ok(self.mark_holder(mark.user_id, now)?.as_deref() == Some(mark.worker_id))
+    }
+
     /// The Lua guard: the mark is absent or names `worker_id`.
     pub(super) fn mark_is_mine_or_absent(
         &mut self,

@@ -178,38 +178,63 @@ fn with_record_fields(script: &str) -> String {
         .replace("{done}", record::DONE)
 }
 
-/// KEYS: user mark, pool mark, metadata. ARGV: mark value, ttl, task_arn,
-/// instance_id, launched_at, sidecar_url ('' = none). 1 = claimed, 0 = the user already has a worker.
+/// Lua prefix of the claim scripts: `taken_for_me(mark_key, value, ttl)`
+/// is true when the user's mark names the worker `value` (a mark JSON)
+/// names (the credential sealer set it in its assign step; nothing is
+/// written, as a broker worker may not write user marks), or when there was
+/// no mark and it is now set to `value` (no sealer); false when another
+/// worker, or a value that is not a mark, holds the user.
+const TAKEN_FOR_ME: &str = r#"
+local function taken_for_me(key, value, ttl)
+  local current = redis.call('GET', key)
+  if not current then
+    redis.call('SET', key, value, 'EX', ttl)
+    return true
+  end
+  local ok, mark = pcall(cjson.decode, current)
+  local mine = cjson.decode(value)['worker_id']
+  return ok and type(mark) == 'table' and mark['worker_id'] == mine
+end
+"#;
+
+/// KEYS: pool mark, metadata. ARGV: mark value, ttl, task_arn,
+/// instance_id, launched_at, sidecar_url ('' = none), the user's mark key
+/// (an argument: a pool worker may read it, not write it, and FCALL checks
+/// declared keys as read-write; the pool bus is one Redis, never a Cluster,
+/// so an undeclared key is reachable). 1 = claimed (the mark was free, or
+/// the sealer set it for this worker), 0 = the user already has a worker.
 const CLAIM: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+if taken_for_me(ARGV[7], ARGV[1], ARGV[2]) then
+  redis.call('DEL', KEYS[1])
   redis.call('DEL', KEYS[2])
-  redis.call('DEL', KEYS[3])
-  write_metadata(KEYS[3], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+  write_metadata(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
   return 1
 end
 return 0
 "#;
 
-/// KEYS: claim processing list, user mark, pool mark, metadata, outcome.
+/// KEYS: claim processing list, pool mark, metadata, outcome.
 /// ARGV: the processing entry, mark value, ttl, claimed outcome, refused
 /// outcome, outcome ttl, then the metadata ([`metadata_args`]: task_arn,
-/// instance_id, launched_at, sidecar_url, '' = none).
+/// instance_id, launched_at, sidecar_url, '' = none), then the user's mark
+/// key (an argument, as in [`CLAIM`]).
 /// -1 = the entry is not in the list (settled already, or re-queued): nothing
-/// written; 1 = claimed; 0 = the user already has a worker (outcome failed,
+/// written; 1 = claimed (the mark was free, or the sealer set it for this
+/// worker); 0 = the user already has another worker (outcome failed,
 /// unless this claim has an outcome already: a claim settled once and
 /// re-queued after a failover keeps its `claimed`).
 /// The entry leaves the list in the step that writes the outcome, so a claim
 /// is never lost between taking and marking.
 const SETTLE_CLAIM: &str = r#"
 if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return -1 end
-if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'EX', ARGV[3]) then
+if taken_for_me(ARGV[11], ARGV[2], ARGV[3]) then
+  redis.call('DEL', KEYS[2])
   redis.call('DEL', KEYS[3])
-  redis.call('DEL', KEYS[4])
-  write_metadata(KEYS[4], ARGV[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
-  redis.call('SET', KEYS[5], ARGV[4], 'EX', ARGV[6])
+  write_metadata(KEYS[3], ARGV[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
+  redis.call('SET', KEYS[4], ARGV[4], 'EX', ARGV[6])
   return 1
 end
-if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], ARGV[5], 'EX', ARGV[6]) end
+if redis.call('EXISTS', KEYS[4]) == 0 then redis.call('SET', KEYS[4], ARGV[5], 'EX', ARGV[6]) end
 return 0
 "#;
 
@@ -437,12 +462,13 @@ pub(super) struct Functions {
     pub(super) retire_idle: StoredFunction,
     pub(super) delete_mark_if: StoredFunction,
     pub(super) replace_if: StoredFunction,
+    pub(super) assign_user: StoredFunction,
 }
 
 impl Functions {
     pub(super) fn new() -> Self {
         Functions {
-            claim: StoredFunction::new(&writing_metadata(CLAIM)),
+            claim: StoredFunction::new(&writing_metadata(&format!("{TAKEN_FOR_ME}{CLAIM}"))),
             heartbeat: StoredFunction::new(&writing_metadata(&guarded(HEARTBEAT))),
             release: StoredFunction::new(&guarded(RELEASE)),
             next_user_message: StoredFunction::new(NEXT_USER_MESSAGE),
@@ -456,7 +482,9 @@ impl Functions {
             excess_requests: StoredFunction::new(EXCESS_REQUESTS),
             shed_request: StoredFunction::new(&with_record_fields(SHED_REQUEST)),
             record_paper_order: StoredFunction::new(RECORD_PAPER_ORDER),
-            settle_claim: StoredFunction::new(&writing_metadata(SETTLE_CLAIM)),
+            settle_claim: StoredFunction::new(&writing_metadata(&format!(
+                "{TAKEN_FOR_ME}{SETTLE_CLAIM}"
+            ))),
             fail_claim: StoredFunction::new(FAIL_CLAIM),
             return_claim: StoredFunction::new(RETURN_CLAIM),
             requeue_claims: StoredFunction::new(REQUEUE_CLAIMS),
@@ -467,6 +495,7 @@ impl Functions {
             retire_idle: StoredFunction::new(RETIRE_IDLE),
             delete_mark_if: StoredFunction::new(DELETE_MARK_IF),
             replace_if: StoredFunction::new(REPLACE_IF),
+            assign_user: StoredFunction::new(&crate::bus::assign::assign_user_lua()),
         }
     }
 
@@ -493,6 +522,7 @@ impl Functions {
             &self.retire_idle,
             &self.delete_mark_if,
             &self.replace_if,
+            &self.assign_user,
         ]
     }
 }
