@@ -31,6 +31,7 @@ Exit status 0 when everything holds, 1 with one line per problem otherwise.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import math
 import re
@@ -110,6 +111,8 @@ KMS_KEY_RESOURCE = "${CREDENTIALS_KMS_KEY_ARN}"
 # Redis users (deploy/redis-acl.conf) that may read / write credentials:* keys.
 # Every other user, broker-worker above all, must reach none by any key pattern.
 CREDENTIAL_READERS = {"admin", "api", "maintenance", "credential-sealer"}
+SEALER_WRITES = {"pool:grant:*", "worker:active:*", "pool:holder:*", "pool:holders",
+                 "pool:claims:processing:*"}
 CREDENTIAL_WRITERS = {"admin", "api"}
 # KMS actions that take an encryption context: each grant must require the
 # user_id context to be present and to be the only context key.
@@ -710,9 +713,24 @@ def check_redis_acl(acl: str, errors: list[str]):
             if "W" in perms and name not in CREDENTIAL_WRITERS:
                 errors.append(f"deploy/redis-acl.conf: user {name} can write credentials:* keys ({rule!r}); "
                               f"only {', '.join(sorted(CREDENTIAL_WRITERS))} may")
+    # The sealer writes only what its assign step and claim-user sweep touch
+    # (the claim lists only because FCALL checks declared keys read-write).
     for perms, pattern, rule in acl_key_patterns(users.get("credential-sealer", [])):
-        if "W" in perms:
-            errors.append(f"deploy/redis-acl.conf: user credential-sealer may write {rule!r}; it only reads")
+        if "W" in perms and pattern not in SEALER_WRITES:
+            errors.append(f"deploy/redis-acl.conf: user credential-sealer may write {rule!r}; "
+                          f"it writes only {', '.join(sorted(SEALER_WRITES))}")
+    # Only the credential sealer decides who holds a user: no broker-worker
+    # user may write a user's mark (a pool mark is its own), nor the sealer's
+    # holder records, nor list keys.
+    for name in ("broker-worker",):
+        for perms, pattern, rule in acl_key_patterns(users.get(name, [])):
+            for sample in ("worker:active:alice", "pool:holder:alice", "pool:holders", "pool:grant:alice"):
+                if "W" in perms and fnmatch.fnmatchcase(sample, pattern):
+                    errors.append(f"deploy/redis-acl.conf: user {name} may write {sample} ({rule!r}); "
+                                  "only the credential sealer assigns users")
+        for command in ("+scan", "+keys", "+@keyspace", "+@all"):
+            if command in users.get(name, []):
+                errors.append(f"deploy/redis-acl.conf: user {name} has {command}: it may not list keys")
 
 
 def check_lease_table(text: str, errors: list[str]):
@@ -936,8 +954,12 @@ def self_test(code: Code) -> int:
         ("broker-worker", "(%R~credentials:* +get)", "user broker-worker can read credentials:* keys"),
         ("broker-worker", "%W~credentials:*", "user broker-worker can write credentials:* keys"),
         ("dashboard", "%R~credentials:*", "user dashboard can read credentials:* keys"),
-        ("credential-sealer", "%W~pool:grant:*", "user credential-sealer may write"),
-        ("broker-worker", "~credentials:* resetkeys ~worker:active:*", None),
+        ("credential-sealer", "%W~trading:response:*", "user credential-sealer may write"),
+        ("broker-worker", "~worker:active:*", "may write worker:active:alice"),
+        ("broker-worker", "%W~worker:active:a*", "may write worker:active:alice"),
+        ("broker-worker", "~pool:holder*", "may write pool:holder:alice"),
+        ("broker-worker", "+scan", "may not list keys"),
+        ("broker-worker", "~credentials:* resetkeys ~worker:active:-1:*", None),
         ("broker-worker", "(~credentials:* +get) clearselectors", None),
         ("broker-worker", "%R~credit:* %R~[^c]redentials:*", None),
     ]
