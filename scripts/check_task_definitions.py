@@ -65,7 +65,8 @@ PLACEHOLDERS = {
     "REDIS_URL_BROKER_WORKER_SECRET_ARN", "REDIS_URL_POOL_MANAGER_SECRET_ARN",
     "REDIS_URL_MAINTENANCE_SECRET_ARN", "REDIS_URL_SIDECAR_SECRET_ARN",
     "REDIS_URL_DASHBOARD_SECRET_ARN", "REDIS_URL_CREDENTIAL_SEALER_SECRET_ARN",
-    "CREDENTIALS_SEALER_HOST",
+    "CREDENTIALS_SEALER_HOST", "SEALER_TLS_CERT_SECRET_ARN", "SEALER_TLS_KEY_SECRET_ARN",
+    "SEALER_TLS_CA_SECRET_ARN",
 }
 
 # Each subcommand connects to Redis as its own ACL user (deploy/redis-acl.conf):
@@ -89,7 +90,8 @@ SAMPLES = {
     "CREDENTIALS_KMS_KEY_ARN": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     **{name: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:leasehold/{name.lower()}-AbCdEf"
        for name in ("SINK_URL_SECRET_ARN", "UPSTREAM_URL_SECRET_ARN", "DASHBOARD_TOKEN_SECRET_ARN",
-                    *REDIS_URL_SECRET.values())},
+                    "SEALER_TLS_CERT_SECRET_ARN", "SEALER_TLS_KEY_SECRET_ARN",
+                    "SEALER_TLS_CA_SECRET_ARN", *REDIS_URL_SECRET.values())},
 }
 
 # Which policies each role carries: deploy/roles.json, which the code's
@@ -347,8 +349,12 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
         if sub == "broker-worker":
             url = env.get("CREDENTIALS_SEALER_URL", "")
             if not re.fullmatch(r"https?://[^/:@\s]+:\d+/?", url):
-                cerr(f"CREDENTIALS_SEALER_URL must be set to http://HOST:PORT of the credential sealer "
+                cerr(f"CREDENTIALS_SEALER_URL must be set to https://HOST:PORT of the credential sealer "
                      f"(got {url!r}): without it a worker on ECS would need a key to decrypt with")
+            elif not url.startswith("https://"):
+                cerr(f"CREDENTIALS_SEALER_URL must be https:// (got {url!r}): the sealer serves HTTPS only on ECS")
+            if "CREDENTIALS_SEALER_CA" not in listed:
+                cerr("CREDENTIALS_SEALER_CA must be set: the CA the worker trusts for the sealer")
             for var in sorted(CREDENTIALS_KEY_VARS & set(listed)):
                 cerr(f"{var}: the broker worker holds no credentials key at all (only the credential "
                      "sealer decrypts)")
@@ -371,9 +377,26 @@ def check_task_definition(path: str, td: dict, code: Code, errors: list[str], no
             host, port = listen_port(effective("SEALER_LISTEN"))
             if host.startswith("127.") or host == "localhost":
                 cerr("SEALER_LISTEN is loopback: broker workers in other tasks could not reach it")
-            check = " ".join(str(p) for p in (c.get("healthCheck") or {}).get("command", []))
-            if "/healthz" not in check or str(port) not in check:
-                cerr(f"healthCheck must request /healthz on the SEALER_LISTEN port {port}")
+            # HTTPS only on ECS (the binary refuses to start without it);
+            # the health check and Prometheus use the plain-HTTP
+            # SEALER_METRICS_LISTEN, which serves no seal.
+            for tls in ("SEALER_TLS_CERT", "SEALER_TLS_KEY"):
+                if tls not in secrets:
+                    cerr(f"{tls} must come from `secrets`: the sealer serves HTTPS only on ECS")
+            metrics = effective("SEALER_METRICS_LISTEN")
+            if not metrics:
+                cerr("SEALER_METRICS_LISTEN must be set: the ECS health check cannot speak TLS")
+            else:
+                _, metrics_port = listen_port(metrics)
+                check = " ".join(str(p) for p in (c.get("healthCheck") or {}).get("command", []))
+                if "/healthz" not in check or str(metrics_port) not in check:
+                    cerr(f"healthCheck must request /healthz on the SEALER_METRICS_LISTEN port {metrics_port}")
+                mapped = {p.get("containerPort") for p in c.get("portMappings", [])}
+                if metrics_port not in mapped:
+                    cerr(f"portMappings lacks containerPort {metrics_port} (SEALER_METRICS_LISTEN)")
+                if (c.get("dockerLabels") or {}).get("ECS_PROMETHEUS_EXPORTER_PORT") != str(metrics_port):
+                    cerr(f"dockerLabels.ECS_PROMETHEUS_EXPORTER_PORT must be {metrics_port} "
+                         "(SEALER_METRICS_LISTEN: Prometheus scrapes plain HTTP)")
             if port not in {p.get("containerPort") for p in c.get("portMappings", [])}:
                 cerr(f"portMappings lacks containerPort {port} (SEALER_LISTEN)")
             for other in containers:
@@ -871,7 +894,7 @@ def self_test(code: Code) -> int:
         ("broker worker without a sealer URL", drop_env(broker, "broker-worker", "CREDENTIALS_SEALER_URL"),
          "CREDENTIALS_SEALER_URL must be set"),
         ("sealer URL on another port",
-         set_env(broker, "broker-worker", "CREDENTIALS_SEALER_URL", "http://${CREDENTIALS_SEALER_HOST}:9481"),
+         set_env(broker, "broker-worker", "CREDENTIALS_SEALER_URL", "https://${CREDENTIALS_SEALER_HOST}:9481"),
          "differs from the sealer's SEALER_LISTEN port 9480"),
         ("broker task runs as the sealer's role", lambda t, p: t[broker].update(taskRoleArn=sealer_role),
          "taskRoleArn must be the leasehold-broker-worker-task role"),
@@ -885,7 +908,15 @@ def self_test(code: Code) -> int:
         ("sealer port not published", set_fields(sealer, "credential-sealer", portMappings=[]),
          "portMappings lacks containerPort 9480"),
         ("sealer health check elsewhere", drop_field(sealer, "credential-sealer", "healthCheck"),
-         "healthCheck must request /healthz on the SEALER_LISTEN port 9480"),
+         "healthCheck must request /healthz on the SEALER_METRICS_LISTEN port 9481"),
+        ("sealer without TLS", lambda t, p: container(t, sealer, "credential-sealer").update(
+            secrets=[s for s in container(t, sealer, "credential-sealer")["secrets"]
+                     if s["name"] != "SEALER_TLS_KEY"]), "SEALER_TLS_KEY must come from `secrets`"),
+        ("sealer metrics on the TLS port", drop_env(sealer, "credential-sealer", "SEALER_METRICS_LISTEN"),
+         "SEALER_METRICS_LISTEN must be set"),
+        ("worker asks the sealer in plain HTTP", set_env(broker, "broker-worker", "CREDENTIALS_SEALER_URL",
+                                                          "http://${CREDENTIALS_SEALER_HOST}:9480"),
+         "CREDENTIALS_SEALER_URL must be https://"),
         ("no sealer task", lambda t, p: t.pop(sealer), "no task definition runs credential-sealer"),
         ("password in a URL", set_env(stream, "stream-worker", "UPSTREAM_URL", "wss://u:hunter2@feed/x"),
          "holds a credential"),

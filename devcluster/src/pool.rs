@@ -75,6 +75,8 @@ impl PoolRuntime {
             sealer,
             leasehold_broker::sealer::CLAIM_USER_SWEEP,
             None,
+            // One process on loopback: `leasehold dev` needs no certificate.
+            None,
             background.clone(),
         ));
         let launcher = Arc::new(InProcessLauncher {

@@ -85,7 +85,11 @@ async fn start(
         Arc::new(telemetry),
     );
     let worker = match sealer_url {
-        Some(sealer) => worker.with_sealer(SealerClient::new(sealer, Duration::from_secs(5))),
+        Some(sealer) => worker.with_sealer(
+            SealerClient::new(sealer, Duration::from_secs(5))
+                .trusting(leasehold_testkit::sealer_tls::CA.as_bytes())
+                .unwrap(),
+        ),
         None => worker,
     };
     let shutdown = CancellationToken::new();
@@ -193,7 +197,8 @@ async fn main() {
     //    claim outcome reads `claimed` (polled every 0.2 ms); workers that
     //    decrypt, then workers served by a credential sealer.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sealer_url = format!("http://{}", listener.local_addr().unwrap());
+    // Over HTTPS, as deployed: the test CA's certificate for 127.0.0.1.
+    let sealer_url = format!("https://{}", listener.local_addr().unwrap());
     let sealer_bus = Arc::new(
         leasehold_pool::bus::redis::RedisPoolBus::connect(&url)
             .await
@@ -206,6 +211,13 @@ async fn main() {
         sealer,
         leasehold_broker::sealer::CLAIM_USER_SWEEP,
         None,
+        Some(Arc::new(
+            leasehold_broker::sealer::tls::server_config(
+                leasehold_testkit::sealer_tls::CERT.as_bytes(),
+                leasehold_testkit::sealer_tls::KEY.as_bytes(),
+            )
+            .unwrap(),
+        )),
         sealer_stop.clone(),
     ));
     for (mode, sealer) in [("local key", None), ("sealed", Some(sealer_url.as_str()))] {

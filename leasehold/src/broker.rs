@@ -60,21 +60,34 @@ pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(),
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let interval = settings.sweep_interval;
+    let tls = settings.tls.clone();
+    let observability = match settings.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
     let sealer = CredentialSealer::from_settings(bus, settings).await;
     let sealer = Arc::new(sealer.map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?);
     // One parseable line for tests and operators.
     let addr = listener.local_addr().context("no local address")?;
-    println!("credential sealer listening on {addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("credential sealer listening on {addr} ({scheme})");
     let metrics = sealer::install_metrics().context("cannot install the metrics recorder")?;
-    sealer::serve(
-        listener,
-        sealer,
-        interval,
-        Some(metrics),
-        shutdown_on_signal(),
-    )
-    .await
-    .context("credential sealer failed")?;
+    let shutdown = shutdown_on_signal();
+    if let Some(listener) = observability {
+        let served = sealer::serve_observability(listener, metrics.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(err) = served.await {
+                tracing::error!(error = %err, "the sealer's health and metrics listener failed");
+            }
+        });
+    }
+    sealer::serve(listener, sealer, interval, Some(metrics), tls, shutdown)
+        .await
+        .context("credential sealer failed")?;
     Ok(())
 }
 

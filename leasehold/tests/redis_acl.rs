@@ -81,8 +81,10 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     ));
 
     // The credential sealer under its user: the one process with the key.
+    // Over HTTPS, as deployed, with health and metrics on a plain port.
     let sealer_port = free_port();
     let sealer_listen = format!("127.0.0.1:{sealer_port}");
+    let sealer_metrics = format!("127.0.0.1:{}", free_port());
     let sealer = spawn_leasehold(
         "credential-sealer",
         &["credential-sealer"],
@@ -90,19 +92,40 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
             ("REDIS_URL", &redis.url("credential-sealer")),
             ("CREDENTIALS_KEY", &key),
             ("SEALER_LISTEN", &sealer_listen),
+            ("SEALER_METRICS_LISTEN", &sealer_metrics),
+            ("SEALER_TLS_CERT", leasehold_testkit::sealer_tls::CERT),
+            ("SEALER_TLS_KEY", leasehold_testkit::sealer_tls::KEY),
             ("SEALER_CLAIM_REDIS_USERS", "true"),
             ("SEALER_SWEEP_INTERVAL_MS", "300"),
             ("LEASEHOLD_LOG", "debug"),
         ]),
     );
     sealer.wait_line("credential sealer listening", Duration::from_secs(15));
+    // Plain HTTP on the sealer's port gets nothing; its health port answers.
+    let plain = leasehold_testkit::http_get(&sealer_listen, "/healthz").await;
+    assert!(
+        !matches!(plain, Ok((200, _, _))),
+        "the sealer answered plain HTTP: {plain:?}"
+    );
+    let health = leasehold_testkit::http_get(&sealer_metrics, "/healthz").await;
+    assert!(matches!(health, Ok((200, _, _))), "{health:?}");
+    let seal =
+        leasehold_testkit::http_get(&sealer_metrics, leasehold_broker::sealer::SEAL_PATH).await;
+    assert!(
+        matches!(seal, Ok((404 | 405, _, _))),
+        "the plain port must not serve seals: {seal:?}"
+    );
 
     // A pool worker under the broker-worker user (as the pool manager's
     // launcher would start it: same group, USER_ID=-1), without a key: its
     // credentials come sealed from the sealer.
     let worker_env = envs(&[
         ("REDIS_URL", &redis.url("broker-worker")),
-        ("CREDENTIALS_SEALER_URL", &format!("http://{sealer_listen}")),
+        (
+            "CREDENTIALS_SEALER_URL",
+            &format!("https://localhost:{sealer_port}"),
+        ),
+        ("CREDENTIALS_SEALER_CA", leasehold_testkit::sealer_tls::CA),
         ("POOL_GROUP", &group),
         ("USER_ID", keys::POOL_USER_ID),
         (leasehold_broker::launcher::LOCAL_GROUP_VAR, &group),
@@ -478,7 +501,7 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
     );
     outputs.push(sealer_output);
     // The sealer counts what it did on its own /metrics, every result from 0.
-    let metrics = support::sealer_metrics(&sealer_listen).await;
+    let metrics = support::sealer_metrics(&sealer_metrics).await;
     assert!(
         metrics.contains(r#"leasehold_credential_seals_total{result="sealed"} 1"#),
         "{metrics}"

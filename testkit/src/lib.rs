@@ -21,6 +21,7 @@
 //!   report for the protocol, sequence and order-path models.
 //! - [`redis_cluster`]: the test Redis Cluster, resharded as an operator would.
 //! - [`redis_replica`]: a replica of the test Redis (`SINK_WAIT_REPLICAS`).
+//! - [`sealer_tls`]: a test CA and sealer certificate, for HTTPS tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -34,6 +35,7 @@ pub mod model_check;
 pub mod pool_bus;
 pub mod redis_cluster;
 pub mod redis_replica;
+pub mod sealer_tls;
 pub mod sink;
 
 /// Address of the local DynamoDB-compatible server (e.g. `http://127.0.0.1:4566`).

@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -40,6 +41,8 @@ use leasehold_pool::protocol::{self, CredentialsGrant, GrantReason, MarkValue};
 use leasehold_pool::state::PoolState;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
+
+pub mod tls;
 
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
 use crate::sealing::{self, SealedCredentials, SealingKey};
@@ -424,19 +427,24 @@ impl IntoResponse for SealRefusal {
     }
 }
 
-/// `POST /v1/seal`, `GET /healthz` and, with a recorder, `GET /metrics`
-/// (counts only: no id, no secret).
+/// `POST /v1/seal` with [`observability_router`]'s routes.
 pub fn router(sealer: Arc<CredentialSealer>, metrics: Option<PrometheusHandle>) -> Router {
-    let router = Router::new()
+    Router::new()
         .route(SEAL_PATH, post(seal_handler))
-        .route("/healthz", get(|| async { "ok\n" }));
-    let router = match metrics {
-        Some(handle) => router.route("/metrics", get(move || async move { handle.render() })),
-        None => router,
-    };
-    router
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(sealer)
+        .merge(observability_router(metrics))
+}
+
+/// `GET /healthz` and, with a recorder, `GET /metrics` (counts only: no id,
+/// no secret), and nothing else: what `SEALER_METRICS_LISTEN` serves over
+/// plain HTTP beside an HTTPS `SEALER_LISTEN`.
+pub fn observability_router(metrics: Option<PrometheusHandle>) -> Router {
+    let router = Router::new().route("/healthz", get(|| async { "ok\n" }));
+    match metrics {
+        Some(handle) => router.route("/metrics", get(move || async move { handle.render() })),
+        None => router,
+    }
 }
 
 async fn seal_handler(
@@ -470,12 +478,15 @@ async fn seal_handler(
 }
 
 /// Serves the sealer on `listener` until `shutdown` (in-flight requests
-/// finish), sweeping claim users every `sweep` meanwhile.
+/// finish), sweeping claim users every `sweep` meanwhile; HTTPS only when
+/// `tls` is given (`SEALER_TLS_CERT`, `SEALER_TLS_KEY`), plain HTTP
+/// otherwise (`leasehold dev`, tests; refused on ECS by the settings).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     sealer: Arc<CredentialSealer>,
     sweep: Duration,
     metrics: Option<PrometheusHandle>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     let sweeper = sealer.clone();
@@ -497,11 +508,43 @@ pub async fn serve(
             }
         },
     ));
-    let served = axum::serve(listener, router(sealer, metrics))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await;
+    let app = router(sealer, metrics);
+    let served = match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+        Some(config) => {
+            let handle = axum_server::Handle::new();
+            let stopping = handle.clone();
+            let stop = tokio::spawn(async move {
+                shutdown.cancelled().await;
+                stopping.graceful_shutdown(Some(Duration::from_secs(10)));
+            });
+            let config = axum_server::tls_rustls::RustlsConfig::from_config(config);
+            let served = axum_server::from_tcp_rustls(listener.into_std()?, config)?
+                .handle(handle)
+                .serve(app.into_make_service())
+                .await;
+            stop.abort();
+            served
+        }
+    };
     sweep.abort();
     served
+}
+
+/// A client for `http://` and `https://` sealer URLs, trusting `ca_pem`.
+fn https_client(
+    ca_pem: Option<&[u8]>,
+) -> Result<Client<HttpsConnector<HttpConnector>, Full<hyper::body::Bytes>>, tls::TlsError> {
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls::client_config(ca_pem)?)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
 
 /// What a worker asks the sealer for ([`SealerClient::fetch`]).
@@ -521,13 +564,25 @@ pub struct SealAsk<'a> {
     pub mark_ttl: Duration,
 }
 
+/// Serves [`observability_router`] over plain HTTP on `listener` until
+/// `shutdown` (`SEALER_METRICS_LISTEN`).
+pub async fn serve_observability(
+    listener: tokio::net::TcpListener,
+    metrics: PrometheusHandle,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, observability_router(Some(metrics)))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
 /// A worker's side: asks the sealer at `CREDENTIALS_SEALER_URL` and opens the
 /// answer with the worker's own key.
 pub struct SealerClient {
     base: String,
     key: SealingKey,
     timeout: Duration,
-    client: Client<HttpConnector, Full<hyper::body::Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<hyper::body::Bytes>>,
 }
 
 impl std::fmt::Debug for SealerClient {
@@ -540,14 +595,24 @@ impl std::fmt::Debug for SealerClient {
 }
 
 impl SealerClient {
-    /// A client of the sealer at `base` (`http://host:port`) with a fresh key.
+    /// A client of the sealer at `base` (`http://host:port`) with a fresh
+    /// key; for `https://`, see [`SealerClient::trusting`].
     pub fn new(base: &str, timeout: Duration) -> Self {
         SealerClient {
             base: base.trim_end_matches('/').to_owned(),
             key: SealingKey::generate(),
             timeout,
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            // Trusting no CA parses nothing: only the provider's protocol
+            // versions are checked, and aws-lc-rs has them all.
+            client: https_client(None).expect("a client trusting no CA always builds"),
         }
+    }
+
+    /// This client, trusting only the CA certificates in `ca_pem` for an
+    /// `https://` sealer (`CREDENTIALS_SEALER_CA`).
+    pub fn trusting(mut self, ca_pem: &[u8]) -> Result<Self, tls::TlsError> {
+        self.client = https_client(Some(ca_pem))?;
+        Ok(self)
     }
 
     /// The public key this worker's marks carry.

@@ -76,7 +76,35 @@ pub const CREDENTIALS_SEALER_URL: Setting<String> = Setting::new(
     "CREDENTIALS_SEALER_URL",
     parse::TEXT,
     Fallback::Unset,
-    "Base URL of the credential sealer (`http://host:9480`). Set: the broker worker decrypts nothing and reads no `credentials:*` key; it gets its user's credentials sealed to its own key. Required on ECS unless a local key is allowed.",
+    "Base URL of the credential sealer (`https://host:9480`; `http://` outside ECS only). Set: the broker worker decrypts nothing and reads no `credentials:*` key; it gets its user's credentials sealed to its own key. Required on ECS unless a local key is allowed.",
+);
+/// The `CREDENTIALS_SEALER_CA` variable.
+pub const CREDENTIALS_SEALER_CA: Setting<String> = Setting::new(
+    "CREDENTIALS_SEALER_CA",
+    parse::TEXT,
+    Fallback::Unset,
+    "The CA certificate(s), PEM text, a broker worker trusts for an `https://` `CREDENTIALS_SEALER_URL` (and only those: no public roots). Required with `https://`.",
+);
+/// The `SEALER_TLS_CERT` variable.
+pub const SEALER_TLS_CERT: Setting<String> = Setting::new(
+    "SEALER_TLS_CERT",
+    parse::TEXT,
+    Fallback::Unset,
+    "The credential sealer's TLS certificate chain, PEM text (on ECS from Secrets Manager). With `SEALER_TLS_KEY` the sealer serves HTTPS only; both are required on ECS.",
+);
+/// The `SEALER_TLS_KEY` variable.
+pub const SEALER_TLS_KEY: Setting<String> = Setting::secret(
+    "SEALER_TLS_KEY",
+    parse::TEXT,
+    Fallback::Unset,
+    "The private key of `SEALER_TLS_CERT`, PEM text (PKCS#8, SEC1 or PKCS#1; a secret, never printed).",
+);
+/// The `SEALER_METRICS_LISTEN` variable.
+pub const SEALER_METRICS_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
+    "SEALER_METRICS_LISTEN",
+    parse::SOCKET_ADDR,
+    Fallback::Unset,
+    "Where the credential sealer also serves `GET /healthz` and `GET /metrics` over plain HTTP (counts only, never a seal): for the ECS health check and Prometheus when `SEALER_LISTEN` is HTTPS. Unset: none.",
 );
 /// The `SEALER_LISTEN` variable.
 pub const SEALER_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
@@ -87,7 +115,7 @@ pub const SEALER_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
             .parse()
             .expect("a socket address")
     }),
-    "Where `leasehold credential-sealer` listens for broker workers (HTTP, `POST /v1/seal`).",
+    "Where `leasehold credential-sealer` listens for broker workers (`POST /v1/seal`; HTTPS with `SEALER_TLS_CERT`/`SEALER_TLS_KEY`).",
 );
 /// The `SEALER_CLAIM_REDIS_USERS` variable.
 pub const SEALER_CLAIM_REDIS_USERS: Setting<bool> = Setting::new(
@@ -343,7 +371,11 @@ pub const ALL: &[&dyn Documented] = &[
     &CREDENTIALS_KEY_FILE,
     &CREDENTIALS_ALLOW_LOCAL_KEY,
     &CREDENTIALS_SEALER_URL,
+    &CREDENTIALS_SEALER_CA,
+    &SEALER_TLS_CERT,
+    &SEALER_TLS_KEY,
     &SEALER_LISTEN,
+    &SEALER_METRICS_LISTEN,
     &SEALER_CLAIM_REDIS_USERS,
     &SEALER_SWEEP_INTERVAL_MS,
     &WORKER_ID,
@@ -462,6 +494,8 @@ pub struct BrokerWorkerSettings {
     pub cipher: Keyring,
     /// `CREDENTIALS_SEALER_URL`: where sealed credentials come from.
     pub sealer_url: Option<String>,
+    /// `CREDENTIALS_SEALER_CA`: the CA trusted for an `https://` sealer URL.
+    pub sealer_ca: Option<String>,
     /// Paper broker behaviour.
     pub paper: PaperConfig,
 }
@@ -501,6 +535,12 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
                 env.problem(
                     CREDENTIALS_SEALER_URL.name,
                     "must be an http:// or https:// URL",
+                );
+            }
+            if url.starts_with("http://") && production(&env) {
+                env.problem(
+                    CREDENTIALS_SEALER_URL.name,
+                    "must be https:// on ECS (the sealer serves HTTPS only there)",
                 );
             }
             Keyring::default()
@@ -566,6 +606,23 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
             sidecar_url: env.optional(&leasehold_telemetry::settings::SIDECAR_URL),
         },
     };
+    let sealer_ca = env.optional(&CREDENTIALS_SEALER_CA);
+    if sealer_url
+        .as_deref()
+        .is_some_and(|url| url.starts_with("https://"))
+    {
+        match &sealer_ca {
+            None => env.problem(
+                CREDENTIALS_SEALER_CA.name,
+                "is required with an https:// CREDENTIALS_SEALER_URL (the CA of the sealer's certificate)",
+            ),
+            Some(pem) => {
+                if let Err(err) = crate::sealer::tls::client_config(Some(pem.as_bytes())) {
+                    env.problem(CREDENTIALS_SEALER_CA.name, err);
+                }
+            }
+        }
+    }
     let paper = PaperConfig {
         latency: env.get(&PAPER_LATENCY_MS),
         failure_rate: env.get(&PAPER_FAILURE_RATE),
@@ -577,6 +634,7 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
         worker,
         cipher,
         sealer_url,
+        sealer_ca,
         paper,
     })
 }
@@ -591,10 +649,15 @@ pub struct SealerSettings {
     pub cipher: Keyring,
     /// `SEALER_LISTEN`.
     pub listen: std::net::SocketAddr,
+    /// `SEALER_METRICS_LISTEN`: plain-HTTP `/healthz` and `/metrics`.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// `SEALER_CLAIM_REDIS_USERS`.
     pub claim_redis_users: bool,
     /// `SEALER_SWEEP_INTERVAL_MS`.
     pub sweep_interval: Duration,
+    /// `SEALER_TLS_CERT` + `SEALER_TLS_KEY`: serve HTTPS only (`None`: plain
+    /// HTTP, refused on ECS).
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 /// Reads the credential sealer's settings.
@@ -603,14 +666,47 @@ pub fn sealer_settings(lookup: Lookup) -> Result<SealerSettings, ConfigError> {
     let redis_url = env.get(&REDIS_URL);
     let cipher = keyring(&mut env);
     let listen = env.get(&SEALER_LISTEN);
+    let metrics_listen = env.optional(&SEALER_METRICS_LISTEN);
     let claim_redis_users = env.get(&SEALER_CLAIM_REDIS_USERS);
     let sweep_interval = env.get(&SEALER_SWEEP_INTERVAL_MS);
+    let cert = env.optional(&SEALER_TLS_CERT);
+    let key = env.optional(&SEALER_TLS_KEY).map(zeroize::Zeroizing::new);
+    let tls = match (cert, key) {
+        (Some(cert), Some(key)) => {
+            match crate::sealer::tls::server_config(cert.as_bytes(), key.as_bytes()) {
+                Ok(config) => Some(std::sync::Arc::new(config)),
+                Err(err) => {
+                    env.problem(SEALER_TLS_CERT.name, format!("with SEALER_TLS_KEY {err}"));
+                    None
+                }
+            }
+        }
+        (Some(_), None) => {
+            env.problem(SEALER_TLS_KEY.name, "is required with SEALER_TLS_CERT");
+            None
+        }
+        (None, Some(_)) => {
+            env.problem(SEALER_TLS_CERT.name, "is required with SEALER_TLS_KEY");
+            None
+        }
+        (None, None) => {
+            if production(&env) {
+                env.problem(
+                    SEALER_TLS_CERT.name,
+                    "and SEALER_TLS_KEY are required on ECS: the sealer serves HTTPS only there",
+                );
+            }
+            None
+        }
+    };
     env.finish(SealerSettings {
         redis_url: redis_url.into(),
         cipher,
         listen,
+        metrics_listen,
         claim_redis_users,
         sweep_interval,
+        tls,
     })
 }
 

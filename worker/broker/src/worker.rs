@@ -145,12 +145,22 @@ impl BrokerWorker {
         let brokers = HashMap::from([("paper".to_owned(), paper as Arc<dyn Broker>)]);
         let cipher = Arc::new(settings.cipher);
         let worker = BrokerWorker::new(settings.worker, bus, cipher, brokers, telemetry);
-        match &settings.sealer_url {
-            Some(url) => worker
-                .with_sealer(SealerClient::new(url, SEALER_TIMEOUT))
-                .with_claim_redis_url(settings.redis_url),
-            None => worker,
-        }
+        let Some(url) = &settings.sealer_url else {
+            return worker;
+        };
+        let client = SealerClient::new(url, SEALER_TIMEOUT);
+        let client = match &settings.sealer_ca {
+            // The settings parsed it already; a failure here leaves a client
+            // that trusts nothing, so an https:// sealer answers nothing.
+            Some(pem) => client.trusting(pem.as_bytes()).unwrap_or_else(|err| {
+                tracing::error!(error = %err, "CREDENTIALS_SEALER_CA cannot be used");
+                SealerClient::new(url, SEALER_TIMEOUT)
+            }),
+            None => client,
+        };
+        worker
+            .with_sealer(client)
+            .with_claim_redis_url(settings.redis_url)
     }
 }
 

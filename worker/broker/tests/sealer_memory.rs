@@ -65,6 +65,7 @@ async fn start_sealer(bus: Arc<dyn PoolBus>, key: &str, stop: CancellationToken)
         sealer,
         sealer::CLAIM_USER_SWEEP,
         None,
+        None,
         stop,
     ));
     url
@@ -222,4 +223,54 @@ async fn a_worker_gets_only_its_claimed_users_credentials_sealed_to_its_own_key(
     for worker in [w1, w2] {
         worker.await.unwrap().unwrap();
     }
+}
+
+/// Over HTTPS, a worker reaches the sealer only through a certificate its
+/// `CREDENTIALS_SEALER_CA` vouches for: a client that trusts no CA (or
+/// another one) gets no answer at all, and plain HTTP gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_https_only_a_client_that_trusts_the_sealers_ca_is_answered() {
+    use leasehold_testkit::sealer_tls;
+    let bus: Arc<dyn PoolBus> = Arc::new(MemoryPoolBus::new());
+    let key = AesGcmCipher::generate_key();
+    let cipher = Arc::new(AesGcmCipher::from_base64_key(&key).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = CancellationToken::new();
+    let tls = sealer::tls::server_config(sealer_tls::CERT.as_bytes(), sealer_tls::KEY.as_bytes())
+        .unwrap();
+    tokio::spawn(sealer::serve(
+        listener,
+        Arc::new(CredentialSealer::new(bus, cipher)),
+        sealer::CLAIM_USER_SWEEP,
+        None,
+        Some(Arc::new(tls)),
+        stop.clone(),
+    ));
+    let ask = sealer::SealAsk {
+        user_id: "alice",
+        worker_id: "w1",
+        task_id: "",
+        binding: "",
+        mark_ttl: Duration::from_secs(2),
+    };
+    let url = format!("https://localhost:{port}");
+    // Trusted: the sealer answers (here: no grant for alice).
+    let trusted = SealerClient::new(&url, Duration::from_secs(5))
+        .trusting(sealer_tls::CA.as_bytes())
+        .unwrap();
+    let err = trusted.fetch(&ask).await.unwrap_err();
+    assert!(err.to_string().contains("no credentials grant"), "{err}");
+    // Not trusted: the handshake fails, no answer is read.
+    let untrusting = SealerClient::new(&url, Duration::from_secs(5));
+    let err = untrusting.fetch(&ask).await.unwrap_err();
+    assert!(matches!(err, CipherError::SealerUnavailable(_)), "{err:?}");
+    assert!(!err.to_string().contains("no credentials grant"), "{err}");
+    // Plain HTTP to the HTTPS port.
+    let plain = SealerClient::new(&format!("http://127.0.0.1:{port}"), Duration::from_secs(5));
+    assert!(matches!(
+        plain.fetch(&ask).await.unwrap_err(),
+        CipherError::SealerUnavailable(_)
+    ));
+    stop.cancel();
 }

@@ -163,9 +163,25 @@ fn on_ecs_a_broker_worker_needs_the_sealer_and_then_holds_no_cipher() {
             .any(|p| p.contains("CREDENTIALS_SEALER_URL") && p.contains("required on ECS")),
         "{err}"
     );
-    let settings =
-        worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "http://sealer:9480")])).unwrap();
-    assert_eq!(settings.sealer_url.as_deref(), Some("http://sealer:9480"));
+    // Plain HTTP to the sealer is refused on ECS, and HTTPS needs the CA.
+    let err =
+        worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "http://sealer:9480")])).unwrap_err();
+    assert!(err.to_string().contains("must be https:// on ECS"), "{err}");
+    let err =
+        worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "https://sealer:9480")])).unwrap_err();
+    assert!(err.to_string().contains("CREDENTIALS_SEALER_CA"), "{err}");
+    let err = worker_settings(&ecs(&[
+        ("CREDENTIALS_SEALER_URL", "https://sealer:9480"),
+        ("CREDENTIALS_SEALER_CA", "not a certificate"),
+    ]))
+    .unwrap_err();
+    assert!(err.to_string().contains("CREDENTIALS_SEALER_CA"), "{err}");
+    let settings = worker_settings(&ecs(&[
+        ("CREDENTIALS_SEALER_URL", "https://sealer:9480"),
+        ("CREDENTIALS_SEALER_CA", leasehold_testkit::sealer_tls::CA),
+    ]))
+    .unwrap();
+    assert_eq!(settings.sealer_url.as_deref(), Some("https://sealer:9480"));
     assert!(settings.cipher.local.is_none() && settings.cipher.kms.is_none());
     let err = worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "sealer:9480")])).unwrap_err();
     assert!(err.to_string().contains("http://"), "{err}");
@@ -204,4 +220,37 @@ fn the_ecs_launcher_needs_a_task_definition() {
     launcher_settings(&mut env);
     let err = env.finish(()).unwrap_err();
     assert!(err.problems[0].starts_with("ECS_TASK_DEFINITION"), "{err}");
+}
+
+#[test]
+fn on_ecs_the_sealer_serves_https_with_a_matching_key() {
+    use leasehold_testkit::sealer_tls::{CERT, KEY};
+    let ecs = |extra: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            [
+                ("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x"),
+                ("CREDENTIALS_KMS_KEY_ID", "alias/k"),
+            ]
+            .iter()
+            .chain(extra)
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| (*v).to_owned())
+        }
+    };
+    let err = sealer_settings(&ecs(&[])).unwrap_err();
+    assert!(err.to_string().contains("required on ECS"), "{err}");
+    let err = sealer_settings(&ecs(&[("SEALER_TLS_CERT", CERT)])).unwrap_err();
+    assert!(
+        err.to_string().contains("SEALER_TLS_KEY: is required"),
+        "{err}"
+    );
+    let settings =
+        sealer_settings(&ecs(&[("SEALER_TLS_CERT", CERT), ("SEALER_TLS_KEY", KEY)])).unwrap();
+    assert!(settings.tls.is_some());
+    // The key's text never shows in an error or in the settings' Debug.
+    let secret_line = KEY.lines().nth(1).unwrap();
+    let err =
+        sealer_settings(&ecs(&[("SEALER_TLS_CERT", KEY), ("SEALER_TLS_KEY", KEY)])).unwrap_err();
+    assert!(!err.to_string().contains(secret_line), "{err}");
+    assert!(!format!("{settings:?}").contains(secret_line));
 }
