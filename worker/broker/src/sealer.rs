@@ -234,14 +234,11 @@ pub async fn grant_credentials(
         .await
 }
 
-/// The mark TTL the sealer sets when the asker names none.
-const DEFAULT_MARK_TTL: Duration = Duration::from_secs(30);
-
 /// The mark TTL a request may ask for: long enough for a slow first
 /// heartbeat, short enough that a worker that dies at once frees the user.
 fn mark_ttl(requested_ms: u64) -> Duration {
     match requested_ms {
-        0 => DEFAULT_MARK_TTL,
+        0 => crate::worker::DEFAULT_MARK_TTL,
         ms => Duration::from_millis(ms).clamp(Duration::from_secs(1), Duration::from_secs(600)),
     }
 }
@@ -709,7 +706,7 @@ mod tests {
 
     #[test]
     fn a_mark_ttl_is_bounded_and_defaults() {
-        assert_eq!(mark_ttl(0), DEFAULT_MARK_TTL);
+        assert_eq!(mark_ttl(0), crate::worker::DEFAULT_MARK_TTL);
         assert_eq!(mark_ttl(5), Duration::from_secs(1));
         assert_eq!(mark_ttl(20_000), Duration::from_secs(20));
         assert_eq!(mark_ttl(u64::MAX), Duration::from_secs(600));

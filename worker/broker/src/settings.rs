@@ -212,7 +212,7 @@ pub const WORKER_HEARTBEAT_MS: Setting<Duration> = Setting::new(
 pub const WORKER_MARK_TTL_SECONDS: Setting<Duration> = Setting::new(
     "WORKER_MARK_TTL_SECONDS",
     parse::POSITIVE_SECONDS,
-    Fallback::Value(|| Duration::from_secs(30)),
+    Fallback::Value(|| crate::worker::DEFAULT_MARK_TTL),
     "TTL of `worker:active:…` and `worker:metadata:…`; a dead worker's mark disappears after this.",
 );
 /// The `WORKER_BLOCK_SECONDS` variable.

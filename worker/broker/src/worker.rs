@@ -128,6 +128,10 @@ pub struct BrokerWorkerConfig {
     pub metadata: WorkerMetadata,
 }
 
+/// A user's mark TTL unless `WORKER_MARK_TTL_SECONDS` says otherwise (the
+/// sealer's too, for an asker that names none).
+pub const DEFAULT_MARK_TTL: Duration = Duration::from_secs(30);
+
 /// How long a worker waits for the credential sealer (which may wait for KMS).
 const SEALER_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -86,6 +86,29 @@ impl MarkSeen {
     }
 }
 
+/// What the claim and settle steps do with the user's mark (the Lua's
+/// `taken_for_me`): a worker may take a free user, or one the sealer's
+/// assign step already gave it, never another worker's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkTake {
+    /// No mark: set it (no sealer).
+    Set,
+    /// The sealer set it for this worker: leave it (a broker worker may not
+    /// write user marks).
+    AlreadyMine,
+    /// Another worker, or a value that is not a mark: refuse.
+    Refuse,
+}
+
+/// [`MarkTake`] for `worker_id` given the stored mark.
+pub fn take_mark(mark: &MarkSeen, worker_id: &str) -> MarkTake {
+    match mark {
+        MarkSeen::Absent => MarkTake::Set,
+        MarkSeen::Held(holder) if holder == worker_id => MarkTake::AlreadyMine,
+        _ => MarkTake::Refuse,
+    }
+}
+
 /// The step's decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Assignment {
@@ -570,6 +593,20 @@ mod tests {
         assert_eq!(value["used_by"], "w1");
         assert_eq!(value["claim_id"], "c1");
         assert_eq!(value["granted_at"], 5);
+    }
+
+    #[test]
+    fn a_worker_takes_a_free_mark_or_its_own_and_never_another() {
+        assert_eq!(take_mark(&MarkSeen::Absent, "w1"), MarkTake::Set);
+        assert_eq!(
+            take_mark(&MarkSeen::Held("w1".into()), "w1"),
+            MarkTake::AlreadyMine
+        );
+        assert_eq!(
+            take_mark(&MarkSeen::Held("w2".into()), "w1"),
+            MarkTake::Refuse
+        );
+        assert_eq!(take_mark(&MarkSeen::Unreadable, "w1"), MarkTake::Refuse);
     }
 
     #[test]

@@ -487,12 +487,17 @@ impl Keyspace {
         ttl: Duration,
         now: Instant,
     ) -> Result<bool, BusError> {
+        use crate::bus::assign::{MarkSeen, MarkTake, take_mark};
         let key = keys::worker_active(mark.user_id);
-        if !self.exists(&key, now) {
-            self.set(&key, mark.value, Some(ttl), now);
-            return Ok(true);
-        }
-        Ok(self.mark_holder(mark.user_id, now)?.as_deref() == Some(mark.worker_id))
+        let stored = MarkSeen::of(self.get(&key, now)?.as_deref());
+        Ok(match take_mark(&stored, mark.worker_id) {
+            MarkTake::Set => {
+                self.set(&key, mark.value, Some(ttl), now);
+                true
+            }
+            MarkTake::AlreadyMine => true,
+            MarkTake::Refuse => false,
+        })
     }
 
     /// The Lua guard: the mark is absent or names `worker_id`.

@@ -178,7 +178,8 @@ fn with_record_fields(script: &str) -> String {
         .replace("{done}", record::DONE)
 }
 
-/// Lua prefix of the claim scripts: `taken_for_me(mark_key, value, ttl)`
+/// Lua prefix of the claim scripts, `assign::take_mark` in Lua:
+/// `taken_for_me(mark_key, value, ttl)`
 /// is true when the user's mark names the worker `value` (a mark JSON)
 /// names (the credential sealer set it in its assign step; nothing is
 /// written, as a broker worker may not write user marks), or when there was
