@@ -55,6 +55,11 @@ pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(),
     iam::declare("credential-sealer", &lookup);
     harden()?;
     let settings = settings::sealer_settings(&lookup)?;
+    if settings.callers.is_none() {
+        tracing::warn!(
+            "SEALER_CALLER_AUTH=none: the sealer answers any caller that reaches it (outside ECS only; set aws-iam to have callers prove their task role)"
+        );
+    }
     let bus = pool_bus(settings.redis_url.expose()).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

@@ -42,6 +42,7 @@ use leasehold_pool::state::PoolState;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 
+pub mod caller;
 pub mod tls;
 
 use crate::credentials::{CipherError, Credentials, CredentialsCipher};
@@ -65,6 +66,7 @@ pub const METRICS: &[&str] = &[SEALS_TOTAL];
 /// The `result` values of [`SEALS_TOTAL`]: `sealed`, then each refusal's.
 pub const SEAL_RESULTS: &[&str] = &[
     "sealed",
+    "unauthenticated",
     "bad_request",
     "no_grant",
     "grant_used",
@@ -143,6 +145,10 @@ pub const CLAIM_USER_SWEEP: Duration = Duration::from_secs(5);
 /// names ids and reasons, never a secret).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SealRefusal {
+    /// The caller did not prove it is a broker worker of the task it names
+    /// (`SEALER_CALLER_AUTH=aws-iam`): nothing was read or decrypted.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
     /// The request is not usable (bad user id or key).
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -186,6 +192,7 @@ impl SealRefusal {
     /// Its `result` label on [`SEALS_TOTAL`] (one of [`SEAL_RESULTS`]).
     pub fn label(&self) -> &'static str {
         match self {
+            SealRefusal::Unauthenticated(_) => "unauthenticated",
             SealRefusal::BadRequest(_) => "bad_request",
             SealRefusal::NoGrant(_) => "no_grant",
             SealRefusal::GrantUsed(_) => "grant_used",
@@ -199,12 +206,22 @@ impl SealRefusal {
     /// The HTTP status the refusal is answered with.
     pub fn status(&self) -> StatusCode {
         match self {
+            SealRefusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             SealRefusal::BadRequest(_) => StatusCode::BAD_REQUEST,
             SealRefusal::NoGrant(_) | SealRefusal::NotTheHolder { .. } => StatusCode::FORBIDDEN,
             SealRefusal::GrantUsed(_) => StatusCode::CONFLICT,
             SealRefusal::NoCredentials(_) => StatusCode::NOT_FOUND,
             SealRefusal::DoesNotDecrypt { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             SealRefusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl From<caller::CallerError> for SealRefusal {
+    fn from(err: caller::CallerError) -> Self {
+        match err.is_transient() {
+            true => SealRefusal::Unavailable(err.to_string()),
+            false => SealRefusal::Unauthenticated(err.to_string()),
         }
     }
 }
@@ -248,6 +265,7 @@ pub struct CredentialSealer {
     bus: Arc<dyn PoolBus>,
     cipher: Arc<dyn CredentialsCipher>,
     claim_users: Option<ClaimUsers>,
+    callers: Option<Arc<caller::CallerVerifier>>,
 }
 
 impl CredentialSealer {
@@ -257,6 +275,7 @@ impl CredentialSealer {
             bus,
             cipher,
             claim_users: None,
+            callers: None,
         }
     }
 
@@ -267,7 +286,10 @@ impl CredentialSealer {
         bus: Arc<dyn PoolBus>,
         settings: crate::settings::SealerSettings,
     ) -> Result<Self, BusError> {
-        let sealer = CredentialSealer::new(bus, Arc::new(settings.cipher));
+        let mut sealer = CredentialSealer::new(bus, Arc::new(settings.cipher));
+        if let Some(policy) = settings.callers {
+            sealer = sealer.with_callers(caller::CallerVerifier::new(policy));
+        }
         if !settings.claim_redis_users {
             return Ok(sealer);
         }
@@ -280,6 +302,33 @@ impl CredentialSealer {
     pub fn with_claim_users(mut self, claim_users: ClaimUsers) -> Self {
         self.claim_users = Some(claim_users);
         self
+    }
+
+    /// Answers only callers that prove, with a signed `GetCallerIdentity`,
+    /// that they are a broker role's session for the worker and task they
+    /// name (`SEALER_CALLER_AUTH=aws-iam`).
+    pub fn with_callers(mut self, verifier: caller::CallerVerifier) -> Self {
+        self.callers = Some(Arc::new(verifier));
+        self
+    }
+
+    /// Checks the caller's proof (the [`caller::PROOF_HEADER`] value) when
+    /// callers must authenticate: before anything is read or decrypted, so
+    /// an unauthenticated peer causes no Redis read, no KMS call, no change.
+    pub async fn authenticate(
+        &self,
+        proof: Option<&str>,
+        request: &SealRequest,
+    ) -> Result<(), SealRefusal> {
+        match &self.callers {
+            None => Ok(()),
+            Some(verifier) => {
+                verifier
+                    .verify(proof, &request.worker_id, &request.task_id)
+                    .await?;
+                Ok(())
+            }
+        }
     }
 
     /// Deletes the claim users whose user has no worker and no grant, and
@@ -446,9 +495,16 @@ pub fn observability_router(metrics: Option<PrometheusHandle>) -> Router {
 
 async fn seal_handler(
     State(sealer): State<Arc<CredentialSealer>>,
+    headers: axum::http::HeaderMap,
     Json(request): Json<SealRequest>,
 ) -> Result<Json<SealedAnswer>, SealRefusal> {
-    let sealed = sealer.seal(&request).await;
+    let proof = headers
+        .get(caller::PROOF_HEADER)
+        .and_then(|value| value.to_str().ok());
+    let sealed = match sealer.authenticate(proof, &request).await {
+        Ok(()) => sealer.seal(&request).await,
+        Err(refusal) => Err(refusal),
+    };
     let result = sealed
         .as_ref()
         .map_or_else(SealRefusal::label, |_| "sealed");
@@ -580,6 +636,7 @@ pub struct SealerClient {
     key: SealingKey,
     timeout: Duration,
     client: Client<HttpsConnector<HttpConnector>, Full<hyper::body::Bytes>>,
+    prover: Option<Arc<caller::CallerProver>>,
 }
 
 impl std::fmt::Debug for SealerClient {
@@ -602,7 +659,15 @@ impl SealerClient {
             // Trusting no CA parses nothing: only the provider's protocol
             // versions are checked, and aws-lc-rs has them all.
             client: https_client(None).expect("a client trusting no CA always builds"),
+            prover: None,
         }
+    }
+
+    /// This client, proving its AWS identity on every request
+    /// (`SEALER_CALLER_AUTH=aws-iam`).
+    pub fn proving(mut self, prover: caller::CallerProver) -> Self {
+        self.prover = Some(Arc::new(prover));
+        self
     }
 
     /// This client, trusting only the CA certificates in `ca_pem` for an
@@ -630,8 +695,16 @@ impl SealerClient {
             mark_ttl_ms: u64::try_from(ask.mark_ttl.as_millis()).unwrap_or(u64::MAX),
         })
         .map_err(|err| CipherError::SealerUnavailable(err.to_string()))?;
-        let request = hyper::Request::post(format!("{}{SEAL_PATH}", self.base))
-            .header(hyper::header::CONTENT_TYPE, "application/json")
+        let mut request = hyper::Request::post(format!("{}{SEAL_PATH}", self.base))
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if let Some(prover) = &self.prover {
+            let proof = prover
+                .proof()
+                .await
+                .map_err(|err| CipherError::SealerUnavailable(err.to_string()))?;
+            request = request.header(caller::PROOF_HEADER, proof);
+        }
+        let request = request
             .body(Full::new(hyper::body::Bytes::from(body)))
             .map_err(|_| {
                 CipherError::SealerUnavailable("CREDENTIALS_SEALER_URL is not a valid URL".into())
@@ -715,6 +788,7 @@ mod tests {
     #[test]
     fn every_refusal_has_a_counted_result() {
         for refusal in [
+            SealRefusal::Unauthenticated("x".into()),
             SealRefusal::BadRequest("x".into()),
             SealRefusal::NoGrant("u".into()),
             SealRefusal::GrantUsed("u".into()),

@@ -18,6 +18,7 @@ use crate::credentials::{AesGcmCipher, Keyring, KmsEnvelope};
 use crate::launcher::{EcsLauncher, EcsSettings, LocalLauncher, TaskLauncher};
 use crate::maintenance::SweepConfig;
 use crate::paper::PaperConfig;
+use crate::sealer::caller::{AllowedRole, CallerAuth, CallerPolicy};
 use crate::worker::{BrokerWorkerConfig, DEFAULT_QUEUE_MAX, RequestBounds, WorkerMetadata};
 use leasehold_platform::aws::{RetryPolicy, sdk_config};
 
@@ -130,6 +131,40 @@ pub const SEALER_SWEEP_INTERVAL_MS: Setting<Duration> = Setting::new(
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| crate::sealer::CLAIM_USER_SWEEP),
     "How often the credential sealer deletes per-claim Redis users whose user has no worker and no grant, and makes again those a failover or `ACL LOAD` dropped while their holder still holds the user.",
+);
+/// The `SEALER_CALLER_AUTH` variable.
+pub const SEALER_CALLER_AUTH: Setting<CallerAuth> = Setting::new(
+    "SEALER_CALLER_AUTH",
+    Parser {
+        parse: CallerAuth::parse,
+        show: |auth| match auth {
+            CallerAuth::None => "none".into(),
+            CallerAuth::AwsIam => "aws-iam".into(),
+        },
+    },
+    Fallback::Value(|| CallerAuth::None),
+    "How the credential sealer knows who asks, read by the sealer and by broker workers alike: `aws-iam` (a worker signs an `sts:GetCallerIdentity` request with its task role and the sealer has STS verify it; required on ECS) or `none` (outside ECS only).",
+);
+/// The `SEALER_STS_ENDPOINT` variable.
+pub const SEALER_STS_ENDPOINT: Setting<String> = Setting::new(
+    "SEALER_STS_ENDPOINT",
+    parse::TEXT,
+    Fallback::Derived("https://sts.{AWS_REGION}.amazonaws.com/"),
+    "The STS endpoint caller proofs are signed for and verified at (`aws-iam`); the sealer sends a proof to no other URL. Set the same value on the sealer and the broker workers.",
+);
+/// The `SEALER_AUDIENCE` variable.
+pub const SEALER_AUDIENCE: Setting<String> = Setting::new(
+    "SEALER_AUDIENCE",
+    parse::TEXT,
+    Fallback::Value(|| crate::sealer::caller::DEFAULT_AUDIENCE.to_owned()),
+    "The name a caller proof is signed for (header `x-leasehold-sealer-audience`), so a proof made for one sealer is refused by another service and the other way round. Same value on the sealer and the broker workers.",
+);
+/// The `SEALER_CALLER_ROLES` variable.
+pub const SEALER_CALLER_ROLES: Setting<Vec<String>> = Setting::new(
+    "SEALER_CALLER_ROLES",
+    parse::LIST,
+    Fallback::Unset,
+    "The IAM role ARNs whose sessions the credential sealer answers (`aws-iam`; comma-separated, account included): the broker workers' task role. Required with `aws-iam`.",
 );
 /// The `WORKER_ID` variable.
 pub const WORKER_ID: Setting<String> = Setting::new(
@@ -378,6 +413,10 @@ pub const ALL: &[&dyn Documented] = &[
     &SEALER_METRICS_LISTEN,
     &SEALER_CLAIM_REDIS_USERS,
     &SEALER_SWEEP_INTERVAL_MS,
+    &SEALER_CALLER_AUTH,
+    &SEALER_STS_ENDPOINT,
+    &SEALER_AUDIENCE,
+    &SEALER_CALLER_ROLES,
     &WORKER_ID,
     &POOL_TARGET_SIZE,
     &TASK_LAUNCHER,
@@ -483,6 +522,39 @@ pub fn keyring(env: &mut Env) -> Keyring {
     }
 }
 
+/// `SEALER_CALLER_AUTH` (`none` is refused on ECS): whether callers prove
+/// who they are.
+fn caller_auth(env: &mut Env) -> bool {
+    let auth = env.get(&SEALER_CALLER_AUTH);
+    if auth == CallerAuth::None && production(env) {
+        env.problem(
+            SEALER_CALLER_AUTH.name,
+            "must be aws-iam on ECS: the sealer answers only broker workers that prove their task role",
+        );
+    }
+    auth == CallerAuth::AwsIam
+}
+
+/// `SEALER_STS_ENDPOINT`, checked: `None` means the region's endpoint.
+fn sts_endpoint(env: &mut Env) -> Option<String> {
+    let endpoint = env.optional(&SEALER_STS_ENDPOINT)?;
+    if !endpoint.starts_with("https://") && !endpoint.starts_with("http://") {
+        env.problem(SEALER_STS_ENDPOINT.name, "must be an https:// URL");
+    } else if endpoint.starts_with("http://") && production(env) {
+        env.problem(SEALER_STS_ENDPOINT.name, "must be https:// on ECS");
+    }
+    Some(endpoint)
+}
+
+/// What a broker worker's caller proofs are signed for.
+#[derive(Debug, Clone)]
+pub struct ProofSettings {
+    /// `SEALER_STS_ENDPOINT` (`None`: the region's).
+    pub sts_endpoint: Option<String>,
+    /// `SEALER_AUDIENCE`.
+    pub audience: String,
+}
+
 /// Everything `leasehold broker-worker` needs.
 #[derive(Debug)]
 pub struct BrokerWorkerSettings {
@@ -496,6 +568,8 @@ pub struct BrokerWorkerSettings {
     pub sealer_url: Option<String>,
     /// `CREDENTIALS_SEALER_CA`: the CA trusted for an `https://` sealer URL.
     pub sealer_ca: Option<String>,
+    /// `SEALER_CALLER_AUTH=aws-iam`: sign caller proofs for the sealer.
+    pub caller_proof: Option<ProofSettings>,
     /// Paper broker behaviour.
     pub paper: PaperConfig,
 }
@@ -623,6 +697,13 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
             }
         }
     }
+    let caller_proof = match sealer_url.is_some() && caller_auth(&mut env) {
+        true => Some(ProofSettings {
+            sts_endpoint: sts_endpoint(&mut env),
+            audience: env.get(&SEALER_AUDIENCE),
+        }),
+        false => None,
+    };
     let paper = PaperConfig {
         latency: env.get(&PAPER_LATENCY_MS),
         failure_rate: env.get(&PAPER_FAILURE_RATE),
@@ -635,6 +716,7 @@ pub fn worker_settings(lookup: Lookup) -> Result<BrokerWorkerSettings, ConfigErr
         cipher,
         sealer_url,
         sealer_ca,
+        caller_proof,
         paper,
     })
 }
@@ -658,6 +740,8 @@ pub struct SealerSettings {
     /// `SEALER_TLS_CERT` + `SEALER_TLS_KEY`: serve HTTPS only (`None`: plain
     /// HTTP, refused on ECS).
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// `SEALER_CALLER_AUTH=aws-iam`: whose proofs the sealer admits.
+    pub callers: Option<CallerPolicy>,
 }
 
 /// Reads the credential sealer's settings.
@@ -699,6 +783,7 @@ pub fn sealer_settings(lookup: Lookup) -> Result<SealerSettings, ConfigError> {
             None
         }
     };
+    let callers = caller_auth(&mut env).then(|| caller_policy(&mut env));
     env.finish(SealerSettings {
         redis_url: redis_url.into(),
         cipher,
@@ -707,7 +792,40 @@ pub fn sealer_settings(lookup: Lookup) -> Result<SealerSettings, ConfigError> {
         claim_redis_users,
         sweep_interval,
         tls,
+        callers,
     })
+}
+
+/// The sealer's [`CallerPolicy`] from `SEALER_STS_ENDPOINT` (or
+/// `AWS_REGION`), `SEALER_AUDIENCE` and `SEALER_CALLER_ROLES`.
+fn caller_policy(env: &mut Env) -> CallerPolicy {
+    let region = env.raw(leasehold_platform::logging::AWS_REGION.name);
+    let sts_endpoint = match (sts_endpoint(env), region) {
+        (Some(endpoint), _) => endpoint,
+        (None, Some(region)) => crate::sealer::caller::regional_sts_endpoint(&region),
+        (None, None) => {
+            env.problem(
+                SEALER_STS_ENDPOINT.name,
+                "is required with SEALER_CALLER_AUTH=aws-iam when AWS_REGION is not set",
+            );
+            String::new()
+        }
+    };
+    let mut roles = Vec::new();
+    for arn in env
+        .required(&SEALER_CALLER_ROLES, "with SEALER_CALLER_AUTH=aws-iam")
+        .unwrap_or_default()
+    {
+        match AllowedRole::parse(&arn) {
+            Ok(role) => roles.push(role),
+            Err(problem) => env.problem(SEALER_CALLER_ROLES.name, problem),
+        }
+    }
+    CallerPolicy {
+        sts_endpoint,
+        audience: env.get(&SEALER_AUDIENCE),
+        roles,
+    }
 }
 
 /// Which launcher.

@@ -162,6 +162,13 @@ impl BrokerWorker {
             }),
             None => client,
         };
+        let client = match settings.caller_proof {
+            Some(proof) => client.proving(crate::sealer::caller::CallerProver::from_environment(
+                proof.sts_endpoint,
+                proof.audience,
+            )),
+            None => client,
+        };
         worker
             .with_sealer(client)
             .with_claim_redis_url(settings.redis_url)

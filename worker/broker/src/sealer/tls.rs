@@ -74,6 +74,17 @@ pub fn client_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, TlsE
         .with_no_client_auth())
 }
 
+/// A client configuration trusting the public web PKI (Mozilla's roots, as
+/// `webpki-roots` ships them): what the sealer calls STS with.
+pub fn public_client_config() -> Result<rustls::ClientConfig, TlsError> {
+    let roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|err| TlsError::Refused(err.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -179,8 +179,12 @@ fn on_ecs_a_broker_worker_needs_the_sealer_and_then_holds_no_cipher() {
     let settings = worker_settings(&ecs(&[
         ("CREDENTIALS_SEALER_URL", "https://sealer:9480"),
         ("CREDENTIALS_SEALER_CA", leasehold_testkit::sealer_tls::CA),
+        ("SEALER_CALLER_AUTH", "aws-iam"),
     ]))
     .unwrap();
+    let proof = settings.caller_proof.as_ref().expect("signs caller proofs");
+    assert_eq!(proof.sts_endpoint, None, "the region's endpoint");
+    assert_eq!(proof.audience, "leasehold-credential-sealer");
     assert_eq!(settings.sealer_url.as_deref(), Some("https://sealer:9480"));
     assert!(settings.cipher.local.is_none() && settings.cipher.kms.is_none());
     let err = worker_settings(&ecs(&[("CREDENTIALS_SEALER_URL", "sealer:9480")])).unwrap_err();
@@ -230,6 +234,12 @@ fn on_ecs_the_sealer_serves_https_with_a_matching_key() {
             [
                 ("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x"),
                 ("CREDENTIALS_KMS_KEY_ID", "alias/k"),
+                ("SEALER_CALLER_AUTH", "aws-iam"),
+                ("AWS_REGION", "eu-west-1"),
+                (
+                    "SEALER_CALLER_ROLES",
+                    "arn:aws:iam::123456789012:role/leasehold-broker-worker",
+                ),
             ]
             .iter()
             .chain(extra)
@@ -253,4 +263,82 @@ fn on_ecs_the_sealer_serves_https_with_a_matching_key() {
         sealer_settings(&ecs(&[("SEALER_TLS_CERT", KEY), ("SEALER_TLS_KEY", KEY)])).unwrap_err();
     assert!(!err.to_string().contains(secret_line), "{err}");
     assert!(!format!("{settings:?}").contains(secret_line));
+}
+
+#[test]
+fn on_ecs_callers_must_prove_their_role_and_the_sealer_must_know_which() {
+    let with = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    };
+    const ECS: (&str, &str) = ("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x");
+    // `none` (the default) is refused on ECS, for the worker and the sealer.
+    let err = worker_settings(&with(&[
+        ECS,
+        ("CREDENTIALS_SEALER_URL", "https://sealer:9480"),
+        ("CREDENTIALS_SEALER_CA", leasehold_testkit::sealer_tls::CA),
+    ]))
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("SEALER_CALLER_AUTH: must be aws-iam on ECS"),
+        "{err}"
+    );
+    let err = sealer_settings(&with(&[ECS, ("CREDENTIALS_KMS_KEY_ID", "k")])).unwrap_err();
+    assert!(err.to_string().contains("SEALER_CALLER_AUTH"), "{err}");
+    // aws-iam needs the roles, as ARNs with their account, and an endpoint.
+    let err = sealer_settings(&with(&[
+        (
+            "CREDENTIALS_KEY",
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        ),
+        ("SEALER_CALLER_AUTH", "aws-iam"),
+    ]))
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("SEALER_CALLER_ROLES: is required"), "{text}");
+    assert!(text.contains("SEALER_STS_ENDPOINT: is required"), "{text}");
+    let err = sealer_settings(&with(&[
+        (
+            "CREDENTIALS_KEY",
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        ),
+        ("SEALER_CALLER_AUTH", "aws-iam"),
+        ("AWS_REGION", "eu-west-1"),
+        ("SEALER_CALLER_ROLES", "leasehold-broker-worker"),
+    ]))
+    .unwrap_err();
+    assert!(err.to_string().contains("is not a role ARN"), "{err}");
+    let settings = sealer_settings(&with(&[
+        (
+            "CREDENTIALS_KEY",
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        ),
+        ("SEALER_CALLER_AUTH", "aws-iam"),
+        ("AWS_REGION", "eu-west-1"),
+        (
+            "SEALER_CALLER_ROLES",
+            "arn:aws:iam::123456789012:role/leasehold-broker-worker",
+        ),
+    ]))
+    .unwrap();
+    let policy = settings.callers.expect("callers are checked");
+    assert_eq!(policy.sts_endpoint, "https://sts.eu-west-1.amazonaws.com/");
+    assert_eq!(policy.roles.len(), 1);
+    let err = sealer_settings(&with(&[
+        (
+            "CREDENTIALS_KEY",
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        ),
+        ("SEALER_CALLER_AUTH", "sometimes"),
+    ]))
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("must be `none` or `aws-iam`"),
+        "{err}"
+    );
 }
