@@ -27,6 +27,9 @@ use leasehold_pool::protocol::{self, MarkValue, record};
 pub trait BusTarget: Send + Sync {
     /// The bus under test.
     fn bus(&self) -> Arc<dyn PoolBus>;
+    /// Writes a hash as a foreign writer would (`HSET`, no step): for the
+    /// whole-domain tests, which need records no step writes.
+    async fn write_hash(&self, key: &str, fields: &[(&str, String)]);
 }
 
 /// A fresh in-memory bus as a target.
@@ -45,6 +48,9 @@ impl BusTarget for MemoryTarget {
     fn bus(&self) -> Arc<dyn PoolBus> {
         self.0.clone()
     }
+    async fn write_hash(&self, key: &str, fields: &[(&str, String)]) {
+        self.0.write_hash(key, fields).expect("hset");
+    }
 }
 
 /// The Redis database the suite uses on the test server (other test binaries
@@ -53,16 +59,17 @@ pub const REDIS_DATABASE: u8 = 12;
 
 /// The Redis bus on the test server as a target.
 #[derive(Debug)]
-pub struct RedisTarget(Arc<RedisPoolBus>);
+pub struct RedisTarget(Arc<RedisPoolBus>, redis::Client);
 
 impl RedisTarget {
     /// Connects to the test Redis; `None` when no server is configured.
     pub async fn connect() -> Option<Self> {
         let base = redis_url()?;
         let url = format!("{}/{REDIS_DATABASE}", base.trim_end_matches('/'));
-        Some(RedisTarget(Arc::new(
-            RedisPoolBus::connect(&url).await.expect("connect"),
-        )))
+        Some(RedisTarget(
+            Arc::new(RedisPoolBus::connect(&url).await.expect("connect")),
+            redis::Client::open(url).expect("a Redis URL"),
+        ))
     }
 }
 
@@ -70,6 +77,19 @@ impl RedisTarget {
 impl BusTarget for RedisTarget {
     fn bus(&self) -> Arc<dyn PoolBus> {
         self.0.clone()
+    }
+    async fn write_hash(&self, key: &str, fields: &[(&str, String)]) {
+        let mut connection = self
+            .1
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let () = redis::cmd("HSET")
+            .arg(key)
+            .arg(fields)
+            .query_async(&mut connection)
+            .await
+            .expect("hset");
     }
 }
 
@@ -1669,6 +1689,165 @@ pub async fn only_the_mark_holder_begins_a_request(target: &dyn BusTarget) {
     assert_eq!(unchanged, stored);
 }
 
+/// The begin and answer steps over their whole input domain
+/// ([`leasehold_pool::bus::begin::domain`]: every record state × whose record
+/// × which worker began it × the user's mark × the asking worker): the bus
+/// reports what [`begin_rule`](leasehold_pool::bus::begin::begin_rule)
+/// decides and writes exactly what it says (created, taken over, or
+/// untouched); a final answer is stored exactly when
+/// [`final_answer_rule`](leasehold_pool::bus::answer::final_answer_rule)
+/// says so, and a fenced one writes nothing and leaves its entry in
+/// processing.
+pub async fn requests_begin_and_answer_as_their_rules_say(target: &dyn BusTarget) {
+    use leasehold_pool::bus::answer::{FinalVerdict, final_answer_rule};
+    use leasehold_pool::bus::begin::{BeginWrite, RecordView, begin_rule, domain};
+    use leasehold_pool::bus::{Answer, AnswerMode, Answered};
+    let bus = target.bus();
+    let long = Duration::from_secs(600);
+    let cases = domain::records("u", "o").len() * domain::marks("u").len();
+    let mut begins = std::collections::BTreeMap::<String, usize>::new();
+    let mut answers = std::collections::BTreeMap::<String, usize>::new();
+    for case in 0..cases {
+        for asker in domain::WORKERS {
+            for step in ["begin", "answer"] {
+                let user = unique_name("u");
+                let other = unique_name("o");
+                let id = unique_name("r");
+                let records = domain::records(&user, &other);
+                let marks = domain::marks(&user);
+                let stored = records[case / marks.len()].clone();
+                let mark = marks[case % marks.len()].clone();
+                let key = keys::request_record(&user, &id);
+                if let Some(fields) = &stored {
+                    target.write_hash(&key, fields).await;
+                }
+                if let Some(mark) = &mark {
+                    assert!(
+                        bus.set_if_absent(&keys::worker_active(&user), mark, long)
+                            .await
+                            .unwrap()
+                    );
+                }
+                let field = |name: &str| {
+                    stored.as_ref().and_then(|fields| {
+                        fields
+                            .iter()
+                            .find(|(n, _)| *n == name)
+                            .map(|(_, v)| v.clone())
+                    })
+                };
+                let (state, owner, began, deliveries) = (
+                    field(record::STATE),
+                    field(record::USER_ID).unwrap_or_default(),
+                    field(record::WORKER_ID).unwrap_or_default(),
+                    field(record::DELIVERIES).map_or(1, |d| d.parse().unwrap()),
+                );
+                let view = state.as_deref().map(|state| RecordView {
+                    state,
+                    user_id: &owner,
+                    worker_id: &began,
+                    deliveries,
+                });
+                let holder = mark.as_deref().and_then(|mark| {
+                    serde_json::from_str::<serde_json::Value>(mark)
+                        .ok()
+                        .and_then(|m| {
+                            m.get("worker_id")
+                                .and_then(|w| w.as_str())
+                                .map(str::to_owned)
+                        })
+                });
+                let what = format!("{step} by {asker}: record {stored:?}, mark {mark:?}");
+                let before = bus.hash_get_all(&key).await.unwrap();
+                if step == "begin" {
+                    let (expected, write) = begin_rule(view, holder.as_deref(), &user, asker);
+                    let begun = bus.begin_request(&id, &user, asker, 7).await.unwrap();
+                    let expected = match expected {
+                        Begun::Done { user_id, .. } => Begun::Done {
+                            user_id,
+                            response: field(record::RESPONSE).unwrap_or_default(),
+                        },
+                        other => other,
+                    };
+                    assert_eq!(begun, expected, "{what}");
+                    *begins.entry(format!("{write:?}")).or_default() += 1;
+                    let after = bus.hash_get_all(&key).await.unwrap();
+                    let get = |name: &str| after.get(name).map(String::as_str);
+                    match write {
+                        BeginWrite::Nothing => assert_eq!(after, before, "{what}"),
+                        BeginWrite::Create => {
+                            assert_eq!(get(record::STATE), Some(record::EXECUTING), "{what}");
+                            assert_eq!(get(record::USER_ID), Some(user.as_str()), "{what}");
+                            assert_eq!(get(record::WORKER_ID), Some(asker), "{what}");
+                            assert_eq!(get(record::DELIVERIES), Some("1"), "{what}");
+                            assert_eq!(get(record::STARTED_AT), Some("7"), "{what}");
+                        }
+                        BeginWrite::TakeOver => {
+                            let mut expected = before.clone();
+                            expected.insert(record::WORKER_ID.into(), asker.into());
+                            expected
+                                .insert(record::DELIVERIES.into(), (deliveries + 1).to_string());
+                            assert_eq!(after, expected, "{what}");
+                        }
+                    }
+                } else {
+                    let verdict = final_answer_rule(view, holder.as_deref(), asker);
+                    bus.push_request(&user, "order").await.unwrap();
+                    let Some(UserMessage::Request(raw)) = pop_user(bus.as_ref(), &user).await
+                    else {
+                        panic!("{what}: no request to answer");
+                    };
+                    let answered = bus
+                        .answer_request(&Answer {
+                            request_id: &id,
+                            user_id: &user,
+                            worker_id: asker,
+                            raw: &raw,
+                            response: "final",
+                            mode: AnswerMode::Final,
+                            dead_letter: None,
+                        })
+                        .await
+                        .unwrap();
+                    *answers.entry(format!("{verdict:?}")).or_default() += 1;
+                    let after = bus.hash_get_all(&key).await.unwrap();
+                    let response = bus.get(&keys::response(&user, &id)).await.unwrap();
+                    let processing = bus.list_len(&keys::user_processing(&user)).await.unwrap();
+                    match verdict {
+                        FinalVerdict::Store => {
+                            assert_eq!(answered, Answered::Stored, "{what}");
+                            let mut expected = before.clone();
+                            expected.insert(record::STATE.into(), record::DONE.into());
+                            expected.insert(record::RESPONSE.into(), "final".into());
+                            assert_eq!(after, expected, "{what}");
+                            assert_eq!(response.as_deref(), Some("final"), "{what}");
+                            assert_eq!(processing, 0, "{what}");
+                        }
+                        FinalVerdict::AlreadyStored => {
+                            // A retry whose first reply was lost: that first
+                            // step stored and removed; this one does nothing
+                            // at all (an entry left is replayed from the record).
+                            assert_eq!(answered, Answered::Stored, "{what}");
+                            assert_eq!(after, before, "{what}");
+                            assert_eq!(response, None, "{what}");
+                            assert_eq!(processing, 1, "{what}");
+                        }
+                        FinalVerdict::Fenced => {
+                            assert_eq!(answered, Answered::Fenced, "{what}");
+                            assert_eq!(after, before, "{what}");
+                            assert_eq!(response, None, "{what}");
+                            assert_eq!(processing, 1, "{what}: the entry stays for the holder");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The domain reaches every outcome of both rules.
+    assert_eq!(begins.len(), 3, "{begins:?}");
+    assert_eq!(answers.len(), 3, "{answers:?}");
+}
+
 /// A final answer is stored only by the worker that holds the user's mark
 /// and began (or took over) the request: a displaced worker's late answer
 /// writes nothing and leaves the entry in processing.
@@ -2401,6 +2580,7 @@ macro_rules! pool_bus_conformance_suite {
             request_records_keep_one_final_response,
             only_the_mark_holder_begins_a_request,
             a_displaced_workers_final_answer_is_fenced,
+            requests_begin_and_answer_as_their_rules_say,
             oversized_messages_are_ended_from_their_head,
             dropped_requests_are_dead_lettered,
             paper_ledger_refuses_repeated_client_order_ids,

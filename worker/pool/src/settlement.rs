@@ -1,15 +1,15 @@
 //! The order path's decisions, pure: no I/O and no clock. Given what a
 //! request's record, the broker's lookup and the broker's answer said, the
 //! next step — place, look up, answer (which response), replay or
-//! dead-letter — and the two rules the bus applies atomically: who may begin
-//! a request and who may store its final answer.
+//! dead-letter.
 //!
 //! `leasehold-broker`'s serve loop is the shell that performs each step, as
-//! the stream runner does for the lease protocol; both buses call
-//! [`begin_rule`] and [`final_answer_rule`] (the Redis scripts spell the same
-//! rules in Lua, and the conformance suite holds them to it); and
-//! `tests/request_model.rs` checks the whole path under crashes, pauses, lost
-//! replies, lost records and a reused request id by calling these functions.
+//! the stream runner does for the lease protocol. The two rules the bus
+//! applies atomically live with their steps: who may begin a request
+//! ([`crate::bus::begin`]) and who may store its final answer
+//! ([`crate::bus::answer`]). `tests/request_model.rs` checks the whole path
+//! under crashes, pauses, lost replies, lost records and a reused request id
+//! by calling these functions and those rules.
 //!
 //! The order value is generic (`O`) so the model can use a small token where
 //! the worker uses the broker's JSON.
@@ -228,123 +228,9 @@ pub fn send_budget<O>(
     }
 }
 
-/// A request record as the bus rules see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecordView<'a> {
-    /// `executing` or `done`.
-    pub state: &'a str,
-    /// The user whose request it is.
-    pub user_id: &'a str,
-    /// The worker that began (or took over) it.
-    pub worker_id: &'a str,
-    /// How many workers have taken it.
-    pub deliveries: u32,
-}
-
-/// What [`begin_rule`] does to the record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BeginWrite {
-    /// Nothing.
-    Nothing,
-    /// Create it `executing` for this user and worker, one delivery.
-    Create,
-    /// Take an `executing` record over: this worker, deliveries + 1.
-    TakeOver,
-}
-
-/// Who may begin a request: only the worker holding the user's mark
-/// (`mark_worker`) of `user_id`, or it would take a record over from the
-/// holder and fence the holder's answer. Returns what to report and what to
-/// write.
-pub fn begin_rule(
-    record: Option<RecordView<'_>>,
-    mark_worker: Option<&str>,
-    user_id: &str,
-    worker_id: &str,
-) -> (Begun, BeginWrite) {
-    if mark_worker != Some(worker_id) {
-        return (Begun::NotHolder, BeginWrite::Nothing);
-    }
-    let Some(record) = record else {
-        return (Begun::Started, BeginWrite::Create);
-    };
-    if record.state == crate::protocol::record::DONE {
-        // The response is read by the bus; the rule only decides.
-        return (
-            Begun::Done {
-                user_id: record.user_id.to_owned(),
-                response: String::new(),
-            },
-            BeginWrite::Nothing,
-        );
-    }
-    // Another user's executing record is reported, never taken over (that
-    // would fence its own worker's answer); nor is this worker's own retry
-    // another delivery.
-    let untouched = record.user_id != user_id || record.worker_id == worker_id;
-    let (deliveries, write) = if untouched {
-        (record.deliveries, BeginWrite::Nothing)
-    } else {
-        (record.deliveries.saturating_add(1), BeginWrite::TakeOver)
-    };
-    (
-        Begun::Executing {
-            user_id: record.user_id.to_owned(),
-            worker_id: record.worker_id.to_owned(),
-            deliveries,
-        },
-        write,
-    )
-}
-
-/// What [`final_answer_rule`] lets a worker do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinalVerdict {
-    /// Store it: record `done`, the response, the entry out of processing.
-    Store,
-    /// This worker's answer is stored already (its reply was lost): nothing to do.
-    AlreadyStored,
-    /// Someone else holds the user or the request: nothing is written.
-    Fenced,
-}
-
-/// Who may store a final answer: the worker that holds the user's mark and
-/// began (or took over) the request while it is still `executing`. A
-/// displaced worker's late answer would otherwise replace its successor's
-/// (the order run twice by an API that trusts "not executed").
-pub fn final_answer_rule(
-    record: Option<RecordView<'_>>,
-    mark_worker: Option<&str>,
-    worker_id: &str,
-) -> FinalVerdict {
-    let Some(record) = record else {
-        return FinalVerdict::Fenced;
-    };
-    if record.worker_id != worker_id {
-        return FinalVerdict::Fenced;
-    }
-    if record.state == crate::protocol::record::DONE {
-        return FinalVerdict::AlreadyStored;
-    }
-    if mark_worker != Some(worker_id) {
-        return FinalVerdict::Fenced;
-    }
-    FinalVerdict::Store
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::record;
-
-    fn executing<'a>(user: &'a str, worker: &'a str, deliveries: u32) -> RecordView<'a> {
-        RecordView {
-            state: record::EXECUTING,
-            user_id: user,
-            worker_id: worker,
-            deliveries,
-        }
-    }
 
     #[test]
     fn another_users_record_is_dead_lettered_whatever_its_state() {
@@ -474,66 +360,6 @@ mod tests {
         assert_eq!(
             after_lookup(LookUpFor::Expired, Looked::Found(3)),
             Step::Answer(Final::Ok(3))
-        );
-    }
-
-    #[test]
-    fn only_the_mark_holder_begins_and_a_successor_takes_over() {
-        assert_eq!(
-            begin_rule(None, Some("w2"), "u1", "w1"),
-            (Begun::NotHolder, BeginWrite::Nothing)
-        );
-        assert_eq!(begin_rule(None, None, "u1", "w1").0, Begun::NotHolder);
-        assert_eq!(
-            begin_rule(None, Some("w1"), "u1", "w1"),
-            (Begun::Started, BeginWrite::Create)
-        );
-        let (begun, write) = begin_rule(Some(executing("u1", "w1", 1)), Some("w2"), "u1", "w2");
-        assert_eq!(write, BeginWrite::TakeOver);
-        assert!(matches!(begun, Begun::Executing { deliveries: 2, .. }));
-        // Its own retry does not count as another delivery.
-        let (begun, write) = begin_rule(Some(executing("u1", "w2", 2)), Some("w2"), "u1", "w2");
-        assert_eq!(write, BeginWrite::Nothing);
-        assert!(matches!(begun, Begun::Executing { deliveries: 2, .. }));
-        // Another user's record is reported, not taken over.
-        let (begun, write) = begin_rule(Some(executing("u1", "w1", 1)), Some("w9"), "u2", "w9");
-        assert_eq!(write, BeginWrite::Nothing);
-        assert!(matches!(begun, Begun::Executing { deliveries: 1, .. }));
-    }
-
-    #[test]
-    fn only_the_holder_that_began_it_stores_the_final_answer() {
-        let rec = executing("u1", "w1", 1);
-        assert_eq!(
-            final_answer_rule(Some(rec), Some("w1"), "w1"),
-            FinalVerdict::Store
-        );
-        // Displaced: the mark is another worker's.
-        assert_eq!(
-            final_answer_rule(Some(rec), Some("w2"), "w1"),
-            FinalVerdict::Fenced
-        );
-        // Taken over by a successor, even if the old worker got the mark back.
-        let taken = executing("u1", "w2", 2);
-        assert_eq!(
-            final_answer_rule(Some(taken), Some("w1"), "w1"),
-            FinalVerdict::Fenced
-        );
-        let done = RecordView {
-            state: record::DONE,
-            ..taken
-        };
-        assert_eq!(
-            final_answer_rule(Some(done), Some("w2"), "w2"),
-            FinalVerdict::AlreadyStored
-        );
-        assert_eq!(
-            final_answer_rule(Some(done), Some("w1"), "w1"),
-            FinalVerdict::Fenced
-        );
-        assert_eq!(
-            final_answer_rule(None, Some("w1"), "w1"),
-            FinalVerdict::Fenced
         );
     }
 }

@@ -56,10 +56,10 @@
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 use leasehold_pool::bus::Begun;
+use leasehold_pool::bus::answer::{FinalVerdict, final_answer_rule};
+use leasehold_pool::bus::begin::{BeginWrite, RecordView, begin_rule};
 use leasehold_pool::protocol::{ErrorCode, record};
-use leasehold_pool::settlement::{
-    self, BeginWrite, Final, FinalVerdict, LookUpFor, Looked, RecordView, Sent, Step,
-};
+use leasehold_pool::settlement::{self, Final, LookUpFor, Looked, Sent, Step};
 use leasehold_testkit::model_check;
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -461,7 +461,7 @@ impl OrderPath {
             }
             view
         });
-        let (begun, write) = settlement::begin_rule(view, mark, USERS[user], WORKERS[w]);
+        let (begun, write) = begin_rule(view, mark, USERS[user], WORKERS[w]);
         if write != BeginWrite::Nothing && s.marks[user] == Some(w) {
             s.holder_takes[job.request] += 1;
         }
@@ -515,7 +515,7 @@ impl OrderPath {
         let job = s.workers[w].job.clone()?;
         let request = REQUESTS[job.request];
         let verdict = if self.fixes.fenced_final_answer {
-            settlement::final_answer_rule(
+            final_answer_rule(
                 s.records[request.id].as_ref().map(Record::view),
                 s.marks[user].map(|m| WORKERS[m]),
                 WORKERS[w],

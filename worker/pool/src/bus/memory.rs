@@ -22,46 +22,45 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimBus, ClaimSettle,
-    CredentialBus, IdleEntry, MarkBus, MarkWrite, MessageKind, Oversized, REQUEST_RECORD_TTL,
-    RESPONSE_TTL, ReportBus, RequestBus, SHED_BATCH, Settled, Shed, Take, TakenClaim, UserMessage,
-    UserQueue, whole_seconds,
+    Answer, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimBus, ClaimSettle, CredentialBus,
+    IdleEntry, MarkBus, MarkWrite, MessageKind, Oversized, REQUEST_RECORD_TTL, RESPONSE_TTL,
+    ReportBus, RequestBus, SHED_BATCH, Settled, Shed, Take, TakenClaim, UserMessage, UserQueue,
+    whole_seconds,
 };
 use crate::protocol::{self, record};
-use crate::settlement::{self, BeginWrite, FinalVerdict};
 
 mod glob;
 pub use glob::glob_match;
 
 mod injection;
-mod keyspace;
+pub(in crate::bus) mod keyspace;
 mod reads;
 
 use injection::Hooks;
 pub use injection::SnapshotRead;
-use keyspace::{End, Keyspace, PURGE_EVERY, StoredRecord, bounded};
+use keyspace::{End, Keyspace, PURGE_EVERY, bounded};
 
 /// The pool bus in memory. Share it as `Arc<MemoryPoolBus>` (or
 /// `Arc<dyn PoolBus>`) between every component of one process.
 #[derive(Debug, Default)]
 pub struct MemoryPoolBus {
-    keyspace: Mutex<Keyspace>,
+    pub(in crate::bus) keyspace: Mutex<Keyspace>,
     /// Woken on every push, so blocked pops look again.
-    pushed: Notify,
+    pub(in crate::bus) pushed: Notify,
     /// The next this many `begin_request` calls fail as if Redis were away.
-    failing_begins: AtomicU32,
+    pub(in crate::bus) failing_begins: AtomicU32,
     /// The next this many `answer_request` / `drop_request` calls fail so.
-    failing_answers: AtomicU32,
+    pub(in crate::bus) failing_answers: AtomicU32,
     /// The next this many `settle_claim` calls run, then fail as if the
     /// reply were lost.
-    lost_settle_replies: AtomicU32,
+    pub(in crate::bus) lost_settle_replies: AtomicU32,
     /// The next this many `refresh_user_mark` calls run, then fail as if
     /// the reply were lost.
-    lost_refresh_replies: AtomicU32,
+    pub(in crate::bus) lost_refresh_replies: AtomicU32,
     /// The bus clock's offset from this host's, in ms ([`Self::skew_clock`]).
-    clock_skew_ms: AtomicI64,
+    pub(in crate::bus) clock_skew_ms: AtomicI64,
     /// Test hooks run after a read took its snapshot ([`Self::after_read`]).
-    hooks: Hooks,
+    pub(in crate::bus) hooks: Hooks,
 }
 
 impl MemoryPoolBus {
@@ -71,12 +70,12 @@ impl MemoryPoolBus {
     }
 
     /// This bus's clock, unix ms.
-    fn now_ms(&self) -> u64 {
+    pub(in crate::bus) fn now_ms(&self) -> u64 {
         let host = leasehold_now_ms();
         host.saturating_add_signed(self.clock_skew_ms.load(Ordering::SeqCst))
     }
 
-    fn lock(&self) -> MutexGuard<'_, Keyspace> {
+    pub(in crate::bus) fn lock(&self) -> MutexGuard<'_, Keyspace> {
         let mut keyspace = self.keyspace.lock().unwrap_or_else(|p| p.into_inner());
         keyspace.operations += 1;
         if keyspace.operations.is_multiple_of(PURGE_EVERY) {
@@ -85,7 +84,7 @@ impl MemoryPoolBus {
         keyspace
     }
 
-    fn push(&self, key: &str, body: &str, end: End) -> Result<(), BusError> {
+    pub(in crate::bus) fn push(&self, key: &str, body: &str, end: End) -> Result<(), BusError> {
         self.lock().push(key, body, end, Instant::now())?;
         self.pushed.notify_waiters();
         Ok(())
@@ -462,116 +461,12 @@ impl RequestBus for MemoryPoolBus {
         worker_id: &str,
         at_unix_ms: u64,
     ) -> Result<Begun, BusError> {
-        Self::inject_fault(&self.failing_begins)?;
-        let now = Instant::now();
-        let key = keys::request_record(user_id, request_id);
-        let mut keyspace = self.lock();
-        let holder = keyspace.mark_holder(user_id, now)?;
-        let stored = keyspace.record(&key, now)?;
-        let (begun, write) = settlement::begin_rule(
-            stored.as_ref().map(StoredRecord::view),
-            holder.as_deref(),
-            user_id,
-            worker_id,
-        );
-        match write {
-            BeginWrite::Nothing => {}
-            BeginWrite::Create => {
-                keyspace.hash_set(
-                    &key,
-                    &[
-                        (record::STATE, record::EXECUTING.to_owned()),
-                        (record::USER_ID, user_id.to_owned()),
-                        (record::WORKER_ID, worker_id.to_owned()),
-                        (record::STARTED_AT, at_unix_ms.to_string()),
-                        (record::DELIVERIES, "1".to_owned()),
-                    ],
-                    now,
-                )?;
-                keyspace.expire(&key, REQUEST_RECORD_TTL, now);
-            }
-            BeginWrite::TakeOver => {
-                let deliveries = stored.as_ref().map_or(1, |r| r.deliveries) + 1;
-                keyspace.hash_set(
-                    &key,
-                    &[
-                        (record::WORKER_ID, worker_id.to_owned()),
-                        (record::DELIVERIES, deliveries.to_string()),
-                    ],
-                    now,
-                )?;
-            }
-        }
-        Ok(match begun {
-            // The rule decides; the stored response comes from the record.
-            Begun::Done { user_id, .. } => Begun::Done {
-                user_id,
-                response: stored.map(|r| r.response).unwrap_or_default(),
-            },
-            other => other,
-        })
+        self.begin_in_memory(request_id, user_id, worker_id, at_unix_ms)
+            .await
     }
 
     async fn answer_request(&self, answer: &Answer<'_>) -> Result<Answered, BusError> {
-        Self::inject_fault(&self.failing_answers)?;
-        let now = Instant::now();
-        let record_key = keys::request_record(answer.user_id, answer.request_id);
-        let mut keyspace = self.lock();
-        // Checked before anything is written, as Redis fails the script's
-        // first command on a wrong type.
-        keyspace.check_hash(&record_key, now)?;
-        let mut fields = vec![
-            (record::STATE, record::DONE.to_owned()),
-            (record::RESPONSE, answer.response.to_owned()),
-        ];
-        let answered = match answer.mode {
-            AnswerMode::Final => {
-                let holder = keyspace.mark_holder(answer.user_id, now)?;
-                let stored = keyspace.record(&record_key, now)?;
-                match settlement::final_answer_rule(
-                    stored.as_ref().map(StoredRecord::view),
-                    holder.as_deref(),
-                    answer.worker_id,
-                ) {
-                    FinalVerdict::Store => true,
-                    FinalVerdict::AlreadyStored => return Ok(Answered::Stored),
-                    FinalVerdict::Fenced => return Ok(Answered::Fenced),
-                }
-            }
-            AnswerMode::FirstOnly => {
-                fields.push((record::USER_ID, answer.user_id.to_owned()));
-                fields.push((record::WORKER_ID, answer.worker_id.to_owned()));
-                !keyspace.exists(&record_key, now)
-            }
-            AnswerMode::Replay => false,
-        };
-        if answered {
-            keyspace.hash_set(&record_key, &fields, now)?;
-            keyspace.expire(&record_key, REQUEST_RECORD_TTL, now);
-        }
-        let answered = answered || answer.mode == AnswerMode::Replay;
-        if answered {
-            keyspace.set(
-                &keys::response(answer.user_id, answer.request_id),
-                answer.response,
-                Some(RESPONSE_TTL),
-                now,
-            );
-        }
-        let requests = keys::user_requests(answer.user_id);
-        if let Some((reason, at)) = answer.dead_letter {
-            keyspace.push_dead(
-                &keys::dead_letter(&requests),
-                &protocol::dead_letter_raw(reason, answer.raw, at),
-                now,
-            )?;
-        }
-        keyspace.remove_last(&keys::user_processing(answer.user_id), answer.raw, now)?;
-        Ok(if answered {
-            Answered::Stored
-        } else {
-            Answered::Kept
-        })
+        self.answer_in_memory(answer).await
     }
 
     async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError> {

@@ -25,7 +25,9 @@
 //! The paper broker's ledger ([`PaperLedger`]) lives on the same bus: it is
 //! what a real broker keeps on its side, and both buses must agree on it too.
 
+pub mod answer;
 pub mod assign;
+pub mod begin;
 mod connector;
 pub mod memory;
 pub mod redis;
@@ -259,7 +261,7 @@ pub enum Answered {
     /// letter asked for is written, the entry left processing).
     Kept,
     /// [`AnswerMode::Final`] from a worker that does not hold the user or the
-    /// request ([`crate::settlement::final_answer_rule`]): nothing written,
+    /// request ([`answer::final_answer_rule`]): nothing written,
     /// the entry stays for the holder.
     Fenced,
 }
@@ -557,7 +559,7 @@ pub trait RequestBus: Send + Sync {
         at_unix_ms: u64,
     ) -> Result<(), BusError>;
 
-    /// Begins a request, by [`crate::settlement::begin_rule`]: only while
+    /// Begins a request, by [`begin::begin_rule`]: only while
     /// `worker_id` holds the user's mark; with no record, records `executing`
     /// for this user and worker ([`REQUEST_RECORD_TTL`], one delivery) and
     /// says [`Begun::Started`]; an `executing` record of this user and another
@@ -575,7 +577,7 @@ pub trait RequestBus: Send + Sync {
     /// the response (and the user) and stores the response for
     /// [`RESPONSE_TTL`]; dead-letters it if asked; removes its entry from the
     /// processing list. A final answer follows
-    /// [`crate::settlement::final_answer_rule`]: fenced, nothing is written.
+    /// [`answer::final_answer_rule`]: fenced, nothing is written.
     async fn answer_request(&self, answer: &Answer<'_>) -> Result<Answered, BusError>;
 
     /// Ends a message longer than the bound without reading it whole, in one

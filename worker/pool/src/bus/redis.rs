@@ -21,16 +21,16 @@ use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, AnswerMode, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimBus, ClaimSettle,
-    CredentialBus, DEAD_LETTER_MAX, DEAD_LETTER_TTL, IdleEntry, Inspect, MarkBus, MarkWrite,
-    MessageKind, Oversized, REQUEST_RECORD_TTL, RESPONSE_TTL, ReportBus, RequestBus, SHED_BATCH,
-    Settled, Shed, Take, TakenClaim, UserMessage, UserQueue, whole_seconds,
+    Answer, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimBus, ClaimSettle, CredentialBus,
+    DEAD_LETTER_MAX, DEAD_LETTER_TTL, IdleEntry, Inspect, MarkBus, MarkWrite, MessageKind,
+    Oversized, REQUEST_RECORD_TTL, RESPONSE_TTL, ReportBus, RequestBus, SHED_BATCH, Settled, Shed,
+    Take, TakenClaim, UserMessage, UserQueue, whole_seconds,
 };
-use crate::protocol::{self, record};
+use crate::protocol;
 
-mod connection;
+pub(in crate::bus) mod connection;
 mod reads;
-mod scripts;
+pub(in crate::bus) mod scripts;
 
 pub(crate) use connection::classify;
 pub use connection::scan_keys;
@@ -83,7 +83,7 @@ pub struct RedisPoolBus {
     /// Idle blocking connections; each pop takes one, so concurrent pops never
     /// queue behind each other on one connection.
     blocking: Mutex<Vec<Blocking>>,
-    functions: Functions,
+    pub(in crate::bus) functions: Functions,
 }
 
 impl RedisPoolBus {
@@ -538,70 +538,12 @@ impl RequestBus for RedisPoolBus {
         worker_id: &str,
         at_unix_ms: u64,
     ) -> Result<Begun, BusError> {
-        let (state, owner, worker_id, response, deliveries): (String, String, String, String, u32) =
-            self.functions
-                .begin_request
-                .key(keys::request_record(user_id, request_id))
-                .key(keys::worker_active(user_id))
-                .arg(user_id)
-                .arg(worker_id)
-                .arg(at_unix_ms)
-                .arg(REQUEST_RECORD_TTL.as_secs())
-                .invoke_async(&mut self.commands())
-                .await
-                .map_err(classify)?;
-        Ok(match state.as_str() {
-            "" => Begun::Started,
-            "not_holder" => Begun::NotHolder,
-            record::DONE => Begun::Done {
-                user_id: owner,
-                response,
-            },
-            _ => Begun::Executing {
-                user_id: owner,
-                worker_id,
-                deliveries,
-            },
-        })
+        self.begin_on_redis(request_id, user_id, worker_id, at_unix_ms)
+            .await
     }
 
     async fn answer_request(&self, answer: &Answer<'_>) -> Result<Answered, BusError> {
-        let requests = keys::user_requests(answer.user_id);
-        let dead = answer
-            .dead_letter
-            .map(|(reason, at)| protocol::dead_letter_raw(reason, answer.raw, at))
-            .unwrap_or_default();
-        let mode = match answer.mode {
-            AnswerMode::Final => "final",
-            AnswerMode::FirstOnly => "first_only",
-            AnswerMode::Replay => "replay",
-        };
-        let answered: i64 = self
-            .functions
-            .answer_request
-            .key(keys::request_record(answer.user_id, answer.request_id))
-            .key(keys::response(answer.user_id, answer.request_id))
-            .key(keys::user_processing(answer.user_id))
-            .key(keys::dead_letter(&requests))
-            .key(keys::worker_active(answer.user_id))
-            .arg(answer.raw)
-            .arg(mode)
-            .arg(answer.response)
-            .arg(dead)
-            .arg(REQUEST_RECORD_TTL.as_secs())
-            .arg(RESPONSE_TTL.as_secs())
-            .arg(DEAD_LETTER_MAX)
-            .arg(DEAD_LETTER_TTL.as_secs())
-            .arg(answer.worker_id)
-            .arg(answer.user_id)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(match answered {
-            1 => Answered::Stored,
-            2 => Answered::Fenced,
-            _ => Answered::Kept,
-        })
+        self.answer_on_redis(answer).await
     }
 
     async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError> {

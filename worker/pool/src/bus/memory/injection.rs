@@ -23,18 +23,19 @@ pub enum SnapshotRead {
 }
 
 /// A test hook run between a snapshot and its caller's next step.
-pub(super) type Hook = Box<dyn FnOnce() -> futures_util::future::BoxFuture<'static, ()> + Send>;
+pub(in crate::bus) type Hook =
+    Box<dyn FnOnce() -> futures_util::future::BoxFuture<'static, ()> + Send>;
 
 /// The hooks by read and call number (from 1), and the calls so far.
 #[derive(Default)]
-pub(super) struct Hooks {
+pub(in crate::bus) struct Hooks {
     hooks: Mutex<BTreeMap<(SnapshotRead, u32), Hook>>,
     calls: Mutex<BTreeMap<SnapshotRead, u32>>,
 }
 
 impl Hooks {
     /// Counts a call of `read` and runs its hook, if any.
-    pub(super) async fn run(&self, read: SnapshotRead) {
+    pub(in crate::bus) async fn run(&self, read: SnapshotRead) {
         let call = {
             let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
             let count = calls.entry(read).or_default();
@@ -108,7 +109,15 @@ impl MemoryPoolBus {
             .insert((read, call), Box::new(hook));
     }
 
-    pub(super) fn inject_fault(counter: &AtomicU32) -> Result<(), BusError> {
+    /// Writes `fields` into the hash at `key` as a foreign writer would, no
+    /// step and no rule in between (Redis `HSET`): how the whole-domain tests
+    /// set up records that no step writes. For tests.
+    pub fn write_hash(&self, key: &str, fields: &[(&str, String)]) -> Result<(), BusError> {
+        let now = tokio::time::Instant::now();
+        self.lock().hash_set(key, fields, now)
+    }
+
+    pub(in crate::bus) fn inject_fault(counter: &AtomicU32) -> Result<(), BusError> {
         if counter
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()

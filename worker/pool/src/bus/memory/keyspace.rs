@@ -8,21 +8,21 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::bus::begin::RecordView;
 use crate::bus::{BusError, DEAD_LETTER_MAX, DEAD_LETTER_TTL, MarkWrite, MessageKind, UserMessage};
 use crate::keys;
 use crate::protocol::{self, metadata as field, record};
-use crate::settlement::RecordView;
 
 /// Redis's text for an operation on a key of another type.
-pub(super) const WRONG_TYPE: &str =
+pub(in crate::bus) const WRONG_TYPE: &str =
     "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// Every this many operations, expired keys nobody reads again (responses,
 /// request records) are dropped, so a long `leasehold dev` does not grow.
-pub(super) const PURGE_EVERY: u64 = 1024;
+pub(in crate::bus) const PURGE_EVERY: u64 = 1024;
 
 #[derive(Debug, Clone)]
-pub(super) enum Value {
+pub(in crate::bus) enum Value {
     String(String),
     List(VecDeque<String>),
     Hash(BTreeMap<String, String>),
@@ -31,14 +31,14 @@ pub(super) enum Value {
 }
 
 #[derive(Debug, Clone)]
-pub(super) struct Entry {
-    pub(super) value: Value,
-    pub(super) expires_at: Option<Instant>,
+pub(in crate::bus) struct Entry {
+    pub(in crate::bus) value: Value,
+    pub(in crate::bus) expires_at: Option<Instant>,
 }
 
 /// Which end of a list a pop takes from.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum End {
+pub(in crate::bus) enum End {
     /// The end producers push to (`LPUSH`).
     Head,
     /// `RPOP` / `BRPOP`: the other end (oldest first).
@@ -46,16 +46,16 @@ pub(super) enum End {
 }
 
 /// A request record as read for the settlement rules.
-pub(super) struct StoredRecord {
-    pub(super) state: String,
-    pub(super) user_id: String,
-    pub(super) worker_id: String,
-    pub(super) deliveries: u32,
-    pub(super) response: String,
+pub(in crate::bus) struct StoredRecord {
+    pub(in crate::bus) state: String,
+    pub(in crate::bus) user_id: String,
+    pub(in crate::bus) worker_id: String,
+    pub(in crate::bus) deliveries: u32,
+    pub(in crate::bus) response: String,
 }
 
 impl StoredRecord {
-    pub(super) fn view(&self) -> RecordView<'_> {
+    pub(in crate::bus) fn view(&self) -> RecordView<'_> {
         RecordView {
             state: &self.state,
             user_id: &self.user_id,
@@ -67,7 +67,7 @@ impl StoredRecord {
 
 /// A message handed out whole, or only its head when over the bound (as the
 /// Redis script does).
-pub(super) fn bounded(kind: MessageKind, body: String, max_bytes: usize) -> UserMessage {
+pub(in crate::bus) fn bounded(kind: MessageKind, body: String, max_bytes: usize) -> UserMessage {
     let mut body = body.into_bytes();
     if body.len() <= max_bytes {
         return match kind {
@@ -85,14 +85,14 @@ pub(super) fn bounded(kind: MessageKind, body: String, max_bytes: usize) -> User
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Keyspace {
-    pub(super) entries: HashMap<String, Entry>,
-    pub(super) operations: u64,
+pub(in crate::bus) struct Keyspace {
+    pub(in crate::bus) entries: HashMap<String, Entry>,
+    pub(in crate::bus) operations: u64,
 }
 
 impl Keyspace {
     /// The live entry at `key`; an expired one is removed, as Redis does lazily.
-    pub(super) fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+    pub(in crate::bus) fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
         let expired = self
             .entries
             .get(key)
@@ -103,11 +103,15 @@ impl Keyspace {
         self.entries.get_mut(key)
     }
 
-    pub(super) fn exists(&mut self, key: &str, now: Instant) -> bool {
+    pub(in crate::bus) fn exists(&mut self, key: &str, now: Instant) -> bool {
         self.live(key, now).is_some()
     }
 
-    pub(super) fn get(&mut self, key: &str, now: Instant) -> Result<Option<String>, BusError> {
+    pub(in crate::bus) fn get(
+        &mut self,
+        key: &str,
+        now: Instant,
+    ) -> Result<Option<String>, BusError> {
         match self.live(key, now).map(|entry| &entry.value) {
             None => Ok(None),
             Some(Value::String(value)) => Ok(Some(value.clone())),
@@ -116,7 +120,13 @@ impl Keyspace {
     }
 
     /// `SET key value [EX ttl]`: replaces a value of any type and its TTL.
-    pub(super) fn set(&mut self, key: &str, value: &str, ttl: Option<Duration>, now: Instant) {
+    pub(in crate::bus) fn set(
+        &mut self,
+        key: &str,
+        value: &str,
+        ttl: Option<Duration>,
+        now: Instant,
+    ) {
         self.entries.insert(
             key.to_owned(),
             Entry {
@@ -126,11 +136,11 @@ impl Keyspace {
         );
     }
 
-    pub(super) fn delete(&mut self, key: &str, now: Instant) -> bool {
+    pub(in crate::bus) fn delete(&mut self, key: &str, now: Instant) -> bool {
         self.live(key, now).is_some() && self.entries.remove(key).is_some()
     }
 
-    pub(super) fn list(
+    pub(in crate::bus) fn list(
         &mut self,
         key: &str,
         now: Instant,
@@ -142,7 +152,7 @@ impl Keyspace {
         }
     }
 
-    pub(super) fn push(
+    pub(in crate::bus) fn push(
         &mut self,
         key: &str,
         body: &str,
@@ -171,7 +181,7 @@ impl Keyspace {
 
     /// Pops from the first non-empty list among `lists`; an emptied list is
     /// deleted, as in Redis.
-    pub(super) fn pop_first(
+    pub(in crate::bus) fn pop_first(
         &mut self,
         lists: &[String],
         end: End,
@@ -198,7 +208,7 @@ impl Keyspace {
 
     /// `LMOVE from to RIGHT LEFT`: the oldest entry of `from` becomes the
     /// newest of `to`; an emptied list is deleted.
-    pub(super) fn move_oldest(
+    pub(in crate::bus) fn move_oldest(
         &mut self,
         from: &str,
         to: &str,
@@ -214,7 +224,7 @@ impl Keyspace {
 
     /// `RPUSH dead entry`, `LTRIM dead -max -1`, `EXPIRE dead ttl`: what
     /// every push to a dead-letter list does.
-    pub(super) fn push_dead(
+    pub(in crate::bus) fn push_dead(
         &mut self,
         dead: &str,
         entry: &str,
@@ -232,7 +242,7 @@ impl Keyspace {
     }
 
     /// `LREM key 1 body`: removes the entry nearest the head; whether one was.
-    pub(super) fn remove_first(
+    pub(in crate::bus) fn remove_first(
         &mut self,
         key: &str,
         body: &[u8],
@@ -255,7 +265,7 @@ impl Keyspace {
     }
 
     /// `LREM key -1 body`: removes the entry nearest the tail; whether one was.
-    pub(super) fn remove_last(
+    pub(in crate::bus) fn remove_last(
         &mut self,
         key: &str,
         body: &[u8],
@@ -281,7 +291,7 @@ impl Keyspace {
         Ok(removed)
     }
 
-    pub(super) fn hash_field(
+    pub(in crate::bus) fn hash_field(
         &mut self,
         key: &str,
         field: &str,
@@ -295,7 +305,7 @@ impl Keyspace {
     }
 
     /// `HSET` of some fields: other fields stay, the TTL is unchanged.
-    pub(super) fn hash_set(
+    pub(in crate::bus) fn hash_set(
         &mut self,
         key: &str,
         fields: &[(&str, String)],
@@ -321,7 +331,7 @@ impl Keyspace {
         }
     }
 
-    pub(super) fn sorted_set(
+    pub(in crate::bus) fn sorted_set(
         &mut self,
         key: &str,
         now: Instant,
@@ -334,7 +344,7 @@ impl Keyspace {
     }
 
     /// `ZSCORE key member`.
-    pub(super) fn zscore(
+    pub(in crate::bus) fn zscore(
         &mut self,
         key: &str,
         member: &str,
@@ -346,7 +356,7 @@ impl Keyspace {
     }
 
     /// `ZADD key score member`.
-    pub(super) fn zadd(
+    pub(in crate::bus) fn zadd(
         &mut self,
         key: &str,
         member: &str,
@@ -369,7 +379,12 @@ impl Keyspace {
     }
 
     /// `ZREM key member`; an emptied set is deleted, as in Redis.
-    pub(super) fn zrem(&mut self, key: &str, member: &str, now: Instant) -> Result<(), BusError> {
+    pub(in crate::bus) fn zrem(
+        &mut self,
+        key: &str,
+        member: &str,
+        now: Instant,
+    ) -> Result<(), BusError> {
         let emptied = match self.sorted_set(key, now)? {
             Some(set) => {
                 set.remove(member);
@@ -384,7 +399,11 @@ impl Keyspace {
     }
 
     /// Whether pool worker `worker_id` is retired (scores below 0 in `pool:idle`).
-    pub(super) fn retired(&mut self, worker_id: &str, now: Instant) -> Result<bool, BusError> {
+    pub(in crate::bus) fn retired(
+        &mut self,
+        worker_id: &str,
+        now: Instant,
+    ) -> Result<bool, BusError> {
         Ok(self
             .zscore(keys::POOL_IDLE, worker_id, now)?
             .is_some_and(|score| score < 0))
@@ -392,7 +411,11 @@ impl Keyspace {
 
     /// Hands every claim in `worker_id`'s processing list back to the serving
     /// end of `pool:claims` (the retired worker's take).
-    pub(super) fn hand_back(&mut self, worker_id: &str, now: Instant) -> Result<(), BusError> {
+    pub(in crate::bus) fn hand_back(
+        &mut self,
+        worker_id: &str,
+        now: Instant,
+    ) -> Result<(), BusError> {
         let processing = keys::claims_processing(worker_id);
         while let Some((_, body)) =
             self.pop_first(std::slice::from_ref(&processing), End::Head, now)?
@@ -402,21 +425,21 @@ impl Keyspace {
         Ok(())
     }
 
-    pub(super) fn expire(&mut self, key: &str, ttl: Duration, now: Instant) {
+    pub(in crate::bus) fn expire(&mut self, key: &str, ttl: Duration, now: Instant) {
         if let Some(entry) = self.live(key, now) {
             entry.expires_at = Some(now + ttl);
         }
     }
 
     /// Fails like Redis before anything is written when `key` holds a non-hash.
-    pub(super) fn check_hash(&mut self, key: &str, now: Instant) -> Result<(), BusError> {
+    pub(in crate::bus) fn check_hash(&mut self, key: &str, now: Instant) -> Result<(), BusError> {
         match self.live(key, now).map(|entry| &entry.value) {
             None | Some(Value::Hash(_)) => Ok(()),
             Some(_) => Err(BusError::Rejected(WRONG_TYPE.into())),
         }
     }
 
-    pub(super) fn write_metadata(
+    pub(in crate::bus) fn write_metadata(
         &mut self,
         mark: &MarkWrite<'_>,
         ttl: Duration,
@@ -439,7 +462,7 @@ impl Keyspace {
 
     /// The `worker_id` of the user's liveness mark, as the request scripts'
     /// `holder()` reads it: `None` when absent or not a mark.
-    pub(super) fn mark_holder(
+    pub(in crate::bus) fn mark_holder(
         &mut self,
         user_id: &str,
         now: Instant,
@@ -456,7 +479,7 @@ impl Keyspace {
     }
 
     /// A request record's fields the settlement rules read, owned.
-    pub(super) fn record(
+    pub(in crate::bus) fn record(
         &mut self,
         key: &str,
         now: Instant,
@@ -481,7 +504,7 @@ impl Keyspace {
     /// The claim scripts' `taken_for_me`: the user's mark names this
     /// worker already (set by the sealer; left as it is), or was absent and
     /// is now set to the worker's value. `false`: someone else holds it.
-    pub(super) fn taken_for(
+    pub(in crate::bus) fn taken_for(
         &mut self,
         mark: &crate::bus::MarkWrite<'_>,
         ttl: Duration,
@@ -501,7 +524,7 @@ impl Keyspace {
     }
 
     /// The Lua guard: the mark is absent or names `worker_id`.
-    pub(super) fn mark_is_mine_or_absent(
+    pub(in crate::bus) fn mark_is_mine_or_absent(
         &mut self,
         user_id: &str,
         worker_id: &str,
@@ -520,7 +543,7 @@ impl Keyspace {
             == Some(worker_id))
     }
 
-    pub(super) fn purge_expired(&mut self, now: Instant) {
+    pub(in crate::bus) fn purge_expired(&mut self, now: Instant) {
         self.entries
             .retain(|_, entry| entry.expires_at.is_none_or(|at| at > now));
     }

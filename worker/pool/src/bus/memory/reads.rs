@@ -133,7 +133,7 @@ impl Inspect for MemoryPoolBus {
 
 impl MemoryPoolBus {
     /// `pool:idle` as [`PoolBus::idle_workers`] reads it, in one lock.
-    pub(super) fn idle_now(&self) -> Result<Vec<IdleEntry>, BusError> {
+    pub(in crate::bus) fn idle_now(&self) -> Result<Vec<IdleEntry>, BusError> {
         let now = Instant::now();
         let mut keyspace = self.lock();
         let members: Vec<(String, i64)> = match keyspace.sorted_set(keys::POOL_IDLE, now)? {
@@ -165,7 +165,7 @@ impl MemoryPoolBus {
     }
 
     /// The marks matching `pattern`, read in one lock.
-    pub(super) fn marks_now(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
+    pub(in crate::bus) fn marks_now(&self, pattern: &str) -> Result<Vec<StoredMark>, BusError> {
         let now = Instant::now();
         let mut keyspace = self.lock();
         keyspace.purge_expired(now);
@@ -189,7 +189,7 @@ impl MemoryPoolBus {
 }
 
 /// Remaining time to `at` in whole ms, rounded up like Redis's PTTL of a live key.
-pub(super) fn remaining_ms(at: Instant, now: Instant) -> u64 {
+pub(in crate::bus) fn remaining_ms(at: Instant, now: Instant) -> u64 {
     let remaining = at.saturating_duration_since(now);
     u64::try_from(remaining.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }

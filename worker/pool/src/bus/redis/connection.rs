@@ -72,7 +72,7 @@ pub async fn scan_keys<C: ConnectionLike + Send>(
 }
 
 /// A connection reserved for blocking pops, with its `CLIENT ID`.
-pub(super) struct Blocking {
+pub(in crate::bus) struct Blocking {
     connection: MultiplexedConnection,
     id: i64,
 }
@@ -98,11 +98,11 @@ impl RedisPoolBus {
         })
     }
 
-    pub(super) fn commands(&self) -> ConnectionManager {
+    pub(in crate::bus) fn commands(&self) -> ConnectionManager {
         self.commands.clone()
     }
 
-    pub(super) async fn blocking_connection(&self) -> Result<Blocking, BusError> {
+    pub(in crate::bus) async fn blocking_connection(&self) -> Result<Blocking, BusError> {
         let idle = self
             .blocking
             .lock()
@@ -130,7 +130,7 @@ impl RedisPoolBus {
     /// One blocking command (its timeout argument appended here) on a
     /// connection of its own, ended early by `interrupt` through `CLIENT
     /// UNBLOCK`, so whatever Redis already did is still reported.
-    pub(super) async fn blocking<T: redis::FromRedisValue>(
+    pub(in crate::bus) async fn blocking<T: redis::FromRedisValue>(
         &self,
         mut command: redis::Cmd,
         name: &'static str,
@@ -194,7 +194,7 @@ impl RedisPoolBus {
     }
 
     /// One command on the shared connection, its failure classified.
-    pub(super) async fn query<T: redis::FromRedisValue>(
+    pub(in crate::bus) async fn query<T: redis::FromRedisValue>(
         &self,
         command: &redis::Cmd,
     ) -> Result<T, BusError> {
@@ -204,17 +204,17 @@ impl RedisPoolBus {
             .map_err(classify)
     }
 
-    pub(super) async fn lpush(&self, list: &str, body: &str) -> Result<(), BusError> {
+    pub(in crate::bus) async fn lpush(&self, list: &str, body: &str) -> Result<(), BusError> {
         let _: i64 = self.query(redis::cmd("LPUSH").arg(list).arg(body)).await?;
         Ok(())
     }
 
-    pub(super) async fn set(&self, key: &str, value: &str) -> Result<(), BusError> {
+    pub(in crate::bus) async fn set(&self, key: &str, value: &str) -> Result<(), BusError> {
         let _: () = self.query(redis::cmd("SET").arg(key).arg(value)).await?;
         Ok(())
     }
 
-    pub(super) async fn invoke_mark_script(
+    pub(in crate::bus) async fn invoke_mark_script(
         &self,
         script: &StoredFunction,
         mark: &MarkWrite<'_>,

@@ -46,69 +46,6 @@ local function holder(key)
 end
 "#;
 
-/// KEYS: request record, the user's mark. ARGV: user id, worker id, unix
-/// ms, record ttl. `settlement::begin_rule` in Lua: unless this worker holds
-/// the mark, {'not_holder', …} and nothing read or written; without a record,
-/// records `executing` (one delivery) and returns {'', …}; an `executing`
-/// record of this user begun by another worker is taken over (worker,
-/// deliveries + 1). Returns {state, user_id, worker_id (before a take-over),
-/// response, deliveries}.
-const BEGIN_REQUEST: &str = r#"
-if holder(KEYS[2]) ~= ARGV[2] then return {'not_holder', '', '', '', 0} end
-local state = redis.call('HGET', KEYS[1], '{state}')
-if not state then
-  redis.call('HSET', KEYS[1], '{state}', '{executing}', '{user_id}', ARGV[1], '{worker_id}', ARGV[2], '{started_at}', ARGV[3], '{deliveries}', 1)
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  return {'', '', '', '', 1}
-end
-local owner = redis.call('HGET', KEYS[1], '{user_id}') or ''
-local began = redis.call('HGET', KEYS[1], '{worker_id}') or ''
-local deliveries = tonumber(redis.call('HGET', KEYS[1], '{deliveries}') or '1') or 1
-if state == '{done}' then
-  return {state, owner, began, redis.call('HGET', KEYS[1], '{response}') or '', deliveries}
-end
-if owner == ARGV[1] and began ~= ARGV[2] then
-  deliveries = deliveries + 1
-  redis.call('HSET', KEYS[1], '{worker_id}', ARGV[2], '{deliveries}', deliveries)
-end
-return {state, owner, began, '', deliveries}
-"#;
-
-/// KEYS: request record, response, processing list, dead list, the user's
-/// mark. ARGV: the processing entry, mode (final | first_only | replay),
-/// response, dead letter ('' for none), record ttl, response ttl, dead list
-/// cap, dead list ttl, worker id, user id. Returns 1 when answered, 0 when
-/// first_only found a record, 2 when a final answer is fenced
-/// (`settlement::final_answer_rule`: nothing written, the entry stays).
-/// One step, so a request leaves the processing list exactly when its final
-/// response is stored.
-const ANSWER_REQUEST: &str = r#"
-local answered = 0
-if ARGV[2] == 'final' then
-  local state = redis.call('HGET', KEYS[1], '{state}')
-  if not state or redis.call('HGET', KEYS[1], '{worker_id}') ~= ARGV[9] then return 2 end
-  if state == '{done}' then return 1 end
-  if holder(KEYS[5]) ~= ARGV[9] then return 2 end
-  redis.call('HSET', KEYS[1], '{state}', '{done}', '{response}', ARGV[3])
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  answered = 1
-elseif ARGV[2] == 'first_only' and redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], '{state}', '{done}', '{response}', ARGV[3], '{user_id}', ARGV[10], '{worker_id}', ARGV[9])
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  answered = 1
-elseif ARGV[2] == 'replay' then
-  answered = 1
-end
-if answered == 1 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[6]) end
-if ARGV[4] ~= '' then
-  redis.call('RPUSH', KEYS[4], ARGV[4])
-  redis.call('LTRIM', KEYS[4], -tonumber(ARGV[7]), -1)
-  redis.call('EXPIRE', KEYS[4], ARGV[8])
-end
-redis.call('LREM', KEYS[3], -1, ARGV[1])
-return answered
-"#;
-
 /// KEYS: request list. ARGV: the cap, the batch. The newest entries beyond
 /// the oldest `cap`, newest first, at most `batch`.
 const EXCESS_REQUESTS: &str = r#"
@@ -409,7 +346,7 @@ end
 
 /// The metadata as the last four arguments of every script that writes the
 /// hash (claim, settle, heartbeat): the order `write_metadata` reads them in.
-pub(super) fn metadata_args<'c, 'a>(
+pub(in crate::bus) fn metadata_args<'c, 'a>(
     call: &'c mut FunctionCall<'a>,
     metadata: &WorkerMetadata,
 ) -> &'c mut FunctionCall<'a> {
@@ -441,43 +378,45 @@ fn guarded(body: &str) -> String {
 
 /// Every Lua body the bus runs, as Redis functions
 /// ([`leasehold_platform::redis_functions`]): built once per bus.
-pub(super) struct Functions {
-    pub(super) claim: StoredFunction,
-    pub(super) heartbeat: StoredFunction,
-    pub(super) release: StoredFunction,
-    pub(super) next_user_message: StoredFunction,
-    pub(super) begin_request: StoredFunction,
-    pub(super) answer_request: StoredFunction,
-    pub(super) drop_oversized: StoredFunction,
-    pub(super) excess_requests: StoredFunction,
-    pub(super) shed_request: StoredFunction,
-    pub(super) record_paper_order: StoredFunction,
-    pub(super) settle_claim: StoredFunction,
-    pub(super) fail_claim: StoredFunction,
-    pub(super) return_claim: StoredFunction,
-    pub(super) requeue_claims: StoredFunction,
-    pub(super) next_claim: StoredFunction,
-    pub(super) keep_claim: StoredFunction,
-    pub(super) set_pool_mark: StoredFunction,
-    pub(super) idle_workers: StoredFunction,
-    pub(super) retire_idle: StoredFunction,
-    pub(super) delete_mark_if: StoredFunction,
-    pub(super) replace_if: StoredFunction,
-    pub(super) assign_user: StoredFunction,
+pub(in crate::bus) struct Functions {
+    pub(in crate::bus) claim: StoredFunction,
+    pub(in crate::bus) heartbeat: StoredFunction,
+    pub(in crate::bus) release: StoredFunction,
+    pub(in crate::bus) next_user_message: StoredFunction,
+    pub(in crate::bus) begin_request: StoredFunction,
+    pub(in crate::bus) answer_request: StoredFunction,
+    pub(in crate::bus) drop_oversized: StoredFunction,
+    pub(in crate::bus) excess_requests: StoredFunction,
+    pub(in crate::bus) shed_request: StoredFunction,
+    pub(in crate::bus) record_paper_order: StoredFunction,
+    pub(in crate::bus) settle_claim: StoredFunction,
+    pub(in crate::bus) fail_claim: StoredFunction,
+    pub(in crate::bus) return_claim: StoredFunction,
+    pub(in crate::bus) requeue_claims: StoredFunction,
+    pub(in crate::bus) next_claim: StoredFunction,
+    pub(in crate::bus) keep_claim: StoredFunction,
+    pub(in crate::bus) set_pool_mark: StoredFunction,
+    pub(in crate::bus) idle_workers: StoredFunction,
+    pub(in crate::bus) retire_idle: StoredFunction,
+    pub(in crate::bus) delete_mark_if: StoredFunction,
+    pub(in crate::bus) replace_if: StoredFunction,
+    pub(in crate::bus) assign_user: StoredFunction,
 }
 
 impl Functions {
-    pub(super) fn new() -> Self {
+    pub(in crate::bus) fn new() -> Self {
         Functions {
             claim: StoredFunction::new(&writing_metadata(&format!("{TAKEN_FOR_ME}{CLAIM}"))),
             heartbeat: StoredFunction::new(&writing_metadata(&guarded(HEARTBEAT))),
             release: StoredFunction::new(&guarded(RELEASE)),
             next_user_message: StoredFunction::new(NEXT_USER_MESSAGE),
             begin_request: StoredFunction::new(&with_record_fields(&format!(
-                "{MARK_HOLDER}{BEGIN_REQUEST}"
+                "{MARK_HOLDER}{}",
+                crate::bus::begin::BEGIN_REQUEST
             ))),
             answer_request: StoredFunction::new(&with_record_fields(&format!(
-                "{MARK_HOLDER}{ANSWER_REQUEST}"
+                "{MARK_HOLDER}{}",
+                crate::bus::answer::ANSWER_REQUEST
             ))),
             drop_oversized: StoredFunction::new(&with_record_fields(DROP_OVERSIZED)),
             excess_requests: StoredFunction::new(EXCESS_REQUESTS),
