@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_broker::credentials::AesGcmCipher;
 use leasehold_pool::bus::redis::RedisPoolBus;
-use leasehold_pool::bus::{ClaimBus, CredentialBus, Inspect};
+use leasehold_pool::bus::{CredentialBus, Inspect, PoolBus};
 use leasehold_pool::keys;
 use leasehold_pool::read::PoolReader;
 use leasehold_sink::{SinkBatch, SinkEvent, SinkOptions};

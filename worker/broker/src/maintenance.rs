@@ -46,7 +46,7 @@ use leasehold_telemetry::{OrphanKind, TelemetryEvent, TelemetrySink};
 use crate::launcher::{RunningTask, TaskLauncher};
 use crate::manager::PoolError;
 use crate::supervise::SuperviseConfig;
-use leasehold_pool::bus::{BusError, Inspect, PoolBus};
+use leasehold_pool::bus::{BusError, Inspect, MarkBus, PoolBus};
 use leasehold_pool::protocol::MarkValue;
 pub use leasehold_pool::read::{Finding, SweepReport};
 
@@ -339,7 +339,7 @@ struct Snapshot {
 }
 
 async fn snapshot(
-    bus: &dyn PoolBus,
+    bus: &dyn Inspect,
     launcher: &dyn TaskLauncher,
     config: &SweepConfig,
 ) -> Result<Snapshot, PoolError> {
@@ -391,7 +391,7 @@ enum Resolved {
 async fn resolve(
     finding: &Finding,
     seen: Option<&str>,
-    bus: &dyn PoolBus,
+    bus: &dyn MarkBus,
     launcher: &dyn TaskLauncher,
 ) -> Result<Resolved, String> {
     if let (Some(key), Some(seen)) = (&finding.delete_key, seen) {

@@ -20,7 +20,7 @@ use leasehold_telemetry::{TelemetryEvent, TelemetrySink};
 
 use crate::launcher::{LaunchError, TaskLauncher};
 use crate::sealer::{grant_credentials, new_grant};
-use leasehold_pool::bus::{BusError, Inspect, PoolBus};
+use leasehold_pool::bus::{BusError, Inspect, MarkBus, PoolBus};
 use leasehold_pool::protocol::{ClaimMessage, ClaimOutcome, GrantReason, MarkValue, ParseError};
 
 /// Pool manager and claim failures.
@@ -42,7 +42,7 @@ pub enum PoolError {
 
 /// Idle pool workers (from `pool:idle`): their ids and, where readable, their marks.
 pub async fn idle_pool_workers(
-    bus: &dyn PoolBus,
+    bus: &dyn MarkBus,
 ) -> Result<Vec<(String, Option<MarkValue>)>, BusError> {
     Ok(bus
         .idle_workers()
@@ -255,7 +255,7 @@ pub struct Reconciled {
 
 /// One pool-manager pass: start or stop pool workers to reach `target`.
 pub async fn reconcile(
-    bus: &dyn PoolBus,
+    bus: &dyn MarkBus,
     launcher: &dyn TaskLauncher,
     target: usize,
     telemetry: &dyn TelemetrySink,
@@ -307,8 +307,8 @@ mod tests {
     use super::*;
     use crate::launcher::testing::ScriptedLauncher;
     use leasehold_pool::bus::memory::{MemoryPoolBus, SnapshotRead};
-    use leasehold_pool::bus::{ClaimBus, MarkBus};
     use leasehold_pool::bus::{Inspect, Take};
+    use leasehold_pool::bus::{MarkBus, PoolBus};
     use leasehold_telemetry::RecordingSink;
     use tokio_util::sync::CancellationToken;
 

@@ -34,7 +34,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use leasehold_control::clock::{Clock, SystemClock};
 use leasehold_pool::bus::assign::{Asker, AssignRequest, Assignment};
-use leasehold_pool::bus::{BusError, PoolBus};
+use leasehold_pool::bus::{BusError, CredentialBus, PoolBus};
 use leasehold_pool::claim_users::{self, ClaimUsers, RedisLogin};
 use leasehold_pool::keys;
 use leasehold_pool::protocol::{self, CredentialsGrant, GrantReason, MarkValue};
@@ -243,7 +243,7 @@ pub fn new_grant(reason: GrantReason) -> CredentialsGrant {
 /// claim (bound to the claim), after it launches a cold start (bound to the
 /// task) or before it sends `reload_credentials` (bound to the holder).
 pub async fn grant_credentials(
-    bus: &dyn PoolBus,
+    bus: &dyn CredentialBus,
     user_id: &str,
     grant: &CredentialsGrant,
 ) -> Result<(), BusError> {

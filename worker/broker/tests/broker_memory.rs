@@ -17,7 +17,7 @@ use leasehold_broker::manager::{self, ClaimPath};
 use leasehold_broker::paper::{Broker, PaperBroker, PaperConfig};
 use leasehold_broker::worker::{BrokerWorker, BrokerWorkerConfig, WorkerExit};
 use leasehold_pool::bus::memory::MemoryPoolBus;
-use leasehold_pool::bus::{CredentialBus, Inspect, MarkBus, PoolBus, ReportBus, RequestBus};
+use leasehold_pool::bus::{CredentialBus, Inspect, MarkBus, PoolBus};
 use leasehold_pool::keys;
 use leasehold_telemetry::{LogSink, OrphanKind, RecordingSink, RequestResult, TelemetryEvent};
 use tokio_util::sync::CancellationToken;

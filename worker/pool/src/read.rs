@@ -296,7 +296,7 @@ async fn read_anomalies<R: Inspect + ?Sized>(reader: &R) -> Result<AnomalyView, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::ClaimBus;
+    use crate::bus::PoolBus;
     use crate::bus::memory::MemoryPoolBus;
     use std::time::Duration;
 

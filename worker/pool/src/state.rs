@@ -141,7 +141,7 @@ mod tests {
 
     use super::*;
     use crate::bus::memory::MemoryPoolBus;
-    use crate::bus::{ClaimBus, CredentialBus, MarkBus, MarkWrite, RequestBus, WorkerMetadata};
+    use crate::bus::{CredentialBus, MarkBus, MarkWrite, PoolBus, WorkerMetadata};
     use crate::protocol::GrantReason;
 
     fn mark(worker_id: &str, user_id: &str) -> MarkValue {

@@ -18,7 +18,7 @@ mod redis {
 mod claim_users {
     use std::time::Duration;
 
-    use leasehold_pool::bus::ClaimBus;
+    use leasehold_pool::bus::PoolBus;
     use leasehold_pool::bus::assign::SealHolder;
     use leasehold_pool::bus::redis::RedisPoolBus;
     use leasehold_pool::claim_users::{ClaimUsers, login_url, new_password, password_hash};

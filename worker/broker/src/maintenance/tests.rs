@@ -2,7 +2,7 @@ use super::*;
 use crate::launcher::testing::ScriptedLauncher;
 use leasehold_pool::bus::memory::{MemoryPoolBus, SnapshotRead};
 use leasehold_pool::bus::{Inspect, MarkWrite, WorkerMetadata};
-use leasehold_pool::bus::{MarkBus, ReportBus};
+use leasehold_pool::bus::{MarkBus, PoolBus};
 use leasehold_telemetry::RecordingSink;
 use std::sync::Arc;
 

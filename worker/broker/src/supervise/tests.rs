@@ -3,7 +3,7 @@ use crate::launcher::testing::ScriptedLauncher;
 use crate::launcher::{LaunchError, RunningTask};
 use async_trait::async_trait;
 use leasehold_pool::bus::memory::{MemoryPoolBus, SnapshotRead};
-use leasehold_pool::bus::{ClaimBus, CredentialBus, MarkBus, RequestBus};
+use leasehold_pool::bus::{CredentialBus, MarkBus, PoolBus};
 use leasehold_pool::bus::{Inspect, MarkWrite, WorkerMetadata};
 use leasehold_pool::protocol::MarkValue;
 use leasehold_telemetry::RecordingSink;

@@ -91,7 +91,7 @@ return answered
 "#;
 
 impl MemoryPoolBus {
-    /// [`super::RequestBus::answer_request`] on the in-memory bus.
+    /// [`super::PoolBus::answer_request`] on the in-memory bus.
     pub(in crate::bus) async fn answer_in_memory(
         &self,
         answer: &Answer<'_>,
@@ -159,7 +159,7 @@ impl MemoryPoolBus {
 }
 
 impl RedisPoolBus {
-    /// [`super::RequestBus::answer_request`] on Redis: [`ANSWER_REQUEST`].
+    /// [`super::PoolBus::answer_request`] on Redis: [`ANSWER_REQUEST`].
     pub(in crate::bus) async fn answer_on_redis(
         &self,
         answer: &Answer<'_>,

@@ -22,8 +22,15 @@
 //! (deploy/redis-acl.conf): a compromised worker cannot make itself a user's
 //! holder in the sealer's eyes.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::time::Instant;
+
+use super::redis::classify;
+use super::{BusError, whole_seconds};
+use crate::keys;
 
 #[cfg(test)]
 use crate::protocol;
@@ -266,6 +273,26 @@ pub fn used_grant(grant: &str, worker_id: &str) -> String {
     value.to_string()
 }
 
+/// Lua prefix of the claim scripts, [`take_mark`] in Lua:
+/// `taken_for_me(mark_key, value, ttl)`
+/// is true when the user's mark names the worker `value` (a mark JSON)
+/// names (the credential sealer set it in its assign step; nothing is
+/// written, as a broker worker may not write user marks), or when there was
+/// no mark and it is now set to `value` (no sealer); false when another
+/// worker, or a value that is not a mark, holds the user.
+pub(in crate::bus) const TAKEN_FOR_ME: &str = r#"
+local function taken_for_me(key, value, ttl)
+  local current = redis.call('GET', key)
+  if not current then
+    redis.call('SET', key, value, 'EX', ttl)
+    return true
+  end
+  local ok, mark = pcall(cjson.decode, current)
+  local mine = cjson.decode(value)['worker_id']
+  return ok and type(mark) == 'table' and mark['worker_id'] == mine
+end
+"#;
+
 /// KEYS: grant, user mark, holder record, the asker's claim processing
 /// list, the set of users with a holder record.
 /// ARGV: user id, worker id, seal key, task id, mark value, mark ttl (s),
@@ -335,6 +362,85 @@ pub fn assign_user_lua() -> String {
         .replace("{claim}", &word(GrantReason::Claim))
         .replace("{cold_start}", &word(GrantReason::ColdStart))
         .replace("{reload}", &word(GrantReason::Reload))
+}
+
+impl super::memory::MemoryPoolBus {
+    /// [`super::CredentialBus::assign_user`] on the in-memory bus: [`assign_rule`]
+    /// applied under the keyspace's lock.
+    pub(in crate::bus) async fn assign_user_in_memory(
+        &self,
+        request: &AssignRequest<'_>,
+    ) -> Result<Assignment, BusError> {
+        let now = Instant::now();
+        let asker = &request.asker;
+        let mut keyspace = self.lock();
+        let grant_key = keys::credentials_grant(asker.user_id);
+        let holder_key = keys::seal_holder(asker.user_id);
+        let mark_key = keys::worker_active(asker.user_id);
+        let grant = keyspace.get(&grant_key, now)?;
+        let holder = keyspace.get(&holder_key, now)?;
+        let mark = MarkSeen::of(keyspace.get(&mark_key, now)?.as_deref());
+        let taken: Vec<String> = keyspace
+            .list(&keys::claims_processing(asker.worker_id), now)?
+            .map(|list| list.iter().cloned().collect())
+            .unwrap_or_default();
+        let decision = assign_rule(asker, grant.as_deref(), holder.as_deref(), &mark, &taken);
+        if let (Assignment::Assigned { .. } | Assignment::Renewed { .. }, Some(grant)) =
+            (&decision, &grant)
+        {
+            // KEEPTTL: the used grant expires when the grant would have.
+            let expires_at = keyspace
+                .live(&grant_key, now)
+                .and_then(|entry| entry.expires_at);
+            keyspace.set(&grant_key, &used_grant(grant, asker.worker_id), None, now);
+            if let Some(entry) = keyspace.live(&grant_key, now) {
+                entry.expires_at = expires_at;
+            }
+        }
+        if let Assignment::Assigned { bound_to } = &decision {
+            let ttl = Duration::from_secs(whole_seconds(request.mark_ttl));
+            keyspace.set(&mark_key, request.mark, Some(ttl), now);
+            let record = SealHolder {
+                worker_id: asker.worker_id.to_owned(),
+                seal_key: asker.seal_key.to_owned(),
+                bound_to: bound_to.clone(),
+                login_hash: request.login_hash.to_owned(),
+            };
+            keyspace.set(&holder_key, &record.to_json(), None, now);
+            keyspace.zadd(keys::SEAL_HOLDERS, asker.user_id, 0, now)?;
+        }
+        Ok(decision)
+    }
+}
+
+impl super::redis::RedisPoolBus {
+    /// [`super::CredentialBus::assign_user`] on Redis: [`ASSIGN_USER`].
+    pub(in crate::bus) async fn assign_user_on_redis(
+        &self,
+        request: &AssignRequest<'_>,
+    ) -> Result<Assignment, BusError> {
+        let asker = &request.asker;
+        let (word, bound_to): (String, String) = self
+            .functions
+            .assign_user
+            .key(keys::credentials_grant(asker.user_id))
+            .key(keys::worker_active(asker.user_id))
+            .key(keys::seal_holder(asker.user_id))
+            .key(keys::claims_processing(asker.worker_id))
+            .key(keys::SEAL_HOLDERS)
+            .arg(asker.user_id)
+            .arg(asker.worker_id)
+            .arg(asker.seal_key)
+            .arg(asker.task_id)
+            .arg(request.mark)
+            .arg(whole_seconds(request.mark_ttl))
+            .arg(request.login_hash)
+            .invoke_async(&mut self.commands())
+            .await
+            .map_err(classify)?;
+        Assignment::from_reply(&word, bound_to)
+            .ok_or_else(|| BusError::Rejected(format!("the assign step answered {word:?}")))
+    }
 }
 
 /// Every value each input of [`assign_rule`] can take, for the whole-domain

@@ -118,7 +118,7 @@ return {state, owner, began, '', deliveries}
 "#;
 
 impl MemoryPoolBus {
-    /// [`super::RequestBus::begin_request`] on the in-memory bus: the rule
+    /// [`super::PoolBus::begin_request`] on the in-memory bus: the rule
     /// applied under the keyspace's lock.
     pub(in crate::bus) async fn begin_in_memory(
         &self,
@@ -179,7 +179,7 @@ impl MemoryPoolBus {
 }
 
 impl RedisPoolBus {
-    /// [`super::RequestBus::begin_request`] on Redis: [`BEGIN_REQUEST`].
+    /// [`super::PoolBus::begin_request`] on Redis: [`BEGIN_REQUEST`].
     pub(in crate::bus) async fn begin_on_redis(
         &self,
         request_id: &str,

@@ -24,12 +24,24 @@
 //!
 //! The paper broker's ledger ([`PaperLedger`]) lives on the same bus: it is
 //! what a real broker keeps on its side, and both buses must agree on it too.
+//!
+//! Steps (the shape of mini-redis's `cmd/`): every step that is more than one
+//! command has a module of its own holding its pure rule (where it has one),
+//! its Lua and both buses' sides: [`begin`], [`answer`], [`assign`],
+//! `claims`, `marks`, `queue`, `credentials`, `paper_ledger`. A rule is read
+//! in one place, and the conformance suite runs the rules over their whole
+//! input domain on both buses.
 
 pub mod answer;
 pub mod assign;
 pub mod begin;
+mod claims;
 mod connector;
+mod credentials;
+mod marks;
 pub mod memory;
+mod paper_ledger;
+mod queue;
 pub mod redis;
 
 pub use connector::BusConnector;
@@ -377,84 +389,15 @@ pub struct StoredMark {
 
 /// The broker pool's shared state: every step a role takes, as one trait
 /// object. Each method is one atomic step on the bus unless it says otherwise.
-/// The steps are grouped by what they touch ([`MarkBus`], [`ClaimBus`],
-/// [`RequestBus`], [`CredentialBus`], [`ReportBus`]), so a component can be
-/// handed only the group it needs; every bus that has them all is a `PoolBus`.
-pub trait PoolBus:
-    Inspect + PaperLedger + MarkBus + ClaimBus + RequestBus + CredentialBus + ReportBus
-{
-}
-
-impl<T> PoolBus for T where
-    T: Inspect + PaperLedger + MarkBus + ClaimBus + RequestBus + CredentialBus + ReportBus + ?Sized
-{
-}
-
-/// Liveness marks: a user's mark (exclusive claim, heartbeat, release) and the idle pool's marks.
+/// The claim queue, the user's queues, records and responses, and the
+/// maintenance report are its own steps; liveness marks ([`MarkBus`]),
+/// credentials ([`CredentialBus`]), reads ([`Inspect`]) and the paper ledger
+/// ([`PaperLedger`]) are traits of their own because functions that touch
+/// only those take only them.
 #[async_trait]
-pub trait MarkBus: Send + Sync {
-    /// The exclusive claim: sets the user's mark only if no one holds it, and
-    /// in the same step drops the claimer's pool mark and rewrites the
-    /// metadata. `true` when this worker now holds the user.
-    async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError>;
+pub trait PoolBus: Inspect + PaperLedger + MarkBus + CredentialBus {
+    // The claim queue: push, take, settle, fail, return and re-queue claims.
 
-    /// Refreshes the user's mark and metadata while the mark is absent or this
-    /// worker's (an expired mark is taken back). `false`: another worker holds
-    /// the user; nothing was written.
-    async fn refresh_user_mark(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError>;
-
-    /// Deletes the user's mark and metadata unless another worker holds the
-    /// user (then `false` and nothing is deleted).
-    async fn release_user_mark(&self, user_id: &str, worker_id: &str) -> Result<bool, BusError>;
-
-    /// Whether the user has a worker (its mark exists).
-    async fn user_is_active(&self, user_id: &str) -> Result<bool, BusError>;
-
-    /// Writes an idle pool worker's mark `worker:active:-1:{worker_id}` with a
-    /// TTL in whole seconds (at least 1) and, in the same step, its entry in
-    /// `pool:idle` scored with the bus's clock (Redis `TIME`). `false`: the
-    /// worker was retired ([`PoolBus::retire_idle`]); the mark is refreshed,
-    /// the entry stays retired.
-    async fn set_pool_mark(
-        &self,
-        worker_id: &str,
-        value: &str,
-        ttl: Duration,
-    ) -> Result<bool, BusError>;
-
-    /// Deletes an idle pool worker's mark and its `pool:idle` entry.
-    async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError>;
-
-    /// The idle pool workers, from `pool:idle` (no SCAN of the keyspace):
-    /// entries not retired whose pool mark exists and whose claim processing
-    /// list is empty (a worker between take and claim step is busy). An entry
-    /// whose pool mark is gone is a dead worker's: in the same step its taken
-    /// claims go back to the serving end of `pool:claims` (as
-    /// [`PoolBus::requeue_claims`] does) and the entry is removed.
-    async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError>;
-
-    /// Retires an idle pool worker before it is stopped, in one step, only if
-    /// it is provably idle: in `pool:idle` and not retired, its pool mark
-    /// present, its claim processing list empty. From then on
-    /// [`PoolBus::take_claim`] gives it [`Take::Retired`] (handing back any
-    /// claim it moves meanwhile) and [`PoolBus::idle_workers`] leaves it out.
-    /// `false`: not provably idle; it must not be stopped.
-    async fn retire_idle(&self, worker_id: &str) -> Result<bool, BusError>;
-
-    /// Compare-and-delete, one step: deletes the liveness mark `key` (and
-    /// `also`, e.g. its metadata) only if it still holds `expected`, the value
-    /// a snapshot saw. `false`: it changed or is gone; nothing deleted.
-    async fn delete_mark_if(
-        &self,
-        key: &str,
-        expected: &str,
-        also: &[String],
-    ) -> Result<bool, BusError>;
-}
-
-/// The claim queue: push, take, settle, fail, return and re-queue claims.
-#[async_trait]
-pub trait ClaimBus: Send + Sync {
     /// Queues a claim for an idle pool worker (`LPUSH pool:claims`).
     async fn push_claim(&self, body: &str) -> Result<(), BusError>;
 
@@ -512,11 +455,9 @@ pub trait ClaimBus: Send + Sync {
     /// Sets `key` to `value` for `ttl` (whole seconds, at least 1) only if it
     /// does not exist (`SET NX EX`): the supervisor's one-pending-re-serve lock.
     async fn set_if_absent(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, BusError>;
-}
 
-/// A user's request and control queues, the request record and the response.
-#[async_trait]
-pub trait RequestBus: Send + Sync {
+    // A user's request and control queues, the request record and the response.
+
     /// Queues a request for a user's worker (`LPUSH`, as the API does).
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError>;
 
@@ -618,6 +559,79 @@ pub trait RequestBus: Send + Sync {
         request_id: &str,
         body: &str,
     ) -> Result<(), BusError>;
+
+    // The maintenance sweep's report and its deletions.
+
+    /// The last maintenance sweep report (JSON).
+    async fn maintenance_report(&self) -> Result<Option<String>, BusError>;
+
+    /// Replaces the maintenance sweep report.
+    async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError>;
+
+    /// Deletes keys (the sweep's stale and orphan marks); returns how many existed.
+    async fn delete_keys(&self, keys: &[String]) -> Result<u64, BusError>;
+}
+
+/// Liveness marks: a user's mark (exclusive claim, heartbeat, release) and the idle pool's marks.
+#[async_trait]
+pub trait MarkBus: Send + Sync {
+    /// The exclusive claim: sets the user's mark only if no one holds it, and
+    /// in the same step drops the claimer's pool mark and rewrites the
+    /// metadata. `true` when this worker now holds the user.
+    async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError>;
+
+    /// Refreshes the user's mark and metadata while the mark is absent or this
+    /// worker's (an expired mark is taken back). `false`: another worker holds
+    /// the user; nothing was written.
+    async fn refresh_user_mark(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError>;
+
+    /// Deletes the user's mark and metadata unless another worker holds the
+    /// user (then `false` and nothing is deleted).
+    async fn release_user_mark(&self, user_id: &str, worker_id: &str) -> Result<bool, BusError>;
+
+    /// Whether the user has a worker (its mark exists).
+    async fn user_is_active(&self, user_id: &str) -> Result<bool, BusError>;
+
+    /// Writes an idle pool worker's mark `worker:active:-1:{worker_id}` with a
+    /// TTL in whole seconds (at least 1) and, in the same step, its entry in
+    /// `pool:idle` scored with the bus's clock (Redis `TIME`). `false`: the
+    /// worker was retired ([`PoolBus::retire_idle`]); the mark is refreshed,
+    /// the entry stays retired.
+    async fn set_pool_mark(
+        &self,
+        worker_id: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<bool, BusError>;
+
+    /// Deletes an idle pool worker's mark and its `pool:idle` entry.
+    async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError>;
+
+    /// The idle pool workers, from `pool:idle` (no SCAN of the keyspace):
+    /// entries not retired whose pool mark exists and whose claim processing
+    /// list is empty (a worker between take and claim step is busy). An entry
+    /// whose pool mark is gone is a dead worker's: in the same step its taken
+    /// claims go back to the serving end of `pool:claims` (as
+    /// [`PoolBus::requeue_claims`] does) and the entry is removed.
+    async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError>;
+
+    /// Retires an idle pool worker before it is stopped, in one step, only if
+    /// it is provably idle: in `pool:idle` and not retired, its pool mark
+    /// present, its claim processing list empty. From then on
+    /// [`PoolBus::take_claim`] gives it [`Take::Retired`] (handing back any
+    /// claim it moves meanwhile) and [`PoolBus::idle_workers`] leaves it out.
+    /// `false`: not provably idle; it must not be stopped.
+    async fn retire_idle(&self, worker_id: &str) -> Result<bool, BusError>;
+
+    /// Compare-and-delete, one step: deletes the liveness mark `key` (and
+    /// `also`, e.g. its metadata) only if it still holds `expected`, the value
+    /// a snapshot saw. `false`: it changed or is gone; nothing deleted.
+    async fn delete_mark_if(
+        &self,
+        key: &str,
+        expected: &str,
+        also: &[String],
+    ) -> Result<bool, BusError>;
 }
 
 /// Users' encrypted credentials and the grants that let the sealer hand them out.
@@ -656,19 +670,6 @@ pub trait CredentialBus: Send + Sync {
         &self,
         request: &assign::AssignRequest<'_>,
     ) -> Result<assign::Assignment, BusError>;
-}
-
-/// The maintenance sweep's report and its deletions.
-#[async_trait]
-pub trait ReportBus: Send + Sync {
-    /// The last maintenance sweep report (JSON).
-    async fn maintenance_report(&self) -> Result<Option<String>, BusError>;
-
-    /// Replaces the maintenance sweep report.
-    async fn put_maintenance_report(&self, report: &str) -> Result<(), BusError>;
-
-    /// Deletes keys (the sweep's stale and orphan marks); returns how many existed.
-    async fn delete_keys(&self, keys: &[String]) -> Result<u64, BusError>;
 }
 
 /// The paper broker's order book (`paper:orders:{account_id}`), kept next to

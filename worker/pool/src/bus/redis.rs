@@ -7,9 +7,12 @@
 //! nothing else); an interrupt ends them with `CLIENT UNBLOCK` rather than by
 //! dropping the command, so a message Redis already popped is still returned.
 //!
-//! This file is the `PoolBus` impl, what each step does; `scripts` holds the
-//! Lua bodies, `connection` how commands reach Redis (blocking connections,
-//! SCAN, error classification), `reads` the `Inspect` and `PaperLedger` impls.
+//! This file is the `PoolBus` impl: the one-command steps, and for every
+//! other step a call into its module in `bus/`, which holds the step's rule,
+//! its Lua and both buses' sides together. `scripts` builds the Redis
+//! functions from those modules' Lua, `connection` is how commands reach
+//! Redis (blocking connections, SCAN, error classification), `reads` the
+//! `Inspect` impl.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -21,10 +24,9 @@ use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Answer, Answered, Begun, BusError, CLAIM_OUTCOME_TTL, ClaimBus, ClaimSettle, CredentialBus,
-    DEAD_LETTER_MAX, DEAD_LETTER_TTL, IdleEntry, Inspect, MarkBus, MarkWrite, MessageKind,
-    Oversized, REQUEST_RECORD_TTL, RESPONSE_TTL, ReportBus, RequestBus, SHED_BATCH, Settled, Shed,
-    Take, TakenClaim, UserMessage, UserQueue, whole_seconds,
+    Answer, Answered, Begun, BusError, ClaimSettle, CredentialBus, DEAD_LETTER_MAX,
+    DEAD_LETTER_TTL, IdleEntry, Inspect, MarkBus, MarkWrite, MessageKind, Oversized, PoolBus,
+    RESPONSE_TTL, Settled, Shed, Take, UserMessage, whole_seconds,
 };
 use crate::protocol;
 
@@ -37,11 +39,11 @@ pub use connection::scan_keys;
 pub use scripts::stored_functions;
 
 use connection::Blocking;
-use scripts::{Functions, metadata_args};
+use scripts::Functions;
 
 /// Queues on `pipe` the push of one dead letter to `dead`, with the cap and
 /// the TTL every dead-letter list has (docs/redis.md).
-fn push_dead<'p>(
+pub(in crate::bus) fn push_dead<'p>(
     pipe: &'p mut redis::Pipeline,
     dead: &str,
     entry: String,
@@ -63,7 +65,7 @@ fn push_dead<'p>(
 
 /// A message a blocking wait handed out whole, checked against the bound as
 /// the non-blocking script checks it.
-fn bounded(kind: MessageKind, body: Vec<u8>, max_bytes: usize) -> UserMessage {
+pub(in crate::bus) fn bounded(kind: MessageKind, body: Vec<u8>, max_bytes: usize) -> UserMessage {
     if body.len() <= max_bytes {
         return match kind {
             MessageKind::Control => UserMessage::Control(body),
@@ -107,39 +109,15 @@ impl std::fmt::Debug for RedisPoolBus {
 #[async_trait]
 impl MarkBus for RedisPoolBus {
     async fn claim_user(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
-        let claimed: i64 = metadata_args(
-            self.functions
-                .claim
-                .key(keys::pool_worker_active(mark.worker_id))
-                .key(keys::worker_metadata(mark.user_id))
-                .arg(mark.value)
-                .arg(whole_seconds(mark.ttl)),
-            mark.metadata,
-        )
-        // An argument, not a declared key, as in `settle_claim`.
-        .arg(keys::worker_active(mark.user_id))
-        .invoke_async(&mut self.commands())
-        .await
-        .map_err(classify)?;
-        Ok(claimed == 1)
+        self.claim_user_on_redis(mark).await
     }
 
     async fn refresh_user_mark(&self, mark: &MarkWrite<'_>) -> Result<bool, BusError> {
-        self.invoke_mark_script(&self.functions.heartbeat, mark)
-            .await
+        self.refresh_user_mark_on_redis(mark).await
     }
 
     async fn release_user_mark(&self, user_id: &str, worker_id: &str) -> Result<bool, BusError> {
-        let released: i64 = self
-            .functions
-            .release
-            .key(keys::worker_active(user_id))
-            .key(keys::worker_metadata(user_id))
-            .arg(worker_id)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(released == 1)
+        self.release_user_mark_on_redis(user_id, worker_id).await
     }
 
     async fn user_is_active(&self, user_id: &str) -> Result<bool, BusError> {
@@ -153,69 +131,19 @@ impl MarkBus for RedisPoolBus {
         value: &str,
         ttl: Duration,
     ) -> Result<bool, BusError> {
-        let idle: i64 = self
-            .functions
-            .set_pool_mark
-            .key(keys::pool_worker_active(worker_id))
-            .key(keys::POOL_IDLE)
-            .arg(worker_id)
-            .arg(value)
-            .arg(whole_seconds(ttl))
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(idle == 1)
+        self.set_pool_mark_on_redis(worker_id, value, ttl).await
     }
 
     async fn delete_pool_mark(&self, worker_id: &str) -> Result<(), BusError> {
-        let _: () = redis::pipe()
-            .atomic()
-            .cmd("DEL")
-            .arg(keys::pool_worker_active(worker_id))
-            .ignore()
-            .cmd("ZREM")
-            .arg(keys::POOL_IDLE)
-            .arg(worker_id)
-            .ignore()
-            .query_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(())
+        self.delete_pool_mark_on_redis(worker_id).await
     }
 
     async fn idle_workers(&self) -> Result<Vec<IdleEntry>, BusError> {
-        let flat: Vec<String> = self
-            .functions
-            .idle_workers
-            .key(keys::POOL_IDLE)
-            .key(keys::POOL_CLAIMS)
-            .arg(keys::pool_worker_active(""))
-            .arg(keys::claims_processing(""))
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(flat
-            .chunks_exact(3)
-            .map(|entry| IdleEntry {
-                worker_id: entry[0].clone(),
-                heartbeat_ms: entry[1].parse::<f64>().map_or(0, |ms| ms as u64),
-                mark: entry[2].clone(),
-            })
-            .collect())
+        self.idle_workers_on_redis().await
     }
 
     async fn retire_idle(&self, worker_id: &str) -> Result<bool, BusError> {
-        let retired: i64 = self
-            .functions
-            .retire_idle
-            .key(keys::POOL_IDLE)
-            .key(keys::claims_processing(worker_id))
-            .key(keys::pool_worker_active(worker_id))
-            .arg(worker_id)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(retired == 1)
+        self.retire_idle_on_redis(worker_id).await
     }
 
     async fn delete_mark_if(
@@ -224,21 +152,55 @@ impl MarkBus for RedisPoolBus {
         expected: &str,
         also: &[String],
     ) -> Result<bool, BusError> {
-        let mut invocation = self.functions.delete_mark_if.key(key);
-        for other in also {
-            invocation.key(other);
-        }
-        let deleted: i64 = invocation
-            .arg(expected)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(deleted == 1)
+        self.delete_mark_if_on_redis(key, expected, also).await
     }
 }
 
 #[async_trait]
-impl ClaimBus for RedisPoolBus {
+impl CredentialBus for RedisPoolBus {
+    async fn credentials(&self, user_id: &str) -> Result<Option<String>, BusError> {
+        self.get(&keys::credentials(user_id)).await
+    }
+
+    async fn put_credentials(&self, user_id: &str, blob: &str) -> Result<(), BusError> {
+        self.set(&keys::credentials(user_id), blob).await
+    }
+
+    async fn replace_credentials(
+        &self,
+        user_id: &str,
+        expected: &str,
+        blob: &str,
+    ) -> Result<bool, BusError> {
+        self.replace_credentials_on_redis(user_id, expected, blob)
+            .await
+    }
+
+    async fn grant_credentials(
+        &self,
+        user_id: &str,
+        grant: &str,
+        ttl: Duration,
+    ) -> Result<(), BusError> {
+        let _: () = self
+            .query(
+                redis::cmd("SET")
+                    .arg(keys::credentials_grant(user_id))
+                    .arg(grant)
+                    .arg("EX")
+                    .arg(whole_seconds(ttl)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn assign_user(&self, request: &AssignRequest<'_>) -> Result<Assignment, BusError> {
+        self.assign_user_on_redis(request).await
+    }
+}
+
+#[async_trait]
+impl PoolBus for RedisPoolBus {
     async fn push_claim(&self, body: &str) -> Result<(), BusError> {
         self.lpush(keys::POOL_CLAIMS, body).await
     }
@@ -249,55 +211,8 @@ impl ClaimBus for RedisPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Take, BusError> {
-        let processing = keys::claims_processing(worker_id);
-        let (found, raw): (i64, Vec<u8>) = self
-            .functions
-            .next_claim
-            .key(&processing)
-            .key(keys::POOL_CLAIMS)
-            .key(keys::POOL_IDLE)
-            .arg(worker_id)
-            .invoke_async(&mut self.commands())
+        self.take_claim_on_redis(worker_id, timeout, interrupt)
             .await
-            .map_err(classify)?;
-        match found {
-            1 => return Ok(Take::Claim(TakenClaim { raw })),
-            2 => return Ok(Take::Retired),
-            _ => {}
-        }
-        if interrupt.is_cancelled() {
-            return Ok(Take::Empty);
-        }
-        // Producers LPUSH; RIGHT takes the oldest first (the original
-        // design's SQS queue was FIFO-like), LEFT files it in the worker's list.
-        let mut blmove = redis::cmd("BLMOVE");
-        blmove
-            .arg(keys::POOL_CLAIMS)
-            .arg(&processing)
-            .arg("RIGHT")
-            .arg("LEFT");
-        let moved: Option<Vec<u8>> = self.blocking(blmove, "BLMOVE", timeout, interrupt).await?;
-        let Some(raw) = moved else {
-            return Ok(Take::Empty);
-        };
-        // The move could not check the retirement: the check, and the hand
-        // back if the retirement came first, is one step of its own.
-        let (kept, raw): (i64, Vec<u8>) = self
-            .functions
-            .keep_claim
-            .key(&processing)
-            .key(keys::POOL_CLAIMS)
-            .key(keys::POOL_IDLE)
-            .arg(worker_id)
-            .arg(raw)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(if kept == 1 {
-            Take::Claim(TakenClaim { raw })
-        } else {
-            Take::Retired
-        })
     }
 
     async fn settle_claim(
@@ -305,32 +220,7 @@ impl ClaimBus for RedisPoolBus {
         mark: &MarkWrite<'_>,
         claim: &ClaimSettle<'_>,
     ) -> Result<Settled, BusError> {
-        let settled: i64 = metadata_args(
-            self.functions
-                .settle_claim
-                .key(keys::claims_processing(mark.worker_id))
-                .key(keys::pool_worker_active(mark.worker_id))
-                .key(keys::worker_metadata(mark.user_id))
-                .key(keys::claim_outcome(claim.claim_id))
-                .arg(claim.raw)
-                .arg(mark.value)
-                .arg(whole_seconds(mark.ttl))
-                .arg(claim.claimed)
-                .arg(claim.refused)
-                .arg(CLAIM_OUTCOME_TTL.as_secs()),
-            mark.metadata,
-        )
-        // The user's mark is an argument, not a declared key: FCALL checks
-        // declared keys as read-write, and a pool worker may only read it.
-        .arg(keys::worker_active(mark.user_id))
-        .invoke_async(&mut self.commands())
-        .await
-        .map_err(classify)?;
-        Ok(match settled {
-            1 => Settled::Claimed,
-            0 => Settled::Refused,
-            _ => Settled::NotHeld,
-        })
+        self.settle_claim_on_redis(mark, claim).await
     }
 
     async fn fail_claim(
@@ -341,53 +231,16 @@ impl ClaimBus for RedisPoolBus {
         reason: &str,
         at_unix_ms: u64,
     ) -> Result<bool, BusError> {
-        let (outcome_key, outcome) = match outcome {
-            Some((claim_id, outcome)) => (keys::claim_outcome(claim_id), outcome),
-            // Not written (the script skips it); named for the key count only.
-            None => (keys::claim_outcome(""), ""),
-        };
-        let failed: i64 = self
-            .functions
-            .fail_claim
-            .key(keys::claims_processing(worker_id))
-            .key(keys::dead_letter(keys::POOL_CLAIMS))
-            .key(outcome_key)
-            .arg(raw)
-            .arg(protocol::dead_letter_raw(reason, raw, at_unix_ms))
-            .arg(outcome)
-            .arg(CLAIM_OUTCOME_TTL.as_secs())
-            .arg(DEAD_LETTER_MAX)
-            .arg(DEAD_LETTER_TTL.as_secs())
-            .invoke_async(&mut self.commands())
+        self.fail_claim_on_redis(worker_id, raw, outcome, reason, at_unix_ms)
             .await
-            .map_err(classify)?;
-        Ok(failed == 1)
     }
 
     async fn return_claim(&self, worker_id: &str, raw: &[u8]) -> Result<bool, BusError> {
-        let returned: i64 = self
-            .functions
-            .return_claim
-            .key(keys::claims_processing(worker_id))
-            .key(keys::POOL_CLAIMS)
-            .arg(raw)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(returned == 1)
+        self.return_claim_on_redis(worker_id, raw).await
     }
 
     async fn requeue_claims(&self, worker_id: &str) -> Result<u64, BusError> {
-        let moved: u64 = self
-            .functions
-            .requeue_claims
-            .key(keys::claims_processing(worker_id))
-            .key(keys::pool_worker_active(worker_id))
-            .key(keys::POOL_CLAIMS)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(moved)
+        self.requeue_claims_on_redis(worker_id).await
     }
 
     async fn set_if_absent(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, BusError> {
@@ -403,10 +256,7 @@ impl ClaimBus for RedisPoolBus {
             .await?;
         Ok(set.is_some())
     }
-}
 
-#[async_trait]
-impl RequestBus for RedisPoolBus {
     async fn push_request(&self, user_id: &str, body: &str) -> Result<(), BusError> {
         self.lpush(&keys::user_requests(user_id), body).await
     }
@@ -422,80 +272,8 @@ impl RequestBus for RedisPoolBus {
         timeout: Duration,
         interrupt: &CancellationToken,
     ) -> Result<Option<UserMessage>, BusError> {
-        let (control, requests) = (
-            MessageKind::Control.queue(user_id),
-            MessageKind::Request.queue(user_id),
-        );
-        let (kind, body, length): (i64, Vec<u8>, u64) = self
-            .functions
-            .next_user_message
-            .key(&control.list)
-            .key(&requests.processing)
-            .key(&requests.list)
-            .key(&control.processing)
-            .arg(max_bytes)
-            .arg(protocol::DEAD_LETTER_HEAD_BYTES)
-            .invoke_async(&mut self.commands())
+        self.pop_user_message_on_redis(user_id, max_bytes, timeout, interrupt)
             .await
-            .map_err(classify)?;
-        match kind {
-            1 => return Ok(Some(UserMessage::Control(body))),
-            2 => return Ok(Some(UserMessage::Request(body))),
-            3 | 4 => {
-                let kind = if kind == 3 {
-                    MessageKind::Control
-                } else {
-                    MessageKind::Request
-                };
-                return Ok(Some(UserMessage::Oversized {
-                    kind,
-                    head: body,
-                    length,
-                }));
-            }
-            _ => {}
-        }
-        if interrupt.is_cancelled() {
-            return Ok(None);
-        }
-        // Nothing waiting: block on both lists at once, each on a connection
-        // of its own (no single Redis command blocks on two lists and moves),
-        // and end the other wait as soon as one returns. A request the other
-        // wait moved meanwhile is in the processing list: handed out next.
-        let (control_stop, request_stop) = (interrupt.child_token(), interrupt.child_token());
-        let mut control_move = redis::cmd("BLMOVE");
-        control_move
-            .arg(&control.list)
-            .arg(&control.processing)
-            .arg("RIGHT")
-            .arg("LEFT");
-        let mut blmove = redis::cmd("BLMOVE");
-        blmove
-            .arg(&requests.list)
-            .arg(&requests.processing)
-            .arg("RIGHT")
-            .arg("LEFT");
-        let control_wait =
-            self.blocking::<Option<Vec<u8>>>(control_move, "BLMOVE", timeout, &control_stop);
-        let request_wait =
-            self.blocking::<Option<Vec<u8>>>(blmove, "BLMOVE", timeout, &request_stop);
-        tokio::pin!(control_wait, request_wait);
-        let (control, request) = tokio::select! {
-            control = &mut control_wait => {
-                request_stop.cancel();
-                (control, request_wait.await)
-            }
-            request = &mut request_wait => {
-                control_stop.cancel();
-                (control_wait.await, request)
-            }
-        };
-        match (control, request) {
-            (Ok(Some(body)), _) => Ok(Some(bounded(MessageKind::Control, body, max_bytes))),
-            (_, Ok(Some(body))) => Ok(Some(bounded(MessageKind::Request, body, max_bytes))),
-            (Err(err), _) | (_, Err(err)) => Err(err),
-            (Ok(None), Ok(None)) => Ok(None),
-        }
     }
 
     async fn finish_control(&self, user_id: &str, raw: &[u8]) -> Result<(), BusError> {
@@ -547,40 +325,7 @@ impl RequestBus for RedisPoolBus {
     }
 
     async fn drop_oversized(&self, oversized: &Oversized<'_>) -> Result<bool, BusError> {
-        let UserQueue { list, processing } = oversized.kind.queue(oversized.user_id);
-        let kind = match oversized.kind {
-            MessageKind::Request => "request",
-            MessageKind::Control => "control",
-        };
-        let dead = protocol::dead_letter_truncated(
-            protocol::dead_reason::TOO_LARGE,
-            oversized.head,
-            oversized.length,
-            oversized.at_unix_ms,
-        );
-        let (request_id, response) = oversized.answer.unwrap_or(("", ""));
-        let done: i64 = self
-            .functions
-            .drop_oversized
-            .key(processing)
-            .key(keys::dead_letter(&list))
-            .key(keys::request_record(oversized.user_id, request_id))
-            .key(keys::response(oversized.user_id, request_id))
-            .arg(kind)
-            .arg(oversized.head)
-            .arg(oversized.length)
-            .arg(dead)
-            .arg(request_id)
-            .arg(response)
-            .arg(REQUEST_RECORD_TTL.as_secs())
-            .arg(RESPONSE_TTL.as_secs())
-            .arg(DEAD_LETTER_MAX)
-            .arg(DEAD_LETTER_TTL.as_secs())
-            .arg(oversized.user_id)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(done == 1)
+        self.drop_oversized_on_redis(oversized).await
     }
 
     async fn drop_request(
@@ -590,52 +335,16 @@ impl RequestBus for RedisPoolBus {
         reason: &str,
         at_unix_ms: u64,
     ) -> Result<(), BusError> {
-        let dead = keys::dead_letter(&keys::user_requests(user_id));
-        let mut pipe = redis::pipe();
-        push_dead(
-            pipe.atomic(),
-            &dead,
-            protocol::dead_letter_raw(reason, raw, at_unix_ms),
-        )
-        .cmd("LREM")
-        .arg(keys::user_processing(user_id))
-        .arg(-1)
-        .arg(raw)
-        .ignore();
-        let _: () = pipe
-            .query_async(&mut self.commands())
+        self.drop_request_on_redis(user_id, raw, reason, at_unix_ms)
             .await
-            .map_err(classify)?;
-        Ok(())
     }
 
     async fn excess_requests(&self, user_id: &str, max: u64) -> Result<Vec<Vec<u8>>, BusError> {
-        self.functions
-            .excess_requests
-            .key(keys::user_requests(user_id))
-            .arg(max)
-            .arg(SHED_BATCH)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)
+        self.excess_requests_on_redis(user_id, max).await
     }
 
     async fn shed_request(&self, shed: &Shed<'_>) -> Result<bool, BusError> {
-        let shed_one: i64 = self
-            .functions
-            .shed_request
-            .key(keys::user_requests(shed.user_id))
-            .key(keys::request_record(shed.user_id, shed.request_id))
-            .key(keys::response(shed.user_id, shed.request_id))
-            .arg(shed.raw)
-            .arg(shed.response)
-            .arg(REQUEST_RECORD_TTL.as_secs())
-            .arg(RESPONSE_TTL.as_secs())
-            .arg(shed.user_id)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(shed_one == 1)
+        self.shed_request_on_redis(shed).await
     }
 
     async fn put_response(
@@ -655,81 +364,7 @@ impl RequestBus for RedisPoolBus {
             .await?;
         Ok(())
     }
-}
 
-#[async_trait]
-impl CredentialBus for RedisPoolBus {
-    async fn credentials(&self, user_id: &str) -> Result<Option<String>, BusError> {
-        self.get(&keys::credentials(user_id)).await
-    }
-
-    async fn put_credentials(&self, user_id: &str, blob: &str) -> Result<(), BusError> {
-        self.set(&keys::credentials(user_id), blob).await
-    }
-
-    async fn replace_credentials(
-        &self,
-        user_id: &str,
-        expected: &str,
-        blob: &str,
-    ) -> Result<bool, BusError> {
-        let replaced: i64 = self
-            .functions
-            .replace_if
-            .key(keys::credentials(user_id))
-            .arg(expected)
-            .arg(blob)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Ok(replaced == 1)
-    }
-
-    async fn grant_credentials(
-        &self,
-        user_id: &str,
-        grant: &str,
-        ttl: Duration,
-    ) -> Result<(), BusError> {
-        let _: () = self
-            .query(
-                redis::cmd("SET")
-                    .arg(keys::credentials_grant(user_id))
-                    .arg(grant)
-                    .arg("EX")
-                    .arg(whole_seconds(ttl)),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn assign_user(&self, request: &AssignRequest<'_>) -> Result<Assignment, BusError> {
-        let asker = &request.asker;
-        let (word, bound_to): (String, String) = self
-            .functions
-            .assign_user
-            .key(keys::credentials_grant(asker.user_id))
-            .key(keys::worker_active(asker.user_id))
-            .key(keys::seal_holder(asker.user_id))
-            .key(keys::claims_processing(asker.worker_id))
-            .key(keys::SEAL_HOLDERS)
-            .arg(asker.user_id)
-            .arg(asker.worker_id)
-            .arg(asker.seal_key)
-            .arg(asker.task_id)
-            .arg(request.mark)
-            .arg(whole_seconds(request.mark_ttl))
-            .arg(request.login_hash)
-            .invoke_async(&mut self.commands())
-            .await
-            .map_err(classify)?;
-        Assignment::from_reply(&word, bound_to)
-            .ok_or_else(|| BusError::Rejected(format!("the assign step answered {word:?}")))
-    }
-}
-
-#[async_trait]
-impl ReportBus for RedisPoolBus {
     async fn maintenance_report(&self) -> Result<Option<String>, BusError> {
         self.get(keys::MAINTENANCE_LAST_REPORT).await
     }

@@ -11,7 +11,7 @@ use super::MemoryPoolBus;
 use crate::bus::BusError;
 // For the doc links only.
 #[cfg(doc)]
-use crate::bus::{ClaimBus, CredentialBus, Inspect, MarkBus, PoolBus, ReportBus, RequestBus};
+use crate::bus::{CredentialBus, Inspect, MarkBus, PoolBus};
 
 /// The snapshot reads a race test can interleave a change after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

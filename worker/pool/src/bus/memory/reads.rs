@@ -10,9 +10,7 @@ use tokio::time::Instant;
 use super::injection::SnapshotRead;
 use super::keyspace::{Value, WRONG_TYPE};
 use super::{MemoryPoolBus, glob_match};
-use crate::bus::{
-    BusError, IdleEntry, Inspect, LedgerWrite, PaperLedger, StoredMark, ledger_entry_parts,
-};
+use crate::bus::{BusError, IdleEntry, Inspect, LedgerWrite, PaperLedger, StoredMark};
 use crate::keys;
 
 #[async_trait]
@@ -23,30 +21,8 @@ impl PaperLedger for MemoryPoolBus {
         client_order_id: &str,
         order: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<LedgerWrite, BusError> {
-        let now = Instant::now();
-        let (orders, ids) = (
-            keys::paper_orders(account_id),
-            keys::paper_order_ids(account_id),
-        );
-        let mut keyspace = self.lock();
-        if let Some(existing) = keyspace.hash_field(&orders, client_order_id, now)? {
-            return Ok(LedgerWrite::Exists(existing));
-        }
-        // INCR: a missing counter counts from 0; a non-integer is refused.
-        let id = match keyspace.get(&ids, now)? {
-            None => 1,
-            Some(current) => {
-                current.parse::<u64>().map_err(|_| {
-                    BusError::Rejected("ERR value is not an integer or out of range".into())
-                })? + 1
-            }
-        };
-        keyspace.check_hash(&orders, now)?;
-        keyspace.set(&ids, &id.to_string(), None, now);
-        let (prefix, suffix) = ledger_entry_parts(order);
-        let stored = format!("{prefix}{id}{suffix}");
-        keyspace.hash_set(&orders, &[(client_order_id, stored.clone())], now)?;
-        Ok(LedgerWrite::Recorded(stored))
+        self.record_paper_order_in_memory(account_id, client_order_id, order)
+            .await
     }
 
     async fn paper_order(

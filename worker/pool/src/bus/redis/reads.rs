@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::RedisPoolBus;
 use super::connection::{classify, scan_keys};
-use crate::bus::{BusError, Inspect, LedgerWrite, PaperLedger, StoredMark, ledger_entry_parts};
+use crate::bus::{BusError, Inspect, LedgerWrite, PaperLedger, StoredMark};
 use crate::keys;
 
 #[async_trait]
@@ -19,23 +19,8 @@ impl PaperLedger for RedisPoolBus {
         client_order_id: &str,
         order: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<LedgerWrite, BusError> {
-        let (prefix, suffix) = ledger_entry_parts(order);
-        let (recorded, stored): (i64, String) = self
-            .functions
-            .record_paper_order
-            .key(keys::paper_orders(account_id))
-            .key(keys::paper_order_ids(account_id))
-            .arg(client_order_id)
-            .arg(prefix)
-            .arg(suffix)
-            .invoke_async(&mut self.commands())
+        self.record_paper_order_on_redis(account_id, client_order_id, order)
             .await
-            .map_err(classify)?;
-        Ok(if recorded == 1 {
-            LedgerWrite::Recorded(stored)
-        } else {
-            LedgerWrite::Exists(stored)
-        })
     }
 
     async fn paper_order(
