@@ -1689,6 +1689,54 @@ pub async fn only_the_mark_holder_begins_a_request(target: &dyn BusTarget) {
     assert_eq!(unchanged, stored);
 }
 
+/// The claim's mark rule ([`take_mark`](leasehold_pool::bus::assign::take_mark))
+/// over its whole domain on the bus: for a user with no mark, a mark naming
+/// the claimer, another worker's mark and a value that is not a mark, the
+/// exclusive claim succeeds exactly when the rule lets it, writes the
+/// claimer's mark only where there was none, and leaves every other mark as
+/// it was.
+pub async fn user_marks_are_taken_as_take_mark_says(target: &dyn BusTarget) {
+    use leasehold_pool::bus::assign::{MarkSeen, MarkTake, take_mark};
+    let bus = target.bus();
+    let long = Duration::from_secs(600);
+    let mut outcomes = std::collections::BTreeSet::new();
+    for stored in [None, Some("w1"), Some("w2"), Some("not a mark")] {
+        let user = unique_name("u");
+        let writer = Writer::new(&user, "w1");
+        let value = stored.map(|holder| match holder {
+            "not a mark" => holder.to_owned(),
+            worker => mark_value(&user, worker, 1),
+        });
+        if let Some(value) = &value {
+            assert!(
+                bus.set_if_absent(&keys::worker_active(&user), value, long)
+                    .await
+                    .unwrap()
+            );
+        }
+        let rule = take_mark(&MarkSeen::of(value.as_deref()), "w1");
+        let claimed = claim(bus.as_ref(), &writer).await;
+        let after = stored_mark(bus.as_ref(), &user).await;
+        let what = format!("stored {stored:?}");
+        match rule {
+            MarkTake::Set => {
+                assert!(claimed, "{what}");
+                assert_eq!(after.as_deref(), Some(writer.value.as_str()), "{what}");
+            }
+            MarkTake::AlreadyMine => {
+                assert!(claimed, "{what}");
+                assert_eq!(after, value, "{what}: a sealer's mark is left as it is");
+            }
+            MarkTake::Refuse => {
+                assert!(!claimed, "{what}");
+                assert_eq!(after, value, "{what}");
+            }
+        }
+        outcomes.insert(format!("{rule:?}"));
+    }
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+}
+
 /// The begin and answer steps over their whole input domain
 /// ([`leasehold_pool::bus::begin::domain`]: every record state × whose record
 /// × which worker began it × the user's mark × the asking worker): the bus
@@ -2581,6 +2629,7 @@ macro_rules! pool_bus_conformance_suite {
             only_the_mark_holder_begins_a_request,
             a_displaced_workers_final_answer_is_fenced,
             requests_begin_and_answer_as_their_rules_say,
+            user_marks_are_taken_as_take_mark_says,
             oversized_messages_are_ended_from_their_head,
             dropped_requests_are_dead_lettered,
             paper_ledger_refuses_repeated_client_order_ids,
