@@ -424,6 +424,40 @@ pub async fn opening_raises_the_fence_and_returns_the_last_sequence(target: &dyn
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2, 3, 4, 5, 6, 7]);
 }
 
+/// Sequences are exact up to 2^63 − 1 on every path: a stream whose last id
+/// is `5-100000000000000` (a microsecond timestamp used as the sequence) is
+/// opened by a new owner at exactly that sequence and continued as
+/// `6-100000000000001`; a stream at 2^63 − 2 is taken over and written at
+/// 2^63 − 1, and its next open reports 2^63 − 1, not a rounded float.
+pub async fn sequences_are_exact_up_to_the_largest(target: &dyn SinkTarget) {
+    let sink = target.sink();
+    for (first, token) in [(100_000_000_000_000_u64, 5_u64), (i64::MAX as u64 - 1, 8)] {
+        let stream = unique_name("sink");
+        open(target, &stream, token).await;
+        let outcome = write(target, &stream, token, &events(&stream, first..=first)).await;
+        assert_eq!(outcome.accepted, 1, "{first}: {outcome:?}");
+        let next = sink.open(&stream, token + 1).await.expect("open");
+        assert_eq!(
+            (next.last_seq, next.highest_token, next.fenced),
+            (Some(first), token + 1, false),
+            "{first}: the new owner must resume after exactly the last sequence"
+        );
+        let outcome = write(
+            target,
+            &stream,
+            token + 1,
+            &events(&stream, first + 1..=first + 1),
+        )
+        .await;
+        assert_eq!(outcome.accepted, 1, "{first}: {outcome:?}");
+        let stored = target.stored(&stream).await;
+        assert_eq!(seqs(&stored), [first, first + 1], "{first}");
+        assert_eq!(stored[1].fence_token, token + 1);
+        let again = sink.open(&stream, token + 2).await.expect("open");
+        assert_eq!(again.last_seq, Some(first + 1), "{first}");
+    }
+}
+
 /// A write that fails records nothing it did not append: the retry appends
 /// every event (an id recorded before a failed append made the retry drop it).
 pub async fn a_failed_write_records_nothing_it_did_not_append(target: &dyn SinkTarget) {
@@ -627,6 +661,7 @@ macro_rules! sink_conformance_suite {
             replays_of_any_length_are_dropped,
             unordered_batches_are_refused_whole,
             opening_raises_the_fence_and_returns_the_last_sequence,
+            sequences_are_exact_up_to_the_largest,
             a_failed_write_records_nothing_it_did_not_append,
             streams_are_independent,
             a_write_before_the_open_is_refused,

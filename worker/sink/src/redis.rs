@@ -25,7 +25,10 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// id), 2 = layout v1 (the id is a unix-ms time: ids written by Redis, not
 /// `<token>-<seq>`; nothing is changed). A stream that does not exist is
 /// created at `<token>-0` (an entry added and deleted: the id stays), so no
-/// zombie can create it under its lower token.
+/// zombie can create it under its lower token. The sequence stays the text
+/// Redis wrote: Lua numbers are doubles, exact only to 2^53, and print
+/// 1e14 as `1e+14`, which `XSETID` refuses. Tokens are small integers and
+/// the v1 floor 1e12, both exact as doubles.
 const OPEN: &str = r#"
 local stream, token = KEYS[1], tonumber(ARGV[1])
 if redis.call('EXISTS', stream) == 0 then
@@ -39,7 +42,7 @@ for i = 1, #info, 2 do
   if info[i] == 'last-generated-id' then last = info[i + 1] end
 end
 local t, s = string.match(last, '^(%d+)-(%d+)$')
-t, s = tonumber(t), tonumber(s)
+t = tonumber(t)
 if t >= tonumber(ARGV[2]) then return {2, t, s} end
 if t > token then return {1, t, s} end
 if t < token then redis.call('XSETID', stream, ARGV[1] .. '-' .. s) end
