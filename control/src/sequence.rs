@@ -101,6 +101,13 @@ pub enum Step<T> {
         /// Last sequence to fetch.
         to: u64,
     },
+    /// A frame that claimed a position more than the jump bound ahead was
+    /// not confirmed by the frames after it: dropped, never written (the
+    /// shell counts it as a skipped frame, `reason="jump"`).
+    JumpDiscarded {
+        /// The sequence it claimed.
+        seq: u64,
+    },
     /// Replay mode: the upstream skipped `expected`; reconnect from it.
     Reconnect {
         /// The sequence that should have come next.
@@ -119,6 +126,29 @@ pub enum Arrival {
     Taken,
     /// Kept back until the running backfill is done.
     Held,
+    /// Beyond the jump bound: kept back until the next frames confirm the
+    /// jump (then it is handed on) or deny it (then it is discarded).
+    Suspect,
+}
+
+/// How far one frame may move a stream on its own word
+/// (`UPSTREAM_MAX_JUMP`, `UPSTREAM_RESET_AFTER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JumpBound {
+    /// Largest step ahead of the last position a frame is taken at at once;
+    /// 0: unbounded.
+    pub max: u64,
+    /// Frames in a row beyond the bound, each at most `max` ahead of the one
+    /// before, that make a jump real.
+    pub confirm_after: u32,
+}
+
+impl JumpBound {
+    /// No bound: every frame is taken at its word.
+    pub const NONE: JumpBound = JumpBound {
+        max: 0,
+        confirm_after: 1,
+    };
 }
 
 /// A backfill in progress: the range asked for and how far it got.
@@ -146,6 +176,10 @@ pub struct Sequencer<T> {
     /// with whether it was the first of its connection (a backfill outlives a
     /// reconnect: a new connection's jump is judged when its event is taken).
     held: VecDeque<(u64, T, bool)>,
+    jump: JumpBound,
+    /// Frames beyond the jump bound waiting for confirmation, in arrival
+    /// order, each with whether it was the first of its connection.
+    suspects: Vec<(u64, T, bool)>,
 }
 
 impl<T> Sequencer<T> {
@@ -158,7 +192,15 @@ impl<T> Sequencer<T> {
             fresh_connection: true,
             filling: None,
             held: VecDeque::new(),
+            jump: JumpBound::NONE,
+            suspects: Vec::new(),
         }
+    }
+
+    /// This sequencer, taking no frame more than `jump.max` ahead at its word.
+    pub fn with_jump_bound(mut self, jump: JumpBound) -> Self {
+        self.jump = jump;
+        self
     }
 
     /// Position of the last event or marker handed on.
@@ -196,12 +238,81 @@ impl<T> Sequencer<T> {
         self.last = last;
         self.filling = None;
         self.held.clear();
+        self.suspects.clear();
         self.fresh_connection = true;
     }
 
     /// One live event arrived.
+    ///
+    /// A frame more than the jump bound ahead of the last position (or the
+    /// last held event) is not taken at its word: one bogus frame (a status
+    /// frame whose timestamp sits at the sequence pointer) would otherwise
+    /// move the stream so far ahead that every real event after it is a
+    /// replay. It waits; when the next frame is back near the stream, it is
+    /// discarded ([`Step::JumpDiscarded`]). A real jump (an exchange that
+    /// skipped ahead) is recognised by the frames that follow it:
+    /// `confirm_after` frames in a row beyond the bound, each within the
+    /// bound of the one before, are handed on in order, as any hole is.
     pub fn arrive(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
         let fresh = std::mem::replace(&mut self.fresh_connection, false);
+        if self.jump.max == 0 {
+            return self.arrive_at_its_word(seq, item, fresh, out);
+        }
+        let reference = match (self.held.back(), self.last) {
+            (Some((held, _, _)), _) => Some(*held),
+            (None, last) => last,
+        };
+        let Some(reference) = reference else {
+            return self.arrive_at_its_word(seq, item, fresh, out);
+        };
+        if seq <= reference.saturating_add(self.jump.max) {
+            let fresh = self.discard_suspects(out) || fresh;
+            return self.arrive_at_its_word(seq, item, fresh, out);
+        }
+        let follows = self
+            .suspects
+            .last()
+            .is_none_or(|(previous, _, _)| seq > *previous && seq - previous <= self.jump.max);
+        let fresh = if follows {
+            fresh
+        } else {
+            self.discard_suspects(out) || fresh
+        };
+        self.suspects.push((seq, item, fresh));
+        if self.suspects.len() < self.jump.confirm_after.max(1) as usize {
+            return Arrival::Suspect;
+        }
+        let mut arrival = Arrival::Taken;
+        for (seq, item, fresh) in std::mem::take(&mut self.suspects) {
+            arrival = self.arrive_at_its_word(seq, item, fresh, out);
+        }
+        arrival
+    }
+
+    /// Discards the waiting suspects; returns whether one was the first of
+    /// its connection. That passes on to the next frame: a discarded first
+    /// frame must not hide a new connection's jump (found by the model).
+    fn discard_suspects(&mut self, out: &mut Vec<Step<T>>) -> bool {
+        let mut fresh = false;
+        for (discarded, _, was_fresh) in self.suspects.drain(..) {
+            out.push(Step::JumpDiscarded { seq: discarded });
+            fresh |= was_fresh;
+        }
+        fresh
+    }
+
+    /// Frames beyond the jump bound waiting for confirmation.
+    pub fn suspects(&self) -> usize {
+        self.suspects.len()
+    }
+
+    fn arrive_at_its_word(
+        &mut self,
+        seq: u64,
+        item: T,
+        fresh: bool,
+        out: &mut Vec<Step<T>>,
+    ) -> Arrival {
         if self.filling.is_some() {
             if self.held.back().is_some_and(|(held, _, _)| seq <= *held)
                 || self.last.is_some_and(|last| seq <= last)
@@ -396,6 +507,71 @@ mod tests {
                 vec![Step::Event(5_000, 5_000), Step::Event(5_001, 5_001)]
             );
         }
+    }
+
+    const BOUND: JumpBound = JumpBound {
+        max: 1_000,
+        confirm_after: 3,
+    };
+
+    #[test]
+    fn one_frame_far_ahead_is_discarded_and_the_stream_goes_on() {
+        for mode in ResumeMode::ALL {
+            for step in SeqStep::ALL {
+                let mut s = Sequencer::new(mode, step, Some(10)).with_jump_bound(BOUND);
+                let mut out = Vec::new();
+                assert_eq!(
+                    s.arrive(1_000_000_000_000_000, 0, &mut out),
+                    Arrival::Suspect
+                );
+                assert!(out.is_empty(), "{mode:?} {step:?}: {out:?}");
+                assert_eq!(s.arrive(11, 11, &mut out), Arrival::Taken);
+                assert_eq!(
+                    out,
+                    vec![
+                        Step::JumpDiscarded {
+                            seq: 1_000_000_000_000_000
+                        },
+                        Step::Event(11, 11)
+                    ],
+                    "{mode:?} {step:?}"
+                );
+                assert_eq!(s.last(), Some(11));
+            }
+        }
+    }
+
+    #[test]
+    fn a_real_jump_is_confirmed_by_the_frames_after_it_and_nothing_is_lost() {
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(10)).with_jump_bound(BOUND);
+        let out = run(&mut s, &[5_000, 5_001, 5_002, 5_003]);
+        assert_eq!(
+            out,
+            vec![
+                gap(11, 4_999, GapReason::NoReplay),
+                Step::Event(5_000, 5_000),
+                Step::Event(5_001, 5_001),
+                Step::Event(5_002, 5_002),
+                Step::Event(5_003, 5_003),
+            ]
+        );
+        // Far frames that do not follow each other confirm nothing.
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(10)).with_jump_bound(BOUND);
+        let out = run(&mut s, &[5_000, 90_000, 5_001, 11]);
+        assert_eq!(
+            out,
+            vec![
+                Step::JumpDiscarded { seq: 5_000 },
+                Step::JumpDiscarded { seq: 90_000 },
+                Step::JumpDiscarded { seq: 5_001 },
+                Step::Event(11, 11),
+            ]
+        );
+        // Unbounded: taken at its word, as before.
+        let mut s = Sequencer::new(ResumeMode::Live, SeqStep::Increasing, Some(10));
+        assert_eq!(run(&mut s, &[5_000]), vec![Step::Event(5_000, 5_000)]);
     }
 
     #[test]

@@ -56,7 +56,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use leasehold_control::protocol;
-use leasehold_control::sequence::{Arrival, ResumeMode, SeqStep, Sequencer, Step};
+use leasehold_control::sequence::{Arrival, JumpBound, ResumeMode, SeqStep, Sequencer, Step};
 use leasehold_telemetry::GapReason;
 use leasehold_testkit::model_check;
 use stateright::{Checker, HasDiscoveries, Model, Property};
@@ -73,6 +73,15 @@ const MAX_SKIPS: u8 = 1;
 const MAX_CRASHES: u8 = 1;
 const MAX_FETCH_FAILURES: u8 = 1;
 const MAX_RESENDS: u8 = 1;
+const MAX_BOGUS: u8 = 1;
+/// What a bogus frame claims: far beyond anything the upstream produces here.
+const BOGUS_SEQ: u64 = 1_000;
+/// The jump bound the shipped rules run with: above every real step here
+/// (a live start after a crash jumps at most to the head, 2 * MAX_TIME).
+const JUMP: JumpBound = JumpBound {
+    max: 2 * MAX_TIME,
+    confirm_after: 3,
+};
 
 /// Which rules are in place. `ALL` is the shipped behaviour.
 #[derive(Clone, Copy, Debug)]
@@ -103,6 +112,10 @@ struct Fixes {
     /// a new owner that resumes after a marker whose event was lost in the
     /// crash marks part of it again).
     marker_at_last_missing: bool,
+    /// A frame more than the jump bound ahead waits for the frames after it
+    /// (else it is taken at its word: one bogus frame moves the stream past
+    /// everything the upstream will send).
+    jump_bound: bool,
 }
 
 impl Fixes {
@@ -114,7 +127,16 @@ impl Fixes {
         resume_from_sink: true,
         connected_called: true,
         marker_at_last_missing: true,
+        jump_bound: true,
     };
+
+    fn jump(&self) -> JumpBound {
+        if self.jump_bound {
+            JUMP
+        } else {
+            JumpBound::NONE
+        }
+    }
 }
 
 /// How the history answers a page request for `from..=to`.
@@ -273,6 +295,7 @@ struct State {
     crashes: u8,
     fetch_failures: u8,
     resends: u8,
+    bogus: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -301,6 +324,9 @@ enum Action {
     Checkpoint,
     /// The sink applied the last write but its reply was lost: written again.
     Resend,
+    /// The connection delivers a frame that passes the data match with a
+    /// far-future number at the sequence pointer (a status frame's timestamp).
+    Bogus,
 }
 
 struct SequenceModel {
@@ -367,7 +393,8 @@ impl State {
         let mode = self.setup.mode;
         // A never-written stream: `None` for a live start, `Some(0)` for replay.
         let last = (anchored || mode == ResumeMode::Replay).then_some(resume);
-        self.sequencer = Seq(Sequencer::new(mode, self.setup.step, last));
+        self.sequencer =
+            Seq(Sequencer::new(mode, self.setup.step, last).with_jump_bound(fixes.jump()));
         self.confirmed = resume;
         self.connection = None;
         self.pending.clear();
@@ -450,6 +477,8 @@ impl State {
                     self.empty_pages = 0;
                 }
                 Step::Reconnect { .. } => self.disconnect(fixes),
+                // Counted by the runner as a skipped frame; nothing written.
+                Step::JumpDiscarded { .. } => {}
             }
         }
     }
@@ -512,6 +541,7 @@ impl Model for SequenceModel {
                     crashes: 0,
                     fetch_failures: 0,
                     resends: 0,
+                    bogus: 0,
                 };
                 state.open(&self.fixes);
                 state
@@ -538,6 +568,11 @@ impl Model for SequenceModel {
                 }
                 if state.cuts < MAX_CUTS {
                     actions.push(Action::Cut);
+                }
+                // A stream's very first frame has nothing to be judged
+                // against: it is taken at its word (documented).
+                if state.bogus < MAX_BOGUS && state.sequencer.0.last().is_some() {
+                    actions.push(Action::Bogus);
                 }
             }
         }
@@ -606,6 +641,10 @@ impl Model for SequenceModel {
                     ..connection
                 });
                 s.skips += 1;
+            }
+            Action::Bogus => {
+                s.bogus += 1;
+                s.arrive(BOGUS_SEQ, fixes);
             }
             Action::Cut => {
                 s.cuts += 1;
@@ -695,6 +734,9 @@ impl Model for SequenceModel {
                         && s.span()
                             .is_none_or(|(first, last)| s.nothing_missing(first, last)))
             }),
+            Property::always(BEYOND, |_, s: &State| {
+                s.sink.iter().all(|e| e.covers().1 <= s.head)
+            }),
             Property::always(REASON, |_, s: &State| {
                 s.sink.iter().all(|e| match *e {
                     Entry::Marker { reason, right, .. } => right == Some(reason),
@@ -742,6 +784,9 @@ const CONTIGUOUS: &str = "contiguous: every sequence from the first to the last 
 const REPLAY: &str = "replay: no marker and nothing missing";
 /// Invariants (4) and (6) for backfill, both steps.
 const BACKFILL: &str = "backfill from a working history: no marker and nothing missing";
+/// A bogus frame moves nothing: the sink never stands for a sequence the
+/// upstream has not produced.
+const BEYOND: &str = "nothing stands for a sequence the upstream never reached";
 /// Invariant (5).
 const REASON: &str = "every marker has the right reason";
 /// Invariant (6) for live.
@@ -851,4 +896,13 @@ fn without_markers_at_their_last_sequence_a_new_owner_marks_a_range_twice() {
         ..Fixes::ALL
     };
     finds_without(fixes, ONCE);
+}
+
+#[test]
+fn without_the_jump_bound_one_bogus_frame_moves_the_stream_past_the_upstream() {
+    let fixes = Fixes {
+        jump_bound: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, BEYOND);
 }

@@ -57,7 +57,7 @@ pub const WORKER_UP: &str = "leasehold_worker_up";
 pub const TELEMETRY_EVENTS_DROPPED: &str = "leasehold_telemetry_events_dropped_total";
 /// `version`, `component`.
 pub const BUILD_INFO: &str = "leasehold_build_info";
-/// Extension: `reason` = too_large, not_json, missing_field, duplicate.
+/// Extension: `reason` = too_large, not_json, missing_field, duplicate, control, jump.
 pub const UPSTREAM_FRAMES_SKIPPED: &str = "leasehold_upstream_frames_skipped_total";
 /// Extension: events the upstream could no longer deliver (retention exceeded).
 pub const STREAM_GAP_EVENTS: &str = "leasehold_stream_gap_events_total";

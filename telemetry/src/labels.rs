@@ -62,16 +62,21 @@ pub enum SkipReason {
     /// subscription acknowledgement, a heartbeat, a status or a ping reply.
     /// Counted, never warned about.
     Control,
+    /// A sequence more than `UPSTREAM_MAX_JUMP` ahead that the frames after
+    /// it did not confirm (a status frame's timestamp at the sequence
+    /// pointer, say): never taken at its word.
+    Jump,
 }
 
 impl SkipReason {
     /// Every value, for counters that exist at 0 from the start.
-    pub const ALL: [SkipReason; 5] = [
+    pub const ALL: [SkipReason; 6] = [
         SkipReason::TooLarge,
         SkipReason::NotJson,
         SkipReason::MissingField,
         SkipReason::Duplicate,
         SkipReason::Control,
+        SkipReason::Jump,
     ];
 
     /// The `reason` label value.
@@ -80,6 +85,7 @@ impl SkipReason {
             SkipReason::TooLarge => "too_large",
             SkipReason::NotJson => "not_json",
             SkipReason::MissingField => "missing_field",
+            SkipReason::Jump => "jump",
             SkipReason::Duplicate => "duplicate",
             SkipReason::Control => "control",
         }

@@ -21,7 +21,7 @@ use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use leasehold_control::sequence::{ResumeMode, SeqStep, Sequencer};
+use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep, Sequencer};
 
 use crate::upstream::history::{History, HistoryConfig};
 use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
@@ -53,7 +53,17 @@ pub struct RunnerConfig {
     pub backfill_empty_pages: u32,
     /// Wait before asking again after such a page.
     pub backfill_empty_wait: Duration,
+    /// How far one frame may move the stream on its own word
+    /// (`UPSTREAM_MAX_JUMP`, `UPSTREAM_RESET_AFTER`).
+    pub jump: JumpBound,
 }
+
+/// [`RunnerConfig::jump`]'s default: `UPSTREAM_MAX_JUMP` 10,000,000, a real
+/// jump confirmed by 3 frames in a row (`UPSTREAM_RESET_AFTER`).
+pub const JUMP_BOUND: JumpBound = JumpBound {
+    max: 10_000_000,
+    confirm_after: 3,
+};
 
 /// [`RunnerConfig::batch_max_events`]'s default (`BATCH_MAX_EVENTS`).
 /// Larger batches did not help one stream's throughput with one batch in
@@ -84,6 +94,7 @@ impl Default for RunnerConfig {
             backfill_hold_max: BACKFILL_HOLD_MAX,
             backfill_empty_pages: 3,
             backfill_empty_wait: Duration::from_millis(500),
+            jump: JUMP_BOUND,
         }
     }
 }
@@ -190,7 +201,8 @@ pub async fn run_stream(
             // ever written (there is no "before" to record).
             let last =
                 (anchored || config.resume == ResumeMode::Replay).then_some(progress.received);
-            let mut sequencer = Sequencer::new(config.resume, config.seq_step, last);
+            let mut sequencer =
+                Sequencer::new(config.resume, config.seq_step, last).with_jump_bound(config.jump);
             consume(
                 &context,
                 &lease,

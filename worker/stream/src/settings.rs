@@ -12,7 +12,7 @@ use crate::runner::RunnerConfig;
 use crate::upstream::history::HistoryConfig;
 use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
 use crate::worker::{DiscoveryMode, StreamWorkerConfig};
-use leasehold_control::sequence::{ResumeMode, SeqStep};
+use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep};
 use leasehold_sink::SinkOptions;
 
 /// The `UPSTREAM_URL` variable.
@@ -104,6 +104,26 @@ pub const UPSTREAM_SEQ_STEP: Setting<SeqStep> = Setting::new(
     Fallback::Value(|| SeqStep::Contiguous),
     "`contiguous` (every sequence is used: a skipped one is missing) or `increasing` (holes are \
      normal; only a sequence at or below the last one is a replay, and nothing is a gap).",
+);
+/// The `UPSTREAM_MAX_JUMP` variable.
+pub const UPSTREAM_MAX_JUMP: Setting<u64> = Setting::new(
+    "UPSTREAM_MAX_JUMP",
+    parse::COUNT,
+    Fallback::Value(|| crate::runner::JUMP_BOUND.max),
+    "A frame whose sequence is more than this ahead of the stream's last one is not taken at its \
+     word: it waits for the next frames. `UPSTREAM_RESET_AFTER` frames in a row beyond the bound, \
+     each within it of the one before, make the jump real (then the frames are written, after a \
+     gap marker where the mode writes one); a frame back near the stream discards it \
+     (`leasehold_upstream_frames_skipped_total{reason=\"jump\"}`). 0: unbounded (sequences that are \
+     timestamps in ns). A stream's very first frame is taken at its word.",
+);
+/// The `UPSTREAM_RESET_AFTER` variable.
+pub const UPSTREAM_RESET_AFTER: Setting<u64> = Setting::new(
+    "UPSTREAM_RESET_AFTER",
+    parse::POSITIVE,
+    Fallback::Value(|| u64::from(crate::runner::JUMP_BOUND.confirm_after)),
+    "Frames in a row that confirm a sequence jump past `UPSTREAM_MAX_JUMP` (each within the bound \
+     of the one before).",
 );
 /// The `UPSTREAM_DATA_MATCH` variable.
 pub const UPSTREAM_DATA_MATCH: Setting<Vec<DataMatch>> = Setting::new(
@@ -301,6 +321,8 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_TS_POINTER,
     &UPSTREAM_RESUME,
     &UPSTREAM_SEQ_STEP,
+    &UPSTREAM_MAX_JUMP,
+    &UPSTREAM_RESET_AFTER,
     &UPSTREAM_DATA_MATCH,
     &UPSTREAM_PING_TEXT,
     &UPSTREAM_PING_INTERVAL_MS,
@@ -489,6 +511,10 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         sink_max_failures: env.get(&SINK_MAX_FAILURES),
         resume,
         seq_step: env.get(&UPSTREAM_SEQ_STEP),
+        jump: JumpBound {
+            max: env.get(&UPSTREAM_MAX_JUMP),
+            confirm_after: u32::try_from(env.get(&UPSTREAM_RESET_AFTER)).unwrap_or(u32::MAX),
+        },
         ..RunnerConfig::default()
     };
     let shipper =

@@ -47,8 +47,6 @@ impl Intake<'_> {
         pending: &mut Vec<SinkEvent>,
         event: UpstreamEvent,
     ) -> Result<(), UpstreamError> {
-        progress.last_event_at = event.received_at;
-        progress.last_arrival_lag = event.arrival_lag;
         let mut steps = std::mem::take(&mut self.steps);
         let arrival = self.sequencer.arrive(event.seq, event, &mut steps);
         if arrival == Arrival::Replayed {
@@ -72,7 +70,27 @@ impl Intake<'_> {
         let mut result = Ok(());
         for step in steps.drain(..) {
             match step {
-                Step::Event(_, event) => accept(progress, pending, event),
+                Step::Event(_, event) => {
+                    // Liveness moves only with what is written: frames
+                    // dropped as replays or jumps must not make a stream that
+                    // writes nothing look fresh.
+                    progress.last_event_at = event.received_at;
+                    progress.last_arrival_lag = event.arrival_lag;
+                    accept(progress, pending, event)
+                }
+                Step::JumpDiscarded { seq } => {
+                    tracing::warn!(
+                        stream_id = self.lease.stream_id,
+                        seq,
+                        "dropped a frame whose sequence jumps past UPSTREAM_MAX_JUMP and that the next frames did not confirm"
+                    );
+                    self.context
+                        .telemetry
+                        .emit(TelemetryEvent::UpstreamFrameSkipped {
+                            stream_id: self.lease.stream_id.clone(),
+                            reason: SkipReason::Jump,
+                        });
+                }
                 Step::Gap { from, to, reason } => {
                     if pending.is_empty() {
                         progress.unpersisted.push_back((to, Instant::now()));

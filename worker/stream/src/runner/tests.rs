@@ -37,6 +37,18 @@ enum Fault {
         after: u64,
         by: u64,
     },
+    /// After `after` events the upstream sends its last event again and
+    /// again, every half second (an exchange replaying after a restart).
+    Stuck {
+        after: u64,
+    },
+    /// After `after` events, one frame that claims `seq` (a status frame
+    /// whose timestamp sits at the sequence pointer); the real sequence
+    /// goes on after it.
+    Bogus {
+        after: u64,
+        seq: u64,
+    },
 }
 
 #[derive(Default)]
@@ -126,6 +138,28 @@ impl Subscription for FakeSubscription {
             Some(Fault::Skip { after, by }) if self.delivered == after => {
                 self.next += by;
                 self.fault = None;
+            }
+            Some(Fault::Stuck { after }) if self.delivered >= after => {
+                sleep(Duration::from_millis(500)).await;
+                let seq = self.next - 1;
+                return Ok(UpstreamEvent {
+                    seq,
+                    event_id: format!("s:{seq}"),
+                    payload: format!("{{\"seq\":{seq}}}").into(),
+                    received_at: Instant::now(),
+                    arrival_lag: Some(2.0),
+                });
+            }
+            Some(Fault::Bogus { after, seq }) if self.delivered == after => {
+                self.fault = None;
+                self.delivered += 1;
+                return Ok(UpstreamEvent {
+                    seq,
+                    event_id: "status".into(),
+                    payload: "{\"status\":\"ok\"}".into(),
+                    received_at: Instant::now(),
+                    arrival_lag: Some(2.0),
+                });
             }
             _ => {}
         }
@@ -777,6 +811,47 @@ async fn the_last_event_age_stays_low_while_events_flow_and_grows_in_silence() {
     task.abort();
 }
 
+/// Liveness moves only with events that are written: an upstream that
+/// keeps sending what was already written (every frame a duplicate) does not
+/// keep the last-event age low, so the stale-stream alert can fire.
+#[tokio::test(start_paused = true)]
+async fn duplicates_alone_do_not_keep_the_last_event_age_low() {
+    let f = fixture(0);
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .push_back(Fault::Stuck { after: 10 });
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    f.upstream.head.store(10, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).last() == Some(&10)).await;
+    // 30 s of frames every half second, each a duplicate.
+    sleep(Duration::from_secs(30)).await;
+    let duplicates = f
+        .events
+        .snapshot()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                TelemetryEvent::UpstreamFrameSkipped {
+                    reason: leasehold_telemetry::SkipReason::Duplicate,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert!(duplicates >= 25, "{duplicates} duplicates");
+    let age = last_event_age(&f.events);
+    assert!(age >= 29.0, "{age} s after 30 s of nothing but duplicates");
+    task.abort();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fence_above_the_tables_token_is_lifted_past_not_climbed() {
     // The lease record was re-created: the store gave token 1, but the sink
@@ -1080,6 +1155,53 @@ async fn live_mode_starts_at_the_live_position_and_marks_what_a_reconnect_missed
         .filter(|e| matches!(e, TelemetryEvent::UpstreamReconnect { .. }))
         .count();
     assert_eq!(reconnects, 1, "a gap never reconnects in live mode");
+    task.abort();
+}
+
+/// One bogus frame far ahead (1e15) neither moves the stream nor stops it:
+/// it is dropped and counted as `reason="jump"`, and the real sequence goes
+/// on being written with no gap marker. Without the jump bound the frame
+/// would be written after a marker up to 1e15 - 1, and every real event
+/// after it dropped as a replay.
+#[tokio::test(start_paused = true)]
+async fn one_bogus_frame_far_ahead_is_dropped_and_the_stream_goes_on() {
+    let (f, _) = live_fixture(100, ResumeMode::Live);
+    f.upstream.faults.lock().unwrap().push_back(Fault::Bogus {
+        after: 5,
+        seq: 1_000_000_000_000_000,
+    });
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    for head in 101..=120 {
+        f.upstream.head.store(head, Ordering::SeqCst);
+        sleep(Duration::from_millis(10)).await;
+    }
+    wait_for(|| sink_seqs(&f).last() == Some(&120)).await;
+    let stored = entries(&f);
+    assert!(
+        stored.iter().all(|(seq, gap)| *seq <= 120 && gap.is_none()),
+        "{stored:?}"
+    );
+    assert_contiguous_cover(&f);
+    let jumps = f
+        .events
+        .snapshot()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                TelemetryEvent::UpstreamFrameSkipped {
+                    reason: leasehold_telemetry::SkipReason::Jump,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(jumps, 1);
     task.abort();
 }
 
