@@ -355,3 +355,64 @@ async fn increasing_sequences_store_data_only_and_pings_keep_the_connection() {
         }
     }
 }
+
+/// One frame that passes the data match with a far-future id (1e15) at the
+/// sequence pointer: the stream is not moved there. The frame is dropped and
+/// counted (`reason="jump"`), and the real trades after it keep being written
+/// (without the jump bound, a marker up to 1e15 - 1 and then nothing, every
+/// real trade a duplicate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bogus_frame_far_ahead_leaves_the_stream_writing_real_ids() {
+    let _serial = serial().await;
+    let shape = ExchangeShape::BinanceTrade;
+    let mut exchange = config(shape);
+    exchange.history_retention = 0;
+    let shutdown = CancellationToken::new();
+    let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), exchange, shutdown.clone())
+        .await
+        .expect("fake exchange starts");
+    let stream = unique_symbol(shape);
+    let Some(mut cluster) = Cluster::start_on(server.ws_url(), vec![stream.clone()]).await else {
+        return;
+    };
+    let mut settings: Vec<(&str, String)> = server.worked_settings();
+    settings.push(("UPSTREAM_RESUME", "live".into()));
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    cluster.start_worker_with_sidecar("w1", &settings);
+    let started = Instant::now();
+    while cluster.sink_entries(&stream).await.len() < 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing written\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = cluster.sink_entries(&stream).await.last().unwrap().seq;
+    let bogus = server
+        .frame(&stream, before)
+        .replace(&format!("\"t\":{before},"), "\"t\":1000000000000000,");
+    assert!(bogus.contains("\"t\":1000000000000000,"), "{bogus}");
+    assert_eq!(server.inject(&bogus), 1, "one connection to send it on");
+    // A second of trades after it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let body = metrics(&cluster, "w1").await;
+    let skipped = samples(&body, "leasehold_upstream_frames_skipped_total");
+    cluster.stop_workers();
+    let entries = cluster.sink_entries(&stream).await;
+    shutdown.cancel();
+    let last = entries.last().unwrap().seq;
+    assert!(
+        last > before + 50 && last < 1_000_000,
+        "real ids written after the bogus frame: {before} then {last}"
+    );
+    assert!(
+        entries.iter().all(|e| e.gap.is_none()),
+        "no marker: {:?}",
+        entries
+            .iter()
+            .filter(|e| e.gap.is_some())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(skipped.get("jump").copied(), Some(1), "{skipped:?}");
+}

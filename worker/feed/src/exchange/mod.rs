@@ -293,6 +293,12 @@ impl ExchangeServer {
         self.shared.cut_all()
     }
 
+    /// Sends `frame` as it is to every open connection (a status frame, a
+    /// bogus one); returns how many connections it went to.
+    pub fn inject(&self, frame: &str) -> usize {
+        self.shared.inject(frame)
+    }
+
     /// Replaces the history override (`None` clears it).
     pub fn set_history_override(&self, value: Option<HistoryOverride>) {
         self.shared.set_history_override(value);

@@ -70,6 +70,8 @@ pub(super) struct Shared {
     history_requests: AtomicU64,
     history_override: Mutex<Option<HistoryOverride>>,
     panics: AtomicU64,
+    /// Frames a test sends to every open session, as they are.
+    injected: tokio::sync::broadcast::Sender<String>,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,7 +93,13 @@ impl Shared {
             cuts: AtomicU64::new(0),
             history_requests: AtomicU64::new(0),
             panics: AtomicU64::new(0),
+            injected: tokio::sync::broadcast::channel(16).0,
         }
+    }
+
+    /// Sends `frame` to every open session; returns how many.
+    pub(super) fn inject(&self, frame: &str) -> usize {
+        self.injected.send(frame.to_owned()).unwrap_or(0)
     }
 
     pub(super) fn accepted(&self) -> u64 {
@@ -375,6 +383,7 @@ where
     let shared = &session.shared;
     let (mut sink, mut source) = ws.split();
     let mut out = Outbox::new();
+    let mut injected = shared.injected.subscribe();
     let opened = Instant::now();
     protocol.opening(&mut out);
     let lifetime = shared.config.cut_every.and_then(|d| opened.checked_add(d));
@@ -416,6 +425,7 @@ where
                     last_ping = Instant::now();
                 }
             }
+            frame = injected.recv() => if let Ok(frame) = frame { out.push_back(frame) },
             sent = send_out(&mut sink, &mut out), if !out.is_empty() => if sent.is_err() { return },
             _ = sleep_until_opt(wake), if out.is_empty() => {}
         }
