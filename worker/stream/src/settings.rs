@@ -125,6 +125,16 @@ pub const UPSTREAM_RESET_AFTER: Setting<u64> = Setting::new(
     "Frames in a row that confirm a sequence jump past `UPSTREAM_MAX_JUMP` (each within the bound \
      of the one before).",
 );
+/// The `BACKFILL_CONCURRENCY` variable.
+pub const BACKFILL_CONCURRENCY: Setting<usize> = Setting::new(
+    "BACKFILL_CONCURRENCY",
+    parse::SIZE,
+    Fallback::Value(|| crate::upstream::history::BACKFILL_CONCURRENCY),
+    "History requests in flight at most per worker, over all its streams (`backfill`): a worker \
+     that takes over many streams at once backfills them a few at a time instead of firing every \
+     request at the exchange's rate limit. A `Retry-After` up to 15 minutes is waited in full; a \
+     longer one (a ban) gives the range up at once as a gap.",
+);
 /// The `UPSTREAM_DATA_MATCH` variable.
 pub const UPSTREAM_DATA_MATCH: Setting<Vec<DataMatch>> = Setting::new(
     "UPSTREAM_DATA_MATCH",
@@ -331,6 +341,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_BACKFILL_SEQ_POINTER,
     &UPSTREAM_BACKFILL_ID_POINTER,
     &UPSTREAM_BACKFILL_TS_POINTER,
+    &BACKFILL_CONCURRENCY,
     &SINK_URL,
     &SINK_MAX_LEN,
     &SINK_TIMEOUT_MS,
@@ -407,6 +418,7 @@ fn history_config(
         ts_pointer: env
             .optional(&UPSTREAM_BACKFILL_TS_POINTER)
             .or_else(|| upstream.ts_pointer.clone()),
+        concurrency: env.get(&BACKFILL_CONCURRENCY),
         ..HistoryConfig::default()
     };
     for problem in config.validate() {

@@ -56,7 +56,7 @@ use crate::handoff::{self, HandoffSocket};
 use crate::probes::ExpiryProbes;
 use crate::runner::{RunnerContext, StreamExit, run_stream};
 use crate::upstream::WebSocketUpstream;
-use crate::upstream::history::{History, HttpHistory};
+use crate::upstream::history::{BoundedHistory, History, HttpHistory};
 use leasehold_sink::FencedSink;
 
 mod assigned;
@@ -203,7 +203,10 @@ impl StreamWorker {
         );
         let history = settings.history.as_ref().and_then(|config| {
             match HttpHistory::new(config.clone()) {
-                Ok(history) => Some((Arc::new(history) as Arc<dyn History>, config.clone())),
+                Ok(history) => {
+                    let bounded = BoundedHistory::new(Arc::new(history), config.concurrency);
+                    Some((Arc::new(bounded) as Arc<dyn History>, config.clone()))
+                }
                 // Building a TLS client from the public roots does not fail in
                 // practice; without one, every backfill records a gap.
                 Err(err) => {

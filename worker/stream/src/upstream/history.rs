@@ -30,9 +30,11 @@ use super::template::render_history_url;
 
 /// Largest history response read (a page of 1,000 trades is ~200 KiB).
 pub const MAX_BODY_BYTES: usize = 16 << 20;
-/// A `Retry-After` longer than this is waited as this (a misbehaving server
-/// must not park a stream for an hour; the attempt budget still applies).
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// The longest `Retry-After` a backfill waits. Longer (Binance answers `418`
+/// with minutes to days when an IP is banned for ignoring `429`s) gives the
+/// range up at once, recorded as a gap: asking again before the server said
+/// only extends a ban, and a stream must not hold its live events that long.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// Where and how a history is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +56,10 @@ pub struct HistoryConfig {
     pub max_attempts: u32,
     /// Waits between failed requests (full jitter).
     pub retry: Backoff,
+    /// History requests in flight at most, per worker, over all its streams
+    /// (`BACKFILL_CONCURRENCY`): a worker that takes over 500 streams must not
+    /// fire 500 backfills at once at an exchange's rate limit.
+    pub concurrency: usize,
 }
 
 impl Default for HistoryConfig {
@@ -72,7 +78,45 @@ impl Default for HistoryConfig {
                 base: Duration::from_millis(250),
                 cap: Duration::from_secs(8),
             },
+            concurrency: BACKFILL_CONCURRENCY,
         }
+    }
+}
+
+/// [`HistoryConfig::concurrency`]'s default.
+pub const BACKFILL_CONCURRENCY: usize = 4;
+
+/// A history that lets at most `concurrency` requests run at once (one per
+/// worker, shared by all its streams); the others wait their turn.
+pub struct BoundedHistory {
+    inner: Arc<dyn History>,
+    slots: tokio::sync::Semaphore,
+}
+
+impl BoundedHistory {
+    /// `inner`, `concurrency` requests at a time (at least one).
+    pub fn new(inner: Arc<dyn History>, concurrency: usize) -> Self {
+        BoundedHistory {
+            inner,
+            slots: tokio::sync::Semaphore::new(concurrency.max(1)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl History for BoundedHistory {
+    async fn page(
+        &self,
+        stream_id: &str,
+        from_seq: u64,
+        to_seq: u64,
+    ) -> Result<Vec<UpstreamEvent>, HistoryError> {
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| HistoryError::Unavailable("the history is shutting down".into()))?;
+        self.inner.page(stream_id, from_seq, to_seq).await
     }
 }
 
@@ -369,7 +413,19 @@ pub async fn fetch_page(
             HistoryError::RateLimited {
                 retry_after: Some(after),
                 ..
-            } => (*after).min(MAX_RETRY_AFTER),
+            } if *after > MAX_RETRY_AFTER => {
+                tracing::warn!(
+                    stream_id,
+                    from_seq,
+                    ?after,
+                    "the history asks to wait longer than a backfill may; giving the range up"
+                );
+                return Err(error);
+            }
+            HistoryError::RateLimited {
+                retry_after: Some(after),
+                ..
+            } => *after,
             _ => config.retry.delay(attempt - 1),
         };
         tracing::debug!(stream_id, from_seq, attempt, error = %error, ?delay, "history page failed; retrying");
@@ -394,7 +450,86 @@ mod tests {
                 base: Duration::from_millis(10),
                 cap: Duration::from_millis(100),
             },
+            concurrency: 2,
         }
+    }
+
+    /// Records the most pages in flight at once.
+    struct Slow {
+        in_flight: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl History for Slow {
+        async fn page(&self, _: &str, _: u64, _: u64) -> Result<Vec<UpstreamEvent>, HistoryError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.in_flight.fetch_sub(1, SeqCst);
+            Ok(Vec::new())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_runs_at_most_its_backfill_concurrency_of_requests() {
+        let slow = Arc::new(Slow {
+            in_flight: 0.into(),
+            most: 0.into(),
+        });
+        let bounded = Arc::new(BoundedHistory::new(slow.clone(), 2));
+        let started = Instant::now();
+        let pages: Vec<_> = (0..10)
+            .map(|n| {
+                let bounded = bounded.clone();
+                tokio::spawn(async move { bounded.page(&format!("s{n}"), 1, 2).await })
+            })
+            .collect();
+        for page in pages {
+            assert_eq!(page.await.unwrap(), Ok(Vec::new()));
+        }
+        assert_eq!(slow.most.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(500),
+            "10 pages, 2 at a time"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_past_the_maximum_gives_the_range_up_at_once() {
+        // Binance's ban: 418 with hours to wait.
+        let banned = HistoryError::RateLimited {
+            status: 418,
+            retry_after: Some(Duration::from_secs(7_200)),
+        };
+        let history = Scripted(std::sync::Mutex::new(vec![
+            Err(banned.clone()),
+            Ok(Vec::new()),
+        ]));
+        let started = Instant::now();
+        assert_eq!(
+            fetch_page(&history, &config(""), "s", 1, 2).await,
+            Err(banned)
+        );
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "no request before the server's time"
+        );
+        // Up to the maximum, the server's time is waited in full.
+        let limited = HistoryError::RateLimited {
+            status: 418,
+            retry_after: Some(Duration::from_secs(300)),
+        };
+        let history = Scripted(std::sync::Mutex::new(vec![Err(limited), Ok(Vec::new())]));
+        let started = Instant::now();
+        assert_eq!(
+            fetch_page(&history, &config(""), "s", 1, 2).await,
+            Ok(Vec::new())
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(300));
     }
 
     #[test]
