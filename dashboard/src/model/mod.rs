@@ -259,6 +259,7 @@ impl Model {
         // One lookup per row: the tally is kept up to date as gaps arrive.
         for row in &mut streams {
             row.gaps = logs.gaps.tally(&row.stream_id);
+            row.verdict = streams::with_losses(row, now, thresholds);
         }
         let workers = workers(&streams, &self.presence, &sidecars);
         let mut sources: Vec<SourceHealth> = [LEASE_SOURCE, POOL_SOURCE, SIDECAR_SOURCE]

@@ -76,6 +76,11 @@ pub enum Verdict {
     Stopped,
     /// Not enough to judge (malformed record).
     Unknown,
+    /// Data was lost (a gap recorded) within the loss window: whatever the
+    /// lag says, downstream is missing events.
+    LostData,
+    /// Nobody holds it now: no worker reads it, whatever the lag said last.
+    Unowned,
 }
 
 impl Verdict {
@@ -87,6 +92,8 @@ impl Verdict {
             Verdict::Stalled => "stalled",
             Verdict::Stopped => "stopped",
             Verdict::Unknown => "unknown",
+            Verdict::LostData => "lost_data",
+            Verdict::Unowned => "unowned",
         }
     }
 }
@@ -151,6 +158,9 @@ pub struct Thresholds {
     pub window_ms: i64,
     /// No checkpoint movement for this long makes a stream `stopped`.
     pub stopped_after_ms: i64,
+    /// A gap recorded this recently makes a stream `lost_data` (the data-gap
+    /// alert's window).
+    pub loss_window_ms: i64,
 }
 
 impl Default for Thresholds {
@@ -160,7 +170,25 @@ impl Default for Thresholds {
             expiring_fallback_ms: 10_000,
             window_ms: 60_000,
             stopped_after_ms: 300_000,
+            loss_window_ms: 600_000,
         }
+    }
+}
+
+/// The verdict once losses are known: a stream that lost data in the loss
+/// window is `lost_data`, one nobody holds is `unowned`, so neither is ever
+/// `ok` (only `stopped`, the worse news, stays as it is).
+pub fn with_losses(row: &StreamRow, now_ms: i64, thresholds: &Thresholds) -> Verdict {
+    let lost = row
+        .gaps
+        .as_ref()
+        .is_some_and(|gaps| now_ms - gaps.last.at_ms <= thresholds.loss_window_ms);
+    let unheld = matches!(row.state, StreamState::Unowned | StreamState::Expired);
+    match row.verdict {
+        Verdict::Stopped => Verdict::Stopped,
+        _ if lost => Verdict::LostData,
+        _ if unheld => Verdict::Unowned,
+        verdict => verdict,
     }
 }
 
@@ -413,6 +441,54 @@ mod tests {
         };
         assert_eq!(judge(Some(1)), Verdict::Ok);
         assert_eq!(judge(None), Verdict::Stopped, "per-stream: it would be");
+    }
+
+    #[test]
+    fn a_stream_that_lost_data_or_has_no_owner_is_never_ok() {
+        use crate::model::gaps::{GapTally, LastGap};
+        use leasehold_telemetry::GapReason;
+        let t = Thresholds::default();
+        let now = 1_000_000;
+        let mut history = LagHistory::default();
+        let lag = Some(Lag {
+            events: 0,
+            seconds: 0.0,
+            last_event_age: None,
+        });
+        let mut row = history.row(&lease(Some("w1"), now + 30_000, now), lag, now, &t);
+        assert_eq!(row.verdict, Verdict::Ok);
+        assert_eq!(with_losses(&row, now, &t), Verdict::Ok);
+        let gap_at = |at_ms| GapTally {
+            count: 1,
+            missing: 12,
+            last: LastGap {
+                at_ms,
+                from_seq: 5,
+                to_seq: 16,
+                missing: 12,
+                reason: GapReason::NoReplay,
+            },
+            reasons: [0; GapReason::ALL.len()],
+        };
+        row.gaps = Some(gap_at(now - 60_000));
+        assert_eq!(with_losses(&row, now, &t), Verdict::LostData);
+        row.gaps = Some(gap_at(now - t.loss_window_ms - 1));
+        assert_eq!(
+            with_losses(&row, now, &t),
+            Verdict::Ok,
+            "an old gap is history"
+        );
+        row.gaps = None;
+        row.state = StreamState::Unowned;
+        assert_eq!(with_losses(&row, now, &t), Verdict::Unowned);
+        row.state = StreamState::Expired;
+        assert_eq!(with_losses(&row, now, &t), Verdict::Unowned);
+        row.verdict = Verdict::Stopped;
+        assert_eq!(
+            with_losses(&row, now, &t),
+            Verdict::Stopped,
+            "the worse news stays"
+        );
     }
 
     #[test]

@@ -233,3 +233,22 @@ fn lag_is_taken_only_from_the_owners_own_sidecar_and_silent_sidecars_are_counted
         "those that answered are asked first next time"
     );
 }
+
+#[test]
+fn a_stream_nobody_holds_is_judged_unowned_not_ok() {
+    let mut fixture = Fixture::new();
+    let table = LeaseTable::classify([
+        Ok(Lease::unowned("s-free")),
+        Ok(owned("s-held", "w-1", 3, 31_000)),
+    ]);
+    let snapshot = fixture.apply(readings(1_000, Ok(table)));
+    let verdict = |id: &str| {
+        snapshot
+            .streams
+            .iter()
+            .find(|row| row.stream_id == id)
+            .map(|row| row.verdict.as_str())
+    };
+    assert_eq!(verdict("s-free"), Some("unowned"));
+    assert_eq!(verdict("s-held"), Some("ok"));
+}

@@ -47,6 +47,10 @@ pub const RUNBOOKS: &[(&str, &str)] = &[
         include_str!("../../../../alerts/runbooks/LeaseholdStreamUnowned.md"),
     ),
     (
+        "LeaseholdStreamDataGaps",
+        include_str!("../../../../alerts/runbooks/LeaseholdStreamDataGaps.md"),
+    ),
+    (
         "LeaseholdLeaseLost",
         include_str!("../../../../alerts/runbooks/LeaseholdLeaseLost.md"),
     ),
@@ -111,7 +115,12 @@ pub fn problems(row: &StreamRow, fenced: &[FencedWrite]) -> Vec<Problem> {
             "No checkpoint for longer than the stop window.".into(),
             "LeaseholdUpstreamSilent",
         ),
-        Verdict::Ok | Verdict::Unknown => {}
+        Verdict::LostData => add(
+            "Events were lost in the last 10 minutes: the sink holds gap markers where they are missing.".into(),
+            "LeaseholdStreamDataGaps",
+        ),
+        // Listed with the state above (unowned or expired).
+        Verdict::Unowned | Verdict::Ok | Verdict::Unknown => {}
     }
     let refused: u64 = fenced.iter().map(|f| f.writes).sum();
     if refused > 0 {
