@@ -207,18 +207,9 @@ impl RedisPoolBus {
 mod tests {
     use super::*;
 
-    fn executing<'a>(user: &'a str, worker: &'a str, deliveries: u32) -> RecordView<'a> {
-        RecordView {
-            state: record::EXECUTING,
-            user_id: user,
-            worker_id: worker,
-            deliveries,
-        }
-    }
-
     #[test]
     fn only_the_holder_that_began_it_stores_the_final_answer() {
-        let rec = executing("u1", "w1", 1);
+        let rec = RecordView::executing("u1", "w1", 1);
         assert_eq!(
             final_answer_rule(Some(rec), Some("w1"), "w1"),
             FinalVerdict::Store
@@ -229,7 +220,7 @@ mod tests {
             FinalVerdict::Fenced
         );
         // Taken over by a successor, even if the old worker got the mark back.
-        let taken = executing("u1", "w2", 2);
+        let taken = RecordView::executing("u1", "w2", 2);
         assert_eq!(
             final_answer_rule(Some(taken), Some("w1"), "w1"),
             FinalVerdict::Fenced

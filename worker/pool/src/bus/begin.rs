@@ -33,6 +33,19 @@ pub struct RecordView<'a> {
     pub deliveries: u32,
 }
 
+#[cfg(test)]
+impl<'a> RecordView<'a> {
+    /// An `executing` record of `user`, begun by `worker` (the rules' tests).
+    pub(super) fn executing(user: &'a str, worker: &'a str, deliveries: u32) -> Self {
+        RecordView {
+            state: record::EXECUTING,
+            user_id: user,
+            worker_id: worker,
+            deliveries,
+        }
+    }
+}
+
 /// What [`begin_rule`] does to the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BeginWrite {
@@ -268,15 +281,6 @@ pub mod domain {
 mod tests {
     use super::*;
 
-    fn executing<'a>(user: &'a str, worker: &'a str, deliveries: u32) -> RecordView<'a> {
-        RecordView {
-            state: record::EXECUTING,
-            user_id: user,
-            worker_id: worker,
-            deliveries,
-        }
-    }
-
     #[test]
     fn only_the_mark_holder_begins_and_a_successor_takes_over() {
         assert_eq!(
@@ -288,15 +292,30 @@ mod tests {
             begin_rule(None, Some("w1"), "u1", "w1"),
             (Begun::Started, BeginWrite::Create)
         );
-        let (begun, write) = begin_rule(Some(executing("u1", "w1", 1)), Some("w2"), "u1", "w2");
+        let (begun, write) = begin_rule(
+            Some(RecordView::executing("u1", "w1", 1)),
+            Some("w2"),
+            "u1",
+            "w2",
+        );
         assert_eq!(write, BeginWrite::TakeOver);
         assert!(matches!(begun, Begun::Executing { deliveries: 2, .. }));
         // Its own retry does not count as another delivery.
-        let (begun, write) = begin_rule(Some(executing("u1", "w2", 2)), Some("w2"), "u1", "w2");
+        let (begun, write) = begin_rule(
+            Some(RecordView::executing("u1", "w2", 2)),
+            Some("w2"),
+            "u1",
+            "w2",
+        );
         assert_eq!(write, BeginWrite::Nothing);
         assert!(matches!(begun, Begun::Executing { deliveries: 2, .. }));
         // Another user's record is reported, not taken over.
-        let (begun, write) = begin_rule(Some(executing("u1", "w1", 1)), Some("w9"), "u2", "w9");
+        let (begun, write) = begin_rule(
+            Some(RecordView::executing("u1", "w1", 1)),
+            Some("w9"),
+            "u2",
+            "w9",
+        );
         assert_eq!(write, BeginWrite::Nothing);
         assert!(matches!(begun, Begun::Executing { deliveries: 1, .. }));
     }

@@ -122,6 +122,17 @@ impl Upstream for FakeUpstream {
     }
 }
 
+/// The fake upstream's event at `seq`, as it arrives now.
+fn trade(seq: u64) -> UpstreamEvent {
+    UpstreamEvent {
+        seq,
+        event_id: format!("s:{seq}"),
+        payload: format!("{{\"seq\":{seq}}}").into(),
+        received_at: Instant::now(),
+        arrival_lag: Some(2.0),
+    }
+}
+
 #[async_trait]
 impl Subscription for FakeSubscription {
     async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError> {
@@ -141,24 +152,15 @@ impl Subscription for FakeSubscription {
             }
             Some(Fault::Stuck { after }) if self.delivered >= after => {
                 sleep(Duration::from_millis(500)).await;
-                let seq = self.next - 1;
-                return Ok(UpstreamEvent {
-                    seq,
-                    event_id: format!("s:{seq}"),
-                    payload: format!("{{\"seq\":{seq}}}").into(),
-                    received_at: Instant::now(),
-                    arrival_lag: Some(2.0),
-                });
+                return Ok(trade(self.next - 1));
             }
             Some(Fault::Bogus { after, seq }) if self.delivered == after => {
                 self.fault = None;
                 self.delivered += 1;
                 return Ok(UpstreamEvent {
-                    seq,
                     event_id: "status".into(),
                     payload: "{\"status\":\"ok\"}".into(),
-                    received_at: Instant::now(),
-                    arrival_lag: Some(2.0),
+                    ..trade(seq)
                 });
             }
             _ => {}
@@ -173,13 +175,7 @@ impl Subscription for FakeSubscription {
         self.next += 1;
         self.delivered += 1;
         self.delivered_total.fetch_add(1, Ordering::SeqCst);
-        Ok(UpstreamEvent {
-            seq,
-            event_id: format!("s:{seq}"),
-            payload: format!("{{\"seq\":{seq}}}").into(),
-            received_at: Instant::now(),
-            arrival_lag: Some(2.0),
-        })
+        Ok(trade(seq))
     }
 
     async fn close(&mut self) {
