@@ -110,6 +110,11 @@ pub(crate) async fn stream_worker(args: StreamWorkerArgs) -> Result<(), Failure>
     let sdk = sdk_config(RetryPolicy::CallerRetries).await;
     let mut settings = require_region(&sdk, settings::parse(&lookup))?;
     settings.derive_sidecar_url(&lookup, task.as_ref())?;
+    if settings.sink.max_len == 0 {
+        tracing::warn!(
+            "SINK_MAX_LEN=0: the sink keeps every event until Redis runs out of memory and refuses writes (size it as events per second times the seconds a reader may fall behind)"
+        );
+    }
     let store = DynamoLeaseStore::from_sdk_config(&sdk, settings.lease.table.table.clone());
     store.check_table().await?;
     let declared = mode::declare(&store, settings.lease.keeper.mode, SystemClock.now_ms());

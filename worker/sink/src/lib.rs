@@ -295,10 +295,17 @@ pub const DEFAULT_REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// acknowledges within milliseconds; a second means it is not keeping up.
 pub const DEFAULT_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Default [`SinkOptions::max_len`]: bounded, because a sink that keeps every
+/// event grows until Redis refuses writes (it must run with `noeviction`).
+/// 100,000 events is about 2.8 hours of a 10 events/s stream and, at
+/// 300-byte frames, about 40 MB of Redis memory per stream; size it as events
+/// per second times the hours readers may fall behind (docs/redis.md).
+pub const DEFAULT_MAX_LEN: u64 = 100_000;
+
 impl Default for SinkOptions {
     fn default() -> Self {
         SinkOptions {
-            max_len: 0,
+            max_len: DEFAULT_MAX_LEN,
             reply_timeout: DEFAULT_REPLY_TIMEOUT,
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,

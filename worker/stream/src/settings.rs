@@ -206,8 +206,9 @@ pub const SINK_URL: Setting<String> = Setting::secret(
 pub const SINK_MAX_LEN: Setting<u64> = Setting::new(
     "SINK_MAX_LEN",
     parse::COUNT,
-    Fallback::Value(|| 0),
-    "Approximate cap on events kept per sink stream (`XADD MAXLEN ~`); 0 keeps everything.",
+    Fallback::Value(|| leasehold_sink::DEFAULT_MAX_LEN),
+    "Approximate cap on events kept per sink stream (`XADD MAXLEN ~`): events per second times \
+     the seconds a reader may fall behind; 0 keeps everything until Redis is full (warned at start).",
 );
 /// The `SINK_MAX_FAILURES` variable.
 pub const SINK_MAX_FAILURES: Setting<u32> = Setting::new(
@@ -561,7 +562,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(settings.worker.register, ["a", "b", "c"]);
-        assert_eq!(settings.sink.max_len, 0);
+        assert_eq!(settings.sink.max_len, 100_000);
         assert_eq!(settings.worker.discovery_interval, Duration::from_secs(5));
         assert_eq!(settings.upstream.seq_pointer, "/seq");
         assert_eq!(
