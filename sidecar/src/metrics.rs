@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use leasehold_telemetry::{
-    ClaimResult, CommitResult, GapReason, LossReason, OrphanKind, RECONNECT_REASONS, RequestResult,
-    ReservePath, SkipReason, TelemetryEvent,
+    BackfillResult, ClaimResult, CommitResult, GapReason, LossReason, OrphanKind,
+    RECONNECT_REASONS, RequestResult, ReservePath, SkipReason, TelemetryEvent,
 };
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -63,6 +63,14 @@ pub const UPSTREAM_FRAMES_SKIPPED: &str = "leasehold_upstream_frames_skipped_tot
 pub const STREAM_GAP_EVENTS: &str = "leasehold_stream_gap_events_total";
 /// `reason` = no_replay, retention, backfill_exhausted, sink_lost: gaps (not events).
 pub const STREAM_GAPS: &str = "leasehold_stream_gaps_total";
+/// `result` = filled, gap, stopped: backfills that ended.
+pub const STREAM_BACKFILLS: &str = "leasehold_stream_backfills_total";
+/// Events backfills fetched from the history and wrote.
+pub const STREAM_BACKFILLED_EVENTS: &str = "leasehold_stream_backfilled_events_total";
+/// Extension: history pages backfills fetched (empty and failed ones included).
+pub const STREAM_BACKFILL_PAGES: &str = "leasehold_stream_backfill_pages_total";
+/// How long backfills took, first request to end.
+pub const STREAM_BACKFILL_DURATION: &str = "leasehold_stream_backfill_seconds";
 /// Extension: sink write round trip.
 pub const SINK_WRITE_DURATION: &str = "leasehold_sink_write_duration_seconds";
 /// Extension: `reason` = preamble, frame, decode: connections the sidecar closed.
@@ -142,6 +150,10 @@ pub const ALL: &[&str] = &[
     UPSTREAM_FRAMES_SKIPPED,
     STREAM_GAP_EVENTS,
     STREAM_GAPS,
+    STREAM_BACKFILLS,
+    STREAM_BACKFILLED_EVENTS,
+    STREAM_BACKFILL_PAGES,
+    STREAM_BACKFILL_DURATION,
     SINK_WRITE_DURATION,
     TRANSPORT_ERRORS,
     LEASE_RENEW_LATENESS,
@@ -180,6 +192,11 @@ const GAP_BUCKETS: &[f64] = &[
 const CLAIM_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
+/// Backfills: one page takes a round trip, a long range many pages, and a
+/// rate-limited history minutes.
+const BACKFILL_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
+];
 /// Renew lateness: a healthy runtime is milliseconds late; seconds mean the
 /// lease's safety margin is being eaten.
 const LATENESS_BUCKETS: &[f64] = &[
@@ -196,6 +213,7 @@ const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (SINK_WRITE_DURATION, LATENCY_BUCKETS),
     (POOL_CLAIM_DURATION, CLAIM_BUCKETS),
     (BROKER_REQUEST_DURATION, LATENCY_BUCKETS),
+    (STREAM_BACKFILL_DURATION, BACKFILL_BUCKETS),
 ];
 
 /// The bucket boundaries of a histogram (shared with the OTLP exporter).
@@ -311,6 +329,23 @@ pub fn describe() {
     describe_counter!(
         STREAM_GAPS,
         "Gaps in a stream's data (each one gap marker in the sink), by reason."
+    );
+    describe_counter!(
+        STREAM_BACKFILLS,
+        "Backfills that ended, by result (filled, gap: part of the range recorded as a gap, stopped: the stream stopped first)."
+    );
+    describe_counter!(
+        STREAM_BACKFILLED_EVENTS,
+        "Events backfills fetched from the history and wrote."
+    );
+    describe_counter!(
+        STREAM_BACKFILL_PAGES,
+        "History pages backfills fetched (empty and failed ones included)."
+    );
+    describe_histogram!(
+        STREAM_BACKFILL_DURATION,
+        Unit::Seconds,
+        "How long backfills took, from the first history request to the end."
     );
     describe_histogram!(
         SINK_WRITE_DURATION,
@@ -503,6 +538,18 @@ pub fn record(event: &TelemetryEvent) {
             counter!(STREAM_GAP_EVENTS).increment(to_seq.saturating_sub(*from_seq) + 1);
             counter!(STREAM_GAPS, "reason" => reason.as_str()).increment(1);
         }
+        StreamBackfill {
+            result,
+            pages,
+            events,
+            duration,
+            ..
+        } => {
+            counter!(STREAM_BACKFILLS, "result" => result.as_str()).increment(1);
+            counter!(STREAM_BACKFILLED_EVENTS).increment(*events);
+            counter!(STREAM_BACKFILL_PAGES).increment(u64::from(*pages));
+            histogram!(STREAM_BACKFILL_DURATION).record(duration.as_secs_f64());
+        }
         SinkWrite {
             accepted,
             duplicate,
@@ -580,7 +627,7 @@ pub fn record(event: &TelemetryEvent) {
 /// missing data as not breaching).
 pub fn zero_counters() {
     // (counter, its label, every value the label takes)
-    let labelled: [(&'static str, &'static str, &[&'static str]); 14] = [
+    let labelled: [(&'static str, &'static str, &[&'static str]); 15] = [
         (
             LEASE_ACQUISITIONS,
             "result",
@@ -642,6 +689,11 @@ pub fn zero_counters() {
             "reason",
             &GapReason::ALL.map(GapReason::as_str),
         ),
+        (
+            STREAM_BACKFILLS,
+            "result",
+            &BackfillResult::ALL.map(BackfillResult::as_str),
+        ),
         (WEBSOCKET_RECONNECTS, "reason", &RECONNECT_REASONS),
     ];
     for (name, label, values) in labelled {
@@ -652,6 +704,8 @@ pub fn zero_counters() {
     for name in [
         LEASE_RELEASES,
         STREAM_GAP_EVENTS,
+        STREAM_BACKFILLED_EVENTS,
+        STREAM_BACKFILL_PAGES,
         SINK_GIVE_UPS,
         SINK_REGRESSIONS,
         FENCE_REGRESSIONS,

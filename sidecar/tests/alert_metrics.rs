@@ -400,6 +400,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UpstreamReconnect { .. } => "UpstreamReconnect",
         UpstreamFrameSkipped { .. } => "UpstreamFrameSkipped",
         StreamGap { .. } => "StreamGap",
+        StreamBackfill { .. } => "StreamBackfill",
         SinkWrite { .. } => "SinkWrite",
         SinkWriteFailed { .. } => "SinkWriteFailed",
         SinkGaveUp { .. } => "SinkGaveUp",
@@ -420,7 +421,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UserReserved { .. } => "UserReserved",
     }
 }
-const VARIANTS: usize = 30;
+const VARIANTS: usize = 31;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

@@ -129,6 +129,19 @@ pub enum TelemetryEvent {
         #[serde(default = "GapReason::retention")]
         reason: GapReason,
     },
+    /// A backfill ended: how, after how many history pages and events.
+    StreamBackfill {
+        /// Stream backfilled.
+        stream_id: String,
+        /// How it ended.
+        result: BackfillResult,
+        /// History pages fetched (empty and failed ones included).
+        pages: u32,
+        /// Events the history supplied and the stream wrote.
+        events: u64,
+        /// From the first request to the end.
+        duration: Duration,
+    },
     /// A batch reached the sink.
     SinkWrite {
         /// Stream written.
@@ -443,6 +456,20 @@ impl TelemetryEvent {
                 to_seq,
                 reason = reason.as_str(),
                 "these events will never reach the sink: data gap"
+            ),
+            StreamBackfill {
+                stream_id,
+                result,
+                pages,
+                events,
+                duration,
+            } => tracing::info!(
+                stream_id,
+                result = result.as_str(),
+                pages,
+                events,
+                seconds = duration.as_secs_f64(),
+                "backfill ended"
             ),
             SinkWrite {
                 stream_id,

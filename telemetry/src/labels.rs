@@ -92,6 +92,38 @@ impl SkipReason {
     }
 }
 
+/// How a backfill ended (`leasehold_stream_backfills_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackfillResult {
+    /// The history held the whole range: nothing is missing.
+    Filled,
+    /// Part of the range was recorded as a gap (the history no longer held
+    /// it, or kept failing).
+    Gap,
+    /// The stream stopped (released, lost, drained) before the range closed;
+    /// its next owner backfills from the sink's last sequence.
+    Stopped,
+}
+
+impl BackfillResult {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [BackfillResult; 3] = [
+        BackfillResult::Filled,
+        BackfillResult::Gap,
+        BackfillResult::Stopped,
+    ];
+
+    /// The `result` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackfillResult::Filled => "filled",
+            BackfillResult::Gap => "gap",
+            BackfillResult::Stopped => "stopped",
+        }
+    }
+}
+
 /// Why a range of sequences is missing from the sink
 /// (`leasehold_stream_gaps_total{reason}`, a gap marker's `reason` field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -69,6 +69,13 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             to_seq: 9,
             reason: crate::GapReason::NoReplay,
         },
+        StreamBackfill {
+            stream_id: s(),
+            result: crate::BackfillResult::Gap,
+            pages: 3,
+            events: 250,
+            duration: ms(1500),
+        },
         SinkWrite {
             stream_id: s(),
             fence_token: 3,
@@ -204,6 +211,15 @@ pub fn every_label_value() -> Vec<crate::TelemetryEvent> {
             from_seq: 1,
             to_seq: 1,
             reason,
+        }),
+    );
+    events.extend(
+        crate::BackfillResult::ALL.map(|result| TelemetryEvent::StreamBackfill {
+            stream_id: stream(),
+            result,
+            pages: 1,
+            events: 1,
+            duration: Duration::from_millis(10),
         }),
     );
     events.extend(

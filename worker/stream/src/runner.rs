@@ -358,6 +358,7 @@ async fn consume(
         steps: Vec::new(),
         fetch: None,
         empty_pages: 0,
+        backfill: None,
     };
     let stop = consume_in(
         context,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use leasehold_control::keeper::HeldLease;
 use leasehold_control::sequence::{Arrival, Sequencer, Step};
 use leasehold_sink::SinkEvent;
-use leasehold_telemetry::{SkipReason, TelemetryEvent};
+use leasehold_telemetry::{BackfillResult, SkipReason, TelemetryEvent};
 use tokio::time::{Instant, sleep};
 use tokio_util::task::AbortOnDropHandle;
 
@@ -30,6 +30,26 @@ pub(super) struct Intake<'a> {
     pub(super) fetch: Option<PageFetch>,
     /// Pages in a row that brought the backfill no further.
     pub(super) empty_pages: u32,
+    /// The backfill under way, reported when it ends.
+    pub(super) backfill: Option<BackfillRun>,
+}
+
+/// One backfill from its first request to its end, for
+/// [`TelemetryEvent::StreamBackfill`].
+#[derive(Debug)]
+pub(super) struct BackfillRun {
+    started: Instant,
+    pages: u32,
+    events: u64,
+    /// Part of the range was recorded as a gap.
+    gap: bool,
+}
+
+impl Drop for Intake<'_> {
+    fn drop(&mut self) {
+        // The stream stopped (lost, drained, the sink gave up) mid-backfill.
+        self.end_backfill(BackfillResult::Stopped);
+    }
 }
 
 impl Intake<'_> {
@@ -99,6 +119,12 @@ impl Intake<'_> {
                     pending.push(SinkEvent::gap(from, to, reason));
                 }
                 Step::Backfill { from, to } => {
+                    self.backfill.get_or_insert_with(|| BackfillRun {
+                        started: Instant::now(),
+                        pages: 0,
+                        events: 0,
+                        gap: false,
+                    });
                     tracing::info!(
                         stream_id = self.lease.stream_id,
                         from_seq = from,
@@ -114,7 +140,28 @@ impl Intake<'_> {
             }
         }
         self.steps = steps;
+        if !self.sequencer.backfilling() {
+            let ended = match &self.backfill {
+                Some(run) if run.gap => BackfillResult::Gap,
+                _ => BackfillResult::Filled,
+            };
+            self.end_backfill(ended);
+        }
         result
+    }
+
+    /// Reports the backfill under way, if any, as ended with `result`.
+    fn end_backfill(&mut self, result: BackfillResult) {
+        let Some(run) = self.backfill.take() else {
+            return;
+        };
+        self.context.telemetry.emit(TelemetryEvent::StreamBackfill {
+            stream_id: self.lease.stream_id.clone(),
+            result,
+            pages: run.pages,
+            events: run.events,
+            duration: run.started.elapsed(),
+        });
     }
 
     /// Starts fetching the next page of the running backfill after `delay`.
@@ -179,6 +226,19 @@ impl Intake<'_> {
             Err(join) => {
                 tracing::warn!(stream_id = self.lease.stream_id, ?range, error = %join, "backfill task failed; recording the rest as a gap");
                 self.sequencer.backfill_gave_up(&mut steps);
+            }
+        }
+        if let Some(run) = &mut self.backfill {
+            run.pages += 1;
+            // History events are the ones inside the range; the held live
+            // events released after them are beyond it.
+            let in_range = |seq: u64| range.is_some_and(|(_, to)| seq <= to);
+            for step in &steps {
+                match step {
+                    Step::Event(seq, _) if in_range(*seq) => run.events += 1,
+                    Step::Gap { .. } => run.gap = true,
+                    _ => {}
+                }
             }
         }
         // Replays do not come back from history; a hole in held events

@@ -1104,6 +1104,23 @@ fn gaps_reported(f: &Fixture) -> Vec<(u64, u64, leasehold_telemetry::GapReason)>
         .collect()
 }
 
+/// The backfills reported: (result, pages, events).
+fn backfills_reported(f: &Fixture) -> Vec<(leasehold_telemetry::BackfillResult, u32, u64)> {
+    f.events
+        .snapshot()
+        .into_iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::StreamBackfill {
+                result,
+                pages,
+                events,
+                ..
+            } => Some((result, pages, events)),
+            _ => None,
+        })
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn live_mode_starts_at_the_live_position_and_marks_what_a_reconnect_missed() {
     use leasehold_telemetry::GapReason::NoReplay;
@@ -1320,9 +1337,25 @@ async fn backfill_closes_the_hole_from_history_then_writes_the_held_events() {
     let requests = history.requests.lock().unwrap().clone();
     assert!(requests.len() >= 4, "{requests:?}");
     let stored = f.sink.inner.events("s");
+    let from_history = stored
+        .iter()
+        .filter(|e| e.payload.starts_with("{\"history\""))
+        .count() as u64;
+    assert!(from_history > 0, "backfilled items are the history's text");
+    // The holes are filled by backfills (a hole found while one runs joins
+    // it); the failed first request counts as a page.
+    let backfills = backfills_reported(&f);
+    assert!(!backfills.is_empty(), "{backfills:?}");
     assert!(
-        stored.iter().any(|e| e.payload.starts_with("{\"history\"")),
-        "backfilled items are the history's text"
+        backfills.iter().all(|(result, pages, _)| *result
+            == leasehold_telemetry::BackfillResult::Filled
+            && *pages >= 1),
+        "{backfills:?}"
+    );
+    assert_eq!(
+        backfills.iter().map(|(_, _, events)| events).sum::<u64>(),
+        from_history,
+        "every event the history supplied is counted once"
     );
     task.abort();
 }
@@ -1364,6 +1397,9 @@ async fn a_history_without_the_start_marks_retention_and_a_failing_one_backfill_
             assert_eq!((reported[0].0, reported[0].1), (14, 24));
             assert!(sink_seqs(&f).contains(&25), "the rest came from history");
         }
+        let backfills = backfills_reported(&f);
+        assert_eq!(backfills.len(), 1, "{backfills:?}");
+        assert_eq!(backfills[0].0, leasehold_telemetry::BackfillResult::Gap);
         task.abort();
     }
 }
@@ -1405,7 +1441,14 @@ async fn reading_pauses_while_the_held_events_are_at_their_bound() {
         "{delivered} live events read while 5 may be held"
     );
     assert_eq!(sink_seqs(&f), [900], "nothing written past the hole");
+    assert!(backfills_reported(&f).is_empty(), "still backfilling");
+    // The stream stops mid-backfill: reported as stopped, nothing from history.
     task.abort();
+    let _ = task.await;
+    assert_eq!(
+        backfills_reported(&f),
+        [(leasehold_telemetry::BackfillResult::Stopped, 0, 0)]
+    );
 }
 
 #[tokio::test(start_paused = true)]
