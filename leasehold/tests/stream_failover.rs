@@ -165,6 +165,68 @@ async fn session_workers_renew_one_record_and_take_a_crashed_session_over() {
     assert_eq!(record.owner_id, None, "a drained worker ends its session");
 }
 
+/// A crashed or paused owner's sidecar stops exporting the stream's series
+/// (its last figures said "last event 0.2 s ago" while the stream was being
+/// taken over): at once when the worker's connection closes, within the
+/// sidecar's silence threshold (`WORKER_SILENCE_MS`, 5 s) when it just stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_or_paused_owners_sidecar_exports_no_figures_for_its_streams() {
+    let _serial = serial().await;
+    let Some(mut cluster) = Cluster::start(2, 100).await else {
+        return;
+    };
+    cluster.start_worker_with_sidecar("w1", &[]);
+    cluster.start_worker_with_sidecar("w2", &[]);
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| {
+            owned_by(o, "w1") == 1 && owned_by(o, "w2") == 1
+        })
+        .await;
+    let exported = async |owner: &str| {
+        let (_, _, metrics) =
+            leasehold_testkit::http_get(&cluster.sidecars[owner].http, "/metrics")
+                .await
+                .unwrap();
+        let (_, _, status) = leasehold_testkit::http_get(&cluster.sidecars[owner].http, "/status")
+            .await
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        let samples = metrics
+            .lines()
+            .filter(|line| line.starts_with("leasehold_stream_last_event_age_seconds{"))
+            .count();
+        (
+            samples,
+            status["lag"].as_object().map_or(0, |lag| lag.len()),
+        )
+    };
+    let until = async |owner: &str, want: (usize, usize), within: Duration| {
+        let began = Instant::now();
+        loop {
+            let got = exported(owner).await;
+            if got == want {
+                return began.elapsed();
+            }
+            assert!(
+                began.elapsed() < within,
+                "{owner}'s sidecar exports {got:?} (samples, /status lag entries), want {want:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    until("w1", (1, 1), Duration::from_secs(10)).await;
+    until("w2", (1, 1), Duration::from_secs(10)).await;
+    cluster.workers["w2"].signal("STOP");
+    let took = until("w2", (0, 0), Duration::from_secs(8)).await;
+    eprintln!("a paused owner's figures left its sidecar after {took:?}");
+    cluster.workers["w1"].signal("KILL");
+    let took = until("w1", (0, 0), Duration::from_secs(2)).await;
+    eprintln!("a crashed owner's figures left its sidecar after {took:?}");
+    cluster.workers["w2"].signal("CONT");
+    cluster.workers.remove("w1");
+    cluster.stop_workers();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_writes_nothing_stale_and_stops_by_itself() {
     paused_worker(&[]).await;

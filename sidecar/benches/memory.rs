@@ -143,6 +143,8 @@ fn run_mode(mode: &str, minutes: u64, rate: u64) {
         let sidecar = Sidecar::start(config(mode), shutdown.clone())
             .await
             .expect("sidecar");
+        // As from a connected worker (its streams' series are exported).
+        sidecar.state.view().connection(true);
         let started = Instant::now();
         let mut first = 0;
         for m in 0..minutes {

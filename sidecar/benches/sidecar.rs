@@ -76,7 +76,9 @@ fn main() {
         100.0 * cpu / wall * 10_000.0 / rate as f64
     );
 
-    // 2. /metrics render time with 1,000 streams' lag series.
+    // 2. /metrics render time with 1,000 streams' lag series (from a
+    // connected worker: a silent one's are not exported).
+    sidecar.state.view().connection(true);
     for i in 0..1000 {
         sidecar.state.ingest(&TelemetryEvent::StreamLag {
             stream_id: format!("stream-{i:04}"),

@@ -211,7 +211,8 @@ impl SidecarState {
     /// The `/metrics` body: the worker's series, plus the cluster gauges while
     /// this sidecar is the observer.
     pub fn render(&self) -> String {
-        let mut text = self.handle.render();
+        let held = self.view().lag_streams();
+        let mut text = metrics::drop_unheld_stream_series(self.handle.render(), &held);
         if let Some(cluster) = self
             .cluster
             .lock()

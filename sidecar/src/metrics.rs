@@ -224,6 +224,67 @@ pub fn buckets_for(name: &str) -> &'static [f64] {
         .map_or(LATENCY_BUCKETS, |(_, buckets)| buckets)
 }
 
+/// The gauges labelled `stream_id`: exported only while the worker holds the
+/// stream and reports.
+pub const PER_STREAM_GAUGES: [&str; 4] = [
+    CHECKPOINT_LAG_EVENTS,
+    CHECKPOINT_LAG_SECONDS,
+    STREAM_LAST_EVENT_AGE,
+    STREAM_EVENT_LAG,
+];
+
+/// The Prometheus text without the per-stream samples of streams not in
+/// `held`. The exporter cannot remove a series (it only lets one idle out),
+/// and a released or crashed owner's last figures ("last event 0.2 s ago")
+/// would make a stream being taken over look healthy for the idle timeout.
+pub fn drop_unheld_stream_series(text: String, held: &[String]) -> String {
+    let held: std::collections::HashSet<String> = held
+        .iter()
+        .map(|stream| escape_label_value(stream))
+        .collect();
+    let keep = |line: &str| {
+        let Some((name, rest)) = line.split_once('{') else {
+            return true;
+        };
+        if !PER_STREAM_GAUGES.contains(&name) {
+            return true;
+        }
+        labelled_stream(rest).is_some_and(|stream| held.contains(stream))
+    };
+    if text.lines().all(keep) {
+        return text;
+    }
+    let mut kept = String::with_capacity(text.len());
+    for line in text.lines().filter(|line| keep(line)) {
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    kept
+}
+
+/// The `stream_id` label's value as written (escaped) in a sample's labels.
+fn labelled_stream(labels: &str) -> Option<&str> {
+    let start = labels.find("stream_id=\"")? + "stream_id=\"".len();
+    let value = &labels[start..];
+    let mut escaped = false;
+    for (at, c) in value.char_indices() {
+        match c {
+            '\\' if !escaped => escaped = true,
+            '"' if !escaped => return Some(&value[..at]),
+            _ => escaped = false,
+        }
+    }
+    None
+}
+
+/// A label value as the text format writes it.
+fn escape_label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// Builds the recorder for one sidecar, with the contract's buckets and the
 /// idle timeout that makes per-stream series disappear after a release.
 pub fn recorder(stream_series_idle: Duration) -> PrometheusRecorder {
@@ -759,4 +820,36 @@ pub fn set_worker_gauges(up: bool, leases_held: usize, connections: usize, compo
     gauge!(WEBSOCKET_CONNECTIONS).set(connections as f64);
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "component" => component.to_owned())
         .set(1.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_held_streams_keep_their_per_stream_samples() {
+        let text = "\
+# HELP leasehold_stream_last_event_age_seconds Seconds since.
+# TYPE leasehold_stream_last_event_age_seconds gauge
+leasehold_stream_last_event_age_seconds{stream_id=\"a\"} 0.2
+leasehold_stream_last_event_age_seconds{stream_id=\"b\"} 0.1
+leasehold_checkpoint_lag_events{stream_id=\"q\\\"x\"} 3
+leasehold_stream_gaps_total{reason=\"retention\"} 1
+leasehold_worker_up 1
+";
+        let kept = drop_unheld_stream_series(text.to_owned(), &["b".into(), "q\"x".into()]);
+        assert_eq!(
+            kept,
+            text.replace(
+                "leasehold_stream_last_event_age_seconds{stream_id=\"a\"} 0.2\n",
+                ""
+            )
+        );
+        let none = drop_unheld_stream_series(text.to_owned(), &[]);
+        assert!(!none.contains("stream_id"), "{none}");
+        assert!(none.contains("leasehold_worker_up 1") && none.contains("reason=\"retention\""));
+        // Nothing to drop: the text is returned as it came.
+        let all = ["a".into(), "b".into(), "q\"x".into()];
+        assert_eq!(drop_unheld_stream_series(text.to_owned(), &all), text);
+    }
 }

@@ -49,7 +49,8 @@ pub const STREAM_SERIES_IDLE_SECONDS: Setting<Duration> = Setting::new(
     "STREAM_SERIES_IDLE_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(120)),
-    "Per-stream gauges (`stream_id` label) disappear this long after their last update.",
+    "The memory of per-stream gauges (`stream_id` label) is freed this long after their last update; \
+     they leave the export as soon as the worker no longer holds the stream or stops reporting.",
 );
 /// The `SIDECAR_OBSERVER` variable.
 pub const SIDECAR_OBSERVER: Setting<bool> = Setting::new(

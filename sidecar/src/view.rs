@@ -25,7 +25,8 @@ pub struct WorkerView {
     fenced: u64,
     lost: u64,
     leases: BTreeMap<String, HeldLease>,
-    lag: BTreeMap<String, StreamLag>,
+    /// Each held stream's last lag report and when it came.
+    lag: BTreeMap<String, (StreamLag, Instant)>,
     upstreams: BTreeMap<String, usize>,
     pool: Option<PoolState>,
     /// The newest claims taken (seq, when, latency in seconds), at most
@@ -199,6 +200,9 @@ impl WorkerView {
                 .is_some_and(|l| l.fence_token == *fence_token) =>
             {
                 self.leases.remove(stream_id);
+                // The stream's series go with the lease: a figure for a
+                // stream this worker no longer writes is a stale one.
+                self.lag.remove(stream_id);
             }
             StreamLag {
                 stream_id,
@@ -207,14 +211,12 @@ impl WorkerView {
                 last_event_age_seconds,
                 ..
             } => {
-                self.lag.insert(
-                    stream_id.clone(),
-                    self::StreamLag {
-                        lag_events: *lag_events,
-                        lag_seconds: *lag_seconds,
-                        last_event_age_seconds: Some(*last_event_age_seconds),
-                    },
-                );
+                let lag = self::StreamLag {
+                    lag_events: *lag_events,
+                    lag_seconds: *lag_seconds,
+                    last_event_age_seconds: Some(*last_event_age_seconds),
+                };
+                self.lag.insert(stream_id.clone(), (lag, Instant::now()));
             }
             StreamStopped { stream_id } => {
                 self.lag.remove(stream_id);
@@ -267,9 +269,40 @@ impl WorkerView {
         self.upstreams.values().sum()
     }
 
-    /// Streams with a lag report (held, not stopped).
+    /// Streams whose per-stream series are exported: held, not stopped, and
+    /// reported by a worker that is up. A silent or disconnected worker's
+    /// streams are being taken over; their last figures would say "fresh".
     pub fn lag_streams(&self) -> Vec<String> {
+        if !self.worker_up() {
+            return Vec::new();
+        }
         self.lag.keys().cloned().collect()
+    }
+
+    /// The lag reports as of now: ages grow from the report's time (a worker
+    /// that stopped reporting leaves no frozen "0.2 s ago"), none while the
+    /// worker is down.
+    fn current_lag(&self) -> BTreeMap<String, StreamLag> {
+        if !self.worker_up() {
+            return BTreeMap::new();
+        }
+        self.lag
+            .iter()
+            .map(|(stream, (lag, at))| {
+                let since = at.elapsed().as_secs_f64();
+                let lag = StreamLag {
+                    lag_events: lag.lag_events,
+                    // The oldest unpersisted event keeps ageing until persisted.
+                    lag_seconds: if lag.lag_events > 0 {
+                        lag.lag_seconds + since
+                    } else {
+                        lag.lag_seconds
+                    },
+                    last_event_age_seconds: lag.last_event_age_seconds.map(|age| age + since),
+                };
+                (stream.clone(), lag)
+            })
+            .collect()
     }
 
     /// The component name for `leasehold_build_info`.
@@ -290,7 +323,7 @@ impl WorkerView {
             sink_events_fenced: self.fenced,
             leases_lost: self.lost,
             leases: self.leases.values().cloned().collect(),
-            lag: self.lag.clone(),
+            lag: self.current_lag(),
             websocket_connections: self.websocket_connections(),
             pool: self.pool.clone(),
             claims: self
@@ -488,5 +521,66 @@ mod tests {
         let gaps = view.status().gaps;
         assert_eq!(gaps.len(), RECENT_GAPS, "bounded");
         assert_eq!(gaps.last().unwrap().seq, 1 + 2 * RECENT_GAPS as u64);
+    }
+
+    fn lag_of(stream: &str, age: f64) -> TelemetryEvent {
+        TelemetryEvent::StreamLag {
+            stream_id: stream.into(),
+            lag_events: 2,
+            lag_seconds: 0.5,
+            last_event_age_seconds: age,
+            event_lag_seconds: None,
+        }
+    }
+
+    fn held(stream: &str, fence_token: u64) -> TelemetryEvent {
+        TelemetryEvent::LeaseAcquired {
+            stream_id: stream.into(),
+            fence_token,
+            expires_at_ms: 0,
+            duration: Duration::ZERO,
+            takeover_gap: None,
+            previous_owner: None,
+        }
+    }
+
+    /// A stream's series leave with its lease and with its worker: a released
+    /// or crashed owner's last figures would say the stream is fresh while
+    /// it is being taken over.
+    #[tokio::test(start_paused = true)]
+    async fn per_stream_figures_go_with_the_lease_and_the_worker_and_age_meanwhile() {
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        view.connection(true);
+        for (stream, token) in [("a", 1), ("b", 2)] {
+            view.apply(&held(stream, token));
+            view.apply(&lag_of(stream, 0.2));
+        }
+        assert_eq!(view.lag_streams(), ["a", "b"]);
+        // Figures age from the report: a worker that stopped reporting a
+        // stream does not keep it at "0.2 s ago".
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let lag = view.status().lag;
+        assert!((lag["a"].last_event_age_seconds.unwrap() - 3.2).abs() < 1e-6);
+        assert!(
+            (lag["a"].lag_seconds - 3.5).abs() < 1e-6,
+            "unpersisted events age too"
+        );
+        // Released: gone at once.
+        view.apply(&TelemetryEvent::LeaseReleased {
+            stream_id: "a".into(),
+            fence_token: 1,
+        });
+        assert_eq!(view.lag_streams(), ["b"]);
+        assert!(!view.status().lag.contains_key("a"));
+        // The worker goes silent (paused, crashed without closing): nothing.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(view.lag_streams().is_empty());
+        assert!(view.status().lag.is_empty());
+        // It reports again: its streams are back.
+        view.apply(&lag_of("b", 0.1));
+        assert_eq!(view.lag_streams(), ["b"]);
+        // Disconnected: nothing.
+        view.connection(false);
+        assert!(view.lag_streams().is_empty());
     }
 }

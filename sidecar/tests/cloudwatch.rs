@@ -141,6 +141,8 @@ async fn emf_documents_follow_the_specification() {
         .await
         .unwrap();
     let mut reader = sidecar.state.snapshot_reader().expect("CloudWatch is on");
+    // As from a connected worker: per-stream series are exported only for one.
+    sidecar.state.view().connection(true);
     for event in every_event().into_iter().chain(renewals(150)) {
         sidecar.state.ingest(&event);
     }
@@ -198,6 +200,8 @@ async fn put_metric_data_sends_the_contract_in_cbor() {
     let sidecar = Sidecar::start(config(Some((cloudwatch, Some(client)))), shutdown.clone())
         .await
         .unwrap();
+    // As from a connected worker: per-stream series are exported only for one.
+    sidecar.state.view().connection(true);
     for event in every_event() {
         sidecar.state.ingest(&event);
     }

@@ -159,6 +159,9 @@ async fn fed_sidecar(config: SidecarConfig, shutdown: &CancellationToken) -> Sid
     )
     .await
     .unwrap();
+    // As from a connected worker: a sidecar exports no per-stream series for
+    // a worker that is not connected and reporting.
+    sidecar.state.view().connection(true);
     for event in every_event().into_iter().chain(every_label_value()) {
         sidecar.state.ingest(&event);
     }

@@ -128,6 +128,8 @@ async fn export_with(
     )
     .await
     .unwrap();
+    // As from a connected worker: per-stream series are exported only for one.
+    sidecar.state.view().connection(true);
     for event in every_event() {
         sidecar.state.ingest(&event);
     }
@@ -332,6 +334,8 @@ async fn a_stopped_streams_gauges_leave_the_export() {
         last_event_age_seconds: 0.1,
         event_lag_seconds: None,
     };
+    // As from a connected worker: per-stream series are exported only for one.
+    sidecar.state.view().connection(true);
     sidecar.state.ingest(&lag("a"));
     sidecar.state.ingest(&lag("b"));
     let latest = || {

@@ -225,6 +225,10 @@ struct Sample {
 #[derive(Debug, Default)]
 pub struct LagHistory {
     samples: HashMap<String, VecDeque<Sample>>,
+    /// When each stream's last event arrived (unix ms), as last reported:
+    /// while no owner reports (crashed, paused, being taken over) its age
+    /// keeps growing from there instead of vanishing.
+    last_event_at: HashMap<String, i64>,
 }
 
 impl LagHistory {
@@ -274,7 +278,7 @@ impl LagHistory {
             checkpoint_at_ms: lease.checkpoint_at,
             lag_events: lag.map(|l| l.events),
             lag_seconds: lag.map(|l| l.seconds),
-            last_event_age_seconds: lag.and_then(|l| l.last_event_age),
+            last_event_age_seconds: self.last_event_age(&lease.stream_id, lag, now_ms),
             last_change_at_ms,
             previous_owner: lease
                 .previous_owner
@@ -289,6 +293,28 @@ impl LagHistory {
     /// Forgets streams that are no longer in the table.
     pub fn retain(&mut self, alive: impl Fn(&str) -> bool) {
         self.samples.retain(|stream, _| alive(stream));
+        self.last_event_at.retain(|stream, _| alive(stream));
+    }
+
+    /// The owner's figure when it reports one, else the age of the last event
+    /// any owner reported.
+    fn last_event_age(&mut self, stream_id: &str, lag: Option<Lag>, now_ms: i64) -> Option<f64> {
+        match lag.and_then(|l| l.last_event_age) {
+            Some(age) => {
+                let at = now_ms - (age * 1_000.0) as i64;
+                match self.last_event_at.get_mut(stream_id) {
+                    Some(known) => *known = at,
+                    None => {
+                        self.last_event_at.insert(stream_id.to_owned(), at);
+                    }
+                }
+                Some(age)
+            }
+            None => self
+                .last_event_at
+                .get(stream_id)
+                .map(|at| (now_ms - at).max(0) as f64 / 1_000.0),
+        }
     }
 }
 
@@ -441,6 +467,35 @@ mod tests {
         };
         assert_eq!(judge(Some(1)), Verdict::Ok);
         assert_eq!(judge(None), Verdict::Stopped, "per-stream: it would be");
+    }
+
+    /// After a crash the owner's sidecar reports nothing for the stream: its
+    /// last-event age keeps growing from the last report instead of vanishing
+    /// (the cluster's "largest last-event age" must rise during a takeover).
+    #[test]
+    fn a_stream_nobody_reports_ages_from_its_last_reported_event() {
+        let t = Thresholds::default();
+        let now = 1_000_000;
+        let mut history = LagHistory::default();
+        let record = lease(Some("w1"), now + 30_000, now);
+        let reported = Some(Lag {
+            events: 0,
+            seconds: 0.0,
+            last_event_age: Some(0.5),
+        });
+        let row = history.row(&record, reported, now, &t);
+        assert_eq!(row.last_event_age_seconds, Some(0.5));
+        let row = history.row(&record, None, now + 7_000, &t);
+        assert_eq!(row.last_event_age_seconds, Some(7.5));
+        // A new owner reports again: its figure wins.
+        let row = history.row(&record, reported, now + 9_000, &t);
+        assert_eq!(row.last_event_age_seconds, Some(0.5));
+        // A stream never reported has no age.
+        let other = Lease::unowned("never");
+        assert_eq!(
+            history.row(&other, None, now, &t).last_event_age_seconds,
+            None
+        );
     }
 
     #[test]
