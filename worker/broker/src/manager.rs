@@ -1,5 +1,6 @@
 //! The pool manager's reconcile pass and the claim path (the original broker-pool specification: "active →
-//! nothing; idle pool worker → claim; none → cold start").
+//! nothing; idle pool worker → claim; none → cold start"), and the reload
+//! path: a fresh reload grant, then `reload_credentials` ([`reload_credentials`]).
 //!
 //! Both read the idle pool from `pool:idle` (one script over the idle
 //! workers, never a SCAN of a keyspace that holds a day of request keys).
@@ -124,6 +125,33 @@ pub async fn claim_user(
         claim_id: claim.claim_id,
     })
 }
+
+/// Tells `user_id`'s worker to reload its credentials the way
+/// docs/messages.md asks a sender to: a fresh reload grant
+/// (`pool:grant:{user_id}`, which the sealer binds to the holder it
+/// recorded), then `reload_credentials`. The grant the worker's claim or cold
+/// start used is spent, and the sealer seals once per grant: a reload sent
+/// without a new grant is refused (`409`) and dead-lettered.
+///
+/// `false`, with nothing written, when the user has no worker (or has an id
+/// no worker may serve, `keys::valid_user_id`): a reload grant would replace
+/// the grant a pending claim or cold start is about to use, and the user's
+/// next worker seals the stored blob anyway. `credentials rotate` and
+/// `leasehold dev`'s order flow send every reload through here.
+pub async fn reload_credentials(bus: &dyn PoolBus, user_id: &str) -> Result<bool, BusError> {
+    // Before any key is built from it: `-1:w7` would name pool worker w7's mark.
+    if !keys::valid_user_id(user_id) || !bus.user_is_active(user_id).await? {
+        return Ok(false);
+    }
+    // Before the push: the worker asks the sealer as soon as it takes it.
+    grant_credentials(bus, user_id, &new_grant(GrantReason::Reload)).await?;
+    bus.push_control(user_id, RELOAD_CREDENTIALS).await?;
+    Ok(true)
+}
+
+/// The `reload_credentials` control message (docs/messages.md); send it
+/// with [`reload_credentials`], which grants first.
+pub const RELOAD_CREDENTIALS: &str = r#"{"type": "reload_credentials"}"#;
 
 impl Reconciled {
     /// The line `pool-manager` prints after a pass toward `target`.

@@ -7,7 +7,6 @@
 
 use leasehold_pool::bus::{BusError, PoolBus};
 use leasehold_pool::keys;
-use leasehold_pool::protocol::GrantReason;
 use leasehold_pool::state::PoolState;
 
 use crate::credentials::{CipherError, Keyring, Rewrapped};
@@ -122,14 +121,9 @@ async fn rotate_one(
     {
         return Ok(Rotated::Changed);
     }
-    let reloaded = bus.user_is_active(user_id).await?;
-    if reloaded {
-        // The worker asks the sealer for the new blob's credentials.
-        let grant = crate::sealer::new_grant(GrantReason::Reload);
-        crate::sealer::grant_credentials(bus, user_id, &grant).await?;
-        bus.push_control(user_id, r#"{"type": "reload_credentials"}"#)
-            .await?;
-    }
+    // The worker asks the sealer for the new blob's credentials, with a
+    // fresh reload grant.
+    let reloaded = crate::manager::reload_credentials(bus, user_id).await?;
     Ok(Rotated::Done {
         reloaded,
         migrated: matches!(rotated, Rewrapped::Migrated(_)),

@@ -225,6 +225,108 @@ async fn a_worker_gets_only_its_claimed_users_credentials_sealed_to_its_own_key(
     }
 }
 
+/// A reload is sealed with a grant of its own, never with a spent one:
+/// `manager::reload_credentials` grants, then sends, and the worker serves
+/// with the new blob; a reload pushed without a new grant meets the spent
+/// grant (409) and is dead-lettered while the worker keeps what works. With
+/// no worker, nothing is granted or sent (a pending claim's grant stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_is_sealed_with_a_grant_of_its_own_never_with_a_spent_one() {
+    let bus: Arc<dyn PoolBus> = Arc::new(MemoryPoolBus::new());
+    let key = AesGcmCipher::generate_key();
+    let cipher = AesGcmCipher::from_base64_key(&key).unwrap();
+    let put = |account: &str| {
+        cipher
+            .encrypt(
+                "alice",
+                format!(r#"{{"api_key": "{ALICE_SECRET}", "account_id": "{account}"}}"#).as_bytes(),
+            )
+            .unwrap()
+    };
+    bus.put_credentials("alice", &put("A1")).await.unwrap();
+    let grant_key = keys::credentials_grant("alice");
+    let (control, processing) = (
+        keys::worker_control("alice"),
+        keys::worker_control_processing("alice"),
+    );
+    let dead = keys::dead_letter(&control);
+
+    // No worker: no grant, no message.
+    assert!(
+        !manager::reload_credentials(bus.as_ref(), "alice")
+            .await
+            .unwrap()
+    );
+    assert!(bus.get(&grant_key).await.unwrap().is_none());
+    assert_eq!(bus.list_len(&control).await.unwrap(), 0);
+
+    let stop = CancellationToken::new();
+    let url = start_sealer(bus.clone(), &key, stop.clone()).await;
+    let w1 = sealed_pool_worker(&bus, "w1", &url, stop.clone()).await;
+    let path = manager::claim_user(bus.as_ref(), &NoLauncher, "alice")
+        .await
+        .unwrap();
+    assert!(matches!(path, ClaimPath::PoolClaim { .. }), "{path}");
+    wait_for(bus.as_ref(), &keys::worker_active("alice")).await;
+    let handled = || async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while bus.list_len(&control).await.unwrap() + bus.list_len(&processing).await.unwrap() > 0 {
+            assert!(tokio::time::Instant::now() < deadline, "never handled");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let order = |request_id: &str| {
+        let request = serde_json::json!({
+            "request_id": request_id, "action": "place_order",
+            "account": {"broker_name": "paper", "broker_type": "stock", "simulation": true, "account_id": "A2"},
+            "order": {"symbol": "2330", "side": "buy", "quantity": 1, "price": 600.5}
+        });
+        let bus = bus.clone();
+        async move {
+            bus.push_request("alice", &request.to_string())
+                .await
+                .unwrap();
+        }
+    };
+
+    // New credentials (account A2); the claim's grant is spent.
+    bus.put_credentials("alice", &put("A2")).await.unwrap();
+    assert!(
+        manager::reload_credentials(bus.as_ref(), "alice")
+            .await
+            .unwrap()
+    );
+    handled().await;
+    assert_eq!(bus.list_items(&dead).await.unwrap(), Vec::<String>::new());
+    let grant: serde_json::Value =
+        serde_json::from_str(&bus.get(&grant_key).await.unwrap().unwrap()).unwrap();
+    assert_eq!(grant["reason"], "reload", "{grant}");
+    assert_eq!(grant["used_by"], "w1", "{grant}");
+    order("r-a2").await;
+    let response = wait_for(bus.as_ref(), &keys::response("alice", "r-a2")).await;
+    assert!(response.contains(r#""status":"ok""#), "{response}");
+
+    // The same message without a new grant: the spent one is refused.
+    bus.push_control("alice", manager::RELOAD_CREDENTIALS)
+        .await
+        .unwrap();
+    handled().await;
+    let refused = bus.list_items(&dead).await.unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(refused[0].contains("(409)"), "{refused:?}");
+    assert!(!refused[0].contains(ALICE_SECRET));
+    // Still alice's worker, with the credentials that work.
+    let mark = MarkValue::parse(&wait_for(bus.as_ref(), &keys::worker_active("alice")).await)
+        .expect("alice's mark");
+    assert_eq!(mark.worker_id, "w1");
+    order("r-a2-again").await;
+    let response = wait_for(bus.as_ref(), &keys::response("alice", "r-a2-again")).await;
+    assert!(response.contains(r#""status":"ok""#), "{response}");
+
+    stop.cancel();
+    w1.await.unwrap().unwrap();
+}
+
 /// Over HTTPS, a worker reaches the sealer only through a certificate its
 /// `CREDENTIALS_SEALER_CA` vouches for: a client that trusts no CA (or
 /// another one) gets no answer at all, and plain HTTP gets nothing.
