@@ -461,7 +461,7 @@ impl LeaseKeeper {
     /// transaction bound to fail (two write units) for half a read unit: a
     /// stream another live worker took between this worker's scan and its
     /// acquire is the common case. The transaction still decides.
-    async fn session_looks_ended(&self, takeover: &TakeoverRequest) -> bool {
+    async fn session_looks_ended(&self, takeover: &mut TakeoverRequest) -> bool {
         let id = schema::session_record(&takeover.from_owner);
         let session = match self.inner.store.get(&id).await {
             Ok(session) => Some(session),
@@ -469,6 +469,16 @@ impl LeaseKeeper {
             // Unknown: let the transaction decide.
             Err(_) => return true,
         };
+        // When the stream's holder stopped holding it: its session's expiry,
+        // while the record is still that session (a gone or restarted one
+        // ended at a time this read cannot tell).
+        takeover.from_expires_at = session
+            .as_ref()
+            .filter(|s| {
+                s.owner_id.as_deref() == Some(takeover.from_owner.as_str())
+                    && s.fence_token == takeover.from_session_token
+            })
+            .map(|s| s.lease_expires_at);
         protocol::session_ended(
             session.as_ref().and_then(|s| s.owner_id.as_deref()),
             session.as_ref().map(|s| s.fence_token),
@@ -502,10 +512,13 @@ impl LeaseKeeper {
         let sent = Instant::now();
         let result = match self.inner.store.acquire(&request).await {
             Err(LeaseError::Conflict { current, .. }) if session.is_some() => {
-                match takeover_of(&request, &current) {
-                    Some(takeover) if self.session_looks_ended(&takeover).await => {
-                        self.inner.store.take_over(&takeover).await
-                    }
+                let mut takeover = takeover_of(&request, &current);
+                let ended = match takeover.as_mut() {
+                    Some(takeover) => self.session_looks_ended(takeover).await,
+                    None => false,
+                };
+                match takeover {
+                    Some(takeover) if ended => self.inner.store.take_over(&takeover).await,
                     _ => Err(LeaseError::Conflict {
                         stream_id: stream_id.to_owned(),
                         current,

@@ -501,6 +501,7 @@ async fn ended_session(store: &DynamoLeaseStore, stream: &str) -> TakeoverReques
         from_owner: "a".into(),
         from_session_token: a,
         from_fence_token: 1,
+        from_expires_at: Some(T0 + LEASE),
     }
 }
 

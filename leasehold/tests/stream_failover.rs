@@ -144,9 +144,25 @@ async fn session_workers_renew_one_record_and_take_a_crashed_session_over() {
         .await
         .unwrap()
         .fence_token;
+    // The takeover gap is the real one, from w1's session's end: the stream
+    // records' own expiry was written once, LEASE_SECONDS after their acquire
+    // (more than LEASE_SECONDS above, so a gap from it would be longer).
+    let gap_bound = (SKEW_MS + DISCOVERY_MS + 1500) as i64;
+    let mut taken = 0;
     for lease in cluster.leases().await {
         assert_eq!(lease.session_token, Some(w2), "{}", lease.stream_id);
+        if lease.previous_owner.as_deref() != Some("w1") {
+            continue;
+        }
+        taken += 1;
+        let gap = lease.takeover_gap_ms();
+        assert!(
+            gap.is_some_and(|gap| gap <= gap_bound),
+            "{}: takeover gap {gap:?} ms, bound {gap_bound} ms: {lease:?}",
+            lease.stream_id
+        );
     }
+    assert_eq!(taken, 2, "w1's two streams were taken over");
     // A per-stream worker would judge these streams by their own expiry.
     cluster.start_worker("p1");
     let mut refused = cluster.workers.remove("p1").unwrap();

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use leasehold_control::schema::RESERVED_PREFIX;
+use leasehold_control::schema::{RESERVED_PREFIX, SESSION_PREFIX};
 use leasehold_telemetry::TelemetryEvent;
 use leasehold_telemetry::status::{
     ClaimSample, GapSample, HeldLease, PoolState, RECENT_CLAIMS, RECENT_GAPS, Status, StreamLag,
@@ -279,6 +279,27 @@ impl WorkerView {
         self.lag.keys().cloned().collect()
     }
 
+    /// The held leases as their holder means them: in session mode a
+    /// stream's own record keeps its acquire-time expiry and lives by the
+    /// session's, which the session record's renewals carry.
+    fn held_leases(&self) -> Vec<HeldLease> {
+        let session_expiry = self
+            .leases
+            .iter()
+            .find(|(id, _)| id.starts_with(SESSION_PREFIX))
+            .map(|(_, session)| session.expires_at_ms);
+        self.leases
+            .values()
+            .map(|lease| match session_expiry {
+                Some(session) if !lease.stream_id.starts_with(RESERVED_PREFIX) => HeldLease {
+                    expires_at_ms: lease.expires_at_ms.max(session),
+                    ..lease.clone()
+                },
+                _ => lease.clone(),
+            })
+            .collect()
+    }
+
     /// The lag reports as of now: ages grow from the report's time (a worker
     /// that stopped reporting leaves no frozen "0.2 s ago"), none while the
     /// worker is down.
@@ -322,7 +343,7 @@ impl WorkerView {
             events_dropped: self.dropped,
             sink_events_fenced: self.fenced,
             leases_lost: self.lost,
-            leases: self.leases.values().cloned().collect(),
+            leases: self.held_leases(),
             lag: self.current_lag(),
             websocket_connections: self.websocket_connections(),
             pool: self.pool.clone(),
@@ -582,5 +603,43 @@ mod tests {
         // Disconnected: nothing.
         view.connection(false);
         assert!(view.lag_streams().is_empty());
+    }
+
+    /// In session mode the stream records' expiry is their acquire's; the
+    /// session's renewals say how long they are held ("expires 26 s ago" on
+    /// a stream being written was the acquire-time one).
+    #[test]
+    fn a_session_streams_expiry_is_its_sessions() {
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        let lease = |stream: &str, expires_at_ms: i64| TelemetryEvent::LeaseAcquired {
+            stream_id: stream.into(),
+            fence_token: 1,
+            expires_at_ms,
+            duration: Duration::ZERO,
+            takeover_gap: None,
+            previous_owner: None,
+        };
+        view.apply(&lease("leasehold#session#w1", 10_000));
+        view.apply(&lease("s", 10_000));
+        view.apply(&TelemetryEvent::LeaseRenewed {
+            stream_id: "leasehold#session#w1".into(),
+            fence_token: 1,
+            expires_at_ms: 40_000,
+            duration: Duration::ZERO,
+            lateness: Duration::ZERO,
+        });
+        let expiry = |view: &WorkerView, id: &str| {
+            view.status()
+                .leases
+                .iter()
+                .find(|l| l.stream_id == id)
+                .map(|l| l.expires_at_ms)
+        };
+        assert_eq!(expiry(&view, "s"), Some(40_000));
+        assert_eq!(expiry(&view, "leasehold#session#w1"), Some(40_000));
+        // A per-stream worker (no session record) keeps each stream's own.
+        let mut per_stream = WorkerView::new(Duration::from_secs(5));
+        per_stream.apply(&lease("s", 10_000));
+        assert_eq!(expiry(&per_stream, "s"), Some(10_000));
     }
 }

@@ -799,6 +799,7 @@ fn takeover(
         from_owner: from.0.into(),
         from_session_token: from.1,
         from_fence_token: from.2,
+        from_expires_at: None,
     }
 }
 
@@ -918,18 +919,19 @@ pub async fn takeover_waits_for_the_session_to_end(target: &dyn ConformanceTarge
         1,
     );
     let taken = store
-        .take_over(&takeover(
-            "s",
-            "b",
-            b,
-            ("a", a, 1),
-            renewed_expiry + SKEW + 1,
-        ))
+        .take_over(&TakeoverRequest {
+            from_expires_at: Some(renewed_expiry),
+            ..takeover("s", "b", b, ("a", a, 1), renewed_expiry + SKEW + 1)
+        })
         .await
         .unwrap();
     assert_eq!(taken.owner_id.as_deref(), Some("b"));
     assert_eq!((taken.fence_token, taken.session_token), (2, Some(b)));
     assert_eq!(taken.previous_owner.as_deref(), Some("a"));
+    // The takeover gap is from the session's end, not from the stream
+    // record's acquire-time expiry (T0 + LEASE, never renewed).
+    assert_eq!(taken.previous_expires_at, Some(renewed_expiry));
+    assert_eq!(taken.takeover_gap_ms(), Some(SKEW + 1));
     // The same takeover again: the stream moved on.
     assert_conflict(
         store
@@ -965,6 +967,12 @@ pub async fn a_restarted_or_released_session_ends_its_streams(target: &dyn Confo
         .await
         .unwrap();
     assert_eq!(taken.owner_id.as_deref(), Some("b"));
+    // When the old session ended is unknown: no takeover gap, not the
+    // stream record's acquire-time expiry.
+    assert_eq!(
+        (taken.previous_expires_at, taken.takeover_gap_ms()),
+        (None, None)
+    );
     store
         .release(&release(&schema::session_record("a"), "a", a2, T0 + 3))
         .await

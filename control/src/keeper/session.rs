@@ -22,6 +22,8 @@ pub(super) fn takeover_of(request: &AcquireRequest, current: &Lease) -> Option<T
         from_owner: owner.to_owned(),
         from_session_token: session_token,
         from_fence_token: current.fence_token,
+        // Read from the session record before the transaction.
+        from_expires_at: None,
     })
 }
 

@@ -34,6 +34,22 @@ pub const ACQUIRE_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner,
      owner_id = :owner, last_owner = :owner, lease_expires_at = :expires, \
      fence_token = if_not_exists(fence_token, :zero) + :one, \
      acquired_at = :updated, updated_at = :updated";
+/// A session takeover's update: the acquire's, with the previous expiry the
+/// holder's session's (the stream's own is its acquire-time one).
+pub const TAKEOVER_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner, :none), \
+     previous_expires_at = :from_expires, \
+     owner_id = :owner, last_owner = :owner, lease_expires_at = :expires, \
+     fence_token = if_not_exists(fence_token, :zero) + :one, \
+     acquired_at = :updated, updated_at = :updated";
+/// A session takeover's update when the session's end is unknown: no
+/// previous expiry (no takeover gap) rather than a wrong one; ends with
+/// [`TAKEOVER_UNKNOWN_END_REMOVE`] after the acquire's own `SET` additions.
+pub const TAKEOVER_UNKNOWN_END_UPDATE: &str = "SET previous_owner = if_not_exists(last_owner, :none), \
+     owner_id = :owner, last_owner = :owner, lease_expires_at = :expires, \
+     fence_token = if_not_exists(fence_token, :zero) + :one, \
+     acquired_at = :updated, updated_at = :updated";
+/// Closes [`TAKEOVER_UNKNOWN_END_UPDATE`].
+pub const TAKEOVER_UNKNOWN_END_REMOVE: &str = " REMOVE previous_expires_at";
 /// Added to the acquire update when the acquire announces a sidecar (presence records).
 pub const ACQUIRE_SIDECAR_UPDATE: &str = ", sidecar_url = :sidecar_url";
 /// Appended to the acquire update by an announcing acquire with a hand-off address.
@@ -525,8 +541,18 @@ impl LeaseStore for DynamoLeaseStore {
             .build()
             .map_err(rejected)?;
         let mut values = acquire_values(acquire);
-        let mut update = ACQUIRE_UPDATE.to_owned();
+        let mut update = match r.from_expires_at {
+            Some(expired_at) => {
+                values.push((":from_expires", n(expired_at)));
+                TAKEOVER_UPDATE
+            }
+            None => TAKEOVER_UNKNOWN_END_UPDATE,
+        }
+        .to_owned();
         acquire_expression(acquire, &mut values, &mut update);
+        if r.from_expires_at.is_none() {
+            update.push_str(TAKEOVER_UNKNOWN_END_REMOVE);
+        }
         // The plain acquire's `:now` is not used by the takeover condition;
         // DynamoDB refuses unused values.
         values.retain(|(name, _)| *name != ":now");

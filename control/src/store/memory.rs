@@ -335,6 +335,16 @@ impl LeaseStore for MemoryLeaseStore {
             return Err(refusal(current, Holder::none()));
         }
         apply_acquire(&mut item, &current, acquire);
+        match r.from_expires_at {
+            Some(expired_at) => set(
+                &mut item,
+                schema::PREVIOUS_EXPIRES_AT,
+                AttrValue::n(expired_at),
+            ),
+            None => {
+                item.remove(schema::PREVIOUS_EXPIRES_AT);
+            }
+        }
         let lease = schema::decode(&item)?;
         items.insert(acquire.stream_id.clone(), item);
         Ok(lease)

@@ -56,6 +56,13 @@ pub struct TakeoverRequest {
     pub from_session_token: u64,
     /// The stream's `fence_token` as read: the stream must not have moved since.
     pub from_fence_token: u64,
+    /// When the holder's session expired, as the taker read its session
+    /// record (`None`: the record was gone or had started again, so when it
+    /// ended is unknown). Stored as the stream's `previous_expires_at`: the
+    /// stream record's own expiry is written once at acquire and never
+    /// renewed in session mode, so it would make every takeover gap as long
+    /// as the session lived.
+    pub from_expires_at: Option<i64>,
 }
 
 /// Extend a held lease, optionally carrying a checkpoint on the same write.
