@@ -5,7 +5,9 @@
 //! Pages and the JSON API only read the latest snapshot, so a slow or dead
 //! source never slows a page down, and a page with 10,000 streams costs one
 //! render, not one table scan. A source that fails keeps its last good data,
-//! marked with the error and its age, while the others keep updating.
+//! marked with the error and its age, while the others keep updating. The
+//! pool (Redis) is read by a task of its own, so a Redis that is down or slow
+//! never stretches the lease table's refresh.
 //!
 //! Locks, always taken in this order: `changes`, `trends`, `gaps` (the
 //! handlers nest them the same way; a refresh holds all three only while it
@@ -29,6 +31,7 @@ pub use crate::model::{Snapshot, SourceHealth, WorkerRow};
 pub use crate::sources::Sources;
 use crate::sources::sidecars::{DEFAULT_POLL_BYTE_BUDGET, PollLimits};
 use crate::sources::{Readings, leases, pool, sidecars};
+use leasehold_pool::read::{AnomalyView, PoolView};
 
 /// Collector settings.
 #[derive(Debug, Clone, Copy)]
@@ -106,7 +109,15 @@ pub struct Collector {
     scanned: AtomicUsize,
     /// The generation, for the task that renders hot views after each snapshot.
     generations: tokio::sync::watch::Sender<u64>,
+    /// The pool's latest reading, when its own task polls it ([`Collector::run`]):
+    /// a slow or unreachable Redis then never holds back the lease table.
+    pool_polled: tokio::sync::watch::Sender<Option<PoolReading>>,
+    /// Whether that task runs (refreshes read the pool inline otherwise).
+    pool_polling: std::sync::atomic::AtomicBool,
 }
+
+/// What one pool read gave: the pool and the sweeper's report, or why not.
+type PoolReading = Result<(PoolView, AnomalyView), String>;
 
 /// Takes a lock even if a reader panicked while holding it: the logs stay
 /// consistent between calls, so the data is still good.
@@ -134,6 +145,8 @@ impl Collector {
             model: tokio::sync::Mutex::new(Model::default()),
             scanned: AtomicUsize::new(0),
             generations: tokio::sync::watch::Sender::new(0),
+            pool_polled: tokio::sync::watch::Sender::new(None),
+            pool_polling: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -273,7 +286,7 @@ impl Collector {
                 self.settings.page_size,
                 deadline
             ),
-            pool::read(self.sources.pool.as_ref(), deadline),
+            self.read_pool(deadline),
         );
         let now_ms = self.clock.now_ms();
         if let Ok(table) = &leases {
@@ -307,9 +320,44 @@ impl Collector {
         }
     }
 
+    /// The pool as its own task last read it, or (no such task) read now.
+    /// The first refreshes wait for the task's first reading at most one
+    /// refresh period; after that a refresh never waits for the pool.
+    async fn read_pool(&self, deadline: Duration) -> Option<PoolReading> {
+        self.sources.pool.as_ref()?;
+        if !self.pool_polling.load(Ordering::Relaxed) {
+            return pool::read(self.sources.pool.as_ref(), deadline).await;
+        }
+        let mut polled = self.pool_polled.subscribe();
+        let wait = deadline.min(self.settings.refresh);
+        let first = tokio::time::timeout(wait, polled.wait_for(Option::is_some)).await;
+        match first {
+            Ok(Ok(reading)) => reading.clone(),
+            _ => Some(Err(format!("no answer within {} ms", wait.as_millis()))),
+        }
+    }
+
+    /// Reads the pool every `settings.refresh` until `shutdown`, each read
+    /// with the source timeout, publishing each reading for the refreshes.
+    async fn poll_pool(self: Arc<Self>, shutdown: CancellationToken) {
+        let deadline = self.settings.source_timeout();
+        leasehold_platform::periodic::paced(shutdown, || async {
+            let reading = pool::read(self.sources.pool.as_ref(), deadline).await;
+            self.pool_polled.send_replace(reading);
+            self.settings.refresh
+        })
+        .await
+    }
+
     /// Refreshes until `shutdown`, every [`Collector::interval`]: every
     /// `settings.refresh` while the table is small, less often as it grows.
+    /// The pool is read by a task of its own (one source down must not slow
+    /// the others' refresh).
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        if self.sources.pool.is_some() {
+            self.pool_polling.store(true, Ordering::Relaxed);
+            tokio::spawn(self.clone().poll_pool(shutdown.clone()));
+        }
         leasehold_platform::periodic::paced(shutdown, || async {
             self.refresh().await;
             self.interval()
@@ -400,5 +448,79 @@ mod tests {
         // 5,000 records at 1,000 per second: one scan every 5 s.
         let (scans, interval, _) = scans_in(5_000, 30).await;
         assert_eq!((scans, interval), (7, Duration::from_secs(5)));
+    }
+
+    /// A pool that never answers (Redis blackholed) or refuses at once.
+    struct DownPool {
+        hangs: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl leasehold_pool::read::PoolReader for DownPool {
+        async fn counts(&self) -> Result<leasehold_pool::read::PoolCounts, BusError> {
+            self.fail().await
+        }
+        async fn pool(&self) -> Result<PoolView, BusError> {
+            self.fail().await
+        }
+        async fn anomalies(&self) -> Result<AnomalyView, BusError> {
+            self.fail().await
+        }
+    }
+
+    impl DownPool {
+        async fn fail<T>(&self) -> Result<T, BusError> {
+            if self.hangs {
+                std::future::pending::<()>().await;
+            }
+            Err(BusError::Unavailable("Connection refused".into()))
+        }
+    }
+
+    use leasehold_pool::bus::BusError;
+
+    /// One source down blinds none of the others: with the pool hanging or
+    /// refusing, the lease table keeps its refresh period and the pool's
+    /// error shows within one period.
+    #[tokio::test(start_paused = true)]
+    async fn a_pool_that_is_down_never_slows_the_lease_table() {
+        for hangs in [true, false] {
+            let store = MemoryLeaseStore::new();
+            store.register("s-1", 0).await.unwrap();
+            let leases = Arc::new(Intercepted::new(Arc::new(store), Counting::default()));
+            let settings = CollectorSettings {
+                refresh: Duration::from_secs(2),
+                ..CollectorSettings::default()
+            };
+            let collector = Arc::new(Collector::new(
+                Sources {
+                    leases: leases.clone(),
+                    pool: Some(Arc::new(DownPool { hangs })),
+                    sidecars: Vec::new(),
+                    discovery: DiscoveryPolicy::default(),
+                },
+                settings,
+                Arc::new(PausedClock::starting_at(1_800_000_000_000)),
+            ));
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(collector.clone().run(stop.clone()));
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            let pool = collector
+                .latest()
+                .sources
+                .iter()
+                .find(|s| s.name == crate::sources::POOL_SOURCE)
+                .cloned()
+                .expect("the pool is listed");
+            assert!(!pool.ok, "hangs={hangs}: {pool:?}");
+            assert!(pool.error.is_some(), "hangs={hangs}: {pool:?}");
+            tokio::time::sleep(Duration::from_millis(20_000)).await;
+            stop.cancel();
+            task.await.unwrap();
+            // 22.5 s at one scan per 2 s: 12 (a refresh that waited for the
+            // pool's 10 s timeout would have made 3).
+            let scans = leases.interceptor().scans.load(Ordering::SeqCst);
+            assert!(scans >= 11, "hangs={hangs}: {scans} lease scans in 22.5 s");
+        }
     }
 }

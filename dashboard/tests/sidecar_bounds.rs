@@ -217,3 +217,60 @@ async fn two_hundred_sidecars_answering_2_mib_cannot_make_a_refresh_read_past_it
         "{health:?}"
     );
 }
+
+/// Redis down blinds nothing else: with `REDIS_URL` pointing at a port that
+/// refuses connections, the pool source shows its error within 3 s, and the
+/// lease table keeps its 2 s refresh (before, every read of the pool waited
+/// for the Redis client's ~9.5 s of reconnect attempts, and each refresh with
+/// it). Fails when the pool is read inline again or the client's retries
+/// come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_shows_within_3_s_and_the_lease_table_keeps_its_refresh() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let pool = leasehold_pool::bus::BusConnector::redis(format!("redis://{closed}")).unwrap();
+    let target = MemoryTarget::default();
+    target.store().register("s-1", 0).await.unwrap();
+    let collector = Arc::new(Collector::new(
+        Sources {
+            leases: target.store(),
+            pool: Some(Arc::new(pool)),
+            sidecars: Vec::new(),
+            discovery: DiscoveryPolicy::dev(),
+        },
+        CollectorSettings::default(),
+        Arc::new(SystemClock),
+    ));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(collector.clone().run(stop.clone()));
+    let began = Instant::now();
+    let shown = loop {
+        let snapshot = collector.latest();
+        let pool = snapshot.sources.iter().find(|s| s.name == "pool");
+        if let Some(error) = pool.and_then(|p| p.error.clone()) {
+            break (began.elapsed(), error);
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "no pool error after 3 s: {:?}",
+            snapshot.sources
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("the pool's error showed after {:?}: {}", shown.0, shown.1);
+    // Snapshots over the next 8 s: one per 2 s refresh.
+    let from = collector.latest().taken_at_ms;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let to = collector.latest().taken_at_ms;
+    let generation = collector.generation();
+    stop.cancel();
+    task.await.unwrap();
+    assert!(
+        to - from >= 6_000,
+        "the lease table refreshed only {} ms further in 8 s",
+        to - from
+    );
+    assert!(generation >= 5, "{generation} snapshots");
+}

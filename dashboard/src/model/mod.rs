@@ -91,6 +91,20 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// What the pool views say without pool data: a dashboard given no pool
+    /// source, or one whose pool has not answered yet (the banner names why).
+    pub fn no_pool_data(&self) -> String {
+        match self.sources.iter().find(|s| s.name == POOL_SOURCE) {
+            Some(pool) => format!(
+                "No pool data yet: {}.",
+                pool.error
+                    .as_deref()
+                    .unwrap_or("the first read is under way")
+            ),
+            None => "No pool source (start the dashboard with REDIS_URL).".to_owned(),
+        }
+    }
+
     /// A snapshot before the first refresh.
     pub fn empty(now_ms: i64) -> Self {
         Snapshot {

@@ -15,9 +15,7 @@
 //! ([`ClaimUsers::restore`]) while that holder still holds the user: the
 //! worker's reconnect then logs in with the password it has.
 
-use std::time::Duration;
-
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 
 use crate::bus::assign::{MarkSeen, SealHolder};
 use crate::bus::redis::classify;
@@ -158,14 +156,10 @@ impl ClaimUsers {
     pub async fn connect(url: &str) -> Result<Self, BusError> {
         let client = redis::Client::open(url)
             .map_err(|err| BusError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
-        let commands = ConnectionManager::new_with_config(
-            client,
-            ConnectionManagerConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(5)))
-                .set_connection_timeout(Some(Duration::from_secs(2))),
-        )
-        .await
-        .map_err(classify)?;
+        let commands =
+            ConnectionManager::new_with_config(client, crate::bus::redis::manager_config())
+                .await
+                .map_err(classify)?;
         Ok(ClaimUsers { commands })
     }
 

@@ -19,9 +19,7 @@ impl SnapshotView for Anomalies {
         let report = snapshot.anomalies.as_ref().and_then(|a| a.report.as_ref());
         let mut summary = Vec::new();
         match (&snapshot.anomalies, report) {
-            (None, _) => {
-                summary.push("No pool source (start the dashboard with REDIS_URL).".into())
-            }
+            (None, _) => summary.push(snapshot.no_pool_data()),
             (Some(view), None) => summary.push(
                 view.unreadable
                     .clone()

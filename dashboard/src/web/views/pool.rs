@@ -19,7 +19,7 @@ impl SnapshotView for Pool {
         let empty = PoolView::default();
         let pool = snapshot.pool.as_ref().unwrap_or(&empty);
         let summary = match &snapshot.pool {
-            None => vec!["No pool source (start the dashboard with REDIS_URL).".to_owned()],
+            None => vec![snapshot.no_pool_data()],
             Some(pool) => {
                 let mut summary = vec![format!(
                     "{} idle, {} claimed, {} claims pending, {} invalid claims dead-lettered.",

@@ -34,8 +34,8 @@ pub(in crate::bus) mod connection;
 mod reads;
 pub(in crate::bus) mod scripts;
 
-pub(crate) use connection::classify;
 pub use connection::scan_keys;
+pub(crate) use connection::{classify, manager_config};
 pub use scripts::stored_functions;
 
 use connection::Blocking;
