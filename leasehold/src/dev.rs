@@ -29,7 +29,8 @@ pub(crate) struct DevArgs {
     #[arg(long, default_value_t = 5.0)]
     rate: f64,
     /// Lease duration in seconds (short, so takeovers are quick to watch).
-    #[arg(long, default_value_t = 6)]
+    // At least 1, as LEASE_SECONDS: a zero lease expires as it is taken.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..))]
     lease_seconds: u64,
     /// Dashboard address (loopback).
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -38,7 +39,7 @@ pub(crate) struct DevArgs {
     #[arg(long)]
     chaos: bool,
     /// Seconds between chaos actions.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     chaos_every: u64,
     /// Use this DynamoDB-compatible endpoint (table `leasehold-dev`) instead of the in-memory store.
     #[arg(long)]

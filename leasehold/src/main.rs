@@ -123,9 +123,12 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // `dev --chaos` breaks workers on purpose; their warnings would bury the
     // chaos log and the URLs. LEASEHOLD_LOG=warn brings them back.
+    // The SDK's credential chain warns once per source it tried (three
+    // ~800-character lines before any error of ours); a missing credential
+    // is reported as one line by the call that needed it.
     let logging = leasehold_platform::logging::init(match cli.command {
         Command::Dev(_) => "error",
-        _ => "warn",
+        _ => "warn,aws_config::meta::credentials::chain=error",
     });
     if let Err(err) = logging {
         eprintln!("leasehold: {err}");

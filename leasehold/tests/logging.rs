@@ -70,6 +70,110 @@ fn an_unknown_log_format_is_a_configuration_error() {
     assert!(output.contains("text or json"), "{output}");
 }
 
+/// What goes wrong outside the settings' own checks is one short line that
+/// names the setting, the service and the cause, with no `Debug` dump and no
+/// secret, within the connect timeout.
+#[test]
+fn each_error_is_one_line_naming_what_is_wrong() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let base = |extra: &[(&str, String)]| {
+        let mut envs: Vec<(String, String)> = [
+            ("UPSTREAM_URL", "ws://127.0.0.1:9/".to_owned()),
+            ("SINK_URL", "memory:".to_owned()),
+            ("OWNER_ID", "w".to_owned()),
+            ("LEASE_TABLE", "leasehold-errors".to_owned()),
+            ("AWS_REGION", "us-east-1".to_owned()),
+            ("HOME", "/nonexistent".to_owned()),
+            // No instance metadata service to ask for credentials.
+            ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (k, v) in extra {
+            envs.retain(|(name, _)| name != k);
+            envs.push(((*k).to_owned(), v.clone()));
+        }
+        envs
+    };
+    let keys = [
+        ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "not-a-real-secret".to_owned()),
+    ];
+    // (case, settings it changes, what its line must say)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a [&'a str]);
+    let cases: Vec<Case> = vec![
+        (
+            "no credentials",
+            vec![],
+            &["DynamoDB table leasehold-errors", "no AWS credentials"],
+        ),
+        (
+            "DynamoDB unreachable",
+            [
+                &keys[..],
+                &[("AWS_ENDPOINT_URL_DYNAMODB", format!("http://{closed}"))],
+            ]
+            .concat(),
+            &["DynamoDB table leasehold-errors", "Connection refused"],
+        ),
+        (
+            "UPSTREAM_URL not a URL",
+            vec![("UPSTREAM_URL", "notaurl".to_owned())],
+            &["UPSTREAM_URL: ", "is not a valid URL"],
+        ),
+        (
+            "SINK_URL port not a number",
+            vec![("SINK_URL", "redis://:hunter2@127.0.0.1:notaport".to_owned())],
+            &["SINK_URL: is not a valid Redis URL"],
+        ),
+        (
+            "TELEMETRY_ADDR on every interface",
+            vec![("TELEMETRY_ADDR", "0.0.0.0:9465".to_owned())],
+            &["TELEMETRY_ADDR: 0.0.0.0:9465 is not a loopback address"],
+        ),
+    ];
+    for (case, extra, wanted) in cases {
+        let args: &[&str] = if case.starts_with("TELEMETRY") {
+            &["sidecar"]
+        } else {
+            &["stream-worker"]
+        };
+        let began = std::time::Instant::now();
+        let (status, output) = run_leasehold(args, &base(&extra), None);
+        let took = began.elapsed();
+        assert!(!status.success(), "{case}: {output}");
+        for want in wanted {
+            assert!(
+                output.contains(want),
+                "{case}: wanted {want:?} in\n{output}"
+            );
+        }
+        for never in [
+            "{",
+            "hunter2",
+            "not-a-real-secret",
+            "ProviderError",
+            "DispatchFailure",
+        ] {
+            assert!(!output.contains(never), "{case}: {never:?} in\n{output}");
+        }
+        let lines = output.lines().filter(|l| !l.trim().is_empty()).count();
+        assert!(lines <= 3, "{case}: {lines} lines\n{output}");
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "{case}: took {took:?}"
+        );
+    }
+    // A zero lease is refused before anything starts.
+    let (status, output) = run_leasehold(&["dev", "--lease-seconds", "0"], &[], None);
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(output.contains("--lease-seconds"), "{output}");
+}
+
 /// Forty strangers in a row on the telemetry port: one warning line (the rest
 /// are held back for 10 s), while the metric counts every one.
 #[test]

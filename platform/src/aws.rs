@@ -119,3 +119,89 @@ mod tests {
         assert!(ecs.timeout_config().unwrap().operation_timeout().is_some());
     }
 }
+
+/// What the AWS SDK says when no credential source answered (the
+/// environment, a profile, the ECS task role, the instance role).
+pub const NO_CREDENTIALS: &str = "no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and \
+     AWS_SECRET_ACCESS_KEY, or run under an ECS task role";
+
+/// One line for a request that never got an answer (an SDK dispatch
+/// failure): the innermost cause's text, or [`NO_CREDENTIALS`]. The SDK's own
+/// text for these is its `Debug` dump of the whole chain (response headers
+/// included), about 1.5 KB for a missing credential.
+pub fn unanswered(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut causes = Vec::new();
+    let mut next = Some(err);
+    while let Some(cause) = next {
+        causes.push(cause.to_string());
+        next = cause.source();
+    }
+    let credentials = [
+        "loading credentials",
+        "no credentials",
+        "no providers in chain",
+    ];
+    if causes
+        .iter()
+        .any(|c| credentials.iter().any(|words| c.contains(words)))
+    {
+        return NO_CREDENTIALS.to_owned();
+    }
+    // The innermost cause is the specific one ("Connection refused (os error
+    // 111)"); the outer ones wrap it in generic words.
+    let innermost = causes
+        .iter()
+        .rev()
+        .find(|c| !c.trim().is_empty())
+        .cloned()
+        .unwrap_or_else(|| "no answer".to_owned());
+    // Only its first line: the SDK appends `(Debug…)` to some of them.
+    let line = innermost.lines().next().unwrap_or_default();
+    match line.find(" (") {
+        Some(at) if line[at..].contains('{') => line[..at].to_owned(),
+        _ => line.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod unanswered_tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn a_missing_credential_and_a_refused_connection_are_one_short_line() {
+        let credentials = Layer(
+            "dispatch failure",
+            Some(Box::new(Layer(
+                "other: an error occurred while loading credentials: failed to load IMDS session token (ProviderError(ProviderError { source: … }))",
+                None,
+            ))),
+        );
+        assert_eq!(unanswered(&credentials), NO_CREDENTIALS);
+        let refused = Layer(
+            "dispatch failure",
+            Some(Box::new(Layer(
+                "io error",
+                Some(Box::new(Layer(
+                    "tcp connect error (Os { code: 111, kind: ConnectionRefused })",
+                    None,
+                ))),
+            ))),
+        );
+        assert_eq!(unanswered(&refused), "tcp connect error");
+    }
+}

@@ -126,6 +126,17 @@ pub fn parse(lookup: Lookup) -> Result<SidecarSettings, ConfigError> {
     let mut env = Env::new(lookup);
     let listen = env.get(&SIDECAR_LISTEN);
     let telemetry = env.get(&TELEMETRY_ADDR);
+    if !telemetry.ip().is_loopback() {
+        // The telemetry port authenticates nothing: whoever reaches it can
+        // feed this sidecar events (and so its metrics and /status).
+        env.problem(
+            TELEMETRY_ADDR.name,
+            format!(
+                "{telemetry} is not a loopback address: the telemetry port takes events from anyone who reaches it; \
+                 the worker shares the task's network namespace and ships to 127.0.0.1"
+            ),
+        );
+    }
     let worker_silence = env.get(&WORKER_SILENCE_MS);
     let stream_series_idle = env.get(&STREAM_SERIES_IDLE_SECONDS);
     let observer = env.get(&SIDECAR_OBSERVER).then(|| lease_settings(&mut env));
@@ -177,5 +188,14 @@ mod tests {
         ]))
         .unwrap_err();
         assert_eq!(err.problems.len(), 3, "{err}");
+    }
+
+    #[test]
+    fn the_telemetry_port_listens_on_loopback_only() {
+        for refused in ["0.0.0.0:9465", "10.0.1.5:9465", "[::]:9465"] {
+            let err = parse(&fixed_lookup(&[("TELEMETRY_ADDR", refused)])).unwrap_err();
+            assert!(err.to_string().contains("TELEMETRY_ADDR"), "{err}");
+        }
+        assert!(parse(&fixed_lookup(&[("TELEMETRY_ADDR", "[::1]:9465")])).is_ok());
     }
 }

@@ -107,6 +107,9 @@ pub enum TelemetryEvent {
         stream_id: String,
         /// `gap`, `closed`, `connect`, `protocol`, `retention_exceeded`, `sink`, …
         reason: String,
+        /// What went wrong, in words (URLs redacted); older workers sent none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cause: Option<String>,
     },
     /// An upstream frame was skipped (never a crash).
     UpstreamFrameSkipped {
@@ -426,11 +429,22 @@ impl TelemetryEvent {
                 tracing::info!(stream_id, from_seq, "upstream subscribed")
             }
             UpstreamDisconnected { stream_id } => tracing::debug!(stream_id, "upstream closed"),
-            UpstreamReconnect { stream_id, reason } => {
+            UpstreamReconnect {
+                stream_id,
+                reason,
+                cause,
+            } => {
                 if let Some(suppressed) =
                     repeats().admit(&format!("reconnect:{stream_id}:{reason}"))
                 {
-                    tracing::warn!(stream_id, reason, suppressed, "upstream reconnecting")
+                    let cause = cause.as_deref().unwrap_or("");
+                    tracing::warn!(
+                        stream_id,
+                        reason,
+                        cause,
+                        suppressed,
+                        "upstream reconnecting"
+                    )
                 }
             }
             // Control frames (acknowledgements, heartbeats, ping replies) are

@@ -58,6 +58,7 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
         UpstreamReconnect {
             stream_id: s(),
             reason: "gap".into(),
+            cause: Some("sequence gap: expected 5, got 9".into()),
         },
         UpstreamFrameSkipped {
             stream_id: s(),
@@ -226,6 +227,7 @@ pub fn every_label_value() -> Vec<crate::TelemetryEvent> {
         RECONNECT_REASONS.map(|reason| TelemetryEvent::UpstreamReconnect {
             stream_id: stream(),
             reason: reason.to_owned(),
+            cause: None,
         }),
     );
     events.extend(ClaimResult::ALL.map(|result| TelemetryEvent::PoolClaim {

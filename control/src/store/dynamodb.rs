@@ -231,7 +231,24 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug,
 {
-    let message = DisplayErrorContext(&err).to_string();
+    // One line, no `Debug` dump: the table, then what went wrong.
+    let message = match &err {
+        SdkError::ServiceError(service) => format!(
+            "DynamoDB table {table}: {}: {}",
+            service.err().code().unwrap_or("error"),
+            service.err().message().unwrap_or("no message")
+        ),
+        SdkError::TimeoutError(_) => format!("DynamoDB table {table}: no answer in time"),
+        SdkError::DispatchFailure(failure) => format!(
+            "DynamoDB table {table}: {}",
+            failure.as_connector_error().map_or_else(
+                || "no answer".to_owned(),
+                |cause| { leasehold_platform::aws::unanswered(cause) }
+            )
+        ),
+        SdkError::ResponseError(_) => format!("DynamoDB table {table}: an unreadable answer"),
+        _ => format!("DynamoDB table {table}: {}", DisplayErrorContext(&err)),
+    };
     match &err {
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             LeaseError::Transient { message }

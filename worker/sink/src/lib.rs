@@ -373,7 +373,16 @@ pub async fn require_noeviction(url: &str) -> Result<(), SinkError> {
         .get_multiplexed_async_connection()
         .await
         .map_err(|err| {
-            SinkError::Unavailable(format!("cannot reach the sink ({:?})", err.kind()))
+            // The setting, where it points and the client's reason (an I/O
+            // error's text names no credential).
+            let reason = match err.kind() {
+                ::redis::ErrorKind::Io => err.to_string(),
+                kind => format!("{kind:?}"),
+            };
+            SinkError::Unavailable(format!(
+                "SINK_URL: cannot connect to Redis at {}: {reason}",
+                url::redis_address(&node)
+            ))
         })?;
     leasehold_platform::redis_memory::require_noeviction(&mut connection, "SINK_URL")
         .await

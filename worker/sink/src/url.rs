@@ -41,7 +41,16 @@ impl SinkUrl {
             return Ok(SinkUrl::Memory);
         }
         if REDIS_SCHEMES.iter().any(|scheme| raw.starts_with(scheme)) {
-            return Ok(SinkUrl::Redis(raw.to_owned()));
+            // The whole URL, as the client will read it (a port `notaport`
+            // passed the scheme check and failed only at the first connect).
+            use redis::IntoConnectionInfo;
+            return match raw.into_connection_info() {
+                Ok(_) => Ok(SinkUrl::Redis(raw.to_owned())),
+                Err(_) => Err(
+                    "is not a valid Redis URL (expected redis://[user:password@]host[:port][/db], rediss://… or redis+unix:///path)"
+                        .into(),
+                ),
+            };
         }
         for (cluster, node) in [
             ("redis+cluster://", "redis://"),
@@ -55,6 +64,18 @@ impl SinkUrl {
             "must be redis://…, rediss://…, redis+unix://…, redis+cluster://…, rediss+cluster://… or memory:"
                 .into(),
         )
+    }
+}
+
+/// Where a Redis URL points, for errors: `host:port` (or the socket path),
+/// never the user, password or database.
+pub fn redis_address(url: &str) -> String {
+    use redis::IntoConnectionInfo;
+    match url.into_connection_info().map(|info| info.addr().clone()) {
+        Ok(redis::ConnectionAddr::Tcp(host, port)) => format!("{host}:{port}"),
+        Ok(redis::ConnectionAddr::TcpTls { host, port, .. }) => format!("{host}:{port} (TLS)"),
+        Ok(redis::ConnectionAddr::Unix(path)) => format!("unix socket {}", path.display()),
+        _ => "an unreadable address".to_owned(),
     }
 }
 
@@ -150,6 +171,20 @@ mod tests {
         let refused = SinkUrl::parse("postgres://user:hunter2@db/x").unwrap_err();
         assert!(!refused.contains("hunter2"));
         assert!((REDIS_SINK_URL_PARSER.parse)("memory:").is_err());
+        // Errors say where, never who.
+        assert_eq!(
+            redis_address("redis://user:secret@db.internal:6380/2"),
+            "db.internal:6380"
+        );
+        assert_eq!(redis_address("rediss://:secret@h"), "h:6379 (TLS)");
+        // Validated whole, and the refusal never repeats the URL.
+        for bad in ["redis://h:notaport", "redis://:secret@h:99999", "rediss://"] {
+            let refused = SinkUrl::parse(bad).expect_err(bad);
+            assert!(
+                !refused.contains("secret") && !refused.contains("notaport"),
+                "{refused}"
+            );
+        }
         assert!((REDIS_SINK_URL_PARSER.parse)("rediss://h").is_ok());
         assert!(!format!("{:?}", SinkUrl::parse("redis://:pw@h").unwrap()).contains("pw"));
     }

@@ -565,6 +565,7 @@ async fn reconnect_after(
     context.telemetry.emit(TelemetryEvent::UpstreamReconnect {
         stream_id: stream_id.clone(),
         reason: error.reason().to_owned(),
+        cause: Some(error.to_string()),
     });
     let mut delay = context.config.reconnect.delay(*attempts);
     *attempts = attempts.saturating_add(1);

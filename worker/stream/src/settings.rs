@@ -486,7 +486,13 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         && let Err(errors) = upstream.validate()
     {
         for error in errors {
-            env.problem("upstream", error);
+            // Most problems name their setting; the rest are the upstream's.
+            match error.split_once(": ") {
+                Some((setting, problem)) if setting.starts_with("UPSTREAM_") => {
+                    env.problem(setting, problem)
+                }
+                _ => env.problem("upstream", error),
+            }
         }
     }
     let sink_url = env

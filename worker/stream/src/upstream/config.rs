@@ -120,39 +120,48 @@ impl WebSocketUpstreamConfig {
         pointers
     }
 
-    /// Every problem with this configuration, not just the first.
+    /// Every problem with this configuration, not just the first, each
+    /// starting with the setting it is about (`UPSTREAM_URL: …`).
     pub fn validate(&self) -> Result<(), Vec<String>> {
+        use crate::settings::{
+            UPSTREAM_ID_POINTER, UPSTREAM_SEQ_POINTER, UPSTREAM_SUBSCRIBE, UPSTREAM_TS_POINTER,
+            UPSTREAM_URL,
+        };
         let mut problems = Vec::new();
         let url = render_url(&self.url_template, "stream");
         let redacted = redact_url(&self.url_template);
+        let setting = UPSTREAM_URL.name;
         match url::Url::parse(&url) {
             Ok(parsed) if !matches!(parsed.scheme(), "ws" | "wss") => problems.push(format!(
-                "upstream URL {redacted} must start with ws:// or wss://"
+                "{setting}: {redacted} must start with ws:// or wss://"
             )),
             Ok(parsed) if parsed.host().is_none() => {
-                problems.push(format!("upstream URL {redacted} names no host"));
+                problems.push(format!("{setting}: {redacted} names no host"));
             }
             Ok(_) => {}
-            Err(_) => problems.push(format!("upstream URL {redacted} is not a valid URL")),
+            // The parser's reason names no part of the URL (no secret).
+            Err(reason) => problems.push(format!(
+                "{setting}: {redacted} is not a valid URL ({reason}); expected ws://host[:port]/path or wss://…"
+            )),
         }
         if looks_like_json(&self.subscribe_template) {
             let sample = render_subscribe(&self.subscribe_template, "a\"b\\c", 1);
             if serde_json::from_str::<Value>(&sample).is_err() {
-                problems.push(
-                    "subscribe template looks like JSON but is not valid JSON after substitution"
-                        .to_owned(),
-                );
+                problems.push(format!(
+                    "{}: looks like JSON but is not valid JSON after substitution",
+                    UPSTREAM_SUBSCRIBE.name
+                ));
             }
         }
         let ts_pointer = self.ts_pointer.clone().unwrap_or_else(|| "/".to_owned());
-        for (name, pointer) in [
-            ("sequence", &self.seq_pointer),
-            ("event id", &self.id_pointer),
-            ("event time", &ts_pointer),
+        for (setting, pointer) in [
+            (UPSTREAM_SEQ_POINTER.name, &self.seq_pointer),
+            (UPSTREAM_ID_POINTER.name, &self.id_pointer),
+            (UPSTREAM_TS_POINTER.name, &ts_pointer),
         ] {
             if !pointer.starts_with('/') {
                 problems.push(format!(
-                    "{name} pointer {pointer:?} must be a JSON pointer starting with /"
+                    "{setting}: {pointer:?} must be a JSON pointer starting with /"
                 ));
             }
         }
