@@ -2,8 +2,9 @@
 # Shared by scripts/test.sh and scripts/bench.sh (sourced, not run):
 #   1. installs what is missing (Debian: redis-server, prometheus for promtool
 #      and the server, prometheus-alertmanager for amtool, chromium; Python:
-#      moto[server], and cfn-lint for the CloudWatch alarms and deploy/, in a
-#      venv under ~/.cache/leasehold when not importable),
+#      moto[server], cfn-lint for the CloudWatch alarms and deploy/, and
+#      redis-py for the example sink consumer, in a venv under
+#      ~/.cache/leasehold when not importable),
 #   2. starts a DynamoDB-compatible server (moto, serialised), redis-server and a
 #      three-primary Redis Cluster on
 #      free loopback ports, exports their addresses, and stops them on exit.
@@ -72,6 +73,19 @@ if ! python3 -c 'import cfnlint' 2>/dev/null || ! command -v cfn-lint >/dev/null
     cfn_lint="$venv/bin/cfn-lint"
 fi
 
+# redis-py (PyPI) runs the example sink consumer, examples/consumer/consume.py,
+# in leasehold/tests/sink_consumer.rs; same venv logic as cfn-lint.
+redis_python=python3
+if ! python3 -c 'import redis' 2>/dev/null; then
+    venv="$cache/venv"
+    if ! "$venv/bin/python" -c 'import redis' 2>/dev/null; then
+        log "installing redis-py into $venv"
+        [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+        "$venv/bin/pip" install -q "redis==8.1.0"
+    fi
+    redis_python="$venv/bin/python"
+fi
+
 # --- 2. servers ----------------------------------------------------------------
 pids=()
 cleanup() {
@@ -131,6 +145,7 @@ export LEASEHOLD_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
 export LEASEHOLD_TEST_REDIS_CLUSTER_URL="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")"
 export LEASEHOLD_REQUIRE_SERVICES=1
 export LEASEHOLD_TEST_PYTHON="$python"
+export LEASEHOLD_TEST_REDIS_PYTHON="$redis_python"
 # leasehold/tests/redis_acl.rs starts its own redis-server with deploy/redis-acl.conf.
 export LEASEHOLD_REDIS_SERVER="$(command -v redis-server)"
 export LEASEHOLD_PROMTOOL="$(command -v promtool)"
