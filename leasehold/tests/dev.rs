@@ -141,6 +141,20 @@ async fn heals_under_chaos(name: &str, extra: &[&str]) {
     )
     .await;
     wait_every_stream_owned(&addr).await;
+    // A takeover's gap is from the old holder's end (its lease or, in
+    // session mode, its session) to the new acquire: the skew margin and a
+    // discovery pass, never more than a lease (dev's is 6 s). Session mode
+    // measured it from the stream record's acquire-time expiry: 26-57 s.
+    let changes = api(&addr, "/api/changes").await;
+    for change in changes["changes"].as_array().unwrap() {
+        if change["kind"] == "takeover" {
+            let gap = change["gap_seconds"].as_f64();
+            assert!(
+                gap.is_some_and(|gap| gap <= 6.0),
+                "{name}: takeover gap {gap:?} s: {change}"
+            );
+        }
+    }
     let check = interrupt_and_read_sink_check(&mut dev);
     assert!(
         check.contains(" 0 gaps, 0 duplicates, 0 token regressions, 0 gap markers"),
@@ -176,6 +190,15 @@ async fn dev_on_an_exchange_shaped_feed_marks_what_it_cannot_backfill() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(20)).await;
+    // A stream that lost data in the verdict's window is never `ok`.
+    for stream in api(&addr, "/api/streams").await["streams"]
+        .as_array()
+        .unwrap()
+    {
+        if !stream["gaps"].is_null() {
+            assert_ne!(stream["verdict"], "ok", "{stream}");
+        }
+    }
     let check = interrupt_and_read_sink_check(&mut dev);
     assert!(
         check.contains(" 0 gaps, 0 duplicates, 0 token regressions"),
