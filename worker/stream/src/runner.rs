@@ -145,6 +145,10 @@ struct Progress {
     /// What had been confirmed before the sink lost its tail, while the
     /// upstream refills it.
     refill_to: Option<u64>,
+    /// The first sequence this holder took (event or gap marker): lag counts
+    /// from there. A live upstream starts at the exchange's own id (60,108),
+    /// and with nothing persisted yet that whole id would read as lag.
+    first_seq: Option<u64>,
 }
 
 /// Why consuming stopped.
@@ -180,6 +184,7 @@ pub async fn run_stream(
                 last_event_at: Instant::now(),
                 last_arrival_lag: None,
                 refill_to: None,
+                first_seq: None,
             };
             // The sink lost a tail the checkpoint had covered: the upstream
             // refills it, or (live) it is marked where it is missing.
@@ -541,6 +546,7 @@ fn rewind(
 }
 
 fn accept(progress: &mut Progress, pending: &mut Vec<SinkEvent>, event: UpstreamEvent) {
+    progress.first_seq.get_or_insert(event.seq);
     if pending.is_empty() {
         progress
             .unpersisted
@@ -664,9 +670,12 @@ fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progres
         .unpersisted
         .front()
         .map_or(0.0, |(_, at)| at.elapsed().as_secs_f64());
+    let counted_from = progress
+        .first_seq
+        .map_or(persisted, |first| persisted.max(first - 1));
     context.telemetry.emit(TelemetryEvent::StreamLag {
         stream_id: lease.stream_id.clone(),
-        lag_events: progress.received.saturating_sub(persisted),
+        lag_events: progress.received.saturating_sub(counted_from),
         lag_seconds,
         last_event_age_seconds: progress.last_event_at.elapsed().as_secs_f64(),
         // Now minus the event's time: its lag on arrival plus the time since.

@@ -112,6 +112,7 @@ impl Intake<'_> {
                         });
                 }
                 Step::Gap { from, to, reason } => {
+                    progress.first_seq.get_or_insert(from);
                     if pending.is_empty() {
                         progress.unpersisted.push_back((to, Instant::now()));
                     }

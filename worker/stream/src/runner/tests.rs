@@ -786,6 +786,35 @@ async fn in_session_mode_the_lag_runs_to_the_sinks_confirmation() {
     task.abort();
 }
 
+/// A live upstream starts at the exchange's own id: before anything is
+/// persisted, the lag counts the events this holder took, not the id.
+#[tokio::test(start_paused = true)]
+async fn a_live_start_lags_by_what_it_received_not_by_the_exchanges_id() {
+    let (f, _) = live_fixture(60_000, ResumeMode::Live);
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    subscribed(&f, 1).await;
+    f.upstream.head.store(60_005, Ordering::SeqCst);
+    wait_for(|| sink_seqs(&f).last() == Some(&60_005)).await;
+    sleep(Duration::from_secs(2)).await;
+    let largest = f
+        .events
+        .snapshot()
+        .iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::StreamLag { lag_events, .. } => Some(*lag_events),
+            _ => None,
+        })
+        .max()
+        .expect("lag reported");
+    assert!(largest <= 6, "a lag of {largest} events for 6 received");
+    task.abort();
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_last_event_age_stays_low_while_events_flow_and_grows_in_silence() {
     let f = fixture(0);
@@ -1466,6 +1495,7 @@ async fn a_marker_the_sink_dropped_as_a_replay_is_not_counted_again() {
         last_event_at: Instant::now(),
         last_arrival_lag: None,
         refill_to: None,
+        first_seq: None,
     };
     let replayed = WriteOutcome {
         accepted: 1,
