@@ -39,6 +39,11 @@ impl DevCluster {
             backend(options.dynamodb_endpoint.is_some(), "DynamoDB"),
             backend(options.redis_url.is_some(), "Redis"),
         ));
+        lines.push(format!(
+            "  modes         lease mode {}, discovery {} (the dashboard's header names the assigner and the observer)",
+            options.lease_mode.as_str(),
+            options.discovery_mode.as_str()
+        ));
         if let Some(every) = options.chaos_every {
             lines.push(format!(
                 "  chaos         every {} s: crash, pause or roll a worker",

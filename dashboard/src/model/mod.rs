@@ -88,6 +88,32 @@ pub struct Snapshot {
     pub anomalies: Option<AnomalyView>,
     /// Source health, in a fixed order.
     pub sources: Vec<SourceHealth>,
+    /// What the cluster runs as, from its lease table: (what, value) for
+    /// the lease mode, the discovery mode with its assigner, the observer.
+    pub roles: Vec<(&'static str, String)>,
+    /// The maintenance sweeps seen since the dashboard started, newest first
+    /// (at most [`SWEEPS_KEPT`]): the pool keeps only the latest report.
+    pub sweeps: Vec<SweepSummary>,
+}
+
+/// Sweeps kept in [`Snapshot::sweeps`].
+pub const SWEEPS_KEPT: usize = 30;
+
+/// One maintenance sweep, as its report said.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SweepSummary {
+    /// When it ran, unix ms.
+    pub at_ms: i64,
+    /// Only reported, nothing resolved.
+    pub dry_run: bool,
+    /// Anomalies found, every kind.
+    pub found: u64,
+    /// Anomalies resolved.
+    pub resolved: u64,
+    /// Claims put back from dead workers' processing lists.
+    pub claims_requeued: u64,
+    /// Resolution failures.
+    pub errors: usize,
 }
 
 impl Snapshot {
@@ -116,6 +142,8 @@ impl Snapshot {
             pool: None,
             anomalies: None,
             sources: Vec::new(),
+            roles: Vec::new(),
+            sweeps: Vec::new(),
         }
     }
 
@@ -141,6 +169,10 @@ pub(crate) struct Model {
     presence: HashMap<String, LeaseState>,
     /// `sidecar_url` of every presence record in the last good lease read.
     presence_sidecars: Vec<String>,
+    /// The cluster's modes and role holders from the last good lease read.
+    roles: Vec<(&'static str, String)>,
+    /// Maintenance sweeps seen, newest first.
+    sweeps: std::collections::VecDeque<SweepSummary>,
     pool: Option<PoolView>,
     anomalies: Option<AnomalyView>,
     health: HashMap<&'static str, SourceHealth>,
@@ -204,6 +236,7 @@ impl Model {
         let table = match readings.leases {
             Ok(table) => {
                 self.presence_sidecars = table.sidecar_urls().map(str::to_owned).collect();
+                self.roles = roles(&table, now);
                 self.mark(LEASE_SOURCE, true, None, now);
                 Some(table)
             }
@@ -216,6 +249,9 @@ impl Model {
             Some(Ok((view, anomalies))) => {
                 self.mark(POOL_SOURCE, true, None, now);
                 self.pool = Some(view);
+                if let Some(report) = &anomalies.report {
+                    self.saw_sweep(report);
+                }
                 self.anomalies = Some(anomalies);
             }
             Some(Err(err)) => self.mark(POOL_SOURCE, true, Some(err), now),
@@ -290,7 +326,30 @@ impl Model {
             pool: self.pool.clone(),
             anomalies: self.anomalies.clone(),
             sources,
+            roles: self.roles.clone(),
+            sweeps: self.sweeps.iter().cloned().collect(),
         }
+    }
+
+    /// Keeps a sweep's summary the first time its report is read.
+    fn saw_sweep(&mut self, report: &leasehold_pool::read::SweepReport) {
+        let at_ms = report.at as i64;
+        if self
+            .sweeps
+            .front()
+            .is_some_and(|newest| newest.at_ms >= at_ms)
+        {
+            return;
+        }
+        self.sweeps.push_front(SweepSummary {
+            at_ms,
+            dry_run: report.dry_run,
+            found: report.found.values().sum(),
+            resolved: report.resolved.values().sum(),
+            claims_requeued: report.claims_requeued,
+            errors: report.errors.len(),
+        });
+        self.sweeps.truncate(SWEEPS_KEPT);
     }
 
     fn mark(&mut self, name: &'static str, configured: bool, error: Option<String>, now: i64) {
@@ -433,6 +492,42 @@ fn silent_summary(sidecars: &[SidecarReport]) -> Option<String> {
 
 /// How many `stream:token` pairs a worker row carries.
 const TOKENS_PER_WORKER: usize = 50;
+
+/// What the lease table says the cluster runs as: session mode when any
+/// session record or session-held stream exists; assigned discovery while an
+/// assigner holds its lease; the observer holding its lease.
+fn roles(table: &LeaseTable, now: i64) -> Vec<(&'static str, String)> {
+    use leasehold_control::schema::{ASSIGNER_LEASE, OBSERVER_LEASE, SESSION_PREFIX};
+    let held_by = |id: &str| {
+        table
+            .reserved
+            .iter()
+            .find(|r| r.stream_id == id && r.state(now) == LeaseState::Owned)
+            .and_then(|r| r.owner_id.clone())
+    };
+    let session = table
+        .reserved
+        .iter()
+        .any(|r| r.stream_id.starts_with(SESSION_PREFIX))
+        || table.streams.iter().any(|s| s.session_token.is_some());
+    vec![
+        (
+            "lease mode",
+            if session { "session" } else { "per-stream" }.to_owned(),
+        ),
+        (
+            "discovery",
+            match held_by(ASSIGNER_LEASE) {
+                Some(assigner) => format!("assigned (assigner {assigner})"),
+                None => "scan".to_owned(),
+            },
+        ),
+        (
+            "observer",
+            held_by(OBSERVER_LEASE).unwrap_or_else(|| "none".to_owned()),
+        ),
+    ]
+}
 
 fn workers(
     streams: &[StreamRow],

@@ -252,3 +252,81 @@ fn a_stream_nobody_holds_is_judged_unowned_not_ok() {
     assert_eq!(verdict("s-free"), Some("unowned"));
     assert_eq!(verdict("s-held"), Some("ok"));
 }
+
+/// The header says what the cluster runs as, read from the lease table.
+#[test]
+fn the_snapshot_names_the_lease_mode_the_assigner_and_the_observer() {
+    use leasehold_control::lease::Lease;
+    use leasehold_control::schema::{ASSIGNER_LEASE, OBSERVER_LEASE, session_record};
+    let now = 1_000_000;
+    let held = |id: &str, owner: &str| {
+        let mut lease = Lease::unowned(id);
+        lease.owner_id = Some(owner.to_owned());
+        lease.lease_expires_at = now + 10_000;
+        lease.fence_token = 1;
+        lease
+    };
+    let mut fixture = Fixture::new();
+    let plain = LeaseTable::classify([Ok(held("s-1", "w1"))]);
+    let snapshot = fixture.apply(readings(now, Ok(plain)));
+    assert_eq!(
+        snapshot.roles,
+        [
+            ("lease mode", "per-stream".to_owned()),
+            ("discovery", "scan".to_owned()),
+            ("observer", "none".to_owned())
+        ]
+    );
+    let mut stream = held("s-1", "w1");
+    stream.session_token = Some(1);
+    let table = LeaseTable::classify([
+        Ok(stream),
+        Ok(held(&session_record("w1"), "w1")),
+        Ok(held(ASSIGNER_LEASE, "w1")),
+        Ok(held(OBSERVER_LEASE, "sidecar-2")),
+    ]);
+    let snapshot = fixture.apply(readings(now + 1_000, Ok(table)));
+    assert_eq!(
+        snapshot.roles,
+        [
+            ("lease mode", "session".to_owned()),
+            ("discovery", "assigned (assigner w1)".to_owned()),
+            ("observer", "sidecar-2".to_owned())
+        ]
+    );
+}
+
+/// The anomalies view keeps every sweep it saw, not only the latest report.
+#[test]
+fn each_sweep_is_kept_once_newest_first() {
+    use leasehold_pool::read::{AnomalyView, PoolView, SweepReport};
+    let report = |at: u64, found: u64| SweepReport {
+        at,
+        dry_run: false,
+        marks: 3,
+        tasks: 3,
+        found: [(leasehold_telemetry::OrphanKind::StaleMark, found)].into(),
+        resolved: [(leasehold_telemetry::OrphanKind::StaleMark, found)].into(),
+        findings: Vec::new(),
+        errors: Vec::new(),
+        claims_requeued: 0,
+        reserved: Vec::new(),
+        held: None,
+        unconfirmed: 0,
+    };
+    let mut fixture = Fixture::new();
+    let mut sweeps_after = |now: i64, at: u64, found: u64| {
+        let mut readings = readings(now, Ok(LeaseTable::default()));
+        let anomalies = AnomalyView {
+            report: Some(report(at, found)),
+            unreadable: None,
+        };
+        readings.pool = Some(Ok((PoolView::default(), anomalies)));
+        fixture.apply(readings).sweeps
+    };
+    sweeps_after(1_000, 900, 1);
+    sweeps_after(2_000, 900, 1);
+    let sweeps = sweeps_after(6_000, 5_900, 2);
+    let seen: Vec<(i64, u64)> = sweeps.iter().map(|s| (s.at_ms, s.found)).collect();
+    assert_eq!(seen, [(5_900, 2), (900, 1)]);
+}

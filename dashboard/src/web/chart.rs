@@ -25,10 +25,15 @@ pub struct Chart {
     pub samples: usize,
     /// Unit suffix for the text equivalent.
     pub unit: &'static str,
+    /// The y axis's top, with its unit (the axis starts at 0): a rounded
+    /// value at or above the largest, so 1 ms latencies are drawn as 1 ms on
+    /// a 1 ms axis, not as full-height spikes of an unlabelled one.
+    pub y_top: String,
 }
 
 impl Chart {
-    /// Draws `values` (oldest first) as a polyline scaled to its own maximum.
+    /// Draws `values` (oldest first) as a polyline from 0 up to a rounded
+    /// top at or above the largest value ([`nice_top`]).
     pub fn line(
         title: impl Into<String>,
         unit: &'static str,
@@ -38,7 +43,7 @@ impl Chart {
     ) -> Chart {
         let max = values.iter().copied().fold(0.0_f64, f64::max);
         let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let scale = if max > 0.0 { max } else { 1.0 };
+        let scale = nice_top(max);
         let step = if values.len() > 1 {
             f64::from(width) / (values.len() - 1) as f64
         } else {
@@ -66,6 +71,7 @@ impl Chart {
             last: values.last().copied().unwrap_or(0.0),
             samples: values.len(),
             unit,
+            y_top: with_unit(scale, unit),
         }
     }
 
@@ -75,15 +81,36 @@ impl Chart {
             return format!("{}: no samples yet.", self.title);
         }
         format!(
-            "{}: {} samples, latest {}{u}, lowest {}{u}, highest {}{u}.",
+            "{}: {} samples, latest {}, lowest {}, highest {}.",
             self.title,
             self.samples,
-            short(self.last),
-            short(self.min),
-            short(self.max),
-            u = self.unit,
+            with_unit(self.last, self.unit),
+            with_unit(self.min, self.unit),
+            with_unit(self.max, self.unit),
         )
     }
+}
+
+/// The smallest of 1, 2, 2.5 and 5 times a power of ten at or above `max`
+/// (1 for nothing above 0): an axis top a reader can read.
+pub fn nice_top(max: f64) -> f64 {
+    if !(max > 0.0 && max.is_finite()) {
+        return 1.0;
+    }
+    let power = 10_f64.powf(max.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .into_iter()
+        .map(|step| step * power)
+        .find(|top| *top >= max * (1.0 - 1e-9))
+        .unwrap_or(10.0 * power)
+}
+
+/// A value with its unit; seconds below one as milliseconds.
+fn with_unit(value: f64, unit: &str) -> String {
+    if unit == " s" && value < 1.0 && value != 0.0 {
+        return format!("{} ms", short(value * 1_000.0));
+    }
+    format!("{}{unit}", short(value))
 }
 
 fn short(value: f64) -> String {
@@ -102,6 +129,20 @@ mod tests {
     fn charts_scale_to_their_box_and_describe_themselves() {
         let chart = Chart::line("Lag", " events", &[0.0, 5.0, 10.0], 100, 24);
         assert_eq!(chart.points, "0.0,22.0 50.0,12.0 100.0,2.0");
+        assert_eq!(chart.y_top, "10 events");
+        // A 1 ms latency sits low on a readable axis, not at full height.
+        let claims = Chart::line("Claims", " s", &[0.001, 0.0012], 100, 24);
+        assert_eq!(claims.y_top, "2 ms");
+        assert!(
+            claims
+                .describe()
+                .ends_with("latest 1.2 ms, lowest 1 ms, highest 1.2 ms.")
+        );
+        assert_eq!(claims.points, "0.0,12.0 100.0,10.0");
+        assert_eq!(
+            [0.0, 0.3, 7.0, 26.0, 60_108.0].map(nice_top),
+            [1.0, 0.5, 10.0, 50.0, 100_000.0]
+        );
         assert_eq!(
             chart.describe(),
             "Lag: 3 samples, latest 10 events, lowest 0 events, highest 10 events."

@@ -56,15 +56,22 @@ pub struct DrawnLane {
 /// Height of one lane, view-box units.
 pub const LANE_HEIGHT: u32 = 22;
 
-/// The colour class of an owner: one of eight, stable for a given id.
-pub fn owner_class(owner: &str) -> String {
-    // FNV-1a: stable across runs and processes (the std hasher is seeded).
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in owner.bytes() {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    format!("own-{}", hash % 8)
+/// Owner colours in the stylesheet (`own-0` … `own-11`).
+pub const OWNER_COLOURS: usize = 12;
+
+/// Every owner on `lanes`, by name, with its colour class: distinct for up
+/// to [`OWNER_COLOURS`] owners (a hash of the id reused colours among three
+/// workers), and the legend's entries.
+pub fn owner_legend(lanes: &[Lane]) -> Vec<(String, String)> {
+    let owners: std::collections::BTreeSet<&str> = lanes
+        .iter()
+        .flat_map(|lane| lane.segments.iter().filter_map(|s| s.owner.as_deref()))
+        .collect();
+    owners
+        .into_iter()
+        .enumerate()
+        .map(|(i, owner)| (owner.to_owned(), format!("own-{}", i % OWNER_COLOURS)))
+        .collect()
 }
 
 fn when(at_ms: i64, to_ms: i64) -> String {
@@ -73,6 +80,12 @@ fn when(at_ms: i64, to_ms: i64) -> String {
 
 /// Places lanes on the x axis of `[from_ms, to_ms]`.
 pub fn draw(lanes: &[Lane], from_ms: i64, to_ms: i64) -> Vec<DrawnLane> {
+    let legend = owner_legend(lanes);
+    let owner_class = |owner: &str| {
+        legend
+            .binary_search_by(|(known, _)| known.as_str().cmp(owner))
+            .map_or_else(|_| "gap".to_owned(), |at| legend[at].1.clone())
+    };
     let span = (to_ms - from_ms).max(1) as f64;
     let x_of = |at: i64| (at - from_ms) as f64 / span * WIDTH;
     lanes
@@ -302,8 +315,43 @@ mod tests {
     }
 
     #[test]
-    fn owner_colours_are_stable() {
-        assert_eq!(owner_class("w1"), owner_class("w1"));
-        assert!(owner_class("anything").starts_with("own-"));
+    fn owners_on_a_page_get_distinct_colours_and_a_legend() {
+        use crate::model::timeline::{Lane, Segment};
+        let lane = |owners: &[&str]| Lane {
+            stream_id: "s".into(),
+            worker: None,
+            segments: owners
+                .iter()
+                .enumerate()
+                .map(|(i, owner)| Segment {
+                    start_ms: i as i64 * 10,
+                    end_ms: i as i64 * 10 + 10,
+                    owner: Some((*owner).to_owned()),
+                    token: Some(i as u64 + 1),
+                    began: "acquired",
+                    ended: None,
+                })
+                .collect(),
+            fenced: Vec::new(),
+            data_gaps: Vec::new(),
+            last_change_ms: 0,
+        };
+        // Three workers whose id hashes met in eight colours.
+        let lanes = [
+            lane(&["worker-3-g2", "worker-1-g2"]),
+            lane(&["worker-2-g5"]),
+        ];
+        let legend = owner_legend(&lanes);
+        assert_eq!(
+            legend,
+            [
+                ("worker-1-g2".to_owned(), "own-0".to_owned()),
+                ("worker-2-g5".to_owned(), "own-1".to_owned()),
+                ("worker-3-g2".to_owned(), "own-2".to_owned()),
+            ]
+        );
+        let drawn = draw(&lanes, 0, 30);
+        let classes: Vec<&str> = drawn[0].segments.iter().map(|s| s.class.as_str()).collect();
+        assert_eq!(classes, ["own-2", "own-0"]);
     }
 }

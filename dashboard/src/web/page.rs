@@ -51,6 +51,8 @@ pub struct Header {
     pub counts: Vec<(&'static str, usize)>,
     /// Sources that are down, with the age of their last good read.
     pub down: Vec<(String, String)>,
+    /// What the cluster runs as: "lease mode session · discovery scan · …".
+    pub roles: String,
 }
 
 impl Header {
@@ -61,6 +63,12 @@ impl Header {
             active,
             now_ms: snapshot.taken_at_ms,
             refresh_ms,
+            roles: snapshot
+                .roles
+                .iter()
+                .map(|(what, value)| format!("{what} {value}"))
+                .collect::<Vec<_>>()
+                .join(" · "),
             counts: StreamState::ALL
                 .iter()
                 .map(|s| (s.as_str(), counts.get(s.as_str()).copied().unwrap_or(0)))

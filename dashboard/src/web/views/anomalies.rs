@@ -1,8 +1,9 @@
-//! The anomalies view (the latest maintenance sweep) and `/api/anomalies`.
+//! The anomalies view (the latest maintenance sweep's findings, and every
+//! sweep seen since the dashboard started) and `/api/anomalies`.
 
 use serde::Serialize;
 
-use crate::model::Snapshot;
+use crate::model::{Snapshot, SweepSummary};
 use crate::web::column::{Column, Kind, Source, Table, Value, col};
 use crate::web::page::{Header, TablesPage};
 use crate::web::views::SnapshotView;
@@ -52,26 +53,43 @@ impl SnapshotView for Anomalies {
             header: Header::new("/anomalies", snapshot, refresh_ms),
             heading: "Anomalies (latest maintenance sweep)",
             summary,
-            tables: vec![(
-                "Findings",
-                Table::build(
-                    Source {
-                        id: "findings",
-                        api: "/api/anomalies",
-                        rows_key: "anomalies.report.findings",
-                        empty: "Nothing found.",
-                    },
-                    FINDING_COLUMNS,
-                    report.map(|r| r.findings.as_slice()).unwrap_or_default(),
-                    snapshot.taken_at_ms,
+            tables: vec![
+                (
+                    "Findings of the latest sweep",
+                    Table::build(
+                        Source {
+                            id: "findings",
+                            api: "/api/anomalies",
+                            rows_key: "anomalies.report.findings",
+                            empty: "Nothing found.",
+                        },
+                        FINDING_COLUMNS,
+                        report.map(|r| r.findings.as_slice()).unwrap_or_default(),
+                        snapshot.taken_at_ms,
+                    ),
                 ),
-            )],
+                (
+                    "Sweeps since the dashboard started",
+                    Table::build(
+                        Source {
+                            id: "sweeps",
+                            api: "/api/anomalies",
+                            rows_key: "sweeps",
+                            empty: "No sweep seen yet.",
+                        },
+                        SWEEP_COLUMNS,
+                        &snapshot.sweeps,
+                        snapshot.taken_at_ms,
+                    ),
+                ),
+            ],
         }
     }
 
     fn fields(snapshot: &Snapshot) -> AnomaliesFields<'_> {
         AnomaliesFields {
             anomalies: snapshot.anomalies.as_ref(),
+            sweeps: &snapshot.sweeps,
         }
     }
 }
@@ -82,7 +100,21 @@ impl SnapshotView for Anomalies {
 pub struct AnomaliesFields<'a> {
     /// The latest report.
     pub anomalies: Option<&'a AnomalyView>,
+    /// The sweeps seen since the dashboard started, newest first.
+    pub sweeps: &'a [SweepSummary],
 }
+
+/// Columns of the sweep history.
+pub const SWEEP_COLUMNS: &[Column<SweepSummary>] = &[
+    col("When", "at_ms", Kind::Ago, |r| r.at_ms.into()),
+    col("Dry run", "dry_run", Kind::Badge, |r| r.dry_run.into()),
+    col("Found", "found", Kind::Number, |r| r.found.into()),
+    col("Resolved", "resolved", Kind::Number, |r| r.resolved.into()),
+    col("Claims requeued", "claims_requeued", Kind::Number, |r| {
+        r.claims_requeued.into()
+    }),
+    col("Errors", "errors", Kind::Number, |r| r.errors.into()),
+];
 
 /// Columns of the findings table.
 pub const FINDING_COLUMNS: &[Column<Finding>] = &[

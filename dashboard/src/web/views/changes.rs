@@ -53,7 +53,7 @@ pub const CHANGE_COLUMNS: &[Column<Change>] = &[
     col("Missed steps", "missed", Kind::Number, |r| r.missed.into()),
 ];
 
-/// The ownership-change timeline.
+/// The ownership changes, newest first.
 pub fn page(snapshot: &Snapshot, changes: &[Change], refresh_ms: u64) -> TablesPage {
     TablesPage {
         header: Header::new("/changes", snapshot, refresh_ms),
@@ -63,7 +63,7 @@ pub fn page(snapshot: &Snapshot, changes: &[Change], refresh_ms: u64) -> TablesP
                 .into(),
         ],
         tables: vec![(
-            "Timeline",
+            "Takeovers, hand-offs and releases",
             Table::build(Source { id: "changes", api: "/api/changes", rows_key: "changes", empty: "No ownership change observed yet." }, CHANGE_COLUMNS, changes, snapshot.taken_at_ms),
         )],
     }

@@ -250,6 +250,8 @@ pub struct StreamDetailPage {
     pub lane: Vec<DrawnLane>,
     /// Timeline axis: (x, label, text-anchor).
     pub ticks: Vec<(String, String, &'static str)>,
+    /// The owners on the lane and their colour classes (the legend).
+    pub legend: Vec<(String, String)>,
     /// Lag sparklines.
     pub charts: Vec<Chart>,
     /// How far back the history goes.
@@ -285,6 +287,7 @@ impl StreamDetailPage {
             false,
         );
         let lane = lanes::draw(&lanes, from, to);
+        let owner_legend = lanes::owner_legend(&lanes);
         let ticks = [(0.0, to - from, "start"), (lanes::WIDTH, 0, "end")]
             .iter()
             .map(|(x, ago, anchor)| {
@@ -341,6 +344,7 @@ impl StreamDetailPage {
             gaps_kept,
             lane,
             ticks,
+            legend: owner_legend,
             charts: vec![
                 Chart::line("Lag (events)", " events", &events, 240, 40),
                 Chart::line("Lag (seconds)", " s", &seconds, 240, 40),

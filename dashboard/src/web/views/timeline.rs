@@ -169,6 +169,8 @@ pub struct TimelinePage {
     pub height: u32,
     /// Axis ticks: (x, label, text-anchor).
     pub ticks: Vec<(String, String, &'static str)>,
+    /// The owners on this page and their colour classes (the legend).
+    pub owners: Vec<(String, String)>,
     /// Lanes matching, pages, page.
     pub total: usize,
     /// Pages in all.
@@ -227,6 +229,7 @@ impl TimelinePage {
     ) -> TimelinePage {
         let body = timeline_body(snapshot, log, gaps, &query);
         let lanes = lanes::draw(&body.lanes, body.from_ms, body.taken_at_ms);
+        let owners = lanes::owner_legend(&body.lanes);
         let span = body.taken_at_ms - body.from_ms;
         let ticks = (0..=4)
             .map(|i| {
@@ -254,6 +257,7 @@ impl TimelinePage {
             height: (lanes.len().max(1) as u32) * LANE_HEIGHT,
             lanes,
             ticks,
+            owners,
             total: body.total,
             pages: body.pages,
             page: body.page,

@@ -24,12 +24,24 @@ impl SnapshotView for Workers {
             .iter()
             .filter(|s| s.status.is_some())
             .count();
+        // Stream owners are the rows that hold a stream or say they are a
+        // stream worker; a broker pool's sidecar answers too, but owns none.
+        let owners = snapshot
+            .workers
+            .iter()
+            .filter(|w| w.streams_held > 0 || w.component.as_deref() == Some("stream-worker"))
+            .count();
+        let others = snapshot.workers.len() - owners;
         TablesPage {
             header: Header::new("/workers", snapshot, refresh_ms),
             heading: "Workers",
             summary: vec![format!(
-                "{} owners; {answered} of {} sidecars answered.",
-                snapshot.workers.len(),
+                "{owners} stream owners{}; {answered} of {} sidecars answered.",
+                if others > 0 {
+                    format!(" and {others} other components (broker pool, observers)")
+                } else {
+                    String::new()
+                },
                 snapshot.sidecars.len()
             )],
             tables: vec![(
