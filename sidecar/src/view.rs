@@ -8,7 +8,8 @@ use std::time::Duration;
 use leasehold_control::schema::{RESERVED_PREFIX, SESSION_PREFIX};
 use leasehold_telemetry::TelemetryEvent;
 use leasehold_telemetry::status::{
-    ClaimSample, GapSample, HeldLease, PoolState, RECENT_CLAIMS, RECENT_GAPS, Status, StreamLag,
+    BackfillSample, ClaimSample, GapSample, HeldLease, PoolState, RECENT_BACKFILLS, RECENT_CLAIMS,
+    RECENT_GAPS, Status, StreamLag,
 };
 use tokio::time::Instant;
 
@@ -38,6 +39,9 @@ pub struct WorkerView {
     /// [`RECENT_GAPS`], numbered by `gaps_seen`; kept across workers like claims.
     gaps: VecDeque<(Instant, GapSample)>,
     gaps_seen: u64,
+    /// The newest finished backfills (when, and the record), at most
+    /// [`RECENT_BACKFILLS`]; kept across workers like gaps.
+    backfills: VecDeque<(Instant, BackfillSample)>,
     /// The worker process's CPU seconds at its last heartbeat, and the
     /// fraction of a second not yet added to the counter.
     cpu_seen: f64,
@@ -65,6 +69,7 @@ impl WorkerView {
             claims_seen: 0,
             gaps: VecDeque::new(),
             gaps_seen: 0,
+            backfills: VecDeque::new(),
             cpu_seen: 0.0,
             cpu_carry: 0.0,
         }
@@ -139,6 +144,26 @@ impl WorkerView {
                     reason: *reason,
                 };
                 self.gaps.push_back((Instant::now(), sample));
+            }
+            StreamBackfill {
+                stream_id,
+                result,
+                pages,
+                events,
+                duration,
+            } => {
+                if self.backfills.len() == RECENT_BACKFILLS {
+                    self.backfills.pop_front();
+                }
+                let sample = BackfillSample {
+                    age_ms: 0,
+                    stream_id: stream_id.clone(),
+                    result: *result,
+                    pages: *pages,
+                    events: *events,
+                    seconds: duration.as_secs_f64(),
+                };
+                self.backfills.push_back((Instant::now(), sample));
             }
             _ => {}
         }
@@ -360,6 +385,14 @@ impl WorkerView {
                 .gaps
                 .iter()
                 .map(|(at, sample)| GapSample {
+                    age_ms: at.elapsed().as_millis() as u64,
+                    ..sample.clone()
+                })
+                .collect(),
+            backfills: self
+                .backfills
+                .iter()
+                .map(|(at, sample)| BackfillSample {
                     age_ms: at.elapsed().as_millis() as u64,
                     ..sample.clone()
                 })

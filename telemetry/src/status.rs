@@ -80,6 +80,27 @@ pub struct GapSample {
     pub reason: crate::GapReason,
 }
 
+/// Backfills a sidecar keeps for `/status` (the newest; older ones leave).
+pub const RECENT_BACKFILLS: usize = 32;
+
+/// One backfill a worker behind this sidecar finished (`StreamBackfill`):
+/// what the stream page lists.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackfillSample {
+    /// Milliseconds between its end and this `/status` answer.
+    pub age_ms: u64,
+    /// Stream backfilled.
+    pub stream_id: String,
+    /// `filled`, `gap` or `stopped`.
+    pub result: crate::BackfillResult,
+    /// History pages fetched.
+    pub pages: u32,
+    /// Events the history supplied.
+    pub events: u64,
+    /// First request to end, seconds.
+    pub seconds: f64,
+}
+
 /// What the sidecar knows about its worker (the worker part of `/status`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
@@ -119,6 +140,10 @@ pub struct Status {
     /// broker workers and older sidecars.
     #[serde(default)]
     pub gaps: Vec<GapSample>,
+    /// The newest finished backfills (at most [`RECENT_BACKFILLS`], oldest
+    /// first); empty for broker workers and older sidecars.
+    #[serde(default)]
+    pub backfills: Vec<BackfillSample>,
 }
 
 /// The `/status` body.

@@ -9,7 +9,8 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use leasehold_telemetry::status::{
-    ClaimSample, GapSample, HeldLease, RECENT_CLAIMS, RECENT_GAPS, StreamLag,
+    BackfillSample, ClaimSample, GapSample, HeldLease, RECENT_BACKFILLS, RECENT_CLAIMS,
+    RECENT_GAPS, StreamLag,
 };
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,9 @@ pub const KEPT_CLAIMS: usize = RECENT_CLAIMS;
 
 /// Data gaps kept per sidecar (the newest): what a sidecar lists anyway.
 pub const KEPT_GAPS: usize = RECENT_GAPS;
+
+/// Backfills kept per sidecar (the newest): what a sidecar lists anyway.
+pub(super) const KEPT_BACKFILLS: usize = RECENT_BACKFILLS;
 
 /// Longest owner id or stream id kept: the views never look up a longer
 /// stream id ([`crate::model::streams::MAX_STREAM_ID_LEN`]), so a longer one could
@@ -71,6 +75,9 @@ pub struct KeptStatus {
     /// The newest [`KEPT_GAPS`] data gaps, oldest first.
     #[serde(default, deserialize_with = "newest_gaps")]
     pub gaps: Vec<GapSample>,
+    /// The newest [`KEPT_BACKFILLS`] finished backfills, oldest first.
+    #[serde(default, deserialize_with = "newest_backfills")]
+    pub backfills: Vec<BackfillSample>,
     /// This sidecar publishes the cluster gauges.
     pub observer: bool,
 }
@@ -107,6 +114,17 @@ fn newest_gaps<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<GapSamp
         deserializer.deserialize_seq(Capped::<GapSample>::keeping(KEPT_GAPS, Keep::Newest))?;
     gaps.retain(|gap| gap.stream_id.len() <= KEPT_ID_LEN);
     Ok(gaps)
+}
+
+fn newest_backfills<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<BackfillSample>, D::Error> {
+    let mut backfills = deserializer.deserialize_seq(Capped::<BackfillSample>::keeping(
+        KEPT_BACKFILLS,
+        Keep::Newest,
+    ))?;
+    backfills.retain(|backfill| backfill.stream_id.len() <= KEPT_ID_LEN);
+    Ok(backfills)
 }
 
 fn first_lag_entries<'de, D: Deserializer<'de>>(

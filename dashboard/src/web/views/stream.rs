@@ -175,6 +175,10 @@ pub struct StreamDetail {
     pub gaps: Vec<DataGap>,
     /// The sink's last stored sequence (read by the handler, when configured).
     pub sink: crate::sources::sink::SinkPosition,
+    /// Backfills of this stream the sidecars still list, newest first:
+    /// (worker, record). Many pages or `gap` results say the stream is close
+    /// to falling off its history.
+    pub backfills: Vec<(Option<String>, leasehold_telemetry::status::BackfillSample)>,
 }
 
 /// Looks one stream up; `None` for an unknown (or absurdly long) id.
@@ -219,8 +223,22 @@ pub fn stream_detail(
             })
         })
         .collect();
+    let mut backfills: Vec<_> = snapshot
+        .sidecars
+        .iter()
+        .filter_map(|report| report.status.as_ref())
+        .flat_map(|status| {
+            status
+                .backfills
+                .iter()
+                .filter(|b| b.stream_id == id)
+                .map(|b| (status.owner_id.clone(), b.clone()))
+        })
+        .collect();
+    backfills.sort_by_key(|(_, b)| b.age_ms);
     Some(StreamDetail {
         taken_at_ms: snapshot.taken_at_ms,
+        backfills,
         problems: problems(&row, &fenced),
         owners: log.for_stream(id),
         fenced,
@@ -364,6 +382,14 @@ impl StreamDetailPage {
         )
     }
 
+    /// Milliseconds ago, in words.
+    pub fn ended_ago(age_ms: &u64) -> String {
+        format!(
+            "{} ago",
+            crate::web::column::duration_ms(i64::try_from(*age_ms).unwrap_or(i64::MAX))
+        )
+    }
+
     /// Text or `—`.
     pub fn or_none<T: std::fmt::Display>(value: &Option<T>) -> String {
         value
@@ -458,6 +484,50 @@ mod tests {
         );
         let detail = stream_detail(&snapshot, &log, &trends, &gaps, "a").unwrap();
         assert_eq!(detail.problems[0].runbook, "LeaseholdStreamUnowned");
+    }
+
+    /// Backfills the sidecars list show on the stream page, newest first,
+    /// with their result, pages, events and time.
+    #[test]
+    fn the_stream_page_lists_the_backfills_sidecars_report() {
+        let mut snapshot = Snapshot::empty(100_000);
+        snapshot.streams = vec![row("a")];
+        let status: crate::sources::sidecars::KeptStatus = serde_json::from_value(serde_json::json!({
+            "owner_id": "w1", "worker_up": true, "leases": [], "lag": {}, "observer": false,
+            "backfills": [
+                {"age_ms": 90000, "stream_id": "a", "result": "filled", "pages": 2, "events": 180, "seconds": 0.4},
+                {"age_ms": 5000, "stream_id": "a", "result": "gap", "pages": 9, "events": 25, "seconds": 12.5},
+                {"age_ms": 1000, "stream_id": "other", "result": "filled", "pages": 1, "events": 1, "seconds": 0.1}
+            ]
+        }))
+        .unwrap();
+        snapshot.sidecars = vec![crate::sources::sidecars::SidecarReport {
+            url: "http://10.0.0.1:9464".into(),
+            status: Some(status),
+            error: None,
+        }];
+        let (log, trends, gaps) = (ChangeLog::new(10), Trends::new(1_000), GapLog::default());
+        let detail = stream_detail(&snapshot, &log, &trends, &gaps, "a").unwrap();
+        let results: Vec<_> = detail
+            .backfills
+            .iter()
+            .map(|(_, b)| b.result.as_str())
+            .collect();
+        assert_eq!(results, ["gap", "filled"], "this stream's, newest first");
+        let page = StreamDetailPage::new(&snapshot, &log, &gaps, detail, 2_000)
+            .render()
+            .unwrap();
+        let table = page.split("id=\"stream-backfills\"").nth(1).unwrap();
+        for needle in [
+            "badge-backfill-gap",
+            "<td>9</td>",
+            "<td>25</td>",
+            "12.5 s",
+            "5.0 s ago",
+            "w1",
+        ] {
+            assert!(table.contains(needle), "{needle:?} in {table}");
+        }
     }
 
     #[test]
