@@ -243,6 +243,67 @@ async fn a_dead_or_paused_owners_sidecar_exports_no_figures_for_its_streams() {
     cluster.stop_workers();
 }
 
+/// After a crash the dashboard shows the dead owner's stream ageing: its
+/// largest last-event age passes the lease within lease + 5 s (it used to
+/// stay at the dead owner's last figure, about 0.2 s, throughout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_the_dashboard_shows_the_dead_owners_stream_ageing() {
+    let _serial = serial().await;
+    let Some(mut cluster) = Cluster::start(2, 100).await else {
+        return;
+    };
+    // A longer lease than the harness's, so the takeover comes after the
+    // age has passed it (the bound being checked is lease + 5 s).
+    let lease = [("LEASE_SECONDS", "6")];
+    cluster.start_worker_with_sidecar("w1", &lease);
+    cluster.start_worker_with_sidecar("w2", &lease);
+    cluster
+        .wait_owners(Duration::from_secs(30), |o| {
+            owned_by(o, "w1") == 1 && owned_by(o, "w2") == 1
+        })
+        .await;
+    let (_dashboard, addr) = cluster.start_dashboard();
+    let largest_age = async || {
+        let (_, _, body) = leasehold_testkit::http_get(&addr, "/api/streams")
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        body["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["last_event_age_seconds"].as_f64())
+            .collect::<Option<Vec<f64>>>()
+            .map(|ages| ages.into_iter().fold(0.0, f64::max))
+    };
+    let began = Instant::now();
+    while !largest_age().await.is_some_and(|age| age < 2.0) {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "no fresh ages on the dashboard"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.workers["w1"].signal("KILL");
+    let killed = Instant::now();
+    let mut largest = 0.0_f64;
+    while largest <= 6.0 {
+        largest = largest.max(largest_age().await.unwrap_or(0.0));
+        assert!(
+            killed.elapsed() < Duration::from_secs(11),
+            "the largest last-event age reached only {largest} s in {:?}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "the largest last-event age passed the 6 s lease {:?} after the crash",
+        killed.elapsed()
+    );
+    cluster.workers.remove("w1");
+    cluster.stop_workers();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_writes_nothing_stale_and_stops_by_itself() {
     paused_worker(&[]).await;

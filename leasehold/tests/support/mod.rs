@@ -370,6 +370,32 @@ impl Cluster {
         );
     }
 
+    /// Starts `leasehold dashboard` on this cluster's table, polling exactly
+    /// the sidecars started so far, refreshing every 500 ms; returns it and
+    /// its address once it listens.
+    pub fn start_dashboard(&self) -> (Proc, String) {
+        let sidecars: Vec<String> = self
+            .sidecars
+            .values()
+            .map(|s| format!("http://{}", s.http))
+            .collect();
+        let mut command = self.lease_command("dashboard");
+        command
+            .args(["dashboard", "--listen", "127.0.0.1:0"])
+            .env("DASHBOARD_SIDECARS", sidecars.join(","))
+            .env("DASHBOARD_REFRESH_MS", "500");
+        let proc = Proc::spawn("dashboard", command);
+        let line = proc.wait_line("dashboard: http://", Duration::from_secs(20));
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .unwrap_or_default()
+            .trim()
+            .trim_end_matches('/')
+            .to_owned();
+        (proc, addr)
+    }
+
     /// The stream records (reserved records left out), a session-mode
     /// stream's expiry read from its session as every reader does.
     pub async fn leases(&self) -> Vec<Lease> {
