@@ -176,6 +176,10 @@ pub struct Sequencer<T> {
     /// with whether it was the first of its connection (a backfill outlives a
     /// reconnect: a new connection's jump is judged when its event is taken).
     held: VecDeque<(u64, T, bool)>,
+    /// What the held events weigh together ([`Sequencer::with_weigher`]).
+    held_weight: usize,
+    /// The weight of one held event (bytes, for the runner); 0 by default.
+    weigh: fn(&T) -> usize,
     jump: JumpBound,
     /// Frames beyond the jump bound waiting for confirmation, in arrival
     /// order, each with whether it was the first of its connection.
@@ -192,9 +196,40 @@ impl<T> Sequencer<T> {
             fresh_connection: true,
             filling: None,
             held: VecDeque::new(),
+            held_weight: 0,
+            weigh: |_| 0,
             jump: JumpBound::NONE,
             suspects: Vec::new(),
         }
+    }
+
+    /// This sequencer, adding up `weigh` over the held events
+    /// ([`Sequencer::held_weight`]): a bound on held bytes needs it, since
+    /// frames differ in size by orders of magnitude (a trade against a book
+    /// snapshot).
+    pub fn with_weigher(mut self, weigh: fn(&T) -> usize) -> Self {
+        self.weigh = weigh;
+        self
+    }
+
+    /// What the held events weigh together.
+    pub fn held_weight(&self) -> usize {
+        self.held_weight
+    }
+
+    fn hold(&mut self, seq: u64, item: T, fresh: bool, at_front: bool) {
+        self.held_weight += (self.weigh)(&item);
+        if at_front {
+            self.held.push_front((seq, item, fresh));
+        } else {
+            self.held.push_back((seq, item, fresh));
+        }
+    }
+
+    fn release_front(&mut self) -> Option<(u64, T, bool)> {
+        let released = self.held.pop_front()?;
+        self.held_weight -= (self.weigh)(&released.1);
+        Some(released)
     }
 
     /// This sequencer, taking no frame more than `jump.max` ahead at its word.
@@ -238,6 +273,7 @@ impl<T> Sequencer<T> {
         self.last = last;
         self.filling = None;
         self.held.clear();
+        self.held_weight = 0;
         self.suspects.clear();
         self.fresh_connection = true;
     }
@@ -319,7 +355,7 @@ impl<T> Sequencer<T> {
             {
                 return Arrival::Replayed;
             }
-            self.held.push_back((seq, item, fresh));
+            self.hold(seq, item, fresh, false);
             return Arrival::Held;
         }
         self.take(seq, item, fresh, out)
@@ -370,7 +406,7 @@ impl<T> Sequencer<T> {
                 });
                 // Its own jump is the range being filled. At the front: when
                 // a held event starts this backfill, later ones are still held.
-                self.held.push_front((seq, item, false));
+                self.hold(seq, item, false, true);
                 out.push(Step::Backfill { from, to });
                 return Arrival::Held;
             }
@@ -473,7 +509,7 @@ impl<T> Sequencer<T> {
 
     fn finish_backfill(&mut self, out: &mut Vec<Step<T>>) {
         self.filling = None;
-        while let Some((seq, item, fresh)) = self.held.pop_front() {
+        while let Some((seq, item, fresh)) = self.release_front() {
             if self.take(seq, item, fresh, out) == Arrival::Held {
                 return;
             }
@@ -672,6 +708,31 @@ mod tests {
                 Step::Event(20, 20),
             ]
         );
+    }
+
+    /// Held events are weighed as they are held and released, so a byte
+    /// bound can pause reading (`STREAM_HOLD_MAX_BYTES`).
+    #[test]
+    fn the_held_events_weight_follows_what_is_held() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Contiguous, Some(10))
+            .with_weigher(|item: &u64| *item as usize);
+        let mut out = Vec::new();
+        s.arrive(20, 20, &mut out);
+        s.arrive(21, 21, &mut out);
+        assert_eq!((s.held(), s.held_weight()), (2, 41));
+        out.clear();
+        // The history closes 11..=19: both held events are handed on.
+        let page = (11..=19).map(|seq| (seq, seq)).collect();
+        assert!(s.backfilled(page, &mut out));
+        assert_eq!((s.held(), s.held_weight()), (0, 0));
+        s.arrive(30, 30, &mut out);
+        assert_eq!(
+            s.held_weight(),
+            30,
+            "a new hole holds its first event again"
+        );
+        s.reposition(Some(30));
+        assert_eq!(s.held_weight(), 0);
     }
 
     #[test]

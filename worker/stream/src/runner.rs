@@ -48,6 +48,9 @@ pub struct RunnerConfig {
     /// Most live events held while a backfill runs; when full, reading the
     /// upstream pauses until the backfill has caught up.
     pub backfill_hold_max: usize,
+    /// Most bytes of live frames held meanwhile (`STREAM_HOLD_MAX_BYTES`);
+    /// reading pauses likewise.
+    pub hold_max_bytes: usize,
     /// History pages that bring nothing new before the rest of a range is
     /// given up (the history may lag the live feed by a moment).
     pub backfill_empty_pages: u32,
@@ -75,6 +78,11 @@ pub const BATCH_MAX_EVENTS: usize = 500;
 /// stream at 10,000 events/s (a few MiB at exchange frame sizes).
 pub const BACKFILL_HOLD_MAX: usize = 100_000;
 
+/// [`RunnerConfig::hold_max_bytes`]'s default (`STREAM_HOLD_MAX_BYTES`):
+/// 16 MiB, about 100,000 trade frames or a few order-book snapshots, per
+/// stream; a worker backfilling 100 streams at once holds 1.6 GiB at most.
+pub const HOLD_MAX_BYTES: usize = 16 << 20;
+
 impl Default for RunnerConfig {
     fn default() -> Self {
         RunnerConfig {
@@ -92,6 +100,7 @@ impl Default for RunnerConfig {
             resume: ResumeMode::Replay,
             seq_step: SeqStep::Contiguous,
             backfill_hold_max: BACKFILL_HOLD_MAX,
+            hold_max_bytes: HOLD_MAX_BYTES,
             backfill_empty_pages: 3,
             backfill_empty_wait: Duration::from_millis(500),
             jump: JUMP_BOUND,
@@ -206,8 +215,9 @@ pub async fn run_stream(
             // ever written (there is no "before" to record).
             let last =
                 (anchored || config.resume == ResumeMode::Replay).then_some(progress.received);
-            let mut sequencer =
-                Sequencer::new(config.resume, config.seq_step, last).with_jump_bound(config.jump);
+            let mut sequencer = Sequencer::new(config.resume, config.seq_step, last)
+                .with_jump_bound(config.jump)
+                .with_weigher(|event: &UpstreamEvent| event.payload.len() + event.event_id.len());
             consume(
                 &context,
                 &lease,

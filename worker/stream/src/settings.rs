@@ -125,6 +125,15 @@ pub const UPSTREAM_RESET_AFTER: Setting<u64> = Setting::new(
     "Frames in a row that confirm a sequence jump past `UPSTREAM_MAX_JUMP` (each within the bound \
      of the one before).",
 );
+/// The `STREAM_HOLD_MAX_BYTES` variable.
+pub const STREAM_HOLD_MAX_BYTES: Setting<usize> = Setting::new(
+    "STREAM_HOLD_MAX_BYTES",
+    parse::SIZE,
+    Fallback::Value(|| crate::runner::HOLD_MAX_BYTES),
+    "Bytes of live frames a stream holds at most while a backfill fills the range before them; \
+     at the bound reading that stream's upstream pauses until the backfill catches up (one \
+     order-book snapshot can weigh as much as ten thousand trades, so a count alone is no bound).",
+);
 /// The `BACKFILL_CONCURRENCY` variable.
 pub const BACKFILL_CONCURRENCY: Setting<usize> = Setting::new(
     "BACKFILL_CONCURRENCY",
@@ -343,6 +352,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_BACKFILL_ID_POINTER,
     &UPSTREAM_BACKFILL_TS_POINTER,
     &BACKFILL_CONCURRENCY,
+    &STREAM_HOLD_MAX_BYTES,
     &SINK_URL,
     &SINK_MAX_LEN,
     &SINK_TIMEOUT_MS,
@@ -534,6 +544,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
             max: env.get(&UPSTREAM_MAX_JUMP),
             confirm_after: u32::try_from(env.get(&UPSTREAM_RESET_AFTER)).unwrap_or(u32::MAX),
         },
+        hold_max_bytes: env.get(&STREAM_HOLD_MAX_BYTES),
         ..RunnerConfig::default()
     };
     let shipper =

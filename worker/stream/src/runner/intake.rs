@@ -54,9 +54,11 @@ impl Drop for Intake<'_> {
 
 impl Intake<'_> {
     /// Reading the upstream pauses while the held events of a backfill are
-    /// at their bound.
+    /// at their bound, in count or in bytes.
     pub(super) fn may_read(&self) -> bool {
-        self.sequencer.held() < self.context.config.backfill_hold_max.max(1)
+        let config = &self.context.config;
+        self.sequencer.held() < config.backfill_hold_max.max(1)
+            && self.sequencer.held_weight() < config.hold_max_bytes.max(1)
     }
 
     /// One live event, through the rules into `pending`. `Err` (replay mode):

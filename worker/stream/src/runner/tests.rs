@@ -1480,6 +1480,45 @@ async fn reading_pauses_while_the_held_events_are_at_their_bound() {
     );
 }
 
+/// The same pause when the held frames reach their byte bound first
+/// (`STREAM_HOLD_MAX_BYTES`), whatever their count.
+#[tokio::test(start_paused = true)]
+async fn reading_pauses_while_the_held_bytes_are_at_their_bound() {
+    let (mut f, history) = live_fixture(1_000, ResumeMode::Backfill);
+    let history = history.unwrap();
+    history.failures.store(u64::MAX, Ordering::SeqCst);
+    let context = Arc::get_mut(&mut f.context).unwrap();
+    // Each fake frame weighs a few dozen bytes: about three fit.
+    context.config.hold_max_bytes = 100;
+    context.history.as_mut().unwrap().1.max_attempts = 1_000;
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    f.sink.inner.open("s", lease.fence_token).await.unwrap();
+    f.sink
+        .inner
+        .write(SinkBatch {
+            stream_id: "s",
+            fence_token: lease.fence_token,
+            events: &[SinkEvent::data(900, "s:900", "{}")],
+        })
+        .await
+        .unwrap();
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    subscribed(&f, 1).await;
+    f.upstream.head.store(1_100, Ordering::SeqCst);
+    sleep(Duration::from_millis(500)).await;
+    let delivered = f.upstream.delivered_total.load(Ordering::SeqCst);
+    assert!(
+        delivered <= 6,
+        "{delivered} live frames read while 100 bytes may be held"
+    );
+    assert_eq!(sink_seqs(&f), [900], "nothing written past the hole");
+    task.abort();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_marker_the_sink_dropped_as_a_replay_is_not_counted_again() {
     let f = fixture(0);
