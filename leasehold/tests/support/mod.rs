@@ -327,6 +327,9 @@ impl Cluster {
             .env("DRAIN_TIMEOUT_MS", "2000")
             .env("UPSTREAM_URL", &self.feed_url)
             .env("SINK_URL", &self.redis)
+            // Every event kept: the scenarios read the whole sink back
+            // (the default cap trims a 20,000 events/s stream within seconds).
+            .env("SINK_MAX_LEN", "0")
             .env("STREAM_IDS", self.streams.join(","));
         for (name, value) in overrides {
             command.env(name, value);
