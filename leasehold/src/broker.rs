@@ -60,7 +60,7 @@ pub(crate) async fn credential_sealer(_args: CredentialSealerArgs) -> Result<(),
             "SEALER_CALLER_AUTH=none: the sealer answers any caller that reaches it (outside ECS only; set aws-iam to have callers prove their task role)"
         );
     }
-    let bus = pool_bus(settings.redis_url.expose()).await?;
+    let bus = pool_bus(settings.redis_url.expose(), false).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -123,7 +123,7 @@ pub(crate) async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure
     let shipper =
         read(|env| leasehold_telemetry::settings::shipper(env, "broker-worker", &worker_id))?;
     let telemetry = Arc::new(BufferedShipper::start(shipper, telemetry_stop.clone()));
-    let bus = pool_bus(settings.redis_url.expose()).await?;
+    let bus = pool_bus(settings.redis_url.expose(), false).await?;
     let worker = BrokerWorker::from_settings(settings, bus, telemetry.clone());
     // One parseable line for launchers and tests.
     println!("broker worker {worker_id} started");
@@ -137,10 +137,16 @@ pub(crate) async fn broker_worker(_args: BrokerWorkerArgs) -> Result<(), Failure
 /// The pool bus `REDIS_URL` names (the URL, which may hold a password, is
 /// never part of an error), refused (exit 2) unless it runs with
 /// `maxmemory-policy noeviction`.
-async fn pool_bus(url: &str) -> Result<Arc<dyn PoolBus>, Failure> {
-    let bus = RedisPoolBus::connect(url)
-        .await
-        .map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
+///
+/// `fail_fast` for an operator's command (a refused Redis is reported at
+/// once); workers and the sealer connect patiently.
+async fn pool_bus(url: &str, fail_fast: bool) -> Result<Arc<dyn PoolBus>, Failure> {
+    let connect = if fail_fast {
+        RedisPoolBus::connect_failing_fast(url).await
+    } else {
+        RedisPoolBus::connect(url).await
+    };
+    let bus = connect.map_err(|err| anyhow::anyhow!("cannot reach Redis: {err}"))?;
     bus.require_noeviction()
         .await
         .map_err(|err| ConfigError::one(err.to_string()))?;
@@ -193,7 +199,7 @@ async fn put_credentials(user_id: &str) -> Result<(), Failure> {
         .encrypt(user_id, &plaintext)
         .await
         .map_err(anyhow::Error::from)?;
-    pool_bus(&url)
+    pool_bus(&url, true)
         .await?
         .put_credentials(user_id, &blob)
         .await
@@ -209,7 +215,7 @@ async fn rotate_credentials() -> Result<(), Failure> {
         (env.get(&REDIS_URL), key_id.map(|_| settings::keyring(env)))
     })?;
     let cipher = cipher.expect("a missing key id is a recorded problem");
-    let bus = pool_bus(&url).await?;
+    let bus = pool_bus(&url, true).await?;
     let report = leasehold_broker::rotation::rotate_all(bus.as_ref(), &cipher)
         .await
         .map_err(anyhow::Error::from)?;
@@ -244,7 +250,7 @@ pub(crate) async fn claim(args: ClaimArgs) -> Result<(), Failure> {
     iam::declare("claim", &lookup);
     let (url, launcher_settings) =
         read(|env| (env.get(&REDIS_URL), settings::launcher_settings(env)))?;
-    let bus = pool_bus(&url).await?;
+    let bus = pool_bus(&url, true).await?;
     let launcher = launcher(launcher_settings).await?;
     let path = manager::claim_user(bus.as_ref(), launcher.as_ref(), &args.user_id)
         .await
@@ -305,7 +311,7 @@ pub(crate) async fn pool_manager(args: PoolManagerArgs) -> Result<(), Failure> {
             settings::pool_target(env),
         )
     })?;
-    let bus = pool_bus(&url).await?;
+    let bus = pool_bus(&url, true).await?;
     let launcher = launcher(launcher_settings).await?;
     let every = args.every.map(Into::into);
     try_once_or_every(every, shutdown_on_signal(), || async {
@@ -347,7 +353,7 @@ pub(crate) async fn maintenance(args: MaintenanceArgs) -> Result<(), Failure> {
             env.get(&settings::WORKER_HEARTBEAT_MS),
         )
     })?;
-    let bus = pool_bus(&url).await?;
+    let bus = pool_bus(&url, true).await?;
     let launcher = launcher(launcher_settings).await?;
     let every: Option<Duration> = args.every.map(Into::into);
     let stop = shutdown_on_signal();

@@ -157,7 +157,7 @@ impl ClaimUsers {
         let client = redis::Client::open(url)
             .map_err(|err| BusError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
         let commands =
-            ConnectionManager::new_with_config(client, crate::bus::redis::manager_config())
+            ConnectionManager::new_with_config(client, crate::bus::redis::manager_config(false))
                 .await
                 .map_err(classify)?;
         Ok(ClaimUsers { commands })

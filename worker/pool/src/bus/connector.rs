@@ -53,7 +53,7 @@ impl BusConnector {
             .as_deref()
             .ok_or_else(|| BusError::Config("no pool bus".into()))?;
         let bus: std::sync::Arc<dyn PoolBus> =
-            std::sync::Arc::new(super::redis::RedisPoolBus::connect(url).await?);
+            std::sync::Arc::new(super::redis::RedisPoolBus::connect_failing_fast(url).await?);
         *slot = Some(bus.clone());
         Ok(bus)
     }

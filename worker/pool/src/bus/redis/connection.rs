@@ -32,17 +32,23 @@ const UNBLOCK_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Redis errors, without the URL (a `RedisError`'s text never includes it; it
 /// may name the command).
-/// How the pool's shared connections (re)connect: a Redis that refuses
-/// connections is reported within a fraction of a second, and one that does
-/// not answer within the connect timeout and one retry. The client's default
-/// (six retries with exponential backoff) took about 9.5 s to say
-/// "Connection refused", longer than any caller's own timeout.
-pub(crate) fn manager_config() -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
+/// How the pool's shared connections (re)connect. Workers and the sealer
+/// are patient: the client retries six times with exponential backoff (about
+/// 9.5 s), which rides out a Redis restart or failover. `fail_fast` is for
+/// an operator's command or the dashboard, which report and go on: a Redis
+/// that refuses connections is reported within a fraction of a second (the
+/// patient default outlasted `claim --timeout 2s` and every refresh).
+pub(crate) fn manager_config(fail_fast: bool) -> ConnectionManagerConfig {
+    let config = ConnectionManagerConfig::new()
         .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(500))
+        .set_connection_timeout(Some(Duration::from_secs(2)));
+    if fail_fast {
+        config
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500))
+    } else {
+        config
+    }
 }
 
 pub(crate) fn classify(err: redis::RedisError) -> BusError {
@@ -91,13 +97,25 @@ pub(in crate::bus) struct Blocking {
 }
 
 impl RedisPoolBus {
-    /// Connects (the URL is never part of an error).
+    /// Connects (the URL is never part of an error), patiently: what a
+    /// worker or the sealer does ([`manager_config`]).
     pub async fn connect(url: &str) -> Result<Self, BusError> {
+        Self::connect_with(url, false).await
+    }
+
+    /// Connects, reporting an unreachable Redis at once: what an operator's
+    /// command and the dashboard do.
+    pub async fn connect_failing_fast(url: &str) -> Result<Self, BusError> {
+        Self::connect_with(url, true).await
+    }
+
+    async fn connect_with(url: &str, fail_fast: bool) -> Result<Self, BusError> {
         let client = redis::Client::open(url)
             .map_err(|err| BusError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
-        let commands = ConnectionManager::new_with_config(client.clone(), manager_config())
-            .await
-            .map_err(classify)?;
+        let commands =
+            ConnectionManager::new_with_config(client.clone(), manager_config(fail_fast))
+                .await
+                .map_err(classify)?;
         Ok(RedisPoolBus {
             client,
             commands,
@@ -257,7 +275,7 @@ mod tests {
             .local_addr()
             .unwrap();
         let began = std::time::Instant::now();
-        let result = RedisPoolBus::connect(&format!("redis://{closed}")).await;
+        let result = RedisPoolBus::connect_failing_fast(&format!("redis://{closed}")).await;
         let took = began.elapsed();
         assert!(
             matches!(result, Err(BusError::Unavailable(_))),
