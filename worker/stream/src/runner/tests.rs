@@ -1433,14 +1433,22 @@ async fn a_history_without_the_start_marks_retention_and_a_failing_one_backfill_
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn reading_pauses_while_the_held_events_are_at_their_bound() {
+/// A stream past seq 900 whose history keeps failing (the hole after 900
+/// stays open) while the live feed moves to 1,100, with `bound` applied to
+/// its runner; returns after half a second of reading, with the task.
+async fn holding_a_hole_open(
+    bound: impl FnOnce(&mut RunnerConfig),
+) -> (
+    Fixture,
+    Arc<FakeHistory>,
+    tokio::task::JoinHandle<StreamExit>,
+) {
     let (mut f, history) = live_fixture(1_000, ResumeMode::Backfill);
     let history = history.unwrap();
     // A history that fails for a long while (and is retried): the hole stays open.
     history.failures.store(u64::MAX, Ordering::SeqCst);
     let context = Arc::get_mut(&mut f.context).unwrap();
-    context.config.backfill_hold_max = 5;
+    bound(&mut context.config);
     context.history.as_mut().unwrap().1.max_attempts = 1_000;
     let lease = f.context.keeper.acquire("s").await.unwrap();
     f.sink.inner.open("s", lease.fence_token).await.unwrap();
@@ -1461,6 +1469,12 @@ async fn reading_pauses_while_the_held_events_are_at_their_bound() {
     subscribed(&f, 1).await;
     f.upstream.head.store(1_100, Ordering::SeqCst);
     sleep(Duration::from_millis(500)).await;
+    (f, history, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn reading_pauses_while_the_held_events_are_at_their_bound() {
+    let (f, history, task) = holding_a_hole_open(|config| config.backfill_hold_max = 5).await;
     let asked = history.requests.lock().unwrap().clone();
     assert_eq!(asked.first(), Some(&(901, 1_000)), "the hole is fetched");
     // The first live event opened the hole; four more are held, then reading stops.
@@ -1484,32 +1498,8 @@ async fn reading_pauses_while_the_held_events_are_at_their_bound() {
 /// (`STREAM_HOLD_MAX_BYTES`), whatever their count.
 #[tokio::test(start_paused = true)]
 async fn reading_pauses_while_the_held_bytes_are_at_their_bound() {
-    let (mut f, history) = live_fixture(1_000, ResumeMode::Backfill);
-    let history = history.unwrap();
-    history.failures.store(u64::MAX, Ordering::SeqCst);
-    let context = Arc::get_mut(&mut f.context).unwrap();
     // Each fake frame weighs a few dozen bytes: about three fit.
-    context.config.hold_max_bytes = 100;
-    context.history.as_mut().unwrap().1.max_attempts = 1_000;
-    let lease = f.context.keeper.acquire("s").await.unwrap();
-    f.sink.inner.open("s", lease.fence_token).await.unwrap();
-    f.sink
-        .inner
-        .write(SinkBatch {
-            stream_id: "s",
-            fence_token: lease.fence_token,
-            events: &[SinkEvent::data(900, "s:900", "{}")],
-        })
-        .await
-        .unwrap();
-    let task = tokio::spawn(run_stream(
-        f.context.clone(),
-        lease,
-        CancellationToken::new(),
-    ));
-    subscribed(&f, 1).await;
-    f.upstream.head.store(1_100, Ordering::SeqCst);
-    sleep(Duration::from_millis(500)).await;
+    let (f, _, task) = holding_a_hole_open(|config| config.hold_max_bytes = 100).await;
     let delivered = f.upstream.delivered_total.load(Ordering::SeqCst);
     assert!(
         delivered <= 6,
