@@ -406,27 +406,38 @@ mod tests {
         }
     }
 
-    async fn scans_in(records: usize, seconds: u64) -> (u32, Duration, u32) {
+    /// A collector over `records` streams whose lease scans are counted,
+    /// refreshing every `refresh`, with `pool` as its pool source.
+    async fn counted_collector(
+        records: usize,
+        refresh: Duration,
+        pool: Option<Arc<dyn leasehold_pool::read::PoolReader>>,
+    ) -> (Arc<Intercepted<MemoryLeaseStore, Counting>>, Arc<Collector>) {
         let store = MemoryLeaseStore::new();
         for i in 0..records {
             store.register(&format!("s-{i:05}"), 0).await.unwrap();
         }
         let leases = Arc::new(Intercepted::new(Arc::new(store), Counting::default()));
         let settings = CollectorSettings {
-            refresh: Duration::from_secs(1),
+            refresh,
             scan_items_per_second: 1_000,
             ..CollectorSettings::default()
         };
         let collector = Arc::new(Collector::new(
             Sources {
                 leases: leases.clone(),
-                pool: None,
+                pool,
                 sidecars: Vec::new(),
                 discovery: DiscoveryPolicy::default(),
             },
             settings,
             Arc::new(PausedClock::starting_at(1_800_000_000_000)),
         ));
+        (leases, collector)
+    }
+
+    async fn scans_in(records: usize, seconds: u64) -> (u32, Duration, u32) {
+        let (leases, collector) = counted_collector(records, Duration::from_secs(1), None).await;
         let stop = CancellationToken::new();
         let task = tokio::spawn(collector.clone().run(stop.clone()));
         tokio::time::sleep(Duration::from_millis(seconds * 1000 + 500)).await;
@@ -485,23 +496,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_pool_that_is_down_never_slows_the_lease_table() {
         for hangs in [true, false] {
-            let store = MemoryLeaseStore::new();
-            store.register("s-1", 0).await.unwrap();
-            let leases = Arc::new(Intercepted::new(Arc::new(store), Counting::default()));
-            let settings = CollectorSettings {
-                refresh: Duration::from_secs(2),
-                ..CollectorSettings::default()
-            };
-            let collector = Arc::new(Collector::new(
-                Sources {
-                    leases: leases.clone(),
-                    pool: Some(Arc::new(DownPool { hangs })),
-                    sidecars: Vec::new(),
-                    discovery: DiscoveryPolicy::default(),
-                },
-                settings,
-                Arc::new(PausedClock::starting_at(1_800_000_000_000)),
-            ));
+            let pool =
+                Some(Arc::new(DownPool { hangs }) as Arc<dyn leasehold_pool::read::PoolReader>);
+            let (leases, collector) = counted_collector(1, Duration::from_secs(2), pool).await;
             let stop = CancellationToken::new();
             let task = tokio::spawn(collector.clone().run(stop.clone()));
             tokio::time::sleep(Duration::from_millis(2_500)).await;
