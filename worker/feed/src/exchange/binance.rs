@@ -131,22 +131,23 @@ async fn stream(
         _ => return plain(StatusCode::BAD_REQUEST, "unknown stream"),
     };
     upgrade(&shared, request, move |session| {
-        let shared = session.shared.clone();
+        let timeline = session.shared.timeline();
         // Live start: the first frame is the first id after the head now.
-        let next = shared.timeline.head() + 1;
+        let next = timeline.head() + 1;
         RawStream {
             shape,
             symbol,
             name,
             next,
-            shared,
+            timeline,
         }
     })
 }
 
 /// One raw stream connection.
 struct RawStream {
-    shared: Arc<Shared>,
+    /// The timeline current when the connection opened.
+    timeline: Arc<Timeline>,
     shape: ExchangeShape,
     symbol: String,
     /// The stream name as the URL spelled it (`btcusdt@trade`).
@@ -218,7 +219,7 @@ impl Protocol for RawStream {
     }
 
     fn emit_due(&mut self, now: Instant, out: &mut Outbox) -> Option<Refusal> {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let head = timeline.head_at(now);
         while self.next <= head && out.len() < BATCH {
             out.push_back(frame(timeline, self.shape, &self.symbol, self.next));
@@ -228,7 +229,7 @@ impl Protocol for RawStream {
     }
 
     fn next_wake(&self, now: Instant) -> Option<Instant> {
-        Some(self.shared.timeline.wake(self.next, now))
+        Some(self.timeline.wake(self.next, now))
     }
 }
 
@@ -240,11 +241,12 @@ async fn agg_trades(State(shared): State<Arc<Shared>>, RawQuery(q): RawQuery) ->
     history(&shared, q.as_deref().unwrap_or(""))
 }
 
-/// The oldest id the REST history still serves when `head` is the newest
-/// (`None`: it serves nothing).
-pub(super) fn oldest_kept(shared: &Shared, head: u64) -> Option<u64> {
+/// The oldest id the REST history still serves when `head` is the newest id
+/// of `timeline` (`None`: it serves nothing). Only the current timeline is
+/// served: ids from before a restart are gone.
+pub(super) fn oldest_kept(shared: &Shared, timeline: &Timeline, head: u64) -> Option<u64> {
     let retention = shared.config.history_retention;
-    let first = shared.timeline.first_id();
+    let first = timeline.first_id();
     if retention == 0 || head < first {
         return None;
     }
@@ -347,10 +349,10 @@ fn history(shared: &Shared, query: &str) -> Response {
         Ok(page) => page,
         Err((code, message)) => return error(code, &message),
     };
-    let timeline = &shared.timeline;
+    let timeline = shared.timeline();
     let head = timeline.head();
     let mut body = String::from("[");
-    if let Some(oldest) = oldest_kept(shared, head) {
+    if let Some(oldest) = oldest_kept(shared, &timeline, head) {
         let from = match page.from_id {
             // An id below the oldest kept gets the page from the oldest kept,
             // as Binance answers for an id before a symbol's first trade.
@@ -362,7 +364,7 @@ fn history(shared: &Shared, query: &str) -> Response {
             if id > from {
                 body.push(',');
             }
-            body.push_str(&history_item(timeline, shape, &page.symbol, id));
+            body.push_str(&history_item(&timeline, shape, &page.symbol, id));
         }
     }
     body.push(']');

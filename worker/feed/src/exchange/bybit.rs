@@ -34,7 +34,7 @@ async fn spot(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     upgrade(&shared, request, |session| {
         let n = session.number;
         Spot {
-            shared: session.shared.clone(),
+            timeline: session.shared.timeline(),
             topics: Vec::new(),
             conn_id: uuid(crate::splitmix64(n), crate::splitmix64(n ^ 0xB1B1)),
         }
@@ -111,7 +111,8 @@ struct Topic {
 
 /// One spot connection.
 struct Spot {
-    shared: Arc<Shared>,
+    /// The timeline current when the connection opened.
+    timeline: Arc<Timeline>,
     topics: Vec<Topic>,
     conn_id: String,
 }
@@ -166,7 +167,7 @@ impl Spot {
             return Err(format!("error:at most {MAX_TOPICS} topics per connection"));
         }
         // Live start: the first package not complete yet.
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let next = package_of(timeline, timeline.head() + 1);
         for symbol in symbols {
             self.topics.push(Topic {
@@ -220,7 +221,7 @@ impl Protocol for Spot {
     }
 
     fn emit_due(&mut self, now: Instant, out: &mut Outbox) -> Option<Refusal> {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let head = timeline.head_at(now);
         // Packages in order across topics (they share one timeline).
         while out.len() < BATCH {
@@ -237,7 +238,7 @@ impl Protocol for Spot {
     }
 
     fn next_wake(&self, now: Instant) -> Option<Instant> {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         self.topics
             .iter()
             .map(|t| timeline.wake(last_id(timeline, t.next), now))

@@ -29,7 +29,7 @@ pub(super) fn routes() -> Router<Arc<Shared>> {
 
 async fn feed(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     upgrade(&shared, request, |session| Feed {
-        shared: session.shared.clone(),
+        timeline: session.shared.timeline(),
         products: Vec::new(),
         subscribe_by: Some(Instant::now() + SUBSCRIBE_WITHIN),
     })
@@ -101,7 +101,8 @@ struct Product {
 
 /// One feed connection.
 struct Feed {
-    shared: Arc<Shared>,
+    /// The timeline current when the connection opened.
+    timeline: Arc<Timeline>,
     products: Vec<Product>,
     /// Until the first subscribe: when the connection is dropped.
     subscribe_by: Option<Instant>,
@@ -240,7 +241,7 @@ impl Feed {
             return;
         }
         self.subscribe_by = None;
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let head = timeline.head_at(now);
         let mut last_matches = Vec::new();
         for (channel, id) in wanted {
@@ -308,7 +309,7 @@ impl Protocol for Feed {
                 reason: "no subscribe message received in time",
             });
         }
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let head = timeline.head_at(now);
         // Trades in id order across products (they share one timeline).
         while out.len() < BATCH {
@@ -341,7 +342,7 @@ impl Protocol for Feed {
     }
 
     fn next_wake(&self, now: Instant) -> Option<Instant> {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let products = self.products.iter().flat_map(|p| {
             let trade = p.matches.then(|| timeline.wake(p.next, now));
             let heartbeat = p.heartbeat.then_some(p.next_heartbeat);

@@ -28,7 +28,7 @@ pub(super) fn routes() -> Router<Arc<Shared>> {
 
 async fn v2(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     upgrade(&shared, request, |session| Connection {
-        shared: session.shared.clone(),
+        timeline: session.shared.timeline(),
         books: Vec::new(),
         connection_id: crate::splitmix64(session.number ^ 0x4B52_414B),
         last_sent: Instant::now(),
@@ -133,7 +133,8 @@ struct Book {
 
 /// One v2 connection.
 struct Connection {
-    shared: Arc<Shared>,
+    /// The timeline current when the connection opened.
+    timeline: Arc<Timeline>,
     books: Vec<Book>,
     connection_id: u64,
     /// When a frame last went into the outbox (heartbeats fill silences).
@@ -173,7 +174,7 @@ impl Connection {
             Some(_) => return out.push_back(invalid("snapshot")),
         };
         let subscribe = request.method == "subscribe";
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         for symbol in symbols {
             let held = self.books.iter().position(|b| b.symbol == symbol);
             if !valid_symbol(symbol) {
@@ -271,7 +272,7 @@ impl Protocol for Connection {
     }
 
     fn emit_due(&mut self, now: Instant, out: &mut Outbox) -> Option<Refusal> {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let head = timeline.head_at(now);
         let before = out.len();
         // One trade per update frame, in id order across symbols.
@@ -295,7 +296,7 @@ impl Protocol for Connection {
     }
 
     fn next_wake(&self, now: Instant) -> Option<Instant> {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.timeline;
         let heartbeat = (!self.books.is_empty()).then_some(self.last_sent + HEARTBEAT_AFTER);
         self.books
             .iter()

@@ -9,12 +9,13 @@
 //!
 //! - **Live start, no replay.** Ids (trade ids, aggregate ids) advance at
 //!   [`ExchangeConfig::rate`] per second per symbol from the server's start, the
-//!   first being [`ExchangeConfig::first_id`] (so nothing starts at 1). Every
+//!   first being [`ExchangeConfig::first_id`] (so nothing starts at 1 until a
+//!   restart, below). Every
 //!   connection starts at the next id due and nothing a client asks for is
 //!   replayed: a client that reconnects after 2 s has missed about 2 s of ids.
 //!   The only way back is the Binance shapes' REST history.
 //! - **Computed, not stored.** A trade is a pure function of (symbol, id) and
-//!   the server's start time; [`ExchangeServer::frame`] and
+//!   the server's start time (or last restart); [`ExchangeServer::frame`] and
 //!   [`ExchangeServer::history_item`] give the exact text served for any id.
 //! - **Any symbol** the exchange's own spelling rules allow (Binance: lower
 //!   case in stream names, upper case in REST; the others upper case, as
@@ -26,6 +27,18 @@
 //!   [`ExchangeServer::connections_accepted`] order) is cut with a close frame
 //!   (1001) when n is odd and by dropping the socket, without one, when n is
 //!   even: real exchanges do both.
+//! - **Restarts.** [`ExchangeServer::restart`] imitates an exchange service
+//!   restart: every open connection is cut (as by `cut_all`) and ids start
+//!   over at 1 for every symbol, due from now at the same rate with trade
+//!   times from now (aggregate trade ranges, Coinbase and Bybit sequences
+//!   start over with them). Connections opened afterwards stream the new ids;
+//!   the Binance REST history serves only the new ids (a `fromId` from before
+//!   the restart is past the new head: an empty page); `head`, `frame`,
+//!   `history_item`, `ts_ms` and `oldest_kept` answer for the new ids. Bybit
+//!   documents that after a service restart its order-book update id starts
+//!   again at `u=1`; Binance and others restart trade ids rarely, but a fake
+//!   that can do it lets a test see a client notice the ids going backwards
+//!   and recover. [`ExchangeServer::restarts`] counts them.
 //! - **Bounded.** Frames are computed when due, a client is not read while
 //!   more than 1,024 answers wait for it, client messages are limited to
 //!   64 KiB (larger ones end the connection), subscriptions to 64 symbols per
@@ -233,9 +246,9 @@ impl ExchangeServer {
     /// before the first). For Bybit, the last id of the newest complete match
     /// package.
     pub fn head(&self, _symbol: &str) -> u64 {
-        let timeline = &self.shared.timeline;
+        let timeline = self.shared.timeline();
         match self.shared.config.shape {
-            ExchangeShape::BybitPublicTrade => bybit::complete_head(timeline, timeline.head()),
+            ExchangeShape::BybitPublicTrade => bybit::complete_head(&timeline, timeline.head()),
             _ => timeline.head(),
         }
     }
@@ -245,7 +258,8 @@ impl ExchangeServer {
         if !self.shared.config.shape.serves_history() {
             return None;
         }
-        binance::oldest_kept(&self.shared, self.shared.timeline.head())
+        let timeline = self.shared.timeline();
+        binance::oldest_kept(&self.shared, &timeline, timeline.head())
     }
 
     /// The exact WebSocket frame that carries id `id` of `symbol`: Binance's
@@ -253,7 +267,7 @@ impl ExchangeServer {
     /// with that type), Kraken's `update`, Bybit's package frame. `symbol` as
     /// the frames spell it (Binance also takes the lower-case stream spelling).
     pub fn frame(&self, symbol: &str, id: u64) -> String {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.shared.timeline();
         match self.shared.config.shape {
             shape @ (ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade) => {
                 binance::frame(timeline, shape, &symbol.to_ascii_uppercase(), id)
@@ -269,7 +283,7 @@ impl ExchangeServer {
         let shape = self.shared.config.shape;
         shape.serves_history().then(|| {
             binance::history_item(
-                &self.shared.timeline,
+                &self.shared.timeline(),
                 shape,
                 &symbol.to_ascii_uppercase(),
                 id,
@@ -280,7 +294,7 @@ impl ExchangeServer {
     /// The trade time of `id` in unix ms (Binance `T`, Bybit `T`; Coinbase and
     /// Kraken write the same instant as RFC 3339 with µs).
     pub fn ts_ms(&self, id: u64) -> u64 {
-        let timeline = &self.shared.timeline;
+        let timeline = &*self.shared.timeline();
         match self.shared.config.shape {
             ExchangeShape::BybitPublicTrade => bybit::time_ms(timeline, id),
             _ => timeline.time_us(id) / 1000,
@@ -291,6 +305,23 @@ impl ExchangeServer {
     /// how many.
     pub fn cut_all(&self) -> usize {
         self.shared.cut_all()
+    }
+
+    /// Imitates an exchange service restart: every open connection is cut
+    /// (as by [`cut_all`](Self::cut_all); returns how many) and ids start
+    /// over at 1 for every symbol, due at [`ExchangeConfig::rate`] from now
+    /// with trade times from now. Connections opened afterwards stream the
+    /// new ids, the REST history serves only them, and [`head`](Self::head),
+    /// [`frame`](Self::frame), [`history_item`](Self::history_item),
+    /// [`ts_ms`](Self::ts_ms) and [`oldest_kept`](Self::oldest_kept) answer
+    /// for the new timeline.
+    pub fn restart(&self) -> usize {
+        self.shared.restart()
+    }
+
+    /// Restarts so far ([`restart`](Self::restart)).
+    pub fn restarts(&self) -> u64 {
+        self.shared.restarts()
     }
 
     /// Sends `frame` as it is to every open connection (a status frame, a

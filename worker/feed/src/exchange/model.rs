@@ -13,7 +13,8 @@ use tokio::time::Instant;
 
 /// When each id is due: ids advance at `rate` per second from the server's
 /// start, the first being `first_id` (so a server that just started has no id
-/// at all and its head is `first_id - 1`). The same for every symbol.
+/// at all and its head is `first_id - 1`). The same for every symbol. A
+/// restart replaces the server's timeline with a new one from 1.
 #[derive(Debug)]
 pub(super) struct Timeline {
     start: Instant,

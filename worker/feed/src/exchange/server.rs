@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -60,7 +60,11 @@ const MAX_HTTP_HEAD: usize = 16 * 1024;
 /// What every request handler and session of one server shares.
 pub(super) struct Shared {
     pub(super) config: ExchangeConfig,
-    pub(super) timeline: Timeline,
+    /// The current timeline, replaced by a restart. Sessions take the one
+    /// current when they start and keep it (a restart cuts them anyway);
+    /// requests and accessors take it once each.
+    timeline: RwLock<Arc<Timeline>>,
+    restarts: AtomicU64,
     pub(super) shutdown: CancellationToken,
     sessions: TaskTracker,
     /// Open sessions by number, each with the token that cuts it.
@@ -83,7 +87,8 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     pub(super) fn new(config: ExchangeConfig, shutdown: CancellationToken) -> Shared {
         Shared {
-            timeline: Timeline::new(config.rate, config.first_id),
+            timeline: RwLock::new(Arc::new(Timeline::new(config.rate, config.first_id))),
+            restarts: AtomicU64::new(0),
             history_override: Mutex::new(config.history_status_override),
             config,
             shutdown,
@@ -95,6 +100,33 @@ impl Shared {
             panics: AtomicU64::new(0),
             injected: tokio::sync::broadcast::channel(16).0,
         }
+    }
+
+    /// The current timeline (see [`Shared::restart`]).
+    pub(super) fn timeline(&self) -> Arc<Timeline> {
+        // Nothing panics while holding the lock; the Arc in it is whole.
+        self.timeline
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// An exchange service restart: a new timeline from now whose ids start
+    /// at 1, then every open session is cut; returns how many. Swapping first
+    /// means a session that took the old timeline was already registered, so
+    /// the cut reaches it; one registered after the cut takes the new one.
+    pub(super) fn restart(&self) -> usize {
+        let fresh = Arc::new(Timeline::new(self.config.rate, 1));
+        *self
+            .timeline
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = fresh;
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        self.cut_all()
+    }
+
+    pub(super) fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
     }
 
     /// Sends `frame` to every open session; returns how many.

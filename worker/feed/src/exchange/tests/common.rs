@@ -111,6 +111,133 @@ async fn cut_all_cuts_with_and_without_a_close_frame() {
     stop(server, shutdown).await;
 }
 
+/// Connects and subscribes with the worked settings, as the worker does.
+async fn connect_worked(
+    settings: &std::collections::HashMap<&str, String>,
+    stream_id: &str,
+) -> Client {
+    let mut ws = connect(&settings["UPSTREAM_URL"].replace("{stream_id}", stream_id)).await;
+    let subscribe = settings["UPSTREAM_SUBSCRIBE"].replace("{stream_id}", stream_id);
+    if !subscribe.is_empty() {
+        send(&mut ws, &subscribe).await;
+    }
+    ws
+}
+
+/// The next data frame (per `UPSTREAM_DATA_MATCH`), its id (per
+/// `UPSTREAM_ID_POINTER`) and its text.
+async fn next_data(
+    ws: &mut Client,
+    settings: &std::collections::HashMap<&str, String>,
+) -> (u64, String) {
+    let data_match = &settings["UPSTREAM_DATA_MATCH"];
+    let (frame, text) = next_where(ws, |v| is_data(v, data_match)).await;
+    (number_at(&frame, &settings["UPSTREAM_ID_POINTER"]), text)
+}
+
+fn unix_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    u64::try_from(since.as_millis()).expect("ms fit")
+}
+
+#[tokio::test]
+async fn restart_cuts_everyone_and_ids_start_over_at_1() {
+    let rate = 20.0;
+    // Ids the new timeline can have reached by the time a client reconnects.
+    let small = 1 + (3.0 * rate) as u64;
+    for shape in ExchangeShape::ALL {
+        let (server, shutdown) = start(config(shape, rate)).await;
+        let first_id = server.config().first_id;
+        assert!(first_id > 1000, "the test needs ids well above 1");
+        let settings: std::collections::HashMap<&str, String> =
+            server.worked_settings().into_iter().collect();
+        let stream_id = shape.example_stream_id();
+        // Before: ids at first_id and up.
+        let mut old = connect_worked(&settings, stream_id).await;
+        let mut previous = 0;
+        for _ in 0..3 {
+            let (id, _) = next_data(&mut old, &settings).await;
+            assert!(id >= first_id && id > previous, "{shape}: {id}");
+            previous = id;
+        }
+        assert!(server.head(stream_id) >= first_id, "{shape}");
+        if shape.serves_history() {
+            assert!(server.oldest_kept().expect("keeps some") >= first_id);
+        }
+        assert_eq!(server.restarts(), 0);
+        let restarted_ms = unix_ms();
+        assert_eq!(server.restart(), 1, "{shape}: the open connection is cut");
+        assert_eq!(server.restarts(), 1);
+        assert_eq!(ending(&mut old).await, Ending::CloseFrame, "{shape}");
+        // After: a new connection streams the new ids from (about) 1.
+        let mut fresh = connect_worked(&settings, stream_id).await;
+        let (first, _) = next_data(&mut fresh, &settings).await;
+        assert!(
+            (1..=small).contains(&first),
+            "{shape}: the first id after the restart is {first}"
+        );
+        let mut previous = first;
+        for _ in 0..4 {
+            let (id, text) = next_data(&mut fresh, &settings).await;
+            assert!(
+                id > previous && id < first_id,
+                "{shape}: {id} after {previous}"
+            );
+            // frame() and ts_ms() answer for the new timeline.
+            assert_eq!(text, server.frame(stream_id, id), "{shape}");
+            assert!(
+                server.ts_ms(id) >= restarted_ms,
+                "{shape}: times from the restart"
+            );
+            previous = id;
+        }
+        let head = server.head(stream_id);
+        assert!(head >= previous && head < first_id, "{shape}: head {head}");
+        if shape.serves_history() {
+            assert_eq!(server.oldest_kept(), Some(1), "{shape}");
+            let template = settings["UPSTREAM_BACKFILL_URL"]
+                .replace("{stream_id_upper}", &stream_id.to_ascii_uppercase());
+            let target = |from: u64| {
+                let url = template.replace("{from_seq}", &from.to_string());
+                let (_, target) = url
+                    .split_once(&server.local_addr().to_string())
+                    .expect("same host");
+                target.to_owned()
+            };
+            // From 1: exactly the new ids, each the text history_item gives.
+            let answer = http_get(&server, &target(1)).await;
+            assert_eq!(answer.status, 200, "{shape}: {}", answer.body);
+            let items = answer.json();
+            let items = items.as_array().expect("an array");
+            let item_seq = &settings["UPSTREAM_BACKFILL_SEQ_POINTER"];
+            let ids: Vec<u64> = items.iter().map(|item| number_at(item, item_seq)).collect();
+            assert!(ids.len() as u64 >= previous, "{shape}: {ids:?}");
+            assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "{shape}");
+            assert!(*ids.last().expect("some") < first_id, "{shape}");
+            for (item, id) in items.iter().zip(&ids) {
+                let expected: Value = serde_json::from_str(
+                    &server
+                        .history_item(&stream_id.to_ascii_uppercase(), *id)
+                        .expect("an item"),
+                )
+                .expect("JSON");
+                assert_eq!(item, &expected, "{shape}");
+            }
+            // An id from before the restart is past the new head: nothing.
+            let answer = http_get(&server, &target(first_id + 1)).await;
+            assert_eq!(
+                (answer.status, answer.body.as_str()),
+                (200, "[]"),
+                "{shape}"
+            );
+        }
+        drop(fresh);
+        stop(server, shutdown).await;
+    }
+}
+
 #[tokio::test]
 async fn cut_every_cuts_each_connection_after_its_lifetime() {
     let (server, shutdown) = start(ExchangeConfig {
