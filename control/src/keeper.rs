@@ -224,6 +224,8 @@ struct Entry {
     lease: HeldLease,
     stop: CancellationToken,
     task: JoinHandle<()>,
+    /// When the lease's first acquire was sent (kept across epochs).
+    acquire_sent: Instant,
 }
 
 struct Inner {
@@ -375,6 +377,7 @@ impl LeaseKeeper {
             owner_id: owner.clone(),
             fence_token: lease.fence_token,
             to,
+            checkpoint: None,
             now_ms: self.inner.clock.now_ms(),
         };
         match store.lift_token(&request).await {
@@ -567,6 +570,14 @@ impl LeaseKeeper {
                 .map(|gap| Duration::from_millis(gap.unsigned_abs())),
             previous_owner: lease.acquired.previous_owner.clone(),
         });
+        self.hold(lease.clone(), sent);
+        Ok(lease)
+    }
+
+    /// Renews `lease` from now on (its session's loop in session mode) in
+    /// place of any lease of the stream held before. `acquire_sent`: when its
+    /// acquire was sent (the renew schedule and the wall clock's origin).
+    fn hold(&self, lease: HeldLease, acquire_sent: Instant) {
         let stop = CancellationToken::new();
         let task = if lease.signal.session.is_some() {
             tokio::spawn(session_stream_loop(
@@ -578,16 +589,17 @@ impl LeaseKeeper {
             tokio::spawn(renew_loop(
                 self.inner.clone(),
                 lease.clone(),
-                sent,
+                acquire_sent,
                 stop.clone(),
             ))
         };
         let replaced = self.inner.held().insert(
-            stream_id.to_owned(),
+            lease.stream_id.clone(),
             Entry {
-                lease: lease.clone(),
+                lease,
                 stop,
                 task,
+                acquire_sent,
             },
         );
         if let Some(old) = replaced {
@@ -598,7 +610,61 @@ impl LeaseKeeper {
             self.inner.lose(&old.lease, LossReason::Fenced);
             old.stop.cancel();
         }
-        Ok(lease)
+    }
+
+    /// Starts a new epoch of a held stream (its upstream's sequence started
+    /// over): the token is lifted by one and the checkpoint set to
+    /// `checkpoint`, below the stored one, in one conditional write
+    /// ([`LeaseStore::lift_token`]). Returns the lease of the new token, renewed
+    /// from now on with the same deadline; `lease`'s handle ends (a writer
+    /// of the old epoch is fenced by the sink once the new one opened it).
+    /// Nothing counts as lost: the stream never changed hands.
+    pub async fn start_epoch(
+        &self,
+        lease: &HeldLease,
+        checkpoint: u64,
+    ) -> Result<HeldLease, LeaseError> {
+        if !lease.is_valid() {
+            return Err(LeaseError::Conflict {
+                stream_id: lease.stream_id.clone(),
+                current: Box::new(lease.acquired.clone()),
+            });
+        }
+        let request = LiftRequest {
+            stream_id: lease.stream_id.clone(),
+            owner_id: self.inner.config.owner_id.clone(),
+            fence_token: lease.fence_token,
+            to: lease.fence_token + 1,
+            checkpoint: Some(checkpoint),
+            now_ms: self.inner.clock.now_ms(),
+        };
+        let record = self.inner.store.lift_token(&request).await?;
+        let acquire_sent = {
+            let held = self.inner.held();
+            match held.get(&lease.stream_id) {
+                Some(entry) if entry.lease.fence_token == lease.fence_token => entry.acquire_sent,
+                _ => Instant::now(),
+            }
+        };
+        let epoch = HeldLease {
+            stream_id: lease.stream_id.clone(),
+            fence_token: record.fence_token,
+            signal: Arc::new(LeaseSignal::new(
+                lease.signal.deadline(),
+                Some(checkpoint),
+                lease.signal.session.clone(),
+            )),
+            // The acquire's expiry stays the renew loop's wall-clock origin.
+            acquired: Lease {
+                fence_token: record.fence_token,
+                checkpoint: Some(checkpoint),
+                ..lease.acquired.clone()
+            },
+        };
+        // Ended quietly: a new epoch is no loss of the lease.
+        lease.signal.lose(LossReason::Fenced);
+        self.hold(epoch.clone(), acquire_sent);
+        Ok(epoch)
     }
 
     /// Leases currently held (and not yet known to be lost).

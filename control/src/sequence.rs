@@ -108,6 +108,25 @@ pub enum Step<T> {
         /// The sequence it claimed.
         seq: u64,
     },
+    /// The upstream's sequence went back (a service restart: trade ids or
+    /// update ids start over): `reset_after` frames in a row below the last
+    /// position, each above the one before. Written as a reset entry at the
+    /// start of a new epoch (the shell raises the fence token first, so entry
+    /// ids still increase and the old epoch's writers are fenced); the steps
+    /// after it are the new epoch's, from `to`.
+    Reset {
+        /// The last position handed on before (`reset_from`).
+        from: u64,
+        /// The first sequence after (`reset_to`).
+        to: u64,
+    },
+    /// Frames held back as a possible reset turned out to be replays (the
+    /// run stopped climbing, or climbed back past the stream): dropped, each
+    /// counted by the shell as a replayed frame.
+    BehindDropped {
+        /// How many.
+        frames: usize,
+    },
     /// Replay mode: the upstream skipped `expected`; reconnect from it.
     Reconnect {
         /// The sequence that should have come next.
@@ -129,6 +148,10 @@ pub enum Arrival {
     /// Beyond the jump bound: kept back until the next frames confirm the
     /// jump (then it is handed on) or deny it (then it is discarded).
     Suspect,
+    /// Below the last position, in a climbing run that may be a restarted
+    /// sequence: kept back until the run makes a reset (then it is handed
+    /// on) or climbs back past the stream (then it was a replay, dropped).
+    Behind,
 }
 
 /// How far one frame may move a stream on its own word
@@ -184,6 +207,12 @@ pub struct Sequencer<T> {
     /// Frames beyond the jump bound waiting for confirmation, in arrival
     /// order, each with whether it was the first of its connection.
     suspects: Vec<(u64, T, bool)>,
+    /// Frames below the last position in a row, each above the one before:
+    /// a restarted upstream, once there are `reset_after` of them.
+    behind: Vec<(u64, T)>,
+    /// Frames behind in a row that make a reset (`UPSTREAM_RESET_AFTER`);
+    /// 0: a sequence never resets (every frame behind is a replay).
+    reset_after: u32,
 }
 
 impl<T> Sequencer<T> {
@@ -200,7 +229,28 @@ impl<T> Sequencer<T> {
             weigh: |_| 0,
             jump: JumpBound::NONE,
             suspects: Vec::new(),
+            behind: Vec::new(),
+            reset_after: 0,
         }
+    }
+
+    /// This sequencer, taking `frames` frames in a row below the last
+    /// position, each above the one before, for a restarted upstream
+    /// ([`Step::Reset`]); 0 never does.
+    ///
+    /// Why not the first frame behind, even on a fresh connection: a feed
+    /// that resends its last few frames on subscribe (or a replay that starts
+    /// a little early) looks the same for a frame or two, and a false reset
+    /// would write those sequences a second time in a new epoch. A restart
+    /// keeps going from its low ids and is confirmed a few frames later.
+    pub fn with_reset_after(mut self, frames: u32) -> Self {
+        self.reset_after = frames;
+        self
+    }
+
+    /// Frames below the last position waiting to confirm a reset.
+    pub fn behind(&self) -> usize {
+        self.behind.len()
     }
 
     /// This sequencer, adding up `weigh` over the held events
@@ -275,6 +325,7 @@ impl<T> Sequencer<T> {
         self.held.clear();
         self.held_weight = 0;
         self.suspects.clear();
+        self.behind.clear();
         self.fresh_connection = true;
     }
 
@@ -291,6 +342,15 @@ impl<T> Sequencer<T> {
     /// bound of the one before, are handed on in order, as any hole is.
     pub fn arrive(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
         let fresh = std::mem::replace(&mut self.fresh_connection, false);
+        if self.reset_after > 0
+            && let Some(last) = self.last
+        {
+            if seq < last {
+                return self.fall_behind(last, seq, item, out);
+            }
+            // Back at or past the stream: what fell behind was a replay.
+            self.drop_behind(out);
+        }
         if self.jump.max == 0 {
             return self.arrive_at_its_word(seq, item, fresh, out);
         }
@@ -335,6 +395,70 @@ impl<T> Sequencer<T> {
             fresh |= was_fresh;
         }
         fresh
+    }
+
+    /// A frame below the last position: a replay, unless it is the
+    /// `reset_after`-th in a row of a sequence that started over.
+    fn fall_behind(&mut self, last: u64, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
+        if self
+            .behind
+            .last()
+            .is_some_and(|(previous, _)| seq <= *previous)
+        {
+            // Not one climbing sequence: start counting again from here.
+            self.drop_behind(out);
+        }
+        self.behind.push((seq, item));
+        if self.behind.len() < self.reset_after as usize {
+            return Arrival::Behind;
+        }
+        self.settle_before_reset(out);
+        let behind = std::mem::take(&mut self.behind);
+        let to = behind.first().map_or(seq, |(first, _)| *first);
+        let from = self.last.unwrap_or(last);
+        out.push(Step::Reset { from, to });
+        // The new epoch starts just before its first sequence: the reset
+        // entry's position, so the next one is taken as contiguous.
+        self.last = Some(to.saturating_sub(1));
+        self.fresh_connection = false;
+        for (seq, item) in behind {
+            self.arrive_at_its_word(seq, item, false, out);
+        }
+        Arrival::Taken
+    }
+
+    fn drop_behind(&mut self, out: &mut Vec<Step<T>>) {
+        if !self.behind.is_empty() {
+            out.push(Step::BehindDropped {
+                frames: self.behind.len(),
+            });
+            self.behind.clear();
+        }
+    }
+
+    /// Before a reset, the old epoch ends: a running backfill gives up the
+    /// rest of its range, the events it held are handed on in order (a hole
+    /// among them marked: the history restarted too), and frames waiting to
+    /// confirm a jump are discarded.
+    fn settle_before_reset(&mut self, out: &mut Vec<Step<T>>) {
+        self.discard_suspects(out);
+        let Some(filling) = self.filling.take() else {
+            return;
+        };
+        if self.resume_from() <= filling.to {
+            self.close_range(filling.to, GapReason::BackfillExhausted, out);
+        }
+        while let Some((seq, item, _)) = self.release_front() {
+            let next = self.resume_from();
+            if seq < next {
+                continue;
+            }
+            if seq > next && self.step == SeqStep::Contiguous {
+                self.close_range(seq - 1, GapReason::BackfillExhausted, out);
+            }
+            self.last = Some(seq);
+            out.push(Step::Event(seq, item));
+        }
     }
 
     /// Frames beyond the jump bound waiting for confirmation.
@@ -858,6 +982,105 @@ mod tests {
         assert!(s.backfilled(Vec::new(), &mut out), "closes the range");
         assert_eq!(out, vec![Step::Event(20, 20), Step::Event(50, 50)]);
         assert!(!s.backfilling());
+    }
+
+    #[test]
+    fn a_sequence_that_starts_over_is_a_reset_after_the_frames_confirm_it() {
+        for mode in ResumeMode::ALL {
+            for step in SeqStep::ALL {
+                let mut s = Sequencer::new(mode, step, Some(60_108)).with_reset_after(3);
+                let mut out = Vec::new();
+                assert_eq!(s.arrive(1, 1, &mut out), Arrival::Behind);
+                assert_eq!(s.arrive(2, 2, &mut out), Arrival::Behind);
+                assert!(out.is_empty(), "{mode:?} {step:?}: {out:?}");
+                assert_eq!(s.arrive(3, 3, &mut out), Arrival::Taken);
+                assert_eq!(
+                    out,
+                    vec![
+                        Step::Reset {
+                            from: 60_108,
+                            to: 1
+                        },
+                        Step::Event(1, 1),
+                        Step::Event(2, 2),
+                        Step::Event(3, 3),
+                    ],
+                    "{mode:?} {step:?}"
+                );
+                assert_eq!(s.last(), Some(3));
+                assert_eq!(run(&mut s, &[4]), vec![Step::Event(4, 4)]);
+            }
+        }
+    }
+
+    #[test]
+    fn frames_behind_that_climb_back_past_the_stream_are_replays() {
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(100)).with_reset_after(3);
+        // A feed that resends its last frames on subscribe, then goes on.
+        assert_eq!(
+            run(&mut s, &[98, 99, 100, 101]),
+            vec![Step::BehindDropped { frames: 2 }, Step::Event(101, 101)]
+        );
+        assert_eq!(s.behind(), 0);
+        // Behind but not one climbing sequence: the count starts again.
+        assert_eq!(
+            run(&mut s, &[5, 6, 3, 4]),
+            vec![Step::BehindDropped { frames: 2 }]
+        );
+        assert_eq!(s.behind(), 2);
+        assert_eq!(
+            run(&mut s, &[102]),
+            vec![Step::BehindDropped { frames: 2 }, Step::Event(102, 102)]
+        );
+        assert_eq!(s.behind(), 0);
+    }
+
+    #[test]
+    fn without_reset_after_frames_behind_are_always_replays() {
+        let mut s = Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(100));
+        assert_eq!(run(&mut s, &[1, 2, 3, 4, 5]), vec![]);
+        assert_eq!(s.last(), Some(100));
+    }
+
+    #[test]
+    fn a_reset_during_a_backfill_ends_the_old_epoch_first() {
+        let mut s =
+            Sequencer::new(ResumeMode::Backfill, SeqStep::Contiguous, Some(10)).with_reset_after(2);
+        assert_eq!(
+            run(&mut s, &[15, 16, 18]),
+            vec![Step::Backfill { from: 11, to: 14 }]
+        );
+        assert_eq!(
+            run(&mut s, &[1, 2]),
+            vec![
+                gap(11, 14, GapReason::BackfillExhausted),
+                Step::Event(15, 15),
+                Step::Event(16, 16),
+                gap(17, 17, GapReason::BackfillExhausted),
+                Step::Event(18, 18),
+                Step::Reset { from: 18, to: 1 },
+                Step::Event(1, 1),
+                Step::Event(2, 2),
+            ]
+        );
+        assert!(!s.backfilling());
+        assert_eq!(s.held(), 0);
+    }
+
+    #[test]
+    fn a_new_epoch_with_a_hole_after_its_first_frames_is_handled_by_the_mode() {
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(500)).with_reset_after(2);
+        assert_eq!(
+            run(&mut s, &[3, 5]),
+            vec![
+                Step::Reset { from: 500, to: 3 },
+                Step::Event(3, 3),
+                gap(4, 4, GapReason::NoReplay),
+                Step::Event(5, 5),
+            ]
+        );
     }
 
     #[test]

@@ -47,6 +47,15 @@
 //!   nothing more). It answers a page in one of two shapes ([`Shape`]): from
 //!   the requested sequence on, past the range (`fromId`-style), or bounded
 //!   by the range (a server that honours `{to_seq}`).
+//! - A restart (the upstream's sequence starts over at 1, on the open
+//!   connection) is modelled for `live` and `backfill`: the sequencer runs
+//!   with `UPSTREAM_RESET_AFTER` 1 (nothing else here delivers a frame below
+//!   the stream), and the shell's new epoch (lifted token, reset entry) is
+//!   one atomic step that starts a fresh sink epoch; the old epoch's entries
+//!   are dropped from the state once written (every property held for them
+//!   while they were current). A `replay` upstream is asked for a position
+//!   and answers for its own API; it is left out. The properties that
+//!   compare the sink with the upstream hold from the reset entry on.
 //! - In replay mode a reconnect repositions after the confirmed sequence;
 //!   the runner flushes its writes first, so that is where the sequencer
 //!   already stands and no switch can show the reposition matters here.
@@ -74,6 +83,7 @@ const MAX_CRASHES: u8 = 1;
 const MAX_FETCH_FAILURES: u8 = 1;
 const MAX_RESENDS: u8 = 1;
 const MAX_BOGUS: u8 = 1;
+const MAX_RESTARTS: u8 = 1;
 /// What a bogus frame claims: far beyond anything the upstream produces here.
 const BOGUS_SEQ: u64 = 1_000;
 /// The jump bound the shipped rules run with: above every real step here
@@ -116,6 +126,9 @@ struct Fixes {
     /// (else it is taken at its word: one bogus frame moves the stream past
     /// everything the upstream will send).
     jump_bound: bool,
+    /// A sequence below the stream's starts a new epoch (else every frame
+    /// behind is a replay: a restarted upstream is never written again).
+    resets_detected: bool,
 }
 
 impl Fixes {
@@ -128,7 +141,12 @@ impl Fixes {
         connected_called: true,
         marker_at_last_missing: true,
         jump_bound: true,
+        resets_detected: true,
     };
+
+    fn reset_after(&self) -> u32 {
+        u32::from(self.resets_detected)
+    }
 
     fn jump(&self) -> JumpBound {
         if self.jump_bound {
@@ -215,6 +233,10 @@ enum Entry {
         /// should exist).
         right: Option<GapReason>,
     },
+    /// A new epoch's first entry: the sequence starts over at `to`.
+    Reset {
+        to: u64,
+    },
 }
 
 impl Entry {
@@ -223,6 +245,7 @@ impl Entry {
         match *self {
             Entry::Event(seq) => seq,
             Entry::Marker { at, .. } => at,
+            Entry::Reset { to } => to - 1,
         }
     }
 
@@ -231,6 +254,8 @@ impl Entry {
         match *self {
             Entry::Event(seq) => (seq, seq),
             Entry::Marker { from, to, .. } => (from, to),
+            // Nothing: an empty range just before the new sequence.
+            Entry::Reset { to } => (to, to - 1),
         }
     }
 
@@ -248,6 +273,8 @@ enum Cause {
     Page { edge: u64 },
     /// The shell gave the range up.
     GaveUp,
+    /// The old epoch ends before a reset (a running backfill gives up).
+    Reset,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -296,10 +323,18 @@ struct State {
     fetch_failures: u8,
     resends: u8,
     bogus: u8,
+    restarts: u8,
+    /// The upstream restarted and the sink has no reset entry for it yet:
+    /// the sink and the upstream count different sequences meanwhile.
+    restart_unrecorded: bool,
+    /// A frame of a restarted upstream was dropped as a replay.
+    restart_dropped: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Action {
+    /// The upstream's sequence starts over at 1, on the open connection.
+    Restart,
     /// The upstream produces its next event (`true`: skipping a sequence,
     /// `increasing` only).
     Tick(bool),
@@ -393,8 +428,9 @@ impl State {
         let mode = self.setup.mode;
         // A never-written stream: `None` for a live start, `Some(0)` for replay.
         let last = (anchored || mode == ResumeMode::Replay).then_some(resume);
-        self.sequencer =
-            Seq(Sequencer::new(mode, self.setup.step, last).with_jump_bound(fixes.jump()));
+        self.sequencer = Seq(Sequencer::new(mode, self.setup.step, last)
+            .with_jump_bound(fixes.jump())
+            .with_reset_after(fixes.reset_after()));
         self.confirmed = resume;
         self.connection = None;
         self.pending.clear();
@@ -438,16 +474,35 @@ impl State {
                     GapReason::BackfillExhausted
                 })
             }
-            // Failed, or the history had nothing more.
-            (ResumeMode::Backfill, Cause::GaveUp) => Some(GapReason::BackfillExhausted),
+            // Failed, or the history had nothing more; or the upstream
+            // restarted under a running backfill.
+            (ResumeMode::Backfill, Cause::GaveUp | Cause::Reset) => {
+                Some(GapReason::BackfillExhausted)
+            }
             _ => None,
         }
     }
 
     /// The shell carries out the sequencer's steps, in order.
     fn apply(&mut self, steps: Vec<Step<u64>>, cause: Cause, fixes: &Fixes) {
+        // Steps before a reset end the old epoch.
+        let resets = steps.iter().any(|s| matches!(s, Step::Reset { .. }));
+        let mut cause = if resets { Cause::Reset } else { cause };
         for step in steps {
             match step {
+                Step::Reset { to, .. } => {
+                    // The shell writes the old epoch out, then lifts the
+                    // token and appends the reset entry in one step.
+                    self.flush(fixes);
+                    self.sink = vec![Entry::Reset { to }];
+                    self.last_landed = None;
+                    self.crashed_at = None;
+                    self.confirmed = to - 1;
+                    self.checkpoint = to - 1;
+                    self.restart_unrecorded = false;
+                    cause = Cause::Arrival;
+                }
+                Step::BehindDropped { .. } => {}
                 Step::Event(seq, item) => {
                     assert_eq!(seq, item, "an event is written at its own sequence");
                     // Held live events follow a closed range in the same batch.
@@ -502,9 +557,15 @@ impl State {
             return;
         }
         let mut out = Vec::new();
+        // A restarted sequence that repeats the old last id exactly cannot
+        // be told from a replay of it; one below it can.
+        let below = self.sequencer.0.last().is_some_and(|last| seq < last);
         let arrival = self.sequencer.0.arrive(seq, seq, &mut out);
         if arrival == Arrival::Replayed && !fixes.sequencer_drops_replays {
             self.pending.push(Entry::Event(seq));
+        }
+        if arrival == Arrival::Replayed && self.restart_unrecorded && below {
+            self.restart_dropped = true;
         }
         self.apply(out, Cause::Arrival, fixes);
     }
@@ -542,6 +603,9 @@ impl Model for SequenceModel {
                     fetch_failures: 0,
                     resends: 0,
                     bogus: 0,
+                    restarts: 0,
+                    restart_unrecorded: false,
+                    restart_dropped: false,
                 };
                 state.open(&self.fixes);
                 state
@@ -562,7 +626,10 @@ impl Model for SequenceModel {
             Some(connection) => {
                 if state.next_produced(connection.next).is_some() {
                     actions.push(Action::Deliver);
-                    if setup.step == SeqStep::Contiguous && state.skips < MAX_SKIPS {
+                    if setup.step == SeqStep::Contiguous
+                        && state.skips < MAX_SKIPS
+                        && state.restarts == 0
+                    {
                         actions.push(Action::Skip);
                     }
                 }
@@ -571,7 +638,10 @@ impl Model for SequenceModel {
                 }
                 // A stream's very first frame has nothing to be judged
                 // against: it is taken at its word (documented).
-                if state.bogus < MAX_BOGUS && state.sequencer.0.last().is_some() {
+                if state.bogus < MAX_BOGUS
+                    && state.sequencer.0.last().is_some()
+                    && state.restarts == 0
+                {
                     actions.push(Action::Bogus);
                 }
             }
@@ -581,7 +651,7 @@ impl Model for SequenceModel {
         }
         if state.sequencer.0.backfilling() {
             actions.push(Action::Page);
-            if state.fetch_failures < MAX_FETCH_FAILURES {
+            if state.fetch_failures < MAX_FETCH_FAILURES && state.restarts == 0 {
                 actions.push(Action::FetchFails);
             }
         }
@@ -597,8 +667,20 @@ impl Model for SequenceModel {
         if !self.fixes.resume_from_sink && state.checkpoint != state.confirmed {
             actions.push(Action::Checkpoint);
         }
-        if state.last_landed.is_some() && state.resends < MAX_RESENDS {
+        if state.last_landed.is_some() && state.resends < MAX_RESENDS && state.restarts == 0 {
             actions.push(Action::Resend);
+        }
+        // Something to go back below; a replay upstream is left out (above).
+        // Not combined with the faults that meet no rule of the reset (a
+        // bogus frame, a resend, a failed fetch, a live hole), before or
+        // after it: with them the states grew sixfold for nothing.
+        let unrelated_faults = state.bogus + state.resends + state.fetch_failures + state.skips;
+        if setup.mode != ResumeMode::Replay
+            && state.restarts < MAX_RESTARTS
+            && state.head >= 2
+            && unrelated_faults == 0
+        {
+            actions.push(Action::Restart);
         }
     }
 
@@ -679,6 +761,16 @@ impl Model for SequenceModel {
                 s.apply(out, Cause::GaveUp, fixes);
             }
             Action::Forget => s.edge += 1,
+            Action::Restart => {
+                s.restarts += 1;
+                s.head = 0;
+                s.produced = 0;
+                s.edge = 1;
+                s.restart_unrecorded = true;
+                if let Some(connection) = &mut s.connection {
+                    connection.next = 1;
+                }
+            }
             Action::Crash => {
                 s.crashes += 1;
                 s.crashed_at = Some(s.sink.len());
@@ -730,17 +822,19 @@ impl Model for SequenceModel {
             Property::always(BACKFILL, |_, s: &State| {
                 s.setup.mode != ResumeMode::Backfill
                     || s.history_lost
+                    || s.restart_unrecorded
                     || (s.markers().next().is_none()
                         && s.span()
                             .is_none_or(|(first, last)| s.nothing_missing(first, last)))
             }),
             Property::always(BEYOND, |_, s: &State| {
-                s.sink.iter().all(|e| e.covers().1 <= s.head)
+                s.restart_unrecorded || s.sink.iter().all(|e| e.covers().1 <= s.head)
             }),
+            Property::always(RESTART, |_, s: &State| !s.restart_dropped),
             Property::always(REASON, |_, s: &State| {
                 s.sink.iter().all(|e| match *e {
                     Entry::Marker { reason, right, .. } => right == Some(reason),
-                    Entry::Event(_) => true,
+                    Entry::Event(_) | Entry::Reset { .. } => true,
                 })
             }),
             Property::always(INCREASING_LIVE, |_, s: &State| {
@@ -767,6 +861,13 @@ impl Model for SequenceModel {
                 "an increasing backfill fills a jump from history",
                 |_, s: &State| s.setup.step == SeqStep::Increasing && s.filled_from_history,
             ),
+            Property::sometimes(
+                "a restarted upstream is written after a reset entry",
+                |_, s: &State| {
+                    matches!(s.sink.first(), Some(Entry::Reset { .. }))
+                        && s.sink.iter().any(|e| matches!(e, Entry::Event(_)))
+                },
+            ),
             Property::sometimes("a new owner continues the sink", |_, s: &State| {
                 s.crashed_at.is_some_and(|at| at > 0 && s.sink.len() > at)
             }),
@@ -787,6 +888,11 @@ const BACKFILL: &str = "backfill from a working history: no marker and nothing m
 /// A bogus frame moves nothing: the sink never stands for a sequence the
 /// upstream has not produced.
 const BEYOND: &str = "nothing stands for a sequence the upstream never reached";
+/// A restarted upstream is written again: none of its frames below the old
+/// sequence is taken for a replay of it (one that repeats the old last id
+/// exactly cannot be told from a replay, nor can a restart that already
+/// passed the old sequence when it is first read).
+const RESTART: &str = "no frame of a restarted upstream is dropped as a replay";
 /// Invariant (5).
 const REASON: &str = "every marker has the right reason";
 /// Invariant (6) for live.
@@ -896,6 +1002,15 @@ fn without_markers_at_their_last_sequence_a_new_owner_marks_a_range_twice() {
         ..Fixes::ALL
     };
     finds_without(fixes, ONCE);
+}
+
+#[test]
+fn without_resets_a_restarted_upstream_is_dropped_as_replays() {
+    let fixes = Fixes {
+        resets_detected: false,
+        ..Fixes::ALL
+    };
+    finds_without(fixes, RESTART);
 }
 
 #[test]

@@ -252,7 +252,7 @@ fn fill_history(collector: &leasehold_dashboard::Collector, streams: usize) {
         }
     });
     collector.with_gaps_mut(|gaps| {
-        let reasons = leasehold_telemetry::labels::GapReason::ALL;
+        let reasons = leasehold_telemetry::labels::GapReason::RECORDED;
         let gap = |k: usize| DataGap {
             at_ms: start + k as i64 * (DAY / GAPS_KEPT as i64),
             from_seq: k as u64 * 100,

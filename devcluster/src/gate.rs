@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use leasehold_control::LeaseError;
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::intercept::{Intercepted, Interceptor, StoreOp};
-use leasehold_sink::{FencedSink, OpenOutcome, SinkBatch, SinkError, WriteOutcome};
+use leasehold_sink::{FencedSink, OpenOutcome, ResetMark, SinkBatch, SinkError, WriteOutcome};
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,21 +117,36 @@ impl GatedSink {
 #[async_trait]
 impl FencedSink for GatedSink {
     async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
-        if !self.gate.pass().await {
-            return Err(SinkError::Unavailable(
-                "dev chaos: this worker crashed".into(),
-            ));
-        }
+        self.pass().await?;
         self.inner.open(stream_id, fence_token).await
     }
 
+    async fn open_epoch(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        reset: ResetMark,
+    ) -> Result<OpenOutcome, SinkError> {
+        self.pass().await?;
+        self.inner.open_epoch(stream_id, fence_token, reset).await
+    }
+
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
-        if !self.gate.pass().await {
-            return Err(SinkError::Unavailable(
-                "dev chaos: this worker crashed".into(),
-            ));
-        }
+        self.pass().await?;
         self.inner.write(batch).await
+    }
+}
+
+impl GatedSink {
+    /// Waits while the worker is paused; refuses once it crashed.
+    async fn pass(&self) -> Result<(), SinkError> {
+        if self.gate.pass().await {
+            Ok(())
+        } else {
+            Err(SinkError::Unavailable(
+                "dev chaos: this worker crashed".into(),
+            ))
+        }
     }
 }
 

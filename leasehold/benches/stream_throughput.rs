@@ -263,6 +263,15 @@ impl FencedSink for ProbeSink {
         self.inner.open(stream_id, fence_token).await
     }
 
+    async fn open_epoch(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        reset: leasehold_sink::ResetMark,
+    ) -> Result<OpenOutcome, SinkError> {
+        self.inner.open_epoch(stream_id, fence_token, reset).await
+    }
+
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         let outcome = self.inner.write(batch).await?;
         if outcome.accepted > 0 && !outcome.is_fenced() {

@@ -416,3 +416,94 @@ async fn one_bogus_frame_far_ahead_leaves_the_stream_writing_real_ids() {
     );
     assert_eq!(skipped.get("jump").copied(), Some(1), "{skipped:?}");
 }
+
+/// An exchange restart: the fake cuts every connection and its trade ids
+/// start over at 1. The stream writes a reset entry (a new epoch: its token
+/// above the old one's) and the new trades after it, the reset is counted
+/// (the alert's expression, `increase(leasehold_stream_resets_total[10m]) >
+/// 0`, is then true), and the ids in the sink keep increasing (without
+/// resets, every new trade is a "duplicate" and nothing is written again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exchange_restart_is_recorded_as_a_reset_and_the_new_ids_are_written() {
+    let _serial = serial().await;
+    let shape = ExchangeShape::BinanceTrade;
+    let mut exchange = config(shape);
+    exchange.history_retention = 0;
+    let shutdown = CancellationToken::new();
+    let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), exchange, shutdown.clone())
+        .await
+        .expect("fake exchange starts");
+    let stream = unique_symbol(shape);
+    let Some(mut cluster) = Cluster::start_on(server.ws_url(), vec![stream.clone()]).await else {
+        return;
+    };
+    let mut settings: Vec<(&str, String)> = server.worked_settings();
+    settings.push(("UPSTREAM_RESUME", "live".into()));
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    cluster.start_worker_with_sidecar("w1", &settings);
+    let started = Instant::now();
+    while cluster.sink_entries(&stream).await.len() < 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing written\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.restart(), 1, "one connection cut by the restart");
+    let restarted = Instant::now();
+    let (entries, at) = loop {
+        let entries = cluster.sink_entries(&stream).await;
+        if let Some(at) = entries.iter().position(|e| e.reset.is_some())
+            && entries.len() > at + 20
+        {
+            break (entries, at);
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(30),
+            "no reset entry and new trades within 30 s of the restart: {:?}\n{}",
+            entries.iter().rev().take(5).collect::<Vec<_>>(),
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let body = metrics(&cluster, "w1").await;
+    let resets = body
+        .lines()
+        .find_map(|line| line.strip_prefix("leasehold_stream_resets_total "))
+        .and_then(|value| value.trim().parse::<f64>().ok());
+    cluster.stop_workers();
+    shutdown.cancel();
+    assert_eq!(resets, Some(1.0), "counted once");
+    let old_last = entries[at - 1].seq;
+    let reset = &entries[at];
+    let mark = reset.reset.unwrap();
+    assert_eq!(
+        mark.from, old_last,
+        "reset_from is the last sequence before"
+    );
+    assert!(
+        mark.to >= 1 && mark.to < 1_000 && mark.to < old_last,
+        "reset_to is the restarted id: {mark:?}"
+    );
+    assert_eq!(
+        reset.seq,
+        mark.to - 1,
+        "the entry sits just before reset_to"
+    );
+    assert!(
+        reset.fence_token > entries[at - 1].fence_token,
+        "a new epoch: {} after {}",
+        reset.fence_token,
+        entries[at - 1].fence_token
+    );
+    let after = &entries[at + 1..];
+    assert_eq!(after[0].seq, mark.to);
+    assert!(
+        after
+            .windows(2)
+            .all(|w| w[1].seq > w[0].seq && w[1].fence_token == reset.fence_token),
+        "the new epoch is written in order under its token"
+    );
+    assert!(after.iter().all(|e| e.reset.is_none()), "one reset");
+}

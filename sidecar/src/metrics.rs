@@ -63,6 +63,8 @@ pub const UPSTREAM_FRAMES_SKIPPED: &str = "leasehold_upstream_frames_skipped_tot
 pub const STREAM_GAP_EVENTS: &str = "leasehold_stream_gap_events_total";
 /// `reason` = no_replay, retention, backfill_exhausted, sink_lost: gaps (not events).
 pub const STREAM_GAPS: &str = "leasehold_stream_gaps_total";
+/// Upstream sequence resets, each a reset entry in the sink.
+pub const STREAM_RESETS: &str = "leasehold_stream_resets_total";
 /// `result` = filled, gap, stopped: backfills that ended.
 pub const STREAM_BACKFILLS: &str = "leasehold_stream_backfills_total";
 /// Events backfills fetched from the history and wrote.
@@ -150,6 +152,7 @@ pub const ALL: &[&str] = &[
     UPSTREAM_FRAMES_SKIPPED,
     STREAM_GAP_EVENTS,
     STREAM_GAPS,
+    STREAM_RESETS,
     STREAM_BACKFILLS,
     STREAM_BACKFILLED_EVENTS,
     STREAM_BACKFILL_PAGES,
@@ -392,6 +395,10 @@ pub fn describe() {
         "Gaps in a stream's data (each one gap marker in the sink), by reason."
     );
     describe_counter!(
+        STREAM_RESETS,
+        "Upstream sequence resets (a restarted exchange), each a reset entry starting a new epoch in the sink."
+    );
+    describe_counter!(
         STREAM_BACKFILLS,
         "Backfills that ended, by result (filled, gap: part of the range recorded as a gap, stopped: the stream stopped first)."
     );
@@ -599,6 +606,7 @@ pub fn record(event: &TelemetryEvent) {
             counter!(STREAM_GAP_EVENTS).increment(to_seq.saturating_sub(*from_seq) + 1);
             counter!(STREAM_GAPS, "reason" => reason.as_str()).increment(1);
         }
+        StreamReset { .. } => counter!(STREAM_RESETS).increment(1),
         StreamBackfill {
             result,
             pages,
@@ -765,6 +773,7 @@ pub fn zero_counters() {
     for name in [
         LEASE_RELEASES,
         STREAM_GAP_EVENTS,
+        STREAM_RESETS,
         STREAM_BACKFILLED_EVENTS,
         STREAM_BACKFILL_PAGES,
         SINK_GIVE_UPS,

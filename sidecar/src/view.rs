@@ -101,6 +101,29 @@ impl WorkerView {
         }
     }
 
+    /// Keeps one gap (or, listed with them, a reset) for `/status`.
+    fn record_gap(
+        &mut self,
+        stream_id: &str,
+        from_seq: u64,
+        to_seq: u64,
+        reason: leasehold_telemetry::GapReason,
+    ) {
+        self.gaps_seen += 1;
+        if self.gaps.len() == RECENT_GAPS {
+            self.gaps.pop_front();
+        }
+        let sample = GapSample {
+            seq: self.gaps_seen,
+            age_ms: 0,
+            stream_id: stream_id.to_owned(),
+            from_seq,
+            to_seq,
+            reason,
+        };
+        self.gaps.push_back((Instant::now(), sample));
+    }
+
     /// Folds one event into the view.
     pub fn apply(&mut self, event: &TelemetryEvent) {
         use TelemetryEvent::*;
@@ -130,21 +153,19 @@ impl WorkerView {
                 from_seq,
                 to_seq,
                 reason,
-            } => {
-                self.gaps_seen += 1;
-                if self.gaps.len() == RECENT_GAPS {
-                    self.gaps.pop_front();
-                }
-                let sample = GapSample {
-                    seq: self.gaps_seen,
-                    age_ms: 0,
-                    stream_id: stream_id.clone(),
-                    from_seq: *from_seq,
-                    to_seq: *to_seq,
-                    reason: *reason,
-                };
-                self.gaps.push_back((Instant::now(), sample));
-            }
+            } => self.record_gap(stream_id, *from_seq, *to_seq, *reason),
+            // Listed with the gaps: a reader's state does not continue either.
+            StreamReset {
+                stream_id,
+                from_seq,
+                to_seq,
+                ..
+            } => self.record_gap(
+                stream_id,
+                *from_seq,
+                *to_seq,
+                leasehold_telemetry::GapReason::Reset,
+            ),
             StreamBackfill {
                 stream_id,
                 result,

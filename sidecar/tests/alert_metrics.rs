@@ -400,6 +400,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UpstreamReconnect { .. } => "UpstreamReconnect",
         UpstreamFrameSkipped { .. } => "UpstreamFrameSkipped",
         StreamGap { .. } => "StreamGap",
+        StreamReset { .. } => "StreamReset",
         StreamBackfill { .. } => "StreamBackfill",
         SinkWrite { .. } => "SinkWrite",
         SinkWriteFailed { .. } => "SinkWriteFailed",
@@ -421,7 +422,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UserReserved { .. } => "UserReserved",
     }
 }
-const VARIANTS: usize = 31;
+const VARIANTS: usize = 32;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

@@ -132,6 +132,20 @@ pub enum TelemetryEvent {
         #[serde(default = "GapReason::retention")]
         reason: GapReason,
     },
+    /// The upstream's sequence started over (a service restart): recorded in
+    /// the sink as a reset entry at the start of a new epoch, whose fence
+    /// token was raised for it. A reader's state built from the old sequence
+    /// does not continue.
+    StreamReset {
+        /// Stream reset.
+        stream_id: String,
+        /// The last sequence before (`reset_from`).
+        from_seq: u64,
+        /// The first sequence after (`reset_to`).
+        to_seq: u64,
+        /// The new epoch's fence token.
+        fence_token: u64,
+    },
     /// A backfill ended: how, after how many history pages and events.
     StreamBackfill {
         /// Stream backfilled.
@@ -470,6 +484,18 @@ impl TelemetryEvent {
                 to_seq,
                 reason = reason.as_str(),
                 "these events will never reach the sink: data gap"
+            ),
+            StreamReset {
+                stream_id,
+                from_seq,
+                to_seq,
+                fence_token,
+            } => tracing::warn!(
+                stream_id,
+                reset_from = from_seq,
+                reset_to = to_seq,
+                fence_token,
+                "upstream sequence reset: a reset entry starts a new epoch in the sink"
             ),
             StreamBackfill {
                 stream_id,

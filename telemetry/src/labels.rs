@@ -141,6 +141,11 @@ pub enum GapReason {
     /// The sink lost entries it had acknowledged (a Redis failover) and the
     /// upstream cannot refill them.
     SinkLost,
+    /// Not a gap marker: the upstream's sequence started over, recorded as
+    /// a reset entry (`reason` = `reset`). Listed with the gaps because a
+    /// reader's state from before does not continue either; never in
+    /// [`GapReason::ALL`] (`leasehold_stream_resets_total` counts it).
+    Reset,
 }
 
 impl GapReason {
@@ -152,6 +157,16 @@ impl GapReason {
         GapReason::SinkLost,
     ];
 
+    /// Every reason a stream's lost-data list shows: the gap markers' and
+    /// resets.
+    pub const RECORDED: [GapReason; 5] = [
+        GapReason::NoReplay,
+        GapReason::Retention,
+        GapReason::BackfillExhausted,
+        GapReason::SinkLost,
+        GapReason::Reset,
+    ];
+
     /// The `reason` label value, as a gap marker's `reason` field spells it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -159,6 +174,7 @@ impl GapReason {
             GapReason::Retention => "retention",
             GapReason::BackfillExhausted => "backfill_exhausted",
             GapReason::SinkLost => "sink_lost",
+            GapReason::Reset => "reset",
         }
     }
 

@@ -70,6 +70,12 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             to_seq: 9,
             reason: crate::GapReason::NoReplay,
         },
+        StreamReset {
+            stream_id: s(),
+            from_seq: 60_108,
+            to_seq: 1,
+            fence_token: 8,
+        },
         StreamBackfill {
             stream_id: s(),
             result: crate::BackfillResult::Gap,

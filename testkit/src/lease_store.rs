@@ -325,6 +325,7 @@ pub async fn lift_token_jumps_past_a_fence_for_the_holder_only(target: &dyn Conf
         owner_id: owner.into(),
         fence_token: token,
         to,
+        checkpoint: None,
         now_ms: T0 + 1,
     };
     assert_conflict(store.lift_token(&lift("b", 1, 40)).await, Some("a"), 1);
@@ -345,6 +346,50 @@ pub async fn lift_token_jumps_past_a_fence_for_the_holder_only(target: &dyn Conf
     // The holder's next acquire continues above it.
     let again = store.acquire(&acquire("s", "a", T0 + 3)).await.unwrap();
     assert_eq!(again.fence_token, 41);
+}
+
+/// A new epoch (the upstream's sequence started over): the holder lifts its
+/// token by one and sets a checkpoint below the stored one in one write; the
+/// old token's checkpoints and renews are refused from then on, and the new
+/// token's checkpoints climb from the new epoch's.
+pub async fn a_new_epoch_lifts_the_token_and_moves_the_checkpoint_back(
+    target: &dyn ConformanceTarget,
+) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    store
+        .checkpoint(&checkpoint("s", "a", 1, 60_108, T0 + 1))
+        .await
+        .unwrap();
+    let epoch = |owner: &str, token: u64| LiftRequest {
+        stream_id: "s".into(),
+        owner_id: owner.into(),
+        fence_token: token,
+        to: token + 1,
+        checkpoint: Some(0),
+        now_ms: T0 + 2,
+    };
+    assert_conflict(store.lift_token(&epoch("b", 1)).await, Some("a"), 1);
+    let lifted = store.lift_token(&epoch("a", 1)).await.unwrap();
+    assert_eq!(
+        (lifted.fence_token, lifted.checkpoint, lifted.checkpoint_at),
+        (2, Some(0), Some(T0 + 2))
+    );
+    assert_conflict(
+        store
+            .checkpoint(&checkpoint("s", "a", 1, 60_109, T0 + 3))
+            .await,
+        Some("a"),
+        2,
+    );
+    let moved = store
+        .checkpoint(&checkpoint("s", "a", 2, 5, T0 + 3))
+        .await
+        .unwrap();
+    assert_eq!(moved.checkpoint, Some(5));
+    // A second lift from the old token changes nothing.
+    assert_conflict(store.lift_token(&epoch("a", 1)).await, Some("a"), 2);
+    assert_eq!(store.get("s").await.unwrap().checkpoint, Some(5));
 }
 
 /// Checkpoints need owner and token, and never move backwards.
@@ -1122,6 +1167,7 @@ macro_rules! conformance_suite {
             renew_requires_owner_token_and_validity,
             renew_never_shortens_the_expiry,
             lift_token_jumps_past_a_fence_for_the_holder_only,
+            a_new_epoch_lifts_the_token_and_moves_the_checkpoint_back,
             checkpoint_is_fenced_and_monotonic,
             renew_carries_a_checkpoint,
             release_keeps_token_and_checkpoint,

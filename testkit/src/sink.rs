@@ -10,7 +10,8 @@ use leasehold_sink::memory::{MemorySink, StoredEvent};
 use leasehold_sink::redis::{RedisConnection, RedisSink};
 use leasehold_sink::url::SinkUrl;
 use leasehold_sink::{
-    FencedSink, GapMark, OpenOutcome, SinkBatch, SinkError, SinkEvent, SinkOptions, WriteOutcome,
+    FencedSink, GapMark, OpenOutcome, ResetMark, SinkBatch, SinkError, SinkEvent, SinkOptions,
+    WriteOutcome,
 };
 use leasehold_telemetry::GapReason;
 use redis::streams::StreamId;
@@ -639,6 +640,73 @@ pub async fn a_zombie_marker_is_fenced(target: &dyn SinkTarget) {
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2]);
 }
 
+/// A new epoch (the upstream's sequence started over) is a reset entry at
+/// `<new token>-<reset_to - 1>`: below the old sequence, above every old id,
+/// so the old epoch's writer is fenced and the new sequence is appended after
+/// it. Opening it again under the same token (a retry) adds nothing; a
+/// takeover resumes after it.
+pub async fn a_new_epoch_starts_with_its_reset_entry(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    open(target, &stream, 4).await;
+    write(target, &stream, 4, &events(&stream, 60_107..=60_108)).await;
+    let reset = ResetMark {
+        from: 60_108,
+        to: 1,
+    };
+    let opened = target
+        .sink()
+        .open_epoch(&stream, 5, reset)
+        .await
+        .expect("open_epoch");
+    assert_eq!((opened.fenced, opened.last_seq), (false, Some(0)));
+    let again = target
+        .sink()
+        .open_epoch(&stream, 5, reset)
+        .await
+        .expect("open_epoch again");
+    assert_eq!((again.fenced, again.last_seq), (false, Some(0)));
+    let outcome = write(target, &stream, 5, &events(&stream, 1..=2)).await;
+    assert_eq!((outcome.accepted, outcome.duplicate), (2, 0));
+    // The old epoch's writer is fenced, even above the new sequence.
+    let zombie = write(target, &stream, 4, &events(&stream, 60_109..=60_109)).await;
+    assert!(zombie.is_fenced(), "{zombie:?}");
+    let stored = target.stored(&stream).await;
+    assert_eq!(seqs(&stored), [60_107, 60_108, 0, 1, 2]);
+    let entry = &stored[2];
+    assert_eq!(entry.reset, Some(reset));
+    assert_eq!((entry.fence_token, entry.gap), (5, None));
+    assert!(entry.payload.is_empty() && entry.event_id.is_empty());
+    assert!(entry.covers().is_empty());
+    // A takeover resumes in the new epoch.
+    assert_eq!(open(target, &stream, 6).await.last_seq, Some(2));
+}
+
+/// A zombie's new epoch is fenced like any open: nothing is stored, and a
+/// reset entry on a stream that does not exist yet starts it.
+pub async fn a_zombie_epoch_is_fenced(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    open(target, &stream, 7).await;
+    write(target, &stream, 7, &events(&stream, 10..=11)).await;
+    let reset = ResetMark { from: 11, to: 3 };
+    let zombie = target
+        .sink()
+        .open_epoch(&stream, 6, reset)
+        .await
+        .expect("open_epoch");
+    assert!(zombie.fenced, "{zombie:?}");
+    assert_eq!(zombie.highest_token, 7);
+    assert_eq!(seqs(&target.stored(&stream).await), [10, 11]);
+    let fresh = unique_name("sink");
+    let opened = target
+        .sink()
+        .open_epoch(&fresh, 2, reset)
+        .await
+        .expect("open_epoch");
+    assert_eq!((opened.fenced, opened.last_seq), (false, Some(2)));
+    write(target, &fresh, 2, &events(&fresh, 3..=3)).await;
+    assert_eq!(seqs(&target.stored(&fresh).await), [2, 3]);
+}
+
 /// Streams have their own fence and sequence.
 pub async fn streams_are_independent(target: &dyn SinkTarget) {
     let a = unique_name("sink-a");
@@ -668,6 +736,8 @@ macro_rules! sink_conformance_suite {
             a_lost_tail_is_found_by_the_next_open,
             gap_markers_stand_where_the_data_is_missing,
             a_zombie_marker_is_fenced,
+            a_new_epoch_starts_with_its_reset_entry,
+            a_zombie_epoch_is_fenced,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

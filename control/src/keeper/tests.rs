@@ -340,6 +340,43 @@ async fn staged_checkpoints_ride_on_the_renew() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_new_epoch_lifts_the_token_moves_the_checkpoint_back_and_keeps_renewing() {
+    let f = fixture();
+    let lease = f.keeper.acquire("s").await.unwrap();
+    lease.stage_checkpoint(60_108);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(f.store.get("s").await.unwrap().checkpoint, Some(60_108));
+    let epoch = f.keeper.start_epoch(&lease, 0).await.unwrap();
+    assert_eq!(epoch.fence_token, lease.fence_token + 1);
+    assert!(!lease.is_valid() && epoch.is_valid());
+    assert_eq!(epoch.persisted_checkpoint(), Some(0));
+    epoch.stage_checkpoint(7);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(epoch.is_valid(), "renewed under the new token");
+    let record = f.store.get("s").await.unwrap();
+    assert_eq!(
+        (
+            record.fence_token,
+            record.checkpoint,
+            record.owner_id.as_deref()
+        ),
+        (epoch.fence_token, Some(7), Some("me"))
+    );
+    assert_eq!(f.keeper.held().len(), 1);
+    assert_eq!(f.keeper.held()[0].fence_token, epoch.fence_token);
+    let events = f.events.take();
+    assert_eq!(
+        count(&events, |e| matches!(e, TelemetryEvent::LeaseLost { .. })),
+        0,
+        "a new epoch is no loss: {events:?}"
+    );
+    // The old epoch's handle starts nothing more.
+    assert!(f.keeper.start_epoch(&lease, 0).await.is_err());
+    f.keeper.release(&epoch).await.unwrap();
+    assert_eq!(f.store.get("s").await.unwrap().checkpoint, Some(7));
+}
+
+#[tokio::test(start_paused = true)]
 async fn acquiring_a_held_stream_returns_the_same_lease() {
     let f = fixture();
     let first = f.keeper.acquire("s").await.unwrap();

@@ -108,6 +108,8 @@ pub const BUMP_UPDATE: &str =
 pub const LIFT_CONDITION: &str = "owner_id = :owner AND fence_token = :token AND fence_token < :to";
 /// Fence-regression recovery: the token jumps past a sink's fence.
 pub const LIFT_UPDATE: &str = "SET fence_token = :to, updated_at = :now";
+/// Added to the lift of a new epoch: its checkpoint, which may go back.
+pub const EPOCH_CHECKPOINT_UPDATE: &str = ", checkpoint = :checkpoint, checkpoint_at = :now";
 /// Register only creates.
 pub const RECORD_ABSENT: &str = "attribute_not_exists(stream_id)";
 /// The assigner's advice on a stream record.
@@ -668,14 +670,21 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn lift_token(&self, r: &LiftRequest) -> Result<Lease, LeaseError> {
-        let values = vec![
+        let mut values = vec![
             (":owner", s(&r.owner_id)),
             (":token", n(r.fence_token)),
             (":to", n(r.to)),
             (":now", n(r.now_ms)),
         ];
+        let update = match r.checkpoint {
+            Some(checkpoint) => {
+                values.push((":checkpoint", n(checkpoint)));
+                format!("{LIFT_UPDATE}{EPOCH_CHECKPOINT_UPDATE}")
+            }
+            None => LIFT_UPDATE.to_owned(),
+        };
         let holder = Holder::new(&r.owner_id, r.fence_token, None);
-        self.update(&r.stream_id, LIFT_CONDITION, LIFT_UPDATE, values, holder)
+        self.update(&r.stream_id, LIFT_CONDITION, &update, values, holder)
             .await
     }
 }

@@ -384,6 +384,10 @@ impl LeaseStore for MemoryLeaseStore {
         }
         set(&mut item, schema::FENCE_TOKEN, AttrValue::n(r.to));
         set(&mut item, schema::UPDATED_AT, AttrValue::n(r.now_ms));
+        if let Some(checkpoint) = r.checkpoint {
+            set(&mut item, schema::CHECKPOINT, AttrValue::n(checkpoint));
+            set(&mut item, schema::CHECKPOINT_AT, AttrValue::n(r.now_ms));
+        }
         let lease = schema::decode(&item)?;
         items.insert(r.stream_id.clone(), item);
         Ok(lease)

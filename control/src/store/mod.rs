@@ -354,6 +354,9 @@ pub struct LiftRequest {
     pub fence_token: u64,
     /// The token to store (above the sink's fence).
     pub to: u64,
+    /// A new epoch's checkpoint (the upstream's sequence started over, so
+    /// it goes back), stored with the token; `None` keeps the checkpoint.
+    pub checkpoint: Option<u64>,
     /// Caller's wall-clock time, unix ms.
     pub now_ms: i64,
 }

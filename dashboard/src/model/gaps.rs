@@ -96,6 +96,9 @@ impl LastGap {
 }
 
 fn range_text(from: u64, to: u64, missing: u64, reason: GapReason) -> String {
+    if reason == GapReason::Reset {
+        return format!("sequence reset: {from} then {to} (the upstream started over)");
+    }
     let events = if missing == 1 { "event" } else { "events" };
     format!(
         "seq {from}–{to} missing ({missing} {events}): {}",
@@ -116,13 +119,13 @@ pub struct GapTally {
     pub last: LastGap,
     /// Of `count`, how many per reason (JSON: reason → count, non-zero only).
     #[serde(serialize_with = "reason_counts")]
-    pub reasons: [u64; GapReason::ALL.len()],
+    pub reasons: [u64; GapReason::RECORDED.len()],
 }
 
 impl GapTally {
     /// How many gaps with `reason`.
     pub fn with_reason(&self, reason: GapReason) -> u64 {
-        GapReason::ALL
+        GapReason::RECORDED
             .iter()
             .position(|r| *r == reason)
             .map_or(0, |i| self.reasons[i])
@@ -133,7 +136,7 @@ impl GapTally {
             count: 0,
             missing: 0,
             last: LastGap::of(gap),
-            reasons: [0; GapReason::ALL.len()],
+            reasons: [0; GapReason::RECORDED.len()],
         };
         tally.add(gap);
         tally
@@ -142,7 +145,7 @@ impl GapTally {
     fn add(&mut self, gap: &DataGap) {
         self.count += 1;
         self.missing = self.missing.saturating_add(gap.missing);
-        if let Some(i) = GapReason::ALL.iter().position(|r| *r == gap.reason) {
+        if let Some(i) = GapReason::RECORDED.iter().position(|r| *r == gap.reason) {
             self.reasons[i] += 1;
         }
         if gap.at_ms >= self.last.at_ms {
@@ -152,11 +155,11 @@ impl GapTally {
 }
 
 fn reason_counts<S: Serializer>(
-    counts: &[u64; GapReason::ALL.len()],
+    counts: &[u64; GapReason::RECORDED.len()],
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.collect_map(
-        GapReason::ALL
+        GapReason::RECORDED
             .iter()
             .zip(counts)
             .filter(|(_, n)| **n > 0)
@@ -256,7 +259,11 @@ impl GapLog {
                         at_ms: polled_ms.saturating_sub(age),
                         from_seq: gap.from_seq,
                         to_seq: gap.to_seq,
-                        missing: (gap.to_seq - gap.from_seq).saturating_add(1),
+                        // A reset goes back: it misses nothing.
+                        missing: match gap.reason {
+                            GapReason::Reset => 0,
+                            _ => gap.to_seq.saturating_sub(gap.from_seq).saturating_add(1),
+                        },
                         reason: gap.reason,
                         worker: status.owner_id.clone(),
                     },

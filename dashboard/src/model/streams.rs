@@ -523,7 +523,7 @@ mod tests {
                 missing: 12,
                 reason: GapReason::NoReplay,
             },
-            reasons: [0; GapReason::ALL.len()],
+            reasons: [0; GapReason::RECORDED.len()],
         };
         row.gaps = Some(gap_at(now - 60_000));
         assert_eq!(with_losses(&row, now, &t), Verdict::LostData);

@@ -132,6 +132,24 @@ pub struct GapMark {
     pub reason: GapReason,
 }
 
+/// A reset entry: the upstream's sequence started over. Stored at position
+/// `to - 1` under the new epoch's (raised) fence token, so entry ids still
+/// increase and the next event, `to`, follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResetMark {
+    /// The last sequence before (`reset_from`).
+    pub from: u64,
+    /// The first sequence after (`reset_to`), at least 1.
+    pub to: u64,
+}
+
+impl ResetMark {
+    /// Where the entry sits: just before the new epoch's first sequence.
+    pub fn position(&self) -> u64 {
+        self.to.saturating_sub(1)
+    }
+}
+
 impl SinkEvent {
     /// An event.
     pub fn data(seq: u64, event_id: impl Into<String>, payload: impl Into<Payload>) -> Self {
@@ -259,6 +277,20 @@ pub trait FencedSink: Send + Sync + 'static {
     /// and returns the last appended sequence, in one atomic step. A stream
     /// may be opened again under the same token (after a reconnect).
     async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError>;
+
+    /// Opens a new epoch of the stream under `fence_token` (raised for it by
+    /// the lease) by appending the reset entry `<fence_token>-<reset.to - 1>`,
+    /// in one atomic step: below the stream's last sequence, which an open
+    /// would keep. Fenced as an open is (a newer token exists: nothing
+    /// changed); done already when the last id carries `fence_token` (a
+    /// retry after a lost reply). Returns the outcome with `last_seq` the
+    /// entry's position.
+    async fn open_epoch(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        reset: ResetMark,
+    ) -> Result<OpenOutcome, SinkError>;
 
     /// Writes one batch: fenced as a whole, de-duplicated by sequence, in
     /// order. Only under a token this sink opened the stream with since its

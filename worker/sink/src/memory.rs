@@ -25,15 +25,19 @@ pub struct StoredEvent {
     pub payload: String,
     /// `Some` for a gap marker.
     pub gap: Option<super::GapMark>,
+    /// `Some` for a reset entry (then `seq` is its position, `reset.to - 1`).
+    pub reset: Option<super::ResetMark>,
 }
 
 impl StoredEvent {
     /// The sequences an entry stands for: one for an event, the missing
     /// range for a marker.
     pub fn covers(&self) -> std::ops::RangeInclusive<u64> {
-        match self.gap {
-            Some(gap) => gap.from..=self.seq,
-            None => self.seq..=self.seq,
+        match (self.gap, self.reset) {
+            (Some(gap), _) => gap.from..=self.seq,
+            // None: it starts a new sequence.
+            (None, Some(_)) => self.seq + 1..=self.seq,
+            (None, None) => self.seq..=self.seq,
         }
     }
 }
@@ -157,6 +161,50 @@ impl FencedSink for MemorySink {
         }
     }
 
+    async fn open_epoch(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        reset: super::ResetMark,
+    ) -> Result<OpenOutcome, SinkError> {
+        let mut streams = self.lock();
+        let state = streams.entry(stream_id.to_owned()).or_default();
+        if state.broken {
+            return Err(broken());
+        }
+        match state.last_id {
+            Some(last) if protocol::refused_as_fenced(last, fence_token) => {
+                return Ok(OpenOutcome {
+                    highest_token: last.token,
+                    last_seq: protocol::last_seq_of(state.last_id),
+                    fenced: true,
+                });
+            }
+            Some(last) if last.token == fence_token => {}
+            _ => {
+                let id = EntryId {
+                    token: fence_token,
+                    seq: reset.position(),
+                };
+                state.last_id = Some(id);
+                state.entries.push_back(StoredEvent {
+                    seq: id.seq,
+                    event_id: String::new(),
+                    fence_token,
+                    payload: String::new(),
+                    gap: None,
+                    reset: Some(reset),
+                });
+            }
+        }
+        self.opened.opened(stream_id, fence_token);
+        Ok(OpenOutcome {
+            highest_token: fence_token,
+            last_seq: state.last_id.map(|id| id.seq),
+            fenced: false,
+        })
+    }
+
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         batch.check_order()?;
         self.opened.check(batch.stream_id, batch.fence_token)?;
@@ -184,6 +232,7 @@ impl FencedSink for MemorySink {
                 // whole read buffer it came in alive for as long as it is kept.
                 payload: event.payload.to_text(),
                 gap: event.gap,
+                reset: None,
             });
             state.appended += 1;
             outcome.accepted += 1;

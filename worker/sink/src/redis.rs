@@ -12,26 +12,37 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
 use super::{
-    FencedSink, OpenOutcome, OpenedStreams, SinkBatch, SinkError, SinkOptions, WriteOutcome,
+    FencedSink, OpenOutcome, OpenedStreams, ResetMark, SinkBatch, SinkError, SinkOptions,
+    WriteOutcome,
 };
 
 /// How long connecting to Redis may take (the client's default is 1 s: tight
 /// for a TLS endpoint across zones).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// KEYS: stream. ARGV: token, the v1 id floor ([`V1_ID_FLOOR`]). The only Lua (a Redis function): run once per acquire (and per
-/// reconnect), never per batch. Returns {verdict, token, seq} of the stream's
-/// last id after the call; verdict 0 = opened, 1 = fenced (a newer token's
-/// id), 2 = layout v1 (the id is a unix-ms time: ids written by Redis, not
-/// `<token>-<seq>`; nothing is changed). A stream that does not exist is
-/// created at `<token>-0` (an entry added and deleted: the id stays), so no
-/// zombie can create it under its lower token. The sequence stays the text
-/// Redis wrote: Lua numbers are doubles, exact only to 2^53, and print
-/// 1e14 as `1e+14`, which `XSETID` refuses. Tokens are small integers and
-/// the v1 floor 1e12, both exact as doubles.
+/// KEYS: stream. ARGV: token, the v1 id floor ([`V1_ID_FLOOR`]), and for a
+/// new epoch ([`FencedSink::open_epoch`]) the reset entry's position,
+/// `reset_from` and `reset_to`. The only Lua (a Redis function): run once per
+/// acquire, reconnect and reset, never per batch. Returns {verdict, token,
+/// seq} of the stream's last id after the call; verdict 0 = opened, 1 =
+/// fenced (a newer token's id), 2 = layout v1 (the id is a unix-ms time: ids
+/// written by Redis, not `<token>-<seq>`; nothing is changed). A stream that
+/// does not exist is created at `<token>-0` (an entry added and deleted: the
+/// id stays), so no zombie can create it under its lower token. A new epoch
+/// appends its reset entry instead of raising the last id: the entry sits
+/// below the last sequence, above every id of the older tokens. The sequence
+/// stays the text Redis wrote: Lua numbers are doubles, exact only to 2^53,
+/// and print 1e14 as `1e+14`, which `XSETID` refuses. Tokens are small
+/// integers and the v1 floor 1e12, both exact as doubles.
 const OPEN: &str = r#"
 local stream, token = KEYS[1], tonumber(ARGV[1])
+local function reset()
+  redis.call('XADD', stream, ARGV[1] .. '-' .. ARGV[3], 'reset_from', ARGV[4],
+    'reset_to', ARGV[5], 'fence_token', ARGV[1], 'reason', 'reset')
+  return {0, token, ARGV[3]}
+end
 if redis.call('EXISTS', stream) == 0 then
+  if ARGV[3] then return reset() end
   redis.call('XADD', stream, ARGV[1] .. '-0', 'opened', ARGV[1])
   redis.call('XDEL', stream, ARGV[1] .. '-0')
   return {0, token, 0}
@@ -45,7 +56,10 @@ local t, s = string.match(last, '^(%d+)-(%d+)$')
 t = tonumber(t)
 if t >= tonumber(ARGV[2]) then return {2, t, s} end
 if t > token then return {1, t, s} end
-if t < token then redis.call('XSETID', stream, ARGV[1] .. '-' .. s) end
+if t < token then
+  if ARGV[3] then return reset() end
+  redis.call('XSETID', stream, ARGV[1] .. '-' .. s)
+end
 return {0, token, s}
 "#;
 
@@ -278,6 +292,19 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
             SinkError::Rejected(format!("entry {} field {name} is not a number", entry.id))
         })
     };
+    if entry.map.contains_key("reset_to") {
+        return Ok(super::memory::StoredEvent {
+            seq: parse_id(&entry.id).map_or(0, |id| id.seq),
+            event_id: String::new(),
+            fence_token: number("fence_token")?,
+            payload: String::new(),
+            gap: None,
+            reset: Some(super::ResetMark {
+                from: number("reset_from")?,
+                to: number("reset_to")?,
+            }),
+        });
+    }
     if entry.map.contains_key("gap_to") {
         let reason = field("reason")?;
         let reason = GapReason::parse(&reason).ok_or_else(|| {
@@ -292,6 +319,7 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
                 from: number("gap_from")?,
                 reason,
             }),
+            reset: None,
         });
     }
     Ok(super::memory::StoredEvent {
@@ -300,6 +328,7 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
         fence_token: number("fence_token")?,
         payload: field("payload")?,
         gap: None,
+        reset: None,
     })
 }
 
@@ -431,15 +460,21 @@ fn xadd(
     command
 }
 
-#[async_trait]
-impl FencedSink for RedisSink {
-    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
+impl RedisSink {
+    /// The open script, plain or for a new epoch (`reset`).
+    async fn run_open(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        reset: Option<ResetMark>,
+    ) -> Result<OpenOutcome, SinkError> {
         let mut connection = self.connection.clone();
-        let (verdict, token, seq): (u8, u64, u64) = self
-            .open
-            .key(keys::sink_stream(stream_id))
-            .arg(fence_token)
-            .arg(V1_ID_FLOOR)
+        let mut call = self.open.key(keys::sink_stream(stream_id));
+        call.arg(fence_token).arg(V1_ID_FLOOR);
+        if let Some(reset) = reset {
+            call.arg(reset.position()).arg(reset.from).arg(reset.to);
+        }
+        let (verdict, token, seq): (u8, u64, u64) = call
             .invoke_async(&mut connection)
             .await
             .map_err(|err| self.failed(err))?;
@@ -449,7 +484,13 @@ impl FencedSink for RedisSink {
                 self.opened.opened(stream_id, fence_token);
                 Ok(OpenOutcome {
                     highest_token: token,
-                    last_seq: protocol::last_seq_of(last),
+                    // A new epoch's position may be 0 (a sequence restarted
+                    // at 1): still its last sequence, not an empty stream.
+                    last_seq: if reset.is_some() {
+                        Some(seq)
+                    } else {
+                        protocol::last_seq_of(last)
+                    },
                     fenced: false,
                 })
             }
@@ -466,6 +507,22 @@ impl FencedSink for RedisSink {
                 fence = keys::sink_fence(stream_id),
             ))),
         }
+    }
+}
+
+#[async_trait]
+impl FencedSink for RedisSink {
+    async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
+        self.run_open(stream_id, fence_token, None).await
+    }
+
+    async fn open_epoch(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        reset: ResetMark,
+    ) -> Result<OpenOutcome, SinkError> {
+        self.run_open(stream_id, fence_token, Some(reset)).await
     }
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {

@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep, Sequencer};
 
 use crate::upstream::history::{History, HistoryConfig};
-use crate::upstream::{Upstream, UpstreamError, UpstreamEvent};
-use leasehold_sink::{FencedSink, SinkError, SinkEvent};
+use crate::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
+use leasehold_sink::{FencedSink, ResetMark, SinkError, SinkEvent};
 
 /// How a runner batches and retries.
 #[derive(Debug, Clone)]
@@ -160,12 +160,36 @@ struct Progress {
     first_seq: Option<u64>,
 }
 
+impl Progress {
+    /// A holder about to consume after `seq`.
+    fn at(seq: u64, last_event_at: Instant) -> Self {
+        Progress {
+            confirmed: seq,
+            received: seq,
+            unpersisted: VecDeque::new(),
+            last_event_at,
+            last_arrival_lag: None,
+            refill_to: None,
+            first_seq: None,
+        }
+    }
+}
+
 /// Why consuming stopped.
 enum Stop {
     Drain,
     Lost(LossReason),
     /// The sink keeps refusing: give the stream up (the last error).
     SinkFailing(String),
+    /// The upstream's sequence started over; everything before it is
+    /// written. The stream goes on in a new epoch, on the same connection.
+    Reset(Box<Carried>),
+}
+
+/// What a new epoch takes over from the old one.
+struct Carried {
+    reset: PendingReset,
+    subscription: Box<dyn Subscription>,
 }
 
 fn loss(lease: &HeldLease) -> Stop {
@@ -178,6 +202,7 @@ pub async fn run_stream(
     lease: HeldLease,
     drain: CancellationToken,
 ) -> StreamExit {
+    let mut lease = lease;
     let stop = match open(&context, &lease).await {
         Err(stop) => stop,
         Ok(Opened {
@@ -186,15 +211,7 @@ pub async fn run_stream(
             lost,
         }) => {
             let config = &context.config;
-            let mut progress = Progress {
-                confirmed: start,
-                received: start,
-                unpersisted: VecDeque::new(),
-                last_event_at: Instant::now(),
-                last_arrival_lag: None,
-                refill_to: None,
-                first_seq: None,
-            };
+            let mut progress = Progress::at(start, Instant::now());
             // The sink lost a tail the checkpoint had covered: the upstream
             // refills it, or (live) it is marked where it is missing.
             let mut first = Vec::new();
@@ -217,20 +234,45 @@ pub async fn run_stream(
                 (anchored || config.resume == ResumeMode::Replay).then_some(progress.received);
             let mut sequencer = Sequencer::new(config.resume, config.seq_step, last)
                 .with_jump_bound(config.jump)
+                .with_reset_after(config.jump.confirm_after)
                 .with_weigher(|event: &UpstreamEvent| event.payload.len() + event.event_id.len());
-            consume(
-                &context,
-                &lease,
-                &drain,
-                &mut progress,
-                &mut sequencer,
-                first,
-            )
-            .await
+            let mut carried = None;
+            loop {
+                let stop = consume(
+                    &context,
+                    &lease,
+                    &drain,
+                    &mut progress,
+                    &mut sequencer,
+                    std::mem::take(&mut first),
+                    carried.take(),
+                )
+                .await;
+                let Stop::Reset(carry) = stop else {
+                    break stop;
+                };
+                match new_epoch(&context, &lease, &carry.reset).await {
+                    Ok(epoch) => {
+                        lease = epoch;
+                        progress = Progress::at(carry.reset.to - 1, progress.last_event_at);
+                        carried = Some(*carry);
+                    }
+                    Err(stop) => {
+                        let Carried {
+                            mut subscription, ..
+                        } = *carry;
+                        subscription.close().await;
+                        break stop;
+                    }
+                }
+            }
         }
     };
     let exit = match stop {
         Stop::Lost(reason) => StreamExit::Lost(reason),
+        // Not reached: the loop above starts a new epoch for every reset.
+        // Stopping without a release is the safe answer all the same.
+        Stop::Reset(_) => StreamExit::Lost(LossReason::Fenced),
         Stop::Drain => match context.keeper.release(&lease).await {
             Ok(_) => StreamExit::Released,
             Err(err) => StreamExit::ReleaseFailed(err.to_string()),
@@ -251,6 +293,70 @@ pub async fn run_stream(
         stream_id: lease.stream_id.clone(),
     });
     exit
+}
+
+/// The upstream's sequence started over: the lease's token is lifted for a
+/// new epoch whose checkpoint is the reset entry's position, then the sink
+/// is opened under it with the reset entry (`<new token>-<reset_to - 1>`),
+/// so entry ids keep increasing and the old epoch's writer is fenced. The
+/// reset is counted once the sink holds its entry.
+async fn new_epoch(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    reset: &PendingReset,
+) -> Result<HeldLease, Stop> {
+    let mark = ResetMark {
+        from: reset.from,
+        to: reset.to,
+    };
+    let mut attempts = 0u32;
+    let epoch = loop {
+        if !lease.is_valid() {
+            return Err(loss(lease));
+        }
+        match context.keeper.start_epoch(lease, mark.position()).await {
+            Ok(epoch) => break epoch,
+            Err(err) if err.is_retryable() => {
+                tracing::warn!(stream_id = lease.stream_id, error = %err, "could not start the new epoch yet; retrying");
+                let delay = context.config.sink_retry.delay(attempts);
+                attempts = attempts.saturating_add(1);
+                tokio::select! {
+                    biased;
+                    _ = lease.cancelled() => return Err(loss(lease)),
+                    _ = sleep(delay) => {}
+                }
+            }
+            Err(err) => {
+                tracing::warn!(stream_id = lease.stream_id, error = %err, "the new epoch was refused: the stream is no longer ours");
+                return Err(Stop::Lost(LossReason::Fenced));
+            }
+        }
+    };
+    let mut failures = SinkFailures::default();
+    loop {
+        if !epoch.is_valid() {
+            return Err(loss(&epoch));
+        }
+        match context
+            .sink
+            .open_epoch(&epoch.stream_id, epoch.fence_token, mark)
+            .await
+        {
+            Ok(opened) if opened.fenced => {
+                context.keeper.report_fenced(&epoch);
+                return Err(Stop::Lost(LossReason::Fenced));
+            }
+            Ok(_) => break,
+            Err(err) => failures.wait(context, &epoch, err, 0).await?,
+        }
+    }
+    context.telemetry.emit(TelemetryEvent::StreamReset {
+        stream_id: epoch.stream_id.clone(),
+        from_seq: reset.from,
+        to_seq: reset.to,
+        fence_token: epoch.fence_token,
+    });
+    Ok(epoch)
 }
 
 /// Where a new owner starts, from its open of the sink.
@@ -364,6 +470,7 @@ async fn consume(
     progress: &mut Progress,
     sequencer: &mut Sequencer<UpstreamEvent>,
     first: Vec<SinkEvent>,
+    carried: Option<Carried>,
 ) -> Stop {
     let mut window = Window::new(context, lease);
     let mut intake = Intake {
@@ -374,6 +481,7 @@ async fn consume(
         fetch: None,
         empty_pages: 0,
         backfill: None,
+        reset: None,
     };
     let stop = consume_in(
         context,
@@ -383,11 +491,13 @@ async fn consume(
         &mut window,
         &mut intake,
         first,
+        carried,
     )
     .await;
     window.settle(stop).await
 }
 
+#[allow(clippy::too_many_arguments)] // the runner's parts, borrowed apart
 async fn consume_in(
     context: &RunnerContext,
     lease: &HeldLease,
@@ -396,18 +506,65 @@ async fn consume_in(
     window: &mut Window<'_>,
     intake: &mut Intake<'_>,
     first: Vec<SinkEvent>,
+    carried: Option<Carried>,
 ) -> Stop {
     let stream_id = lease.stream_id.as_str();
     let max_events = context.config.batch_max_events.max(1);
     let mut pending: Vec<SinkEvent> = Vec::with_capacity(max_events);
     pending.extend(first);
     let mut reconnects = 0u32;
+    // A new epoch goes on on the old one's connection, from the frames that
+    // made the reset.
+    let mut resumed = None;
+    if let Some(Carried {
+        reset,
+        mut subscription,
+    }) = carried
+    {
+        match intake.apply(progress, &mut pending, reset.after) {
+            Ok(()) => resumed = Some(subscription),
+            Err(error) => {
+                subscription.close().await;
+                if let Some(stop) = reconnect_after(
+                    context,
+                    lease,
+                    drain,
+                    progress,
+                    intake,
+                    &error,
+                    &mut reconnects,
+                )
+                .await
+                {
+                    return stop;
+                }
+            }
+        }
+    }
     loop {
         if drain.is_cancelled() {
             return finish(window, progress, &mut pending).await;
         }
         if !lease.is_valid() {
             return loss(lease);
+        }
+        if let Some(subscription) = resumed.take() {
+            match read(
+                context,
+                lease,
+                drain,
+                progress,
+                window,
+                intake,
+                &mut pending,
+                subscription,
+                &mut reconnects,
+            )
+            .await
+            {
+                Ok(()) => continue,
+                Err(stop) => return stop,
+            }
         }
         let subscribe = context
             .upstream
@@ -425,7 +582,7 @@ async fn consume_in(
                 _ = waiting.tick() => report_lag(context, lease, progress),
             }
         };
-        let mut subscription = match subscribed {
+        let subscription = match subscribed {
             Ok(subscription) => subscription,
             Err(err) => {
                 if let Some(stop) = reconnect_after(
@@ -445,86 +602,15 @@ async fn consume_in(
             }
         };
         intake.sequencer.connected();
-        let mut lag_tick = tokio::time::interval(context.config.lag_report_interval);
-        // `None`: the sink lost confirmed events, consuming starts over.
-        let error = loop {
-            let mut failed = None;
-            tokio::select! {
-                biased;
-                _ = lease.cancelled() => {
-                    subscription.close().await;
-                    return loss(lease);
-                }
-                _ = drain.cancelled() => {
-                    subscription.close().await;
-                    return finish(window, progress, &mut pending).await;
-                }
-                Some(landed) = window.in_flight.next(), if !window.in_flight.is_empty() => {
-                    if let Err(stop) = window.land(progress, landed).await {
-                        subscription.close().await;
-                        return stop;
-                    }
-                    if window.rewind.is_some() {
-                        break None;
-                    }
-                }
-                // History pages wait while the batch is full, like the upstream.
-                joined = intake.next_page(), if intake.fetch.is_some() && pending.len() < max_events => {
-                    intake.page_landed(progress, &mut pending, joined);
-                }
-                _ = lag_tick.tick() => report_lag(context, lease, progress),
-                // A full batch waits for a free write slot: reading stops (backpressure).
-                next = subscription.next(), if pending.len() < max_events && intake.may_read() => match next {
-                    Ok(event) => {
-                        reconnects = 0;
-                        failed = intake.arrive(progress, &mut pending, event).err();
-                        // Take whatever else is already here into the same batch:
-                        // under load batches grow, at a trickle each event goes at once.
-                        while failed.is_none() && pending.len() < max_events && intake.may_read() {
-                            match subscription.next_ready() {
-                                Some(Ok(event)) => {
-                                    failed = intake.arrive(progress, &mut pending, event).err();
-                                }
-                                Some(Err(err)) => failed = Some(err),
-                                None => break,
-                            }
-                        }
-                    }
-                    Err(err) => failed = Some(err),
-                },
-            }
-            if let Some(err) = failed {
-                break Some(err);
-            }
-            while window.has_room() && !pending.is_empty() {
-                if let Err(stop) = window.submit(&mut pending) {
-                    subscription.close().await;
-                    return stop;
-                }
-            }
-        };
-        subscription.close().await;
-        let Some(error) = error else {
-            rewind(window, progress, intake, &mut pending);
-            continue;
-        };
-        // Events before a gap or a disconnect are good: write them first, then
-        // resume right after what the sink confirmed. A backfill in progress
-        // goes on across the reconnect (its held events stay held).
-        if let Err(stop) = window.flush(progress, &mut pending).await {
-            return stop;
-        }
-        if window.rewind.is_some() {
-            rewind(window, progress, intake, &mut pending);
-            continue;
-        }
-        if let Some(stop) = reconnect_after(
+        if let Err(stop) = read(
             context,
             lease,
             drain,
             progress,
+            window,
             intake,
-            &error,
+            &mut pending,
+            subscription,
             &mut reconnects,
         )
         .await
@@ -532,6 +618,129 @@ async fn consume_in(
             return stop;
         }
     }
+}
+
+/// Reads one connection until it fails, the sink loses its tail, or the
+/// stream stops (`Err`). `Ok`: connect again.
+#[allow(clippy::too_many_arguments)] // the runner's parts, borrowed apart
+async fn read(
+    context: &RunnerContext,
+    lease: &HeldLease,
+    drain: &CancellationToken,
+    progress: &mut Progress,
+    window: &mut Window<'_>,
+    intake: &mut Intake<'_>,
+    pending: &mut Vec<SinkEvent>,
+    mut subscription: Box<dyn Subscription>,
+    reconnects: &mut u32,
+) -> Result<(), Stop> {
+    let max_events = context.config.batch_max_events.max(1);
+    let mut lag_tick = tokio::time::interval(context.config.lag_report_interval);
+    let interrupt = loop {
+        let mut failed = None;
+        tokio::select! {
+            biased;
+            _ = lease.cancelled() => {
+                subscription.close().await;
+                return Err(loss(lease));
+            }
+            _ = drain.cancelled() => {
+                subscription.close().await;
+                return Err(finish(window, progress, pending).await);
+            }
+            Some(landed) = window.in_flight.next(), if !window.in_flight.is_empty() => {
+                if let Err(stop) = window.land(progress, landed).await {
+                    subscription.close().await;
+                    return Err(stop);
+                }
+                if window.rewind.is_some() {
+                    break Interrupt::Rewind;
+                }
+            }
+            // History pages wait while the batch is full, like the upstream.
+            joined = intake.next_page(), if intake.fetch.is_some() && pending.len() < max_events => {
+                intake.page_landed(progress, pending, joined);
+            }
+            _ = lag_tick.tick() => report_lag(context, lease, progress),
+            // A full batch waits for a free write slot: reading stops (backpressure).
+            next = subscription.next(), if pending.len() < max_events && intake.may_read() => match next {
+                Ok(event) => {
+                    *reconnects = 0;
+                    failed = intake.arrive(progress, pending, event).err();
+                    // Take whatever else is already here into the same batch:
+                    // under load batches grow, at a trickle each event goes at once.
+                    while failed.is_none() && pending.len() < max_events && intake.may_read() {
+                        match subscription.next_ready() {
+                            Some(Ok(event)) => {
+                                failed = intake.arrive(progress, pending, event).err();
+                            }
+                            Some(Err(err)) => failed = Some(err),
+                            None => break,
+                        }
+                    }
+                }
+                Err(err) => failed = Some(err),
+            },
+        }
+        if let Some(err) = failed {
+            break Interrupt::Failed(err);
+        }
+        if intake.reset.is_some() {
+            break Interrupt::Reset;
+        }
+        while window.has_room() && !pending.is_empty() {
+            if let Err(stop) = window.submit(pending) {
+                subscription.close().await;
+                return Err(stop);
+            }
+        }
+    };
+    let error = match interrupt {
+        Interrupt::Rewind => {
+            subscription.close().await;
+            rewind(window, progress, intake, pending);
+            return Ok(());
+        }
+        Interrupt::Reset => {
+            // The old epoch ends with everything before the reset written.
+            if let Err(stop) = window.flush(progress, pending).await {
+                subscription.close().await;
+                return Err(stop);
+            }
+            // A tail the sink lost now belongs to an epoch that is over: the
+            // upstream cannot send it again.
+            window.rewind = None;
+            let reset = intake.reset.take().expect("checked above");
+            return Err(Stop::Reset(Box::new(Carried {
+                reset,
+                subscription,
+            })));
+        }
+        Interrupt::Failed(error) => error,
+    };
+    subscription.close().await;
+    // Events before a gap or a disconnect are good: write them first, then
+    // resume right after what the sink confirmed. A backfill in progress
+    // goes on across the reconnect (its held events stay held).
+    window.flush(progress, pending).await?;
+    if window.rewind.is_some() {
+        rewind(window, progress, intake, pending);
+        return Ok(());
+    }
+    match reconnect_after(context, lease, drain, progress, intake, &error, reconnects).await {
+        Some(stop) => Err(stop),
+        None => Ok(()),
+    }
+}
+
+/// Why reading a connection stopped short of the stream stopping.
+enum Interrupt {
+    /// The sink lost confirmed events: consuming starts over.
+    Rewind,
+    /// The connection failed (or a `replay` hole asks for it again).
+    Failed(UpstreamError),
+    /// The sequence started over.
+    Reset,
 }
 
 /// The sink lost confirmed events and the upstream can send them again:
@@ -699,7 +908,7 @@ mod intake;
 mod slot;
 mod window;
 
-use intake::Intake;
+use intake::{Intake, PendingReset};
 use window::Window;
 
 #[cfg(test)]

@@ -122,8 +122,10 @@ pub const UPSTREAM_RESET_AFTER: Setting<u64> = Setting::new(
     "UPSTREAM_RESET_AFTER",
     parse::POSITIVE,
     Fallback::Value(|| u64::from(crate::runner::JUMP_BOUND.confirm_after)),
-    "Frames in a row that confirm a sequence jump past `UPSTREAM_MAX_JUMP` (each within the bound \
-     of the one before).",
+    "Frames in a row that make a sequence reset: each below the stream's last sequence and above \
+     the one before (the upstream started over, e.g. after a restart; a reset entry then starts a \
+     new epoch in the sink, `leasehold_stream_resets_total`). Also the frames in a row that \
+     confirm a jump past `UPSTREAM_MAX_JUMP` (each within the bound of the one before).",
 );
 /// The `STREAM_HOLD_MAX_BYTES` variable.
 pub const STREAM_HOLD_MAX_BYTES: Setting<usize> = Setting::new(

@@ -230,7 +230,7 @@ fn every_typed_column_names_the_field_its_json_path_does() {
             missing: 10,
             reason: GapReason::Retention,
         },
-        reasons: [0; GapReason::ALL.len()],
+        reasons: [0; GapReason::RECORDED.len()],
     });
     let mut nan = StreamRow::unowned("nan");
     nan.lag_seconds = Some(f64::NAN);

@@ -105,7 +105,7 @@ pub fn gap_filters() -> Vec<(&'static str, String)> {
         ("none", "without data gaps".to_owned()),
     ];
     choices.extend(
-        GapReason::ALL
+        GapReason::RECORDED
             .iter()
             .map(|r| (r.as_str(), format!("with a {} gap", r.as_str()))),
     );
@@ -405,8 +405,11 @@ mod tests {
 
     fn with_gaps(id: &str, count: u64, last_at_ms: i64, reason: GapReason) -> StreamRow {
         let mut row = StreamRow::unowned(id);
-        let mut reasons = [0; GapReason::ALL.len()];
-        reasons[GapReason::ALL.iter().position(|r| *r == reason).unwrap()] = count;
+        let mut reasons = [0; GapReason::RECORDED.len()];
+        reasons[GapReason::RECORDED
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap()] = count;
         row.gaps = Some(GapTally {
             count,
             missing: count * 10,

@@ -32,6 +32,19 @@ pub(super) struct Intake<'a> {
     pub(super) empty_pages: u32,
     /// The backfill under way, reported when it ends.
     pub(super) backfill: Option<BackfillRun>,
+    /// The sequence started over: the old epoch is written out, then the
+    /// stream goes on in a new one ([`super::run_stream`]).
+    pub(super) reset: Option<PendingReset>,
+}
+
+/// A reset the sequencer found, waiting for its new epoch.
+pub(super) struct PendingReset {
+    /// The last position before (`reset_from`).
+    pub(super) from: u64,
+    /// The first sequence after (`reset_to`).
+    pub(super) to: u64,
+    /// The sequencer's steps after the reset: the new epoch's first.
+    pub(super) after: Vec<Step<UpstreamEvent>>,
 }
 
 /// One backfill from its first request to its end, for
@@ -54,10 +67,12 @@ impl Drop for Intake<'_> {
 
 impl Intake<'_> {
     /// Reading the upstream pauses while the held events of a backfill are
-    /// at their bound, in count or in bytes.
+    /// at their bound, in count or in bytes, and once a reset waits for its
+    /// epoch.
     pub(super) fn may_read(&self) -> bool {
         let config = &self.context.config;
-        self.sequencer.held() < config.backfill_hold_max.max(1)
+        self.reset.is_none()
+            && self.sequencer.held() < config.backfill_hold_max.max(1)
             && self.sequencer.held_weight() < config.hold_max_bytes.max(1)
     }
 
@@ -90,8 +105,26 @@ impl Intake<'_> {
         mut steps: Vec<Step<UpstreamEvent>>,
     ) -> Result<(), UpstreamError> {
         let mut result = Ok(());
-        for step in steps.drain(..) {
+        let mut steps_left = steps.drain(..);
+        while let Some(step) = steps_left.next() {
             match step {
+                Step::BehindDropped { frames } => {
+                    for _ in 0..frames {
+                        self.context
+                            .telemetry
+                            .emit(TelemetryEvent::UpstreamFrameSkipped {
+                                stream_id: self.lease.stream_id.clone(),
+                                reason: SkipReason::Duplicate,
+                            });
+                    }
+                }
+                Step::Reset { from, to } => {
+                    self.reset = Some(PendingReset {
+                        from,
+                        to,
+                        after: steps_left.by_ref().collect(),
+                    });
+                }
                 Step::Event(_, event) => {
                     // Liveness moves only with what is written: frames
                     // dropped as replays or jumps must not make a stream that
@@ -142,6 +175,7 @@ impl Intake<'_> {
                 }
             }
         }
+        drop(steps_left);
         self.steps = steps;
         if !self.sequencer.backfilling() {
             let ended = match &self.backfill {

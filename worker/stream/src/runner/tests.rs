@@ -49,6 +49,11 @@ enum Fault {
         after: u64,
         seq: u64,
     },
+    /// After `after` events the upstream's sequence starts over at 1 on
+    /// the same connection (an exchange's service restart).
+    Restart {
+        after: u64,
+    },
 }
 
 #[derive(Default)]
@@ -154,6 +159,10 @@ impl Subscription for FakeSubscription {
                 sleep(Duration::from_millis(500)).await;
                 return Ok(trade(self.next - 1));
             }
+            Some(Fault::Restart { after }) if self.delivered == after => {
+                self.fault = None;
+                self.next = 1;
+            }
             Some(Fault::Bogus { after, seq }) if self.delivered == after => {
                 self.fault = None;
                 self.delivered += 1;
@@ -201,6 +210,15 @@ struct FlakySink {
 impl FencedSink for FlakySink {
     async fn open(&self, stream_id: &str, fence_token: u64) -> Result<OpenOutcome, SinkError> {
         self.inner.open(stream_id, fence_token).await
+    }
+
+    async fn open_epoch(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        reset: leasehold_sink::ResetMark,
+    ) -> Result<OpenOutcome, SinkError> {
+        self.inner.open_epoch(stream_id, fence_token, reset).await
     }
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
@@ -1205,6 +1223,95 @@ async fn live_mode_starts_at_the_live_position_and_marks_what_a_reconnect_missed
 /// on being written with no gap marker. Without the jump bound the frame
 /// would be written after a marker up to 1e15 - 1, and every real event
 /// after it dropped as a replay.
+#[tokio::test(start_paused = true)]
+async fn a_sequence_that_starts_over_goes_on_in_a_new_epoch_after_a_reset_entry() {
+    let (f, _) = live_fixture(100, ResumeMode::Live);
+    f.upstream
+        .faults
+        .lock()
+        .unwrap()
+        .push_back(Fault::Restart { after: 5 });
+    let lease = f.context.keeper.acquire("s").await.unwrap();
+    let token = lease.fence_token;
+    let task = tokio::spawn(run_stream(
+        f.context.clone(),
+        lease,
+        CancellationToken::new(),
+    ));
+    for head in 101..=110 {
+        f.upstream.head.store(head, Ordering::SeqCst);
+        sleep(Duration::from_millis(10)).await;
+    }
+    wait_for(|| sink_seqs(&f).last() == Some(&110) && sink_seqs(&f).len() > 100).await;
+    let stored = f.sink.inner.events("s");
+    let at = stored
+        .iter()
+        .position(|e| e.reset.is_some())
+        .expect("a reset entry");
+    let old: Vec<_> = stored[..at]
+        .iter()
+        .map(|e| (e.seq, e.fence_token))
+        .collect();
+    let first = old[0].0;
+    assert_eq!(old.len(), 5, "{old:?}");
+    assert_eq!(
+        old,
+        (first..first + 5)
+            .map(|seq| (seq, token))
+            .collect::<Vec<_>>()
+    );
+    let reset = &stored[at];
+    assert_eq!(
+        (reset.seq, reset.fence_token, reset.reset),
+        (
+            0,
+            token + 1,
+            Some(leasehold_sink::ResetMark {
+                from: first + 4,
+                to: 1
+            })
+        )
+    );
+    let new: Vec<_> = stored[at + 1..]
+        .iter()
+        .map(|e| (e.seq, e.fence_token))
+        .collect();
+    assert_eq!(
+        new,
+        (1..=110).map(|seq| (seq, token + 1)).collect::<Vec<_>>()
+    );
+    // One connection throughout: the new epoch went on reading it.
+    assert_eq!(f.upstream.subscribed_from.lock().unwrap().len(), 1);
+    // The table follows the new epoch: its token, and its checkpoint on the next renew.
+    sleep(Duration::from_secs(11)).await;
+    let record = f.store.get("s").await.unwrap();
+    assert_eq!(
+        (record.fence_token, record.checkpoint),
+        (token + 1, Some(110))
+    );
+    let events = f.events.snapshot();
+    let resets: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            TelemetryEvent::StreamReset {
+                from_seq,
+                to_seq,
+                fence_token,
+                ..
+            } => Some((*from_seq, *to_seq, *fence_token)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resets, [(first + 4, 1, token + 1)]);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, TelemetryEvent::LeaseLost { .. })),
+        "a new epoch is no loss"
+    );
+    task.abort();
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_bogus_frame_far_ahead_is_dropped_and_the_stream_goes_on() {
     let (f, _) = live_fixture(100, ResumeMode::Live);
