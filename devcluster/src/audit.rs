@@ -48,8 +48,18 @@ pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
         }
         audit.streams += 1;
         audit.marked_gaps += events.iter().filter(|e| e.gap.is_some()).count();
-        audit.events += events.iter().filter(|e| e.gap.is_none()).count();
+        audit.events += events
+            .iter()
+            .filter(|e| e.gap.is_none() && e.reset.is_none())
+            .count();
         for pair in events.windows(2) {
+            if pair[1].reset.is_some() {
+                // A new epoch: the sequence starts over, the token must still rise.
+                if pair[1].fence_token <= pair[0].fence_token {
+                    audit.token_regressions += 1;
+                }
+                continue;
+            }
             match pair[1].covers().start().cmp(&(pair[0].seq + 1)) {
                 std::cmp::Ordering::Equal => {}
                 std::cmp::Ordering::Greater => audit.gaps += 1,
