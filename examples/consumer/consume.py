@@ -194,10 +194,11 @@ def classify(entry_id: str, fields: dict[str, bytes]) -> dict:
       - event: seq, event_id, fence_token, payload;
       - gap marker: gap_from, gap_to, fence_token, reason and no payload;
         told from an event by its gap_to field.
-    Two more kinds are handled here ahead of the worker (it does not write them,
-    and docs/redis.md does not list them yet: their shape may still change):
-      - reset: reason = reset, reset_from, reset_to: the upstream's sequence
-        restarted, so later sequences are lower;
+      - reset: reason = reset, reset_from, reset_to, fence_token, at id
+        <token>-<reset_to - 1>: the upstream's sequence restarted, so later
+        sequences are lower (entry ids still increase);
+    One more kind is handled here ahead of the worker (it does not write it
+    yet, and docs/redis.md does not list it: its shape may still change):
       - snapshot: a snapshot field, seq, fence_token (and gap_from, gap_to,
         reason when diffs were missed): state starts again from it.
     Anything else raises Malformed: the caller reports it and skips it.
@@ -294,8 +295,9 @@ class Consumer:
     def on_reset(self, record: dict) -> None:
         # The upstream restarted its numbering: sequences after this are lower
         # than before it. Continuity starts over; a state keyed on sequence
-        # (deduplication, "seen up to N") must be cleared.
-        self.state.last_seq = None
+        # (deduplication, "seen up to N") must be cleared. The next event is
+        # reset_to.
+        self.state.last_seq = record["reset_to"] - 1
 
     def on_snapshot(self, record: dict) -> None:
         # A full state at seq: drop whatever was built so far (diffs before it

@@ -353,7 +353,7 @@ async fn the_example_consumer_refuses_bad_input_in_one_line_and_skips_unknown_en
         ("1-1", "seq 1 event_id a fence_token 1 payload {}"),
         ("1-2", "hello world"),
         ("1-3", "seq x event_id b fence_token 1 payload {}"),
-        ("2-1", "reason reset reset_from 3 reset_to 1 fence_token 2"),
+        ("2-0", "reason reset reset_from 3 reset_to 1 fence_token 2"),
         (
             "2-9",
             "snapshot {} seq 9 fence_token 2 gap_from 2 gap_to 8 reason no_replay",
