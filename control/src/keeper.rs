@@ -473,15 +473,18 @@ impl LeaseKeeper {
             Err(_) => return true,
         };
         // When the stream's holder stopped holding it: its session's expiry,
-        // while the record is still that session (a gone or restarted one
-        // ended at a time this read cannot tell).
+        // or its release, while the record is still that session (a gone or
+        // restarted one ended at a time this read cannot tell).
         takeover.from_expires_at = session
             .as_ref()
             .filter(|s| {
-                s.owner_id.as_deref() == Some(takeover.from_owner.as_str())
+                s.last_owner.as_deref() == Some(takeover.from_owner.as_str())
                     && s.fence_token == takeover.from_session_token
             })
-            .map(|s| s.lease_expires_at);
+            .and_then(|s| match s.owner_id {
+                Some(_) => Some(s.lease_expires_at),
+                None => s.released_at,
+            });
         protocol::session_ended(
             session.as_ref().and_then(|s| s.owner_id.as_deref()),
             session.as_ref().map(|s| s.fence_token),

@@ -196,3 +196,23 @@ async fn a_stream_of_an_ended_session_is_taken_in_one_transaction() {
     // (two write units each) was sent to fail.
     assert_eq!(f.store.interceptor().of("take_over").len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_released_sessions_stream_is_taken_with_the_release_as_its_end() {
+    let f = Fixture::new();
+    let gone = f.keeper("gone");
+    gone.acquire("s").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    gone.end_session().await.unwrap();
+    let session = f.store.get(&schema::session_record("gone")).await.unwrap();
+    let released_at = session.released_at.expect("a released session");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let taken = f.keeper("taker").acquire("s").await.unwrap();
+    assert_eq!(taken.acquired.previous_owner.as_deref(), Some("gone"));
+    // The takeover's gap runs from the session's release, not unknown.
+    assert_eq!(taken.acquired.previous_expires_at, Some(released_at));
+    assert_eq!(
+        taken.acquired.takeover_gap_ms(),
+        Some(taken.acquired.acquired_at.unwrap() - released_at)
+    );
+}
