@@ -249,7 +249,9 @@ impl GapLog {
                     // dropped out of discovery for a refresh comes back new).
                     None => !self.holds(&gap.stream_id, gap.from_seq, gap.to_seq),
                 };
-                if !fresh || gap.to_seq < gap.from_seq {
+                // A gap's range ascends; a reset's goes back (from the last
+                // sequence before to the first after).
+                if !fresh || (gap.to_seq < gap.from_seq && gap.reason != GapReason::Reset) {
                     continue;
                 }
                 let age = i64::try_from(gap.age_ms).unwrap_or(i64::MAX);

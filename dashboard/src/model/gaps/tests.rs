@@ -193,3 +193,17 @@ fn ten_thousand_streams_reporting_in_a_loop_stay_within_the_cap() {
     assert!(log.streams() <= GAPS_KEPT);
     assert_eq!(log.dropped(), 100 * 20 * 32 - GAPS_KEPT as u64);
 }
+
+#[test]
+fn a_reset_is_listed_with_the_gaps_missing_nothing() {
+    let mut log = GapLog::default();
+    // The sequence went back: from_seq (reset_from) above to_seq (reset_to).
+    let listed = [(1, 1_000, "s", 60_108, 1, "reset")];
+    assert_eq!(log.observe(&[reporting(A, "w1", &listed)], 100_000), 1);
+    let reset = &log.for_stream("s")[0];
+    assert_eq!((reset.reason, reset.missing), (GapReason::Reset, 0));
+    assert_eq!(
+        reset.range_text(),
+        "sequence reset: 60108 then 1 (the upstream started over)"
+    );
+}
