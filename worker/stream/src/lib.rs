@@ -7,9 +7,11 @@
 //!   seam and the generic WebSocket JSON adapter (URL and subscribe templates,
 //!   JSON pointers, frame limit).
 //! - the fenced sinks are their own crate, `leasehold_sink` (`worker/sink`).
-//! - [`runner`]: one held stream, from subscribe to release: the order of checks
-//!   (valid lease → write with token → stage checkpoint) lives here; its
-//!   children are the intake (arrivals, backfill) and the write window.
+//! - [`machine`]: one held stream's state and decisions, without I/O
+//!   (`StreamMachine`: progress, sequencer, write slot, backfill, reset).
+//! - [`runner`]: the machine's driver, from the sink's open to release: the
+//!   order of checks (valid lease → write with token → stage checkpoint)
+//!   lives here.
 //! - [`worker`]: presence, discovery, fair share, hand-back, drain.
 //! - [`balance`]: fair share, hand-back, and when to stop giving.
 //! - [`assignment`]: assigned discovery's plan (`DISCOVERY_MODE=assigned`):
@@ -22,6 +24,7 @@
 pub mod assignment;
 pub mod balance;
 pub mod handoff;
+pub mod machine;
 pub mod probes;
 pub mod runner;
 pub mod settings;

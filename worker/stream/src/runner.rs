@@ -8,24 +8,30 @@
 //! fence token; the checkpoint moves only after the sink confirmed; a fenced
 //! write or any sign of lost ownership stops the stream at once and closes the
 //! upstream connection.
+//!
+//! The decisions live in the stream's machine ([`crate::machine`]); this
+//! module is its driver: it opens the sink, feeds the machine what the
+//! upstream, the sink, the history and the lease do, and carries out what
+//! it asks, checking the lease before every sink call.
 
-use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
 use leasehold_control::protocol;
+use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep};
 use leasehold_platform::backoff::Backoff;
+use leasehold_sink::{FencedSink, ResetMark, SinkBatch, SinkError};
 use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
-use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep, Sequencer};
-
-use crate::upstream::history::{History, HistoryConfig};
+use crate::machine::{Action, Input, Start, Stop, StreamMachine};
+use crate::upstream::history::{History, HistoryConfig, HistoryError, fetch_page};
 use crate::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
-use leasehold_sink::{FencedSink, ResetMark, SinkError, SinkEvent};
 
 /// How a runner batches and retries.
 #[derive(Debug, Clone)]
@@ -59,6 +65,30 @@ pub struct RunnerConfig {
     /// How far one frame may move the stream on its own word
     /// (`UPSTREAM_MAX_JUMP`, `UPSTREAM_RESET_AFTER`).
     pub jump: JumpBound,
+    /// The machine's rules, each of which the model turns off once to show
+    /// it matters (`tests/machine_model.rs`); always all on otherwise.
+    #[doc(hidden)]
+    pub rules: MachineRules,
+}
+
+/// Rules of the stream machine that a model can switch off.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MachineRules {
+    /// A re-open compares the sink's end with what was confirmed (else a
+    /// batch is sent again above a tail a failover lost).
+    pub reopen_compares_the_tail: bool,
+    /// The checkpoint is staged only once the sink confirmed (else when the
+    /// batch is sent).
+    pub checkpoint_after_confirmation: bool,
+}
+
+impl MachineRules {
+    /// Every rule in place: the shipped behaviour.
+    pub const ALL: MachineRules = MachineRules {
+        reopen_compares_the_tail: true,
+        checkpoint_after_confirmation: true,
+    };
 }
 
 /// [`RunnerConfig::jump`]'s default: `UPSTREAM_MAX_JUMP` 10,000,000, a real
@@ -104,6 +134,7 @@ impl Default for RunnerConfig {
             backfill_empty_pages: 3,
             backfill_empty_wait: Duration::from_millis(500),
             jump: JUMP_BOUND,
+            rules: MachineRules::ALL,
         }
     }
 }
@@ -138,60 +169,6 @@ pub enum StreamExit {
     SinkGaveUp(String),
 }
 
-/// Where the runner is in the stream.
-struct Progress {
-    /// Highest sequence the sink confirmed.
-    confirmed: u64,
-    /// Highest sequence received.
-    received: u64,
-    /// (first seq, received at) of each confirmed batch not yet persisted as
-    /// the checkpoint, for the lag in seconds.
-    unpersisted: VecDeque<(u64, Instant)>,
-    /// When the last event arrived (when the stream was opened, before the first).
-    last_event_at: Instant,
-    /// The last event's arrival lag behind its own time, if the upstream names it.
-    last_arrival_lag: Option<f64>,
-    /// What had been confirmed before the sink lost its tail, while the
-    /// upstream refills it.
-    refill_to: Option<u64>,
-    /// The first sequence this holder took (event or gap marker): lag counts
-    /// from there. A live upstream starts at the exchange's own id (60,108),
-    /// and with nothing persisted yet that whole id would read as lag.
-    first_seq: Option<u64>,
-}
-
-impl Progress {
-    /// A holder about to consume after `seq`.
-    fn at(seq: u64, last_event_at: Instant) -> Self {
-        Progress {
-            confirmed: seq,
-            received: seq,
-            unpersisted: VecDeque::new(),
-            last_event_at,
-            last_arrival_lag: None,
-            refill_to: None,
-            first_seq: None,
-        }
-    }
-}
-
-/// Why consuming stopped.
-enum Stop {
-    Drain,
-    Lost(LossReason),
-    /// The sink keeps refusing: give the stream up (the last error).
-    SinkFailing(String),
-    /// The upstream's sequence started over; everything before it is
-    /// written. The stream goes on in a new epoch, on the same connection.
-    Reset(Box<Carried>),
-}
-
-/// What a new epoch takes over from the old one.
-struct Carried {
-    reset: PendingReset,
-    subscription: Box<dyn Subscription>,
-}
-
 fn loss(lease: &HeldLease) -> Stop {
     Stop::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed))
 }
@@ -205,74 +182,23 @@ pub async fn run_stream(
     let mut lease = lease;
     let stop = match open(&context, &lease).await {
         Err(stop) => stop,
-        Ok(Opened {
-            resume: start,
-            anchored,
-            lost,
-        }) => {
-            let config = &context.config;
-            let mut progress = Progress::at(start, Instant::now());
-            // The sink lost a tail the checkpoint had covered: the upstream
-            // refills it, or (live) it is marked where it is missing.
-            let mut first = Vec::new();
-            if let Some(lost) = lost {
-                if config.resume == ResumeMode::Live {
-                    first.push(SinkEvent::gap(
-                        *lost.start(),
-                        *lost.end(),
-                        leasehold_telemetry::GapReason::SinkLost,
-                    ));
-                    progress.received = *lost.end();
-                } else {
-                    progress.refill_to = Some(*lost.end());
-                }
-            }
-            // A replay upstream is asked for everything from the first
-            // sequence; a live one starts wherever it is when nothing was
-            // ever written (there is no "before" to record).
-            let last =
-                (anchored || config.resume == ResumeMode::Replay).then_some(progress.received);
-            let mut sequencer = Sequencer::new(config.resume, config.seq_step, last)
-                .with_jump_bound(config.jump)
-                .with_reset_after(config.jump.confirm_after)
-                .with_weigher(|event: &UpstreamEvent| event.payload.len() + event.event_id.len());
-            let mut carried = None;
-            loop {
-                let stop = consume(
-                    &context,
-                    &lease,
-                    &drain,
-                    &mut progress,
-                    &mut sequencer,
-                    std::mem::take(&mut first),
-                    carried.take(),
-                )
-                .await;
-                let Stop::Reset(carry) = stop else {
-                    break stop;
-                };
-                match new_epoch(&context, &lease, &carry.reset).await {
-                    Ok(epoch) => {
-                        lease = epoch;
-                        progress = Progress::at(carry.reset.to - 1, progress.last_event_at);
-                        carried = Some(*carry);
-                    }
-                    Err(stop) => {
-                        let Carried {
-                            mut subscription, ..
-                        } = *carry;
-                        subscription.close().await;
-                        break stop;
-                    }
-                }
-            }
+        Ok(start) => {
+            let mut held = Held {
+                telemetry: context.telemetry.as_ref(),
+                machine: StreamMachine::new(
+                    context.config.clone(),
+                    lease.stream_id.clone(),
+                    lease.fence_token,
+                    lease.lives_by_session(),
+                    start,
+                    Instant::now(),
+                ),
+            };
+            drive(&context, &mut lease, &drain, &mut held.machine).await
         }
     };
     let exit = match stop {
         Stop::Lost(reason) => StreamExit::Lost(reason),
-        // Not reached: the loop above starts a new epoch for every reset.
-        // Stopping without a release is the safe answer all the same.
-        Stop::Reset(_) => StreamExit::Lost(LossReason::Fenced),
         Stop::Drain => match context.keeper.release(&lease).await {
             Ok(_) => StreamExit::Released,
             Err(err) => StreamExit::ReleaseFailed(err.to_string()),
@@ -295,6 +221,243 @@ pub async fn run_stream(
     exit
 }
 
+/// The machine of a running stream; if the stream's task is dropped mid-way
+/// (aborted), a backfill under way is reported as stopped.
+struct Held<'a> {
+    telemetry: &'a dyn TelemetrySink,
+    machine: StreamMachine,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(event) = self.machine.abandon(Instant::now()) {
+            self.telemetry.emit(event);
+        }
+    }
+}
+
+/// A history page being fetched: its task ends with the page or the reason
+/// the range is given up (aborted when dropped).
+type PageFetch = AbortOnDropHandle<Result<Vec<UpstreamEvent>, HistoryError>>;
+
+/// What the driver has out: each at most once (one write slot, one
+/// connection, one fetch).
+#[derive(Default)]
+struct Out {
+    subscription: Option<Box<dyn Subscription>>,
+    subscribing: Option<BoxFuture<'static, Result<Box<dyn Subscription>, UpstreamError>>>,
+    /// A write or a re-open: its reply is the input.
+    sink_call: Option<BoxFuture<'static, Input>>,
+    fetch: Option<PageFetch>,
+}
+
+impl Out {
+    async fn close(&mut self) {
+        self.subscribing = None;
+        if let Some(mut subscription) = self.subscription.take() {
+            subscription.close().await;
+        }
+    }
+}
+
+/// Waits for `future` if there is one (never resolves otherwise).
+async fn next_of<F: Future + Unpin>(future: &mut Option<F>) -> F::Output {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_frame(
+    subscription: &mut Option<Box<dyn Subscription>>,
+) -> Result<UpstreamEvent, UpstreamError> {
+    match subscription {
+        Some(subscription) => subscription.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The machine's driver: one `select!` over the lease, the drain, the sink
+/// call, the connect, the history, the upstream and the machine's timer.
+async fn drive(
+    context: &RunnerContext,
+    lease: &mut HeldLease,
+    drain: &CancellationToken,
+    machine: &mut StreamMachine,
+) -> Stop {
+    let mut out = Out::default();
+    let mut drain_seen = false;
+    loop {
+        machine.set_persisted(lease.persisted_checkpoint());
+        while let Some(action) = machine.poll_action() {
+            if let Err(stop) = carry_out(context, lease, machine, &mut out, action).await {
+                out.close().await;
+                return stop;
+            }
+        }
+        if let Some(stop) = machine.stopped() {
+            // A write already sent runs whether or not its reply is awaited:
+            // wait for its verdict, so a zombie's refused write still counts.
+            if machine.writing()
+                && let Some(call) = out.sink_call.take()
+            {
+                let input = call.await;
+                machine.handle(input, Instant::now());
+                continue;
+            }
+            let stop = stop.clone();
+            out.close().await;
+            return stop;
+        }
+        let timeout = machine.poll_timeout();
+        tokio::select! {
+            biased;
+            _ = lease.cancelled() => machine.handle(Input::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)), Instant::now()),
+            _ = drain.cancelled(), if !drain_seen => {
+                drain_seen = true;
+                machine.handle(Input::Drain, Instant::now());
+            }
+            input = next_of(&mut out.sink_call), if out.sink_call.is_some() => {
+                out.sink_call = None;
+                machine.handle(input, Instant::now());
+            }
+            subscribed = next_of(&mut out.subscribing), if out.subscribing.is_some() => {
+                out.subscribing = None;
+                match subscribed {
+                    Ok(subscription) => {
+                        out.subscription = Some(subscription);
+                        machine.handle(Input::Subscribed, Instant::now());
+                    }
+                    Err(err) => machine.handle(Input::SubscribeFailed(err), Instant::now()),
+                }
+            }
+            joined = next_of(&mut out.fetch), if out.fetch.is_some() && machine.wants_page() => {
+                out.fetch = None;
+                let page = joined.unwrap_or_else(|join| {
+                    Err(HistoryError::Refused(format!("backfill task failed: {join}")))
+                });
+                machine.handle(Input::Page(page), Instant::now());
+            }
+            // A full batch waits for a free write slot: reading stops (backpressure).
+            next = next_frame(&mut out.subscription), if out.subscription.is_some() && machine.wants_frames() => {
+                match next {
+                    Ok(event) => {
+                        machine.handle(Input::Frame(event), Instant::now());
+                        // Take whatever else is already here into the same
+                        // batch: under load batches grow, at a trickle each
+                        // event goes at once.
+                        while machine.wants_frames() {
+                            let Some(subscription) = out.subscription.as_mut() else {
+                                break;
+                            };
+                            match subscription.next_ready() {
+                                Some(Ok(event)) => machine.handle(Input::Frame(event), Instant::now()),
+                                Some(Err(err)) => {
+                                    machine.handle(Input::UpstreamFailed(err), Instant::now());
+                                    break;
+                                }
+                                None => break,
+                            }
+                        }
+                    }
+                    Err(err) => machine.handle(Input::UpstreamFailed(err), Instant::now()),
+                }
+            }
+            _ = sleep_until(timeout.unwrap_or_else(Instant::now)), if timeout.is_some() => {
+                machine.handle_timeout(Instant::now());
+            }
+        }
+    }
+}
+
+/// One of the machine's actions. `Err` when the stream must stop at once.
+async fn carry_out(
+    context: &RunnerContext,
+    lease: &mut HeldLease,
+    machine: &mut StreamMachine,
+    out: &mut Out,
+    action: Action,
+) -> Result<(), Stop> {
+    match action {
+        Action::Subscribe { from } => {
+            let upstream = context.upstream.clone();
+            let stream_id = lease.stream_id.clone();
+            out.subscribing = Some(Box::pin(async move {
+                upstream.subscribe(&stream_id, from).await
+            }));
+        }
+        Action::Close => out.close().await,
+        Action::Write(events) => {
+            // Invariant 4: no side effect past the holder's deadline.
+            if !lease.is_valid() {
+                machine.handle(
+                    Input::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
+                    Instant::now(),
+                );
+                return Ok(());
+            }
+            let sink = context.sink.clone();
+            let stream_id = lease.stream_id.clone();
+            let fence_token = lease.fence_token;
+            out.sink_call = Some(Box::pin(async move {
+                let started = Instant::now();
+                let result = sink
+                    .write(SinkBatch {
+                        stream_id: &stream_id,
+                        fence_token,
+                        events: &events,
+                    })
+                    .await;
+                Input::Written { result, started }
+            }));
+        }
+        Action::Reopen => {
+            if !lease.is_valid() {
+                machine.handle(
+                    Input::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
+                    Instant::now(),
+                );
+                return Ok(());
+            }
+            let sink = context.sink.clone();
+            let stream_id = lease.stream_id.clone();
+            let fence_token = lease.fence_token;
+            out.sink_call = Some(Box::pin(async move {
+                Input::Reopened(sink.open(&stream_id, fence_token).await)
+            }));
+        }
+        Action::Fetch { from, to, after } => {
+            let stream_id = lease.stream_id.clone();
+            out.fetch = Some(match context.history.clone() {
+                Some((history, config)) => AbortOnDropHandle::new(tokio::spawn(async move {
+                    sleep(after).await;
+                    fetch_page(&*history, &config, &stream_id, from, to).await
+                })),
+                // Settings require a history for `backfill`; a runner built
+                // without one has nothing to fetch from.
+                None => AbortOnDropHandle::new(tokio::spawn(async {
+                    Err(HistoryError::Refused("no history configured".into()))
+                })),
+            });
+        }
+        Action::CancelFetch => out.fetch = None,
+        Action::StageCheckpoint(seq) => lease.stage_checkpoint(seq),
+        Action::ReportFenced => context.keeper.report_fenced(lease),
+        Action::Emit(event) => context.telemetry.emit(event),
+        Action::StartEpoch { from, to } => {
+            let epoch = new_epoch(context, lease, ResetMark { from, to }).await?;
+            *lease = epoch;
+            machine.handle(
+                Input::EpochStarted {
+                    fence_token: lease.fence_token,
+                },
+                Instant::now(),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The upstream's sequence started over: the lease's token is lifted for a
 /// new epoch whose checkpoint is the reset entry's position, then the sink
 /// is opened under it with the reset entry (`<new token>-<reset_to - 1>`),
@@ -303,12 +466,8 @@ pub async fn run_stream(
 async fn new_epoch(
     context: &RunnerContext,
     lease: &HeldLease,
-    reset: &PendingReset,
+    mark: ResetMark,
 ) -> Result<HeldLease, Stop> {
-    let mark = ResetMark {
-        from: reset.from,
-        to: reset.to,
-    };
     let mut attempts = 0u32;
     let epoch = loop {
         if !lease.is_valid() {
@@ -352,21 +511,11 @@ async fn new_epoch(
     }
     context.telemetry.emit(TelemetryEvent::StreamReset {
         stream_id: epoch.stream_id.clone(),
-        from_seq: reset.from,
-        to_seq: reset.to,
+        from_seq: mark.from,
+        to_seq: mark.to,
         fence_token: epoch.fence_token,
     });
     Ok(epoch)
-}
-
-/// Where a new owner starts, from its open of the sink.
-struct Opened {
-    /// The sequence to resume after.
-    resume: u64,
-    /// The stream was ever written (a checkpoint or an entry).
-    anchored: bool,
-    /// What the sink lost of what the checkpoint covered.
-    lost: Option<std::ops::RangeInclusive<u64>>,
 }
 
 /// A new owner's first act: raise the sink's fence to its token (from here on a
@@ -376,7 +525,7 @@ struct Opened {
 /// checkpointed is not appended again; below it, a failover lost a tail the
 /// checkpoint covered (counted as a regression). Retries sink errors while
 /// the lease is valid.
-async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<Opened, Stop> {
+async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<Start, Stop> {
     let checkpoint = lease.acquired.checkpoint.unwrap_or(0);
     let mut failures = SinkFailures::default();
     loop {
@@ -411,7 +560,7 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<Opened, Stop
                         to_seq: *lost.end(),
                     });
                 }
-                return Ok(Opened {
+                return Ok(Start {
                     resume,
                     anchored: resume > 0 || checkpoint > 0 || opened.last_seq.is_some(),
                     lost,
@@ -462,454 +611,6 @@ impl SinkFailures {
         }
     }
 }
-
-async fn consume(
-    context: &RunnerContext,
-    lease: &HeldLease,
-    drain: &CancellationToken,
-    progress: &mut Progress,
-    sequencer: &mut Sequencer<UpstreamEvent>,
-    first: Vec<SinkEvent>,
-    carried: Option<Carried>,
-) -> Stop {
-    let mut window = Window::new(context, lease);
-    let mut intake = Intake {
-        context,
-        lease,
-        sequencer,
-        steps: Vec::new(),
-        fetch: None,
-        empty_pages: 0,
-        backfill: None,
-        reset: None,
-    };
-    let stop = consume_in(
-        context,
-        lease,
-        drain,
-        progress,
-        &mut window,
-        &mut intake,
-        first,
-        carried,
-    )
-    .await;
-    window.settle(stop).await
-}
-
-#[allow(clippy::too_many_arguments)] // the runner's parts, borrowed apart
-async fn consume_in(
-    context: &RunnerContext,
-    lease: &HeldLease,
-    drain: &CancellationToken,
-    progress: &mut Progress,
-    window: &mut Window<'_>,
-    intake: &mut Intake<'_>,
-    first: Vec<SinkEvent>,
-    carried: Option<Carried>,
-) -> Stop {
-    let stream_id = lease.stream_id.as_str();
-    let max_events = context.config.batch_max_events.max(1);
-    let mut pending: Vec<SinkEvent> = Vec::with_capacity(max_events);
-    pending.extend(first);
-    let mut reconnects = 0u32;
-    // A new epoch goes on on the old one's connection, from the frames that
-    // made the reset.
-    let mut resumed = None;
-    if let Some(Carried {
-        reset,
-        mut subscription,
-    }) = carried
-    {
-        match intake.apply(progress, &mut pending, reset.after) {
-            Ok(()) => resumed = Some(subscription),
-            Err(error) => {
-                subscription.close().await;
-                if let Some(stop) = reconnect_after(
-                    context,
-                    lease,
-                    drain,
-                    progress,
-                    intake,
-                    &error,
-                    &mut reconnects,
-                )
-                .await
-                {
-                    return stop;
-                }
-            }
-        }
-    }
-    loop {
-        if drain.is_cancelled() {
-            return finish(window, progress, &mut pending).await;
-        }
-        if !lease.is_valid() {
-            return loss(lease);
-        }
-        if let Some(subscription) = resumed.take() {
-            match read(
-                context,
-                lease,
-                drain,
-                progress,
-                window,
-                intake,
-                &mut pending,
-                subscription,
-                &mut reconnects,
-            )
-            .await
-            {
-                Ok(()) => continue,
-                Err(stop) => return stop,
-            }
-        }
-        let subscribe = context
-            .upstream
-            .subscribe(stream_id, intake.sequencer.resume_from());
-        tokio::pin!(subscribe);
-        // A connect to a frozen upstream can hang until its timeout: keep
-        // reporting, so the last-event age shows the silence meanwhile.
-        let mut waiting = tokio::time::interval(context.config.lag_report_interval);
-        let subscribed = loop {
-            tokio::select! {
-                biased;
-                _ = lease.cancelled() => return loss(lease),
-                _ = drain.cancelled() => return finish(window, progress, &mut pending).await,
-                result = &mut subscribe => break result,
-                _ = waiting.tick() => report_lag(context, lease, progress),
-            }
-        };
-        let subscription = match subscribed {
-            Ok(subscription) => subscription,
-            Err(err) => {
-                if let Some(stop) = reconnect_after(
-                    context,
-                    lease,
-                    drain,
-                    progress,
-                    intake,
-                    &err,
-                    &mut reconnects,
-                )
-                .await
-                {
-                    return stop;
-                }
-                continue;
-            }
-        };
-        intake.sequencer.connected();
-        if let Err(stop) = read(
-            context,
-            lease,
-            drain,
-            progress,
-            window,
-            intake,
-            &mut pending,
-            subscription,
-            &mut reconnects,
-        )
-        .await
-        {
-            return stop;
-        }
-    }
-}
-
-/// Reads one connection until it fails, the sink loses its tail, or the
-/// stream stops (`Err`). `Ok`: connect again.
-#[allow(clippy::too_many_arguments)] // the runner's parts, borrowed apart
-async fn read(
-    context: &RunnerContext,
-    lease: &HeldLease,
-    drain: &CancellationToken,
-    progress: &mut Progress,
-    window: &mut Window<'_>,
-    intake: &mut Intake<'_>,
-    pending: &mut Vec<SinkEvent>,
-    mut subscription: Box<dyn Subscription>,
-    reconnects: &mut u32,
-) -> Result<(), Stop> {
-    let max_events = context.config.batch_max_events.max(1);
-    let mut lag_tick = tokio::time::interval(context.config.lag_report_interval);
-    let interrupt = loop {
-        let mut failed = None;
-        tokio::select! {
-            biased;
-            _ = lease.cancelled() => {
-                subscription.close().await;
-                return Err(loss(lease));
-            }
-            _ = drain.cancelled() => {
-                subscription.close().await;
-                return Err(finish(window, progress, pending).await);
-            }
-            Some(landed) = window.in_flight.next(), if !window.in_flight.is_empty() => {
-                if let Err(stop) = window.land(progress, landed).await {
-                    subscription.close().await;
-                    return Err(stop);
-                }
-                if window.rewind.is_some() {
-                    break Interrupt::Rewind;
-                }
-            }
-            // History pages wait while the batch is full, like the upstream.
-            joined = intake.next_page(), if intake.fetch.is_some() && pending.len() < max_events => {
-                intake.page_landed(progress, pending, joined);
-            }
-            _ = lag_tick.tick() => report_lag(context, lease, progress),
-            // A full batch waits for a free write slot: reading stops (backpressure).
-            next = subscription.next(), if pending.len() < max_events && intake.may_read() => match next {
-                Ok(event) => {
-                    *reconnects = 0;
-                    failed = intake.arrive(progress, pending, event).err();
-                    // Take whatever else is already here into the same batch:
-                    // under load batches grow, at a trickle each event goes at once.
-                    while failed.is_none() && pending.len() < max_events && intake.may_read() {
-                        match subscription.next_ready() {
-                            Some(Ok(event)) => {
-                                failed = intake.arrive(progress, pending, event).err();
-                            }
-                            Some(Err(err)) => failed = Some(err),
-                            None => break,
-                        }
-                    }
-                }
-                Err(err) => failed = Some(err),
-            },
-        }
-        if let Some(err) = failed {
-            break Interrupt::Failed(err);
-        }
-        if intake.reset.is_some() {
-            break Interrupt::Reset;
-        }
-        while window.has_room() && !pending.is_empty() {
-            if let Err(stop) = window.submit(pending) {
-                subscription.close().await;
-                return Err(stop);
-            }
-        }
-    };
-    let error = match interrupt {
-        Interrupt::Rewind => {
-            subscription.close().await;
-            rewind(window, progress, intake, pending);
-            return Ok(());
-        }
-        Interrupt::Reset => {
-            // The old epoch ends with everything before the reset written.
-            if let Err(stop) = window.flush(progress, pending).await {
-                subscription.close().await;
-                return Err(stop);
-            }
-            // A tail the sink lost now belongs to an epoch that is over: the
-            // upstream cannot send it again.
-            window.rewind = None;
-            let reset = intake.reset.take().expect("checked above");
-            return Err(Stop::Reset(Box::new(Carried {
-                reset,
-                subscription,
-            })));
-        }
-        Interrupt::Failed(error) => error,
-    };
-    subscription.close().await;
-    // Events before a gap or a disconnect are good: write them first, then
-    // resume right after what the sink confirmed. A backfill in progress
-    // goes on across the reconnect (its held events stay held).
-    window.flush(progress, pending).await?;
-    if window.rewind.is_some() {
-        rewind(window, progress, intake, pending);
-        return Ok(());
-    }
-    match reconnect_after(context, lease, drain, progress, intake, &error, reconnects).await {
-        Some(stop) => Err(stop),
-        None => Ok(()),
-    }
-}
-
-/// Why reading a connection stopped short of the stream stopping.
-enum Interrupt {
-    /// The sink lost confirmed events: consuming starts over.
-    Rewind,
-    /// The connection failed (or a `replay` hole asks for it again).
-    Failed(UpstreamError),
-    /// The sequence started over.
-    Reset,
-}
-
-/// The sink lost confirmed events and the upstream can send them again:
-/// what is pending is dropped and consuming starts over after the sink's
-/// end (a `replay` upstream is asked from there; a `backfill` one sees the
-/// hole at its next event and fetches it from the history). Until the
-/// refill passes what had been confirmed, a drain marks the rest.
-fn rewind(
-    window: &mut Window<'_>,
-    progress: &mut Progress,
-    intake: &mut Intake<'_>,
-    pending: &mut Vec<SinkEvent>,
-) {
-    let Some(sink_last) = window.rewind.take() else {
-        return;
-    };
-    pending.clear();
-    progress.refill_to = Some(progress.refill_to.unwrap_or(0).max(progress.confirmed));
-    progress.confirmed = sink_last;
-    intake.fetch = None;
-    intake.sequencer.reposition(Some(sink_last));
-}
-
-fn accept(progress: &mut Progress, pending: &mut Vec<SinkEvent>, event: UpstreamEvent) {
-    progress.first_seq.get_or_insert(event.seq);
-    if pending.is_empty() {
-        progress
-            .unpersisted
-            .push_back((event.seq, event.received_at));
-    }
-    progress.received = progress.received.max(event.seq);
-    pending.push(SinkEvent::data(event.seq, event.event_id, event.payload));
-}
-
-/// Reports the error, decides where to resume, and waits the backoff. Returns
-/// `Some` when the stream must stop instead.
-async fn reconnect_after(
-    context: &RunnerContext,
-    lease: &HeldLease,
-    drain: &CancellationToken,
-    progress: &mut Progress,
-    intake: &mut Intake<'_>,
-    error: &UpstreamError,
-    attempts: &mut u32,
-) -> Option<Stop> {
-    let stream_id = lease.stream_id.clone();
-    context.telemetry.emit(TelemetryEvent::UpstreamReconnect {
-        stream_id: stream_id.clone(),
-        reason: error.reason().to_owned(),
-        cause: Some(error.to_string()),
-    });
-    let mut delay = context.config.reconnect.delay(*attempts);
-    *attempts = attempts.saturating_add(1);
-    if context.config.resume == ResumeMode::Replay {
-        // Ask again for everything after what the sink confirmed.
-        intake.sequencer.reposition(Some(progress.confirmed));
-    }
-    match error {
-        UpstreamError::RetentionExceeded {
-            requested,
-            earliest: Some(earliest),
-        } if *earliest > *requested => {
-            // The upstream cannot deliver these any more: report the gap loudly
-            // and continue from what it still has, instead of retrying forever.
-            // A busy upstream's retention edge moves while we reconnect: when
-            // asking for the edge itself failed again, ask further ahead each
-            // time, or the worker chases the edge and never reads an event.
-            let lead = match *attempts {
-                0 | 1 => 0,
-                n => 1u64 << (n - 1).min(20),
-            };
-            let resume = earliest.saturating_add(lead);
-            context.telemetry.emit(TelemetryEvent::StreamGap {
-                stream_id,
-                from_seq: *requested,
-                to_seq: resume - 1,
-                reason: leasehold_telemetry::GapReason::Retention,
-            });
-            intake.sequencer.reposition(Some(resume - 1));
-            delay = Duration::ZERO;
-        }
-        UpstreamError::Gap { .. } if *attempts <= 1 => delay = Duration::ZERO,
-        _ => {}
-    }
-    let backoff = sleep(delay);
-    tokio::pin!(backoff);
-    let mut waiting = tokio::time::interval(context.config.lag_report_interval);
-    loop {
-        tokio::select! {
-            biased;
-            _ = lease.cancelled() => return Some(loss(lease)),
-            _ = drain.cancelled() => return None,
-            _ = &mut backoff => return None,
-            _ = waiting.tick() => report_lag(context, lease, progress),
-        }
-    }
-}
-
-/// Drain: write what is pending (if the lease still allows), wait for every
-/// write in flight, then stop.
-async fn finish(
-    window: &mut Window<'_>,
-    progress: &mut Progress,
-    pending: &mut Vec<SinkEvent>,
-) -> Stop {
-    window.draining = true;
-    if let Err(stop) = window.flush(progress, pending).await {
-        return stop;
-    }
-    // A refill was under way: the rest of what the sink lost can no longer
-    // come from this holder, and the next owner resumes after the checkpoint
-    // (which had passed it), so the range is marked, not left a silent hole.
-    if let Some(to) = progress.refill_to
-        && to > progress.confirmed
-    {
-        pending.push(SinkEvent::gap(
-            progress.confirmed + 1,
-            to,
-            leasehold_telemetry::GapReason::SinkLost,
-        ));
-        if let Err(stop) = window.flush(progress, pending).await {
-            return stop;
-        }
-    }
-    Stop::Drain
-}
-
-fn report_lag(context: &RunnerContext, lease: &HeldLease, progress: &mut Progress) {
-    // Lag is measured to the durable resume point: the table's checkpoint in
-    // per-stream mode (it rides on every renew), the sink's confirmation in
-    // session mode (the table's is written only every CHECKPOINT_INTERVAL_MS,
-    // and a lag of up to that long would page every operator for nothing).
-    let persisted = if lease.lives_by_session() {
-        progress.confirmed
-    } else {
-        lease.persisted_checkpoint().unwrap_or(0)
-    };
-    while progress
-        .unpersisted
-        .front()
-        .is_some_and(|(seq, _)| *seq <= persisted)
-    {
-        progress.unpersisted.pop_front();
-    }
-    let lag_seconds = progress
-        .unpersisted
-        .front()
-        .map_or(0.0, |(_, at)| at.elapsed().as_secs_f64());
-    let counted_from = progress
-        .first_seq
-        .map_or(persisted, |first| persisted.max(first - 1));
-    context.telemetry.emit(TelemetryEvent::StreamLag {
-        stream_id: lease.stream_id.clone(),
-        lag_events: progress.received.saturating_sub(counted_from),
-        lag_seconds,
-        last_event_age_seconds: progress.last_event_at.elapsed().as_secs_f64(),
-        // Now minus the event's time: its lag on arrival plus the time since.
-        event_lag_seconds: progress
-            .last_arrival_lag
-            .map(|lag| lag + progress.last_event_at.elapsed().as_secs_f64()),
-    });
-}
-
-mod intake;
-mod slot;
-mod window;
-
-use intake::{Intake, PendingReset};
-use window::Window;
 
 #[cfg(test)]
 mod tests;

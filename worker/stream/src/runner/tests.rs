@@ -12,12 +12,11 @@ use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_control::store::{AcquireRequest, LeaseReader, LeaseStore};
 use leasehold_telemetry::RecordingSink;
 
-use super::window::confirm;
 use super::*;
 use crate::upstream::Subscription;
-use leasehold_sink::SinkBatch;
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{OpenOutcome, SinkError, SinkOptions, WriteOutcome};
+use leasehold_sink::{SinkBatch, SinkEvent};
 
 /// What the next subscription does after delivering `after` events.
 #[derive(Debug, Clone, Copy)]
@@ -1614,67 +1613,6 @@ async fn reading_pauses_while_the_held_bytes_are_at_their_bound() {
     );
     assert_eq!(sink_seqs(&f), [900], "nothing written past the hole");
     task.abort();
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_marker_the_sink_dropped_as_a_replay_is_not_counted_again() {
-    let f = fixture(0);
-    let lease = f.context.keeper.acquire("s").await.unwrap();
-    let batch = [
-        SinkEvent::gap(5, 9, leasehold_telemetry::GapReason::NoReplay),
-        SinkEvent::data(10, "s:10", "{}"),
-    ];
-    let mut progress = Progress {
-        confirmed: 4,
-        received: 10,
-        unpersisted: VecDeque::new(),
-        last_event_at: Instant::now(),
-        last_arrival_lag: None,
-        refill_to: None,
-        first_seq: None,
-    };
-    let replayed = WriteOutcome {
-        accepted: 1,
-        duplicate: 1,
-        highest_token: 1,
-        ..WriteOutcome::default()
-    };
-    assert!(
-        confirm(
-            &f.context,
-            &lease,
-            &mut progress,
-            &batch,
-            replayed,
-            Instant::now()
-        )
-        .is_ok()
-    );
-    assert!(
-        gaps_reported(&f).is_empty(),
-        "the marker was already stored"
-    );
-    let appended = WriteOutcome {
-        accepted: 2,
-        duplicate: 0,
-        ..replayed
-    };
-    assert!(
-        confirm(
-            &f.context,
-            &lease,
-            &mut progress,
-            &batch,
-            appended,
-            Instant::now()
-        )
-        .is_ok()
-    );
-    assert_eq!(
-        gaps_reported(&f),
-        [(5, 9, leasehold_telemetry::GapReason::NoReplay)]
-    );
-    assert_eq!(progress.confirmed, 10);
 }
 
 /// The ranges the runner reported the sink lost (`SinkRegression`).
