@@ -469,6 +469,31 @@ async fn every_role_works_under_its_own_user_and_nothing_more() {
         .await
         .expect("sink write");
     assert_eq!(zombie.fenced, 1);
+    // SINK_WAIT_REPLICAS: the user may send WAIT. With no replica here the
+    // batch is appended and reported unconfirmed, not refused (NOPERM).
+    let waiting = leasehold_sink::open(
+        &redis.url("stream-worker"),
+        SinkOptions {
+            wait_replicas: 1,
+            wait_timeout: Duration::from_millis(50),
+            ..SinkOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let waited = unique_name("s");
+    waiting.open(&waited, 5).await.expect("sink open");
+    let unconfirmed = waiting
+        .write(SinkBatch {
+            stream_id: &waited,
+            fence_token: 5,
+            events: &events,
+        })
+        .await;
+    assert!(
+        matches!(&unconfirmed, Err(leasehold_sink::SinkError::Unavailable(why)) if why.contains("0 of 1")),
+        "{unconfirmed:?}"
+    );
 
     // Dashboard: a stream page's "sink last seq", through the reader the
     // `leasehold dashboard` process builds from DASHBOARD_SINK_URL.

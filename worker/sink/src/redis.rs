@@ -81,10 +81,22 @@ fn is_id_refusal(error: &redis::ServerError) -> bool {
         .is_some_and(|details| details.contains("equal or smaller than the target stream top item"))
 }
 
+/// Connections a sink that waits for replicas spreads its streams over:
+/// `WAIT` blocks the connection it is sent on (Redis answers one client's
+/// commands in order), so on one shared connection a replica falling behind
+/// would hold every stream's writes for up to `SINK_WAIT_TIMEOUT_MS`; spread,
+/// it holds the streams of one connection in eight.
+pub const WAIT_CONNECTIONS: usize = 8;
+
 /// The Redis Streams sink. Cheap to clone; reconnects by itself.
 #[derive(Clone)]
 pub struct RedisSink {
+    /// Its first connection: reads, and every stream's calls unless it
+    /// waits for replicas.
     connection: RedisConnection,
+    /// With `SINK_WAIT_REPLICAS`, the connections each stream's open and
+    /// writes go on ([`WAIT_CONNECTIONS`], the first among them); else empty.
+    waiting: std::sync::Arc<[RedisConnection]>,
     open: StoredFunction,
     options: SinkOptions,
     /// Shared by clones: one connection, one set of opened streams.
@@ -203,6 +215,27 @@ fn classify(err: redis::RedisError) -> SinkError {
 }
 
 impl RedisSink {
+    /// Which of the sink's connections a stream's open and writes use (0
+    /// unless it waits for replicas): the same one each time, so `WAIT`
+    /// counts the stream's own writes.
+    #[doc(hidden)]
+    pub fn connection_of(&self, stream_id: &str) -> usize {
+        use std::hash::{Hash, Hasher};
+        if self.waiting.is_empty() {
+            return 0;
+        }
+        let mut hasher = std::hash::DefaultHasher::new();
+        stream_id.hash(&mut hasher);
+        (hasher.finish() % self.waiting.len() as u64) as usize
+    }
+
+    fn stream_connection(&self, stream_id: &str) -> RedisConnection {
+        match self.waiting.get(self.connection_of(stream_id)) {
+            Some(connection) => connection.clone(),
+            None => self.connection.clone(),
+        }
+    }
+
     /// Reads back a stream's stored events (tests, verification tools), in
     /// pages so a long stream never makes one slow reply.
     pub async fn stored(
@@ -249,8 +282,16 @@ impl RedisSink {
     /// own retry sends the batch again.
     pub async fn connect(url: &str, options: SinkOptions) -> Result<Self, SinkError> {
         let connection = RedisConnection::connect(url, options.reply_timeout, 0).await?;
+        let mut waiting = Vec::new();
+        if options.wait_replicas > 0 {
+            waiting.push(connection.clone());
+            for _ in 1..WAIT_CONNECTIONS {
+                waiting.push(RedisConnection::connect(url, options.reply_timeout, 0).await?);
+            }
+        }
         Ok(RedisSink {
             connection,
+            waiting: waiting.into(),
             open: StoredFunction::new(OPEN),
             options,
             opened: std::sync::Arc::default(),
@@ -468,7 +509,7 @@ impl RedisSink {
         fence_token: u64,
         reset: Option<ResetMark>,
     ) -> Result<OpenOutcome, SinkError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.stream_connection(stream_id);
         let mut call = self.open.key(keys::sink_stream(stream_id));
         call.arg(fence_token).arg(V1_ID_FLOOR);
         if let Some(reset) = reset {
@@ -552,7 +593,7 @@ impl FencedSink for RedisSink {
                 .arg(self.options.wait_replicas)
                 .arg(self.options.wait_timeout.as_millis() as u64);
         }
-        let mut connection = self.connection.clone();
+        let mut connection = self.stream_connection(batch.stream_id);
         let mut replies: Vec<redis::Value> = pipe
             .query_async(&mut connection)
             .await

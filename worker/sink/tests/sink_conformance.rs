@@ -203,3 +203,58 @@ async fn a_batch_waits_for_its_replicas_before_it_is_confirmed() {
         "appended, unconfirmed"
     );
 }
+
+/// `WAIT` blocks the connection it is sent on, so a sink that waits for
+/// replicas spreads its streams over several: a replica that does not answer
+/// holds one stream's batch for the wait's timeout, not every stream's one
+/// after another. Two streams on different connections, each batch waiting
+/// the full second for replicas that are not there: both are answered
+/// within about one second (on one connection the second waits behind the
+/// first: two).
+#[tokio::test]
+async fn a_batch_waiting_for_replicas_holds_no_other_streams_connection() {
+    use leasehold_sink::redis::RedisSink;
+    use leasehold_sink::{FencedSink, SinkBatch, SinkEvent, SinkOptions};
+    let Some(url) = leasehold_testkit::redis_url() else {
+        return;
+    };
+    let options = SinkOptions {
+        wait_replicas: 5,
+        wait_timeout: std::time::Duration::from_secs(1),
+        ..SinkOptions::default()
+    };
+    let sink = RedisSink::connect(&url, options).await.expect("connect");
+    let first = leasehold_testkit::unique_name("sink-wait-a");
+    let second = (0..)
+        .map(|n| format!("{first}-{n}"))
+        .find(|name| sink.connection_of(name) != sink.connection_of(&first))
+        .unwrap();
+    for stream in [&first, &second] {
+        sink.open(stream, 1).await.expect("open");
+    }
+    let write = |stream: String| {
+        let sink = sink.clone();
+        async move {
+            let events = [SinkEvent::data(1, format!("{stream}:1"), "{}")];
+            let started = std::time::Instant::now();
+            let _unconfirmed = sink
+                .write(SinkBatch {
+                    stream_id: &stream,
+                    fence_token: 1,
+                    events: &events,
+                })
+                .await;
+            started.elapsed()
+        }
+    };
+    let (a, b) = tokio::join!(write(first.clone()), write(second.clone()));
+    let slowest = a.max(b);
+    assert!(
+        slowest >= std::time::Duration::from_secs(1),
+        "each waited for its replicas: {a:?} {b:?}"
+    );
+    assert!(
+        slowest < std::time::Duration::from_millis(1_800),
+        "one stream's WAIT held the other's batch: {a:?} {b:?}"
+    );
+}

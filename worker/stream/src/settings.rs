@@ -314,7 +314,8 @@ pub const SINK_WAIT_REPLICAS: Setting<u64> = Setting::new(
     "Replicas that must have a batch (`WAIT n`) before it is confirmed and the checkpoint may \
      cover it; fewer within `SINK_WAIT_TIMEOUT_MS` and the batch is sent again (de-duplicated). \
      0 confirms on the primary's reply: a failover can then lose a tail, which is found and \
-     refilled or marked `sink_lost`.",
+     refilled or marked `sink_lost`. Above 0 the sink spreads its streams over 8 connections, \
+     since `WAIT` holds the connection it is sent on.",
 );
 /// The `SINK_WAIT_TIMEOUT_MS` variable.
 pub const SINK_WAIT_TIMEOUT_MS: Setting<Duration> = Setting::new(
