@@ -495,3 +495,142 @@ fn a_gap_in_replay_mode_reconnects_at_once_from_the_confirmed_position() {
     );
     let _: Option<SinkEvent> = None;
 }
+
+#[test]
+fn a_moving_retention_edge_is_overtaken_not_chased() {
+    let mut s = Script::new(config(), start(0));
+    let mut asked = Vec::new();
+    // Each subscribe meets an edge 50 further on than the last.
+    for n in 0..12u64 {
+        let actions = if n == 0 {
+            s.actions()
+        } else {
+            s.wait_for_action()
+        };
+        let Some(from) = actions.iter().find_map(|a| match a {
+            Action::Subscribe { from } => Some(*from),
+            _ => None,
+        }) else {
+            panic!("{actions:?}");
+        };
+        asked.push(from);
+        let earliest = 100 + 50 * n;
+        if from >= earliest {
+            break;
+        }
+        s.feed(Input::SubscribeFailed(UpstreamError::RetentionExceeded {
+            requested: from,
+            earliest: Some(earliest),
+        }));
+    }
+    assert!(asked.len() < 12, "still chasing the edge: {asked:?}");
+    // Each retry asked further ahead of the edge than the one before.
+    assert!(asked.windows(2).all(|w| w[1] > w[0]), "{asked:?}");
+}
+
+#[test]
+fn in_session_mode_the_lag_runs_to_the_sinks_confirmation() {
+    let now = Instant::now();
+    let mut machine = StreamMachine::new(config(), "s".into(), 1, true, start(0), now);
+    // The table's checkpoint never moves (written every interval only).
+    machine.set_persisted(None);
+    let mut s = Script { machine, now };
+    s.connected();
+    s.frames(1..=5);
+    s.actions();
+    s.now += Duration::from_secs(30);
+    s.written(5, 0, 0);
+    let report = s.all_actions();
+    let lag = emitted(&report).into_iter().find_map(|e| match e {
+        TelemetryEvent::StreamLag {
+            lag_events,
+            lag_seconds,
+            ..
+        } => Some((*lag_events, *lag_seconds)),
+        _ => None,
+    });
+    assert_eq!(lag, Some((0, 0.0)), "confirmed by the sink is durable here");
+}
+
+#[test]
+fn a_live_start_lags_by_what_it_received_not_by_the_exchanges_id() {
+    let mut s = Script::new(
+        RunnerConfig {
+            resume: ResumeMode::Live,
+            ..config()
+        },
+        start(0),
+    );
+    s.connected();
+    s.frames(60_108..=60_110);
+    s.pass(Duration::from_secs(1));
+    let report = s.all_actions();
+    let lag_events = emitted(&report).into_iter().find_map(|e| match e {
+        TelemetryEvent::StreamLag { lag_events, .. } => Some(*lag_events),
+        _ => None,
+    });
+    assert_eq!(lag_events, Some(3));
+}
+
+#[test]
+fn a_held_hole_is_filled_from_history_then_the_held_events_follow() {
+    let mut s = Script::new(
+        RunnerConfig {
+            resume: ResumeMode::Backfill,
+            ..config()
+        },
+        start(10),
+    );
+    s.connected();
+    s.frames([14, 15]);
+    let fetch = s.actions();
+    assert!(
+        fetch.iter().any(|a| matches!(
+            a,
+            Action::Fetch {
+                from: 11,
+                to: 13,
+                ..
+            }
+        )),
+        "{fetch:?}"
+    );
+    assert!(s.machine.wants_page());
+    let page = (11..=13).map(|seq| frame(seq, s.now)).collect();
+    s.feed(Input::Page(Ok(page)));
+    let out = s.all_actions();
+    assert_eq!(writes(&out), [vec![11, 12, 13, 14, 15]]);
+    let filled = emitted(&out).into_iter().any(|e| {
+        matches!(
+            e,
+            TelemetryEvent::StreamBackfill {
+                result: leasehold_telemetry::BackfillResult::Filled,
+                pages: 1,
+                events: 3,
+                ..
+            }
+        )
+    });
+    assert!(filled, "{out:?}");
+}
+
+#[test]
+fn reading_pauses_while_the_held_events_are_at_their_bound() {
+    let mut s = Script::new(
+        RunnerConfig {
+            resume: ResumeMode::Backfill,
+            backfill_hold_max: 3,
+            ..config()
+        },
+        start(10),
+    );
+    s.connected();
+    s.frames([20, 21, 22]);
+    assert!(!s.machine.wants_frames(), "three held: reading waits");
+    s.actions();
+    let page = (11..=19).map(|seq| frame(seq, s.now)).collect();
+    s.feed(Input::Page(Ok(page)));
+    // Twelve pending: the first batch of ten goes, then reading resumes.
+    assert_eq!(writes(&s.actions()).len(), 1);
+    assert!(s.machine.wants_frames(), "released with the range");
+}
