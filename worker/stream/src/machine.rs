@@ -200,9 +200,31 @@ struct InFlight {
 /// holds; refusals (a wrong key type, a script or auth error) give the
 /// stream up after `sink_max_failures` of them.
 #[derive(Debug, Clone, Default)]
-struct SinkFailures {
+pub(crate) struct SinkFailures {
     attempts: u32,
     refusals: u32,
+}
+
+impl SinkFailures {
+    /// Counts one failed call: `Ok(wait)` before trying again, `Err` when
+    /// the refusals reached `SINK_MAX_FAILURES` (an outage resets them).
+    pub(crate) fn record(
+        &mut self,
+        err: &SinkError,
+        config: &RunnerConfig,
+    ) -> Result<Duration, ()> {
+        if matches!(err, SinkError::Unavailable(_)) {
+            self.refusals = 0;
+        } else {
+            self.refusals += 1;
+            if self.refusals >= config.sink_max_failures {
+                return Err(());
+            }
+        }
+        let delay = config.sink_retry.delay(self.attempts);
+        self.attempts = self.attempts.saturating_add(1);
+        Ok(delay)
+    }
 }
 
 /// One backfill from its first request to its end.
@@ -526,7 +548,10 @@ impl StreamMachine {
                 }
             }
             Then::Epoch => {
-                let reset = self.reset.as_ref().expect("an epoch waits for its reset");
+                // Set together with the pending reset, which only the epoch takes.
+                let Some(reset) = self.reset.as_ref() else {
+                    return;
+                };
                 self.awaiting_epoch = true;
                 self.actions.push_back(Action::StartEpoch {
                     from: reset.from,
@@ -866,18 +891,11 @@ impl StreamMachine {
             error: err.to_string(),
             events,
         });
-        if matches!(err, SinkError::Unavailable(_)) {
-            self.failures.refusals = 0;
-        } else {
-            self.failures.refusals += 1;
-            if self.failures.refusals >= self.config.sink_max_failures {
-                self.in_flight = None;
-                self.stop(Stop::SinkFailing(err.to_string()));
-                return;
-            }
-        }
-        let delay = self.config.sink_retry.delay(self.failures.attempts);
-        self.failures.attempts = self.failures.attempts.saturating_add(1);
+        let Ok(delay) = self.failures.record(&err, &self.config) else {
+            self.in_flight = None;
+            self.stop(Stop::SinkFailing(err.to_string()));
+            return;
+        };
         if delay.is_zero() {
             self.send_again();
         } else {

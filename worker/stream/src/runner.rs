@@ -29,7 +29,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::machine::{Action, Input, Start, Stop, StreamMachine};
+use crate::machine::{Action, Input, SinkFailures, Start, Stop, StreamMachine};
 use crate::upstream::history::{History, HistoryConfig, HistoryError, fetch_page};
 use crate::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
 
@@ -169,8 +169,14 @@ pub enum StreamExit {
     SinkGaveUp(String),
 }
 
+/// Why `lease` can no longer be used (past its deadline when no loss was
+/// signalled yet).
+fn loss_reason(lease: &HeldLease) -> LossReason {
+    lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)
+}
+
 fn loss(lease: &HeldLease) -> Stop {
-    Stop::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed))
+    Stop::Lost(loss_reason(lease))
 }
 
 /// Runs one held stream until it is lost or `drain` is cancelled.
@@ -312,7 +318,7 @@ async fn drive(
         let timeout = machine.poll_timeout();
         tokio::select! {
             biased;
-            _ = lease.cancelled() => machine.handle(Input::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)), Instant::now()),
+            _ = lease.cancelled() => machine.handle(Input::Lost(loss_reason(lease)), Instant::now()),
             _ = drain.cancelled(), if !drain_seen => {
                 drain_seen = true;
                 machine.handle(Input::Drain, Instant::now());
@@ -378,6 +384,11 @@ async fn carry_out(
     out: &mut Out,
     action: Action,
 ) -> Result<(), Stop> {
+    // Invariant 4: no side effect past the holder's deadline.
+    if matches!(action, Action::Write(_) | Action::Reopen) && !lease.is_valid() {
+        machine.handle(Input::Lost(loss_reason(lease)), Instant::now());
+        return Ok(());
+    }
     match action {
         Action::Subscribe { from } => {
             let upstream = context.upstream.clone();
@@ -388,14 +399,6 @@ async fn carry_out(
         }
         Action::Close => out.close().await,
         Action::Write(events) => {
-            // Invariant 4: no side effect past the holder's deadline.
-            if !lease.is_valid() {
-                machine.handle(
-                    Input::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
-                    Instant::now(),
-                );
-                return Ok(());
-            }
             let sink = context.sink.clone();
             let stream_id = lease.stream_id.clone();
             let fence_token = lease.fence_token;
@@ -412,13 +415,6 @@ async fn carry_out(
             }));
         }
         Action::Reopen => {
-            if !lease.is_valid() {
-                machine.handle(
-                    Input::Lost(lease.loss_reason().unwrap_or(LossReason::DeadlinePassed)),
-                    Instant::now(),
-                );
-                return Ok(());
-            }
             let sink = context.sink.clone();
             let stream_id = lease.stream_id.clone();
             let fence_token = lease.fence_token;
@@ -506,7 +502,7 @@ async fn new_epoch(
                 return Err(Stop::Lost(LossReason::Fenced));
             }
             Ok(_) => break,
-            Err(err) => failures.wait(context, &epoch, err, 0).await?,
+            Err(err) => wait_after(&mut failures, context, &epoch, err).await?,
         }
     }
     context.telemetry.emit(TelemetryEvent::StreamReset {
@@ -566,49 +562,32 @@ async fn open(context: &RunnerContext, lease: &HeldLease) -> Result<Start, Stop>
                     lost,
                 });
             }
-            Err(err) => failures.wait(context, lease, err, 0).await?,
+            Err(err) => wait_after(&mut failures, context, lease, err).await?,
         }
     }
 }
 
-/// Consecutive failed sink calls of one stream: outages are retried while the
-/// lease holds; refusals (a wrong key type, a script or auth error) give the
-/// stream up after `sink_max_failures` of them, so another worker may succeed.
-#[derive(Default)]
-struct SinkFailures {
-    attempts: u32,
-    refusals: u32,
-}
-
-impl SinkFailures {
-    /// Reports the failure and waits the backoff; `Err` when the stream must stop.
-    async fn wait(
-        &mut self,
-        context: &RunnerContext,
-        lease: &HeldLease,
-        err: SinkError,
-        events: u64,
-    ) -> Result<(), Stop> {
-        context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
-            stream_id: lease.stream_id.clone(),
-            error: err.to_string(),
-            events,
-        });
-        if matches!(err, SinkError::Unavailable(_)) {
-            self.refusals = 0;
-        } else {
-            self.refusals += 1;
-            if self.refusals >= context.config.sink_max_failures {
-                return Err(Stop::SinkFailing(err.to_string()));
-            }
-        }
-        let delay = context.config.sink_retry.delay(self.attempts);
-        self.attempts = self.attempts.saturating_add(1);
-        tokio::select! {
-            biased;
-            _ = lease.cancelled() => Err(loss(lease)),
-            _ = sleep(delay) => Ok(()),
-        }
+/// The open's (and a new epoch's) failed sink call: reported, counted by the
+/// machine's rule ([`SinkFailures::record`]), then the backoff is waited
+/// while the lease holds. `Err` when the stream must stop.
+async fn wait_after(
+    failures: &mut SinkFailures,
+    context: &RunnerContext,
+    lease: &HeldLease,
+    err: SinkError,
+) -> Result<(), Stop> {
+    context.telemetry.emit(TelemetryEvent::SinkWriteFailed {
+        stream_id: lease.stream_id.clone(),
+        error: err.to_string(),
+        events: 0,
+    });
+    let Ok(delay) = failures.record(&err, &context.config) else {
+        return Err(Stop::SinkFailing(err.to_string()));
+    };
+    tokio::select! {
+        biased;
+        _ = lease.cancelled() => Err(loss(lease)),
+        _ = sleep(delay) => Ok(()),
     }
 }
 
