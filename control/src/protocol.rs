@@ -219,6 +219,31 @@ pub fn opened_id(last: Option<EntryId>, token: u64) -> Result<EntryId, u64> {
     }
 }
 
+/// What opening a new epoch under `token` does to a stream whose last id is
+/// `last` (a sequence reset: the reset entry goes at `position`, below the
+/// old sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochOpen {
+    /// A newer token's id is there: nothing changes (the caller is a zombie).
+    Fenced(u64),
+    /// The last id carries `token` already: this epoch was opened (a retry).
+    Done,
+    /// Append the reset entry at this id: above every older token's id.
+    Append(EntryId),
+}
+
+/// Opening a new epoch under `token` with its reset entry at `position`.
+pub fn epoch_open(last: Option<EntryId>, token: u64, position: u64) -> EpochOpen {
+    match last {
+        Some(last) if fenced(last.token, token) => EpochOpen::Fenced(last.token),
+        Some(last) if last.token == token => EpochOpen::Done,
+        _ => EpochOpen::Append(EntryId {
+            token,
+            seq: position,
+        }),
+    }
+}
+
 /// The last sequence an id stands for (`None` for an opened, empty stream).
 pub fn last_seq_of(last: Option<EntryId>) -> Option<u64> {
     last.map(|id| id.seq).filter(|seq| *seq > 0)
@@ -244,6 +269,18 @@ pub fn resume_point(checkpoint: Option<u64>, last_seq: Option<u64>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_epoch_appends_above_older_tokens_once_and_never_under_a_newer_one() {
+        let id = |token, seq| EntryId { token, seq };
+        assert_eq!(
+            epoch_open(Some(id(4, 60_108)), 5, 0),
+            EpochOpen::Append(id(5, 0))
+        );
+        assert_eq!(epoch_open(None, 5, 2), EpochOpen::Append(id(5, 2)));
+        assert_eq!(epoch_open(Some(id(5, 0)), 5, 0), EpochOpen::Done);
+        assert_eq!(epoch_open(Some(id(6, 3)), 5, 0), EpochOpen::Fenced(6));
+    }
 
     #[test]
     fn a_record_becomes_takeable_one_ms_past_expiry_plus_skew() {

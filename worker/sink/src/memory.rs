@@ -172,20 +172,16 @@ impl FencedSink for MemorySink {
         if state.broken {
             return Err(broken());
         }
-        match state.last_id {
-            Some(last) if protocol::refused_as_fenced(last, fence_token) => {
+        match protocol::epoch_open(state.last_id, fence_token, reset.position()) {
+            protocol::EpochOpen::Fenced(fence) => {
                 return Ok(OpenOutcome {
-                    highest_token: last.token,
+                    highest_token: fence,
                     last_seq: protocol::last_seq_of(state.last_id),
                     fenced: true,
                 });
             }
-            Some(last) if last.token == fence_token => {}
-            _ => {
-                let id = EntryId {
-                    token: fence_token,
-                    seq: reset.position(),
-                };
+            protocol::EpochOpen::Done => {}
+            protocol::EpochOpen::Append(id) => {
                 state.last_id = Some(id);
                 state.entries.push_back(StoredEvent {
                     seq: id.seq,

@@ -30,7 +30,8 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// does not exist is created at `<token>-0` (an entry added and deleted: the
 /// id stays), so no zombie can create it under its lower token. A new epoch
 /// appends its reset entry instead of raising the last id: the entry sits
-/// below the last sequence, above every id of the older tokens. The sequence
+/// below the last sequence, above every id of the older tokens
+/// ([`protocol::epoch_open`], which the memory sink runs as it is). The sequence
 /// stays the text Redis wrote: Lua numbers are doubles, exact only to 2^53,
 /// and print 1e14 as `1e+14`, which `XSETID` refuses. Tokens are small
 /// integers and the v1 floor 1e12, both exact as doubles.
