@@ -356,14 +356,16 @@ async fn increasing_sequences_store_data_only_and_pings_keep_the_connection() {
     }
 }
 
-/// One frame that passes the data match with a far-future id (1e15) at the
-/// sequence pointer: the stream is not moved there. The frame is dropped and
-/// counted (`reason="jump"`), and the real trades after it keep being written
-/// (without the jump bound, a marker up to 1e15 - 1 and then nothing, every
-/// real trade a duplicate).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_bogus_frame_far_ahead_leaves_the_stream_writing_real_ids() {
-    let _serial = serial().await;
+/// A fake Binance trade feed without history, one worker with its sidecar
+/// reading it in `live` mode, and the stream's first 20 entries written.
+struct LiveBinance {
+    server: ExchangeServer,
+    cluster: Cluster,
+    stream: String,
+    shutdown: CancellationToken,
+}
+
+async fn live_binance() -> Option<LiveBinance> {
     let shape = ExchangeShape::BinanceTrade;
     let mut exchange = config(shape);
     exchange.history_retention = 0;
@@ -372,9 +374,7 @@ async fn one_bogus_frame_far_ahead_leaves_the_stream_writing_real_ids() {
         .await
         .expect("fake exchange starts");
     let stream = unique_symbol(shape);
-    let Some(mut cluster) = Cluster::start_on(server.ws_url(), vec![stream.clone()]).await else {
-        return;
-    };
+    let mut cluster = Cluster::start_on(server.ws_url(), vec![stream.clone()]).await?;
     let mut settings: Vec<(&str, String)> = server.worked_settings();
     settings.push(("UPSTREAM_RESUME", "live".into()));
     let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -388,6 +388,31 @@ async fn one_bogus_frame_far_ahead_leaves_the_stream_writing_real_ids() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Some(LiveBinance {
+        server,
+        cluster,
+        stream,
+        shutdown,
+    })
+}
+
+/// One frame that passes the data match with a far-future id (1e15) at the
+/// sequence pointer: the stream is not moved there. The frame is dropped and
+/// counted (`reason="jump"`), and the real trades after it keep being written
+/// (without the jump bound, a marker up to 1e15 - 1 and then nothing, every
+/// real trade a duplicate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bogus_frame_far_ahead_leaves_the_stream_writing_real_ids() {
+    let _serial = serial().await;
+    let Some(LiveBinance {
+        server,
+        mut cluster,
+        stream,
+        shutdown,
+    }) = live_binance().await
+    else {
+        return;
+    };
     let before = cluster.sink_entries(&stream).await.last().unwrap().seq;
     let bogus = server
         .frame(&stream, before)
@@ -426,30 +451,15 @@ async fn one_bogus_frame_far_ahead_leaves_the_stream_writing_real_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exchange_restart_is_recorded_as_a_reset_and_the_new_ids_are_written() {
     let _serial = serial().await;
-    let shape = ExchangeShape::BinanceTrade;
-    let mut exchange = config(shape);
-    exchange.history_retention = 0;
-    let shutdown = CancellationToken::new();
-    let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), exchange, shutdown.clone())
-        .await
-        .expect("fake exchange starts");
-    let stream = unique_symbol(shape);
-    let Some(mut cluster) = Cluster::start_on(server.ws_url(), vec![stream.clone()]).await else {
+    let Some(LiveBinance {
+        server,
+        mut cluster,
+        stream,
+        shutdown,
+    }) = live_binance().await
+    else {
         return;
     };
-    let mut settings: Vec<(&str, String)> = server.worked_settings();
-    settings.push(("UPSTREAM_RESUME", "live".into()));
-    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    cluster.start_worker_with_sidecar("w1", &settings);
-    let started = Instant::now();
-    while cluster.sink_entries(&stream).await.len() < 20 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "nothing written\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     assert_eq!(server.restart(), 1, "one connection cut by the restart");
     let restarted = Instant::now();
     let (entries, at) = loop {
