@@ -23,6 +23,11 @@ fn config() -> RunnerConfig {
     }
 }
 
+/// [`config`] with another `UPSTREAM_RESUME`.
+fn resuming(resume: ResumeMode) -> RunnerConfig {
+    RunnerConfig { resume, ..config() }
+}
+
 fn start(resume: u64) -> Start {
     Start {
         resume,
@@ -197,13 +202,7 @@ fn a_fenced_write_stops_at_once_and_tells_the_keeper() {
 
 #[test]
 fn a_marker_the_sink_dropped_as_a_replay_is_not_counted_again() {
-    let mut s = Script::new(
-        RunnerConfig {
-            resume: ResumeMode::Live,
-            ..config()
-        },
-        start(4),
-    );
+    let mut s = Script::new(resuming(ResumeMode::Live), start(4));
     s.connected();
     // 5..=9 missed: a marker, then 10.
     s.frames([10]);
@@ -314,13 +313,7 @@ fn a_lost_sink_connection_reopens_and_a_lost_tail_is_asked_for_again() {
 
 #[test]
 fn a_live_stream_marks_a_lost_tail_in_front_of_the_batch() {
-    let mut s = Script::new(
-        RunnerConfig {
-            resume: ResumeMode::Live,
-            ..config()
-        },
-        start(0),
-    );
+    let mut s = Script::new(resuming(ResumeMode::Live), start(0));
     s.connected();
     s.frames(1..=4);
     s.actions();
@@ -395,13 +388,7 @@ fn drain_closes_writes_what_is_pending_and_stops() {
 
 #[test]
 fn a_restarted_sequence_is_written_out_then_a_new_epoch_goes_on() {
-    let mut s = Script::new(
-        RunnerConfig {
-            resume: ResumeMode::Live,
-            ..config()
-        },
-        start(60_100),
-    );
+    let mut s = Script::new(resuming(ResumeMode::Live), start(60_100));
     s.connected();
     s.frames(60_101..=60_102);
     s.frames([1, 2, 3]);
@@ -554,13 +541,7 @@ fn in_session_mode_the_lag_runs_to_the_sinks_confirmation() {
 
 #[test]
 fn a_live_start_lags_by_what_it_received_not_by_the_exchanges_id() {
-    let mut s = Script::new(
-        RunnerConfig {
-            resume: ResumeMode::Live,
-            ..config()
-        },
-        start(0),
-    );
+    let mut s = Script::new(resuming(ResumeMode::Live), start(0));
     s.connected();
     s.frames(60_108..=60_110);
     s.pass(Duration::from_secs(1));
@@ -574,13 +555,7 @@ fn a_live_start_lags_by_what_it_received_not_by_the_exchanges_id() {
 
 #[test]
 fn a_held_hole_is_filled_from_history_then_the_held_events_follow() {
-    let mut s = Script::new(
-        RunnerConfig {
-            resume: ResumeMode::Backfill,
-            ..config()
-        },
-        start(10),
-    );
+    let mut s = Script::new(resuming(ResumeMode::Backfill), start(10));
     s.connected();
     s.frames([14, 15]);
     let fetch = s.actions();
