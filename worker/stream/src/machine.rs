@@ -442,9 +442,8 @@ impl StreamMachine {
         }
         if now >= self.next_lag_report {
             self.report_lag(now);
-            while self.next_lag_report <= now {
-                self.next_lag_report += self.config.lag_report_interval;
-            }
+            // Missed reports are not made up for: the next is one interval on.
+            self.next_lag_report = now + self.config.lag_report_interval;
         }
         if self.retry_at.is_some_and(|at| now >= at) {
             self.retry_at = None;
