@@ -81,6 +81,14 @@ impl RedisTarget {
         Some(Self::connect_to(&redis_url()?, options).await)
     }
 
+    /// Connects to the test Redis over RESP3 (`?protocol=resp3`), where a
+    /// client may learn of a dropped connection with no call in flight.
+    pub async fn connect_resp3(options: SinkOptions) -> Option<Self> {
+        let url = redis_url()?;
+        let separator = if url.contains('?') { '&' } else { '?' };
+        Some(Self::connect_to(&format!("{url}{separator}protocol=resp3"), options).await)
+    }
+
     /// Connects to the test Redis Cluster; `None` when none is configured.
     pub async fn connect_cluster(options: SinkOptions) -> Option<Self> {
         Some(Self::connect_to(&crate::redis_cluster_url()?, options).await)
@@ -571,6 +579,38 @@ pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
     );
 }
 
+/// A connection lost while the stream was idle (a failover between two
+/// batches) is found before the next write, however the client learns of it
+/// (a RESP3 client reconnects at once, with no call failing): the write is
+/// refused until the stream is opened again, so nothing lands above a lost
+/// tail.
+pub async fn a_connection_lost_while_idle_is_found_before_the_next_write(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    open(target, &stream, 1).await;
+    write(target, &stream, 1, &events(&stream, 1..=10)).await;
+    target.fail_over(&stream, 4).await;
+    // Long enough for a client that reconnects by itself to have done so.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let sink = target.sink();
+    let next = events(&stream, 11..=12);
+    let refused = past_the_reconnect(|| {
+        sink.write(SinkBatch {
+            stream_id: &stream,
+            fence_token: 1,
+            events: &next,
+        })
+    })
+    .await;
+    assert!(
+        matches!(refused, Err(SinkError::NotOpen { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        seqs(&target.stored(&stream).await),
+        (1..=6).collect::<Vec<_>>()
+    );
+}
+
 /// A gap marker is an entry at its last missing sequence: read back with its
 /// range, reason and token and no payload, in order between the events; the
 /// next owner resumes after it; a replayed marker is dropped like an event.
@@ -734,6 +774,7 @@ macro_rules! sink_conformance_suite {
             streams_are_independent,
             a_write_before_the_open_is_refused,
             a_lost_tail_is_found_by_the_next_open,
+            a_connection_lost_while_idle_is_found_before_the_next_write,
             gap_markers_stand_where_the_data_is_missing,
             a_zombie_marker_is_fenced,
             a_new_epoch_starts_with_its_reset_entry,

@@ -293,8 +293,8 @@ pub trait FencedSink: Send + Sync + 'static {
     ) -> Result<OpenOutcome, SinkError>;
 
     /// Writes one batch: fenced as a whole, de-duplicated by sequence, in
-    /// order. Only under a token this sink opened the stream with since its
-    /// last lost connection ([`SinkError::NotOpen`] otherwise). One batch per
+    /// order. Only under a token this sink opened the stream with on the
+    /// connection the batch goes out on ([`SinkError::NotOpen`] otherwise). One batch per
     /// stream at a time: a batch sent past one that failed would land above
     /// the hole, and ids only go up.
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError>;
@@ -345,48 +345,73 @@ impl Default for SinkOptions {
     }
 }
 
-/// The streams a sink may write, each with the token it was opened under.
+/// The streams a sink may write, each with the token it was opened under and
+/// the connection it was opened on.
 ///
 /// Why the sink keeps this: with the fence in the entry id, a write under a
 /// token above the stream's last id is appended whatever its sequence, so a
-/// write before the open would store a replay twice; and after a lost
-/// connection (a failover) the stream may have lost its tail, which only an
-/// open finds. So a write is refused ([`SinkError::NotOpen`]) until the
-/// stream was opened under its token, and every stream must be opened again
-/// after a lost connection ([`OpenedStreams::forget_all`]).
+/// write before the open would store a replay twice; and on a new connection
+/// (after a failover) the stream may have lost its tail, which only an open
+/// finds. So a write is refused ([`SinkError::NotOpen`]) unless the stream
+/// was opened under its token on the very connection the write goes out on.
+/// Connections are numbered (a generation per new connection), so this holds
+/// however the old one ended: an error the sink saw, or none at all (a client
+/// that reconnected by itself, another stream's call that found the loss).
 #[derive(Debug, Default)]
-pub struct OpenedStreams(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+pub struct OpenedStreams(std::sync::Mutex<std::collections::HashMap<String, Opened>>);
+
+/// One stream's open: its token and the connection generation it ran on.
+#[derive(Debug, Clone, Copy)]
+struct Opened {
+    fence_token: u64,
+    connection: u64,
+}
 
 impl OpenedStreams {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Opened>> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records an open that was not fenced.
-    pub fn opened(&self, stream_id: &str, fence_token: u64) {
+    /// Records an open that was not fenced, made on connection generation
+    /// `connection` (an open's late reply from an older connection changes
+    /// nothing).
+    pub fn opened(&self, stream_id: &str, fence_token: u64, connection: u64) {
         let mut streams = self.lock();
-        let token = streams.entry(stream_id.to_owned()).or_default();
-        *token = (*token).max(fence_token);
+        let now = Opened {
+            fence_token,
+            connection,
+        };
+        let entry = streams.entry(stream_id.to_owned()).or_insert(now);
+        if connection > entry.connection {
+            *entry = now;
+        } else if connection == entry.connection {
+            entry.fence_token = entry.fence_token.max(fence_token);
+        }
     }
 
-    /// `Err(NotOpen)` unless the stream was opened under `fence_token` or a
-    /// higher one (a lower token is sent: the store fences it, and the
-    /// verdict is counted as any zombie's).
-    pub fn check(&self, stream_id: &str, fence_token: u64) -> Result<(), SinkError> {
+    /// `Err(NotOpen)` unless the stream was opened on connection generation
+    /// `connection` under `fence_token` or a higher one (a lower token is
+    /// sent: the store fences it, and the verdict is counted as any
+    /// zombie's).
+    pub fn check(
+        &self,
+        stream_id: &str,
+        fence_token: u64,
+        connection: u64,
+    ) -> Result<(), SinkError> {
         match self.lock().get(stream_id) {
-            Some(opened) if *opened >= fence_token => Ok(()),
+            Some(opened)
+                if opened.connection == connection && opened.fence_token >= fence_token =>
+            {
+                Ok(())
+            }
             _ => Err(SinkError::NotOpen {
                 stream_id: stream_id.to_owned(),
                 fence_token,
             }),
         }
-    }
-
-    /// After a lost connection: every stream must be opened again.
-    pub fn forget_all(&self) {
-        self.lock().clear();
     }
 }
 

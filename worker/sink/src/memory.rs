@@ -60,6 +60,9 @@ pub struct MemorySink {
     options: SinkOptions,
     streams: Mutex<HashMap<String, StreamState>>,
     opened: OpenedStreams,
+    /// The generation of the sink's pretend connection: a lost tail comes
+    /// with a new one, as a failover's does.
+    connection: std::sync::atomic::AtomicU64,
 }
 
 impl MemorySink {
@@ -69,7 +72,12 @@ impl MemorySink {
             options,
             streams: Mutex::default(),
             opened: OpenedStreams::default(),
+            connection: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    fn connection(&self) -> u64 {
+        self.connection.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, StreamState>> {
@@ -127,7 +135,8 @@ impl MemorySink {
             seq: kept.seq,
         });
         drop(streams);
-        self.opened.forget_all();
+        self.connection
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -151,7 +160,8 @@ impl FencedSink for MemorySink {
             }),
             Ok(raised) => {
                 state.last_id = Some(raised);
-                self.opened.opened(stream_id, fence_token);
+                self.opened
+                    .opened(stream_id, fence_token, self.connection());
                 Ok(OpenOutcome {
                     highest_token: fence_token,
                     last_seq: protocol::last_seq_of(state.last_id),
@@ -193,7 +203,8 @@ impl FencedSink for MemorySink {
                 });
             }
         }
-        self.opened.opened(stream_id, fence_token);
+        self.opened
+            .opened(stream_id, fence_token, self.connection());
         Ok(OpenOutcome {
             highest_token: fence_token,
             last_seq: state.last_id.map(|id| id.seq),
@@ -203,7 +214,8 @@ impl FencedSink for MemorySink {
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         batch.check_order()?;
-        self.opened.check(batch.stream_id, batch.fence_token)?;
+        self.opened
+            .check(batch.stream_id, batch.fence_token, self.connection())?;
         let mut streams = self.lock();
         let state = streams.entry(batch.stream_id.to_owned()).or_default();
         if state.broken {

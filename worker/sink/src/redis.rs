@@ -8,8 +8,11 @@ use async_trait::async_trait;
 use leasehold_control::protocol::{self, EntryId};
 use leasehold_platform::redis_functions::StoredFunction;
 use leasehold_telemetry::GapReason;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster_async::ClusterConnection;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
     FencedSink, OpenOutcome, OpenedStreams, ResetMark, SinkBatch, SinkError, SinkOptions,
@@ -92,16 +95,136 @@ pub const WAIT_CONNECTIONS: usize = 8;
 /// The Redis Streams sink. Cheap to clone; reconnects by itself.
 #[derive(Clone)]
 pub struct RedisSink {
-    /// Its first connection: reads, and every stream's calls unless it
-    /// waits for replicas.
-    connection: RedisConnection,
-    /// With `SINK_WAIT_REPLICAS`, the connections each stream's open and
-    /// writes go on ([`WAIT_CONNECTIONS`], the first among them); else empty.
-    waiting: std::sync::Arc<[RedisConnection]>,
+    /// The lanes each stream's open and writes go on: one, or
+    /// [`WAIT_CONNECTIONS`] with `SINK_WAIT_REPLICAS`.
+    lanes: std::sync::Arc<[Lane]>,
     open: StoredFunction,
     options: SinkOptions,
-    /// Shared by clones: one connection, one set of opened streams.
+    /// Shared by clones: one set of lanes, one set of opened streams.
     opened: std::sync::Arc<OpenedStreams>,
+}
+
+/// Where a stream's open and writes go, and which connection that is. Every
+/// connection a lane makes gets the next generation, and a write goes out
+/// only on the generation its stream was opened on ([`OpenedStreams`]):
+/// whatever ended the old connection, the stream is opened again (and its
+/// tail compared) before anything is written on the new one.
+#[allow(clippy::large_enum_variant)] // at most WAIT_CONNECTIONS per sink, made once
+enum Lane {
+    /// One node: a plain multiplexed connection, which never reconnects by
+    /// itself (a `ConnectionManager` does, silently over RESP3); the lane
+    /// makes the next one after a loss.
+    Node {
+        client: redis::Client,
+        config: redis::AsyncConnectionConfig,
+        current: std::sync::Mutex<Option<(MultiplexedConnection, u64)>>,
+        /// One connect at a time: callers that found no connection wait
+        /// for the same one.
+        connecting: tokio::sync::Mutex<()>,
+        made: AtomicU64,
+    },
+    /// A cluster: its client routes and reconnects each node by itself, so
+    /// each loss the sink sees starts a new generation. A node reconnect
+    /// that no call of this sink saw fail is not seen (docs/redis.md).
+    Cluster {
+        connection: ClusterConnection,
+        generation: AtomicU64,
+    },
+}
+
+impl Lane {
+    /// A lane to what a Redis sink URL names, connected now (so a wrong
+    /// address fails at start).
+    async fn connect(url: &str, reply_timeout: std::time::Duration) -> Result<Self, SinkError> {
+        match crate::url::SinkUrl::parse(url).map_err(SinkError::Config)? {
+            crate::url::SinkUrl::Redis(node) => Lane::node(&node, reply_timeout).await,
+            _ => match RedisConnection::connect(url, reply_timeout, 0).await? {
+                RedisConnection::Cluster(connection) => Ok(Lane::Cluster {
+                    connection,
+                    generation: AtomicU64::new(0),
+                }),
+                _ => Err(SinkError::Config("not a Redis Cluster URL".into())),
+            },
+        }
+    }
+
+    async fn node(url: &str, reply_timeout: std::time::Duration) -> Result<Self, SinkError> {
+        let client = redis::Client::open(url)
+            .map_err(|err| SinkError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
+        let lane = Lane::Node {
+            client,
+            config: redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(reply_timeout))
+                .set_connection_timeout(Some(CONNECT_TIMEOUT)),
+            current: std::sync::Mutex::default(),
+            connecting: tokio::sync::Mutex::default(),
+            made: AtomicU64::new(0),
+        };
+        lane.take().await.map_err(classify)?;
+        Ok(lane)
+    }
+
+    /// The lane's connection and its generation, connecting if it has none.
+    async fn take(&self) -> Result<(RedisConnection, u64), redis::RedisError> {
+        match self {
+            Lane::Node {
+                client,
+                config,
+                current,
+                connecting,
+                made,
+            } => {
+                let held = || {
+                    current
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .clone()
+                };
+                if let Some((connection, generation)) = held() {
+                    return Ok((RedisConnection::Node(connection), generation));
+                }
+                let _connecting = connecting.lock().await;
+                if let Some((connection, generation)) = held() {
+                    return Ok((RedisConnection::Node(connection), generation));
+                }
+                let connection = client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await?;
+                let generation = made.fetch_add(1, Ordering::SeqCst) + 1;
+                *current
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some((connection.clone(), generation));
+                Ok((RedisConnection::Node(connection), generation))
+            }
+            Lane::Cluster {
+                connection,
+                generation,
+            } => Ok((
+                RedisConnection::Cluster(connection.clone()),
+                generation.load(Ordering::SeqCst),
+            )),
+        }
+    }
+
+    /// Generation `generation` was lost: the next call starts the next one
+    /// (a loss already replaced changes nothing).
+    fn lost(&self, lost: u64) {
+        match self {
+            Lane::Node { current, .. } => {
+                let mut current = current
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                if matches!(&*current, Some((_, generation)) if *generation == lost) {
+                    *current = None;
+                }
+            }
+            Lane::Cluster { generation, .. } => {
+                let _ =
+                    generation.compare_exchange(lost, lost + 1, Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
+    }
 }
 
 /// A single Redis primary or a Redis Cluster: every sink command names one
@@ -112,6 +235,8 @@ pub enum RedisConnection {
     Single(ConnectionManager),
     /// `redis+cluster://…`: routes each command to its key's primary.
     Cluster(ClusterConnection),
+    /// One connection of a sink's lane: never reconnects by itself.
+    Node(MultiplexedConnection),
 }
 
 impl RedisConnection {
@@ -167,6 +292,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(connection) => connection.req_packed_command(cmd),
             RedisConnection::Cluster(connection) => connection.req_packed_command(cmd),
+            RedisConnection::Node(connection) => connection.req_packed_command(cmd),
         }
     }
 
@@ -183,6 +309,9 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Cluster(connection) => {
                 connection.req_packed_commands(pipeline, offset, count)
             }
+            RedisConnection::Node(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
         }
     }
 
@@ -190,6 +319,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(connection) => connection.get_db(),
             RedisConnection::Cluster(connection) => connection.get_db(),
+            RedisConnection::Node(connection) => connection.get_db(),
         }
     }
 }
@@ -216,25 +346,19 @@ fn classify(err: redis::RedisError) -> SinkError {
 }
 
 impl RedisSink {
-    /// Which of the sink's connections a stream's open and writes use (0
-    /// unless it waits for replicas): the same one each time, so `WAIT`
-    /// counts the stream's own writes.
+    /// Which of the sink's lanes a stream's open and writes use (0 unless it
+    /// waits for replicas): the same one each time, so `WAIT` counts the
+    /// stream's own writes.
     #[doc(hidden)]
     pub fn connection_of(&self, stream_id: &str) -> usize {
         use std::hash::{Hash, Hasher};
-        if self.waiting.is_empty() {
-            return 0;
-        }
         let mut hasher = std::hash::DefaultHasher::new();
         stream_id.hash(&mut hasher);
-        (hasher.finish() % self.waiting.len() as u64) as usize
+        (hasher.finish() % self.lanes.len() as u64) as usize
     }
 
-    fn stream_connection(&self, stream_id: &str) -> RedisConnection {
-        match self.waiting.get(self.connection_of(stream_id)) {
-            Some(connection) => connection.clone(),
-            None => self.connection.clone(),
-        }
+    fn lane(&self, stream_id: &str) -> &Lane {
+        &self.lanes[self.connection_of(stream_id)]
     }
 
     /// Reads back a stream's stored events (tests, verification tools), in
@@ -245,19 +369,19 @@ impl RedisSink {
     ) -> Result<Vec<super::memory::StoredEvent>, SinkError> {
         // Small pages: a verifier reading a busy stream must not wait on one huge reply.
         const PAGE: usize = 500;
-        let mut connection = self.connection.clone();
         let mut events = Vec::new();
         let mut start = "-".to_owned();
         loop {
-            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-                .arg(keys::sink_stream(stream_id))
-                .arg(&start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(PAGE)
-                .query_async(&mut connection)
-                .await
-                .map_err(classify)?;
+            let reply: redis::streams::StreamRangeReply = self
+                .read(
+                    redis::cmd("XRANGE")
+                        .arg(keys::sink_stream(stream_id))
+                        .arg(&start)
+                        .arg("+")
+                        .arg("COUNT")
+                        .arg(PAGE),
+                )
+                .await?;
             let full = reply.ids.len() == PAGE;
             if let Some(last) = reply.ids.last() {
                 // Exclusive start after the last id read (Redis 6.2+).
@@ -273,26 +397,25 @@ impl RedisSink {
     }
 
     /// Connects to the Redis a sink URL names: `redis://…` (and `rediss://`,
-    /// `redis+unix://`) through a connection manager that reconnects after
-    /// failures, or `redis+cluster://…` (`rediss+cluster://`) through a
-    /// cluster connection.
+    /// `redis+unix://`), or `redis+cluster://…` (`rediss+cluster://`)
+    /// through a cluster connection. Every call goes on a lane ([`Lane`]).
     ///
     /// A cluster connection gets no retries of its own: a redirect or a
     /// broken node connection must reach the sink, which then opens every
     /// stream again (a failover shows as exactly these), and the runner's
     /// own retry sends the batch again.
     pub async fn connect(url: &str, options: SinkOptions) -> Result<Self, SinkError> {
-        let connection = RedisConnection::connect(url, options.reply_timeout, 0).await?;
-        let mut waiting = Vec::new();
-        if options.wait_replicas > 0 {
-            waiting.push(connection.clone());
-            for _ in 1..WAIT_CONNECTIONS {
-                waiting.push(RedisConnection::connect(url, options.reply_timeout, 0).await?);
-            }
+        let count = if options.wait_replicas > 0 {
+            WAIT_CONNECTIONS
+        } else {
+            1
+        };
+        let mut lanes = Vec::with_capacity(count);
+        for _ in 0..count {
+            lanes.push(Lane::connect(url, options.reply_timeout).await?);
         }
         Ok(RedisSink {
-            connection,
-            waiting: waiting.into(),
+            lanes: lanes.into(),
             open: StoredFunction::new(OPEN),
             options,
             opened: std::sync::Arc::default(),
@@ -303,16 +426,16 @@ impl RedisSink {
     /// with one `XREVRANGE … + - COUNT 1` and nothing else: the read the
     /// dashboard's stream page makes, which its Redis user may do read-only.
     pub async fn last_seq(&self, stream_id: &str) -> Result<Option<u64>, SinkError> {
-        let mut connection = self.connection.clone();
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(keys::sink_stream(stream_id))
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut connection)
-            .await
-            .map_err(classify)?;
+        let reply: redis::streams::StreamRangeReply = self
+            .read(
+                redis::cmd("XREVRANGE")
+                    .arg(keys::sink_stream(stream_id))
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1),
+            )
+            .await?;
         match reply.ids.first() {
             Some(entry) => Ok(Some(stored_event(entry)?.seq)),
             None => Ok(None),
@@ -375,11 +498,13 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
 }
 
 impl RedisSink {
-    /// A failed call may mean a lost connection, and a lost connection may
-    /// mean a failover to a replica without the newest entries: every stream
-    /// is opened again before its next write. `READONLY` (a demoted primary)
-    /// and `MOVED` count as lost connections too.
-    fn failed(&self, err: redis::RedisError) -> SinkError {
+    /// A failed stream call may mean a lost connection, and a lost
+    /// connection may mean a failover to a replica without the newest
+    /// entries: the lane's generation ends, so every stream on it is opened
+    /// again before its next write. `READONLY` (a demoted primary) and
+    /// `MOVED` count as lost connections too (a new connection reaches the
+    /// new primary behind the same name).
+    fn failed(&self, lane: &Lane, generation: u64, err: redis::RedisError) -> SinkError {
         use redis::ServerErrorKind::{Ask, ClusterDown, ExecAbort, Moved, ReadOnly, TryAgain};
         let lost = err.is_io_error()
             || err.is_timeout()
@@ -387,7 +512,7 @@ impl RedisSink {
             || err.is_connection_refusal()
             || matches!(err.kind(), redis::ErrorKind::Server(ReadOnly | Moved | Ask));
         if lost {
-            self.opened.forget_all();
+            lane.lost(generation);
             return SinkError::Unavailable(err.to_string());
         }
         // A slot in migration, a cluster without quorum, a transaction
@@ -402,17 +527,35 @@ impl RedisSink {
         classify(err)
     }
 
+    /// One read on the first lane, sent once more on a new connection when
+    /// the first was lost: a read lands nothing, and its loss ends the
+    /// lane's generation like any other.
+    async fn read<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, SinkError> {
+        let lane = &self.lanes[0];
+        let mut again = true;
+        loop {
+            let (mut connection, generation) = lane.take().await.map_err(classify)?;
+            match command.query_async(&mut connection).await {
+                Ok(reply) => return Ok(reply),
+                Err(err) => match self.failed(lane, generation, err) {
+                    SinkError::Unavailable(_) if std::mem::take(&mut again) => {}
+                    error => return Err(error),
+                },
+            }
+        }
+    }
+
     /// The stream's last generated id (layout v2: the fence and the
     /// high-water mark), `None` when the stream does not exist. Read after a
     /// batch was refused whole, and by tests and verification tools.
     pub async fn last_id(&self, stream_id: &str) -> Result<Option<EntryId>, SinkError> {
-        let mut connection = self.connection.clone();
-        let info: redis::Value = redis::cmd("XINFO")
-            .arg("STREAM")
-            .arg(keys::sink_stream(stream_id))
-            .query_async(&mut connection)
-            .await
-            .map_err(|err| self.failed(err))?;
+        let info: redis::Value = self
+            .read(
+                redis::cmd("XINFO")
+                    .arg("STREAM")
+                    .arg(keys::sink_stream(stream_id)),
+            )
+            .await?;
         let last = match info {
             redis::Value::Map(pairs) => pairs
                 .into_iter()
@@ -510,7 +653,8 @@ impl RedisSink {
         fence_token: u64,
         reset: Option<ResetMark>,
     ) -> Result<OpenOutcome, SinkError> {
-        let mut connection = self.stream_connection(stream_id);
+        let lane = self.lane(stream_id);
+        let (mut connection, generation) = lane.take().await.map_err(classify)?;
         let mut call = self.open.key(keys::sink_stream(stream_id));
         call.arg(fence_token).arg(V1_ID_FLOOR);
         if let Some(reset) = reset {
@@ -519,11 +663,11 @@ impl RedisSink {
         let (verdict, token, seq): (u8, u64, u64) = call
             .invoke_async(&mut connection)
             .await
-            .map_err(|err| self.failed(err))?;
+            .map_err(|err| self.failed(lane, generation, err))?;
         let last = Some(EntryId { token, seq });
         match verdict {
             0 => {
-                self.opened.opened(stream_id, fence_token);
+                self.opened.opened(stream_id, fence_token, generation);
                 Ok(OpenOutcome {
                     highest_token: token,
                     // A new epoch's position may be 0 (a sequence restarted
@@ -569,7 +713,13 @@ impl FencedSink for RedisSink {
 
     async fn write(&self, batch: SinkBatch<'_>) -> Result<WriteOutcome, SinkError> {
         batch.check_order()?;
-        self.opened.check(batch.stream_id, batch.fence_token)?;
+        // The connection and its generation taken together, then checked:
+        // the batch goes out on exactly the connection the stream was opened
+        // on, or not at all.
+        let lane = self.lane(batch.stream_id);
+        let (mut connection, generation) = lane.take().await.map_err(classify)?;
+        self.opened
+            .check(batch.stream_id, batch.fence_token, generation)?;
         if batch.events.is_empty() {
             return Ok(WriteOutcome {
                 highest_token: batch.fence_token,
@@ -594,11 +744,10 @@ impl FencedSink for RedisSink {
                 .arg(self.options.wait_replicas)
                 .arg(self.options.wait_timeout.as_millis() as u64);
         }
-        let mut connection = self.stream_connection(batch.stream_id);
         let mut replies: Vec<redis::Value> = pipe
             .query_async(&mut connection)
             .await
-            .map_err(|err| self.failed(err))?;
+            .map_err(|err| self.failed(lane, generation, err))?;
         let acknowledged = if waits { replies.pop() } else { None };
         let exec = replies.pop();
         // A command refused while queued (a wrong number of arguments, OOM)
@@ -606,7 +755,7 @@ impl FencedSink for RedisSink {
         let replies = match exec {
             Some(redis::Value::Array(replies)) => replies,
             Some(redis::Value::ServerError(error)) => {
-                return Err(self.failed(redis::RedisError::from(error)));
+                return Err(self.failed(lane, generation, redis::RedisError::from(error)));
             }
             other => {
                 return Err(SinkError::Rejected(format!(
