@@ -12,7 +12,8 @@
 //! - [`runner`]: the machine's driver, from the sink's open to release: the
 //!   order of checks (valid lease → write with token → stage checkpoint)
 //!   lives here.
-//! - [`worker`]: presence, discovery, fair share, hand-back, drain.
+//! - [`worker`]: presence, discovery, fair share, hand-back, drain: the
+//!   driver of [`discovery`] (when to look, and the discovery mode, without I/O).
 //! - [`balance`]: fair share, hand-back, and when to stop giving.
 //! - [`assignment`]: assigned discovery's plan (`DISCOVERY_MODE=assigned`):
 //!   which live worker each stream should be with, the elected assigner's advice.
@@ -23,6 +24,7 @@
 
 pub mod assignment;
 pub mod balance;
+pub mod discovery;
 pub mod handoff;
 pub mod machine;
 pub mod probes;

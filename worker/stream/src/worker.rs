@@ -52,15 +52,16 @@ use leasehold_telemetry::TelemetrySink;
 
 use super::settings::StreamWorkerSettings;
 use crate::balance::{Census, GiftFate, Gifts, Share};
+use crate::discovery::{Action, Discovery, Ended, Input};
 use crate::handoff::{self, HandoffSocket};
-use crate::probes::ExpiryProbes;
+use crate::probes::{ExpiryProbes, Probe};
 use crate::runner::{RunnerContext, StreamExit, run_stream};
 use crate::upstream::WebSocketUpstream;
 use crate::upstream::history::{BoundedHistory, History, HttpHistory};
 use leasehold_sink::FencedSink;
 
 mod assigned;
-pub use assigned::DiscoveryMode;
+pub use crate::discovery::DiscoveryMode;
 use assigned::Offered;
 
 /// How a stream worker discovers, balances and drains.
@@ -258,59 +259,31 @@ impl StreamWorker {
             None => (None, None),
         };
         self.ensure_presence().await;
-        let scans = self.config.discovery_mode == DiscoveryMode::Scan;
-        if scans {
-            self.ring_doorbell().await;
-        }
-        let mut doorbell = if scans { self.read_doorbell().await } else { 0 };
-        let mut next_scan = Instant::now() + self.config.handoff_poll;
-        // Whether the next scan was asked for (start, doorbell, a stream that
-        // ended) rather than due: those read strongly consistent.
-        let mut asked_for = true;
-        let mut poll = tokio::time::interval(self.config.handoff_poll);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut discovery = Discovery::new(
+            self.config.discovery_mode,
+            self.config.discovery_interval,
+            self.config.handoff_poll,
+            Instant::now(),
+        );
         loop {
+            while let Some(action) = discovery.poll_action() {
+                self.carry_out(action, &mut discovery).await;
+            }
             let next_probe = self.probes.next_due();
+            let wake = discovery.poll_timeout();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
                 Some((stream, token, exit)) = self.exits_rx.recv() => {
-                    self.on_exit(&stream, token, exit).await;
-                    // A lost stream may be free again soon; look without waiting a full interval.
-                    next_scan = next_scan.min(Instant::now() + self.config.handoff_poll);
-                    asked_for = true;
+                    let ended = self.on_exit(&stream, token, exit).await;
+                    discovery.handle(Input::StreamEnded(ended), Instant::now());
                 }
-                _ = sleep_until(next_scan) => {
-                    let consistency = if asked_for {
-                        Consistency::Strong
-                    } else {
-                        Consistency::Eventual
-                    };
-                    let pass = if scans {
-                        self.scan(consistency).await
-                    } else {
-                        self.follow_assignments().await
-                    };
-                    match pass {
-                        Ok(()) => asked_for = false,
-                        Err(err) => tracing::warn!(error = %err, "discovery pass failed; retrying"),
-                    }
-                    next_scan = Instant::now() + jittered(self.config.discovery_interval);
-                    if let Some(due) = self.assigner_due.take() {
-                        next_scan = next_scan.min(due);
-                    }
+                _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                    discovery.handle_timeout(Instant::now());
                 }
                 _ = sleep_until(next_probe.unwrap_or_else(Instant::now)), if next_probe.is_some() => {
-                    self.probe().await;
-                }
-                // Assigned discovery reads no doorbell: pushes and the
-                // assigner's next pass find released streams.
-                _ = poll.tick(), if scans => {
-                    let rung = self.read_doorbell().await;
-                    if rung != doorbell {
-                        doorbell = rung;
-                        next_scan = Instant::now();
-                        asked_for = true;
+                    if let Some(probe) = self.probes.pop() {
+                        discovery.handle(Input::ProbeDue(probe), Instant::now());
                     }
                 }
                 Some(stream) = async { pushed.as_mut()?.recv().await }, if pushed.is_some() => {
@@ -320,14 +293,67 @@ impl StreamWorker {
                     while let Some(Ok(more)) = pushed.as_mut().map(mpsc::Receiver::try_recv) {
                         streams.push(more);
                     }
-                    self.on_pushed(streams).await;
+                    discovery.handle(Input::Pushed(streams), Instant::now());
                 }
             }
         }
         if let Some(listener) = listener {
             listener.abort();
         }
+        // Every stream starts finishing its batch while discovery prepares
+        // the drain (assigned: one table read to choose successors).
+        for running in self.running.values() {
+            running.drain.cancel();
+        }
+        discovery.handle(Input::Drain, Instant::now());
+        while let Some(action) = discovery.poll_action() {
+            self.carry_out(action, &mut discovery).await;
+        }
         Ok(self.drain().await)
+    }
+
+    /// Carries out one of discovery's actions, reporting back what it asks.
+    async fn carry_out(&mut self, action: Action, discovery: &mut Discovery) {
+        match action {
+            Action::ReadDoorbell => {
+                let rung = self.read_doorbell().await;
+                discovery.handle(Input::DoorbellRead(rung), Instant::now());
+            }
+            Action::RingDoorbell => self.ring_doorbell().await,
+            Action::Scan(consistency) => {
+                let pass = self.scan(consistency).await;
+                self.pass_done(pass, discovery);
+            }
+            Action::FollowAssignments => {
+                let pass = self.follow_assignments().await;
+                self.pass_done(pass, discovery);
+            }
+            Action::AcquireIfRoom(streams) => self.acquire_if_room(streams).await,
+            Action::TakeAdvised { streams, pushed } => {
+                let offered = if pushed {
+                    Offered::Pushed
+                } else {
+                    Offered::Assigned
+                };
+                self.take(streams, offered).await
+            }
+            Action::ProbeShare(probe) => self.probe(probe).await,
+            Action::ChooseSuccessors => self.prepare_assigned_drain().await,
+        }
+    }
+
+    fn pass_done(&mut self, pass: Result<(), LeaseError>, discovery: &mut Discovery) {
+        if let Err(err) = &pass {
+            tracing::warn!(error = %err, "discovery pass failed; retrying");
+        }
+        discovery.handle(
+            Input::PassDone {
+                succeeded: pass.is_ok(),
+                jitter: jitter(),
+                due: self.assigner_due.take(),
+            },
+            Instant::now(),
+        );
     }
 
     async fn read_doorbell(&self) -> u64 {
@@ -343,7 +369,9 @@ impl StreamWorker {
         }
     }
 
-    async fn on_exit(&mut self, stream: &str, token: u64, exit: StreamExit) {
+    /// A runner ended: forget it, and say how it ended to discovery (a
+    /// stream released with a chosen successor is pushed there now).
+    async fn on_exit(&mut self, stream: &str, token: u64, exit: StreamExit) -> Ended {
         if self
             .running
             .get(stream)
@@ -353,38 +381,37 @@ impl StreamWorker {
         }
         match exit {
             StreamExit::Released => match self.handing_to.remove(stream) {
-                Some(assignee) => self.push_to(stream, &assignee).await,
-                None if self.config.discovery_mode == DiscoveryMode::Scan => {
-                    self.ring_doorbell().await
+                Some(assignee) => {
+                    self.push_to(stream, &assignee).await;
+                    Ended::HandedOn
                 }
-                None => {}
+                None => Ended::Released,
             },
             StreamExit::ReleaseFailed(error) => {
                 tracing::warn!(
                     stream_id = stream,
                     error,
                     "release failed; the lease will expire instead"
-                )
+                );
+                Ended::Other
             }
             StreamExit::Lost(reason) => {
-                tracing::warn!(stream_id = stream, reason = reason.as_str(), "stream lost")
+                tracing::warn!(stream_id = stream, reason = reason.as_str(), "stream lost");
+                Ended::Other
             }
             StreamExit::SinkGaveUp(_) => {
                 // Another worker may reach the sink where this one cannot: do
                 // not take the stream straight back, and let peers look now.
                 self.handed_back.insert(stream.to_owned(), Instant::now());
-                self.ring_doorbell().await;
+                Ended::SinkGaveUp
             }
         }
     }
 
-    /// Peers pushed `streams` to this worker: take each now if it is a
-    /// stream of the table and there is room (the acquire decides; a forged
-    /// or late push costs one refused write, or in assigned discovery one read).
-    async fn on_pushed(&mut self, streams: Vec<String>) {
-        if self.config.discovery_mode == DiscoveryMode::Assigned {
-            return self.take(streams, Offered::Pushed).await;
-        }
+    /// Peers pushed `streams` to this worker (scan discovery): take each now
+    /// if it is a stream of the table and there is room (the acquire
+    /// decides; a forged or late push costs one refused write).
+    async fn acquire_if_room(&mut self, streams: Vec<String>) {
         for stream in streams {
             if self.known_streams.contains(&stream)
                 && !self.running.contains_key(&stream)
@@ -540,16 +567,11 @@ impl StreamWorker {
         Ok(())
     }
 
-    /// An expiry probe: take the stream if this worker is below the share it
-    /// has once the lapsing owner is gone (or, for a stream left to a starving
-    /// peer, below its share; the acquire fails if the peer took it).
-    async fn probe(&mut self) {
-        let Some(probe) = self.probes.pop() else {
-            return;
-        };
-        if self.config.discovery_mode == DiscoveryMode::Assigned {
-            return self.take(vec![probe.stream], Offered::Assigned).await;
-        }
+    /// An expiry probe (scan discovery): take the stream if this worker is
+    /// below the share it has once the lapsing owner is gone (or, for a
+    /// stream left to a starving peer, below its share; the acquire fails if
+    /// the peer took it).
+    async fn probe(&mut self, probe: Probe) {
         let me = &self.context.keeper.config().owner_id;
         let max = self.config.max_streams;
         let target = match &probe.lapsing_owner {
@@ -613,12 +635,6 @@ impl StreamWorker {
     }
 
     async fn drain(mut self) -> DrainReport {
-        for running in self.running.values() {
-            running.drain.cancel();
-        }
-        if self.config.discovery_mode == DiscoveryMode::Assigned {
-            self.prepare_assigned_drain().await;
-        }
         // The presence goes while the streams drain, not after: the doorbell
         // below waits for both, and peers that rescan then count one worker
         // fewer (a larger fair share: they take every released stream).
@@ -748,8 +764,8 @@ fn census_of(
 }
 
 /// ±20 % so workers started together do not scan in lockstep.
-fn jittered(interval: Duration) -> Duration {
-    interval.mul_f64(rand::random_range(0.8..1.2))
+fn jitter() -> f64 {
+    rand::random_range(0.8..1.2)
 }
 
 #[cfg(test)]

@@ -28,44 +28,6 @@ const ASSIGN_CONCURRENCY: usize = 32;
 /// plans again (the read that finds the lapse must see it past the margin).
 const LAPSE_SLACK_MS: u64 = 100;
 
-/// How a worker finds streams (`DISCOVERY_MODE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DiscoveryMode {
-    /// Every worker scans the table and balances by itself.
-    #[default]
-    Scan,
-    /// The elected assigner scans and advises; workers query their own.
-    Assigned,
-}
-
-impl DiscoveryMode {
-    /// The value of `DISCOVERY_MODE`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiscoveryMode::Scan => "scan",
-            DiscoveryMode::Assigned => "assigned",
-        }
-    }
-
-    /// Parses a `DISCOVERY_MODE` value.
-    pub fn parse(raw: &str) -> Option<Self> {
-        match raw {
-            "scan" => Some(DiscoveryMode::Scan),
-            "assigned" => Some(DiscoveryMode::Assigned),
-            _ => None,
-        }
-    }
-}
-
-impl std::str::FromStr for DiscoveryMode {
-    type Err = String;
-
-    /// `DISCOVERY_MODE` (also `leasehold dev --discovery-mode`).
-    fn from_str(raw: &str) -> Result<Self, String> {
-        DiscoveryMode::parse(raw).ok_or_else(|| "must be scan or assigned".into())
-    }
-}
-
 /// Why a stream is offered to this worker, and so what its re-read record
 /// must say before the worker takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
