@@ -12,8 +12,10 @@
 //! - [`runner`]: the machine's driver, from the sink's open to release: the
 //!   order of checks (valid lease → write with token → stage checkpoint)
 //!   lives here.
+//! - [`discovery`]: when to look for streams and what an offer becomes, in
+//!   the machine's shape, without I/O: the one place that knows the mode.
 //! - [`worker`]: presence, discovery, fair share, hand-back, drain: the
-//!   driver of [`discovery`] (when to look, and the discovery mode, without I/O).
+//!   driver of [`discovery`].
 //! - [`balance`]: fair share, hand-back, and when to stop giving.
 //! - [`assignment`]: assigned discovery's plan (`DISCOVERY_MODE=assigned`):
 //!   which live worker each stream should be with, the elected assigner's advice.
