@@ -72,6 +72,8 @@ pub const STREAM_BACKFILLED_EVENTS: &str = "leasehold_stream_backfilled_events_t
 /// Extension: history pages backfills fetched (empty and failed ones included).
 pub const STREAM_BACKFILL_PAGES: &str = "leasehold_stream_backfill_pages_total";
 /// How long backfills took, first request to end.
+pub const STREAM_BACKFILL_WAIT: &str = "leasehold_stream_backfill_wait_seconds";
+/// (docs/metrics.md)
 pub const STREAM_BACKFILL_DURATION: &str = "leasehold_stream_backfill_seconds";
 /// Extension: sink write round trip.
 pub const SINK_WRITE_DURATION: &str = "leasehold_sink_write_duration_seconds";
@@ -156,6 +158,7 @@ pub const ALL: &[&str] = &[
     STREAM_BACKFILLS,
     STREAM_BACKFILLED_EVENTS,
     STREAM_BACKFILL_PAGES,
+    STREAM_BACKFILL_WAIT,
     STREAM_BACKFILL_DURATION,
     SINK_WRITE_DURATION,
     TRANSPORT_ERRORS,
@@ -217,6 +220,7 @@ const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (POOL_CLAIM_DURATION, CLAIM_BUCKETS),
     (BROKER_REQUEST_DURATION, LATENCY_BUCKETS),
     (STREAM_BACKFILL_DURATION, BACKFILL_BUCKETS),
+    (STREAM_BACKFILL_WAIT, BACKFILL_BUCKETS),
 ];
 
 /// The bucket boundaries of a histogram (shared with the OTLP exporter).
@@ -409,6 +413,11 @@ pub fn describe() {
     describe_counter!(
         STREAM_BACKFILL_PAGES,
         "History pages backfills fetched (empty and failed ones included)."
+    );
+    describe_histogram!(
+        STREAM_BACKFILL_WAIT,
+        Unit::Seconds,
+        "Waits of backfills, by reason (concurrency: a history request slot; retry_after: the history's Retry-After; hold: the upstream paused at STREAM_HOLD_MAX_BYTES)."
     );
     describe_histogram!(
         STREAM_BACKFILL_DURATION,
@@ -607,6 +616,10 @@ pub fn record(event: &TelemetryEvent) {
             counter!(STREAM_GAPS, "reason" => reason.as_str()).increment(1);
         }
         StreamReset { .. } => counter!(STREAM_RESETS).increment(1),
+        StreamBackfillWait {
+            reason, duration, ..
+        } => histogram!(STREAM_BACKFILL_WAIT, "reason" => reason.as_str())
+            .record(duration.as_secs_f64()),
         StreamBackfill {
             result,
             pages,

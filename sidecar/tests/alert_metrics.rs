@@ -401,6 +401,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UpstreamFrameSkipped { .. } => "UpstreamFrameSkipped",
         StreamGap { .. } => "StreamGap",
         StreamReset { .. } => "StreamReset",
+        StreamBackfillWait { .. } => "StreamBackfillWait",
         StreamBackfill { .. } => "StreamBackfill",
         SinkWrite { .. } => "SinkWrite",
         SinkWriteFailed { .. } => "SinkWriteFailed",
@@ -422,7 +423,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UserReserved { .. } => "UserReserved",
     }
 }
-const VARIANTS: usize = 32;
+const VARIANTS: usize = 33;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

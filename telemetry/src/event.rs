@@ -146,6 +146,16 @@ pub enum TelemetryEvent {
         /// The new epoch's fence token.
         fence_token: u64,
     },
+    /// A backfill waited: for a history request slot, for the history's
+    /// `Retry-After`, or with the upstream paused at the hold bound.
+    StreamBackfillWait {
+        /// Stream backfilling.
+        stream_id: String,
+        /// What it waited for.
+        reason: BackfillWait,
+        /// How long.
+        duration: Duration,
+    },
     /// A backfill ended: how, after how many history pages and events.
     StreamBackfill {
         /// Stream backfilled.
@@ -496,6 +506,16 @@ impl TelemetryEvent {
                 reset_to = to_seq,
                 fence_token,
                 "upstream sequence reset: a reset entry starts a new epoch in the sink"
+            ),
+            StreamBackfillWait {
+                stream_id,
+                reason,
+                duration,
+            } => tracing::debug!(
+                stream_id,
+                reason = reason.as_str(),
+                seconds = duration.as_secs_f64(),
+                "backfill waited"
             ),
             StreamBackfill {
                 stream_id,

@@ -124,6 +124,38 @@ impl BackfillResult {
     }
 }
 
+/// What a backfill waited for (`leasehold_stream_backfill_wait_seconds_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackfillWait {
+    /// A history request slot: the worker's `BACKFILL_CONCURRENCY` were all
+    /// in use by its other streams.
+    Concurrency,
+    /// The history's `Retry-After` (a 429 or 418), waited in full.
+    RetryAfter,
+    /// Reading the upstream paused: the live frames held behind the backfill
+    /// reached `STREAM_HOLD_MAX_BYTES` (or the frame bound).
+    Hold,
+}
+
+impl BackfillWait {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [BackfillWait; 3] = [
+        BackfillWait::Concurrency,
+        BackfillWait::RetryAfter,
+        BackfillWait::Hold,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackfillWait::Concurrency => "concurrency",
+            BackfillWait::RetryAfter => "retry_after",
+            BackfillWait::Hold => "hold",
+        }
+    }
+}
+
 /// Why a range of sequences is missing from the sink
 /// (`leasehold_stream_gaps_total{reason}`, a gap marker's `reason` field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -76,6 +76,11 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             to_seq: 1,
             fence_token: 8,
         },
+        StreamBackfillWait {
+            stream_id: s(),
+            reason: crate::BackfillWait::RetryAfter,
+            duration: ms(7000),
+        },
         StreamBackfill {
             stream_id: s(),
             result: crate::BackfillResult::Gap,
@@ -218,6 +223,13 @@ pub fn every_label_value() -> Vec<crate::TelemetryEvent> {
             from_seq: 1,
             to_seq: 1,
             reason,
+        }),
+    );
+    events.extend(
+        crate::BackfillWait::ALL.map(|reason| TelemetryEvent::StreamBackfillWait {
+            stream_id: stream(),
+            reason,
+            duration: Duration::from_millis(10),
         }),
     );
     events.extend(

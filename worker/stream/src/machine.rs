@@ -26,7 +26,9 @@ use std::time::Duration;
 use leasehold_control::protocol;
 use leasehold_control::sequence::{Arrival, ResumeMode, Sequencer, Step};
 use leasehold_sink::{OpenOutcome, SinkError, SinkEvent, WriteOutcome};
-use leasehold_telemetry::{BackfillResult, GapReason, LossReason, SkipReason, TelemetryEvent};
+use leasehold_telemetry::{
+    BackfillResult, BackfillWait, GapReason, LossReason, SkipReason, TelemetryEvent,
+};
 use tokio::time::Instant;
 
 use crate::runner::RunnerConfig;
@@ -283,6 +285,8 @@ pub struct StreamMachine {
     fetching: bool,
     empty_pages: u32,
     backfill: Option<BackfillRun>,
+    /// Since when the held events are at their bound (reading paused).
+    held_full_since: Option<Instant>,
     reset: Option<PendingReset>,
     /// Waiting for [`Input::EpochStarted`].
     awaiting_epoch: bool,
@@ -360,6 +364,7 @@ impl StreamMachine {
             fetching: false,
             empty_pages: 0,
             backfill: None,
+            held_full_since: None,
             reset: None,
             awaiting_epoch: false,
             next_lag_report: now,
@@ -400,8 +405,30 @@ impl StreamMachine {
             && matches!(self.then, Then::Consume)
             && self.reset.is_none()
             && self.pending.len() < self.config.batch_max_events.max(1)
-            && self.sequencer.held() < self.config.backfill_hold_max.max(1)
-            && self.sequencer.held_weight() < self.config.hold_max_bytes.max(1)
+            && !self.held_full()
+    }
+
+    fn held_full(&self) -> bool {
+        self.sequencer.held() >= self.config.backfill_hold_max.max(1)
+            || self.sequencer.held_weight() >= self.config.hold_max_bytes.max(1)
+    }
+
+    /// Reports each stretch the held events spent at their bound (reading
+    /// paused behind a backfill) once it ends.
+    fn watch_the_hold(&mut self, now: Instant) {
+        let full = self.stopped.is_none() && self.held_full();
+        match (full, self.held_full_since) {
+            (true, None) => self.held_full_since = Some(now),
+            (false, Some(since)) => {
+                self.held_full_since = None;
+                self.emit(TelemetryEvent::StreamBackfillWait {
+                    stream_id: self.stream_id.clone(),
+                    reason: BackfillWait::Hold,
+                    duration: now.saturating_duration_since(since),
+                });
+            }
+            _ => {}
+        }
     }
 
     /// Takes the fetched page now: like the upstream, not while the batch is full.
@@ -481,6 +508,7 @@ impl StreamMachine {
             Input::Page(result) => self.page_landed(result, now),
             Input::EpochStarted { fence_token } => self.epoch_started(fence_token, now),
         }
+        self.watch_the_hold(now);
     }
 
     fn emit(&mut self, event: TelemetryEvent) {

@@ -425,10 +425,13 @@ async fn carry_out(
         Action::Fetch { from, to, after } => {
             let stream_id = lease.stream_id.clone();
             out.fetch = Some(match context.history.clone() {
-                Some((history, config)) => AbortOnDropHandle::new(tokio::spawn(async move {
-                    sleep(after).await;
-                    fetch_page(&*history, &config, &stream_id, from, to).await
-                })),
+                Some((history, config)) => {
+                    let telemetry = context.telemetry.clone();
+                    AbortOnDropHandle::new(tokio::spawn(async move {
+                        sleep(after).await;
+                        fetch_page(&*history, &config, &*telemetry, &stream_id, from, to).await
+                    }))
+                }
                 // Settings require a history for `backfill`; a runner built
                 // without one has nothing to fetch from.
                 None => AbortOnDropHandle::new(tokio::spawn(async {

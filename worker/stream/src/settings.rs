@@ -134,7 +134,8 @@ pub const STREAM_HOLD_MAX_BYTES: Setting<usize> = Setting::new(
     Fallback::Value(|| crate::runner::HOLD_MAX_BYTES),
     "Bytes of live frames a stream holds at most while a backfill fills the range before them; \
      at the bound reading that stream's upstream pauses until the backfill catches up (one \
-     order-book snapshot can weigh as much as ten thousand trades, so a count alone is no bound).",
+     order-book snapshot can weigh as much as ten thousand trades, so a count alone is no bound). \
+     Each pause is observed in `leasehold_stream_backfill_wait_seconds{reason=\"hold\"}`.",
 );
 /// The `BACKFILL_CONCURRENCY` variable.
 pub const BACKFILL_CONCURRENCY: Setting<usize> = Setting::new(
@@ -144,7 +145,9 @@ pub const BACKFILL_CONCURRENCY: Setting<usize> = Setting::new(
     "History requests in flight at most per worker, over all its streams (`backfill`): a worker \
      that takes over many streams at once backfills them a few at a time instead of firing every \
      request at the exchange's rate limit. A `Retry-After` up to 15 minutes is waited in full; a \
-     longer one (a ban) gives the range up at once as a gap.",
+     longer one (a ban) gives the range up at once as a gap. Waits for a slot and for a \
+     `Retry-After` are observed in `leasehold_stream_backfill_wait_seconds` (`reason` \
+     `concurrency`, `retry_after`).",
 );
 /// The `UPSTREAM_DATA_MATCH` variable.
 pub const UPSTREAM_DATA_MATCH: Setting<Vec<DataMatch>> = Setting::new(

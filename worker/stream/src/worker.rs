@@ -205,7 +205,11 @@ impl StreamWorker {
         let history = settings.history.as_ref().and_then(|config| {
             match HttpHistory::new(config.clone()) {
                 Ok(history) => {
-                    let bounded = BoundedHistory::new(Arc::new(history), config.concurrency);
+                    let bounded = BoundedHistory::new(
+                        Arc::new(history),
+                        config.concurrency,
+                        telemetry.clone(),
+                    );
                     Some((Arc::new(bounded) as Arc<dyn History>, config.clone()))
                 }
                 // Building a TLS client from the public roots does not fail in

@@ -592,9 +592,24 @@ fn reading_pauses_while_the_held_events_are_at_their_bound() {
     s.frames([20, 21, 22]);
     assert!(!s.machine.wants_frames(), "three held: reading waits");
     s.actions();
+    s.pass(Duration::from_millis(1_500));
     let page = (11..=19).map(|seq| frame(seq, s.now)).collect();
     s.feed(Input::Page(Ok(page)));
     // Twelve pending: the first batch of ten goes, then reading resumes.
-    assert_eq!(writes(&s.actions()).len(), 1);
+    let out = s.all_actions();
+    assert_eq!(writes(&out).len(), 1);
     assert!(s.machine.wants_frames(), "released with the range");
+    // The pause is reported once, with its length.
+    let waits: Vec<_> = emitted(&out)
+        .into_iter()
+        .filter(|event| matches!(event, TelemetryEvent::StreamBackfillWait { .. }))
+        .collect();
+    assert_eq!(
+        waits,
+        [&TelemetryEvent::StreamBackfillWait {
+            stream_id: "s".into(),
+            reason: leasehold_telemetry::BackfillWait::Hold,
+            duration: Duration::from_millis(1_500),
+        }]
+    );
 }

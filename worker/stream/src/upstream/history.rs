@@ -19,6 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use leasehold_control::clock::SystemClock;
 use leasehold_platform::backoff::Backoff;
+use leasehold_telemetry::{BackfillWait, TelemetryEvent, TelemetrySink};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
@@ -87,18 +88,25 @@ impl Default for HistoryConfig {
 pub const BACKFILL_CONCURRENCY: usize = 4;
 
 /// A history that lets at most `concurrency` requests run at once (one per
-/// worker, shared by all its streams); the others wait their turn.
+/// worker, shared by all its streams); the others wait their turn, and each
+/// wait is reported (`StreamBackfillWait`, reason `concurrency`).
 pub struct BoundedHistory {
     inner: Arc<dyn History>,
     slots: tokio::sync::Semaphore,
+    telemetry: Arc<dyn TelemetrySink>,
 }
 
 impl BoundedHistory {
     /// `inner`, `concurrency` requests at a time (at least one).
-    pub fn new(inner: Arc<dyn History>, concurrency: usize) -> Self {
+    pub fn new(
+        inner: Arc<dyn History>,
+        concurrency: usize,
+        telemetry: Arc<dyn TelemetrySink>,
+    ) -> Self {
         BoundedHistory {
             inner,
             slots: tokio::sync::Semaphore::new(concurrency.max(1)),
+            telemetry,
         }
     }
 }
@@ -111,11 +119,21 @@ impl History for BoundedHistory {
         from_seq: u64,
         to_seq: u64,
     ) -> Result<Vec<UpstreamEvent>, HistoryError> {
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| HistoryError::Unavailable("the history is shutting down".into()))?;
+        let shut = |_| HistoryError::Unavailable("the history is shutting down".into());
+        let _slot = match self.slots.try_acquire() {
+            Ok(slot) => slot,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(shut(())),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let asked = tokio::time::Instant::now();
+                let slot = self.slots.acquire().await.map_err(|_| shut(()))?;
+                self.telemetry.emit(TelemetryEvent::StreamBackfillWait {
+                    stream_id: stream_id.to_owned(),
+                    reason: BackfillWait::Concurrency,
+                    duration: asked.elapsed(),
+                });
+                slot
+            }
+        };
         self.inner.page(stream_id, from_seq, to_seq).await
     }
 }
@@ -394,6 +412,7 @@ impl History for HttpHistory {
 pub async fn fetch_page(
     history: &dyn History,
     config: &HistoryConfig,
+    telemetry: &dyn TelemetrySink,
     stream_id: &str,
     from_seq: u64,
     to_seq: u64,
@@ -425,7 +444,14 @@ pub async fn fetch_page(
             HistoryError::RateLimited {
                 retry_after: Some(after),
                 ..
-            } => *after,
+            } => {
+                telemetry.emit(TelemetryEvent::StreamBackfillWait {
+                    stream_id: stream_id.to_owned(),
+                    reason: BackfillWait::RetryAfter,
+                    duration: *after,
+                });
+                *after
+            }
             _ => config.retry.delay(attempt - 1),
         };
         tracing::debug!(stream_id, from_seq, attempt, error = %error, ?delay, "history page failed; retrying");
@@ -436,6 +462,7 @@ pub async fn fetch_page(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_telemetry::{LogSink, RecordingSink};
 
     fn config(items_pointer: &str) -> HistoryConfig {
         HistoryConfig {
@@ -478,7 +505,12 @@ mod tests {
             in_flight: 0.into(),
             most: 0.into(),
         });
-        let bounded = Arc::new(BoundedHistory::new(slow.clone(), 2));
+        let telemetry = RecordingSink::new();
+        let bounded = Arc::new(BoundedHistory::new(
+            slow.clone(),
+            2,
+            Arc::new(telemetry.clone()),
+        ));
         let started = Instant::now();
         let pages: Vec<_> = (0..10)
             .map(|n| {
@@ -495,6 +527,21 @@ mod tests {
             Duration::from_millis(500),
             "10 pages, 2 at a time"
         );
+        // The first two found a slot; each of the other eight waited for one.
+        let waits: Vec<Duration> = telemetry
+            .take()
+            .into_iter()
+            .filter_map(|event| match event {
+                TelemetryEvent::StreamBackfillWait {
+                    reason: BackfillWait::Concurrency,
+                    duration,
+                    ..
+                } => Some(duration),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(waits.len(), 8, "{waits:?}");
+        assert_eq!(waits.iter().max(), Some(&Duration::from_millis(400)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -510,7 +557,7 @@ mod tests {
         ]));
         let started = Instant::now();
         assert_eq!(
-            fetch_page(&history, &config(""), "s", 1, 2).await,
+            fetch_page(&history, &config(""), &LogSink, "s", 1, 2).await,
             Err(banned)
         );
         assert_eq!(
@@ -526,7 +573,7 @@ mod tests {
         let history = Scripted(std::sync::Mutex::new(vec![Err(limited), Ok(Vec::new())]));
         let started = Instant::now();
         assert_eq!(
-            fetch_page(&history, &config(""), "s", 1, 2).await,
+            fetch_page(&history, &config(""), &LogSink, "s", 1, 2).await,
             Ok(Vec::new())
         );
         assert_eq!(started.elapsed(), Duration::from_secs(300));
@@ -583,21 +630,30 @@ mod tests {
         };
         let history = Scripted(std::sync::Mutex::new(vec![Err(limited), Ok(Vec::new())]));
         let started = Instant::now();
+        let telemetry = RecordingSink::new();
         assert_eq!(
-            fetch_page(&history, &config(""), "s", 1, 2).await,
+            fetch_page(&history, &config(""), &telemetry, "s", 1, 2).await,
             Ok(Vec::new())
         );
         assert_eq!(started.elapsed(), Duration::from_secs(7));
+        assert_eq!(
+            telemetry.take(),
+            [TelemetryEvent::StreamBackfillWait {
+                stream_id: "s".into(),
+                reason: BackfillWait::RetryAfter,
+                duration: Duration::from_secs(7),
+            }]
+        );
         let refused = HistoryError::Refused("HTTP 400".into());
         let history = Scripted(std::sync::Mutex::new(vec![Err(refused.clone())]));
         assert_eq!(
-            fetch_page(&history, &config(""), "s", 1, 2).await,
+            fetch_page(&history, &config(""), &LogSink, "s", 1, 2).await,
             Err(refused)
         );
         let down = || Err(HistoryError::Unavailable("HTTP 503".into()));
         let history = Scripted(std::sync::Mutex::new(vec![down(), down(), down(), down()]));
         assert!(matches!(
-            fetch_page(&history, &config(""), "s", 1, 2).await,
+            fetch_page(&history, &config(""), &LogSink, "s", 1, 2).await,
             Err(HistoryError::Unavailable(_))
         ));
         assert_eq!(
