@@ -183,6 +183,19 @@ struct Filling {
     filled_any: bool,
 }
 
+/// One frame as the sequencer keeps it while it waits (held behind a
+/// backfill, suspected of a jump, or behind the stream).
+#[derive(Debug, Clone)]
+struct Frame<T> {
+    /// The first sequence it covers, when the upstream says
+    /// ([`Sequencer::arrive_covering`]).
+    first: Option<u64>,
+    seq: u64,
+    item: T,
+    /// It was the first of its connection.
+    fresh: bool,
+}
+
 /// The sequence decisions of one held stream, from open to release.
 #[derive(Debug, Clone)]
 pub struct Sequencer<T> {
@@ -198,7 +211,7 @@ pub struct Sequencer<T> {
     /// Live events that arrived during the backfill, in arrival order, each
     /// with whether it was the first of its connection (a backfill outlives a
     /// reconnect: a new connection's jump is judged when its event is taken).
-    held: VecDeque<(u64, T, bool)>,
+    held: VecDeque<Frame<T>>,
     /// What the held events weigh together ([`Sequencer::with_weigher`]).
     held_weight: usize,
     /// The weight of one held event (bytes, for the runner); 0 by default.
@@ -206,10 +219,10 @@ pub struct Sequencer<T> {
     jump: JumpBound,
     /// Frames beyond the jump bound waiting for confirmation, in arrival
     /// order, each with whether it was the first of its connection.
-    suspects: Vec<(u64, T, bool)>,
+    suspects: Vec<Frame<T>>,
     /// Frames below the last position in a row, each above the one before:
     /// a restarted upstream, once there are `reset_after` of them.
-    behind: Vec<(u64, T)>,
+    behind: Vec<Frame<T>>,
     /// Frames behind in a row that make a reset (`UPSTREAM_RESET_AFTER`);
     /// 0: a sequence never resets (every frame behind is a replay).
     reset_after: u32,
@@ -267,18 +280,18 @@ impl<T> Sequencer<T> {
         self.held_weight
     }
 
-    fn hold(&mut self, seq: u64, item: T, fresh: bool, at_front: bool) {
-        self.held_weight += (self.weigh)(&item);
+    fn hold(&mut self, frame: Frame<T>, at_front: bool) {
+        self.held_weight += (self.weigh)(&frame.item);
         if at_front {
-            self.held.push_front((seq, item, fresh));
+            self.held.push_front(frame);
         } else {
-            self.held.push_back((seq, item, fresh));
+            self.held.push_back(frame);
         }
     }
 
-    fn release_front(&mut self) -> Option<(u64, T, bool)> {
+    fn release_front(&mut self) -> Option<Frame<T>> {
         let released = self.held.pop_front()?;
-        self.held_weight -= (self.weigh)(&released.1);
+        self.held_weight -= (self.weigh)(&released.item);
         Some(released)
     }
 
@@ -341,46 +354,70 @@ impl<T> Sequencer<T> {
     /// `confirm_after` frames in a row beyond the bound, each within the
     /// bound of the one before, are handed on in order, as any hole is.
     pub fn arrive(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
+        self.arrive_covering(None, seq, item, out)
+    }
+
+    /// One live event that covers `first..=seq` (an order book's diff: the
+    /// update ids it folds together, `UPSTREAM_SEQ_FIRST_POINTER`; or the
+    /// previous frame's last + 1 from `UPSTREAM_SEQ_PREV_POINTER`). It
+    /// continues the stream when it covers the next sequence
+    /// (`first <= last + 1`, however far past it reaches); `first > last + 1`
+    /// is a hole `last + 1..=first - 1`, whatever `UPSTREAM_SEQ_STEP` says
+    /// (the ids inside a range are not contiguous, the ranges are). `None`
+    /// is a frame that states only its own sequence ([`Sequencer::arrive`]).
+    pub fn arrive_covering(
+        &mut self,
+        first: Option<u64>,
+        seq: u64,
+        item: T,
+        out: &mut Vec<Step<T>>,
+    ) -> Arrival {
         let fresh = std::mem::replace(&mut self.fresh_connection, false);
+        let frame = Frame {
+            first: first.map(|first| first.min(seq)),
+            seq,
+            item,
+            fresh,
+        };
         if self.reset_after > 0
             && let Some(last) = self.last
         {
             if seq < last {
-                return self.fall_behind(last, seq, item, out);
+                return self.fall_behind(last, frame, out);
             }
             // Back at or past the stream: what fell behind was a replay.
             self.drop_behind(out);
         }
         if self.jump.max == 0 {
-            return self.arrive_at_its_word(seq, item, fresh, out);
+            return self.arrive_at_its_word(frame, out);
         }
         let reference = match (self.held.back(), self.last) {
-            (Some((held, _, _)), _) => Some(*held),
+            (Some(held), _) => Some(held.seq),
             (None, last) => last,
         };
         let Some(reference) = reference else {
-            return self.arrive_at_its_word(seq, item, fresh, out);
+            return self.arrive_at_its_word(frame, out);
         };
         if seq <= reference.saturating_add(self.jump.max) {
-            let fresh = self.discard_suspects(out) || fresh;
-            return self.arrive_at_its_word(seq, item, fresh, out);
+            let fresh = self.discard_suspects(out) || frame.fresh;
+            return self.arrive_at_its_word(Frame { fresh, ..frame }, out);
         }
         let follows = self
             .suspects
             .last()
-            .is_none_or(|(previous, _, _)| seq > *previous && seq - previous <= self.jump.max);
+            .is_none_or(|previous| seq > previous.seq && seq - previous.seq <= self.jump.max);
         let fresh = if follows {
-            fresh
+            frame.fresh
         } else {
-            self.discard_suspects(out) || fresh
+            self.discard_suspects(out) || frame.fresh
         };
-        self.suspects.push((seq, item, fresh));
+        self.suspects.push(Frame { fresh, ..frame });
         if self.suspects.len() < self.jump.confirm_after.max(1) as usize {
             return Arrival::Suspect;
         }
         let mut arrival = Arrival::Taken;
-        for (seq, item, fresh) in std::mem::take(&mut self.suspects) {
-            arrival = self.arrive_at_its_word(seq, item, fresh, out);
+        for frame in std::mem::take(&mut self.suspects) {
+            arrival = self.arrive_at_its_word(frame, out);
         }
         arrival
     }
@@ -390,39 +427,48 @@ impl<T> Sequencer<T> {
     /// frame must not hide a new connection's jump (found by the model).
     fn discard_suspects(&mut self, out: &mut Vec<Step<T>>) -> bool {
         let mut fresh = false;
-        for (discarded, _, was_fresh) in self.suspects.drain(..) {
-            out.push(Step::JumpDiscarded { seq: discarded });
-            fresh |= was_fresh;
+        for discarded in self.suspects.drain(..) {
+            out.push(Step::JumpDiscarded { seq: discarded.seq });
+            fresh |= discarded.fresh;
         }
         fresh
     }
 
     /// A frame below the last position: a replay, unless it is the
     /// `reset_after`-th in a row of a sequence that started over.
-    fn fall_behind(&mut self, last: u64, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
+    fn fall_behind(&mut self, last: u64, frame: Frame<T>, out: &mut Vec<Step<T>>) -> Arrival {
         if self
             .behind
             .last()
-            .is_some_and(|(previous, _)| seq <= *previous)
+            .is_some_and(|previous| frame.seq <= previous.seq)
         {
             // Not one climbing sequence: start counting again from here.
             self.drop_behind(out);
         }
-        self.behind.push((seq, item));
+        let seq = frame.seq;
+        self.behind.push(frame);
         if self.behind.len() < self.reset_after as usize {
             return Arrival::Behind;
         }
         self.settle_before_reset(out);
         let behind = std::mem::take(&mut self.behind);
-        let to = behind.first().map_or(seq, |(first, _)| *first);
+        let to = behind
+            .first()
+            .map_or(seq, |first| first.first.unwrap_or(first.seq));
         let from = self.last.unwrap_or(last);
         out.push(Step::Reset { from, to });
         // The new epoch starts just before its first sequence: the reset
         // entry's position, so the next one is taken as contiguous.
         self.last = Some(to.saturating_sub(1));
         self.fresh_connection = false;
-        for (seq, item) in behind {
-            self.arrive_at_its_word(seq, item, false, out);
+        for frame in behind {
+            self.arrive_at_its_word(
+                Frame {
+                    fresh: false,
+                    ..frame
+                },
+                out,
+            );
         }
         Arrival::Taken
     }
@@ -448,16 +494,27 @@ impl<T> Sequencer<T> {
         if self.resume_from() <= filling.to {
             self.close_range(filling.to, GapReason::BackfillExhausted, out);
         }
-        while let Some((seq, item, _)) = self.release_front() {
+        while let Some(frame) = self.release_front() {
             let next = self.resume_from();
-            if seq < next {
+            if frame.seq < next {
                 continue;
             }
-            if seq > next && self.step == SeqStep::Contiguous {
-                self.close_range(seq - 1, GapReason::BackfillExhausted, out);
+            if let Some(hole_to) = self.hole_before(&frame, next) {
+                self.close_range(hole_to, GapReason::BackfillExhausted, out);
             }
-            self.last = Some(seq);
-            out.push(Step::Event(seq, item));
+            self.last = Some(frame.seq);
+            out.push(Step::Event(frame.seq, frame.item));
+        }
+    }
+
+    /// The last sequence of the hole before `frame` when the stream's next
+    /// sequence is `next`, if there is one it must mark: a range frame's
+    /// own word, else the step's rule (only contiguous sequences have holes
+    /// between frames).
+    fn hole_before(&self, frame: &Frame<T>, next: u64) -> Option<u64> {
+        match frame.first {
+            Some(first) => (first > next).then(|| first - 1),
+            None => (frame.seq > next && self.step == SeqStep::Contiguous).then(|| frame.seq - 1),
         }
     }
 
@@ -466,52 +523,51 @@ impl<T> Sequencer<T> {
         self.suspects.len()
     }
 
-    fn arrive_at_its_word(
-        &mut self,
-        seq: u64,
-        item: T,
-        fresh: bool,
-        out: &mut Vec<Step<T>>,
-    ) -> Arrival {
+    fn arrive_at_its_word(&mut self, frame: Frame<T>, out: &mut Vec<Step<T>>) -> Arrival {
         if self.filling.is_some() {
-            if self.held.back().is_some_and(|(held, _, _)| seq <= *held)
-                || self.last.is_some_and(|last| seq <= last)
+            if self.held.back().is_some_and(|held| frame.seq <= held.seq)
+                || self.last.is_some_and(|last| frame.seq <= last)
             {
                 return Arrival::Replayed;
             }
-            self.hold(seq, item, fresh, false);
+            self.hold(frame, false);
             return Arrival::Held;
         }
-        self.take(seq, item, fresh, out)
+        self.take(frame, out)
     }
 
-    fn take(&mut self, seq: u64, item: T, fresh: bool, out: &mut Vec<Step<T>>) -> Arrival {
+    fn take(&mut self, frame: Frame<T>, out: &mut Vec<Step<T>>) -> Arrival {
         let Some(last) = self.last else {
-            self.last = Some(seq);
-            out.push(Step::Event(seq, item));
+            self.last = Some(frame.seq);
+            out.push(Step::Event(frame.seq, frame.item));
             return Arrival::Taken;
         };
+        let seq = frame.seq;
         if seq <= last {
             return Arrival::Replayed;
         }
-        let hole = seq > last + 1
-            && match self.step {
-                SeqStep::Contiguous => true,
-                // Holes are normal; only a new connection's jump can hide
-                // missed events, and only a history can tell.
-                SeqStep::Increasing => fresh && self.mode == ResumeMode::Backfill,
-            };
-        if !hole {
+        let hole_to = match frame.first {
+            Some(first) => (first > last + 1).then(|| first - 1),
+            None => (seq > last + 1
+                && match self.step {
+                    SeqStep::Contiguous => true,
+                    // Holes are normal; only a new connection's jump can hide
+                    // missed events, and only a history can tell.
+                    SeqStep::Increasing => frame.fresh && self.mode == ResumeMode::Backfill,
+                })
+            .then(|| seq - 1),
+        };
+        let Some(to) = hole_to else {
             self.last = Some(seq);
-            out.push(Step::Event(seq, item));
+            out.push(Step::Event(seq, frame.item));
             return Arrival::Taken;
-        }
-        let (from, to) = (last + 1, seq - 1);
+        };
+        let from = last + 1;
         match self.mode {
             ResumeMode::Replay => {
                 out.push(Step::Reconnect {
                     expected: from,
-                    got: seq,
+                    got: to + 1,
                 });
             }
             ResumeMode::Live => {
@@ -521,7 +577,7 @@ impl<T> Sequencer<T> {
                     reason: GapReason::NoReplay,
                 });
                 self.last = Some(seq);
-                out.push(Step::Event(seq, item));
+                out.push(Step::Event(seq, frame.item));
             }
             ResumeMode::Backfill => {
                 self.filling = Some(Filling {
@@ -530,7 +586,13 @@ impl<T> Sequencer<T> {
                 });
                 // Its own jump is the range being filled. At the front: when
                 // a held event starts this backfill, later ones are still held.
-                self.hold(seq, item, false, true);
+                self.hold(
+                    Frame {
+                        fresh: false,
+                        ..frame
+                    },
+                    true,
+                );
                 out.push(Step::Backfill { from, to });
                 return Arrival::Held;
             }
@@ -633,8 +695,8 @@ impl<T> Sequencer<T> {
 
     fn finish_backfill(&mut self, out: &mut Vec<Step<T>>) {
         self.filling = None;
-        while let Some((seq, item, fresh)) = self.release_front() {
-            if self.take(seq, item, fresh, out) == Arrival::Held {
+        while let Some(frame) = self.release_front() {
+            if self.take(frame, out) == Arrival::Held {
                 return;
             }
         }
@@ -1079,6 +1141,107 @@ mod tests {
                 Step::Event(3, 3),
                 gap(4, 4, GapReason::NoReplay),
                 Step::Event(5, 5),
+            ]
+        );
+    }
+
+    /// Diffs as Binance's depth stream sends them: each covers `U..=u`.
+    fn diffs(seq: &mut Sequencer<u64>, ranges: &[(u64, u64)]) -> Vec<Step<u64>> {
+        let mut out = Vec::new();
+        for &(first, last) in ranges {
+            seq.arrive_covering(Some(first), last, last, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn a_diff_continues_the_stream_when_it_covers_the_next_sequence() {
+        for step in SeqStep::ALL {
+            let mut s = Sequencer::new(ResumeMode::Live, step, Some(100));
+            assert_eq!(
+                // Straddling the last position (the first diff after a
+                // snapshot), then each starting right after the one before.
+                diffs(&mut s, &[(95, 104), (105, 131), (132, 132)]),
+                vec![
+                    Step::Event(104, 104),
+                    Step::Event(131, 131),
+                    Step::Event(132, 132)
+                ],
+                "{step:?}"
+            );
+            // Wholly at or below the stream: a replay.
+            let mut out = Vec::new();
+            assert_eq!(
+                s.arrive_covering(Some(120), 131, 0, &mut out),
+                Arrival::Replayed
+            );
+            assert!(out.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_diff_that_starts_past_the_next_sequence_is_a_hole_whatever_the_step() {
+        for step in SeqStep::ALL {
+            let mut live = Sequencer::new(ResumeMode::Live, step, Some(100));
+            assert_eq!(
+                diffs(&mut live, &[(101, 110), (120, 130)]),
+                vec![
+                    Step::Event(110, 110),
+                    gap(111, 119, GapReason::NoReplay),
+                    Step::Event(130, 130)
+                ],
+                "{step:?}"
+            );
+            let mut replay = Sequencer::new(ResumeMode::Replay, step, Some(100));
+            assert_eq!(
+                diffs(&mut replay, &[(105, 110)]),
+                vec![Step::Reconnect {
+                    expected: 101,
+                    got: 105
+                }]
+            );
+            let mut backfill = Sequencer::new(ResumeMode::Backfill, step, Some(100));
+            let mut out = Vec::new();
+            assert_eq!(
+                backfill.arrive_covering(Some(105), 110, 110, &mut out),
+                Arrival::Held
+            );
+            assert_eq!(out, vec![Step::Backfill { from: 101, to: 104 }]);
+        }
+    }
+
+    #[test]
+    fn held_diffs_keep_their_ranges_when_a_backfill_ends() {
+        let mut s = Sequencer::new(ResumeMode::Backfill, SeqStep::Increasing, Some(100));
+        let mut out = diffs(&mut s, &[(105, 110), (111, 115), (121, 125)]);
+        assert_eq!(out, vec![Step::Backfill { from: 101, to: 104 }]);
+        assert_eq!(s.held(), 3);
+        out.clear();
+        s.backfill_gave_up(&mut out);
+        // The range given up, then the held diffs by their own word: the
+        // hole 116..=120 between two of them is a new backfill.
+        assert_eq!(
+            out,
+            vec![
+                gap(101, 104, GapReason::BackfillExhausted),
+                Step::Event(110, 110),
+                Step::Event(115, 115),
+                Step::Backfill { from: 116, to: 120 },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_restarted_book_resets_to_the_first_sequence_its_diffs_cover() {
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Increasing, Some(5_000)).with_reset_after(3);
+        assert_eq!(
+            diffs(&mut s, &[(1, 3), (4, 9), (10, 12)]),
+            vec![
+                Step::Reset { from: 5_000, to: 1 },
+                Step::Event(3, 3),
+                Step::Event(9, 9),
+                Step::Event(12, 12),
             ]
         );
     }
