@@ -3,17 +3,29 @@
 
 use std::time::Duration;
 
-use leasehold_sink::{OpenOutcome, SinkError, WriteOutcome};
-use leasehold_telemetry::{GapReason, LossReason, SkipReason, TelemetryEvent};
+use leasehold_control::sequence::SeqStep;
+use leasehold_sink::{OpenOutcome, SinkError, SinkEvent, WriteOutcome};
+use leasehold_telemetry::{BackfillResult, GapReason, LossReason, SkipReason, TelemetryEvent};
 use tokio::time::Instant;
 
 use super::*;
+use crate::upstream::history::HistoryError;
 use crate::upstream::{UpstreamError, UpstreamEvent};
 
 /// A script: the machine, its clock, and what it asked for so far.
 struct Script {
     machine: StreamMachine,
     now: Instant,
+    /// Every telemetry event it emitted.
+    telemetry: Vec<TelemetryEvent>,
+    /// Where each subscribe asked from.
+    subscribes: Vec<u64>,
+    /// Every history range it asked for.
+    fetches: Vec<(u64, u64)>,
+    /// The fetch it is waiting for.
+    fetch_out: Option<(u64, u64)>,
+    /// What [`Script::settle`]'s sink holds.
+    stored: Vec<SinkEvent>,
 }
 
 fn config() -> RunnerConfig {
@@ -41,19 +53,192 @@ impl Script {
         let now = Instant::now();
         let mut machine = StreamMachine::new(config, "s".into(), 7, false, start, now);
         machine.set_persisted(Some(0));
-        Script { machine, now }
+        Script::of(machine, now)
+    }
+
+    /// A script over a machine built by hand (another token or mode).
+    fn of(machine: StreamMachine, now: Instant) -> Script {
+        Script {
+            machine,
+            now,
+            telemetry: Vec::new(),
+            subscribes: Vec::new(),
+            fetches: Vec::new(),
+            fetch_out: None,
+            stored: Vec::new(),
+        }
     }
 
     /// Every action asked for until the machine waits, telemetry apart.
     fn actions(&mut self) -> Vec<Action> {
-        std::iter::from_fn(|| self.machine.poll_action())
+        self.all_actions()
+            .into_iter()
             .filter(|a| !matches!(a, Action::Emit(_)))
             .collect()
     }
 
-    /// Every action, telemetry included.
+    /// Every action, telemetry included (and noted: telemetry, subscribes,
+    /// fetches).
     fn all_actions(&mut self) -> Vec<Action> {
-        std::iter::from_fn(|| self.machine.poll_action()).collect()
+        let actions: Vec<_> = std::iter::from_fn(|| self.machine.poll_action()).collect();
+        for action in &actions {
+            match action {
+                Action::Emit(event) => self.telemetry.push(event.clone()),
+                Action::Subscribe { from } => self.subscribes.push(*from),
+                Action::Fetch { from, to, .. } => {
+                    self.fetches.push((*from, *to));
+                    self.fetch_out = Some((*from, *to));
+                }
+                Action::CancelFetch => self.fetch_out = None,
+                _ => {}
+            }
+        }
+        actions
+    }
+
+    /// Carries the actions out against a sink that takes every write (kept
+    /// in `stored`, confirmed as appended) until the machine waits; returns
+    /// every action besides telemetry.
+    fn settle(&mut self) -> Vec<Action> {
+        let mut seen = Vec::new();
+        loop {
+            let asked = self.actions();
+            if asked.is_empty() {
+                return seen;
+            }
+            self.confirm(&asked);
+            seen.extend(asked);
+        }
+    }
+
+    /// Confirms the writes among `actions` as appended (kept in `stored`).
+    fn confirm(&mut self, actions: &[Action]) {
+        for action in actions {
+            if let Action::Write(events) = action {
+                self.stored.extend(events.iter().cloned());
+                self.written(events.len() as u64, 0, 0);
+            }
+        }
+    }
+
+    /// The server closes the connection: what came before is written, then
+    /// the reconnect is waited for and made. Returns where it asked from.
+    fn cut_and_reconnect(&mut self) -> u64 {
+        self.feed(Input::UpstreamFailed(UpstreamError::Closed("cut".into())));
+        let mut asked = self.settle();
+        for _ in 0..50 {
+            if let Some(from) = asked.iter().find_map(|a| match a {
+                Action::Subscribe { from } => Some(*from),
+                _ => None,
+            }) {
+                self.feed(Input::Subscribed);
+                return from;
+            }
+            asked = self.wait_for_action();
+        }
+        panic!("no reconnect: {asked:?}");
+    }
+
+    /// Answers each fetch with what `history` gives for its range (the
+    /// driver hands a page over only when the machine takes it), settling
+    /// in between, until none is asked for.
+    fn serve_history(
+        &mut self,
+        mut history: impl FnMut(u64, u64) -> Result<Vec<UpstreamEvent>, HistoryError>,
+    ) {
+        self.settle();
+        while let Some((from, to)) = self.fetch_out.take() {
+            assert!(self.machine.wants_page());
+            self.feed(Input::Page(history(from, to)));
+            self.settle();
+        }
+    }
+
+    /// The telemetry events `pick` picks, in order.
+    fn reported<T>(&self, pick: impl FnMut(&TelemetryEvent) -> Option<T>) -> Vec<T> {
+        self.telemetry.iter().filter_map(pick).collect()
+    }
+
+    /// The gap markers counted: (from, to, reason).
+    fn gaps_reported(&self) -> Vec<(u64, u64, GapReason)> {
+        self.reported(|e| match e {
+            TelemetryEvent::StreamGap {
+                from_seq,
+                to_seq,
+                reason,
+                ..
+            } => Some((*from_seq, *to_seq, *reason)),
+            _ => None,
+        })
+    }
+
+    /// The backfills reported: (result, pages, events).
+    fn backfills_reported(&self) -> Vec<(BackfillResult, u32, u64)> {
+        self.reported(|e| match e {
+            TelemetryEvent::StreamBackfill {
+                result,
+                pages,
+                events,
+                ..
+            } => Some((*result, *pages, *events)),
+            _ => None,
+        })
+    }
+
+    /// The ranges reported lost by the sink (`SinkRegression`).
+    fn regressions(&self) -> Vec<(u64, u64)> {
+        self.reported(|e| match e {
+            TelemetryEvent::SinkRegression {
+                from_seq, to_seq, ..
+            } => Some((*from_seq, *to_seq)),
+            _ => None,
+        })
+    }
+
+    /// The last-event ages of the lag reports, in order.
+    fn last_event_ages(&self) -> Vec<f64> {
+        self.reported(|e| match e {
+            TelemetryEvent::StreamLag {
+                last_event_age_seconds,
+                ..
+            } => Some(*last_event_age_seconds),
+            _ => None,
+        })
+    }
+
+    /// How many frames were skipped for `reason`.
+    fn skipped(&self, reason: SkipReason) -> usize {
+        self.reported(|e| match e {
+            TelemetryEvent::UpstreamFrameSkipped { reason: r, .. } if *r == reason => Some(()),
+            _ => None,
+        })
+        .len()
+    }
+
+    /// The sequences (markers: their position) the sink holds.
+    fn stored_seqs(&self) -> Vec<u64> {
+        self.stored.iter().map(|e| e.seq).collect()
+    }
+
+    /// What the sink holds: (seq, the marker's first sequence).
+    fn entries(&self) -> Vec<(u64, Option<u64>)> {
+        self.stored
+            .iter()
+            .map(|e| (e.seq, e.gap.map(|g| g.from)))
+            .collect()
+    }
+
+    /// Invariant 8 for a contiguous upstream: every sequence from the first
+    /// stored one on is either an event or inside exactly one marker.
+    fn assert_contiguous_cover(&self) {
+        let mut next = None;
+        for entry in &self.stored {
+            let first = entry.gap.map_or(entry.seq, |g| g.from);
+            if let Some(next) = next {
+                assert_eq!(first, next, "covered exactly once: {:?}", self.entries());
+            }
+            next = Some(entry.seq + 1);
+        }
     }
 
     fn feed(&mut self, input: Input) {
@@ -139,11 +324,24 @@ impl Script {
 fn frame(seq: u64, at: Instant) -> UpstreamEvent {
     UpstreamEvent {
         seq,
+        first_seq: None,
         event_id: format!("s:{seq}"),
         payload: format!("{{\"seq\":{seq}}}").into(),
         received_at: at,
         arrival_lag: None,
     }
+}
+
+/// A history page for `from..`: pages of seven, from `oldest` on, up to the
+/// upstream's `head`, its events marked as the history's text.
+fn history_page(from: u64, oldest: u64, head: u64, at: Instant) -> Vec<UpstreamEvent> {
+    let start = from.max(oldest);
+    (start..=(start + 6).min(head))
+        .map(|seq| UpstreamEvent {
+            payload: format!("{{\"history\":{seq}}}").into(),
+            ..frame(seq, at)
+        })
+        .collect()
 }
 
 /// The sequences (markers: their position) of a write action.
@@ -333,6 +531,14 @@ fn a_live_stream_marks_a_lost_tail_in_front_of_the_batch() {
         ),
         other => panic!("{other:?}"),
     }
+    assert_eq!(s.regressions(), [(3, 4)]);
+    s.written(3, 0, 0);
+    s.actions();
+    assert_eq!(
+        s.gaps_reported(),
+        [(3, 4, GapReason::SinkLost)],
+        "counted, never a silent hole"
+    );
 }
 
 #[test]
@@ -510,7 +716,7 @@ fn in_session_mode_the_lag_runs_to_the_sinks_confirmation() {
     let mut machine = StreamMachine::new(config(), "s".into(), 1, true, start(0), now);
     // The table's checkpoint never moves (written every interval only).
     machine.set_persisted(None);
-    let mut s = Script { machine, now };
+    let mut s = Script::of(machine, now);
     s.connected();
     s.frames(1..=5);
     s.actions();
@@ -612,4 +818,524 @@ fn reading_pauses_while_the_held_events_are_at_their_bound() {
             duration: Duration::from_millis(1_500),
         }]
     );
+}
+
+/// The batch lost on the way: nothing after it goes out before it landed
+/// (ids only go up, so a batch sent past it would leave a hole no retry
+/// fills), and the checkpoint never passes what landed.
+#[test]
+fn no_batch_is_sent_past_a_lost_one() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    s.frames(1..=5);
+    assert_eq!(writes(&s.actions()), [vec![1, 2, 3, 4, 5]]);
+    s.frames(6..=8);
+    s.feed(Input::Written {
+        result: Err(SinkError::Unavailable("lost on the way".into())),
+        started: s.now,
+    });
+    s.frames(9..=12);
+    let again = s.wait_for_action();
+    assert_eq!(
+        writes(&again),
+        [vec![1, 2, 3, 4, 5]],
+        "the lost batch alone, again: {again:?}"
+    );
+    assert!(
+        !again
+            .iter()
+            .any(|a| matches!(a, Action::StageCheckpoint(_))),
+        "{again:?}"
+    );
+    s.written(5, 0, 0);
+    let next = s.actions();
+    assert!(matches!(next[0], Action::StageCheckpoint(5)), "{next:?}");
+    assert_eq!(writes(&next), [vec![6, 7, 8, 9, 10, 11, 12]]);
+    s.written(7, 0, 0);
+    assert!(
+        matches!(s.actions()[..], [Action::StageCheckpoint(12)]),
+        "every sequence landed once, in order"
+    );
+}
+
+#[test]
+fn a_gap_reconnects_from_the_checkpoint_without_losing_events() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    s.frames(1..=7);
+    s.feed(Input::UpstreamFailed(UpstreamError::Gap {
+        expected: 8,
+        got: 11,
+    }));
+    s.settle();
+    assert_eq!(
+        s.subscribes,
+        [1, 8],
+        "the first gap reconnect does not wait"
+    );
+    s.feed(Input::Subscribed);
+    s.frames(8..=19);
+    assert_eq!(s.cut_and_reconnect(), 20);
+    s.frames(20..=40);
+    s.settle();
+    assert_eq!(s.stored_seqs(), (1..=40).collect::<Vec<_>>());
+    assert_eq!(s.subscribes, [1, 8, 20]);
+    let reasons = s.reported(|e| match e {
+        TelemetryEvent::UpstreamReconnect { reason, .. } => Some(reason.clone()),
+        _ => None,
+    });
+    assert_eq!(reasons, ["gap", "closed"]);
+}
+
+#[test]
+fn retention_loss_is_reported_and_skipped() {
+    let mut s = Script::new(config(), start(0));
+    s.actions();
+    s.feed(Input::SubscribeFailed(UpstreamError::RetentionExceeded {
+        requested: 1,
+        earliest: Some(50),
+    }));
+    s.connected();
+    s.frames(50..=60);
+    s.settle();
+    assert_eq!(s.subscribes, [1, 50], "from the edge, at once");
+    assert_eq!(s.stored_seqs(), (50..=60).collect::<Vec<_>>());
+    assert_eq!(s.gaps_reported(), [(1, 49, GapReason::Retention)]);
+}
+
+#[test]
+fn sink_failures_are_retried_without_losing_the_batch() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    s.frames(1..=15);
+    assert_eq!(writes(&s.actions()), [(1..=10).collect::<Vec<_>>()]);
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        s.feed(Input::Written {
+            result: Err(SinkError::Unavailable("down".into())),
+            started: s.now,
+        });
+        again = s.wait_for_action();
+        assert_eq!(writes(&again), [(1..=10).collect::<Vec<_>>()]);
+    }
+    s.confirm(&again);
+    s.settle();
+    assert_eq!(s.stored_seqs(), (1..=15).collect::<Vec<_>>());
+    // Failures are counted in events, like every other sink outcome.
+    let failed = s.reported(|e| match e {
+        TelemetryEvent::SinkWriteFailed { events, .. } => Some(*events),
+        _ => None,
+    });
+    assert_eq!(failed, [10, 10, 10]);
+}
+
+/// Outages are not counted: 25 in a row (over `SINK_MAX_FAILURES`) and the
+/// batch still lands while the lease holds.
+#[test]
+fn an_unreachable_sink_is_retried_past_the_refusal_limit() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    s.frames(1..=5);
+    s.actions();
+    for _ in 0..25 {
+        s.feed(Input::Written {
+            result: Err(SinkError::Unavailable("down".into())),
+            started: s.now,
+        });
+        assert_eq!(s.machine.stopped(), None);
+        assert_eq!(writes(&s.wait_for_action()), [vec![1, 2, 3, 4, 5]]);
+    }
+    s.written(5, 0, 0);
+    assert!(matches!(s.actions()[..], [Action::StageCheckpoint(5)]));
+    assert_eq!(s.machine.stopped(), None);
+}
+
+#[test]
+fn a_sink_that_keeps_refusing_is_given_up_after_sink_max_failures_refusals() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    s.frames(1..=5);
+    s.actions();
+    let mut after = Vec::new();
+    for _ in 0..20 {
+        s.feed(Input::Written {
+            result: Err(SinkError::Rejected("WRONGTYPE".into())),
+            started: s.now,
+        });
+        if s.machine.stopped().is_some() {
+            after = s.actions();
+            break;
+        }
+        assert_eq!(writes(&s.wait_for_action()), [vec![1, 2, 3, 4, 5]]);
+    }
+    assert_eq!(
+        s.machine.stopped(),
+        Some(&Stop::SinkFailing(
+            "sink rejected the write: WRONGTYPE".into()
+        ))
+    );
+    let refused = s.reported(|e| match e {
+        TelemetryEvent::SinkWriteFailed { .. } => Some(()),
+        _ => None,
+    });
+    assert_eq!(
+        refused.len(),
+        10,
+        "SINK_MAX_FAILURES refusals, then no more"
+    );
+    assert!(
+        matches!(after[..], [Action::Close]),
+        "the connection closes: {after:?}"
+    );
+    assert_eq!(s.machine.poll_timeout(), None);
+}
+
+#[test]
+fn the_last_event_age_stays_low_while_events_flow_and_grows_in_silence() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    for seq in 1..=40 {
+        s.pass(Duration::from_millis(500));
+        s.frames([seq]);
+        s.settle();
+    }
+    let flowing = s.last_event_ages();
+    assert!(
+        flowing.iter().all(|age| *age < 2.0),
+        "{flowing:?} while an event came every 0.5 s"
+    );
+    for _ in 0..30 {
+        s.pass(Duration::from_secs(1));
+        s.settle();
+    }
+    let silent = *s.last_event_ages().last().unwrap();
+    assert!(silent >= 29.0, "{silent} s after 30 s of silence");
+}
+
+#[test]
+fn the_event_lag_is_the_arrival_lag_plus_the_time_since() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    // The events arrive 2 s behind their own time.
+    for seq in 1..=3 {
+        s.feed(Input::Frame(UpstreamEvent {
+            arrival_lag: Some(2.0),
+            ..frame(seq, s.now)
+        }));
+    }
+    s.settle();
+    for _ in 0..10 {
+        s.pass(Duration::from_secs(1));
+        s.settle();
+    }
+    let lag = s
+        .reported(|e| match e {
+            TelemetryEvent::StreamLag {
+                event_lag_seconds, ..
+            } => *event_lag_seconds,
+            _ => None,
+        })
+        .pop()
+        .expect("event lag reported");
+    assert!(
+        (11.5..12.5).contains(&lag),
+        "{lag} s: 2 s on arrival + 10 s since"
+    );
+}
+
+#[test]
+fn live_mode_starts_at_the_live_position_and_marks_what_a_reconnect_missed() {
+    let mut s = Script::new(resuming(ResumeMode::Live), start(0));
+    s.connected();
+    // A never-written stream: the first event is wherever the upstream is.
+    s.frames(5_001..=5_010);
+    // The server cut the connection; 20 events pass before the reconnect.
+    s.cut_and_reconnect();
+    // Then the upstream skips three on the new connection.
+    s.frames((5_031..=5_035).chain(5_039..=5_045));
+    s.settle();
+    let stored = s.entries();
+    assert_eq!(
+        stored[0],
+        (5_001, None),
+        "no marker before the first event: {stored:?}"
+    );
+    let markers: Vec<_> = stored.iter().filter(|(_, from)| from.is_some()).collect();
+    assert_eq!(markers, [&(5_030, Some(5_011)), &(5_038, Some(5_036))]);
+    assert_eq!(stored.last(), Some(&(5_045, None)));
+    s.assert_contiguous_cover();
+    assert_eq!(
+        s.gaps_reported(),
+        [
+            (5_011, 5_030, GapReason::NoReplay),
+            (5_036, 5_038, GapReason::NoReplay)
+        ],
+        "each marker counted once"
+    );
+    let reconnects = s.reported(|e| match e {
+        TelemetryEvent::UpstreamReconnect { .. } => Some(()),
+        _ => None,
+    });
+    assert_eq!(reconnects.len(), 1, "a gap never reconnects in live mode");
+}
+
+/// One bogus frame far ahead (1e15) neither moves the stream nor stops it:
+/// it is dropped and counted as `reason="jump"`, and the real sequence goes
+/// on being written with no gap marker. Without the jump bound the frame
+/// would be written after a marker up to 1e15 - 1, and every real event
+/// after it dropped as a replay.
+#[test]
+fn one_bogus_frame_far_ahead_is_dropped_and_the_stream_goes_on() {
+    let mut s = Script::new(resuming(ResumeMode::Live), start(0));
+    s.connected();
+    s.frames(101..=105);
+    s.feed(Input::Frame(UpstreamEvent {
+        event_id: "status".into(),
+        payload: "{\"status\":\"ok\"}".into(),
+        ..frame(1_000_000_000_000_000, s.now)
+    }));
+    s.frames(106..=120);
+    s.settle();
+    assert_eq!(s.stored_seqs(), (101..=120).collect::<Vec<_>>());
+    assert!(s.stored.iter().all(|e| e.gap.is_none()), "no marker");
+    assert_eq!(s.skipped(SkipReason::Jump), 1);
+}
+
+/// The sink ends at a marker (41..=60): a live upstream's next event marks
+/// the hole from after the marker to it.
+#[test]
+fn live_mode_resumes_after_a_marker_and_marks_the_takeover_hole() {
+    let mut s = Script::new(resuming(ResumeMode::Live), start(60));
+    s.connected();
+    s.frames(101..=103);
+    s.settle();
+    assert_eq!(
+        s.entries(),
+        [(100, Some(61)), (101, None), (102, None), (103, None)]
+    );
+    assert_eq!(s.stored[0].gap.map(|g| g.reason), Some(GapReason::NoReplay));
+}
+
+#[test]
+fn increasing_sequences_never_mark_a_hole() {
+    let mut s = Script::new(
+        RunnerConfig {
+            seq_step: SeqStep::Increasing,
+            ..resuming(ResumeMode::Live)
+        },
+        start(0),
+    );
+    s.connected();
+    s.frames([102, 105, 108, 111]);
+    s.cut_and_reconnect();
+    s.frames((147..=159).step_by(3));
+    s.settle();
+    assert_eq!(
+        s.stored_seqs(),
+        [102, 105, 108, 111, 147, 150, 153, 156, 159]
+    );
+    assert!(s.stored.iter().all(|e| e.gap.is_none()), "no marker");
+    assert!(s.gaps_reported().is_empty());
+}
+
+/// Three cuts, each followed by 20 events nobody read live; the second
+/// comes while the first hole is still being fetched.
+#[test]
+fn backfill_closes_the_hole_from_history_then_writes_the_held_events() {
+    let mut s = Script::new(resuming(ResumeMode::Backfill), start(0));
+    s.connected();
+    s.frames(1_001..=1_005);
+    s.cut_and_reconnect();
+    s.frames(1_026..=1_030);
+    s.settle();
+    assert_eq!(s.fetch_out.map(|(from, _)| from), Some(1_006));
+    s.cut_and_reconnect();
+    s.frames(1_051..=1_055);
+    let at = s.now;
+    s.serve_history(|from, _| Ok(history_page(from, 1, 1_055, at)));
+    s.cut_and_reconnect();
+    s.frames(1_076..=1_080);
+    s.serve_history(|from, _| Ok(history_page(from, 1, 1_080, at)));
+    s.frames(1_081..=1_083);
+    s.settle();
+    assert_eq!(
+        s.stored_seqs(),
+        (1_001..=1_083).collect::<Vec<_>>(),
+        "0 missing, 0 duplicates, no marker"
+    );
+    assert!(s.stored.iter().all(|e| e.gap.is_none()));
+    assert!(s.gaps_reported().is_empty());
+    assert!(s.fetches.len() >= 4, "{:?}", s.fetches);
+    let from_history = s
+        .stored
+        .iter()
+        .filter(|e| e.payload.as_bytes().starts_with(b"{\"history\""))
+        .count() as u64;
+    assert_eq!(from_history, 60, "backfilled items are the history's text");
+    // A hole found while a backfill runs joins it.
+    assert_eq!(
+        s.backfills_reported(),
+        [
+            (BackfillResult::Filled, 6, 40),
+            (BackfillResult::Filled, 3, 20)
+        ]
+    );
+}
+
+#[test]
+fn a_history_without_the_start_marks_retention_and_a_failing_one_backfill_exhausted() {
+    for (oldest, fails, reason) in [
+        (25, false, GapReason::Retention),
+        (1, true, GapReason::BackfillExhausted),
+    ] {
+        let mut s = Script::new(resuming(ResumeMode::Backfill), start(0));
+        s.connected();
+        s.frames(11..=13);
+        s.cut_and_reconnect();
+        s.frames([41]);
+        let at = s.now;
+        s.serve_history(|from, _| {
+            if fails {
+                Err(HistoryError::Unavailable("HTTP 503".into()))
+            } else {
+                Ok(history_page(from, oldest, 41, at))
+            }
+        });
+        assert_eq!(s.stored.last().map(|e| e.seq), Some(41));
+        s.assert_contiguous_cover();
+        let reported = s.gaps_reported();
+        assert_eq!(reported.len(), 1, "{reported:?}");
+        assert_eq!(reported[0].2, reason);
+        if reason == GapReason::Retention {
+            assert_eq!((reported[0].0, reported[0].1), (14, 24));
+            assert!(s.stored_seqs().contains(&25), "the rest came from history");
+        } else {
+            assert_eq!((reported[0].0, reported[0].1), (14, 40));
+        }
+        let backfills = s.backfills_reported();
+        assert_eq!(backfills.len(), 1, "{backfills:?}");
+        assert_eq!(backfills[0].0, BackfillResult::Gap);
+    }
+}
+
+/// The hole after 900 stays open (its page never comes) while the live feed
+/// moves on: reading stops at the held bound, nothing past the hole is
+/// written, and a stream dropped then reports its backfill as stopped.
+#[test]
+fn a_backfill_held_open_stops_reading_at_its_bound_and_a_drop_reports_it_stopped() {
+    let mut s = Script::new(
+        RunnerConfig {
+            backfill_hold_max: 5,
+            ..resuming(ResumeMode::Backfill)
+        },
+        start(900),
+    );
+    s.connected();
+    let mut read = 0;
+    for seq in 1_001..=1_100 {
+        if !s.machine.wants_frames() {
+            break;
+        }
+        s.frames([seq]);
+        read += 1;
+    }
+    let asked = s.actions();
+    assert_eq!(s.fetches, [(901, 1_000)], "the hole is fetched");
+    // The first live event opened the hole; four more are held, then reading stops.
+    assert_eq!(read, 5, "live events read while 5 may be held");
+    assert!(writes(&asked).is_empty(), "nothing written past the hole");
+    assert!(s.backfills_reported().is_empty(), "still backfilling");
+    s.now += Duration::from_millis(500);
+    let dropped = s.machine.abandon(s.now);
+    assert!(
+        matches!(
+            dropped,
+            Some(TelemetryEvent::StreamBackfill {
+                result: BackfillResult::Stopped,
+                pages: 0,
+                events: 0,
+                ..
+            })
+        ),
+        "{dropped:?}"
+    );
+}
+
+/// The same pause when the held frames reach their byte bound first
+/// (`STREAM_HOLD_MAX_BYTES`), whatever their count.
+#[test]
+fn reading_pauses_while_the_held_bytes_are_at_their_bound() {
+    // Each frame weighs 18 bytes (its id and its text): six reach 100.
+    let mut s = Script::new(
+        RunnerConfig {
+            hold_max_bytes: 100,
+            ..resuming(ResumeMode::Backfill)
+        },
+        start(900),
+    );
+    s.connected();
+    let mut read = 0;
+    for seq in 1_001..=1_100 {
+        if !s.machine.wants_frames() {
+            break;
+        }
+        s.frames([seq]);
+        read += 1;
+    }
+    assert!(
+        read <= 6,
+        "{read} live frames read while 100 bytes may be held"
+    );
+    assert!(
+        writes(&s.actions()).is_empty(),
+        "nothing written past the hole"
+    );
+}
+
+/// A failover lost the sink's newest entries: once the regression is
+/// reported and the upstream asked again from the sink's end, the refill
+/// writes each sequence once, in order.
+#[test]
+fn a_tail_the_sink_lost_in_a_failover_is_refilled_from_the_upstream() {
+    let mut s = Script::new(config(), start(0));
+    s.losing_a_confirmed_tail();
+    assert_eq!(s.regressions(), [(3, 4)]);
+    assert_eq!(
+        s.subscribes.last(),
+        Some(&3),
+        "asked again from the sink's end"
+    );
+    s.feed(Input::Subscribed);
+    s.frames(3..=8);
+    let refill = s.settle();
+    assert_eq!(writes(&refill), [vec![3, 4, 5, 6, 7, 8]]);
+    assert!(
+        matches!(refill.last(), Some(Action::StageCheckpoint(8))),
+        "{refill:?}"
+    );
+    assert_eq!(s.regressions(), [(3, 4)], "reported once");
+}
+
+/// Draining while a refill is under way: what was not refilled yet is marked
+/// `sink_lost` before the stop (the next owner resumes after the checkpoint,
+/// which had passed it).
+#[test]
+fn a_drain_during_a_refill_marks_what_was_not_refilled() {
+    let mut s = Script::new(config(), start(0));
+    s.losing_a_confirmed_tail();
+    // The connection closes at once: the refill cannot start.
+    s.feed(Input::Subscribed);
+    s.feed(Input::UpstreamFailed(UpstreamError::Closed("cut".into())));
+    s.settle();
+    s.feed(Input::Drain);
+    s.settle();
+    let last = s.stored.last().expect("the marker was written");
+    assert_eq!(last.seq, 4);
+    assert_eq!(
+        last.gap.map(|g| (g.from, g.reason)),
+        Some((3, GapReason::SinkLost))
+    );
+    assert_eq!(s.stored.len(), 1, "{:?}", s.entries());
+    assert_eq!(s.gaps_reported(), [(3, 4, GapReason::SinkLost)]);
+    assert_eq!(s.machine.stopped(), Some(&Stop::Drain));
 }
