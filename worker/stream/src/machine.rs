@@ -684,7 +684,9 @@ impl StreamMachine {
 
     fn arrive(&mut self, event: UpstreamEvent, now: Instant) {
         let mut steps = std::mem::take(&mut self.steps);
-        let arrival = self.sequencer.arrive(event.seq, event, &mut steps);
+        let arrival = self
+            .sequencer
+            .arrive_covering(event.first_seq, event.seq, event, &mut steps);
         if arrival == Arrival::Replayed {
             self.skipped(SkipReason::Duplicate, 1);
         }

@@ -10,7 +10,7 @@ use leasehold_telemetry::transport::ShipperConfig;
 
 use crate::runner::RunnerConfig;
 use crate::upstream::history::HistoryConfig;
-use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
+use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, SeqRange, WebSocketUpstreamConfig};
 use crate::worker::{DiscoveryMode, StreamWorkerConfig};
 use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep};
 use leasehold_sink::SinkOptions;
@@ -36,6 +36,25 @@ pub const UPSTREAM_SEQ_POINTER: Setting<String> = Setting::new(
     parse::TEXT,
     Fallback::Value(|| "/seq".to_owned()),
     "JSON pointer to the event's sequence number.",
+);
+/// The `UPSTREAM_SEQ_FIRST_POINTER` variable.
+pub const UPSTREAM_SEQ_FIRST_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_SEQ_FIRST_POINTER",
+    parse::TEXT,
+    Fallback::Unset,
+    "JSON pointer to the first sequence a frame covers (an order book's diff: Binance `/U`): the \
+     frame covers first..=seq and continues the stream when first <= last + 1; first > last + 1 \
+     is a gap. Not with `UPSTREAM_SEQ_PREV_POINTER`.",
+);
+/// The `UPSTREAM_SEQ_PREV_POINTER` variable.
+pub const UPSTREAM_SEQ_PREV_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_SEQ_PREV_POINTER",
+    parse::TEXT,
+    Fallback::Unset,
+    "JSON pointer to the upstream's own statement of the previous frame's last sequence (Binance \
+     USD-M futures `/pu`): the frame continues the stream when prev = last (prev < last: it \
+     reaches back over what was written); prev > last is a gap. Not with \
+     `UPSTREAM_SEQ_FIRST_POINTER`.",
 );
 /// The `UPSTREAM_ID_POINTER` variable.
 pub const UPSTREAM_ID_POINTER: Setting<String> = Setting::new(
@@ -341,6 +360,8 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_URL,
     &UPSTREAM_SUBSCRIBE,
     &UPSTREAM_SEQ_POINTER,
+    &UPSTREAM_SEQ_FIRST_POINTER,
+    &UPSTREAM_SEQ_PREV_POINTER,
     &UPSTREAM_ID_POINTER,
     &UPSTREAM_MAX_FRAME_BYTES,
     &UPSTREAM_IDLE_TIMEOUT_MS,
@@ -489,6 +510,24 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     let mut upstream = WebSocketUpstreamConfig::for_feed(&url);
     upstream.subscribe_template = env.get(&UPSTREAM_SUBSCRIBE);
     upstream.seq_pointer = env.get(&UPSTREAM_SEQ_POINTER);
+    upstream.range = match (
+        env.optional(&UPSTREAM_SEQ_FIRST_POINTER),
+        env.optional(&UPSTREAM_SEQ_PREV_POINTER),
+    ) {
+        (Some(first), None) => Some(SeqRange::First(first)),
+        (None, Some(prev)) => Some(SeqRange::Prev(prev)),
+        (None, None) => None,
+        (Some(_), Some(_)) => {
+            env.problem(
+                UPSTREAM_SEQ_PREV_POINTER.name,
+                format!(
+                    "set {} or this, not both (two ways of saying where a frame's range starts)",
+                    UPSTREAM_SEQ_FIRST_POINTER.name
+                ),
+            );
+            None
+        }
+    };
     upstream.id_pointer = env.get(&UPSTREAM_ID_POINTER);
     upstream.max_frame_bytes = env.get(&UPSTREAM_MAX_FRAME_BYTES);
     upstream.idle_timeout = env.get(&UPSTREAM_IDLE_TIMEOUT_MS);
@@ -625,6 +664,40 @@ mod tests {
         assert_eq!(settings.sink.reply_timeout, sink.reply_timeout);
         assert_eq!(settings.sink.wait_timeout, sink.wait_timeout);
         assert_eq!(settings.sink.max_len, sink.max_len);
+    }
+
+    #[test]
+    fn a_diffs_range_is_read_from_its_first_or_its_previous_id_never_both() {
+        let base = [
+            ("UPSTREAM_URL", "ws://127.0.0.1:9000/"),
+            ("SINK_URL", "memory:"),
+            ("OWNER_ID", "w"),
+            ("UPSTREAM_SEQ_POINTER", "/u"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            parse(&lookup(&[&base[..], extra].concat())).map(|s| s.upstream.range)
+        };
+        assert_eq!(with(&[]).unwrap(), None);
+        assert_eq!(
+            with(&[("UPSTREAM_SEQ_FIRST_POINTER", "/U")]).unwrap(),
+            Some(SeqRange::First("/U".into()))
+        );
+        assert_eq!(
+            with(&[("UPSTREAM_SEQ_PREV_POINTER", "/pu")]).unwrap(),
+            Some(SeqRange::Prev("/pu".into()))
+        );
+        let both = with(&[
+            ("UPSTREAM_SEQ_FIRST_POINTER", "/U"),
+            ("UPSTREAM_SEQ_PREV_POINTER", "/pu"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            both.contains(
+                "UPSTREAM_SEQ_PREV_POINTER: set UPSTREAM_SEQ_FIRST_POINTER or this, not both"
+            ),
+            "{both}"
+        );
     }
 
     #[test]

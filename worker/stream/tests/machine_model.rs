@@ -144,6 +144,7 @@ fn epoch() -> Instant {
 fn frame(seq: u64) -> UpstreamEvent {
     UpstreamEvent {
         seq,
+        first_seq: None,
         event_id: seq.to_string(),
         payload: "{}".into(),
         received_at: epoch(),

@@ -20,6 +20,9 @@ pub struct WebSocketUpstreamConfig {
     pub subscribe_template: String,
     /// JSON pointer to the sequence number.
     pub seq_pointer: String,
+    /// Where a frame says which sequences it covers, if it covers a range
+    /// (`UPSTREAM_SEQ_FIRST_POINTER`, `UPSTREAM_SEQ_PREV_POINTER`).
+    pub range: Option<SeqRange>,
     /// JSON pointer to the event id (string or number).
     pub id_pointer: String,
     /// JSON pointer to the event's time in unix ms, if the upstream has one.
@@ -39,6 +42,34 @@ pub struct WebSocketUpstreamConfig {
     pub ping_text: Option<String>,
     /// `UPSTREAM_PING_INTERVAL_MS`.
     pub ping_interval: Duration,
+}
+
+/// How a frame states the range of sequences it covers (an order book's
+/// diff folds several update ids together).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeqRange {
+    /// JSON pointer to the first sequence it covers (Binance spot `/U`).
+    First(String),
+    /// JSON pointer to the previous frame's last sequence (Binance USD-M
+    /// futures `/pu`): the frame covers from the one after.
+    Prev(String),
+}
+
+impl SeqRange {
+    /// The pointer, whichever kind.
+    pub fn pointer(&self) -> &str {
+        match self {
+            SeqRange::First(pointer) | SeqRange::Prev(pointer) => pointer,
+        }
+    }
+
+    /// The first sequence covered, from the value read at the pointer.
+    pub fn first(&self, value: u64) -> u64 {
+        match self {
+            SeqRange::First(_) => value,
+            SeqRange::Prev(_) => value.saturating_add(1),
+        }
+    }
 }
 
 /// One alternative of `UPSTREAM_DATA_MATCH`: the value at `pointer` is `value`
@@ -87,9 +118,11 @@ impl DataMatch {
     }
 }
 
-/// Distinct data-match pointers one adapter reads at most (the extractor reads
-/// eight pointers per frame; three are the sequence, id and time).
-pub const MAX_DATA_MATCH_POINTERS: usize = super::extract::MAX_POINTERS - 3;
+/// Distinct data-match pointers one adapter reads at most (documented as 5;
+/// the extractor reads up to sixteen pointers per frame, four of them the
+/// sequence, id, time and range start).
+pub const MAX_DATA_MATCH_POINTERS: usize = 5;
+const _: () = assert!(MAX_DATA_MATCH_POINTERS + 4 <= super::extract::MAX_POINTERS);
 
 impl WebSocketUpstreamConfig {
     /// The simulator's protocol at `url`.
@@ -98,6 +131,7 @@ impl WebSocketUpstreamConfig {
             url_template: url.to_owned(),
             subscribe_template: FEED_SUBSCRIBE_TEMPLATE.to_owned(),
             seq_pointer: "/seq".to_owned(),
+            range: None,
             id_pointer: "/event_id".to_owned(),
             ts_pointer: None,
             max_frame_bytes: 1 << 20,
@@ -124,8 +158,8 @@ impl WebSocketUpstreamConfig {
     /// starting with the setting it is about (`UPSTREAM_URL: …`).
     pub fn validate(&self) -> Result<(), Vec<String>> {
         use crate::settings::{
-            UPSTREAM_ID_POINTER, UPSTREAM_SEQ_POINTER, UPSTREAM_SUBSCRIBE, UPSTREAM_TS_POINTER,
-            UPSTREAM_URL,
+            UPSTREAM_ID_POINTER, UPSTREAM_SEQ_FIRST_POINTER, UPSTREAM_SEQ_POINTER,
+            UPSTREAM_SEQ_PREV_POINTER, UPSTREAM_SUBSCRIBE, UPSTREAM_TS_POINTER, UPSTREAM_URL,
         };
         let mut problems = Vec::new();
         let url = render_url(&self.url_template, "stream");
@@ -154,7 +188,13 @@ impl WebSocketUpstreamConfig {
             }
         }
         let ts_pointer = self.ts_pointer.clone().unwrap_or_else(|| "/".to_owned());
+        let range_pointer = match &self.range {
+            Some(SeqRange::First(pointer)) => (UPSTREAM_SEQ_FIRST_POINTER.name, pointer.clone()),
+            Some(SeqRange::Prev(pointer)) => (UPSTREAM_SEQ_PREV_POINTER.name, pointer.clone()),
+            None => (UPSTREAM_SEQ_FIRST_POINTER.name, "/".to_owned()),
+        };
         for (setting, pointer) in [
+            (range_pointer.0, &range_pointer.1),
             (UPSTREAM_SEQ_POINTER.name, &self.seq_pointer),
             (UPSTREAM_ID_POINTER.name, &self.id_pointer),
             (UPSTREAM_TS_POINTER.name, &ts_pointer),
@@ -203,6 +243,7 @@ mod tests {
             url_template: "http://user:secret@host/x".into(),
             subscribe_template: r#"{"subscribe": {stream_id}}"#.into(),
             seq_pointer: "seq".into(),
+            range: Some(SeqRange::Prev("pu".into())),
             id_pointer: String::new(),
             ts_pointer: None,
             max_frame_bytes: 0,
@@ -213,7 +254,7 @@ mod tests {
             ping_interval: Duration::ZERO,
         };
         let problems = config.validate().expect_err("invalid");
-        assert_eq!(problems.len(), 10, "{problems:?}");
+        assert_eq!(problems.len(), 11, "{problems:?}");
         assert!(!problems.join(" ").contains("secret"));
         assert_eq!(
             WebSocketUpstreamConfig::for_feed("ws://127.0.0.1:9/").validate(),

@@ -18,7 +18,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::Value;
 
 /// Most pointers one [`Extractor`] evaluates (a bit mask per value).
-pub const MAX_POINTERS: usize = 8;
+pub const MAX_POINTERS: usize = 16;
 
 /// A parsed JSON pointer: `None` when the text is not a pointer at all (not
 /// empty and not starting with `/`), which never resolves, as in serde_json.
@@ -77,7 +77,7 @@ impl Extractor {
             .iter()
             .enumerate()
             .filter(|(_, tokens)| tokens.is_some())
-            .fold(0u8, |mask, (i, _)| mask | (1 << i));
+            .fold(0u16, |mask, (i, _)| mask | (1 << i));
         let mut deserializer = serde_json::Deserializer::from_str(text);
         Walk {
             pointers: &self.pointers,
@@ -98,7 +98,7 @@ fn tokens(pointers: &[Tokens], i: usize) -> &[String] {
 
 /// The indices of the set bits, lowest first (only those are visited: this
 /// runs for every key of every frame).
-fn bits(mut mask: u8) -> impl Iterator<Item = usize> {
+fn bits(mut mask: u16) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
         (mask != 0).then(|| {
             let i = mask.trailing_zeros() as usize;
@@ -113,14 +113,14 @@ fn bits(mut mask: u8) -> impl Iterator<Item = usize> {
 struct Walk<'a> {
     pointers: &'a [Tokens],
     depth: usize,
-    active: u8,
+    active: u16,
     out: &'a mut [Option<Value>],
 }
 
 impl Walk<'_> {
     /// The pointers among `active` whose next token names `key` (an object
     /// member) or `index` (an array element).
-    fn matching(&self, key: Option<&str>, index: Option<usize>) -> u8 {
+    fn matching(&self, key: Option<&str>, index: Option<usize>) -> u16 {
         bits(self.active)
             .filter(|&i| {
                 let token = &tokens(self.pointers, i)[self.depth];
@@ -134,7 +134,7 @@ impl Walk<'_> {
     }
 
     /// A later occurrence of a key replaces what an earlier one resolved.
-    fn clear(&mut self, mask: u8) {
+    fn clear(&mut self, mask: u16) {
         for i in bits(mask) {
             self.out[i] = None;
         }
@@ -147,7 +147,7 @@ impl<'de> DeserializeSeed<'de> for Walk<'_> {
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
         let ending = bits(self.active)
             .filter(|&i| tokens(self.pointers, i).len() == self.depth)
-            .fold(0u8, |mask, i| mask | (1 << i));
+            .fold(0u16, |mask, i| mask | (1 << i));
         if ending == 0 {
             return deserializer.deserialize_any(self);
         }
@@ -260,21 +260,21 @@ struct Key<'w, 'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for Key<'_, '_> {
-    type Value = u8;
+    type Value = u16;
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<u8, D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<u16, D::Error> {
         deserializer.deserialize_str(self)
     }
 }
 
 impl<'de> Visitor<'de> for Key<'_, '_> {
-    type Value = u8;
+    type Value = u16;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an object key")
     }
 
-    fn visit_str<E>(self, key: &str) -> Result<u8, E> {
+    fn visit_str<E>(self, key: &str) -> Result<u16, E> {
         Ok(self.walk.matching(Some(key), None))
     }
 }

@@ -342,6 +342,7 @@ impl HttpHistory {
                 .map(|event_ms| SystemClock.seconds_since(event_ms));
             events.push(UpstreamEvent {
                 seq,
+                first_seq: None,
                 event_id,
                 payload: item.get().into(),
                 received_at,

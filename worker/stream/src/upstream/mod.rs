@@ -25,7 +25,7 @@ mod tests;
 
 use tokio::time::Instant;
 
-pub use config::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, WebSocketUpstreamConfig};
+pub use config::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, SeqRange, WebSocketUpstreamConfig};
 pub use redact::redact_url;
 pub use websocket::WebSocketUpstream;
 
@@ -34,6 +34,9 @@ pub use websocket::WebSocketUpstream;
 pub struct UpstreamEvent {
     /// Sequence number read at the sequence pointer.
     pub seq: u64,
+    /// The first sequence the frame covers, when it covers a range
+    /// (`UPSTREAM_SEQ_FIRST_POINTER`, or `UPSTREAM_SEQ_PREV_POINTER` + 1).
+    pub first_seq: Option<u64>,
     /// Event id read at the id pointer (numbers are stringified).
     pub event_id: String,
     /// The frame's text as received (not copied out of the frame).

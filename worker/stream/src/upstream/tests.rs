@@ -693,3 +693,101 @@ async fn application_pings_keep_a_connection_the_server_would_cut() {
     assert!(cut, "a silent client is cut");
     reader.abort();
 }
+
+/// One stream's frames of the recorded Binance USD-M futures session (real
+/// traffic, testdata/recordings), in the order they arrived.
+fn recorded_binance_futures(stream: &str) -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/recordings/BINANCE_FUTURES.ws.1.0"
+    );
+    let recording = std::fs::read_to_string(path).expect("the recording");
+    let tag = format!("\"stream\":\"{stream}\"");
+    recording
+        .lines()
+        .skip(1)
+        .filter(|line| !line.contains(" <- "))
+        .filter_map(|line| line.split_once(": ").map(|(_, frame)| frame))
+        .filter(|frame| frame.contains(&tag))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The recorded diffs read through the adapter with `range`, then judged by
+/// the sequencer as a `live` stream: the steps it hands on.
+async fn judged(frames: &[String], range: SeqRange) -> Vec<leasehold_control::sequence::Step<u64>> {
+    use leasehold_control::sequence::{ResumeMode, SeqStep, Sequencer};
+    let (addr, _server) = scripted(
+        false,
+        frames.iter().map(|f| Message::text(f.clone())).collect(),
+    )
+    .await;
+    let config = WebSocketUpstreamConfig {
+        url_template: format!("ws://{addr}/stream"),
+        subscribe_template: String::new(),
+        seq_pointer: "/data/u".into(),
+        range: Some(range),
+        id_pointer: "/data/u".into(),
+        ..WebSocketUpstreamConfig::for_feed("unused")
+    };
+    let (upstream, _) = upstream(config);
+    let mut sub = subscribe(&upstream, "sushiusdt", 0)
+        .await
+        .expect("subscribed");
+    let mut sequencer = Sequencer::new(ResumeMode::Live, SeqStep::Increasing, None);
+    let mut steps = Vec::new();
+    for _ in frames {
+        let event = next(&mut sub).await.expect("a diff");
+        sequencer.arrive_covering(event.first_seq, event.seq, event.seq, &mut steps);
+    }
+    steps
+}
+
+fn gaps(steps: &[leasehold_control::sequence::Step<u64>]) -> Vec<(u64, u64)> {
+    steps
+        .iter()
+        .filter_map(|step| match step {
+            leasehold_control::sequence::Step::Gap { from, to, .. } => Some((*from, *to)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A number in a recorded frame's `data`.
+fn data_number(frame: &str, name: &str) -> u64 {
+    serde_json::from_str::<Value>(frame).expect("JSON")["data"][name]
+        .as_u64()
+        .expect("a number")
+}
+
+#[tokio::test]
+async fn recorded_futures_diffs_chain_by_their_previous_id_and_a_lost_one_is_a_gap() {
+    let frames = recorded_binance_futures("sushiusdt@depth@100ms");
+    assert!(frames.len() > 100, "{} diffs", frames.len());
+    // USD-M futures: `U` is not the previous `u` + 1 (update ids are shared
+    // with other symbols), `pu` is the previous `u`: every diff continues.
+    let steps = judged(&frames, SeqRange::Prev("/data/pu".into())).await;
+    assert_eq!(gaps(&steps), []);
+    assert_eq!(steps.len(), frames.len(), "every diff written once");
+    // Read by `U` instead, nearly every diff would look like a hole: why
+    // futures need `UPSTREAM_SEQ_PREV_POINTER`.
+    let by_first = judged(&frames, SeqRange::First("/data/U".into())).await;
+    assert!(
+        gaps(&by_first).len() > frames.len() / 2,
+        "{}",
+        gaps(&by_first).len()
+    );
+    // One diff lost on the way: exactly its range is a gap, from after the
+    // diff before it to its own `u`.
+    let lost = 50;
+    let mut missing = frames.clone();
+    missing.remove(lost);
+    let steps = judged(&missing, SeqRange::Prev("/data/pu".into())).await;
+    assert_eq!(
+        gaps(&steps),
+        [(
+            data_number(&frames[lost - 1], "u") + 1,
+            data_number(&frames[lost], "u")
+        )]
+    );
+}

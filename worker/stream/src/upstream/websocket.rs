@@ -16,7 +16,9 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use super::extract::Extractor;
 use super::redact::{redact_url, url_secrets};
 use super::template::{render_subscribe, render_url};
-use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig};
+use super::{
+    SeqRange, Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig,
+};
 
 /// A close that the peer never acknowledges must not hold the caller.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -90,6 +92,7 @@ impl Upstream for WebSocketUpstream {
             self.config.seq_pointer.as_str(),
             self.config.id_pointer.as_str(),
             self.config.ts_pointer.as_deref().unwrap_or("none"),
+            self.config.range.as_ref().map_or("none", SeqRange::pointer),
         ];
         pointers.extend(&match_pointers);
         let data_match = self
@@ -111,6 +114,7 @@ impl Upstream for WebSocketUpstream {
             stream_id: stream_id.to_owned(),
             from_seq,
             max_frame_bytes: self.config.max_frame_bytes,
+            range: self.config.range.clone(),
             extractor: Extractor::new(&pointers),
             data_match,
             app_ping: self.config.ping_text.clone().map(|text| AppPing {
@@ -129,8 +133,18 @@ impl Upstream for WebSocketUpstream {
 }
 
 /// Where the data-match pointers start in the extractor's output (after the
-/// sequence, id and time).
-const FIRST_MATCH_SLOT: usize = 3;
+/// sequence, id, time and range start).
+const FIRST_MATCH_SLOT: usize = 4;
+
+/// A sequence as a frame writes it: a number, or a number in a string (JSON
+/// numbers past 2^53 are often sent as strings).
+fn sequence_number(value: Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
 
 /// An application-level ping: text the upstream wants on a schedule.
 struct AppPing {
@@ -145,6 +159,8 @@ struct WebSocketSubscription {
     stream_id: String,
     from_seq: u64,
     max_frame_bytes: usize,
+    /// Where a frame says which sequences it covers, if it does.
+    range: Option<SeqRange>,
     /// The sequence, id and time pointers, in that order (a missing time
     /// pointer is one that never resolves), then the data-match pointers.
     extractor: Extractor,
@@ -263,12 +279,8 @@ impl WebSocketSubscription {
             };
         }
         fields.truncate(FIRST_MATCH_SLOT);
-        let [seq, event_id, ts] = <[Option<Value>; 3]>::try_from(fields).unwrap_or_default();
-        let seq = seq.and_then(|v| match v {
-            Value::Number(n) => n.as_u64(),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
-        });
+        let [seq, event_id, ts, range] = <[Option<Value>; 4]>::try_from(fields).unwrap_or_default();
+        let seq = seq.and_then(sequence_number);
         let Some(seq) = seq else {
             // Rare: an error frame (or a bad one) is worth a full parse.
             let value = serde_json::from_str::<Value>(text).unwrap_or_default();
@@ -282,6 +294,15 @@ impl WebSocketSubscription {
             Some(Value::Number(n)) => n.to_string(),
             _ => return Frame::Skip(SkipReason::MissingField),
         };
+        // A frame that should say where its range starts and does not
+        // cannot be placed: skipped like one without its sequence.
+        let first_seq = match &self.range {
+            None => None,
+            Some(kind) => match range.and_then(sequence_number) {
+                Some(value) => Some(kind.first(value)),
+                None => return Frame::Skip(SkipReason::MissingField),
+            },
+        };
         // Replays and holes are the runner's to judge (`leasehold_control::sequence`).
         let arrival_lag = ts
             .as_ref()
@@ -289,6 +310,7 @@ impl WebSocketSubscription {
             .map(|event_ms| SystemClock.seconds_since(event_ms));
         Frame::Event(UpstreamEvent {
             seq,
+            first_seq,
             event_id,
             payload: leasehold_sink::Payload::from_shared(frame.into()),
             received_at,
