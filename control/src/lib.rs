@@ -25,9 +25,6 @@
 //! - [`pacing`]: how often a reader may scan the whole table ([`pacing::ScanPacing`]).
 //! - [`protocol`]: the protocol's decisions, free of I/O, shared by the runtime
 //!   and the model checker.
-//! - [`sequence`]: what an upstream's sequence numbers mean for the sink (replays,
-//!   holes, gap markers, backfill), free of I/O, shared by the runner and the
-//!   sequence model checker.
 //! - [`clock`]: wall-clock time (unix ms) as an injectable dependency (from `platform`).
 //! - [`settings`]: the lease variables (table, timings, identity).
 
@@ -42,7 +39,6 @@ pub mod pacing;
 pub mod protocol;
 pub mod read;
 pub mod schema;
-pub mod sequence;
 pub mod settings;
 pub mod store;
 

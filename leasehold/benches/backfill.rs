@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use leasehold_control::clock::SystemClock;
 use leasehold_control::keeper::{KeeperConfig, LeaseKeeper};
-use leasehold_control::sequence::ResumeMode;
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
 use leasehold_feed::exchange::{ExchangeConfig, ExchangeServer, ExchangeShape};
 use leasehold_sink::memory::MemorySink;
 use leasehold_sink::{FencedSink, SinkBatch, SinkEvent, SinkOptions};
 use leasehold_stream::runner::{RunnerConfig, RunnerContext, run_stream};
+use leasehold_stream::sequence::ResumeMode;
 use leasehold_stream::upstream::history::{HistoryConfig, HttpHistory};
 use leasehold_stream::upstream::{DataMatch, WebSocketUpstream, WebSocketUpstreamConfig};
 use leasehold_telemetry::LogSink;

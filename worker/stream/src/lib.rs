@@ -7,6 +7,9 @@
 //!   seam and the generic WebSocket JSON adapter (URL and subscribe templates,
 //!   JSON pointers, frame limit).
 //! - the fenced sinks are their own crate, `leasehold_sink` (`worker/sink`).
+//! - [`sequence`]: what an upstream's sequence numbers mean for the sink
+//!   (replays, holes, ranges, resets, jumps, backfill), without I/O: the
+//!   machine's `Sequencer`, and the sequence models' subject.
 //! - [`machine`]: one held stream's state and decisions, without I/O
 //!   (`StreamMachine`: progress, sequencer, write slot, backfill, reset).
 //! - [`runner`]: the machine's driver, from the sink's open to release: the
@@ -31,6 +34,7 @@ pub mod handoff;
 pub mod machine;
 pub mod probes;
 pub mod runner;
+pub mod sequence;
 pub mod settings;
 pub mod upstream;
 pub mod worker;

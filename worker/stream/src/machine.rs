@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sequence::{Arrival, ResumeMode, Sequencer, Step};
 use leasehold_control::protocol;
-use leasehold_control::sequence::{Arrival, ResumeMode, Sequencer, Step};
 use leasehold_sink::{OpenOutcome, SinkError, SinkEvent, WriteOutcome};
 use leasehold_telemetry::{
     BackfillResult, BackfillWait, GapReason, LossReason, SkipReason, TelemetryEvent,

@@ -18,10 +18,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sequence::{JumpBound, ResumeMode, SeqStep};
 use futures_util::future::BoxFuture;
 use leasehold_control::keeper::{HeldLease, LeaseKeeper};
 use leasehold_control::protocol;
-use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep};
 use leasehold_platform::backoff::Backoff;
 use leasehold_sink::{FencedSink, ResetMark, SinkBatch, SinkError};
 use leasehold_telemetry::{LossReason, TelemetryEvent, TelemetrySink};

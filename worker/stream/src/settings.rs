@@ -9,10 +9,10 @@ use leasehold_platform::settings::{
 use leasehold_telemetry::transport::ShipperConfig;
 
 use crate::runner::RunnerConfig;
+use crate::sequence::{JumpBound, ResumeMode, SeqStep};
 use crate::upstream::history::HistoryConfig;
 use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, SeqRange, WebSocketUpstreamConfig};
 use crate::worker::{DiscoveryMode, StreamWorkerConfig};
-use leasehold_control::sequence::{JumpBound, ResumeMode, SeqStep};
 use leasehold_sink::SinkOptions;
 
 /// The `UPSTREAM_URL` variable.

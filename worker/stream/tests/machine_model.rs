@@ -26,11 +26,11 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use leasehold_control::sequence::{JumpBound, ResumeMode};
 use leasehold_platform::backoff::Backoff;
 use leasehold_sink::{OpenOutcome, SinkError, WriteOutcome};
 use leasehold_stream::machine::{Action, Input, Start, StreamMachine};
 use leasehold_stream::runner::{MachineRules, RunnerConfig};
+use leasehold_stream::sequence::{JumpBound, ResumeMode};
 use leasehold_stream::upstream::{UpstreamError, UpstreamEvent};
 use leasehold_testkit::model_check;
 use stateright::{Checker, HasDiscoveries, Model, Property};

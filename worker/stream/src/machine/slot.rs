@@ -6,7 +6,7 @@
 
 use std::ops::RangeInclusive;
 
-use leasehold_control::sequence::ResumeMode;
+use crate::sequence::ResumeMode;
 use leasehold_sink::{SinkError, WriteOutcome};
 
 /// After a write's reply.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold_control::sequence::SeqStep;
+use crate::sequence::SeqStep;
 use leasehold_sink::{OpenOutcome, SinkError, SinkEvent, WriteOutcome};
 use leasehold_telemetry::{BackfillResult, GapReason, LossReason, SkipReason, TelemetryEvent};
 use tokio::time::Instant;

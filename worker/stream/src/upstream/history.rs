@@ -6,7 +6,7 @@
 //! and the range, the body's items are found at their own pointers (history
 //! APIs name fields differently from their streams), and each item's text as
 //! received becomes the event's payload. Retries, `Retry-After` and giving up
-//! are [`fetch_page`]'s, the range bookkeeping is `leasehold_control::sequence`'s.
+//! are [`fetch_page`]'s, the range bookkeeping is `crate::sequence`'s.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -68,7 +68,7 @@ pub trait Subscription: Send {
     /// frames (`UPSTREAM_DATA_MATCH`) are skipped and reported
     /// (`TelemetryEvent::UpstreamFrameSkipped`) — never an error, never a panic.
     /// Replayed sequences and holes are delivered as they come: what they mean
-    /// is the runner's decision (`leasehold_control::sequence`). After any
+    /// is the runner's decision (`crate::sequence`). After any
     /// error the subscription is finished and keeps returning that error.
     async fn next(&mut self) -> Result<UpstreamEvent, UpstreamError>;
     /// What [`Subscription::next`] would return at once, if anything is

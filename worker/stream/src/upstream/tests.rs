@@ -715,8 +715,8 @@ fn recorded_binance_futures(stream: &str) -> Vec<String> {
 
 /// The recorded diffs read through the adapter with `range`, then judged by
 /// the sequencer as a `live` stream: the steps it hands on.
-async fn judged(frames: &[String], range: SeqRange) -> Vec<leasehold_control::sequence::Step<u64>> {
-    use leasehold_control::sequence::{ResumeMode, SeqStep, Sequencer};
+async fn judged(frames: &[String], range: SeqRange) -> Vec<crate::sequence::Step<u64>> {
+    use crate::sequence::{ResumeMode, SeqStep, Sequencer};
     let (addr, _server) = scripted(
         false,
         frames.iter().map(|f| Message::text(f.clone())).collect(),
@@ -743,11 +743,11 @@ async fn judged(frames: &[String], range: SeqRange) -> Vec<leasehold_control::se
     steps
 }
 
-fn gaps(steps: &[leasehold_control::sequence::Step<u64>]) -> Vec<(u64, u64)> {
+fn gaps(steps: &[crate::sequence::Step<u64>]) -> Vec<(u64, u64)> {
     steps
         .iter()
         .filter_map(|step| match step {
-            leasehold_control::sequence::Step::Gap { from, to, .. } => Some((*from, *to)),
+            crate::sequence::Step::Gap { from, to, .. } => Some((*from, *to)),
             _ => None,
         })
         .collect()

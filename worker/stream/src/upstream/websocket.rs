@@ -303,7 +303,7 @@ impl WebSocketSubscription {
                 None => return Frame::Skip(SkipReason::MissingField),
             },
         };
-        // Replays and holes are the runner's to judge (`leasehold_control::sequence`).
+        // Replays and holes are the runner's to judge (`crate::sequence`).
         let arrival_lag = ts
             .as_ref()
             .and_then(Value::as_f64)

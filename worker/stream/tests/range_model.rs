@@ -18,7 +18,7 @@
 //! skip are not holes): a lost diff then leaves no trace.
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-use leasehold_control::sequence::{ResumeMode, SeqStep, Sequencer, Step};
+use leasehold_stream::sequence::{ResumeMode, SeqStep, Sequencer, Step};
 use leasehold_testkit::model_check;
 use stateright::{Checker, HasDiscoveries, Model, Property};
 

@@ -9,8 +9,8 @@
 //! new owner then opens the sink and resumes from it. A history (`backfill`)
 //! holds what was produced from a retention edge that moves forward, and may
 //! fail a fetch. Every decision about sequences is taken by the `Sequencer`
-//! the runtime uses (`leasehold_control::sequence`); the model plays the
-//! runner's shell around it (worker/stream/src/runner.rs, `Intake`): it feeds
+//! the runtime uses (`leasehold_stream::sequence`); the model plays the
+//! machine's shell around it (worker/stream/src/machine.rs): it feeds
 //! the arrivals, calls `connected()` on each connection, fetches a page for a
 //! running backfill and gives the range up after three pages without
 //! progress or a failed fetch, answers `Step::Reconnect` in replay mode by
@@ -65,7 +65,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use leasehold_control::protocol;
-use leasehold_control::sequence::{Arrival, JumpBound, ResumeMode, SeqStep, Sequencer, Step};
+use leasehold_stream::sequence::{Arrival, JumpBound, ResumeMode, SeqStep, Sequencer, Step};
 use leasehold_telemetry::GapReason;
 use leasehold_testkit::model_check;
 use stateright::{Checker, HasDiscoveries, Model, Property};

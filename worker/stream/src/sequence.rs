@@ -5,7 +5,7 @@
 //!
 //! [`Sequencer`] is the one place these rules live. The stream runner is the
 //! shell around it (it reads frames, fetches history pages, writes what comes
-//! out in order); `control/tests/sequence_model.rs` model-checks it with
+//! out in order); `worker/stream/tests/sequence_model.rs` model-checks it with
 //! stateright against upstreams that cannot replay and histories that run out.
 //!
 //! The promise it keeps (invariant 8, restated for every upstream): what it
