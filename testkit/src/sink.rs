@@ -680,6 +680,60 @@ pub async fn a_zombie_marker_is_fenced(target: &dyn SinkTarget) {
     assert_eq!(seqs(&target.stored(&stream).await), [1, 2]);
 }
 
+/// An order book's snapshot is an entry at the sequence it is the book at,
+/// its body as received under `snapshot`; one that replaces missed diffs
+/// also carries their range and reason. Ids strictly increase through
+/// diffs, marker, snapshot and diffs again; a replayed snapshot is dropped
+/// like an event, and a zombie's is fenced.
+pub async fn snapshots_stand_between_the_diffs_they_follow(target: &dyn SinkTarget) {
+    let stream = unique_name("sink-book");
+    open(target, &stream, 1).await;
+    let body = r#"{"lastUpdateId":40,"bids":[["7.61","2"]],"asks":[["7.62","297"]]}"#;
+    let resync = SinkEvent::snapshot(
+        40,
+        body,
+        Some(GapMark {
+            from: 13,
+            reason: GapReason::NoReplay,
+        }),
+    );
+    let mut batch = events(&stream, 10..=12);
+    batch.push(resync.clone());
+    batch.extend(events(&stream, 41..=42));
+    batch.push(SinkEvent::snapshot(50, r#"{"lastUpdateId":50}"#, None));
+    let outcome = write(target, &stream, 1, &batch).await;
+    assert_eq!((outcome.accepted, outcome.duplicate), (7, 0));
+    let stored = target.stored(&stream).await;
+    assert_eq!(seqs(&stored), [10, 11, 12, 40, 41, 42, 50]);
+    let snapshot = &stored[3];
+    assert!(snapshot.snapshot && !stored[2].snapshot);
+    assert_eq!(snapshot.payload, body, "the body as received");
+    assert_eq!((snapshot.fence_token, snapshot.event_id.as_str()), (1, ""));
+    assert_eq!(
+        snapshot.gap,
+        Some(GapMark {
+            from: 13,
+            reason: GapReason::NoReplay
+        })
+    );
+    assert_eq!(snapshot.covers(), 13..=40);
+    assert_eq!((stored[6].snapshot, stored[6].gap), (true, None));
+    // A takeover resumes after the last snapshot; its replay adds nothing.
+    assert_eq!(open(target, &stream, 2).await.last_seq, Some(50));
+    let replay = write(target, &stream, 2, &[resync]).await;
+    assert_eq!((replay.accepted, replay.duplicate), (0, 1));
+    // The old owner's snapshot is fenced: nothing of it is stored.
+    let zombie = write(
+        target,
+        &stream,
+        1,
+        &[SinkEvent::snapshot(60, r#"{"lastUpdateId":60}"#, None)],
+    )
+    .await;
+    assert!(zombie.is_fenced(), "{zombie:?}");
+    assert_eq!(target.stored(&stream).await.len(), 7);
+}
+
 /// A new epoch (the upstream's sequence started over) is a reset entry at
 /// `<new token>-<reset_to - 1>`: below the old sequence, above every old id,
 /// so the old epoch's writer is fenced and the new sequence is appended after
@@ -777,6 +831,7 @@ macro_rules! sink_conformance_suite {
             a_connection_lost_while_idle_is_found_before_the_next_write,
             gap_markers_stand_where_the_data_is_missing,
             a_zombie_marker_is_fenced,
+            snapshots_stand_between_the_diffs_they_follow,
             a_new_epoch_starts_with_its_reset_entry,
             a_zombie_epoch_is_fenced,
         );

@@ -108,9 +108,11 @@ impl PartialEq<String> for Payload {
     }
 }
 
-/// One entry to append: an event, or a gap marker recording sequences that
+/// One entry to append: an event, a gap marker recording sequences that
 /// will never arrive (at the position of the last of them, so a reader meets
-/// the marker exactly where the data is missing).
+/// the marker exactly where the data is missing), or an order book's snapshot
+/// (at the sequence it is the book at; with the diffs missed before it, if
+/// any, as a marker's range).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SinkEvent {
     /// Upstream sequence number (a marker: its last missing sequence, `gap_to`).
@@ -119,8 +121,12 @@ pub struct SinkEvent {
     pub event_id: String,
     /// The event as received (empty for a marker).
     pub payload: Payload,
-    /// `Some` for a gap marker.
+    /// `Some` for a gap marker, and for a snapshot that replaces missed diffs.
     pub gap: Option<GapMark>,
+    /// A snapshot entry: `payload` is the book's body as received, stored
+    /// under the field `snapshot` (docs/redis.md: how a reader rebuilds a
+    /// book from any position).
+    pub snapshot: bool,
 }
 
 /// What a gap marker records besides its position (`gap_to` = its `seq`).
@@ -158,6 +164,7 @@ impl SinkEvent {
             event_id: event_id.into(),
             payload: payload.into(),
             gap: None,
+            snapshot: false,
         }
     }
 
@@ -168,6 +175,20 @@ impl SinkEvent {
             event_id: String::new(),
             payload: Payload::default(),
             gap: Some(GapMark { from, reason }),
+            snapshot: false,
+        }
+    }
+
+    /// An order book's snapshot: the book at `seq`, its body as received;
+    /// `missed` when diffs before it were lost (`gap_from`..=`seq`, with the
+    /// reason), so a reader knows its book was wrong until here.
+    pub fn snapshot(seq: u64, body: impl Into<Payload>, missed: Option<GapMark>) -> Self {
+        SinkEvent {
+            seq,
+            event_id: String::new(),
+            payload: body.into(),
+            gap: missed,
+            snapshot: true,
         }
     }
 }

@@ -27,6 +27,9 @@ pub struct StoredEvent {
     pub gap: Option<super::GapMark>,
     /// `Some` for a reset entry (then `seq` is its position, `reset.to - 1`).
     pub reset: Option<super::ResetMark>,
+    /// A snapshot entry: `payload` is the book's body (`gap` the diffs it
+    /// replaces, if any were missed).
+    pub snapshot: bool,
 }
 
 impl StoredEvent {
@@ -200,6 +203,7 @@ impl FencedSink for MemorySink {
                     payload: String::new(),
                     gap: None,
                     reset: Some(reset),
+                    snapshot: false,
                 });
             }
         }
@@ -241,6 +245,7 @@ impl FencedSink for MemorySink {
                 payload: event.payload.to_text(),
                 gap: event.gap,
                 reset: None,
+                snapshot: event.snapshot,
             });
             state.appended += 1;
             outcome.accepted += 1;

@@ -443,9 +443,15 @@ impl RedisSink {
     }
 }
 
+fn gap_reason(reason: &str, id: &str) -> Result<GapReason, SinkError> {
+    GapReason::parse(reason)
+        .ok_or_else(|| SinkError::Rejected(format!("entry {id} names an unknown gap reason")))
+}
+
 /// One stream entry as a [`super::memory::StoredEvent`]: an event (`seq`,
-/// `event_id`, `fence_token`, `payload`) or a gap marker (`gap_from`,
-/// `gap_to`, `fence_token`, `reason`).
+/// `event_id`, `fence_token`, `payload`), a gap marker (`gap_from`, `gap_to`,
+/// `fence_token`, `reason`), a reset entry, or a snapshot (`snapshot`, `seq`,
+/// `fence_token`, and the missed range's fields when diffs were missed).
 fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::StoredEvent, SinkError> {
     let field = |name: &str| -> Result<String, SinkError> {
         entry
@@ -468,13 +474,29 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
                 from: number("reset_from")?,
                 to: number("reset_to")?,
             }),
+            snapshot: false,
+        });
+    }
+    if entry.map.contains_key("snapshot") {
+        let gap = match entry.map.contains_key("gap_from") {
+            true => Some(super::GapMark {
+                from: number("gap_from")?,
+                reason: gap_reason(&field("reason")?, &entry.id)?,
+            }),
+            false => None,
+        };
+        return Ok(super::memory::StoredEvent {
+            seq: number("seq")?,
+            event_id: String::new(),
+            fence_token: number("fence_token")?,
+            payload: field("snapshot")?,
+            gap,
+            reset: None,
+            snapshot: true,
         });
     }
     if entry.map.contains_key("gap_to") {
-        let reason = field("reason")?;
-        let reason = GapReason::parse(&reason).ok_or_else(|| {
-            SinkError::Rejected(format!("entry {} names an unknown gap reason", entry.id))
-        })?;
+        let reason = gap_reason(&field("reason")?, &entry.id)?;
         return Ok(super::memory::StoredEvent {
             seq: number("gap_to")?,
             event_id: String::new(),
@@ -485,6 +507,7 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
                 reason,
             }),
             reset: None,
+            snapshot: false,
         });
     }
     Ok(super::memory::StoredEvent {
@@ -494,6 +517,7 @@ fn stored_event(entry: &redis::streams::StreamId) -> Result<super::memory::Store
         payload: field("payload")?,
         gap: None,
         reset: None,
+        snapshot: false,
     })
 }
 
@@ -611,33 +635,65 @@ fn xadd(
         itoa::Buffer::new(),
     );
     let seq = seq.format(event.seq).as_bytes();
-    let fields: [&[u8]; 8] = match &event.gap {
-        None => [
-            b"seq",
-            seq,
-            b"event_id",
-            event.event_id.as_bytes(),
-            b"fence_token",
-            token.as_bytes(),
-            b"payload",
-            event.payload.as_bytes(),
-        ],
-        Some(gap) => [
-            b"gap_from",
-            from.format(gap.from).as_bytes(),
-            b"gap_to",
-            seq,
-            b"fence_token",
-            token.as_bytes(),
-            b"reason",
-            gap.reason.as_str().as_bytes(),
-        ],
+    let mut fields: [&[u8]; 12] = [b""; 12];
+    let used = match (&event.gap, event.snapshot) {
+        (None, false) => {
+            fields[..8].copy_from_slice(&[
+                b"seq",
+                seq,
+                b"event_id",
+                event.event_id.as_bytes(),
+                b"fence_token",
+                token.as_bytes(),
+                b"payload",
+                event.payload.as_bytes(),
+            ]);
+            8
+        }
+        (Some(gap), false) => {
+            fields[..8].copy_from_slice(&[
+                b"gap_from",
+                from.format(gap.from).as_bytes(),
+                b"gap_to",
+                seq,
+                b"fence_token",
+                token.as_bytes(),
+                b"reason",
+                gap.reason.as_str().as_bytes(),
+            ]);
+            8
+        }
+        (gap, true) => {
+            fields[..6].copy_from_slice(&[
+                b"snapshot",
+                event.payload.as_bytes(),
+                b"seq",
+                seq,
+                b"fence_token",
+                token.as_bytes(),
+            ]);
+            match gap {
+                Some(gap) => {
+                    fields[6..].copy_from_slice(&[
+                        b"gap_from",
+                        from.format(gap.from).as_bytes(),
+                        b"gap_to",
+                        seq,
+                        b"reason",
+                        gap.reason.as_str().as_bytes(),
+                    ]);
+                    12
+                }
+                None => 6,
+            }
+        }
     };
+    let fields = &fields[..used];
     let trim: [&[u8]; 3] = [b"MAXLEN", b"~", limit.format(max_len).as_bytes()];
     let trim = if max_len > 0 { &trim[..] } else { &[] };
     let head: [&[u8]; 2] = [b"XADD", key.as_bytes()];
     let id: [&[u8]; 1] = [id.as_bytes()];
-    let args = || head.iter().chain(trim).chain(&id).chain(&fields);
+    let args = || head.iter().chain(trim).chain(&id).chain(fields);
     let mut command = redis::Cmd::with_capacity(args().count(), args().map(|arg| arg.len()).sum());
     for arg in args() {
         command.arg(*arg);
@@ -818,6 +874,25 @@ mod tests {
             command.arg("MAXLEN").arg("~").arg(max_len);
         }
         command.arg(format!("{token}-{}", event.seq));
+        if event.snapshot {
+            command
+                .arg("snapshot")
+                .arg(event.payload.as_bytes())
+                .arg("seq")
+                .arg(event.seq)
+                .arg("fence_token")
+                .arg(token);
+            if let Some(gap) = event.gap {
+                command
+                    .arg("gap_from")
+                    .arg(gap.from)
+                    .arg("gap_to")
+                    .arg(event.seq)
+                    .arg("reason")
+                    .arg(gap.reason.as_str());
+            }
+            return command;
+        }
         match event.gap {
             None => command
                 .arg("seq")
@@ -847,6 +922,15 @@ mod tests {
             SinkEvent::data(42, "trade-42", r#"{"seq":42,"price":"1.5"}"#),
             SinkEvent::data(u64::MAX, "", ""),
             SinkEvent::gap(7, 1_000, GapReason::Retention),
+            SinkEvent::snapshot(40, r#"{"lastUpdateId":40}"#, None),
+            SinkEvent::snapshot(
+                40,
+                r#"{"lastUpdateId":40}"#,
+                Some(crate::GapMark {
+                    from: 13,
+                    reason: GapReason::NoReplay,
+                }),
+            ),
         ];
         let mut id = String::from("left over from the previous entry");
         for max_len in [0, 9, 100_000] {
