@@ -109,20 +109,11 @@ pub struct RedisSink {
 /// only on the generation its stream was opened on ([`OpenedStreams`]):
 /// whatever ended the old connection, the stream is opened again (and its
 /// tail compared) before anything is written on the new one.
-#[allow(clippy::large_enum_variant)] // at most WAIT_CONNECTIONS per sink, made once
 enum Lane {
     /// One node: a plain multiplexed connection, which never reconnects by
     /// itself (a `ConnectionManager` does, silently over RESP3); the lane
     /// makes the next one after a loss.
-    Node {
-        client: redis::Client,
-        config: redis::AsyncConnectionConfig,
-        current: std::sync::Mutex<Option<(MultiplexedConnection, u64)>>,
-        /// One connect at a time: callers that found no connection wait
-        /// for the same one.
-        connecting: tokio::sync::Mutex<()>,
-        made: AtomicU64,
-    },
+    Node(Box<NodeLane>),
     /// A cluster: its client routes and reconnects each node by itself, so
     /// each loss the sink sees starts a new generation. A node reconnect
     /// that no call of this sink saw fail is not seen (docs/redis.md).
@@ -130,6 +121,90 @@ enum Lane {
         connection: ClusterConnection,
         generation: AtomicU64,
     },
+}
+
+/// One node's lane: its current connection and generation, made again by the
+/// lane after a loss.
+struct NodeLane {
+    client: redis::Client,
+    config: redis::AsyncConnectionConfig,
+    current: std::sync::Mutex<Option<(MultiplexedConnection, u64)>>,
+    /// One connect at a time: callers that found no connection wait for the
+    /// same one.
+    connecting: tokio::sync::Mutex<()>,
+    /// Connections made (the last one's generation).
+    made: AtomicU64,
+    /// Connects that failed.
+    failures: AtomicU64,
+}
+
+impl NodeLane {
+    fn new(client: redis::Client, config: redis::AsyncConnectionConfig) -> Self {
+        NodeLane {
+            client,
+            config,
+            current: std::sync::Mutex::default(),
+            connecting: tokio::sync::Mutex::default(),
+            made: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        }
+    }
+
+    fn held(&self) -> Option<(MultiplexedConnection, u64)> {
+        self.current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The connection and its generation, connecting if there is none.
+    /// Callers that waited while another's connect failed share its failure
+    /// instead of each trying again in turn: against an unreachable Redis,
+    /// a hundred streams would otherwise wait a hundred connect timeouts.
+    async fn take(&self) -> Result<(MultiplexedConnection, u64), redis::RedisError> {
+        if let Some(held) = self.held() {
+            return Ok(held);
+        }
+        let failures = self.failures.load(Ordering::SeqCst);
+        let _connecting = self.connecting.lock().await;
+        if let Some(held) = self.held() {
+            return Ok(held);
+        }
+        if self.failures.load(Ordering::SeqCst) != failures {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "connecting to the sink failed just now",
+            )));
+        }
+        let connection = match self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+        {
+            Ok(connection) => connection,
+            Err(err) => {
+                self.failures.fetch_add(1, Ordering::SeqCst);
+                return Err(err);
+            }
+        };
+        let generation = self.made.fetch_add(1, Ordering::SeqCst) + 1;
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            Some((connection.clone(), generation));
+        Ok((connection, generation))
+    }
+
+    fn lost(&self, lost: u64) {
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if matches!(&*current, Some((_, generation)) if *generation == lost) {
+            *current = None;
+        }
+    }
 }
 
 impl Lane {
@@ -151,15 +226,12 @@ impl Lane {
     async fn node(url: &str, reply_timeout: std::time::Duration) -> Result<Self, SinkError> {
         let client = redis::Client::open(url)
             .map_err(|err| SinkError::Config(format!("invalid Redis URL ({:?})", err.kind())))?;
-        let lane = Lane::Node {
+        let lane = Lane::Node(Box::new(NodeLane::new(
             client,
-            config: redis::AsyncConnectionConfig::new()
+            redis::AsyncConnectionConfig::new()
                 .set_response_timeout(Some(reply_timeout))
                 .set_connection_timeout(Some(CONNECT_TIMEOUT)),
-            current: std::sync::Mutex::default(),
-            connecting: tokio::sync::Mutex::default(),
-            made: AtomicU64::new(0),
-        };
+        )));
         lane.take().await.map_err(classify)?;
         Ok(lane)
     }
@@ -167,34 +239,8 @@ impl Lane {
     /// The lane's connection and its generation, connecting if it has none.
     async fn take(&self) -> Result<(RedisConnection, u64), redis::RedisError> {
         match self {
-            Lane::Node {
-                client,
-                config,
-                current,
-                connecting,
-                made,
-            } => {
-                let held = || {
-                    current
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .clone()
-                };
-                if let Some((connection, generation)) = held() {
-                    return Ok((RedisConnection::Node(connection), generation));
-                }
-                let _connecting = connecting.lock().await;
-                if let Some((connection, generation)) = held() {
-                    return Ok((RedisConnection::Node(connection), generation));
-                }
-                let connection = client
-                    .get_multiplexed_async_connection_with_config(config)
-                    .await?;
-                let generation = made.fetch_add(1, Ordering::SeqCst) + 1;
-                *current
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                    Some((connection.clone(), generation));
+            Lane::Node(node) => {
+                let (connection, generation) = node.take().await?;
                 Ok((RedisConnection::Node(connection), generation))
             }
             Lane::Cluster {
@@ -211,14 +257,7 @@ impl Lane {
     /// (a loss already replaced changes nothing).
     fn lost(&self, lost: u64) {
         match self {
-            Lane::Node { current, .. } => {
-                let mut current = current
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                if matches!(&*current, Some((_, generation)) if *generation == lost) {
-                    *current = None;
-                }
-            }
+            Lane::Node(node) => node.lost(lost),
             Lane::Cluster { generation, .. } => {
                 let _ =
                     generation.compare_exchange(lost, lost + 1, Ordering::SeqCst, Ordering::SeqCst);
@@ -914,6 +953,43 @@ mod tests {
                 .arg(gap.reason.as_str()),
         };
         command
+    }
+
+    /// Against a Redis that takes connections and never answers (a network
+    /// partition), callers queued behind a connect that timed out share its
+    /// failure: one connect for all of them, not one connect timeout each.
+    #[tokio::test]
+    async fn callers_waiting_on_a_failed_connect_share_its_failure() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = std::sync::Arc::new(AtomicU64::new(0));
+        std::thread::spawn({
+            let accepted = accepted.clone();
+            move || {
+                let mut silent = Vec::new();
+                for socket in listener.incoming() {
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    silent.push(socket);
+                }
+            }
+        });
+        let wait = std::time::Duration::from_millis(300);
+        let lane = NodeLane::new(
+            redis::Client::open(format!("redis://{addr}")).expect("URL"),
+            redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(wait))
+                .set_response_timeout(Some(wait)),
+        );
+        let (a, b, c, d) = tokio::join!(lane.take(), lane.take(), lane.take(), lane.take());
+        assert!(a.is_err() && b.is_err() && c.is_err() && d.is_err());
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connect for the four callers"
+        );
+        // The next caller, after the failure, tries again.
+        assert!(lane.take().await.is_err());
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[test]
