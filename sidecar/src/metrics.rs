@@ -42,6 +42,8 @@ pub const CHECKPOINT_COMMITS: &str = "leasehold_checkpoint_commits_total";
 pub const WEBSOCKET_CONNECTIONS: &str = "leasehold_websocket_connections";
 /// `reason` = gap, closed, connect, retention_exceeded, rejected, config.
 pub const WEBSOCKET_RECONNECTS: &str = "leasehold_websocket_reconnects_total";
+/// (docs/metrics.md)
+pub const UPSTREAM_CONNECTS_THROTTLED: &str = "leasehold_upstream_connects_throttled_total";
 /// `result` = accepted, duplicate, fenced (events), error (failed batches).
 pub const SINK_WRITES: &str = "leasehold_sink_writes_total";
 /// Streams released because the sink refused `SINK_MAX_FAILURES` calls in a row.
@@ -144,6 +146,7 @@ pub const ALL: &[&str] = &[
     CHECKPOINT_COMMITS,
     WEBSOCKET_CONNECTIONS,
     WEBSOCKET_RECONNECTS,
+    UPSTREAM_CONNECTS_THROTTLED,
     SINK_WRITES,
     SINK_GIVE_UPS,
     SINK_REGRESSIONS,
@@ -361,6 +364,10 @@ pub fn describe() {
         "Open upstream WebSocket connections."
     );
     describe_counter!(WEBSOCKET_RECONNECTS, "Upstream reconnects by reason.");
+    describe_counter!(
+        UPSTREAM_CONNECTS_THROTTLED,
+        "Upstream connects that waited for the worker's UPSTREAM_CONNECTS_PER_MINUTE budget."
+    );
     describe_counter!(
         SINK_WRITES,
         "Sink outcomes: events accepted, duplicate or fenced; failed batches as error."
@@ -648,6 +655,7 @@ pub fn record(event: &TelemetryEvent) {
             counter!(SINK_WRITES, "result" => "error").increment(*events)
         }
         SinkGaveUp { .. } => counter!(SINK_GIVE_UPS).increment(1),
+        UpstreamConnectThrottled { .. } => counter!(UPSTREAM_CONNECTS_THROTTLED).increment(1),
         SinkRegression { .. } => counter!(SINK_REGRESSIONS).increment(1),
         FenceLifted { .. } => counter!(FENCE_REGRESSIONS).increment(1),
         EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
@@ -785,6 +793,7 @@ pub fn zero_counters() {
     }
     for name in [
         LEASE_RELEASES,
+        UPSTREAM_CONNECTS_THROTTLED,
         STREAM_GAP_EVENTS,
         STREAM_RESETS,
         STREAM_BACKFILLED_EVENTS,

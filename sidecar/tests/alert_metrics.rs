@@ -397,6 +397,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         LeaseReleased { .. } => "LeaseReleased",
         UpstreamConnected { .. } => "UpstreamConnected",
         UpstreamDisconnected { .. } => "UpstreamDisconnected",
+        UpstreamConnectThrottled { .. } => "UpstreamConnectThrottled",
         UpstreamReconnect { .. } => "UpstreamReconnect",
         UpstreamFrameSkipped { .. } => "UpstreamFrameSkipped",
         StreamGap { .. } => "StreamGap",
@@ -423,7 +424,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UserReserved { .. } => "UserReserved",
     }
 }
-const VARIANTS: usize = 33;
+const VARIANTS: usize = 34;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

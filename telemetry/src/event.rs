@@ -101,6 +101,14 @@ pub enum TelemetryEvent {
         /// Stream whose connection closed.
         stream_id: String,
     },
+    /// A connect waited for the worker's connect budget
+    /// (`UPSTREAM_CONNECTS_PER_MINUTE`).
+    UpstreamConnectThrottled {
+        /// Stream connecting.
+        stream_id: String,
+        /// How long it waits.
+        wait: Duration,
+    },
     /// The worker is reconnecting an upstream.
     UpstreamReconnect {
         /// Stream reconnecting.
@@ -453,6 +461,16 @@ impl TelemetryEvent {
                 tracing::info!(stream_id, from_seq, "upstream subscribed")
             }
             UpstreamDisconnected { stream_id } => tracing::debug!(stream_id, "upstream closed"),
+            UpstreamConnectThrottled { stream_id, wait } => {
+                if let Some(suppressed) = repeats().admit("connect-throttled") {
+                    tracing::info!(
+                        stream_id,
+                        wait_seconds = wait.as_secs_f64(),
+                        suppressed,
+                        "connect waits for UPSTREAM_CONNECTS_PER_MINUTE"
+                    );
+                }
+            }
             UpstreamReconnect {
                 stream_id,
                 reason,

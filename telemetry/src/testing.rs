@@ -55,6 +55,10 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             stream_id: s(),
             from_seq: 1,
         },
+        UpstreamConnectThrottled {
+            stream_id: s(),
+            wait: ms(1200),
+        },
         UpstreamReconnect {
             stream_id: s(),
             reason: "gap".into(),

@@ -191,6 +191,17 @@ pub const UPSTREAM_PING_INTERVAL_MS: Setting<Duration> = Setting::new(
     Fallback::Value(|| Duration::from_millis(10_000)),
     "How often `UPSTREAM_PING_TEXT` is sent.",
 );
+/// The `UPSTREAM_CONNECTS_PER_MINUTE` variable.
+pub const UPSTREAM_CONNECTS_PER_MINUTE: Setting<usize> = Setting::new(
+    "UPSTREAM_CONNECTS_PER_MINUTE",
+    parse::SIZE,
+    Fallback::Value(|| 0),
+    "Upstream connections this worker opens at most in any rolling minute, over all its streams \
+     (0: no limit). Exchanges limit new connections per address (Binance: 300 per 5 minutes per \
+     IP) and refuse every connection for minutes past it; set it to the exchange's limit per \
+     minute divided by the workers behind one address. A connect past it waits, counted in \
+     `leasehold_upstream_connects_throttled_total`.",
+);
 /// The `UPSTREAM_BACKFILL_URL` variable.
 pub const UPSTREAM_BACKFILL_URL: Setting<String> = Setting::secret(
     "UPSTREAM_BACKFILL_URL",
@@ -373,6 +384,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_DATA_MATCH,
     &UPSTREAM_PING_TEXT,
     &UPSTREAM_PING_INTERVAL_MS,
+    &UPSTREAM_CONNECTS_PER_MINUTE,
     &UPSTREAM_BACKFILL_URL,
     &UPSTREAM_BACKFILL_ITEMS_POINTER,
     &UPSTREAM_BACKFILL_SEQ_POINTER,
@@ -535,6 +547,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.data_match = env.optional(&UPSTREAM_DATA_MATCH).unwrap_or_default();
     upstream.ping_text = env.optional(&UPSTREAM_PING_TEXT);
     upstream.ping_interval = env.get(&UPSTREAM_PING_INTERVAL_MS);
+    upstream.connects_per_minute = env.get(&UPSTREAM_CONNECTS_PER_MINUTE);
     let resume = env.get(&UPSTREAM_RESUME);
     let history = history_config(&mut env, &upstream, resume);
     if !url.is_empty()

@@ -42,6 +42,9 @@ pub struct WebSocketUpstreamConfig {
     pub ping_text: Option<String>,
     /// `UPSTREAM_PING_INTERVAL_MS`.
     pub ping_interval: Duration,
+    /// `UPSTREAM_CONNECTS_PER_MINUTE`: connects this worker opens per rolling
+    /// minute at most, over all its streams (0: no limit).
+    pub connects_per_minute: usize,
 }
 
 /// How a frame states the range of sequences it covers (an order book's
@@ -140,6 +143,7 @@ impl WebSocketUpstreamConfig {
             data_match: Vec::new(),
             ping_text: None,
             ping_interval: Duration::from_secs(10),
+            connects_per_minute: 0,
         }
     }
 
@@ -252,6 +256,7 @@ mod tests {
             data_match: DataMatch::parse_list("/a=1,/b=1,/c=1,/d=1,/e=1,/f=1").unwrap(),
             ping_text: Some(String::new()),
             ping_interval: Duration::ZERO,
+            connects_per_minute: 0,
         };
         let problems = config.validate().expect_err("invalid");
         assert_eq!(problems.len(), 11, "{problems:?}");

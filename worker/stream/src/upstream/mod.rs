@@ -7,12 +7,14 @@
 //! reported, never fatal, because one malformed message must not stall a stream.
 //!
 //! - [`config`]: [`WebSocketUpstreamConfig`] and its validation.
+//! - [`budget`]: connects per minute per worker (`UPSTREAM_CONNECTS_PER_MINUTE`).
 //! - [`websocket`]: [`WebSocketUpstream`], frames to events.
 //! - [`extract`]: the sequence, id and time read from a frame without a JSON tree.
 //! - [`history`]: the upstream's REST history, for `UPSTREAM_RESUME=backfill`.
 //! - [`template`]: URL and subscribe-message templates.
 //! - [`redact`]: URLs as they may appear in logs and errors (no credentials).
 
+pub mod budget;
 pub mod config;
 pub mod extract;
 pub mod history;

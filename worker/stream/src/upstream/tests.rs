@@ -791,3 +791,47 @@ async fn recorded_futures_diffs_chain_by_their_previous_id_and_a_lost_one_is_a_g
         )]
     );
 }
+
+/// The worker's connect budget is shared by its streams: past it a connect
+/// waits for the window (and is reported), within it none does.
+#[tokio::test]
+async fn connects_past_the_workers_budget_wait_for_the_window_and_are_counted() {
+    let (server, shutdown) = feed(FeedConfig {
+        rate: 0.01,
+        retention: 1000,
+        backlog: 5,
+    })
+    .await;
+    let window = Duration::from_millis(400);
+    let telemetry = RecordingSink::new();
+    let upstream = WebSocketUpstream::new(
+        WebSocketUpstreamConfig::for_feed(&server.url()),
+        Arc::new(telemetry.clone()),
+    )
+    .with_connect_budget(super::budget::ConnectBudget::new(2, window));
+    let started = tokio::time::Instant::now();
+    let mut subs = Vec::new();
+    for stream in ["a", "b", "c"] {
+        subs.push(subscribe(&upstream, stream, 1).await.expect("subscribed"));
+    }
+    let throttled: Vec<_> = telemetry
+        .take()
+        .into_iter()
+        .filter_map(|event| match event {
+            TelemetryEvent::UpstreamConnectThrottled { stream_id, wait } => Some((stream_id, wait)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(throttled.len(), 1, "{throttled:?}");
+    assert_eq!(throttled[0].0, "c");
+    assert!(throttled[0].1 > Duration::ZERO && throttled[0].1 <= window);
+    assert!(
+        started.elapsed() >= window - Duration::from_millis(50),
+        "the third connect waited for the first to leave the window"
+    );
+    for mut sub in subs {
+        assert_eq!(next(&mut sub).await.expect("event").seq, 1);
+        sub.close().await;
+    }
+    shutdown.cancel();
+}

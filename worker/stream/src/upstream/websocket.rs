@@ -13,6 +13,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use super::budget::ConnectBudget;
 use super::extract::Extractor;
 use super::redact::{redact_url, url_secrets};
 use super::template::{render_subscribe, render_url};
@@ -31,12 +32,47 @@ const MAX_SERVER_MESSAGE: usize = 200;
 pub struct WebSocketUpstream {
     config: WebSocketUpstreamConfig,
     telemetry: Arc<dyn TelemetrySink>,
+    /// Shared by every stream of the worker (one adapter per worker).
+    budget: std::sync::Mutex<ConnectBudget>,
 }
+
+/// The window `UPSTREAM_CONNECTS_PER_MINUTE` counts over.
+const CONNECT_WINDOW: Duration = Duration::from_secs(60);
 
 impl WebSocketUpstream {
     /// An adapter for `config`; problems surface as [`UpstreamError::Config`] on subscribe.
     pub fn new(config: WebSocketUpstreamConfig, telemetry: Arc<dyn TelemetrySink>) -> Self {
-        WebSocketUpstream { config, telemetry }
+        let budget = ConnectBudget::new(config.connects_per_minute, CONNECT_WINDOW);
+        WebSocketUpstream {
+            config,
+            telemetry,
+            budget: std::sync::Mutex::new(budget),
+        }
+    }
+
+    /// This adapter, its connects counted by `budget` (tests: a short window).
+    pub fn with_connect_budget(mut self, budget: ConnectBudget) -> Self {
+        self.budget = std::sync::Mutex::new(budget);
+        self
+    }
+
+    /// Waits until the worker's connect budget lets this connect go;
+    /// a wait is reported (`leasehold_upstream_connects_throttled_total`).
+    async fn wait_for_the_budget(&self, stream_id: &str) {
+        let asked = Instant::now();
+        let at = self
+            .budget
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .reserve(asked);
+        if at > asked {
+            self.telemetry
+                .emit(TelemetryEvent::UpstreamConnectThrottled {
+                    stream_id: stream_id.to_owned(),
+                    wait: at - asked,
+                });
+            tokio::time::sleep_until(at).await;
+        }
     }
 }
 
@@ -50,6 +86,7 @@ impl Upstream for WebSocketUpstream {
         self.config
             .validate()
             .map_err(|problems| UpstreamError::Config(problems.join("; ")))?;
+        self.wait_for_the_budget(stream_id).await;
         let url = render_url(&self.config.url_template, stream_id);
         // Frames somewhat over the limit are read and skipped; only absurd ones
         // (which would cost unbounded memory) break the connection.
