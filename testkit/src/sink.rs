@@ -543,22 +543,15 @@ where
     Err(SinkError::Unavailable(last.unwrap_or_default()))
 }
 
-/// After a failover that lost the stream's tail, the next write asks for a
-/// new open (nothing is written above the hole), the open tells where the
-/// stream really ends, and the owner fills the hole from there: each
-/// sequence once, in order, no gap.
-pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
-    let stream = unique_name("sink");
-    open(target, &stream, 1).await;
-    write(target, &stream, 1, &events(&stream, 1..=10)).await;
-    target.fail_over(&stream, 4).await;
-    // The first call after a lost connection may fail on it (Redis); then
-    // the sink refuses to write until the stream is opened again.
+/// After a failover of a stream written to 10 under token 1, its next batch
+/// (11, 12) is refused as `NotOpen`: nothing lands above a lost tail. The
+/// first calls after a lost connection may fail on it (Redis) first.
+async fn the_next_write_is_refused_until_reopened(target: &dyn SinkTarget, stream: &str) {
     let sink = target.sink();
-    let next = events(&stream, 11..=12);
+    let next = events(stream, 11..=12);
     let refused = past_the_reconnect(|| {
         sink.write(SinkBatch {
-            stream_id: &stream,
+            stream_id: stream,
             fence_token: 1,
             events: &next,
         })
@@ -568,6 +561,19 @@ pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
         matches!(refused, Err(SinkError::NotOpen { .. })),
         "{refused:?}"
     );
+}
+
+/// After a failover that lost the stream's tail, the next write asks for a
+/// new open (nothing is written above the hole), the open tells where the
+/// stream really ends, and the owner fills the hole from there: each
+/// sequence once, in order, no gap.
+pub async fn a_lost_tail_is_found_by_the_next_open(target: &dyn SinkTarget) {
+    let stream = unique_name("sink");
+    open(target, &stream, 1).await;
+    write(target, &stream, 1, &events(&stream, 1..=10)).await;
+    target.fail_over(&stream, 4).await;
+    the_next_write_is_refused_until_reopened(target, &stream).await;
+    let sink = target.sink();
     let reopened = past_the_reconnect(|| sink.open(&stream, 1)).await;
     let reopened = reopened.expect("opened again");
     assert_eq!((reopened.last_seq, reopened.fenced), (Some(6), false));
@@ -591,20 +597,7 @@ pub async fn a_connection_lost_while_idle_is_found_before_the_next_write(target:
     target.fail_over(&stream, 4).await;
     // Long enough for a client that reconnects by itself to have done so.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let sink = target.sink();
-    let next = events(&stream, 11..=12);
-    let refused = past_the_reconnect(|| {
-        sink.write(SinkBatch {
-            stream_id: &stream,
-            fence_token: 1,
-            events: &next,
-        })
-    })
-    .await;
-    assert!(
-        matches!(refused, Err(SinkError::NotOpen { .. })),
-        "{refused:?}"
-    );
+    the_next_write_is_refused_until_reopened(target, &stream).await;
     assert_eq!(
         seqs(&target.stored(&stream).await),
         (1..=6).collect::<Vec<_>>()

@@ -293,6 +293,19 @@ impl Script {
     }
 
     /// Connected: the subscribe asked for is up.
+    /// Feeds frames while the machine wants them; returns how many it read.
+    fn read_until_paused(&mut self, seqs: impl IntoIterator<Item = u64>) -> usize {
+        let mut read = 0;
+        for seq in seqs {
+            if !self.machine.wants_frames() {
+                break;
+            }
+            self.frames([seq]);
+            read += 1;
+        }
+        read
+    }
+
     fn connected(&mut self) {
         let asked = self.actions();
         assert!(
@@ -1231,14 +1244,7 @@ fn a_backfill_held_open_stops_reading_at_its_bound_and_a_drop_reports_it_stopped
         start(900),
     );
     s.connected();
-    let mut read = 0;
-    for seq in 1_001..=1_100 {
-        if !s.machine.wants_frames() {
-            break;
-        }
-        s.frames([seq]);
-        read += 1;
-    }
+    let read = s.read_until_paused(1_001..=1_100);
     let asked = s.actions();
     assert_eq!(s.fetches, [(901, 1_000)], "the hole is fetched");
     // The first live event opened the hole; four more are held, then reading stops.
@@ -1274,14 +1280,7 @@ fn reading_pauses_while_the_held_bytes_are_at_their_bound() {
         start(900),
     );
     s.connected();
-    let mut read = 0;
-    for seq in 1_001..=1_100 {
-        if !s.machine.wants_frames() {
-            break;
-        }
-        s.frames([seq]);
-        read += 1;
-    }
+    let read = s.read_until_paused(1_001..=1_100);
     assert!(
         read <= 6,
         "{read} live frames read while 100 bytes may be held"
