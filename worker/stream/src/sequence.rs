@@ -131,7 +131,8 @@ pub enum Step<T> {
     Reconnect {
         /// The sequence that should have come next.
         expected: u64,
-        /// The sequence that came.
+        /// The sequence that came (for a frame that covers a range, the
+        /// first it covers).
         got: u64,
     },
 }
