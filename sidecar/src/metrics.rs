@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use leasehold_telemetry::{
     BackfillResult, ClaimResult, CommitResult, GapReason, LossReason, OrphanKind,
-    RECONNECT_REASONS, RequestResult, ReservePath, SkipReason, TelemetryEvent,
+    RECONNECT_REASONS, RequestResult, ReservePath, SkipReason, SnapshotReason, TelemetryEvent,
 };
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -67,6 +67,11 @@ pub const STREAM_GAP_EVENTS: &str = "leasehold_stream_gap_events_total";
 pub const STREAM_GAPS: &str = "leasehold_stream_gaps_total";
 /// Upstream sequence resets, each a reset entry in the sink.
 pub const STREAM_RESETS: &str = "leasehold_stream_resets_total";
+/// `reason` = subscribe, gap, reset, checksum: snapshot entries written
+/// (order-book re-synchronisations, `UPSTREAM_RESUME=snapshot`).
+pub const STREAM_SNAPSHOTS: &str = "leasehold_stream_snapshots_total";
+/// Order-book updates whose checksum disagreed with the book the worker kept.
+pub const STREAM_CHECKSUM_FAILURES: &str = "leasehold_stream_checksum_failures_total";
 /// `result` = filled, gap, stopped: backfills that ended.
 pub const STREAM_BACKFILLS: &str = "leasehold_stream_backfills_total";
 /// Events backfills fetched from the history and wrote.
@@ -158,6 +163,8 @@ pub const ALL: &[&str] = &[
     STREAM_GAP_EVENTS,
     STREAM_GAPS,
     STREAM_RESETS,
+    STREAM_SNAPSHOTS,
+    STREAM_CHECKSUM_FAILURES,
     STREAM_BACKFILLS,
     STREAM_BACKFILLED_EVENTS,
     STREAM_BACKFILL_PAGES,
@@ -410,6 +417,14 @@ pub fn describe() {
         "Upstream sequence resets (a restarted exchange), each a reset entry starting a new epoch in the sink."
     );
     describe_counter!(
+        STREAM_SNAPSHOTS,
+        "Order-book snapshot entries written (re-synchronisations), by reason (subscribe, gap, reset, checksum)."
+    );
+    describe_counter!(
+        STREAM_CHECKSUM_FAILURES,
+        "Order-book updates whose checksum disagreed with the book the worker kept."
+    );
+    describe_counter!(
         STREAM_BACKFILLS,
         "Backfills that ended, by result (filled, gap: part of the range recorded as a gap, stopped: the stream stopped first)."
     );
@@ -623,6 +638,10 @@ pub fn record(event: &TelemetryEvent) {
             counter!(STREAM_GAPS, "reason" => reason.as_str()).increment(1);
         }
         StreamReset { .. } => counter!(STREAM_RESETS).increment(1),
+        StreamSnapshot { reason, .. } => {
+            counter!(STREAM_SNAPSHOTS, "reason" => reason.as_str()).increment(1)
+        }
+        StreamChecksumFailure { .. } => counter!(STREAM_CHECKSUM_FAILURES).increment(1),
         StreamBackfillWait {
             reason, duration, ..
         } => histogram!(STREAM_BACKFILL_WAIT, "reason" => reason.as_str())
@@ -717,7 +736,7 @@ pub fn record(event: &TelemetryEvent) {
 /// missing data as not breaching).
 pub fn zero_counters() {
     // (counter, its label, every value the label takes)
-    let labelled: [(&'static str, &'static str, &[&'static str]); 15] = [
+    let labelled: [(&'static str, &'static str, &[&'static str]); 16] = [
         (
             LEASE_ACQUISITIONS,
             "result",
@@ -780,6 +799,11 @@ pub fn zero_counters() {
             &GapReason::ALL.map(GapReason::as_str),
         ),
         (
+            STREAM_SNAPSHOTS,
+            "reason",
+            &SnapshotReason::ALL.map(SnapshotReason::as_str),
+        ),
+        (
             STREAM_BACKFILLS,
             "result",
             &BackfillResult::ALL.map(BackfillResult::as_str),
@@ -796,6 +820,7 @@ pub fn zero_counters() {
         UPSTREAM_CONNECTS_THROTTLED,
         STREAM_GAP_EVENTS,
         STREAM_RESETS,
+        STREAM_CHECKSUM_FAILURES,
         STREAM_BACKFILLED_EVENTS,
         STREAM_BACKFILL_PAGES,
         SINK_GIVE_UPS,

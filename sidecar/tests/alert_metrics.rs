@@ -402,6 +402,8 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UpstreamFrameSkipped { .. } => "UpstreamFrameSkipped",
         StreamGap { .. } => "StreamGap",
         StreamReset { .. } => "StreamReset",
+        StreamSnapshot { .. } => "StreamSnapshot",
+        StreamChecksumFailure { .. } => "StreamChecksumFailure",
         StreamBackfillWait { .. } => "StreamBackfillWait",
         StreamBackfill { .. } => "StreamBackfill",
         SinkWrite { .. } => "SinkWrite",
@@ -424,7 +426,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UserReserved { .. } => "UserReserved",
     }
 }
-const VARIANTS: usize = 34;
+const VARIANTS: usize = 36;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()

@@ -154,6 +154,23 @@ pub enum TelemetryEvent {
         /// The new epoch's fence token.
         fence_token: u64,
     },
+    /// A stream in `UPSTREAM_RESUME=snapshot` mode re-synchronised its order
+    /// book: a snapshot entry was written to the sink, from which readers
+    /// rebuild the book (`leasehold_stream_snapshots_total{reason}`).
+    StreamSnapshot {
+        /// Stream re-synchronised.
+        stream_id: String,
+        /// Why: the first sync after a subscribe, or missed diffs, a sequence
+        /// reset or a checksum that disagreed.
+        reason: SnapshotReason,
+    },
+    /// An order-book update's checksum disagreed with the book the worker
+    /// kept (`leasehold_stream_checksum_failures_total`); a snapshot with
+    /// reason `checksum` follows.
+    StreamChecksumFailure {
+        /// Stream whose book disagreed.
+        stream_id: String,
+    },
     /// A backfill waited: for a history request slot, for the history's
     /// `Retry-After`, or with the upstream paused at the hold bound.
     StreamBackfillWait {
@@ -525,6 +542,37 @@ impl TelemetryEvent {
                 fence_token,
                 "upstream sequence reset: a reset entry starts a new epoch in the sink"
             ),
+            // The first sync after a subscribe is routine (once per
+            // connection); any other is a book that had to be rebuilt.
+            StreamSnapshot {
+                stream_id,
+                reason: SnapshotReason::Subscribe,
+            } => tracing::debug!(
+                stream_id,
+                reason = SnapshotReason::Subscribe.as_str(),
+                "order book synchronised from a snapshot"
+            ),
+            StreamSnapshot { stream_id, reason } => {
+                let reason = reason.as_str();
+                if let Some(suppressed) = repeats().admit(&format!("snapshot:{stream_id}:{reason}"))
+                {
+                    tracing::warn!(
+                        stream_id,
+                        reason,
+                        suppressed,
+                        "order book re-synchronised from a snapshot: readers rebuild it at the snapshot entry"
+                    )
+                }
+            }
+            StreamChecksumFailure { stream_id } => {
+                if let Some(suppressed) = repeats().admit(&format!("checksum:{stream_id}")) {
+                    tracing::warn!(
+                        stream_id,
+                        suppressed,
+                        "order book checksum disagreed with the kept book: re-synchronising"
+                    )
+                }
+            }
             StreamBackfillWait {
                 stream_id,
                 reason,

@@ -173,6 +173,10 @@ pub enum GapReason {
     /// The sink lost entries it had acknowledged (a Redis failover) and the
     /// upstream cannot refill them.
     SinkLost,
+    /// An order book's checksum disagreed with the book the worker kept
+    /// (`UPSTREAM_BOOK_CHECKSUM`): a diff was lost or garbled somewhere, so
+    /// the book is re-synchronised from a snapshot whose entry carries this.
+    Checksum,
     /// Not a gap marker: the upstream's sequence started over, recorded as
     /// a reset entry (`reason` = `reset`). Listed with the gaps because a
     /// reader's state from before does not continue either; never in
@@ -182,20 +186,22 @@ pub enum GapReason {
 
 impl GapReason {
     /// Every value, for counters that exist at 0 from the start.
-    pub const ALL: [GapReason; 4] = [
+    pub const ALL: [GapReason; 5] = [
         GapReason::NoReplay,
         GapReason::Retention,
         GapReason::BackfillExhausted,
         GapReason::SinkLost,
+        GapReason::Checksum,
     ];
 
     /// Every reason a stream's lost-data list shows: the gap markers' and
     /// resets.
-    pub const RECORDED: [GapReason; 5] = [
+    pub const RECORDED: [GapReason; 6] = [
         GapReason::NoReplay,
         GapReason::Retention,
         GapReason::BackfillExhausted,
         GapReason::SinkLost,
+        GapReason::Checksum,
         GapReason::Reset,
     ];
 
@@ -206,6 +212,7 @@ impl GapReason {
             GapReason::Retention => "retention",
             GapReason::BackfillExhausted => "backfill_exhausted",
             GapReason::SinkLost => "sink_lost",
+            GapReason::Checksum => "checksum",
             GapReason::Reset => "reset",
         }
     }
@@ -218,6 +225,45 @@ impl GapReason {
     /// The reason a marker's `reason` field names, if it is one of these.
     pub fn parse(value: &str) -> Option<GapReason> {
         GapReason::ALL.into_iter().find(|r| r.as_str() == value)
+    }
+}
+
+/// Why a stream in `UPSTREAM_RESUME=snapshot` mode re-synchronised its order
+/// book from a new snapshot (`leasehold_stream_snapshots_total{reason}`): one
+/// value per snapshot entry written to the sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotReason {
+    /// The first synchronisation after a subscribe (a connect or reconnect):
+    /// expected, once per connection.
+    Subscribe,
+    /// Diffs were missed (a hole in the update sequence): the book cannot be
+    /// carried forward, so it is rebuilt from a snapshot.
+    Gap,
+    /// The upstream's sequence started over (a service restart).
+    Reset,
+    /// The book's checksum disagreed with the book the worker kept
+    /// (`UPSTREAM_BOOK_CHECKSUM`): a diff was lost or garbled.
+    Checksum,
+}
+
+impl SnapshotReason {
+    /// Every value, for counters that exist at 0 from the start.
+    pub const ALL: [SnapshotReason; 4] = [
+        SnapshotReason::Subscribe,
+        SnapshotReason::Gap,
+        SnapshotReason::Reset,
+        SnapshotReason::Checksum,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotReason::Subscribe => "subscribe",
+            SnapshotReason::Gap => "gap",
+            SnapshotReason::Reset => "reset",
+            SnapshotReason::Checksum => "checksum",
+        }
     }
 }
 

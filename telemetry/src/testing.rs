@@ -80,6 +80,11 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             to_seq: 1,
             fence_token: 8,
         },
+        StreamSnapshot {
+            stream_id: s(),
+            reason: crate::SnapshotReason::Gap,
+        },
+        StreamChecksumFailure { stream_id: s() },
         StreamBackfillWait {
             stream_id: s(),
             reason: crate::BackfillWait::RetryAfter,
@@ -226,6 +231,12 @@ pub fn every_label_value() -> Vec<crate::TelemetryEvent> {
             stream_id: stream(),
             from_seq: 1,
             to_seq: 1,
+            reason,
+        }),
+    );
+    events.extend(
+        crate::SnapshotReason::ALL.map(|reason| TelemetryEvent::StreamSnapshot {
+            stream_id: stream(),
             reason,
         }),
     );

@@ -23,9 +23,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::sequence::{Arrival, ResumeMode, Sequencer, Step};
+use crate::sequence::{Arrival, ResumeMode, Sequencer, Snapshotted, Step};
 use leasehold_control::protocol;
-use leasehold_sink::{OpenOutcome, SinkError, SinkEvent, WriteOutcome};
+use leasehold_sink::{GapMark, OpenOutcome, SinkError, SinkEvent, WriteOutcome};
 use leasehold_telemetry::{
     BackfillResult, BackfillWait, GapReason, LossReason, SkipReason, TelemetryEvent,
 };
@@ -59,6 +59,9 @@ pub enum Input {
     Reopened(Result<OpenOutcome, SinkError>),
     /// The page asked for by [`Action::Fetch`] came (or the range was given up).
     Page(Result<Vec<UpstreamEvent>, HistoryError>),
+    /// The order book's snapshot asked for by [`Action::FetchSnapshot`] came
+    /// (its sequence at `seq`, its body as `payload`), or could not be read.
+    Snapshot(Result<UpstreamEvent, HistoryError>),
     /// The new epoch asked for by [`Action::StartEpoch`] started: the lease's
     /// token was lifted to `fence_token` and the sink holds the reset entry.
     EpochStarted {
@@ -92,6 +95,11 @@ pub enum Action {
         from: u64,
         /// Last sequence wanted.
         to: u64,
+        /// Wait before asking.
+        after: Duration,
+    },
+    /// Fetch the order book's snapshot after waiting `after`.
+    FetchSnapshot {
         /// Wait before asking.
         after: Duration,
     },
@@ -285,6 +293,9 @@ pub struct StreamMachine {
     fetching: bool,
     empty_pages: u32,
     backfill: Option<BackfillRun>,
+    /// Snapshots fetched in a row that could not be taken (unreadable, or
+    /// older than the held diffs): the wait before the next.
+    snapshot_attempts: u32,
     /// Since when the held events are at their bound (reading paused).
     held_full_since: Option<Instant>,
     reset: Option<PendingReset>,
@@ -364,6 +375,7 @@ impl StreamMachine {
             fetching: false,
             empty_pages: 0,
             backfill: None,
+            snapshot_attempts: 0,
             held_full_since: None,
             reset: None,
             awaiting_epoch: false,
@@ -506,6 +518,7 @@ impl StreamMachine {
             Input::UpstreamFailed(error) => self.connection_failed(error),
             Input::Reopened(result) => self.reopened(result, now),
             Input::Page(result) => self.page_landed(result, now),
+            Input::Snapshot(result) => self.snapshot_landed(result, now),
             Input::EpochStarted { fence_token } => self.epoch_started(fence_token, now),
         }
         self.watch_the_hold(now);
@@ -763,6 +776,38 @@ impl StreamMachine {
                 Step::Reconnect { expected, got } => {
                     self.connection_failed(UpstreamError::Gap { expected, got });
                 }
+                Step::Resync { reason } => {
+                    tracing::info!(
+                        stream_id = self.stream_id,
+                        reason = reason.as_str(),
+                        "fetching the order book's snapshot; diffs are held meanwhile"
+                    );
+                    self.snapshot_attempts = 0;
+                    self.fetch_snapshot(Duration::ZERO);
+                }
+                Step::Snapshot {
+                    seq,
+                    item,
+                    reason,
+                    missed,
+                } => {
+                    let progress = &mut self.progress;
+                    progress.first_seq.get_or_insert(seq);
+                    if self.pending.is_empty() {
+                        progress.unpersisted.push_back((seq, item.received_at));
+                    }
+                    progress.received = progress.received.max(seq);
+                    let missed = missed.map(|missed| GapMark {
+                        from: missed.from,
+                        reason: missed.reason,
+                    });
+                    self.pending
+                        .push(SinkEvent::snapshot(seq, item.payload, missed));
+                    self.emit(TelemetryEvent::StreamSnapshot {
+                        stream_id: self.stream_id.clone(),
+                        reason,
+                    });
+                }
             }
         }
         drop(steps_left);
@@ -794,6 +839,44 @@ impl StreamMachine {
         };
         self.fetching = true;
         self.actions.push_back(Action::Fetch { from, to, after });
+    }
+
+    fn fetch_snapshot(&mut self, after: Duration) {
+        self.fetching = true;
+        self.actions.push_back(Action::FetchSnapshot { after });
+    }
+
+    /// The book's snapshot came: taken, it is written before the held diffs
+    /// that follow it; too old or unreadable, another is fetched after a
+    /// backoff (a book has nothing valid to write without one).
+    fn snapshot_landed(&mut self, result: Result<UpstreamEvent, HistoryError>, now: Instant) {
+        self.fetching = false;
+        let mut steps = std::mem::take(&mut self.steps);
+        let outcome = match result {
+            Ok(snapshot) => {
+                let seq = snapshot.seq;
+                let outcome = self.sequencer.snapshotted(seq, snapshot, &mut steps);
+                if outcome == Snapshotted::Stale {
+                    tracing::info!(
+                        stream_id = self.stream_id,
+                        seq,
+                        "the snapshot is older than the held diffs; fetching another"
+                    );
+                }
+                outcome
+            }
+            Err(error) => {
+                tracing::warn!(stream_id = self.stream_id, %error, "cannot read the order book's snapshot; trying again");
+                Snapshotted::Stale
+            }
+        };
+        self.apply(&mut steps, now);
+        self.steps = steps;
+        if outcome == Snapshotted::Stale && self.sequencer.syncing() && !self.fetching {
+            let wait = self.config.reconnect.delay(self.snapshot_attempts);
+            self.snapshot_attempts = self.snapshot_attempts.saturating_add(1);
+            self.fetch_snapshot(wait);
+        }
     }
 
     /// Reports the backfill under way, if any, as ended with `result`.

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::machine::{Action, Input, SinkFailures, Start, Stop, StreamMachine};
-use crate::upstream::history::{History, HistoryConfig, HistoryError, fetch_page};
+use crate::upstream::history::{History, HistoryConfig, HistoryError, fetch_page, fetch_snapshot};
 use crate::upstream::{Subscription, Upstream, UpstreamError, UpstreamEvent};
 
 /// How a runner batches and retries.
@@ -242,9 +242,9 @@ impl Drop for Held<'_> {
     }
 }
 
-/// A history page being fetched: its task ends with the page or the reason
-/// the range is given up (aborted when dropped).
-type PageFetch = AbortOnDropHandle<Result<Vec<UpstreamEvent>, HistoryError>>;
+/// A history page or a book's snapshot being fetched: its task ends with
+/// the machine's input (aborted when dropped).
+type PageFetch = AbortOnDropHandle<Input>;
 
 /// What the driver has out: each at most once (one write slot, one
 /// connection, one fetch).
@@ -339,10 +339,10 @@ async fn drive(
             }
             joined = next_of(&mut out.fetch), if out.fetch.is_some() && machine.wants_page() => {
                 out.fetch = None;
-                let page = joined.unwrap_or_else(|join| {
-                    Err(HistoryError::Refused(format!("backfill task failed: {join}")))
+                let input = joined.unwrap_or_else(|join| {
+                    Input::Page(Err(HistoryError::Refused(format!("backfill task failed: {join}"))))
                 });
-                machine.handle(Input::Page(page), Instant::now());
+                machine.handle(input, Instant::now());
             }
             // A full batch waits for a free write slot: reading stops (backpressure).
             next = next_frame(&mut out.subscription), if out.subscription.is_some() && machine.wants_frames() => {
@@ -429,15 +429,32 @@ async fn carry_out(
                     let telemetry = context.telemetry.clone();
                     AbortOnDropHandle::new(tokio::spawn(async move {
                         sleep(after).await;
-                        fetch_page(&*history, &config, &*telemetry, &stream_id, from, to).await
+                        Input::Page(
+                            fetch_page(&*history, &config, &*telemetry, &stream_id, from, to).await,
+                        )
                     }))
                 }
                 // Settings require a history for `backfill`; a runner built
                 // without one has nothing to fetch from.
                 None => AbortOnDropHandle::new(tokio::spawn(async {
-                    Err(HistoryError::Refused("no history configured".into()))
+                    Input::Page(Err(HistoryError::Refused("no history configured".into())))
                 })),
             });
+        }
+        Action::FetchSnapshot { after } => {
+            let stream_id = lease.stream_id.clone();
+            let history = context.history.clone();
+            let telemetry = context.telemetry.clone();
+            out.fetch = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+                sleep(after).await;
+                Input::Snapshot(match history {
+                    Some((history, config)) => {
+                        fetch_snapshot(&*history, &config, &*telemetry, &stream_id).await
+                    }
+                    // Settings require a snapshot URL for `snapshot`.
+                    None => Err(HistoryError::Refused("no snapshot URL configured".into())),
+                })
+            })));
         }
         Action::CancelFetch => out.fetch = None,
         Action::StageCheckpoint(seq) => lease.stage_checkpoint(seq),

@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use leasehold_telemetry::GapReason;
+use leasehold_telemetry::{GapReason, SnapshotReason};
 
 /// What the worker does about missed sequences (`UPSTREAM_RESUME`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,11 +30,21 @@ pub enum ResumeMode {
     /// The upstream starts live and cannot replay: a hole is recorded as a gap
     /// marker and the stream goes on.
     Live,
+    /// An order book: diffs mean nothing without the book they apply to, so
+    /// a stream with nothing to continue, a hole, a reset or a checksum
+    /// failure re-synchronises from a snapshot (REST or in-band) while the
+    /// diffs that arrive meanwhile are held, then follow it.
+    Snapshot,
 }
 
 impl ResumeMode {
     /// Every value, as `UPSTREAM_RESUME` spells it.
-    pub const ALL: [ResumeMode; 3] = [ResumeMode::Replay, ResumeMode::Backfill, ResumeMode::Live];
+    pub const ALL: [ResumeMode; 4] = [
+        ResumeMode::Replay,
+        ResumeMode::Backfill,
+        ResumeMode::Live,
+        ResumeMode::Snapshot,
+    ];
 
     /// The `UPSTREAM_RESUME` value.
     pub fn as_str(self) -> &'static str {
@@ -42,6 +52,7 @@ impl ResumeMode {
             ResumeMode::Replay => "replay",
             ResumeMode::Backfill => "backfill",
             ResumeMode::Live => "live",
+            ResumeMode::Snapshot => "snapshot",
         }
     }
 
@@ -127,6 +138,25 @@ pub enum Step<T> {
         /// How many.
         frames: usize,
     },
+    /// Snapshot mode: get a snapshot of the book and hand it to
+    /// [`Sequencer::snapshotted`]; diffs are held meanwhile.
+    Resync {
+        /// Why the book is re-synchronised.
+        reason: SnapshotReason,
+    },
+    /// Snapshot mode: write this snapshot entry at `seq` (the book after
+    /// every update up to `seq`); the held diffs after it follow.
+    Snapshot {
+        /// The snapshot's sequence (Binance `lastUpdateId`).
+        seq: u64,
+        /// The snapshot as received.
+        item: T,
+        /// Why the book was re-synchronised.
+        reason: SnapshotReason,
+        /// Diffs before it that no reader will see (a hole, or diffs that
+        /// went into a book whose checksum failed): the entry says so.
+        missed: Option<Missed>,
+    },
     /// Replay mode: the upstream skipped `expected`; reconnect from it.
     Reconnect {
         /// The sequence that should have come next.
@@ -135,6 +165,32 @@ pub enum Step<T> {
         /// first it covers).
         got: u64,
     },
+}
+
+/// Diffs a snapshot entry stands in for: a reader's book was wrong (or
+/// missing) from `from` until the snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Missed {
+    /// First sequence not carried into a reader's book.
+    pub from: u64,
+    /// The snapshot's sequence.
+    pub to: u64,
+    /// Why: `no_replay` after a hole, `checksum` after a checksum failure.
+    pub reason: GapReason,
+}
+
+/// What became of a snapshot handed to [`Sequencer::snapshotted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Snapshotted {
+    /// Written ([`Step::Snapshot`]), and the held diffs after it.
+    Taken,
+    /// Too old for the stream: at or below what was written, or the held
+    /// diffs start past it (Binance: "if the first event's `U` is above
+    /// `lastUpdateId + 1`, get a new snapshot"). Ask again.
+    Stale,
+    /// No re-synchronisation was waiting for it (a snapshot that outlived a
+    /// reposition): dropped.
+    Unasked,
 }
 
 /// How an arrival was taken (the shell counts replays as skipped frames).
@@ -227,6 +283,9 @@ pub struct Sequencer<T> {
     /// Frames behind in a row that make a reset (`UPSTREAM_RESET_AFTER`);
     /// 0: a sequence never resets (every frame behind is a replay).
     reset_after: u32,
+    /// Snapshot mode: a snapshot was asked for, for this reason; diffs are
+    /// held until it comes.
+    syncing: Option<SnapshotReason>,
 }
 
 impl<T> Sequencer<T> {
@@ -245,6 +304,7 @@ impl<T> Sequencer<T> {
             suspects: Vec::new(),
             behind: Vec::new(),
             reset_after: 0,
+            syncing: None,
         }
     }
 
@@ -319,7 +379,12 @@ impl<T> Sequencer<T> {
         self.filling.is_some()
     }
 
-    /// Live events held for the running backfill.
+    /// A snapshot was asked for and has not been taken yet.
+    pub fn syncing(&self) -> bool {
+        self.syncing.is_some()
+    }
+
+    /// Live events held for the running backfill or snapshot.
     pub fn held(&self) -> usize {
         self.held.len()
     }
@@ -340,6 +405,7 @@ impl<T> Sequencer<T> {
         self.held_weight = 0;
         self.suspects.clear();
         self.behind.clear();
+        self.syncing = None;
         self.fresh_connection = true;
     }
 
@@ -453,6 +519,13 @@ impl<T> Sequencer<T> {
         }
         self.settle_before_reset(out);
         let behind = std::mem::take(&mut self.behind);
+        if self.mode == ResumeMode::Snapshot {
+            // The new epoch's book starts from a snapshot too: the frames
+            // that made the reset wait for it (after the reset entry).
+            self.syncing = None;
+            self.held.clear();
+            self.held_weight = 0;
+        }
         let to = behind
             .first()
             .map_or(seq, |first| first.first.unwrap_or(first.seq));
@@ -462,6 +535,9 @@ impl<T> Sequencer<T> {
         // entry's position, so the next one is taken as contiguous.
         self.last = Some(to.saturating_sub(1));
         self.fresh_connection = false;
+        if self.mode == ResumeMode::Snapshot {
+            self.start_sync(SnapshotReason::Reset, out);
+        }
         for frame in behind {
             self.arrive_at_its_word(
                 Frame {
@@ -525,7 +601,7 @@ impl<T> Sequencer<T> {
     }
 
     fn arrive_at_its_word(&mut self, frame: Frame<T>, out: &mut Vec<Step<T>>) -> Arrival {
-        if self.filling.is_some() {
+        if self.filling.is_some() || self.syncing.is_some() {
             if self.held.back().is_some_and(|held| frame.seq <= held.seq)
                 || self.last.is_some_and(|last| frame.seq <= last)
             {
@@ -539,6 +615,12 @@ impl<T> Sequencer<T> {
 
     fn take(&mut self, frame: Frame<T>, out: &mut Vec<Step<T>>) -> Arrival {
         let Some(last) = self.last else {
+            if self.mode == ResumeMode::Snapshot {
+                // A diff with no book before it: the book starts at a snapshot.
+                self.start_sync(SnapshotReason::Subscribe, out);
+                self.hold(frame, true);
+                return Arrival::Held;
+            }
             self.last = Some(frame.seq);
             out.push(Step::Event(frame.seq, frame.item));
             return Arrival::Taken;
@@ -554,7 +636,10 @@ impl<T> Sequencer<T> {
                     SeqStep::Contiguous => true,
                     // Holes are normal; only a new connection's jump can hide
                     // missed events, and only a history can tell.
-                    SeqStep::Increasing => frame.fresh && self.mode == ResumeMode::Backfill,
+                    SeqStep::Increasing => {
+                        frame.fresh
+                            && matches!(self.mode, ResumeMode::Backfill | ResumeMode::Snapshot)
+                    }
                 })
             .then(|| seq - 1),
         };
@@ -597,8 +682,82 @@ impl<T> Sequencer<T> {
                 out.push(Step::Backfill { from, to });
                 return Arrival::Held;
             }
+            ResumeMode::Snapshot => {
+                self.start_sync(SnapshotReason::Gap, out);
+                self.hold(frame, true);
+                return Arrival::Held;
+            }
         }
         Arrival::Taken
+    }
+
+    fn start_sync(&mut self, reason: SnapshotReason, out: &mut Vec<Step<T>>) {
+        if self.syncing.is_none() {
+            self.syncing = Some(reason);
+            out.push(Step::Resync { reason });
+        }
+    }
+
+    /// Snapshot mode: the book the worker keeps failed its checksum (or is
+    /// otherwise known wrong) after what was handed on: the diffs from here
+    /// are held until a snapshot ([`Step::Resync`]). Nothing when one is
+    /// already asked for.
+    pub fn resync(&mut self, reason: SnapshotReason, out: &mut Vec<Step<T>>) {
+        if self.mode == ResumeMode::Snapshot {
+            self.start_sync(reason, out);
+        }
+    }
+
+    /// The snapshot asked for by [`Step::Resync`]: the book after every
+    /// update up to `seq`. Held diffs it already contains are dropped; the
+    /// first one after it must continue it (cover `seq + 1`), or it is
+    /// [`Snapshotted::Stale`] and another must be fetched. Taken, it is
+    /// handed on as [`Step::Snapshot`], then the held diffs (a hole among
+    /// them asks for the next snapshot).
+    pub fn snapshotted(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Snapshotted {
+        let Some(reason) = self.syncing else {
+            return Snapshotted::Unasked;
+        };
+        if self.last.is_some_and(|last| seq <= last) {
+            // Its entry would sit at or below what was written.
+            return Snapshotted::Stale;
+        }
+        while self.held.front().is_some_and(|held| held.seq <= seq) {
+            self.release_front();
+        }
+        if let Some(front) = self.held.front()
+            && self.hole_before(front, seq + 1).is_some()
+        {
+            return Snapshotted::Stale;
+        }
+        let missed = match (reason, self.last) {
+            // Nothing before it to continue, or a reset entry said so.
+            (SnapshotReason::Subscribe | SnapshotReason::Reset, _) | (_, None) => None,
+            (SnapshotReason::Gap, Some(last)) => Some(Missed {
+                from: last + 1,
+                to: seq,
+                reason: GapReason::NoReplay,
+            }),
+            (SnapshotReason::Checksum, Some(last)) => Some(Missed {
+                from: last + 1,
+                to: seq,
+                reason: GapReason::Checksum,
+            }),
+        };
+        self.syncing = None;
+        self.last = Some(seq);
+        out.push(Step::Snapshot {
+            seq,
+            item,
+            reason,
+            missed,
+        });
+        while let Some(frame) = self.release_front() {
+            if self.take(frame, out) == Arrival::Held {
+                break;
+            }
+        }
+        Snapshotted::Taken
     }
 
     /// The sequence the running backfill needs next and the last one it
@@ -722,7 +881,8 @@ mod tests {
 
     #[test]
     fn a_never_written_stream_starts_wherever_the_upstream_is() {
-        for mode in ResumeMode::ALL {
+        // (A book starts at a snapshot instead: tested below.)
+        for mode in [ResumeMode::Replay, ResumeMode::Backfill, ResumeMode::Live] {
             let mut s = Sequencer::new(mode, SeqStep::Contiguous, None);
             assert_eq!(s.resume_from(), 0);
             assert_eq!(
@@ -1049,7 +1209,8 @@ mod tests {
 
     #[test]
     fn a_sequence_that_starts_over_is_a_reset_after_the_frames_confirm_it() {
-        for mode in ResumeMode::ALL {
+        // (A book's new epoch starts at a snapshot: tested below.)
+        for mode in [ResumeMode::Replay, ResumeMode::Backfill, ResumeMode::Live] {
             for step in SeqStep::ALL {
                 let mut s = Sequencer::new(mode, step, Some(60_108)).with_reset_after(3);
                 let mut out = Vec::new();
@@ -1242,6 +1403,226 @@ mod tests {
                 Step::Reset { from: 5_000, to: 1 },
                 Step::Event(3, 3),
                 Step::Event(9, 9),
+                Step::Event(12, 12),
+            ]
+        );
+    }
+
+    fn snapshot(s: &mut Sequencer<u64>, seq: u64, out: &mut Vec<Step<u64>>) -> Snapshotted {
+        s.snapshotted(seq, seq, out)
+    }
+
+    #[test]
+    fn a_book_starts_at_its_snapshot_and_the_diffs_after_it_follow() {
+        // Binance spot: diffs U..=u arrive, a snapshot at lastUpdateId = 160
+        // is read; diffs up to it are dropped, the first after it straddles.
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Increasing, None);
+        assert_eq!(
+            diffs(&mut s, &[(101, 140), (141, 170), (171, 190)]),
+            vec![Step::Resync {
+                reason: SnapshotReason::Subscribe
+            }]
+        );
+        assert_eq!(s.held(), 3);
+        let mut out = Vec::new();
+        assert_eq!(snapshot(&mut s, 160, &mut out), Snapshotted::Taken);
+        assert_eq!(
+            out,
+            vec![
+                Step::Snapshot {
+                    seq: 160,
+                    item: 160,
+                    reason: SnapshotReason::Subscribe,
+                    missed: None
+                },
+                Step::Event(170, 170),
+                Step::Event(190, 190),
+            ]
+        );
+        assert!(!s.syncing());
+        assert_eq!(s.held_weight(), 0);
+        // Diffs go straight on after it.
+        assert_eq!(diffs(&mut s, &[(191, 200)]), vec![Step::Event(200, 200)]);
+    }
+
+    #[test]
+    fn a_snapshot_older_than_the_held_diffs_is_stale_and_one_more_is_asked_for() {
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Increasing, None);
+        diffs(&mut s, &[(141, 170), (171, 190)]);
+        let mut out = Vec::new();
+        // "If the first event's U is above lastUpdateId + 1, get a new snapshot."
+        assert_eq!(snapshot(&mut s, 130, &mut out), Snapshotted::Stale);
+        assert_eq!(out, vec![]);
+        assert!(s.syncing());
+        assert_eq!(s.held(), 2);
+        assert_eq!(snapshot(&mut s, 175, &mut out), Snapshotted::Taken);
+        assert_eq!(
+            out,
+            vec![
+                Step::Snapshot {
+                    seq: 175,
+                    item: 175,
+                    reason: SnapshotReason::Subscribe,
+                    missed: None
+                },
+                Step::Event(190, 190),
+            ]
+        );
+        // One nobody asked for any more is dropped.
+        assert_eq!(snapshot(&mut s, 300, &mut out), Snapshotted::Unasked);
+    }
+
+    #[test]
+    fn a_hole_in_the_diffs_resyncs_and_the_snapshot_entry_names_what_was_missed() {
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Increasing, Some(100));
+        assert_eq!(
+            diffs(&mut s, &[(101, 110), (120, 130), (131, 140)]),
+            vec![
+                Step::Event(110, 110),
+                Step::Resync {
+                    reason: SnapshotReason::Gap
+                }
+            ]
+        );
+        let mut out = Vec::new();
+        assert_eq!(snapshot(&mut s, 135, &mut out), Snapshotted::Taken);
+        assert_eq!(
+            out,
+            vec![
+                Step::Snapshot {
+                    seq: 135,
+                    item: 135,
+                    reason: SnapshotReason::Gap,
+                    missed: Some(Missed {
+                        from: 111,
+                        to: 135,
+                        reason: GapReason::NoReplay
+                    })
+                },
+                Step::Event(140, 140),
+            ]
+        );
+    }
+
+    #[test]
+    fn futures_diffs_chain_by_their_predecessor_across_a_snapshot() {
+        // Binance USD-M: each diff says the previous one's `u` (`pu`); the
+        // shell passes `pu + 1` as the first sequence it covers.
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Increasing, None);
+        let mut out = Vec::new();
+        for (pu, u) in [(90, 120), (120, 150), (150, 151)] {
+            s.arrive_covering(Some(pu + 1), u, u, &mut out);
+        }
+        // lastUpdateId 130 falls inside the diff 121..=150: it is kept.
+        assert_eq!(snapshot(&mut s, 130, &mut out), Snapshotted::Taken);
+        assert_eq!(
+            out[1..],
+            [
+                Step::Snapshot {
+                    seq: 130,
+                    item: 130,
+                    reason: SnapshotReason::Subscribe,
+                    missed: None
+                },
+                Step::Event(150, 150),
+                Step::Event(151, 151),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_checksum_failure_holds_the_diffs_after_it_until_a_snapshot() {
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Contiguous, Some(10));
+        let mut out = run(&mut s, &[11]);
+        s.resync(SnapshotReason::Checksum, &mut out);
+        // Asked once, however many times the book is found wrong.
+        s.resync(SnapshotReason::Checksum, &mut out);
+        out.extend(run(&mut s, &[12, 13, 14]));
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(11, 11),
+                Step::Resync {
+                    reason: SnapshotReason::Checksum
+                }
+            ]
+        );
+        out.clear();
+        assert_eq!(snapshot(&mut s, 13, &mut out), Snapshotted::Taken);
+        assert_eq!(
+            out,
+            vec![
+                Step::Snapshot {
+                    seq: 13,
+                    item: 13,
+                    reason: SnapshotReason::Checksum,
+                    missed: Some(Missed {
+                        from: 12,
+                        to: 13,
+                        reason: GapReason::Checksum
+                    })
+                },
+                Step::Event(14, 14),
+            ]
+        );
+        // Other modes keep no book: nothing to re-synchronise.
+        let mut live = Sequencer::<u64>::new(ResumeMode::Live, SeqStep::Contiguous, Some(10));
+        let mut out = Vec::new();
+        live.resync(SnapshotReason::Checksum, &mut out);
+        assert!(out.is_empty() && !live.syncing());
+    }
+
+    #[test]
+    fn a_snapshot_at_or_below_what_was_written_is_stale() {
+        // Its entry id would not be above the last one (a REST cache that
+        // lags the stream).
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Contiguous, Some(10));
+        let mut out = run(&mut s, &[11]);
+        s.resync(SnapshotReason::Checksum, &mut out);
+        run(&mut s, &[12]);
+        out.clear();
+        assert_eq!(snapshot(&mut s, 11, &mut out), Snapshotted::Stale);
+        assert_eq!((out.len(), s.held()), (0, 1));
+    }
+
+    #[test]
+    fn a_new_connection_whose_first_diff_continues_the_book_needs_no_snapshot() {
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Increasing, Some(100));
+        s.connected();
+        assert_eq!(diffs(&mut s, &[(95, 120)]), vec![Step::Event(120, 120)]);
+        s.connected();
+        assert_eq!(
+            diffs(&mut s, &[(200, 210)]),
+            vec![Step::Resync {
+                reason: SnapshotReason::Gap
+            }]
+        );
+    }
+
+    #[test]
+    fn a_reset_book_starts_its_new_epoch_at_a_snapshot() {
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Increasing, Some(5_000))
+            .with_reset_after(3);
+        assert_eq!(
+            diffs(&mut s, &[(1, 3), (4, 9), (10, 12)]),
+            vec![
+                Step::Reset { from: 5_000, to: 1 },
+                Step::Resync {
+                    reason: SnapshotReason::Reset
+                },
+            ]
+        );
+        let mut out = Vec::new();
+        assert_eq!(snapshot(&mut s, 9, &mut out), Snapshotted::Taken);
+        assert_eq!(
+            out,
+            vec![
+                Step::Snapshot {
+                    seq: 9,
+                    item: 9,
+                    reason: SnapshotReason::Reset,
+                    missed: None
+                },
                 Step::Event(12, 12),
             ]
         );

@@ -10,7 +10,7 @@ use leasehold_telemetry::transport::ShipperConfig;
 
 use crate::runner::RunnerConfig;
 use crate::sequence::{JumpBound, ResumeMode, SeqStep};
-use crate::upstream::history::HistoryConfig;
+use crate::upstream::history::{HistoryConfig, SnapshotEndpoint};
 use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, SeqRange, WebSocketUpstreamConfig};
 use crate::worker::{DiscoveryMode, StreamWorkerConfig};
 use leasehold_sink::SinkOptions;
@@ -88,7 +88,9 @@ pub const UPSTREAM_IDLE_TIMEOUT_MS: Setting<Duration> = Setting::new(
 );
 /// `replay`, `backfill` or `live`.
 const RESUME_PARSER: Parser<ResumeMode> = Parser {
-    parse: |raw| ResumeMode::parse(raw).ok_or_else(|| "must be replay, backfill or live".into()),
+    parse: |raw| {
+        ResumeMode::parse(raw).ok_or_else(|| "must be replay, backfill, live or snapshot".into())
+    },
     show: |mode| mode.as_str().to_owned(),
 };
 /// `contiguous` or `increasing`.
@@ -113,8 +115,10 @@ pub const UPSTREAM_RESUME: Setting<ResumeMode> = Setting::new(
     RESUME_PARSER,
     Fallback::Value(|| ResumeMode::Replay),
     "What a missed range becomes: `replay` (the upstream resumes from any sequence: ask again), \
-     `backfill` (read it from `UPSTREAM_BACKFILL_URL`, holding live events meanwhile) or `live` \
-     (the upstream starts live: record a gap marker and go on).",
+     `backfill` (read it from `UPSTREAM_BACKFILL_URL`, holding live events meanwhile), `live` \
+     (the upstream starts live: record a gap marker and go on) or `snapshot` (an order book: \
+     re-synchronise from `UPSTREAM_SNAPSHOT_URL`, holding diffs meanwhile, and write the \
+     snapshot entry before the diffs that follow it).",
 );
 /// The `UPSTREAM_SEQ_STEP` variable.
 pub const UPSTREAM_SEQ_STEP: Setting<SeqStep> = Setting::new(
@@ -210,6 +214,25 @@ pub const UPSTREAM_BACKFILL_URL: Setting<String> = Setting::secret(
     "History endpoint for `UPSTREAM_RESUME=backfill`: `http(s)://` with `{stream_id}`, \
      `{stream_id_upper}`, `{from_seq}` and `{to_seq}`; read page by page until the range is closed. \
      Never printed (it may carry an API key).",
+);
+/// The `UPSTREAM_SNAPSHOT_URL` variable.
+pub const UPSTREAM_SNAPSHOT_URL: Setting<String> = Setting::secret(
+    "UPSTREAM_SNAPSHOT_URL",
+    parse::TEXT,
+    Fallback::Unset,
+    "An order book's REST snapshot for `UPSTREAM_RESUME=snapshot` (Binance \
+     `https://api.binance.com/api/v3/depth?symbol={stream_id_upper}&limit=1000`): `http(s)://` \
+     with `{stream_id}` and `{stream_id_upper}`. Read under `BACKFILL_CONCURRENCY` with the \
+     backfill's timeouts and retries. Never printed (it may carry an API key).",
+);
+/// The `UPSTREAM_SNAPSHOT_SEQ_POINTER` variable.
+pub const UPSTREAM_SNAPSHOT_SEQ_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_SNAPSHOT_SEQ_POINTER",
+    parse::TEXT,
+    Fallback::Value(|| "/lastUpdateId".to_owned()),
+    "JSON pointer to a REST snapshot's sequence: the last update the book contains. Diffs whose \
+     last sequence is at or below it are dropped; the first one after it must cover it + 1, or \
+     the snapshot is fetched again.",
 );
 /// The `UPSTREAM_BACKFILL_ITEMS_POINTER` variable.
 pub const UPSTREAM_BACKFILL_ITEMS_POINTER: Setting<String> = Setting::new(
@@ -390,6 +413,8 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_BACKFILL_SEQ_POINTER,
     &UPSTREAM_BACKFILL_ID_POINTER,
     &UPSTREAM_BACKFILL_TS_POINTER,
+    &UPSTREAM_SNAPSHOT_URL,
+    &UPSTREAM_SNAPSHOT_SEQ_POINTER,
     &BACKFILL_CONCURRENCY,
     &STREAM_HOLD_MAX_BYTES,
     &SINK_URL,
@@ -416,7 +441,8 @@ pub struct StreamWorkerSettings {
     pub lease: LeaseSettings,
     /// The upstream adapter.
     pub upstream: WebSocketUpstreamConfig,
-    /// The upstream's history (`UPSTREAM_RESUME=backfill` only).
+    /// The upstream's history (`UPSTREAM_RESUME=backfill`) or its order
+    /// book's snapshots (`snapshot`).
     pub history: Option<HistoryConfig>,
     /// `SINK_URL` (may hold a password: never print it).
     pub sink_url: leasehold_platform::settings::Redacted<String>,
@@ -439,6 +465,40 @@ fn history_config(
     upstream: &WebSocketUpstreamConfig,
     resume: ResumeMode,
 ) -> Option<HistoryConfig> {
+    let snapshot_url = env.optional(&UPSTREAM_SNAPSHOT_URL);
+    if resume == ResumeMode::Snapshot {
+        let Some(url_template) = snapshot_url else {
+            env.problem(
+                UPSTREAM_SNAPSHOT_URL.name,
+                "is required with UPSTREAM_RESUME=snapshot (where the book's snapshot is read)",
+            );
+            return None;
+        };
+        let config = HistoryConfig {
+            concurrency: env.get(&BACKFILL_CONCURRENCY),
+            snapshot: Some(SnapshotEndpoint {
+                url_template,
+                seq_pointer: env.get(&UPSTREAM_SNAPSHOT_SEQ_POINTER),
+            }),
+            ..HistoryConfig::default()
+        };
+        for problem in config.validate() {
+            env.problem("snapshot", problem);
+        }
+        if env.optional(&UPSTREAM_BACKFILL_URL).is_some() {
+            env.problem(
+                UPSTREAM_BACKFILL_URL.name,
+                "is set but UPSTREAM_RESUME is not backfill (it would be ignored)",
+            );
+        }
+        return Some(config);
+    }
+    if snapshot_url.is_some() {
+        env.problem(
+            UPSTREAM_SNAPSHOT_URL.name,
+            "is set but UPSTREAM_RESUME is not snapshot (it would be ignored)",
+        );
+    }
     let url = env.optional(&UPSTREAM_BACKFILL_URL);
     if resume != ResumeMode::Backfill {
         if url.is_some() {

@@ -182,6 +182,9 @@ impl State {
                     );
                 }
                 Action::Reopen => self.reopen = true,
+                Action::FetchSnapshot { .. } => {
+                    unreachable!("the model's upstream is not an order book")
+                }
                 Action::StageCheckpoint(seq) => {
                     let held = match self.last_id {
                         Some((token, position)) if token == self.token => position,

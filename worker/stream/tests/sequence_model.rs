@@ -503,6 +503,9 @@ impl State {
                     cause = Cause::Arrival;
                 }
                 Step::BehindDropped { .. } => {}
+                Step::Resync { .. } | Step::Snapshot { .. } => {
+                    unreachable!("no mode in this model re-synchronises from a snapshot")
+                }
                 Step::Event(seq, item) => {
                     assert_eq!(seq, item, "an event is written at its own sequence");
                     // Held live events follow a closed range in the same batch.

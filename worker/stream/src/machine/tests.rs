@@ -1338,3 +1338,98 @@ fn a_drain_during_a_refill_marks_what_was_not_refilled() {
     assert_eq!(s.gaps_reported(), [(3, 4, GapReason::SinkLost)]);
     assert_eq!(s.machine.stopped(), Some(&Stop::Drain));
 }
+
+/// An order book's diff covering `first..=last` (Binance `U`, `u`).
+fn diff(first: u64, last: u64) -> UpstreamEvent {
+    UpstreamEvent {
+        seq: last,
+        first_seq: Some(first),
+        event_id: last.to_string(),
+        payload: format!("{{\"U\":{first},\"u\":{last}}}").into(),
+        received_at: Instant::now(),
+        arrival_lag: None,
+    }
+}
+
+/// A REST snapshot of the book at `last_update_id`.
+fn book_at(last_update_id: u64) -> UpstreamEvent {
+    UpstreamEvent {
+        seq: last_update_id,
+        first_seq: None,
+        event_id: String::new(),
+        payload: format!("{{\"lastUpdateId\":{last_update_id}}}").into(),
+        received_at: Instant::now(),
+        arrival_lag: None,
+    }
+}
+
+/// The waits of the snapshot fetches among `actions`.
+fn snapshot_fetches(actions: &[Action]) -> Vec<Duration> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::FetchSnapshot { after } => Some(*after),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_book_is_written_from_its_snapshot_then_the_diffs_after_it() {
+    let mut s = Script::new(
+        RunnerConfig {
+            seq_step: SeqStep::Increasing,
+            ..resuming(ResumeMode::Snapshot)
+        },
+        start(0),
+    );
+    s.settle();
+    s.feed(Input::Subscribed);
+    s.feed(Input::Frame(diff(101, 140)));
+    s.feed(Input::Frame(diff(141, 170)));
+    let asked = s.settle();
+    assert_eq!(snapshot_fetches(&asked), [Duration::ZERO]);
+    assert!(s.stored.is_empty(), "nothing before the snapshot");
+    // Older than the held diffs: another, after a wait; an unreadable one too.
+    s.feed(Input::Snapshot(Ok(book_at(90))));
+    let first_wait = snapshot_fetches(&s.settle());
+    s.feed(Input::Snapshot(Err(HistoryError::Unavailable(
+        "down".into(),
+    ))));
+    let second_wait = snapshot_fetches(&s.settle());
+    assert_eq!((first_wait.len(), second_wait.len()), (1, 1));
+    assert!(s.stored.is_empty());
+    s.feed(Input::Snapshot(Ok(book_at(150))));
+    s.settle();
+    let snapshots: Vec<_> = s.stored.iter().map(|e| (e.seq, e.snapshot)).collect();
+    assert_eq!(snapshots, [(150, true), (170, false)]);
+    assert_eq!(s.stored[0].gap, None, "a first book misses nothing");
+    assert!(s.stored[0].payload == *"{\"lastUpdateId\":150}");
+    // A reconnect whose first diff starts past the book: a new snapshot,
+    // whose entry names the diffs no reader saw.
+    s.cut_and_reconnect();
+    s.feed(Input::Frame(diff(300, 320)));
+    assert_eq!(snapshot_fetches(&s.settle()), [Duration::ZERO]);
+    s.feed(Input::Snapshot(Ok(book_at(310))));
+    s.settle();
+    assert_eq!(s.stored_seqs(), [150, 170, 310, 320]);
+    assert_eq!(
+        s.stored[2].gap,
+        Some(leasehold_sink::GapMark {
+            from: 171,
+            reason: GapReason::NoReplay
+        })
+    );
+    assert_eq!(s.gaps_reported(), [(171, 310, GapReason::NoReplay)]);
+    let reasons = s.reported(|e| match e {
+        TelemetryEvent::StreamSnapshot { reason, .. } => Some(*reason),
+        _ => None,
+    });
+    assert_eq!(
+        reasons,
+        [
+            leasehold_telemetry::SnapshotReason::Subscribe,
+            leasehold_telemetry::SnapshotReason::Gap
+        ]
+    );
+}

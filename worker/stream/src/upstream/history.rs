@@ -2,6 +2,11 @@
 //! live-start upstream did not deliver, read page by page from a REST endpoint
 //! such as an exchange's historical-trades API.
 //!
+//! The same client reads an order book's REST snapshots
+//! (`UPSTREAM_RESUME=snapshot`, [`History::snapshot`]): one GET of the book,
+//! its sequence at `UPSTREAM_SNAPSHOT_SEQ_POINTER`, under the same request
+//! slots (`BACKFILL_CONCURRENCY`), timeouts and retries as a history page.
+//!
 //! One [`History::page`] call is one request: the URL template gets the stream
 //! and the range, the body's items are found at their own pointers (history
 //! APIs name fields differently from their streams), and each item's text as
@@ -61,6 +66,20 @@ pub struct HistoryConfig {
     /// (`BACKFILL_CONCURRENCY`): a worker that takes over 500 streams must not
     /// fire 500 backfills at once at an exchange's rate limit.
     pub concurrency: usize,
+    /// Where an order book's snapshots are read (`UPSTREAM_RESUME=snapshot`);
+    /// `url_template` is then empty unless a history is read too.
+    pub snapshot: Option<SnapshotEndpoint>,
+}
+
+/// An order book's REST snapshot (Binance `GET /api/v3/depth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotEndpoint {
+    /// `http(s)://` template with `{stream_id}` and `{stream_id_upper}`
+    /// (`UPSTREAM_SNAPSHOT_URL`).
+    pub url_template: String,
+    /// Pointer to the book's sequence in the body (Binance `/lastUpdateId`,
+    /// `UPSTREAM_SNAPSHOT_SEQ_POINTER`).
+    pub seq_pointer: String,
 }
 
 impl Default for HistoryConfig {
@@ -80,6 +99,7 @@ impl Default for HistoryConfig {
                 cap: Duration::from_secs(8),
             },
             concurrency: BACKFILL_CONCURRENCY,
+            snapshot: None,
         }
     }
 }
@@ -119,22 +139,37 @@ impl History for BoundedHistory {
         from_seq: u64,
         to_seq: u64,
     ) -> Result<Vec<UpstreamEvent>, HistoryError> {
-        let shut = |_| HistoryError::Unavailable("the history is shutting down".into());
-        let _slot = match self.slots.try_acquire() {
-            Ok(slot) => slot,
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(shut(())),
+        let _slot = self.slot(stream_id).await?;
+        self.inner.page(stream_id, from_seq, to_seq).await
+    }
+
+    async fn snapshot(&self, stream_id: &str) -> Result<UpstreamEvent, HistoryError> {
+        let _slot = self.slot(stream_id).await?;
+        self.inner.snapshot(stream_id).await
+    }
+}
+
+impl BoundedHistory {
+    /// One request slot, reporting the wait when there was none free.
+    async fn slot(
+        &self,
+        stream_id: &str,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, HistoryError> {
+        let shut = || HistoryError::Unavailable("the history is shutting down".into());
+        match self.slots.try_acquire() {
+            Ok(slot) => Ok(slot),
+            Err(tokio::sync::TryAcquireError::Closed) => Err(shut()),
             Err(tokio::sync::TryAcquireError::NoPermits) => {
                 let asked = tokio::time::Instant::now();
-                let slot = self.slots.acquire().await.map_err(|_| shut(()))?;
+                let slot = self.slots.acquire().await.map_err(|_| shut())?;
                 self.telemetry.emit(TelemetryEvent::StreamBackfillWait {
                     stream_id: stream_id.to_owned(),
                     reason: BackfillWait::Concurrency,
                     duration: asked.elapsed(),
                 });
-                slot
+                Ok(slot)
             }
-        };
-        self.inner.page(stream_id, from_seq, to_seq).await
+        }
     }
 }
 
@@ -142,6 +177,12 @@ impl HistoryConfig {
     /// Every problem with this configuration.
     pub fn validate(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Some(snapshot) = &self.snapshot {
+            problems.extend(snapshot.validate());
+            if self.url_template.is_empty() {
+                return problems;
+            }
+        }
         let sample = render_history_url(&self.url_template, "stream", 1, 2);
         let redacted = redact_url(&self.url_template);
         match url::Url::parse(&sample) {
@@ -187,6 +228,27 @@ impl HistoryConfig {
     }
 }
 
+impl SnapshotEndpoint {
+    /// Every problem with this endpoint.
+    pub fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let redacted = redact_url(&self.url_template);
+        match url::Url::parse(&render_history_url(&self.url_template, "stream", 0, 0)) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+            _ => problems.push(format!(
+                "snapshot URL {redacted} must be an http:// or https:// URL with a host"
+            )),
+        }
+        if !self.seq_pointer.starts_with('/') {
+            problems.push(format!(
+                "snapshot sequence pointer {:?} must be a JSON pointer starting with /",
+                self.seq_pointer
+            ));
+        }
+        problems
+    }
+}
+
 /// Why a page could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HistoryError {
@@ -218,6 +280,15 @@ pub trait History: Send + Sync + 'static {
         from_seq: u64,
         to_seq: u64,
     ) -> Result<Vec<UpstreamEvent>, HistoryError>;
+
+    /// The order book's snapshot now: the body as received, at the sequence
+    /// it states (no event id). Refused where no snapshot endpoint is set.
+    async fn snapshot(&self, stream_id: &str) -> Result<UpstreamEvent, HistoryError> {
+        let _ = stream_id;
+        Err(HistoryError::Refused(
+            "no snapshot URL is configured".into(),
+        ))
+    }
 }
 
 /// A REST history endpoint.
@@ -225,6 +296,8 @@ pub struct HttpHistory {
     config: HistoryConfig,
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
     items: Extractor,
+    /// The snapshot's sequence, when snapshots are read.
+    snapshot_seq: Option<Extractor>,
 }
 
 impl std::fmt::Debug for HttpHistory {
@@ -257,9 +330,14 @@ impl HttpHistory {
             config.id_pointer.as_str(),
             config.ts_pointer.as_deref().unwrap_or("none"),
         ]);
+        let snapshot_seq = config
+            .snapshot
+            .as_ref()
+            .map(|snapshot| Extractor::new(&[snapshot.seq_pointer.as_str()]));
         Ok(HttpHistory {
             client: Client::builder(TokioExecutor::new()).build(connector),
             items,
+            snapshot_seq,
             config,
         })
     }
@@ -353,6 +431,18 @@ impl HttpHistory {
     }
 }
 
+/// The sequence a snapshot body states at `seq`'s pointer.
+fn snapshot_seq(seq: &Extractor, body: &str) -> Result<u64, HistoryError> {
+    let refused = |what: &str| HistoryError::Refused(format!("snapshot body {what}"));
+    let fields = seq.extract(body).map_err(|_| refused("is not JSON"))?;
+    match fields.into_iter().next().flatten() {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.parse().ok(),
+        _ => None,
+    }
+    .ok_or_else(|| refused("has no sequence at UPSTREAM_SNAPSHOT_SEQ_POINTER"))
+}
+
 /// The array at `pointer` inside `root`, items kept as raw text.
 fn items_at<'a>(root: &'a RawValue, pointer: &str) -> Option<Vec<&'a RawValue>> {
     let mut current = root;
@@ -404,6 +494,34 @@ impl History for HttpHistory {
             })??;
         self.parse(&body)
     }
+
+    async fn snapshot(&self, stream_id: &str) -> Result<UpstreamEvent, HistoryError> {
+        let (Some(endpoint), Some(seq)) = (&self.config.snapshot, &self.snapshot_seq) else {
+            return Err(HistoryError::Refused(
+                "no snapshot URL is configured".into(),
+            ));
+        };
+        let url = render_history_url(&endpoint.url_template, stream_id, 0, 0);
+        let body = tokio::time::timeout(self.config.request_timeout, self.get(&url))
+            .await
+            .map_err(|_| {
+                HistoryError::Unavailable(format!(
+                    "{}: no answer within {:?}",
+                    redact_url(&url),
+                    self.config.request_timeout
+                ))
+            })??;
+        let text = String::from_utf8(body.to_vec())
+            .map_err(|_| HistoryError::Refused("snapshot body is not UTF-8".into()))?;
+        Ok(UpstreamEvent {
+            seq: snapshot_seq(seq, &text)?,
+            first_seq: None,
+            event_id: String::new(),
+            payload: text.into(),
+            received_at: Instant::now(),
+            arrival_lag: None,
+        })
+    }
 }
 
 /// One page with the retry policy: outages and rate limits are retried (a
@@ -418,10 +536,40 @@ pub async fn fetch_page(
     from_seq: u64,
     to_seq: u64,
 ) -> Result<Vec<UpstreamEvent>, HistoryError> {
+    with_retries(config, telemetry, stream_id, from_seq, || {
+        history.page(stream_id, from_seq, to_seq)
+    })
+    .await
+}
+
+/// The order book's snapshot, with [`fetch_page`]'s retry policy.
+pub async fn fetch_snapshot(
+    history: &dyn History,
+    config: &HistoryConfig,
+    telemetry: &dyn TelemetrySink,
+    stream_id: &str,
+) -> Result<UpstreamEvent, HistoryError> {
+    with_retries(config, telemetry, stream_id, 0, || {
+        history.snapshot(stream_id)
+    })
+    .await
+}
+
+async fn with_retries<T, F, Fut>(
+    config: &HistoryConfig,
+    telemetry: &dyn TelemetrySink,
+    stream_id: &str,
+    from_seq: u64,
+    mut request: F,
+) -> Result<T, HistoryError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, HistoryError>>,
+{
     let mut attempt = 0;
     loop {
-        let error = match history.page(stream_id, from_seq, to_seq).await {
-            Ok(events) => return Ok(events),
+        let error = match request().await {
+            Ok(found) => return Ok(found),
             Err(error @ HistoryError::Refused(_)) => return Err(error),
             Err(error) => error,
         };
@@ -479,6 +627,7 @@ mod tests {
                 cap: Duration::from_millis(100),
             },
             concurrency: 2,
+            snapshot: None,
         }
     }
 
