@@ -36,7 +36,10 @@ fn unique_symbol(shape: ExchangeShape) -> String {
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64))
         % 1_000_000_000;
     match shape {
-        ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade => format!("x{n}usdt"),
+        ExchangeShape::BinanceTrade
+        | ExchangeShape::BinanceAggTrade
+        | ExchangeShape::BinanceDepth
+        | ExchangeShape::BinanceFuturesDepth => format!("x{n}usdt"),
         ExchangeShape::CoinbaseMatches => format!("X{n}-USD"),
         ExchangeShape::KrakenTrade => format!("X{n}/USD"),
         ExchangeShape::BybitPublicTrade => format!("X{n}USDT"),

@@ -8,8 +8,9 @@
 //! Module map:
 //! - this module: the replaying feed ([`FeedServer`], [`FeedConfig`]).
 //! - [`exchange`]: fake servers in the shapes of real exchanges' public trade
-//!   APIs (Binance, Coinbase, Kraken, Bybit): live start only, their own
-//!   subscribe messages, pings and REST history.
+//!   APIs (Binance, Coinbase, Kraken, Bybit) and Binance's order-book diff
+//!   streams (spot and USD-M futures): live start only, their own subscribe
+//!   messages, pings, REST history and order-book snapshots.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -103,6 +103,10 @@ pub enum Action {
         /// Wait before asking.
         after: Duration,
     },
+    /// Ask the upstream for a new order-book snapshot on the connection
+    /// (`UPSTREAM_UNSUBSCRIBE`, `UPSTREAM_SUBSCRIBE`); when it cannot, report
+    /// [`Input::UpstreamFailed`] (the reconnect brings one).
+    AskSnapshot,
     /// Drop the running fetch (its range is void).
     CancelFetch,
     /// The sink confirmed through `seq`: it rides on the next renew.
@@ -697,9 +701,12 @@ impl StreamMachine {
 
     fn arrive(&mut self, event: UpstreamEvent, now: Instant) {
         let mut steps = std::mem::take(&mut self.steps);
-        let arrival = self
-            .sequencer
-            .arrive_covering(event.first_seq, event.seq, event, &mut steps);
+        let arrival = if event.snapshot && self.config.resume == ResumeMode::Snapshot {
+            self.sequencer.arrive_snapshot(event.seq, event, &mut steps)
+        } else {
+            self.sequencer
+                .arrive_covering(event.first_seq, event.seq, event, &mut steps)
+        };
         if arrival == Arrival::Replayed {
             self.skipped(SkipReason::Duplicate, 1);
         }
@@ -782,8 +789,15 @@ impl StreamMachine {
                         reason = reason.as_str(),
                         "fetching the order book's snapshot; diffs are held meanwhile"
                     );
-                    self.snapshot_attempts = 0;
-                    self.fetch_snapshot(Duration::ZERO);
+                    if self.config.snapshots_in_band {
+                        // The next book comes in the stream, after the ask.
+                        if self.link == Link::Up {
+                            self.actions.push_back(Action::AskSnapshot);
+                        }
+                    } else {
+                        self.snapshot_attempts = 0;
+                        self.fetch_snapshot(Duration::ZERO);
+                    }
                 }
                 Step::Snapshot {
                     seq,

@@ -51,6 +51,10 @@ pub struct RunnerConfig {
     pub resume: ResumeMode,
     /// How the upstream's sequence advances (`UPSTREAM_SEQ_STEP`).
     pub seq_step: SeqStep,
+    /// `snapshot` mode: the book's snapshots come in the stream
+    /// (`UPSTREAM_SNAPSHOT_MATCH`; a new one is asked for on the connection),
+    /// not from `UPSTREAM_SNAPSHOT_URL`.
+    pub snapshots_in_band: bool,
     /// Most live events held while a backfill runs; when full, reading the
     /// upstream pauses until the backfill has caught up.
     pub backfill_hold_max: usize,
@@ -129,6 +133,7 @@ impl Default for RunnerConfig {
             lag_report_interval: Duration::from_secs(1),
             resume: ResumeMode::Replay,
             seq_step: SeqStep::Contiguous,
+            snapshots_in_band: false,
             backfill_hold_max: BACKFILL_HOLD_MAX,
             hold_max_bytes: HOLD_MAX_BYTES,
             backfill_empty_pages: 3,
@@ -455,6 +460,13 @@ async fn carry_out(
                     None => Err(HistoryError::Refused("no snapshot URL configured".into())),
                 })
             })));
+        }
+        Action::AskSnapshot => {
+            if let Some(subscription) = out.subscription.as_mut()
+                && let Err(error) = subscription.resubscribe().await
+            {
+                machine.handle(Input::UpstreamFailed(error), Instant::now());
+            }
         }
         Action::CancelFetch => out.fetch = None,
         Action::StageCheckpoint(seq) => lease.stage_checkpoint(seq),

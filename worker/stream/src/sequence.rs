@@ -251,6 +251,9 @@ struct Frame<T> {
     item: T,
     /// It was the first of its connection.
     fresh: bool,
+    /// An order book's snapshot sent in the stream
+    /// ([`Sequencer::arrive_snapshot`]).
+    snapshot: bool,
 }
 
 /// The sequence decisions of one held stream, from open to release.
@@ -445,6 +448,7 @@ impl<T> Sequencer<T> {
             seq,
             item,
             fresh,
+            snapshot: false,
         };
         if self.reset_after > 0
             && let Some(last) = self.last
@@ -519,6 +523,7 @@ impl<T> Sequencer<T> {
         }
         self.settle_before_reset(out);
         let behind = std::mem::take(&mut self.behind);
+        let brings_a_snapshot = behind.iter().any(|frame| frame.snapshot);
         if self.mode == ResumeMode::Snapshot {
             // The new epoch's book starts from a snapshot too: the frames
             // that made the reset wait for it (after the reset entry).
@@ -536,9 +541,19 @@ impl<T> Sequencer<T> {
         self.last = Some(to.saturating_sub(1));
         self.fresh_connection = false;
         if self.mode == ResumeMode::Snapshot {
-            self.start_sync(SnapshotReason::Reset, out);
+            if brings_a_snapshot {
+                // The restarted stream sent its book (Bybit: a snapshot
+                // with `u=1`): nothing to ask for.
+                self.syncing = Some(SnapshotReason::Reset);
+            } else {
+                self.start_sync(SnapshotReason::Reset, out);
+            }
         }
         for frame in behind {
+            if frame.snapshot {
+                self.take_snapshot(frame.seq, frame.item, out);
+                continue;
+            }
             self.arrive_at_its_word(
                 Frame {
                     fresh: false,
@@ -708,6 +723,62 @@ impl<T> Sequencer<T> {
         }
     }
 
+    /// An order book's snapshot that came in the stream
+    /// (`UPSTREAM_SNAPSHOT_MATCH`: Bybit, OKX, Coinbase send one after every
+    /// subscribe). Whether asked for or not it re-synchronises the book: a
+    /// new connection's first book (reason `subscribe`; diffs missed since
+    /// the last written one are named in its entry), or one the upstream
+    /// sent unasked (`gap`: the upstream says the reader's book is void). One
+    /// at or below what was written is the book as already written: a
+    /// replay. Below the last position it may start a restarted sequence
+    /// (a snapshot with `u=1`): judged with the frames after it, as any.
+    pub fn arrive_snapshot(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
+        let fresh = std::mem::replace(&mut self.fresh_connection, false);
+        let frame = Frame {
+            first: None,
+            seq,
+            item,
+            fresh,
+            snapshot: true,
+        };
+        if self.reset_after > 0
+            && let Some(last) = self.last
+        {
+            if seq < last {
+                return self.fall_behind(last, frame, out);
+            }
+            self.drop_behind(out);
+        }
+        // The book itself: whatever claimed to be ahead of it was not.
+        self.discard_suspects(out);
+        if self.syncing.is_none() {
+            if self.last.is_some_and(|last| seq <= last) {
+                return Arrival::Replayed;
+            }
+            self.syncing = Some(if fresh || self.last.is_none() {
+                SnapshotReason::Subscribe
+            } else {
+                SnapshotReason::Gap
+            });
+        }
+        self.take_snapshot(seq, frame.item, out)
+    }
+
+    /// [`Sequencer::snapshotted`] for a snapshot from the stream: one that
+    /// cannot be taken is asked for again ([`Step::Resync`]).
+    fn take_snapshot(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) -> Arrival {
+        let reason = self.syncing;
+        match self.snapshotted(seq, item, out) {
+            Snapshotted::Taken => Arrival::Taken,
+            Snapshotted::Stale | Snapshotted::Unasked => {
+                if let Some(reason) = reason {
+                    out.push(Step::Resync { reason });
+                }
+                Arrival::Replayed
+            }
+        }
+    }
+
     /// The snapshot asked for by [`Step::Resync`]: the book after every
     /// update up to `seq`. Held diffs it already contains are dropped; the
     /// first one after it must continue it (cover `seq + 1`), or it is
@@ -732,16 +803,17 @@ impl<T> Sequencer<T> {
         }
         let missed = match (reason, self.last) {
             // Nothing before it to continue, or a reset entry said so.
-            (SnapshotReason::Subscribe | SnapshotReason::Reset, _) | (_, None) => None,
-            (SnapshotReason::Gap, Some(last)) => Some(Missed {
-                from: last + 1,
-                to: seq,
-                reason: GapReason::NoReplay,
-            }),
+            (SnapshotReason::Reset, _) | (_, None) => None,
             (SnapshotReason::Checksum, Some(last)) => Some(Missed {
                 from: last + 1,
                 to: seq,
                 reason: GapReason::Checksum,
+            }),
+            // A hole, or a new connection's book past the written one.
+            (SnapshotReason::Gap | SnapshotReason::Subscribe, Some(last)) => Some(Missed {
+                from: last + 1,
+                to: seq,
+                reason: GapReason::NoReplay,
             }),
         };
         self.syncing = None;
@@ -1626,6 +1698,108 @@ mod tests {
                 Step::Event(12, 12),
             ]
         );
+    }
+
+    #[test]
+    fn a_book_sent_in_the_stream_starts_it_and_the_diffs_after_it_follow() {
+        // Bybit v5: a snapshot after the subscribe, then deltas by `u`.
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Contiguous, None);
+        let mut out = Vec::new();
+        assert_eq!(s.arrive_snapshot(500, 500, &mut out), Arrival::Taken);
+        out.extend(run(&mut s, &[501, 502]));
+        assert_eq!(
+            out,
+            vec![
+                Step::Snapshot {
+                    seq: 500,
+                    item: 500,
+                    reason: SnapshotReason::Subscribe,
+                    missed: None
+                },
+                Step::Event(501, 501),
+                Step::Event(502, 502),
+            ]
+        );
+        // A reconnect's book names what it replaced; the same book sent
+        // again is a replay.
+        s.connected();
+        out.clear();
+        assert_eq!(s.arrive_snapshot(510, 510, &mut out), Arrival::Taken);
+        assert_eq!(s.arrive_snapshot(510, 510, &mut out), Arrival::Replayed);
+        assert_eq!(
+            out,
+            vec![Step::Snapshot {
+                seq: 510,
+                item: 510,
+                reason: SnapshotReason::Subscribe,
+                missed: Some(Missed {
+                    from: 503,
+                    to: 510,
+                    reason: GapReason::NoReplay
+                })
+            }]
+        );
+    }
+
+    #[test]
+    fn a_hole_asks_for_a_book_and_the_one_sent_in_the_stream_ends_the_wait() {
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Contiguous, Some(10));
+        let mut out = run(&mut s, &[11, 14, 15]);
+        assert_eq!(
+            out,
+            vec![
+                Step::Event(11, 11),
+                Step::Resync {
+                    reason: SnapshotReason::Gap
+                }
+            ]
+        );
+        out.clear();
+        // Diffs of the old subscription before the book: dropped with it.
+        assert_eq!(s.arrive_snapshot(16, 16, &mut out), Arrival::Taken);
+        out.extend(run(&mut s, &[17]));
+        assert_eq!(
+            out,
+            vec![
+                Step::Snapshot {
+                    seq: 16,
+                    item: 16,
+                    reason: SnapshotReason::Gap,
+                    missed: Some(Missed {
+                        from: 12,
+                        to: 16,
+                        reason: GapReason::NoReplay
+                    })
+                },
+                Step::Event(17, 17),
+            ]
+        );
+        assert_eq!(s.held(), 0);
+    }
+
+    #[test]
+    fn a_restarted_book_sent_with_u_1_starts_the_new_epoch_without_asking() {
+        // Bybit: "a snapshot with u=1 means the service restarted".
+        let mut s = Sequencer::new(ResumeMode::Snapshot, SeqStep::Contiguous, Some(9_000))
+            .with_reset_after(3);
+        let mut out = Vec::new();
+        assert_eq!(s.arrive_snapshot(1, 1, &mut out), Arrival::Behind);
+        out.extend(run(&mut s, &[2, 3]));
+        assert_eq!(
+            out,
+            vec![
+                Step::Reset { from: 9_000, to: 1 },
+                Step::Snapshot {
+                    seq: 1,
+                    item: 1,
+                    reason: SnapshotReason::Reset,
+                    missed: None
+                },
+                Step::Event(2, 2),
+                Step::Event(3, 3),
+            ]
+        );
+        assert!(!s.syncing());
     }
 
     #[test]

@@ -180,6 +180,26 @@ pub const UPSTREAM_DATA_MATCH: Setting<Vec<DataMatch>> = Setting::new(
     "`/pointer=value[,/pointer=value…]`: a frame is data when one alternative holds; any other \
      frame (acknowledgement, heartbeat, status, ping reply) is a control frame, counted and skipped.",
 );
+/// The `UPSTREAM_SNAPSHOT_MATCH` variable.
+pub const UPSTREAM_SNAPSHOT_MATCH: Setting<Vec<DataMatch>> = Setting::new(
+    "UPSTREAM_SNAPSHOT_MATCH",
+    DATA_MATCH_PARSER,
+    Fallback::Unset,
+    "`/pointer=value`: with `UPSTREAM_RESUME=snapshot`, a data frame for which it holds is the \
+     order book's snapshot, sent in the stream after a subscribe (Bybit v5 `/type=snapshot`, OKX \
+     `/action=snapshot`, Kraken v2 `/type=snapshot`, Coinbase `/events/0/type=snapshot`). A new \
+     one is asked for with `UPSTREAM_UNSUBSCRIBE` then `UPSTREAM_SUBSCRIBE` on the connection, or \
+     by reconnecting without `UPSTREAM_UNSUBSCRIBE`. Instead of `UPSTREAM_SNAPSHOT_URL`.",
+);
+/// The `UPSTREAM_UNSUBSCRIBE` variable.
+pub const UPSTREAM_UNSUBSCRIBE: Setting<String> = Setting::new(
+    "UPSTREAM_UNSUBSCRIBE",
+    parse::TEXT,
+    Fallback::Unset,
+    "Text that ends a stream's subscription on its connection, with the placeholders of \
+     `UPSTREAM_SUBSCRIBE` (Bybit `{\"op\":\"unsubscribe\",\"args\":[\"orderbook.50.{stream_id}\"]}`). \
+     Sent, then the subscribe, to ask for a new in-band snapshot.",
+);
 /// The `UPSTREAM_PING_TEXT` variable.
 pub const UPSTREAM_PING_TEXT: Setting<String> = Setting::new(
     "UPSTREAM_PING_TEXT",
@@ -405,6 +425,8 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_MAX_JUMP,
     &UPSTREAM_RESET_AFTER,
     &UPSTREAM_DATA_MATCH,
+    &UPSTREAM_SNAPSHOT_MATCH,
+    &UPSTREAM_UNSUBSCRIBE,
     &UPSTREAM_PING_TEXT,
     &UPSTREAM_PING_INTERVAL_MS,
     &UPSTREAM_CONNECTS_PER_MINUTE,
@@ -468,12 +490,21 @@ fn history_config(
     let snapshot_url = env.optional(&UPSTREAM_SNAPSHOT_URL);
     if resume == ResumeMode::Snapshot {
         let Some(url_template) = snapshot_url else {
-            env.problem(
-                UPSTREAM_SNAPSHOT_URL.name,
-                "is required with UPSTREAM_RESUME=snapshot (where the book's snapshot is read)",
-            );
+            if upstream.snapshot_match.is_none() {
+                env.problem(
+                    UPSTREAM_SNAPSHOT_URL.name,
+                    "or UPSTREAM_SNAPSHOT_MATCH is required with UPSTREAM_RESUME=snapshot (where \
+                     the book's snapshot comes from)",
+                );
+            }
             return None;
         };
+        if upstream.snapshot_match.is_some() {
+            env.problem(
+                UPSTREAM_SNAPSHOT_MATCH.name,
+                "is set with UPSTREAM_SNAPSHOT_URL: a book's snapshots come from one of them",
+            );
+        }
         let config = HistoryConfig {
             concurrency: env.get(&BACKFILL_CONCURRENCY),
             snapshot: Some(SnapshotEndpoint {
@@ -608,7 +639,23 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.ping_text = env.optional(&UPSTREAM_PING_TEXT);
     upstream.ping_interval = env.get(&UPSTREAM_PING_INTERVAL_MS);
     upstream.connects_per_minute = env.get(&UPSTREAM_CONNECTS_PER_MINUTE);
+    upstream.unsubscribe_template = env.optional(&UPSTREAM_UNSUBSCRIBE).unwrap_or_default();
     let resume = env.get(&UPSTREAM_RESUME);
+    upstream.snapshot_match = match env.optional(&UPSTREAM_SNAPSHOT_MATCH) {
+        None => None,
+        Some(_) if resume != ResumeMode::Snapshot => {
+            env.problem(
+                UPSTREAM_SNAPSHOT_MATCH.name,
+                "is set but UPSTREAM_RESUME is not snapshot (it would be ignored)",
+            );
+            None
+        }
+        Some(mut alternatives) if alternatives.len() == 1 => alternatives.pop(),
+        Some(_) => {
+            env.problem(UPSTREAM_SNAPSHOT_MATCH.name, "must be one /pointer=value");
+            None
+        }
+    };
     let history = history_config(&mut env, &upstream, resume);
     if !url.is_empty()
         && let Err(errors) = upstream.validate()
@@ -658,6 +705,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         sink_max_failures: env.get(&SINK_MAX_FAILURES),
         resume,
         seq_step: env.get(&UPSTREAM_SEQ_STEP),
+        snapshots_in_band: upstream.snapshot_match.is_some(),
         jump: JumpBound {
             max: env.get(&UPSTREAM_MAX_JUMP),
             confirm_after: u32::try_from(env.get(&UPSTREAM_RESET_AFTER)).unwrap_or(u32::MAX),

@@ -145,6 +145,7 @@ fn frame(seq: u64) -> UpstreamEvent {
     UpstreamEvent {
         seq,
         first_seq: None,
+        snapshot: false,
         event_id: seq.to_string(),
         payload: "{}".into(),
         received_at: epoch(),
@@ -182,7 +183,7 @@ impl State {
                     );
                 }
                 Action::Reopen => self.reopen = true,
-                Action::FetchSnapshot { .. } => {
+                Action::FetchSnapshot { .. } | Action::AskSnapshot => {
                     unreachable!("the model's upstream is not an order book")
                 }
                 Action::StageCheckpoint(seq) => {

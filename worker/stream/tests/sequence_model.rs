@@ -33,6 +33,8 @@
 //! depth (by default every state is explored).
 //!
 //! Bounds, and what is left out:
+//! - `UPSTREAM_RESUME=snapshot` (order books) is not modelled (see
+//!   [`Setup::all`]).
 //! - In `increasing` mode the upstream's own holes inside a connection are
 //!   not modelled: a sequence that skips is normal there, so nothing can tell
 //!   a lost event from an unused sequence. What is checkable is a new
@@ -177,7 +179,14 @@ struct Setup {
 impl Setup {
     fn all() -> Vec<Setup> {
         let mut setups = Vec::new();
-        for mode in ResumeMode::ALL {
+        // An order book's `snapshot` mode is not modelled here: its upstream
+        // has no trade-like history, and its promise (a reader rebuilds the
+        // book at every position) needs the book, which this model does not
+        // keep. Its rules are unit-tested in `sequence.rs` and end to end.
+        let modes = ResumeMode::ALL
+            .into_iter()
+            .filter(|mode| *mode != ResumeMode::Snapshot);
+        for mode in modes {
             for step in SeqStep::ALL {
                 let shapes: &[Shape] = if mode == ResumeMode::Backfill {
                     &[Shape::FromId, Shape::Bounded]

@@ -37,7 +37,7 @@ fn event(shape: ExchangeShape) -> &'static str {
 
 /// Binance's symbol rule (`^[A-Z0-9-_.]{1,20}$`); stream names carry it in
 /// lower case. Valid symbols need no JSON escaping.
-fn valid_symbol(symbol: &str, upper: bool) -> bool {
+pub(super) fn valid_symbol(symbol: &str, upper: bool) -> bool {
     (1..=20).contains(&symbol.len())
         && symbol.bytes().all(|b| {
             b.is_ascii_digit()
@@ -155,66 +155,64 @@ struct RawStream {
     next: u64,
 }
 
-impl RawStream {
-    /// Binance answers stream requests (`SUBSCRIBE`, `LIST_SUBSCRIPTIONS`…)
-    /// on raw streams too; this server acknowledges them without changing what
-    /// it sends.
-    fn answer(&self, text: &str) -> String {
-        let value: serde_json::Value = match serde_json::from_str(text) {
-            Ok(value) => value,
-            Err(error) => {
-                let message = format!(
-                    "Invalid JSON: expected value at line {} column {}",
-                    error.line(),
-                    error.column()
-                );
-                return format!(r#"{{"code":3,"msg":{}}}"#, json_str(&message));
-            }
-        };
-        let Some(request) = value.as_object() else {
-            return r#"{"code":2,"msg":"Invalid request: expected an object"}"#.to_owned();
-        };
-        let id = match request.get("id") {
-            Some(id @ (serde_json::Value::Number(_) | serde_json::Value::String(_))) => {
-                id.to_string()
-            }
-            None | Some(serde_json::Value::Null) => "null".to_owned(),
-            Some(_) => {
-                return r#"{"code":2,"msg":"Invalid request: request ID must be an unsigned integer"}"#
-                    .to_owned();
-            }
-        };
-        match request.get("method").and_then(|m| m.as_str()) {
-            Some("SUBSCRIBE" | "UNSUBSCRIBE" | "SET_PROPERTY") => {
-                format!(r#"{{"result":null,"id":{id}}}"#)
-            }
-            Some("LIST_SUBSCRIPTIONS") => {
-                format!(r#"{{"result":[{}],"id":{id}}}"#, json_str(&self.name))
-            }
-            Some("GET_PROPERTY") => format!(r#"{{"result":false,"id":{id}}}"#),
-            Some(other) => {
-                let message = format!(
-                    "Invalid request: unknown variant `{other}`, expected one of `SUBSCRIBE`, `UNSUBSCRIBE`, `LIST_SUBSCRIPTIONS`, `SET_PROPERTY`, `GET_PROPERTY`"
-                );
-                format!(r#"{{"code":2,"msg":{},"id":{id}}}"#, json_str(&message))
-            }
-            None => {
-                format!(r#"{{"code":2,"msg":"Invalid request: missing field `method`","id":{id}}}"#)
-            }
+/// Binance answers stream requests (`SUBSCRIBE`, `LIST_SUBSCRIPTIONS`…) on
+/// raw streams too; this server acknowledges them without changing what it
+/// sends. `name` is the connection's stream name as the URL spelled it.
+pub(super) fn stream_request_answer(name: &str, text: &str) -> String {
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(error) => {
+            let message = format!(
+                "Invalid JSON: expected value at line {} column {}",
+                error.line(),
+                error.column()
+            );
+            return format!(r#"{{"code":3,"msg":{}}}"#, json_str(&message));
+        }
+    };
+    let Some(request) = value.as_object() else {
+        return r#"{"code":2,"msg":"Invalid request: expected an object"}"#.to_owned();
+    };
+    let id = match request.get("id") {
+        Some(id @ (serde_json::Value::Number(_) | serde_json::Value::String(_))) => id.to_string(),
+        None | Some(serde_json::Value::Null) => "null".to_owned(),
+        Some(_) => {
+            return r#"{"code":2,"msg":"Invalid request: request ID must be an unsigned integer"}"#
+                .to_owned();
+        }
+    };
+    match request.get("method").and_then(|m| m.as_str()) {
+        Some("SUBSCRIBE" | "UNSUBSCRIBE" | "SET_PROPERTY") => {
+            format!(r#"{{"result":null,"id":{id}}}"#)
+        }
+        Some("LIST_SUBSCRIPTIONS") => {
+            format!(r#"{{"result":[{}],"id":{id}}}"#, json_str(name))
+        }
+        Some("GET_PROPERTY") => format!(r#"{{"result":false,"id":{id}}}"#),
+        Some(other) => {
+            let message = format!(
+                "Invalid request: unknown variant `{other}`, expected one of `SUBSCRIBE`, `UNSUBSCRIBE`, `LIST_SUBSCRIPTIONS`, `SET_PROPERTY`, `GET_PROPERTY`"
+            );
+            format!(r#"{{"code":2,"msg":{},"id":{id}}}"#, json_str(&message))
+        }
+        None => {
+            format!(r#"{{"code":2,"msg":"Invalid request: missing field `method`","id":{id}}}"#)
         }
     }
 }
 
+/// Binance's answer to a binary message on a stream.
+pub(super) const BINARY_ANSWER: &str =
+    r#"{"code":3,"msg":"Invalid JSON: expected value at line 1 column 1"}"#;
+
 impl Protocol for RawStream {
     fn on_text(&mut self, text: &str, out: &mut Outbox) -> Heard {
-        out.push_back(self.answer(text));
+        out.push_back(stream_request_answer(&self.name, text));
         Heard::default()
     }
 
     fn on_binary(&mut self, out: &mut Outbox) -> Heard {
-        out.push_back(
-            r#"{"code":3,"msg":"Invalid JSON: expected value at line 1 column 1"}"#.to_owned(),
-        );
+        out.push_back(BINARY_ANSWER.to_owned());
         Heard::default()
     }
 
@@ -253,7 +251,7 @@ pub(super) fn oldest_kept(shared: &Shared, timeline: &Timeline, head: u64) -> Op
     Some(head.saturating_sub(retention - 1).max(first))
 }
 
-fn json_response(status: StatusCode, body: String) -> Response {
+pub(super) fn json_response(status: StatusCode, body: String) -> Response {
     let mut response = (status, body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -262,7 +260,7 @@ fn json_response(status: StatusCode, body: String) -> Response {
     response
 }
 
-fn error(code: i32, message: &str) -> Response {
+pub(super) fn error(code: i32, message: &str) -> Response {
     let body = format!(r#"{{"code":{code},"msg":{}}}"#, json_str(message));
     json_response(StatusCode::BAD_REQUEST, body)
 }
@@ -275,7 +273,7 @@ struct Page {
 }
 
 /// Binance's error code and message for a request it refuses.
-type Refused = (i32, String);
+pub(super) type Refused = (i32, String);
 
 fn parse_page(shape: ExchangeShape, query: &str) -> Result<Page, Refused> {
     let refuse = |code: i32, message: &str| (code, message.to_owned());
@@ -373,7 +371,7 @@ fn history(shared: &Shared, query: &str) -> Response {
 
 /// The answer a history override forces: Binance's error body, and for 429 and
 /// 418 its `Retry-After`.
-fn overridden(status: u16, retry_after_secs: u64) -> Response {
+pub(super) fn overridden(status: u16, retry_after_secs: u64) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let (code, message) = match status.as_u16() {
         429 => (

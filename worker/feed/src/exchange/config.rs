@@ -13,7 +13,8 @@ use crate::FeedError;
 const MAX_FIRST_ID: u64 = 1 << 53;
 const MAX_RATE: f64 = 1_000_000.0;
 
-/// Which exchange's public trade API a server imitates.
+/// Which exchange's public market-data API a server imitates: a trade stream
+/// or an order book's diff stream with its REST snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExchangeShape {
     /// Binance spot raw trade stream and `historicalTrades`.
@@ -26,16 +27,24 @@ pub enum ExchangeShape {
     KrakenTrade,
     /// Bybit v5 public spot, `publicTrade` topics.
     BybitPublicTrade,
+    /// Binance spot diff depth stream (`<symbol>@depth`, `<symbol>@depth@100ms`)
+    /// and the order book snapshot `GET /api/v3/depth`.
+    BinanceDepth,
+    /// Binance USD-M futures diff depth stream (`<symbol>@depth@100ms` …,
+    /// chained by `pu`) and the order book snapshot `GET /fapi/v1/depth`.
+    BinanceFuturesDepth,
 }
 
 impl ExchangeShape {
     /// Every shape.
-    pub const ALL: [ExchangeShape; 5] = [
+    pub const ALL: [ExchangeShape; 7] = [
         ExchangeShape::BinanceTrade,
         ExchangeShape::BinanceAggTrade,
         ExchangeShape::CoinbaseMatches,
         ExchangeShape::KrakenTrade,
         ExchangeShape::BybitPublicTrade,
+        ExchangeShape::BinanceDepth,
+        ExchangeShape::BinanceFuturesDepth,
     ];
 
     /// The shape's name on command lines (`binance-trade` …).
@@ -46,6 +55,8 @@ impl ExchangeShape {
             ExchangeShape::CoinbaseMatches => "coinbase-matches",
             ExchangeShape::KrakenTrade => "kraken-trade",
             ExchangeShape::BybitPublicTrade => "bybit-public-trade",
+            ExchangeShape::BinanceDepth => "binance-depth",
+            ExchangeShape::BinanceFuturesDepth => "binance-futures-depth",
         }
     }
 
@@ -54,18 +65,30 @@ impl ExchangeShape {
     /// `{stream_id_upper}` the REST symbol).
     pub fn example_stream_id(self) -> &'static str {
         match self {
-            ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade => "btcusdt",
+            ExchangeShape::BinanceTrade
+            | ExchangeShape::BinanceAggTrade
+            | ExchangeShape::BinanceDepth
+            | ExchangeShape::BinanceFuturesDepth => "btcusdt",
             ExchangeShape::CoinbaseMatches => "BTC-USD",
             ExchangeShape::KrakenTrade => "BTC/USD",
             ExchangeShape::BybitPublicTrade => "BTCUSDT",
         }
     }
 
-    /// Whether the shape has a REST history (the Binance shapes).
+    /// Whether the shape has a REST history (the Binance trade shapes).
     pub fn serves_history(self) -> bool {
         matches!(
             self,
             ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade
+        )
+    }
+
+    /// Whether the shape is an order book: a diff stream and a REST snapshot
+    /// (the Binance depth shapes; `UPSTREAM_RESUME=snapshot`).
+    pub fn serves_snapshot(self) -> bool {
+        matches!(
+            self,
+            ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth
         )
     }
 
@@ -147,18 +170,20 @@ impl HistoryOverride {
 pub struct ExchangeConfig {
     /// Which exchange it imitates.
     pub shape: ExchangeShape,
-    /// Ids (trades, aggregates) per second per symbol; positive.
+    /// Ids (trades, aggregates, order-book updates) per second per symbol;
+    /// positive.
     pub rate: f64,
-    /// The first id (trade id, aggregate id); at least 1.
+    /// The first id (trade id, aggregate id, order-book update id); at least 1.
     pub first_id: u64,
-    /// Newest ids the REST history serves (0: none); Binance shapes only.
+    /// Newest ids the REST history serves (0: none); Binance trade shapes only.
     pub history_retention: u64,
     /// Cut each connection after this long.
     pub cut_every: Option<Duration>,
     /// Cut a client that sent no application ping for this long (Kraken and
     /// Bybit only; Bybit documents 20 s between pings).
     pub silent_cut_after: Option<Duration>,
-    /// Fail the first history requests (changed while running with
+    /// Fail the first history (or order-book snapshot) requests (changed while
+    /// running with
     /// [`set_history_override`](super::ExchangeServer::set_history_override)).
     pub history_status_override: Option<HistoryOverride>,
 }

@@ -1,22 +1,26 @@
 //! Exchange-shaped fake market-data servers: the trade streams, subscribe
 //! messages, acknowledgements, heartbeats, pings and REST history of five
-//! public exchange APIs, so tests, benchmarks and `leasehold dev --feed
-//! exchange` meet the frames the stream worker is configured for without the
-//! internet. Each is a real server: one port, each connection its own task,
+//! public exchange APIs, and Binance's order-book diff streams with their REST
+//! snapshots, so tests, benchmarks and `leasehold dev --feed exchange` meet the
+//! frames the stream worker is configured for without the internet. Each is a real server: one port, each connection its own task,
 //! bounded memory, clean shutdown through a [`CancellationToken`].
 //!
 //! # What every shape does
 //!
-//! - **Live start, no replay.** Ids (trade ids, aggregate ids) advance at
+//! - **Live start, no replay.** Ids (trade ids, aggregate ids, order-book
+//!   updates) advance at
 //!   [`ExchangeConfig::rate`] per second per symbol from the server's start, the
 //!   first being [`ExchangeConfig::first_id`] (so nothing starts at 1 until a
 //!   restart, below). Every
 //!   connection starts at the next id due and nothing a client asks for is
 //!   replayed: a client that reconnects after 2 s has missed about 2 s of ids.
-//!   The only way back is the Binance shapes' REST history.
+//!   The only way back is the Binance trade shapes' REST history (and, for
+//!   the order books, a fresh REST snapshot).
 //! - **Computed, not stored.** A trade is a pure function of (symbol, id) and
-//!   the server's start time (or last restart); [`ExchangeServer::frame`] and
-//!   [`ExchangeServer::history_item`] give the exact text served for any id.
+//!   the server's start time (or last restart), and so are an order book's
+//!   diffs and the book after any update id; [`ExchangeServer::frame`],
+//!   [`ExchangeServer::history_item`] and [`ExchangeServer::book_at`] give
+//!   exactly what is served for any id.
 //! - **Any symbol** the exchange's own spelling rules allow (Binance: lower
 //!   case in stream names, upper case in REST; the others upper case, as
 //!   their documentation writes them); others are refused the exchange's way.
@@ -38,11 +42,14 @@
 //!   documents that after a service restart its order-book update id starts
 //!   again at `u=1`; Binance and others restart trade ids rarely, but a fake
 //!   that can do it lets a test see a client notice the ids going backwards
-//!   and recover. [`ExchangeServer::restarts`] counts them.
+//!   and recover. [`ExchangeServer::restarts`] counts them. Order books start
+//!   over too: update id 1 is the first diff of the new timeline, applied to
+//!   the same fixed initial book.
 //! - **Bounded.** Frames are computed when due, a client is not read while
 //!   more than 1,024 answers wait for it, client messages are limited to
 //!   64 KiB (larger ones end the connection), subscriptions to 64 symbols per
-//!   connection, sessions to 4,096, and a REST page to 1,000 items.
+//!   connection, sessions to 4,096, a REST page to 1,000 items, and an order
+//!   book to 200 price levels a side (nothing of it is stored: see below).
 //!
 //! # Shapes
 //!
@@ -116,11 +123,55 @@
 //! is left out (Bybit documents it for derivatives only); only `publicTrade`
 //! topics; a request with one bad arg is refused whole; error texts follow
 //! Bybit's style but not every exact message.
+//!
+//! ## Binance diff depth ([`ExchangeShape::BinanceDepth`], [`ExchangeShape::BinanceFuturesDepth`])
+//!
+//! Modelled on Binance's spot "WebSocket Streams" page (Diff. Depth Stream,
+//! "How to manage a local order book correctly") and "Market Data endpoints"
+//! (Order book `GET /api/v3/depth`), and on the USD-M futures "Diff. Book Depth
+//! Streams", "How to manage a local order book correctly" and "Order Book"
+//! (`GET /fapi/v1/depth`) pages. Spot streams `/ws/<symbol>@depth` and
+//! `/ws/<symbol>@depth@100ms`; futures `/ws/<symbol>@depth`, `@depth@500ms`
+//! and `@depth@100ms`. Frames are `depthUpdate` events: spot
+//! `{"e","E","s","U","u","b","a"}` with update ids contiguous per symbol
+//! (a frame's `U` is the previous frame's `u` + 1); futures
+//! `{"e","E","T","s","U","u","pu","b","a"}` whose ids are shared across
+//! symbols on Binance, so here they advance by 1 to 7 per update and only
+//! `pu` (the previous frame's `u`) chains them. `b` and `a` list
+//! `["price","qty"]` decimal strings (spot 8 decimals for both; futures 2 for
+//! prices, 3 for quantities), each price once with its absolute quantity,
+//! `"0.00000000"` (`"0.000"`) removing the level. The REST snapshot
+//! `{"lastUpdateId","bids","asks"}` (futures with `E` and `T` after
+//! `lastUpdateId`) is the book as of the newest update due, which may sit
+//! inside a frame not sent yet: Binance's rule (drop diffs whose `u` is at or
+//! below `lastUpdateId`; the first kept one covers `lastUpdateId + 1`) is
+//! what joins it to the diffs. `limit` is rounded up to Binance's values
+//! (spot 5, 10, 20, 50, 100, 500, 1000, 5000, default 100; futures up to
+//! 1000, default 500); `symbol` and `limit` are checked like the history's
+//! parameters, and [`ExchangeConfig::history_status_override`] fails
+//! snapshots as it fails history pages.
+//!
+//! The book is computed, not stored: [`ExchangeConfig::rate`] updates per
+//! second per symbol, each setting one price level's quantity (one in eight
+//! deletes it) on a grid of 200 levels a side, 0.10 apart around a mid price
+//! of the symbol's own, so the book never crosses. Updates visit the levels
+//! in cycles that set each level once, in an order drawn per symbol and
+//! cycle, so the book after any update id is found in closed form (no fold,
+//! no per-symbol cache, the same cost at any id);
+//! [`ExchangeServer::book_at`] gives it, and folding the snapshot and the
+//! diffs gives the same. A frame folds 1 to 5 consecutive updates and goes
+//! out when its last one is due ([`ExchangeServer::head`] is that frame's
+//! `u`). Simplified: one frame cadence set by the rate, whatever the stream
+//! name's speed; the spot REST depth
+//! takes only the listed `limit`s (Binance now takes any 1 to 5000); no
+//! partial book depth streams (`@depth5`…) and no combined streams; the
+//! futures `T` of a frame is its last update's time and `E` up to 2 ms later.
 
 mod binance;
 mod bybit;
 mod coinbase;
 mod config;
+mod depth;
 mod kraken;
 mod model;
 mod server;
@@ -138,6 +189,10 @@ use tokio_util::sync::CancellationToken;
 use crate::FeedError;
 pub use config::{ExchangeConfig, ExchangeShape, HistoryOverride};
 use server::Shared;
+
+/// One side of an order book, best level first (bids highest, asks lowest):
+/// `(price, quantity)` as the frames and the REST snapshot spell them.
+pub type BookSide = Vec<(String, String)>;
 
 /// A running exchange server.
 #[derive(Debug)]
@@ -178,6 +233,9 @@ impl ExchangeServer {
             ExchangeShape::CoinbaseMatches => coinbase::routes(),
             ExchangeShape::KrakenTrade => kraken::routes(),
             ExchangeShape::BybitPublicTrade => bybit::routes(),
+            ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth => {
+                depth::routes(config.shape)
+            }
         };
         let router: Router = routes
             .fallback(|| async { server::plain(StatusCode::NOT_FOUND, "not found") })
@@ -213,7 +271,8 @@ impl ExchangeServer {
     }
 
     /// The WebSocket URL, with `{stream_id}` where the exchange puts the
-    /// symbol in the URL (Binance: `ws://HOST/ws/{stream_id}@trade`).
+    /// symbol in the URL (Binance: `ws://HOST/ws/{stream_id}@trade`; the
+    /// depth shapes `ws://HOST/ws/{stream_id}@depth@100ms`).
     pub fn ws_url(&self) -> String {
         let host = self.host();
         match self.shared.config.shape {
@@ -222,7 +281,25 @@ impl ExchangeServer {
             ExchangeShape::CoinbaseMatches => format!("ws://{host}/"),
             ExchangeShape::KrakenTrade => format!("ws://{host}/v2"),
             ExchangeShape::BybitPublicTrade => format!("ws://{host}/v5/public/spot"),
+            ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth => {
+                format!("ws://{host}/ws/{{stream_id}}@depth@100ms")
+            }
         }
+    }
+
+    /// The REST order book snapshot URL template (`{stream_id_upper}`; the
+    /// largest useful `limit`, 1,000: the book has at most 200 levels a
+    /// side), for the depth shapes.
+    pub fn snapshot_url(&self) -> Option<String> {
+        let path = match self.shared.config.shape {
+            ExchangeShape::BinanceDepth => "api/v3/depth",
+            ExchangeShape::BinanceFuturesDepth => "fapi/v1/depth",
+            _ => return None,
+        };
+        Some(format!(
+            "http://{}/{path}?symbol={{stream_id_upper}}&limit=1000",
+            self.host()
+        ))
     }
 
     /// The REST history URL template (`{stream_id_upper}`, `{from_seq}`; a
@@ -244,13 +321,38 @@ impl ExchangeServer {
 
     /// The newest id served so far (the same for every symbol; `first_id - 1`
     /// before the first). For Bybit, the last id of the newest complete match
-    /// package.
+    /// package; for the depth shapes, the update-id head: the last update id
+    /// (`u`) of the newest frame due (the REST snapshot may already be a few
+    /// updates further, inside the next frame).
     pub fn head(&self, _symbol: &str) -> u64 {
         let timeline = self.shared.timeline();
         match self.shared.config.shape {
             ExchangeShape::BybitPublicTrade => bybit::complete_head(&timeline, timeline.head()),
+            shape @ (ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth) => {
+                depth::complete_head(&timeline, shape, timeline.head())
+            }
             _ => timeline.head(),
         }
+    }
+
+    /// The exact order book of `symbol` after update id `update_id` (depth
+    /// shapes; the initial book before the first id, and for an id between
+    /// two futures update ids the book after the lower one): every level held,
+    /// bids highest first, asks lowest first, `(price, quantity)` spelled as
+    /// the frames and the REST snapshot spell them. Computed for any id, past
+    /// or ahead of the head, of the current timeline (after a restart, the new
+    /// one). Trade shapes have no book: two empty sides.
+    pub fn book_at(&self, symbol: &str, update_id: u64) -> (BookSide, BookSide) {
+        let shape = self.shared.config.shape;
+        if !shape.serves_snapshot() {
+            return (Vec::new(), Vec::new());
+        }
+        depth::book(
+            &self.shared.timeline(),
+            shape,
+            &symbol.to_ascii_uppercase(),
+            update_id,
+        )
     }
 
     /// The oldest id the REST history serves now (`None`: it serves nothing).
@@ -264,8 +366,10 @@ impl ExchangeServer {
 
     /// The exact WebSocket frame that carries id `id` of `symbol`: Binance's
     /// trade or aggTrade frame, Coinbase's `match` (its `last_match` is the same
-    /// with that type), Kraken's `update`, Bybit's package frame. `symbol` as
-    /// the frames spell it (Binance also takes the lower-case stream spelling).
+    /// with that type), Kraken's `update`, Bybit's package frame, the
+    /// `depthUpdate` whose updates cover update id `id` (spot `U <= id <= u`,
+    /// futures `pu < id <= u`). `symbol` as the frames spell it (Binance also
+    /// takes the lower-case stream spelling).
     pub fn frame(&self, symbol: &str, id: u64) -> String {
         let timeline = &*self.shared.timeline();
         match self.shared.config.shape {
@@ -275,10 +379,14 @@ impl ExchangeServer {
             ExchangeShape::CoinbaseMatches => coinbase::frame(timeline, symbol, id),
             ExchangeShape::KrakenTrade => kraken::frame(timeline, symbol, id),
             ExchangeShape::BybitPublicTrade => bybit::frame(timeline, symbol, id),
+            shape @ (ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth) => {
+                depth::frame(timeline, shape, &symbol.to_ascii_uppercase(), id)
+            }
         }
     }
 
-    /// The exact REST history item of id `id` of `symbol` (Binance shapes).
+    /// The exact REST history item of id `id` of `symbol` (Binance trade
+    /// shapes).
     pub fn history_item(&self, symbol: &str, id: u64) -> Option<String> {
         let shape = self.shared.config.shape;
         shape.serves_history().then(|| {
@@ -292,11 +400,16 @@ impl ExchangeServer {
     }
 
     /// The trade time of `id` in unix ms (Binance `T`, Bybit `T`; Coinbase and
-    /// Kraken write the same instant as RFC 3339 with µs).
+    /// Kraken write the same instant as RFC 3339 with µs); for the depth
+    /// shapes, the time of the frame carrying update id `id` (spot `E`,
+    /// futures `T`).
     pub fn ts_ms(&self, id: u64) -> u64 {
         let timeline = &*self.shared.timeline();
         match self.shared.config.shape {
             ExchangeShape::BybitPublicTrade => bybit::time_ms(timeline, id),
+            shape @ (ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth) => {
+                depth::time_ms(timeline, shape, id)
+            }
             _ => timeline.time_us(id) / 1000,
         }
     }
@@ -314,7 +427,9 @@ impl ExchangeServer {
     /// new ids, the REST history serves only them, and [`head`](Self::head),
     /// [`frame`](Self::frame), [`history_item`](Self::history_item),
     /// [`ts_ms`](Self::ts_ms) and [`oldest_kept`](Self::oldest_kept) answer
-    /// for the new timeline.
+    /// for the new timeline. Order books start over from the initial book
+    /// with update id 1 (the REST snapshot and [`book_at`](Self::book_at)
+    /// answer for the new ids).
     pub fn restart(&self) -> usize {
         self.shared.restart()
     }
@@ -350,7 +465,8 @@ impl ExchangeServer {
         self.shared.cuts()
     }
 
-    /// History requests answered (overridden ones included).
+    /// History and order-book snapshot requests answered (overridden ones
+    /// included).
     pub fn history_requests(&self) -> u64 {
         self.shared.history_requests()
     }
@@ -416,6 +532,29 @@ impl ExchangeServer {
                 set("UPSTREAM_DATA_MATCH", "/channel=trade");
                 set("UPSTREAM_PING_TEXT", r#"{"method":"ping"}"#);
                 set("UPSTREAM_PING_INTERVAL_MS", &ping_ms.to_string());
+            }
+            shape @ (ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth) => {
+                set("UPSTREAM_SUBSCRIBE", "");
+                set("UPSTREAM_RESUME", "snapshot");
+                // A diff covers U..=u; futures state the previous diff's u.
+                set("UPSTREAM_SEQ_POINTER", "/u");
+                match shape {
+                    ExchangeShape::BinanceFuturesDepth => {
+                        set("UPSTREAM_SEQ_PREV_POINTER", "/pu");
+                        set("UPSTREAM_TS_POINTER", "/T");
+                    }
+                    _ => {
+                        set("UPSTREAM_SEQ_FIRST_POINTER", "/U");
+                        set("UPSTREAM_TS_POINTER", "/E");
+                    }
+                }
+                set("UPSTREAM_SEQ_STEP", "increasing");
+                set("UPSTREAM_ID_POINTER", "/u");
+                set("UPSTREAM_DATA_MATCH", "/e=depthUpdate");
+                if let Some(url) = self.snapshot_url() {
+                    set("UPSTREAM_SNAPSHOT_URL", &url);
+                }
+                set("UPSTREAM_SNAPSHOT_SEQ_POINTER", "/lastUpdateId");
             }
             ExchangeShape::BybitPublicTrade => {
                 set(

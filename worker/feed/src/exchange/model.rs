@@ -135,21 +135,32 @@ pub(super) fn holey(base: u64, symbol_hash: u64, k: u64) -> u64 {
 /// starts: sizes 1, 3, 1, 2, 1, 1, 4, 2, irregular but with a closed form both
 /// ways.
 const GROUP_PREFIX: [u64; 9] = [0, 1, 4, 5, 7, 8, 9, 13, 15];
-const GROUP_PERIOD: u64 = 15;
 
 /// The first member (0-based) of group `k` (0-based).
 pub(super) fn group_start(k: u64) -> u64 {
-    GROUP_PERIOD.saturating_mul(k / 8) + GROUP_PREFIX[(k % 8) as usize]
+    group_start_in(&GROUP_PREFIX, k)
 }
 
 /// The group (0-based) member `i` (0-based) belongs to.
 pub(super) fn group_of(i: u64) -> u64 {
-    let within = i % GROUP_PERIOD;
-    let index = GROUP_PREFIX[..8]
+    group_of_in(&GROUP_PREFIX, i)
+}
+
+/// [`group_start`] for another table of eight group sizes: `prefix` holds
+/// where each of the eight groups starts, then their total (the period).
+pub(super) fn group_start_in(prefix: &[u64; 9], k: u64) -> u64 {
+    prefix[8].saturating_mul(k / 8) + prefix[(k % 8) as usize]
+}
+
+/// [`group_of`] for another table (see [`group_start_in`]).
+pub(super) fn group_of_in(prefix: &[u64; 9], i: u64) -> u64 {
+    let period = prefix[8];
+    let within = i % period;
+    let index = prefix[..8]
         .iter()
         .rposition(|&start| start <= within)
         .unwrap_or(0) as u64;
-    8 * (i / GROUP_PERIOD) + index
+    8 * (i / period) + index
 }
 
 /// `units / 10^scale` with exactly `places` decimals (truncated or padded).
@@ -253,7 +264,7 @@ mod tests {
             }
             assert_eq!(k, expected_group);
         }
-        assert_eq!(GROUP_SIZES.iter().sum::<u64>(), GROUP_PERIOD);
+        assert_eq!(GROUP_SIZES.iter().sum::<u64>(), GROUP_PREFIX[8]);
         for (k, size) in GROUP_SIZES.iter().enumerate() {
             assert_eq!(GROUP_PREFIX[k + 1] - GROUP_PREFIX[k], *size);
         }

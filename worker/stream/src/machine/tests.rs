@@ -338,6 +338,7 @@ fn frame(seq: u64, at: Instant) -> UpstreamEvent {
     UpstreamEvent {
         seq,
         first_seq: None,
+        snapshot: false,
         event_id: format!("s:{seq}"),
         payload: format!("{{\"seq\":{seq}}}").into(),
         received_at: at,
@@ -1344,6 +1345,7 @@ fn diff(first: u64, last: u64) -> UpstreamEvent {
     UpstreamEvent {
         seq: last,
         first_seq: Some(first),
+        snapshot: false,
         event_id: last.to_string(),
         payload: format!("{{\"U\":{first},\"u\":{last}}}").into(),
         received_at: Instant::now(),
@@ -1356,6 +1358,7 @@ fn book_at(last_update_id: u64) -> UpstreamEvent {
     UpstreamEvent {
         seq: last_update_id,
         first_seq: None,
+        snapshot: false,
         event_id: String::new(),
         payload: format!("{{\"lastUpdateId\":{last_update_id}}}").into(),
         received_at: Instant::now(),
@@ -1432,4 +1435,47 @@ fn a_book_is_written_from_its_snapshot_then_the_diffs_after_it() {
             leasehold_telemetry::SnapshotReason::Gap
         ]
     );
+}
+
+#[test]
+fn a_book_sent_in_the_stream_is_asked_for_again_on_the_connection_after_a_hole() {
+    let mut s = Script::new(
+        RunnerConfig {
+            snapshots_in_band: true,
+            ..resuming(ResumeMode::Snapshot)
+        },
+        start(0),
+    );
+    s.settle();
+    s.feed(Input::Subscribed);
+    let mut book = book_at(100);
+    book.snapshot = true;
+    s.feed(Input::Frame(book));
+    s.feed(Input::Frame(frame(101, Instant::now())));
+    let asked = s.settle();
+    assert!(!asked.iter().any(|a| matches!(a, Action::AskSnapshot)));
+    assert_eq!(
+        s.stored
+            .iter()
+            .map(|e| (e.seq, e.snapshot))
+            .collect::<Vec<_>>(),
+        [(100, true), (101, false)]
+    );
+    // A lost diff: no REST fetch, the upstream is asked on the connection.
+    s.feed(Input::Frame(frame(103, Instant::now())));
+    let asked = s.settle();
+    assert_eq!(
+        asked
+            .iter()
+            .filter(|a| matches!(a, Action::AskSnapshot))
+            .count(),
+        1
+    );
+    assert!(snapshot_fetches(&asked).is_empty());
+    let mut book = book_at(104);
+    book.snapshot = true;
+    s.feed(Input::Frame(book));
+    s.settle();
+    assert_eq!(s.stored_seqs(), [100, 101, 104]);
+    assert_eq!(s.gaps_reported(), [(102, 104, GapReason::NoReplay)]);
 }

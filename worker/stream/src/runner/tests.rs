@@ -88,6 +88,7 @@ fn trade(seq: u64) -> UpstreamEvent {
     UpstreamEvent {
         seq,
         first_seq: None,
+        snapshot: false,
         event_id: format!("s:{seq}"),
         payload: format!("{{\"seq\":{seq}}}").into(),
         received_at: Instant::now(),

@@ -45,6 +45,14 @@ pub struct WebSocketUpstreamConfig {
     /// `UPSTREAM_CONNECTS_PER_MINUTE`: connects this worker opens per rolling
     /// minute at most, over all its streams (0: no limit).
     pub connects_per_minute: usize,
+    /// `UPSTREAM_SNAPSHOT_MATCH`: a data frame for which this holds is an
+    /// order book's snapshot sent in the stream (Bybit `/type=snapshot`).
+    pub snapshot_match: Option<DataMatch>,
+    /// `UPSTREAM_UNSUBSCRIBE`: text that ends the subscription on the
+    /// connection (same placeholders as the subscribe); with it a new
+    /// in-band snapshot is asked for by unsubscribing and subscribing again,
+    /// without it by reconnecting. Empty: none.
+    pub unsubscribe_template: String,
 }
 
 /// How a frame states the range of sequences it covers (an order book's
@@ -123,9 +131,9 @@ impl DataMatch {
 
 /// Distinct data-match pointers one adapter reads at most (documented as 5;
 /// the extractor reads up to sixteen pointers per frame, four of them the
-/// sequence, id, time and range start).
+/// sequence, id, time and range start, one the snapshot match).
 pub const MAX_DATA_MATCH_POINTERS: usize = 5;
-const _: () = assert!(MAX_DATA_MATCH_POINTERS + 4 <= super::extract::MAX_POINTERS);
+const _: () = assert!(MAX_DATA_MATCH_POINTERS + 5 <= super::extract::MAX_POINTERS);
 
 impl WebSocketUpstreamConfig {
     /// The simulator's protocol at `url`.
@@ -144,6 +152,8 @@ impl WebSocketUpstreamConfig {
             ping_text: None,
             ping_interval: Duration::from_secs(10),
             connects_per_minute: 0,
+            snapshot_match: None,
+            unsubscribe_template: String::new(),
         }
     }
 
@@ -163,7 +173,8 @@ impl WebSocketUpstreamConfig {
     pub fn validate(&self) -> Result<(), Vec<String>> {
         use crate::settings::{
             UPSTREAM_ID_POINTER, UPSTREAM_SEQ_FIRST_POINTER, UPSTREAM_SEQ_POINTER,
-            UPSTREAM_SEQ_PREV_POINTER, UPSTREAM_SUBSCRIBE, UPSTREAM_TS_POINTER, UPSTREAM_URL,
+            UPSTREAM_SEQ_PREV_POINTER, UPSTREAM_SNAPSHOT_MATCH, UPSTREAM_SUBSCRIBE,
+            UPSTREAM_TS_POINTER, UPSTREAM_UNSUBSCRIBE, UPSTREAM_URL,
         };
         let mut problems = Vec::new();
         let url = render_url(&self.url_template, "stream");
@@ -182,14 +193,26 @@ impl WebSocketUpstreamConfig {
                 "{setting}: {redacted} is not a valid URL ({reason}); expected ws://host[:port]/path or wss://…"
             )),
         }
-        if looks_like_json(&self.subscribe_template) {
-            let sample = render_subscribe(&self.subscribe_template, "a\"b\\c", 1);
-            if serde_json::from_str::<Value>(&sample).is_err() {
-                problems.push(format!(
-                    "{}: looks like JSON but is not valid JSON after substitution",
-                    UPSTREAM_SUBSCRIBE.name
-                ));
+        for (setting, template) in [
+            (UPSTREAM_SUBSCRIBE.name, &self.subscribe_template),
+            (UPSTREAM_UNSUBSCRIBE.name, &self.unsubscribe_template),
+        ] {
+            if looks_like_json(template) {
+                let sample = render_subscribe(template, "a\"b\\c", 1);
+                if serde_json::from_str::<Value>(&sample).is_err() {
+                    problems.push(format!(
+                        "{setting}: looks like JSON but is not valid JSON after substitution"
+                    ));
+                }
             }
+        }
+        if let Some(snapshot) = &self.snapshot_match
+            && !snapshot.pointer.starts_with('/')
+        {
+            problems.push(format!(
+                "{}: {:?} must be a JSON pointer starting with /",
+                UPSTREAM_SNAPSHOT_MATCH.name, snapshot.pointer
+            ));
         }
         let ts_pointer = self.ts_pointer.clone().unwrap_or_else(|| "/".to_owned());
         let range_pointer = match &self.range {
@@ -257,9 +280,14 @@ mod tests {
             ping_text: Some(String::new()),
             ping_interval: Duration::ZERO,
             connects_per_minute: 0,
+            snapshot_match: Some(DataMatch {
+                pointer: "type".into(),
+                value: "snapshot".into(),
+            }),
+            unsubscribe_template: r#"{"unsubscribe": {stream_id}}"#.into(),
         };
         let problems = config.validate().expect_err("invalid");
-        assert_eq!(problems.len(), 11, "{problems:?}");
+        assert_eq!(problems.len(), 13, "{problems:?}");
         assert!(!problems.join(" ").contains("secret"));
         assert_eq!(
             WebSocketUpstreamConfig::for_feed("ws://127.0.0.1:9/").validate(),

@@ -421,6 +421,7 @@ impl HttpHistory {
             events.push(UpstreamEvent {
                 seq,
                 first_seq: None,
+                snapshot: false,
                 event_id,
                 payload: item.get().into(),
                 received_at,
@@ -516,6 +517,7 @@ impl History for HttpHistory {
         Ok(UpstreamEvent {
             seq: snapshot_seq(seq, &text)?,
             first_seq: None,
+            snapshot: false,
             event_id: String::new(),
             payload: text.into(),
             received_at: Instant::now(),

@@ -43,6 +43,9 @@ pub struct UpstreamEvent {
     pub event_id: String,
     /// The frame's text as received (not copied out of the frame).
     pub payload: leasehold_sink::Payload,
+    /// An order book's snapshot sent in the stream (`UPSTREAM_SNAPSHOT_MATCH`),
+    /// not a diff.
+    pub snapshot: bool,
     /// When the frame was read off the socket.
     pub received_at: Instant,
     /// Seconds from the event's own time (`UPSTREAM_TS_POINTER`, unix ms) to its
@@ -81,6 +84,14 @@ pub trait Subscription: Send {
     fn next_ready(&mut self) -> Option<Result<UpstreamEvent, UpstreamError>> {
         use futures_util::FutureExt as _;
         self.next().now_or_never()
+    }
+    /// Asks the upstream for a new order-book snapshot on this connection
+    /// (`UPSTREAM_UNSUBSCRIBE` then `UPSTREAM_SUBSCRIBE`). `Err` when it
+    /// cannot: the caller reconnects instead, which brings one too.
+    async fn resubscribe(&mut self) -> Result<(), UpstreamError> {
+        Err(UpstreamError::Closed(
+            "a new snapshot is asked for by reconnecting".into(),
+        ))
     }
     /// Closes the connection now (sends a close frame, best effort, bounded time).
     async fn close(&mut self);

@@ -835,3 +835,88 @@ async fn connects_past_the_workers_budget_wait_for_the_window_and_are_counted() 
     }
     shutdown.cancel();
 }
+
+/// A server that sends a book and a delta after the subscribe, then a new
+/// book after each further pair of client texts (unsubscribe, subscribe);
+/// every text the client sent comes back through the handle.
+async fn books_on_request() -> (SocketAddr, JoinHandle<Vec<String>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let mut ws = tokio_tungstenite::accept_async(tcp)
+            .await
+            .expect("handshake");
+        let mut texts = Vec::new();
+        let mut u = 100;
+        while let Some(Ok(message)) = ws.next().await {
+            let Message::Text(text) = message else {
+                continue;
+            };
+            texts.push(text.to_string());
+            if texts.len() % 2 == 0 {
+                continue;
+            }
+            let book = format!(r#"{{"type":"snapshot","data":{{"u":{u},"pu":-1}}}}"#);
+            let delta = format!(r#"{{"type":"delta","data":{{"u":{},"pu":{u}}}}}"#, u + 1);
+            u += 10;
+            for frame in [book, delta] {
+                if ws.send(Message::text(frame)).await.is_err() {
+                    return texts;
+                }
+            }
+        }
+        texts
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_book_in_the_stream_is_flagged_and_asked_for_again_on_the_same_connection() {
+    let (addr, server) = books_on_request().await;
+    let config = WebSocketUpstreamConfig {
+        subscribe_template: r#"{"op":"subscribe","args":["orderbook.50.{stream_id}"]}"#.into(),
+        unsubscribe_template: r#"{"op":"unsubscribe","args":["orderbook.50.{stream_id}"]}"#.into(),
+        seq_pointer: "/data/u".into(),
+        id_pointer: "/data/u".into(),
+        range: Some(SeqRange::Prev("/data/pu".into())),
+        snapshot_match: Some(DataMatch {
+            pointer: "/type".into(),
+            value: "snapshot".into(),
+        }),
+        ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+    };
+    let (upstream, _) = upstream(config);
+    let mut sub = subscribe(&upstream, "BTCUSDT", 0)
+        .await
+        .expect("subscribed");
+    let book = next(&mut sub).await.expect("the book");
+    // A book covers no range (its `pu` means nothing).
+    assert_eq!((book.seq, book.snapshot, book.first_seq), (100, true, None));
+    let delta = next(&mut sub).await.expect("a delta");
+    assert_eq!(
+        (delta.seq, delta.snapshot, delta.first_seq),
+        (101, false, Some(101))
+    );
+    sub.resubscribe().await.expect("asked on the connection");
+    let book = next(&mut sub).await.expect("the new book");
+    assert_eq!((book.seq, book.snapshot), (110, true));
+    sub.close().await;
+    let texts = timeout(WAIT, server).await.unwrap().unwrap();
+    assert_eq!(
+        texts,
+        [
+            r#"{"op":"subscribe","args":["orderbook.50.BTCUSDT"]}"#,
+            r#"{"op":"unsubscribe","args":["orderbook.50.BTCUSDT"]}"#,
+            r#"{"op":"subscribe","args":["orderbook.50.BTCUSDT"]}"#,
+        ]
+    );
+    // Without an unsubscribe the ask fails, and the runner reconnects.
+    let (addr, _server) = books_on_request().await;
+    let (upstream, _) = self::upstream(WebSocketUpstreamConfig {
+        subscribe_template: "{}".into(),
+        ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+    });
+    let mut sub = subscribe(&upstream, "s", 0).await.expect("subscribed");
+    assert!(sub.resubscribe().await.is_err());
+}

@@ -100,6 +100,13 @@ impl Upstream for WebSocketUpstream {
             .read_buffer_size(READ_BUFFER_BYTES);
         let subscribe = (!self.config.subscribe_template.is_empty())
             .then(|| render_subscribe(&self.config.subscribe_template, stream_id, from_seq));
+        let resubscribe = match (&subscribe, self.config.unsubscribe_template.as_str()) {
+            (Some(subscribe), unsubscribe) if !unsubscribe.is_empty() => Some((
+                render_subscribe(unsubscribe, stream_id, from_seq),
+                subscribe.clone(),
+            )),
+            _ => None,
+        };
         let connect = async {
             let (mut ws, _response) =
                 tokio_tungstenite::connect_async_with_config(url.as_str(), Some(ws_config), true)
@@ -132,6 +139,10 @@ impl Upstream for WebSocketUpstream {
             self.config.range.as_ref().map_or("none", SeqRange::pointer),
         ];
         pointers.extend(&match_pointers);
+        let snapshot_match = self.config.snapshot_match.as_ref().map(|snapshot| {
+            pointers.push(snapshot.pointer.as_str());
+            (pointers.len() - 1, snapshot.clone())
+        });
         let data_match = self
             .config
             .data_match
@@ -154,6 +165,8 @@ impl Upstream for WebSocketUpstream {
             range: self.config.range.clone(),
             extractor: Extractor::new(&pointers),
             data_match,
+            snapshot_match,
+            resubscribe,
             app_ping: self.config.ping_text.clone().map(|text| AppPing {
                 text,
                 interval: self.config.ping_interval,
@@ -203,6 +216,10 @@ struct WebSocketSubscription {
     extractor: Extractor,
     /// `UPSTREAM_DATA_MATCH`: (extractor slot, alternative); empty: all data.
     data_match: Vec<(usize, super::config::DataMatch)>,
+    /// `UPSTREAM_SNAPSHOT_MATCH`: (extractor slot, condition).
+    snapshot_match: Option<(usize, super::config::DataMatch)>,
+    /// The unsubscribe and subscribe messages that ask for a new snapshot.
+    resubscribe: Option<(String, String)>,
     app_ping: Option<AppPing>,
     telemetry: Arc<dyn TelemetrySink>,
     failed: Option<UpstreamError>,
@@ -315,6 +332,10 @@ impl WebSocketSubscription {
                 None => Frame::Skip(SkipReason::Control),
             };
         }
+        let snapshot = self
+            .snapshot_match
+            .as_ref()
+            .is_some_and(|(slot, condition)| condition.matches(fields[*slot].as_ref()));
         fields.truncate(FIRST_MATCH_SLOT);
         let [seq, event_id, ts, range] = <[Option<Value>; 4]>::try_from(fields).unwrap_or_default();
         let seq = seq.and_then(sequence_number);
@@ -334,6 +355,8 @@ impl WebSocketSubscription {
         // A frame that should say where its range starts and does not
         // cannot be placed: skipped like one without its sequence.
         let first_seq = match &self.range {
+            // A snapshot is the whole book at its sequence: it covers no range.
+            _ if snapshot => None,
             None => None,
             Some(kind) => match range.and_then(sequence_number) {
                 Some(value) => Some(kind.first(value)),
@@ -350,6 +373,7 @@ impl WebSocketSubscription {
             first_seq,
             event_id,
             payload: leasehold_sink::Payload::from_shared(frame.into()),
+            snapshot,
             received_at,
             arrival_lag,
         })
@@ -434,6 +458,21 @@ impl Subscription for WebSocketSubscription {
                 return Some(result);
             }
         }
+    }
+
+    async fn resubscribe(&mut self) -> Result<(), UpstreamError> {
+        let Some((unsubscribe, subscribe)) = self.resubscribe.clone() else {
+            return Err(UpstreamError::Closed(
+                "no UPSTREAM_UNSUBSCRIBE: a new snapshot is asked for by reconnecting".into(),
+            ));
+        };
+        for message in [unsubscribe, subscribe] {
+            if let Err(error) = self.ws.send(Message::text(message)).await {
+                let error = UpstreamError::Closed(describe(&error, &self.url));
+                return Err(self.fail(error));
+            }
+        }
+        Ok(())
     }
 
     async fn close(&mut self) {

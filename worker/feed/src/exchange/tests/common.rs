@@ -6,7 +6,10 @@ use super::*;
 /// The subscribe text and a frame that proves the subscription works.
 fn subscribe_for(shape: ExchangeShape) -> &'static str {
     match shape {
-        ExchangeShape::BinanceTrade | ExchangeShape::BinanceAggTrade => "",
+        ExchangeShape::BinanceTrade
+        | ExchangeShape::BinanceAggTrade
+        | ExchangeShape::BinanceDepth
+        | ExchangeShape::BinanceFuturesDepth => "",
         ExchangeShape::CoinbaseMatches => {
             r#"{"type":"subscribe","product_ids":["BTC-USD"],"channels":["matches"]}"#
         }
@@ -145,9 +148,15 @@ fn unix_ms() -> u64 {
 #[tokio::test]
 async fn restart_cuts_everyone_and_ids_start_over_at_1() {
     let rate = 20.0;
-    // Ids the new timeline can have reached by the time a client reconnects.
-    let small = 1 + (3.0 * rate) as u64;
     for shape in ExchangeShape::ALL {
+        // Ids the new timeline can have reached by the time a client
+        // reconnects (futures order-book ids advance by up to 7 an update).
+        let step = if shape == ExchangeShape::BinanceFuturesDepth {
+            7
+        } else {
+            1
+        };
+        let small = 1 + step * (3.0 * rate) as u64;
         let (server, shutdown) = start(config(shape, rate)).await;
         let first_id = server.config().first_id;
         assert!(first_id > 1000, "the test needs ids well above 1");
@@ -195,6 +204,17 @@ async fn restart_cuts_everyone_and_ids_start_over_at_1() {
         }
         let head = server.head(stream_id);
         assert!(head >= previous && head < first_id, "{shape}: head {head}");
+        if shape.serves_snapshot() {
+            // The snapshot is of the new book, at a new update id.
+            let answer = http_get(&server, &snapshot_target(&server, &settings, stream_id)).await;
+            assert_eq!(answer.status, 200, "{shape}: {}", answer.body);
+            let snapshot = answer.json();
+            let last = number_at(&snapshot, &settings["UPSTREAM_SNAPSHOT_SEQ_POINTER"]);
+            assert!(last >= head && last < first_id, "{shape}: {last}");
+            let (bids, asks) = server.book_at(stream_id, last);
+            assert_eq!(snapshot["bids"], levels_value(&bids), "{shape}");
+            assert_eq!(snapshot["asks"], levels_value(&asks), "{shape}");
+        }
         if shape.serves_history() {
             assert_eq!(server.oldest_kept(), Some(1), "{shape}");
             let template = settings["UPSTREAM_BACKFILL_URL"]
@@ -400,6 +420,29 @@ fn is_data(frame: &Value, data_match: &str) -> bool {
     })
 }
 
+/// The path and query of the worked `UPSTREAM_SNAPSHOT_URL` for `stream_id`.
+fn snapshot_target(
+    server: &ExchangeServer,
+    settings: &std::collections::HashMap<&str, String>,
+    stream_id: &str,
+) -> String {
+    let url = settings["UPSTREAM_SNAPSHOT_URL"]
+        .replace("{stream_id_upper}", &stream_id.to_ascii_uppercase())
+        .replace("{stream_id}", stream_id);
+    url.split_once(&server.local_addr().to_string())
+        .expect("same host")
+        .1
+        .to_owned()
+}
+
+/// A book side as its JSON array of `[price, qty]` pairs.
+fn levels_value(levels: &[(String, String)]) -> Value {
+    levels
+        .iter()
+        .map(|(price, qty)| Value::from(vec![price.as_str(), qty.as_str()]))
+        .collect()
+}
+
 fn number_at(frame: &Value, pointer: &str) -> u64 {
     match frame.pointer(pointer) {
         Some(Value::Number(n)) => n.as_u64().expect("an unsigned number"),
@@ -432,7 +475,11 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
             "increasing" => false,
             other => panic!("{other}"),
         };
+        // A diff's own statement of where it starts (order books).
+        let first_pointer = settings.get("UPSTREAM_SEQ_FIRST_POINTER");
+        let prev_pointer = settings.get("UPSTREAM_SEQ_PREV_POINTER");
         let (mut data, mut control, mut previous) = (0, 0, None);
+        let mut first_frame = None;
         while data < 30 {
             let frame = next_json(&mut ws).await;
             if !is_data(&frame, &data_match) {
@@ -452,12 +499,27 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
                 } else {
                     assert!(seq > previous, "{shape}");
                 }
+                // Diffs chain: spot U = previous u + 1, futures pu = previous u.
+                if let Some(pointer) = first_pointer {
+                    assert_eq!(number_at(&frame, pointer), previous + 1, "{shape}");
+                }
+                if let Some(pointer) = prev_pointer {
+                    assert_eq!(number_at(&frame, pointer), previous, "{shape}");
+                }
             }
+            first_frame.get_or_insert_with(|| frame.clone());
             previous = Some(seq);
             data += 1;
         }
-        // Acks (and Kraken's status) are control frames, not data.
-        if shape != ExchangeShape::BinanceTrade && shape != ExchangeShape::BinanceAggTrade {
+        // Acks (and Kraken's status) are control frames, not data; Binance
+        // streams send none.
+        if !matches!(
+            shape,
+            ExchangeShape::BinanceTrade
+                | ExchangeShape::BinanceAggTrade
+                | ExchangeShape::BinanceDepth
+                | ExchangeShape::BinanceFuturesDepth
+        ) {
             assert!(control >= 1, "{shape}");
         }
         match get("UPSTREAM_RESUME").as_str() {
@@ -487,6 +549,27 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
                 assert!(number_at(first, &get("UPSTREAM_BACKFILL_TS_POINTER")) > 1_600_000_000_000);
             }
             "live" => assert!(!shape.serves_history(), "{shape}"),
+            "snapshot" => {
+                assert!(shape.serves_snapshot(), "{shape}");
+                let answer =
+                    http_get(&server, &snapshot_target(&server, &settings, stream_id)).await;
+                assert_eq!(answer.status, 200, "{shape}: {}", answer.body);
+                let snapshot = answer.json();
+                let last = number_at(&snapshot, &get("UPSTREAM_SNAPSHOT_SEQ_POINTER"));
+                // Taken after the 30 diffs read: at or past the newest.
+                let newest = previous.expect("diffs were read");
+                assert!(last >= newest, "{shape}: {last} before {newest}");
+                assert!(snapshot["bids"].as_array().is_some_and(|b| !b.is_empty()));
+                assert!(snapshot["asks"].as_array().is_some_and(|a| !a.is_empty()));
+                // The first diff read started at or before the snapshot's next id.
+                let first = first_frame.expect("diffs were read");
+                let start = match (first_pointer, prev_pointer) {
+                    (Some(pointer), _) => number_at(&first, pointer),
+                    (None, Some(pointer)) => number_at(&first, pointer) + 1,
+                    (None, None) => panic!("{shape}: a diff must state where it starts"),
+                };
+                assert!(start <= last + 1, "{shape}");
+            }
             other => panic!("{other}"),
         }
         if shape.has_app_ping() {

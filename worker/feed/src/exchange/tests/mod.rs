@@ -19,6 +19,7 @@ mod binance;
 mod bybit;
 mod coinbase;
 mod common;
+mod depth;
 mod kraken;
 
 /// Generous: only a broken server takes this long.
