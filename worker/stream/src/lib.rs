@@ -10,6 +10,10 @@
 //! - [`sequence`]: what an upstream's sequence numbers mean for the sink
 //!   (replays, holes, ranges, resets, jumps, backfill), without I/O: the
 //!   machine's `Sequencer`, and the sequence models' subject.
+//! - [`book`]: order books without I/O: how each exchange spells a snapshot
+//!   and a diff, the book kept as exact decimal strings, Kraken's and OKX's
+//!   checksums (`UPSTREAM_BOOK_CHECKSUM`), the worker's per-stream keeper and
+//!   the readers' rebuild from stored entries.
 //! - [`machine`]: one held stream's state and decisions, without I/O
 //!   (`StreamMachine`: progress, sequencer, write slot, backfill, reset).
 //! - [`runner`]: the machine's driver, from the sink's open to release: the
@@ -29,6 +33,7 @@
 
 pub mod assignment;
 pub mod balance;
+pub mod book;
 pub mod discovery;
 pub mod handoff;
 pub mod machine;
