@@ -50,6 +50,8 @@ fn unique_symbol(shape: ExchangeShape) -> String {
 struct Run {
     entries: Vec<StoredEvent>,
     reconnects: BTreeMap<String, u64>,
+    /// `leasehold_stream_snapshots_total` by reason.
+    snapshots: BTreeMap<String, u64>,
     control_frames: u64,
     first_event_after_acquire: Duration,
     cuts: u64,
@@ -132,6 +134,7 @@ async fn run(config: ExchangeConfig, overrides: &[(&str, &str)]) -> Option<Run> 
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let body = metrics(&cluster, "w1").await;
     let reconnects = samples(&body, "leasehold_websocket_reconnects_total");
+    let snapshots = samples(&body, "leasehold_stream_snapshots_total");
     let control_frames = samples(&body, "leasehold_upstream_frames_skipped_total")
         .get("control")
         .copied()
@@ -151,6 +154,7 @@ async fn run(config: ExchangeConfig, overrides: &[(&str, &str)]) -> Option<Run> 
     Some(Run {
         entries,
         reconnects,
+        snapshots,
         control_frames,
         first_event_after_acquire,
         cuts,
@@ -228,6 +232,84 @@ impl Run {
     }
 }
 
+impl Run {
+    /// An order book: a snapshot entry first and after every cut (each
+    /// later one naming the diffs it replaces), diffs that continue the
+    /// snapshot or diff before them by the exchange's rule, and a book
+    /// rebuilt from the entries that equals the exchange's own book at every
+    /// snapshot and every diff.
+    fn assert_books(&self, shape: ExchangeShape) {
+        use leasehold_stream::book::{Book, BookFormat, MessageKind};
+        let snapshots: Vec<&StoredEvent> = self.entries.iter().filter(|e| e.snapshot).collect();
+        assert_eq!(
+            snapshots.len() as u64,
+            CUTS + 1,
+            "{shape}: a book at the start and after each cut\n{}",
+            self.logs
+        );
+        assert!(self.entries[0].snapshot && self.entries[0].gap.is_none());
+        assert!(
+            self.entries.iter().all(|e| e.snapshot || e.gap.is_none()),
+            "{shape}: no bare gap marker: a book resyncs instead"
+        );
+        let mut book = Book::new();
+        let mut last = 0;
+        let mut after_snapshot = false;
+        let mut compared = 0;
+        for (i, entry) in self.entries.iter().enumerate() {
+            let message = BookFormat::Binance
+                .read_message(entry.payload.as_bytes())
+                .expect("a Binance book message")
+                .expect("a book message");
+            if entry.snapshot {
+                assert_eq!(message.kind, MessageKind::Snapshot);
+                if i > 0 {
+                    let gap = entry.gap.expect("a later book names what it replaces");
+                    assert_eq!(
+                        (gap.from, gap.reason),
+                        (last + 1, GapReason::NoReplay),
+                        "{shape}: {entry:?}"
+                    );
+                }
+                after_snapshot = true;
+            } else {
+                let frame: serde_json::Value = serde_json::from_str(&entry.payload).unwrap();
+                let (first, prev) = (frame["U"].as_u64().unwrap(), frame["pu"].as_u64());
+                let continues = match (shape, after_snapshot) {
+                    // Binance's rules: the first diff after a snapshot covers
+                    // lastUpdateId + 1 (futures: it starts at or before it).
+                    (ExchangeShape::BinanceFuturesDepth, true) => prev.unwrap() <= last,
+                    (ExchangeShape::BinanceFuturesDepth, false) => prev == Some(last),
+                    (_, true) => first <= last + 1,
+                    (_, false) => first == last + 1,
+                };
+                assert!(continues, "{shape}: {entry:?} does not continue {last}");
+                after_snapshot = false;
+            }
+            book.apply(&message);
+            last = entry.seq;
+            let (bids, asks) = self.server.book_at(&self.symbol, entry.seq);
+            let ours = |levels: Vec<leasehold_stream::book::Level>| -> Vec<(String, String)> {
+                levels
+                    .into_iter()
+                    .map(|l| (l.price.as_str().to_owned(), l.qty.as_str().to_owned()))
+                    .collect()
+            };
+            let (our_bids, our_asks) = book.top(usize::MAX);
+            assert_eq!(
+                (ours(our_bids), ours(our_asks)),
+                (bids, asks),
+                "{shape}: the book rebuilt at {} is the exchange's",
+                entry.seq
+            );
+            compared += 1;
+        }
+        assert!(compared > 100, "{shape}: {compared} books compared");
+        assert_eq!(self.snapshots.get("subscribe").copied(), Some(1), "{shape}");
+        assert_eq!(self.snapshots.get("gap").copied(), Some(CUTS), "{shape}");
+    }
+}
+
 fn config(shape: ExchangeShape) -> ExchangeConfig {
     ExchangeConfig {
         shape,
@@ -267,6 +349,23 @@ async fn binance_trades_backfill_every_cut_from_the_rest_history() {
                     || (shape == ExchangeShape::BinanceAggTrade && !e.payload.contains("\"e\""))),
             "{shape}: some entries are history items"
         );
+    }
+}
+
+/// Binance spot and USD-M depth with REST snapshots, cut three times: the
+/// book any reader rebuilds from the sink is the exchange's at every entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binance_books_rebuilt_from_the_sink_are_the_exchanges_at_every_entry() {
+    let _serial = serial().await;
+    for shape in [
+        ExchangeShape::BinanceDepth,
+        ExchangeShape::BinanceFuturesDepth,
+    ] {
+        let Some(run) = run(config(shape), &[]).await else {
+            return;
+        };
+        run.common_checks(shape);
+        run.assert_books(shape);
     }
 }
 
