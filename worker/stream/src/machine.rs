@@ -23,11 +23,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::book::{BookFormat, BookKeeper, ChecksumRule, Verdict};
 use crate::sequence::{Arrival, ResumeMode, Sequencer, Snapshotted, Step};
 use leasehold_control::protocol;
 use leasehold_sink::{GapMark, OpenOutcome, SinkError, SinkEvent, WriteOutcome};
 use leasehold_telemetry::{
-    BackfillResult, BackfillWait, GapReason, LossReason, SkipReason, TelemetryEvent,
+    BackfillResult, BackfillWait, GapReason, LossReason, SkipReason, SnapshotReason, TelemetryEvent,
 };
 use tokio::time::Instant;
 
@@ -300,6 +301,12 @@ pub struct StreamMachine {
     /// Snapshots fetched in a row that could not be taken (unreadable, or
     /// older than the held diffs): the wait before the next.
     snapshot_attempts: u32,
+    /// The order book as the worker keeps it to check the upstream's
+    /// checksums (`UPSTREAM_BOOK_CHECKSUM`), from the first snapshot on.
+    book: Option<BookKeeper>,
+    /// The kept book failed and a new snapshot is awaited: diffs until then
+    /// are not checked.
+    book_void: bool,
     /// Since when the held events are at their bound (reading paused).
     held_full_since: Option<Instant>,
     reset: Option<PendingReset>,
@@ -380,6 +387,8 @@ impl StreamMachine {
             empty_pages: 0,
             backfill: None,
             snapshot_attempts: 0,
+            book: None,
+            book_void: false,
             held_full_since: None,
             reset: None,
             awaiting_epoch: false,
@@ -734,6 +743,7 @@ impl StreamMachine {
                     // writes nothing look fresh.
                     self.progress.last_event_at = event.received_at;
                     self.progress.last_arrival_lag = event.arrival_lag;
+                    self.check_book(event.payload.as_bytes(), false, now);
                     self.accept(event);
                 }
                 Step::JumpDiscarded { seq } => {
@@ -815,6 +825,7 @@ impl StreamMachine {
                         from: missed.from,
                         reason: missed.reason,
                     });
+                    self.check_book(item.payload.as_bytes(), true, now);
                     self.pending
                         .push(SinkEvent::snapshot(seq, item.payload, missed));
                     self.emit(TelemetryEvent::StreamSnapshot {
@@ -853,6 +864,71 @@ impl StreamMachine {
         };
         self.fetching = true;
         self.actions.push_back(Action::Fetch { from, to, after });
+    }
+
+    /// Applies one written book message to the kept book and checks the
+    /// upstream's checksum: on a mismatch (or a message the book cannot
+    /// read) the failure is reported and the book re-synchronised; the
+    /// message itself is written as received.
+    fn check_book(&mut self, body: &[u8], snapshot: bool, now: Instant) {
+        let rule = self.config.book_check.rule;
+        if rule == ChecksumRule::None {
+            return;
+        }
+        if snapshot {
+            self.book_void = false;
+            if let Some(keeper) = &mut self.book {
+                keeper.reset();
+            } else {
+                let format = match rule {
+                    ChecksumRule::Okx => Some(BookFormat::Okx),
+                    _ => BookFormat::detect(body).filter(|format| rule.applies_to(*format)),
+                };
+                match format
+                    .map(|format| BookKeeper::new(format, rule, self.config.book_check.options))
+                {
+                    Some(Ok(keeper)) => self.book = Some(keeper),
+                    Some(Err(error)) => {
+                        tracing::warn!(stream_id = self.stream_id, %error, "cannot keep this book; its checksums are not checked");
+                        return;
+                    }
+                    None => {
+                        tracing::warn!(
+                            stream_id = self.stream_id,
+                            rule = rule.as_str(),
+                            "the snapshot is not a book UPSTREAM_BOOK_CHECKSUM can check; checksums are not checked"
+                        );
+                        return;
+                    }
+                }
+            }
+        }
+        if self.book_void {
+            return;
+        }
+        let Some(keeper) = &mut self.book else {
+            return;
+        };
+        let failure = match keeper.on_frame(body) {
+            Ok(Verdict::Snapshot | Verdict::Applied | Verdict::NotBook) => return,
+            Ok(Verdict::ChecksumMismatch { expected, computed }) => {
+                format!("checksum {expected} sent, {computed} computed")
+            }
+            Err(error) => error.to_string(),
+        };
+        keeper.reset();
+        tracing::warn!(
+            stream_id = self.stream_id,
+            failure,
+            "the order book failed its check; re-synchronising from a new snapshot"
+        );
+        self.emit(TelemetryEvent::StreamChecksumFailure {
+            stream_id: self.stream_id.clone(),
+        });
+        self.book_void = true;
+        let mut steps = Vec::new();
+        self.sequencer.resync(SnapshotReason::Checksum, &mut steps);
+        self.apply(&mut steps, now);
     }
 
     fn fetch_snapshot(&mut self, after: Duration) {

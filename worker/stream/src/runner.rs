@@ -55,6 +55,9 @@ pub struct RunnerConfig {
     /// (`UPSTREAM_SNAPSHOT_MATCH`; a new one is asked for on the connection),
     /// not from `UPSTREAM_SNAPSHOT_URL`.
     pub snapshots_in_band: bool,
+    /// `snapshot` mode: the checksum every book update is checked against
+    /// (`UPSTREAM_BOOK_CHECKSUM`) and how the book is kept for it.
+    pub book_check: BookCheck,
     /// Most live events held while a backfill runs; when full, reading the
     /// upstream pauses until the backfill has caught up.
     pub backfill_hold_max: usize,
@@ -73,6 +76,16 @@ pub struct RunnerConfig {
     /// it matters (`tests/machine_model.rs`); always all on otherwise.
     #[doc(hidden)]
     pub rules: MachineRules,
+}
+
+/// How an order book's updates are checked (`UPSTREAM_BOOK_CHECKSUM`,
+/// `UPSTREAM_BOOK_DEPTH`, `UPSTREAM_BOOK_PRECISION`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BookCheck {
+    /// `none`: the worker keeps no book.
+    pub rule: crate::book::ChecksumRule,
+    /// The subscribed depth and the pair's decimals.
+    pub options: crate::book::KeeperOptions,
 }
 
 /// Rules of the stream machine that a model can switch off.
@@ -134,6 +147,7 @@ impl Default for RunnerConfig {
             resume: ResumeMode::Replay,
             seq_step: SeqStep::Contiguous,
             snapshots_in_band: false,
+            book_check: BookCheck::default(),
             backfill_hold_max: BACKFILL_HOLD_MAX,
             hold_max_bytes: HOLD_MAX_BYTES,
             backfill_empty_pages: 3,

@@ -8,6 +8,8 @@ use leasehold_platform::settings::{
 };
 use leasehold_telemetry::transport::ShipperConfig;
 
+use crate::book::{ChecksumRule, KeeperOptions, Precision};
+use crate::runner::BookCheck;
 use crate::runner::RunnerConfig;
 use crate::sequence::{JumpBound, ResumeMode, SeqStep};
 use crate::upstream::history::{HistoryConfig, SnapshotEndpoint};
@@ -92,6 +94,31 @@ const RESUME_PARSER: Parser<ResumeMode> = Parser {
         ResumeMode::parse(raw).ok_or_else(|| "must be replay, backfill, live or snapshot".into())
     },
     show: |mode| mode.as_str().to_owned(),
+};
+/// `none`, `kraken` or `okx`.
+const CHECKSUM_PARSER: Parser<ChecksumRule> = Parser {
+    parse: |raw| ChecksumRule::parse(raw).ok_or_else(|| "must be none, kraken or okx".into()),
+    show: |rule| rule.as_str().to_owned(),
+};
+/// `price_decimals,qty_decimals`.
+const PRECISION_PARSER: Parser<Precision> = Parser {
+    parse: |raw| {
+        let (price, qty) = raw
+            .split_once(',')
+            .ok_or_else(|| "must be price_decimals,qty_decimals (e.g. 1,8)".to_owned())?;
+        let decimals = |text: &str| {
+            text.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n <= 18)
+                .ok_or_else(|| "must be price_decimals,qty_decimals, each 0 to 18".to_owned())
+        };
+        Ok(Precision {
+            price_decimals: decimals(price)?,
+            qty_decimals: decimals(qty)?,
+        })
+    },
+    show: |p| format!("{},{}", p.price_decimals, p.qty_decimals),
 };
 /// `contiguous` or `increasing`.
 const SEQ_STEP_PARSER: Parser<SeqStep> = Parser {
@@ -190,6 +217,34 @@ pub const UPSTREAM_SNAPSHOT_MATCH: Setting<Vec<DataMatch>> = Setting::new(
      `/action=snapshot`, Kraken v2 `/type=snapshot`, Coinbase `/events/0/type=snapshot`). A new \
      one is asked for with `UPSTREAM_UNSUBSCRIBE` then `UPSTREAM_SUBSCRIBE` on the connection, or \
      by reconnecting without `UPSTREAM_UNSUBSCRIBE`. Instead of `UPSTREAM_SNAPSHOT_URL`.",
+);
+/// The `UPSTREAM_BOOK_CHECKSUM` variable.
+pub const UPSTREAM_BOOK_CHECKSUM: Setting<ChecksumRule> = Setting::new(
+    "UPSTREAM_BOOK_CHECKSUM",
+    CHECKSUM_PARSER,
+    Fallback::Value(|| ChecksumRule::None),
+    "`none`, `kraken` or `okx`: with `UPSTREAM_RESUME=snapshot` the worker keeps the book (exact \
+     decimal strings) and checks every update's CRC32 as the exchange documents it; a mismatch is \
+     counted (`leasehold_stream_checksum_failures_total`) and the book re-synchronised from a new \
+     snapshot whose entry carries `reason=checksum`.",
+);
+/// The `UPSTREAM_BOOK_DEPTH` variable.
+pub const UPSTREAM_BOOK_DEPTH: Setting<usize> = Setting::new(
+    "UPSTREAM_BOOK_DEPTH",
+    parse::SIZE,
+    Fallback::Value(|| 0),
+    "Levels a side of the subscribed book, for `UPSTREAM_BOOK_CHECKSUM` (0: keep every level). \
+     Kraken stops sending removals for levels pushed past the subscribed depth: set it to that \
+     depth (e.g. 10) or its checksums drift.",
+);
+/// The `UPSTREAM_BOOK_PRECISION` variable.
+pub const UPSTREAM_BOOK_PRECISION: Setting<Precision> = Setting::new(
+    "UPSTREAM_BOOK_PRECISION",
+    PRECISION_PARSER,
+    Fallback::Unset,
+    "`price_decimals,qty_decimals` of the pair (Kraken's `price_precision`, `qty_precision`), \
+     required for `UPSTREAM_BOOK_CHECKSUM=kraken` on Kraken v2, which sends numbers that lose the \
+     trailing zeros its checksum counts.",
 );
 /// The `UPSTREAM_UNSUBSCRIBE` variable.
 pub const UPSTREAM_UNSUBSCRIBE: Setting<String> = Setting::new(
@@ -427,6 +482,9 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_DATA_MATCH,
     &UPSTREAM_SNAPSHOT_MATCH,
     &UPSTREAM_UNSUBSCRIBE,
+    &UPSTREAM_BOOK_CHECKSUM,
+    &UPSTREAM_BOOK_DEPTH,
+    &UPSTREAM_BOOK_PRECISION,
     &UPSTREAM_PING_TEXT,
     &UPSTREAM_PING_INTERVAL_MS,
     &UPSTREAM_CONNECTS_PER_MINUTE,
@@ -700,12 +758,26 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         // Explicit only here; the binary derives it on ECS when unset.
         sidecar_url: env.optional(&leasehold_telemetry::settings::SIDECAR_URL),
     };
+    let book_check = BookCheck {
+        rule: env.get(&UPSTREAM_BOOK_CHECKSUM),
+        options: KeeperOptions {
+            depth: Some(env.get(&UPSTREAM_BOOK_DEPTH)).filter(|depth| *depth > 0),
+            precision: env.optional(&UPSTREAM_BOOK_PRECISION),
+        },
+    };
+    if book_check.rule != ChecksumRule::None && resume != ResumeMode::Snapshot {
+        env.problem(
+            UPSTREAM_BOOK_CHECKSUM.name,
+            "is set but UPSTREAM_RESUME is not snapshot (only a book has a checksum)",
+        );
+    }
     let runner = RunnerConfig {
         batch_max_events: env.get(&BATCH_MAX_EVENTS),
         sink_max_failures: env.get(&SINK_MAX_FAILURES),
         resume,
         seq_step: env.get(&UPSTREAM_SEQ_STEP),
         snapshots_in_band: upstream.snapshot_match.is_some(),
+        book_check,
         jump: JumpBound {
             max: env.get(&UPSTREAM_MAX_JUMP),
             confirm_after: u32::try_from(env.get(&UPSTREAM_RESET_AFTER)).unwrap_or(u32::MAX),

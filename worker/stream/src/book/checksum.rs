@@ -4,9 +4,10 @@
 use super::{Book, BookFormat, Decimal};
 
 /// Which checksum the upstream sends (`UPSTREAM_BOOK_CHECKSUM`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum ChecksumRule {
     /// No checksum is checked.
+    #[default]
     None,
     /// Kraken (v1 `c`, v2 `checksum`): CRC32 over the top 10 asks ascending
     /// then the top 10 bids descending, each price and quantity with the

@@ -1479,3 +1479,156 @@ fn a_book_sent_in_the_stream_is_asked_for_again_on_the_connection_after_a_hole()
     assert_eq!(s.stored_seqs(), [100, 101, 104]);
     assert_eq!(s.gaps_reported(), [(102, 104, GapReason::NoReplay)]);
 }
+
+/// OKX `books` frames with the checksum OKX would send for the book they
+/// make (worked out on `book`, which they are applied to).
+fn okx_frame(
+    book: &mut crate::book::Book,
+    action: &str,
+    seq: u64,
+    bids: &[(&str, &str)],
+    asks: &[(&str, &str)],
+) -> UpstreamEvent {
+    use crate::book::{BookFormat, ChecksumRule};
+    let levels = |side: &[(&str, &str)]| {
+        side.iter()
+            .map(|(p, q)| format!(r#"["{p}","{q}","0","1"]"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let body = |checksum: i64| {
+        format!(
+            r#"{{"arg":{{"channel":"books","instId":"BTC-USDT"}},"action":"{action}","data":[{{"asks":[{}],"bids":[{}],"ts":"1","checksum":{checksum},"seqId":{seq},"prevSeqId":{}}}]}}"#,
+            levels(asks),
+            levels(bids),
+            if action == "snapshot" {
+                -1
+            } else {
+                seq as i64 - 1
+            }
+        )
+    };
+    let message = BookFormat::Okx
+        .read_message(body(0).as_bytes())
+        .unwrap()
+        .unwrap();
+    book.apply(&message);
+    let checksum = ChecksumRule::Okx.compute(book, None).unwrap();
+    UpstreamEvent {
+        seq,
+        first_seq: (action != "snapshot").then_some(seq),
+        event_id: seq.to_string(),
+        payload: body(checksum).into(),
+        snapshot: action == "snapshot",
+        received_at: Instant::now(),
+        arrival_lag: None,
+    }
+}
+
+#[test]
+fn a_book_that_fails_its_checksum_is_reported_and_re_synchronised() {
+    let mut s = Script::new(
+        RunnerConfig {
+            snapshots_in_band: true,
+            book_check: crate::runner::BookCheck {
+                rule: crate::book::ChecksumRule::Okx,
+                options: Default::default(),
+            },
+            ..resuming(ResumeMode::Snapshot)
+        },
+        start(0),
+    );
+    s.settle();
+    s.feed(Input::Subscribed);
+    let mut exchange = crate::book::Book::new();
+    let frames = [
+        okx_frame(
+            &mut exchange,
+            "snapshot",
+            10,
+            &[("100.0", "1")],
+            &[("101.0", "2")],
+        ),
+        okx_frame(&mut exchange, "update", 11, &[("100.5", "3")], &[]),
+    ];
+    for frame in frames {
+        s.feed(Input::Frame(frame));
+    }
+    s.settle();
+    assert!(
+        s.reported(|e| match e {
+            TelemetryEvent::StreamChecksumFailure { .. } => Some(()),
+            _ => None,
+        })
+        .is_empty()
+    );
+    // An update that the exchange applied to a level the worker never saw
+    // (a garbled diff): its checksum disagrees with the worker's book.
+    let mut diverged = exchange.clone();
+    diverged.set(
+        crate::book::Side::Ask,
+        crate::book::Decimal::parse("102.0").unwrap(),
+        crate::book::Decimal::parse("5").unwrap(),
+    );
+    let bad = okx_frame(&mut diverged, "update", 12, &[("99.0", "1")], &[]);
+    s.feed(Input::Frame(bad));
+    let asked = s.settle();
+    assert_eq!(
+        s.reported(|e| match e {
+            TelemetryEvent::StreamChecksumFailure { .. } => Some(()),
+            _ => None,
+        })
+        .len(),
+        1
+    );
+    assert_eq!(
+        asked
+            .iter()
+            .filter(|a| matches!(a, Action::AskSnapshot))
+            .count(),
+        1
+    );
+    // Updates until the new book are held, then the book's entry says the
+    // reader's book was wrong from after the failed update.
+    s.feed(Input::Frame(okx_frame(
+        &mut diverged,
+        "update",
+        13,
+        &[],
+        &[],
+    )));
+    let mut fresh = crate::book::Book::new();
+    s.feed(Input::Frame(okx_frame(
+        &mut fresh,
+        "snapshot",
+        14,
+        &[("99.0", "1")],
+        &[("101.0", "2")],
+    )));
+    s.feed(Input::Frame(okx_frame(
+        &mut fresh,
+        "update",
+        15,
+        &[("98.0", "1")],
+        &[],
+    )));
+    s.settle();
+    assert_eq!(s.stored_seqs(), [10, 11, 12, 14, 15]);
+    assert_eq!(
+        s.stored[3].gap,
+        Some(leasehold_sink::GapMark {
+            from: 13,
+            reason: GapReason::Checksum
+        })
+    );
+    assert_eq!(s.gaps_reported(), [(13, 14, GapReason::Checksum)]);
+    assert_eq!(
+        s.reported(|e| match e {
+            TelemetryEvent::StreamChecksumFailure { .. } => Some(()),
+            _ => None,
+        })
+        .len(),
+        1,
+        "the new book checks out"
+    );
+}
