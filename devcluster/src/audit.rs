@@ -20,6 +20,8 @@ pub struct Audit {
     pub duplicates: usize,
     /// Places where the fence token went down.
     pub token_regressions: usize,
+    /// Order-book snapshot entries (`--feed book`).
+    pub snapshots: usize,
 }
 
 /// The one line `leasehold dev` prints after the drain.
@@ -34,12 +36,19 @@ impl std::fmt::Display for Audit {
             self.duplicates,
             self.token_regressions,
             self.marked_gaps
-        )
+        )?;
+        if self.snapshots > 0 {
+            write!(f, ", {} book snapshots", self.snapshots)?;
+        }
+        Ok(())
     }
 }
 
-/// Every stream's entries must cover consecutive sequences with non-decreasing tokens.
-pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
+/// Every stream's entries must cover consecutive sequences with non-decreasing
+/// tokens. An order book's (`books`) diffs each cover a range their entry does
+/// not record: there positions must strictly increase, and the first entry
+/// must be a snapshot (a diff means nothing without the book before it).
+pub fn audit(sink: &MemorySink, streams: &[String], books: bool) -> Audit {
     let mut audit = Audit::default();
     for stream in streams {
         let events = sink.events(stream);
@@ -47,6 +56,10 @@ pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
             continue;
         }
         audit.streams += 1;
+        audit.snapshots += events.iter().filter(|e| e.snapshot).count();
+        if books && !events[0].snapshot {
+            audit.gaps += 1;
+        }
         audit.marked_gaps += events.iter().filter(|e| e.gap.is_some()).count();
         audit.events += events
             .iter()
@@ -60,7 +73,15 @@ pub fn audit(sink: &MemorySink, streams: &[String]) -> Audit {
                 }
                 continue;
             }
-            match pair[1].covers().start().cmp(&(pair[0].seq + 1)) {
+            let next = if books && !pair[1].snapshot && pair[1].gap.is_none() {
+                // A diff continues the book when its position is past the last.
+                (pair[1].seq > pair[0].seq).then_some(pair[0].seq + 1)
+            } else {
+                Some(*pair[1].covers().start())
+            };
+            match next.map_or(std::cmp::Ordering::Less, |start| {
+                start.cmp(&(pair[0].seq + 1))
+            }) {
                 std::cmp::Ordering::Equal => {}
                 std::cmp::Ordering::Greater => audit.gaps += 1,
                 std::cmp::Ordering::Less => audit.duplicates += 1,
@@ -104,12 +125,55 @@ mod tests {
             .await
             .unwrap();
         }
-        let audit = audit(&sink, &["s".to_owned(), "empty".to_owned()]);
+        let audit = audit(&sink, &["s".to_owned(), "empty".to_owned()], false);
         assert_eq!((audit.streams, audit.events, audit.gaps), (1, 5, 1));
         assert_eq!(
             audit.marked_gaps, 1,
             "a marked range is not an unmarked gap"
         );
         assert_eq!((audit.duplicates, audit.token_regressions), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_book_starts_at_a_snapshot_and_its_diffs_only_move_forward() {
+        let sink = MemorySink::new(SinkOptions::default());
+        let book = |missed: Option<u64>, seq: u64| {
+            SinkEvent::snapshot(
+                seq,
+                "{}",
+                missed.map(|from| leasehold_sink::GapMark {
+                    from,
+                    reason: leasehold_telemetry::GapReason::NoReplay,
+                }),
+            )
+        };
+        let diff = |seq: u64| SinkEvent::data(seq, seq.to_string(), "{}");
+        // Diffs skip ids (each covers a range); a later book names what it
+        // replaced.
+        let good = [
+            book(None, 100),
+            diff(107),
+            diff(120),
+            book(Some(121), 150),
+            diff(160),
+        ];
+        // No book before the first diff.
+        let bad = [diff(5), diff(9)];
+        for (stream, events) in [("good", &good[..]), ("bad", &bad[..])] {
+            sink.open(stream, 1).await.unwrap();
+            sink.write(SinkBatch {
+                stream_id: stream,
+                fence_token: 1,
+                events,
+            })
+            .await
+            .unwrap();
+        }
+        let audit_of = |stream: &str| audit(&sink, &[stream.to_owned()], true);
+        let good = audit_of("good");
+        assert_eq!((good.gaps, good.duplicates, good.snapshots), (0, 0, 2));
+        assert_eq!(audit_of("bad").gaps, 1, "a book without its snapshot");
+        // Read as trades, the same diffs are holes.
+        assert_eq!(audit(&sink, &["good".to_owned()], false).gaps, 3);
     }
 }

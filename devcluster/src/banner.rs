@@ -20,6 +20,7 @@ impl DevCluster {
                 match options.feed {
                     DevFeed::Simulator => "",
                     DevFeed::Exchange => ", an exchange-shaped fake: live start, short history",
+                    DevFeed::Book => ", order books: Binance depth diffs and REST snapshots",
                 }
             ),
         ];

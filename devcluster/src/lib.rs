@@ -133,17 +133,22 @@ pub enum DevFeed {
     /// workers backfill short holes and record longer ones (a crash's
     /// takeover) as gap markers.
     Exchange,
+    /// A Binance-shaped depth stream per symbol (`UPSTREAM_RESUME=snapshot`):
+    /// order books from REST snapshots plus diffs, connections cut every
+    /// 20 s; each cut is a resync whose snapshot entry names what it replaced.
+    Book,
 }
 
 impl std::str::FromStr for DevFeed {
     type Err = String;
 
-    /// `--feed`: `simulator` or `exchange`.
+    /// `--feed`: `simulator`, `exchange` or `book`.
     fn from_str(raw: &str) -> Result<Self, String> {
         match raw {
             "simulator" => Ok(DevFeed::Simulator),
             "exchange" => Ok(DevFeed::Exchange),
-            _ => Err("must be simulator or exchange".into()),
+            "book" => Ok(DevFeed::Book),
+            _ => Err("must be simulator, exchange or book".into()),
         }
     }
 }
@@ -188,11 +193,15 @@ impl Upstream {
                 ];
                 (Upstream::Simulator(feed), settings)
             }
-            DevFeed::Exchange => {
+            DevFeed::Exchange | DevFeed::Book => {
+                let shape = match options.feed {
+                    DevFeed::Book => ExchangeShape::BinanceDepth,
+                    _ => ExchangeShape::BinanceTrade,
+                };
                 let exchange = ExchangeServer::start(
                     addr,
                     ExchangeConfig {
-                        shape: ExchangeShape::BinanceTrade,
+                        shape,
                         rate: options.rate,
                         history_retention: DEV_EXCHANGE_HISTORY,
                         cut_every: Some(DEV_EXCHANGE_CUT_EVERY),
@@ -433,7 +442,7 @@ impl DevCluster {
             .map(|i| match options.feed {
                 DevFeed::Simulator => format!("stream-{i:03}"),
                 // Exchange symbols: lower case in the stream URL, upper in REST.
-                DevFeed::Exchange => format!("sym{i:03}usdt"),
+                DevFeed::Exchange | DevFeed::Book => format!("sym{i:03}usdt"),
             })
             .collect();
         for stream in &stream_ids {
@@ -600,11 +609,13 @@ impl DevCluster {
             futures_util::future::join_all(draining),
         )
         .await;
-        let audit = self
-            .options
-            .redis_url
-            .is_none()
-            .then(|| audit::audit(&self.memory_sink, &self.stream_ids));
+        let audit = self.options.redis_url.is_none().then(|| {
+            audit::audit(
+                &self.memory_sink,
+                &self.stream_ids,
+                self.options.feed == DevFeed::Book,
+            )
+        });
         self.background.cancel();
         self.dashboard.finished().await;
         self.feed.finished().await;

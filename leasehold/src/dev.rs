@@ -49,9 +49,11 @@ pub(crate) struct DevArgs {
     /// Cluster and keeps the pool bus in memory).
     #[arg(long)]
     redis_url: Option<String>,
-    /// What the stream workers read: `simulator` (replays on request) or
+    /// What the stream workers read: `simulator` (replays on request),
     /// `exchange` (a Binance-shaped fake: live start, a short REST history,
-    /// connections cut every 20 s; the dashboard shows backfills and gaps).
+    /// connections cut every 20 s; the dashboard shows backfills and gaps) or
+    /// `book` (Binance-shaped order books: REST snapshots plus diffs, a
+    /// resync after every cut).
     #[arg(long, default_value = "simulator")]
     feed: DevFeed,
     /// `per-stream` (a renewed lease per stream) or `session` (one per worker).

@@ -205,3 +205,32 @@ async fn dev_on_an_exchange_shaped_feed_marks_what_it_cannot_backfill() {
         "{check}"
     );
 }
+
+/// `dev --feed book`: order books (Binance depth diffs, REST snapshots) under
+/// chaos. Every stream's entries start at a snapshot, positions only move
+/// forward, and each takeover or cut is a resync with its own snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_records_order_books_that_start_and_resync_at_snapshots() {
+    let _serial = serial().await;
+    let (mut dev, addr) =
+        spawn_dev_chaos_with("dev-book", Duration::from_secs(20), &["--feed", "book"]);
+    let line = dev.wait_line("feed          ws://", Duration::from_secs(1));
+    assert!(
+        line.contains("@depth") && line.contains("order books"),
+        "{line}"
+    );
+    wait_every_stream_owned(&addr).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let check = interrupt_and_read_sink_check(&mut dev);
+    assert!(
+        check.contains(" 0 gaps, 0 duplicates, 0 token regressions"),
+        "{check}"
+    );
+    let snapshots: u64 = check
+        .rsplit_once(", ")
+        .and_then(|(_, tail)| tail.strip_suffix(" book snapshots"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no snapshot count: {check}"));
+    // One per stream at least, and the chaos' takeovers resync more.
+    assert!(snapshots > 6, "{check}");
+}
