@@ -5,6 +5,7 @@
 //! The work itself lives in the library crates; subcommands appear here only
 //! once they work.
 
+mod book;
 mod broker;
 mod dashboard;
 mod dev;
@@ -36,6 +37,8 @@ enum Command {
     /// Operator view of the lease table: register, list, show, release.
     #[command(subcommand)]
     Leases(operator::LeasesCommand),
+    /// Rebuild a stream's order book from the sink at an entry and print it.
+    Book(book::BookArgs),
     /// Upstream WebSocket feed simulator: sequenced events with replay.
     Feed(stream::FeedArgs),
     /// Lease-driven stream worker: owns streams, consumes them, writes fenced.
@@ -137,6 +140,7 @@ async fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Table(command) => operator::table(command).await,
         Command::Leases(command) => operator::leases(command).await,
+        Command::Book(args) => book::book(args).await,
         Command::Feed(args) => stream::feed(args).await,
         Command::StreamWorker(args) => stream::stream_worker(args).await,
         Command::Sidecar(args) => sidecar::sidecar(args).await,
