@@ -218,6 +218,49 @@ pub const UPSTREAM_SNAPSHOT_MATCH: Setting<Vec<DataMatch>> = Setting::new(
      one is asked for with `UPSTREAM_UNSUBSCRIBE` then `UPSTREAM_SUBSCRIBE` on the connection, or \
      by reconnecting without `UPSTREAM_UNSUBSCRIBE`. Instead of `UPSTREAM_SNAPSHOT_URL`.",
 );
+/// The `UPSTREAM_STREAMS_PER_CONNECTION` variable.
+pub const UPSTREAM_STREAMS_PER_CONNECTION: Setting<usize> = Setting::new(
+    "UPSTREAM_STREAMS_PER_CONNECTION",
+    parse::SIZE,
+    Fallback::Value(|| 1),
+    "Held streams one upstream connection carries (1: a connection per stream). Above 1 the worker \
+     fills a connection before it opens another, subscribing and unsubscribing as leases come and \
+     go; frames are routed by `UPSTREAM_ROUTE_POINTER`. For live upstreams (`live`, `backfill`, \
+     `snapshot`). Binance takes 1,024 streams per connection.",
+);
+/// The `UPSTREAM_ROUTE_POINTER` variable.
+pub const UPSTREAM_ROUTE_POINTER: Setting<String> = Setting::new(
+    "UPSTREAM_ROUTE_POINTER",
+    parse::TEXT,
+    Fallback::Unset,
+    "JSON pointer to the field that names a frame's stream on a shared connection (Binance \
+     combined `/stream`, Bybit `/topic`, Coinbase `/product_id`, Kraken v2 `/data/0/symbol`).",
+);
+/// The `UPSTREAM_ROUTE_TEMPLATE` variable.
+pub const UPSTREAM_ROUTE_TEMPLATE: Setting<String> = Setting::new(
+    "UPSTREAM_ROUTE_TEMPLATE",
+    parse::TEXT,
+    Fallback::Value(|| "{stream_id}".to_owned()),
+    "A stream's name in the route field and in `{stream_ids_json}`: `{stream_id}`, \
+     `{stream_id_upper}` (e.g. `{stream_id}@depth@100ms`, `orderbook.50.{stream_id_upper}`).",
+);
+/// The `UPSTREAM_SUBSCRIBE_BATCH` variable.
+pub const UPSTREAM_SUBSCRIBE_BATCH: Setting<usize> = Setting::new(
+    "UPSTREAM_SUBSCRIBE_BATCH",
+    parse::SIZE,
+    Fallback::Value(|| 1),
+    "Streams named in one subscribe or unsubscribe message on a shared connection, where the \
+     exchange takes a list (`{stream_ids_json}` in the template; Bybit takes 10). `{request_id}` \
+     numbers the message.",
+);
+/// The `UPSTREAM_SUBSCRIBES_PER_SECOND` variable.
+pub const UPSTREAM_SUBSCRIBES_PER_SECOND: Setting<usize> = Setting::new(
+    "UPSTREAM_SUBSCRIBES_PER_SECOND",
+    parse::SIZE,
+    Fallback::Value(|| 0),
+    "Subscribe and unsubscribe messages one shared connection sends in any second at most \
+     (0: no limit; Binance closes a connection past 5 incoming messages a second).",
+);
 /// The `UPSTREAM_BOOK_CHECKSUM` variable.
 pub const UPSTREAM_BOOK_CHECKSUM: Setting<ChecksumRule> = Setting::new(
     "UPSTREAM_BOOK_CHECKSUM",
@@ -482,6 +525,11 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_DATA_MATCH,
     &UPSTREAM_SNAPSHOT_MATCH,
     &UPSTREAM_UNSUBSCRIBE,
+    &UPSTREAM_STREAMS_PER_CONNECTION,
+    &UPSTREAM_ROUTE_POINTER,
+    &UPSTREAM_ROUTE_TEMPLATE,
+    &UPSTREAM_SUBSCRIBE_BATCH,
+    &UPSTREAM_SUBSCRIBES_PER_SECOND,
     &UPSTREAM_BOOK_CHECKSUM,
     &UPSTREAM_BOOK_DEPTH,
     &UPSTREAM_BOOK_PRECISION,
@@ -698,7 +746,20 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.ping_interval = env.get(&UPSTREAM_PING_INTERVAL_MS);
     upstream.connects_per_minute = env.get(&UPSTREAM_CONNECTS_PER_MINUTE);
     upstream.unsubscribe_template = env.optional(&UPSTREAM_UNSUBSCRIBE).unwrap_or_default();
+    upstream.streams_per_connection = env.get(&UPSTREAM_STREAMS_PER_CONNECTION).max(1);
+    upstream.route_pointer = env.optional(&UPSTREAM_ROUTE_POINTER);
+    upstream.route_template = env.get(&UPSTREAM_ROUTE_TEMPLATE);
+    upstream.subscribe_batch = env.get(&UPSTREAM_SUBSCRIBE_BATCH).max(1);
+    upstream.subscribes_per_second =
+        u32::try_from(env.get(&UPSTREAM_SUBSCRIBES_PER_SECOND)).unwrap_or(u32::MAX);
     let resume = env.get(&UPSTREAM_RESUME);
+    if upstream.streams_per_connection > 1 && resume == ResumeMode::Replay {
+        env.problem(
+            UPSTREAM_STREAMS_PER_CONNECTION.name,
+            "is above 1 but UPSTREAM_RESUME is replay: a shared connection cannot replay each \
+             stream from its own position",
+        );
+    }
     upstream.snapshot_match = match env.optional(&UPSTREAM_SNAPSHOT_MATCH) {
         None => None,
         Some(_) if resume != ResumeMode::Snapshot => {

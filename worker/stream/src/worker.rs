@@ -56,8 +56,8 @@ use crate::discovery::{Action, Discovery, Ended, Input};
 use crate::handoff::{self, HandoffSocket};
 use crate::probes::{ExpiryProbes, Probe};
 use crate::runner::{RunnerContext, StreamExit, run_stream};
-use crate::upstream::WebSocketUpstream;
 use crate::upstream::history::{BoundedHistory, History, HttpHistory};
+use crate::upstream::{SharedUpstream, WebSocketUpstream};
 use leasehold_sink::FencedSink;
 
 mod assigned;
@@ -222,10 +222,17 @@ impl StreamWorker {
         });
         let context = Arc::new(RunnerContext {
             keeper,
-            upstream: Arc::new(WebSocketUpstream::new(
-                settings.upstream.clone(),
-                telemetry.clone(),
-            )),
+            upstream: if settings.upstream.streams_per_connection > 1 {
+                Arc::new(SharedUpstream::new(
+                    settings.upstream.clone(),
+                    telemetry.clone(),
+                ))
+            } else {
+                Arc::new(WebSocketUpstream::new(
+                    settings.upstream.clone(),
+                    telemetry.clone(),
+                ))
+            },
             sink,
             history,
             telemetry,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::redact::redact_url;
-use super::template::{looks_like_json, render_subscribe, render_url};
+use super::template::{looks_like_json, render_batch, render_url};
 
 /// The simulator's subscribe message; the default template.
 pub const FEED_SUBSCRIBE_TEMPLATE: &str = r#"{"subscribe": "{stream_id}", "from_seq": {from_seq}}"#;
@@ -53,6 +53,20 @@ pub struct WebSocketUpstreamConfig {
     /// in-band snapshot is asked for by unsubscribing and subscribing again,
     /// without it by reconnecting. Empty: none.
     pub unsubscribe_template: String,
+    /// `UPSTREAM_STREAMS_PER_CONNECTION`: held streams one connection carries
+    /// (1: a connection per stream).
+    pub streams_per_connection: usize,
+    /// `UPSTREAM_ROUTE_POINTER`: the field that names a frame's stream on a
+    /// shared connection.
+    pub route_pointer: Option<String>,
+    /// `UPSTREAM_ROUTE_TEMPLATE`: a stream's name in that field and in
+    /// `{stream_ids_json}`.
+    pub route_template: String,
+    /// `UPSTREAM_SUBSCRIBE_BATCH`: streams named in one (un)subscribe message.
+    pub subscribe_batch: usize,
+    /// `UPSTREAM_SUBSCRIBES_PER_SECOND`: (un)subscribe messages per second on
+    /// one connection at most (0: no limit).
+    pub subscribes_per_second: u32,
 }
 
 /// How a frame states the range of sequences it covers (an order book's
@@ -154,6 +168,11 @@ impl WebSocketUpstreamConfig {
             connects_per_minute: 0,
             snapshot_match: None,
             unsubscribe_template: String::new(),
+            streams_per_connection: 1,
+            route_pointer: None,
+            route_template: "{stream_id}".to_owned(),
+            subscribe_batch: 1,
+            subscribes_per_second: 0,
         }
     }
 
@@ -172,9 +191,9 @@ impl WebSocketUpstreamConfig {
     /// starting with the setting it is about (`UPSTREAM_URL: …`).
     pub fn validate(&self) -> Result<(), Vec<String>> {
         use crate::settings::{
-            UPSTREAM_ID_POINTER, UPSTREAM_SEQ_FIRST_POINTER, UPSTREAM_SEQ_POINTER,
-            UPSTREAM_SEQ_PREV_POINTER, UPSTREAM_SNAPSHOT_MATCH, UPSTREAM_SUBSCRIBE,
-            UPSTREAM_TS_POINTER, UPSTREAM_UNSUBSCRIBE, UPSTREAM_URL,
+            UPSTREAM_ID_POINTER, UPSTREAM_ROUTE_POINTER, UPSTREAM_SEQ_FIRST_POINTER,
+            UPSTREAM_SEQ_POINTER, UPSTREAM_SEQ_PREV_POINTER, UPSTREAM_SNAPSHOT_MATCH,
+            UPSTREAM_SUBSCRIBE, UPSTREAM_TS_POINTER, UPSTREAM_UNSUBSCRIBE, UPSTREAM_URL,
         };
         let mut problems = Vec::new();
         let url = render_url(&self.url_template, "stream");
@@ -198,7 +217,7 @@ impl WebSocketUpstreamConfig {
             (UPSTREAM_UNSUBSCRIBE.name, &self.unsubscribe_template),
         ] {
             if looks_like_json(template) {
-                let sample = render_subscribe(template, "a\"b\\c", 1);
+                let sample = render_batch(template, &["a\"b\\c".to_owned()], 1);
                 if serde_json::from_str::<Value>(&sample).is_err() {
                     problems.push(format!(
                         "{setting}: looks like JSON but is not valid JSON after substitution"
@@ -246,6 +265,13 @@ impl WebSocketUpstreamConfig {
                 "data match names more than {MAX_DATA_MATCH_POINTERS} distinct pointers"
             ));
         }
+        if self.streams_per_connection > 1 && self.route_pointer.is_none() {
+            problems.push(format!(
+                "{}: is required when UPSTREAM_STREAMS_PER_CONNECTION is above 1 (which \
+                 field of a frame names its stream)",
+                UPSTREAM_ROUTE_POINTER.name
+            ));
+        }
         if self.ping_text.as_deref() == Some("") {
             problems.push("application ping text must not be empty".to_owned());
         }
@@ -285,9 +311,14 @@ mod tests {
                 value: "snapshot".into(),
             }),
             unsubscribe_template: r#"{"unsubscribe": {stream_id}}"#.into(),
+            streams_per_connection: 2,
+            route_pointer: None,
+            route_template: "{stream_id}".into(),
+            subscribe_batch: 1,
+            subscribes_per_second: 0,
         };
         let problems = config.validate().expect_err("invalid");
-        assert_eq!(problems.len(), 13, "{problems:?}");
+        assert_eq!(problems.len(), 14, "{problems:?}");
         assert!(!problems.join(" ").contains("secret"));
         assert_eq!(
             WebSocketUpstreamConfig::for_feed("ws://127.0.0.1:9/").validate(),

@@ -17,8 +17,10 @@
 pub mod budget;
 pub mod config;
 pub mod extract;
+mod frame;
 pub mod history;
 pub mod redact;
+pub mod shared;
 pub mod template;
 pub mod websocket;
 
@@ -29,7 +31,34 @@ use tokio::time::Instant;
 
 pub use config::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, SeqRange, WebSocketUpstreamConfig};
 pub use redact::redact_url;
+pub use shared::SharedUpstream;
 pub use websocket::WebSocketUpstream;
+
+/// The window `UPSTREAM_CONNECTS_PER_MINUTE` counts over.
+pub(crate) const CONNECT_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until the worker's connect budget lets a connect go; a wait is
+/// reported (`leasehold_upstream_connects_throttled_total`).
+pub(crate) async fn wait_for_the_budget(
+    budget: &std::sync::Mutex<budget::ConnectBudget>,
+    telemetry: &dyn leasehold_telemetry::TelemetrySink,
+    stream_id: &str,
+) {
+    let asked = Instant::now();
+    let at = budget
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .reserve(asked);
+    if at > asked {
+        telemetry.emit(
+            leasehold_telemetry::TelemetryEvent::UpstreamConnectThrottled {
+                stream_id: stream_id.to_owned(),
+                wait: at - asked,
+            },
+        );
+        tokio::time::sleep_until(at).await;
+    }
+}
 
 /// One event as received.
 #[derive(Debug, Clone, PartialEq)]

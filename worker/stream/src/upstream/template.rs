@@ -56,6 +56,43 @@ pub fn render_subscribe(template: &str, stream_id: &str, from_seq: u64) -> Strin
     )
 }
 
+/// A stream's name on a shared connection (`UPSTREAM_ROUTE_TEMPLATE`):
+/// `{stream_id}` and `{stream_id_upper}` as they are (Binance
+/// `{stream_id}@depth@100ms`, Bybit `orderbook.50.{stream_id_upper}`).
+pub fn render_route(template: &str, stream_id: &str) -> String {
+    substitute(
+        template,
+        &[
+            ("{stream_id_upper}", &stream_id.to_uppercase()),
+            ("{stream_id}", stream_id),
+        ],
+    )
+}
+
+/// A subscribe or unsubscribe message on a shared connection for `routes`
+/// (rendered route names, in order) as request `request_id`:
+/// `{stream_ids_json}` is their JSON array, `{stream_id}` the first (a
+/// template that names one stream per message), `{request_id}` the number
+/// acknowledgements and errors name.
+pub fn render_batch(template: &str, routes: &[String], request_id: u64) -> String {
+    let first = routes.first().map(String::as_str).unwrap_or_default();
+    let first = if looks_like_json(template) {
+        json_escape(first)
+    } else {
+        first.to_owned()
+    };
+    let list = serde_json::to_string(routes).unwrap_or_else(|_| "[]".to_owned());
+    substitute(
+        template,
+        &[
+            ("{stream_ids_json}", &list),
+            ("{request_id}", &request_id.to_string()),
+            ("{stream_id}", &first),
+            ("{from_seq}", "0"),
+        ],
+    )
+}
+
 /// Replaces placeholders in one pass, so a value containing a placeholder's text
 /// is not substituted again.
 fn substitute(template: &str, values: &[(&str, &str)]) -> String {

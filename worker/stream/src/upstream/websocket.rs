@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use leasehold_control::clock::SystemClock;
 use leasehold_telemetry::{SkipReason, TelemetryEvent, TelemetrySink};
 use serde_json::Value;
 use tokio::net::TcpStream;
@@ -14,12 +13,10 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::budget::ConnectBudget;
-use super::extract::Extractor;
+use super::frame::{FrameReader, Read};
 use super::redact::{redact_url, url_secrets};
 use super::template::{render_subscribe, render_url};
-use super::{
-    SeqRange, Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig,
-};
+use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig};
 
 /// A close that the peer never acknowledges must not hold the caller.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -36,13 +33,10 @@ pub struct WebSocketUpstream {
     budget: std::sync::Mutex<ConnectBudget>,
 }
 
-/// The window `UPSTREAM_CONNECTS_PER_MINUTE` counts over.
-const CONNECT_WINDOW: Duration = Duration::from_secs(60);
-
 impl WebSocketUpstream {
     /// An adapter for `config`; problems surface as [`UpstreamError::Config`] on subscribe.
     pub fn new(config: WebSocketUpstreamConfig, telemetry: Arc<dyn TelemetrySink>) -> Self {
-        let budget = ConnectBudget::new(config.connects_per_minute, CONNECT_WINDOW);
+        let budget = ConnectBudget::new(config.connects_per_minute, super::CONNECT_WINDOW);
         WebSocketUpstream {
             config,
             telemetry,
@@ -54,25 +48,6 @@ impl WebSocketUpstream {
     pub fn with_connect_budget(mut self, budget: ConnectBudget) -> Self {
         self.budget = std::sync::Mutex::new(budget);
         self
-    }
-
-    /// Waits until the worker's connect budget lets this connect go;
-    /// a wait is reported (`leasehold_upstream_connects_throttled_total`).
-    async fn wait_for_the_budget(&self, stream_id: &str) {
-        let asked = Instant::now();
-        let at = self
-            .budget
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .reserve(asked);
-        if at > asked {
-            self.telemetry
-                .emit(TelemetryEvent::UpstreamConnectThrottled {
-                    stream_id: stream_id.to_owned(),
-                    wait: at - asked,
-                });
-            tokio::time::sleep_until(at).await;
-        }
     }
 }
 
@@ -86,7 +61,7 @@ impl Upstream for WebSocketUpstream {
         self.config
             .validate()
             .map_err(|problems| UpstreamError::Config(problems.join("; ")))?;
-        self.wait_for_the_budget(stream_id).await;
+        super::wait_for_the_budget(&self.budget, &*self.telemetry, stream_id).await;
         let url = render_url(&self.config.url_template, stream_id);
         // Frames somewhat over the limit are read and skipped; only absurd ones
         // (which would cost unbounded memory) break the connection.
@@ -118,7 +93,7 @@ impl Upstream for WebSocketUpstream {
         };
         let ws = match timeout(self.config.connect_timeout, connect).await {
             Ok(Ok(ws)) => ws,
-            Ok(Err(error)) => return Err(UpstreamError::Connect(describe(&error, &url))),
+            Ok(Err(error)) => return Err(UpstreamError::Connect(describe_error(&error, &url))),
             Err(_) => {
                 return Err(UpstreamError::Connect(format!(
                     "{} timed out after {:?}",
@@ -131,41 +106,13 @@ impl Upstream for WebSocketUpstream {
             stream_id: stream_id.to_owned(),
             from_seq,
         });
-        let match_pointers = self.config.data_match_pointers();
-        let mut pointers = vec![
-            self.config.seq_pointer.as_str(),
-            self.config.id_pointer.as_str(),
-            self.config.ts_pointer.as_deref().unwrap_or("none"),
-            self.config.range.as_ref().map_or("none", SeqRange::pointer),
-        ];
-        pointers.extend(&match_pointers);
-        let snapshot_match = self.config.snapshot_match.as_ref().map(|snapshot| {
-            pointers.push(snapshot.pointer.as_str());
-            (pointers.len() - 1, snapshot.clone())
-        });
-        let data_match = self
-            .config
-            .data_match
-            .iter()
-            .map(|alternative| {
-                let slot = match_pointers
-                    .iter()
-                    .position(|p| *p == alternative.pointer)
-                    .unwrap_or_default();
-                (FIRST_MATCH_SLOT + slot, alternative.clone())
-            })
-            .collect();
         let now = Instant::now();
         Ok(Box::new(WebSocketSubscription {
             ws,
             url,
             stream_id: stream_id.to_owned(),
             from_seq,
-            max_frame_bytes: self.config.max_frame_bytes,
-            range: self.config.range.clone(),
-            extractor: Extractor::new(&pointers),
-            data_match,
-            snapshot_match,
+            reader: FrameReader::new(&self.config, None),
             resubscribe,
             app_ping: self.config.ping_text.clone().map(|text| AppPing {
                 text,
@@ -182,20 +129,6 @@ impl Upstream for WebSocketUpstream {
     }
 }
 
-/// Where the data-match pointers start in the extractor's output (after the
-/// sequence, id, time and range start).
-const FIRST_MATCH_SLOT: usize = 4;
-
-/// A sequence as a frame writes it: a number, or a number in a string (JSON
-/// numbers past 2^53 are often sent as strings).
-fn sequence_number(value: Value) -> Option<u64> {
-    match value {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
 /// An application-level ping: text the upstream wants on a schedule.
 struct AppPing {
     text: String,
@@ -208,16 +141,7 @@ struct WebSocketSubscription {
     url: String,
     stream_id: String,
     from_seq: u64,
-    max_frame_bytes: usize,
-    /// Where a frame says which sequences it covers, if it does.
-    range: Option<SeqRange>,
-    /// The sequence, id and time pointers, in that order (a missing time
-    /// pointer is one that never resolves), then the data-match pointers.
-    extractor: Extractor,
-    /// `UPSTREAM_DATA_MATCH`: (extractor slot, alternative); empty: all data.
-    data_match: Vec<(usize, super::config::DataMatch)>,
-    /// `UPSTREAM_SNAPSHOT_MATCH`: (extractor slot, condition).
-    snapshot_match: Option<(usize, super::config::DataMatch)>,
+    reader: FrameReader,
     /// The unsubscribe and subscribe messages that ask for a new snapshot.
     resubscribe: Option<(String, String)>,
     app_ping: Option<AppPing>,
@@ -291,7 +215,9 @@ impl WebSocketSubscription {
             Some(Err(WsError::Capacity(error))) => Frame::Fail(UpstreamError::Closed(format!(
                 "frame beyond the hard size limit, connection unusable: {error}"
             ))),
-            Some(Err(error)) => Frame::Fail(UpstreamError::Closed(describe(&error, &self.url))),
+            Some(Err(error)) => {
+                Frame::Fail(UpstreamError::Closed(describe_error(&error, &self.url)))
+            }
             None => Frame::Fail(UpstreamError::Closed("connection ended".to_owned())),
         };
         match frame {
@@ -305,78 +231,21 @@ impl WebSocketSubscription {
     }
 
     fn classify(&mut self, frame: Utf8Bytes, received_at: Instant) -> Frame {
-        let text = frame.as_str();
-        if text.len() > self.max_frame_bytes {
-            return Frame::Skip(SkipReason::TooLarge);
+        let text = frame.clone();
+        match self.reader.read(frame, received_at) {
+            Read::Event { event, .. } => Frame::Event(event),
+            Read::Skip(reason) => Frame::Skip(reason),
+            // Acknowledgements, heartbeats, status and ping replies; an error
+            // frame still ends the subscription (rare: worth a full parse).
+            read @ (Read::Control | Read::NoSequence) => {
+                let value = serde_json::from_str::<Value>(text.as_str()).unwrap_or_default();
+                match server_error(&value, self.from_seq) {
+                    Some(error) => Frame::Fail(error),
+                    None if matches!(read, Read::Control) => Frame::Skip(SkipReason::Control),
+                    None => Frame::Skip(SkipReason::MissingField),
+                }
+            }
         }
-        // Only the pointed-at fields are read; the payload stays the frame's text.
-        let Ok(mut fields) = self.extractor.extract(text) else {
-            // An application ping's reply is often plain text (`pong`).
-            return Frame::Skip(if self.app_ping.is_some() {
-                SkipReason::Control
-            } else {
-                SkipReason::NotJson
-            });
-        };
-        if !self.data_match.is_empty()
-            && !self
-                .data_match
-                .iter()
-                .any(|(slot, alternative)| alternative.matches(fields[*slot].as_ref()))
-        {
-            // Acknowledgements, heartbeats, status and ping replies; an
-            // error frame still ends the subscription.
-            let value = serde_json::from_str::<Value>(text).unwrap_or_default();
-            return match server_error(&value, self.from_seq) {
-                Some(error) => Frame::Fail(error),
-                None => Frame::Skip(SkipReason::Control),
-            };
-        }
-        let snapshot = self
-            .snapshot_match
-            .as_ref()
-            .is_some_and(|(slot, condition)| condition.matches(fields[*slot].as_ref()));
-        fields.truncate(FIRST_MATCH_SLOT);
-        let [seq, event_id, ts, range] = <[Option<Value>; 4]>::try_from(fields).unwrap_or_default();
-        let seq = seq.and_then(sequence_number);
-        let Some(seq) = seq else {
-            // Rare: an error frame (or a bad one) is worth a full parse.
-            let value = serde_json::from_str::<Value>(text).unwrap_or_default();
-            return match server_error(&value, self.from_seq) {
-                Some(error) => Frame::Fail(error),
-                None => Frame::Skip(SkipReason::MissingField),
-            };
-        };
-        let event_id = match event_id {
-            Some(Value::String(s)) if !s.is_empty() => s,
-            Some(Value::Number(n)) => n.to_string(),
-            _ => return Frame::Skip(SkipReason::MissingField),
-        };
-        // A frame that should say where its range starts and does not
-        // cannot be placed: skipped like one without its sequence.
-        let first_seq = match &self.range {
-            // A snapshot is the whole book at its sequence: it covers no range.
-            _ if snapshot => None,
-            None => None,
-            Some(kind) => match range.and_then(sequence_number) {
-                Some(value) => Some(kind.first(value)),
-                None => return Frame::Skip(SkipReason::MissingField),
-            },
-        };
-        // Replays and holes are the runner's to judge (`crate::sequence`).
-        let arrival_lag = ts
-            .as_ref()
-            .and_then(Value::as_f64)
-            .map(|event_ms| SystemClock.seconds_since(event_ms));
-        Frame::Event(UpstreamEvent {
-            seq,
-            first_seq,
-            event_id,
-            payload: leasehold_sink::Payload::from_shared(frame.into()),
-            snapshot,
-            received_at,
-            arrival_lag,
-        })
     }
 }
 
@@ -468,7 +337,7 @@ impl Subscription for WebSocketSubscription {
         };
         for message in [unsubscribe, subscribe] {
             if let Err(error) = self.ws.send(Message::text(message)).await {
-                let error = UpstreamError::Closed(describe(&error, &self.url));
+                let error = UpstreamError::Closed(describe_error(&error, &self.url));
                 return Err(self.fail(error));
             }
         }
@@ -520,7 +389,7 @@ fn server_error(value: &Value, requested: u64) -> Option<UpstreamError> {
 
 /// A tungstenite error as text, with the URL's secrets removed in case the error
 /// echoes any part of it.
-fn describe(error: &WsError, url: &str) -> String {
+pub(crate) fn describe_error(error: &WsError, url: &str) -> String {
     let mut text = format!("{}: {error}", redact_url(url));
     for secret in url_secrets(url) {
         text = text.replace(&secret, "***");
