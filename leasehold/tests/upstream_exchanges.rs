@@ -42,7 +42,8 @@ fn unique_symbol(shape: ExchangeShape) -> String {
         | ExchangeShape::BinanceFuturesDepth => format!("x{n}usdt"),
         ExchangeShape::CoinbaseMatches => format!("X{n}-USD"),
         ExchangeShape::KrakenTrade => format!("X{n}/USD"),
-        ExchangeShape::BybitPublicTrade => format!("X{n}USDT"),
+        ExchangeShape::BybitPublicTrade | ExchangeShape::BybitOrderbook => format!("X{n}USDT"),
+        ExchangeShape::OkxBooks => format!("X{n}-USDT"),
     }
 }
 
@@ -52,6 +53,8 @@ struct Run {
     reconnects: BTreeMap<String, u64>,
     /// `leasehold_stream_snapshots_total` by reason.
     snapshots: BTreeMap<String, u64>,
+    /// `leasehold_stream_checksum_failures_total`.
+    checksum_failures: u64,
     control_frames: u64,
     first_event_after_acquire: Duration,
     cuts: u64,
@@ -89,6 +92,15 @@ async fn metrics(cluster: &Cluster, owner: &str) -> String {
 /// settings (plus `overrides`), cuts the connection three times, stops the
 /// worker and returns what happened.
 async fn run(config: ExchangeConfig, overrides: &[(&str, &str)]) -> Option<Run> {
+    run_with(config, overrides, |_| {}).await
+}
+
+/// [`run`], calling `before_cuts` once the first entry is in the sink.
+async fn run_with(
+    config: ExchangeConfig,
+    overrides: &[(&str, &str)],
+    before_cuts: impl Fn(&ExchangeServer),
+) -> Option<Run> {
     let shutdown = CancellationToken::new();
     let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), config, shutdown.clone())
         .await
@@ -122,6 +134,7 @@ async fn run(config: ExchangeConfig, overrides: &[(&str, &str)]) -> Option<Run> 
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    before_cuts(&server);
     for _ in 0..CUTS {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(
@@ -135,6 +148,9 @@ async fn run(config: ExchangeConfig, overrides: &[(&str, &str)]) -> Option<Run> 
     let body = metrics(&cluster, "w1").await;
     let reconnects = samples(&body, "leasehold_websocket_reconnects_total");
     let snapshots = samples(&body, "leasehold_stream_snapshots_total");
+    let checksum_failures = samples(&body, "leasehold_stream_checksum_failures_total")
+        .values()
+        .sum();
     let control_frames = samples(&body, "leasehold_upstream_frames_skipped_total")
         .get("control")
         .copied()
@@ -155,6 +171,7 @@ async fn run(config: ExchangeConfig, overrides: &[(&str, &str)]) -> Option<Run> 
         entries,
         reconnects,
         snapshots,
+        checksum_failures,
         control_frames,
         first_event_after_acquire,
         cuts,
@@ -238,13 +255,21 @@ impl Run {
     /// snapshot or diff before them by the exchange's rule, and a book
     /// rebuilt from the entries that equals the exchange's own book at every
     /// snapshot and every diff.
-    fn assert_books(&self, shape: ExchangeShape) {
+    fn assert_books(&self, shape: ExchangeShape, checksum_resyncs: u64) {
         use leasehold_stream::book::{Book, BookFormat, MessageKind};
+        let format = match shape {
+            ExchangeShape::BybitOrderbook => BookFormat::Bybit,
+            ExchangeShape::OkxBooks => BookFormat::Okx,
+            _ => BookFormat::Binance,
+        };
         let snapshots: Vec<&StoredEvent> = self.entries.iter().filter(|e| e.snapshot).collect();
-        assert_eq!(
-            snapshots.len() as u64,
-            CUTS + 1,
-            "{shape}: a book at the start and after each cut\n{}",
+        // A reconnect whose first diff continues the book needs none (a
+        // quick one on a slow feed): at most one per cut, and a checksum's.
+        let resyncs = snapshots.len() as u64 - 1;
+        assert!(
+            resyncs >= checksum_resyncs && resyncs <= CUTS + checksum_resyncs,
+            "{shape}: {} books for {CUTS} cuts\n{}",
+            snapshots.len(),
             self.logs
         );
         assert!(self.entries[0].snapshot && self.entries[0].gap.is_none());
@@ -257,7 +282,7 @@ impl Run {
         let mut after_snapshot = false;
         let mut compared = 0;
         for (i, entry) in self.entries.iter().enumerate() {
-            let message = BookFormat::Binance
+            let message = format
                 .read_message(entry.payload.as_bytes())
                 .expect("a Binance book message")
                 .expect("a book message");
@@ -265,17 +290,23 @@ impl Run {
                 assert_eq!(message.kind, MessageKind::Snapshot);
                 if i > 0 {
                     let gap = entry.gap.expect("a later book names what it replaces");
-                    assert_eq!(
-                        (gap.from, gap.reason),
-                        (last + 1, GapReason::NoReplay),
+                    assert_eq!(gap.from, last + 1, "{shape}: {entry:?}");
+                    assert!(
+                        matches!(gap.reason, GapReason::NoReplay | GapReason::Checksum),
                         "{shape}: {entry:?}"
                     );
                 }
                 after_snapshot = true;
             } else {
                 let frame: serde_json::Value = serde_json::from_str(&entry.payload).unwrap();
-                let (first, prev) = (frame["U"].as_u64().unwrap(), frame["pu"].as_u64());
+                let (first, prev) = (frame["U"].as_u64().unwrap_or(0), frame["pu"].as_u64());
                 let continues = match (shape, after_snapshot) {
+                    // Bybit: `u` is contiguous, from the book's on.
+                    (ExchangeShape::BybitOrderbook, _) => entry.seq == last + 1,
+                    // OKX: each update names the one before (the book's too).
+                    (ExchangeShape::OkxBooks, _) => {
+                        frame["data"][0]["prevSeqId"].as_u64() == Some(last)
+                    }
                     // Binance's rules: the first diff after a snapshot covers
                     // lastUpdateId + 1 (futures: it starts at or before it).
                     (ExchangeShape::BinanceFuturesDepth, true) => prev.unwrap() <= last,
@@ -305,8 +336,25 @@ impl Run {
             compared += 1;
         }
         assert!(compared > 100, "{shape}: {compared} books compared");
-        assert_eq!(self.snapshots.get("subscribe").copied(), Some(1), "{shape}");
-        assert_eq!(self.snapshots.get("gap").copied(), Some(CUTS), "{shape}");
+        // The first book and each reconnect's; a checksum's own.
+        assert_eq!(
+            self.snapshots.get("subscribe").copied(),
+            Some(1 + resyncs - checksum_resyncs),
+            "{shape}: {:?}",
+            self.snapshots
+        );
+        assert_eq!(self.snapshots.get("gap").copied(), Some(0), "{shape}");
+        assert_eq!(
+            self.snapshots.get("checksum").copied(),
+            Some(checksum_resyncs),
+            "{shape}"
+        );
+        assert_eq!(self.checksum_failures, checksum_resyncs, "{shape}");
+        let checksum_books = snapshots
+            .iter()
+            .filter(|e| e.gap.is_some_and(|g| g.reason == GapReason::Checksum))
+            .count() as u64;
+        assert_eq!(checksum_books, checksum_resyncs, "{shape}");
     }
 }
 
@@ -365,7 +413,30 @@ async fn binance_books_rebuilt_from_the_sink_are_the_exchanges_at_every_entry() 
             return;
         };
         run.common_checks(shape);
-        run.assert_books(shape);
+        run.assert_books(shape, 0);
+    }
+}
+
+/// Books sent in the stream: Bybit v5 (`u` contiguous) and OKX (`prevSeqId`
+/// chains, CRC32 checksums), cut three times. OKX also sends one update
+/// with a wrong checksum: the worker finds it on that update, asks for a
+/// new book on the connection, and the book's entry says `checksum`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn books_sent_in_the_stream_resync_after_cuts_and_a_checksum_failure() {
+    let _serial = serial().await;
+    for shape in [ExchangeShape::BybitOrderbook, ExchangeShape::OkxBooks] {
+        let corrupt = shape == ExchangeShape::OkxBooks;
+        let Some(run) = run_with(config(shape), &[], |server| {
+            if corrupt {
+                assert!(server.corrupt_next_checksum());
+            }
+        })
+        .await
+        else {
+            return;
+        };
+        run.common_checks(shape);
+        run.assert_books(shape, u64::from(corrupt));
     }
 }
 

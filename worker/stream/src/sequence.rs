@@ -698,7 +698,15 @@ impl<T> Sequencer<T> {
                 return Arrival::Held;
             }
             ResumeMode::Snapshot => {
-                self.start_sync(SnapshotReason::Gap, out);
+                // A new connection's first diff past the book is the
+                // subscribe's resync (as an in-band book after a subscribe
+                // is); inside a connection it is a lost diff.
+                let reason = if frame.fresh {
+                    SnapshotReason::Subscribe
+                } else {
+                    SnapshotReason::Gap
+                };
+                self.start_sync(reason, out);
                 self.hold(frame, true);
                 return Arrival::Held;
             }
@@ -1666,7 +1674,7 @@ mod tests {
         assert_eq!(
             diffs(&mut s, &[(200, 210)]),
             vec![Step::Resync {
-                reason: SnapshotReason::Gap
+                reason: SnapshotReason::Subscribe
             }]
         );
     }

@@ -31,18 +31,46 @@ pub(super) fn routes() -> Router<Arc<Shared>> {
 }
 
 async fn spot(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    upgrade(&shared, request, |session| {
-        let n = session.number;
-        Spot {
-            timeline: session.shared.timeline(),
-            topics: Vec::new(),
-            conn_id: uuid(crate::splitmix64(n), crate::splitmix64(n ^ 0xB1B1)),
-        }
+    upgrade(&shared, request, |session| Spot {
+        timeline: session.shared.timeline(),
+        topics: Vec::new(),
+        conn_id: conn_id(session.number),
     })
 }
 
+/// The `conn_id` of the `n`-th connection.
+pub(super) fn conn_id(n: u64) -> String {
+    uuid(crate::splitmix64(n), crate::splitmix64(n ^ 0xB1B1))
+}
+
+/// The `req_id` of a request, as JSON, when it has one.
+pub(super) fn req_id(request: &Value) -> Option<String> {
+    match request.get("req_id") {
+        Some(id @ (Value::String(_) | Value::Number(_))) => Some(id.to_string()),
+        _ => None,
+    }
+}
+
+/// An answer to an `op` (subscribe, unsubscribe, ping).
+pub(super) fn reply(
+    conn_id: &str,
+    success: bool,
+    message: &str,
+    req_id: Option<&str>,
+    op: &str,
+) -> String {
+    let req_id = req_id
+        .map(|id| format!(r#","req_id":{id}"#))
+        .unwrap_or_default();
+    format!(
+        r#"{{"success":{success},"ret_msg":{},"conn_id":"{conn_id}"{req_id},"op":{}}}"#,
+        json_str(message),
+        json_str(op)
+    )
+}
+
 /// Upper-case letters and digits (`BTCUSDT`).
-fn valid_symbol(symbol: &str) -> bool {
+pub(super) fn valid_symbol(symbol: &str) -> bool {
     (2..=25).contains(&symbol.len())
         && symbol
             .bytes()
@@ -119,15 +147,7 @@ struct Spot {
 
 impl Spot {
     fn reply(&self, success: bool, message: &str, req_id: Option<&str>, op: &str) -> String {
-        let req_id = req_id
-            .map(|id| format!(r#","req_id":{id}"#))
-            .unwrap_or_default();
-        format!(
-            r#"{{"success":{success},"ret_msg":{},"conn_id":"{}"{req_id},"op":{}}}"#,
-            json_str(message),
-            self.conn_id,
-            json_str(op)
-        )
+        reply(&self.conn_id, success, message, req_id, op)
     }
 
     /// Validates every arg first: a request is applied whole or not at all.
@@ -182,10 +202,7 @@ impl Spot {
 impl Protocol for Spot {
     fn on_text(&mut self, text: &str, out: &mut Outbox) -> Heard {
         let value: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-        let req_id = match value.get("req_id") {
-            Some(id @ (Value::String(_) | Value::Number(_))) => Some(id.to_string()),
-            _ => None,
-        };
+        let req_id = req_id(&value);
         let req_id = req_id.as_deref();
         let Some(op) = value.get("op").and_then(Value::as_str) else {
             out.push_back(self.reply(

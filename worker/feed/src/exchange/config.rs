@@ -13,8 +13,9 @@ use crate::FeedError;
 const MAX_FIRST_ID: u64 = 1 << 53;
 const MAX_RATE: f64 = 1_000_000.0;
 
-/// Which exchange's public market-data API a server imitates: a trade stream
-/// or an order book's diff stream with its REST snapshot.
+/// Which exchange's public market-data API a server imitates: a trade stream,
+/// an order book's diff stream with its REST snapshot, or an order book whose
+/// snapshots come in the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExchangeShape {
     /// Binance spot raw trade stream and `historicalTrades`.
@@ -33,11 +34,17 @@ pub enum ExchangeShape {
     /// Binance USD-M futures diff depth stream (`<symbol>@depth@100ms` …,
     /// chained by `pu`) and the order book snapshot `GET /fapi/v1/depth`.
     BinanceFuturesDepth,
+    /// Bybit v5 public spot `orderbook.50.<SYMBOL>`: a snapshot after every
+    /// subscribe, then deltas with contiguous `u`.
+    BybitOrderbook,
+    /// OKX v5 public `books`: a snapshot after every subscribe, then updates
+    /// chained by `prevSeqId`, each with OKX's CRC32 checksum.
+    OkxBooks,
 }
 
 impl ExchangeShape {
     /// Every shape.
-    pub const ALL: [ExchangeShape; 7] = [
+    pub const ALL: [ExchangeShape; 9] = [
         ExchangeShape::BinanceTrade,
         ExchangeShape::BinanceAggTrade,
         ExchangeShape::CoinbaseMatches,
@@ -45,6 +52,8 @@ impl ExchangeShape {
         ExchangeShape::BybitPublicTrade,
         ExchangeShape::BinanceDepth,
         ExchangeShape::BinanceFuturesDepth,
+        ExchangeShape::BybitOrderbook,
+        ExchangeShape::OkxBooks,
     ];
 
     /// The shape's name on command lines (`binance-trade` …).
@@ -57,6 +66,8 @@ impl ExchangeShape {
             ExchangeShape::BybitPublicTrade => "bybit-public-trade",
             ExchangeShape::BinanceDepth => "binance-depth",
             ExchangeShape::BinanceFuturesDepth => "binance-futures-depth",
+            ExchangeShape::BybitOrderbook => "bybit-orderbook",
+            ExchangeShape::OkxBooks => "okx-books",
         }
     }
 
@@ -71,7 +82,8 @@ impl ExchangeShape {
             | ExchangeShape::BinanceFuturesDepth => "btcusdt",
             ExchangeShape::CoinbaseMatches => "BTC-USD",
             ExchangeShape::KrakenTrade => "BTC/USD",
-            ExchangeShape::BybitPublicTrade => "BTCUSDT",
+            ExchangeShape::BybitPublicTrade | ExchangeShape::BybitOrderbook => "BTCUSDT",
+            ExchangeShape::OkxBooks => "BTC-USDT",
         }
     }
 
@@ -83,8 +95,9 @@ impl ExchangeShape {
         )
     }
 
-    /// Whether the shape is an order book: a diff stream and a REST snapshot
-    /// (the Binance depth shapes; `UPSTREAM_RESUME=snapshot`).
+    /// Whether the shape is an order book with a REST snapshot: a diff
+    /// stream and `UPSTREAM_SNAPSHOT_URL` (the Binance depth shapes;
+    /// `UPSTREAM_RESUME=snapshot`).
     pub fn serves_snapshot(self) -> bool {
         matches!(
             self,
@@ -92,12 +105,39 @@ impl ExchangeShape {
         )
     }
 
-    /// Whether clients send application-level pings (Kraken, Bybit), which
-    /// [`ExchangeConfig::silent_cut_after`] watches.
+    /// Whether the shape is an order book whose snapshots come in the stream
+    /// after each subscribe (Bybit, OKX; `UPSTREAM_RESUME=snapshot` with
+    /// `UPSTREAM_SNAPSHOT_MATCH`).
+    pub fn snapshot_in_band(self) -> bool {
+        matches!(
+            self,
+            ExchangeShape::BybitOrderbook | ExchangeShape::OkxBooks
+        )
+    }
+
+    /// Whether the shape is an order book at all (a REST or an in-band
+    /// snapshot): [`ExchangeServer::book_at`](super::ExchangeServer::book_at)
+    /// answers for it.
+    pub fn has_book(self) -> bool {
+        self.serves_snapshot() || self.snapshot_in_band()
+    }
+
+    /// Whether updates carry a checksum of the book (OKX), which
+    /// [`ExchangeServer::corrupt_next_checksum`](super::ExchangeServer::corrupt_next_checksum)
+    /// can break.
+    pub fn has_checksum(self) -> bool {
+        self == ExchangeShape::OkxBooks
+    }
+
+    /// Whether clients send application-level pings (Kraken, Bybit, OKX),
+    /// which [`ExchangeConfig::silent_cut_after`] watches.
     pub fn has_app_ping(self) -> bool {
         matches!(
             self,
-            ExchangeShape::KrakenTrade | ExchangeShape::BybitPublicTrade
+            ExchangeShape::KrakenTrade
+                | ExchangeShape::BybitPublicTrade
+                | ExchangeShape::BybitOrderbook
+                | ExchangeShape::OkxBooks
         )
     }
 }
@@ -179,8 +219,9 @@ pub struct ExchangeConfig {
     pub history_retention: u64,
     /// Cut each connection after this long.
     pub cut_every: Option<Duration>,
-    /// Cut a client that sent no application ping for this long (Kraken and
-    /// Bybit only; Bybit documents 20 s between pings).
+    /// Cut a client that sent no application ping for this long (Kraken,
+    /// Bybit and OKX only; Bybit documents 20 s between pings, OKX a `ping`
+    /// within 30 s).
     pub silent_cut_after: Option<Duration>,
     /// Fail the first history (or order-book snapshot) requests (changed while
     /// running with
@@ -221,7 +262,7 @@ impl ExchangeConfig {
             Some(d) if d.is_zero() => return refuse("silent_cut_after must be positive".into()),
             Some(_) if !self.shape.has_app_ping() => {
                 return refuse(format!(
-                    "silent_cut_after needs a shape whose clients ping (Kraken, Bybit), not {}",
+                    "silent_cut_after needs a shape whose clients ping (Kraken, Bybit, OKX), not {}",
                     self.shape
                 ));
             }

@@ -1,34 +1,45 @@
-//! Binance diff depth: spot (`/ws/<symbol>@depth`, `/ws/<symbol>@depth@100ms`,
-//! REST `GET /api/v3/depth`) and USD-M futures (`/ws/<symbol>@depth`,
-//! `@depth@500ms`, `@depth@100ms`, REST `GET /fapi/v1/depth`). See the module
-//! doc of `exchange` for what is modelled.
+//! The computed order book every book shape shares, and Binance diff depth:
+//! spot (`/ws/<symbol>@depth`, `/ws/<symbol>@depth@100ms`, REST
+//! `GET /api/v3/depth`) and USD-M futures (`/ws/<symbol>@depth`,
+//! `@depth@500ms`, `@depth@100ms`, REST `GET /fapi/v1/depth`). The Bybit and
+//! OKX books (`inband`) use the same book with their own spellings. See the
+//! module doc of `exchange` for what is modelled.
 //!
 //! # The book
 //!
 //! The timeline's ids are update *ordinals*: ordinal `k` (0-based) is due as
-//! timeline id `first_id + k`, at the configured rate. Its update id is
-//! `first_id + k` on spot (contiguous) and `first_id + 4k - jitter(k)` on
-//! futures (strictly increasing by 1 to 7: the ids are shared with other
-//! symbols there). Each update sets one slot's quantity: a slot is one price
-//! level of one side (even slots bids, odd slots asks, `slot / 2` the level,
-//! 0 nearest the mid), [`LEVELS`] per side on a fixed grid around the
-//! symbol's mid price, so bids and asks never cross. One update in eight sets
-//! the quantity to zero (deletes the level). Before the first update the book
-//! is a fixed initial book (about three levels in four filled).
+//! timeline id `first_id + k`, at the configured rate. Each update sets one
+//! slot's quantity: a slot is one price level of one side (even slots bids,
+//! odd slots asks, `slot / 2` the level, 0 nearest the mid), the market's
+//! [`Market::levels`] per side (200; Bybit's `orderbook.50`: 50) on a fixed
+//! grid around the symbol's mid price, so bids and asks never cross. One
+//! update in eight sets the quantity to zero (deletes the level). Before the
+//! first update the book is a fixed initial book (about three levels in four
+//! filled).
 //!
-//! Updates visit the slots in cycles of [`SLOTS`] updates: within cycle `c`,
-//! update `j` sets slot `(a_c * j + b_c) mod SLOTS`, a permutation chosen per
-//! symbol and cycle. So every slot is set exactly once per cycle, and the
-//! last update that set a slot at or before any ordinal is found in closed
-//! form (this cycle or the one before). The book at any update id is
-//! therefore computed, not folded and not stored: [`SLOTS`] slot lookups, the
-//! same cost at id 10 and at id 10^12, nothing kept between requests. Folding
-//! the diffs gives the same book (the tests check both ways).
+//! Updates visit the slots in cycles of as many updates as there are slots:
+//! within cycle `c`, update `j` sets slot `(a_c * j + b_c) mod slots`, a
+//! permutation chosen per symbol and cycle. So every slot is set exactly once
+//! per cycle, and the last update that set a slot at or before any ordinal is
+//! found in closed form (this cycle or the one before). The book at any update
+//! id is therefore computed, not folded and not stored: one lookup per slot,
+//! the same cost at id 10 and at id 10^12, nothing kept between requests.
+//! Folding the diffs gives the same book (the tests check both ways).
 //!
 //! Frames fold 1 to 5 consecutive updates (sizes from a fixed table of eight
 //! frames) and go out when their last update is due; a frame lists each slot
 //! it touched once, with its final quantity, bids best (highest) first, asks
 //! best (lowest) first.
+//!
+//! # Ids
+//!
+//! Binance numbers updates: update `k`'s id is `first_id + k` on spot
+//! (contiguous) and `first_id + 4k - jitter(k)` on futures (strictly
+//! increasing by 1 to 7: the ids are shared with other symbols there), and a
+//! frame states the range it covers. Bybit and OKX number messages: frame
+//! `f`'s id (Bybit `u`, OKX `seqId`) is `first_id + f` on Bybit (contiguous)
+//! and `first_id + 3f - jitter(f)` on OKX (increasing by 1 to 5); the book
+//! after that id is the book after the frame's last update.
 
 use std::sync::Arc;
 
@@ -42,31 +53,33 @@ use tokio::time::Instant;
 use super::binance::{
     BINARY_ANSWER, Refused, error, json_response, overridden, stream_request_answer, valid_symbol,
 };
-use super::model::{Timeline, fixed, group_of_in, group_start_in, mix, now_us, symbol_hash};
+use super::model::{
+    Timeline, fixed, group_of_in, group_start_in, mix, now_us, symbol_hash, trimmed,
+};
 use super::server::{BATCH, Heard, Outbox, Protocol, Refusal, Shared, plain, upgrade};
 use super::{BookSide, ExchangeShape};
 
-/// Price levels per side: a book never holds more.
-pub(super) const LEVELS: u64 = 200;
-/// Every level of both sides.
-pub(super) const SLOTS: u64 = 2 * LEVELS;
+/// Price levels per side of the largest book: no book holds more.
+pub(super) const MAX_LEVELS: u64 = 200;
 /// The price step between levels, in cents.
 const TICK_CENTS: u64 = 10;
 /// Where each of eight consecutive frames starts (sizes 1, 3, 5, 2, 1, 4, 2,
 /// 3 updates), then the period.
 const FRAME_PREFIX: [u64; 9] = [0, 1, 4, 9, 11, 12, 16, 18, 21];
 /// The multipliers `a_c` of the per-cycle permutations: each coprime with
-/// [`SLOTS`], so `j -> a*j + b mod SLOTS` is a permutation.
+/// every market's slot count (400 and 100: odd, not a multiple of 5), so
+/// `j -> a*j + b mod slots` is a permutation.
 const MULTIPLIERS: [u64; 12] = [7, 13, 37, 61, 91, 123, 157, 191, 233, 277, 311, 349];
-/// Their inverses modulo [`SLOTS`].
-const INVERSES: [u64; 12] = inverses();
+/// Their inverses modulo 400 and modulo 100.
+const INVERSES_400: [u64; 12] = inverses(400);
+const INVERSES_100: [u64; 12] = inverses(100);
 
-const fn inverses() -> [u64; 12] {
+const fn inverses(slots: u64) -> [u64; 12] {
     let mut out = [0; 12];
     let mut i = 0;
     while i < MULTIPLIERS.len() {
         let mut x = 1;
-        while x < SLOTS && MULTIPLIERS[i] * x % SLOTS != 1 {
+        while x < slots && MULTIPLIERS[i] * x % slots != 1 {
             x += 1;
         }
         out[i] = x;
@@ -92,96 +105,168 @@ const FUTURES_DEFAULT_LIMIT: u64 = 500;
 /// One side of a book, best level first.
 type Side = BookSide;
 
-/// Which market: the formats and id rules differ.
+/// One side of a book as `(slot, quantity)` levels, best first.
+pub(super) type SlotSide = Vec<(u64, u64)>;
+
+/// Which market: the book size, the number formats and the id rules differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Market {
+pub(super) enum Market {
+    /// Binance spot diff depth.
     Spot,
+    /// Binance USD-M futures diff depth.
     Futures,
+    /// Bybit v5 spot `orderbook.50`.
+    Bybit,
+    /// OKX v5 `books`.
+    Okx,
 }
 
 impl Market {
-    fn of(shape: ExchangeShape) -> Market {
+    pub(super) fn of(shape: ExchangeShape) -> Market {
         match shape {
             ExchangeShape::BinanceFuturesDepth => Market::Futures,
+            ExchangeShape::BybitOrderbook => Market::Bybit,
+            ExchangeShape::OkxBooks => Market::Okx,
             _ => Market::Spot,
         }
     }
 
-    /// Prices: spot with 8 decimals (`"27000.10000000"`), futures with the
-    /// tick's 2 (`"27000.10"`).
-    fn price(self, cents: u64) -> String {
+    /// Price levels per side.
+    pub(super) fn levels(self) -> u64 {
         match self {
-            Market::Spot => fixed(cents.into(), 2, 8),
-            Market::Futures => fixed(cents.into(), 2, 2),
+            Market::Bybit => 50,
+            _ => MAX_LEVELS,
         }
     }
 
-    /// Quantities in the market's units: 1e-8 on spot, 1e-3 on futures.
-    fn qty(self, units: u64) -> String {
+    /// Every level of both sides.
+    fn slots(self) -> u64 {
+        2 * self.levels()
+    }
+
+    fn inverses(self) -> &'static [u64; 12] {
+        match self.slots() {
+            100 => &INVERSES_100,
+            _ => &INVERSES_400,
+        }
+    }
+
+    /// Whether ids number frames (Bybit `u`, OKX `seqId`) rather than
+    /// updates (Binance `U`..`u`).
+    fn numbers_frames(self) -> bool {
+        matches!(self, Market::Bybit | Market::Okx)
+    }
+
+    /// The mean step between consecutive ids: 1 is contiguous, above 1 the
+    /// ids jump by 1 to `2 * stride - 1`.
+    fn stride(self) -> u64 {
+        match self {
+            Market::Spot | Market::Bybit => 1,
+            Market::Futures => 4,
+            Market::Okx => 3,
+        }
+    }
+
+    /// Prices: Binance spot with 8 decimals (`"27000.10000000"`), futures and
+    /// Bybit with the tick's 2 (`"27000.10"`), OKX without trailing zeros
+    /// (`"27000.1"`, `"27000"`).
+    pub(super) fn price(self, cents: u64) -> String {
+        match self {
+            Market::Spot => fixed(cents.into(), 2, 8),
+            Market::Futures | Market::Bybit => fixed(cents.into(), 2, 2),
+            Market::Okx => trimmed(cents.into(), 2),
+        }
+    }
+
+    /// Quantities in the market's units: 1e-8 on Binance spot and OKX, 1e-3
+    /// on futures, 1e-6 on Bybit. Binance writes a removal with every
+    /// decimal (`"0.00000000"`), Bybit and OKX as `"0"`; OKX writes sizes
+    /// without trailing zeros.
+    pub(super) fn qty(self, units: u64) -> String {
         match self {
             Market::Spot => fixed(units.into(), 8, 8),
             Market::Futures => fixed(units.into(), 3, 3),
+            Market::Bybit if units == 0 => "0".to_owned(),
+            Market::Bybit => fixed(units.into(), 6, 6),
+            Market::Okx => trimmed(units.into(), 8),
         }
     }
 
     /// A non-zero quantity from pseudo-random bits: about 0.001 to 5.
     fn qty_units(self, bits: u64) -> u64 {
         match self {
-            Market::Spot => 100_000 + (bits >> 8) % 500_000_000,
+            Market::Spot | Market::Okx => 100_000 + (bits >> 8) % 500_000_000,
             Market::Futures => 1 + (bits >> 8) % 5_000,
+            Market::Bybit => 1_000 + (bits >> 8) % 5_000_000,
         }
     }
 }
 
-/// The update id of ordinal `k`.
-fn update_id(timeline: &Timeline, market: Market, k: u64) -> u64 {
-    let first = timeline.first_id();
-    match market {
-        Market::Spot => first.saturating_add(k),
-        Market::Futures if k == 0 => first,
-        Market::Futures => first
-            .saturating_add(k.saturating_mul(4))
-            .saturating_sub(jitter(k)),
+/// Id `n` (0-based) of a numbering that starts at `first` and steps by 1 to
+/// `2 * stride - 1` (exactly 1 when `stride` is 1), the same for every
+/// symbol.
+fn sequence(first: u64, stride: u64, n: u64) -> u64 {
+    if n == 0 {
+        return first;
+    }
+    first
+        .saturating_add(n.saturating_mul(stride))
+        .saturating_sub(crate::splitmix64(n ^ SALT_JITTER) % stride)
+}
+
+/// The last `n` whose [`sequence`] id is at or below `id` (`None`: before
+/// the first).
+fn index_at_or_before(first: u64, stride: u64, id: u64) -> Option<u64> {
+    let offset = id.checked_sub(first)?;
+    // sequence(n) >= first + stride*n - (stride - 1), so n <= ceil(offset /
+    // stride); and sequence(n - 1) <= first + stride*(n - 1) < id then.
+    let n = offset.div_ceil(stride);
+    if sequence(first, stride, n) <= id {
+        Some(n)
+    } else {
+        Some(n - 1)
     }
 }
 
-/// 0 to 3, the same for every symbol (futures ids are shared across symbols).
-fn jitter(k: u64) -> u64 {
-    crate::splitmix64(k ^ SALT_JITTER) % 4
+/// The first `n` whose [`sequence`] id is at or above `id`.
+fn index_at_or_after(first: u64, stride: u64, id: u64) -> u64 {
+    match id.checked_sub(1) {
+        Some(below) => index_at_or_before(first, stride, below).map_or(0, |n| n + 1),
+        None => 0,
+    }
 }
 
-/// The update id before ordinal `k`'s (`first_id - 1` before the first).
-fn previous_id(timeline: &Timeline, market: Market, k: u64) -> u64 {
-    match k.checked_sub(1) {
-        Some(previous) => update_id(timeline, market, previous),
+/// The update id of ordinal `k` (Binance).
+fn update_id(timeline: &Timeline, market: Market, k: u64) -> u64 {
+    sequence(timeline.first_id(), market.stride(), k)
+}
+
+/// The id frame `f` states as its last: Binance `u`, Bybit `u`, OKX `seqId`.
+pub(super) fn frame_id(timeline: &Timeline, market: Market, f: u64) -> u64 {
+    if market.numbers_frames() {
+        sequence(timeline.first_id(), market.stride(), f)
+    } else {
+        update_id(timeline, market, frame_last(f))
+    }
+}
+
+/// The id of the frame before `f` (Binance futures `pu`, OKX `prevSeqId`;
+/// `first_id - 1` before the first).
+pub(super) fn frame_prev_id(timeline: &Timeline, market: Market, f: u64) -> u64 {
+    match f.checked_sub(1) {
+        Some(previous) => frame_id(timeline, market, previous),
         None => timeline.first_id() - 1,
     }
 }
 
-/// The last ordinal whose update id is at or below `id` (`None`: before the
+/// The last update ordinal of the book after id `id` (`None`: before the
 /// first).
 fn ordinal_at_or_before(timeline: &Timeline, market: Market, id: u64) -> Option<u64> {
-    let offset = id.checked_sub(timeline.first_id())?;
-    match market {
-        Market::Spot => Some(offset),
-        Market::Futures => {
-            // update_id(k) >= first + 4k - 3, so k <= (offset + 3) / 4; and
-            // update_id(k - 1) <= first + 4(k - 1) <= id for that bound.
-            let k = offset / 4 + u64::from(!offset.is_multiple_of(4));
-            if update_id(timeline, market, k) <= id {
-                Some(k)
-            } else {
-                Some(k - 1)
-            }
-        }
-    }
-}
-
-/// The first ordinal whose update id is at or above `id`.
-fn ordinal_at_or_after(timeline: &Timeline, market: Market, id: u64) -> u64 {
-    match id.checked_sub(1) {
-        Some(below) => ordinal_at_or_before(timeline, market, below).map_or(0, |k| k + 1),
-        None => 0,
+    let found = index_at_or_before(timeline.first_id(), market.stride(), id);
+    if market.numbers_frames() {
+        found.map(frame_last)
+    } else {
+        found
     }
 }
 
@@ -201,26 +286,38 @@ fn frame_of(k: u64) -> u64 {
 }
 
 /// The timeline id at which frame `f` is due (its last update's).
-fn frame_due(timeline: &Timeline, f: u64) -> u64 {
+pub(super) fn frame_due(timeline: &Timeline, f: u64) -> u64 {
     timeline.first_id().saturating_add(frame_last(f))
 }
 
-/// The frame carrying update id `id`: the one whose `(pu, u]` holds it (on
-/// spot `[U, u]`); ids before the first are in frame 0.
-fn frame_covering(timeline: &Timeline, market: Market, id: u64) -> u64 {
-    frame_of(ordinal_at_or_after(timeline, market, id))
+/// The first frame not complete when the timeline's head is `head`: every
+/// frame before it is due.
+pub(super) fn first_open_frame(timeline: &Timeline, head: u64) -> u64 {
+    frame_of((head + 1).saturating_sub(timeline.first_id()))
 }
 
-/// The newest update id sent in a frame when the timeline's head is `head`:
-/// the last update of the newest complete frame (`first_id - 1` before it).
+/// The frame carrying id `id`: the one whose `(previous id, id]` holds it
+/// (on Binance spot `[U, u]`); ids before the first are in frame 0.
+pub(super) fn frame_covering(timeline: &Timeline, market: Market, id: u64) -> u64 {
+    let (first, stride) = (timeline.first_id(), market.stride());
+    if market.numbers_frames() {
+        index_at_or_after(first, stride, id)
+    } else {
+        frame_of(index_at_or_after(first, stride, id))
+    }
+}
+
+/// The newest id sent in a frame when the timeline's head is `head`: the id
+/// of the newest complete frame (`first_id - 1` before it).
 pub(super) fn complete_head(timeline: &Timeline, shape: ExchangeShape, head: u64) -> u64 {
-    let first = timeline.first_id();
-    let Some(due) = head.checked_sub(first) else {
-        return first - 1;
-    };
-    // Frames before the one holding the first update not due are complete.
-    let open = frame_of(due + 1);
-    previous_id(timeline, Market::of(shape), frame_start(open))
+    if head < timeline.first_id() {
+        return timeline.first_id() - 1;
+    }
+    frame_prev_id(
+        timeline,
+        Market::of(shape),
+        first_open_frame(timeline, head),
+    )
 }
 
 /// The newest update due when the timeline's head is `head`: its ordinal
@@ -232,13 +329,13 @@ fn last_due(timeline: &Timeline, market: Market, head: u64) -> (Option<u64>, u64
     }
 }
 
-/// The unix ms frame `f` carries (`T` on futures, `E` on spot): when its last
-/// update is due.
-fn frame_time_ms(timeline: &Timeline, f: u64) -> u64 {
+/// The unix ms frame `f` carries (`T` on futures, `E` on spot, Bybit `cts`,
+/// OKX `ts`): when its last update is due.
+pub(super) fn frame_time_ms(timeline: &Timeline, f: u64) -> u64 {
     timeline.time_us(frame_due(timeline, f)) / 1000
 }
 
-/// The unix ms of the frame carrying update id `id`.
+/// The unix ms of the frame carrying id `id`.
 pub(super) fn time_ms(timeline: &Timeline, shape: ExchangeShape, id: u64) -> u64 {
     frame_time_ms(timeline, frame_covering(timeline, Market::of(shape), id))
 }
@@ -250,7 +347,7 @@ fn mid_cents(hash: u64) -> u64 {
 }
 
 /// The price of `slot` in cents.
-fn slot_price(hash: u64, slot: u64) -> u64 {
+pub(super) fn slot_price(hash: u64, slot: u64) -> u64 {
     let away = (slot / 2 + 1) * TICK_CENTS;
     if is_bid(slot) {
         mid_cents(hash) - away
@@ -259,26 +356,35 @@ fn slot_price(hash: u64, slot: u64) -> u64 {
     }
 }
 
-fn is_bid(slot: u64) -> bool {
+pub(super) fn is_bid(slot: u64) -> bool {
     slot.is_multiple_of(2)
 }
 
-/// The permutation of cycle `c`: `(a, a^-1, b)`.
-fn permutation(hash: u64, c: u64) -> (u64, u64, u64) {
+/// A per-cycle permutation of the slots: `(a, a^-1, b)`.
+type Permutation = (u64, u64, u64);
+
+/// The permutation of cycle `c`.
+fn permutation(hash: u64, market: Market, c: u64) -> Permutation {
     let bits = mix(hash, c, SALT_PERMUTATION);
     let index = (bits % MULTIPLIERS.len() as u64) as usize;
-    (MULTIPLIERS[index], INVERSES[index], (bits >> 16) % SLOTS)
+    let slots = market.slots();
+    (
+        MULTIPLIERS[index],
+        market.inverses()[index],
+        (bits >> 16) % slots,
+    )
 }
 
 /// The slot update `k` sets.
-fn slot_of(hash: u64, k: u64) -> u64 {
-    let (a, _, b) = permutation(hash, k / SLOTS);
-    (a * (k % SLOTS) + b) % SLOTS
+fn slot_of(hash: u64, market: Market, k: u64) -> u64 {
+    let slots = market.slots();
+    let (a, _, b) = permutation(hash, market, k / slots);
+    (a * (k % slots) + b) % slots
 }
 
-/// Where in its cycle (`(a, a^-1, b)`) `slot` is set.
-fn position((_, inverse, b): (u64, u64, u64), slot: u64) -> u64 {
-    inverse * ((slot + SLOTS - b) % SLOTS) % SLOTS
+/// Where in its cycle `slot` is set.
+fn position(slots: u64, (_, inverse, b): Permutation, slot: u64) -> u64 {
+    inverse * ((slot + slots - b) % slots) % slots
 }
 
 /// The quantity update `k` sets (0: the level is deleted).
@@ -301,61 +407,144 @@ fn initial_qty(hash: u64, market: Market, slot: u64) -> u64 {
     }
 }
 
-/// Every slot's quantity after ordinal `last` (`None`: the initial book).
-fn quantities(hash: u64, market: Market, last: Option<u64>) -> [u64; SLOTS as usize] {
-    let mut qty = [0; SLOTS as usize];
-    let Some(last) = last else {
-        for (slot, q) in (0..SLOTS).zip(qty.iter_mut()) {
-            *q = initial_qty(hash, market, slot);
-        }
-        return qty;
-    };
-    let (cycle, within) = (last / SLOTS, last % SLOTS);
-    let this = permutation(hash, cycle);
-    let before = cycle.checked_sub(1).map(|c| (c, permutation(hash, c)));
-    for (slot, q) in (0..SLOTS).zip(qty.iter_mut()) {
-        let at = position(this, slot);
-        *q = if at <= within {
-            update_qty(hash, market, cycle * SLOTS + at)
-        } else if let Some((c, permutation)) = before {
-            update_qty(hash, market, c * SLOTS + position(permutation, slot))
-        } else {
-            initial_qty(hash, market, slot)
-        };
-    }
-    qty
+/// The book of one symbol after one update ordinal, slot by slot in closed
+/// form.
+pub(super) struct BookAt {
+    hash: u64,
+    market: Market,
+    /// The cycle and the position in it of the last update (`None`: the
+    /// initial book), its permutation and the one of the cycle before.
+    last: Option<(u64, u64, Permutation, Option<Permutation>)>,
 }
 
-/// The book of `symbol` (upper case) after update id `id` (the initial book
-/// before the first): every level with a quantity, bids highest first, asks
-/// lowest first.
+impl BookAt {
+    /// After ordinal `last` (`None`: the initial book).
+    fn new(hash: u64, market: Market, last: Option<u64>) -> BookAt {
+        let slots = market.slots();
+        let last = last.map(|last| {
+            let cycle = last / slots;
+            let before = cycle.checked_sub(1).map(|c| permutation(hash, market, c));
+            (
+                cycle,
+                last % slots,
+                permutation(hash, market, cycle),
+                before,
+            )
+        });
+        BookAt { hash, market, last }
+    }
+
+    /// After id `id` of `symbol` (upper case, as the frames spell it).
+    pub(super) fn at(timeline: &Timeline, market: Market, symbol: &str, id: u64) -> BookAt {
+        let last = ordinal_at_or_before(timeline, market, id);
+        BookAt::new(symbol_hash(symbol), market, last)
+    }
+
+    /// After frame `f`.
+    pub(super) fn after_frame(market: Market, symbol: &str, f: u64) -> BookAt {
+        BookAt::new(symbol_hash(symbol), market, Some(frame_last(f)))
+    }
+
+    /// The quantity of `slot` (0: empty).
+    fn qty(&self, slot: u64) -> u64 {
+        let (hash, market, slots) = (self.hash, self.market, self.market.slots());
+        let Some((cycle, within, this, before)) = self.last else {
+            return initial_qty(hash, market, slot);
+        };
+        let at = position(slots, this, slot);
+        if at <= within {
+            update_qty(hash, market, cycle * slots + at)
+        } else if let Some(permutation) = before {
+            update_qty(
+                hash,
+                market,
+                (cycle - 1) * slots + position(slots, permutation, slot),
+            )
+        } else {
+            initial_qty(hash, market, slot)
+        }
+    }
+
+    /// Every slot's quantity, in slot order.
+    #[cfg(test)]
+    fn quantities(&self) -> Vec<u64> {
+        (0..self.market.slots())
+            .map(|slot| self.qty(slot))
+            .collect()
+    }
+
+    /// The best `depth` levels with a quantity on each side, best first, as
+    /// `(slot, quantity)` (slots ascend away from the mid on both sides, so
+    /// only the slots up to the deepest level returned are looked at).
+    pub(super) fn top(&self, depth: usize) -> (SlotSide, SlotSide) {
+        let (mut bids, mut asks) = (Vec::new(), Vec::new());
+        for slot in 0..self.market.slots() {
+            if bids.len() >= depth && asks.len() >= depth {
+                break;
+            }
+            let side = if is_bid(slot) { &mut bids } else { &mut asks };
+            if side.len() < depth {
+                let qty = self.qty(slot);
+                if qty > 0 {
+                    side.push((slot, qty));
+                }
+            }
+        }
+        (bids, asks)
+    }
+
+    /// The levels as `(price, quantity)` the market spells them.
+    pub(super) fn spelled(&self, levels: &[(u64, u64)]) -> Side {
+        spelled(self.market, self.hash, levels)
+    }
+}
+
+/// `(slot, quantity)` levels of the symbol with hash `hash` as `(price,
+/// quantity)` the market spells them.
+pub(super) fn spelled(market: Market, hash: u64, levels: &[(u64, u64)]) -> Side {
+    levels
+        .iter()
+        .map(|&(slot, qty)| (market.price(slot_price(hash, slot)), market.qty(qty)))
+        .collect()
+}
+
+/// The book of `symbol` (upper case) after id `id` (the initial book before
+/// the first): every level with a quantity, bids highest first, asks lowest
+/// first.
 pub(super) fn book(
     timeline: &Timeline,
     shape: ExchangeShape,
     symbol: &str,
     id: u64,
 ) -> (Side, Side) {
-    let market = Market::of(shape);
-    let hash = symbol_hash(symbol);
-    let qty = quantities(hash, market, ordinal_at_or_before(timeline, market, id));
-    let (mut bids, mut asks) = (Side::new(), Side::new());
-    // Slots ascend by level: away from the mid, best first on both sides.
-    for (slot, &q) in (0..SLOTS).zip(qty.iter()) {
-        if q == 0 {
-            continue;
-        }
-        let level = (market.price(slot_price(hash, slot)), market.qty(q));
-        if is_bid(slot) {
-            bids.push(level);
-        } else {
-            asks.push(level);
+    let at = BookAt::at(timeline, Market::of(shape), symbol, id);
+    let (bids, asks) = at.top(usize::MAX);
+    (at.spelled(&bids), at.spelled(&asks))
+}
+
+/// The slots frame `f` of the symbol with hash `hash` set, each once with its
+/// final quantity (a frame may set a slot twice when it crosses a cycle), in
+/// slot order: best first on both sides.
+pub(super) fn frame_changes(hash: u64, market: Market, f: u64) -> Vec<(u64, u64)> {
+    let mut touched: Vec<(u64, u64)> = Vec::with_capacity(5);
+    for k in frame_start(f)..=frame_last(f) {
+        let (slot, qty) = (slot_of(hash, market, k), update_qty(hash, market, k));
+        match touched.iter_mut().find(|(s, _)| *s == slot) {
+            Some(entry) => entry.1 = qty,
+            None => touched.push((slot, qty)),
         }
     }
-    (bids, asks)
+    touched.sort_unstable();
+    touched
+}
+
+/// `(slot, quantity)` levels split into bids and asks, in their order.
+pub(super) fn by_side(levels: &[(u64, u64)]) -> (SlotSide, SlotSide) {
+    levels.iter().copied().partition(|(slot, _)| is_bid(*slot))
 }
 
 /// `[["price","qty"],…]`.
-fn levels_json(levels: &[(String, String)]) -> String {
+pub(super) fn levels_json(levels: &[(String, String)]) -> String {
     let items: Vec<String> = levels
         .iter()
         .map(|(price, qty)| format!(r#"["{price}","{qty}"]"#))
@@ -363,47 +552,37 @@ fn levels_json(levels: &[(String, String)]) -> String {
     format!("[{}]", items.join(","))
 }
 
-/// Frame `f` of `symbol` (upper case).
+/// Frame `f` of `symbol` (upper case), Binance's `depthUpdate`.
 fn frame_text(timeline: &Timeline, market: Market, symbol: &str, f: u64) -> String {
     let hash = symbol_hash(symbol);
-    let (first, last) = (frame_start(f), frame_last(f));
-    // Each slot once, with its final quantity (a frame may cross a cycle).
-    let mut touched: Vec<(u64, u64)> = Vec::with_capacity(5);
-    for k in first..=last {
-        let (slot, qty) = (slot_of(hash, k), update_qty(hash, market, k));
-        match touched.iter_mut().find(|(s, _)| *s == slot) {
-            Some(entry) => entry.1 = qty,
-            None => touched.push((slot, qty)),
-        }
-    }
-    touched.sort_unstable();
-    let (mut bids, mut asks) = (Side::new(), Side::new());
-    for (slot, qty) in touched {
-        let level = (market.price(slot_price(hash, slot)), market.qty(qty));
-        if is_bid(slot) {
-            bids.push(level);
-        } else {
-            asks.push(level);
-        }
-    }
-    let (bids, asks) = (levels_json(&bids), levels_json(&asks));
+    let (bids, asks) = by_side(&frame_changes(hash, market, f));
+    let (bids, asks) = (
+        levels_json(&spelled(market, hash, &bids)),
+        levels_json(&spelled(market, hash, &asks)),
+    );
     let (first_id, last_id) = (
-        update_id(timeline, market, first),
-        update_id(timeline, market, last),
+        update_id(timeline, market, frame_start(f)),
+        frame_id(timeline, market, f),
     );
     let time = frame_time_ms(timeline, f);
     match market {
-        Market::Spot => format!(
-            r#"{{"e":"depthUpdate","E":{time},"s":"{symbol}","U":{first_id},"u":{last_id},"b":{bids},"a":{asks}}}"#
-        ),
         Market::Futures => {
-            let event_time = time + mix(hash, f, SALT_EVENT_TIME) % 3;
-            let previous = previous_id(timeline, market, first);
+            let event_time = time + push_delay_ms(hash, f);
+            let previous = frame_prev_id(timeline, market, f);
             format!(
                 r#"{{"e":"depthUpdate","E":{event_time},"T":{time},"s":"{symbol}","U":{first_id},"u":{last_id},"pu":{previous},"b":{bids},"a":{asks}}}"#
             )
         }
+        _ => format!(
+            r#"{{"e":"depthUpdate","E":{time},"s":"{symbol}","U":{first_id},"u":{last_id},"b":{bids},"a":{asks}}}"#
+        ),
     }
+}
+
+/// A few ms of push delay after a frame's time (Binance futures `E` after
+/// `T`, Bybit `ts` after `cts`): 0 to 2.
+pub(super) fn push_delay_ms(hash: u64, f: u64) -> u64 {
+    mix(hash, f, SALT_EVENT_TIME) % 3
 }
 
 /// The frame carrying update id `id` of `symbol` (upper case).
@@ -420,8 +599,8 @@ pub(super) fn frame(timeline: &Timeline, shape: ExchangeShape, symbol: &str, id:
 pub(super) fn routes(shape: ExchangeShape) -> Router<Arc<Shared>> {
     let router = Router::new().route("/ws/{stream}", get(stream));
     match Market::of(shape) {
-        Market::Spot => router.route("/api/v3/depth", get(snapshot)),
         Market::Futures => router.route("/fapi/v1/depth", get(snapshot)),
+        _ => router.route("/api/v3/depth", get(snapshot)),
     }
 }
 
@@ -430,8 +609,8 @@ pub(super) fn routes(shape: ExchangeShape) -> Router<Arc<Shared>> {
 fn stream_symbol(market: Market, name: &str) -> Option<String> {
     let (symbol, kind) = name.split_once('@')?;
     let kinds: &[&str] = match market {
-        Market::Spot => &["depth", "depth@100ms"],
         Market::Futures => &["depth", "depth@500ms", "depth@100ms"],
+        _ => &["depth", "depth@100ms"],
     };
     (kinds.contains(&kind) && valid_symbol(symbol, false)).then(|| symbol.to_ascii_uppercase())
 }
@@ -448,7 +627,7 @@ async fn stream(
     upgrade(&shared, request, move |session| {
         let timeline = session.shared.timeline();
         // Live start: the first frame not complete yet.
-        let next = frame_of((timeline.head() + 1).saturating_sub(timeline.first_id()));
+        let next = first_open_frame(&timeline, timeline.head());
         DepthStream {
             timeline,
             market,
@@ -504,8 +683,8 @@ fn parse_snapshot(market: Market, query: &str) -> Result<(String, u64), Refused>
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query)
         .map_err(|_| refuse(-1100, "Illegal characters found in a parameter."))?;
     let (valid, default): (&[u64], u64) = match market {
-        Market::Spot => (&SPOT_LIMITS, SPOT_DEFAULT_LIMIT),
         Market::Futures => (&FUTURES_LIMITS, FUTURES_DEFAULT_LIMIT),
+        _ => (&SPOT_LIMITS, SPOT_DEFAULT_LIMIT),
     };
     let mut seen: Vec<&str> = Vec::new();
     let (mut symbol, mut limit) = (None, default);
@@ -571,9 +750,6 @@ async fn snapshot(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) 
     asks.truncate(keep);
     let (bids, asks) = (levels_json(&bids), levels_json(&asks));
     let body = match market {
-        Market::Spot => {
-            format!(r#"{{"lastUpdateId":{last_update_id},"bids":{bids},"asks":{asks}}}"#)
-        }
         Market::Futures => {
             let now_ms = now_us() / 1000;
             // The transaction time of the last update (now before the first).
@@ -585,6 +761,7 @@ async fn snapshot(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) 
                 r#"{{"lastUpdateId":{last_update_id},"E":{event_time},"T":{time},"bids":{bids},"asks":{asks}}}"#
             )
         }
+        _ => format!(r#"{{"lastUpdateId":{last_update_id},"bids":{bids},"asks":{asks}}}"#),
     };
     json_response(StatusCode::OK, body)
 }
@@ -595,26 +772,34 @@ mod tests {
 
     use super::*;
 
+    const MARKETS: [Market; 4] = [Market::Spot, Market::Futures, Market::Bybit, Market::Okx];
+
     fn timeline(first_id: u64) -> Timeline {
         Timeline::new(1000.0, first_id)
     }
 
     #[test]
     fn permutations_visit_every_slot_once_per_cycle() {
-        for (a, inverse) in MULTIPLIERS.iter().zip(INVERSES) {
-            assert_eq!(a * inverse % SLOTS, 1, "{a}");
-        }
-        for hash in [0, 1, symbol_hash("BTCUSDT")] {
-            for cycle in 0..20 {
-                let mut seen = [false; SLOTS as usize];
-                for j in 0..SLOTS {
-                    let slot = slot_of(hash, cycle * SLOTS + j);
-                    assert!(!seen[slot as usize], "slot {slot} twice in cycle {cycle}");
-                    seen[slot as usize] = true;
-                    assert_eq!(position(permutation(hash, cycle), slot), j);
+        for market in MARKETS {
+            let slots = market.slots();
+            for (a, inverse) in MULTIPLIERS.iter().zip(market.inverses()) {
+                assert_eq!(a * inverse % slots, 1, "{a} mod {slots}");
+            }
+            for hash in [0, 1, symbol_hash("BTCUSDT")] {
+                for cycle in 0..20 {
+                    let mut seen = vec![false; slots as usize];
+                    for j in 0..slots {
+                        let slot = slot_of(hash, market, cycle * slots + j);
+                        assert!(!seen[slot as usize], "slot {slot} twice in cycle {cycle}");
+                        seen[slot as usize] = true;
+                        let this = permutation(hash, market, cycle);
+                        assert_eq!(position(slots, this, slot), j);
+                    }
                 }
             }
         }
+        assert_eq!(Market::Bybit.slots(), 100);
+        assert_eq!(Market::Okx.slots(), 400);
     }
 
     #[test]
@@ -634,39 +819,59 @@ mod tests {
     }
 
     #[test]
-    fn futures_ids_jump_by_one_to_seven_and_map_back() {
-        for first_id in [1, 5_000] {
-            let timeline = timeline(first_id);
-            let market = Market::Futures;
-            assert_eq!(update_id(&timeline, market, 0), first_id);
-            assert_eq!(ordinal_at_or_before(&timeline, market, first_id - 1), None);
-            let mut jumps = BTreeMap::new();
-            for k in 0..2_000 {
-                let id = update_id(&timeline, market, k);
-                assert_eq!(ordinal_at_or_before(&timeline, market, id), Some(k));
-                assert_eq!(ordinal_at_or_after(&timeline, market, id), k);
-                let next = update_id(&timeline, market, k + 1);
-                *jumps.entry(next - id).or_insert(0) += 1;
-                for hole in id + 1..next {
-                    assert_eq!(ordinal_at_or_before(&timeline, market, hole), Some(k));
-                    assert_eq!(ordinal_at_or_after(&timeline, market, hole), k + 1);
+    fn sequences_jump_by_their_documented_steps_and_map_back() {
+        // (stride, every jump seen)
+        for (stride, jumps_expected) in [
+            (1, vec![1]),
+            (3, vec![1, 2, 3, 4, 5]),
+            (4, vec![1, 2, 3, 4, 5, 6, 7]),
+        ] {
+            for first in [1, 5_000] {
+                assert_eq!(sequence(first, stride, 0), first);
+                assert_eq!(index_at_or_before(first, stride, first - 1), None);
+                let mut jumps = BTreeMap::new();
+                for n in 0..2_000 {
+                    let id = sequence(first, stride, n);
+                    assert_eq!(index_at_or_before(first, stride, id), Some(n));
+                    assert_eq!(index_at_or_after(first, stride, id), n);
+                    let next = sequence(first, stride, n + 1);
+                    *jumps.entry(next - id).or_insert(0) += 1;
+                    for hole in id + 1..next {
+                        assert_eq!(index_at_or_before(first, stride, hole), Some(n));
+                        assert_eq!(index_at_or_after(first, stride, hole), n + 1);
+                    }
                 }
+                assert_eq!(
+                    jumps.keys().copied().collect::<Vec<_>>(),
+                    jumps_expected,
+                    "stride {stride}"
+                );
             }
+        }
+        let timeline = timeline(5_000);
+        // Binance numbers updates, Bybit and OKX frames.
+        assert_eq!(update_id(&timeline, Market::Spot, 7), 5_007);
+        assert_eq!(frame_id(&timeline, Market::Spot, 1), 5_003);
+        assert_eq!(frame_id(&timeline, Market::Bybit, 1), 5_001);
+        assert_eq!(frame_prev_id(&timeline, Market::Bybit, 0), 4_999);
+        for f in 0..500 {
+            let id = frame_id(&timeline, Market::Okx, f);
+            assert_eq!(frame_covering(&timeline, Market::Okx, id), f);
             assert_eq!(
-                jumps.keys().copied().collect::<Vec<_>>(),
-                [1, 2, 3, 4, 5, 6, 7]
+                ordinal_at_or_before(&timeline, Market::Okx, id),
+                Some(frame_last(f))
             );
-            // Spot ids are the ordinals.
-            assert_eq!(update_id(&timeline, Market::Spot, 7), first_id + 7);
+            let previous = frame_prev_id(&timeline, Market::Okx, f);
+            assert_eq!(frame_covering(&timeline, Market::Okx, previous + 1), f);
         }
     }
 
     /// The book by folding every update from the initial book, slot by slot.
-    fn folded(hash: u64, market: Market, last: Option<u64>) -> [u64; SLOTS as usize] {
-        let mut qty = quantities(hash, market, None);
+    fn folded(hash: u64, market: Market, last: Option<u64>) -> Vec<u64> {
+        let mut qty = BookAt::new(hash, market, None).quantities();
         if let Some(last) = last {
             for k in 0..=last {
-                qty[slot_of(hash, k) as usize] = update_qty(hash, market, k);
+                qty[slot_of(hash, market, k) as usize] = update_qty(hash, market, k);
             }
         }
         qty
@@ -675,13 +880,27 @@ mod tests {
     #[test]
     fn the_closed_form_book_equals_folding_every_update() {
         let hash = symbol_hash("ETHBTC");
-        for market in [Market::Spot, Market::Futures] {
-            let initial = quantities(hash, market, None);
+        for market in MARKETS {
+            let slots = market.slots();
+            let initial = BookAt::new(hash, market, None).quantities();
             let filled = initial.iter().filter(|&&q| q > 0).count() as u64;
-            assert!(filled > SLOTS / 2 && filled < SLOTS, "{filled}");
-            for last in [0, 1, 17, 399, 400, 401, 799, 1_234, 3 * SLOTS + 5] {
+            assert!(filled > slots / 2 && filled < slots, "{filled}");
+            for last in [
+                0,
+                1,
+                17,
+                99,
+                100,
+                101,
+                399,
+                400,
+                401,
+                799,
+                1_234,
+                3 * slots + 5,
+            ] {
                 assert_eq!(
-                    quantities(hash, market, Some(last)),
+                    BookAt::new(hash, market, Some(last)).quantities(),
                     folded(hash, market, Some(last)),
                     "{market:?} after ordinal {last}"
                 );
@@ -690,6 +909,24 @@ mod tests {
         // Deletes happen, and a deleted level is absent from the book.
         let deletes = (0..1_000).filter(|&k| update_qty(hash, Market::Spot, k) == 0);
         assert!(deletes.count() > 50);
+    }
+
+    #[test]
+    fn the_top_levels_are_the_first_of_the_whole_book() {
+        for market in MARKETS {
+            for last in [None, Some(0), Some(777)] {
+                let at = BookAt::new(symbol_hash("BTC-USDT"), market, last);
+                let (bids, asks) = at.top(usize::MAX);
+                let (top_bids, top_asks) = at.top(25);
+                assert_eq!((top_bids.len(), top_asks.len()), (25, 25));
+                assert_eq!((&bids[..25], &asks[..25]), (&top_bids[..], &top_asks[..]));
+                assert!(bids.iter().chain(&asks).all(|&(_, q)| q > 0));
+                assert_eq!(
+                    bids.len() + asks.len(),
+                    at.quantities().iter().filter(|&&q| q > 0).count()
+                );
+            }
+        }
     }
 
     /// Applies a frame's `b` and `a` to a local book the way Binance clients
@@ -720,30 +957,32 @@ mod tests {
             ExchangeShape::BinanceFuturesDepth,
         ] {
             let market = Market::of(shape);
+            let slots = market.slots();
             for n in 0..40 {
                 let symbol = format!("S{n}USDT");
                 let hash = symbol_hash(&symbol);
                 let mut local = as_maps(book(&timeline, shape, &symbol, 0));
                 let mut previous = 0;
-                let end = frame_of(6 * SLOTS);
+                let end = frame_of(6 * slots);
                 for f in 0..end {
                     let frame: serde_json::Value =
                         serde_json::from_str(&frame_text(&timeline, market, &symbol, f))
                             .expect("JSON");
                     let u = frame["u"].as_u64().expect("u");
                     match market {
-                        Market::Spot => assert_eq!(frame["U"], previous + 1),
                         Market::Futures => assert_eq!(frame["pu"], previous),
+                        _ => assert_eq!(frame["U"], previous + 1),
                     }
                     previous = u;
                     apply(&mut local, &frame);
                     let (first, last) = (frame_start(f), frame_last(f));
-                    let slots: Vec<u64> = (first..=last).map(|k| slot_of(hash, k)).collect();
-                    let crosses = first / SLOTS != last / SLOTS;
-                    if slots
+                    let touched: Vec<u64> =
+                        (first..=last).map(|k| slot_of(hash, market, k)).collect();
+                    let crosses = first / slots != last / slots;
+                    if touched
                         .iter()
                         .enumerate()
-                        .any(|(i, s)| slots[..i].contains(s))
+                        .any(|(i, s)| touched[..i].contains(s))
                     {
                         repeated_slots += 1;
                     }
@@ -771,12 +1010,15 @@ mod tests {
         for shape in [
             ExchangeShape::BinanceDepth,
             ExchangeShape::BinanceFuturesDepth,
+            ExchangeShape::BybitOrderbook,
+            ExchangeShape::OkxBooks,
         ] {
+            let levels = Market::of(shape).levels() as usize;
             for id in [0, 4_999, 5_000, 5_321, 99_999] {
                 let (bids, asks) = book(&timeline, shape, "BTCUSDT", id);
                 let price = |level: &(String, String)| level.0.parse::<f64>().expect("a price");
-                assert!(bids.len() > 100 && asks.len() > 100);
-                assert!(bids.len() <= LEVELS as usize && asks.len() <= LEVELS as usize);
+                assert!(bids.len() > levels / 2 && asks.len() > levels / 2);
+                assert!(bids.len() <= levels && asks.len() <= levels);
                 assert!(bids.windows(2).all(|w| price(&w[0]) > price(&w[1])));
                 assert!(asks.windows(2).all(|w| price(&w[0]) < price(&w[1])));
                 assert!(price(&bids[0]) < price(&asks[0]));
@@ -787,6 +1029,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn markets_spell_numbers_their_own_way() {
+        assert_eq!(Market::Spot.price(2_700_010), "27000.10000000");
+        assert_eq!(Market::Futures.price(2_700_010), "27000.10");
+        assert_eq!(Market::Bybit.price(2_700_010), "27000.10");
+        assert_eq!(Market::Okx.price(2_700_010), "27000.1");
+        assert_eq!(Market::Okx.price(2_700_000), "27000");
+        assert_eq!(Market::Spot.qty(0), "0.00000000");
+        assert_eq!(Market::Bybit.qty(0), "0");
+        assert_eq!(Market::Bybit.qty(1_500_000), "1.500000");
+        assert_eq!(Market::Okx.qty(0), "0");
+        assert_eq!(Market::Okx.qty(150_000_000), "1.5");
     }
 
     #[test]
@@ -802,6 +1058,16 @@ mod tests {
         assert_eq!(
             complete_head(&timeline, futures, 5_003),
             update_id(&timeline, Market::Futures, 3)
+        );
+        // Bybit and OKX: the id of the newest whole frame.
+        let bybit = ExchangeShape::BybitOrderbook;
+        assert_eq!(complete_head(&timeline, bybit, 4_999), 4_999);
+        assert_eq!(complete_head(&timeline, bybit, 5_002), 5_000);
+        assert_eq!(complete_head(&timeline, bybit, 5_003), 5_001);
+        let okx = ExchangeShape::OkxBooks;
+        assert_eq!(
+            complete_head(&timeline, okx, 5_003),
+            frame_id(&timeline, Market::Okx, 1)
         );
     }
 }

@@ -1,9 +1,11 @@
 //! Exchange-shaped fake market-data servers: the trade streams, subscribe
 //! messages, acknowledgements, heartbeats, pings and REST history of five
-//! public exchange APIs, and Binance's order-book diff streams with their REST
-//! snapshots, so tests, benchmarks and `leasehold dev --feed exchange` meet the
-//! frames the stream worker is configured for without the internet. Each is a real server: one port, each connection its own task,
-//! bounded memory, clean shutdown through a [`CancellationToken`].
+//! public exchange APIs, Binance's order-book diff streams with their REST
+//! snapshots, and the Bybit and OKX order books whose snapshots come in the
+//! stream, so tests, benchmarks and `leasehold dev --feed exchange` meet the
+//! frames the stream worker is configured for without the internet. Each is a
+//! real server: one port, each connection its own task, bounded memory, clean
+//! shutdown through a [`CancellationToken`].
 //!
 //! # What every shape does
 //!
@@ -15,7 +17,8 @@
 //!   connection starts at the next id due and nothing a client asks for is
 //!   replayed: a client that reconnects after 2 s has missed about 2 s of ids.
 //!   The only way back is the Binance trade shapes' REST history (and, for
-//!   the order books, a fresh REST snapshot).
+//!   the order books, a fresh REST snapshot, or for Bybit and OKX a new
+//!   subscribe, which sends a new snapshot).
 //! - **Computed, not stored.** A trade is a pure function of (symbol, id) and
 //!   the server's start time (or last restart), and so are an order book's
 //!   diffs and the book after any update id; [`ExchangeServer::frame`],
@@ -26,8 +29,8 @@
 //!   their documentation writes them); others are refused the exchange's way.
 //! - **Cuts.** [`ExchangeConfig::cut_every`] cuts each connection after that
 //!   long, [`ExchangeServer::cut_all`] cuts every open one now, and
-//!   [`ExchangeConfig::silent_cut_after`] cuts a Kraken or Bybit client that
-//!   sent no application ping for that long. The n-th connection accepted (in
+//!   [`ExchangeConfig::silent_cut_after`] cuts a Kraken, Bybit or OKX client
+//!   that sent no application ping for that long. The n-th connection accepted (in
 //!   [`ExchangeServer::connections_accepted`] order) is cut with a close frame
 //!   (1001) when n is odd and by dropping the socket, without one, when n is
 //!   even: real exchanges do both.
@@ -44,12 +47,15 @@
 //!   that can do it lets a test see a client notice the ids going backwards
 //!   and recover. [`ExchangeServer::restarts`] counts them. Order books start
 //!   over too: update id 1 is the first diff of the new timeline, applied to
-//!   the same fixed initial book.
+//!   the same fixed initial book (Bybit and OKX books: the first snapshot
+//!   after a restart that a client subscribes in time for is at id 1, and its
+//!   updates continue from 2 or from `prevSeqId` 1).
 //! - **Bounded.** Frames are computed when due, a client is not read while
 //!   more than 1,024 answers wait for it, client messages are limited to
 //!   64 KiB (larger ones end the connection), subscriptions to 64 symbols per
 //!   connection, sessions to 4,096, a REST page to 1,000 items, and an order
-//!   book to 200 price levels a side (nothing of it is stored: see below).
+//!   book to 200 price levels a side, 50 for Bybit's `orderbook.50` (nothing
+//!   of it is stored: see below).
 //!
 //! # Shapes
 //!
@@ -166,12 +172,78 @@
 //! takes only the listed `limit`s (Binance now takes any 1 to 5000); no
 //! partial book depth streams (`@depth5`…) and no combined streams; the
 //! futures `T` of a frame is its last update's time and `E` up to 2 ms later.
+//!
+//! ## Bybit order book, v5 spot ([`ExchangeShape::BybitOrderbook`])
+//!
+//! Modelled on Bybit's v5 "Connect" and "Orderbook" (WebSocket public) pages.
+//! Endpoint `/v5/public/spot`; `{"op":"subscribe","args":["orderbook.50.<SYMBOL>"]}`
+//! (and `unsubscribe`, which stops the topic's frames) acknowledged as for the
+//! trade shape (`success`/`ret_msg`/`conn_id`/`req_id`/`op`). After every
+//! subscribe: one `{"topic","type":"snapshot","ts","data":{"s","b","a","u","seq"},"cts"}`
+//! holding the whole book (at most 50 levels a side), then `"type":"delta"`
+//! frames holding the levels that changed, `["price","qty"]` strings (prices
+//! with 2 decimals, quantities with 6), `"0"` removing a level. `u` is
+//! contiguous per topic (a delta's `u` is the previous frame's + 1), `seq`
+//! (the cross sequence) increases with holes, `cts` is the frame's matching
+//! time and `ts` up to 2 ms later. A restart starts `u` over at 1, as Bybit
+//! documents after a service restart. `{"op":"ping"}` answered with
+//! `ret_msg":"pong"`, silent clients cut by
+//! [`ExchangeConfig::silent_cut_after`]. The book is the depth shapes'
+//! computed book on a 50-level grid (0.10 apart) and a frame folds 1 to 5
+//! updates, so [`ExchangeServer::book_at`] with a `u` gives the book after
+//! that frame and [`ExchangeServer::frame`] the delta with that `u`.
+//! Simplified: only depth 50 (1, 200 and 1000 are refused as not modelled);
+//! the snapshot is sent when the next frame is due (up to five updates'
+//! time after the subscribe, never at once), as the book after that frame,
+//! so its `u` is above every delta sent before the subscribe; no periodic
+//! re-sent snapshots; a delta may remove a level that was not held (a
+//! harmless no-op for a client); a request with one bad arg is refused whole.
+//!
+//! ## OKX order book, v5 public ([`ExchangeShape::OkxBooks`])
+//!
+//! Modelled on OKX's v5 API "WebSocket" overview (connect, `ping`/`pong`,
+//! subscribe, unsubscribe, error events) and "Order book channel" (`books`,
+//! its checksum and `seqId` rules). Endpoint `/ws/v5/public`;
+//! `{"op":"subscribe","args":[{"channel":"books","instId":"BTC-USDT"}]}`
+//! answered per arg with `{"event":"subscribe","arg":{…},"connId"}` (with the
+//! request's `id` first when given); `unsubscribe` likewise, and it stops the
+//! book's frames. Bad requests get `{"event":"error","code","msg","connId"}`
+//! (60012 for a malformed request, 60018 for a channel or instrument that does
+//! not exist) and the connection stays open. After every subscribe: one
+//! `{"arg":{…},"action":"snapshot","data":[{"asks","bids","ts","checksum","prevSeqId":-1,"seqId"}]}`
+//! holding the whole book (OKX sends 400 levels; here the book's up to 200),
+//! then `"action":"update"` frames holding the levels that changed. Rows are
+//! `["price","size","0","orders"]` strings (the third, liquidated orders, is
+//! deprecated and always "0"), numbers without trailing zeros (`"27000.1"`,
+//! `"27000"`, `"0.5"`), size `"0"` (with 0 orders) removing a level; `ts` is
+//! a string of unix ms. `seqId` increases by 1 to 5 a frame (OKX's ids are
+//! not contiguous) and every update's `prevSeqId` is the previous frame's
+//! `seqId`. `checksum` is OKX's CRC32 of the book after the message: the best
+//! 25 bids and asks interleaved `bid price:bid size:ask price:ask size:…`
+//! (a side with fewer levels is left out where it runs out), joined by `:`,
+//! as a signed 32-bit integer. [`ExchangeServer::corrupt_next_checksum`]
+//! makes the next update sent carry a wrong one, once. The text `ping` is
+//! answered with `pong`; OKX closes connections that stay silent 30 s, here a
+//! client that sent no `ping` for [`ExchangeConfig::silent_cut_after`].
+//! [`ExchangeServer::book_at`] with a `seqId` gives the book after that
+//! frame, and [`ExchangeServer::frame`] the update whose
+//! `(prevSeqId, seqId]` holds an id. Simplified: only `books` (`books5`,
+//! `bbo-tbt`, `books-l2-tbt`… are refused as not modelled); no login, no
+//! `channel-conn-count` events; the snapshot is sent when the next frame is
+//! due, as for Bybit; no empty "no change" updates with `seqId` equal to
+//! `prevSeqId` (OKX sends them after a long quiet spell; here the book
+//! changes at the configured rate) and no `seqId` reset below `prevSeqId`
+//! on a live connection (a restart cuts connections and starts `seqId` over
+//! at 1); a subscribe to a book already followed is acknowledged and starts
+//! it over with a new snapshot; an unsubscribe of a book not followed is
+//! acknowledged; a request with one bad arg is refused whole.
 
 mod binance;
 mod bybit;
 mod coinbase;
 mod config;
 mod depth;
+mod inband;
 mod kraken;
 mod model;
 mod server;
@@ -236,6 +308,8 @@ impl ExchangeServer {
             ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth => {
                 depth::routes(config.shape)
             }
+            ExchangeShape::BybitOrderbook => inband::bybit_routes(),
+            ExchangeShape::OkxBooks => inband::okx_routes(),
         };
         let router: Router = routes
             .fallback(|| async { server::plain(StatusCode::NOT_FOUND, "not found") })
@@ -280,10 +354,13 @@ impl ExchangeServer {
             ExchangeShape::BinanceAggTrade => format!("ws://{host}/ws/{{stream_id}}@aggTrade"),
             ExchangeShape::CoinbaseMatches => format!("ws://{host}/"),
             ExchangeShape::KrakenTrade => format!("ws://{host}/v2"),
-            ExchangeShape::BybitPublicTrade => format!("ws://{host}/v5/public/spot"),
+            ExchangeShape::BybitPublicTrade | ExchangeShape::BybitOrderbook => {
+                format!("ws://{host}/v5/public/spot")
+            }
             ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth => {
                 format!("ws://{host}/ws/{{stream_id}}@depth@100ms")
             }
+            ExchangeShape::OkxBooks => format!("ws://{host}/ws/v5/public"),
         }
     }
 
@@ -320,31 +397,32 @@ impl ExchangeServer {
     }
 
     /// The newest id served so far (the same for every symbol; `first_id - 1`
-    /// before the first). For Bybit, the last id of the newest complete match
-    /// package; for the depth shapes, the update-id head: the last update id
-    /// (`u`) of the newest frame due (the REST snapshot may already be a few
-    /// updates further, inside the next frame).
+    /// before the first). For Bybit trades, the last id of the newest
+    /// complete match package; for the Binance depth shapes, the update-id
+    /// head: the last update id (`u`) of the newest frame due (the REST
+    /// snapshot may already be a few updates further, inside the next frame);
+    /// for the Bybit and OKX books, the id (`u`, `seqId`) of the newest frame
+    /// due.
     pub fn head(&self, _symbol: &str) -> u64 {
         let timeline = self.shared.timeline();
         match self.shared.config.shape {
             ExchangeShape::BybitPublicTrade => bybit::complete_head(&timeline, timeline.head()),
-            shape @ (ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth) => {
-                depth::complete_head(&timeline, shape, timeline.head())
-            }
+            shape if shape.has_book() => depth::complete_head(&timeline, shape, timeline.head()),
             _ => timeline.head(),
         }
     }
 
-    /// The exact order book of `symbol` after update id `update_id` (depth
-    /// shapes; the initial book before the first id, and for an id between
-    /// two futures update ids the book after the lower one): every level held,
-    /// bids highest first, asks lowest first, `(price, quantity)` spelled as
-    /// the frames and the REST snapshot spell them. Computed for any id, past
-    /// or ahead of the head, of the current timeline (after a restart, the new
-    /// one). Trade shapes have no book: two empty sides.
+    /// The exact order book of `symbol` after update id `update_id` (book
+    /// shapes, in the shape's own numbering: Binance `u`, Bybit `u`, OKX
+    /// `seqId`; the initial book before the first id, and for an id between
+    /// two ids the book after the lower one): every level held, bids highest
+    /// first, asks lowest first, `(price, quantity)` spelled as the frames and
+    /// the snapshots spell them. Computed for any id, past or ahead of the
+    /// head, of the current timeline (after a restart, the new one). Trade
+    /// shapes have no book: two empty sides.
     pub fn book_at(&self, symbol: &str, update_id: u64) -> (BookSide, BookSide) {
         let shape = self.shared.config.shape;
-        if !shape.serves_snapshot() {
+        if !shape.has_book() {
             return (Vec::new(), Vec::new());
         }
         depth::book(
@@ -368,8 +446,10 @@ impl ExchangeServer {
     /// trade or aggTrade frame, Coinbase's `match` (its `last_match` is the same
     /// with that type), Kraken's `update`, Bybit's package frame, the
     /// `depthUpdate` whose updates cover update id `id` (spot `U <= id <= u`,
-    /// futures `pu < id <= u`). `symbol` as the frames spell it (Binance also
-    /// takes the lower-case stream spelling).
+    /// futures `pu < id <= u`), Bybit's order-book `delta` with `u = id`,
+    /// OKX's `update` with `prevSeqId < id <= seqId` (with its true checksum;
+    /// the snapshot a subscribe gets is not a `frame`). `symbol` as the
+    /// frames spell it (Binance also takes the lower-case stream spelling).
     pub fn frame(&self, symbol: &str, id: u64) -> String {
         let timeline = &*self.shared.timeline();
         match self.shared.config.shape {
@@ -381,6 +461,9 @@ impl ExchangeServer {
             ExchangeShape::BybitPublicTrade => bybit::frame(timeline, symbol, id),
             shape @ (ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth) => {
                 depth::frame(timeline, shape, &symbol.to_ascii_uppercase(), id)
+            }
+            shape @ (ExchangeShape::BybitOrderbook | ExchangeShape::OkxBooks) => {
+                inband::frame(timeline, shape, &symbol.to_ascii_uppercase(), id)
             }
         }
     }
@@ -400,16 +483,14 @@ impl ExchangeServer {
     }
 
     /// The trade time of `id` in unix ms (Binance `T`, Bybit `T`; Coinbase and
-    /// Kraken write the same instant as RFC 3339 with µs); for the depth
+    /// Kraken write the same instant as RFC 3339 with µs); for the book
     /// shapes, the time of the frame carrying update id `id` (spot `E`,
-    /// futures `T`).
+    /// futures `T`, Bybit `cts` (`ts` is up to 2 ms later), OKX `ts`).
     pub fn ts_ms(&self, id: u64) -> u64 {
         let timeline = &*self.shared.timeline();
         match self.shared.config.shape {
             ExchangeShape::BybitPublicTrade => bybit::time_ms(timeline, id),
-            shape @ (ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth) => {
-                depth::time_ms(timeline, shape, id)
-            }
+            shape if shape.has_book() => depth::time_ms(timeline, shape, id),
             _ => timeline.time_us(id) / 1000,
         }
     }
@@ -432,6 +513,21 @@ impl ExchangeServer {
     /// answer for the new ids).
     pub fn restart(&self) -> usize {
         self.shared.restart()
+    }
+
+    /// Makes the next OKX `update` frame sent, on whichever connection,
+    /// carry a wrong checksum (exactly once; a snapshot is never corrupted,
+    /// and a restart or a cut does not clear a pending one), so a client that
+    /// checks checksums detects it on that update and resynchronises. The
+    /// book and the ids are untouched: [`frame`](Self::frame) still gives the
+    /// true frame. Returns false, changing nothing, for shapes without
+    /// checksums ([`ExchangeShape::has_checksum`]).
+    pub fn corrupt_next_checksum(&self) -> bool {
+        if !self.shared.config.shape.has_checksum() {
+            return false;
+        }
+        self.shared.corrupt_next_checksum();
+        true
     }
 
     /// Restarts so far ([`restart`](Self::restart)).
@@ -478,7 +574,8 @@ impl ExchangeServer {
         let config = &self.shared.config;
         let mut settings: Vec<(&'static str, String)> = vec![("UPSTREAM_URL", self.ws_url())];
         let mut set = |name: &'static str, value: &str| settings.push((name, value.to_owned()));
-        // Kraken and Bybit clients ping; often enough that a silent cut never hits.
+        // Kraken, Bybit and OKX clients ping; often enough that a silent cut
+        // never hits.
         let ping_ms = config
             .silent_cut_after
             .map_or(10_000, |d| (d.as_millis() / 2).clamp(1, 10_000));
@@ -555,6 +652,51 @@ impl ExchangeServer {
                     set("UPSTREAM_SNAPSHOT_URL", &url);
                 }
                 set("UPSTREAM_SNAPSHOT_SEQ_POINTER", "/lastUpdateId");
+            }
+            ExchangeShape::BybitOrderbook => {
+                set(
+                    "UPSTREAM_SUBSCRIBE",
+                    r#"{"op":"subscribe","args":["orderbook.50.{stream_id}"]}"#,
+                );
+                // Unsubscribe then subscribe asks for a new snapshot.
+                set(
+                    "UPSTREAM_UNSUBSCRIBE",
+                    r#"{"op":"unsubscribe","args":["orderbook.50.{stream_id}"]}"#,
+                );
+                set("UPSTREAM_RESUME", "snapshot");
+                set("UPSTREAM_SNAPSHOT_MATCH", "/type=snapshot");
+                set("UPSTREAM_DATA_MATCH", "/type=snapshot,/type=delta");
+                // u is contiguous per topic (and 1 again after a restart, on
+                // a snapshot).
+                set("UPSTREAM_SEQ_POINTER", "/data/u");
+                set("UPSTREAM_ID_POINTER", "/data/u");
+                set("UPSTREAM_SEQ_STEP", "contiguous");
+                set("UPSTREAM_TS_POINTER", "/ts");
+                set("UPSTREAM_PING_TEXT", r#"{"op":"ping"}"#);
+                set("UPSTREAM_PING_INTERVAL_MS", &ping_ms.to_string());
+            }
+            ExchangeShape::OkxBooks => {
+                set(
+                    "UPSTREAM_SUBSCRIBE",
+                    r#"{"op":"subscribe","args":[{"channel":"books","instId":"{stream_id}"}]}"#,
+                );
+                set(
+                    "UPSTREAM_UNSUBSCRIBE",
+                    r#"{"op":"unsubscribe","args":[{"channel":"books","instId":"{stream_id}"}]}"#,
+                );
+                set("UPSTREAM_RESUME", "snapshot");
+                set("UPSTREAM_SNAPSHOT_MATCH", "/action=snapshot");
+                set("UPSTREAM_DATA_MATCH", "/action=snapshot,/action=update");
+                // seqId has holes; an update names the one before it.
+                set("UPSTREAM_SEQ_POINTER", "/data/0/seqId");
+                set("UPSTREAM_SEQ_PREV_POINTER", "/data/0/prevSeqId");
+                set("UPSTREAM_ID_POINTER", "/data/0/seqId");
+                set("UPSTREAM_SEQ_STEP", "increasing");
+                set("UPSTREAM_BOOK_CHECKSUM", "okx");
+                // ts is a string of ms: no UPSTREAM_TS_POINTER (the worker
+                // reads a number there).
+                set("UPSTREAM_PING_TEXT", "ping");
+                set("UPSTREAM_PING_INTERVAL_MS", &ping_ms.to_string());
             }
             ExchangeShape::BybitPublicTrade => {
                 set(

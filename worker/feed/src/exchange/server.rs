@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -76,6 +76,8 @@ pub(super) struct Shared {
     panics: AtomicU64,
     /// Frames a test sends to every open session, as they are.
     injected: tokio::sync::broadcast::Sender<String>,
+    /// The next checksummed update frame sent carries a wrong checksum.
+    corrupt_checksum: AtomicBool,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,6 +101,7 @@ impl Shared {
             history_requests: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             injected: tokio::sync::broadcast::channel(16).0,
+            corrupt_checksum: AtomicBool::new(false),
         }
     }
 
@@ -127,6 +130,19 @@ impl Shared {
 
     pub(super) fn restarts(&self) -> u64 {
         self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Makes the next checksummed update frame any session sends carry a
+    /// wrong checksum.
+    pub(super) fn corrupt_next_checksum(&self) {
+        self.corrupt_checksum.store(true, Ordering::Release);
+    }
+
+    /// Whether this frame is the one to corrupt: true once per
+    /// [`Shared::corrupt_next_checksum`].
+    pub(super) fn take_corrupt_checksum(&self) -> bool {
+        self.corrupt_checksum.load(Ordering::Relaxed)
+            && self.corrupt_checksum.swap(false, Ordering::AcqRel)
     }
 
     /// Sends `frame` to every open session; returns how many.

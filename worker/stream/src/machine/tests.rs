@@ -1432,7 +1432,7 @@ fn a_book_is_written_from_its_snapshot_then_the_diffs_after_it() {
         reasons,
         [
             leasehold_telemetry::SnapshotReason::Subscribe,
-            leasehold_telemetry::SnapshotReason::Gap
+            leasehold_telemetry::SnapshotReason::Subscribe
         ]
     );
 }

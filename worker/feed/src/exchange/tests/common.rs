@@ -17,7 +17,19 @@ fn subscribe_for(shape: ExchangeShape) -> &'static str {
             r#"{"method":"subscribe","params":{"channel":"trade","symbol":["BTC/USD"]}}"#
         }
         ExchangeShape::BybitPublicTrade => r#"{"op":"subscribe","args":["publicTrade.BTCUSDT"]}"#,
+        ExchangeShape::BybitOrderbook => r#"{"op":"subscribe","args":["orderbook.50.BTCUSDT"]}"#,
+        ExchangeShape::OkxBooks => {
+            r#"{"op":"subscribe","args":[{"channel":"books","instId":"BTC-USDT"}]}"#
+        }
     }
+}
+
+/// Whether `text` answers an application ping: Kraken's `pong` method,
+/// Bybit's `ret_msg`, OKX's bare `pong`.
+fn is_pong(text: &str) -> bool {
+    text == "pong"
+        || serde_json::from_str::<Value>(text)
+            .is_ok_and(|v| v["method"] == "pong" || v["ret_msg"] == "pong")
 }
 
 async fn connect_example(server: &ExchangeServer) -> Client {
@@ -150,11 +162,12 @@ async fn restart_cuts_everyone_and_ids_start_over_at_1() {
     let rate = 20.0;
     for shape in ExchangeShape::ALL {
         // Ids the new timeline can have reached by the time a client
-        // reconnects (futures order-book ids advance by up to 7 an update).
-        let step = if shape == ExchangeShape::BinanceFuturesDepth {
-            7
-        } else {
-            1
+        // reconnects (futures order-book ids advance by up to 7 an update,
+        // OKX seqIds up to 5 a frame).
+        let step = match shape {
+            ExchangeShape::BinanceFuturesDepth => 7,
+            ExchangeShape::OkxBooks => 5,
+            _ => 1,
         };
         let small = 1 + step * (3.0 * rate) as u64;
         let (server, shutdown) = start(config(shape, rate)).await;
@@ -182,11 +195,17 @@ async fn restart_cuts_everyone_and_ids_start_over_at_1() {
         assert_eq!(ending(&mut old).await, Ending::CloseFrame, "{shape}");
         // After: a new connection streams the new ids from (about) 1.
         let mut fresh = connect_worked(&settings, stream_id).await;
-        let (first, _) = next_data(&mut fresh, &settings).await;
+        let (first, first_text) = next_data(&mut fresh, &settings).await;
         assert!(
             (1..=small).contains(&first),
             "{shape}: the first id after the restart is {first}"
         );
+        if let Some(snapshot_match) = settings.get("UPSTREAM_SNAPSHOT_MATCH") {
+            // An in-band book starts over with a snapshot of the new book.
+            let snapshot: Value = serde_json::from_str(&first_text).expect("JSON");
+            assert!(is_data(&snapshot, snapshot_match), "{shape}: {first_text}");
+            assert!(shape.snapshot_in_band(), "{shape}");
+        }
         let mut previous = first;
         for _ in 0..4 {
             let (id, text) = next_data(&mut fresh, &settings).await;
@@ -284,7 +303,10 @@ async fn silent_clients_are_cut_and_pinging_ones_are_not() {
     for (shape, ping) in [
         (ExchangeShape::KrakenTrade, r#"{"method":"ping"}"#),
         (ExchangeShape::BybitPublicTrade, r#"{"op":"ping"}"#),
+        (ExchangeShape::BybitOrderbook, r#"{"op":"ping"}"#),
+        (ExchangeShape::OkxBooks, "ping"),
     ] {
+        assert!(shape.has_app_ping(), "{shape}");
         let (server, shutdown) = start(ExchangeConfig {
             silent_cut_after: Some(Duration::from_millis(600)),
             ..config(shape, 5.0)
@@ -312,14 +334,11 @@ async fn silent_clients_are_cut_and_pinging_ones_are_not() {
             "{shape}: {lived:?}"
         );
         send(&mut pinging, ping).await;
-        let (pong, _) = next_where(&mut pinging, |v| {
-            v["method"] == "pong" || v["ret_msg"] == "pong"
-        })
-        .await;
-        assert!(
-            pong.is_object(),
-            "{shape}: the pinging client is still served"
-        );
+        while !is_pong(
+            &next_text(&mut pinging)
+                .await
+                .unwrap_or_else(|| panic!("{shape}: the pinging client is still served")),
+        ) {}
         assert_eq!(server.cuts(), 1, "{shape}");
         drop(pinging);
         stop(server, shutdown).await;
@@ -478,6 +497,8 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
         // A diff's own statement of where it starts (order books).
         let first_pointer = settings.get("UPSTREAM_SEQ_FIRST_POINTER");
         let prev_pointer = settings.get("UPSTREAM_SEQ_PREV_POINTER");
+        // An in-band book's snapshot: the first data frame, and only it.
+        let snapshot_match = settings.get("UPSTREAM_SNAPSHOT_MATCH");
         let (mut data, mut control, mut previous) = (0, 0, None);
         let mut first_frame = None;
         while data < 30 {
@@ -489,6 +510,13 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
             }
             let seq = number_at(&frame, &seq_pointer);
             assert!(frame.pointer(&get("UPSTREAM_ID_POINTER")).is_some());
+            if let Some(snapshot_match) = snapshot_match {
+                assert_eq!(
+                    is_data(&frame, snapshot_match),
+                    data == 0,
+                    "{shape}: {frame}"
+                );
+            }
             if let Some(ts) = settings.get("UPSTREAM_TS_POINTER") {
                 let ms = number_at(&frame, ts);
                 assert!(ms > 1_600_000_000_000, "{shape}: unix ms");
@@ -549,6 +577,21 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
                 assert!(number_at(first, &get("UPSTREAM_BACKFILL_TS_POINTER")) > 1_600_000_000_000);
             }
             "live" => assert!(!shape.serves_history(), "{shape}"),
+            "snapshot" if snapshot_match.is_some() => {
+                assert!(
+                    shape.snapshot_in_band() && !shape.serves_snapshot(),
+                    "{shape}"
+                );
+                assert!(!settings.contains_key("UPSTREAM_SNAPSHOT_URL"), "{shape}");
+                // A new snapshot is asked for on the same connection.
+                let unsubscribe = get("UPSTREAM_UNSUBSCRIBE").replace("{stream_id}", stream_id);
+                send(&mut ws, &unsubscribe).await;
+                send(&mut ws, &subscribe).await;
+                let snapshot_match = snapshot_match.expect("in band");
+                let (snapshot, _) = next_where(&mut ws, |v| is_data(v, snapshot_match)).await;
+                let newest = previous.expect("data was read");
+                assert!(number_at(&snapshot, &seq_pointer) > newest, "{shape}");
+            }
             "snapshot" => {
                 assert!(shape.serves_snapshot(), "{shape}");
                 let answer =
@@ -574,8 +617,17 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
         }
         if shape.has_app_ping() {
             send(&mut ws, &get("UPSTREAM_PING_TEXT")).await;
-            let (pong, _) = next_where(&mut ws, |v| !is_data(v, &data_match)).await;
-            assert!(pong.pointer(&seq_pointer).is_none());
+            // The reply is a control frame (OKX's is not even JSON).
+            let pong = loop {
+                let text = next_text(&mut ws).await.expect("a pong");
+                match serde_json::from_str::<Value>(&text) {
+                    Ok(frame) if is_data(&frame, &data_match) => continue,
+                    Ok(frame) => assert!(frame.pointer(&seq_pointer).is_none(), "{shape}"),
+                    Err(_) => {}
+                }
+                break text;
+            };
+            assert!(is_pong(&pong), "{shape}: {pong}");
             assert!(get("UPSTREAM_PING_INTERVAL_MS").parse::<u64>().expect("ms") > 0);
         }
         drop(ws);

@@ -20,6 +20,7 @@ mod bybit;
 mod coinbase;
 mod common;
 mod depth;
+mod inband_books;
 mod kraken;
 
 /// Generous: only a broken server takes this long.
