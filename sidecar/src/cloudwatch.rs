@@ -3,8 +3,9 @@
 //!
 //! Names are the Prometheus names. Dimensions are the metric's contract labels
 //! only: never a task id (task identity belongs to the log stream or the
-//! target), and never `stream_id` (unbounded): per-stream gauges are published as
-//! the maximum over streams. Counters are per-interval deltas (alarm on `Sum`),
+//! target; so not the `worker` label either, the worker's `OWNER_ID`), and never
+//! `stream_id` (unbounded): per-stream gauges are published as the maximum over
+//! streams. Counters are per-interval deltas (alarm on `Sum`),
 //! histograms are distributions (percentiles available), gauges are values.
 
 use std::collections::BTreeMap;
@@ -75,7 +76,13 @@ fn unit_of(name: &str) -> &'static str {
     }
 }
 
-/// Turns a snapshot into datums: drops `stream_id` (max over streams) and build info.
+/// Labels that never become dimensions: `stream_id` (unbounded; per-stream
+/// gauges become the maximum over streams) and `worker` (the worker's
+/// `OWNER_ID`, a task id: one series per sidecar, named by the log stream here).
+pub const NOT_DIMENSIONS: [&str; 2] = ["stream_id", "worker"];
+
+/// Turns a snapshot into datums: drops `stream_id` (max over streams),
+/// `worker` and build info.
 pub fn datums(samples: Vec<Sample>) -> Vec<Datum> {
     let mut gauges: BTreeMap<(String, Vec<(String, String)>), f64> = BTreeMap::new();
     let mut out = Vec::new();
@@ -87,7 +94,7 @@ pub fn datums(samples: Vec<Sample>) -> Vec<Datum> {
         let dimensions: Vec<(String, String)> = sample
             .labels
             .into_iter()
-            .filter(|(k, _)| k != "stream_id")
+            .filter(|(k, _)| !NOT_DIMENSIONS.contains(&k.as_str()))
             .collect();
         match sample.value {
             Value::Gauge(value) if per_stream => {
@@ -361,8 +368,15 @@ pub async fn run(
             _ = shutdown.cancelled() => true,
             _ = tick.tick() => false,
         };
-        let held: Vec<String> = state.view().lag_streams();
+        let (held, worker) = {
+            let view = state.view();
+            (
+                view.lag_streams(),
+                view.upstream_connections().map(|u| u.worker),
+            )
+        };
         reader.retain_gauges("stream_id", |stream| held.iter().any(|h| h == stream));
+        reader.retain_gauges("worker", |w| worker.as_deref() == Some(w));
         let datums = datums(reader.take());
         let now = leasehold_control::clock::Clock::now_ms(&leasehold_control::clock::SystemClock);
         match (config.mode, &client) {
@@ -489,8 +503,22 @@ mod tests {
                 &[("result", "acquired")],
                 Value::Delta(3),
             ),
+            sample(
+                "leasehold_upstream_connections",
+                &[("worker", "task-1")],
+                Value::Gauge(4.0),
+            ),
         ]);
-        assert_eq!(out.len(), 2);
+        assert_eq!(out.len(), 3);
+        let connections = out
+            .iter()
+            .find(|d| d.name == "leasehold_upstream_connections")
+            .unwrap();
+        assert_eq!(
+            (connections.values.clone(), connections.dimensions.len()),
+            (vec![(4.0, 1.0)], 0),
+            "no task id as a dimension"
+        );
         let lag = out
             .iter()
             .find(|d| d.name == "leasehold_checkpoint_lag_seconds")

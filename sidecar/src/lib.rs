@@ -159,10 +159,21 @@ impl SidecarState {
             } => view.worker_cpu_seconds(usage.cpu_seconds),
             _ => 0,
         };
+        // A new report, or the worker naming itself: the upstream gauges now,
+        // not at the next upkeep.
+        let upstream = match event {
+            TelemetryEvent::UpstreamConnections { .. } | TelemetryEvent::WorkerHeartbeat { .. } => {
+                view.upstream_connections()
+            }
+            _ => None,
+        };
         ::metrics::with_local_recorder(&self.recorder, || {
             metrics::record(event);
             if cpu_seconds > 0 {
                 ::metrics::counter!(metrics::WORKER_CPU_SECONDS).increment(cpu_seconds);
+            }
+            if let Some(upstream) = &upstream {
+                metrics::set_upstream_gauges(upstream);
             }
         });
         drop(view);
@@ -180,15 +191,20 @@ impl SidecarState {
 
     /// Re-sets the sidecar-owned gauges and runs the exporters' upkeep.
     pub fn upkeep(&self) {
-        let (up, held, connections, component) = {
+        let (up, held, connections, component, upstream) = {
             let view = self.view();
+            let upstream = view.upstream_connections();
             // A stream this task stopped working on leaves OTLP within a second
             // (Prometheus drops it after the idle timeout, CloudWatch per
-            // export). Under the view's lock: see `ingest`.
+            // export), and so does a worker that was replaced behind this
+            // sidecar. Under the view's lock: see `ingest`.
             if let Some(otlp) = &self.otlp {
                 let lag_streams = view.lag_streams();
                 otlp.retain_gauges("stream_id", |stream| {
                     lag_streams.iter().any(|s| s == stream)
+                });
+                otlp.retain_gauges("worker", |worker| {
+                    upstream.as_ref().is_some_and(|u| u.worker == worker)
                 });
             }
             (
@@ -196,10 +212,14 @@ impl SidecarState {
                 view.stream_leases_held(),
                 view.websocket_connections(),
                 view.component().map(str::to_owned),
+                upstream,
             )
         };
         ::metrics::with_local_recorder(&self.recorder, || {
             metrics::set_worker_gauges(up, held, connections, "sidecar");
+            if let Some(upstream) = &upstream {
+                metrics::set_upstream_gauges(upstream);
+            }
             if let Some(component) = &component {
                 ::metrics::gauge!(metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "component" => component.clone()).set(1.0);
             }
@@ -211,8 +231,15 @@ impl SidecarState {
     /// The `/metrics` body: the worker's series, plus the cluster gauges while
     /// this sidecar is the observer.
     pub fn render(&self) -> String {
-        let held = self.view().lag_streams();
-        let mut text = metrics::drop_unheld_stream_series(self.handle.render(), &held);
+        let (held, worker) = {
+            let view = self.view();
+            (
+                view.lag_streams(),
+                view.upstream_connections().map(|u| u.worker),
+            )
+        };
+        let text = metrics::drop_unheld_stream_series(self.handle.render(), &held);
+        let mut text = metrics::drop_other_worker_series(text, worker.as_deref());
         if let Some(cluster) = self
             .cluster
             .lock()

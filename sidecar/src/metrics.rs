@@ -44,6 +44,12 @@ pub const WEBSOCKET_CONNECTIONS: &str = "leasehold_websocket_connections";
 pub const WEBSOCKET_RECONNECTS: &str = "leasehold_websocket_reconnects_total";
 /// (docs/metrics.md)
 pub const UPSTREAM_CONNECTS_THROTTLED: &str = "leasehold_upstream_connects_throttled_total";
+/// `worker`: upstream connections the worker has open (shared connections, §10.3).
+pub const UPSTREAM_CONNECTIONS: &str = "leasehold_upstream_connections";
+/// Mean held streams per open upstream connection of the worker (a gauge, docs/metrics.md).
+pub const UPSTREAM_STREAMS_PER_CONNECTION: &str = "leasehold_upstream_streams_per_connection";
+/// From a stream asking for its subscription to its first frame.
+pub const UPSTREAM_SUBSCRIBE_DURATION: &str = "leasehold_upstream_subscribe_seconds";
 /// `result` = accepted, duplicate, fenced (events), error (failed batches).
 pub const SINK_WRITES: &str = "leasehold_sink_writes_total";
 /// Streams released because the sink refused `SINK_MAX_FAILURES` calls in a row.
@@ -152,6 +158,9 @@ pub const ALL: &[&str] = &[
     WEBSOCKET_CONNECTIONS,
     WEBSOCKET_RECONNECTS,
     UPSTREAM_CONNECTS_THROTTLED,
+    UPSTREAM_CONNECTIONS,
+    UPSTREAM_STREAMS_PER_CONNECTION,
+    UPSTREAM_SUBSCRIBE_DURATION,
     SINK_WRITES,
     SINK_GIVE_UPS,
     SINK_REGRESSIONS,
@@ -213,6 +222,14 @@ const CLAIM_BUCKETS: &[f64] = &[
 const BACKFILL_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
 ];
+/// Subscriptions: a subscribe on an open connection answers in a round trip
+/// (tens of milliseconds), a new connection adds a TLS handshake, the
+/// subscribe pacing (`UPSTREAM_SUBSCRIBES_PER_SECOND`) seconds, and the
+/// connect budget (`UPSTREAM_CONNECTS_PER_MINUTE`, a rolling minute) up to a
+/// minute.
+const SUBSCRIBE_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 /// Renew lateness: a healthy runtime is milliseconds late; seconds mean the
 /// lease's safety margin is being eaten.
 const LATENESS_BUCKETS: &[f64] = &[
@@ -231,6 +248,7 @@ const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (BROKER_REQUEST_DURATION, LATENCY_BUCKETS),
     (STREAM_BACKFILL_DURATION, BACKFILL_BUCKETS),
     (STREAM_BACKFILL_WAIT, BACKFILL_BUCKETS),
+    (UPSTREAM_SUBSCRIBE_DURATION, SUBSCRIBE_BUCKETS),
 ];
 
 /// The bucket boundaries of a histogram (shared with the OTLP exporter).
@@ -250,6 +268,9 @@ pub const PER_STREAM_GAUGES: [&str; 4] = [
     STREAM_EVENT_LAG,
 ];
 
+/// The gauges labelled `worker`: exported for the worker behind this sidecar only.
+pub const PER_WORKER_GAUGES: [&str; 1] = [UPSTREAM_CONNECTIONS];
+
 /// The Prometheus text without the per-stream samples of streams not in
 /// `held`. The exporter cannot remove a series (it only lets one idle out),
 /// and a released or crashed owner's last figures ("last event 0.2 s ago")
@@ -259,29 +280,60 @@ pub fn drop_unheld_stream_series(text: String, held: &[String]) -> String {
         .iter()
         .map(|stream| escape_label_value(stream))
         .collect();
-    let keep = |line: &str| {
+    retain_labelled(text, &PER_STREAM_GAUGES, "stream_id", |stream| {
+        held.contains(stream)
+    })
+}
+
+/// The Prometheus text without the `worker` samples of any worker but
+/// `worker` (all of them for `None`): a worker that left (a new `OWNER_ID`
+/// behind this sidecar) would otherwise be counted with its successor until
+/// its series idles out.
+pub fn drop_other_worker_series(text: String, worker: Option<&str>) -> String {
+    let worker = worker.map(escape_label_value);
+    retain_labelled(text, &PER_WORKER_GAUGES, "worker", |value| {
+        worker.as_deref() == Some(value)
+    })
+}
+
+/// The text without the samples of `names` whose `label` value (as written,
+/// escaped) `keep` refuses or that have no such label.
+fn retain_labelled(
+    text: String,
+    names: &[&str],
+    label: &str,
+    keep: impl Fn(&str) -> bool,
+) -> String {
+    let kept_line = |line: &str| {
         let Some((name, rest)) = line.split_once('{') else {
             return true;
         };
-        if !PER_STREAM_GAUGES.contains(&name) {
+        if !names.contains(&name) {
             return true;
         }
-        labelled_stream(rest).is_some_and(|stream| held.contains(stream))
+        labelled(rest, label).is_some_and(&keep)
     };
-    if text.lines().all(keep) {
+    if text.lines().all(kept_line) {
         return text;
     }
     let mut kept = String::with_capacity(text.len());
-    for line in text.lines().filter(|line| keep(line)) {
+    for line in text.lines().filter(|line| kept_line(line)) {
         kept.push_str(line);
         kept.push('\n');
     }
     kept
 }
 
-/// The `stream_id` label's value as written (escaped) in a sample's labels.
-fn labelled_stream(labels: &str) -> Option<&str> {
-    let start = labels.find("stream_id=\"")? + "stream_id=\"".len();
+/// A label's value as written (escaped) in a sample's labels (the text after
+/// `{`). Label names are unquoted and values quoted, so a name starts the
+/// block or follows a `,`.
+fn labelled<'a>(labels: &'a str, label: &str) -> Option<&'a str> {
+    let prefix = format!("{label}=\"");
+    let start = if labels.starts_with(&prefix) {
+        prefix.len()
+    } else {
+        labels.find(&format!(",{prefix}"))? + 1 + prefix.len()
+    };
     let value = &labels[start..];
     let mut escaped = false;
     for (at, c) in value.char_indices() {
@@ -374,6 +426,19 @@ pub fn describe() {
     describe_counter!(
         UPSTREAM_CONNECTS_THROTTLED,
         "Upstream connects that waited for the worker's UPSTREAM_CONNECTS_PER_MINUTE budget."
+    );
+    describe_gauge!(
+        UPSTREAM_CONNECTIONS,
+        "Upstream connections the worker has open now (0 while it is down), labelled with its OWNER_ID."
+    );
+    describe_gauge!(
+        UPSTREAM_STREAMS_PER_CONNECTION,
+        "Mean held streams per open upstream connection of the worker (0 with none open)."
+    );
+    describe_histogram!(
+        UPSTREAM_SUBSCRIBE_DURATION,
+        Unit::Seconds,
+        "From a stream asking for its upstream subscription to its first frame (connect budget and subscribe pacing waits included)."
     );
     describe_counter!(
         SINK_WRITES,
@@ -675,6 +740,9 @@ pub fn record(event: &TelemetryEvent) {
         }
         SinkGaveUp { .. } => counter!(SINK_GIVE_UPS).increment(1),
         UpstreamConnectThrottled { .. } => counter!(UPSTREAM_CONNECTS_THROTTLED).increment(1),
+        UpstreamSubscribed { duration, .. } => {
+            histogram!(UPSTREAM_SUBSCRIBE_DURATION).record(duration.as_secs_f64())
+        }
         SinkRegression { .. } => counter!(SINK_REGRESSIONS).increment(1),
         FenceLifted { .. } => counter!(FENCE_REGRESSIONS).increment(1),
         EventsDropped { count } => counter!(TELEMETRY_EVENTS_DROPPED).increment(*count),
@@ -710,7 +778,8 @@ pub fn record(event: &TelemetryEvent) {
         // so every sidecar reports the same numbers and only one publishes them.
         PoolWorkerState { .. } | PoolReconciled { .. } => {}
         // State-only events: the view turns them into gauges (connections, leases
-        // held, worker up) on every upkeep.
+        // held, worker up, upstream connections: those need the worker's id
+        // from its heartbeat) on every upkeep.
         WorkerHeartbeat {
             process: Some(usage),
             ..
@@ -722,6 +791,7 @@ pub fn record(event: &TelemetryEvent) {
         }
         UpstreamConnected { .. }
         | UpstreamDisconnected { .. }
+        | UpstreamConnections { .. }
         | WorkerHeartbeat { process: None, .. }
         | StreamStopped { .. } => {}
     }
@@ -869,6 +939,14 @@ pub fn transport_error(reason: TransportError) {
     counter!(TRANSPORT_ERRORS, "reason" => reason.as_str()).increment(1);
 }
 
+/// Sets the upstream connection gauges from the worker's latest report (the
+/// view's [`crate::view::WorkerView::upstream_connections`]).
+pub fn set_upstream_gauges(upstream: &crate::view::UpstreamConnections) {
+    gauge!(UPSTREAM_CONNECTIONS, "worker" => upstream.worker.clone())
+        .set(upstream.connections as f64);
+    gauge!(UPSTREAM_STREAMS_PER_CONNECTION).set(upstream.streams_per_connection);
+}
+
 /// Sets the gauges the sidecar owns (re-set on every upkeep so they never idle out).
 pub fn set_worker_gauges(up: bool, leases_held: usize, connections: usize, component: &str) {
     gauge!(WORKER_UP).set(if up { 1.0 } else { 0.0 });
@@ -907,5 +985,31 @@ leasehold_worker_up 1
         // Nothing to drop: the text is returned as it came.
         let all = ["a".into(), "b".into(), "q\"x".into()];
         assert_eq!(drop_unheld_stream_series(text.to_owned(), &all), text);
+    }
+
+    #[test]
+    fn only_the_current_worker_keeps_its_worker_samples() {
+        let text = "\
+# TYPE leasehold_upstream_connections gauge
+leasehold_upstream_connections{worker=\"w1\"} 3
+leasehold_upstream_connections{worker=\"w\\\"2\"} 4
+leasehold_upstream_streams_per_connection 2.5
+leasehold_checkpoint_lag_events{stream_id=\"worker=\\\"w1\"} 3
+";
+        let w1 = "leasehold_upstream_connections{worker=\"w1\"} 3\n";
+        let w2 = "leasehold_upstream_connections{worker=\"w\\\"2\"} 4\n";
+        assert_eq!(
+            drop_other_worker_series(text.to_owned(), Some("w\"2")),
+            text.replace(w1, "")
+        );
+        assert_eq!(
+            drop_other_worker_series(text.to_owned(), Some("w1")),
+            text.replace(w2, "")
+        );
+        assert_eq!(
+            drop_other_worker_series(text.to_owned(), None),
+            text.replace(w1, "").replace(w2, ""),
+            "no worker known: none of its samples, the rest untouched"
+        );
     }
 }

@@ -29,6 +29,9 @@ pub struct WorkerView {
     /// Each held stream's last lag report and when it came.
     lag: BTreeMap<String, (StreamLag, Instant)>,
     upstreams: BTreeMap<String, usize>,
+    /// The worker's latest `upstream_connections` report: open connections,
+    /// and the held streams on them.
+    upstream_report: Option<(u64, u64)>,
     pool: Option<PoolState>,
     /// The newest claims taken (seq, when, latency in seconds), at most
     /// [`RECENT_CLAIMS`]; kept across worker changes (a pool sidecar serves a
@@ -48,6 +51,19 @@ pub struct WorkerView {
     cpu_carry: f64,
 }
 
+/// The upstream connection gauges of one worker
+/// (`leasehold_upstream_connections{worker}`,
+/// `leasehold_upstream_streams_per_connection`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamConnections {
+    /// The worker's id (`OWNER_ID`, from its heartbeats).
+    pub worker: String,
+    /// Upstream connections it has open.
+    pub connections: u64,
+    /// Mean held streams per open connection (0 with none open).
+    pub streams_per_connection: f64,
+}
+
 impl WorkerView {
     /// A view that calls the worker down after `silence` without events.
     pub fn new(silence: Duration) -> Self {
@@ -64,6 +80,7 @@ impl WorkerView {
             leases: BTreeMap::new(),
             lag: BTreeMap::new(),
             upstreams: BTreeMap::new(),
+            upstream_report: None,
             pool: None,
             claims: VecDeque::new(),
             claims_seen: 0,
@@ -204,6 +221,7 @@ impl WorkerView {
                     self.leases.clear();
                     self.lag.clear();
                     self.upstreams.clear();
+                    self.upstream_report = None;
                     self.fenced = 0;
                     self.lost = 0;
                     self.pool = None;
@@ -278,6 +296,10 @@ impl WorkerView {
                     }
                 }
             }
+            UpstreamConnections {
+                connections,
+                streams,
+            } => self.upstream_report = Some((*connections, *streams)),
             EventsDropped { count } => self.dropped += count,
             PoolWorkerState {
                 worker_id,
@@ -313,6 +335,31 @@ impl WorkerView {
     /// Open upstream connections.
     pub fn websocket_connections(&self) -> usize {
         self.upstreams.values().sum()
+    }
+
+    /// What the upstream connection gauges say now, once the worker has
+    /// reported its connections and named itself (its heartbeat's `owner_id`,
+    /// the `worker` label): its latest report while it is up, nothing open
+    /// while it is silent or disconnected (a crashed worker's connections are
+    /// gone; a paused one's are of no use). `None` for a worker that never
+    /// reported (a broker worker, a stream worker before its first connect).
+    pub fn upstream_connections(&self) -> Option<UpstreamConnections> {
+        let (connections, streams) = self.upstream_report?;
+        let worker = self.owner_id.clone()?;
+        let (connections, streams) = if self.worker_up() {
+            (connections, streams)
+        } else {
+            (0, 0)
+        };
+        Some(UpstreamConnections {
+            worker,
+            connections,
+            streams_per_connection: if connections == 0 {
+                0.0
+            } else {
+                streams as f64 / connections as f64
+            },
+        })
     }
 
     /// Streams whose per-stream series are exported: held, not stopped, and
@@ -527,6 +574,60 @@ mod tests {
         let status = view.status();
         assert!(status.leases.is_empty(), "w1's leases are not w2's");
         assert_eq!((status.sink_events_fenced, status.leases_lost), (0, 0));
+    }
+
+    /// The upstream gauges: the latest report under the worker's own id, 0
+    /// while the worker is down, nothing for a worker that never reported
+    /// (or never named itself), and a new worker's not the old one's.
+    #[tokio::test(start_paused = true)]
+    async fn upstream_connections_follow_the_latest_report_of_a_live_worker() {
+        let heartbeat = |owner: &str| TelemetryEvent::WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: owner.into(),
+            process: None,
+        };
+        let report = |connections, streams| TelemetryEvent::UpstreamConnections {
+            connections,
+            streams,
+        };
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        view.connection(true);
+        // Shipped before the first heartbeat: kept until the worker names itself.
+        view.apply(&report(2, 7));
+        assert_eq!(view.upstream_connections(), None);
+        view.apply(&heartbeat("w1"));
+        let expected = |worker: &str, connections, streams_per_connection| {
+            Some(UpstreamConnections {
+                worker: worker.into(),
+                connections,
+                streams_per_connection,
+            })
+        };
+        assert_eq!(view.upstream_connections(), expected("w1", 2, 3.5));
+        view.apply(&report(3, 9));
+        assert_eq!(view.upstream_connections(), expected("w1", 3, 3.0));
+        view.apply(&report(0, 0));
+        assert_eq!(
+            view.upstream_connections(),
+            expected("w1", 0, 0.0),
+            "no division by zero connections"
+        );
+        view.apply(&report(4, 4));
+        // Silent past the threshold: nothing open any more.
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(view.upstream_connections(), expected("w1", 0, 0.0));
+        view.apply(&heartbeat("w1"));
+        assert_eq!(view.upstream_connections(), expected("w1", 4, 1.0));
+        // Another worker behind the sidecar: w1's report is not its.
+        view.apply(&heartbeat("w2"));
+        assert_eq!(view.upstream_connections(), None);
+        view.apply(&report(1, 5));
+        assert_eq!(view.upstream_connections(), expected("w2", 1, 5.0));
+        // A broker worker never reports upstream connections.
+        let mut broker = WorkerView::new(Duration::from_secs(5));
+        broker.connection(true);
+        broker.apply(&heartbeat("p1"));
+        assert_eq!(broker.upstream_connections(), None);
     }
 
     fn claim(result: leasehold_telemetry::labels::ClaimResult, millis: u64) -> TelemetryEvent {

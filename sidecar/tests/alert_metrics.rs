@@ -398,6 +398,8 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UpstreamConnected { .. } => "UpstreamConnected",
         UpstreamDisconnected { .. } => "UpstreamDisconnected",
         UpstreamConnectThrottled { .. } => "UpstreamConnectThrottled",
+        UpstreamConnections { .. } => "UpstreamConnections",
+        UpstreamSubscribed { .. } => "UpstreamSubscribed",
         UpstreamReconnect { .. } => "UpstreamReconnect",
         UpstreamFrameSkipped { .. } => "UpstreamFrameSkipped",
         StreamGap { .. } => "StreamGap",
@@ -426,7 +428,7 @@ fn variant(event: &TelemetryEvent) -> &'static str {
         UserReserved { .. } => "UserReserved",
     }
 }
-const VARIANTS: usize = 36;
+const VARIANTS: usize = 38;
 
 fn every_variant() -> Vec<TelemetryEvent> {
     leasehold_telemetry::testing::every_event()
@@ -544,7 +546,8 @@ async fn every_metric_the_alerts_use_is_exported() {
             && (leasehold_testkit::redis_url().is_none()
                 || text.contains("leasehold_pool_workers{"))
             && text.contains("leasehold_sidecar_transport_errors_total{")
-            && text.contains("leasehold_worker_up 1")
+            // The sample, not its HELP text ("leasehold_worker_up 1 while …").
+            && text.contains("\nleasehold_worker_up 1\n")
             && text.contains("leasehold_telemetry_events_dropped_total")
     })
     .await;

@@ -9,8 +9,8 @@
 //! compared, name by name and label set by label set, with `/metrics`:
 //! - every series that moved on `/metrics` reaches OTLP with the same label keys;
 //! - every series that moved reaches CloudWatch (both modes) with the label keys
-//!   minus `stream_id` (aggregated away by design, docs/metrics.md), except
-//!   `leasehold_build_info`;
+//!   minus `stream_id` (aggregated away by design, docs/metrics.md) and
+//!   `worker` (a task id, never a dimension), except `leasehold_build_info`;
 //! - no exporter sends a name or label set `/metrics` does not have.
 //!
 //! "Moved" means a counter above 0, a histogram with observations, or any gauge:
@@ -27,7 +27,9 @@ use std::time::Duration;
 
 use leasehold_control::store::LeaseStore;
 use leasehold_control::store::memory::MemoryLeaseStore;
-use leasehold_sidecar::cloudwatch::{CloudWatchConfig, Mode, datums, emf_documents};
+use leasehold_sidecar::cloudwatch::{
+    CloudWatchConfig, Mode, NOT_DIMENSIONS, datums, emf_documents,
+};
 use leasehold_sidecar::otlp::OtlpConfig;
 use leasehold_sidecar::{Sidecar, SidecarConfig};
 use leasehold_telemetry::testing::{every_event, every_label_value};
@@ -105,7 +107,9 @@ fn prometheus(text: &str) -> (Series, Series) {
     (all, moved)
 }
 
-fn without_stream_id(series: &Series) -> Series {
+/// The series as CloudWatch gets them: without the labels that are never
+/// dimensions, and without build info.
+fn without_task_labels(series: &Series) -> Series {
     let mut out = Series::new();
     for (name, key_sets) in series {
         if name == "leasehold_build_info" {
@@ -115,7 +119,10 @@ fn without_stream_id(series: &Series) -> Series {
             add(
                 &mut out,
                 name,
-                keys.iter().filter(|k| *k != "stream_id").cloned().collect(),
+                keys.iter()
+                    .filter(|k| !NOT_DIMENSIONS.contains(&k.as_str()))
+                    .cloned()
+                    .collect(),
             );
         }
     }
@@ -291,8 +298,8 @@ async fn every_exporter_carries_every_metric_and_label_set() {
             add(&mut put_metric_data, name, dimensions);
         }
     }
-    let cloudwatch_expected = without_stream_id(&moved);
-    let cloudwatch_allowed = without_stream_id(&all);
+    let cloudwatch_expected = without_task_labels(&moved);
+    let cloudwatch_allowed = without_task_labels(&all);
     compare(
         "PutMetricData",
         &cloudwatch_expected,
@@ -321,8 +328,8 @@ async fn every_exporter_carries_every_metric_and_label_set() {
     }
     compare(
         "EMF",
-        &without_stream_id(&emf_moved),
-        &without_stream_id(&emf_all),
+        &without_task_labels(&emf_moved),
+        &without_task_labels(&emf_all),
         &emf_series,
     );
 

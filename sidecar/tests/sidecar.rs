@@ -135,6 +135,20 @@ async fn events_become_the_contract_metrics_and_status() {
         ("leasehold_lease_takeover_gap_seconds_count", 1.0),
         ("leasehold_lease_renew_duration_seconds_count", 1.0),
         ("leasehold_lease_renew_lateness_seconds_count", 1.0),
+        ("leasehold_upstream_connects_throttled_total", 1.0),
+        ("leasehold_upstream_subscribe_seconds_count", 1.0),
+        (
+            r#"leasehold_upstream_subscribe_seconds_bucket{le="0.25"}"#,
+            0.0,
+        ),
+        (
+            r#"leasehold_upstream_subscribe_seconds_bucket{le="0.5"}"#,
+            1.0,
+        ),
+        (
+            r#"leasehold_upstream_subscribe_seconds_bucket{le="60"}"#,
+            1.0,
+        ),
     ] {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
@@ -162,6 +176,16 @@ async fn events_become_the_contract_metrics_and_status() {
     let text = metrics_text(&sidecar).await;
     assert_eq!(sample(&text, "leasehold_leases_held"), Some(1.0));
     assert_eq!(sample(&text, "leasehold_websocket_connections"), Some(1.0));
+    // The worker's report (2 connections, 7 streams on them), under its id.
+    assert_eq!(
+        sample(&text, r#"leasehold_upstream_connections{worker="w1"}"#),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "leasehold_upstream_streams_per_connection"),
+        Some(3.5)
+    );
     assert!(
         text.contains(r#"leasehold_build_info{version=""#)
             && text.contains(r#"component="stream-worker""#),
@@ -201,12 +225,85 @@ async fn events_become_the_contract_metrics_and_status() {
         );
     }
 
-    // The worker goes away: worker_up drops to 0 by itself.
+    // The worker goes away: worker_up drops to 0 by itself, and so do its
+    // upstream connections (a dead worker's are gone).
     worker_stop.cancel();
     wait_for(|| async {
         sample(&metrics_text(&sidecar).await, "leasehold_worker_up") == Some(0.0)
     })
     .await;
+    wait_for(|| async {
+        let text = metrics_text(&sidecar).await;
+        sample(&text, r#"leasehold_upstream_connections{worker="w1"}"#) == Some(0.0)
+            && sample(&text, "leasehold_upstream_streams_per_connection") == Some(0.0)
+    })
+    .await;
+    shutdown.cancel();
+}
+
+/// `leasehold_upstream_connections{worker}`: the latest report of the worker
+/// behind the sidecar, under the id its heartbeats carry, and only its: a
+/// worker replaced behind the sidecar (a new `OWNER_ID`) leaves with its
+/// series at once, not after the idle timeout.
+#[tokio::test]
+async fn upstream_connections_are_the_current_workers_latest_report() {
+    let shutdown = CancellationToken::new();
+    let sidecar = Sidecar::start(config(None), shutdown.clone())
+        .await
+        .unwrap();
+    let text = sidecar.state.render();
+    assert!(
+        !text.contains("leasehold_upstream_connections{")
+            && !text.contains("leasehold_upstream_streams_per_connection "),
+        "no series before a worker reported: {text}"
+    );
+    let heartbeat = |owner: &str| TelemetryEvent::WorkerHeartbeat {
+        component: "stream-worker".into(),
+        owner_id: owner.into(),
+        process: None,
+    };
+    let report = |connections, streams| TelemetryEvent::UpstreamConnections {
+        connections,
+        streams,
+    };
+    sidecar.state.view().connection(true);
+    for event in [heartbeat("w1"), report(1, 2), report(4, 10)] {
+        sidecar.state.ingest(&event);
+    }
+    let text = sidecar.state.render();
+    assert_eq!(
+        sample(&text, r#"leasehold_upstream_connections{worker="w1"}"#),
+        Some(4.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "leasehold_upstream_streams_per_connection"),
+        Some(2.5)
+    );
+    // Set when reported, and re-set on every upkeep so it never idles out.
+    sidecar.state.upkeep();
+    assert_eq!(
+        sample(
+            &sidecar.state.render(),
+            r#"leasehold_upstream_connections{worker="w1"}"#
+        ),
+        Some(4.0)
+    );
+    // A new worker behind the sidecar: w1's series is gone at once.
+    for event in [heartbeat("w2"), report(2, 2)] {
+        sidecar.state.ingest(&event);
+    }
+    let text = sidecar.state.render();
+    assert_eq!(
+        sample(&text, r#"leasehold_upstream_connections{worker="w2"}"#),
+        Some(2.0),
+        "{text}"
+    );
+    assert!(!text.contains(r#"worker="w1""#), "{text}");
+    assert_eq!(
+        sample(&text, "leasehold_upstream_streams_per_connection"),
+        Some(1.0)
+    );
     shutdown.cancel();
 }
 

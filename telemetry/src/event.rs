@@ -109,6 +109,26 @@ pub enum TelemetryEvent {
         /// How long it waits.
         wait: Duration,
     },
+    /// The worker's upstream connections changed: one opened or closed, or a
+    /// held stream was subscribed to or left one
+    /// (`leasehold_upstream_connections{worker}`,
+    /// `leasehold_upstream_streams_per_connection`). Each report is the whole
+    /// state, so the latest one stands.
+    UpstreamConnections {
+        /// Upstream connections the worker has open now.
+        connections: u64,
+        /// Held streams subscribed on those connections, all together.
+        streams: u64,
+    },
+    /// A stream's subscription delivered its first frame
+    /// (`leasehold_upstream_subscribe_seconds`), once per subscription.
+    UpstreamSubscribed {
+        /// Stream subscribed.
+        stream_id: String,
+        /// From the stream asking for its subscription (connect budget and
+        /// subscribe pacing waits included) to its first frame.
+        duration: Duration,
+    },
     /// The worker is reconnecting an upstream.
     UpstreamReconnect {
         /// Stream reconnecting.
@@ -488,6 +508,18 @@ impl TelemetryEvent {
                     );
                 }
             }
+            UpstreamConnections {
+                connections,
+                streams,
+            } => tracing::debug!(connections, streams, "upstream connections changed"),
+            UpstreamSubscribed {
+                stream_id,
+                duration,
+            } => tracing::debug!(
+                stream_id,
+                seconds = duration.as_secs_f64(),
+                "upstream subscription delivered its first frame"
+            ),
             UpstreamReconnect {
                 stream_id,
                 reason,

@@ -59,6 +59,14 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
             stream_id: s(),
             wait: ms(1200),
         },
+        UpstreamConnections {
+            connections: 2,
+            streams: 7,
+        },
+        UpstreamSubscribed {
+            stream_id: s(),
+            duration: ms(350),
+        },
         UpstreamReconnect {
             stream_id: s(),
             reason: "gap".into(),

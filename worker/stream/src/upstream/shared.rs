@@ -150,6 +150,8 @@ enum Command {
         route: String,
         stream_id: String,
         events: mpsc::Sender<Result<UpstreamEvent, UpstreamError>>,
+        /// When the stream asked (its subscribe time runs to its first frame).
+        asked: Instant,
     },
     Remove {
         route: String,
@@ -163,6 +165,8 @@ enum Command {
 /// One shared connection, as the pool sees it.
 struct Connection {
     commands: mpsc::UnboundedSender<Command>,
+    gauge: Arc<super::ConnectionGauge>,
+    telemetry: Arc<dyn TelemetrySink>,
     /// Streams placed on it (counted at subscribe, released at close).
     held: AtomicUsize,
     ended: CancellationToken,
@@ -175,6 +179,7 @@ pub struct SharedUpstream {
     budget: std::sync::Mutex<ConnectBudget>,
     connections: tokio::sync::Mutex<Vec<Arc<Connection>>>,
     requests: Arc<AtomicU64>,
+    gauge: Arc<super::ConnectionGauge>,
 }
 
 impl SharedUpstream {
@@ -187,6 +192,7 @@ impl SharedUpstream {
             budget: std::sync::Mutex::new(budget),
             connections: tokio::sync::Mutex::new(Vec::new()),
             requests: Arc::new(AtomicU64::new(1)),
+            gauge: Arc::default(),
         }
     }
 
@@ -230,9 +236,12 @@ impl SharedUpstream {
         let (commands, inbox) = mpsc::unbounded_channel();
         let connection = Arc::new(Connection {
             commands,
+            gauge: self.gauge.clone(),
+            telemetry: self.telemetry.clone(),
             held: AtomicUsize::new(0),
             ended: CancellationToken::new(),
         });
+        self.gauge.change(1, 0, &*self.telemetry);
         let task = ConnectionTask {
             reader: FrameReader::new(&self.config, self.config.route_pointer.as_deref()),
             outbox: Outbox::new(
@@ -245,7 +254,12 @@ impl SharedUpstream {
             requests: self.requests.clone(),
             url,
         };
-        tokio::spawn(task.run(ws, inbox, connection.ended.clone()));
+        let (gauge, telemetry) = (self.gauge.clone(), self.telemetry.clone());
+        let ended = connection.ended.clone();
+        tokio::spawn(async move {
+            task.run(ws, inbox, ended).await;
+            gauge.change(-1, 0, &*telemetry);
+        });
         Ok(connection)
     }
 }
@@ -260,6 +274,7 @@ impl Upstream for SharedUpstream {
         self.config
             .validate()
             .map_err(|problems| UpstreamError::Config(problems.join("; ")))?;
+        let asked = Instant::now();
         let room = self.config.streams_per_connection.max(1);
         let route = render_route(&self.config.route_template, stream_id);
         let mut connections = self.connections.lock().await;
@@ -276,12 +291,14 @@ impl Upstream for SharedUpstream {
             }
         };
         connection.held.fetch_add(1, Ordering::SeqCst);
+        connection.gauge.change(0, 1, &*self.telemetry);
         drop(connections);
         let (events, inbox) = mpsc::channel(STREAM_QUEUE);
         let added = connection.commands.send(Command::Add {
             route: route.clone(),
             stream_id: stream_id.to_owned(),
             events,
+            asked,
         });
         let mut subscription = SharedSubscription {
             inbox,
@@ -315,6 +332,8 @@ impl SharedSubscription {
     fn release(&mut self) {
         if !std::mem::replace(&mut self.released, true) {
             self.connection.held.fetch_sub(1, Ordering::SeqCst);
+            let connection = &self.connection;
+            connection.gauge.change(0, -1, &*connection.telemetry);
             let _ = self.connection.commands.send(Command::Remove {
                 route: self.route.clone(),
             });
@@ -364,6 +383,8 @@ impl Drop for SharedSubscription {
 struct Route {
     stream_id: String,
     events: mpsc::Sender<Result<UpstreamEvent, UpstreamError>>,
+    /// When it asked, until its first frame.
+    asked: Option<Instant>,
 }
 
 /// The task that owns one shared connection.
@@ -464,9 +485,14 @@ impl ConnectionTask {
                 route,
                 stream_id,
                 events,
+                asked,
             } => {
-                self.routes
-                    .insert(route.clone(), Route { stream_id, events });
+                let held = Route {
+                    stream_id,
+                    events,
+                    asked: Some(asked),
+                };
+                self.routes.insert(route.clone(), held);
                 self.outbox.subscribe(route);
             }
             Command::Remove { route } => {
@@ -526,10 +552,16 @@ impl ConnectionTask {
             Read::Skip(reason) => return self.skipped(reason),
             Read::Control | Read::NoSequence => return self.control(text.as_str()),
         };
-        let Some(held) = route.as_ref().and_then(|route| self.routes.get(route)) else {
+        let Some(held) = route.as_ref().and_then(|route| self.routes.get_mut(route)) else {
             // For a stream no longer held (unsubscribed, moved by a takeover).
             return self.skipped(SkipReason::Control);
         };
+        if let Some(asked) = held.asked.take() {
+            self.telemetry.emit(TelemetryEvent::UpstreamSubscribed {
+                stream_id: held.stream_id.clone(),
+                duration: at.saturating_duration_since(asked),
+            });
+        }
         match held.events.try_send(Ok(event)) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {

@@ -31,6 +31,8 @@ pub struct WebSocketUpstream {
     telemetry: Arc<dyn TelemetrySink>,
     /// Shared by every stream of the worker (one adapter per worker).
     budget: std::sync::Mutex<ConnectBudget>,
+    /// One connection per stream: both counts move together.
+    gauge: Arc<super::ConnectionGauge>,
 }
 
 impl WebSocketUpstream {
@@ -41,6 +43,7 @@ impl WebSocketUpstream {
             config,
             telemetry,
             budget: std::sync::Mutex::new(budget),
+            gauge: Arc::default(),
         }
     }
 
@@ -61,6 +64,7 @@ impl Upstream for WebSocketUpstream {
         self.config
             .validate()
             .map_err(|problems| UpstreamError::Config(problems.join("; ")))?;
+        let asked = Instant::now();
         super::wait_for_the_budget(&self.budget, &*self.telemetry, stream_id).await;
         let url = render_url(&self.config.url_template, stream_id);
         // Frames somewhat over the limit are read and skipped; only absurd ones
@@ -107,7 +111,10 @@ impl Upstream for WebSocketUpstream {
             from_seq,
         });
         let now = Instant::now();
+        self.gauge.change(1, 1, &*self.telemetry);
         Ok(Box::new(WebSocketSubscription {
+            asked: Some(asked),
+            gauge: self.gauge.clone(),
             ws,
             url,
             stream_id: stream_id.to_owned(),
@@ -137,6 +144,9 @@ struct AppPing {
 }
 
 struct WebSocketSubscription {
+    /// When the subscription was asked for, until its first frame.
+    asked: Option<Instant>,
+    gauge: Arc<super::ConnectionGauge>,
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     url: String,
     stream_id: String,
@@ -184,6 +194,7 @@ impl WebSocketSubscription {
             self.telemetry.emit(TelemetryEvent::UpstreamDisconnected {
                 stream_id: self.stream_id.clone(),
             });
+            self.gauge.change(-1, -1, &*self.telemetry);
         }
     }
 
@@ -221,7 +232,15 @@ impl WebSocketSubscription {
             None => Frame::Fail(UpstreamError::Closed("connection ended".to_owned())),
         };
         match frame {
-            Frame::Event(event) => Some(Ok(event)),
+            Frame::Event(event) => {
+                if let Some(asked) = self.asked.take() {
+                    self.telemetry.emit(TelemetryEvent::UpstreamSubscribed {
+                        stream_id: self.stream_id.clone(),
+                        duration: received_at.saturating_duration_since(asked),
+                    });
+                }
+                Some(Ok(event))
+            }
             Frame::Skip(reason) => {
                 self.skip(reason);
                 None

@@ -166,8 +166,23 @@ async fn streams_fill_a_connection_before_another_opens_and_get_only_their_frame
         requests[0][0]["params"],
         serde_json::json!(["a@depth", "b@depth"])
     );
-    // Frames for a name nobody holds are counted and dropped.
-    assert!(telemetry.take().iter().any(|e| matches!(
+    // Frames for a name nobody holds are counted and dropped; the gauge and
+    // each stream's subscribe time are reported.
+    let events = telemetry.take();
+    let last_count = events.iter().rev().find_map(|e| match e {
+        TelemetryEvent::UpstreamConnections {
+            connections,
+            streams,
+        } => Some((*connections, *streams)),
+        _ => None,
+    });
+    assert_eq!(last_count, Some((3, 5)));
+    let subscribed = events
+        .iter()
+        .filter(|e| matches!(e, TelemetryEvent::UpstreamSubscribed { .. }))
+        .count();
+    assert_eq!(subscribed, 5, "one per stream, at its first frame");
+    assert!(events.iter().any(|e| matches!(
         e,
         TelemetryEvent::UpstreamFrameSkipped {
             reason: SkipReason::Control,
