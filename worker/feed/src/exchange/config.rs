@@ -122,6 +122,16 @@ impl ExchangeShape {
         self.serves_snapshot() || self.snapshot_in_band()
     }
 
+    /// Whether the shape serves Binance's combined stream `/stream`
+    /// ([`ExchangeServer::combined_url`](super::ExchangeServer::combined_url)):
+    /// the Binance depth shapes.
+    pub fn has_combined_stream(self) -> bool {
+        matches!(
+            self,
+            ExchangeShape::BinanceDepth | ExchangeShape::BinanceFuturesDepth
+        )
+    }
+
     /// Whether updates carry a checksum of the book (OKX), which
     /// [`ExchangeServer::corrupt_next_checksum`](super::ExchangeServer::corrupt_next_checksum)
     /// can break.

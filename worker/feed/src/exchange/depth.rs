@@ -553,7 +553,7 @@ pub(super) fn levels_json(levels: &[(String, String)]) -> String {
 }
 
 /// Frame `f` of `symbol` (upper case), Binance's `depthUpdate`.
-fn frame_text(timeline: &Timeline, market: Market, symbol: &str, f: u64) -> String {
+pub(super) fn frame_text(timeline: &Timeline, market: Market, symbol: &str, f: u64) -> String {
     let hash = symbol_hash(symbol);
     let (bids, asks) = by_side(&frame_changes(hash, market, f));
     let (bids, asks) = (
@@ -597,7 +597,9 @@ pub(super) fn frame(timeline: &Timeline, shape: ExchangeShape, symbol: &str, id:
 }
 
 pub(super) fn routes(shape: ExchangeShape) -> Router<Arc<Shared>> {
-    let router = Router::new().route("/ws/{stream}", get(stream));
+    let router = Router::new()
+        .route("/ws/{stream}", get(stream))
+        .route("/stream", get(super::combined::stream));
     match Market::of(shape) {
         Market::Futures => router.route("/fapi/v1/depth", get(snapshot)),
         _ => router.route("/api/v3/depth", get(snapshot)),
@@ -606,7 +608,7 @@ pub(super) fn routes(shape: ExchangeShape) -> Router<Arc<Shared>> {
 
 /// The symbol of a stream name the market serves (`btcusdt@depth@100ms`), in
 /// upper case.
-fn stream_symbol(market: Market, name: &str) -> Option<String> {
+pub(super) fn stream_symbol(market: Market, name: &str) -> Option<String> {
     let (symbol, kind) = name.split_once('@')?;
     let kinds: &[&str] = match market {
         Market::Futures => &["depth", "depth@500ms", "depth@100ms"],

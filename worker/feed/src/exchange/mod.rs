@@ -170,8 +170,17 @@
 //! `u`). Simplified: one frame cadence set by the rate, whatever the stream
 //! name's speed; the spot REST depth
 //! takes only the listed `limit`s (Binance now takes any 1 to 5000); no
-//! partial book depth streams (`@depth5`…) and no combined streams; the
-//! futures `T` of a frame is its last update's time and `E` up to 2 ms later.
+//! partial book depth streams (`@depth5`…); the futures `T` of a frame is its
+//! last update's time and `E` up to 2 ms later.
+//!
+//! Both depth shapes also serve Binance's combined stream `GET /stream`
+//! ([`ExchangeServer::combined_url`], [`ExchangeServer::worked_settings_shared`]):
+//! streams subscribed on the socket with `{"method":"SUBSCRIBE","params":[…],"id":N}`
+//! (and `UNSUBSCRIBE`, which stops them), answered `{"result":null,"id":N}`,
+//! each frame wrapped `{"stream":"<name>","data":{…}}`. Like Binance it closes
+//! (1008, with a reason) a connection that sends more than 5 messages in any
+//! second (futures: 10; ping and pong frames count) or listens to more than
+//! 1,024 streams ([`ExchangeServer::limit_closes`] counts them).
 //!
 //! ## Bybit order book, v5 spot ([`ExchangeShape::BybitOrderbook`])
 //!
@@ -241,6 +250,7 @@
 mod binance;
 mod bybit;
 mod coinbase;
+mod combined;
 mod config;
 mod depth;
 mod inband;
@@ -559,6 +569,74 @@ impl ExchangeServer {
     /// Connections the server cut (cut_all, cut_every, silent clients).
     pub fn cuts(&self) -> u64 {
         self.shared.cuts()
+    }
+
+    /// WebSocket messages received from clients on every connection (text,
+    /// binary, ping and pong frames).
+    pub fn messages_received(&self) -> u64 {
+        self.shared.messages()
+    }
+
+    /// Connections closed for breaking a limit (the combined stream's
+    /// messages per second or streams per connection).
+    pub fn limit_closes(&self) -> u64 {
+        self.shared.limit_closes()
+    }
+
+    /// Binance's combined stream endpoint, `ws://HOST/stream`, for the depth
+    /// shapes (`None` for the others).
+    pub fn combined_url(&self) -> Option<String> {
+        self.shared
+            .config
+            .shape
+            .has_combined_stream()
+            .then(|| format!("ws://{}/stream", self.host()))
+    }
+
+    /// The stream worker's settings for carrying `per_connection` streams on
+    /// each connection to the combined endpoint ([`combined_url`](Self::combined_url)):
+    /// the depth shape's [`worked_settings`](Self::worked_settings) with the
+    /// frame pointers under `/data`, the subscribe and unsubscribe templates
+    /// with `{stream_ids_json}` and routing by `/stream`. Empty for shapes
+    /// without a combined endpoint.
+    pub fn worked_settings_shared(&self, per_connection: usize) -> Vec<(&'static str, String)> {
+        let Some(url) = self.combined_url() else {
+            return Vec::new();
+        };
+        let mut settings: Vec<(&'static str, String)> = self
+            .worked_settings()
+            .into_iter()
+            .filter_map(|(name, value)| match name {
+                "UPSTREAM_URL" | "UPSTREAM_SUBSCRIBE" => None,
+                "UPSTREAM_SEQ_POINTER"
+                | "UPSTREAM_SEQ_FIRST_POINTER"
+                | "UPSTREAM_SEQ_PREV_POINTER"
+                | "UPSTREAM_ID_POINTER"
+                | "UPSTREAM_TS_POINTER"
+                | "UPSTREAM_DATA_MATCH" => Some((name, format!("/data{value}"))),
+                _ => Some((name, value)),
+            })
+            .collect();
+        let mut set = |name: &'static str, value: &str| settings.push((name, value.to_owned()));
+        set("UPSTREAM_URL", &url);
+        set(
+            "UPSTREAM_SUBSCRIBE",
+            r#"{"method":"SUBSCRIBE","params":{stream_ids_json},"id":{request_id}}"#,
+        );
+        set(
+            "UPSTREAM_UNSUBSCRIBE",
+            r#"{"method":"UNSUBSCRIBE","params":{stream_ids_json},"id":{request_id}}"#,
+        );
+        set(
+            "UPSTREAM_STREAMS_PER_CONNECTION",
+            &per_connection.to_string(),
+        );
+        set("UPSTREAM_ROUTE_POINTER", "/stream");
+        set("UPSTREAM_ROUTE_TEMPLATE", "{stream_id}@depth@100ms");
+        set("UPSTREAM_SUBSCRIBE_BATCH", "200");
+        // Binance closes a connection over 5 messages a second.
+        set("UPSTREAM_SUBSCRIBES_PER_SECOND", "4");
+        settings
     }
 
     /// History and order-book snapshot requests answered (overridden ones

@@ -71,6 +71,11 @@ pub(super) struct Shared {
     open: Mutex<HashMap<u64, CancellationToken>>,
     accepted: AtomicU64,
     cuts: AtomicU64,
+    /// Client messages read (text, binary, ping and pong frames).
+    messages: AtomicU64,
+    /// Connections a shape closed for breaking a limit (Binance's combined
+    /// stream: messages per second, streams per connection).
+    limit_closes: AtomicU64,
     history_requests: AtomicU64,
     history_override: Mutex<Option<HistoryOverride>>,
     panics: AtomicU64,
@@ -98,6 +103,8 @@ impl Shared {
             open: Mutex::new(HashMap::new()),
             accepted: AtomicU64::new(0),
             cuts: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
+            limit_closes: AtomicU64::new(0),
             history_requests: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             injected: tokio::sync::broadcast::channel(16).0,
@@ -156,6 +163,19 @@ impl Shared {
 
     pub(super) fn cuts(&self) -> u64 {
         self.cuts.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn messages(&self) -> u64 {
+        self.messages.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn limit_closes(&self) -> u64 {
+        self.limit_closes.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection closed for breaking a limit.
+    pub(super) fn count_limit_close(&self) {
+        self.limit_closes.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn history_requests(&self) -> u64 {
@@ -260,6 +280,9 @@ pub(super) trait Protocol: Send + 'static {
     fn on_text(&mut self, text: &str, out: &mut Outbox) -> Heard;
     /// A binary message from the client (no shape expects one).
     fn on_binary(&mut self, out: &mut Outbox) -> Heard;
+    /// A ping or pong frame from the client (tungstenite answers pings);
+    /// shapes that count every incoming message see it here.
+    fn on_control_frame(&mut self) {}
     /// Adds up to [`BATCH`] frames due at `now`, or ends the connection.
     fn emit_due(&mut self, now: Instant, out: &mut Outbox) -> Option<Refusal>;
     /// When something next becomes due (`None`: only a client message can
@@ -457,6 +480,9 @@ where
             _ = sleep_until_opt(lifetime) => break End::Cut("connection lifetime reached"),
             _ = sleep_until_opt(silent) => break End::Cut("no ping received"),
             message = source.next(), if out.len() < MAX_PENDING => {
+                if matches!(message, Some(Ok(Message::Text(_) | Message::Binary(_) | Message::Ping(_) | Message::Pong(_)))) {
+                    shared.messages.fetch_add(1, Ordering::Relaxed);
+                }
                 let heard = match message {
                     Some(Ok(Message::Text(text))) => protocol.on_text(&text, &mut out),
                     Some(Ok(Message::Binary(_))) => protocol.on_binary(&mut out),
@@ -466,6 +492,10 @@ where
                         return;
                     }
                     // Pings are answered by tungstenite.
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                        protocol.on_control_frame();
+                        Heard::default()
+                    }
                     Some(Ok(_)) => Heard::default(),
                     Some(Err(_)) | None => return,
                 };

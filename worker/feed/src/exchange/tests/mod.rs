@@ -18,6 +18,7 @@ use super::*;
 mod binance;
 mod bybit;
 mod coinbase;
+mod combined;
 mod common;
 mod depth;
 mod inband_books;
