@@ -11,6 +11,8 @@ log "stream throughput: raw read, parse only, a pipelined-XADD peer and leasehol
 cargo bench -p leasehold --bench stream_throughput
 log "backfill: a 10 s gap at 1,000 events/s read back from a Binance-shaped history"
 cargo bench -p leasehold --bench backfill
+log "order books: cost per update with and without checksums (recorded sessions), time from a cut to a re-synchronised book"
+cargo bench -p leasehold --bench book
 log "fail-over: graceful hand-off and crash takeover"
 cargo bench -p leasehold --bench failover
 log "balancing: lease moves on scale-out, crash and cold start"
