@@ -301,6 +301,12 @@ pub struct StreamMachine {
     /// Snapshots fetched in a row that could not be taken (unreadable, or
     /// older than the held diffs): the wait before the next.
     snapshot_attempts: u32,
+    /// In-band asks for a book since the last one was taken: a book that
+    /// keeps coming back unusable (at the id already written, as an
+    /// unchanged book can) is asked for again after a backoff, not at once.
+    asks: u32,
+    /// The next in-band ask waits until then.
+    ask_at: Option<Instant>,
     /// The order book as the worker keeps it to check the upstream's
     /// checksums (`UPSTREAM_BOOK_CHECKSUM`), from the first snapshot on.
     book: Option<BookKeeper>,
@@ -387,6 +393,8 @@ impl StreamMachine {
             empty_pages: 0,
             backfill: None,
             snapshot_attempts: 0,
+            asks: 0,
+            ask_at: None,
             book: None,
             book_void: false,
             held_full_since: None,
@@ -483,6 +491,9 @@ impl StreamMachine {
         if let Link::Down(Some(at)) = self.link {
             next = next.min(at);
         }
+        if let Some(at) = self.ask_at {
+            next = next.min(at);
+        }
         Some(next)
     }
 
@@ -505,6 +516,12 @@ impl StreamMachine {
             && now >= at
         {
             self.connect();
+        }
+        if self.ask_at.is_some_and(|at| now >= at) {
+            self.ask_at = None;
+            if self.sequencer.syncing() {
+                self.ask_for_a_book();
+            }
         }
     }
 
@@ -801,8 +818,15 @@ impl StreamMachine {
                     );
                     if self.config.snapshots_in_band {
                         // The next book comes in the stream, after the ask.
-                        if self.link == Link::Up {
-                            self.actions.push_back(Action::AskSnapshot);
+                        let wait = match self.asks {
+                            0 => Duration::ZERO,
+                            asks => self.config.reconnect.delay(asks),
+                        };
+                        self.asks = self.asks.saturating_add(1);
+                        if wait.is_zero() {
+                            self.ask_for_a_book();
+                        } else {
+                            self.ask_at = Some(now + wait);
                         }
                     } else {
                         self.snapshot_attempts = 0;
@@ -815,6 +839,8 @@ impl StreamMachine {
                     reason,
                     missed,
                 } => {
+                    self.asks = 0;
+                    self.ask_at = None;
                     let progress = &mut self.progress;
                     progress.first_seq.get_or_insert(seq);
                     if self.pending.is_empty() {
@@ -929,6 +955,14 @@ impl StreamMachine {
         let mut steps = Vec::new();
         self.sequencer.resync(SnapshotReason::Checksum, &mut steps);
         self.apply(&mut steps, now);
+    }
+
+    /// Asks the connection for a new book (the reconnect brings one when
+    /// the link is down).
+    fn ask_for_a_book(&mut self) {
+        if self.link == Link::Up {
+            self.actions.push_back(Action::AskSnapshot);
+        }
     }
 
     fn fetch_snapshot(&mut self, after: Duration) {

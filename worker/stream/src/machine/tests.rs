@@ -1632,3 +1632,38 @@ fn a_book_that_fails_its_checksum_is_reported_and_re_synchronised() {
         "the new book checks out"
     );
 }
+
+#[test]
+fn a_book_that_keeps_coming_back_unusable_is_asked_for_again_after_a_backoff() {
+    let mut s = Script::new(
+        RunnerConfig {
+            snapshots_in_band: true,
+            ..resuming(ResumeMode::Snapshot)
+        },
+        start(0),
+    );
+    s.settle();
+    s.feed(Input::Subscribed);
+    let book = |seq: u64| {
+        let mut book = book_at(seq);
+        book.snapshot = true;
+        Input::Frame(book)
+    };
+    let asks = |actions: &[Action]| {
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::AskSnapshot))
+            .count()
+    };
+    s.feed(book(100));
+    s.feed(Input::Frame(frame(101, Instant::now())));
+    s.feed(Input::Frame(frame(103, Instant::now())));
+    assert_eq!(asks(&s.settle()), 1, "a hole: asked at once");
+    // The book comes back at the id already written (unchanged): unusable.
+    s.feed(book(101));
+    assert_eq!(asks(&s.settle()), 0, "not asked again at once");
+    assert_eq!(asks(&s.wait_for_action()), 1, "asked again after a backoff");
+    s.feed(book(104));
+    s.settle();
+    assert_eq!(s.stored_seqs(), [100, 101, 104]);
+}
