@@ -6,7 +6,9 @@
 //! One worker holds 200 diff-depth streams, 50 a connection: the fake accepts
 //! exactly 4 connections, closes none for its limits (5 messages a second,
 //! 1,024 streams a connection), and every stream's sink starts with a REST
-//! snapshot and then holds diffs, with no gap.
+//! snapshot and then holds diffs, with no gap. Then a newcomer takes one
+//! stream over: it leaves w1's connection and the 199 others go on
+//! undisturbed (no reconnect, no resync, no gap).
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
 mod support;
@@ -151,6 +153,40 @@ async fn one_worker_carries_200_streams_on_4_connections() {
         "{messages} messages"
     );
 
+    // A newcomer with room for one stream: the balancer hands one back to
+    // it. It leaves its shared connection (unsubscribed); the 199 others on
+    // w1's connections are not disturbed.
+    let mut newcomer = settings.clone();
+    newcomer.retain(|(k, _)| *k != "MAX_STREAMS");
+    newcomer.push(("MAX_STREAMS", "1"));
+    cluster.start_worker_with_sidecar("w2", &newcomer);
+    let moved = cluster
+        .wait_owners(Duration::from_secs(60), |owners| {
+            owners.values().filter(|o| *o == "w2").count() == 1
+        })
+        .await;
+    let owners = cluster.owners().await;
+    let moved_stream = owners
+        .iter()
+        .find_map(|(stream, owner)| (owner == "w2").then(|| stream.clone()))
+        .unwrap();
+    eprintln!("{moved_stream} moved to w2 after {moved:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        server.limit_closes(),
+        0,
+        "no connection closed for a limit\n{}",
+        cluster.logs()
+    );
+    assert_eq!(
+        total(
+            &metrics(&cluster, "w1").await,
+            "leasehold_websocket_reconnects_total"
+        ),
+        0,
+        "w1 reconnected nothing"
+    );
+
     cluster.stop_workers();
     for stream in &streams {
         let entries = cluster.sink_entries(stream).await;
@@ -159,6 +195,11 @@ async fn one_worker_carries_200_streams_on_4_connections() {
             first.snapshot && first.gap.is_none(),
             "{stream}: the sink starts with a snapshot: {first:?}"
         );
+        if *stream == moved_stream {
+            // Its new owner starts at a book of its own.
+            assert!(entries[1..].iter().any(|e| e.snapshot), "{stream}");
+            continue;
+        }
         assert!(
             entries[1..].iter().all(|e| !e.snapshot && e.gap.is_none()),
             "{stream}: one snapshot, then diffs without a gap"
