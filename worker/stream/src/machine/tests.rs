@@ -1366,6 +1366,22 @@ fn book_at(last_update_id: u64) -> UpstreamEvent {
     }
 }
 
+/// The book sent in the stream at `seq` (`UPSTREAM_SNAPSHOT_MATCH`).
+fn in_band_book(seq: u64) -> UpstreamEvent {
+    UpstreamEvent {
+        snapshot: true,
+        ..book_at(seq)
+    }
+}
+
+/// How many in-band book asks are among `actions`.
+fn asks(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| matches!(a, Action::AskSnapshot))
+        .count()
+}
+
 /// The waits of the snapshot fetches among `actions`.
 fn snapshot_fetches(actions: &[Action]) -> Vec<Duration> {
     actions
@@ -1448,12 +1464,10 @@ fn a_book_sent_in_the_stream_is_asked_for_again_on_the_connection_after_a_hole()
     );
     s.settle();
     s.feed(Input::Subscribed);
-    let mut book = book_at(100);
-    book.snapshot = true;
-    s.feed(Input::Frame(book));
+    s.feed(Input::Frame(in_band_book(100)));
     s.feed(Input::Frame(frame(101, Instant::now())));
     let asked = s.settle();
-    assert!(!asked.iter().any(|a| matches!(a, Action::AskSnapshot)));
+    assert_eq!(asks(&asked), 0);
     assert_eq!(
         s.stored
             .iter()
@@ -1464,17 +1478,9 @@ fn a_book_sent_in_the_stream_is_asked_for_again_on_the_connection_after_a_hole()
     // A lost diff: no REST fetch, the upstream is asked on the connection.
     s.feed(Input::Frame(frame(103, Instant::now())));
     let asked = s.settle();
-    assert_eq!(
-        asked
-            .iter()
-            .filter(|a| matches!(a, Action::AskSnapshot))
-            .count(),
-        1
-    );
+    assert_eq!(asks(&asked), 1);
     assert!(snapshot_fetches(&asked).is_empty());
-    let mut book = book_at(104);
-    book.snapshot = true;
-    s.feed(Input::Frame(book));
+    s.feed(Input::Frame(in_band_book(104)));
     s.settle();
     assert_eq!(s.stored_seqs(), [100, 101, 104]);
     assert_eq!(s.gaps_reported(), [(102, 104, GapReason::NoReplay)]);
@@ -1581,13 +1587,7 @@ fn a_book_that_fails_its_checksum_is_reported_and_re_synchronised() {
         .len(),
         1
     );
-    assert_eq!(
-        asked
-            .iter()
-            .filter(|a| matches!(a, Action::AskSnapshot))
-            .count(),
-        1
-    );
+    assert_eq!(asks(&asked), 1);
     // Updates until the new book are held, then the book's entry says the
     // reader's book was wrong from after the failed update.
     s.feed(Input::Frame(okx_frame(
@@ -1644,26 +1644,15 @@ fn a_book_that_keeps_coming_back_unusable_is_asked_for_again_after_a_backoff() {
     );
     s.settle();
     s.feed(Input::Subscribed);
-    let book = |seq: u64| {
-        let mut book = book_at(seq);
-        book.snapshot = true;
-        Input::Frame(book)
-    };
-    let asks = |actions: &[Action]| {
-        actions
-            .iter()
-            .filter(|a| matches!(a, Action::AskSnapshot))
-            .count()
-    };
-    s.feed(book(100));
+    s.feed(Input::Frame(in_band_book(100)));
     s.feed(Input::Frame(frame(101, Instant::now())));
     s.feed(Input::Frame(frame(103, Instant::now())));
     assert_eq!(asks(&s.settle()), 1, "a hole: asked at once");
     // The book comes back at the id already written (unchanged): unusable.
-    s.feed(book(101));
+    s.feed(Input::Frame(in_band_book(101)));
     assert_eq!(asks(&s.settle()), 0, "not asked again at once");
     assert_eq!(asks(&s.wait_for_action()), 1, "asked again after a backoff");
-    s.feed(book(104));
+    s.feed(Input::Frame(in_band_book(104)));
     s.settle();
     assert_eq!(s.stored_seqs(), [100, 101, 104]);
 }

@@ -269,6 +269,10 @@ pub enum HistoryError {
     Refused(String),
 }
 
+fn no_snapshot_url() -> HistoryError {
+    HistoryError::Refused("no snapshot URL is configured".into())
+}
+
 /// A source of past events per stream.
 #[async_trait::async_trait]
 pub trait History: Send + Sync + 'static {
@@ -285,9 +289,7 @@ pub trait History: Send + Sync + 'static {
     /// it states (no event id). Refused where no snapshot endpoint is set.
     async fn snapshot(&self, stream_id: &str) -> Result<UpstreamEvent, HistoryError> {
         let _ = stream_id;
-        Err(HistoryError::Refused(
-            "no snapshot URL is configured".into(),
-        ))
+        Err(no_snapshot_url())
     }
 }
 
@@ -340,6 +342,19 @@ impl HttpHistory {
             snapshot_seq,
             config,
         })
+    }
+
+    /// One GET, bounded by the request timeout, connect to last byte.
+    async fn get_within(&self, url: &str) -> Result<Bytes, HistoryError> {
+        tokio::time::timeout(self.config.request_timeout, self.get(url))
+            .await
+            .map_err(|_| {
+                HistoryError::Unavailable(format!(
+                    "{}: no answer within {:?}",
+                    redact_url(url),
+                    self.config.request_timeout
+                ))
+            })?
     }
 
     async fn get(&self, url: &str) -> Result<Bytes, HistoryError> {
@@ -484,34 +499,16 @@ impl History for HttpHistory {
         to_seq: u64,
     ) -> Result<Vec<UpstreamEvent>, HistoryError> {
         let url = render_history_url(&self.config.url_template, stream_id, from_seq, to_seq);
-        let body = tokio::time::timeout(self.config.request_timeout, self.get(&url))
-            .await
-            .map_err(|_| {
-                HistoryError::Unavailable(format!(
-                    "{}: no answer within {:?}",
-                    redact_url(&url),
-                    self.config.request_timeout
-                ))
-            })??;
+        let body = self.get_within(&url).await?;
         self.parse(&body)
     }
 
     async fn snapshot(&self, stream_id: &str) -> Result<UpstreamEvent, HistoryError> {
         let (Some(endpoint), Some(seq)) = (&self.config.snapshot, &self.snapshot_seq) else {
-            return Err(HistoryError::Refused(
-                "no snapshot URL is configured".into(),
-            ));
+            return Err(no_snapshot_url());
         };
         let url = render_history_url(&endpoint.url_template, stream_id, 0, 0);
-        let body = tokio::time::timeout(self.config.request_timeout, self.get(&url))
-            .await
-            .map_err(|_| {
-                HistoryError::Unavailable(format!(
-                    "{}: no answer within {:?}",
-                    redact_url(&url),
-                    self.config.request_timeout
-                ))
-            })??;
+        let body = self.get_within(&url).await?;
         let text = String::from_utf8(body.to_vec())
             .map_err(|_| HistoryError::Refused("snapshot body is not UTF-8".into()))?;
         Ok(UpstreamEvent {
