@@ -5,12 +5,6 @@ use super::*;
 const SPOT_KEYS: [&str; 7] = ["e", "E", "s", "U", "u", "b", "a"];
 const FUTURES_KEYS: [&str; 9] = ["e", "E", "T", "s", "U", "u", "pu", "b", "a"];
 
-type Side = Vec<(String, String)>;
-
-fn price(level: &(String, String)) -> f64 {
-    level.0.parse().expect("a price")
-}
-
 /// A `[["price","qty"],…]` array as pairs, each a decimal string with
 /// `price_places` and `qty_places` decimals.
 fn levels(value: &Value, price_places: usize, qty_places: usize) -> Side {
@@ -57,54 +51,6 @@ fn assert_sorted(bids: &Side, asks: &Side) {
     );
     if let (Some(bid), Some(ask)) = (bids.first(), asks.first()) {
         assert!(price(bid) < price(ask), "crossed: {bid:?} {ask:?}");
-    }
-}
-
-fn is_zero(qty: &str) -> bool {
-    qty.parse::<f64>().expect("a quantity") == 0.0
-}
-
-/// A local order book kept the way Binance tells clients to: absolute
-/// quantities per price, 0 removes the level.
-#[derive(Default)]
-struct LocalBook {
-    bids: HashMap<String, String>,
-    asks: HashMap<String, String>,
-}
-
-impl LocalBook {
-    fn from_snapshot(snapshot: &Value, shape: ExchangeShape) -> LocalBook {
-        let (p, q) = places(shape);
-        LocalBook {
-            bids: levels(&snapshot["bids"], p, q).into_iter().collect(),
-            asks: levels(&snapshot["asks"], p, q).into_iter().collect(),
-        }
-    }
-
-    fn apply(&mut self, diff: &Value, shape: ExchangeShape) {
-        let (p, q) = places(shape);
-        for (side, book) in [("b", &mut self.bids), ("a", &mut self.asks)] {
-            for (price, qty) in levels(&diff[side], p, q) {
-                if is_zero(&qty) {
-                    book.remove(&price);
-                } else {
-                    book.insert(price, qty);
-                }
-            }
-        }
-    }
-
-    /// Best first on both sides.
-    fn sides(&self) -> (Side, Side) {
-        let sorted = |side: &HashMap<String, String>, descending: bool| {
-            let mut levels: Side = side.iter().map(|(p, q)| (p.clone(), q.clone())).collect();
-            levels.sort_by(|a, b| price(a).total_cmp(&price(b)));
-            if descending {
-                levels.reverse();
-            }
-            levels
-        };
-        (sorted(&self.bids, true), sorted(&self.asks, false))
     }
 }
 
@@ -256,7 +202,11 @@ async fn snapshot_then_diffs_make_the_exact_book(shape: ExchangeShape) {
     assert_eq!(keys(&snapshot), sorted(expected_keys));
     assert_key_order(&answer.body, expected_keys);
     let last_update_id = snapshot["lastUpdateId"].as_u64().expect("lastUpdateId");
-    let mut book = LocalBook::from_snapshot(&snapshot, shape);
+    let (p, q) = places(shape);
+    let mut book = LocalBook::snapshot(
+        levels(&snapshot["bids"], p, q),
+        levels(&snapshot["asks"], p, q),
+    );
     let (bids, asks) = book.sides();
     assert_eq!(
         (bids, asks),
@@ -287,7 +237,7 @@ async fn snapshot_then_diffs_make_the_exact_book(shape: ExchangeShape) {
             ),
             Some(last) => assert_eq!(start, last + 1, "{diff}"),
         }
-        book.apply(&diff, shape);
+        book.apply(levels(&diff["b"], p, q), levels(&diff["a"], p, q));
         assert_eq!(
             book.sides(),
             server.book_at("btcusdt", u),

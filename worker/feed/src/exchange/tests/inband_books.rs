@@ -4,11 +4,7 @@
 //! compared with `book_at`; OKX checksums are recomputed from the folded
 //! book by OKX's documented rule.
 
-use std::collections::HashMap;
-
 use super::*;
-
-type Side = Vec<(String, String)>;
 
 const BYBIT: ExchangeShape = ExchangeShape::BybitOrderbook;
 const OKX: ExchangeShape = ExchangeShape::OkxBooks;
@@ -18,10 +14,6 @@ const OKX_SUBSCRIBE: &str =
     r#"{"op":"subscribe","args":[{"channel":"books","instId":"BTC-USDT"}]}"#;
 const OKX_UNSUBSCRIBE: &str =
     r#"{"op":"unsubscribe","args":[{"channel":"books","instId":"BTC-USDT"}]}"#;
-
-fn price(level: &(String, String)) -> f64 {
-    level.0.parse().expect("a price")
-}
 
 /// The `[price, qty, …]` rows of a side, each exactly `width` strings.
 fn rows(value: &Value, width: usize) -> Side {
@@ -39,47 +31,7 @@ fn rows(value: &Value, width: usize) -> Side {
         .collect()
 }
 
-/// A book kept the way both exchanges tell clients to: a snapshot replaces
-/// it, an update sets absolute quantities, a zero removes the level.
-#[derive(Default)]
-struct LocalBook {
-    bids: HashMap<String, String>,
-    asks: HashMap<String, String>,
-}
-
 impl LocalBook {
-    fn snapshot(bids: Side, asks: Side) -> LocalBook {
-        LocalBook {
-            bids: bids.into_iter().collect(),
-            asks: asks.into_iter().collect(),
-        }
-    }
-
-    fn apply(&mut self, bids: Side, asks: Side) {
-        for (levels, book) in [(bids, &mut self.bids), (asks, &mut self.asks)] {
-            for (price, qty) in levels {
-                if qty.parse::<f64>().expect("a quantity") == 0.0 {
-                    book.remove(&price);
-                } else {
-                    book.insert(price, qty);
-                }
-            }
-        }
-    }
-
-    /// Best first on both sides.
-    fn sides(&self) -> (Side, Side) {
-        let sorted = |side: &HashMap<String, String>, descending: bool| {
-            let mut levels: Side = side.iter().map(|(p, q)| (p.clone(), q.clone())).collect();
-            levels.sort_by(|a, b| price(a).total_cmp(&price(b)));
-            if descending {
-                levels.reverse();
-            }
-            levels
-        };
-        (sorted(&self.bids, true), sorted(&self.asks, false))
-    }
-
     /// OKX's documented checksum: the best 25 bids and asks interleaved as
     /// `bid price:bid size:ask price:ask size:…` (a missing level is left
     /// out), CRC32, as a signed 32-bit integer.

@@ -24,6 +24,55 @@ mod depth;
 mod inband_books;
 mod kraken;
 
+/// One side of a book as the tests keep it: (price, quantity) strings.
+type Side = Vec<(String, String)>;
+
+fn price(level: &(String, String)) -> f64 {
+    level.0.parse().expect("a price")
+}
+
+/// A book kept the way both exchanges tell clients to: a snapshot replaces
+/// it, an update sets absolute quantities, a zero removes the level.
+#[derive(Default)]
+struct LocalBook {
+    bids: std::collections::HashMap<String, String>,
+    asks: std::collections::HashMap<String, String>,
+}
+
+impl LocalBook {
+    fn snapshot(bids: Side, asks: Side) -> LocalBook {
+        LocalBook {
+            bids: bids.into_iter().collect(),
+            asks: asks.into_iter().collect(),
+        }
+    }
+
+    fn apply(&mut self, bids: Side, asks: Side) {
+        for (levels, book) in [(bids, &mut self.bids), (asks, &mut self.asks)] {
+            for (price, qty) in levels {
+                if qty.parse::<f64>().expect("a quantity") == 0.0 {
+                    book.remove(&price);
+                } else {
+                    book.insert(price, qty);
+                }
+            }
+        }
+    }
+
+    /// Best first on both sides.
+    fn sides(&self) -> (Side, Side) {
+        let sorted = |side: &std::collections::HashMap<String, String>, descending: bool| {
+            let mut levels: Side = side.iter().map(|(p, q)| (p.clone(), q.clone())).collect();
+            levels.sort_by(|a, b| price(a).total_cmp(&price(b)));
+            if descending {
+                levels.reverse();
+            }
+            levels
+        };
+        (sorted(&self.bids, true), sorted(&self.asks, false))
+    }
+}
+
 /// Generous: only a broken server takes this long.
 const WAIT: Duration = Duration::from_secs(10);
 
