@@ -10,6 +10,8 @@
 //! - [`sequence`]: what an upstream's sequence numbers mean for the sink
 //!   (replays, holes, ranges, resets, jumps, backfill), without I/O: the
 //!   machine's `Sequencer`, and the sequence models' subject.
+//! - [`numbering`]: the stream's own numbers for an upstream whose sequence
+//!   starts over on every connection or that has none.
 //! - [`book`]: order books without I/O: how each exchange spells a snapshot
 //!   and a diff, the book kept as exact decimal strings, Kraken's and OKX's
 //!   checksums (`UPSTREAM_BOOK_CHECKSUM`), the worker's per-stream keeper and
@@ -37,6 +39,7 @@ pub mod book;
 pub mod discovery;
 pub mod handoff;
 pub mod machine;
+pub mod numbering;
 pub mod probes;
 pub mod runner;
 pub mod sequence;

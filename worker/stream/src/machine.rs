@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::book::{BookFormat, BookKeeper, ChecksumRule, Verdict};
+use crate::numbering::Numbering;
 use crate::sequence::{Arrival, ResumeMode, Sequencer, Snapshotted, Step};
 use leasehold_control::protocol;
 use leasehold_sink::{GapMark, OpenOutcome, SinkError, SinkEvent, WriteOutcome};
@@ -37,6 +38,14 @@ use crate::upstream::history::HistoryError;
 use crate::upstream::{UpstreamError, UpstreamEvent};
 
 mod slot;
+
+/// How long an in-band ask for a book (unsubscribe, subscribe) waits for
+/// the book before it is made again. Exchanges answer in well under a
+/// second; a book that takes longer is most likely never coming.
+pub const BOOK_ASK_DEADLINE: Duration = Duration::from_secs(5);
+
+/// In-band asks one connection may leave unanswered before it is replaced.
+pub const UNANSWERED_ASKS_BEFORE_RECONNECT: u32 = 3;
 
 /// What happened, as the driver saw it.
 #[derive(Debug, Clone)]
@@ -305,8 +314,15 @@ pub struct StreamMachine {
     /// keeps coming back unusable (at the id already written, as an
     /// unchanged book can) is asked for again after a backoff, not at once.
     asks: u32,
-    /// The next in-band ask waits until then.
+    /// The next in-band ask waits until then: a backoff, or the deadline
+    /// of the ask made ([`BOOK_ASK_DEADLINE`]).
     ask_at: Option<Instant>,
+    /// Asks made on this connection that no book answered: past
+    /// [`UNANSWERED_ASKS_BEFORE_RECONNECT`] the connection is replaced.
+    unanswered_asks: u32,
+    /// The stream's own numbers when the upstream's sequence is not the
+    /// stream's (`UPSTREAM_SEQ_SCOPE`, `UPSTREAM_SEQ_POINTER=none`).
+    numbering: Numbering,
     /// The order book as the worker keeps it to check the upstream's
     /// checksums (`UPSTREAM_BOOK_CHECKSUM`), from the first snapshot on.
     book: Option<BookKeeper>,
@@ -395,6 +411,8 @@ impl StreamMachine {
             snapshot_attempts: 0,
             asks: 0,
             ask_at: None,
+            unanswered_asks: 0,
+            numbering: Numbering::new(config.seq_source),
             book: None,
             book_void: false,
             held_full_since: None,
@@ -536,6 +554,8 @@ impl StreamMachine {
             Input::Subscribed => {
                 self.link = Link::Up;
                 self.sequencer.connected();
+                self.numbering.connected();
+                self.unanswered_asks = 0;
             }
             Input::SubscribeFailed(error) => {
                 self.link = Link::Down(None);
@@ -725,9 +745,28 @@ impl StreamMachine {
         }
     }
 
-    fn arrive(&mut self, event: UpstreamEvent, now: Instant) {
+    fn arrive(&mut self, mut event: UpstreamEvent, now: Instant) {
+        let book = event.snapshot && self.config.resume == ResumeMode::Snapshot;
+        let Some(seq) = self
+            .numbering
+            .number(event.seq, book, self.sequencer.last())
+        else {
+            // Before the connection's first book: nothing to number it from.
+            self.skipped(SkipReason::MissingField, 1);
+            return;
+        };
+        event.seq = seq;
+        if book {
+            // An answer, usable or not (an unusable one is asked again
+            // after the backoff).
+            self.unanswered_asks = 0;
+        }
+        // `UPSTREAM_ID_POINTER=none`: the sequence is the event's id.
+        if event.event_id.is_empty() {
+            event.event_id = seq.to_string();
+        }
         let mut steps = std::mem::take(&mut self.steps);
-        let arrival = if event.snapshot && self.config.resume == ResumeMode::Snapshot {
+        let arrival = if book {
             self.sequencer.arrive_snapshot(event.seq, event, &mut steps)
         } else {
             self.sequencer
@@ -841,6 +880,7 @@ impl StreamMachine {
                 } => {
                     self.asks = 0;
                     self.ask_at = None;
+                    self.unanswered_asks = 0;
                     let progress = &mut self.progress;
                     progress.first_seq.get_or_insert(seq);
                     if self.pending.is_empty() {
@@ -960,9 +1000,22 @@ impl StreamMachine {
     /// Asks the connection for a new book (the reconnect brings one when
     /// the link is down).
     fn ask_for_a_book(&mut self) {
-        if self.link == Link::Up {
-            self.actions.push_back(Action::AskSnapshot);
+        if self.link != Link::Up {
+            return;
         }
+        // An upstream that ignores the ask (or lost it) would leave the
+        // stream holding diffs for ever: asked again after the deadline,
+        // then a new connection, whose subscribe brings a book.
+        if self.unanswered_asks >= UNANSWERED_ASKS_BEFORE_RECONNECT {
+            self.unanswered_asks = 0;
+            self.connection_failed(UpstreamError::Closed(format!(
+                "no order book came after {UNANSWERED_ASKS_BEFORE_RECONNECT} asks on the connection"
+            )));
+            return;
+        }
+        self.unanswered_asks += 1;
+        self.ask_at = Some(self.now + BOOK_ASK_DEADLINE);
+        self.actions.push_back(Action::AskSnapshot);
     }
 
     fn fetch_snapshot(&mut self, after: Duration) {

@@ -51,6 +51,9 @@ pub struct RunnerConfig {
     pub resume: ResumeMode,
     /// How the upstream's sequence advances (`UPSTREAM_SEQ_STEP`).
     pub seq_step: SeqStep,
+    /// Whether the upstream's sequence is the stream's or the worker numbers
+    /// frames (`UPSTREAM_SEQ_SCOPE`, `UPSTREAM_SEQ_POINTER=none`).
+    pub seq_source: crate::numbering::SeqSource,
     /// `snapshot` mode: the book's snapshots come in the stream
     /// (`UPSTREAM_SNAPSHOT_MATCH`; a new one is asked for on the connection),
     /// not from `UPSTREAM_SNAPSHOT_URL`.
@@ -146,6 +149,7 @@ impl Default for RunnerConfig {
             lag_report_interval: Duration::from_secs(1),
             resume: ResumeMode::Replay,
             seq_step: SeqStep::Contiguous,
+            seq_source: crate::numbering::SeqSource::Stream,
             snapshots_in_band: false,
             book_check: BookCheck::default(),
             backfill_hold_max: BACKFILL_HOLD_MAX,

@@ -9,9 +9,11 @@ use leasehold_platform::settings::{
 use leasehold_telemetry::transport::ShipperConfig;
 
 use crate::book::{ChecksumRule, KeeperOptions, Precision};
+use crate::numbering::{SeqScope, SeqSource};
 use crate::runner::BookCheck;
 use crate::runner::RunnerConfig;
 use crate::sequence::{JumpBound, ResumeMode, SeqStep};
+use crate::upstream::config::NO_POINTER;
 use crate::upstream::history::{HistoryConfig, SnapshotEndpoint};
 use crate::upstream::{DataMatch, FEED_SUBSCRIBE_TEMPLATE, SeqRange, WebSocketUpstreamConfig};
 use crate::worker::{DiscoveryMode, StreamWorkerConfig};
@@ -37,7 +39,19 @@ pub const UPSTREAM_SEQ_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_SEQ_POINTER",
     parse::TEXT,
     Fallback::Value(|| "/seq".to_owned()),
-    "JSON pointer to the event's sequence number.",
+    "JSON pointer to the event's sequence number; `none`: frames carry none and the worker \
+     numbers them (an order book whose snapshot comes in the stream, such as Kraken v2 `book`: \
+     each connection's first snapshot continues the stream's numbers).",
+);
+/// The `UPSTREAM_SEQ_SCOPE` variable.
+pub const UPSTREAM_SEQ_SCOPE: Setting<SeqScope> = Setting::new(
+    "UPSTREAM_SEQ_SCOPE",
+    SEQ_SCOPE_PARSER,
+    Fallback::Value(|| SeqScope::Stream),
+    "`stream` (the sequence is the stream's on every connection) or `connection` (it starts over \
+     on every connection, as Coinbase Advanced Trade's `sequence_num`: each connection's first \
+     in-band snapshot continues the stream's numbers, and holes inside a connection stay holes). \
+     `connection` needs `UPSTREAM_SNAPSHOT_MATCH` and one stream per connection.",
 );
 /// The `UPSTREAM_SEQ_FIRST_POINTER` variable.
 pub const UPSTREAM_SEQ_FIRST_POINTER: Setting<String> = Setting::new(
@@ -63,7 +77,8 @@ pub const UPSTREAM_ID_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_ID_POINTER",
     parse::TEXT,
     Fallback::Value(|| "/event_id".to_owned()),
-    "JSON pointer to the event's id (string or number), the sink's de-duplication key.",
+    "JSON pointer to the event's id (string or number), the sink's de-duplication key; `none`: \
+     the sequence is the id.",
 );
 /// The `UPSTREAM_MAX_FRAME_BYTES` variable.
 pub const UPSTREAM_MAX_FRAME_BYTES: Setting<usize> = Setting::new(
@@ -125,12 +140,17 @@ const SEQ_STEP_PARSER: Parser<SeqStep> = Parser {
     parse: |raw| SeqStep::parse(raw).ok_or_else(|| "must be contiguous or increasing".into()),
     show: |step| step.as_str().to_owned(),
 };
+/// `stream` or `connection`.
+const SEQ_SCOPE_PARSER: Parser<SeqScope> = Parser {
+    parse: |raw| SeqScope::parse(raw).ok_or_else(|| "must be stream or connection".into()),
+    show: |scope| scope.as_str().to_owned(),
+};
 /// `/pointer=value[,/pointer=value…]`.
 const DATA_MATCH_PARSER: Parser<Vec<DataMatch>> = Parser {
     parse: DataMatch::parse_list,
     show: |list| {
         list.iter()
-            .map(|m| format!("{}={}", m.pointer, m.value))
+            .map(DataMatch::to_string)
             .collect::<Vec<_>>()
             .join(",")
     },
@@ -204,7 +224,8 @@ pub const UPSTREAM_DATA_MATCH: Setting<Vec<DataMatch>> = Setting::new(
     "UPSTREAM_DATA_MATCH",
     DATA_MATCH_PARSER,
     Fallback::Unset,
-    "`/pointer=value[,/pointer=value…]`: a frame is data when one alternative holds; any other \
+    "`/pointer=value[,/pointer=value…]`: a frame is data when one alternative holds (a bare \
+     `/pointer`: when it leads to anything); any other \
      frame (acknowledgement, heartbeat, status, ping reply) is a control frame, counted and skipped.",
 );
 /// The `UPSTREAM_SNAPSHOT_MATCH` variable.
@@ -212,9 +233,10 @@ pub const UPSTREAM_SNAPSHOT_MATCH: Setting<Vec<DataMatch>> = Setting::new(
     "UPSTREAM_SNAPSHOT_MATCH",
     DATA_MATCH_PARSER,
     Fallback::Unset,
-    "`/pointer=value`: with `UPSTREAM_RESUME=snapshot`, a data frame for which it holds is the \
-     order book's snapshot, sent in the stream after a subscribe (Bybit v5 `/type=snapshot`, OKX \
-     `/action=snapshot`, Kraken v2 `/type=snapshot`, Coinbase `/events/0/type=snapshot`). A new \
+    "`/pointer=value` (or a bare `/pointer`: present): with `UPSTREAM_RESUME=snapshot`, a data \
+     frame for which it holds is the order book's snapshot, sent in the stream after a subscribe \
+     (Bybit v5 `/type=snapshot`, OKX `/action=snapshot`, Kraken v2 `/type=snapshot`, Coinbase \
+     `/events/0/type=snapshot`, Kraken v1 `/1/as`). A new \
      one is asked for with `UPSTREAM_UNSUBSCRIBE` then `UPSTREAM_SUBSCRIBE` on the connection, or \
      by reconnecting without `UPSTREAM_UNSUBSCRIBE`. Instead of `UPSTREAM_SNAPSHOT_URL`.",
 );
@@ -512,6 +534,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_URL,
     &UPSTREAM_SUBSCRIBE,
     &UPSTREAM_SEQ_POINTER,
+    &UPSTREAM_SEQ_SCOPE,
     &UPSTREAM_SEQ_FIRST_POINTER,
     &UPSTREAM_SEQ_PREV_POINTER,
     &UPSTREAM_ID_POINTER,
@@ -709,6 +732,46 @@ impl StreamWorkerSettings {
     }
 }
 
+/// Whose numbers the stream's sequence is (`UPSTREAM_SEQ_SCOPE`,
+/// `UPSTREAM_SEQ_POINTER=none`): the worker's only where an in-band
+/// snapshot anchors each connection.
+fn seq_source(env: &mut Env, upstream: &WebSocketUpstreamConfig, resume: ResumeMode) -> SeqSource {
+    let scope = env.get(&UPSTREAM_SEQ_SCOPE);
+    let counted = upstream.seq_pointer == NO_POINTER;
+    let source = match (counted, scope) {
+        (true, _) => SeqSource::Counted,
+        (false, SeqScope::Connection) => SeqSource::Connection,
+        (false, SeqScope::Stream) => SeqSource::Stream,
+    };
+    if source.renumbers() && (resume != ResumeMode::Snapshot || upstream.snapshot_match.is_none()) {
+        let setting = if counted {
+            UPSTREAM_SEQ_POINTER.name
+        } else {
+            UPSTREAM_SEQ_SCOPE.name
+        };
+        env.problem(
+            setting,
+            "needs UPSTREAM_RESUME=snapshot with UPSTREAM_SNAPSHOT_MATCH: the worker's numbers \
+             start from each connection's first book",
+        );
+    }
+    if counted && upstream.range.is_some() {
+        env.problem(
+            UPSTREAM_SEQ_POINTER.name,
+            "is none but a frame's range start is set (UPSTREAM_SEQ_FIRST_POINTER or \
+             UPSTREAM_SEQ_PREV_POINTER)",
+        );
+    }
+    if source == SeqSource::Connection && upstream.streams_per_connection > 1 {
+        env.problem(
+            UPSTREAM_SEQ_SCOPE.name,
+            "is connection but UPSTREAM_STREAMS_PER_CONNECTION is above 1: a sequence shared by \
+             the connection's streams has holes in each of them",
+        );
+    }
+    source
+}
+
 /// Reads the stream worker's settings; `lookup` gives flags precedence over the environment.
 pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     let mut env = Env::new(lookup);
@@ -775,6 +838,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
             None
         }
     };
+    let seq_source = seq_source(&mut env, &upstream, resume);
     let history = history_config(&mut env, &upstream, resume);
     if !url.is_empty()
         && let Err(errors) = upstream.validate()
@@ -837,6 +901,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         sink_max_failures: env.get(&SINK_MAX_FAILURES),
         resume,
         seq_step: env.get(&UPSTREAM_SEQ_STEP),
+        seq_source,
         snapshots_in_band: upstream.snapshot_match.is_some(),
         book_check,
         jump: JumpBound {
@@ -951,6 +1016,57 @@ mod tests {
                 "UPSTREAM_SEQ_PREV_POINTER: set UPSTREAM_SEQ_FIRST_POINTER or this, not both"
             ),
             "{both}"
+        );
+    }
+
+    #[test]
+    fn the_worker_numbers_a_stream_only_where_an_in_band_book_anchors_each_connection() {
+        let base = [
+            ("UPSTREAM_URL", "ws://127.0.0.1:9000/"),
+            ("SINK_URL", "memory:"),
+            ("OWNER_ID", "w"),
+            ("UPSTREAM_ID_POINTER", "none"),
+        ];
+        let in_band = [
+            ("UPSTREAM_RESUME", "snapshot"),
+            ("UPSTREAM_SNAPSHOT_MATCH", "/type=snapshot"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            parse(&lookup(&[&base[..], extra].concat())).map(|s| s.runner.seq_source)
+        };
+        let counted = [&in_band[..], &[("UPSTREAM_SEQ_POINTER", "none")]].concat();
+        assert_eq!(with(&counted).unwrap(), SeqSource::Counted);
+        let scoped = [&in_band[..], &[("UPSTREAM_SEQ_SCOPE", "connection")]].concat();
+        assert_eq!(with(&scoped).unwrap(), SeqSource::Connection);
+        assert_eq!(with(&in_band).unwrap(), SeqSource::Stream);
+        let refused = |extra: &[(&'static str, &'static str)]| with(extra).unwrap_err().to_string();
+        // No book to start each connection's numbers from.
+        let live = refused(&[("UPSTREAM_SEQ_POINTER", "none")]);
+        assert!(
+            live.contains("UPSTREAM_SEQ_POINTER: needs UPSTREAM_RESUME=snapshot"),
+            "{live}"
+        );
+        let shared = refused(
+            &[
+                &scoped[..],
+                &[
+                    ("UPSTREAM_STREAMS_PER_CONNECTION", "10"),
+                    ("UPSTREAM_ROUTE_POINTER", "/product_id"),
+                ],
+            ]
+            .concat(),
+        );
+        assert!(
+            shared.contains("UPSTREAM_SEQ_SCOPE: is connection but"),
+            "{shared}"
+        );
+        let ranged = refused(&[&counted[..], &[("UPSTREAM_SEQ_FIRST_POINTER", "/U")]].concat());
+        assert!(
+            ranged.contains("UPSTREAM_SEQ_POINTER: is none but"),
+            "{ranged}"
+        );
+        assert!(
+            refused(&[("UPSTREAM_SEQ_SCOPE", "socket")]).contains("must be stream or connection")
         );
     }
 

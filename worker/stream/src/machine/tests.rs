@@ -1656,3 +1656,110 @@ fn a_book_that_keeps_coming_back_unusable_is_asked_for_again_after_a_backoff() {
     s.settle();
     assert_eq!(s.stored_seqs(), [100, 101, 104]);
 }
+
+/// A frame of an upstream that numbers nothing (`UPSTREAM_SEQ_POINTER=none`,
+/// `UPSTREAM_ID_POINTER=none`): a Kraken v2 book update or, `snapshot`, book.
+fn unnumbered(snapshot: bool) -> UpstreamEvent {
+    UpstreamEvent {
+        seq: 0,
+        first_seq: None,
+        snapshot,
+        event_id: String::new(),
+        payload: format!(
+            "{{\"type\":\"{}\"}}",
+            if snapshot { "snapshot" } else { "update" }
+        )
+        .into(),
+        received_at: Instant::now(),
+        arrival_lag: None,
+    }
+}
+
+#[test]
+fn an_upstream_without_sequences_is_numbered_from_each_connections_book() {
+    let mut s = Script::new(
+        RunnerConfig {
+            snapshots_in_band: true,
+            seq_source: crate::numbering::SeqSource::Counted,
+            ..resuming(ResumeMode::Snapshot)
+        },
+        // A takeover: the sink ends at 40.
+        start(40),
+    );
+    s.settle();
+    s.feed(Input::Subscribed);
+    // An update before the connection's book has nothing to follow.
+    s.feed(Input::Frame(unnumbered(false)));
+    s.settle();
+    assert!(s.stored.is_empty());
+    assert_eq!(s.skipped(SkipReason::MissingField), 1);
+    s.feed(Input::Frame(unnumbered(true)));
+    s.feed(Input::Frame(unnumbered(false)));
+    s.feed(Input::Frame(unnumbered(false)));
+    s.settle();
+    let ids: Vec<_> = s
+        .stored
+        .iter()
+        .map(|e| (e.seq, e.event_id.clone()))
+        .collect();
+    assert_eq!(
+        ids,
+        [(41, String::new()), (42, "42".into()), (43, "43".into())],
+        "the book, then its updates under the stream's next numbers (ids too)"
+    );
+    // Whatever the predecessor left unwritten is one number wide: the
+    // worker cannot count it, only say a book replaced it.
+    assert_eq!(s.gaps_reported(), [(41, 41, GapReason::NoReplay)]);
+
+    // A cut: the next connection's book continues the numbers, never a reset.
+    s.cut_and_reconnect();
+    s.feed(Input::Frame(unnumbered(false)));
+    s.feed(Input::Frame(unnumbered(true)));
+    s.feed(Input::Frame(unnumbered(false)));
+    s.settle();
+    assert_eq!(s.stored_seqs(), [41, 42, 43, 44, 45]);
+    assert!(s.stored[3].snapshot);
+    assert_eq!(s.gaps_reported()[1..], [(44, 44, GapReason::NoReplay)]);
+    assert_eq!(s.skipped(SkipReason::MissingField), 2);
+}
+
+#[test]
+fn an_ask_for_a_book_that_goes_unanswered_is_made_again_then_the_connection_replaced() {
+    let mut s = Script::new(
+        RunnerConfig {
+            snapshots_in_band: true,
+            ..resuming(ResumeMode::Snapshot)
+        },
+        start(0),
+    );
+    s.settle();
+    s.feed(Input::Subscribed);
+    s.feed(Input::Frame(in_band_book(100)));
+    s.feed(Input::Frame(frame(102, Instant::now())));
+    let mut asked = asks(&s.settle());
+    assert_eq!(asked, 1, "a hole: the book is asked for");
+    // The upstream never answers: one ask per deadline, then a reconnect.
+    let subscribes = s.subscribes.len();
+    for _ in 0..UNANSWERED_ASKS_BEFORE_RECONNECT {
+        s.pass(BOOK_ASK_DEADLINE);
+        asked += asks(&s.settle());
+    }
+    assert_eq!(asked, UNANSWERED_ASKS_BEFORE_RECONNECT as usize);
+    for _ in 0..50 {
+        if s.subscribes.len() > subscribes {
+            break;
+        }
+        s.pass(Duration::from_millis(100));
+        s.settle();
+    }
+    assert_eq!(
+        s.subscribes.len(),
+        subscribes + 1,
+        "a new connection brings a book"
+    );
+    // Its book is taken, and the missed diff is marked.
+    s.feed(Input::Subscribed);
+    s.feed(Input::Frame(in_band_book(103)));
+    s.settle();
+    assert_eq!(s.stored_seqs(), [100, 103]);
+}

@@ -97,27 +97,36 @@ impl SeqRange {
     }
 }
 
+/// `UPSTREAM_SEQ_POINTER` / `UPSTREAM_ID_POINTER` value for an upstream
+/// whose frames have no sequence (the worker numbers them) / no id (the
+/// sequence is the id).
+pub const NO_POINTER: &str = "none";
+
 /// One alternative of `UPSTREAM_DATA_MATCH`: the value at `pointer` is `value`
-/// (a string as it is, a number, boolean or null as JSON writes it).
+/// (a string as it is, a number, boolean or null as JSON writes it), or,
+/// written without `=value`, the pointer leads to something.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataMatch {
     /// JSON pointer (RFC 6901).
     pub pointer: String,
-    /// The text the value must have.
-    pub value: String,
+    /// The text the value must have; `None`: any value.
+    pub value: Option<String>,
 }
 
 impl DataMatch {
-    /// Parses `/pointer=value[,/pointer=value…]` (split at each alternative's
-    /// first `=`; empty text: no condition).
+    /// Parses `/pointer=value[,/pointer…]` (split at each alternative's first
+    /// `=`; a bare pointer: present; empty text: no condition). A bare
+    /// pointer is for frames told apart only by which keys they have (Kraken
+    /// v1's book snapshot has `as`, its updates `a`).
     pub fn parse_list(text: &str) -> Result<Vec<DataMatch>, String> {
         text.split(',')
             .map(str::trim)
             .filter(|part| !part.is_empty())
             .map(|part| {
-                let (pointer, value) = part
-                    .split_once('=')
-                    .ok_or_else(|| format!("{part:?} is not /pointer=value"))?;
+                let (pointer, value) = match part.split_once('=') {
+                    Some((pointer, value)) => (pointer, Some(value.to_owned())),
+                    None => (part, None),
+                };
                 if !pointer.starts_with('/') {
                     return Err(format!(
                         "{pointer:?} must be a JSON pointer starting with /"
@@ -125,7 +134,7 @@ impl DataMatch {
                 }
                 Ok(DataMatch {
                     pointer: pointer.to_owned(),
-                    value: value.to_owned(),
+                    value,
                 })
             })
             .collect()
@@ -133,12 +142,24 @@ impl DataMatch {
 
     /// Whether `found` (the value at the pointer, if any) is this value.
     pub fn matches(&self, found: Option<&Value>) -> bool {
+        let Some(expected) = &self.value else {
+            return found.is_some();
+        };
         match found {
-            Some(Value::String(s)) => *s == self.value,
-            Some(Value::Number(n)) => n.to_string() == self.value,
-            Some(Value::Bool(b)) => (if *b { "true" } else { "false" }) == self.value,
-            Some(Value::Null) => self.value == "null",
+            Some(Value::String(s)) => s == expected,
+            Some(Value::Number(n)) => n.to_string() == *expected,
+            Some(Value::Bool(b)) => (if *b { "true" } else { "false" }) == expected,
+            Some(Value::Null) => expected == "null",
             _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for DataMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Some(value) => write!(f, "{}={value}", self.pointer),
+            None => f.write_str(&self.pointer),
         }
     }
 }
@@ -245,7 +266,10 @@ impl WebSocketUpstreamConfig {
             (UPSTREAM_ID_POINTER.name, &self.id_pointer),
             (UPSTREAM_TS_POINTER.name, &ts_pointer),
         ] {
-            if !pointer.starts_with('/') {
+            let none_allowed =
+                setting == UPSTREAM_SEQ_POINTER.name || setting == UPSTREAM_ID_POINTER.name;
+            let no_pointer = none_allowed && pointer == NO_POINTER;
+            if !(pointer.starts_with('/') || no_pointer) {
                 problems.push(format!(
                     "{setting}: {pointer:?} must be a JSON pointer starting with /"
                 ));
@@ -308,7 +332,7 @@ mod tests {
             connects_per_minute: 0,
             snapshot_match: Some(DataMatch {
                 pointer: "type".into(),
-                value: "snapshot".into(),
+                value: Some("snapshot".into()),
             }),
             unsubscribe_template: r#"{"unsubscribe": {stream_id}}"#.into(),
             streams_per_connection: 2,
@@ -334,7 +358,7 @@ mod tests {
             DataMatch::parse_list(" /type=match, /type=last_match ,/n=5,/ok=true").unwrap();
         assert_eq!(alternatives.len(), 4);
         assert_eq!(alternatives[0].pointer, "/type");
-        assert_eq!(alternatives[1].value, "last_match");
+        assert_eq!(alternatives[1].value.as_deref(), Some("last_match"));
         let value = |json: &str| serde_json::from_str::<Value>(json).unwrap();
         assert!(alternatives[0].matches(Some(&value(r#""match""#))));
         assert!(!alternatives[0].matches(Some(&value(r#""heartbeat""#))));
@@ -343,8 +367,21 @@ mod tests {
         assert!(!alternatives[2].matches(None));
         assert_eq!(DataMatch::parse_list("").unwrap(), Vec::new());
         assert!(DataMatch::parse_list("type=match").is_err());
-        assert!(DataMatch::parse_list("/type").is_err());
         // `=` inside the value is the value's.
-        assert_eq!(DataMatch::parse_list("/a=b=c").unwrap()[0].value, "b=c");
+        assert_eq!(
+            DataMatch::parse_list("/a=b=c").unwrap()[0].value.as_deref(),
+            Some("b=c")
+        );
+    }
+
+    #[test]
+    fn a_bare_pointer_matches_whatever_is_there() {
+        let present = &DataMatch::parse_list("/1/as").unwrap()[0];
+        assert_eq!(present.value, None);
+        assert_eq!(present.to_string(), "/1/as");
+        let frame: Value = serde_json::from_str(r#"[336, {"as": [], "bs": []}]"#).unwrap();
+        assert!(present.matches(frame.pointer("/1/as")));
+        assert!(!present.matches(frame.pointer("/1/a")));
+        assert!(DataMatch::parse_list("as").is_err());
     }
 }

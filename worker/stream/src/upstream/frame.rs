@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
-use super::config::DataMatch;
+use super::config::{DataMatch, NO_POINTER};
 use super::extract::Extractor;
 use super::{SeqRange, UpstreamEvent, WebSocketUpstreamConfig};
 
@@ -53,6 +53,11 @@ pub(crate) struct FrameReader {
     route_slot: Option<usize>,
     /// The upstream takes application pings: a non-JSON frame is its reply.
     app_ping: bool,
+    /// `UPSTREAM_SEQ_POINTER=none`: frames carry no sequence; the machine
+    /// numbers them ([`crate::numbering`]).
+    counted: bool,
+    /// `UPSTREAM_ID_POINTER=none`: the sequence is the id (the machine fills it in).
+    id_is_seq: bool,
 }
 
 impl FrameReader {
@@ -94,6 +99,8 @@ impl FrameReader {
             snapshot_match,
             route_slot,
             app_ping: config.ping_text.is_some(),
+            counted: config.seq_pointer == NO_POINTER,
+            id_is_seq: config.id_pointer == NO_POINTER,
         }
     }
 
@@ -134,10 +141,13 @@ impl FrameReader {
             });
         fields.truncate(FIRST_MATCH_SLOT);
         let [seq, event_id, ts, range] = <[Option<Value>; 4]>::try_from(fields).unwrap_or_default();
-        let Some(seq) = seq.and_then(sequence_number) else {
-            return Read::NoSequence;
+        let seq = match seq.and_then(sequence_number) {
+            Some(seq) => seq,
+            None if self.counted => 0,
+            None => return Read::NoSequence,
         };
         let event_id = match event_id {
+            _ if self.id_is_seq => String::new(),
             Some(Value::String(s)) if !s.is_empty() => s,
             Some(Value::Number(n)) => n.to_string(),
             _ => return Read::Skip(SkipReason::MissingField),

@@ -898,7 +898,7 @@ async fn a_book_in_the_stream_is_flagged_and_asked_for_again_on_the_same_connect
         range: Some(SeqRange::Prev("/data/pu".into())),
         snapshot_match: Some(DataMatch {
             pointer: "/type".into(),
-            value: "snapshot".into(),
+            value: Some("snapshot".into()),
         }),
         ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
     };
