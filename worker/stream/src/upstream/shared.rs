@@ -20,7 +20,7 @@
 //! handled by its own machine. Frames for no held stream are counted
 //! (`reason="control"`) and dropped.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -252,6 +252,7 @@ impl SharedUpstream {
             telemetry: self.telemetry.clone(),
             routes: HashMap::new(),
             requests: self.requests.clone(),
+            unanswered: BTreeMap::new(),
             url,
         };
         let (gauge, telemetry) = (self.gauge.clone(), self.telemetry.clone());
@@ -387,6 +388,11 @@ struct Route {
     asked: Option<Instant>,
 }
 
+/// Subscribe requests a connection remembers until answered: an exchange
+/// that answers none (a template without `{request_id}` is not remembered
+/// at all) must not grow the map for ever; the oldest are forgotten.
+const UNANSWERED_MAX: usize = 1_024;
+
 /// The task that owns one shared connection.
 struct ConnectionTask {
     reader: FrameReader,
@@ -395,6 +401,9 @@ struct ConnectionTask {
     telemetry: Arc<dyn TelemetrySink>,
     routes: HashMap<String, Route>,
     requests: Arc<AtomicU64>,
+    /// Subscribes sent with a `{request_id}` and not yet answered, by id:
+    /// an answer that refuses one ends exactly the streams it named.
+    unanswered: BTreeMap<u64, Vec<String>>,
     url: String,
 }
 
@@ -528,16 +537,23 @@ impl ConnectionTask {
         if template.is_empty() {
             return Ok(());
         }
-        let request_id = self.requests.fetch_add(1, Ordering::Relaxed);
-        // A template naming one stream is sent once per stream.
-        let messages: Vec<String> = if template.contains("{stream_ids_json}") {
-            vec![render_batch(template, &routes, request_id)]
+        // One id per message, so that an answer names exactly its streams.
+        let batches: Vec<Vec<String>> = if template.contains("{stream_ids_json}") {
+            vec![routes]
         } else {
-            routes
-                .iter()
-                .map(|route| render_batch(template, std::slice::from_ref(route), request_id))
-                .collect()
+            routes.into_iter().map(|route| vec![route]).collect()
         };
+        let mut messages = Vec::with_capacity(batches.len());
+        for batch in batches {
+            let request_id = self.requests.fetch_add(1, Ordering::Relaxed);
+            messages.push(render_batch(template, &batch, request_id));
+            if op == Op::Subscribe && template.contains("{request_id}") {
+                self.unanswered.insert(request_id, batch);
+                if self.unanswered.len() > UNANSWERED_MAX {
+                    self.unanswered.pop_first();
+                }
+            }
+        }
         for message in messages {
             ws.send(Message::text(message)).await.map_err(|error| {
                 UpstreamError::Closed(super::websocket::describe_error(&error, &self.url))
@@ -586,26 +602,35 @@ impl ConnectionTask {
         }
     }
 
-    /// An acknowledgement, heartbeat or error. An error that names a stream
-    /// (Binance's `{"error":…,"id":N}` names the request; the text often
-    /// names the stream) ends that stream only; others are logged.
+    /// An acknowledgement, heartbeat or error. An answer to a subscribe
+    /// sent with `{request_id}` (Binance and OKX `id`, Kraken v2 and Bybit
+    /// `req_id`) is matched to it: a refusal ends exactly the streams it
+    /// named. Any other error that names a stream in its text ends that
+    /// stream only; the rest are logged.
     fn control(&mut self, text: &str) {
         self.skipped(SkipReason::Control);
         let Ok(value) = serde_json::from_str::<Value>(text) else {
             return;
         };
-        if value.get("error").is_none()
-            && value.get("success").and_then(Value::as_bool) != Some(false)
-        {
+        let refused = value.get("error").is_some_and(|error| !error.is_null())
+            || value.get("success").and_then(Value::as_bool) == Some(false);
+        let answered = ["id", "req_id"]
+            .iter()
+            .find_map(|key| request_id(value.get(*key)?))
+            .and_then(|id| self.unanswered.remove(&id));
+        if !refused {
             return;
         }
         let message: String = text.chars().take(200).collect();
-        let named: Vec<String> = self
-            .routes
-            .keys()
-            .filter(|route| text.contains(route.as_str()))
-            .cloned()
-            .collect();
+        let named: Vec<String> = match answered {
+            Some(routes) => routes,
+            None => self
+                .routes
+                .keys()
+                .filter(|route| text.contains(route.as_str()))
+                .cloned()
+                .collect(),
+        };
         if named.is_empty() {
             tracing::warn!(
                 error = message,
@@ -626,6 +651,15 @@ impl ConnectionTask {
             stream_id: String::new(),
             reason,
         });
+    }
+}
+
+/// A request id as an answer spells it: a number, or a number in a string.
+fn request_id(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
     }
 }
 

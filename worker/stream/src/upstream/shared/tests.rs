@@ -56,6 +56,8 @@ fn an_unsubscribe_withdraws_a_subscribe_never_sent_and_keeps_the_order_otherwise
 
 /// A combined-stream exchange in Binance's shape: `SUBSCRIBE` and
 /// `UNSUBSCRIBE` with a list of names, answered `{"result":null,"id":N}`;
+/// a request naming a stream that starts with `refused` is refused with
+/// `{"error":…,"id":N}`, which names no stream;
 /// every 5 ms each subscribed name gets `{"stream":name,"data":{"u":n}}`,
 /// and one frame for a name nobody subscribed. Returns its address and
 /// every client message it read, by connection.
@@ -85,11 +87,18 @@ async fn combined_exchange() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<
                             record.lock().unwrap()[index].push(request.clone());
                             let params: Vec<String> =
                                 serde_json::from_value(request["params"].clone()).unwrap();
+                            // Binance refuses a whole request and names only its id.
+                            let refused = params.iter().any(|name| name.starts_with("refused"));
                             match request["method"].as_str() {
+                                _ if refused => {}
                                 Some("SUBSCRIBE") => names.extend(params),
                                 _ => names.retain(|name| !params.contains(name)),
                             }
-                            let ack = serde_json::json!({"result": null, "id": request["id"]});
+                            let ack = if refused {
+                                serde_json::json!({"error": {"code": 2, "msg": "Invalid request"}, "id": request["id"]})
+                            } else {
+                                serde_json::json!({"result": null, "id": request["id"]})
+                            };
                             let _ = ws.send(Message::text(ack.to_string())).await;
                         }
                         _ = tick.tick() => {
@@ -207,4 +216,35 @@ async fn streams_fill_a_connection_before_another_opens_and_get_only_their_frame
     // The freed place is taken before a new connection opens.
     let _f = upstream.subscribe("f", 0).await.expect("subscribed");
     assert_eq!(upstream.connections().await, 3);
+}
+
+#[tokio::test]
+async fn a_refused_subscribe_ends_the_streams_its_request_named_and_no_other() {
+    let (addr, seen) = combined_exchange().await;
+    let telemetry = leasehold_telemetry::RecordingSink::new();
+    let upstream = SharedUpstream::new(shared_config(addr, 10), Arc::new(telemetry));
+    let mut a = upstream.subscribe("a", 0).await.expect("subscribed");
+    first_event(&mut a).await;
+    // Its own request (the batch window is long past), refused by id only.
+    let mut refused = upstream.subscribe("refused", 0).await.expect("asked");
+    let ended = timeout(Duration::from_secs(5), refused.next())
+        .await
+        .expect("the refusal is matched to the request in time");
+    match ended {
+        Err(UpstreamError::Rejected(message)) => assert!(message.contains("Invalid request")),
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    let requests = seen.lock().unwrap().clone();
+    assert_eq!(requests.len(), 1, "one connection");
+    assert_eq!(
+        requests[0]
+            .iter()
+            .map(|r| r["id"].clone())
+            .collect::<Vec<_>>()
+            .len(),
+        2
+    );
+    // The stream that was subscribed before goes on.
+    let before = first_event(&mut a).await.seq;
+    assert!(first_event(&mut a).await.seq > before);
 }
