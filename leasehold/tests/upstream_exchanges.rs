@@ -40,8 +40,8 @@ fn unique_symbol(shape: ExchangeShape) -> String {
         | ExchangeShape::BinanceAggTrade
         | ExchangeShape::BinanceDepth
         | ExchangeShape::BinanceFuturesDepth => format!("x{n}usdt"),
-        ExchangeShape::CoinbaseMatches => format!("X{n}-USD"),
-        ExchangeShape::KrakenTrade => format!("X{n}/USD"),
+        ExchangeShape::CoinbaseMatches | ExchangeShape::CoinbaseLevel2 => format!("X{n}-USD"),
+        ExchangeShape::KrakenTrade | ExchangeShape::KrakenBook => format!("X{n}/USD"),
         ExchangeShape::BybitPublicTrade | ExchangeShape::BybitOrderbook => format!("X{n}USDT"),
         ExchangeShape::OkxBooks => format!("X{n}-USDT"),
     }
@@ -249,19 +249,72 @@ impl Run {
     }
 }
 
+/// One side of a book as the fake spells it: (price, quantity).
+type Side = Vec<(String, String)>;
+
 impl Run {
+    /// The fake's number of the update stored as `payload`, the first after
+    /// `after`, for books whose frames carry no id of the book (Coinbase
+    /// `level2`, Kraken `book`): the frame it is, but for the connection's
+    /// `sequence_num` and a checksum the test corrupted.
+    fn fake_frame_id(&self, payload: &str, after: u64) -> u64 {
+        let normal = |text: &str| {
+            let mut value: serde_json::Value = serde_json::from_str(text).unwrap();
+            if let Some(message) = value.as_object_mut() {
+                message.remove("sequence_num");
+            }
+            if let Some(data) = value
+                .pointer_mut("/data/0")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                data.remove("checksum");
+            }
+            value
+        };
+        let stored = normal(payload);
+        let from = after.max(self.server.config().first_id - 1) + 1;
+        (from..=self.server.head(&self.symbol))
+            .find(|&id| normal(&self.server.frame(&self.symbol, id)) == stored)
+            .unwrap_or_else(|| panic!("no frame after {after} is {payload}"))
+    }
+
+    /// The exchange's book after `id`, as a subscriber `depth` deep sees it.
+    fn exchange_book(&self, id: u64, depth: Option<usize>) -> (Side, Side) {
+        let (mut bids, mut asks) = self.server.book_at(&self.symbol, id);
+        if let Some(depth) = depth {
+            bids.truncate(depth);
+            asks.truncate(depth);
+        }
+        (bids, asks)
+    }
+
     /// An order book: a snapshot entry first and after every cut (each
     /// later one naming the diffs it replaces), diffs that continue the
-    /// snapshot or diff before them by the exchange's rule, and a book
-    /// rebuilt from the entries that equals the exchange's own book at every
-    /// snapshot and every diff.
+    /// snapshot or diff before them by the exchange's rule (Coinbase and
+    /// Kraken, whose frames name no book id: the worker's numbers, one
+    /// after the other), and a book rebuilt from the entries that equals the
+    /// exchange's own book at every snapshot and every diff (Kraken's at the
+    /// subscribed depth, with every checksum but the corrupted ones right).
     fn assert_books(&self, shape: ExchangeShape, checksum_resyncs: u64) {
-        use leasehold_stream::book::{Book, BookFormat, MessageKind};
+        use leasehold_stream::book::{Book, BookFormat, ChecksumRule, MessageKind, Precision};
         let format = match shape {
             ExchangeShape::BybitOrderbook => BookFormat::Bybit,
             ExchangeShape::OkxBooks => BookFormat::Okx,
+            ExchangeShape::CoinbaseLevel2 => BookFormat::Coinbase,
+            ExchangeShape::KrakenBook => BookFormat::KrakenV2,
             _ => BookFormat::Binance,
         };
+        let settings: BTreeMap<&str, String> = self.server.worked_settings().into_iter().collect();
+        let depth: Option<usize> = settings
+            .get("UPSTREAM_BOOK_DEPTH")
+            .map(|depth| depth.parse().unwrap());
+        let precision = settings.get("UPSTREAM_BOOK_PRECISION").map(|value| {
+            let (price, qty) = value.split_once(',').unwrap();
+            Precision {
+                price_decimals: price.parse().unwrap(),
+                qty_decimals: qty.parse().unwrap(),
+            }
+        });
         let snapshots: Vec<&StoredEvent> = self.entries.iter().filter(|e| e.snapshot).collect();
         // A reconnect whose first diff continues the book needs none (a
         // quick one on a slow feed): at most one per cut, and a checksum's.
@@ -277,14 +330,19 @@ impl Run {
             self.entries.iter().all(|e| e.snapshot || e.gap.is_none()),
             "{shape}: no bare gap marker: a book resyncs instead"
         );
-        let mut book = Book::new();
+        let mut book = depth.map_or_else(Book::new, Book::with_depth);
         let mut last = 0;
         let mut after_snapshot = false;
         let mut compared = 0;
+        // Coinbase and Kraken: the fake's number of the last frame matched,
+        // and a snapshot's book until the update after it names its frame.
+        let mut fake_id = 0;
+        let mut unmatched_snapshot: Option<(Side, Side)> = None;
+        let mut checksum_mismatches = 0;
         for (i, entry) in self.entries.iter().enumerate() {
             let message = format
                 .read_message(entry.payload.as_bytes())
-                .expect("a Binance book message")
+                .expect("a book message of the shape's format")
                 .expect("a book message");
             if entry.snapshot {
                 assert_eq!(message.kind, MessageKind::Snapshot);
@@ -301,8 +359,15 @@ impl Run {
                 let frame: serde_json::Value = serde_json::from_str(&entry.payload).unwrap();
                 let (first, prev) = (frame["U"].as_u64().unwrap_or(0), frame["pu"].as_u64());
                 let continues = match (shape, after_snapshot) {
-                    // Bybit: `u` is contiguous, from the book's on.
-                    (ExchangeShape::BybitOrderbook, _) => entry.seq == last + 1,
+                    // Bybit: `u` is contiguous, from the book's on. Coinbase
+                    // and Kraken: the worker's numbers, one after the other
+                    // from the book's.
+                    (
+                        ExchangeShape::BybitOrderbook
+                        | ExchangeShape::CoinbaseLevel2
+                        | ExchangeShape::KrakenBook,
+                        _,
+                    ) => entry.seq == last + 1,
                     // OKX: each update names the one before (the book's too).
                     (ExchangeShape::OkxBooks, _) => {
                         frame["data"][0]["prevSeqId"].as_u64() == Some(last)
@@ -319,23 +384,56 @@ impl Run {
             }
             book.apply(&message);
             last = entry.seq;
-            let (bids, asks) = self.server.book_at(&self.symbol, entry.seq);
-            let ours = |levels: Vec<leasehold_stream::book::Level>| -> Vec<(String, String)> {
+            if shape == ExchangeShape::KrakenBook
+                && message.checksum != ChecksumRule::Kraken.compute(&book, precision)
+            {
+                checksum_mismatches += 1;
+            }
+            let ours = |levels: Vec<leasehold_stream::book::Level>| -> Side {
                 levels
                     .into_iter()
                     .map(|l| (l.price.as_str().to_owned(), l.qty.as_str().to_owned()))
                     .collect()
             };
             let (our_bids, our_asks) = book.top(usize::MAX);
-            assert_eq!(
-                (ours(our_bids), ours(our_asks)),
-                (bids, asks),
-                "{shape}: the book rebuilt at {} is the exchange's",
-                entry.seq
-            );
-            compared += 1;
+            let rebuilt = (ours(our_bids), ours(our_asks));
+            let at = if shape.frames_carry_ids() {
+                Some(entry.seq)
+            } else if entry.snapshot {
+                unmatched_snapshot = Some(rebuilt.clone());
+                None
+            } else {
+                let id = self.fake_frame_id(&entry.payload, fake_id);
+                // The book a snapshot holds is the one the update after it
+                // continues (for Kraken, frames between changed nothing in
+                // the subscribed depth and were not sent).
+                if let Some(snapshot) = unmatched_snapshot.take() {
+                    assert_eq!(
+                        snapshot,
+                        self.exchange_book(id - 1, depth),
+                        "{shape}: the book before {}",
+                        entry.seq
+                    );
+                    compared += 1;
+                }
+                fake_id = id;
+                Some(id)
+            };
+            if let Some(id) = at {
+                assert_eq!(
+                    rebuilt,
+                    self.exchange_book(id, depth),
+                    "{shape}: the book rebuilt at {} is the exchange's",
+                    entry.seq
+                );
+                compared += 1;
+            }
         }
         assert!(compared > 100, "{shape}: {compared} books compared");
+        if shape == ExchangeShape::KrakenBook {
+            // The corrupted update is stored as received.
+            assert_eq!(checksum_mismatches, checksum_resyncs, "{shape}");
+        }
         // The first book and each reconnect's; a checksum's own.
         assert_eq!(
             self.snapshots.get("subscribe").copied(),
@@ -417,15 +515,23 @@ async fn binance_books_rebuilt_from_the_sink_are_the_exchanges_at_every_entry() 
     }
 }
 
-/// Books sent in the stream: Bybit v5 (`u` contiguous) and OKX (`prevSeqId`
-/// chains, CRC32 checksums), cut three times. OKX also sends one update
-/// with a wrong checksum: the worker finds it on that update, asks for a
-/// new book on the connection, and the book's entry says `checksum`.
+/// Books sent in the stream: Bybit v5 (`u` contiguous), OKX (`prevSeqId`
+/// chains, CRC32 checksums), Coinbase `level2` (`sequence_num` counts each
+/// connection's messages) and Kraken v2 `book` (no sequence, CRC32
+/// checksums of a book 10 levels deep), cut three times. OKX and Kraken also
+/// send one update with a wrong checksum: the worker finds it on that
+/// update, asks for a new book on the connection, and the book's entry says
+/// `checksum`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn books_sent_in_the_stream_resync_after_cuts_and_a_checksum_failure() {
     let _serial = serial().await;
-    for shape in [ExchangeShape::BybitOrderbook, ExchangeShape::OkxBooks] {
-        let corrupt = shape == ExchangeShape::OkxBooks;
+    for shape in [
+        ExchangeShape::BybitOrderbook,
+        ExchangeShape::OkxBooks,
+        ExchangeShape::CoinbaseLevel2,
+        ExchangeShape::KrakenBook,
+    ] {
+        let corrupt = shape.has_checksum();
         let Some(run) = run_with(config(shape), &[], |server| {
             if corrupt {
                 assert!(server.corrupt_next_checksum());

@@ -8,9 +8,10 @@
 //! Module map:
 //! - this module: the replaying feed ([`FeedServer`], [`FeedConfig`]).
 //! - [`exchange`]: fake servers in the shapes of real exchanges' public trade
-//!   APIs (Binance, Coinbase, Kraken, Bybit) and Binance's order-book diff
-//!   streams (spot and USD-M futures): live start only, their own subscribe
-//!   messages, pings, REST history and order-book snapshots.
+//!   APIs (Binance, Coinbase, Kraken, Bybit), Binance's order-book diff
+//!   streams (spot and USD-M futures) and the order books Bybit, OKX,
+//!   Coinbase and Kraken send in the stream: live start only, their own
+//!   subscribe messages, pings, REST history and order-book snapshots.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

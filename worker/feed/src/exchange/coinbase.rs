@@ -20,7 +20,7 @@ use super::server::{BATCH, Heard, Outbox, Protocol, Refusal, Shared, upgrade};
 /// Products one connection may follow.
 const MAX_PRODUCTS: usize = 64;
 /// Coinbase disconnects a client that has not subscribed within 5 s.
-const SUBSCRIBE_WITHIN: Duration = Duration::from_secs(5);
+pub(super) const SUBSCRIBE_WITHIN: Duration = Duration::from_secs(5);
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) fn routes() -> Router<Arc<Shared>> {
@@ -36,7 +36,7 @@ async fn feed(State(shared): State<Arc<Shared>>, request: Request) -> Response {
 }
 
 /// `BASE-QUOTE`, upper-case letters and digits (`BTC-USD`).
-fn valid_product(product: &str) -> bool {
+pub(super) fn valid_product(product: &str) -> bool {
     let part = |p: &str| {
         (1..=10).contains(&p.len())
             && p.bytes()

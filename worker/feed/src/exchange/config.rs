@@ -40,11 +40,19 @@ pub enum ExchangeShape {
     /// OKX v5 public `books`: a snapshot after every subscribe, then updates
     /// chained by `prevSeqId`, each with OKX's CRC32 checksum.
     OkxBooks,
+    /// Coinbase Advanced Trade `level2` (messages on channel `l2_data`): a
+    /// snapshot after every subscribe, then updates; `sequence_num` counts
+    /// the connection's messages.
+    CoinbaseLevel2,
+    /// Kraken spot WebSocket v2 `book`: a snapshot after every subscribe,
+    /// then updates of the subscribed depth, each with Kraken's CRC32
+    /// checksum and no sequence at all.
+    KrakenBook,
 }
 
 impl ExchangeShape {
     /// Every shape.
-    pub const ALL: [ExchangeShape; 9] = [
+    pub const ALL: [ExchangeShape; 11] = [
         ExchangeShape::BinanceTrade,
         ExchangeShape::BinanceAggTrade,
         ExchangeShape::CoinbaseMatches,
@@ -54,6 +62,8 @@ impl ExchangeShape {
         ExchangeShape::BinanceFuturesDepth,
         ExchangeShape::BybitOrderbook,
         ExchangeShape::OkxBooks,
+        ExchangeShape::CoinbaseLevel2,
+        ExchangeShape::KrakenBook,
     ];
 
     /// The shape's name on command lines (`binance-trade` …).
@@ -68,6 +78,8 @@ impl ExchangeShape {
             ExchangeShape::BinanceFuturesDepth => "binance-futures-depth",
             ExchangeShape::BybitOrderbook => "bybit-orderbook",
             ExchangeShape::OkxBooks => "okx-books",
+            ExchangeShape::CoinbaseLevel2 => "coinbase-level2",
+            ExchangeShape::KrakenBook => "kraken-book",
         }
     }
 
@@ -80,8 +92,8 @@ impl ExchangeShape {
             | ExchangeShape::BinanceAggTrade
             | ExchangeShape::BinanceDepth
             | ExchangeShape::BinanceFuturesDepth => "btcusdt",
-            ExchangeShape::CoinbaseMatches => "BTC-USD",
-            ExchangeShape::KrakenTrade => "BTC/USD",
+            ExchangeShape::CoinbaseMatches | ExchangeShape::CoinbaseLevel2 => "BTC-USD",
+            ExchangeShape::KrakenTrade | ExchangeShape::KrakenBook => "BTC/USD",
             ExchangeShape::BybitPublicTrade | ExchangeShape::BybitOrderbook => "BTCUSDT",
             ExchangeShape::OkxBooks => "BTC-USDT",
         }
@@ -106,12 +118,15 @@ impl ExchangeShape {
     }
 
     /// Whether the shape is an order book whose snapshots come in the stream
-    /// after each subscribe (Bybit, OKX; `UPSTREAM_RESUME=snapshot` with
-    /// `UPSTREAM_SNAPSHOT_MATCH`).
+    /// after each subscribe (Bybit, OKX, Coinbase `level2`, Kraken `book`;
+    /// `UPSTREAM_RESUME=snapshot` with `UPSTREAM_SNAPSHOT_MATCH`).
     pub fn snapshot_in_band(self) -> bool {
         matches!(
             self,
-            ExchangeShape::BybitOrderbook | ExchangeShape::OkxBooks
+            ExchangeShape::BybitOrderbook
+                | ExchangeShape::OkxBooks
+                | ExchangeShape::CoinbaseLevel2
+                | ExchangeShape::KrakenBook
         )
     }
 
@@ -132,11 +147,25 @@ impl ExchangeShape {
         )
     }
 
-    /// Whether updates carry a checksum of the book (OKX), which
+    /// Whether updates carry a checksum of the book (OKX, Kraken), which
     /// [`ExchangeServer::corrupt_next_checksum`](super::ExchangeServer::corrupt_next_checksum)
     /// can break.
     pub fn has_checksum(self) -> bool {
-        self == ExchangeShape::OkxBooks
+        matches!(self, ExchangeShape::OkxBooks | ExchangeShape::KrakenBook)
+    }
+
+    /// Whether the shape's frames carry an id that names what they hold
+    /// (a trade id, an update id, `u`, `seqId`): Coinbase's `level2`
+    /// numbers the messages of a connection (`sequence_num`, from 0 on each
+    /// one) and Kraken's `book` nothing, so
+    /// [`ExchangeServer::frame`](super::ExchangeServer::frame) and
+    /// [`ExchangeServer::book_at`](super::ExchangeServer::book_at) take the
+    /// fake's own numbers for them.
+    pub fn frames_carry_ids(self) -> bool {
+        !matches!(
+            self,
+            ExchangeShape::CoinbaseLevel2 | ExchangeShape::KrakenBook
+        )
     }
 
     /// Whether clients send application-level pings (Kraken, Bybit, OKX),
@@ -148,6 +177,7 @@ impl ExchangeShape {
                 | ExchangeShape::BybitPublicTrade
                 | ExchangeShape::BybitOrderbook
                 | ExchangeShape::OkxBooks
+                | ExchangeShape::KrakenBook
         )
     }
 }

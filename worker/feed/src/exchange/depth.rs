@@ -2,7 +2,8 @@
 //! spot (`/ws/<symbol>@depth`, `/ws/<symbol>@depth@100ms`, REST
 //! `GET /api/v3/depth`) and USD-M futures (`/ws/<symbol>@depth`,
 //! `@depth@500ms`, `@depth@100ms`, REST `GET /fapi/v1/depth`). The Bybit and
-//! OKX books (`inband`) use the same book with their own spellings. See the
+//! OKX books (`inband`), Coinbase's `level2` (`coinbase_level2`) and Kraken's
+//! `book` (`kraken_book`) use the same book with their own spellings. See the
 //! module doc of `exchange` for what is modelled.
 //!
 //! # The book
@@ -11,7 +12,8 @@
 //! timeline id `first_id + k`, at the configured rate. Each update sets one
 //! slot's quantity: a slot is one price level of one side (even slots bids,
 //! odd slots asks, `slot / 2` the level, 0 nearest the mid), the market's
-//! [`Market::levels`] per side (200; Bybit's `orderbook.50`: 50) on a fixed
+//! [`Market::levels`] per side (200; Bybit's `orderbook.50`: 50; Kraken: 25,
+//! so that most frames reach its default depth of 10) on a fixed
 //! grid around the symbol's mid price, so bids and asks never cross. One
 //! update in eight sets the quantity to zero (deletes the level). Before the
 //! first update the book is a fixed initial book (about three levels in four
@@ -39,7 +41,10 @@
 //! frame states the range it covers. Bybit and OKX number messages: frame
 //! `f`'s id (Bybit `u`, OKX `seqId`) is `first_id + f` on Bybit (contiguous)
 //! and `first_id + 3f - jitter(f)` on OKX (increasing by 1 to 5); the book
-//! after that id is the book after the frame's last update.
+//! after that id is the book after the frame's last update. Coinbase's and
+//! Kraken's frames carry no id that names the book (Coinbase numbers the
+//! messages of a connection, Kraken nothing): the fake numbers their frames
+//! as Bybit does, `first_id + f`, for `book_at`, `frame` and `head` alone.
 
 use std::sync::Arc;
 
@@ -67,12 +72,13 @@ const TICK_CENTS: u64 = 10;
 /// 3 updates), then the period.
 const FRAME_PREFIX: [u64; 9] = [0, 1, 4, 9, 11, 12, 16, 18, 21];
 /// The multipliers `a_c` of the per-cycle permutations: each coprime with
-/// every market's slot count (400 and 100: odd, not a multiple of 5), so
+/// every market's slot count (400, 100 and 50: odd, not a multiple of 5), so
 /// `j -> a*j + b mod slots` is a permutation.
 const MULTIPLIERS: [u64; 12] = [7, 13, 37, 61, 91, 123, 157, 191, 233, 277, 311, 349];
-/// Their inverses modulo 400 and modulo 100.
+/// Their inverses modulo 400, 100 and 50.
 const INVERSES_400: [u64; 12] = inverses(400);
 const INVERSES_100: [u64; 12] = inverses(100);
+const INVERSES_50: [u64; 12] = inverses(50);
 
 const fn inverses(slots: u64) -> [u64; 12] {
     let mut out = [0; 12];
@@ -119,6 +125,10 @@ pub(super) enum Market {
     Bybit,
     /// OKX v5 `books`.
     Okx,
+    /// Coinbase Advanced Trade `level2`.
+    Coinbase,
+    /// Kraken spot WebSocket v2 `book`.
+    Kraken,
 }
 
 impl Market {
@@ -127,6 +137,8 @@ impl Market {
             ExchangeShape::BinanceFuturesDepth => Market::Futures,
             ExchangeShape::BybitOrderbook => Market::Bybit,
             ExchangeShape::OkxBooks => Market::Okx,
+            ExchangeShape::CoinbaseLevel2 => Market::Coinbase,
+            ExchangeShape::KrakenBook => Market::Kraken,
             _ => Market::Spot,
         }
     }
@@ -135,6 +147,7 @@ impl Market {
     pub(super) fn levels(self) -> u64 {
         match self {
             Market::Bybit => 50,
+            Market::Kraken => 25,
             _ => MAX_LEVELS,
         }
     }
@@ -147,55 +160,61 @@ impl Market {
     fn inverses(self) -> &'static [u64; 12] {
         match self.slots() {
             100 => &INVERSES_100,
+            50 => &INVERSES_50,
             _ => &INVERSES_400,
         }
     }
 
-    /// Whether ids number frames (Bybit `u`, OKX `seqId`) rather than
-    /// updates (Binance `U`..`u`).
+    /// Whether ids number frames (Bybit `u`, OKX `seqId`, the fake's own
+    /// numbers of Coinbase's and Kraken's frames) rather than updates
+    /// (Binance `U`..`u`).
     fn numbers_frames(self) -> bool {
-        matches!(self, Market::Bybit | Market::Okx)
+        !matches!(self, Market::Spot | Market::Futures)
     }
 
     /// The mean step between consecutive ids: 1 is contiguous, above 1 the
     /// ids jump by 1 to `2 * stride - 1`.
     fn stride(self) -> u64 {
         match self {
-            Market::Spot | Market::Bybit => 1,
+            Market::Spot | Market::Bybit | Market::Coinbase | Market::Kraken => 1,
             Market::Futures => 4,
             Market::Okx => 3,
         }
     }
 
-    /// Prices: Binance spot with 8 decimals (`"27000.10000000"`), futures and
-    /// Bybit with the tick's 2 (`"27000.10"`), OKX without trailing zeros
-    /// (`"27000.1"`, `"27000"`).
+    /// Prices: Binance spot with 8 decimals (`"27000.10000000"`), futures,
+    /// Bybit and Coinbase with the tick's 2 (`"27000.10"`), OKX and Kraken
+    /// without trailing zeros (`"27000.1"`, `"27000"`; Kraken's are JSON
+    /// numbers, which keep none).
     pub(super) fn price(self, cents: u64) -> String {
         match self {
             Market::Spot => fixed(cents.into(), 2, 8),
-            Market::Futures | Market::Bybit => fixed(cents.into(), 2, 2),
-            Market::Okx => trimmed(cents.into(), 2),
+            Market::Futures | Market::Bybit | Market::Coinbase => fixed(cents.into(), 2, 2),
+            Market::Okx | Market::Kraken => trimmed(cents.into(), 2),
         }
     }
 
-    /// Quantities in the market's units: 1e-8 on Binance spot and OKX, 1e-3
-    /// on futures, 1e-6 on Bybit. Binance writes a removal with every
-    /// decimal (`"0.00000000"`), Bybit and OKX as `"0"`; OKX writes sizes
-    /// without trailing zeros.
+    /// Quantities in the market's units: 1e-8 on Binance spot, OKX, Coinbase
+    /// and Kraken, 1e-3 on futures, 1e-6 on Bybit. Binance writes a removal
+    /// with every decimal (`"0.00000000"`), the others as `"0"`; OKX and
+    /// Kraken write sizes without trailing zeros.
     pub(super) fn qty(self, units: u64) -> String {
         match self {
             Market::Spot => fixed(units.into(), 8, 8),
             Market::Futures => fixed(units.into(), 3, 3),
-            Market::Bybit if units == 0 => "0".to_owned(),
+            Market::Bybit | Market::Coinbase if units == 0 => "0".to_owned(),
             Market::Bybit => fixed(units.into(), 6, 6),
-            Market::Okx => trimmed(units.into(), 8),
+            Market::Coinbase => fixed(units.into(), 8, 8),
+            Market::Okx | Market::Kraken => trimmed(units.into(), 8),
         }
     }
 
     /// A non-zero quantity from pseudo-random bits: about 0.001 to 5.
     fn qty_units(self, bits: u64) -> u64 {
         match self {
-            Market::Spot | Market::Okx => 100_000 + (bits >> 8) % 500_000_000,
+            Market::Spot | Market::Okx | Market::Coinbase | Market::Kraken => {
+                100_000 + (bits >> 8) % 500_000_000
+            }
             Market::Futures => 1 + (bits >> 8) % 5_000,
             Market::Bybit => 1_000 + (bits >> 8) % 5_000_000,
         }
@@ -332,7 +351,12 @@ fn last_due(timeline: &Timeline, market: Market, head: u64) -> (Option<u64>, u64
 /// The unix ms frame `f` carries (`T` on futures, `E` on spot, Bybit `cts`,
 /// OKX `ts`): when its last update is due.
 pub(super) fn frame_time_ms(timeline: &Timeline, f: u64) -> u64 {
-    timeline.time_us(frame_due(timeline, f)) / 1000
+    frame_time_us(timeline, f) / 1000
+}
+
+/// The unix µs of frame `f` (Coinbase and Kraken write RFC 3339 with µs).
+pub(super) fn frame_time_us(timeline: &Timeline, f: u64) -> u64 {
+    timeline.time_us(frame_due(timeline, f))
 }
 
 /// The unix ms of the frame carrying id `id`.
@@ -443,6 +467,12 @@ impl BookAt {
     /// After frame `f`.
     pub(super) fn after_frame(market: Market, symbol: &str, f: u64) -> BookAt {
         BookAt::new(symbol_hash(symbol), market, Some(frame_last(f)))
+    }
+
+    /// Before frame `f`: after the frame before it (the initial book before
+    /// frame 0).
+    pub(super) fn before_frame(market: Market, symbol: &str, f: u64) -> BookAt {
+        BookAt::new(symbol_hash(symbol), market, frame_start(f).checked_sub(1))
     }
 
     /// The quantity of `slot` (0: empty).
@@ -774,7 +804,14 @@ mod tests {
 
     use super::*;
 
-    const MARKETS: [Market; 4] = [Market::Spot, Market::Futures, Market::Bybit, Market::Okx];
+    const MARKETS: [Market; 6] = [
+        Market::Spot,
+        Market::Futures,
+        Market::Bybit,
+        Market::Okx,
+        Market::Coinbase,
+        Market::Kraken,
+    ];
 
     fn timeline(first_id: u64) -> Timeline {
         Timeline::new(1000.0, first_id)
@@ -802,6 +839,7 @@ mod tests {
         }
         assert_eq!(Market::Bybit.slots(), 100);
         assert_eq!(Market::Okx.slots(), 400);
+        assert_eq!(Market::Kraken.slots(), 50);
     }
 
     #[test]
@@ -916,12 +954,17 @@ mod tests {
     #[test]
     fn the_top_levels_are_the_first_of_the_whole_book() {
         for market in MARKETS {
+            // Kraken's book has 25 levels a side, not all of them held.
+            let depth = if market == Market::Kraken { 10 } else { 25 };
             for last in [None, Some(0), Some(777)] {
                 let at = BookAt::new(symbol_hash("BTC-USDT"), market, last);
                 let (bids, asks) = at.top(usize::MAX);
-                let (top_bids, top_asks) = at.top(25);
-                assert_eq!((top_bids.len(), top_asks.len()), (25, 25));
-                assert_eq!((&bids[..25], &asks[..25]), (&top_bids[..], &top_asks[..]));
+                let (top_bids, top_asks) = at.top(depth);
+                assert_eq!((top_bids.len(), top_asks.len()), (depth, depth));
+                assert_eq!(
+                    (&bids[..depth], &asks[..depth]),
+                    (&top_bids[..], &top_asks[..])
+                );
                 assert!(bids.iter().chain(&asks).all(|&(_, q)| q > 0));
                 assert_eq!(
                     bids.len() + asks.len(),
@@ -1014,6 +1057,8 @@ mod tests {
             ExchangeShape::BinanceFuturesDepth,
             ExchangeShape::BybitOrderbook,
             ExchangeShape::OkxBooks,
+            ExchangeShape::CoinbaseLevel2,
+            ExchangeShape::KrakenBook,
         ] {
             let levels = Market::of(shape).levels() as usize;
             for id in [0, 4_999, 5_000, 5_321, 99_999] {
@@ -1045,6 +1090,12 @@ mod tests {
         assert_eq!(Market::Bybit.qty(1_500_000), "1.500000");
         assert_eq!(Market::Okx.qty(0), "0");
         assert_eq!(Market::Okx.qty(150_000_000), "1.5");
+        assert_eq!(Market::Coinbase.price(2_700_010), "27000.10");
+        assert_eq!(Market::Coinbase.qty(0), "0");
+        assert_eq!(Market::Coinbase.qty(150_000_000), "1.50000000");
+        assert_eq!(Market::Kraken.price(2_700_000), "27000");
+        assert_eq!(Market::Kraken.qty(0), "0");
+        assert_eq!(Market::Kraken.qty(150_000_000), "1.5");
     }
 
     #[test]

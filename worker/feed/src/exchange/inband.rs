@@ -6,7 +6,8 @@
 //! side, the OKX book with 200) and number its frames: Bybit's `u` is
 //! `first_id + f` for frame `f`, OKX's `seqId` increases by 1 to 5 a frame.
 //! Every subscribe starts a book over: one snapshot (the book after the next
-//! frame, when it is due), then one update per frame after it.
+//! frame, when it is due), then one update per frame after it. [`Books`]
+//! keeps that per connection for Coinbase's `level2` and Kraken's `book` too.
 
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ use super::model::{Timeline, holey, json_str, symbol_hash};
 use super::server::{BATCH, Heard, Outbox, Protocol, Refusal, Shared, upgrade};
 
 /// Books one connection may follow.
-const MAX_BOOKS: usize = 64;
+pub(super) const MAX_BOOKS: usize = 64;
 /// Bybit spot takes at most 10 args per subscribe request.
 const BYBIT_MAX_ARGS: usize = 10;
 /// The one Bybit depth modelled.
@@ -74,7 +75,7 @@ pub(super) enum Push {
 }
 
 /// One book a connection follows.
-struct Followed {
+pub(super) struct Followed {
     /// As the frames spell it (`BTCUSDT`, `BTC-USDT`).
     symbol: String,
     hash: u64,
@@ -92,22 +93,27 @@ impl Followed {
 }
 
 /// The books one connection follows, in the order they were subscribed.
-struct Books {
+pub(super) struct Books {
     /// The timeline current when the connection opened.
     timeline: Arc<Timeline>,
     followed: Vec<Followed>,
 }
 
 impl Books {
-    fn new(timeline: Arc<Timeline>) -> Books {
+    pub(super) fn new(timeline: Arc<Timeline>) -> Books {
         Books {
             timeline,
             followed: Vec::new(),
         }
     }
 
-    fn follows(&self, symbol: &str) -> bool {
+    pub(super) fn follows(&self, symbol: &str) -> bool {
         self.followed.iter().any(|b| b.symbol == symbol)
+    }
+
+    /// How many books it follows.
+    pub(super) fn len(&self) -> usize {
+        self.followed.len()
     }
 
     /// Starts following `symbol` (over, if it was followed): when the next
@@ -115,29 +121,49 @@ impl Books {
     /// it. So a snapshot's id is above that of every update sent before the
     /// subscribe, on any connection: a client that resubscribes after a
     /// failure never gets a book it has already seen.
-    fn follow(&mut self, symbol: &str) {
+    pub(super) fn follow(&mut self, symbol: &str) {
+        self.start(symbol, true);
+    }
+
+    /// Starts following `symbol` without a snapshot (Kraken's
+    /// `"snapshot":false`): the updates from the next frame due on.
+    pub(super) fn follow_updates_only(&mut self, symbol: &str) {
+        self.start(symbol, false);
+    }
+
+    fn start(&mut self, symbol: &str, with_snapshot: bool) {
         self.unfollow(symbol);
         let timeline = &*self.timeline;
-        let snapshot = first_open_frame(timeline, timeline.head());
+        let first = first_open_frame(timeline, timeline.head());
+        let (snapshot, next) = match with_snapshot {
+            true => (Some(first), first + 1),
+            false => (None, first),
+        };
         self.followed.push(Followed {
             symbol: symbol.to_owned(),
             hash: symbol_hash(symbol),
-            snapshot: Some(snapshot),
-            next: snapshot + 1,
+            snapshot,
+            next,
         });
     }
 
-    fn unfollow(&mut self, symbol: &str) {
+    pub(super) fn unfollow(&mut self, symbol: &str) {
         self.followed.retain(|b| b.symbol != symbol);
     }
 
+    /// The symbols followed, in the order they were subscribed.
+    pub(super) fn symbols(&self) -> impl Iterator<Item = &str> {
+        self.followed.iter().map(|b| b.symbol.as_str())
+    }
+
     /// Adds the frames due at `now`, in order across books (they share one
-    /// timeline), each rendered by `render`.
-    fn emit_due(
+    /// timeline), each rendered by `render`; a frame it renders as `None` is
+    /// not sent (Kraken sends nothing when its depth did not change).
+    pub(super) fn emit_due(
         &mut self,
         now: Instant,
         out: &mut Outbox,
-        mut render: impl FnMut(&Timeline, &str, u64, Push) -> String,
+        mut render: impl FnMut(&Timeline, &str, u64, Push) -> Option<String>,
     ) {
         let timeline = &*self.timeline;
         let head = timeline.head_at(now);
@@ -155,11 +181,13 @@ impl Books {
                     Push::Update(book.next - 1)
                 }
             };
-            out.push_back(render(timeline, &book.symbol, book.hash, push));
+            if let Some(frame) = render(timeline, &book.symbol, book.hash, push) {
+                out.push_back(frame);
+            }
         }
     }
 
-    fn next_wake(&self, now: Instant) -> Option<Instant> {
+    pub(super) fn next_wake(&self, now: Instant) -> Option<Instant> {
         let timeline = &*self.timeline;
         self.followed
             .iter()
@@ -170,7 +198,12 @@ impl Books {
 
 /// The levels a push lists as `(slot, quantity)`: the whole book after the
 /// frame for a snapshot, the slots it changed for an update.
-fn pushed_levels(market: Market, symbol: &str, hash: u64, push: Push) -> (SlotSide, SlotSide) {
+pub(super) fn pushed_levels(
+    market: Market,
+    symbol: &str,
+    hash: u64,
+    push: Push,
+) -> (SlotSide, SlotSide) {
     match push {
         Push::Snapshot(f) => BookAt::after_frame(market, symbol, f).top(usize::MAX),
         Push::Update(f) => by_side(&frame_changes(hash, market, f)),
@@ -219,7 +252,7 @@ fn okx_checksum(book: &BookAt) -> i32 {
 
 /// A checksum that is not `checksum` and not 0 (which clients may read as
 /// "no checksum").
-fn wrong_checksum(checksum: i32) -> i32 {
+pub(super) fn wrong_checksum(checksum: i32) -> i32 {
     match checksum.wrapping_add(1) {
         0 => 2,
         wrong => wrong,
@@ -324,7 +357,7 @@ impl BybitBooks {
             }
             symbols.push(symbol);
         }
-        if subscribe && self.books.followed.len() + symbols.len() > MAX_BOOKS {
+        if subscribe && self.books.len() + symbols.len() > MAX_BOOKS {
             return Err(format!("error:at most {MAX_BOOKS} topics per connection"));
         }
         for symbol in symbols {
@@ -374,7 +407,10 @@ impl Protocol for BybitBooks {
     }
 
     fn emit_due(&mut self, now: Instant, out: &mut Outbox) -> Option<Refusal> {
-        self.books.emit_due(now, out, bybit_frame);
+        self.books
+            .emit_due(now, out, |timeline, symbol, hash, push| {
+                Some(bybit_frame(timeline, symbol, hash, push))
+            });
         None
     }
 
@@ -472,7 +508,7 @@ impl OkxBooks {
             }
         }
         let new = inst_ids.iter().filter(|id| !self.books.follows(id)).count();
-        if subscribe && self.books.followed.len() + new > MAX_BOOKS {
+        if subscribe && self.books.len() + new > MAX_BOOKS {
             return Err((
                 "60012",
                 format!("Invalid request: at most {MAX_BOOKS} subscriptions per connection"),
@@ -525,7 +561,7 @@ impl Protocol for OkxBooks {
         self.books
             .emit_due(now, out, |timeline, symbol, hash, push| {
                 let corrupt = matches!(push, Push::Update(_)) && shared.take_corrupt_checksum();
-                okx_frame(timeline, symbol, hash, push, corrupt)
+                Some(okx_frame(timeline, symbol, hash, push, corrupt))
             });
         None
     }

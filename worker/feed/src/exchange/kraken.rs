@@ -1,5 +1,6 @@
 //! Kraken spot WebSocket v2 at `/v2`: the `trade` channel, `status` on
-//! connect, `heartbeat`, application `ping`. See the module doc of `exchange`
+//! connect, `heartbeat`, application `ping`, and the request handling the
+//! `book` channel (`kraken_book`) shares. See the module doc of `exchange`
 //! for what is modelled.
 
 use std::sync::Arc;
@@ -20,7 +21,9 @@ const MAX_SYMBOLS: usize = 64;
 /// Trades in the snapshot sent on subscribe.
 const SNAPSHOT: u64 = 50;
 /// Heartbeats go out after this long without any other frame.
-const HEARTBEAT_AFTER: Duration = Duration::from_secs(1);
+pub(super) const HEARTBEAT_AFTER: Duration = Duration::from_secs(1);
+/// What Kraken sends after a second without other frames.
+pub(super) const HEARTBEAT: &str = r#"{"channel":"heartbeat"}"#;
 
 pub(super) fn routes() -> Router<Arc<Shared>> {
     Router::new().route("/v2", get(v2))
@@ -30,13 +33,18 @@ async fn v2(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     upgrade(&shared, request, |session| Connection {
         timeline: session.shared.timeline(),
         books: Vec::new(),
-        connection_id: crate::splitmix64(session.number ^ 0x4B52_414B),
+        connection_id: connection_id(session.number),
         last_sent: Instant::now(),
     })
 }
 
+/// The `connection_id` the `status` frame of session `number` names.
+pub(super) fn connection_id(number: u64) -> u64 {
+    crate::splitmix64(number ^ 0x4B52_414B)
+}
+
 /// `BASE/QUOTE`, upper-case letters and digits (`BTC/USD`).
-fn valid_symbol(symbol: &str) -> bool {
+pub(super) fn valid_symbol(symbol: &str) -> bool {
     let part = |p: &str| {
         (1..=10).contains(&p.len())
             && p.bytes()
@@ -82,10 +90,47 @@ fn snapshot(timeline: &Timeline, symbol: &str, head: u64) -> String {
 }
 
 /// The request fields echoed in every answer.
-struct Asked {
-    method: String,
+pub(super) struct Asked {
+    pub(super) method: String,
     req_id: Option<u64>,
     time_in: u64,
+}
+
+/// The `status` frame a v2 connection opens with.
+pub(super) fn status(connection_id: u64) -> String {
+    format!(
+        r#"{{"channel":"status","data":[{{"api_version":"v2","connection_id":{connection_id},"system":"online","version":"2.0.0"}}],"type":"update"}}"#
+    )
+}
+
+/// Reads a client request: its echoed fields and its `params`. `None` when
+/// it is refused (no `method`, a bad `req_id`), the error in `out`.
+pub(super) fn read_request(text: &str, out: &mut Outbox) -> Option<(Asked, Option<Value>)> {
+    let mut request = Asked {
+        method: String::new(),
+        req_id: None,
+        time_in: now_us(),
+    };
+    let value: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let empty = Map::new();
+    let object = value.as_object().unwrap_or(&empty);
+    let Some(method) = object.get("method").and_then(Value::as_str) else {
+        out.push_back(request.error("EGeneral:Invalid arguments", None));
+        return None;
+    };
+    request.method = method.to_owned();
+    match object.get("req_id") {
+        None => {}
+        Some(id) => match id.as_u64() {
+            Some(id) => request.req_id = Some(id),
+            None => {
+                out.push_back(request.error("EGeneral:Invalid arguments:req_id", None));
+                return None;
+            }
+        },
+    }
+    let params = object.get("params").cloned();
+    Some((request, params))
 }
 
 impl Asked {
@@ -103,7 +148,7 @@ impl Asked {
         )
     }
 
-    fn error(&self, message: &str, symbol: Option<&str>) -> String {
+    pub(super) fn error(&self, message: &str, symbol: Option<&str>) -> String {
         let symbol = symbol
             .map(|s| format!(r#","symbol":{}"#, json_str(s)))
             .unwrap_or_default();
@@ -116,13 +161,18 @@ impl Asked {
         )
     }
 
-    fn ack(&self, result: &str) -> String {
+    pub(super) fn ack(&self, result: &str) -> String {
         format!(
             r#"{{"method":{}{},"result":{result},"success":true,{}}}"#,
             json_str(&self.method),
             self.req_id(),
             self.times()
         )
+    }
+
+    /// The answer to a `ping`.
+    pub(super) fn pong(&self) -> String {
+        format!(r#"{{"method":"pong"{},{}}}"#, self.req_id(), self.times())
     }
 }
 
@@ -213,39 +263,15 @@ impl Connection {
     }
 
     fn answer(&mut self, text: &str, out: &mut Outbox) -> Heard {
-        let mut request = Asked {
-            method: String::new(),
-            req_id: None,
-            time_in: now_us(),
-        };
-        let value: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-        let empty = Map::new();
-        let object = value.as_object().unwrap_or(&empty);
-        let Some(method) = object.get("method").and_then(Value::as_str) else {
-            out.push_back(request.error("EGeneral:Invalid arguments", None));
+        let Some((request, params)) = read_request(text, out) else {
             return Heard::default();
         };
-        request.method = method.to_owned();
-        match object.get("req_id") {
-            None => {}
-            Some(id) => match id.as_u64() {
-                Some(id) => request.req_id = Some(id),
-                None => {
-                    out.push_back(request.error("EGeneral:Invalid arguments:req_id", None));
-                    return Heard::default();
-                }
-            },
-        }
-        match method {
+        match request.method.as_str() {
             "ping" => {
-                out.push_back(format!(
-                    r#"{{"method":"pong"{},{}}}"#,
-                    request.req_id(),
-                    request.times()
-                ));
+                out.push_back(request.pong());
                 return Heard { app_ping: true };
             }
-            "subscribe" | "unsubscribe" => self.subscription(&request, object.get("params"), out),
+            "subscribe" | "unsubscribe" => self.subscription(&request, params.as_ref(), out),
             _ => out.push_back(request.error("Method not found", None)),
         }
         Heard::default()
@@ -254,10 +280,7 @@ impl Connection {
 
 impl Protocol for Connection {
     fn opening(&mut self, out: &mut Outbox) {
-        out.push_back(format!(
-            r#"{{"channel":"status","data":[{{"api_version":"v2","connection_id":{},"system":"online","version":"2.0.0"}}],"type":"update"}}"#,
-            self.connection_id
-        ));
+        out.push_back(status(self.connection_id));
         self.last_sent = Instant::now();
     }
 
@@ -289,7 +312,7 @@ impl Protocol for Connection {
         if out.len() > before {
             self.last_sent = now;
         } else if !self.books.is_empty() && now >= self.last_sent + HEARTBEAT_AFTER {
-            out.push_back(r#"{"channel":"heartbeat"}"#.to_owned());
+            out.push_back(HEARTBEAT.to_owned());
             self.last_sent = now;
         }
         None

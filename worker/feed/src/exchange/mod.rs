@@ -1,8 +1,9 @@
 //! Exchange-shaped fake market-data servers: the trade streams, subscribe
 //! messages, acknowledgements, heartbeats, pings and REST history of five
 //! public exchange APIs, Binance's order-book diff streams with their REST
-//! snapshots, and the Bybit and OKX order books whose snapshots come in the
-//! stream, so tests, benchmarks and `leasehold dev --feed exchange` meet the
+//! snapshots, and the Bybit, OKX, Coinbase (`level2`) and Kraken (`book`)
+//! order books whose snapshots come in the stream, so tests, benchmarks and
+//! `leasehold dev --feed exchange` meet the
 //! frames the stream worker is configured for without the internet. Each is a
 //! real server: one port, each connection its own task, bounded memory, clean
 //! shutdown through a [`CancellationToken`].
@@ -17,8 +18,8 @@
 //!   connection starts at the next id due and nothing a client asks for is
 //!   replayed: a client that reconnects after 2 s has missed about 2 s of ids.
 //!   The only way back is the Binance trade shapes' REST history (and, for
-//!   the order books, a fresh REST snapshot, or for Bybit and OKX a new
-//!   subscribe, which sends a new snapshot).
+//!   the order books, a fresh REST snapshot, or for Bybit, OKX, Coinbase and
+//!   Kraken a new subscribe, which sends a new snapshot).
 //! - **Computed, not stored.** A trade is a pure function of (symbol, id) and
 //!   the server's start time (or last restart), and so are an order book's
 //!   diffs and the book after any update id; [`ExchangeServer::frame`],
@@ -47,15 +48,15 @@
 //!   that can do it lets a test see a client notice the ids going backwards
 //!   and recover. [`ExchangeServer::restarts`] counts them. Order books start
 //!   over too: update id 1 is the first diff of the new timeline, applied to
-//!   the same fixed initial book (Bybit and OKX books: the first snapshot
-//!   after a restart that a client subscribes in time for is at id 1, and its
-//!   updates continue from 2 or from `prevSeqId` 1).
+//!   the same fixed initial book (Bybit, OKX, Coinbase and Kraken books: the
+//!   first snapshot after a restart that a client subscribes in time for is
+//!   at id 1, and its updates continue from 2 or from `prevSeqId` 1).
 //! - **Bounded.** Frames are computed when due, a client is not read while
 //!   more than 1,024 answers wait for it, client messages are limited to
 //!   64 KiB (larger ones end the connection), subscriptions to 64 symbols per
 //!   connection, sessions to 4,096, a REST page to 1,000 items, and an order
-//!   book to 200 price levels a side, 50 for Bybit's `orderbook.50` (nothing
-//!   of it is stored: see below).
+//!   book to 200 price levels a side, 50 for Bybit's `orderbook.50`, 25 for
+//!   Kraken's `book` (nothing of it is stored: see below).
 //!
 //! # Shapes
 //!
@@ -246,15 +247,85 @@
 //! at 1); a subscribe to a book already followed is acknowledged and starts
 //! it over with a new snapshot; an unsubscribe of a book not followed is
 //! acknowledged; a request with one bad arg is refused whole.
+//!
+//! ## Coinbase order book, Advanced Trade `level2` ([`ExchangeShape::CoinbaseLevel2`])
+//!
+//! Modelled on Coinbase's Advanced Trade "WebSocket Overview" (one market-data
+//! endpoint, `wss://advanced-trade-ws.coinbase.com`; a subscribe within 5 s
+//! or the connection is closed) and its "Level 2 order book" channel page.
+//! Endpoint `/`; `{"type":"subscribe","product_ids":["BTC-USD"],"channel":"level2"}`
+//! (and `unsubscribe`, which stops the products' messages) answered with
+//! `{"channel":"subscriptions","client_id":"","timestamp","sequence_num","events":[{"subscriptions":{"level2":[…]}}]}`
+//! listing every product followed. After every subscribe: one
+//! `{"channel":"l2_data","client_id":"","timestamp","sequence_num","events":[{"type":"snapshot","product_id","updates":[…]}]}`
+//! holding the whole book (at most 200 levels a side), then `"type":"update"`
+//! messages holding the levels that changed; each item is
+//! `{"side":"bid"|"offer","event_time","price_level","new_quantity"}`,
+//! prices with 2 decimals, quantities with 8, `new_quantity` `"0"` removing
+//! the level (an absolute size, not a delta). `sequence_num` counts every
+//! message the connection sends, the acknowledgements included, from 0 on
+//! each connection: the acknowledgement goes out before the snapshot, so on
+//! a connection following one product its `l2_data` messages are numbered
+//! contiguously from 1 (and on from the next number after an unsubscribe
+//! and a subscribe). The messages name no number of the book; the fake
+//! numbers its frames `first_id + f` for [`ExchangeServer::book_at`],
+//! [`ExchangeServer::frame`] (whose `sequence_num` is 0) and
+//! [`ExchangeServer::head`]. `timestamp` and every `event_time` are the
+//! frame's time, RFC 3339 with µs. Bad requests get
+//! `{"type":"error","message"}` and the connection stays open; no subscribe
+//! within 5 s closes it (1008). Simplified: only `level2` (`heartbeats`,
+//! `ticker`, `market_trades`… are refused as not modelled); no JWT; one
+//! product per message; the snapshot is sent when the next frame is due, as
+//! for Bybit; a subscribe to a product already followed starts it over with
+//! a new snapshot (the documentation does not say); no channel closes for
+//! want of heartbeats.
+//!
+//! ## Kraken order book, WebSocket v2 ([`ExchangeShape::KrakenBook`])
+//!
+//! Modelled on Kraken's "Spot WebSocket v2" `book` page and its "Book
+//! checksum (WebSocket v2)" guide. Endpoint `/v2`; a `status` frame on
+//! connect; `{"method":"subscribe","params":{"channel":"book","symbol":["BTC/USD"],"depth":10},"req_id":N}`
+//! (`depth` one of 10, 25, 100, 500, 1000, default 10; `snapshot` default
+//! true) answered per symbol with
+//! `{"method":"subscribe","result":{"channel":"book","depth","snapshot","symbol"},"success":true,"time_in","time_out"}`
+//! (with `req_id` when given), then
+//! `{"channel":"book","type":"snapshot","data":[{"symbol","bids","asks","checksum"}]}`
+//! holding the best `depth` levels, then `"type":"update"` frames whose one
+//! data item also carries `timestamp` (the frame's time, RFC 3339 with µs).
+//! Levels are `{"price":…,"qty":…}` JSON numbers without trailing zeros
+//! (`27000.1`, `27000`, `1.5`; the pair's precision is 1 and 8 decimals),
+//! `"qty":0` removing a level. Kraken keeps a subscriber's book at the
+//! subscribed depth: an update lists the levels of the best `depth` that
+//! changed or came into it, and a removal for each level of it the frame
+//! deleted, but a level pushed out of it by better ones is not removed (the
+//! client truncates its book to the depth after each update) and a frame
+//! that changed nothing within the depth is not sent. `checksum` is Kraken's
+//! CRC32 (unsigned) of the book after the message: the best 10 asks, lowest
+//! first, then the best 10 bids, highest first, each price and quantity at
+//! the pair's decimals with the point and then the leading zeros removed,
+//! whatever the depth. [`ExchangeServer::corrupt_next_checksum`] makes the
+//! next update sent carry a wrong one, once. Frames carry no sequence at
+//! all; the fake numbers its frames `first_id + f` for
+//! [`ExchangeServer::book_at`] (the whole book: a subscriber's is its best
+//! `depth` levels), [`ExchangeServer::frame`] (the update at depth 10, empty
+//! when the frame changed nothing there) and [`ExchangeServer::head`]. `ping`,
+//! `heartbeat` and error answers as for the trade shape; `unsubscribe` stops a
+//! book and is answered with `result` `{"channel":"book","depth","symbol"}`.
+//! Simplified: only `book` (`trade`, `level3`… are refused as not modelled);
+//! the book has 25 levels a side, so depths above 25 get all of it; the
+//! snapshot is sent when the next frame is due, as for Bybit; one symbol per
+//! frame; a frame lists each level once (Kraken may list a price twice).
 
 mod binance;
 mod bybit;
 mod coinbase;
+mod coinbase_level2;
 mod combined;
 mod config;
 mod depth;
 mod inband;
 mod kraken;
+mod kraken_book;
 mod model;
 mod server;
 
@@ -320,6 +391,8 @@ impl ExchangeServer {
             }
             ExchangeShape::BybitOrderbook => inband::bybit_routes(),
             ExchangeShape::OkxBooks => inband::okx_routes(),
+            ExchangeShape::CoinbaseLevel2 => coinbase_level2::routes(),
+            ExchangeShape::KrakenBook => kraken_book::routes(),
         };
         let router: Router = routes
             .fallback(|| async { server::plain(StatusCode::NOT_FOUND, "not found") })
@@ -362,8 +435,10 @@ impl ExchangeServer {
         match self.shared.config.shape {
             ExchangeShape::BinanceTrade => format!("ws://{host}/ws/{{stream_id}}@trade"),
             ExchangeShape::BinanceAggTrade => format!("ws://{host}/ws/{{stream_id}}@aggTrade"),
-            ExchangeShape::CoinbaseMatches => format!("ws://{host}/"),
-            ExchangeShape::KrakenTrade => format!("ws://{host}/v2"),
+            ExchangeShape::CoinbaseMatches | ExchangeShape::CoinbaseLevel2 => {
+                format!("ws://{host}/")
+            }
+            ExchangeShape::KrakenTrade | ExchangeShape::KrakenBook => format!("ws://{host}/v2"),
             ExchangeShape::BybitPublicTrade | ExchangeShape::BybitOrderbook => {
                 format!("ws://{host}/v5/public/spot")
             }
@@ -412,7 +487,7 @@ impl ExchangeServer {
     /// head: the last update id (`u`) of the newest frame due (the REST
     /// snapshot may already be a few updates further, inside the next frame);
     /// for the Bybit and OKX books, the id (`u`, `seqId`) of the newest frame
-    /// due.
+    /// due; for the Coinbase and Kraken books, the fake's number of it.
     pub fn head(&self, _symbol: &str) -> u64 {
         let timeline = self.shared.timeline();
         match self.shared.config.shape {
@@ -424,7 +499,9 @@ impl ExchangeServer {
 
     /// The exact order book of `symbol` after update id `update_id` (book
     /// shapes, in the shape's own numbering: Binance `u`, Bybit `u`, OKX
-    /// `seqId`; the initial book before the first id, and for an id between
+    /// `seqId`, for Coinbase and Kraken, whose frames name no id, the fake's
+    /// `first_id + frame`; the whole book, of which a Kraken subscriber sees
+    /// the best `depth` levels; the initial book before the first id, and for an id between
     /// two ids the book after the lower one): every level held, bids highest
     /// first, asks lowest first, `(price, quantity)` spelled as the frames and
     /// the snapshots spell them. Computed for any id, past or ahead of the
@@ -458,7 +535,11 @@ impl ExchangeServer {
     /// `depthUpdate` whose updates cover update id `id` (spot `U <= id <= u`,
     /// futures `pu < id <= u`), Bybit's order-book `delta` with `u = id`,
     /// OKX's `update` with `prevSeqId < id <= seqId` (with its true checksum;
-    /// the snapshot a subscribe gets is not a `frame`). `symbol` as the
+    /// the snapshot a subscribe gets is not a `frame`), Coinbase's `l2_data`
+    /// `update` of frame `id` (the fake's numbering) with `sequence_num` 0 (a
+    /// connection numbers it), Kraken's `update` of frame `id` at depth 10
+    /// (with empty `bids` and `asks` when it changed nothing in the best 10
+    /// levels: that one is never sent). `symbol` as the
     /// frames spell it (Binance also takes the lower-case stream spelling).
     pub fn frame(&self, symbol: &str, id: u64) -> String {
         let timeline = &*self.shared.timeline();
@@ -475,6 +556,8 @@ impl ExchangeServer {
             shape @ (ExchangeShape::BybitOrderbook | ExchangeShape::OkxBooks) => {
                 inband::frame(timeline, shape, &symbol.to_ascii_uppercase(), id)
             }
+            ExchangeShape::CoinbaseLevel2 => coinbase_level2::frame(timeline, symbol, id),
+            ExchangeShape::KrakenBook => kraken_book::frame(timeline, symbol, id),
         }
     }
 
@@ -495,7 +578,8 @@ impl ExchangeServer {
     /// The trade time of `id` in unix ms (Binance `T`, Bybit `T`; Coinbase and
     /// Kraken write the same instant as RFC 3339 with µs); for the book
     /// shapes, the time of the frame carrying update id `id` (spot `E`,
-    /// futures `T`, Bybit `cts` (`ts` is up to 2 ms later), OKX `ts`).
+    /// futures `T`, Bybit `cts` (`ts` is up to 2 ms later), OKX `ts`,
+    /// Coinbase `timestamp`, Kraken's update `timestamp`).
     pub fn ts_ms(&self, id: u64) -> u64 {
         let timeline = &*self.shared.timeline();
         match self.shared.config.shape {
@@ -525,8 +609,8 @@ impl ExchangeServer {
         self.shared.restart()
     }
 
-    /// Makes the next OKX `update` frame sent, on whichever connection,
-    /// carry a wrong checksum (exactly once; a snapshot is never corrupted,
+    /// Makes the next OKX or Kraken `update` frame sent, on whichever
+    /// connection, carry a wrong checksum (exactly once; a snapshot is never corrupted,
     /// and a restart or a cut does not clear a pending one), so a client that
     /// checks checksums detects it on that update and resynchronises. The
     /// book and the ids are untouched: [`frame`](Self::frame) still gives the
@@ -774,6 +858,63 @@ impl ExchangeServer {
                 // ts is a string of ms: no UPSTREAM_TS_POINTER (the worker
                 // reads a number there).
                 set("UPSTREAM_PING_TEXT", "ping");
+                set("UPSTREAM_PING_INTERVAL_MS", &ping_ms.to_string());
+            }
+            ExchangeShape::CoinbaseLevel2 => {
+                set(
+                    "UPSTREAM_SUBSCRIBE",
+                    r#"{"type":"subscribe","product_ids":["{stream_id}"],"channel":"level2"}"#,
+                );
+                set(
+                    "UPSTREAM_UNSUBSCRIBE",
+                    r#"{"type":"unsubscribe","product_ids":["{stream_id}"],"channel":"level2"}"#,
+                );
+                set("UPSTREAM_RESUME", "snapshot");
+                set("UPSTREAM_SNAPSHOT_MATCH", "/events/0/type=snapshot");
+                set("UPSTREAM_DATA_MATCH", "/channel=l2_data");
+                // sequence_num counts the connection's messages from 0 (the
+                // acknowledgements too): contiguous within a connection, a
+                // new count on each; the event id is that sequence.
+                set("UPSTREAM_SEQ_POINTER", "/sequence_num");
+                set("UPSTREAM_SEQ_SCOPE", "connection");
+                set("UPSTREAM_SEQ_STEP", "contiguous");
+                set("UPSTREAM_ID_POINTER", "none");
+                // timestamp is RFC 3339: no UPSTREAM_TS_POINTER.
+            }
+            ExchangeShape::KrakenBook => {
+                let depth = kraken_book::DEFAULT_DEPTH;
+                set(
+                    "UPSTREAM_SUBSCRIBE",
+                    &format!(
+                        r#"{{"method":"subscribe","params":{{"channel":"book","symbol":["{{stream_id}}"],"depth":{depth}}}}}"#
+                    ),
+                );
+                set(
+                    "UPSTREAM_UNSUBSCRIBE",
+                    &format!(
+                        r#"{{"method":"unsubscribe","params":{{"channel":"book","symbol":["{{stream_id}}"],"depth":{depth}}}}}"#
+                    ),
+                );
+                set("UPSTREAM_RESUME", "snapshot");
+                set("UPSTREAM_SNAPSHOT_MATCH", "/type=snapshot");
+                set("UPSTREAM_DATA_MATCH", "/channel=book");
+                // No sequence and no id in the frames: the worker numbers them.
+                set("UPSTREAM_SEQ_POINTER", "none");
+                set("UPSTREAM_ID_POINTER", "none");
+                set("UPSTREAM_BOOK_CHECKSUM", "kraken");
+                // Kraken does not remove levels pushed below the subscribed
+                // depth, and its JSON numbers lose the trailing zeros its
+                // checksum counts.
+                set("UPSTREAM_BOOK_DEPTH", &depth.to_string());
+                set(
+                    "UPSTREAM_BOOK_PRECISION",
+                    &format!(
+                        "{},{}",
+                        kraken_book::PRICE_DECIMALS,
+                        kraken_book::QTY_DECIMALS
+                    ),
+                );
+                set("UPSTREAM_PING_TEXT", r#"{"method":"ping"}"#);
                 set("UPSTREAM_PING_INTERVAL_MS", &ping_ms.to_string());
             }
             ExchangeShape::BybitPublicTrade => {

@@ -21,6 +21,12 @@ fn subscribe_for(shape: ExchangeShape) -> &'static str {
         ExchangeShape::OkxBooks => {
             r#"{"op":"subscribe","args":[{"channel":"books","instId":"BTC-USDT"}]}"#
         }
+        ExchangeShape::CoinbaseLevel2 => {
+            r#"{"type":"subscribe","product_ids":["BTC-USD"],"channel":"level2"}"#
+        }
+        ExchangeShape::KrakenBook => {
+            r#"{"method":"subscribe","params":{"channel":"book","symbol":["BTC/USD"]}}"#
+        }
     }
 }
 
@@ -160,7 +166,12 @@ fn unix_ms() -> u64 {
 #[tokio::test]
 async fn restart_cuts_everyone_and_ids_start_over_at_1() {
     let rate = 20.0;
-    for shape in ExchangeShape::ALL {
+    // Coinbase's and Kraken's books carry no id: their own tests check that
+    // a restart starts their books over.
+    for shape in ExchangeShape::ALL
+        .into_iter()
+        .filter(|s| s.frames_carry_ids())
+    {
         // Ids the new timeline can have reached by the time a client
         // reconnects (futures order-book ids advance by up to 7 an update,
         // OKX seqIds up to 5 a frame).
@@ -305,6 +316,7 @@ async fn silent_clients_are_cut_and_pinging_ones_are_not() {
         (ExchangeShape::BybitPublicTrade, r#"{"op":"ping"}"#),
         (ExchangeShape::BybitOrderbook, r#"{"op":"ping"}"#),
         (ExchangeShape::OkxBooks, "ping"),
+        (ExchangeShape::KrakenBook, r#"{"method":"ping"}"#),
     ] {
         assert!(shape.has_app_ping(), "{shape}");
         let (server, shutdown) = start(ExchangeConfig {
@@ -488,11 +500,28 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
         if !subscribe.is_empty() {
             send(&mut ws, &subscribe).await;
         }
-        let (seq_pointer, data_match) = (get("UPSTREAM_SEQ_POINTER"), get("UPSTREAM_DATA_MATCH"));
-        let contiguous = match get("UPSTREAM_SEQ_STEP").as_str() {
-            "contiguous" => true,
-            "increasing" => false,
-            other => panic!("{other}"),
+        let data_match = get("UPSTREAM_DATA_MATCH");
+        // `none`: the frames carry no sequence (Kraken's book) or no id
+        // (Coinbase's book, whose id is its sequence).
+        let pointer = |name: &str| settings.get(name).filter(|p| *p != "none").cloned();
+        let (seq_pointer, id_pointer) = (
+            pointer("UPSTREAM_SEQ_POINTER"),
+            pointer("UPSTREAM_ID_POINTER"),
+        );
+        assert_eq!(
+            id_pointer.is_some(),
+            shape.frames_carry_ids(),
+            "{shape}: an id pointer exactly where frames carry ids"
+        );
+        // Coinbase numbers every message of a connection, acknowledgements
+        // too.
+        let per_connection = settings
+            .get("UPSTREAM_SEQ_SCOPE")
+            .is_some_and(|scope| scope == "connection");
+        let contiguous = match settings.get("UPSTREAM_SEQ_STEP").map(String::as_str) {
+            Some("contiguous") | None => true,
+            Some("increasing") => false,
+            Some(other) => panic!("{other}"),
         };
         // A diff's own statement of where it starts (order books).
         let first_pointer = settings.get("UPSTREAM_SEQ_FIRST_POINTER");
@@ -505,11 +534,21 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
             let frame = next_json(&mut ws).await;
             if !is_data(&frame, &data_match) {
                 control += 1;
-                assert!(frame.pointer(&seq_pointer).is_none(), "{shape}: {frame}");
+                if let Some(pointer) = seq_pointer.as_ref().filter(|_| !per_connection) {
+                    assert!(frame.pointer(pointer).is_none(), "{shape}: {frame}");
+                }
                 continue;
             }
-            let seq = number_at(&frame, &seq_pointer);
-            assert!(frame.pointer(&get("UPSTREAM_ID_POINTER")).is_some());
+            let seq = seq_pointer
+                .as_ref()
+                .map(|pointer| number_at(&frame, pointer));
+            if let Some(pointer) = &id_pointer {
+                assert!(frame.pointer(pointer).is_some(), "{shape}: {frame}");
+            }
+            if per_connection && data == 0 {
+                // The acknowledgements took the numbers before it.
+                assert_eq!(seq, Some(control), "{shape}: {frame}");
+            }
             if let Some(snapshot_match) = snapshot_match {
                 assert_eq!(
                     is_data(&frame, snapshot_match),
@@ -521,7 +560,7 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
                 let ms = number_at(&frame, ts);
                 assert!(ms > 1_600_000_000_000, "{shape}: unix ms");
             }
-            if let Some(previous) = previous {
+            if let (Some(previous), Some(seq)) = (previous, seq) {
                 if contiguous {
                     assert_eq!(seq, previous + 1, "{shape}");
                 } else {
@@ -536,7 +575,7 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
                 }
             }
             first_frame.get_or_insert_with(|| frame.clone());
-            previous = Some(seq);
+            previous = seq;
             data += 1;
         }
         // Acks (and Kraken's status) are control frames, not data; Binance
@@ -589,8 +628,10 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
                 send(&mut ws, &subscribe).await;
                 let snapshot_match = snapshot_match.expect("in band");
                 let (snapshot, _) = next_where(&mut ws, |v| is_data(v, snapshot_match)).await;
-                let newest = previous.expect("data was read");
-                assert!(number_at(&snapshot, &seq_pointer) > newest, "{shape}");
+                if let Some(pointer) = &seq_pointer {
+                    let newest = previous.expect("data was read");
+                    assert!(number_at(&snapshot, pointer) > newest, "{shape}");
+                }
             }
             "snapshot" => {
                 assert!(shape.serves_snapshot(), "{shape}");
@@ -622,7 +663,11 @@ async fn worked_settings_describe_the_frames_the_worker_sees() {
                 let text = next_text(&mut ws).await.expect("a pong");
                 match serde_json::from_str::<Value>(&text) {
                     Ok(frame) if is_data(&frame, &data_match) => continue,
-                    Ok(frame) => assert!(frame.pointer(&seq_pointer).is_none(), "{shape}"),
+                    Ok(frame) => {
+                        if let Some(pointer) = &seq_pointer {
+                            assert!(frame.pointer(pointer).is_none(), "{shape}");
+                        }
+                    }
                     Err(_) => {}
                 }
                 break text;

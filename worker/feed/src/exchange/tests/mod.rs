@@ -18,11 +18,13 @@ use super::*;
 mod binance;
 mod bybit;
 mod coinbase;
+mod coinbase_level2;
 mod combined;
 mod common;
 mod depth;
 mod inband_books;
 mod kraken;
+mod kraken_book;
 
 /// One side of a book as the tests keep it: (price, quantity) strings.
 type Side = Vec<(String, String)>;
