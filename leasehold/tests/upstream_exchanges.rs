@@ -796,3 +796,89 @@ async fn an_exchange_restart_is_recorded_as_a_reset_and_the_new_ids_are_written(
     );
     assert!(after.iter().all(|e| e.reset.is_none()), "one reset");
 }
+
+/// The exchange cuts every connection at 3 s of age (Binance: 24 h); with
+/// `UPSTREAM_MAX_CONNECTION_AGE_MS=1800` the worker replaces each one before
+/// that, overlapping the two, so a `live` stream (no history to fill a hole)
+/// records every trade once, with no marker and no reconnect. Without the
+/// setting the same run leaves one marker per cut (checked too, so the
+/// exchange's cuts are known to bite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_replaced_before_the_exchanges_age_leave_no_gap_on_a_live_stream() {
+    let _serial = serial().await;
+    for max_age in ["1800", "0"] {
+        let shape = ExchangeShape::BinanceTrade;
+        let mut config = config(shape);
+        config.history_retention = 0;
+        config.cut_every = Some(Duration::from_secs(3));
+        let shutdown = CancellationToken::new();
+        let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), config, shutdown.clone())
+            .await
+            .expect("fake exchange starts");
+        let stream = unique_symbol(shape);
+        let Some(mut cluster) = Cluster::start_on(server.ws_url(), vec![stream.clone()]).await
+        else {
+            return;
+        };
+        let mut settings: Vec<(&str, String)> = server.worked_settings();
+        settings.push(("UPSTREAM_RESUME", "live".into()));
+        settings.push(("UPSTREAM_MAX_CONNECTION_AGE_MS", max_age.into()));
+        let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        cluster.start_worker_with_sidecar("w1", &settings);
+        let started = Instant::now();
+        while cluster.sink_entries(&stream).await.is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "nothing reached the sink\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Three of the exchange's ages.
+        tokio::time::sleep(Duration::from_millis(9_500)).await;
+        let body = metrics(&cluster, "w1").await;
+        let reconnects: u64 = samples(&body, "leasehold_websocket_reconnects_total")
+            .values()
+            .sum();
+        cluster.stop_workers();
+        let entries = cluster.sink_entries(&stream).await;
+        let logs = cluster.logs();
+        let markers = entries.iter().filter(|e| e.gap.is_some()).count();
+        let ids: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+        let accepted = server.connections_accepted();
+        shutdown.cancel();
+        assert!(
+            entries.len() > 100,
+            "{max_age}: {} entries\n{logs}",
+            entries.len()
+        );
+        if max_age == "0" {
+            assert!(
+                markers >= 2,
+                "the exchange's cuts leave markers: {markers}\n{logs}"
+            );
+            continue;
+        }
+        assert_eq!(
+            markers,
+            0,
+            "no marker: {:?}\n{logs}",
+            entries
+                .iter()
+                .filter(|e| e.gap.is_some())
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            ids.windows(2).all(|w| w[1] == w[0] + 1),
+            "every trade once, in order\n{logs}"
+        );
+        assert_eq!(
+            reconnects, 0,
+            "a planned replacement is no reconnect\n{logs}"
+        );
+        assert!(
+            accepted >= 5,
+            "replaced about every 1.8 s: {accepted} connections"
+        );
+    }
+}

@@ -283,6 +283,17 @@ pub const UPSTREAM_SUBSCRIBES_PER_SECOND: Setting<usize> = Setting::new(
     "Subscribe and unsubscribe messages one shared connection sends in any second at most \
      (0: no limit; Binance closes a connection past 5 incoming messages a second).",
 );
+/// The `UPSTREAM_MAX_CONNECTION_AGE_MS` variable.
+pub const UPSTREAM_MAX_CONNECTION_AGE_MS: Setting<Duration> = Setting::new(
+    "UPSTREAM_MAX_CONNECTION_AGE_MS",
+    parse::MILLIS,
+    Fallback::Value(|| Duration::ZERO),
+    "A connection is replaced before this age (up to a tenth earlier, spread by stream; 0: \
+     never): a new one subscribes the stream and both run until the new one delivers what the \
+     old one already delivered, then the old one closes, with no gap and no duplicate (Binance \
+     cuts at 24 h). Needs a sequence that is the stream's on every connection, and one stream \
+     per connection.",
+);
 /// The `UPSTREAM_BOOK_CHECKSUM` variable.
 pub const UPSTREAM_BOOK_CHECKSUM: Setting<ChecksumRule> = Setting::new(
     "UPSTREAM_BOOK_CHECKSUM",
@@ -553,6 +564,7 @@ pub const ALL: &[&dyn Documented] = &[
     &UPSTREAM_ROUTE_TEMPLATE,
     &UPSTREAM_SUBSCRIBE_BATCH,
     &UPSTREAM_SUBSCRIBES_PER_SECOND,
+    &UPSTREAM_MAX_CONNECTION_AGE_MS,
     &UPSTREAM_BOOK_CHECKSUM,
     &UPSTREAM_BOOK_DEPTH,
     &UPSTREAM_BOOK_PRECISION,
@@ -762,6 +774,13 @@ fn seq_source(env: &mut Env, upstream: &WebSocketUpstreamConfig, resume: ResumeM
              UPSTREAM_SEQ_PREV_POINTER)",
         );
     }
+    if source.renumbers() && !upstream.max_connection_age.is_zero() {
+        env.problem(
+            UPSTREAM_MAX_CONNECTION_AGE_MS.name,
+            "is set but the worker numbers the stream (UPSTREAM_SEQ_POINTER=none or \
+             UPSTREAM_SEQ_SCOPE=connection): a new connection cannot be matched to the old one",
+        );
+    }
     if source == SeqSource::Connection && upstream.streams_per_connection > 1 {
         env.problem(
             UPSTREAM_SEQ_SCOPE.name,
@@ -815,6 +834,14 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.subscribe_batch = env.get(&UPSTREAM_SUBSCRIBE_BATCH).max(1);
     upstream.subscribes_per_second =
         u32::try_from(env.get(&UPSTREAM_SUBSCRIBES_PER_SECOND)).unwrap_or(u32::MAX);
+    upstream.max_connection_age = env.get(&UPSTREAM_MAX_CONNECTION_AGE_MS);
+    if !upstream.max_connection_age.is_zero() && upstream.streams_per_connection > 1 {
+        env.problem(
+            UPSTREAM_MAX_CONNECTION_AGE_MS.name,
+            "is set but UPSTREAM_STREAMS_PER_CONNECTION is above 1: shared connections are not \
+             replaced before their age yet",
+        );
+    }
     let resume = env.get(&UPSTREAM_RESUME);
     if upstream.streams_per_connection > 1 && resume == ResumeMode::Replay {
         env.problem(
@@ -1067,6 +1094,12 @@ mod tests {
         );
         assert!(
             refused(&[("UPSTREAM_SEQ_SCOPE", "socket")]).contains("must be stream or connection")
+        );
+        let aged =
+            refused(&[&counted[..], &[("UPSTREAM_MAX_CONNECTION_AGE_MS", "60000")]].concat());
+        assert!(
+            aged.contains("UPSTREAM_MAX_CONNECTION_AGE_MS: is set but the worker numbers"),
+            "{aged}"
         );
     }
 

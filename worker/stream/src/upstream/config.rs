@@ -67,6 +67,9 @@ pub struct WebSocketUpstreamConfig {
     /// `UPSTREAM_SUBSCRIBES_PER_SECOND`: (un)subscribe messages per second on
     /// one connection at most (0: no limit).
     pub subscribes_per_second: u32,
+    /// `UPSTREAM_MAX_CONNECTION_AGE_MS`: a connection is replaced, with an
+    /// overlap, before this age (zero: never).
+    pub max_connection_age: Duration,
 }
 
 /// How a frame states the range of sequences it covers (an order book's
@@ -194,6 +197,7 @@ impl WebSocketUpstreamConfig {
             route_template: "{stream_id}".to_owned(),
             subscribe_batch: 1,
             subscribes_per_second: 0,
+            max_connection_age: Duration::ZERO,
         }
     }
 
@@ -340,6 +344,7 @@ mod tests {
             route_template: "{stream_id}".into(),
             subscribe_batch: 1,
             subscribes_per_second: 0,
+            max_connection_age: Duration::ZERO,
         };
         let problems = config.validate().expect_err("invalid");
         assert_eq!(problems.len(), 14, "{problems:?}");

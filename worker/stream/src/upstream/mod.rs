@@ -18,6 +18,7 @@ pub mod budget;
 pub mod config;
 pub mod extract;
 mod frame;
+pub mod handover;
 pub mod history;
 pub mod redact;
 pub mod shared;

@@ -936,3 +936,94 @@ async fn a_book_in_the_stream_is_flagged_and_asked_for_again_on_the_same_connect
     let mut sub = subscribe(&upstream, "s", 0).await.expect("subscribed");
     assert!(sub.resubscribe().await.is_err());
 }
+
+/// A live upstream: one sequence for every connection, a frame every 2 ms
+/// from wherever it is when a client subscribes, and every connection cut
+/// once it is `cut_at` old (as Binance cuts at 24 h). Every other
+/// connection lags 40 ms behind the others, so a new connection starts
+/// ahead of the one it replaces, then behind it. Returns its address and
+/// how many connections it accepted.
+async fn live_upstream_cutting_at(
+    cut_at: Duration,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (frames, _) = tokio::sync::broadcast::channel::<u64>(4_096);
+    let ticker = frames.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(2));
+        for seq in 1.. {
+            tick.tick().await;
+            let _ = ticker.send(seq);
+        }
+    });
+    let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let lag = Duration::from_millis(if n % 2 == 1 { 40 } else { 0 });
+            let mut heads = frames.subscribe();
+            tokio::spawn(async move {
+                let opened = Instant::now();
+                let mut ws = tokio_tungstenite::accept_async(socket).await.unwrap();
+                // Frames flow once the client has subscribed.
+                let _subscribe = ws.next().await;
+                heads = heads.resubscribe();
+                let mut due = std::collections::VecDeque::new();
+                loop {
+                    let next_due = due.front().map(|(at, _)| *at);
+                    tokio::select! {
+                        seq = heads.recv() => {
+                            let Ok(seq) = seq else { return };
+                            due.push_back((Instant::now() + lag, seq));
+                        }
+                        _ = tokio::time::sleep_until(next_due.unwrap_or(opened)), if next_due.is_some() => {
+                            while let Some((_, seq)) = due.front().filter(|(at, _)| *at <= Instant::now()).copied() {
+                                due.pop_front();
+                                if ws.send(Message::text(event_frame("s", seq, 0))).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        _ = tokio::time::sleep_until(opened + cut_at) => {
+                            let _ = ws.close(None).await;
+                            return;
+                        }
+                        message = ws.next() => if !matches!(message, Some(Ok(_))) { return },
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn a_connection_replaced_before_its_age_hands_on_every_sequence_once() {
+    // Cut at 1.5 s, replaced from 0.54 s: room for a loaded machine.
+    let (addr, accepted) = live_upstream_cutting_at(Duration::from_millis(1_500)).await;
+    let (upstream, _telemetry) = upstream(WebSocketUpstreamConfig {
+        max_connection_age: Duration::from_millis(600),
+        ..WebSocketUpstreamConfig::for_feed(&format!("ws://{addr}/"))
+    });
+    let mut sub = subscribe(&upstream, "s", 0).await.expect("subscribed");
+    let mut seqs = Vec::new();
+    let until = Instant::now() + Duration::from_millis(3_000);
+    while Instant::now() < until {
+        let event = next(&mut sub)
+            .await
+            .expect("never cut: replaced before the server's age");
+        seqs.push(event.seq);
+    }
+    assert!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst) >= 4,
+        "replaced at least three times (the server alone would have cut once)"
+    );
+    let broken: Vec<_> = seqs.windows(2).filter(|w| w[1] != w[0] + 1).collect();
+    assert!(
+        broken.is_empty(),
+        "every sequence once, in order: {broken:?}"
+    );
+    assert!(seqs.len() > 500, "{} frames", seqs.len());
+}

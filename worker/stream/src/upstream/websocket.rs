@@ -1,5 +1,6 @@
 //! [`WebSocketUpstream`]: a WebSocket JSON feed, one connection per subscription.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,9 +12,11 @@ use tokio::time::{Instant, timeout};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::budget::ConnectBudget;
 use super::frame::{FrameReader, Read};
+use super::handover::Handover;
 use super::redact::{redact_url, url_secrets};
 use super::template::{render_subscribe, render_url};
 use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig};
@@ -24,13 +27,21 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// Server error messages are echoed into our errors; keep them bounded.
 const MAX_SERVER_MESSAGE: usize = 200;
+/// How long a successor may overlap the connection it replaces before it
+/// is switched to whether or not it met it (then the stream's resume mode
+/// judges any hole, as after a cut).
+const OVERLAP_MAX: Duration = Duration::from_secs(10);
+/// The wait before a planned replacement that failed to connect is tried
+/// again (the current connection keeps running meanwhile).
+const REPLACE_RETRY: Duration = Duration::from_secs(1);
 
 /// A WebSocket JSON feed.
 pub struct WebSocketUpstream {
     config: WebSocketUpstreamConfig,
     telemetry: Arc<dyn TelemetrySink>,
-    /// Shared by every stream of the worker (one adapter per worker).
-    budget: std::sync::Mutex<ConnectBudget>,
+    /// Shared by every stream of the worker (one adapter per worker), and
+    /// by their planned reconnects.
+    budget: Arc<std::sync::Mutex<ConnectBudget>>,
     /// One connection per stream: both counts move together.
     gauge: Arc<super::ConnectionGauge>,
 }
@@ -42,14 +53,14 @@ impl WebSocketUpstream {
         WebSocketUpstream {
             config,
             telemetry,
-            budget: std::sync::Mutex::new(budget),
+            budget: Arc::new(std::sync::Mutex::new(budget)),
             gauge: Arc::default(),
         }
     }
 
     /// This adapter, its connects counted by `budget` (tests: a short window).
     pub fn with_connect_budget(mut self, budget: ConnectBudget) -> Self {
-        self.budget = std::sync::Mutex::new(budget);
+        self.budget = Arc::new(std::sync::Mutex::new(budget));
         self
     }
 }
@@ -86,33 +97,32 @@ impl Upstream for WebSocketUpstream {
             )),
             _ => None,
         };
-        let connect = async {
-            let (mut ws, _response) =
-                tokio_tungstenite::connect_async_with_config(url.as_str(), Some(ws_config), true)
-                    .await?;
-            if let Some(message) = subscribe {
-                ws.send(Message::text(message)).await?;
-            }
-            Ok::<_, WsError>(ws)
-        };
-        let ws = match timeout(self.config.connect_timeout, connect).await {
-            Ok(Ok(ws)) => ws,
-            Ok(Err(error)) => return Err(UpstreamError::Connect(describe_error(&error, &url))),
-            Err(_) => {
-                return Err(UpstreamError::Connect(format!(
-                    "{} timed out after {:?}",
-                    redact_url(&url),
-                    self.config.connect_timeout
-                )));
-            }
-        };
+        let ws = connect(&url, ws_config, subscribe, self.config.connect_timeout).await?;
         self.telemetry.emit(TelemetryEvent::UpstreamConnected {
             stream_id: stream_id.to_owned(),
             from_seq,
         });
         let now = Instant::now();
         self.gauge.change(1, 1, &*self.telemetry);
+        let planned = (!self.config.max_connection_age.is_zero()).then(|| PlannedReconnect {
+            max_age: self.config.max_connection_age,
+            url: url.clone(),
+            ws_config,
+            subscribe_template: self.config.subscribe_template.clone(),
+            connect_timeout: self.config.connect_timeout,
+            budget: self.budget.clone(),
+            telemetry: self.telemetry.clone(),
+        });
         Ok(Box::new(WebSocketSubscription {
+            replace_at: planned
+                .as_ref()
+                .map(|planned| now + planned.age_for(stream_id, 0)),
+            planned,
+            replacements: 0,
+            successor: None,
+            queued: VecDeque::new(),
+            delivered: None,
+            floor: None,
             asked: Some(asked),
             gauge: self.gauge.clone(),
             ws,
@@ -143,11 +153,66 @@ struct AppPing {
     next: Instant,
 }
 
+/// How a connection is replaced before its age (`UPSTREAM_MAX_CONNECTION_AGE_MS`).
+struct PlannedReconnect {
+    max_age: Duration,
+    url: String,
+    ws_config: WebSocketConfig,
+    subscribe_template: String,
+    connect_timeout: Duration,
+    budget: Arc<std::sync::Mutex<ConnectBudget>>,
+    telemetry: Arc<dyn TelemetrySink>,
+}
+
+impl PlannedReconnect {
+    /// The age at which connection `n` of `stream_id` is replaced: up to a
+    /// tenth earlier than the setting, spread by stream, so that streams
+    /// connected together (a worker's start) do not all reconnect at once.
+    fn age_for(&self, stream_id: &str, n: u64) -> Duration {
+        let spread = self.max_age / 10;
+        let hash = stream_id
+            .bytes()
+            .fold(n.wrapping_mul(0x9E37_79B9_7F4A_7C15), |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+            });
+        let fraction = (hash % 1_000) as u32;
+        self.max_age - spread * fraction / 1_000
+    }
+}
+
+/// The connection that replaces the current one before its age.
+enum Successor {
+    /// Connecting and subscribing.
+    Connecting(AbortOnDropHandle<Result<Box<Socket>, UpstreamError>>),
+    /// Subscribed, its frames held until it meets the current connection.
+    Open {
+        ws: Box<Socket>,
+        handover: Handover,
+        since: Instant,
+    },
+}
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
 struct WebSocketSubscription {
+    /// Replacing connections before their age, when set.
+    planned: Option<PlannedReconnect>,
+    /// When the current connection is to be replaced.
+    replace_at: Option<Instant>,
+    /// Planned replacements so far.
+    replacements: u64,
+    successor: Option<Successor>,
+    /// Frames to hand on before reading on (a successor's, at the switch).
+    queued: VecDeque<UpstreamEvent>,
+    /// The last sequence handed on.
+    delivered: Option<u64>,
+    /// After a switch to a successor that was behind: what the replaced
+    /// connection handed on, which the successor's frames repeat up to here.
+    floor: Option<u64>,
     /// When the subscription was asked for, until its first frame.
     asked: Option<Instant>,
     gauge: Arc<super::ConnectionGauge>,
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    ws: Socket,
     url: String,
     stream_id: String,
     from_seq: u64,
@@ -167,6 +232,14 @@ struct WebSocketSubscription {
 /// What woke a subscription that waits for a frame.
 enum Wake {
     Message(Option<Result<Message, WsError>>),
+    /// A frame (or the end) of the successor.
+    Successor(Option<Result<Message, WsError>>),
+    /// The successor connected, or failed to.
+    SuccessorOpen(Result<Box<Socket>, UpstreamError>),
+    /// Time to start replacing the connection.
+    Replace,
+    /// The successor has overlapped for as long as it may.
+    OverlapOver,
     Ping,
     AppPing,
     Idle,
@@ -180,6 +253,140 @@ enum Frame {
 }
 
 impl WebSocketSubscription {
+    /// An event leaves the subscription: the successor's handover learns
+    /// what was delivered.
+    fn hand_on(&mut self, event: UpstreamEvent) -> UpstreamEvent {
+        self.delivered = self.delivered.max(Some(event.seq));
+        match &mut self.successor {
+            Some(Successor::Open { handover, .. }) => handover.from_old(event),
+            _ => event,
+        }
+    }
+
+    /// Whether `event` repeats what the replaced connection handed on (the
+    /// successor started behind it): dropped, not counted, as the overlap
+    /// is meant to repeat.
+    fn repeated(&mut self, event: &UpstreamEvent) -> bool {
+        match self.floor {
+            Some(floor) if event.seq <= floor => true,
+            Some(_) => {
+                self.floor = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The connection is old enough: a successor connects and subscribes
+    /// (within the worker's connect budget) while this one runs on.
+    fn start_replacing(&mut self) {
+        let Some(planned) = &self.planned else {
+            return;
+        };
+        let (url, ws_config, timeout_after) = (
+            planned.url.clone(),
+            planned.ws_config,
+            planned.connect_timeout,
+        );
+        let subscribe = (!planned.subscribe_template.is_empty()).then(|| {
+            let from = self.delivered.map_or(self.from_seq, |seq| seq + 1);
+            render_subscribe(&planned.subscribe_template, &self.stream_id, from)
+        });
+        let (budget, telemetry) = (planned.budget.clone(), planned.telemetry.clone());
+        let stream_id = self.stream_id.clone();
+        self.successor = Some(Successor::Connecting(AbortOnDropHandle::new(tokio::spawn(
+            async move {
+                super::wait_for_the_budget(&budget, &*telemetry, &stream_id).await;
+                connect(&url, ws_config, subscribe, timeout_after)
+                    .await
+                    .map(Box::new)
+            },
+        ))));
+    }
+
+    fn successor_opened(&mut self, result: Result<Box<Socket>, UpstreamError>) {
+        match result {
+            Ok(ws) => {
+                self.gauge.change(1, 0, &*self.telemetry);
+                self.successor = Some(Successor::Open {
+                    ws,
+                    handover: Handover::new(self.delivered),
+                    since: Instant::now(),
+                });
+            }
+            Err(error) => {
+                tracing::warn!(
+                    stream_id = self.stream_id,
+                    error = %error,
+                    "the connection's replacement failed to connect; trying again, the connection runs on"
+                );
+                self.successor = None;
+                self.replace_at = Some(Instant::now() + REPLACE_RETRY);
+            }
+        }
+    }
+
+    /// A frame of the successor: held for the switch, or the successor's end.
+    fn successor_frame(&mut self, message: Option<Result<Message, WsError>>) {
+        let received_at = Instant::now();
+        let event = match message {
+            Some(Ok(Message::Text(text))) => match self.reader.read(text, received_at) {
+                Read::Event { event, .. } => Some(event),
+                _ => None,
+            },
+            Some(Ok(Message::Close(_)) | Err(_)) | None => {
+                self.drop_successor();
+                return;
+            }
+            Some(Ok(_)) => None,
+        };
+        let Some(Successor::Open { handover, .. }) = &mut self.successor else {
+            return;
+        };
+        if let Some(event) = event {
+            handover.from_new(event);
+        }
+        if handover.met() || handover.full() {
+            self.switch_if_open();
+        }
+    }
+
+    fn drop_successor(&mut self) {
+        if let Some(Successor::Open { .. }) = self.successor.take() {
+            self.gauge.change(-1, 0, &*self.telemetry);
+        }
+        self.replace_at = Some(Instant::now() + REPLACE_RETRY);
+    }
+
+    /// Switches to an open successor, if there is one: the current
+    /// connection is closed, the successor's frames not handed on yet are
+    /// queued. Returns whether it switched.
+    fn switch_if_open(&mut self) -> bool {
+        let Some(Successor::Open { ws, handover, .. }) = self.successor.take() else {
+            return false;
+        };
+        self.queued.extend(handover.switch());
+        self.floor = self.delivered;
+        let mut old = std::mem::replace(&mut self.ws, *ws);
+        tokio::spawn(async move {
+            let _ = timeout(CLOSE_TIMEOUT, old.close(None)).await;
+        });
+        self.gauge.change(-1, 0, &*self.telemetry);
+        self.replacements += 1;
+        let now = Instant::now();
+        self.last_heard = now;
+        self.next_ping = now + self.idle_timeout / 3;
+        self.replace_at = self
+            .planned
+            .as_ref()
+            .map(|planned| now + planned.age_for(&self.stream_id, self.replacements));
+        tracing::info!(
+            stream_id = self.stream_id,
+            "replaced the connection before its age"
+        );
+        true
+    }
+
     fn skip(&self, reason: SkipReason) {
         self.telemetry.emit(TelemetryEvent::UpstreamFrameSkipped {
             stream_id: self.stream_id.clone(),
@@ -275,24 +482,55 @@ impl Subscription for WebSocketSubscription {
             return Err(error.clone());
         }
         loop {
+            if let Some(event) = self.queued.pop_front() {
+                return Ok(self.hand_on(event));
+            }
             // A half-open TCP connection or a frozen upstream never fails a
             // read: pings make a live but quiet upstream answer, and silence
             // past the idle timeout ends the subscription (reason `idle`).
             // A frame already buffered is taken without arming the two timers
             // (under load that is nearly every frame, and each armed timer
-            // costs a runtime handle and a clock read).
-            let wake = match self.ws.next().now_or_never() {
+            // costs a runtime handle and a clock read), unless a successor
+            // overlaps: then both connections are read in turn.
+            let buffered = match self.successor {
+                Some(Successor::Open { .. }) => None,
+                _ => self.ws.next().now_or_never(),
+            };
+            let wake = match buffered {
                 Some(message) => Wake::Message(message),
                 None => {
                     let idle_at = self.last_heard + self.idle_timeout;
                     // Without an application ping this timer never fires first.
                     let app_ping_at = self.app_ping.as_ref().map_or(idle_at, |ping| ping.next);
+                    let replace_at = match self.successor {
+                        None => self.replace_at,
+                        Some(_) => None,
+                    };
+                    let (ws, successor) = (&mut self.ws, &mut self.successor);
+                    let successor_wake = async {
+                        match successor {
+                            Some(Successor::Connecting(task)) => {
+                                Wake::SuccessorOpen(task.await.unwrap_or_else(|_| {
+                                    Err(UpstreamError::Connect("the connect task ended".into()))
+                                }))
+                            }
+                            Some(Successor::Open { ws, since, .. }) => {
+                                tokio::select! {
+                                    message = ws.next() => Wake::Successor(message),
+                                    _ = tokio::time::sleep_until(*since + OVERLAP_MAX) => Wake::OverlapOver,
+                                }
+                            }
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         biased;
-                        message = self.ws.next() => Wake::Message(message),
+                        message = ws.next() => Wake::Message(message),
+                        wake = successor_wake => wake,
                         _ = tokio::time::sleep_until(idle_at) => Wake::Idle,
                         _ = tokio::time::sleep_until(self.next_ping) => Wake::Ping,
                         _ = tokio::time::sleep_until(app_ping_at), if self.app_ping.is_some() => Wake::AppPing,
+                        _ = tokio::time::sleep_until(replace_at.unwrap_or(idle_at)), if replace_at.is_some() => Wake::Replace,
                     }
                 }
             };
@@ -318,12 +556,52 @@ impl Subscription for WebSocketSubscription {
                     continue;
                 }
                 Wake::Idle => {
+                    if self.switch_if_open() {
+                        continue;
+                    }
                     return Err(self.fail(UpstreamError::Idle(self.idle_timeout)));
                 }
                 Wake::AppPing => continue,
+                Wake::Replace => {
+                    self.start_replacing();
+                    continue;
+                }
+                Wake::SuccessorOpen(result) => {
+                    self.successor_opened(result);
+                    continue;
+                }
+                Wake::Successor(message) => {
+                    self.successor_frame(message);
+                    continue;
+                }
+                Wake::OverlapOver => {
+                    tracing::warn!(
+                        stream_id = self.stream_id,
+                        "the new connection did not meet the one it replaces in time; switching to it"
+                    );
+                    self.switch_if_open();
+                    continue;
+                }
             };
-            if let Some(result) = self.take(message) {
-                return result;
+            // The connection being replaced ended first: the successor
+            // takes over, with what it holds (a hole is the resume mode's).
+            let ends = matches!(message, None | Some(Err(_) | Ok(Message::Close(_))));
+            if ends && self.switch_if_open() {
+                continue;
+            }
+            match self.take(message) {
+                Some(Ok(event)) if self.repeated(&event) => {}
+                Some(Ok(event)) => {
+                    let event = self.hand_on(event);
+                    if let Some(Successor::Open { handover, .. }) = &self.successor
+                        && handover.met()
+                    {
+                        self.switch_if_open();
+                    }
+                    return Ok(event);
+                }
+                Some(result) => return result,
+                None => {}
             }
         }
     }
@@ -331,6 +609,13 @@ impl Subscription for WebSocketSubscription {
     fn next_ready(&mut self) -> Option<Result<UpstreamEvent, UpstreamError>> {
         if let Some(error) = &self.failed {
             return Some(Err(error.clone()));
+        }
+        if let Some(event) = self.queued.pop_front() {
+            return Some(Ok(self.hand_on(event)));
+        }
+        // While a successor overlaps, both are read by `next`.
+        if self.successor.is_some() {
+            return None;
         }
         // A ping that is due needs a send: `next` does that.
         if self
@@ -342,8 +627,10 @@ impl Subscription for WebSocketSubscription {
         }
         loop {
             let message = self.ws.next().now_or_never()?;
-            if let Some(result) = self.take(message) {
-                return Some(result);
+            match self.take(message) {
+                Some(Ok(event)) if self.repeated(&event) => {}
+                Some(result) => return Some(result.map(|event| self.hand_on(event))),
+                None => {}
             }
         }
     }
@@ -382,6 +669,32 @@ impl Subscription for WebSocketSubscription {
 impl Drop for WebSocketSubscription {
     fn drop(&mut self) {
         self.disconnected();
+    }
+}
+
+/// Opens `url` and sends the subscribe, within `connect_timeout`.
+async fn connect(
+    url: &str,
+    ws_config: WebSocketConfig,
+    subscribe: Option<String>,
+    connect_timeout: Duration,
+) -> Result<Socket, UpstreamError> {
+    let connect = async {
+        let (mut ws, _response) =
+            tokio_tungstenite::connect_async_with_config(url, Some(ws_config), true).await?;
+        if let Some(message) = subscribe {
+            ws.send(Message::text(message)).await?;
+        }
+        Ok::<_, WsError>(ws)
+    };
+    match timeout(connect_timeout, connect).await {
+        Ok(Ok(ws)) => Ok(ws),
+        Ok(Err(error)) => Err(UpstreamError::Connect(describe_error(&error, url))),
+        Err(_) => Err(UpstreamError::Connect(format!(
+            "{} timed out after {:?}",
+            redact_url(url),
+            connect_timeout
+        ))),
     }
 }
 
