@@ -291,8 +291,8 @@ pub const UPSTREAM_MAX_CONNECTION_AGE_MS: Setting<Duration> = Setting::new(
     "A connection is replaced before this age (up to a tenth earlier, spread by stream; 0: \
      never): a new one subscribes the stream and both run until the new one delivers what the \
      old one already delivered, then the old one closes, with no gap and no duplicate (Binance \
-     cuts at 24 h). Needs a sequence that is the stream's on every connection, and one stream \
-     per connection.",
+     cuts at 24 h); on a shared connection, stream by stream. Needs a sequence that is the \
+     stream's on every connection.",
 );
 /// The `UPSTREAM_BOOK_CHECKSUM` variable.
 pub const UPSTREAM_BOOK_CHECKSUM: Setting<ChecksumRule> = Setting::new(
@@ -835,13 +835,6 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
     upstream.subscribes_per_second =
         u32::try_from(env.get(&UPSTREAM_SUBSCRIBES_PER_SECOND)).unwrap_or(u32::MAX);
     upstream.max_connection_age = env.get(&UPSTREAM_MAX_CONNECTION_AGE_MS);
-    if !upstream.max_connection_age.is_zero() && upstream.streams_per_connection > 1 {
-        env.problem(
-            UPSTREAM_MAX_CONNECTION_AGE_MS.name,
-            "is set but UPSTREAM_STREAMS_PER_CONNECTION is above 1: shared connections are not \
-             replaced before their age yet",
-        );
-    }
     let resume = env.get(&UPSTREAM_RESUME);
     if upstream.streams_per_connection > 1 && resume == ResumeMode::Replay {
         env.problem(

@@ -30,14 +30,17 @@ use leasehold_telemetry::{SkipReason, TelemetryEvent, TelemetrySink};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::budget::ConnectBudget;
 use super::frame::{FrameReader, Read};
+use super::handover::Handover;
 use super::redact::redact_url;
 use super::template::{render_batch, render_route};
+use super::websocket::{Socket, connect};
 use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig};
 
 /// Events queued per stream before it counts as fallen behind: a few
@@ -46,6 +49,12 @@ const STREAM_QUEUE: usize = 4_096;
 /// How long a subscribe or unsubscribe message waits for more streams to
 /// join it (leases are taken in bursts).
 const BATCH_WINDOW: Duration = Duration::from_millis(20);
+
+/// How long a successor may overlap the connection it replaces before
+/// every stream on it moves as it is (their resume modes judge any hole).
+const OVERLAP_MAX: Duration = Duration::from_secs(10);
+/// The wait before a replacement that failed is tried again.
+const REPLACE_RETRY: Duration = Duration::from_secs(1);
 
 /// What a queued message does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +185,7 @@ struct Connection {
 pub struct SharedUpstream {
     config: WebSocketUpstreamConfig,
     telemetry: Arc<dyn TelemetrySink>,
-    budget: std::sync::Mutex<ConnectBudget>,
+    budget: Arc<std::sync::Mutex<ConnectBudget>>,
     connections: tokio::sync::Mutex<Vec<Arc<Connection>>>,
     requests: Arc<AtomicU64>,
     gauge: Arc<super::ConnectionGauge>,
@@ -189,7 +198,7 @@ impl SharedUpstream {
         SharedUpstream {
             config,
             telemetry,
-            budget: std::sync::Mutex::new(budget),
+            budget: Arc::new(std::sync::Mutex::new(budget)),
             connections: tokio::sync::Mutex::new(Vec::new()),
             requests: Arc::new(AtomicU64::new(1)),
             gauge: Arc::default(),
@@ -214,25 +223,7 @@ impl SharedUpstream {
         let ws_config = WebSocketConfig::default()
             .max_message_size(Some(hard_limit))
             .max_frame_size(Some(hard_limit));
-        let connect =
-            tokio_tungstenite::connect_async_with_config(url.as_str(), Some(ws_config), true);
-        let ws = match timeout(self.config.connect_timeout, connect).await {
-            Ok(Ok((ws, _))) => ws,
-            Ok(Err(error)) => {
-                return Err(UpstreamError::Connect(format!(
-                    "{}: {}",
-                    redact_url(&url),
-                    super::websocket::describe_error(&error, &url)
-                )));
-            }
-            Err(_) => {
-                return Err(UpstreamError::Connect(format!(
-                    "{} timed out after {:?}",
-                    redact_url(&url),
-                    self.config.connect_timeout
-                )));
-            }
-        };
+        let ws = connect(&url, ws_config, None, self.config.connect_timeout).await?;
         let (commands, inbox) = mpsc::unbounded_channel();
         let connection = Arc::new(Connection {
             commands,
@@ -254,6 +245,13 @@ impl SharedUpstream {
             requests: self.requests.clone(),
             unanswered: BTreeMap::new(),
             url,
+            ws_config,
+            budget: self.budget.clone(),
+            replace_at: (!self.config.max_connection_age.is_zero())
+                .then(|| Instant::now() + replacement_age(&self.config, stream_id, 0)),
+            replacements: 0,
+            successor: None,
+            gauge: self.gauge.clone(),
         };
         let (gauge, telemetry) = (self.gauge.clone(), self.telemetry.clone());
         let ended = connection.ended.clone();
@@ -386,6 +384,76 @@ struct Route {
     events: mpsc::Sender<Result<UpstreamEvent, UpstreamError>>,
     /// When it asked, until its first frame.
     asked: Option<Instant>,
+    /// The last sequence handed to the stream.
+    delivered: Option<u64>,
+    /// While a successor overlaps the connection: this stream's handover,
+    /// until it moved.
+    handover: Option<Handover>,
+    /// The successor carries it now (the connection's frames for it are
+    /// repeats).
+    moved: bool,
+    /// After a move to a successor that was behind: the successor's frames
+    /// up to here repeat what was handed on.
+    floor: Option<u64>,
+}
+
+impl Route {
+    fn new(
+        stream_id: String,
+        events: mpsc::Sender<Result<UpstreamEvent, UpstreamError>>,
+        asked: Option<Instant>,
+    ) -> Self {
+        Route {
+            stream_id,
+            events,
+            asked,
+            delivered: None,
+            handover: None,
+            moved: false,
+            floor: None,
+        }
+    }
+}
+
+/// Which of the (at most two) connections of a task a frame came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The connection the streams are on.
+    Current,
+    /// The one replacing it before its age.
+    Successor,
+}
+
+/// The connection that replaces a shared one before its age.
+enum SharedSuccessor {
+    Connecting(AbortOnDropHandle<Result<Box<Socket>, UpstreamError>>),
+    Open {
+        ws: Box<Socket>,
+        /// Its own subscribes, paced like the connection's.
+        outbox: Outbox,
+        since: Instant,
+    },
+}
+
+/// What woke a connection's task.
+enum TaskWake {
+    Command(Option<Command>),
+    Frame(Option<Result<Message, WsError>>),
+    Send,
+    AppPing,
+    Ping,
+    Idle,
+    Replace,
+    SuccessorOpen(Result<Box<Socket>, UpstreamError>),
+    SuccessorFrame(Option<Result<Message, WsError>>),
+    SuccessorSend,
+    OverlapOver,
+}
+
+/// The age at which a shared connection is replaced (up to a tenth early,
+/// spread by its first stream and replacement, as for one-stream connections).
+fn replacement_age(config: &WebSocketUpstreamConfig, stream_id: &str, n: u64) -> Duration {
+    super::websocket::spread_age(config.max_connection_age, stream_id, n)
 }
 
 /// Subscribe requests a connection remembers until answered: an exchange
@@ -405,10 +473,14 @@ struct ConnectionTask {
     /// an answer that refuses one ends exactly the streams it named.
     unanswered: BTreeMap<u64, Vec<String>>,
     url: String,
+    ws_config: WebSocketConfig,
+    budget: Arc<std::sync::Mutex<ConnectBudget>>,
+    /// When the connection is to be replaced (`UPSTREAM_MAX_CONNECTION_AGE_MS`).
+    replace_at: Option<Instant>,
+    replacements: u64,
+    successor: Option<SharedSuccessor>,
+    gauge: Arc<super::ConnectionGauge>,
 }
-
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 impl ConnectionTask {
     async fn run(
@@ -430,54 +502,152 @@ impl ConnectionTask {
             let now = Instant::now();
             let send_at = self.outbox.due(now).map(|due| due.max(hold_until));
             let idle_at = last_heard + self.config.idle_timeout;
-            tokio::select! {
+            let replace_at = self.replace_at.filter(|_| self.successor.is_none());
+            let successor = &mut self.successor;
+            let successor_wake = async {
+                match successor {
+                    Some(SharedSuccessor::Connecting(task)) => {
+                        TaskWake::SuccessorOpen(task.await.unwrap_or_else(|_| {
+                            Err(UpstreamError::Connect("the connect task ended".into()))
+                        }))
+                    }
+                    Some(SharedSuccessor::Open { ws, outbox, since }) => {
+                        let due = outbox
+                            .due(Instant::now())
+                            .map(|due| due.max(*since + BATCH_WINDOW));
+                        tokio::select! {
+                            message = ws.next() => TaskWake::SuccessorFrame(message),
+                            _ = sleep_until(due.unwrap_or(*since)), if due.is_some() => TaskWake::SuccessorSend,
+                            _ = sleep_until(*since + OVERLAP_MAX) => TaskWake::OverlapOver,
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let wake = tokio::select! {
                 biased;
-                command = inbox.recv() => {
-                    let Some(command) = command else {
-                        break UpstreamError::Closed("the worker stopped".into());
-                    };
+                command = inbox.recv() => TaskWake::Command(command),
+                message = ws.next() => TaskWake::Frame(message),
+                wake = successor_wake => wake,
+                _ = sleep_until(send_at.unwrap_or(now)), if send_at.is_some() => TaskWake::Send,
+                _ = sleep_until(next_app_ping.unwrap_or(now)), if next_app_ping.is_some() => TaskWake::AppPing,
+                _ = sleep_until(next_ping) => TaskWake::Ping,
+                _ = sleep_until(idle_at) => TaskWake::Idle,
+                _ = sleep_until(replace_at.unwrap_or(now)), if replace_at.is_some() => TaskWake::Replace,
+            };
+            match wake {
+                TaskWake::Command(None) => {
+                    break UpstreamError::Closed("the worker stopped".into());
+                }
+                TaskWake::Command(Some(command)) => {
                     if self.outbox.is_empty() {
                         hold_until = Instant::now() + BATCH_WINDOW;
                     }
                     self.command(command);
                 }
-                message = ws.next() => {
+                TaskWake::Frame(message) => {
                     last_heard = Instant::now();
-                    match message {
-                        Some(Ok(Message::Text(text))) => self.frame(text, last_heard),
-                        Some(Ok(Message::Binary(_))) => self.skipped(SkipReason::NotJson),
+                    let failure = match message {
+                        Some(Ok(Message::Text(text))) => {
+                            self.frame(text, last_heard, Side::Current);
+                            continue;
+                        }
+                        Some(Ok(Message::Binary(_))) => {
+                            self.skipped(SkipReason::NotJson);
+                            continue;
+                        }
                         Some(Ok(Message::Close(_))) | None => {
-                            break UpstreamError::Closed("the server closed the shared connection".into());
+                            UpstreamError::Closed("the server closed the shared connection".into())
                         }
-                        Some(Ok(_)) => {}
-                        Some(Err(error)) => {
-                            break UpstreamError::Closed(super::websocket::describe_error(&error, &self.url));
-                        }
+                        Some(Ok(_)) => continue,
+                        Some(Err(error)) => UpstreamError::Closed(
+                            super::websocket::describe_error(&error, &self.url),
+                        ),
+                    };
+                    // Ended before its successor took over: it takes over now.
+                    if self.promote(&mut ws) {
+                        last_heard = Instant::now();
+                        continue;
                     }
+                    break failure;
                 }
-                _ = sleep_until(send_at.unwrap_or(now)), if send_at.is_some() => {
+                TaskWake::Send => {
                     if let Some((op, routes)) = self.outbox.poll(Instant::now())
                         && let Err(error) = self.send(&mut ws, op, routes).await
                     {
                         break error;
                     }
                 }
-                _ = sleep_until(next_app_ping.unwrap_or(now)), if next_app_ping.is_some() => {
+                TaskWake::AppPing => {
                     next_app_ping = Some(Instant::now() + self.config.ping_interval);
                     if let Some(text) = &self.config.ping_text {
                         let _ = ws.send(Message::text(text.clone())).await;
                     }
                 }
-                _ = sleep_until(next_ping) => {
+                TaskWake::Ping => {
                     next_ping = Instant::now() + self.config.idle_timeout / 3;
                     let _ = ws.send(Message::Ping(Vec::new().into())).await;
                 }
-                _ = sleep_until(idle_at) => {
+                TaskWake::Idle => {
+                    if self.promote(&mut ws) {
+                        last_heard = Instant::now();
+                        continue;
+                    }
                     break UpstreamError::Idle(self.config.idle_timeout);
+                }
+                TaskWake::Replace => self.start_replacing(),
+                TaskWake::SuccessorOpen(result) => {
+                    self.successor_opened(result);
+                    if self.routes.is_empty() && self.promote(&mut ws) {
+                        last_heard = Instant::now();
+                    }
+                }
+                TaskWake::SuccessorFrame(message) => {
+                    match message {
+                        Some(Ok(Message::Text(text))) => {
+                            self.frame(text, Instant::now(), Side::Successor)
+                        }
+                        Some(Ok(Message::Close(_)) | Err(_)) | None => {
+                            self.successor_lost();
+                            continue;
+                        }
+                        Some(Ok(_)) => {}
+                    }
+                    if self.routes.values().all(|route| route.moved) && self.promote(&mut ws) {
+                        last_heard = Instant::now();
+                    }
+                }
+                TaskWake::SuccessorSend => {
+                    let Some(SharedSuccessor::Open {
+                        mut ws,
+                        mut outbox,
+                        since,
+                    }) = self.successor.take()
+                    else {
+                        continue;
+                    };
+                    let sent = match outbox.poll(Instant::now()) {
+                        Some((op, routes)) => self.send(&mut ws, op, routes).await,
+                        None => Ok(()),
+                    };
+                    self.successor = Some(SharedSuccessor::Open { ws, outbox, since });
+                    if sent.is_err() {
+                        self.successor_lost();
+                    }
+                }
+                TaskWake::OverlapOver => {
+                    tracing::warn!(
+                        url = redact_url(&self.url),
+                        "streams did not all meet on the new connection in time; switching them as they are"
+                    );
+                    if self.promote(&mut ws) {
+                        last_heard = Instant::now();
+                    }
                 }
             }
         };
         ended.cancel();
+        drop(self.successor.take());
         // Every stream on it sees the end as its own: each machine reconnects.
         for (_, route) in self.routes.drain() {
             let _ = route.events.try_send(Err(failure.clone()));
@@ -488,7 +658,159 @@ impl ConnectionTask {
         let _ = timeout(Duration::from_secs(1), ws.close(None)).await;
     }
 
+    /// The connection is old enough: a successor connects (within the
+    /// worker's connect budget) while this one runs on.
+    fn start_replacing(&mut self) {
+        let (url, ws_config, connect_timeout) = (
+            self.url.clone(),
+            self.ws_config,
+            self.config.connect_timeout,
+        );
+        let (budget, telemetry) = (self.budget.clone(), self.telemetry.clone());
+        let first = self
+            .routes
+            .values()
+            .next()
+            .map(|r| r.stream_id.clone())
+            .unwrap_or_default();
+        self.successor = Some(SharedSuccessor::Connecting(AbortOnDropHandle::new(
+            tokio::spawn(async move {
+                super::wait_for_the_budget(&budget, &*telemetry, &first).await;
+                connect(&url, ws_config, None, connect_timeout)
+                    .await
+                    .map(Box::new)
+            }),
+        )));
+    }
+
+    /// The successor is open: every stream is subscribed on it too, each
+    /// with its own handover.
+    fn successor_opened(&mut self, result: Result<Box<Socket>, UpstreamError>) {
+        let ws = match result {
+            Ok(ws) => ws,
+            Err(error) => {
+                tracing::warn!(
+                    error = %error,
+                    "a shared connection's replacement failed to connect; trying again, the connection runs on"
+                );
+                self.successor = None;
+                self.replace_at = Some(Instant::now() + REPLACE_RETRY);
+                return;
+            }
+        };
+        self.gauge_change(1);
+        let mut outbox = Outbox::new(
+            self.config.subscribe_batch,
+            self.config.subscribes_per_second,
+        );
+        for (name, route) in &mut self.routes {
+            route.handover = Some(Handover::new(route.delivered));
+            route.moved = false;
+            outbox.subscribe(name.clone());
+        }
+        self.successor = Some(SharedSuccessor::Open {
+            ws,
+            outbox,
+            since: Instant::now(),
+        });
+    }
+
+    /// The successor failed before every stream moved: the streams it
+    /// carried end (their machines reconnect); the others stay.
+    fn successor_lost(&mut self) {
+        if let Some(SharedSuccessor::Open { .. }) = self.successor.take() {
+            self.gauge_change(-1);
+        }
+        let moved: Vec<String> = self
+            .routes
+            .iter()
+            .filter(|(_, route)| route.moved)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in moved {
+            if let Some(route) = self.routes.remove(&name) {
+                let _ = route.events.try_send(Err(UpstreamError::Closed(
+                    "the connection replacing the shared one ended".into(),
+                )));
+            }
+        }
+        for route in self.routes.values_mut() {
+            route.handover = None;
+        }
+        self.replace_at = Some(Instant::now() + REPLACE_RETRY);
+    }
+
+    /// Makes an open successor the connection: streams that have not met
+    /// it yet move as they are, the old connection closes. Returns whether
+    /// there was one.
+    fn promote(&mut self, ws: &mut Socket) -> bool {
+        let Some(SharedSuccessor::Open {
+            ws: successor,
+            outbox,
+            ..
+        }) = self.successor.take()
+        else {
+            return false;
+        };
+        let unmoved: Vec<String> = self
+            .routes
+            .iter()
+            .filter(|(_, route)| !route.moved)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in unmoved {
+            self.move_route(&name);
+        }
+        for route in self.routes.values_mut() {
+            route.moved = false;
+        }
+        let mut old = std::mem::replace(ws, *successor);
+        tokio::spawn(async move {
+            let _ = timeout(Duration::from_secs(1), old.close(None)).await;
+        });
+        // What the old connection still owed it owes no more.
+        self.outbox = outbox;
+        self.gauge_change(-1);
+        self.replacements += 1;
+        let first = self
+            .routes
+            .values()
+            .next()
+            .map(|r| r.stream_id.clone())
+            .unwrap_or_default();
+        self.replace_at =
+            Some(Instant::now() + replacement_age(&self.config, &first, self.replacements));
+        tracing::info!(
+            url = redact_url(&self.url),
+            "replaced a shared connection before its age"
+        );
+        true
+    }
+
+    /// One stream moves to the successor: what it held past the handed-on
+    /// sequence is handed on.
+    fn move_route(&mut self, name: &str) {
+        let Some(route) = self.routes.get_mut(name) else {
+            return;
+        };
+        let held = route
+            .handover
+            .take()
+            .map(Handover::switch)
+            .unwrap_or_default();
+        route.moved = true;
+        route.floor = route.delivered;
+        for event in held {
+            self.deliver(name, event);
+        }
+    }
+
+    fn gauge_change(&self, connections: i64) {
+        self.gauge.change(connections, 0, &*self.telemetry);
+    }
+
     fn command(&mut self, command: Command) {
+        let overlapping = matches!(self.successor, Some(SharedSuccessor::Open { .. }));
         match command {
             Command::Add {
                 route,
@@ -496,21 +818,38 @@ impl ConnectionTask {
                 events,
                 asked,
             } => {
-                let held = Route {
-                    stream_id,
-                    events,
-                    asked: Some(asked),
-                };
-                self.routes.insert(route.clone(), held);
-                self.outbox.subscribe(route);
+                let mut held = Route::new(stream_id, events, Some(asked));
+                match &mut self.successor {
+                    // A stream that comes while a successor overlaps goes on
+                    // the successor only: nothing of it to hand over.
+                    Some(SharedSuccessor::Open { outbox, .. }) => {
+                        held.moved = true;
+                        outbox.subscribe(route.clone());
+                    }
+                    _ => self.outbox.subscribe(route.clone()),
+                }
+                self.routes.insert(route, held);
             }
             Command::Remove { route } => {
-                if self.routes.remove(&route).is_some() {
-                    self.unsubscribe(route);
+                if let Some(held) = self.routes.remove(&route) {
+                    if !(overlapping && held.moved) {
+                        self.unsubscribe(route.clone());
+                    }
+                    if overlapping {
+                        self.unsubscribe_on_successor(route);
+                    }
                 }
             }
             Command::Resubscribe { route } => {
-                if self.routes.contains_key(&route) {
+                let Some(held) = self.routes.get(&route) else {
+                    return;
+                };
+                if overlapping && held.moved {
+                    self.unsubscribe_on_successor(route.clone());
+                    if let Some(SharedSuccessor::Open { outbox, .. }) = &mut self.successor {
+                        outbox.subscribe(route);
+                    }
+                } else {
                     self.unsubscribe(route.clone());
                     self.outbox.subscribe(route);
                 }
@@ -521,6 +860,14 @@ impl ConnectionTask {
     fn unsubscribe(&mut self, route: String) {
         if !self.config.unsubscribe_template.is_empty() {
             self.outbox.unsubscribe(route);
+        }
+    }
+
+    fn unsubscribe_on_successor(&mut self, route: String) {
+        if let Some(SharedSuccessor::Open { outbox, .. }) = &mut self.successor
+            && !self.config.unsubscribe_template.is_empty()
+        {
+            outbox.unsubscribe(route);
         }
     }
 
@@ -562,42 +909,90 @@ impl ConnectionTask {
         Ok(())
     }
 
-    fn frame(&mut self, text: tokio_tungstenite::tungstenite::Utf8Bytes, at: Instant) {
+    fn frame(&mut self, text: tokio_tungstenite::tungstenite::Utf8Bytes, at: Instant, side: Side) {
         let (event, route) = match self.reader.read(text.clone(), at) {
             Read::Event { event, route } => (event, route),
             Read::Skip(reason) => return self.skipped(reason),
             Read::Control | Read::NoSequence => return self.control(text.as_str()),
         };
-        let Some(held) = route.as_ref().and_then(|route| self.routes.get_mut(route)) else {
+        let Some((name, held)) = route.and_then(|route| self.routes.get_key_value(&route)) else {
             // For a stream no longer held (unsubscribed, moved by a takeover).
             return self.skipped(SkipReason::Control);
         };
+        let (name, moved) = (name.clone(), held.moved);
+        let overlapping = matches!(self.successor, Some(SharedSuccessor::Open { .. }));
+        match side {
+            // Carried by the successor now: the connection repeats it.
+            Side::Current if overlapping && moved => {}
+            Side::Current => {
+                let handover = self.routes.get_mut(&name).and_then(|r| r.handover.as_mut());
+                let event = match handover {
+                    Some(handover) => handover.from_old(event),
+                    None => event,
+                };
+                self.deliver(&name, event);
+                if self.met(&name) {
+                    self.move_route(&name);
+                }
+            }
+            Side::Successor if moved => self.deliver(&name, event),
+            Side::Successor => {
+                if let Some(handover) = self.routes.get_mut(&name).and_then(|r| r.handover.as_mut())
+                {
+                    handover.from_new(event);
+                }
+                if self.met(&name) {
+                    self.move_route(&name);
+                }
+            }
+        }
+    }
+
+    /// Whether a stream's successor continues what was handed on (or holds
+    /// as much as it may).
+    fn met(&self, name: &str) -> bool {
+        self.routes
+            .get(name)
+            .and_then(|route| route.handover.as_ref())
+            .is_some_and(|handover| handover.met() || handover.full())
+    }
+
+    /// Hands an event to its stream (once: a successor's repeat of what was
+    /// handed on is dropped).
+    fn deliver(&mut self, name: &str, event: UpstreamEvent) {
+        let Some(held) = self.routes.get_mut(name) else {
+            return;
+        };
+        match held.floor {
+            Some(floor) if event.seq <= floor => return,
+            Some(_) => held.floor = None,
+            None => {}
+        }
         if let Some(asked) = held.asked.take() {
             self.telemetry.emit(TelemetryEvent::UpstreamSubscribed {
                 stream_id: held.stream_id.clone(),
-                duration: at.saturating_duration_since(asked),
+                duration: event.received_at.saturating_duration_since(asked),
             });
         }
+        let seq = event.seq;
         match held.events.try_send(Ok(event)) {
-            Ok(()) => {}
+            Ok(()) => held.delivered = held.delivered.max(Some(seq)),
             Err(mpsc::error::TrySendError::Full(_)) => {
                 // Its machine is not reading: drop it from the connection
                 // (its subscription ends; its resume mode covers the hole)
                 // rather than stall every other stream on it.
-                if let Some(route) = route {
-                    tracing::warn!(
-                        route,
-                        "a stream fell behind its shared connection; dropping it from the connection"
-                    );
-                    self.routes.remove(&route);
-                    self.unsubscribe(route);
-                }
+                tracing::warn!(
+                    route = name,
+                    "a stream fell behind its shared connection; dropping it from the connection"
+                );
+                self.routes.remove(name);
+                self.unsubscribe(name.to_owned());
+                self.unsubscribe_on_successor(name.to_owned());
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
-                if let Some(route) = route {
-                    self.routes.remove(&route);
-                    self.unsubscribe(route);
-                }
+                self.routes.remove(name);
+                self.unsubscribe(name.to_owned());
+                self.unsubscribe_on_successor(name.to_owned());
             }
         }
     }

@@ -165,19 +165,24 @@ struct PlannedReconnect {
 }
 
 impl PlannedReconnect {
-    /// The age at which connection `n` of `stream_id` is replaced: up to a
-    /// tenth earlier than the setting, spread by stream, so that streams
-    /// connected together (a worker's start) do not all reconnect at once.
+    /// The age at which connection `n` of `stream_id` is replaced.
     fn age_for(&self, stream_id: &str, n: u64) -> Duration {
-        let spread = self.max_age / 10;
-        let hash = stream_id
-            .bytes()
-            .fold(n.wrapping_mul(0x9E37_79B9_7F4A_7C15), |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
-            });
-        let fraction = (hash % 1_000) as u32;
-        self.max_age - spread * fraction / 1_000
+        spread_age(self.max_age, stream_id, n)
     }
+}
+
+/// The age at which connection `n` of `stream_id` is replaced: up to a tenth
+/// earlier than `max_age`, spread by stream, so that streams connected
+/// together (a worker's start) do not all reconnect at once.
+pub(crate) fn spread_age(max_age: Duration, stream_id: &str, n: u64) -> Duration {
+    let spread = max_age / 10;
+    let hash = stream_id
+        .bytes()
+        .fold(n.wrapping_mul(0x9E37_79B9_7F4A_7C15), |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+        });
+    let fraction = (hash % 1_000) as u32;
+    max_age - spread * fraction / 1_000
 }
 
 /// The connection that replaces the current one before its age.
@@ -192,7 +197,8 @@ enum Successor {
     },
 }
 
-type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// A client WebSocket connection.
+pub(crate) type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 struct WebSocketSubscription {
     /// Replacing connections before their age, when set.
@@ -673,7 +679,7 @@ impl Drop for WebSocketSubscription {
 }
 
 /// Opens `url` and sends the subscribe, within `connect_timeout`.
-async fn connect(
+pub(crate) async fn connect(
     url: &str,
     ws_config: WebSocketConfig,
     subscribe: Option<String>,

@@ -248,3 +248,121 @@ async fn a_refused_subscribe_ends_the_streams_its_request_named_and_no_other() {
     let before = first_event(&mut a).await.seq;
     assert!(first_event(&mut a).await.seq > before);
 }
+
+/// A live combined-stream exchange: one update id for every name and
+/// connection, a frame every 2 ms for each subscribed name, every
+/// connection cut once it is `cut_at` old, and every other connection
+/// 40 ms behind the others (so a successor starts ahead, then behind).
+/// Returns its address and how many connections it accepted.
+async fn live_combined_exchange_cutting_at(
+    cut_at: Duration,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (heads, _) = tokio::sync::broadcast::channel::<u64>(4_096);
+    let ticker = heads.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(2));
+        for n in 1.. {
+            tick.tick().await;
+            let _ = ticker.send(n);
+        }
+    });
+    let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let number = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let lag = Duration::from_millis(if number % 2 == 1 { 40 } else { 0 });
+            let mut heads = heads.subscribe();
+            tokio::spawn(async move {
+                let opened = Instant::now();
+                let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+                let mut names: Vec<String> = Vec::new();
+                let mut due = VecDeque::new();
+                loop {
+                    let next_due = due.front().map(|(at, _)| *at);
+                    tokio::select! {
+                        message = ws.next() => {
+                            let Some(Ok(Message::Text(text))) = message else { return };
+                            let request: Value = serde_json::from_str(&text).unwrap();
+                            let params: Vec<String> =
+                                serde_json::from_value(request["params"].clone()).unwrap();
+                            match request["method"].as_str() {
+                                Some("SUBSCRIBE") => names.extend(params),
+                                _ => names.retain(|name| !params.contains(name)),
+                            }
+                            let ack = serde_json::json!({"result": null, "id": request["id"]});
+                            let _ = ws.send(Message::text(ack.to_string())).await;
+                        }
+                        n = heads.recv() => {
+                            let Ok(n) = n else { return };
+                            due.push_back((Instant::now() + lag, n));
+                        }
+                        _ = sleep_until(next_due.unwrap_or(opened)), if next_due.is_some() => {
+                            while let Some((_, n)) = due.front().filter(|(at, _)| *at <= Instant::now()).copied() {
+                                due.pop_front();
+                                for name in &names {
+                                    let frame = serde_json::json!({"stream": name, "data": {"u": n}});
+                                    if ws.send(Message::text(frame.to_string())).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                        }
+                        _ = sleep_until(opened + cut_at) => {
+                            let _ = ws.close(None).await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn a_shared_connection_replaced_before_its_age_hands_each_stream_every_update_once() {
+    // Cut at 1.5 s, replaced from 0.54 s: room for a loaded machine.
+    let (addr, accepted) = live_combined_exchange_cutting_at(Duration::from_millis(1_500)).await;
+    let telemetry = leasehold_telemetry::RecordingSink::new();
+    let config = WebSocketUpstreamConfig {
+        max_connection_age: Duration::from_millis(600),
+        ..shared_config(addr, 10)
+    };
+    let upstream = SharedUpstream::new(config, Arc::new(telemetry));
+    let mut subs = Vec::new();
+    for stream in ["a", "b", "c"] {
+        subs.push(upstream.subscribe(stream, 0).await.expect("subscribed"));
+    }
+    let until = Instant::now() + Duration::from_millis(3_000);
+    let readers = subs.into_iter().map(|mut sub| {
+        tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            while Instant::now() < until {
+                let event = timeout(Duration::from_secs(5), sub.next())
+                    .await
+                    .expect("a frame in time")
+                    .expect("never cut: replaced before the server's age");
+                seqs.push(event.seq);
+            }
+            seqs
+        })
+    });
+    for seqs in futures_util::future::join_all(readers).await {
+        let seqs = seqs.unwrap();
+        let broken: Vec<_> = seqs.windows(2).filter(|w| w[1] != w[0] + 1).collect();
+        assert!(broken.is_empty(), "every update once, in order: {broken:?}");
+        assert!(seqs.len() > 500, "{} frames", seqs.len());
+    }
+    assert!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst) >= 4,
+        "replaced at least three times (the server alone would have cut once)"
+    );
+    assert_eq!(
+        upstream.connections().await,
+        1,
+        "one connection, replaced in place"
+    );
+}
