@@ -7,6 +7,7 @@
 
 pub mod acl;
 pub mod iam;
+pub mod recording;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
