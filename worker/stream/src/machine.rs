@@ -80,6 +80,11 @@ pub enum Input {
     },
     /// Write what is pending, then stop (`Stop::Drain`).
     Drain,
+    /// Drain once the sink confirmed through this sequence: a successor
+    /// that subscribed before the release holds what follows (an
+    /// overlapping hand-off, `HANDOFF_PREPARE_TIMEOUT_MS`). Consuming goes
+    /// on until then.
+    DrainAfter(u64),
     /// Ownership is gone: no further side effect.
     Lost(LossReason),
 }
@@ -303,6 +308,8 @@ pub struct StreamMachine {
     then: Then,
     /// Drain was asked for while an epoch was starting.
     drain_asked: bool,
+    /// Drain once the sink confirmed through this ([`Input::DrainAfter`]).
+    drain_after: Option<u64>,
     draining: bool,
     fetching: bool,
     empty_pages: u32,
@@ -404,6 +411,7 @@ impl StreamMachine {
             reconnects: 0,
             then: Then::Consume,
             drain_asked: false,
+            drain_after: None,
             draining: false,
             fetching: false,
             empty_pages: 0,
@@ -551,6 +559,7 @@ impl StreamMachine {
             _ if self.stopped.is_some() => {}
             Input::Lost(reason) => self.stop(Stop::Lost(reason)),
             Input::Drain => self.drain(),
+            Input::DrainAfter(seq) => self.drain_after = Some(seq),
             Input::Subscribed => {
                 self.link = Link::Up;
                 self.sequencer.connected();
@@ -570,6 +579,13 @@ impl StreamMachine {
             Input::Page(result) => self.page_landed(result, now),
             Input::Snapshot(result) => self.snapshot_landed(result, now),
             Input::EpochStarted { fence_token } => self.epoch_started(fence_token, now),
+        }
+        if let Some(target) = self.drain_after
+            && self.progress.confirmed >= target
+            && !self.draining
+        {
+            self.drain_after = None;
+            self.drain();
         }
         self.watch_the_hold(now);
     }

@@ -583,6 +583,44 @@ fn a_failed_connection_is_written_out_before_the_reconnect() {
 }
 
 #[test]
+fn a_drain_after_a_sequence_consumes_until_the_sink_confirmed_it() {
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    s.frames(1..=2);
+    assert_eq!(writes(&s.actions()), [vec![1, 2]]);
+    s.written(2, 0, 0);
+    s.actions();
+    // The successor holds from 5 on: 3 and 4 are still this owner's.
+    s.feed(Input::DrainAfter(4));
+    s.frames(3..=3);
+    let out = s.actions();
+    assert_eq!(writes(&out), [vec![3]]);
+    assert!(!out.iter().any(|a| matches!(a, Action::Close)), "{out:?}");
+    s.written(1, 0, 0);
+    s.frames(4..=5);
+    let out = s.actions();
+    assert_eq!(writes(&out), [vec![4, 5]]);
+    assert!(
+        !out.iter().any(|a| matches!(a, Action::Close)),
+        "not before 4 is confirmed: {out:?}"
+    );
+    s.written(2, 0, 0);
+    let out = s.actions();
+    assert!(out.iter().any(|a| matches!(a, Action::Close)), "{out:?}");
+    assert_eq!(s.machine.stopped(), Some(&Stop::Drain));
+    // A target already confirmed drains at once.
+    let mut s = Script::new(config(), start(0));
+    s.connected();
+    s.frames(1..=3);
+    s.actions();
+    s.written(3, 0, 0);
+    s.actions();
+    s.feed(Input::DrainAfter(2));
+    assert!(s.actions().iter().any(|a| matches!(a, Action::Close)));
+    assert_eq!(s.machine.stopped(), Some(&Stop::Drain));
+}
+
+#[test]
 fn drain_closes_writes_what_is_pending_and_stops() {
     let mut s = Script::new(config(), start(0));
     s.connected();
