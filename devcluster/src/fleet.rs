@@ -189,6 +189,9 @@ impl Fleet {
                 discovery_interval: self.options.discovery_interval,
                 handoff_poll: self.options.handoff_poll,
                 discovery_mode: self.options.discovery,
+                // Silent upstreams: a successor never holds a frame to
+                // overlap from, so a drain would only wait for nothing.
+                handoff_prepare_timeout: std::time::Duration::ZERO,
                 ..StreamWorkerConfig::default()
             },
         );

@@ -882,3 +882,84 @@ async fn connections_replaced_before_the_exchanges_age_leave_no_gap_on_a_live_st
         );
     }
 }
+
+/// A drain on a `live` upstream (Binance trades, no history, 200 a second
+/// per stream): with `HANDOFF_LISTEN`, the successor subscribes each stream
+/// before the draining worker releases it, and the draining worker writes up
+/// to the successor's first frame, so every trade is in the sink once, in
+/// order, with no marker. With `HANDOFF_PREPARE_TIMEOUT_MS=0` (release, then
+/// the successor subscribes) the same drain leaves a marker in the streams it
+/// moved, which shows the upstream's pace makes the window bite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_on_a_live_upstream_overlaps_each_hand_off_and_loses_nothing() {
+    let _serial = serial().await;
+    for prepare in ["5000", "0"] {
+        let shape = ExchangeShape::BinanceTrade;
+        let mut config = config(shape);
+        config.history_retention = 0;
+        config.rate = 200.0;
+        let shutdown = CancellationToken::new();
+        let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), config, shutdown.clone())
+            .await
+            .expect("fake exchange starts");
+        let streams: Vec<String> = (0..4).map(|_| unique_symbol(shape)).collect();
+        let Some(mut cluster) = Cluster::start_on(server.ws_url(), streams.clone()).await else {
+            return;
+        };
+        let mut settings: Vec<(&str, String)> = server.worked_settings();
+        settings.extend([
+            ("UPSTREAM_RESUME", "live".into()),
+            ("HANDOFF_LISTEN", "127.0.0.1:0".into()),
+            ("HANDOFF_PREPARE_TIMEOUT_MS", prepare.into()),
+            ("DISCOVERY_INTERVAL_MS", "1000".into()),
+        ]);
+        let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        cluster.start_worker_with("w1", &settings);
+        cluster.start_worker_with("w2", &settings);
+        cluster
+            .wait_owners(Duration::from_secs(40), |o| {
+                o.len() == 4 && o.values().filter(|w| *w == "w1").count() == 2
+            })
+            .await;
+        // Every stream writing before the drain.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        cluster.workers["w1"].signal("TERM");
+        cluster
+            .wait_owners(Duration::from_secs(20), |o| {
+                o.len() == 4 && o.values().all(|w| w == "w2")
+            })
+            .await;
+        let mut w1 = cluster.workers.remove("w1").unwrap();
+        assert!(w1.wait_exit(Duration::from_secs(20)).success());
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        cluster.stop_workers();
+        let logs = cluster.logs();
+        let mut markers = 0;
+        for stream in &streams {
+            let entries = cluster.sink_entries(stream).await;
+            assert!(
+                entries.len() > 200,
+                "{stream}: {} entries\n{logs}",
+                entries.len()
+            );
+            markers += entries.iter().filter(|e| e.gap.is_some()).count();
+            if prepare != "0" {
+                let ids: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+                let broken: Vec<_> = ids.windows(2).filter(|w| w[1] != w[0] + 1).collect();
+                assert!(
+                    broken.is_empty(),
+                    "{stream}: every trade once, in order: {broken:?}\n{logs}"
+                );
+            }
+        }
+        shutdown.cancel();
+        if prepare == "0" {
+            assert!(
+                markers >= 1,
+                "releasing first loses trades: no marker\n{logs}"
+            );
+        } else {
+            assert_eq!(markers, 0, "an overlapped drain leaves no marker\n{logs}");
+        }
+    }
+}

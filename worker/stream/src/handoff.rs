@@ -22,19 +22,99 @@ use crate::balance::Census;
 
 /// What a datagram starts with; the stream id follows.
 const PREFIX: &[u8] = b"leasehold-handoff ";
+/// A prepare: the reply address, a space, then the stream id.
+const PREPARE: &[u8] = b"leasehold-prepare ";
+/// A ready: the first held sequence, a space, then the stream id.
+const READY: &[u8] = b"leasehold-ready ";
 
-/// Longest datagram read: the prefix and a stream id (at most 1,024 bytes).
-const MAX_DATAGRAM: usize = 1_100;
+/// Longest datagram read: a prefix, an address or a sequence and a stream
+/// id (at most 1,024 bytes).
+const MAX_DATAGRAM: usize = 1_200;
+
+/// What a peer's datagram says. A hint, never a grant: only the acquire
+/// decides, and a prepare or ready costs at most a subscription or a
+/// bounded wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hint {
+    /// The stream is free for this worker: acquire it now.
+    Take(String),
+    /// An overlapping hand-off: a draining peer will release the stream to
+    /// this worker; subscribe it now, hold its frames, and answer `reply`
+    /// with a [`Hint::Ready`] naming the first one held.
+    Prepare {
+        /// The stream.
+        stream: String,
+        /// The draining peer's hand-off address.
+        reply: SocketAddr,
+    },
+    /// The successor holds the stream's frames from `first_seq` on: the
+    /// draining peer writes up to it, then releases.
+    Ready {
+        /// The stream.
+        stream: String,
+        /// The first sequence the successor holds.
+        first_seq: u64,
+        /// Who sent it (a ready from anyone but the prepared successor is
+        /// ignored).
+        from: SocketAddr,
+    },
+}
 
 /// The datagram that hands `stream_id` over.
 pub fn encode(stream_id: &str) -> Vec<u8> {
     [PREFIX, stream_id.as_bytes()].concat()
 }
 
-/// The stream a datagram names, if it is one of ours.
+/// The datagram that asks a successor to prepare `stream_id`.
+pub fn encode_prepare(stream_id: &str, reply: SocketAddr) -> Vec<u8> {
+    [
+        PREPARE,
+        reply.to_string().as_bytes(),
+        b" ",
+        stream_id.as_bytes(),
+    ]
+    .concat()
+}
+
+/// The datagram that says the successor holds `stream_id` from `first_seq`.
+pub fn encode_ready(stream_id: &str, first_seq: u64) -> Vec<u8> {
+    [
+        READY,
+        first_seq.to_string().as_bytes(),
+        b" ",
+        stream_id.as_bytes(),
+    ]
+    .concat()
+}
+
+/// The stream a take datagram names, if it is one of ours.
 pub fn decode(datagram: &[u8]) -> Option<&str> {
     let id = std::str::from_utf8(datagram.strip_prefix(PREFIX)?).ok()?;
     (!id.is_empty()).then_some(id)
+}
+
+/// What a datagram from `from` says, if it is one of ours (a prepare's
+/// reply address must be one this worker may send to).
+pub fn decode_hint(datagram: &[u8], from: SocketAddr) -> Option<Hint> {
+    if let Some(stream) = decode(datagram) {
+        return Some(Hint::Take(stream.to_owned()));
+    }
+    let two_parts = |rest: &[u8]| -> Option<(String, String)> {
+        let text = std::str::from_utf8(rest).ok()?;
+        let (head, stream) = text.split_once(' ')?;
+        (!stream.is_empty()).then(|| (head.to_owned(), stream.to_owned()))
+    };
+    if let Some(rest) = datagram.strip_prefix(PREPARE) {
+        let (reply, stream) = two_parts(rest)?;
+        let reply = peer_addr(&reply)?;
+        return Some(Hint::Prepare { stream, reply });
+    }
+    let (first_seq, stream) = two_parts(datagram.strip_prefix(READY)?)?;
+    Some(Hint::Ready {
+        stream,
+        first_seq: first_seq.parse().ok()?,
+        from,
+    })
 }
 
 /// `raw` (a peer's `handoff_addr`) as an address this worker may send to.
@@ -91,7 +171,7 @@ enum Transport {
 /// full or gone receiver drops the push, as a lost datagram would).
 #[derive(Debug, Clone, Default)]
 pub struct InProcessNet {
-    peers: Arc<std::sync::Mutex<HashMap<SocketAddr, mpsc::Sender<String>>>>,
+    peers: Arc<std::sync::Mutex<HashMap<SocketAddr, mpsc::Sender<Hint>>>>,
     sockets: Arc<std::sync::atomic::AtomicU16>,
 }
 
@@ -161,8 +241,8 @@ impl HandoffSocket {
         self.advertised
     }
 
-    /// Forwards every stream id pushed to this worker until the receiver goes.
-    pub fn listen(&self) -> (mpsc::Receiver<String>, JoinHandle<()>) {
+    /// Forwards every hint sent to this worker until the receiver goes.
+    pub fn listen(&self) -> (mpsc::Receiver<Hint>, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(256);
         let socket = match &self.transport {
             Transport::Udp(socket) => socket.clone(),
@@ -177,11 +257,11 @@ impl HandoffSocket {
         let task = tokio::spawn(async move {
             let mut buffer = vec![0u8; MAX_DATAGRAM];
             loop {
-                let Ok((read, _)) = socket.recv_from(&mut buffer).await else {
+                let Ok((read, from)) = socket.recv_from(&mut buffer).await else {
                     continue;
                 };
-                if let Some(stream) = decode(&buffer[..read])
-                    && tx.send(stream.to_owned()).await.is_err()
+                if let Some(hint) = decode_hint(&buffer[..read], from)
+                    && tx.send(hint).await.is_err()
                 {
                     return;
                 }
@@ -193,10 +273,36 @@ impl HandoffSocket {
     /// Tells `to` that `stream_id` is free for it. Best effort: a failure
     /// leaves the doorbell path.
     pub async fn push(&self, to: SocketAddr, stream_id: &str) {
+        self.send(to, encode(stream_id), Hint::Take(stream_id.to_owned()))
+            .await;
+    }
+
+    /// Asks `to` to subscribe `stream_id` before this worker releases it.
+    pub async fn prepare(&self, to: SocketAddr, stream_id: &str) {
+        let hint = Hint::Prepare {
+            stream: stream_id.to_owned(),
+            reply: self.advertised,
+        };
+        self.send(to, encode_prepare(stream_id, self.advertised), hint)
+            .await;
+    }
+
+    /// Tells `to` that this worker holds `stream_id` from `first_seq` on.
+    pub async fn ready(&self, to: SocketAddr, stream_id: &str, first_seq: u64) {
+        let hint = Hint::Ready {
+            stream: stream_id.to_owned(),
+            first_seq,
+            from: self.advertised,
+        };
+        self.send(to, encode_ready(stream_id, first_seq), hint)
+            .await;
+    }
+
+    async fn send(&self, to: SocketAddr, datagram: Vec<u8>, hint: Hint) {
         match &self.transport {
             Transport::Udp(socket) => {
-                if let Err(err) = socket.send_to(&encode(stream_id), to).await {
-                    tracing::debug!(stream_id, %to, error = %err, "hand-off push not sent; the doorbell remains");
+                if let Err(err) = socket.send_to(&datagram, to).await {
+                    tracing::debug!(%to, error = %err, "hand-off datagram not sent; the doorbell remains");
                 }
             }
             Transport::InProcess(net) => {
@@ -207,7 +313,7 @@ impl HandoffSocket {
                     .get(&to)
                     .cloned();
                 if let Some(peer) = peer {
-                    let _ = peer.try_send(stream_id.to_owned());
+                    let _ = peer.try_send(hint);
                 }
             }
         }
@@ -280,8 +386,43 @@ mod tests {
         let sender =
             HandoffSocket::new(std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), addr).unwrap();
         sender.push(addr, "eth-usd").await;
-        assert_eq!(pushed.recv().await.as_deref(), Some("eth-usd"));
+        assert_eq!(pushed.recv().await, Some(Hint::Take("eth-usd".into())));
+        sender.prepare(addr, "btc usd").await;
+        assert_eq!(
+            pushed.recv().await,
+            Some(Hint::Prepare {
+                stream: "btc usd".into(),
+                reply: addr
+            })
+        );
         task.abort();
+    }
+
+    #[test]
+    fn prepares_and_readies_name_their_stream_and_reply_or_sequence() {
+        let peer: SocketAddr = "10.0.3.7:9470".parse().unwrap();
+        let from: SocketAddr = "10.0.3.8:9470".parse().unwrap();
+        assert_eq!(
+            decode_hint(&encode_prepare("a b", peer), from),
+            Some(Hint::Prepare {
+                stream: "a b".into(),
+                reply: peer
+            })
+        );
+        assert_eq!(
+            decode_hint(&encode_ready("a b", 42), from),
+            Some(Hint::Ready {
+                stream: "a b".into(),
+                first_seq: 42,
+                from
+            })
+        );
+        // A reply address no peer may have is refused with the hint.
+        let metadata: SocketAddr = "169.254.169.254:80".parse().unwrap();
+        assert_eq!(decode_hint(&encode_prepare("s", metadata), from), None);
+        assert_eq!(decode_hint(b"leasehold-ready x s", from), None);
+        assert_eq!(decode_hint(b"leasehold-ready 5 ", from), None);
+        assert_eq!(decode_hint(b"leasehold-prepare 10.0.3.7:9470", from), None);
     }
 
     #[tokio::test]

@@ -208,6 +208,40 @@ pub async fn run_stream(
     lease: HeldLease,
     drain: CancellationToken,
 ) -> StreamExit {
+    let (_unused, drain_after) = tokio::sync::watch::channel(None);
+    let controls = Controls {
+        drain,
+        drain_after,
+        prepared: None,
+    };
+    run_stream_with(context, lease, controls).await
+}
+
+/// How a worker steers one running stream: the drain, the drain after a
+/// sequence (an overlapping hand-off's predecessor), and a subscription made
+/// before the lease was taken (its successor).
+pub struct Controls {
+    /// Cancelled: write what is pending, then release.
+    pub drain: CancellationToken,
+    /// A sequence: drain once the sink confirmed through it (the successor
+    /// holds what follows).
+    pub drain_after: tokio::sync::watch::Receiver<Option<u64>>,
+    /// The subscription the first connect uses, holding the frames that
+    /// came since it was made.
+    pub prepared: Option<Box<dyn Subscription>>,
+}
+
+/// [`run_stream`] steered by `controls`.
+pub async fn run_stream_with(
+    context: Arc<RunnerContext>,
+    lease: HeldLease,
+    controls: Controls,
+) -> StreamExit {
+    let Controls {
+        drain,
+        mut drain_after,
+        prepared,
+    } = controls;
     let mut lease = lease;
     let stop = match open(&context, &lease).await {
         Err(stop) => stop,
@@ -223,7 +257,18 @@ pub async fn run_stream(
                     Instant::now(),
                 ),
             };
-            drive(&context, &mut lease, &drain, &mut held.machine).await
+            let mut out = Out {
+                prepared,
+                ..Out::default()
+            };
+            drive(
+                &context,
+                &mut lease,
+                (&drain, &mut drain_after),
+                &mut held.machine,
+                &mut out,
+            )
+            .await
         }
     };
     let exit = match stop {
@@ -273,6 +318,9 @@ type PageFetch = AbortOnDropHandle<Input>;
 /// connection, one fetch).
 #[derive(Default)]
 struct Out {
+    /// A subscription made before the lease (an overlapping hand-off's):
+    /// the first connect takes it.
+    prepared: Option<Box<dyn Subscription>>,
     subscription: Option<Box<dyn Subscription>>,
     subscribing: Option<BoxFuture<'static, Result<Box<dyn Subscription>, UpstreamError>>>,
     /// A write or a re-open: its reply is the input.
@@ -311,15 +359,20 @@ async fn next_frame(
 async fn drive(
     context: &RunnerContext,
     lease: &mut HeldLease,
-    drain: &CancellationToken,
+    (drain, drain_after): (
+        &CancellationToken,
+        &mut tokio::sync::watch::Receiver<Option<u64>>,
+    ),
     machine: &mut StreamMachine,
+    out: &mut Out,
 ) -> Stop {
-    let mut out = Out::default();
     let mut drain_seen = false;
+    // A sender gone (or a plain `run_stream`) sends nothing more.
+    let mut drain_after_open = true;
     loop {
         machine.set_persisted(lease.persisted_checkpoint());
         while let Some(action) = machine.poll_action() {
-            if let Err(stop) = carry_out(context, lease, machine, &mut out, action).await {
+            if let Err(stop) = carry_out(context, lease, machine, out, action).await {
                 out.close().await;
                 return stop;
             }
@@ -345,6 +398,16 @@ async fn drive(
             _ = drain.cancelled(), if !drain_seen => {
                 drain_seen = true;
                 machine.handle(Input::Drain, Instant::now());
+            }
+            changed = drain_after.changed(), if drain_after_open && !drain_seen => {
+                match changed {
+                    Ok(()) => {
+                        if let Some(seq) = *drain_after.borrow_and_update() {
+                            machine.handle(Input::DrainAfter(seq), Instant::now());
+                        }
+                    }
+                    Err(_) => drain_after_open = false,
+                }
             }
             input = next_of(&mut out.sink_call), if out.sink_call.is_some() => {
                 out.sink_call = None;
@@ -413,6 +476,12 @@ async fn carry_out(
         return Ok(());
     }
     match action {
+        Action::Subscribe { .. } if out.prepared.is_some() => {
+            let prepared = out.prepared.take();
+            out.subscribing = Some(Box::pin(async move {
+                prepared.ok_or_else(|| UpstreamError::Closed("no prepared subscription".into()))
+            }));
+        }
         Action::Subscribe { from } => {
             let upstream = context.upstream.clone();
             let stream_id = lease.stream_id.clone();

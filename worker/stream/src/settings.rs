@@ -490,6 +490,16 @@ pub const HANDOFF_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
      `handoff_addr` (an unspecified IP becomes the ECS task's address, else 127.0.0.1). Unset: \
      hand-offs wait for the doorbell poll and a scan.",
 );
+/// The `HANDOFF_PREPARE_TIMEOUT_MS` variable.
+pub const HANDOFF_PREPARE_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "HANDOFF_PREPARE_TIMEOUT_MS",
+    parse::MILLIS,
+    Fallback::Value(|| Duration::from_millis(5_000)),
+    "With `HANDOFF_LISTEN`, a drain overlaps each hand-off: the successor subscribes the stream \
+     first and answers with the first sequence it holds, and the draining worker writes up to \
+     it before it releases, so a `live` stream loses nothing. The wait for that answer, and then \
+     for the writing, at most (then the stream is released as it is; 0: no overlap).",
+);
 /// The `DRAIN_TIMEOUT_MS` variable.
 pub const DRAIN_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "DRAIN_TIMEOUT_MS",
@@ -592,6 +602,7 @@ pub const ALL: &[&dyn Documented] = &[
     &DISCOVERY_MODE,
     &HANDOFF_POLL_MS,
     &HANDOFF_LISTEN,
+    &HANDOFF_PREPARE_TIMEOUT_MS,
     &DRAIN_TIMEOUT_MS,
     &BATCH_MAX_EVENTS,
     &BATCH_MAX_DELAY_MS,
@@ -899,6 +910,7 @@ pub fn parse(lookup: Lookup) -> Result<StreamWorkerSettings, ConfigError> {
         discovery_mode: env.get(&DISCOVERY_MODE),
         handoff_poll: env.get(&HANDOFF_POLL_MS),
         drain_timeout: env.get(&DRAIN_TIMEOUT_MS),
+        handoff_prepare_timeout: env.get(&HANDOFF_PREPARE_TIMEOUT_MS),
         register,
         // Explicit only here; the binary derives it on ECS when unset.
         sidecar_url: env.optional(&leasehold_telemetry::settings::SIDECAR_URL),

@@ -53,16 +53,18 @@ use leasehold_telemetry::TelemetrySink;
 use super::settings::StreamWorkerSettings;
 use crate::balance::{Census, GiftFate, Gifts, Share};
 use crate::discovery::{Action, Discovery, Ended, Input};
-use crate::handoff::{self, HandoffSocket};
+use crate::handoff::{self, HandoffSocket, Hint};
 use crate::probes::{ExpiryProbes, Probe};
-use crate::runner::{RunnerContext, StreamExit, run_stream};
+use crate::runner::{Controls, RunnerContext, StreamExit, run_stream_with};
 use crate::upstream::history::{BoundedHistory, History, HttpHistory};
 use crate::upstream::{SharedUpstream, WebSocketUpstream};
 use leasehold_sink::FencedSink;
 
 mod assigned;
+mod overlap;
 pub use crate::discovery::DiscoveryMode;
 use assigned::Offered;
+use overlap::PreparedStreams;
 
 /// How a stream worker discovers, balances and drains.
 #[derive(Debug, Clone)]
@@ -78,6 +80,9 @@ pub struct StreamWorkerConfig {
     pub handoff_poll: Duration,
     /// Budget for finishing in-flight batches on shutdown.
     pub drain_timeout: Duration,
+    /// How long a drain waits for a successor to hold a stream before it
+    /// releases it anyway (`HANDOFF_PREPARE_TIMEOUT_MS`; zero: no overlap).
+    pub handoff_prepare_timeout: Duration,
     /// Streams to register at start (idempotent).
     pub register: Vec<String>,
     /// This worker's sidecar, stored in its presence record (`sidecar_url`) so
@@ -89,7 +94,8 @@ impl Default for StreamWorkerConfig {
     /// The settings' defaults (written once, in `crate::settings`).
     fn default() -> Self {
         use crate::settings::{
-            DISCOVERY_INTERVAL_MS, DRAIN_TIMEOUT_MS, HANDOFF_POLL_MS, MAX_STREAMS,
+            DISCOVERY_INTERVAL_MS, DRAIN_TIMEOUT_MS, HANDOFF_POLL_MS, HANDOFF_PREPARE_TIMEOUT_MS,
+            MAX_STREAMS,
         };
         StreamWorkerConfig {
             max_streams: MAX_STREAMS.fixed_default(),
@@ -97,6 +103,7 @@ impl Default for StreamWorkerConfig {
             discovery_mode: DiscoveryMode::default(),
             handoff_poll: HANDOFF_POLL_MS.fixed_default(),
             drain_timeout: DRAIN_TIMEOUT_MS.fixed_default(),
+            handoff_prepare_timeout: HANDOFF_PREPARE_TIMEOUT_MS.fixed_default(),
             register: Vec::new(),
             sidecar_url: None,
         }
@@ -115,6 +122,8 @@ pub struct DrainReport {
 struct Running {
     lease: HeldLease,
     drain: CancellationToken,
+    /// An overlapping hand-off's last sequence for this worker to write.
+    drain_after: tokio::sync::watch::Sender<Option<u64>>,
     task: JoinHandle<StreamExit>,
 }
 
@@ -150,6 +159,8 @@ pub struct StreamWorker {
     /// Assigned discovery: streams handed back, and the worker each is
     /// advised to (pushed there once released).
     handing_to: HashMap<String, String>,
+    /// Streams subscribed for a draining peer before it releases them.
+    prepared: PreparedStreams,
     exits_tx: mpsc::UnboundedSender<Exited>,
     exits_rx: mpsc::UnboundedReceiver<Exited>,
 }
@@ -182,6 +193,7 @@ impl StreamWorker {
             assigner: None,
             assigner_due: None,
             handing_to: HashMap::new(),
+            prepared: PreparedStreams::default(),
             exits_tx,
             exits_rx,
         }
@@ -297,30 +309,80 @@ impl StreamWorker {
                         discovery.handle(Input::ProbeDue(probe), Instant::now());
                     }
                 }
-                Some(stream) = async { pushed.as_mut()?.recv().await }, if pushed.is_some() => {
-                    // Every push already here at once: a drained peer's
+                Some(hint) = async { pushed.as_mut()?.recv().await }, if pushed.is_some() => {
+                    // Every hint already here at once: a drained peer's
                     // streams are taken together, not one round trip each.
-                    let mut streams = vec![stream];
+                    let mut hints = vec![hint];
                     while let Some(Ok(more)) = pushed.as_mut().map(mpsc::Receiver::try_recv) {
-                        streams.push(more);
+                        hints.push(more);
                     }
-                    discovery.handle(Input::Pushed(streams), Instant::now());
+                    let mut streams = Vec::new();
+                    for hint in hints {
+                        match hint {
+                            Hint::Take(stream) => streams.push(stream),
+                            Hint::Prepare { stream, reply } => self.prepare(stream, reply),
+                            // Only a draining worker waits for one.
+                            Hint::Ready { .. } => {}
+                        }
+                    }
+                    if !streams.is_empty() {
+                        discovery.handle(Input::Pushed(streams), Instant::now());
+                    }
                 }
             }
         }
-        if let Some(listener) = listener {
-            listener.abort();
-        }
         // Every stream starts finishing its batch while discovery prepares
-        // the drain (assigned: one table read to choose successors).
-        for running in self.running.values() {
-            running.drain.cancel();
+        // the drain (assigned: one table read to choose successors), unless
+        // a successor is to subscribe it first.
+        let overlapping = self.overlaps();
+        if !overlapping {
+            for running in self.running.values() {
+                running.drain.cancel();
+            }
         }
         discovery.handle(Input::Drain, Instant::now());
         while let Some(action) = discovery.poll_action() {
             self.carry_out(action, &mut discovery).await;
         }
-        Ok(self.drain().await)
+        let report = self.drain(pushed.filter(|_| overlapping)).await;
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        Ok(report)
+    }
+
+    /// Whether drains overlap their hand-offs: pushed hand-offs on, a
+    /// prepare timeout, and a sequence a successor can be matched by.
+    fn overlaps(&self) -> bool {
+        self.handoff.is_some()
+            && !self.config.handoff_prepare_timeout.is_zero()
+            && !self.context.config.seq_source.renumbers()
+    }
+
+    /// A draining peer asks this worker to subscribe `stream` before it
+    /// releases it. Only a stream of the last scan, and at most as many as
+    /// this worker may hold, each kept a bounded time (a forged prepare
+    /// costs a subscription at most).
+    fn prepare(&mut self, stream: String, reply: std::net::SocketAddr) {
+        let Some(socket) = self.handoff.clone() else {
+            return;
+        };
+        // Assigned discovery scans nothing here: a stream is known from the
+        // advice, which a peer's drain may precede.
+        let known = self.known_streams.contains(&stream)
+            || self.config.discovery_mode == DiscoveryMode::Assigned;
+        if !self.overlaps() || self.running.contains_key(&stream) || !known {
+            return;
+        }
+        // Kept past the peer's own wait: its release and push come after.
+        let keep = self.config.handoff_prepare_timeout * 3 + self.config.drain_timeout;
+        self.prepared.prepare(
+            self.context.upstream.clone(),
+            socket,
+            (stream, reply),
+            keep,
+            self.config.max_streams,
+        );
     }
 
     /// Carries out one of discovery's actions, reporting back what it asks.
@@ -604,20 +666,32 @@ impl StreamWorker {
 
     fn start(&mut self, lease: HeldLease) {
         let drain = CancellationToken::new();
+        let (drain_after, drain_after_rx) = tokio::sync::watch::channel(None);
         let exits = self.exits_tx.clone();
         let context = self.context.clone();
         let (stream, token) = (lease.stream_id.clone(), lease.fence_token);
+        let controls = Controls {
+            drain: drain.clone(),
+            drain_after: drain_after_rx,
+            prepared: self.prepared.take(&stream),
+        };
         let task = tokio::spawn({
             let lease = lease.clone();
-            let drain = drain.clone();
             async move {
-                let exit = run_stream(context, lease, drain).await;
+                let exit = run_stream_with(context, lease, controls).await;
                 let _ = exits.send((stream, token, exit.clone()));
                 exit
             }
         });
-        self.running
-            .insert(lease.stream_id.clone(), Running { lease, drain, task });
+        self.running.insert(
+            lease.stream_id.clone(),
+            Running {
+                lease,
+                drain,
+                drain_after,
+                task,
+            },
+        );
     }
 
     /// Drains `count` streams to balance: each releases when its batch is done
@@ -645,7 +719,7 @@ impl StreamWorker {
         }
     }
 
-    async fn drain(mut self) -> DrainReport {
+    async fn drain(mut self, hints: Option<mpsc::Receiver<Hint>>) -> DrainReport {
         // The presence goes while the streams drain, not after: the doorbell
         // below waits for both, and peers that rescan then count one worker
         // fewer (a larger fair share: they take every released stream).
@@ -658,7 +732,7 @@ impl StreamWorker {
                 tracing::warn!(error = %err, "could not release the presence lease");
             }
         };
-        let (report, ()) = tokio::join!(self.drain_streams(), presence);
+        let (report, ()) = tokio::join!(self.drain_streams(hints), presence);
         // Session mode: every stream is released (or abandoned) by now; ending
         // the session lets takers in on an abandoned one without waiting for
         // it to expire.
@@ -672,10 +746,42 @@ impl StreamWorker {
     /// Waits for every stream to finish its batch and release (each releases
     /// with its last checkpoint), up to the drain timeout. Exits are taken as
     /// they come, so each released stream is pushed to its successor at once,
-    /// not after the streams before it in some order.
-    async fn drain_streams(&mut self) -> DrainReport {
+    /// not after the streams before it in some order. With `hints` (an
+    /// overlapping drain), each stream's successor is asked to subscribe it
+    /// first, and the stream drains once it has written what comes before
+    /// the successor's first held frame, or after the prepare timeout.
+    async fn drain_streams(&mut self, mut hints: Option<mpsc::Receiver<Hint>>) -> DrainReport {
         let mut report = DrainReport::default();
         let deadline = Instant::now() + self.config.drain_timeout;
+        let mut overlaps: HashMap<String, Overlap> = HashMap::new();
+        if let (Some(_), Some(socket)) = (&hints, self.handoff.clone()) {
+            let streams: Vec<String> = self.running.keys().cloned().collect();
+            for stream in streams {
+                match self.successor_addr(&stream) {
+                    Some(successor) => {
+                        socket.prepare(successor, &stream).await;
+                        let until = Some(Instant::now() + self.config.handoff_prepare_timeout);
+                        overlaps.insert(
+                            stream,
+                            Overlap {
+                                successor,
+                                until,
+                                readied: false,
+                            },
+                        );
+                    }
+                    None => self.running[&stream].drain.cancel(),
+                }
+            }
+        }
+        let controls: HashMap<
+            String,
+            (CancellationToken, tokio::sync::watch::Sender<Option<u64>>),
+        > = self
+            .running
+            .iter()
+            .map(|(stream, r)| (stream.clone(), (r.drain.clone(), r.drain_after.clone())))
+            .collect();
         let mut exits: FuturesUnordered<_> = std::mem::take(&mut self.running)
             .into_iter()
             .map(|(stream, running)| {
@@ -700,20 +806,77 @@ impl StreamWorker {
                 }
             })
             .collect();
-        while let Some((stream, exit)) = exits.next().await {
-            if exit == StreamExit::Released {
-                self.push_to_successor(&stream).await;
-            }
-            match exit {
-                StreamExit::Released => report.released.push(stream),
-                StreamExit::ReleaseFailed(error) => report.failed.push((stream, error)),
-                StreamExit::Lost(reason) => {
-                    report.failed.push((stream, reason.as_str().to_owned()))
+        loop {
+            let due = overlaps.values().filter_map(|o| o.until).min();
+            tokio::select! {
+                exited = exits.next() => {
+                    let Some((stream, exit)) = exited else { break };
+                    if exit == StreamExit::Released {
+                        match overlaps.get(&stream) {
+                            Some(overlap) => {
+                                self.handing_to.remove(&stream);
+                                if let Some(socket) = &self.handoff {
+                                    socket.push(overlap.successor, &stream).await;
+                                }
+                            }
+                            None => self.push_to_successor(&stream).await,
+                        }
+                    }
+                    match exit {
+                        StreamExit::Released => report.released.push(stream),
+                        StreamExit::ReleaseFailed(error) => report.failed.push((stream, error)),
+                        StreamExit::Lost(reason) => {
+                            report.failed.push((stream, reason.as_str().to_owned()))
+                        }
+                        StreamExit::SinkGaveUp(error) => report.failed.push((stream, error)),
+                    }
                 }
-                StreamExit::SinkGaveUp(error) => report.failed.push((stream, error)),
+                Some(hint) = async { hints.as_mut()?.recv().await }, if hints.is_some() => {
+                    // Only the successor asked answers for a stream, once.
+                    if let Hint::Ready { stream, first_seq, from } = hint
+                        && let Some(overlap) = overlaps.get_mut(&stream)
+                        && overlap.successor == from
+                        && !overlap.readied
+                        && let Some((_, drain_after)) = controls.get(&stream)
+                    {
+                        overlap.readied = true;
+                        // Writing up to there is bounded too.
+                        overlap.until = Some(Instant::now() + self.config.handoff_prepare_timeout);
+                        let _ = drain_after.send(Some(first_seq.saturating_sub(1)));
+                    }
+                }
+                _ = sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                    let now = Instant::now();
+                    for (stream, overlap) in &mut overlaps {
+                        if overlap.until.is_some_and(|until| until <= now) {
+                            overlap.until = None;
+                            if let Some((drain, _)) = controls.get(stream) {
+                                tracing::info!(
+                                    stream_id = stream,
+                                    readied = overlap.readied,
+                                    "the successor did not take over in time; releasing the stream as it is"
+                                );
+                                drain.cancel();
+                            }
+                        }
+                    }
+                }
             }
         }
         report
+    }
+
+    /// The address of the peer a drained `stream` goes to: the one advised
+    /// in assigned discovery, else the least-loaded peer of the last census
+    /// (counted as one more, so the next stream goes elsewhere).
+    fn successor_addr(&mut self, stream: &str) -> Option<std::net::SocketAddr> {
+        if let Some(assignee) = self.handing_to.get(stream) {
+            return self.peer_addrs.get(assignee).copied();
+        }
+        let me = self.context.keeper.config().owner_id.clone();
+        let next = handoff::successor(&self.census, &me, &self.peer_addrs)?.to_owned();
+        *self.census.held_by.entry(next.clone()).or_default() += 1;
+        self.peer_addrs.get(&next).copied()
     }
 
     /// Hands a released stream to the least-loaded peer of the last census,
@@ -735,6 +898,16 @@ impl StreamWorker {
         socket.push(self.peer_addrs[&next], stream).await;
         *self.census.held_by.entry(next).or_default() += 1;
     }
+}
+
+/// One stream of an overlapping drain.
+struct Overlap {
+    /// Where its successor listens (and answers from).
+    successor: std::net::SocketAddr,
+    /// When it is drained as it is if nothing happened first.
+    until: Option<Instant>,
+    /// The successor answered with its first held sequence.
+    readied: bool,
 }
 
 /// The census of a table read: the live workers, this one with the streams
