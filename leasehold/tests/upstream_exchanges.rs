@@ -883,15 +883,17 @@ async fn connections_replaced_before_the_exchanges_age_leave_no_gap_on_a_live_st
     }
 }
 
-/// A drain on a `live` upstream (Binance trades, no history, 200 a second
-/// per stream): with `HANDOFF_LISTEN`, the successor subscribes each stream
-/// before the draining worker releases it, and the draining worker writes up
-/// to the successor's first frame, so every trade is in the sink once, in
-/// order, with no marker. With `HANDOFF_PREPARE_TIMEOUT_MS=0` (release, then
-/// the successor subscribes) the same drain leaves a marker in the streams it
-/// moved, which shows the upstream's pace makes the window bite.
+/// A rolling deploy of three workers on a `live` upstream (Binance trades,
+/// no history, 200 a second per stream), each replacement started first:
+/// every hand-off overlaps, the balancer's hand-backs to the replacement and
+/// the old worker's drain alike (`HANDOFF_LISTEN`): the successor subscribes
+/// each stream before it is released, and the old owner writes up to the
+/// successor's first frame. Every trade is in the sink once, in order, with
+/// no marker. With `HANDOFF_PREPARE_TIMEOUT_MS=0` (release, then the
+/// successor subscribes) the same deploy leaves markers, which shows the
+/// upstream's pace makes the window bite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_on_a_live_upstream_overlaps_each_hand_off_and_loses_nothing() {
+async fn a_rolling_deploy_on_a_live_upstream_overlaps_every_hand_off_and_loses_nothing() {
     let _serial = serial().await;
     for prepare in ["5000", "0"] {
         let shape = ExchangeShape::BinanceTrade;
@@ -902,7 +904,7 @@ async fn a_drain_on_a_live_upstream_overlaps_each_hand_off_and_loses_nothing() {
         let server = ExchangeServer::start(([127, 0, 0, 1], 0).into(), config, shutdown.clone())
             .await
             .expect("fake exchange starts");
-        let streams: Vec<String> = (0..4).map(|_| unique_symbol(shape)).collect();
+        let streams: Vec<String> = (0..6).map(|_| unique_symbol(shape)).collect();
         let Some(mut cluster) = Cluster::start_on(server.ws_url(), streams.clone()).await else {
             return;
         };
@@ -912,54 +914,76 @@ async fn a_drain_on_a_live_upstream_overlaps_each_hand_off_and_loses_nothing() {
             ("HANDOFF_LISTEN", "127.0.0.1:0".into()),
             ("HANDOFF_PREPARE_TIMEOUT_MS", prepare.into()),
             ("DISCOVERY_INTERVAL_MS", "1000".into()),
+            ("DISCOVERY_MODE", "assigned".into()),
+            ("LEASE_MODE", "session".into()),
         ]);
         let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        cluster.start_worker_with("w1", &settings);
-        cluster.start_worker_with("w2", &settings);
+        let olds = ["w1", "w2", "w3"];
+        for old in olds {
+            cluster.start_worker_with(old, &settings);
+        }
+        let share = |o: &BTreeMap<String, String>, w: &str| o.values().filter(|x| *x == w).count();
         cluster
             .wait_owners(Duration::from_secs(40), |o| {
-                o.len() == 4 && o.values().filter(|w| *w == "w1").count() == 2
+                o.len() == 6 && olds.iter().all(|w| share(o, w) == 2)
             })
             .await;
-        // Every stream writing before the drain.
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        cluster.workers["w1"].signal("TERM");
-        cluster
-            .wait_owners(Duration::from_secs(20), |o| {
-                o.len() == 4 && o.values().all(|w| w == "w2")
-            })
-            .await;
-        let mut w1 = cluster.workers.remove("w1").unwrap();
-        assert!(w1.wait_exit(Duration::from_secs(20)).success());
+        for (round, old) in olds.iter().enumerate() {
+            let new = format!("n{}", round + 1);
+            cluster.start_worker_with(&new, &settings);
+            // The balancer hands the replacement its share.
+            cluster
+                .wait_owners(Duration::from_secs(40), |o| {
+                    o.len() == 6 && share(o, &new) >= 1
+                })
+                .await;
+            cluster.workers[*old].signal("TERM");
+            cluster
+                .wait_owners(Duration::from_secs(40), |o| {
+                    o.len() == 6 && share(o, old) == 0
+                })
+                .await;
+            let mut worker = cluster.workers.remove(*old).unwrap();
+            assert!(worker.wait_exit(Duration::from_secs(20)).success(), "{old}");
+        }
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         cluster.stop_workers();
         let logs = cluster.logs();
-        let mut markers = 0;
+        let (mut markers, mut broken) = (0, Vec::new());
         for stream in &streams {
             let entries = cluster.sink_entries(stream).await;
             assert!(
-                entries.len() > 200,
+                entries.len() > 500,
                 "{stream}: {} entries\n{logs}",
                 entries.len()
             );
-            markers += entries.iter().filter(|e| e.gap.is_some()).count();
-            if prepare != "0" {
-                let ids: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-                let broken: Vec<_> = ids.windows(2).filter(|w| w[1] != w[0] + 1).collect();
-                assert!(
-                    broken.is_empty(),
-                    "{stream}: every trade once, in order: {broken:?}\n{logs}"
-                );
+            for marker in entries.iter().filter(|e| e.gap.is_some()) {
+                eprintln!("{stream}: marker {marker:?}");
             }
+            markers += entries.iter().filter(|e| e.gap.is_some()).count();
+            let ids: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+            broken.extend(
+                ids.windows(2)
+                    .filter(|w| w[1] != w[0] + 1)
+                    .map(|w| (w[0], w[1])),
+            );
         }
         shutdown.cancel();
+        eprintln!("HANDOFF_PREPARE_TIMEOUT_MS={prepare}: {markers} markers");
         if prepare == "0" {
             assert!(
                 markers >= 1,
                 "releasing first loses trades: no marker\n{logs}"
             );
         } else {
-            assert_eq!(markers, 0, "an overlapped drain leaves no marker\n{logs}");
+            assert_eq!(
+                markers, 0,
+                "an overlapped hand-off leaves no marker\n{logs}"
+            );
+            assert!(
+                broken.is_empty(),
+                "every trade once, in order: {broken:?}\n{logs}"
+            );
         }
     }
 }

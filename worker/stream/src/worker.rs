@@ -161,6 +161,9 @@ pub struct StreamWorker {
     handing_to: HashMap<String, String>,
     /// Streams subscribed for a draining peer before it releases them.
     prepared: PreparedStreams,
+    /// Streams handed back while running on, until their successor holds
+    /// them (an overlapping hand-back).
+    releasing: HashMap<String, Overlap>,
     exits_tx: mpsc::UnboundedSender<Exited>,
     exits_rx: mpsc::UnboundedReceiver<Exited>,
 }
@@ -194,6 +197,7 @@ impl StreamWorker {
             assigner_due: None,
             handing_to: HashMap::new(),
             prepared: PreparedStreams::default(),
+            releasing: HashMap::new(),
             exits_tx,
             exits_rx,
         }
@@ -294,9 +298,13 @@ impl StreamWorker {
             }
             let next_probe = self.probes.next_due();
             let wake = discovery.poll_timeout();
+            let release_due = self.releasing.values().filter_map(|o| o.until).min();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                _ = sleep_until(release_due.unwrap_or_else(Instant::now)), if release_due.is_some() => {
+                    self.release_overdue();
+                }
                 Some((stream, token, exit)) = self.exits_rx.recv() => {
                     let ended = self.on_exit(&stream, token, exit).await;
                     discovery.handle(Input::StreamEnded(ended), Instant::now());
@@ -321,8 +329,9 @@ impl StreamWorker {
                         match hint {
                             Hint::Take(stream) => streams.push(stream),
                             Hint::Prepare { stream, reply } => self.prepare(stream, reply),
-                            // Only a draining worker waits for one.
-                            Hint::Ready { .. } => {}
+                            Hint::Ready { stream, first_seq, from } => {
+                                self.readied(&stream, first_seq, from);
+                            }
                         }
                     }
                     if !streams.is_empty() {
@@ -452,13 +461,25 @@ impl StreamWorker {
         {
             self.running.remove(stream);
         }
+        let overlapped = self.releasing.remove(stream);
         match exit {
-            StreamExit::Released => match self.handing_to.remove(stream) {
-                Some(assignee) => {
+            StreamExit::Released => match (self.handing_to.remove(stream), overlapped) {
+                // Its successor holds it already: pushed straight there.
+                (assignee, Some(overlap)) => {
+                    if let Some(socket) = &self.handoff {
+                        socket.push(overlap.successor, stream).await;
+                    }
+                    if assignee.is_some() {
+                        Ended::HandedOn
+                    } else {
+                        Ended::Released
+                    }
+                }
+                (Some(assignee), None) => {
                     self.push_to(stream, &assignee).await;
                     Ended::HandedOn
                 }
-                None => Ended::Released,
+                (None, None) => Ended::Released,
             },
             StreamExit::ReleaseFailed(error) => {
                 tracing::warn!(
@@ -563,11 +584,7 @@ impl StreamWorker {
         );
         let share = Share::of(&census, &me, self.config.max_streams);
         if self.gifts.may_give() {
-            let held = self
-                .running
-                .values()
-                .filter(|r| !r.drain.is_cancelled())
-                .count();
+            let held = self.running.values().filter(|r| !self.leaving(r)).count();
             self.hand_back(share.to_hand_back(held));
         }
         let cooldown = self.config.discovery_interval * 2;
@@ -700,22 +717,96 @@ impl StreamWorker {
         if count == 0 {
             return;
         }
-        let mut candidates: Vec<&Running> = self
-            .running
-            .values()
-            .filter(|r| !r.drain.is_cancelled())
-            .collect();
+        let mut candidates: Vec<&Running> =
+            self.running.values().filter(|r| !self.leaving(r)).collect();
         candidates.sort_by(|a, b| b.lease.stream_id.cmp(&a.lease.stream_id));
         let now = Instant::now();
-        for running in candidates.into_iter().take(count) {
-            tracing::info!(
-                stream_id = running.lease.stream_id,
-                "over fair share: handing a stream back"
-            );
-            running.drain.cancel();
-            self.handed_back
-                .insert(running.lease.stream_id.clone(), now);
-            self.gifts.give(&running.lease.stream_id, now);
+        let streams: Vec<String> = candidates
+            .into_iter()
+            .take(count)
+            .map(|running| running.lease.stream_id.clone())
+            .collect();
+        for stream in streams {
+            tracing::info!(stream_id = stream, "over fair share: handing a stream back");
+            // The peer that gets it is the one furthest below its share.
+            let me = self.context.keeper.config().owner_id.clone();
+            let successor =
+                handoff::successor(&self.census, &me, &self.peer_addrs).map(str::to_owned);
+            if let Some(next) = &successor {
+                *self.census.held_by.entry(next.clone()).or_default() += 1;
+            }
+            let addr = successor.and_then(|next| self.peer_addrs.get(&next).copied());
+            self.release_to(&stream, addr);
+            self.handed_back.insert(stream.clone(), now);
+            self.gifts.give(&stream, now);
+        }
+    }
+
+    /// A running stream on its way out: draining, or handed back and
+    /// running on until its successor holds it.
+    fn leaving(&self, running: &Running) -> bool {
+        running.drain.is_cancelled() || self.releasing.contains_key(&running.lease.stream_id)
+    }
+
+    /// Releases a running stream towards the peer at `successor`: when
+    /// hand-offs overlap, the peer subscribes it first and the stream runs on
+    /// until the peer holds what follows (or the prepare timeout); otherwise
+    /// at once.
+    fn release_to(&mut self, stream: &str, successor: Option<std::net::SocketAddr>) {
+        let Some(running) = self.running.get(stream) else {
+            return;
+        };
+        match (successor, self.handoff.clone()) {
+            (Some(successor), Some(socket)) if self.overlaps() => {
+                let name = stream.to_owned();
+                tokio::spawn(async move { socket.prepare(successor, &name).await });
+                let until = Some(Instant::now() + self.config.handoff_prepare_timeout);
+                self.releasing.insert(
+                    stream.to_owned(),
+                    Overlap {
+                        successor,
+                        until,
+                        readied: false,
+                    },
+                );
+            }
+            _ => running.drain.cancel(),
+        }
+    }
+
+    /// A successor holds `stream` from `first_seq` on: it runs on until the
+    /// sink confirmed what comes before (bounded by the prepare timeout).
+    fn readied(&mut self, stream: &str, first_seq: u64, from: std::net::SocketAddr) {
+        let Some(overlap) = self.releasing.get_mut(stream) else {
+            return;
+        };
+        if overlap.successor != from || overlap.readied {
+            return;
+        }
+        let Some(running) = self.running.get(stream) else {
+            return;
+        };
+        overlap.readied = true;
+        overlap.until = Some(Instant::now() + self.config.handoff_prepare_timeout);
+        let _ = running.drain_after.send(Some(first_seq.saturating_sub(1)));
+    }
+
+    /// Streams whose successor did not take over in time are released as
+    /// they are.
+    fn release_overdue(&mut self) {
+        let now = Instant::now();
+        for (stream, overlap) in &mut self.releasing {
+            if overlap.until.is_some_and(|until| until <= now) {
+                overlap.until = None;
+                if let Some(running) = self.running.get(stream) {
+                    tracing::info!(
+                        stream_id = stream,
+                        readied = overlap.readied,
+                        "the successor did not take over in time; releasing the stream as it is"
+                    );
+                    running.drain.cancel();
+                }
+            }
         }
     }
 
@@ -757,7 +848,7 @@ impl StreamWorker {
         if let (Some(_), Some(socket)) = (&hints, self.handoff.clone()) {
             let streams: Vec<String> = self.running.keys().cloned().collect();
             for stream in streams {
-                match self.successor_addr(&stream) {
+                match self.successor_addr(&stream).await {
                     Some(successor) => {
                         socket.prepare(successor, &stream).await;
                         let until = Some(Instant::now() + self.config.handoff_prepare_timeout);
@@ -869,9 +960,9 @@ impl StreamWorker {
     /// The address of the peer a drained `stream` goes to: the one advised
     /// in assigned discovery, else the least-loaded peer of the last census
     /// (counted as one more, so the next stream goes elsewhere).
-    fn successor_addr(&mut self, stream: &str) -> Option<std::net::SocketAddr> {
-        if let Some(assignee) = self.handing_to.get(stream) {
-            return self.peer_addrs.get(assignee).copied();
+    async fn successor_addr(&mut self, stream: &str) -> Option<std::net::SocketAddr> {
+        if let Some(assignee) = self.handing_to.get(stream).cloned() {
+            return self.peer_address(&assignee).await;
         }
         let me = self.context.keeper.config().owner_id.clone();
         let next = handoff::successor(&self.census, &me, &self.peer_addrs)?.to_owned();

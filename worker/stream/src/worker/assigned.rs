@@ -74,7 +74,7 @@ impl StreamWorker {
         let elsewhere: Vec<String> = self
             .running
             .iter()
-            .filter(|(stream, running)| !mine.contains(*stream) && !running.drain.is_cancelled())
+            .filter(|(stream, running)| !mine.contains(*stream) && !self.leaving(running))
             .map(|(stream, _)| stream.clone())
             .collect();
         for stream in elsewhere {
@@ -82,7 +82,7 @@ impl StreamWorker {
                 && let Some(assignee) = record.assignee.filter(|a| *a != me)
                 && self.is_live(&assignee).await
             {
-                self.hand_to(&stream, assignee);
+                self.hand_to(&stream, assignee).await;
             }
         }
         let wanted: Vec<String> = mine
@@ -159,37 +159,43 @@ impl StreamWorker {
             .is_ok_and(|presence| presence.state(self.clock.now_ms()) == LeaseState::Owned)
     }
 
-    /// Drains a held stream advised to `assignee`; pushed there once released.
-    fn hand_to(&mut self, stream: &str, assignee: String) {
-        if let Some(running) = self.running.get(stream) {
+    /// Drains a held stream advised to `assignee`; pushed there once released
+    /// (overlapped: the assignee subscribes it first).
+    async fn hand_to(&mut self, stream: &str, assignee: String) {
+        if self.running.contains_key(stream) {
             tracing::info!(
                 stream_id = stream,
                 assignee,
                 "assigned elsewhere: handing the stream over"
             );
-            running.drain.cancel();
+            let successor = self.peer_address(&assignee).await;
             self.handing_to.insert(stream.to_owned(), assignee);
+            self.release_to(stream, successor);
         }
     }
 
     /// Pushes a released stream to `worker`, at the address the last census
     /// or its presence record announces (checked like every peer address).
     pub(super) async fn push_to(&self, stream: &str, worker: &str) {
-        let Some(socket) = &self.handoff else {
-            return;
-        };
-        if let Some(addr) = self.peer_addrs.get(worker) {
-            return socket.push(*addr, stream).await;
-        }
-        let reader = self.context.keeper.reader();
-        if let Ok(presence) = reader.get(&schema::worker_presence(worker)).await
-            && let Some(addr) = presence
-                .handoff_addr
-                .as_deref()
-                .and_then(handoff::peer_addr)
-        {
+        if let (Some(socket), Some(addr)) = (&self.handoff, self.peer_address(worker).await) {
             socket.push(addr, stream).await;
         }
+    }
+
+    /// Where `worker` takes hand-offs: from the last census, else from its
+    /// presence record (assigned discovery scans nothing here), checked
+    /// like every peer address.
+    pub(super) async fn peer_address(&self, worker: &str) -> Option<std::net::SocketAddr> {
+        self.handoff.as_ref()?;
+        if let Some(addr) = self.peer_addrs.get(worker) {
+            return Some(*addr);
+        }
+        let reader = self.context.keeper.reader();
+        let presence = reader.get(&schema::worker_presence(worker)).await.ok()?;
+        presence
+            .handoff_addr
+            .as_deref()
+            .and_then(handoff::peer_addr)
     }
 
     /// Holds the assigner lease if free (looked at first, eventually
