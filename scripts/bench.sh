@@ -15,6 +15,10 @@ log "order books: cost per update with and without checksums (recorded sessions)
 cargo bench -p leasehold --bench book
 log "fail-over: graceful hand-off and crash takeover"
 cargo bench -p leasehold --bench failover
+log "connections: CPU and memory per stream at 1 and 500 streams per connection"
+cargo bench -p leasehold --bench connections
+log "connect limits: cold start and rolling restart of 10,000 streams under Binance's limits (simulated)"
+cargo bench -p leasehold-devcluster --bench connect_limits
 log "balancing: lease moves on scale-out, crash and cold start"
 cargo bench -p leasehold-devcluster --bench balance
 log "sidecar: CPU per 10,000 events/s, /metrics render with 1,000 streams"

@@ -718,8 +718,9 @@ impl ExchangeServer {
         set("UPSTREAM_ROUTE_POINTER", "/stream");
         set("UPSTREAM_ROUTE_TEMPLATE", "{stream_id}@depth@100ms");
         set("UPSTREAM_SUBSCRIBE_BATCH", "200");
-        // Binance closes a connection over 5 messages a second.
-        set("UPSTREAM_SUBSCRIBES_PER_SECOND", "4");
+        // Binance closes a connection over 5 messages a second, pings and
+        // pongs included: 3 leaves room for the worker's ping and a pong.
+        set("UPSTREAM_SUBSCRIBES_PER_SECOND", "3");
         settings
     }
 
