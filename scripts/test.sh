@@ -31,7 +31,7 @@ if [[ "${1:-}" == "--quick" ]]; then
     # of every rule switched off, which a shallower search misses.
     quick cargo test --locked -p leasehold-control --test protocol_model --test session_model
     quick cargo test --locked -p leasehold-pool --test assign_model --test request_model
-    quick cargo test --locked -p leasehold-stream --test machine_model --test sequence_model --test range_model --test snapshot_model
+    quick cargo test --locked -p leasehold-stream --test machine_model --test sequence_model --test range_model --test snapshot_model --test handoff_model
     exit 0
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/services.sh"
