@@ -79,7 +79,9 @@ use leasehold_sink::FencedSink;
 use leasehold_sink::memory::MemorySink;
 use leasehold_stream::StreamWorker;
 use leasehold_telemetry::{LogSink, TelemetryEvent, TelemetrySink};
-use leasehold_testkit::measure::{arg, median, process_cpu_seconds, rss_kib, thread_cpu_seconds};
+use leasehold_testkit::measure::{
+    arg, median, process_cpu_seconds, rss_kib, task_cpu_seconds, thread_cpu_seconds,
+};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -155,26 +157,6 @@ impl Case {
 }
 
 // ------------------------------------------------------------ measurement
-
-/// CPU seconds of every thread of process `pid` (the kernel's per-thread
-/// `sum_exec_runtime`, as `leasehold_testkit::measure` reads for this one).
-fn process_cpu_of(pid: u32) -> f64 {
-    let mut nanos = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
-            nanos += stat
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    nanos as f64 / 1e9
-}
 
 /// This process's `RLIMIT_NOFILE` (soft, hard) from `/proc/self/limits`
 /// (`u64::MAX` for unlimited).
@@ -322,7 +304,7 @@ impl Exchange {
     }
 
     fn cpu_seconds(&self) -> f64 {
-        process_cpu_of(self.child.id())
+        task_cpu_seconds(&self.child.id().to_string(), "")
     }
 
     fn rss_kib(&self) -> u64 {

@@ -7,8 +7,14 @@ use std::time::Duration;
 /// CPU seconds of this process's threads whose name starts with `prefix`
 /// (`""` for every thread).
 pub fn thread_cpu_seconds(prefix: &str) -> f64 {
+    task_cpu_seconds("self", prefix)
+}
+
+/// CPU seconds of the threads of process `pid` (`"self"` or a pid) whose
+/// name starts with `prefix` (`""` for every thread).
+pub fn task_cpu_seconds(pid: &str, prefix: &str) -> f64 {
     let mut nanos = 0u64;
-    for task in std::fs::read_dir("/proc/self/task")
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten()
         .flatten()
