@@ -103,6 +103,17 @@ pub(super) fn status(connection_id: u64) -> String {
     )
 }
 
+/// The `symbol` list of a subscribe or unsubscribe's `params`: 1 to `most`
+/// strings, else `None` (Kraken's "Invalid arguments:symbol").
+pub(super) fn requested_symbols(params: &Map<String, Value>, most: usize) -> Option<Vec<&str>> {
+    match params.get("symbol") {
+        Some(Value::Array(list)) if !list.is_empty() && list.len() <= most => {
+            list.iter().map(Value::as_str).collect()
+        }
+        _ => None,
+    }
+}
+
 /// Reads a client request: its echoed fields and its `params`. `None` when
 /// it is refused (no `method`, a bad `req_id`), the error in `out`.
 pub(super) fn read_request(text: &str, out: &mut Outbox) -> Option<(Asked, Option<Value>)> {
@@ -209,14 +220,8 @@ impl Connection {
             }
             _ => return out.push_back(invalid("channel")),
         }
-        let symbols: Vec<&str> = match params.get("symbol") {
-            Some(Value::Array(list)) if !list.is_empty() && list.len() <= MAX_SYMBOLS => {
-                match list.iter().map(Value::as_str).collect::<Option<_>>() {
-                    Some(symbols) => symbols,
-                    None => return out.push_back(invalid("symbol")),
-                }
-            }
-            _ => return out.push_back(invalid("symbol")),
+        let Some(symbols) = requested_symbols(params, MAX_SYMBOLS) else {
+            return out.push_back(invalid("symbol"));
         };
         let snapshot_wanted = match params.get("snapshot") {
             None => true,

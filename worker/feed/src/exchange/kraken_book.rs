@@ -219,14 +219,8 @@ impl Connection {
             }
             _ => return out.push_back(invalid("channel")),
         }
-        let symbols: Vec<&str> = match params.get("symbol") {
-            Some(Value::Array(list)) if !list.is_empty() && list.len() <= MAX_BOOKS => {
-                match list.iter().map(Value::as_str).collect::<Option<_>>() {
-                    Some(symbols) => symbols,
-                    None => return out.push_back(invalid("symbol")),
-                }
-            }
-            _ => return out.push_back(invalid("symbol")),
+        let Some(symbols) = kraken::requested_symbols(params, MAX_BOOKS) else {
+            return out.push_back(invalid("symbol"));
         };
         let depth = match params.get("depth") {
             None => DEFAULT_DEPTH,
