@@ -32,11 +32,13 @@ const NOW: i64 = 1_800_000_000_000;
 const ROUTES: &[&str] = &[
     "/streams",
     "/workers",
+    "/connections",
     "/pool",
     "/anomalies",
     "/changes",
     "/api/streams",
     "/api/workers",
+    "/api/connections",
     "/api/pool",
     "/api/anomalies",
     "/api/changes",

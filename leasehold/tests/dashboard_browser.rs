@@ -79,6 +79,37 @@ async fn seeded_cluster_renders_in_headless_chromium() {
         last_event_age_seconds: 42.5,
         event_lag_seconds: None,
     });
+    // Its upstream connections: btc-usd rides on connection 7, replaced
+    // once before its age.
+    shipper.emit(TelemetryEvent::UpstreamConnections {
+        connections: 2,
+        streams: 301,
+        open: vec![
+            leasehold_telemetry::status::UpstreamConnection {
+                id: 7,
+                opened_at_ms: unix_ms(std::time::SystemTime::now()) - 90_000,
+                streams: 300,
+                replacements: 1,
+                subscribe_seconds: Some(0.42),
+            },
+            leasehold_telemetry::status::UpstreamConnection {
+                id: 9,
+                opened_at_ms: unix_ms(std::time::SystemTime::now()) - 5_000,
+                streams: 1,
+                replacements: 0,
+                subscribe_seconds: None,
+            },
+        ],
+    });
+    shipper.emit(TelemetryEvent::UpstreamSubscribed {
+        stream_id: "btc-usd".into(),
+        duration: Duration::from_millis(420),
+        connection: Some(7),
+    });
+    shipper.emit(TelemetryEvent::UpstreamConnectThrottled {
+        stream_id: "eth-usd".into(),
+        wait: Duration::from_secs(2),
+    });
 
     let endpoint = leasehold_testkit::dynamodb_endpoint().unwrap();
     let dashboard = spawn_leasehold(
@@ -159,6 +190,26 @@ async fn seeded_cluster_renders_in_headless_chromium() {
 
     for (path, needles) in [
         ("/workers", &["worker-a", "stream-worker", "/status"][..]),
+        // Rebuilt by the script from /api/connections: the per-worker sums
+        // and each listed connection, aged from its opening.
+        (
+            "/connections",
+            &[
+                "2 connections open on 1 stream workers; 1 connects waited",
+                ">301<",
+                ">300<",
+                ">0.4 s<",
+                // Opened 90 s before the test started: a minute and more.
+                "\">1 m ",
+            ][..],
+        ),
+        (
+            "/streams/btc-usd",
+            &[
+                "#7 of worker-a: 300 streams on it, opened 1 m ",
+                "replaced 1× before its age",
+            ][..],
+        ),
         ("/pool", &["pool-7", "u42", "pool-3", "i-0abc123"][..]),
         (
             "/anomalies",

@@ -9,7 +9,7 @@ use leasehold_control::schema::{RESERVED_PREFIX, SESSION_PREFIX};
 use leasehold_telemetry::TelemetryEvent;
 use leasehold_telemetry::status::{
     BackfillSample, ClaimSample, GapSample, HeldLease, PoolState, RECENT_BACKFILLS, RECENT_CLAIMS,
-    RECENT_GAPS, Status, StreamLag,
+    RECENT_GAPS, Status, StreamLag, UpstreamConnection,
 };
 use tokio::time::Instant;
 
@@ -32,6 +32,12 @@ pub struct WorkerView {
     /// The worker's latest `upstream_connections` report: open connections,
     /// and the held streams on them.
     upstream_report: Option<(u64, u64)>,
+    /// The connections that report listed (the oldest ones).
+    upstream_listed: Vec<UpstreamConnection>,
+    /// The connection carrying each stream, from its latest subscription.
+    carriers: BTreeMap<String, u64>,
+    /// Connects that waited for the connect budget, since the sidecar started.
+    connects_throttled: u64,
     pool: Option<PoolState>,
     /// The newest claims taken (seq, when, latency in seconds), at most
     /// [`RECENT_CLAIMS`]; kept across worker changes (a pool sidecar serves a
@@ -81,6 +87,9 @@ impl WorkerView {
             lag: BTreeMap::new(),
             upstreams: BTreeMap::new(),
             upstream_report: None,
+            upstream_listed: Vec::new(),
+            carriers: BTreeMap::new(),
+            connects_throttled: 0,
             pool: None,
             claims: VecDeque::new(),
             claims_seen: 0,
@@ -222,6 +231,8 @@ impl WorkerView {
                     self.lag.clear();
                     self.upstreams.clear();
                     self.upstream_report = None;
+                    self.upstream_listed.clear();
+                    self.carriers.clear();
                     self.fenced = 0;
                     self.lost = 0;
                     self.pool = None;
@@ -267,6 +278,7 @@ impl WorkerView {
                 // The stream's series go with the lease: a figure for a
                 // stream this worker no longer writes is a stale one.
                 self.lag.remove(stream_id);
+                self.carriers.remove(stream_id);
             }
             StreamLag {
                 stream_id,
@@ -279,16 +291,19 @@ impl WorkerView {
                     lag_events: *lag_events,
                     lag_seconds: *lag_seconds,
                     last_event_age_seconds: Some(*last_event_age_seconds),
+                    connection: None,
                 };
                 self.lag.insert(stream_id.clone(), (lag, Instant::now()));
             }
             StreamStopped { stream_id } => {
                 self.lag.remove(stream_id);
+                self.carriers.remove(stream_id);
             }
             UpstreamConnected { stream_id, .. } => {
                 *self.upstreams.entry(stream_id.clone()).or_default() += 1
             }
             UpstreamDisconnected { stream_id } => {
+                self.carriers.remove(stream_id);
                 if let Some(open) = self.upstreams.get_mut(stream_id) {
                     *open = open.saturating_sub(1);
                     if *open == 0 {
@@ -299,7 +314,19 @@ impl WorkerView {
             UpstreamConnections {
                 connections,
                 streams,
-            } => self.upstream_report = Some((*connections, *streams)),
+                open,
+            } => {
+                self.upstream_report = Some((*connections, *streams));
+                self.upstream_listed.clone_from(open);
+            }
+            UpstreamSubscribed {
+                stream_id,
+                connection: Some(connection),
+                ..
+            } => {
+                self.carriers.insert(stream_id.clone(), *connection);
+            }
+            UpstreamConnectThrottled { .. } => self.connects_throttled += 1,
             EventsDropped { count } => self.dropped += count,
             PoolWorkerState {
                 worker_id,
@@ -413,6 +440,7 @@ impl WorkerView {
                         lag.lag_seconds
                     },
                     last_event_age_seconds: lag.last_event_age_seconds.map(|age| age + since),
+                    connection: self.carriers.get(stream).copied(),
                 };
                 (stream.clone(), lag)
             })
@@ -439,6 +467,15 @@ impl WorkerView {
             leases: self.held_leases(),
             lag: self.current_lag(),
             websocket_connections: self.websocket_connections(),
+            // A silent worker's connections are gone or of no use, as the
+            // gauges say (see `upstream_connections`).
+            upstream_connections: if self.worker_up() {
+                self.upstream_listed.clone()
+            } else {
+                Vec::new()
+            },
+            upstream_connects_throttled: self.connects_throttled,
+            upstream_connections_open: self.upstream_connections().map_or(0, |u| u.connections),
             pool: self.pool.clone(),
             claims: self
                 .claims
@@ -589,6 +626,7 @@ mod tests {
         let report = |connections, streams| TelemetryEvent::UpstreamConnections {
             connections,
             streams,
+            open: Vec::new(),
         };
         let mut view = WorkerView::new(Duration::from_secs(5));
         view.connection(true);
@@ -796,5 +834,77 @@ mod tests {
         let mut per_stream = WorkerView::new(Duration::from_secs(5));
         per_stream.apply(&lease("s", 10_000));
         assert_eq!(expiry(&per_stream, "s"), Some(10_000));
+    }
+
+    /// The connections view's part of `/status`: the listed connections of
+    /// a live worker, the connection carrying each held stream until its
+    /// lease goes, and the throttled connects.
+    #[tokio::test(start_paused = true)]
+    async fn status_lists_the_connections_and_which_one_carries_each_held_stream() {
+        let mut view = WorkerView::new(Duration::from_secs(5));
+        view.connection(true);
+        view.apply(&TelemetryEvent::WorkerHeartbeat {
+            component: "stream-worker".into(),
+            owner_id: "w1".into(),
+            process: None,
+        });
+        let listed = UpstreamConnection {
+            id: 2,
+            opened_at_ms: 1_760_000_000_000,
+            streams: 1,
+            replacements: 0,
+            subscribe_seconds: Some(0.2),
+        };
+        view.apply(&TelemetryEvent::UpstreamConnections {
+            connections: 1,
+            streams: 1,
+            open: vec![listed.clone()],
+        });
+        for stream_id in ["a", "b"] {
+            view.apply(&acquired(stream_id, 4));
+            view.apply(&TelemetryEvent::StreamLag {
+                stream_id: stream_id.into(),
+                lag_events: 0,
+                lag_seconds: 0.0,
+                last_event_age_seconds: 0.1,
+                event_lag_seconds: None,
+            });
+        }
+        view.apply(&TelemetryEvent::UpstreamSubscribed {
+            stream_id: "a".into(),
+            duration: Duration::from_millis(200),
+            connection: Some(2),
+        });
+        view.apply(&TelemetryEvent::UpstreamConnectThrottled {
+            stream_id: "b".into(),
+            wait: Duration::from_secs(1),
+        });
+        let status = view.status();
+        assert_eq!(status.upstream_connections, vec![listed]);
+        assert_eq!(status.upstream_connects_throttled, 1);
+        assert_eq!(status.lag["a"].connection, Some(2));
+        assert_eq!(status.lag["b"].connection, None, "not subscribed yet");
+
+        view.apply(&TelemetryEvent::LeaseReleased {
+            stream_id: "a".into(),
+            fence_token: 4,
+        });
+        view.apply(&TelemetryEvent::StreamLag {
+            stream_id: "a".into(),
+            lag_events: 0,
+            lag_seconds: 0.0,
+            last_event_age_seconds: 0.1,
+            event_lag_seconds: None,
+        });
+        assert_eq!(
+            view.status().lag["a"].connection,
+            None,
+            "a released stream is carried by nothing of this worker"
+        );
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(
+            view.status().upstream_connections.is_empty(),
+            "a silent worker's connections are not listed"
+        );
     }
 }

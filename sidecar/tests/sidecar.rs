@@ -265,6 +265,7 @@ async fn upstream_connections_are_the_current_workers_latest_report() {
     let report = |connections, streams| TelemetryEvent::UpstreamConnections {
         connections,
         streams,
+        open: Vec::new(),
     };
     sidecar.state.view().connection(true);
     for event in [heartbeat("w1"), report(1, 2), report(4, 10)] {

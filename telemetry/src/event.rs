@@ -119,6 +119,10 @@ pub enum TelemetryEvent {
         connections: u64,
         /// Held streams subscribed on those connections, all together.
         streams: u64,
+        /// The oldest of them, at most [`crate::status::LISTED_CONNECTIONS`]
+        /// (absent from older workers).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        open: Vec<crate::status::UpstreamConnection>,
     },
     /// A stream's subscription delivered its first frame
     /// (`leasehold_upstream_subscribe_seconds`), once per subscription.
@@ -128,6 +132,10 @@ pub enum TelemetryEvent {
         /// From the stream asking for its subscription (connect budget and
         /// subscribe pacing waits included) to its first frame.
         duration: Duration,
+        /// The connection carrying it ([`crate::status::UpstreamConnection::id`];
+        /// absent from older workers).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        connection: Option<u64>,
     },
     /// The worker is reconnecting an upstream.
     UpstreamReconnect {
@@ -511,13 +519,16 @@ impl TelemetryEvent {
             UpstreamConnections {
                 connections,
                 streams,
+                ..
             } => tracing::debug!(connections, streams, "upstream connections changed"),
             UpstreamSubscribed {
                 stream_id,
                 duration,
+                connection,
             } => tracing::debug!(
                 stream_id,
                 seconds = duration.as_secs_f64(),
+                connection,
                 "upstream subscription delivered its first frame"
             ),
             UpstreamReconnect {

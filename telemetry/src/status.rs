@@ -28,6 +28,31 @@ pub struct StreamLag {
     /// Seconds since the last event arrived (absent from older sidecars).
     #[serde(default)]
     pub last_event_age_seconds: Option<f64>,
+    /// The worker's upstream connection carrying it
+    /// ([`UpstreamConnection::id`]), from its latest subscription.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<u64>,
+}
+
+/// Upstream connections a worker lists in its reports (the oldest first);
+/// more are counted, not listed: a worker on one connection per stream has
+/// as many as it holds streams, and the view needs the long-lived ones.
+pub const LISTED_CONNECTIONS: usize = 64;
+
+/// One upstream connection of a worker, for the dashboard's connections view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamConnection {
+    /// The worker's number for it, from 1; a planned replacement keeps it.
+    pub id: u64,
+    /// When its current socket opened, unix ms (a replacement restarts it).
+    pub opened_at_ms: i64,
+    /// Held streams on it.
+    pub streams: u64,
+    /// Times it was replaced before its age (`UPSTREAM_MAX_CONNECTION_AGE_MS`).
+    pub replacements: u64,
+    /// Its latest subscription: from the stream asking to its first frame,
+    /// seconds (connect budget and subscribe pacing included).
+    pub subscribe_seconds: Option<f64>,
 }
 
 /// A broker worker's place in the pool, as last reported.
@@ -130,6 +155,18 @@ pub struct Status {
     pub lag: BTreeMap<String, StreamLag>,
     /// Open upstream connections.
     pub websocket_connections: usize,
+    /// Upstream connections the worker has open, counted whole (a
+    /// replacement overlapping its connection counts); 0 while it is down.
+    #[serde(default)]
+    pub upstream_connections_open: u64,
+    /// The worker's upstream connections, the oldest [`LISTED_CONNECTIONS`];
+    /// empty for broker workers and older sidecars.
+    #[serde(default)]
+    pub upstream_connections: Vec<UpstreamConnection>,
+    /// Connects that waited for the worker's connect budget since the
+    /// sidecar started (`leasehold_upstream_connects_throttled_total`).
+    #[serde(default)]
+    pub upstream_connects_throttled: u64,
     /// Pool/user state of a broker worker (null for stream workers).
     pub pool: Option<PoolState>,
     /// The newest pool claims (at most [`RECENT_CLAIMS`], oldest first);

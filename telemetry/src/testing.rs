@@ -62,10 +62,18 @@ pub fn every_event() -> Vec<crate::TelemetryEvent> {
         UpstreamConnections {
             connections: 2,
             streams: 7,
+            open: vec![crate::status::UpstreamConnection {
+                id: 3,
+                opened_at_ms: 1_760_000_000_000,
+                streams: 7,
+                replacements: 1,
+                subscribe_seconds: Some(0.35),
+            }],
         },
         UpstreamSubscribed {
             stream_id: s(),
             duration: ms(350),
+            connection: Some(3),
         },
         UpstreamReconnect {
             stream_id: s(),

@@ -5,6 +5,7 @@
 //! ([`crate::collector`]) only reads the sources and holds the locks.
 
 pub mod changes;
+pub mod connections;
 pub mod gaps;
 pub mod streams;
 pub mod timeline;
@@ -77,6 +78,8 @@ pub struct Snapshot {
     pub streams: Vec<StreamRow>,
     /// Stream owners and sidecar-only workers, sorted by owner id.
     pub workers: Vec<WorkerRow>,
+    /// The stream workers' upstream connections, as their sidecars list them.
+    pub connections: connections::Connections,
     /// Sidecars that answered or failed.
     pub sidecars: Vec<SidecarReport>,
     /// `/status` bytes this refresh read from all sidecars together (at most
@@ -137,6 +140,7 @@ impl Snapshot {
             taken_at_ms: now_ms,
             streams: Vec::new(),
             workers: Vec::new(),
+            connections: connections::Connections::default(),
             sidecars: Vec::new(),
             sidecar_bytes_read: 0,
             pool: None,
@@ -312,6 +316,7 @@ impl Model {
             row.verdict = streams::with_losses(row, now, thresholds);
         }
         let workers = workers(&streams, &self.presence, &sidecars);
+        let connections = connections::Connections::from_sidecars(&sidecars);
         let mut sources: Vec<SourceHealth> = [LEASE_SOURCE, POOL_SOURCE, SIDECAR_SOURCE]
             .iter()
             .filter_map(|name| self.health.get(name).cloned())
@@ -321,6 +326,7 @@ impl Model {
             taken_at_ms: now,
             streams,
             workers,
+            connections,
             sidecars,
             sidecar_bytes_read: polled.bytes_read,
             pool: self.pool.clone(),
@@ -380,7 +386,7 @@ impl Model {
     ) {
         // Lag only as the owner's own sidecar reports it: another sidecar's
         // figure for the stream is a previous owner's, and stale.
-        let mut lag_by_owner: HashMap<(&str, &str), Lag> = HashMap::new();
+        let mut lag_by_owner: HashMap<(&str, &str), (Lag, Option<u64>)> = HashMap::new();
         for report in sidecars {
             let Some(status) = &report.status else {
                 continue;
@@ -391,22 +397,29 @@ impl Model {
             for (stream, lag) in &status.lag {
                 lag_by_owner.insert(
                     (owner.as_str(), stream.as_str()),
-                    Lag {
-                        events: lag.lag_events,
-                        seconds: lag.lag_seconds,
-                        last_event_age: lag.last_event_age_seconds,
-                    },
+                    (
+                        Lag {
+                            events: lag.lag_events,
+                            seconds: lag.lag_seconds,
+                            last_event_age: lag.last_event_age_seconds,
+                        },
+                        lag.connection,
+                    ),
                 );
             }
         }
         let mut streams = Vec::with_capacity(table.streams.len() + table.malformed.len());
         for lease in &table.streams {
-            let lag = lease
+            let reported = lease
                 .owner_id
                 .as_deref()
                 .and_then(|owner| lag_by_owner.get(&(owner, lease.stream_id.as_str())))
                 .copied();
-            streams.push(self.lag.row(lease, lag, now, thresholds));
+            let mut row = self
+                .lag
+                .row(lease, reported.map(|(lag, _)| lag), now, thresholds);
+            row.upstream_connection = reported.and_then(|(_, connection)| connection);
+            streams.push(row);
         }
         streams.extend(table.malformed_streams().map(malformed_row));
         let presence: HashMap<String, LeaseState> = table

@@ -132,6 +132,9 @@ pub struct StreamRow {
     /// Data gaps the sidecars reported for it (count, missing events, the
     /// newest, per reason); null when none is recorded.
     pub gaps: Option<GapTally>,
+    /// The owner's upstream connection carrying it (its number on the
+    /// connections view), as the owner's sidecar says.
+    pub upstream_connection: Option<u64>,
 }
 
 /// Lag numbers for one stream, as a sidecar reported them.
@@ -287,6 +290,7 @@ impl LagHistory {
             verdict,
             problem: None,
             gaps: None,
+            upstream_connection: None,
         }
     }
 
@@ -338,6 +342,7 @@ impl StreamRow {
             verdict: Verdict::Ok,
             problem: None,
             gaps: None,
+            upstream_connection: None,
         }
     }
 }

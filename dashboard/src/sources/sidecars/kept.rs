@@ -9,8 +9,8 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use leasehold_telemetry::status::{
-    BackfillSample, ClaimSample, GapSample, HeldLease, RECENT_BACKFILLS, RECENT_CLAIMS,
-    RECENT_GAPS, StreamLag,
+    BackfillSample, ClaimSample, GapSample, HeldLease, LISTED_CONNECTIONS, RECENT_BACKFILLS,
+    RECENT_CLAIMS, RECENT_GAPS, StreamLag, UpstreamConnection,
 };
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -78,6 +78,16 @@ pub struct KeptStatus {
     /// The newest [`KEPT_BACKFILLS`] finished backfills, oldest first.
     #[serde(default, deserialize_with = "newest_backfills")]
     pub backfills: Vec<BackfillSample>,
+    /// The worker's upstream connections, the first [`LISTED_CONNECTIONS`]
+    /// (what a worker lists anyway).
+    #[serde(default, deserialize_with = "first_connections")]
+    pub upstream_connections: Vec<UpstreamConnection>,
+    /// Upstream connections the worker has open.
+    #[serde(default)]
+    pub upstream_connections_open: u64,
+    /// Connects that waited for the worker's connect budget.
+    #[serde(default)]
+    pub upstream_connects_throttled: u64,
     /// This sidecar publishes the cluster gauges.
     pub observer: bool,
 }
@@ -125,6 +135,12 @@ fn newest_backfills<'de, D: Deserializer<'de>>(
     ))?;
     backfills.retain(|backfill| backfill.stream_id.len() <= KEPT_ID_LEN);
     Ok(backfills)
+}
+
+fn first_connections<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<UpstreamConnection>, D::Error> {
+    deserializer.deserialize_seq(Capped::keeping(LISTED_CONNECTIONS, Keep::First))
 }
 
 fn first_lag_entries<'de, D: Deserializer<'de>>(

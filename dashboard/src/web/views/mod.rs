@@ -5,6 +5,7 @@
 
 pub mod anomalies;
 pub mod changes;
+pub mod connections;
 pub mod pool;
 pub mod stream;
 pub mod streams;
@@ -41,6 +42,10 @@ pub(crate) const ALL: &[View] = &[
     View {
         nav: Some(("/workers", "Workers")),
         routes: snapshot_routes::<workers::Workers>,
+    },
+    View {
+        nav: Some(("/connections", "Connections")),
+        routes: snapshot_routes::<connections::Connections>,
     },
     View {
         nav: Some(("/pool", "Pool")),

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::model::Snapshot;
 use crate::model::changes::{Change, ChangeLog, FencedWrite};
+use crate::model::connections::ConnectionRow;
 use crate::model::gaps::{DataGap, GapLog};
 use crate::model::streams::{MAX_STREAM_ID_LEN, StreamRow, StreamState, Verdict};
 use crate::model::timeline;
@@ -179,6 +180,8 @@ pub struct StreamDetail {
     /// (worker, record). Many pages or `gap` results say the stream is close
     /// to falling off its history.
     pub backfills: Vec<(Option<String>, leasehold_telemetry::status::BackfillSample)>,
+    /// The owner's upstream connection carrying it, when its sidecar lists it.
+    pub connection: Option<ConnectionRow>,
 }
 
 /// Looks one stream up; `None` for an unknown (or absurdly long) id.
@@ -236,7 +239,14 @@ pub fn stream_detail(
         })
         .collect();
     backfills.sort_by_key(|(_, b)| b.age_ms);
+    let connection = row
+        .owner_id
+        .as_deref()
+        .zip(row.upstream_connection)
+        .and_then(|(owner, id)| snapshot.connections.find(owner, id))
+        .cloned();
     Some(StreamDetail {
+        connection,
         taken_at_ms: snapshot.taken_at_ms,
         backfills,
         problems: problems(&row, &fenced),
@@ -403,6 +413,29 @@ impl StreamDetailPage {
         value
             .map(|v| format!("{v:.1} s"))
             .unwrap_or_else(|| "—".to_owned())
+    }
+
+    /// Which of the owner's connections carries the stream, in words.
+    pub fn connection_text(&self) -> String {
+        let stream = &self.detail.stream;
+        match (&self.detail.connection, stream.upstream_connection) {
+            (Some(c), _) => format!(
+                "#{} of {}: {} stream{} on it, opened {} ago{}",
+                c.connection,
+                c.owner_id,
+                c.streams,
+                if c.streams == 1 { "" } else { "s" },
+                crate::web::column::duration_ms(self.detail.taken_at_ms - c.opened_at_ms),
+                match c.replacements {
+                    0 => String::new(),
+                    n => format!(", replaced {n}× before its age"),
+                }
+            ),
+            // Carried by a connection its sidecar does not list (past the
+            // oldest it lists).
+            (None, Some(id)) => format!("#{id} (not listed by its sidecar)"),
+            (None, None) => "—".to_owned(),
+        }
     }
 
     /// The link of this page (for the live refresh).

@@ -21,6 +21,7 @@ mod frame;
 pub mod handover;
 pub mod history;
 pub mod redact;
+mod registry;
 pub mod shared;
 pub mod template;
 pub mod websocket;
@@ -37,33 +38,6 @@ pub use websocket::WebSocketUpstream;
 
 /// The window `UPSTREAM_CONNECTS_PER_MINUTE` counts over.
 pub(crate) const CONNECT_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// The worker's upstream connections and the held streams on them, reported
-/// on every change (`leasehold_upstream_connections`,
-/// `leasehold_upstream_streams_per_connection`).
-#[derive(Debug, Default)]
-pub(crate) struct ConnectionGauge {
-    connections: std::sync::atomic::AtomicI64,
-    streams: std::sync::atomic::AtomicI64,
-}
-
-impl ConnectionGauge {
-    /// Moves the counts by these steps and reports the new ones.
-    pub(crate) fn change(
-        &self,
-        connections: i64,
-        streams: i64,
-        telemetry: &dyn leasehold_telemetry::TelemetrySink,
-    ) {
-        use std::sync::atomic::Ordering::SeqCst;
-        let connections = self.connections.fetch_add(connections, SeqCst) + connections;
-        let streams = self.streams.fetch_add(streams, SeqCst) + streams;
-        telemetry.emit(leasehold_telemetry::TelemetryEvent::UpstreamConnections {
-            connections: connections.max(0) as u64,
-            streams: streams.max(0) as u64,
-        });
-    }
-}
 
 /// Waits until the worker's connect budget lets a connect go; a wait is
 /// reported (`leasehold_upstream_connects_throttled_total`).

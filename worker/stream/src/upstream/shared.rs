@@ -39,6 +39,7 @@ use super::budget::ConnectBudget;
 use super::frame::{FrameReader, Read};
 use super::handover::Handover;
 use super::redact::redact_url;
+use super::registry::{ConnectionId, ConnectionRegistry};
 use super::template::{render_batch, render_route};
 use super::websocket::{Socket, connect};
 use super::{Subscription, Upstream, UpstreamError, UpstreamEvent, WebSocketUpstreamConfig};
@@ -174,7 +175,9 @@ enum Command {
 /// One shared connection, as the pool sees it.
 struct Connection {
     commands: mpsc::UnboundedSender<Command>,
-    gauge: Arc<super::ConnectionGauge>,
+    registry: Arc<ConnectionRegistry>,
+    /// Its id in the registry.
+    id: ConnectionId,
     telemetry: Arc<dyn TelemetrySink>,
     /// Streams placed on it (counted at subscribe, released at close).
     held: AtomicUsize,
@@ -188,7 +191,7 @@ pub struct SharedUpstream {
     budget: Arc<std::sync::Mutex<ConnectBudget>>,
     connections: tokio::sync::Mutex<Vec<Arc<Connection>>>,
     requests: Arc<AtomicU64>,
-    gauge: Arc<super::ConnectionGauge>,
+    registry: Arc<ConnectionRegistry>,
 }
 
 impl SharedUpstream {
@@ -201,7 +204,7 @@ impl SharedUpstream {
             budget: Arc::new(std::sync::Mutex::new(budget)),
             connections: tokio::sync::Mutex::new(Vec::new()),
             requests: Arc::new(AtomicU64::new(1)),
-            gauge: Arc::default(),
+            registry: Arc::default(),
         }
     }
 
@@ -225,14 +228,15 @@ impl SharedUpstream {
             .max_frame_size(Some(hard_limit));
         let ws = connect(&url, ws_config, None, self.config.connect_timeout).await?;
         let (commands, inbox) = mpsc::unbounded_channel();
+        let id = self.registry.opened(0, &*self.telemetry);
         let connection = Arc::new(Connection {
             commands,
-            gauge: self.gauge.clone(),
+            registry: self.registry.clone(),
+            id,
             telemetry: self.telemetry.clone(),
             held: AtomicUsize::new(0),
             ended: CancellationToken::new(),
         });
-        self.gauge.change(1, 0, &*self.telemetry);
         let task = ConnectionTask {
             reader: FrameReader::new(&self.config, self.config.route_pointer.as_deref()),
             outbox: Outbox::new(
@@ -251,13 +255,14 @@ impl SharedUpstream {
                 .then(|| Instant::now() + replacement_age(&self.config, stream_id, 0)),
             replacements: 0,
             successor: None,
-            gauge: self.gauge.clone(),
+            registry: self.registry.clone(),
+            id,
         };
-        let (gauge, telemetry) = (self.gauge.clone(), self.telemetry.clone());
+        let (registry, telemetry) = (self.registry.clone(), self.telemetry.clone());
         let ended = connection.ended.clone();
         tokio::spawn(async move {
             task.run(ws, inbox, ended).await;
-            gauge.change(-1, 0, &*telemetry);
+            registry.closed(id, &*telemetry);
         });
         Ok(connection)
     }
@@ -290,7 +295,9 @@ impl Upstream for SharedUpstream {
             }
         };
         connection.held.fetch_add(1, Ordering::SeqCst);
-        connection.gauge.change(0, 1, &*self.telemetry);
+        connection
+            .registry
+            .stream_moved(connection.id, true, &*self.telemetry);
         drop(connections);
         let (events, inbox) = mpsc::channel(STREAM_QUEUE);
         let added = connection.commands.send(Command::Add {
@@ -332,7 +339,9 @@ impl SharedSubscription {
         if !std::mem::replace(&mut self.released, true) {
             self.connection.held.fetch_sub(1, Ordering::SeqCst);
             let connection = &self.connection;
-            connection.gauge.change(0, -1, &*connection.telemetry);
+            connection
+                .registry
+                .stream_moved(connection.id, false, &*connection.telemetry);
             let _ = self.connection.commands.send(Command::Remove {
                 route: self.route.clone(),
             });
@@ -479,7 +488,9 @@ struct ConnectionTask {
     replace_at: Option<Instant>,
     replacements: u64,
     successor: Option<SharedSuccessor>,
-    gauge: Arc<super::ConnectionGauge>,
+    registry: Arc<ConnectionRegistry>,
+    /// This connection's id in the registry.
+    id: ConnectionId,
 }
 
 impl ConnectionTask {
@@ -698,7 +709,7 @@ impl ConnectionTask {
                 return;
             }
         };
-        self.gauge_change(1);
+        self.registry.successor_opened(self.id, &*self.telemetry);
         let mut outbox = Outbox::new(
             self.config.subscribe_batch,
             self.config.subscribes_per_second,
@@ -719,7 +730,7 @@ impl ConnectionTask {
     /// carried end (their machines reconnect); the others stay.
     fn successor_lost(&mut self) {
         if let Some(SharedSuccessor::Open { .. }) = self.successor.take() {
-            self.gauge_change(-1);
+            self.registry.successor_dropped(self.id, &*self.telemetry);
         }
         let moved: Vec<String> = self
             .routes
@@ -770,7 +781,7 @@ impl ConnectionTask {
         });
         // What the old connection still owed it owes no more.
         self.outbox = outbox;
-        self.gauge_change(-1);
+        self.registry.replaced(self.id, &*self.telemetry);
         self.replacements += 1;
         let first = self
             .routes
@@ -803,10 +814,6 @@ impl ConnectionTask {
         for event in held {
             self.deliver(name, event);
         }
-    }
-
-    fn gauge_change(&self, connections: i64) {
-        self.gauge.change(connections, 0, &*self.telemetry);
     }
 
     fn command(&mut self, command: Command) {
@@ -969,10 +976,12 @@ impl ConnectionTask {
             None => {}
         }
         if let Some(asked) = held.asked.take() {
-            self.telemetry.emit(TelemetryEvent::UpstreamSubscribed {
-                stream_id: held.stream_id.clone(),
-                duration: event.received_at.saturating_duration_since(asked),
-            });
+            self.registry.subscribed(
+                self.id,
+                &held.stream_id,
+                event.received_at.saturating_duration_since(asked),
+                &*self.telemetry,
+            );
         }
         let seq = event.seq;
         match held.events.try_send(Ok(event)) {

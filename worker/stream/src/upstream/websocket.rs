@@ -42,8 +42,8 @@ pub struct WebSocketUpstream {
     /// Shared by every stream of the worker (one adapter per worker), and
     /// by their planned reconnects.
     budget: Arc<std::sync::Mutex<ConnectBudget>>,
-    /// One connection per stream: both counts move together.
-    gauge: Arc<super::ConnectionGauge>,
+    /// One connection per stream.
+    registry: Arc<super::registry::ConnectionRegistry>,
 }
 
 impl WebSocketUpstream {
@@ -54,7 +54,7 @@ impl WebSocketUpstream {
             config,
             telemetry,
             budget: Arc::new(std::sync::Mutex::new(budget)),
-            gauge: Arc::default(),
+            registry: Arc::default(),
         }
     }
 
@@ -103,7 +103,7 @@ impl Upstream for WebSocketUpstream {
             from_seq,
         });
         let now = Instant::now();
-        self.gauge.change(1, 1, &*self.telemetry);
+        let connection = self.registry.opened(1, &*self.telemetry);
         let planned = (!self.config.max_connection_age.is_zero()).then(|| PlannedReconnect {
             max_age: self.config.max_connection_age,
             url: url.clone(),
@@ -124,7 +124,8 @@ impl Upstream for WebSocketUpstream {
             delivered: None,
             floor: None,
             asked: Some(asked),
-            gauge: self.gauge.clone(),
+            registry: self.registry.clone(),
+            connection,
             ws,
             url,
             stream_id: stream_id.to_owned(),
@@ -217,7 +218,9 @@ struct WebSocketSubscription {
     floor: Option<u64>,
     /// When the subscription was asked for, until its first frame.
     asked: Option<Instant>,
-    gauge: Arc<super::ConnectionGauge>,
+    registry: Arc<super::registry::ConnectionRegistry>,
+    /// This subscription's connection in the registry.
+    connection: super::registry::ConnectionId,
     ws: Socket,
     url: String,
     stream_id: String,
@@ -313,7 +316,8 @@ impl WebSocketSubscription {
     fn successor_opened(&mut self, result: Result<Box<Socket>, UpstreamError>) {
         match result {
             Ok(ws) => {
-                self.gauge.change(1, 0, &*self.telemetry);
+                self.registry
+                    .successor_opened(self.connection, &*self.telemetry);
                 self.successor = Some(Successor::Open {
                     ws,
                     handover: Handover::new(self.delivered),
@@ -359,7 +363,8 @@ impl WebSocketSubscription {
 
     fn drop_successor(&mut self) {
         if let Some(Successor::Open { .. }) = self.successor.take() {
-            self.gauge.change(-1, 0, &*self.telemetry);
+            self.registry
+                .successor_dropped(self.connection, &*self.telemetry);
         }
         self.replace_at = Some(Instant::now() + REPLACE_RETRY);
     }
@@ -377,7 +382,7 @@ impl WebSocketSubscription {
         tokio::spawn(async move {
             let _ = timeout(CLOSE_TIMEOUT, old.close(None)).await;
         });
-        self.gauge.change(-1, 0, &*self.telemetry);
+        self.registry.replaced(self.connection, &*self.telemetry);
         self.replacements += 1;
         let now = Instant::now();
         self.last_heard = now;
@@ -407,7 +412,7 @@ impl WebSocketSubscription {
             self.telemetry.emit(TelemetryEvent::UpstreamDisconnected {
                 stream_id: self.stream_id.clone(),
             });
-            self.gauge.change(-1, -1, &*self.telemetry);
+            self.registry.closed(self.connection, &*self.telemetry);
         }
     }
 
@@ -447,10 +452,12 @@ impl WebSocketSubscription {
         match frame {
             Frame::Event(event) => {
                 if let Some(asked) = self.asked.take() {
-                    self.telemetry.emit(TelemetryEvent::UpstreamSubscribed {
-                        stream_id: self.stream_id.clone(),
-                        duration: received_at.saturating_duration_since(asked),
-                    });
+                    self.registry.subscribed(
+                        self.connection,
+                        &self.stream_id,
+                        received_at.saturating_duration_since(asked),
+                        &*self.telemetry,
+                    );
                 }
                 Some(Ok(event))
             }

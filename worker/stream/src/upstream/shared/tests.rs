@@ -182,15 +182,32 @@ async fn streams_fill_a_connection_before_another_opens_and_get_only_their_frame
         TelemetryEvent::UpstreamConnections {
             connections,
             streams,
-        } => Some((*connections, *streams)),
+            open,
+        } => Some((
+            *connections,
+            *streams,
+            open.iter().map(|c| (c.id, c.streams)).collect::<Vec<_>>(),
+        )),
         _ => None,
     });
-    assert_eq!(last_count, Some((3, 5)));
-    let subscribed = events
+    assert_eq!(
+        last_count,
+        Some((3, 5, vec![(1, 2), (2, 2), (3, 1)])),
+        "each connection listed with the streams on it"
+    );
+    let carriers: Vec<u64> = events
         .iter()
-        .filter(|e| matches!(e, TelemetryEvent::UpstreamSubscribed { .. }))
-        .count();
-    assert_eq!(subscribed, 5, "one per stream, at its first frame");
+        .filter_map(|e| match e {
+            TelemetryEvent::UpstreamSubscribed { connection, .. } => *connection,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(carriers.len(), 5, "one per stream, at its first frame");
+    assert_eq!(
+        carriers.iter().filter(|&&c| c == 3).count(),
+        1,
+        "each names the connection carrying it"
+    );
     assert!(events.iter().any(|e| matches!(
         e,
         TelemetryEvent::UpstreamFrameSkipped {
