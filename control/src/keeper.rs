@@ -90,6 +90,8 @@ struct LeaseSignal {
     /// Session mode: the session this stream lives by. Its deadline is the
     /// stream's, and its end ends the stream.
     session: Option<Arc<LeaseSignal>>,
+    /// The worker the release hands the stream to (a graceful hand-off).
+    successor: Mutex<Option<String>>,
 }
 
 impl LeaseSignal {
@@ -101,7 +103,15 @@ impl LeaseSignal {
             staged_checkpoint: Mutex::new(None),
             persisted_checkpoint: Mutex::new(checkpoint),
             session,
+            successor: Mutex::new(None),
         }
+    }
+
+    fn successor(&self) -> Option<String> {
+        self.successor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn deadline(&self) -> Instant {
@@ -204,6 +214,17 @@ impl HeldLease {
             .persisted_checkpoint
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Names the worker this lease's release hands the stream to (a graceful
+    /// hand-off whose successor subscribed ahead): the release records it as
+    /// `handed_to`, and scanning peers leave the stream to that worker.
+    pub fn hand_to(&self, successor: &str) {
+        *self
+            .signal
+            .successor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(successor.to_owned());
     }
 
     /// Records that the sink confirmed everything up to `seq`; the next renew
@@ -734,6 +755,7 @@ impl LeaseKeeper {
             fence_token: lease.fence_token,
             now_ms: self.inner.clock.now_ms(),
             checkpoint: staged,
+            successor: lease.signal.successor(),
         };
         let record = match self.inner.store.release(&request).await {
             // The store is already further (it never is for a live holder):

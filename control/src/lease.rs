@@ -34,6 +34,10 @@ pub struct Lease {
     pub released_at: Option<i64>,
     /// When the checkpoint last moved, unix ms.
     pub checkpoint_at: Option<i64>,
+    /// The worker the last release handed the stream to, if that release
+    /// was a graceful hand-off (advice to scanning peers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_to: Option<String>,
     /// Presence records only: where the worker's sidecar answers (untrusted:
     /// anyone who can write the table chooses it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +83,19 @@ impl LeaseState {
 }
 
 impl Lease {
+    /// The worker other than `me` that a graceful hand-off released this
+    /// unowned stream to less than `grace_ms` ago: scanning peers leave it
+    /// to that worker until then (its successor subscribed ahead; anyone
+    /// else would start cold, with a gap on a live upstream).
+    pub fn left_to(&self, me: &str, now_ms: i64, grace_ms: i64) -> Option<&str> {
+        let successor = self.handed_to.as_deref()?;
+        let released_at = self.released_at?;
+        (self.owner_id.is_none()
+            && successor != me
+            && now_ms < released_at.saturating_add(grace_ms))
+        .then_some(successor)
+    }
+
     /// A record for a stream nobody has touched yet.
     pub fn unowned(stream_id: impl Into<String>) -> Self {
         Lease {
@@ -94,6 +111,7 @@ impl Lease {
             previous_expires_at: None,
             released_at: None,
             checkpoint_at: None,
+            handed_to: None,
             sidecar_url: None,
             handoff_addr: None,
             session_token: None,

@@ -36,6 +36,11 @@ pub const PREVIOUS_EXPIRES_AT: &str = "previous_expires_at";
 pub const RELEASED_AT: &str = "released_at";
 /// Extra (N, unix ms): when the checkpoint last moved.
 pub const CHECKPOINT_AT: &str = "checkpoint_at";
+/// Extra (S): the worker a graceful hand-off released the stream to (set by
+/// that release, removed by any other). Scanning peers leave such a stream to
+/// it for a while, so the successor that subscribed ahead takes it, not
+/// whoever scans first. Advice only: the acquire condition ignores it.
+pub const HANDED_TO: &str = "handed_to";
 /// Extra (S), presence records only: the base URL of the worker's sidecar
 /// (`http://10.0.3.7:9464`), which is how the dashboard finds sidecars. Written
 /// by the acquire that announces the worker; untrusted for every reader.
@@ -179,6 +184,7 @@ pub fn decode(item: &RawItem) -> Result<Lease, MalformedItem> {
         previous_expires_at: reader.int(PREVIOUS_EXPIRES_AT)?,
         released_at: reader.int(RELEASED_AT)?,
         checkpoint_at: reader.int(CHECKPOINT_AT)?,
+        handed_to: reader.string(HANDED_TO)?.filter(|s| !s.is_empty()),
         sidecar_url: reader.string(SIDECAR_URL)?.filter(|s| !s.is_empty()),
         handoff_addr: reader.string(HANDOFF_ADDR)?.filter(|s| !s.is_empty()),
         session_token: reader.uint(SESSION_TOKEN)?,

@@ -144,6 +144,7 @@ async fn table(streams: usize) -> MemoryLeaseStore {
                 owner_id: first,
                 fence_token: held.fence_token,
                 now_ms: t + 5_123,
+                successor: None,
             })
             .await
             .unwrap();

@@ -724,6 +724,7 @@ async fn stream_worker_role_makes_every_lease_table_call_of_the_worker_and_its_s
             fence_token: token,
             checkpoint: Some(30),
             now_ms: T0 + 4,
+            successor: Some("w2".into()),
         }),
     )
     .await;

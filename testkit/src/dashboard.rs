@@ -108,6 +108,7 @@ pub async fn seed_leases(target: &dyn ConformanceTarget, now_ms: i64) {
             owner_id: "worker-a".into(),
             fence_token: released.fence_token,
             now_ms: now_ms - 35_000,
+            successor: None,
         })
         .await
         .expect("seed release");

@@ -105,6 +105,7 @@ fn release(stream: &str, owner: &str, token: u64, now_ms: i64) -> ReleaseRequest
         owner_id: owner.into(),
         fence_token: token,
         now_ms,
+        successor: None,
     }
 }
 
@@ -517,6 +518,55 @@ pub async fn release_carries_a_checkpoint(target: &dyn ConformanceTarget) {
     );
     let next = store.acquire(&acquire("s", "b", T0 + 3)).await.unwrap();
     assert_eq!((next.fence_token, next.checkpoint), (2, Some(25)));
+}
+
+/// A graceful hand-off's release names its successor (`handed_to`), with
+/// the checkpoint in the same write; the successor's acquire keeps it (the
+/// record is owned, so it advises nobody), and the next release without a
+/// successor clears it, as does a forced one. The acquire condition
+/// ignores it: it is advice to scanning peers, not a lock.
+pub async fn a_release_names_its_successor_until_the_next_release(target: &dyn ConformanceTarget) {
+    let store = target.store();
+    store.acquire(&acquire("s", "a", T0)).await.unwrap();
+    let mut handed = release("s", "a", 1, T0 + 1);
+    handed.checkpoint = Some(7);
+    handed.successor = Some("b".into());
+    let released = store.release(&handed).await.unwrap();
+    assert_eq!(
+        (released.handed_to.as_deref(), released.checkpoint),
+        (Some("b"), Some(7))
+    );
+    assert_eq!(
+        store.get("s").await.unwrap().handed_to.as_deref(),
+        Some("b")
+    );
+    assert_eq!(released.left_to("c", T0 + 2, 1_000), Some("b"));
+    assert_eq!(
+        released.left_to("b", T0 + 2, 1_000),
+        None,
+        "not from itself"
+    );
+    assert_eq!(
+        released.left_to("c", T0 + 1_001, 1_000),
+        None,
+        "only for a while"
+    );
+    // Anyone may still acquire: the condition is the specification's.
+    let taken = store.acquire(&acquire("s", "c", T0 + 2)).await.unwrap();
+    assert_eq!(
+        taken.left_to("d", T0 + 3, 1_000),
+        None,
+        "owned: advice to nobody"
+    );
+    let plain = store.release(&release("s", "c", 2, T0 + 3)).await.unwrap();
+    assert_eq!(plain.handed_to, None);
+    store.acquire(&acquire("s", "a", T0 + 4)).await.unwrap();
+    let mut again = release("s", "a", 3, T0 + 5);
+    again.successor = Some("b".into());
+    store.release(&again).await.unwrap();
+    store.acquire(&acquire("s", "a", T0 + 6)).await.unwrap();
+    let forced = store.force_release("s", T0 + 7).await.unwrap();
+    assert_eq!(forced.handed_to, None, "a forced release names nobody");
 }
 
 /// A presence acquire stores `sidecar_url`, `handoff_addr` and
@@ -1172,6 +1222,7 @@ macro_rules! conformance_suite {
             renew_carries_a_checkpoint,
             release_keeps_token_and_checkpoint,
             release_carries_a_checkpoint,
+            a_release_names_its_successor_until_the_next_release,
             force_release_frees_a_held_lease,
             register_is_idempotent,
             missing_streams_are_not_found,

@@ -93,12 +93,15 @@ pub const HOLDER_CONDITION: &str = "owner_id = :owner AND fence_token = :token";
 /// Checkpoint update.
 pub const CHECKPOINT_UPDATE: &str =
     "SET checkpoint = :checkpoint, checkpoint_at = :now, updated_at = :now";
-/// Release update: no owner, expiry 0, token and checkpoint kept.
-pub const RELEASE_UPDATE: &str =
-    "REMOVE owner_id SET lease_expires_at = :zero, released_at = :now, updated_at = :now";
+/// Release update: no owner, expiry 0, token and checkpoint kept; the
+/// successor of a graceful hand-off named (`""` for none: one expression
+/// whether or not there is one).
+pub const RELEASE_UPDATE: &str = "REMOVE owner_id SET lease_expires_at = :zero, \
+     released_at = :now, updated_at = :now, handed_to = :successor";
 /// Release that also records the holder's last checkpoint (a drain).
 pub const RELEASE_WITH_CHECKPOINT_UPDATE: &str = "REMOVE owner_id SET lease_expires_at = :zero, \
-     released_at = :now, updated_at = :now, checkpoint = :checkpoint, checkpoint_at = :now";
+     released_at = :now, updated_at = :now, handed_to = :successor, \
+     checkpoint = :checkpoint, checkpoint_at = :now";
 /// Force release and renew-free updates only apply to records that exist.
 pub const RECORD_EXISTS: &str = "attribute_exists(stream_id)";
 /// Doorbell update: a counter on a reserved record.
@@ -459,6 +462,7 @@ impl LeaseStore for DynamoLeaseStore {
             (":token", n(r.fence_token)),
             (":zero", n(0)),
             (":now", n(r.now_ms)),
+            (":successor", s(r.successor.as_deref().unwrap_or_default())),
         ];
         let holder = Holder::new(&r.owner_id, r.fence_token, r.checkpoint);
         match r.checkpoint {
@@ -488,7 +492,7 @@ impl LeaseStore for DynamoLeaseStore {
     }
 
     async fn force_release(&self, stream_id: &str, now_ms: i64) -> Result<Lease, LeaseError> {
-        let values = vec![(":zero", n(0)), (":now", n(now_ms))];
+        let values = vec![(":zero", n(0)), (":now", n(now_ms)), (":successor", s(""))];
         self.update(
             stream_id,
             RECORD_EXISTS,

@@ -100,6 +100,7 @@ fn set(item: &mut RawItem, name: &str, value: AttrValue) {
 /// Applies the release update (shared by release and force_release).
 fn apply_release(item: &mut RawItem, now_ms: i64) {
     item.remove(schema::OWNER_ID);
+    set(item, schema::HANDED_TO, AttrValue::s(String::new()));
     set(item, schema::LEASE_EXPIRES_AT, AttrValue::n(0));
     set(item, schema::RELEASED_AT, AttrValue::n(now_ms));
     set(item, schema::UPDATED_AT, AttrValue::n(now_ms));
@@ -257,6 +258,9 @@ impl LeaseStore for MemoryLeaseStore {
             set(&mut item, schema::CHECKPOINT_AT, AttrValue::n(r.now_ms));
         }
         apply_release(&mut item, r.now_ms);
+        // What the DynamoDB store writes: `""` for no successor.
+        let successor = r.successor.clone().unwrap_or_default();
+        set(&mut item, schema::HANDED_TO, AttrValue::s(successor));
         let lease = schema::decode(&item)?;
         items.insert(r.stream_id.clone(), item);
         Ok(lease)

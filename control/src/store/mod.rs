@@ -114,6 +114,9 @@ pub struct ReleaseRequest {
     /// [`LeaseError::CheckpointBehind`] (nothing written) when the stored
     /// checkpoint is further.
     pub checkpoint: Option<u64>,
+    /// The worker this release hands the stream to (a graceful hand-off),
+    /// recorded as `handed_to`; `None` removes any earlier one.
+    pub successor: Option<String>,
 }
 
 /// One page of a listing.

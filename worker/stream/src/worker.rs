@@ -558,9 +558,15 @@ impl StreamWorker {
         // does not run: unowned, expired past the skew margin, or recorded as
         // this worker's (a restarted process with the same OWNER_ID, or a
         // token lifted past a sink's fence), taken at once with a new token.
+        // A stream a graceful hand-off released to another worker is left
+        // to it for an interval: that worker subscribed ahead and takes it
+        // without a gap; anyone else would start cold.
+        let left_for =
+            i64::try_from(self.config.discovery_interval.as_millis()).unwrap_or(i64::MAX);
         let free_now: HashSet<String> = table
             .acquirable_streams(&me, now, skew)
             .filter(|l| !self.running.contains_key(&l.stream_id))
+            .filter(|l| l.left_to(&me, now, left_for).is_none())
             .map(|l| l.stream_id.clone())
             .collect();
         let holders: HashMap<&str, &Lease> =
@@ -735,8 +741,9 @@ impl StreamWorker {
             if let Some(next) = &successor {
                 *self.census.held_by.entry(next.clone()).or_default() += 1;
             }
-            let addr = successor.and_then(|next| self.peer_addrs.get(&next).copied());
-            self.release_to(&stream, addr);
+            let successor =
+                successor.and_then(|next| Some((next.clone(), *self.peer_addrs.get(&next)?)));
+            self.release_to(&stream, successor);
             self.handed_back.insert(stream.clone(), now);
             self.gifts.give(&stream, now);
         }
@@ -748,16 +755,18 @@ impl StreamWorker {
         running.drain.is_cancelled() || self.releasing.contains_key(&running.lease.stream_id)
     }
 
-    /// Releases a running stream towards the peer at `successor`: when
-    /// hand-offs overlap, the peer subscribes it first and the stream runs on
-    /// until the peer holds what follows (or the prepare timeout); otherwise
-    /// at once.
-    fn release_to(&mut self, stream: &str, successor: Option<std::net::SocketAddr>) {
+    /// Releases a running stream towards `successor` (its id and where it
+    /// takes hand-offs): when hand-offs overlap, the peer subscribes it
+    /// first, the stream runs on until the peer holds what follows (or the
+    /// prepare timeout), and the release names the peer so that scanning
+    /// workers leave the stream to it; otherwise at once.
+    fn release_to(&mut self, stream: &str, successor: Option<(String, std::net::SocketAddr)>) {
         let Some(running) = self.running.get(stream) else {
             return;
         };
         match (successor, self.handoff.clone()) {
-            (Some(successor), Some(socket)) if self.overlaps() => {
+            (Some((next, successor)), Some(socket)) if self.overlaps() => {
+                running.lease.hand_to(&next);
                 let name = stream.to_owned();
                 tokio::spawn(async move { socket.prepare(successor, &name).await });
                 let until = Some(Instant::now() + self.config.handoff_prepare_timeout);
@@ -849,7 +858,8 @@ impl StreamWorker {
             let streams: Vec<String> = self.running.keys().cloned().collect();
             for stream in streams {
                 match self.successor_addr(&stream).await {
-                    Some(successor) => {
+                    Some((next, successor)) => {
+                        self.running[&stream].lease.hand_to(&next);
                         socket.prepare(successor, &stream).await;
                         let until = Some(Instant::now() + self.config.handoff_prepare_timeout);
                         overlaps.insert(
@@ -960,14 +970,16 @@ impl StreamWorker {
     /// The address of the peer a drained `stream` goes to: the one advised
     /// in assigned discovery, else the least-loaded peer of the last census
     /// (counted as one more, so the next stream goes elsewhere).
-    async fn successor_addr(&mut self, stream: &str) -> Option<std::net::SocketAddr> {
+    async fn successor_addr(&mut self, stream: &str) -> Option<(String, std::net::SocketAddr)> {
         if let Some(assignee) = self.handing_to.get(stream).cloned() {
-            return self.peer_address(&assignee).await;
+            let addr = self.peer_address(&assignee).await?;
+            return Some((assignee, addr));
         }
         let me = self.context.keeper.config().owner_id.clone();
         let next = handoff::successor(&self.census, &me, &self.peer_addrs)?.to_owned();
         *self.census.held_by.entry(next.clone()).or_default() += 1;
-        self.peer_addrs.get(&next).copied()
+        let addr = self.peer_addrs.get(&next).copied()?;
+        Some((next, addr))
     }
 
     /// Hands a released stream to the least-loaded peer of the last census,

@@ -21,6 +21,7 @@ fn expressions_only_name_schema_attributes() {
         schema::LEASE_MODE,
         schema::ASSIGNEE,
         schema::MAX_STREAMS,
+        schema::HANDED_TO,
     ];
     let keywords = [
         "SET",
@@ -42,6 +43,7 @@ fn expressions_only_name_schema_attributes() {
         HOLDER_CONDITION,
         CHECKPOINT_UPDATE,
         RELEASE_UPDATE,
+        RELEASE_WITH_CHECKPOINT_UPDATE,
         RECORD_EXISTS,
         RECORD_ABSENT,
         LIFT_CONDITION,

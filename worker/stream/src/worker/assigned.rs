@@ -168,7 +168,10 @@ impl StreamWorker {
                 assignee,
                 "assigned elsewhere: handing the stream over"
             );
-            let successor = self.peer_address(&assignee).await;
+            let successor = self
+                .peer_address(&assignee)
+                .await
+                .map(|addr| (assignee.clone(), addr));
             self.handing_to.insert(stream.to_owned(), assignee);
             self.release_to(stream, successor);
         }
