@@ -551,6 +551,13 @@ impl StreamMachine {
         }
     }
 
+    /// The first subscription is one made before this holder took the
+    /// stream (an overlapping hand-off's): its frames up to the stream's
+    /// position are the predecessor's, replays ([`Sequencer::continue_prepared`]).
+    pub fn continue_prepared(&mut self) {
+        self.sequencer.continue_prepared();
+    }
+
     /// Something happened.
     pub fn handle(&mut self, input: Input, now: Instant) {
         self.now = now;

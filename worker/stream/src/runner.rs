@@ -257,6 +257,9 @@ pub async fn run_stream_with(
                     Instant::now(),
                 ),
             };
+            if prepared.is_some() {
+                held.machine.continue_prepared();
+            }
             let mut out = Out {
                 prepared,
                 ..Out::default()

@@ -298,6 +298,9 @@ pub struct Sequencer<T> {
     /// restarted sequence (found by `tests/snapshot_model.rs`). Until a diff
     /// past the book is taken.
     covered: Option<(u64, u64)>,
+    /// The next frame is the first of a subscription made before the stream
+    /// reached its position ([`Sequencer::continue_prepared`]).
+    prepared: bool,
 }
 
 impl<T> Sequencer<T> {
@@ -316,9 +319,23 @@ impl<T> Sequencer<T> {
             suspects: Vec::new(),
             behind: Vec::new(),
             covered: None,
+            prepared: false,
             reset_after: 0,
             syncing: None,
         }
+    }
+
+    /// The next connection is a subscription made before the stream reached
+    /// its position: an overlapping hand-off's successor subscribed while
+    /// its predecessor still wrote. Its frames from its first up to the
+    /// position are what the predecessor wrote, arriving below the stream
+    /// and each above the one before, exactly like a restarted sequence:
+    /// they are replays, dropped until a frame past the position (found by
+    /// a rolling deploy in scan discovery, where a successor's subscription
+    /// can start a thousand frames back). A restart inside them still shows:
+    /// its sequence falls below the subscription's first frame.
+    pub fn continue_prepared(&mut self) {
+        self.prepared = true;
     }
 
     /// This sequencer, taking `frames` frames in a row below the last
@@ -461,6 +478,13 @@ impl<T> Sequencer<T> {
             fresh,
             snapshot: false,
         };
+        if std::mem::take(&mut self.prepared)
+            && let Some(last) = self.last
+            && seq <= last
+        {
+            let first = first.unwrap_or(seq).min(seq);
+            self.covered = Some((first.saturating_sub(1), last));
+        }
         if let Some((above, upto)) = self.covered {
             if seq > upto {
                 self.covered = None;
@@ -1357,6 +1381,43 @@ mod tests {
             vec![Step::BehindDropped { frames: 2 }, Step::Event(102, 102)]
         );
         assert_eq!(s.behind(), 0);
+    }
+
+    /// An overlapping hand-off's successor subscribed while its predecessor
+    /// wrote on: its subscription starts below the stream and climbs, like
+    /// a restart. Continued as prepared, those frames are replays; a
+    /// restart inside them still is a reset.
+    #[test]
+    fn a_prepared_subscriptions_frames_up_to_the_stream_are_replays_not_a_reset() {
+        let climbing: Vec<u64> = (95..=103).collect();
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(100)).with_reset_after(3);
+        assert!(
+            run(&mut s, &climbing).contains(&Step::Reset { from: 100, to: 95 }),
+            "without the word it is taken for a restart"
+        );
+
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(100)).with_reset_after(3);
+        s.continue_prepared();
+        assert_eq!(
+            run(&mut s, &climbing),
+            vec![
+                Step::Event(101, 101),
+                Step::Event(102, 102),
+                Step::Event(103, 103)
+            ]
+        );
+
+        let mut s =
+            Sequencer::new(ResumeMode::Live, SeqStep::Contiguous, Some(100)).with_reset_after(3);
+        s.continue_prepared();
+        let steps = run(&mut s, &[97, 98, 1, 2, 3]);
+        assert_eq!(
+            steps.first(),
+            Some(&Step::Reset { from: 100, to: 1 }),
+            "a restart below the subscription's first frame: {steps:?}"
+        );
     }
 
     #[test]
