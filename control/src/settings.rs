@@ -38,37 +38,40 @@ pub const LEASE_TABLE: Setting<String> = Setting::new(
     "LEASE_TABLE",
     TABLE_NAME,
     Fallback::Value(|| "websocket-leases".to_owned()),
-    "DynamoDB table holding the leases (string partition key `stream_id`).",
+    "DynamoDB table holding the leases (string partition key `stream_id`); the name is the \
+     original lease specification's",
 );
 /// The `LEASE_SECONDS` variable.
 pub const LEASE_SECONDS: Setting<Duration> = Setting::new(
     "LEASE_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(30)),
-    "Lease duration in seconds; a crashed holder's streams are taken over after about this long.",
+    "lease duration in seconds; a crashed holder's streams are taken over after about this \
+     long",
 );
 /// The `LEASE_RENEW_INTERVAL_MS` variable.
 pub const LEASE_RENEW_INTERVAL_MS: Setting<Duration> = Setting::new(
     "LEASE_RENEW_INTERVAL_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Derived("LEASE_SECONDS/3"),
-    "How often each held lease is renewed, in ms.",
+    "how often each held lease is renewed (10 s by default: the original specification's 30 s \
+     lease renewed every 10 s)",
 );
 /// The `LEASE_SAFETY_MARGIN_MS` variable.
 pub const LEASE_SAFETY_MARGIN_MS: Setting<Duration> = Setting::new(
     "LEASE_SAFETY_MARGIN_MS",
     parse::MILLIS,
     Fallback::Derived("LEASE_SECONDS/10"),
-    "The holder stops side effects this long before its lease could expire \
-          (deadline = renew sent + lease - margin), in ms.",
+    "the holder stops side effects this long before its lease could expire (deadline = renew \
+     sent + lease − margin); must be shorter than the lease",
 );
 /// The `LEASE_SKEW_MARGIN_MS` variable.
 pub const LEASE_SKEW_MARGIN_MS: Setting<Duration> = Setting::new(
     "LEASE_SKEW_MARGIN_MS",
     parse::MILLIS,
     Fallback::Value(|| Duration::from_millis(1000)),
-    "A taker waits this long past `lease_expires_at` before taking over, \
-          to absorb clock skew between hosts, in ms.",
+    "a taker waits this long past `lease_expires_at` before taking over, to absorb clock skew \
+     between hosts",
 );
 /// How holders prove they are alive (`LEASE_MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,26 +114,29 @@ pub const LEASE_MODE: Setting<LeaseMode> = Setting::new(
     "LEASE_MODE",
     LEASE_MODE_PARSER,
     Fallback::Value(|| LeaseMode::PerStream),
-    "`per-stream` (one renewed lease per stream, the original protocol) or `session` \
-     (one renewed session record per worker; a takeover is a two-item transaction). \
-     A table declares its mode in `leasehold#mode`; a worker of the other mode exits 2.",
+    "`per-stream`: one renewed lease per stream (the original specification's protocol). \
+     `session`: one renewed session record per worker (`leasehold#session#{owner}`), every \
+     stream it holds lives by it, a takeover is a two-item transaction \
+     ([lease-table.md](lease-table.md#session-mode-lease_modesession)). The table declares \
+     its mode in `leasehold#mode`; a stream worker of the other mode exits 2",
 );
 /// The `CHECKPOINT_INTERVAL_MS` variable.
 pub const CHECKPOINT_INTERVAL_MS: Setting<Duration> = Setting::new(
     "CHECKPOINT_INTERVAL_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(300_000)),
-    "Session mode: how often a held stream's sink-confirmed checkpoint is written to the \
-     lease table, in ms (also on release and hand-off). A takeover resumes from the sink's \
-     last sequence, so this bounds only how stale the table's `checkpoint` reads. \
-     In `per-stream` mode the checkpoint rides on every renew at no extra write.",
+    "session mode: how often a held stream's sink-confirmed checkpoint is written to the \
+     lease table (also on release and hand-off); a takeover resumes from the sink's last \
+     sequence, so this bounds only how stale `checkpoint` reads. In `per-stream` mode the \
+     checkpoint rides on every renew at no extra write and this is not used",
 );
 /// The `OWNER_ID` variable.
 pub const OWNER_ID: Setting<String> = Setting::new(
     "OWNER_ID",
     IDENTITY,
     Fallback::Derived("ECS task id, else hostname"),
-    "This worker's identity in `owner_id` (default: the ECS task id from the task metadata endpoint, else the host name).",
+    "this process's identity in `owner_id`; `stream-worker` reads the task id from the ECS \
+     task metadata endpoint v4, the sidecar uses the host name (1 to 256 characters)",
 );
 
 /// Every variable of this part, in documentation order.

@@ -95,77 +95,106 @@ pub const DASHBOARD_LISTEN: Setting<SocketAddr> = Setting::new(
     "DASHBOARD_LISTEN",
     parse::SOCKET_ADDR,
     Fallback::Value(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
-    "The dashboard's HTTP address. Loopback by default; any other address needs `DASHBOARD_TOKEN` (or `DASHBOARD_ALLOW_ANONYMOUS=true`).",
+    "the dashboard's address (`--listen`); anything but loopback needs `DASHBOARD_TOKEN` or \
+     `DASHBOARD_ALLOW_ANONYMOUS=true` (exit 2 otherwise)",
 );
 /// The `DASHBOARD_TOKEN` variable.
 pub const DASHBOARD_TOKEN: Setting<String> = Setting::secret(
     "DASHBOARD_TOKEN",
     TOKEN,
     Fallback::Unset,
-    "When set, every page and API call needs `Authorization: Bearer …` or the token form's cookie (never printed).",
+    "bearer token (at least 16 characters) for every page and API call; browsers use the \
+     `/login` form, which sets an HTTP-only same-site session cookie derived from the token \
+     (an HMAC with a 12-hour expiry, never the token itself; `POST /logout` clears it) (never \
+     printed)",
 );
 /// The `DASHBOARD_ALLOW_ANONYMOUS` variable.
 pub const DASHBOARD_ALLOW_ANONYMOUS: Setting<bool> = Setting::new(
     "DASHBOARD_ALLOW_ANONYMOUS",
     parse::BOOL,
     Fallback::Value(|| false),
-    "`true` lets the dashboard listen on a non-loopback address without a token (e.g. behind an authenticating proxy).",
+    "`true`: listen beyond loopback without a token (behind an authenticating proxy)",
 );
 /// The `DASHBOARD_SIDECARS` variable.
 pub const DASHBOARD_SIDECARS: Setting<Vec<String>> = Setting::new(
     "DASHBOARD_SIDECARS",
     parse::LIST,
     Fallback::Unset,
-    "Override: comma-separated sidecar base URLs (`http://HOST:PORT`); when set, only these are polled (every address a host name resolves to) and none are discovered. Unset: sidecars are found through the `sidecar_url` workers publish.",
+    "override (`--sidecars`): comma-separated sidecar base URLs; when set, exactly these are \
+     polled (every address a host name resolves to) and nothing is discovered. Unset (the \
+     normal case): sidecars are found through the `sidecar_url` that workers publish \
+     ([lease-table.md](lease-table.md#finding-sidecars-sidecar_url))",
 );
 /// The `DASHBOARD_SIDECAR_NETWORKS` variable.
 pub const DASHBOARD_SIDECAR_NETWORKS: Setting<Vec<Network>> = Setting::new(
     "DASHBOARD_SIDECAR_NETWORKS",
     NETWORKS,
     Fallback::Value(private_networks),
-    "Comma-separated CIDRs a discovered `sidecar_url` must lie in (link-local, loopback, unspecified, multicast and broadcast addresses are refused whatever this says).",
+    "comma-separated CIDRs a discovered `sidecar_url` must lie in; link-local, EC2's IPv6 \
+     metadata range (`fd00:ec2::/32`), NAT64 prefixes (`64:ff9b::/96`, `64:ff9b:1::/48`, \
+     which reach any IPv4 address), unspecified, multicast, broadcast and (outside `dev`) \
+     loopback addresses are refused whatever this says. Add your VPC's IPv6 or non-RFC 1918 \
+     ranges here. *Addition.*",
 );
 /// The `DASHBOARD_TRUST_PROXY` variable.
 pub const DASHBOARD_TRUST_PROXY: Setting<bool> = Setting::new(
     "DASHBOARD_TRUST_PROXY",
     parse::BOOL,
     Fallback::Value(|| false),
-    "`true`: a proxy in front sets `X-Forwarded-Proto`, and `https` there marks the token cookie `Secure`; leave `false` when clients reach the dashboard directly (they could send the header themselves).",
+    "`true`: a proxy in front terminates TLS and sets `X-Forwarded-Proto`; `https` there \
+     marks the token cookie `Secure`. Leave `false` when clients reach the dashboard directly \
+     (they could send the header themselves). *Addition.*",
 );
 /// The `DASHBOARD_ALLOWED_HOSTS` variable.
 pub const DASHBOARD_ALLOWED_HOSTS: Setting<Vec<String>> = Setting::new(
     "DASHBOARD_ALLOWED_HOSTS",
     parse::LIST,
     Fallback::Unset,
-    "Host names (without port) the dashboard answers to besides loopback names and addresses; other `Host` headers get 421. The check is on when this is set, and always for a loopback dashboard without a token (DNS rebinding).",
+    "host names (no port) the dashboard answers to besides loopback names and addresses; any \
+     other `Host` gets 421. The check is on whenever this is set, and always for a loopback \
+     dashboard without a token (DNS rebinding). *Addition.*",
 );
 /// The `DASHBOARD_REFRESH_MS` variable.
 pub const DASHBOARD_REFRESH_MS: Setting<Duration> = Setting::new(
     "DASHBOARD_REFRESH_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(2_000)),
-    "How often the dashboard re-reads its sources and the page refreshes itself while the lease table is small; see `DASHBOARD_SCAN_ITEMS_PER_SECOND`.",
+    "how often the dashboard re-reads its sources (and pages refresh themselves) while the \
+     lease table is small; see the next row",
 );
 /// The `DASHBOARD_SCAN_ITEMS_PER_SECOND` variable.
 pub const DASHBOARD_SCAN_ITEMS_PER_SECOND: Setting<u64> = Setting::new(
     "DASHBOARD_SCAN_ITEMS_PER_SECOND",
     parse::POSITIVE,
     Fallback::Value(|| 1_000),
-    "Lease records per second the dashboard may scan on average (eventually consistent): above `DASHBOARD_REFRESH_MS` × this many records the refresh interval grows with the table (at most 60 s), bounding the scan's read units.",
+    "lease records per second the dashboard may scan on average (eventually consistent): the \
+     refresh interval is `max(DASHBOARD_REFRESH_MS, records ÷ this)`, at most 60 s, so the \
+     scan's read units stay bounded as the table grows \
+     ([lease-table.md](lease-table.md#what-readers-cost))",
 );
 /// The `DASHBOARD_STOPPED_AFTER_SECONDS` variable.
 pub const DASHBOARD_STOPPED_AFTER_SECONDS: Setting<Duration> = Setting::new(
     "DASHBOARD_STOPPED_AFTER_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(300)),
-    "A stream whose checkpoint has not moved for this long, while behind or with unknown lag, is judged `stopped`.",
+    "no checkpoint for this long, while behind or with unknown lag, makes a stream's verdict \
+     `stopped` (not for a session-mode stream, whose table checkpoint is written only every \
+     `CHECKPOINT_INTERVAL_MS`: its verdict rests on the lag its worker reports, and a dead \
+     worker shows as its session expiring)",
 );
 /// The `DASHBOARD_SINK_URL` variable.
 pub const DASHBOARD_SINK_URL: Setting<String> = Setting::secret(
     "DASHBOARD_SINK_URL",
     SINK_URL,
     Fallback::Unset,
-    "The stream workers' Redis sink (`redis://…`, `rediss://…`; may hold a password: never printed). When set, a stream's page reads the sink's last entry for that stream (`XREVRANGE … + - COUNT 1`, within 0.5 s) and shows it next to the checkpoint; unset, the page says the sink is not read.",
+    "the stream workers' Redis sink (`redis://…`, `rediss://…`, `redis+unix://…`, \
+     `redis+cluster://…`, `rediss+cluster://…`; may hold a password: never printed; `memory:` \
+     is refused, since only `leasehold dev` has an in-process sink and it shares it with its \
+     dashboard by itself). When set, a stream's page reads that stream's newest sink entry \
+     (`XREVRANGE leasehold:sink:{id} + - COUNT 1`, within 0.5 s, connected on first use) and \
+     shows its `seq` next to the checkpoint with the difference; unset, unreachable or \
+     refused, the page says so. The `dashboard` Redis user may run that read \
+     ([deploy/redis-acl.conf](../deploy/redis-acl.conf)). *Addition.*",
 );
 /// The `DASHBOARD_GRAFANA_URL` variable.
 // Secret only in that a refused value is never echoed (a pasted link can
@@ -174,7 +203,11 @@ pub const DASHBOARD_GRAFANA_URL: Setting<String> = Setting::secret(
     "DASHBOARD_GRAFANA_URL",
     GRAFANA_URL,
     Fallback::Unset,
-    "A Grafana dashboard (`http://…` or `https://…`, no user name or password, at most 2,048 bytes) the trends page links to for longer history.",
+    "a Grafana dashboard the trends page links to for longer history: `http://` or `https://` \
+     with a host, no user name or password, at most 2,048 bytes; anything else stops the \
+     dashboard at start with a message that does not repeat the value (never printed, since a \
+     pasted link can carry a credential; an accepted one is shown on the trends page). \
+     *Addition.*",
 );
 
 /// Every variable of this part, in documentation order.

@@ -89,45 +89,125 @@ fn every_variable_is_listed_once_where_components_read_it() {
     );
 }
 
+/// The row `docs/configuration.md` has for `setting`: its default and its
+/// meaning are the code's (`Setting::doc` is the one text).
+fn configuration_row(setting: &dyn Documented) -> String {
+    let default = match setting.default_text() {
+        text if text.is_empty() => "—".to_owned(),
+        text => format!("`{text}`"),
+    };
+    format!("| `{}` | {default} | {} |", setting.name(), setting.doc())
+}
+
+/// `docs/configuration.md` with every setting's row written from the code:
+/// rows stay where they are (the sections and the prose between the tables
+/// are the doc's); a setting with no row yet goes at the end of the table
+/// holding most of its component's settings. Also the names with a row
+/// that nothing reads.
+fn regenerated_configuration(doc: &str) -> (String, Vec<String>) {
+    let components = [
+        leasehold_control::settings::ALL,
+        leasehold_stream::settings::ALL,
+        leasehold_telemetry::settings::ALL,
+        leasehold_sidecar::settings::ALL,
+        leasehold_dashboard::settings::ALL,
+        leasehold_pool::settings::ALL,
+        leasehold_broker::settings::ALL,
+        leasehold_platform::logging::ALL,
+    ];
+    let by_name: BTreeMap<&str, (usize, &dyn Documented)> = components
+        .iter()
+        .enumerate()
+        .flat_map(|(component, all)| all.iter().map(move |s| (s.name(), (component, *s))))
+        .collect();
+    let mut lines: Vec<String> = doc.lines().map(str::to_owned).collect();
+    let mut seen = BTreeSet::new();
+    let mut unread = Vec::new();
+    // The last row of each table and the components of its settings.
+    let mut tables: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut in_table = false;
+    for (index, line) in lines.iter_mut().enumerate() {
+        let table_line = line.trim_start().starts_with('|');
+        if table_line && !in_table {
+            tables.push((index, Vec::new()));
+        }
+        in_table = table_line;
+        let Some((name, _, _)) = table_rows(line).pop() else {
+            continue;
+        };
+        let table = tables.last_mut().unwrap();
+        table.0 = index;
+        match by_name.get(name.as_str()) {
+            Some((component, setting)) => {
+                *line = configuration_row(*setting);
+                table.1.push(*component);
+                seen.insert(name);
+            }
+            None => unread.push(name),
+        }
+    }
+    let mut inserts: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (name, (component, setting)) in &by_name {
+        if seen.contains(*name) {
+            continue;
+        }
+        let home = tables
+            .iter()
+            .max_by_key(|(_, components)| components.iter().filter(|c| *c == component).count())
+            .map_or(lines.len().saturating_sub(1), |(last, _)| *last);
+        inserts
+            .entry(home)
+            .or_default()
+            .push(configuration_row(*setting));
+    }
+    for (after, rows) in inserts.into_iter().rev() {
+        lines.splice(after + 1..after + 1, rows);
+    }
+    (lines.join("\n") + "\n", unread)
+}
+
+/// The tables of `docs/configuration.md` are the code's settings: change a
+/// setting's doc or default, or add one, and this fails until the doc is
+/// rewritten with `UPDATE_DOCS=1 cargo test -p leasehold --test docs`.
 #[test]
 fn the_configuration_doc_matches_the_code() {
-    let doc = std::fs::read_to_string(repo_root().join("docs/configuration.md")).unwrap();
-    let mut rows: BTreeMap<String, (String, String)> = BTreeMap::new();
-    for (name, default, meaning) in table_rows(&doc) {
+    let path = repo_root().join("docs/configuration.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let mut names = BTreeSet::new();
+    for (name, _, _) in table_rows(&doc) {
         assert!(
-            rows.insert(name.clone(), (default, meaning)).is_none(),
+            names.insert(name.clone()),
             "{name} appears twice in docs/configuration.md"
         );
     }
-    let mut problems = Vec::new();
-    for setting in every_setting() {
-        let Some((default, meaning)) = rows.remove(setting.name()) else {
-            problems.push(format!("{} is missing", setting.name()));
-            continue;
-        };
-        let expected = match setting.default_text() {
-            text if text.is_empty() => "—".to_owned(),
-            text => format!("`{text}`"),
-        };
-        if default != expected {
-            problems.push(format!(
-                "{}: default {default} in the doc, {expected} in the code",
-                setting.name()
-            ));
-        }
-        if setting.secret() != meaning.contains("never printed") {
-            problems.push(format!(
-                "{}: the doc must say \"never printed\" exactly when the code treats it as a secret ({})",
-                setting.name(),
-                setting.secret()
-            ));
-        }
-    }
-    problems.extend(
-        rows.keys()
-            .map(|name| format!("{name} is documented but read by nothing")),
+    let (regenerated, unread) = regenerated_configuration(&doc);
+    assert!(
+        unread.is_empty(),
+        "docs/configuration.md lists what nothing reads: {unread:?}"
     );
-    assert!(problems.is_empty(), "docs/configuration.md: {problems:#?}");
+    for setting in every_setting() {
+        assert_eq!(
+            setting.secret(),
+            setting.doc().contains("never printed"),
+            "{}: its doc must say \"never printed\" exactly when the code treats it as a secret",
+            setting.name()
+        );
+    }
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&path, regenerated).unwrap();
+        return;
+    }
+    let stale: Vec<(&str, &str)> = doc
+        .lines()
+        .zip(regenerated.lines())
+        .filter(|(was, is)| was != is)
+        .collect();
+    assert!(
+        stale.is_empty() && doc == regenerated,
+        "docs/configuration.md is not what the settings say; rewrite it with \
+         `UPDATE_DOCS=1 cargo test -p leasehold --test docs`. First difference (doc, code): {:#?}",
+        stale.first()
+    );
 }
 
 #[test]

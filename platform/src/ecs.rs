@@ -15,7 +15,9 @@ use crate::settings::External;
 /// The variable ECS sets in every container.
 pub const ECS_CONTAINER_METADATA_URI_V4: External = External {
     name: "ECS_CONTAINER_METADATA_URI_V4",
-    doc: "ECS task metadata endpoint (set by the ECS agent; read for the task id and ARN).",
+    doc: "ECS task metadata endpoint v4, set by ECS; read when present (task id for `OWNER_ID` \
+         and `WORKER_ID`, `task_arn` for `worker:metadata:{user_id}`, OTLP resource \
+         attributes); its presence is what *production* means for the local credentials key",
 };
 
 /// What leasehold uses from `${ECS_CONTAINER_METADATA_URI_V4}/task`.

@@ -31,8 +31,11 @@ pub const LEASEHOLD_LOG_FORMAT: Setting<LogFormat> = Setting::new(
         },
     },
     Fallback::Value(|| LogFormat::Text),
-    "Log line format for every subcommand: `text` (one readable line per event) or \
-     `json` (one JSON object per line). ANSI colours only when stderr is a terminal.",
+    "`text` (one readable line per event) or `json` (one JSON object per line: `timestamp`, \
+     `level`, `fields`, `target`); any other value exits 2. ANSI colours only when stderr is \
+     a terminal. Warnings that can repeat per frame or attempt (frame skipped, reconnecting, \
+     sink write failed, acquire failed, bad telemetry peer) are written once per stream and \
+     reason every 10 s, the next line carrying `suppressed=N`; the metrics count every one",
 );
 
 /// The `LEASEHOLD_LOG` variable.
@@ -40,24 +43,26 @@ pub const LEASEHOLD_LOG: Setting<String> = Setting::new(
     "LEASEHOLD_LOG",
     parse::TEXT,
     Fallback::Value(|| "warn".to_owned()),
-    "Log filter for every subcommand (`tracing` env-filter syntax, e.g. `info` or \
-     `leasehold_control=debug`); `dev` defaults to `error`.",
+    "log filter, `tracing` EnvFilter syntax (e.g. `info,leasehold_control=debug`); `dev` logs \
+     errors only unless this is set",
 );
 
 /// The AWS SDK's own variables, documented here because users set them.
 pub const AWS_REGION: External = External {
     name: "AWS_REGION",
-    doc: "AWS region (read by the AWS SDK; profiles and the ECS task environment also work).",
+    doc: "AWS region, read by the AWS SDK (profiles and the ECS task environment also work); \
+         commands that call AWS exit 2 when no region is found",
 };
 /// Endpoint override for every AWS service (read by the AWS SDK itself).
 pub const AWS_ENDPOINT_URL: External = External {
     name: "AWS_ENDPOINT_URL",
-    doc: "Endpoint for all AWS APIs, e.g. a local DynamoDB-compatible server (read by the AWS SDK).",
+    doc: "endpoint for all AWS APIs, e.g. a local DynamoDB-compatible server (read by the AWS \
+         SDK)",
 };
 /// Endpoint override for DynamoDB only (read by the AWS SDK itself).
 pub const AWS_ENDPOINT_URL_DYNAMODB: External = External {
     name: "AWS_ENDPOINT_URL_DYNAMODB",
-    doc: "Endpoint for DynamoDB only (read by the AWS SDK).",
+    doc: "endpoint for DynamoDB only (read by the AWS SDK)",
 };
 
 /// Every variable of the process environment itself, in documentation order.

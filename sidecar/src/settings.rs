@@ -42,50 +42,56 @@ pub const WORKER_SILENCE_MS: Setting<Duration> = Setting::new(
     "WORKER_SILENCE_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(5_000)),
-    "The sidecar reports `leasehold_worker_up 0` when no event (heartbeats included) arrived for this long.",
+    "the sidecar reports `leasehold_worker_up 0` after this long without any event \
+     (heartbeats included)",
 );
 /// The `STREAM_SERIES_IDLE_SECONDS` variable.
 pub const STREAM_SERIES_IDLE_SECONDS: Setting<Duration> = Setting::new(
     "STREAM_SERIES_IDLE_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(120)),
-    "The memory of per-stream gauges (`stream_id` label) is freed this long after their last update; \
-     they leave the export as soon as the worker no longer holds the stream or stops reporting.",
+    "the memory of per-stream gauges (`stream_id` label) is freed this long after their last \
+     update; they leave the export as soon as the worker no longer holds the stream or stops \
+     reporting ([metrics.md](metrics.md))",
 );
 /// The `SIDECAR_OBSERVER` variable.
 pub const SIDECAR_OBSERVER: Setting<bool> = Setting::new(
     "SIDECAR_OBSERVER",
     parse::BOOL,
     Fallback::Value(|| true),
-    "`true`: this sidecar competes for the observer lease and, while it holds it, publishes the cluster gauges.",
+    "`true`: compete for the observer lease and, while holding it, publish the cluster gauges \
+     (needs the lease settings and an AWS region); `false` or `--no-observer`: never",
 );
 /// The `SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND` variable.
 pub const SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND: Setting<u64> = Setting::new(
     "SIDECAR_OBSERVER_SCAN_ITEMS_PER_SECOND",
     parse::POSITIVE,
     Fallback::Value(|| 500),
-    "Lease records per second the observer may scan on average (eventually consistent): it scans every 15 s, or every records ÷ this many seconds when that is longer (at most 60 s).",
+    "lease records per second the observer may scan on average (eventually consistent): it \
+     scans every `max(15 s, records ÷ this)`, at most 60 s \
+     ([lease-table.md](lease-table.md#what-readers-cost))",
 );
 /// The `CLOUDWATCH_MODE` variable.
 pub const CLOUDWATCH_MODE: Setting<Mode> = Setting::new(
     "CLOUDWATCH_MODE",
     MODE,
     Fallback::Value(|| Mode::Off),
-    "`off`, `emf` (Embedded Metric Format lines on stdout for the awslogs driver) or `api` (PutMetricData).",
+    "`off`, `emf` (Embedded Metric Format lines on stdout for the awslogs driver) or `api` \
+     (`PutMetricData`)",
 );
 /// The `CLOUDWATCH_NAMESPACE` variable.
 pub const CLOUDWATCH_NAMESPACE: Setting<String> = Setting::new(
     "CLOUDWATCH_NAMESPACE",
     parse::TEXT,
     Fallback::Value(|| "Leasehold".to_owned()),
-    "CloudWatch namespace for every metric.",
+    "CloudWatch namespace for every metric",
 );
 /// The `CLOUDWATCH_INTERVAL_SECONDS` variable.
 pub const CLOUDWATCH_INTERVAL_SECONDS: Setting<Duration> = Setting::new(
     "CLOUDWATCH_INTERVAL_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(60)),
-    "How often the sidecar publishes to CloudWatch.",
+    "how often the sidecar publishes to CloudWatch",
 );
 
 /// Every variable of this part, in documentation order.

@@ -24,14 +24,19 @@ pub const SIDECAR_LISTEN: Setting<SocketAddr> = Setting::new(
     "SIDECAR_LISTEN",
     parse::SOCKET_ADDR,
     Fallback::Value(|| SocketAddr::from(([0, 0, 0, 0], 9464))),
-    "The sidecar's HTTP address: `/metrics`, `/healthz`, `/status`.",
+    "the sidecar's HTTP address: `/metrics`, `/healthz`, `/status`",
 );
 /// The `SIDECAR_URL` variable.
 pub const SIDECAR_URL: Setting<String> = Setting::new(
     "SIDECAR_URL",
     SIDECAR_URL_FORM,
     Fallback::Derived("on ECS: the task address and SIDECAR_LISTEN port, else none"),
-    "The base URL of this worker's sidecar (`http://IP:PORT`), published as `sidecar_url` in its presence record or broker metadata so the dashboard finds the sidecar.",
+    "the base URL of the worker's sidecar, `http://IP:PORT` (an IP literal: names are \
+     refused); on ECS, unset, it is `http://{task private IPv4}:{SIDECAR_LISTEN port}` from \
+     the task metadata endpoint v4. Published as `sidecar_url` in the stream worker's \
+     presence record and the broker worker's pool mark and `worker:metadata:*`, which is how \
+     the dashboard finds sidecars; when none can be had the worker logs it once and runs on \
+     unannounced. *Addition.*",
 );
 
 /// The `TELEMETRY_ADDR` variable.
@@ -39,14 +44,15 @@ pub const TELEMETRY_ADDR: Setting<SocketAddr> = Setting::new(
     "TELEMETRY_ADDR",
     parse::SOCKET_ADDR,
     Fallback::Value(|| SocketAddr::from(([127, 0, 0, 1], 9465))),
-    "Where workers ship telemetry events and the sidecar listens for them (loopback).",
+    "where workers ship telemetry events and the sidecar listens for them (loopback)",
 );
 /// The `TELEMETRY_BUFFER` variable.
 pub const TELEMETRY_BUFFER: Setting<usize> = Setting::new(
     "TELEMETRY_BUFFER",
     parse::SIZE,
     Fallback::Value(|| 65_536),
-    "Events a worker keeps while its sidecar is slow or away; the oldest are dropped and counted beyond it.",
+    "events a worker keeps while its sidecar is slow or away; beyond it the oldest are \
+     dropped and counted",
 );
 
 /// Every variable of this part, in documentation order.

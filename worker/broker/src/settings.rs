@@ -42,70 +42,87 @@ pub const USER_ID: Setting<String> = Setting::new(
     "USER_ID",
     parse::TEXT,
     Fallback::Derived("-1"),
-    "User a broker worker serves; `-1` starts it in the warm pool waiting for a claim.",
+    "user a broker worker serves; `-1` starts it in the warm pool waiting for a claim",
 );
 /// The `CREDENTIALS_KMS_KEY_ID` variable.
 pub const CREDENTIALS_KMS_KEY_ID: Setting<String> = Setting::new(
     "CREDENTIALS_KMS_KEY_ID",
     parse::TEXT,
     Fallback::Unset,
-    "KMS key (id, ARN or `alias/…`) that `credentials put` and `credentials rotate` wrap new data keys under (version 2 blobs). Not a secret. Workers decrypt with the key each blob names.",
+    "KMS key (key id, ARN or `alias/…`) that `credentials put` and `credentials rotate` wrap \
+     each blob's fresh data key under (blob version 2, \
+     [messages.md](messages.md#credentials-blob-version-2--key-credentialsuser_id)); not a \
+     secret. Workers decrypt with the key each blob names, so this only has to be right for \
+     writers; it also selects KMS mode, in which a worker needs no local key",
 );
 /// The `CREDENTIALS_KEY` variable.
 pub const CREDENTIALS_KEY: Setting<String> = Setting::secret(
     "CREDENTIALS_KEY",
     parse::TEXT,
     Fallback::Unset,
-    "Local key for version 1 blobs (`dev`): standard base64 of 32 random bytes (never printed). Refused on ECS unless `CREDENTIALS_ALLOW_LOCAL_KEY=true`.",
+    "local key of version 1 blobs (`dev`, tests): standard base64 of 32 random bytes (never \
+     printed). Refused in production unless `CREDENTIALS_ALLOW_LOCAL_KEY=true`",
 );
 /// The `CREDENTIALS_KEY_FILE` variable.
 pub const CREDENTIALS_KEY_FILE: Setting<PathBuf> = Setting::new(
     "CREDENTIALS_KEY_FILE",
     PATH,
     Fallback::Unset,
-    "File holding the local key (same form as `CREDENTIALS_KEY`), so the key need not be in the environment. Same rules as `CREDENTIALS_KEY`; set one or the other.",
+    "a file holding the local key (same form; surrounding whitespace ignored), so the key \
+     need not sit in the environment; same rules as `CREDENTIALS_KEY`; set one or the other",
 );
 /// The `CREDENTIALS_ALLOW_LOCAL_KEY` variable.
 pub const CREDENTIALS_ALLOW_LOCAL_KEY: Setting<bool> = Setting::new(
     "CREDENTIALS_ALLOW_LOCAL_KEY",
     parse::BOOL,
     Fallback::Value(|| false),
-    "Allows a local key (`CREDENTIALS_KEY` / `CREDENTIALS_KEY_FILE`) in production, i.e. on ECS (`ECS_CONTAINER_METADATA_URI_V4` set), e.g. to read version 1 blobs during a migration to KMS.",
+    "allows a local key in production, e.g. to read version 1 blobs while `credentials \
+     rotate` moves them to KMS",
 );
 /// The `CREDENTIALS_SEALER_URL` variable.
 pub const CREDENTIALS_SEALER_URL: Setting<String> = Setting::new(
     "CREDENTIALS_SEALER_URL",
     parse::TEXT,
     Fallback::Unset,
-    "Base URL of the credential sealer (`https://host:9480`; `http://` outside ECS only). Set: the broker worker decrypts nothing and reads no `credentials:*` key; it gets its user's credentials sealed to its own key. Required on ECS unless a local key is allowed.",
+    "base URL of the credential sealer (`https://host:9480`; `http://` is refused on ECS), \
+     for `broker-worker`. Set: the worker decrypts nothing and reads no `credentials:*` key; \
+     it publishes an X25519 key in its marks (`seal_key`) and gets its user's credentials \
+     sealed to it. Required on ECS unless a local key is allowed (a broker worker on ECS has \
+     no KMS access)",
 );
 /// The `CREDENTIALS_SEALER_CA` variable.
 pub const CREDENTIALS_SEALER_CA: Setting<String> = Setting::new(
     "CREDENTIALS_SEALER_CA",
     parse::TEXT,
     Fallback::Unset,
-    "The CA certificate(s), PEM text, a broker worker trusts for an `https://` `CREDENTIALS_SEALER_URL` (and only those: no public roots). Required with `https://`.",
+    "the CA certificate(s), PEM text, a broker worker trusts for an `https://` \
+     `CREDENTIALS_SEALER_URL`, and only those (no public roots); required with `https://`",
 );
 /// The `SEALER_TLS_CERT` variable.
 pub const SEALER_TLS_CERT: Setting<String> = Setting::new(
     "SEALER_TLS_CERT",
     parse::TEXT,
     Fallback::Unset,
-    "The credential sealer's TLS certificate chain, PEM text (on ECS from Secrets Manager). With `SEALER_TLS_KEY` the sealer serves HTTPS only; both are required on ECS.",
+    "the credential sealer's certificate chain, PEM text (on ECS a secret from Secrets \
+     Manager); with `SEALER_TLS_KEY` the sealer serves HTTPS only. Both or neither; both are \
+     required on ECS",
 );
 /// The `SEALER_TLS_KEY` variable.
 pub const SEALER_TLS_KEY: Setting<String> = Setting::secret(
     "SEALER_TLS_KEY",
     parse::TEXT,
     Fallback::Unset,
-    "The private key of `SEALER_TLS_CERT`, PEM text (PKCS#8, SEC1 or PKCS#1; a secret, never printed).",
+    "the private key of `SEALER_TLS_CERT`, PEM text (PKCS#8, SEC1 or PKCS#1); never printed, \
+     and a key that does not match the certificate is a configuration error at start",
 );
 /// The `SEALER_METRICS_LISTEN` variable.
 pub const SEALER_METRICS_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
     "SEALER_METRICS_LISTEN",
     parse::SOCKET_ADDR,
     Fallback::Unset,
-    "Where the credential sealer also serves `GET /healthz` and `GET /metrics` over plain HTTP (counts only, never a seal): for the ECS health check and Prometheus when `SEALER_LISTEN` is HTTPS. Unset: none.",
+    "where the credential sealer also serves `GET /healthz` and `GET /metrics` over plain \
+     HTTP (counts only, never a seal): the ECS health check and Prometheus, which do not \
+     speak the sealer's TLS. Unset: none (both stay on `SEALER_LISTEN` as well)",
 );
 /// The `SEALER_LISTEN` variable.
 pub const SEALER_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
@@ -116,21 +133,32 @@ pub const SEALER_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
             .parse()
             .expect("a socket address")
     }),
-    "Where `leasehold credential-sealer` listens for broker workers (`POST /v1/seal`; HTTPS with `SEALER_TLS_CERT`/`SEALER_TLS_KEY`).",
+    "where `leasehold credential-sealer` listens for broker workers (`POST /v1/seal`; HTTPS \
+     only when `SEALER_TLS_CERT` and `SEALER_TLS_KEY` are set, which ECS requires)",
 );
 /// The `SEALER_CLAIM_REDIS_USERS` variable.
 pub const SEALER_CLAIM_REDIS_USERS: Setting<bool> = Setting::new(
     "SEALER_CLAIM_REDIS_USERS",
     parse::BOOL,
     Fallback::Value(|| false),
-    "`true` (self-managed Redis/Valkey): the credential sealer makes a Redis user `leasehold-claim-{user_id}` per claim, confined to that user's keys, and hands its login to the worker sealed; it deletes it once the user has no worker. Needs the sealer's user to have `+acl|setuser +acl|deluser +acl|users`.",
+    "`true` (self-managed Redis/Valkey, which allow `ACL SETUSER`): for each claim and cold \
+     start the credential sealer makes the Redis user `leasehold-claim-{user_id}`, confined \
+     to that user's keys, and hands its login to the worker sealed with the credentials; the \
+     worker serves its user through it, so the pool-wide `broker-worker` user reaches no \
+     user's queues. Users whose user has no worker and no grant are deleted every \
+     `SEALER_SWEEP_INTERVAL_MS`. The sealer's Redis user then needs `+acl\\|setuser \
+     +acl\\|deluser +acl\\|users`. Leave `false` on ElastiCache, which manages users through \
+     its API",
 );
 /// The `SEALER_SWEEP_INTERVAL_MS` variable.
 pub const SEALER_SWEEP_INTERVAL_MS: Setting<Duration> = Setting::new(
     "SEALER_SWEEP_INTERVAL_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| crate::sealer::CLAIM_USER_SWEEP),
-    "How often the credential sealer deletes per-claim Redis users whose user has no worker and no grant, and makes again those a failover or `ACL LOAD` dropped while their holder still holds the user.",
+    "how often the credential sealer deletes per-claim Redis users whose user has no worker \
+     and no grant, and makes again (from the password hash in `pool:holder:{user_id}`) those \
+     a failover or an `ACL LOAD` dropped while their holder still holds the user; well inside \
+     a mark's TTL, so the worker's reconnect finds its login back",
 );
 /// The `SEALER_CALLER_AUTH` variable.
 pub const SEALER_CALLER_AUTH: Setting<CallerAuth> = Setting::new(
@@ -143,259 +171,311 @@ pub const SEALER_CALLER_AUTH: Setting<CallerAuth> = Setting::new(
         },
     },
     Fallback::Value(|| CallerAuth::None),
-    "How the credential sealer knows who asks, read by the sealer and by broker workers alike: `aws-iam` (a worker signs an `sts:GetCallerIdentity` request with its task role and the sealer has STS verify it; required on ECS) or `none` (outside ECS only).",
+    "read by the sealer and by broker workers alike. `aws-iam`: a worker signs an \
+     `sts:GetCallerIdentity` request with its task role and sends it, unsent, with every seal \
+     request; the sealer has STS say who signed and answers only a session of a \
+     `SEALER_CALLER_ROLES` role named after the worker and task the request names. `none` is \
+     refused on ECS ([deploy/README.md](../deploy/README.md#credential-isolation))",
 );
 /// The `SEALER_STS_ENDPOINT` variable.
 pub const SEALER_STS_ENDPOINT: Setting<String> = Setting::new(
     "SEALER_STS_ENDPOINT",
     parse::TEXT,
     Fallback::Derived("https://sts.{AWS_REGION}.amazonaws.com/"),
-    "The STS endpoint caller proofs are signed for and verified at (`aws-iam`); the sealer sends a proof to no other URL. Set the same value on the sealer and the broker workers.",
+    "the STS endpoint proofs are signed for and verified at; the sealer sends a proof to no \
+     other URL. Same value on both sides",
 );
 /// The `SEALER_AUDIENCE` variable.
 pub const SEALER_AUDIENCE: Setting<String> = Setting::new(
     "SEALER_AUDIENCE",
     parse::TEXT,
     Fallback::Value(|| crate::sealer::caller::DEFAULT_AUDIENCE.to_owned()),
-    "The name a caller proof is signed for (header `x-leasehold-sealer-audience`), so a proof made for one sealer is refused by another service and the other way round. Same value on the sealer and the broker workers.",
+    "the name a proof is signed for (signed header `x-leasehold-sealer-audience`), so a proof \
+     for this sealer is refused by any other service and the other way round. Same value on \
+     both sides",
 );
 /// The `SEALER_CALLER_ROLES` variable.
 pub const SEALER_CALLER_ROLES: Setting<Vec<String>> = Setting::new(
     "SEALER_CALLER_ROLES",
     parse::LIST,
     Fallback::Unset,
-    "The IAM role ARNs whose sessions the credential sealer answers (`aws-iam`; comma-separated, account included): the broker workers' task role. Required with `aws-iam`.",
+    "the role ARNs (comma-separated, account included) whose sessions the sealer answers: the \
+     broker workers' task role. Required with `aws-iam`",
 );
 /// The `WORKER_ID` variable.
 pub const WORKER_ID: Setting<String> = Setting::new(
     "WORKER_ID",
     parse::TEXT,
     Fallback::Derived("task id"),
-    "Broker worker identity in `worker:active:-1:{worker_id}` (default: the ECS task id, else `local-{pid}`).",
+    "broker worker identity in `worker:active:-1:{worker_id}` (the ECS task id, else \
+     `local-{pid}`)",
 );
 /// The `POOL_TARGET_SIZE` variable.
 pub const POOL_TARGET_SIZE: Setting<usize> = Setting::new(
     "POOL_TARGET_SIZE",
     parse::COUNT_SIZE,
     Fallback::Value(|| 2),
-    "Idle pool workers `pool-manager` keeps running.",
+    "idle pool workers `pool-manager` keeps running",
 );
 /// The `TASK_LAUNCHER` variable.
 pub const TASK_LAUNCHER: Setting<String> = Setting::new(
     "TASK_LAUNCHER",
     parse::TEXT,
     Fallback::Value(|| "local".to_owned()),
-    "`local` (child processes of this binary) or `ecs` (RunTask/StopTask).",
+    "`local` (child processes of this binary) or `ecs` (RunTask / StopTask)",
 );
 /// The `POOL_GROUP` variable.
 pub const POOL_GROUP: Setting<String> = Setting::new(
     "POOL_GROUP",
     parse::TEXT,
     Fallback::Value(|| "leasehold-broker-pool".to_owned()),
-    "Marks the workers a launcher owns (ECS `startedBy`; local: an environment variable of the process).",
+    "marks the workers a launcher owns (ECS `startedBy`; local: an environment variable of \
+     the process)",
 );
 /// The `ECS_CLUSTER` variable.
 pub const ECS_CLUSTER: Setting<String> = Setting::new(
     "ECS_CLUSTER",
     parse::TEXT,
     Fallback::Value(|| "default".to_owned()),
-    "ECS cluster the `ecs` launcher runs broker workers in.",
+    "ECS cluster the `ecs` launcher runs broker workers in",
 );
 /// The `ECS_TASK_DEFINITION` variable.
 pub const ECS_TASK_DEFINITION: Setting<String> = Setting::new(
     "ECS_TASK_DEFINITION",
     parse::TEXT,
     Fallback::Unset,
-    "Task definition (family, family:revision or ARN) of the broker worker; required by the `ecs` launcher.",
+    "task definition (family, family:revision or ARN) of the broker worker; required by the \
+     `ecs` launcher",
 );
 /// The `ECS_CONTAINER_NAME` variable.
 pub const ECS_CONTAINER_NAME: Setting<String> = Setting::new(
     "ECS_CONTAINER_NAME",
     parse::TEXT,
     Fallback::Value(|| "broker-worker".to_owned()),
-    "Container in the task definition that runs `leasehold broker-worker` (receives `USER_ID` on a cold start).",
+    "container in the task definition that runs `leasehold broker-worker` (receives `USER_ID` \
+     on a cold start)",
 );
 /// The `ECS_SUBNETS` variable.
 pub const ECS_SUBNETS: Setting<Vec<String>> = Setting::new(
     "ECS_SUBNETS",
     parse::LIST,
     Fallback::Unset,
-    "Comma-separated subnet ids for `awsvpc` tasks (empty: no network configuration is sent).",
+    "comma-separated subnet ids for `awsvpc` tasks (empty: no network configuration is sent)",
 );
 /// The `ECS_SECURITY_GROUPS` variable.
 pub const ECS_SECURITY_GROUPS: Setting<Vec<String>> = Setting::new(
     "ECS_SECURITY_GROUPS",
     parse::LIST,
     Fallback::Unset,
-    "Comma-separated security group ids for `awsvpc` tasks.",
+    "comma-separated security group ids for `awsvpc` tasks",
 );
 /// The `ECS_LAUNCH_TYPE` variable.
 pub const ECS_LAUNCH_TYPE: Setting<String> = Setting::new(
     "ECS_LAUNCH_TYPE",
     LAUNCH_TYPE,
     Fallback::Value(|| "FARGATE".to_owned()),
-    "`FARGATE`, `EC2` or `EXTERNAL`.",
+    "`FARGATE`, `EC2` or `EXTERNAL`",
 );
 /// The `WORKER_HEARTBEAT_MS` variable.
 pub const WORKER_HEARTBEAT_MS: Setting<Duration> = Setting::new(
     "WORKER_HEARTBEAT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(5_000)),
-    "How often a broker worker refreshes its `worker:active:…` mark.",
+    "how often a broker worker refreshes its `worker:active:…` mark; also read by \
+     `maintenance`: the heartbeat assumed for marks that do not carry their own \
+     (`heartbeat_interval_ms`), and so how long its second look waits (1.5 ×)",
 );
 /// The `WORKER_MARK_TTL_SECONDS` variable.
 pub const WORKER_MARK_TTL_SECONDS: Setting<Duration> = Setting::new(
     "WORKER_MARK_TTL_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| crate::worker::DEFAULT_MARK_TTL),
-    "TTL of `worker:active:…` and `worker:metadata:…`; a dead worker's mark disappears after this.",
+    "TTL of `worker:active:…` and `worker:metadata:…`; a dead worker's mark disappears after \
+     this. Marks carry the TTL their writer gave them (`ttl_ms`); in `maintenance` this value \
+     is only the fallback for marks that do not",
 );
 /// The `WORKER_BLOCK_SECONDS` variable.
 pub const WORKER_BLOCK_SECONDS: Setting<Duration> = Setting::new(
     "WORKER_BLOCK_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(30)),
-    "Blocking-wait timeout on `pool:claims` and on a user's control and request lists.",
+    "blocking-wait timeout on `pool:claims` (`BRPOP`) and on a user's lists (`BLMOVE` control \
+     into its control processing list, `BLMOVE` requests into the processing list)",
 );
 /// The `WORKER_IDLE_TIMEOUT_SECONDS` variable.
 pub const WORKER_IDLE_TIMEOUT_SECONDS: Setting<Duration> = Setting::new(
     "WORKER_IDLE_TIMEOUT_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(1_800)),
-    "A claimed worker without requests or control messages for this long closes its connections and exits 0.",
+    "a claimed worker without requests or control messages for this long closes its \
+     connections and exits 0",
 );
 /// The `BROKER_HEALTH_CHECK_SECONDS` variable.
 pub const BROKER_HEALTH_CHECK_SECONDS: Setting<Duration> = Setting::new(
     "BROKER_HEALTH_CHECK_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(60)),
-    "While idle, every open broker connection is pinged this often.",
+    "while idle, every open broker connection is pinged this often",
 );
 /// The `BROKER_CONNECT_ATTEMPTS` variable.
 pub const BROKER_CONNECT_ATTEMPTS: Setting<u32> = Setting::new(
     "BROKER_CONNECT_ATTEMPTS",
     parse::ATTEMPTS,
     Fallback::Value(|| 3),
-    "Connect attempts (with backoff) per request before the account counts as down: its requests are answered `broker` and it is retried after a jittered backoff (up to 1 s, doubling to 60 s); the worker keeps serving.",
+    "connect attempts (with backoff) per request before the account counts as down: that \
+     request is answered `broker`, and so is every request for the account until a jittered \
+     backoff has passed (up to 1 s after the first failed round, doubling to 60 s); then its \
+     next request tries again. The worker stays up and serves the user's other accounts",
 );
 /// The `BROKER_CONNECT_TIMEOUT_MS` variable.
 pub const BROKER_CONNECT_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "BROKER_CONNECT_TIMEOUT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| CallTimeouts::default().connect),
-    "Longest one broker connect attempt (TLS and login) may take; a timed-out attempt counts as failed.",
+    "longest one connect attempt (TLS and login) may take; a timed-out attempt counts as \
+     failed. 15 s: a slow login handshake fits, a dead endpoint costs at most 45 s per \
+     backoff round",
 );
 /// The `BROKER_ORDER_TIMEOUT_MS` variable.
 pub const BROKER_ORDER_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "BROKER_ORDER_TIMEOUT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| CallTimeouts::default().order),
-    "Longest a `place_order` call may take; then the order is looked up by client order id: found → answered from it, not found (the broker may still book it) or lookup failed → `in_doubt`.",
+    "longest `place_order` may take. Then the order is looked up by client order id: found → \
+     answered from the broker's record; absent (the broker may still book it) or the lookup \
+     failing → `in_doubt`. The call is also cut to the time the worker surely still holds the \
+     user. 10 s: far above a normal sub-second round trip and a busy market open, well inside \
+     the 30 s a stopping task gets",
 );
 /// The `BROKER_LOOKUP_TIMEOUT_MS` variable.
 pub const BROKER_LOOKUP_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "BROKER_LOOKUP_TIMEOUT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| CallTimeouts::default().lookup),
-    "Longest a lookup by client order id may take; a timed-out lookup leaves the order `in_doubt`.",
+    "longest a lookup by client order id may take; a timed-out lookup leaves the order \
+     `in_doubt` (a lookup is a plain read, hence shorter)",
 );
 /// The `BROKER_PING_TIMEOUT_MS` variable.
 pub const BROKER_PING_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "BROKER_PING_TIMEOUT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| CallTimeouts::default().ping),
-    "Longest a health-check ping (and a connection close) may take; a timed-out ping closes the connection.",
+    "longest a health-check ping may take (a timed-out ping closes the connection, reopened \
+     on next use); also bounds closing a connection",
 );
 /// The `USER_QUEUE_MAX` variable.
 pub const USER_QUEUE_MAX: Setting<u64> = Setting::new(
     "USER_QUEUE_MAX",
     parse::POSITIVE,
     Fallback::Value(|| DEFAULT_QUEUE_MAX),
-    "Most requests a user's queue may hold: each time the worker takes a request, the newest beyond this are answered `overloaded` (not executed).",
+    "most requests a user's queue (`trading:user:{user_id}:requests`) may hold. The API only \
+     pushes, so the worker enforces it: each time it takes a request it answers the newest \
+     requests beyond the cap `overloaded` (not executed), each in the step that removes it \
+     from the queue; nothing is dropped unanswered",
 );
 /// The `REQUEST_MAX_BYTES` variable.
 pub const REQUEST_MAX_BYTES: Setting<usize> = Setting::new(
     "REQUEST_MAX_BYTES",
     parse::SIZE,
     Fallback::Value(|| RequestBounds::DEFAULT.max_bytes),
-    "Longest request (and control message, and claim) a worker takes, in bytes: a longer one is answered `too_large` without being parsed (not executed) and dead-lettered truncated to 4 KiB with its length.",
+    "longest request, control message or claim a broker worker takes, in bytes: a longer one \
+     is never read whole or parsed; a request whose `request_id` can be read from its first \
+     bytes is answered `too_large` (not executed), and every such message is dead-lettered as \
+     its first 4 KiB with its `length`",
 );
 /// The `REQUEST_MAX_DELIVERIES` variable.
 pub const REQUEST_MAX_DELIVERIES: Setting<u32> = Setting::new(
     "REQUEST_MAX_DELIVERIES",
     parse::ATTEMPTS,
     Fallback::Value(|| RequestBounds::DEFAULT.max_deliveries),
-    "Most workers that may take one request without a final answer (each stopped by it): the next looks the order up and answers from the broker's record, or `poison` (not executed), and the request leaves the queue.",
+    "most workers that may take one request without a final answer (each stopped by it): the \
+     next asks the broker by client order id and answers from its record, or `poison` (not \
+     executed); the request leaves the queue",
 );
 /// The `PAPER_LATENCY_MS` variable.
 pub const PAPER_LATENCY_MS: Setting<Duration> = Setting::new(
     "PAPER_LATENCY_MS",
     parse::MILLIS,
     Fallback::Value(|| Duration::ZERO),
-    "Simulated latency of every paper broker call.",
+    "simulated latency of every paper broker call",
 );
 /// The `PAPER_FAILURE_RATE` variable.
 pub const PAPER_FAILURE_RATE: Setting<f64> = Setting::new(
     "PAPER_FAILURE_RATE",
     parse::FRACTION,
     Fallback::Value(|| 0.0),
-    "Fraction (0-1) of paper broker orders that fail, to exercise error paths.",
+    "fraction (0–1) of paper broker orders that fail with a lost connection before they reach \
+     the ledger (not executed), to exercise error paths",
 );
 /// The `PAPER_HANG_RATE` variable.
 pub const PAPER_HANG_RATE: Setting<f64> = Setting::new(
     "PAPER_HANG_RATE",
     parse::FRACTION,
     Fallback::Value(|| 0.0),
-    "Fraction (0-1) of paper broker orders that are executed and then never answered (the call hangs), to exercise timeouts and in-doubt orders.",
+    "fraction (0–1) of paper broker orders that are executed and then never answered (the \
+     call hangs), to exercise timeouts and in-doubt orders",
 );
 /// The `PAPER_LATE_BOOKING_MS` variable.
 pub const PAPER_LATE_BOOKING_MS: Setting<Duration> = Setting::new(
     "PAPER_LATE_BOOKING_MS",
     parse::MILLIS,
     Fallback::Value(|| Duration::ZERO),
-    "Paper broker: book every order this many ms after the call, which never returns (a broker whose gateway holds orders): with BROKER_ORDER_TIMEOUT_MS below it, every order times out, the lookup finds nothing yet, and the answer must be in_doubt. 0: off.",
+    "paper broker: book every order this many ms after the call, which never returns (a \
+     broker whose gateway holds orders): with `BROKER_ORDER_TIMEOUT_MS` below it, every order \
+     times out, the lookup finds nothing yet, and the answer must be `in_doubt`. `0`: off",
 );
 /// The `LOCAL_WORKER_LOG_DIR` variable.
 pub const LOCAL_WORKER_LOG_DIR: Setting<PathBuf> = Setting::new(
     "LOCAL_WORKER_LOG_DIR",
     PATH,
     Fallback::Unset,
-    "`local` launcher: each worker's output goes to `{dir}/{task_id}.log` (empty: inherits this process's stderr).",
+    "`local` launcher: each worker's output goes to `{dir}/{task_id}.log` (empty: inherits \
+     this process's stderr)",
 );
 /// The `SWEEP_GRACE_SECONDS` variable.
 pub const SWEEP_GRACE_SECONDS: Setting<Duration> = Setting::new(
     "SWEEP_GRACE_SECONDS",
     parse::SECONDS,
     Fallback::Value(|| Duration::from_secs(60)),
-    "`maintenance` leaves tasks younger than this alone (they may not have written their first mark).",
+    "`maintenance` leaves tasks younger than this alone (they may not have written their \
+     first mark)",
 );
 /// The `SWEEP_MAX_FRACTION` variable.
 pub const SWEEP_MAX_FRACTION: Setting<f64> = Setting::new(
     "SWEEP_MAX_FRACTION",
     parse::FRACTION,
     Fallback::Value(|| crate::maintenance::DEFAULT_MAX_FRACTION),
-    "`maintenance`'s safety valve: when more than this share (0-1) of the marks or of the tasks looks orphaned (e.g. a wrong POOL_GROUP), it reports and acts on nothing. A single finding is always acted on.",
+    "`maintenance`'s safety valve: when more than this share (0-1) of the marks or of the \
+     tasks looks orphaned (e.g. a wrong `POOL_GROUP`), it reports (log, \
+     `leasehold_sweep_held`, the report's `held`) and acts on nothing; a single finding is \
+     always acted on. `leasehold dev` runs its sweep without the valve (its launcher is the \
+     process itself, and chaos crashes a large share of a small pool on purpose). It also \
+     holds supervision's releases of dead holders' marks",
 );
 /// The `SWEEP_CONCURRENCY` variable.
 pub const SWEEP_CONCURRENCY: Setting<usize> = Setting::new(
     "SWEEP_CONCURRENCY",
     parse::SIZE,
     Fallback::Value(|| 8),
-    "Batches of 100 findings `maintenance` resolves at once.",
+    "batches of 100 findings `maintenance` resolves at once",
 );
 /// The `SUPERVISE_INTERVAL_SECONDS` variable.
 pub const SUPERVISE_INTERVAL_SECONDS: Setting<Duration> = Setting::new(
     "SUPERVISE_INTERVAL_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(10)),
-    "`maintenance --every …`: between full sweeps, a supervision pass runs this often (users whose worker died with work pending get a new one; re-queue of a dead pool worker's claims).",
+    "`maintenance --every …`: between full sweeps, a supervision pass runs this often (users \
+     whose worker died with work pending get a new one; a dead pool worker's taken claims are \
+     re-queued). A one-shot `maintenance` supervises once, after its sweep. A pass that finds \
+     an unrefreshed mark waits 1.5 heartbeats for its second look",
 );
 /// The `RESERVE_LOCK_SECONDS` variable.
 pub const RESERVE_LOCK_SECONDS: Setting<Duration> = Setting::new(
     "RESERVE_LOCK_SECONDS",
     parse::POSITIVE_SECONDS,
     Fallback::Value(|| Duration::from_secs(60)),
-    "Supervision starts at most one re-serve per user within this period (`pool:reserve:{user_id}`); a failed one is retried after it.",
+    "supervision starts at most one re-serve per user within this period \
+     (`pool:reserve:{user_id}`); a failed one is retried after it",
 );
 
 /// Every variable of this part, in documentation order.

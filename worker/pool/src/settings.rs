@@ -17,7 +17,7 @@ pub const REDIS_URL: Setting<String> = Setting::secret(
     "REDIS_URL",
     REDIS_URL_PARSER,
     Fallback::Value(|| "redis://127.0.0.1:6379".to_owned()),
-    "Redis/Valkey with the broker pool's keys (may hold a password: never printed).",
+    "Redis/Valkey holding the broker pool's keys (may hold a password: never printed)",
 );
 
 /// Every variable of this part, in documentation order.

@@ -24,14 +24,16 @@ pub const UPSTREAM_URL: Setting<String> = Setting::new(
     "UPSTREAM_URL",
     parse::TEXT,
     Fallback::Unset,
-    "Upstream WebSocket URL (required by `stream-worker`); `{stream_id}` is substituted if present.",
+    "upstream WebSocket URL, `ws://` or `wss://` (required); `{stream_id}` is substituted if \
+     present; logs and errors show it with its userinfo and query redacted",
 );
 /// The `UPSTREAM_SUBSCRIBE` variable.
 pub const UPSTREAM_SUBSCRIBE: Setting<String> = Setting::new(
     "UPSTREAM_SUBSCRIBE",
     parse::TEXT,
     Fallback::Value(|| FEED_SUBSCRIBE_TEMPLATE.to_owned()),
-    "Text sent after connecting; `{stream_id}` and `{from_seq}` are substituted (set but empty: send nothing).",
+    "text sent after connecting, with `{stream_id}` and `{from_seq}` substituted; empty sends \
+     nothing",
 )
 .with_empty_as_a_value();
 /// The `UPSTREAM_SEQ_POINTER` variable.
@@ -39,69 +41,81 @@ pub const UPSTREAM_SEQ_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_SEQ_POINTER",
     parse::TEXT,
     Fallback::Value(|| "/seq".to_owned()),
-    "JSON pointer to the event's sequence number; `none`: frames carry none and the worker \
-     numbers them (an order book whose snapshot comes in the stream, such as Kraken v2 `book`: \
-     each connection's first snapshot continues the stream's numbers).",
+    "JSON pointer to the event's sequence number; `none`: frames carry no sequence and the \
+     worker numbers them (Kraken v2 `book`, Kraken v1): each connection's first in-band \
+     snapshot takes the number after the highest the stream has used, and every later frame \
+     of the connection the next. Needs `UPSTREAM_RESUME=snapshot` with \
+     `UPSTREAM_SNAPSHOT_MATCH` \
+     ([upstreams.md](upstreams.md#books-without-a-stream-sequence)). *`none` is an addition \
+     of the fourth wave.*",
 );
 /// The `UPSTREAM_SEQ_SCOPE` variable.
 pub const UPSTREAM_SEQ_SCOPE: Setting<SeqScope> = Setting::new(
     "UPSTREAM_SEQ_SCOPE",
     SEQ_SCOPE_PARSER,
     Fallback::Value(|| SeqScope::Stream),
-    "`stream` (the sequence is the stream's on every connection) or `connection` (it starts over \
-     on every connection, as Coinbase Advanced Trade's `sequence_num`: each connection's first \
-     in-band snapshot continues the stream's numbers, and holes inside a connection stay holes). \
-     `connection` needs `UPSTREAM_SNAPSHOT_MATCH` and one stream per connection.",
+    "`stream`: the sequence at `UPSTREAM_SEQ_POINTER` is the stream's on every connection; \
+     `connection`: it starts over on every connection (Coinbase Advanced Trade \
+     `sequence_num`), so each connection's first in-band snapshot continues the stream's \
+     numbers and holes inside a connection stay holes. `connection` needs \
+     `UPSTREAM_RESUME=snapshot` with `UPSTREAM_SNAPSHOT_MATCH` and one stream per connection. \
+     *Addition of the fourth wave.*",
 );
 /// The `UPSTREAM_SEQ_FIRST_POINTER` variable.
 pub const UPSTREAM_SEQ_FIRST_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_SEQ_FIRST_POINTER",
     parse::TEXT,
     Fallback::Unset,
-    "JSON pointer to the first sequence a frame covers (an order book's diff: Binance `/U`): the \
-     frame covers first..=seq and continues the stream when first <= last + 1; first > last + 1 \
-     is a gap. Not with `UPSTREAM_SEQ_PREV_POINTER`.",
+    "JSON pointer to the first sequence a frame covers (an order book's diff: Binance spot \
+     `/U`, with `UPSTREAM_SEQ_POINTER=/u`): the frame covers first..=seq and continues the \
+     stream when first ≤ last + 1 (the first diff after a snapshot reaches back over it); \
+     first > last + 1 is a gap of last + 1..=first − 1, whatever `UPSTREAM_SEQ_STEP` says \
+     (update ids inside a diff skip, the diffs do not). Not with `UPSTREAM_SEQ_PREV_POINTER` \
+     ([upstreams.md](upstreams.md#frames-that-cover-a-range)). *Addition of the fourth wave.*",
 );
 /// The `UPSTREAM_SEQ_PREV_POINTER` variable.
 pub const UPSTREAM_SEQ_PREV_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_SEQ_PREV_POINTER",
     parse::TEXT,
     Fallback::Unset,
-    "JSON pointer to the upstream's own statement of the previous frame's last sequence (Binance \
-     USD-M futures `/pu`): the frame continues the stream when prev = last (prev < last: it \
-     reaches back over what was written); prev > last is a gap. Not with \
-     `UPSTREAM_SEQ_FIRST_POINTER`.",
+    "JSON pointer to the upstream's own statement of the previous frame's last sequence \
+     (Binance USD-M futures `/pu`): the frame covers prev + 1..=seq, so it continues the \
+     stream when prev = last (prev < last: it reaches back over what was written) and prev > \
+     last is a gap of last + 1..=prev. Not with `UPSTREAM_SEQ_FIRST_POINTER`. *Addition of \
+     the fourth wave.*",
 );
 /// The `UPSTREAM_ID_POINTER` variable.
 pub const UPSTREAM_ID_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_ID_POINTER",
     parse::TEXT,
     Fallback::Value(|| "/event_id".to_owned()),
-    "JSON pointer to the event's id (string or number), the sink's de-duplication key; `none`: \
-     the sequence is the id.",
+    "JSON pointer to the event id (string or number), the sink's de-duplication key; `none`: \
+     the sequence is the id (a book whose frames have no id). *`none` is an addition of the \
+     fourth wave.*",
 );
 /// The `UPSTREAM_MAX_FRAME_BYTES` variable.
 pub const UPSTREAM_MAX_FRAME_BYTES: Setting<usize> = Setting::new(
     "UPSTREAM_MAX_FRAME_BYTES",
     parse::SIZE,
     Fallback::Value(|| 1 << 20),
-    "Frames larger than this are counted and skipped.",
+    "larger frames are counted and skipped",
 );
 /// The `UPSTREAM_TS_POINTER` variable.
 pub const UPSTREAM_TS_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_TS_POINTER",
     parse::TEXT,
     Fallback::Unset,
-    "JSON pointer to the event's own time in unix ms (the feed simulator: `/ts_ms`); \
-     enables `leasehold_stream_event_lag_seconds`.",
+    "JSON pointer to the event's own time in unix ms (the feed simulator: `/ts_ms`); when \
+     set, `leasehold_stream_event_lag_seconds` reports now minus that time",
 );
 /// The `UPSTREAM_IDLE_TIMEOUT_MS` variable.
 pub const UPSTREAM_IDLE_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "UPSTREAM_IDLE_TIMEOUT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(15_000)),
-    "The worker pings the upstream every third of this and reconnects (reason `idle`) when \
-     nothing, data or pong, arrives for this long: a half-open connection or a frozen upstream.",
+    "the worker sends a WebSocket ping every third of this and reconnects (reason `idle`) \
+     when nothing, data or pong, arrives for this long: a half-open connection or a frozen \
+     upstream; `leasehold_stream_last_event_age_seconds` shows the silence meanwhile",
 );
 /// `replay`, `backfill` or `live`.
 const RESUME_PARSER: Parser<ResumeMode> = Parser {
@@ -161,94 +175,120 @@ pub const UPSTREAM_RESUME: Setting<ResumeMode> = Setting::new(
     "UPSTREAM_RESUME",
     RESUME_PARSER,
     Fallback::Value(|| ResumeMode::Replay),
-    "What a missed range becomes: `replay` (the upstream resumes from any sequence: ask again), \
-     `backfill` (read it from `UPSTREAM_BACKFILL_URL`, holding live events meanwhile), `live` \
-     (the upstream starts live: record a gap marker and go on) or `snapshot` (an order book: \
-     re-synchronise from `UPSTREAM_SNAPSHOT_URL`, holding diffs meanwhile, and write the \
-     snapshot entry before the diffs that follow it).",
+    "what a missed range becomes ([upstreams.md](upstreams.md)): `replay` — the upstream \
+     resumes from any sequence, so a hole is asked for again by reconnecting from the last \
+     confirmed sequence (our feed simulator); `backfill` — the upstream starts live, the \
+     missed range is read from `UPSTREAM_BACKFILL_URL` while live events are held (at most \
+     100,000; reading pauses beyond), then the held events follow in order; `live` — the \
+     upstream starts live and cannot replay: the range is recorded as a gap marker in the \
+     sink and the stream goes on. `snapshot` — an order book \
+     ([upstreams.md](upstreams.md#order-books)): a stream with nothing to continue, a hole, a \
+     reset or a checksum failure re-synchronises from a snapshot (`UPSTREAM_SNAPSHOT_URL`) \
+     while the diffs are held; the snapshot entry is written, then the held diffs after it. \
+     *`snapshot` is an addition of the fourth wave.* In `live` and `backfill` a stream never \
+     written (no checkpoint, empty sink) starts at the live position",
 );
 /// The `UPSTREAM_SEQ_STEP` variable.
 pub const UPSTREAM_SEQ_STEP: Setting<SeqStep> = Setting::new(
     "UPSTREAM_SEQ_STEP",
     SEQ_STEP_PARSER,
     Fallback::Value(|| SeqStep::Contiguous),
-    "`contiguous` (every sequence is used: a skipped one is missing) or `increasing` (holes are \
-     normal; only a sequence at or below the last one is a replay, and nothing is a gap).",
+    "`contiguous`: every sequence is used, a skipped one is missing data; `increasing`: holes \
+     are normal (a sequence shared by several channels, sparse ids), only a sequence at or \
+     below the last one is a replay, and no hole is ever a gap (in `backfill` the only range \
+     fetched is the one between the last event and a new connection's first)",
 );
 /// The `UPSTREAM_MAX_JUMP` variable.
 pub const UPSTREAM_MAX_JUMP: Setting<u64> = Setting::new(
     "UPSTREAM_MAX_JUMP",
     parse::COUNT,
     Fallback::Value(|| crate::runner::JUMP_BOUND.max),
-    "A frame whose sequence is more than this ahead of the stream's last one is not taken at its \
-     word: it waits for the next frames. `UPSTREAM_RESET_AFTER` frames in a row beyond the bound, \
-     each within it of the one before, make the jump real (then the frames are written, after a \
-     gap marker where the mode writes one); a frame back near the stream discards it \
-     (`leasehold_upstream_frames_skipped_total{reason=\"jump\"}`). 0: unbounded (sequences that are \
-     timestamps in ns). A stream's very first frame is taken at its word.",
+    "a frame more than this ahead of the stream's last sequence is not taken at its word: it \
+     waits for the next frames. A frame back near the stream discards it \
+     (`leasehold_upstream_frames_skipped_total{reason=\"jump\"}`, a warning in the log): one \
+     status frame whose timestamp sits at the sequence pointer no longer moves the stream \
+     past everything real. `UPSTREAM_RESET_AFTER` frames in a row beyond the bound, each \
+     within it of the one before, make the jump real: they are written in order, after a gap \
+     marker where the mode writes one. `0`: unbounded (set it for sequences that are \
+     nanosecond timestamps). A stream's very first frame is taken at its word",
 );
 /// The `UPSTREAM_RESET_AFTER` variable.
 pub const UPSTREAM_RESET_AFTER: Setting<u64> = Setting::new(
     "UPSTREAM_RESET_AFTER",
     parse::POSITIVE,
     Fallback::Value(|| u64::from(crate::runner::JUMP_BOUND.confirm_after)),
-    "Frames in a row that make a sequence reset: each below the stream's last sequence and above \
-     the one before (the upstream started over, e.g. after a restart; a reset entry then starts a \
-     new epoch in the sink, `leasehold_stream_resets_total`). Also the frames in a row that \
-     confirm a jump past `UPSTREAM_MAX_JUMP` (each within the bound of the one before).",
+    "frames in a row that make a sequence reset: each below the stream's last sequence and \
+     above the one before (the upstream started over, e.g. an exchange restart). The frames \
+     of such a run wait; once it is long enough a reset entry starts a new epoch in the sink \
+     (the lease's token is lifted, [redis.md](redis.md)) and they are written after it \
+     (`leasehold_stream_resets_total`, alert `LeaseholdStreamSequenceReset`); a run that \
+     stops climbing or climbs back past the stream was replays (`reason=\"duplicate\"`). Also \
+     the frames in a row that confirm a jump past `UPSTREAM_MAX_JUMP`",
 );
 /// The `STREAM_HOLD_MAX_BYTES` variable.
 pub const STREAM_HOLD_MAX_BYTES: Setting<usize> = Setting::new(
     "STREAM_HOLD_MAX_BYTES",
     parse::SIZE,
     Fallback::Value(|| crate::runner::HOLD_MAX_BYTES),
-    "Bytes of live frames a stream holds at most while a backfill fills the range before them; \
-     at the bound reading that stream's upstream pauses until the backfill catches up (one \
-     order-book snapshot can weigh as much as ten thousand trades, so a count alone is no bound). \
-     Each pause is observed in `leasehold_stream_backfill_wait_seconds{reason=\"hold\"}`.",
+    "bytes of live frames a stream holds at most while a backfill fills the range before them \
+     (as well as 100,000 frames); at the bound reading that stream's upstream pauses until \
+     the backfill catches up: one order-book snapshot can weigh as much as ten thousand \
+     trades, so a count alone is no bound. A worker backfilling 100 streams at once holds 1.6 \
+     GiB at most with the default. Each pause is observed in \
+     `leasehold_stream_backfill_wait_seconds{reason=\"hold\"}`",
 );
 /// The `BACKFILL_CONCURRENCY` variable.
 pub const BACKFILL_CONCURRENCY: Setting<usize> = Setting::new(
     "BACKFILL_CONCURRENCY",
     parse::SIZE,
     Fallback::Value(|| crate::upstream::history::BACKFILL_CONCURRENCY),
-    "History requests in flight at most per worker, over all its streams (`backfill`): a worker \
-     that takes over many streams at once backfills them a few at a time instead of firing every \
-     request at the exchange's rate limit. A `Retry-After` up to 15 minutes is waited in full; a \
-     longer one (a ban) gives the range up at once as a gap. Waits for a slot and for a \
-     `Retry-After` are observed in `leasehold_stream_backfill_wait_seconds` (`reason` \
-     `concurrency`, `retry_after`).",
+    "history requests in flight at most per worker, over all its streams (`backfill`): a \
+     worker that takes over many streams backfills them a few at a time instead of firing \
+     every request at the exchange's rate limit. A `Retry-After` up to 15 minutes is waited \
+     in full; a longer one (Binance's `418` ban) gives the range up at once, recorded as a \
+     gap, because asking before the server's time only extends a ban. Waits for a slot and \
+     for a `Retry-After` are observed in `leasehold_stream_backfill_wait_seconds` (`reason` = \
+     `concurrency`, `retry_after`)",
 );
 /// The `UPSTREAM_DATA_MATCH` variable.
 pub const UPSTREAM_DATA_MATCH: Setting<Vec<DataMatch>> = Setting::new(
     "UPSTREAM_DATA_MATCH",
     DATA_MATCH_PARSER,
     Fallback::Unset,
-    "`/pointer=value[,/pointer=value…]`: a frame is data when one alternative holds (a bare \
-     `/pointer`: when it leads to anything); any other \
-     frame (acknowledgement, heartbeat, status, ping reply) is a control frame, counted and skipped.",
+    "`/pointer=value[,/pointer=value…]` (split at each alternative's first `=`): a frame is \
+     data when the value at one pointer is that text (numbers, booleans and null as JSON \
+     writes them), or, for a bare `/pointer` without `=value`, when the pointer leads to \
+     anything (*a bare pointer is an addition of the fourth wave*); any other frame is a \
+     control frame (subscription acknowledgement, heartbeat, status, ping reply): counted as \
+     `leasehold_upstream_frames_skipped_total{reason=\"control\"}`, never warned about, never \
+     written. A frame that matches but lacks the sequence is `missing_field`; an error frame \
+     (`{\"error\": …}`) still ends the connection. At most 5 distinct pointers",
 );
 /// The `UPSTREAM_SNAPSHOT_MATCH` variable.
 pub const UPSTREAM_SNAPSHOT_MATCH: Setting<Vec<DataMatch>> = Setting::new(
     "UPSTREAM_SNAPSHOT_MATCH",
     DATA_MATCH_PARSER,
     Fallback::Unset,
-    "`/pointer=value` (or a bare `/pointer`: present): with `UPSTREAM_RESUME=snapshot`, a data \
-     frame for which it holds is the order book's snapshot, sent in the stream after a subscribe \
+    "`/pointer=value` or a bare `/pointer` (one): with `UPSTREAM_RESUME=snapshot`, a data \
+     frame for which it holds is the book's snapshot, sent in the stream after a subscribe \
      (Bybit v5 `/type=snapshot`, OKX `/action=snapshot`, Kraken v2 `/type=snapshot`, Coinbase \
-     `/events/0/type=snapshot`, Kraken v1 `/1/as`). A new \
-     one is asked for with `UPSTREAM_UNSUBSCRIBE` then `UPSTREAM_SUBSCRIBE` on the connection, or \
-     by reconnecting without `UPSTREAM_UNSUBSCRIBE`. Instead of `UPSTREAM_SNAPSHOT_URL`.",
+     `/events/0/type=snapshot`, Kraken v1 `/1/as`); it must also pass `UPSTREAM_DATA_MATCH` \
+     if that is set. Instead of `UPSTREAM_SNAPSHOT_URL` (one of the two is required in \
+     `snapshot` mode, not both). *Addition of the fourth wave.*",
 );
 /// The `UPSTREAM_STREAMS_PER_CONNECTION` variable.
 pub const UPSTREAM_STREAMS_PER_CONNECTION: Setting<usize> = Setting::new(
     "UPSTREAM_STREAMS_PER_CONNECTION",
     parse::SIZE,
     Fallback::Value(|| 1),
-    "Held streams one upstream connection carries (1: a connection per stream). Above 1 the worker \
-     fills a connection before it opens another, subscribing and unsubscribing as leases come and \
-     go; frames are routed by `UPSTREAM_ROUTE_POINTER`. For live upstreams (`live`, `backfill`, \
-     `snapshot`). Binance takes 1,024 streams per connection.",
+    "held streams one upstream connection carries (1: a connection per stream, as before). \
+     Above 1 the worker fills a connection before it opens another and subscribes and \
+     unsubscribes as leases come and go; each stream keeps its own machine, and a cut is each \
+     stream's own hole. For live upstreams only (`live`, `backfill`, `snapshot`: refused with \
+     `replay`); requires `UPSTREAM_ROUTE_POINTER`. A stream whose machine stops reading \
+     (4,096 frames queued) is dropped from the connection, and its resume mode covers the \
+     hole, rather than stall the others ([upstreams.md](upstreams.md#shared-connections)). \
+     *Fourth wave.*",
 );
 /// The `UPSTREAM_ROUTE_POINTER` variable.
 pub const UPSTREAM_ROUTE_POINTER: Setting<String> = Setting::new(
@@ -256,206 +296,255 @@ pub const UPSTREAM_ROUTE_POINTER: Setting<String> = Setting::new(
     parse::TEXT,
     Fallback::Unset,
     "JSON pointer to the field that names a frame's stream on a shared connection (Binance \
-     combined `/stream`, Bybit `/topic`, Coinbase `/product_id`, Kraken v2 `/data/0/symbol`).",
+     combined `/stream`, Bybit `/topic`, Coinbase `/product_id`, Kraken v2 `/data/0/symbol`); \
+     a frame for no held stream is counted (`reason=\"control\"`) and dropped. *Fourth wave.*",
 );
 /// The `UPSTREAM_ROUTE_TEMPLATE` variable.
 pub const UPSTREAM_ROUTE_TEMPLATE: Setting<String> = Setting::new(
     "UPSTREAM_ROUTE_TEMPLATE",
     parse::TEXT,
     Fallback::Value(|| "{stream_id}".to_owned()),
-    "A stream's name in the route field and in `{stream_ids_json}`: `{stream_id}`, \
-     `{stream_id_upper}` (e.g. `{stream_id}@depth@100ms`, `orderbook.50.{stream_id_upper}`).",
+    "a stream's name in that field and in `{stream_ids_json}`: `{stream_id}`, \
+     `{stream_id_upper}` (`{stream_id}@depth@100ms`, `orderbook.50.{stream_id_upper}`). \
+     *Fourth wave.*",
 );
 /// The `UPSTREAM_SUBSCRIBE_BATCH` variable.
 pub const UPSTREAM_SUBSCRIBE_BATCH: Setting<usize> = Setting::new(
     "UPSTREAM_SUBSCRIBE_BATCH",
     parse::SIZE,
     Fallback::Value(|| 1),
-    "Streams named in one subscribe or unsubscribe message on a shared connection, where the \
-     exchange takes a list (`{stream_ids_json}` in the template; Bybit takes 10). `{request_id}` \
-     numbers the message.",
+    "streams named in one subscribe or unsubscribe message on a shared connection, where the \
+     template has `{stream_ids_json}` (the JSON array of rendered route names; Bybit takes \
+     10, Binance a list); a template with only `{stream_id}` is sent once per stream. \
+     `{request_id}` numbers each message (our addition, for the exchange's acknowledgement). \
+     An error frame that names a stream ends that stream's subscription only. *Fourth wave.*",
 );
 /// The `UPSTREAM_SUBSCRIBES_PER_SECOND` variable.
 pub const UPSTREAM_SUBSCRIBES_PER_SECOND: Setting<usize> = Setting::new(
     "UPSTREAM_SUBSCRIBES_PER_SECOND",
     parse::SIZE,
     Fallback::Value(|| 0),
-    "Subscribe and unsubscribe messages one shared connection sends in any second at most \
-     (0: no limit; Binance closes a connection past 5 incoming messages a second).",
+    "subscribe and unsubscribe messages one shared connection sends in any rolling second at \
+     most (0: no limit). Binance closes a connection past 5 incoming messages a second, pings \
+     and pongs included: set 3 (the worker's own ping and its pong to Binance's ping can fall \
+     in the same second as the subscribes; with 4, a simulated cold start of 100 workers had \
+     18 of them cut, BENCHMARKS.md \"Connect limits\"). *Fourth wave.*",
 );
 /// The `UPSTREAM_MAX_CONNECTION_AGE_MS` variable.
 pub const UPSTREAM_MAX_CONNECTION_AGE_MS: Setting<Duration> = Setting::new(
     "UPSTREAM_MAX_CONNECTION_AGE_MS",
     parse::MILLIS,
     Fallback::Value(|| Duration::ZERO),
-    "A connection is replaced before this age (up to a tenth earlier, spread by stream; 0: \
-     never): a new one subscribes the stream and both run until the new one delivers what the \
-     old one already delivered, then the old one closes, with no gap and no duplicate (Binance \
-     cuts at 24 h); on a shared connection, stream by stream. Needs a sequence that is the \
-     stream's on every connection.",
+    "0: never; otherwise a connection is replaced before this age (up to a tenth earlier, \
+     spread by stream, so streams connected together do not reconnect together): a new \
+     connection subscribes the stream (within `UPSTREAM_CONNECTS_PER_MINUTE`) and both run \
+     until the new one continues what the old one handed on (it repeats a sequence the old \
+     one delivered, or the old one catches up with its first); then the old one closes. No \
+     gap, no duplicate. If they have not met within 10 s, or the old one ends first, the new \
+     one takes over as it is and the resume mode judges any hole. On a shared connection \
+     every stream moves this way, each when the new connection meets it. Needs a sequence \
+     that is the stream's on every connection (not with `UPSTREAM_SEQ_POINTER=none` or \
+     `UPSTREAM_SEQ_SCOPE=connection`) ([upstreams.md](upstreams.md#planned-reconnects)). \
+     Binance cuts at 24 h: set 23 h.",
 );
 /// The `UPSTREAM_BOOK_CHECKSUM` variable.
 pub const UPSTREAM_BOOK_CHECKSUM: Setting<ChecksumRule> = Setting::new(
     "UPSTREAM_BOOK_CHECKSUM",
     CHECKSUM_PARSER,
     Fallback::Value(|| ChecksumRule::None),
-    "`none`, `kraken` or `okx`: with `UPSTREAM_RESUME=snapshot` the worker keeps the book (exact \
-     decimal strings) and checks every update's CRC32 as the exchange documents it; a mismatch is \
-     counted (`leasehold_stream_checksum_failures_total`) and the book re-synchronised from a new \
-     snapshot whose entry carries `reason=checksum`.",
+    "`none`, `kraken` or `okx` (`UPSTREAM_RESUME=snapshot` only): the worker keeps the book \
+     as exact decimal strings and checks every update's CRC32 as the exchange documents it \
+     (Kraken: top 10 asks then bids, `.` and leading zeros removed; OKX: top 25 interleaved, \
+     signed). The format is read from the first snapshot (Kraken v1 or v2). A mismatch, or a \
+     book message it cannot read, counts in `leasehold_stream_checksum_failures_total` and \
+     re-synchronises the book (the failed update is stored as received; the new snapshot \
+     entry carries `reason=checksum` from the update after it). *Addition of the fourth \
+     wave.*",
 );
 /// The `UPSTREAM_BOOK_DEPTH` variable.
 pub const UPSTREAM_BOOK_DEPTH: Setting<usize> = Setting::new(
     "UPSTREAM_BOOK_DEPTH",
     parse::SIZE,
     Fallback::Value(|| 0),
-    "Levels a side of the subscribed book, for `UPSTREAM_BOOK_CHECKSUM` (0: keep every level). \
-     Kraken stops sending removals for levels pushed past the subscribed depth: set it to that \
-     depth (e.g. 10) or its checksums drift.",
+    "levels a side of the subscribed book, for `UPSTREAM_BOOK_CHECKSUM` (0: every level). \
+     Kraken stops sending removals for levels pushed past the subscribed depth, so set it to \
+     that depth. *Our addition.*",
 );
 /// The `UPSTREAM_BOOK_PRECISION` variable.
 pub const UPSTREAM_BOOK_PRECISION: Setting<Precision> = Setting::new(
     "UPSTREAM_BOOK_PRECISION",
     PRECISION_PARSER,
     Fallback::Unset,
-    "`price_decimals,qty_decimals` of the pair (Kraken's `price_precision`, `qty_precision`), \
-     required for `UPSTREAM_BOOK_CHECKSUM=kraken` on Kraken v2, which sends numbers that lose the \
-     trailing zeros its checksum counts.",
+    "`price_decimals,qty_decimals` of the pair (Kraken's `price_precision`, `qty_precision`); \
+     required for `kraken` checksums on Kraken v2, whose numbers lose the trailing zeros its \
+     checksum counts. *Our addition.*",
 );
 /// The `UPSTREAM_UNSUBSCRIBE` variable.
 pub const UPSTREAM_UNSUBSCRIBE: Setting<String> = Setting::new(
     "UPSTREAM_UNSUBSCRIBE",
     parse::TEXT,
     Fallback::Unset,
-    "Text that ends a stream's subscription on its connection, with the placeholders of \
-     `UPSTREAM_SUBSCRIBE` (Bybit `{\"op\":\"unsubscribe\",\"args\":[\"orderbook.50.{stream_id}\"]}`). \
-     Sent, then the subscribe, to ask for a new in-band snapshot.",
+    "text that ends a stream's subscription on its connection, with `UPSTREAM_SUBSCRIBE`'s \
+     placeholders (Bybit `{\"op\":\"unsubscribe\",\"args\":[\"orderbook.50.{stream_id}\"]}`). \
+     With `UPSTREAM_SNAPSHOT_MATCH`, a new in-band snapshot is asked for by sending it, then \
+     the subscribe, on the same connection; without it, by reconnecting. *Addition of the \
+     fourth wave (§10.3 names it for shared connections, not built yet).*",
 );
 /// The `UPSTREAM_PING_TEXT` variable.
 pub const UPSTREAM_PING_TEXT: Setting<String> = Setting::new(
     "UPSTREAM_PING_TEXT",
     parse::TEXT,
     Fallback::Unset,
-    "An application-level ping sent as a text frame every `UPSTREAM_PING_INTERVAL_MS` (e.g. \
-     `{\"op\":\"ping\"}`); its replies are control frames. WebSocket pings are sent regardless.",
+    "an application-level ping sent as a text frame every `UPSTREAM_PING_INTERVAL_MS` (for \
+     upstreams that drop clients who do not, e.g. `{\"op\":\"ping\"}`); its replies are \
+     control frames (a reply that is not JSON, such as `pong`, counts as control while this \
+     is set). WebSocket pings and `UPSTREAM_IDLE_TIMEOUT_MS` work as before",
 );
 /// The `UPSTREAM_PING_INTERVAL_MS` variable.
 pub const UPSTREAM_PING_INTERVAL_MS: Setting<Duration> = Setting::new(
     "UPSTREAM_PING_INTERVAL_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(10_000)),
-    "How often `UPSTREAM_PING_TEXT` is sent.",
+    "how often `UPSTREAM_PING_TEXT` is sent",
 );
 /// The `UPSTREAM_CONNECTS_PER_MINUTE` variable.
 pub const UPSTREAM_CONNECTS_PER_MINUTE: Setting<usize> = Setting::new(
     "UPSTREAM_CONNECTS_PER_MINUTE",
     parse::SIZE,
     Fallback::Value(|| 0),
-    "Upstream connections this worker opens at most in any rolling minute, over all its streams \
-     (0: no limit). Exchanges limit new connections per address (Binance: 300 per 5 minutes per \
-     IP) and refuse every connection for minutes past it; set it to the exchange's limit per \
-     minute divided by the workers behind one address. A connect past it waits, counted in \
-     `leasehold_upstream_connects_throttled_total`.",
+    "upstream connections this worker opens at most in any rolling minute, over all its \
+     streams (0: no limit). Exchanges limit new connections per address (Binance: 300 per 5 \
+     minutes per IP) and refuse every connection for minutes past it; set it to the \
+     exchange's limit per minute divided by the workers behind one address (Binance, 4 \
+     workers behind one NAT address: 15). A connect past it waits for the oldest of the \
+     minute's connects to leave the window (in the order asked), counted in \
+     `leasehold_upstream_connects_throttled_total`. A rolling window, like the exchanges' \
+     own: a token bucket with a burst could pass their limit. Until connections are shared \
+     (§10.3, not built), each stream's (re)connect is one connection. *Addition of the fourth \
+     wave.*",
 );
 /// The `UPSTREAM_BACKFILL_URL` variable.
 pub const UPSTREAM_BACKFILL_URL: Setting<String> = Setting::secret(
     "UPSTREAM_BACKFILL_URL",
     parse::TEXT,
     Fallback::Unset,
-    "History endpoint for `UPSTREAM_RESUME=backfill`: `http(s)://` with `{stream_id}`, \
-     `{stream_id_upper}`, `{from_seq}` and `{to_seq}`; read page by page until the range is closed. \
-     Never printed (it may carry an API key).",
+    "history endpoint for `UPSTREAM_RESUME=backfill` (required there, refused otherwise): \
+     `http://` or `https://` with `{stream_id}`, `{stream_id_upper}` (upper-cased, as REST \
+     APIs spell symbols), `{from_seq}` (required) and `{to_seq}`, read page by page until the \
+     range is closed; items past `{to_seq}` are dropped. Each request has a 10 s timeout; 5xx \
+     and connection errors are retried with jittered backoff, 429 and 418 after their \
+     `Retry-After`, 8 failed requests a page (about 30 s) before the rest of the range is \
+     recorded as a gap (`backfill_exhausted`); other 4xx give up at once. It may carry an API \
+     key: never printed, logged with its query redacted",
 );
 /// The `UPSTREAM_SNAPSHOT_URL` variable.
 pub const UPSTREAM_SNAPSHOT_URL: Setting<String> = Setting::secret(
     "UPSTREAM_SNAPSHOT_URL",
     parse::TEXT,
     Fallback::Unset,
-    "An order book's REST snapshot for `UPSTREAM_RESUME=snapshot` (Binance \
-     `https://api.binance.com/api/v3/depth?symbol={stream_id_upper}&limit=1000`): `http(s)://` \
-     with `{stream_id}` and `{stream_id_upper}`. Read under `BACKFILL_CONCURRENCY` with the \
-     backfill's timeouts and retries. Never printed (it may carry an API key).",
+    "an order book's REST snapshot for `UPSTREAM_RESUME=snapshot` (required there, refused \
+     otherwise): `http://` or `https://` with `{stream_id}` and `{stream_id_upper}` (Binance \
+     spot `https://api.binance.com/api/v3/depth?symbol={stream_id_upper}&limit=1000`). Read \
+     under `BACKFILL_CONCURRENCY` with the backfill's timeout and retries; a snapshot that \
+     cannot be read or is older than the held diffs is fetched again after the reconnect \
+     backoff, for as long as the stream is held (a book has nothing valid to write without \
+     one). It may carry an API key: never printed, logged with its query redacted. *Addition \
+     of the fourth wave.*",
 );
 /// The `UPSTREAM_SNAPSHOT_SEQ_POINTER` variable.
 pub const UPSTREAM_SNAPSHOT_SEQ_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_SNAPSHOT_SEQ_POINTER",
     parse::TEXT,
     Fallback::Value(|| "/lastUpdateId".to_owned()),
-    "JSON pointer to a REST snapshot's sequence: the last update the book contains. Diffs whose \
-     last sequence is at or below it are dropped; the first one after it must cover it + 1, or \
-     the snapshot is fetched again.",
+    "JSON pointer to a REST snapshot's sequence: the last update the book contains. Held \
+     diffs whose last sequence is at or below it are dropped; the first one after it must \
+     cover it + 1 (`UPSTREAM_SEQ_FIRST_POINTER`: first ≤ it + 1; `UPSTREAM_SEQ_PREV_POINTER`: \
+     prev ≤ it), else the snapshot is too old and another is fetched. *Addition of the fourth \
+     wave.*",
 );
 /// The `UPSTREAM_BACKFILL_ITEMS_POINTER` variable.
 pub const UPSTREAM_BACKFILL_ITEMS_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_BACKFILL_ITEMS_POINTER",
     parse::TEXT,
     Fallback::Value(String::new),
-    "JSON pointer to the array of items in a history response (empty: the body is the array).",
+    "JSON pointer to the array of items in a history response (empty: the body is the array)",
 );
 /// The `UPSTREAM_BACKFILL_SEQ_POINTER` variable.
 pub const UPSTREAM_BACKFILL_SEQ_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_BACKFILL_SEQ_POINTER",
     parse::TEXT,
     Fallback::Derived("UPSTREAM_SEQ_POINTER's value"),
-    "JSON pointer to a history item's sequence.",
+    "JSON pointer, inside a history item, to its sequence (history APIs name fields \
+     differently from their streams)",
 );
 /// The `UPSTREAM_BACKFILL_ID_POINTER` variable.
 pub const UPSTREAM_BACKFILL_ID_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_BACKFILL_ID_POINTER",
     parse::TEXT,
     Fallback::Derived("UPSTREAM_ID_POINTER's value"),
-    "JSON pointer to a history item's id.",
+    "JSON pointer, inside a history item, to its id",
 );
 /// The `UPSTREAM_BACKFILL_TS_POINTER` variable.
 pub const UPSTREAM_BACKFILL_TS_POINTER: Setting<String> = Setting::new(
     "UPSTREAM_BACKFILL_TS_POINTER",
     parse::TEXT,
     Fallback::Derived("UPSTREAM_TS_POINTER's value"),
-    "JSON pointer to a history item's time in unix ms.",
+    "JSON pointer, inside a history item, to its time in unix ms",
 );
 /// The `SINK_URL` variable.
 pub const SINK_URL: Setting<String> = Setting::secret(
     "SINK_URL",
     leasehold_sink::url::SINK_URL_PARSER,
     Fallback::Unset,
-    "`redis://…` (Redis Streams sink) or `memory:` (in-process); required by `stream-worker`.",
+    "`redis://…`, `rediss://…`, `redis+unix://…` (Redis Streams sink on one primary), \
+     `redis+cluster://[user:password@]host:port[,host:port…]` or `rediss+cluster://…` (Redis \
+     Cluster, ElastiCache cluster mode or Serverless; the seed nodes) or `memory:` \
+     (in-process); required; may hold a password: never printed",
 );
 /// The `SINK_MAX_LEN` variable.
 pub const SINK_MAX_LEN: Setting<u64> = Setting::new(
     "SINK_MAX_LEN",
     parse::COUNT,
     Fallback::Value(|| leasehold_sink::DEFAULT_MAX_LEN),
-    "Approximate cap on events kept per sink stream (`XADD MAXLEN ~`): events per second times \
-     the seconds a reader may fall behind; 0 keeps everything until Redis is full (warned at start).",
+    "approximate cap on events kept per sink stream (`XADD MAXLEN ~`). Size it as events per \
+     second × the seconds a reader may fall behind: the default is about 2.8 h of a 10 \
+     events/s stream and about 40 MB of Redis per stream at 300-byte frames (memory ≈ events \
+     × (frame bytes + ~100)). 0 keeps everything until Redis, which must run `noeviction`, \
+     refuses writes; the worker warns at start",
 );
 /// The `SINK_MAX_FAILURES` variable.
 pub const SINK_MAX_FAILURES: Setting<u32> = Setting::new(
     "SINK_MAX_FAILURES",
     parse::ATTEMPTS,
     Fallback::Value(|| 10),
-    "Consecutive sink refusals (a wrong key type, a script or auth error) after which the worker \
-     releases the stream for another worker to try; an unreachable sink is retried while the lease holds.",
+    "consecutive sink refusals (a wrong key type, a script or auth error) after which the \
+     worker releases the stream for another worker to try, counted in \
+     `leasehold_sink_give_ups_total`; an unreachable sink is retried with backoff while the \
+     lease holds",
 );
 /// The `STREAM_IDS` variable.
 pub const STREAM_IDS: Setting<Vec<String>> = Setting::new(
     "STREAM_IDS",
     parse::LIST,
     Fallback::Unset,
-    "Comma-separated stream ids the worker registers at start (idempotent); others come from `leases add`.",
+    "comma-separated streams the worker registers at start (idempotent); others come from \
+     `leases add`",
 );
 /// The `MAX_STREAMS` variable.
 pub const MAX_STREAMS: Setting<usize> = Setting::new(
     "MAX_STREAMS",
     parse::SIZE,
     Fallback::Value(|| 100),
-    "Most streams one worker holds, whatever its fair share.",
+    "most streams one worker holds, whatever its fair share",
 );
 /// The `DISCOVERY_INTERVAL_MS` variable.
 pub const DISCOVERY_INTERVAL_MS: Setting<Duration> = Setting::new(
     "DISCOVERY_INTERVAL_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(5_000)),
-    "How often a worker scans the lease table for streams to take or hand back (±20 % jitter).",
+    "how often the worker scans the lease table (±20 % jitter); with \
+     `DISCOVERY_MODE=assigned`, how often the assigner scans and every worker queries its own \
+     streams",
 );
 /// `scan` or `assigned`.
 const DISCOVERY_MODE_PARSER: Parser<DiscoveryMode> = Parser {
@@ -467,88 +556,104 @@ pub const DISCOVERY_MODE: Setting<DiscoveryMode> = Setting::new(
     "DISCOVERY_MODE",
     DISCOVERY_MODE_PARSER,
     Fallback::Value(|| DiscoveryMode::Scan),
-    "`scan`: every worker scans the lease table each discovery interval and balances by itself. \
-     `assigned`: one elected worker (the `leasehold#assigner` lease) scans, eventually \
-     consistent, and writes each stream's `assignee`; the others `Query` the `assignee-index` \
-     for their own streams, so reads do not grow with streams × workers. Needs the index \
-     (`leasehold table create` adds it).",
+    "`scan`: every worker scans the lease table and balances by itself. `assigned`: one \
+     elected worker (the `leasehold#assigner` lease) scans, eventually consistent, and writes \
+     each stream's `assignee`; the others `Query` the `assignee-index` for their own streams, \
+     so reads do not grow with streams × workers \
+     ([lease-table.md](lease-table.md#assigned-discovery-discovery_modeassigned)). Needs the \
+     index (`leasehold table create` adds it) and `dynamodb:Query` on it. *Addition of the \
+     third wave.*",
 );
 /// The `HANDOFF_POLL_MS` variable.
 pub const HANDOFF_POLL_MS: Setting<Duration> = Setting::new(
     "HANDOFF_POLL_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(250)),
-    "How often a worker reads the hand-off doorbell that draining workers ring (one GetItem).",
+    "how often the hand-off doorbell is read (one `GetItem`)",
 );
 /// The `HANDOFF_LISTEN` variable.
 pub const HANDOFF_LISTEN: Setting<std::net::SocketAddr> = Setting::new(
     "HANDOFF_LISTEN",
     parse::SOCKET_ADDR,
     Fallback::Unset,
-    "UDP address for pushed hand-offs (`IP:PORT`; port 0 picks one): a draining peer sends each \
-     stream it releases to the least-loaded worker, which takes it at once. Announced as \
-     `handoff_addr` (an unspecified IP becomes the ECS task's address, else 127.0.0.1). Unset: \
-     hand-offs wait for the doorbell poll and a scan.",
+    "UDP `IP:PORT` (port 0 picks one) for pushed hand-offs: a draining peer sends each \
+     released stream to the least-loaded worker, which takes it at once \
+     ([lease-table.md](lease-table.md#pushed-hand-offs-handoff_addr)); announced as \
+     `handoff_addr`, an unspecified IP as the ECS task's address (else 127.0.0.1). Unset: \
+     hand-offs wait for the doorbell and a scan",
 );
 /// The `HANDOFF_PREPARE_TIMEOUT_MS` variable.
 pub const HANDOFF_PREPARE_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "HANDOFF_PREPARE_TIMEOUT_MS",
     parse::MILLIS,
     Fallback::Value(|| Duration::from_millis(5_000)),
-    "With `HANDOFF_LISTEN`, a drain overlaps each hand-off: the successor subscribes the stream \
-     first and answers with the first sequence it holds, and the draining worker writes up to \
-     it before it releases, so a `live` stream loses nothing. The wait for that answer, and then \
-     for the writing, at most (then the stream is released as it is; 0: no overlap).",
+    "with `HANDOFF_LISTEN`, every graceful hand-off (a drain's, a balancing hand-back) \
+     overlaps: the successor subscribes the stream first (a `leasehold-prepare` datagram) and \
+     answers with the first sequence it holds (`leasehold-ready`); the draining worker writes \
+     until the sink confirmed everything before that sequence, then releases and pushes the \
+     stream; the successor's runner starts on the subscription it made, so a `live` stream \
+     loses nothing. This is the wait for the answer, and then for the writing, at most; after \
+     it the stream is released as it is. 0: no overlap. Not for streams the worker numbers \
+     itself ([upstreams.md](upstreams.md#overlapping-hand-offs)). In scan discovery a peer \
+     that scans first can still take the stream instead of the prepared successor.",
 );
 /// The `DRAIN_TIMEOUT_MS` variable.
 pub const DRAIN_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "DRAIN_TIMEOUT_MS",
     parse::POSITIVE_MILLIS,
     Fallback::Value(|| Duration::from_millis(20_000)),
-    "On SIGTERM, time to finish in-flight batches before leases are released anyway \
-          (keep it below the task's `stopTimeout`).",
+    "on SIGTERM, time to finish in-flight batches before leases are released anyway; keep it \
+     below the task's `stopTimeout` (the original specification's example task definition \
+     uses 60 s)",
 );
 /// The `BATCH_MAX_EVENTS` variable.
 pub const BATCH_MAX_EVENTS: Setting<usize> = Setting::new(
     "BATCH_MAX_EVENTS",
     parse::SIZE,
     Fallback::Value(|| crate::runner::BATCH_MAX_EVENTS),
-    "Most events per sink write.",
+    "most events per sink write; a batch fills only while the stream's previous one is on its \
+     way (one in flight per stream), so a quiet stream's batches stay small",
 );
 /// The `BATCH_MAX_DELAY_MS` variable.
 pub const BATCH_MAX_DELAY_MS: Setting<Duration> = Setting::new(
     "BATCH_MAX_DELAY_MS",
     parse::MILLIS,
     Fallback::Value(|| Duration::from_millis(20)),
-    "Accepted for compatibility, no longer used: a batch is written as soon as the stream's \
-     previous one landed, holding whatever arrived meanwhile (at most `BATCH_MAX_EVENTS`).",
+    "accepted for compatibility, no longer used: a batch is written as soon as the stream's \
+     previous one landed (one batch in flight per stream, [redis.md](redis.md)) and holds \
+     whatever arrived meanwhile, up to `BATCH_MAX_EVENTS` (see \
+     [deviations.md](deviations.md))",
 );
 /// The `SINK_WAIT_REPLICAS` variable.
 pub const SINK_WAIT_REPLICAS: Setting<u64> = Setting::new(
     "SINK_WAIT_REPLICAS",
     parse::COUNT,
     Fallback::Value(|| 0),
-    "Replicas that must have a batch (`WAIT n`) before it is confirmed and the checkpoint may \
-     cover it; fewer within `SINK_WAIT_TIMEOUT_MS` and the batch is sent again (de-duplicated). \
-     0 confirms on the primary's reply: a failover can then lose a tail, which is found and \
-     refilled or marked `sink_lost`. Above 0 the sink spreads its streams over 8 connections, \
-     since `WAIT` holds the connection it is sent on.",
+    "replicas that must have a batch (`WAIT n`, sent in the batch's round trip) before it is \
+     confirmed and the checkpoint may cover it; fewer within `SINK_WAIT_TIMEOUT_MS` and the \
+     write counts as failed and is sent again (de-duplicated). 0 confirms on the primary's \
+     reply: a failover can then lose a tail, which the re-open finds and refills or marks \
+     `sink_lost` ([redis.md](redis.md)). Above 0 the sink spreads its streams over 8 \
+     connections, since `WAIT` holds the connection it is sent on: a replica falling behind \
+     holds the streams of one connection, not every stream's writes one after another. The \
+     shipped ACL allows `WAIT` for the `stream-worker` user",
 );
 /// The `SINK_WAIT_TIMEOUT_MS` variable.
 pub const SINK_WAIT_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "SINK_WAIT_TIMEOUT_MS",
     parse::MILLIS,
     Fallback::Value(|| leasehold_sink::DEFAULT_WAIT_TIMEOUT),
-    "How long a batch waits for `SINK_WAIT_REPLICAS` replicas.",
+    "how long a batch waits for `SINK_WAIT_REPLICAS` replicas",
 );
 /// The `SINK_TIMEOUT_MS` variable.
 pub const SINK_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "SINK_TIMEOUT_MS",
     parse::MILLIS,
     Fallback::Value(|| leasehold_sink::DEFAULT_REPLY_TIMEOUT),
-    "How long a sink write may wait for its reply before it counts as failed and is retried \
-     (retries are de-duplicated). Every stream's batches queue on one Redis, so keep it well \
-     above a busy moment's queue.",
+    "how long a sink write waits for Redis's reply before it counts as failed and is retried \
+     (de-duplicated); every stream's batches queue on one Redis, so keep it well above a busy \
+     moment's queue (the Redis client's own default, 500 ms, made a loaded worker resend \
+     batches that were only queued). *Addition to the contract.*",
 );
 /// Every variable of this part, in documentation order.
 pub const ALL: &[&dyn Documented] = &[
