@@ -5,7 +5,7 @@ Runs offline with the standard library only. What the binary accepts is read
 from the code at run time, never copied here:
 
 - docs/configuration.md: every variable (name, default, meaning), which
-  `leasehold/tests/docs.rs` checks against the typed settings in the code. A
+  `leasehold/tests/it/docs.rs` checks against the typed settings in the code. A
   variable whose meaning says "never printed" is a secret (the code's
   `Setting::secret`): ECS must inject it from `secrets`.
 - leasehold/src/main.rs: the subcommands (`enum Command`), for `command[0]`.

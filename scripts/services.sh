@@ -74,7 +74,7 @@ if ! python3 -c 'import cfnlint' 2>/dev/null || ! command -v cfn-lint >/dev/null
 fi
 
 # redis-py (PyPI) runs the example sink consumer, examples/consumer/consume.py,
-# in leasehold/tests/sink_consumer.rs; same venv logic as cfn-lint.
+# in leasehold/tests/it/sink_consumer.rs; same venv logic as cfn-lint.
 redis_python=python3
 if ! python3 -c 'import redis' 2>/dev/null; then
     venv="$cache/venv"
@@ -146,7 +146,7 @@ export LEASEHOLD_TEST_REDIS_CLUSTER_URL="redis+cluster://$(IFS=,; echo "${cluste
 export LEASEHOLD_REQUIRE_SERVICES=1
 export LEASEHOLD_TEST_PYTHON="$python"
 export LEASEHOLD_TEST_REDIS_PYTHON="$redis_python"
-# leasehold/tests/redis_acl.rs starts its own redis-server with deploy/redis-acl.conf.
+# leasehold/tests/it/redis_acl.rs starts its own redis-server with deploy/redis-acl.conf.
 export LEASEHOLD_REDIS_SERVER="$(command -v redis-server)"
 export LEASEHOLD_PROMTOOL="$(command -v promtool)"
 export LEASEHOLD_CHROMIUM="$(command -v chromium)"

@@ -24,14 +24,18 @@ if [[ "${1:-}" == "--quick" ]]; then
     quick() { printf '\n== %s\n' "$*" >&2; "$@"; }
     quick cargo fmt --all --check
     quick cargo test --workspace --locked --lib --bins
-    quick cargo test --locked -p leasehold-control --test conformance memory::
-    quick cargo test --locked -p leasehold-sink --test sink_conformance memory::
-    quick cargo test --locked -p leasehold-pool --test bus_conformance memory::
+    # Each crate's integration tests are one binary, `it`, with a module per
+    # scenario file: a filter `<module>::` picks a module's tests (after `--`,
+    # several filters pick the tests any of them matches).
+    quick cargo test --locked -p leasehold-control --test it conformance::memory::
+    quick cargo test --locked -p leasehold-sink --test it sink_conformance::memory::
+    quick cargo test --locked -p leasehold-pool --test it bus_conformance::memory::
     # The models at their own depths: each must still find the counterexample
     # of every rule switched off, which a shallower search misses.
-    quick cargo test --locked -p leasehold-control --test protocol_model --test session_model
-    quick cargo test --locked -p leasehold-pool --test assign_model --test request_model
-    quick cargo test --locked -p leasehold-stream --test machine_model --test sequence_model --test range_model --test snapshot_model --test handoff_model
+    quick cargo test --locked -p leasehold-control --test it -- protocol_model:: session_model::
+    quick cargo test --locked -p leasehold-pool --test it -- assign_model:: request_model::
+    quick cargo test --locked -p leasehold-stream --test it -- \
+        machine_model:: sequence_model:: range_model:: snapshot_model:: handoff_model::
     exit 0
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/services.sh"

@@ -4,7 +4,7 @@
 //! owner resumes, and how far a regressed token is lifted. The keeper, the in-memory store, the lease
 //! read model ([`crate::read`]), the runner and the in-memory sink call these; the DynamoDB expressions and the Redis scripts
 //! state the same rules (one conformance suite per seam keeps them equal); and
-//! the model checker (`control/tests/protocol_model.rs`) explores them under
+//! the model checker (`control/tests/it/protocol_model.rs`) explores them under
 //! crashes, pauses, clock skew and delayed writes.
 
 use std::ops::Add;

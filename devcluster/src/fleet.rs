@@ -1,7 +1,7 @@
 //! A fleet of in-process stream workers on one in-memory lease table, with
 //! silent upstreams and a crash gate per worker: the production worker's
 //! discovery, fair share, hand-back and expiry probes, with nothing else
-//! running. Balancing tests (`tests/balance.rs`) and the lease-moves benchmark
+//! running. Balancing tests (`tests/it/balance.rs`) and the lease-moves benchmark
 //! (`benches/balance.rs`) drive it, usually on tokio's paused clock, where a
 //! minute of discovery takes milliseconds and every lease move is counted
 //! exactly (each acquire raises a stream's fence token by one).

@@ -23,7 +23,7 @@ returns only entries strictly after it; `--after 0-0` (the default) reads the
 stream from its start.
 
 Needs redis-py (`pip install redis`); scripts/services.sh installs it for the
-test in leasehold/tests/sink_consumer.rs.
+test in leasehold/tests/it/sink_consumer.rs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 //! `--session 1` runs the workers in `LEASE_MODE=session`.
 #![allow(clippy::unwrap_used, unreachable_pub)] // a test: a panic is its report
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;

@@ -57,7 +57,7 @@ mod control_plane;
 mod peer;
 #[path = "stream_throughput/redis_stats.rs"]
 mod redis_stats;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use control_plane::control_plane_costs;

@@ -2,7 +2,7 @@
 //! for the sidecar's export and alert tests.
 
 /// One event of every `TelemetryEvent` variant (sidecar, export and alert tests;
-/// `sidecar/tests/alert_metrics.rs` checks the list stays exhaustive).
+/// `sidecar/tests/it/alert_metrics.rs` checks the list stays exhaustive).
 pub fn every_event() -> Vec<crate::TelemetryEvent> {
     use crate::TelemetryEvent::*;
     use crate::{

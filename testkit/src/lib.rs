@@ -21,6 +21,8 @@
 //!   report for the protocol, sequence and order-path models.
 //! - [`redis_cluster`]: the test Redis Cluster, resharded as an operator would.
 //! - [`redis_replica`]: a replica of the test Redis (`SINK_WAIT_REPLICAS`).
+//! - [`private_redis`]: a Redis server or cluster of a test's own, for what
+//!   the tests sharing the test Redis must not see (a stall, a reshard).
 //! - [`sealer_tls`]: a test CA and sealer certificate, for HTTPS tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +35,7 @@ pub mod measure;
 #[cfg(feature = "model-check")]
 pub mod model_check;
 pub mod pool_bus;
+pub mod private_redis;
 pub mod redis_cluster;
 pub mod redis_replica;
 pub mod sealer_tls;

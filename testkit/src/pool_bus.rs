@@ -1,5 +1,5 @@
 //! The pool bus conformance suite: one set of checks, run against both buses
-//! (`worker/tests/bus_conformance.rs`). Every check uses keys of its own except
+//! (`worker/pool/tests/it/bus_conformance.rs`). Every check uses keys of its own except
 //! the two global ones (`pool:claims`, `maintenance:last_report`), each touched
 //! by one check only, so the checks can run in parallel on one Redis database.
 #![allow(clippy::unwrap_used)] // a test suite: a panic is its report

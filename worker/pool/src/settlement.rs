@@ -7,7 +7,7 @@
 //! the stream runner does for the lease protocol. The two rules the bus
 //! applies atomically live with their steps: who may begin a request
 //! ([`crate::bus::begin`]) and who may store its final answer
-//! ([`crate::bus::answer`]). `tests/request_model.rs` checks the whole path
+//! ([`crate::bus::answer`]). `tests/it/request_model.rs` checks the whole path
 //! under crashes, pauses, lost replies, lost records and a reused request id
 //! by calling these functions and those rules.
 //!

@@ -4,7 +4,7 @@
 //!
 //! The worker ([`crate::worker`]) takes a [`Census`] from each discovery scan
 //! and asks these functions; unit tests here pin the rules, and
-//! `tests/balance.rs` runs whole workers against them.
+//! `devcluster/tests/it/balance.rs` runs whole workers against them.
 //!
 //! The rules, and the fault each one answers:
 //! - **excess goes back at once**: a worker over the rounded-up share hands all

@@ -76,7 +76,7 @@ pub struct RunnerConfig {
     /// (`UPSTREAM_MAX_JUMP`, `UPSTREAM_RESET_AFTER`).
     pub jump: JumpBound,
     /// The machine's rules, each of which the model turns off once to show
-    /// it matters (`tests/machine_model.rs`); always all on otherwise.
+    /// it matters (`tests/it/machine_model.rs`); always all on otherwise.
     #[doc(hidden)]
     pub rules: MachineRules,
 }

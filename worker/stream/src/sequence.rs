@@ -5,7 +5,7 @@
 //!
 //! [`Sequencer`] is the one place these rules live. The stream runner is the
 //! shell around it (it reads frames, fetches history pages, writes what comes
-//! out in order); `worker/stream/tests/sequence_model.rs` model-checks it with
+//! out in order); `worker/stream/tests/it/sequence_model.rs` model-checks it with
 //! stateright against upstreams that cannot replay and histories that run out.
 //!
 //! The promise it keeps (invariant 8, restated for every upstream): what it
@@ -295,7 +295,7 @@ pub struct Sequencer<T> {
     /// (on this connection or a new one); those arrive below the stream, each
     /// above the one before, and are what the book already contains
     /// (Binance: "discard any event where u <= lastUpdateId"), not a
-    /// restarted sequence (found by `tests/snapshot_model.rs`). Until a diff
+    /// restarted sequence (found by `tests/it/snapshot_model.rs`). Until a diff
     /// past the book is taken.
     covered: Option<(u64, u64)>,
     /// The next frame is the first of a subscription made before the stream

@@ -1,7 +1,7 @@
 //! The claimed loop: control messages first, then the user's requests oldest
 //! first, each with exactly one final response. The decisions are
 //! `leasehold_pool::settlement`'s (pure, model-checked in
-//! `worker/pool/tests/request_model.rs`); this module performs each step.
+//! `worker/pool/tests/it/request_model.rs`); this module performs each step.
 //!
 //! A request waits in the user's processing list until its final response is
 //! stored, which removes it in the same bus step: a worker that dies
