@@ -957,10 +957,15 @@ async fn a_rolling_deploy_on_a_live_upstream_overlaps_every_hand_off_and_loses_n
             (0, 0, 0, 0, Vec::new());
         for stream in &streams {
             let entries = cluster.sink_entries(stream).await;
+            // It flowed through the deploy (a second of trades at least),
+            // whatever a release-first hand-off lost on the way.
+            let span = entries
+                .last()
+                .map_or(0, |e| e.seq)
+                .saturating_sub(entries.first().map_or(0, |e| e.seq));
             assert!(
-                entries.len() > 500,
-                "{stream}: {} entries\n{logs}",
-                entries.len()
+                span > 200,
+                "{stream}: {span} sequences written or marked\n{logs}"
             );
             for marker in entries.iter().filter(|e| e.gap.is_some()) {
                 eprintln!("{stream}: marker {marker:?}");
@@ -989,6 +994,10 @@ async fn a_rolling_deploy_on_a_live_upstream_overlaps_every_hand_off_and_loses_n
             );
         }
         shutdown.cancel();
+        assert!(
+            handoffs >= 6,
+            "every stream moved at least once: {handoffs}\n{logs}"
+        );
         eprintln!(
             "HANDOFF_PREPARE_TIMEOUT_MS={prepare} DISCOVERY_MODE={discovery}: {handoffs} hand-offs, \
              {markers} markers, {missed} trades missed ({:.1} per hand-off)",
